@@ -1,0 +1,220 @@
+"""Checkpoint records and their JSON payloads.
+
+A checkpoint is the latest known state of one partition of one route. The
+payload format is public: stores persist it verbatim, and a payload read back
+and written again is byte-for-byte the same JSON value, with or without a
+target-commit guard in ``diagnostics``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+import attrs
+
+from .errors import CheckpointPayloadInvalid
+
+__all__ = [
+    "PartitionCheckpoint",
+    "PartitionCheckpointStatus",
+    "RouteKey",
+    "Strategy",
+    "checkpoint_from_payload",
+    "checkpoint_to_payload",
+    "format_timestamp",
+    "partition_id_for",
+    "sha256_digest",
+]
+
+
+class Strategy(StrEnum):
+    INCREMENTAL_APPEND = "incremental_append"
+    FULL_REFRESH = "full_refresh"
+
+
+class PartitionCheckpointStatus(StrEnum):
+    EXPORTED = "exported"
+    COMMITTED = "committed"
+    FAILED = "failed"
+
+
+def _nonempty_str(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{attribute.name} must be a non-empty string")
+
+
+@attrs.frozen
+class RouteKey:
+    """Identity of a route: one source table into one target table with one strategy."""
+
+    source_table: str = attrs.field(validator=_nonempty_str)
+    target_table: str = attrs.field(validator=_nonempty_str)
+    strategy: Strategy = attrs.field(converter=Strategy)
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "source_table": self.source_table,
+            "target_table": self.target_table,
+            "strategy": str(self.strategy),
+        }
+
+
+@attrs.frozen(kw_only=True)
+class PartitionCheckpoint:
+    """Latest known state of one partition; change it with ``attrs.evolve``."""
+
+    partition_id: str = attrs.field(validator=_nonempty_str)
+    route: RouteKey
+    status: PartitionCheckpointStatus = attrs.field(converter=PartitionCheckpointStatus)
+    run_id: str = attrs.field(validator=_nonempty_str)
+    query_hash: str
+    schema_hash: str
+    partition_bounds: dict[str, Any] = attrs.field(factory=dict)
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    rows_exported: int = 0
+    diagnostics: dict[str, Any] = attrs.field(factory=dict)
+
+
+def sha256_digest(value: Any) -> str:
+    """``sha256:`` + 64 lowercase hex over the canonical JSON of ``value``."""
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def partition_id_for(route: RouteKey, query_hash: str, schema_hash: str, bounds: Mapping) -> str:
+    """Deterministic partition id: the same route, query, schema and bounds give the same id."""
+    digest = sha256_digest([route.as_dict(), query_hash, schema_hash, dict(bounds)])
+    return "p-" + digest.removeprefix("sha256:")[:24]
+
+
+def format_timestamp(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def checkpoint_to_payload(checkpoint: PartitionCheckpoint) -> dict[str, Any]:
+    """JSON-safe payload; the inverse of :func:`checkpoint_from_payload`."""
+    return {
+        "partition_id": checkpoint.partition_id,
+        "route": checkpoint.route.as_dict(),
+        "status": str(checkpoint.status),
+        "run_id": checkpoint.run_id,
+        "query_hash": checkpoint.query_hash,
+        "schema_hash": checkpoint.schema_hash,
+        "partition_bounds": copy.deepcopy(checkpoint.partition_bounds),
+        "started_at": format_timestamp(checkpoint.started_at),
+        "completed_at": format_timestamp(checkpoint.completed_at),
+        "rows_exported": checkpoint.rows_exported,
+        "diagnostics": copy.deepcopy(checkpoint.diagnostics),
+    }
+
+
+_PAYLOAD_KEYS = frozenset(
+    {
+        "partition_id",
+        "route",
+        "status",
+        "run_id",
+        "query_hash",
+        "schema_hash",
+        "partition_bounds",
+        "started_at",
+        "completed_at",
+        "rows_exported",
+        "diagnostics",
+    }
+)
+
+
+def _invalid(field: str, problem: str, partition_id: Any = None) -> CheckpointPayloadInvalid:
+    diagnostics: dict[str, Any] = {"field": field}
+    if isinstance(partition_id, str):
+        diagnostics["partition_id"] = partition_id
+    return CheckpointPayloadInvalid(f"checkpoint payload field {field!r} {problem}", diagnostics=diagnostics)
+
+
+def _parse_timestamp(payload: Mapping, field: str) -> datetime | None:
+    raw = payload[field]
+    if raw is None:
+        return None
+    pid = payload.get("partition_id")
+    if not isinstance(raw, str):
+        raise _invalid(field, "must be an ISO-8601 string or null", pid)
+    try:
+        value = datetime.fromisoformat(raw)
+    except ValueError:
+        raise _invalid(field, "is not an ISO-8601 timestamp", pid) from None
+    if value.utcoffset() is None or value.isoformat() != raw:
+        raise _invalid(field, "must be a canonical timezone-aware ISO-8601 timestamp", pid)
+    return value
+
+
+def _is_json_safe(value: Any, depth: int = 0) -> bool:
+    if depth > 32:
+        return False
+    if value is None or isinstance(value, (bool, int, str)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_is_json_safe(item, depth + 1) for item in value)
+    if isinstance(value, dict):
+        return all(
+            isinstance(key, str) and _is_json_safe(item, depth + 1) for key, item in value.items()
+        )
+    return False
+
+
+def checkpoint_from_payload(payload: Mapping[str, Any]) -> PartitionCheckpoint:
+    """Strictly parse a payload; anything off raises ``CheckpointPayloadInvalid``."""
+    if not isinstance(payload, Mapping):
+        raise _invalid("<payload>", "must be a JSON object")
+    pid = payload.get("partition_id")
+    keys = set(payload)
+    if keys != _PAYLOAD_KEYS:
+        missing, extra = sorted(_PAYLOAD_KEYS - keys), sorted(str(k) for k in keys - _PAYLOAD_KEYS)
+        field = (missing or extra)[0]
+        raise _invalid(field, "is missing" if missing else "is not part of the schema", pid)
+    for field in ("partition_id", "run_id", "query_hash", "schema_hash"):
+        if not isinstance(payload[field], str) or not payload[field]:
+            raise _invalid(field, "must be a non-empty string", pid)
+    route = payload["route"]
+    if not isinstance(route, Mapping) or set(route) != {"source_table", "target_table", "strategy"}:
+        raise _invalid("route", "must hold source_table, target_table and strategy", pid)
+    try:
+        route_key = RouteKey(route["source_table"], route["target_table"], route["strategy"])
+    except (TypeError, ValueError):
+        raise _invalid("route", "has an invalid value", pid) from None
+    if payload["status"] not in {s.value for s in PartitionCheckpointStatus}:
+        raise _invalid("status", "is not a known checkpoint status", pid)
+    rows = payload["rows_exported"]
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+        raise _invalid("rows_exported", "must be a non-negative integer", pid)
+    for field in ("partition_bounds", "diagnostics"):
+        if not isinstance(payload[field], dict) or not _is_json_safe(payload[field]):
+            raise _invalid(field, "must be a JSON object", pid)
+    return PartitionCheckpoint(
+        partition_id=pid,
+        route=route_key,
+        status=payload["status"],
+        run_id=payload["run_id"],
+        query_hash=payload["query_hash"],
+        schema_hash=payload["schema_hash"],
+        partition_bounds=copy.deepcopy(payload["partition_bounds"]),
+        started_at=_parse_timestamp(payload, "started_at"),
+        completed_at=_parse_timestamp(payload, "completed_at"),
+        rows_exported=rows,
+        diagnostics=copy.deepcopy(payload["diagnostics"]),
+    )
+
+
+def utc_now() -> datetime:
+    """The default clock."""
+    return datetime.now(UTC)

@@ -1,0 +1,47 @@
+"""Checkpoint store port and the route-state port, with the built-in stores.
+
+The checkpoint port is deliberately small and promises no atomicity:
+``upsert_many`` writes in order and may fail part-way. The guard is written to
+be correct under exactly that contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from ..checkpoints import PartitionCheckpoint, RouteKey
+
+__all__ = ["CheckpointStore", "RouteStateStore"]
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    def upsert(self, checkpoint: PartitionCheckpoint) -> None:
+        """Record ``checkpoint`` as the latest state of its partition (history is kept)."""
+
+    def upsert_many(self, checkpoints: Sequence[PartitionCheckpoint]) -> None:
+        """Record each checkpoint in order. May raise part-way: no atomicity is promised."""
+
+    def list_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
+        """Latest checkpoint of every partition ever written for ``route``, sorted by partition id.
+
+        Independent of query, schema, run or partition identity: the route scan relies on it.
+        """
+
+
+@runtime_checkable
+class RouteStateStore(Protocol):
+    """Where a route's source state (watermark, generation) and run evidence live."""
+
+    def load_source_state(self, route: RouteKey) -> dict[str, Any] | None:
+        """The last advanced source state of ``route``, or None before the first completed run."""
+
+    def save_source_state(self, route: RouteKey, state: dict[str, Any]) -> None:
+        """Atomically replace the source state of ``route``."""
+
+    def record_evidence(self, route: RouteKey, run_id: str, record: dict[str, Any]) -> None:
+        """Atomically write the evidence record of one run (a re-run of the same id replaces it)."""
+
+    def list_evidence(self, route: RouteKey) -> list[dict[str, Any]]:
+        """Evidence records of ``route``, oldest first."""
