@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -22,6 +22,8 @@ import attrs
 from .errors import CheckpointPayloadInvalid
 
 __all__ = [
+    "GUARD_DIAGNOSTICS_KEY",
+    "FailureCode",
     "PartitionCheckpoint",
     "PartitionCheckpointStatus",
     "RouteKey",
@@ -43,6 +45,18 @@ class PartitionCheckpointStatus(StrEnum):
     EXPORTED = "exported"
     COMMITTED = "committed"
     FAILED = "failed"
+
+
+class FailureCode(StrEnum):
+    """Bounded codes persisted as ``diagnostics["error"]``; never exception text."""
+
+    GUARD_ARM_FAILED = "guard_arm_failed"
+    TARGET_CALL_FAILED = "target_call_failed"
+    CHECKPOINT_COMMIT_FAILED = "checkpoint_commit_failed"
+
+
+# Where a target-commit guard lives inside ``PartitionCheckpoint.diagnostics``.
+GUARD_DIAGNOSTICS_KEY = "target_commit_guard"
 
 
 def _nonempty_str(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -214,7 +228,3 @@ def checkpoint_from_payload(payload: Mapping[str, Any]) -> PartitionCheckpoint:
         diagnostics=copy.deepcopy(payload["diagnostics"]),
     )
 
-
-def utc_now() -> datetime:
-    """The default clock."""
-    return datetime.now(UTC)

@@ -24,6 +24,7 @@ __all__ = [
     "PluginLoadFailed",
     "SourceInvalid",
     "TargetCommitGuardInvalid",
+    "TargetCommitGuardUnhandled",
 ]
 
 
@@ -96,3 +97,9 @@ class PluginLoadFailed(NativeTransferError):
     """An entry-point plugin could not be loaded or implements an unknown hook."""
 
     code = "native_transfer_plugin_load_failed"
+
+
+class TargetCommitGuardUnhandled(NativeTransferError):
+    """The route carries guards but no registered plugin reads them (guard plugin missing)."""
+
+    code = "native_transfer_target_commit_guard_unhandled"

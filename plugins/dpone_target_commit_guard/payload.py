@@ -1,0 +1,118 @@
+"""The v1 guard payload kept in ``PartitionCheckpoint.diagnostics["target_commit_guard"]``.
+
+Reading is strict and fails closed: an unknown schema version, an extra or
+missing key, a wrong type, an unknown phase or a phase that contradicts the
+checkpoint status is *malformed*, never ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from enum import StrEnum
+from typing import Any
+
+import attrs
+
+from dpone_native_transfer.checkpoints import (
+    GUARD_DIAGNOSTICS_KEY,
+    PartitionCheckpoint,
+    PartitionCheckpointStatus,
+    sha256_digest,
+)
+
+__all__ = [
+    "RECOVERY",
+    "SCHEMA_VERSION",
+    "GuardPhase",
+    "GuardRecord",
+    "MalformedGuard",
+    "batch_id_for",
+    "build_guard",
+    "read_guard",
+]
+
+SCHEMA_VERSION = "dpone.native_transfer.target_commit_guard.v1"
+RECOVERY = "manual_reconciliation_required"
+_BATCH_ID = re.compile(r"sha256:[0-9a-f]{64}")
+_KEYS = frozenset({"schema_version", "checkpoint_batch_id", "phase", "recovery"})
+
+
+class GuardPhase(StrEnum):
+    ARMED = "armed"
+    FAILED_BEFORE_TARGET = "failed_before_target"
+    CHECKPOINT_COMMITTED = "checkpoint_committed"
+    CHECKPOINT_INCOMPLETE = "checkpoint_incomplete"
+    TARGET_OUTCOME_UNKNOWN = "target_outcome_unknown"
+
+
+# The only checkpoint status each phase may appear with.
+PHASE_STATUS = {
+    GuardPhase.ARMED: PartitionCheckpointStatus.EXPORTED,
+    GuardPhase.FAILED_BEFORE_TARGET: PartitionCheckpointStatus.FAILED,
+    GuardPhase.CHECKPOINT_COMMITTED: PartitionCheckpointStatus.COMMITTED,
+    GuardPhase.CHECKPOINT_INCOMPLETE: PartitionCheckpointStatus.FAILED,
+    GuardPhase.TARGET_OUTCOME_UNKNOWN: PartitionCheckpointStatus.FAILED,
+}
+
+# Phases after which the target's state cannot be inferred: retry must stop.
+UNRESOLVED_PHASES = frozenset(
+    {GuardPhase.ARMED, GuardPhase.CHECKPOINT_INCOMPLETE, GuardPhase.TARGET_OUTCOME_UNKNOWN}
+)
+
+
+class MalformedGuard(ValueError):
+    """A guard that cannot be trusted; ``problem`` is a bounded code, safe to report."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
+@attrs.frozen
+class GuardRecord:
+    phase: GuardPhase
+    batch_id: str
+
+    @property
+    def unresolved(self) -> bool:
+        return self.phase in UNRESOLVED_PHASES
+
+
+def batch_id_for(run_id: str, partition_ids: Iterable[str]) -> str:
+    """Attempt correlation only: SHA-256 over the run id and the sorted active partition ids."""
+    return sha256_digest([run_id, sorted(partition_ids)])
+
+
+def build_guard(phase: GuardPhase, batch_id: str) -> dict[str, str]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "checkpoint_batch_id": batch_id,
+        "phase": phase.value,
+        "recovery": RECOVERY,
+    }
+
+
+def read_guard(checkpoint: PartitionCheckpoint) -> GuardRecord | None:
+    """The checkpoint's guard, ``None`` for a legacy checkpoint, or ``MalformedGuard``."""
+    if GUARD_DIAGNOSTICS_KEY not in checkpoint.diagnostics:
+        return None
+    guard: Any = checkpoint.diagnostics[GUARD_DIAGNOSTICS_KEY]
+    if not isinstance(guard, dict):
+        raise MalformedGuard("not_an_object")
+    if guard.get("schema_version") != SCHEMA_VERSION:
+        raise MalformedGuard("unknown_schema_version")
+    if set(guard) != _KEYS:
+        raise MalformedGuard("unexpected_keys")
+    batch_id = guard["checkpoint_batch_id"]
+    if not isinstance(batch_id, str) or not _BATCH_ID.fullmatch(batch_id):
+        raise MalformedGuard("invalid_batch_id")
+    if guard["recovery"] != RECOVERY:
+        raise MalformedGuard("invalid_recovery")
+    phase_value = guard["phase"]
+    if not isinstance(phase_value, str) or phase_value not in GuardPhase._value2member_map_:
+        raise MalformedGuard("unsupported_phase")
+    phase = GuardPhase(phase_value)
+    if PHASE_STATUS[phase] is not checkpoint.status:
+        raise MalformedGuard("status_phase_mismatch")
+    return GuardRecord(phase, batch_id)

@@ -1,0 +1,181 @@
+"""The target-commit guard: hook implementations; all guard policy lives here.
+
+Promise (bounded, see docs/adr/0022): once a target mutation is armed, no
+later automatic attempt calls the sink while any checkpoint of the route
+carries an unresolved or malformed guard. This is not a journal, a target
+fence or exactly-once delivery.
+
+This module is itself the plugin: the entry point names the module, whose
+functions are stateless; per-attempt state lives on the ``TargetMutation``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from dpone_native_transfer.checkpoints import (
+    FailureCode,
+    PartitionCheckpoint,
+    PartitionCheckpointStatus,
+    RouteKey,
+)
+from dpone_native_transfer.errors import ManualReconciliationRequired, TargetCommitGuardInvalid
+from dpone_native_transfer.hookspecs import hookimpl
+
+from .payload import GuardPhase, MalformedGuard, batch_id_for, build_guard, read_guard
+
+if TYPE_CHECKING:
+    from dpone_native_transfer.boundary import TargetMutation
+
+_SHOWN_IN_MESSAGE = 5
+
+
+def _route_label(route: RouteKey) -> str:
+    return f"{route.source_table} -> {route.target_table} ({route.strategy})"
+
+
+@hookimpl
+def resume_route_scan(route: RouteKey, checkpoints: Sequence[PartitionCheckpoint]) -> bool:
+    """Stop the run on any malformed guard, else on any unresolved one; malformed wins."""
+    malformed: list[dict[str, str]] = []
+    unresolved: list[dict[str, str]] = []
+    for checkpoint in checkpoints:
+        try:
+            record = read_guard(checkpoint)
+        except MalformedGuard as bad:
+            malformed.append({"partition_id": checkpoint.partition_id, "problem": bad.problem})
+            continue
+        if record is not None and record.unresolved:
+            unresolved.append(
+                {
+                    "partition_id": checkpoint.partition_id,
+                    "phase": record.phase.value,
+                    "batch_id": record.batch_id,
+                    "status": checkpoint.status.value,
+                }
+            )
+    if malformed:
+        raise TargetCommitGuardInvalid(
+            f"route {_route_label(route)} has {len(malformed)} partition(s) with a malformed "
+            f"target-commit guard ({_first_ids(malformed)}); no target I/O was attempted",
+            diagnostics={"route": route.as_dict(), "partitions": malformed},
+        )
+    if unresolved:
+        phases = sorted({item["phase"] for item in unresolved})
+        batches = sorted({item["batch_id"] for item in unresolved})
+        raise ManualReconciliationRequired(
+            f"route {_route_label(route)} has {len(unresolved)} partition(s) whose target "
+            f"outcome is unresolved (phases: {', '.join(phases)}; partitions: "
+            f"{_first_ids(unresolved)}); the target was not called. Reconcile the target with "
+            "the checkpoints before the route can run again",
+            diagnostics={
+                "route": route.as_dict(),
+                "phases": phases,
+                "batch_ids": batches,
+                "partitions": unresolved,
+            },
+        )
+    return True
+
+
+def _first_ids(items: list[dict[str, str]]) -> str:
+    ids = [item["partition_id"] for item in items[:_SHOWN_IN_MESSAGE]]
+    more = len(items) - len(ids)
+    return ", ".join(ids) + (f" and {more} more" if more else "")
+
+
+def _write_markers(
+    mutation: TargetMutation, partition_ids: set[str], phase: GuardPhase, code: FailureCode
+) -> None:
+    """Best effort: mark those partitions FAILED with ``phase``. Never raises.
+
+    A failure here leaves whatever is durable in place; an armed guard that
+    survives keeps blocking, which is the safe outcome.
+    """
+    if not partition_ids:
+        return
+    diagnostics = {"target_commit_guard": build_guard(phase, mutation.state.batch_id), "error": code.value}
+    try:
+        batch = mutation.batch(
+            PartitionCheckpointStatus.FAILED, at=mutation.transition_time(), diagnostics=diagnostics
+        )
+        mutation.store.upsert_many([cp for cp in batch if cp.partition_id in partition_ids])
+    except Exception:
+        return
+
+
+@hookimpl
+def before_target_mutation(mutation: TargetMutation) -> None:
+    """Arm every active partition in one batch; without the whole batch, no target call."""
+    mutation.state.batch_id = batch_id_for(mutation.run_id, mutation.partition_ids)
+    armed = mutation.batch(
+        PartitionCheckpointStatus.EXPORTED,
+        at=mutation.transition_time(),
+        diagnostics={"target_commit_guard": build_guard(GuardPhase.ARMED, mutation.state.batch_id)},
+    )
+    try:
+        mutation.store.upsert_many(armed)
+    except BaseException:
+        _write_markers(
+            mutation,
+            set(mutation.partition_ids),
+            GuardPhase.FAILED_BEFORE_TARGET,
+            FailureCode.GUARD_ARM_FAILED,
+        )
+        raise
+    mutation.state.armed = True
+
+
+@hookimpl
+def on_target_error(mutation: TargetMutation, error: BaseException) -> bool:
+    _write_markers(
+        mutation,
+        set(mutation.partition_ids),
+        GuardPhase.TARGET_OUTCOME_UNKNOWN,
+        FailureCode.TARGET_CALL_FAILED,
+    )
+    return True
+
+
+@hookimpl
+def after_target_success(mutation: TargetMutation, result: Any) -> bool:
+    """Promote every candidate in one batch; on a partial write, reconcile, then re-raise."""
+    committed = mutation.batch(
+        PartitionCheckpointStatus.COMMITTED,
+        at=mutation.transition_time(),
+        diagnostics={
+            "target_commit_guard": build_guard(
+                GuardPhase.CHECKPOINT_COMMITTED, mutation.state.batch_id
+            )
+        },
+    )
+    try:
+        mutation.store.upsert_many(committed)
+    except BaseException:
+        _reconcile_partial_commit(mutation, committed)
+        raise
+    mutation.state.committed_ids = frozenset(mutation.partition_ids)
+    return True
+
+
+def _reconcile_partial_commit(
+    mutation: TargetMutation, committed: Sequence[PartitionCheckpoint]
+) -> None:
+    """Keep exact durable committed candidates; mark the rest incomplete; never raise.
+
+    If the store cannot be read, nothing is written: the durable armed guards
+    keep blocking, which is the safe outcome.
+    """
+    try:
+        latest = {cp.partition_id: cp for cp in mutation.store.list_latest(mutation.route)}
+    except Exception:
+        return
+    durable = {cp.partition_id for cp in committed if latest.get(cp.partition_id) == cp}
+    mutation.state.committed_ids = frozenset(durable)
+    _write_markers(
+        mutation,
+        set(mutation.partition_ids) - durable,
+        GuardPhase.CHECKPOINT_INCOMPLETE,
+        FailureCode.CHECKPOINT_COMMIT_FAILED,
+    )

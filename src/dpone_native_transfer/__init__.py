@@ -1,0 +1,81 @@
+"""dpone-native-transfer: checkpointed table transfers guarded against duplicate appends.
+
+The public API is re-exported here; code outside the project imports from
+this module only.
+"""
+
+from __future__ import annotations
+
+from .boundary import AttemptState, TargetMutation
+from .checkpoints import (
+    PartitionCheckpoint,
+    PartitionCheckpointStatus,
+    RouteKey,
+    Strategy,
+    checkpoint_from_payload,
+    checkpoint_to_payload,
+)
+from .connectors import SQLiteSink, SQLiteSource
+from .errors import (
+    ArtifactInvalid,
+    CheckpointPayloadInvalid,
+    CheckpointStoreCorrupt,
+    ClockInvalid,
+    ConfigInvalid,
+    GovernanceGateFailed,
+    ManualReconciliationRequired,
+    NativeTransferError,
+    PluginLoadFailed,
+    SourceInvalid,
+    TargetCommitGuardInvalid,
+    TargetCommitGuardUnhandled,
+)
+from .events import Event, EventName
+from .hookspecs import hookimpl
+from .paths import Governance, PathContext
+from .payloads import Column, LoadPlan, RowChunks, SourceShape
+from .runtime import TransferResult, TransferRuntime, TransferSpec
+from .stores import CheckpointStore, RouteStateStore
+from .stores.memory import MemoryCheckpointStore
+from .stores.sqlite import SQLiteCheckpointStore
+
+__all__ = [
+    "ArtifactInvalid",
+    "AttemptState",
+    "CheckpointPayloadInvalid",
+    "CheckpointStore",
+    "CheckpointStoreCorrupt",
+    "ClockInvalid",
+    "Column",
+    "ConfigInvalid",
+    "Event",
+    "EventName",
+    "Governance",
+    "GovernanceGateFailed",
+    "LoadPlan",
+    "ManualReconciliationRequired",
+    "MemoryCheckpointStore",
+    "NativeTransferError",
+    "PartitionCheckpoint",
+    "PartitionCheckpointStatus",
+    "PathContext",
+    "PluginLoadFailed",
+    "RouteKey",
+    "RouteStateStore",
+    "RowChunks",
+    "SQLiteCheckpointStore",
+    "SQLiteSink",
+    "SQLiteSource",
+    "SourceInvalid",
+    "SourceShape",
+    "Strategy",
+    "TargetCommitGuardInvalid",
+    "TargetCommitGuardUnhandled",
+    "TargetMutation",
+    "TransferResult",
+    "TransferRuntime",
+    "TransferSpec",
+    "checkpoint_from_payload",
+    "checkpoint_to_payload",
+    "hookimpl",
+]

@@ -1,0 +1,60 @@
+"""Run events: a name plus safe fields, so callers and tests can see the order of work."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+__all__ = ["EVENT_ORDER", "Event", "EventName", "EventRecorder"]
+
+
+class EventName:
+    ROUTE_SCANNED = "route_scanned"
+    PARTITION_EXTRACTED = "partition_extracted"
+    PRE_TARGET_DONE = "pre_target_done"
+    GUARD_ARMED = "guard_armed"
+    TARGET_STARTED = "target_started"
+    TARGET_SUCCEEDED = "target_succeeded"
+    TARGET_FAILED = "target_failed"
+    ERROR_HOOK_FAILED = "error_hook_failed"
+    CHECKPOINTS_COMMITTED = "checkpoints_committed"
+    EVIDENCE_WRITTEN = "evidence_written"
+    SOURCE_STATE_ADVANCED = "source_state_advanced"
+
+
+# The order a successful guarded run emits its milestone events in, on every path.
+EVENT_ORDER = (
+    EventName.ROUTE_SCANNED,
+    EventName.PRE_TARGET_DONE,
+    EventName.GUARD_ARMED,
+    EventName.TARGET_STARTED,
+    EventName.TARGET_SUCCEEDED,
+    EventName.CHECKPOINTS_COMMITTED,
+    EventName.EVIDENCE_WRITTEN,
+    EventName.SOURCE_STATE_ADVANCED,
+)
+
+
+@attrs.frozen
+class Event:
+    name: str
+    fields: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.define(eq=False)
+class EventRecorder:
+    """Collects a run's events and forwards each to an optional listener."""
+
+    listener: Callable[[Event], None] | None = None
+    events: list[Event] = attrs.field(factory=list)
+
+    def emit(self, name: str, **fields: Any) -> None:
+        event = Event(name, fields)
+        self.events.append(event)
+        if self.listener is not None:
+            self.listener(event)
+
+    def names(self) -> list[str]:
+        return [event.name for event in self.events]

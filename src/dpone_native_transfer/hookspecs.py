@@ -1,0 +1,87 @@
+"""The hook contract between the runtime and its plugins.
+
+This module is the reference: each hookspec's docstring is the contract and
+``docs/hooks.md`` is checked against it. Plugins implement hooks with
+``hookimpl``; only the runtime declares them. Importing this module has no
+side effects.
+
+The three target hooks share one argument, ``mutation`` (a
+:class:`~dpone_native_transfer.boundary.TargetMutation`), and are fired only
+by the runtime's one target-mutation boundary, in this order::
+
+    before_target_mutation(mutation)          a raise is a veto: the target is not called
+    <target call>
+    on_target_error(mutation, error)          if the target call raised
+    after_target_success(mutation, result)    if it returned
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .boundary import TargetMutation
+    from .checkpoints import PartitionCheckpoint, RouteKey
+
+__all__ = ["PROJECT_NAME", "hookimpl"]
+
+PROJECT_NAME = "dpone_native_transfer"
+
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+_hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+
+
+@_hookspec
+def resume_route_scan(route: RouteKey, checkpoints: Sequence[PartitionCheckpoint]) -> bool | None:
+    """Inspect every latest checkpoint of a route before any resume decision.
+
+    Called once per run, after ``store.list_latest(route)`` and before the
+    runtime plans partitions, even when the current plan turns out empty.
+    ``checkpoints`` holds the latest checkpoint of every partition ever
+    written for ``route``, whatever its query, schema, run or partition id.
+
+    Raise a :class:`~dpone_native_transfer.NativeTransferError` to stop the
+    run before any extraction or target I/O. Return ``True`` to say the
+    implementation understood the route's guard records (the runtime refuses
+    to run a route carrying guards that no plugin claimed); return ``None``
+    otherwise. All implementations are called.
+    """
+
+
+@_hookspec
+def before_target_mutation(mutation: TargetMutation) -> None:
+    """Prepare for the target call; called immediately before it.
+
+    ``mutation`` describes the active partitions (``mutation.candidates``),
+    the store and the clock. Pre-target work (extraction, staging,
+    governance) is complete. A raise is a veto: the target is not called and
+    the exception reaches the caller unchanged. All implementations are
+    called; the first raise stops the rest.
+    """
+
+
+@_hookspec(firstresult=True)
+def after_target_success(mutation: TargetMutation, result: Any) -> bool | None:
+    """Record that the target call returned ``result`` (promote checkpoints).
+
+    ``mutation.state.target_succeeded`` is already ``True``. firstresult: the
+    first implementation returning non-``None`` handles the promotion and the
+    rest are skipped; the built-in unguarded lifecycle answers last. A raise
+    propagates to the caller; an implementation that handles a failed
+    promotion must re-raise the original exception object.
+    """
+
+
+@_hookspec(firstresult=True)
+def on_target_error(mutation: TargetMutation, error: BaseException) -> bool | None:
+    """Record that the target call raised ``error`` (best effort).
+
+    ``mutation.state.target_started`` is ``True`` and ``target_succeeded`` is
+    ``False``. firstresult, like ``after_target_success``. The boundary
+    re-raises ``error`` itself, unchanged, after this hook; if an
+    implementation raises, that secondary exception is recorded as an
+    ``error_hook_failed`` event (its type only) and swallowed.
+    """

@@ -1,0 +1,125 @@
+"""Transfer paths and the context they work in.
+
+A path is a callable ``path(ctx: PathContext) -> int`` that does its
+pre-target work (extract, stage, export, govern) and then reaches the target
+exactly once, through :meth:`PathContext.mutate`. It returns the rows the
+target reported loading. Paths never see the guard; the hooks fired by the
+boundary give every path the same guard behaviour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+
+from ..boundary import TargetBoundary, TargetMutation
+from ..checkpoints import PartitionCheckpoint, RouteKey, Strategy
+from ..clock import Clock
+from ..errors import GovernanceGateFailed
+from ..events import EventName, EventRecorder
+from ..payloads import RowChunks, SourceShape
+from ..stores import CheckpointStore
+
+__all__ = ["Governance", "PathContext", "TransferPath"]
+
+T = TypeVar("T")
+
+
+@attrs.frozen(kw_only=True)
+class Governance:
+    """Pre-target gates. A failed gate stops the attempt before the target and writes nothing."""
+
+    min_rows: int | None = None
+    max_rows: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.min_rows is not None or self.max_rows is not None
+
+    def check(self, route: RouteKey, rows: int) -> None:
+        too_few = self.min_rows is not None and rows < self.min_rows
+        too_many = self.max_rows is not None and rows > self.max_rows
+        if too_few or too_many:
+            raise GovernanceGateFailed(
+                "the row-count gate refused the attempt before any target I/O",
+                diagnostics={
+                    "route": route.as_dict(),
+                    "gate": "min_rows" if too_few else "max_rows",
+                    "rows": rows,
+                    "limit": self.min_rows if too_few else self.max_rows,
+                },
+            )
+
+
+@attrs.define(eq=False, kw_only=True)
+class PathContext:
+    """Everything one path needs for one attempt; the path changes only ``candidates``."""
+
+    spec: Any
+    route: RouteKey
+    shape: SourceShape
+    candidates: list[PartitionCheckpoint]
+    work_dir: Path
+    store: CheckpointStore
+    clock: Clock
+    events: EventRecorder
+    boundary: TargetBoundary
+    mutation: TargetMutation | None = None
+
+    @property
+    def source(self) -> Any:
+        return self.spec.source
+
+    @property
+    def sink(self) -> Any:
+        return self.spec.sink
+
+    @property
+    def replace(self) -> bool:
+        return self.route.strategy is Strategy.FULL_REFRESH
+
+    def read(self, candidate: PartitionCheckpoint) -> Iterable[Sequence[tuple]]:
+        """The partition's rows from the source, in bounded chunks."""
+        return self.source.read(candidate.partition_bounds, chunk_rows=self.spec.chunk_rows)
+
+    def row_chunks(self, chunks: Iterable[Sequence[tuple]]) -> RowChunks:
+        return RowChunks(columns=self.shape.columns, chunks=chunks, replace=self.replace)
+
+    def extracted(self, index: int, rows: int, **diagnostics: Any) -> None:
+        """Record what extraction produced for ``candidates[index]``."""
+        candidate = self.candidates[index]
+        self.candidates[index] = attrs.evolve(
+            candidate, rows_exported=rows, diagnostics={**candidate.diagnostics, **diagnostics}
+        )
+        self.events.emit(
+            EventName.PARTITION_EXTRACTED,
+            partition_id=candidate.partition_id,
+            rows=rows,
+            done=index + 1,
+            of=len(self.candidates),
+        )
+
+    def check_governance(self, rows: int) -> None:
+        self.spec.governance.check(self.route, rows)
+
+    def mutate(self, operation: str, invoke: Callable[[], T]) -> T:
+        """Reach the target once, through the boundary that fires the guard hooks."""
+        if self.mutation is not None:
+            raise RuntimeError("a path may reach the target only once per attempt")
+        self.events.emit(EventName.PRE_TARGET_DONE, partitions=len(self.candidates))
+        self.mutation = TargetMutation(
+            route=self.route,
+            run_id=self.spec.run_id,
+            path=self.spec.path,
+            operation=operation,
+            candidates=tuple(self.candidates),
+            store=self.store,
+            clock=self.clock,
+        )
+        return self.boundary.run(self.mutation, invoke)
+
+
+TransferPath = Callable[[PathContext], int]

@@ -1,0 +1,154 @@
+"""Resume planning: which partitions this attempt owns, and which it may skip.
+
+A route's work is cut into *generations*: one generation ends when a run
+completes evidence and source-state advancement. Inside a generation the
+partition set is pinned, so a retry recomputes the same partition ids and
+skips what is durably committed:
+
+- incremental_append with a cursor: partitions cover the cursor window
+  ``(watermark, upto]``; a retry reuses the pending window's ``upto`` so rows
+  that arrived meanwhile never change the ids of work already done;
+- incremental_append without a cursor: partitions are the partition values;
+  a committed value is never reloaded (new values are new work);
+- full_refresh: bounds carry the generation, so each completed run starts a
+  fresh reload, and any retried partition re-activates all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+import attrs
+
+from .checkpoints import (
+    PartitionCheckpoint,
+    PartitionCheckpointStatus,
+    RouteKey,
+    Strategy,
+    partition_id_for,
+)
+from .errors import CheckpointStoreCorrupt
+
+__all__ = ["ResumePlan", "SourceWindow", "plan_resume", "plan_window"]
+
+
+class PartitionedSource(Protocol):
+    cursor_column: str | None
+
+    def partition_values(self, *, after: Any = None, upto: Any = None) -> list[Any]: ...
+
+    def max_cursor(self, *, after: Any = None) -> Any: ...
+
+
+@attrs.frozen(kw_only=True)
+class SourceWindow:
+    """The slice of the source one generation covers."""
+
+    generation: int
+    watermark: Any = None
+    cursor_after: Any = None
+    cursor_upto: Any = None
+
+    def advanced_state(self) -> dict[str, Any]:
+        """Source state to store once this generation's run has completed."""
+        watermark = self.cursor_upto if self.cursor_upto is not None else self.watermark
+        return {"generation": self.generation + 1, "watermark": watermark}
+
+
+@attrs.frozen(kw_only=True)
+class ResumePlan:
+    active: tuple[PartitionCheckpoint, ...]
+    skipped: tuple[str, ...]
+
+
+def _source_state(route: RouteKey, state: Mapping[str, Any] | None) -> tuple[int, Any]:
+    if state is None:
+        return 0, None
+    generation = state.get("generation")
+    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+        raise CheckpointStoreCorrupt(
+            "the stored source state of the route is malformed",
+            diagnostics={"route": route.as_dict(), "field": "generation"},
+        )
+    return generation, state.get("watermark")
+
+
+def plan_window(
+    route: RouteKey,
+    source: PartitionedSource,
+    state: Mapping[str, Any] | None,
+    latest: Iterable[PartitionCheckpoint],
+) -> tuple[SourceWindow, list[dict[str, Any]]]:
+    """The current generation's window and the bounds of each of its partitions."""
+    generation, watermark = _source_state(route, state)
+    if route.strategy is Strategy.FULL_REFRESH:
+        values = source.partition_values()
+        window = SourceWindow(generation=generation, watermark=watermark)
+        return window, [{"generation": generation, "partition": value} for value in values]
+    if source.cursor_column is None:
+        window = SourceWindow(generation=generation, watermark=watermark)
+        return window, [{"partition": value} for value in source.partition_values()]
+    pending = [
+        cp.partition_bounds["cursor_upto"]
+        for cp in latest
+        if "cursor_upto" in cp.partition_bounds
+        and cp.partition_bounds.get("cursor_after") == watermark
+    ]
+    upto = max(pending) if pending else source.max_cursor(after=watermark)
+    window = SourceWindow(
+        generation=generation, watermark=watermark, cursor_after=watermark, cursor_upto=upto
+    )
+    if upto is None:
+        return window, []
+    values = source.partition_values(after=watermark, upto=upto)
+    return window, [
+        {"partition": value, "cursor_after": watermark, "cursor_upto": upto} for value in values
+    ]
+
+
+def candidate_checkpoints(
+    route: RouteKey,
+    run_id: str,
+    query_hash: str,
+    schema_hash: str,
+    bounds: Iterable[Mapping[str, Any]],
+) -> list[PartitionCheckpoint]:
+    """This attempt's view of every partition in the window, before any resume decision."""
+    return [
+        PartitionCheckpoint(
+            partition_id=partition_id_for(route, query_hash, schema_hash, item),
+            route=route,
+            status=PartitionCheckpointStatus.EXPORTED,
+            run_id=run_id,
+            query_hash=query_hash,
+            schema_hash=schema_hash,
+            partition_bounds=dict(item),
+        )
+        for item in bounds
+    ]
+
+
+def plan_resume(
+    route: RouteKey,
+    candidates: Iterable[PartitionCheckpoint],
+    latest: Iterable[PartitionCheckpoint],
+) -> ResumePlan:
+    """Skip partitions committed with the same query and schema; retry everything else."""
+    by_id = {cp.partition_id: cp for cp in latest}
+    candidates = list(candidates)
+    active, skipped = [], []
+    for candidate in candidates:
+        previous = by_id.get(candidate.partition_id)
+        done = (
+            previous is not None
+            and previous.status is PartitionCheckpointStatus.COMMITTED
+            and previous.query_hash == candidate.query_hash
+            and previous.schema_hash == candidate.schema_hash
+        )
+        (skipped if done else active).append(candidate)
+    if route.strategy is Strategy.FULL_REFRESH and active:
+        active, skipped = candidates, []
+    return ResumePlan(
+        active=tuple(active), skipped=tuple(cp.partition_id for cp in skipped)
+    )

@@ -1,0 +1,186 @@
+"""TransferRuntime: one guarded, resumable attempt per ``run(spec)``.
+
+Order of work: route scan -> resume plan -> path (pre-target work, then the
+target through the boundary) -> evidence -> source state. Evidence and source
+state come only after checkpoint promotion, and also when nothing was active,
+so a run that failed after promotion heals on the next run without a target call.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .boundary import TargetBoundary
+from .checkpoints import GUARD_DIAGNOSTICS_KEY, PartitionCheckpoint, RouteKey, Strategy
+from .clock import Clock, read_clock, system_clock
+from .errors import ConfigInvalid, TargetCommitGuardUnhandled
+from .events import Event, EventName, EventRecorder
+from .paths import Governance, PathContext, TransferPath
+from .paths.file_artifact import file_artifact_path
+from .paths.lazy_plan import lazy_plan_path
+from .paths.legacy import legacy_path
+from .paths.staged import staged_path
+from .planner import candidate_checkpoints, plan_resume, plan_window
+from .plugins import Hooks, make_plugin_manager
+from .stores import CheckpointStore, RouteStateStore
+
+__all__ = ["BUILTIN_PATHS", "TransferResult", "TransferRuntime", "TransferSpec"]
+
+BUILTIN_PATHS: Mapping[str, TransferPath] = {
+    "legacy": legacy_path,
+    "staged": staged_path,
+    "file-artifact": file_artifact_path,
+    "lazy-plan": lazy_plan_path,
+}
+
+
+def _positive(_instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigInvalid(f"{attribute.name} must be a positive integer", diagnostics={"key": attribute.name})
+
+
+@attrs.frozen(kw_only=True)
+class TransferSpec:
+    """One route's transfer: which source, which sink, how, and under which run id."""
+
+    source: Any
+    sink: Any
+    strategy: Strategy = attrs.field(converter=Strategy)
+    path: str
+    run_id: str
+    governance: Governance = attrs.field(factory=Governance)
+    chunk_rows: int = attrs.field(default=10_000, validator=_positive)
+    artifact_dir: str | None = None
+
+    @property
+    def route(self) -> RouteKey:
+        return RouteKey(self.source.table, self.sink.table, self.strategy)
+
+
+@attrs.frozen(kw_only=True)
+class TransferResult:
+    committed_partition_ids: tuple[str, ...]
+    skipped_partition_ids: tuple[str, ...]
+    rows_loaded: int
+    events: tuple[Event, ...]
+    batch_id: str | None = None
+
+
+class TransferRuntime:
+    """Runs transfers against one checkpoint store with one set of plugins.
+
+    ``plugins=None`` loads the entry-point plugins (the target-commit guard is
+    one); an explicit list replaces them, and ``[]`` runs the unguarded legacy
+    lifecycle. ``paths`` adds connector-provided paths to the built-in four.
+    """
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        *,
+        clock: Clock | None = None,
+        plugins: Iterable[object] | None = None,
+        events: Callable[[Event], None] | None = None,
+        state_store: RouteStateStore | None = None,
+        paths: Mapping[str, TransferPath] | None = None,
+    ) -> None:
+        self.store = store
+        self.state_store = state_store if state_store is not None else store
+        if not isinstance(self.state_store, RouteStateStore):
+            raise ConfigInvalid(
+                "the store keeps no source state; pass state_store=",
+                diagnostics={"key": "state_store"},
+            )
+        self.clock = clock or system_clock
+        self.plugin_manager = make_plugin_manager(plugins)
+        self.hooks = Hooks(self.plugin_manager)
+        self.paths = {**BUILTIN_PATHS, **(paths or {})}
+        self._listener = events
+
+    def run(self, spec: TransferSpec) -> TransferResult:
+        route = spec.route
+        path = self.paths.get(spec.path)
+        if path is None:
+            raise ConfigInvalid(
+                f"unknown path {spec.path!r}; known: {', '.join(sorted(self.paths))}",
+                diagnostics={"key": "path"},
+            )
+        recorder = EventRecorder(self._listener)
+        latest = self.store.list_latest(route)
+        self._scan_route(route, latest)
+        recorder.emit(EventName.ROUTE_SCANNED, route=route.as_dict(), checkpoints=len(latest))
+
+        shape = spec.source.describe()
+        state = self.state_store.load_source_state(route)
+        window, bounds = plan_window(route, spec.source, state, latest)
+        candidates = candidate_checkpoints(
+            route, spec.run_id, shape.query_hash, shape.schema_hash, bounds
+        )
+        plan = plan_resume(route, candidates, latest)
+
+        committed: tuple[str, ...] = ()
+        rows_loaded, batch_id = 0, None
+        if plan.active:
+            with tempfile.TemporaryDirectory(prefix="dpone-transfer-") as work_dir:
+                ctx = PathContext(
+                    spec=spec,
+                    route=route,
+                    shape=shape,
+                    candidates=list(plan.active),
+                    work_dir=Path(work_dir),
+                    store=self.store,
+                    clock=self.clock,
+                    events=recorder,
+                    boundary=TargetBoundary(self.hooks, recorder),
+                )
+                rows_loaded = path(ctx)
+            if ctx.mutation is None:
+                raise ConfigInvalid(
+                    f"path {spec.path!r} returned without reaching the target boundary",
+                    diagnostics={"key": "path"},
+                )
+            state_ids = ctx.mutation.state.committed_ids
+            committed = tuple(pid for pid in ctx.mutation.partition_ids if pid in state_ids)
+            batch_id = ctx.mutation.state.batch_id
+
+        evidence = {
+            "run_id": spec.run_id,
+            "route": route.as_dict(),
+            "path": spec.path,
+            "generation": window.generation,
+            "batch_id": batch_id,
+            "committed_partition_ids": list(committed),
+            "skipped_partition_ids": list(plan.skipped),
+            "rows_loaded": rows_loaded,
+            "completed_at": read_clock(self.clock, route=route, run_id=spec.run_id).isoformat(),
+        }
+        self.state_store.record_evidence(route, spec.run_id, evidence)
+        recorder.emit(EventName.EVIDENCE_WRITTEN, run_id=spec.run_id)
+        self.state_store.save_source_state(route, window.advanced_state())
+        recorder.emit(EventName.SOURCE_STATE_ADVANCED, generation=window.generation + 1)
+        return TransferResult(
+            committed_partition_ids=committed,
+            skipped_partition_ids=plan.skipped,
+            rows_loaded=rows_loaded,
+            events=tuple(recorder.events),
+            batch_id=batch_id,
+        )
+
+    def _scan_route(self, route: RouteKey, latest: list[PartitionCheckpoint]) -> None:
+        """Fire the route scan; refuse guards that no registered plugin claimed to read."""
+        claims = self.hooks.resume_route_scan(route, latest)
+        if any(claims):
+            return
+        guarded = [cp.partition_id for cp in latest if GUARD_DIAGNOSTICS_KEY in cp.diagnostics]
+        if guarded:
+            raise TargetCommitGuardUnhandled(
+                f"route {route.source_table} -> {route.target_table} ({route.strategy}) carries "
+                f"target-commit guards on {len(guarded)} partition(s) but no guard plugin is "
+                "registered; install or enable the target_commit_guard plugin",
+                diagnostics={"route": route.as_dict(), "partition_ids": guarded},
+            )
