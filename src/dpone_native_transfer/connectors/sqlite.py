@@ -1,0 +1,444 @@
+"""SQLite source and sink connectors.
+
+Every call opens its own connection and closes it before returning, so other
+workers and child processes can use the same files between calls. Identifiers
+are always quoted and values always bound as parameters. Errors raised here on
+purpose name tables and columns only, never the file path or a sqlite message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ..checkpoints import sha256_digest
+from ..errors import ConfigInvalid, SourceInvalid
+
+__all__ = [
+    "Column",
+    "LoadPlan",
+    "RowChunks",
+    "SQLiteSink",
+    "SQLiteSource",
+    "SourceShape",
+]
+
+_TIMEOUT = 30
+_STAGE_PREFIX = "_dpone_stage_"
+_DECLTYPE = re.compile(r"[A-Za-z0-9_ ]*(\(\s*[+-]?[\w.]+\s*(,\s*[+-]?[\w.]+\s*)?\))?\s*")
+
+
+@attrs.frozen
+class Column:
+    """A source column as SQLite declares it; ``decltype`` may be empty."""
+
+    name: str
+    decltype: str
+
+
+@attrs.frozen(kw_only=True)
+class SourceShape:
+    """What a checkpoint must match: the extraction query and the column schema."""
+
+    columns: tuple[Column, ...]
+    query_hash: str
+    schema_hash: str
+
+
+@attrs.frozen(kw_only=True)
+class RowChunks:
+    """Rows handed to a sink; ``chunks`` is consumed once and lazily."""
+
+    columns: tuple[Column, ...]
+    chunks: Iterable[Sequence[tuple]]
+    replace: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class LoadPlan:
+    """A lazy load: the sink pulls the rows of every bounds straight from the source."""
+
+    source: SQLiteSource
+    columns: tuple[Column, ...]
+    bounds: tuple[Mapping, ...]
+    replace: bool = False
+
+
+def _quote(name: Any) -> str:
+    """Quote an identifier; NUL cannot be quoted, so it is a configuration error."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise ConfigInvalid("identifier must be a non-empty string without NUL characters")
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _column_sql(column: Column) -> str:
+    """Column definition for CREATE TABLE; the type is SQL text, so only type syntax passes."""
+    if not isinstance(column.decltype, str) or not _DECLTYPE.fullmatch(column.decltype):
+        raise ConfigInvalid(
+            f"column {column.name!r} has an unsupported declared type",
+            diagnostics={"column": column.name},
+        )
+    return f"{_quote(column.name)} {column.decltype}".rstrip()
+
+
+def _column_list(columns: Sequence[Column], table: str | None = None) -> str:
+    if not columns:
+        raise ConfigInvalid("at least one column is required")
+    return ", ".join(_ref(column.name, table) for column in columns)
+
+
+def _ref(column: str, table: str | None = None) -> str:
+    """Column reference; qualified, a missing column fails instead of reading as a string."""
+    return _quote(column) if table is None else f"{_quote(table)}.{_quote(column)}"
+
+
+def _uri(path: str, *, read_only: bool) -> str:
+    """Absolute percent-encoded file URI, so no path is ever read as URI syntax."""
+    uri = Path(os.path.abspath(path)).as_uri()
+    return uri + "?mode=ro" if read_only else uri
+
+
+def _table_columns(conn: sqlite3.Connection, table: str) -> tuple[Column, ...]:
+    rows = conn.execute("SELECT name, type FROM pragma_table_info(?, 'main')", (table,))
+    return tuple(Column(name, decltype or "") for name, decltype in rows)
+
+
+def _source_invalid(message: str, **diagnostics: Any) -> SourceInvalid:
+    return SourceInvalid(message, diagnostics=diagnostics)
+
+
+class SQLiteSource:
+    """Reads one table of a SQLite file in partitions, optionally windowed by a cursor column."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        table: str,
+        partition_column: str,
+        cursor_column: str | None = None,
+    ) -> None:
+        _quote(table)
+        _quote(partition_column)
+        if cursor_column is not None:
+            _quote(cursor_column)
+        self.path = os.fspath(path)
+        self.table = table
+        self.partition_column = partition_column
+        self.cursor_column = cursor_column
+
+    def __repr__(self) -> str:
+        return f"SQLiteSource(table={self.table!r}, partition_column={self.partition_column!r})"
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """Read-only connection; sqlite errors become ``SourceInvalid`` without their text."""
+        if not os.path.isfile(self.path):
+            raise _source_invalid(
+                f"source database for table {self.table!r} does not exist", table=self.table
+            )
+        try:
+            with contextlib.closing(self._open()) as conn:
+                yield conn
+        except sqlite3.Error:
+            raise _source_invalid(
+                f"source table {self.table!r} could not be read", table=self.table
+            ) from None
+
+    def _open(self) -> sqlite3.Connection:
+        return sqlite3.connect(_uri(self.path, read_only=True), uri=True, timeout=_TIMEOUT)
+
+    def describe(self) -> SourceShape:
+        """Columns and hashes; raises ``SourceInvalid`` when the table or a named column is gone."""
+        with self._connect() as conn:
+            columns = _table_columns(conn, self.table)
+        if not columns:
+            raise _source_invalid(f"source table {self.table!r} does not exist", table=self.table)
+        names = {column.name for column in columns}
+        for role, name in (("partition", self.partition_column), ("cursor", self.cursor_column)):
+            if name is not None and name not in names:
+                raise _source_invalid(
+                    f"{role} column {name!r} does not exist in source table {self.table!r}",
+                    table=self.table,
+                    column=name,
+                )
+        return SourceShape(
+            columns=columns,
+            query_hash=sha256_digest(self._template(columns)),
+            schema_hash=sha256_digest([[c.name, c.decltype] for c in columns]),
+        )
+
+    def _ref(self, column: str) -> str:
+        return _ref(column, self.table)
+
+    def _template(self, columns: Sequence[Column]) -> str:
+        """The extraction query with placeholders: what ``query_hash`` identifies."""
+        sql = (
+            f"SELECT {_column_list(columns, self.table)} FROM {_quote(self.table)}"
+            f" WHERE {self._ref(self.partition_column)} = ?"
+        )
+        if self.cursor_column is not None:
+            cursor = self._ref(self.cursor_column)
+            sql += f" AND {cursor} > ? AND {cursor} <= ?"
+        return sql + " ORDER BY rowid"
+
+    def _cursor_window(self, after: Any, upto: Any) -> tuple[list[str], list[Any]]:
+        if after is None and upto is None:
+            return [], []
+        if self.cursor_column is None:
+            raise ConfigInvalid(
+                f"source table {self.table!r} has no cursor column to window by",
+                diagnostics={"table": self.table},
+            )
+        cursor = self._ref(self.cursor_column)
+        predicates: list[str] = []
+        params: list[Any] = []
+        if after is not None:
+            predicates.append(f"{cursor} > ?")
+            params.append(after)
+        if upto is not None:
+            predicates.append(f"{cursor} <= ?")
+            params.append(upto)
+        return predicates, params
+
+    def _where(self, bounds: Mapping) -> tuple[str, tuple]:
+        if not isinstance(bounds, Mapping) or "partition" not in bounds:
+            raise ConfigInvalid("partition bounds must hold a 'partition' key")
+        partition = bounds["partition"]
+        column = self._ref(self.partition_column)
+        if partition is None:
+            predicates, params = [f"{column} IS NULL"], []
+        else:
+            predicates, params = [f"{column} = ?"], [partition]
+        window, window_params = self._cursor_window(
+            bounds.get("cursor_after"), bounds.get("cursor_upto")
+        )
+        return " AND ".join(predicates + window), tuple(params + window_params)
+
+    def partition_values(self, *, after: Any = None, upto: Any = None) -> list:
+        """Partition values with a cursor in ``(after, upto]``; NULL first, then by value."""
+        window, params = self._cursor_window(after, upto)
+        column = self._ref(self.partition_column)
+        sql = f"SELECT DISTINCT {column} FROM {_quote(self.table)}"
+        if window:
+            sql += " WHERE " + " AND ".join(window)
+        sql += f" ORDER BY {column} IS NOT NULL, {column}"
+        with self._connect() as conn:
+            return [row[0] for row in conn.execute(sql, params)]
+
+    def max_cursor(self, *, after: Any = None) -> Any:
+        """Highest cursor value above ``after``, or None when nothing is newer."""
+        if self.cursor_column is None:
+            raise ConfigInvalid(
+                f"source table {self.table!r} has no cursor column",
+                diagnostics={"table": self.table},
+            )
+        window, params = self._cursor_window(after, None)
+        sql = f"SELECT MAX({self._ref(self.cursor_column)}) FROM {_quote(self.table)}"
+        if window:
+            sql += " WHERE " + " AND ".join(window)
+        with self._connect() as conn:
+            return conn.execute(sql, params).fetchone()[0]
+
+    def select_sql(
+        self,
+        bounds: Mapping,
+        *,
+        schema: str = "main",
+        columns: Sequence[Column] | None = None,
+    ) -> tuple[str, tuple]:
+        """The extraction query of one partition; ``columns`` defaults to the described ones."""
+        if columns is None:
+            columns = self.describe().columns
+        where, params = self._where(bounds)
+        sql = (
+            f"SELECT {_column_list(columns, self.table)} FROM {_quote(schema)}.{_quote(self.table)}"
+            f" WHERE {where} ORDER BY rowid"
+        )
+        return sql, params
+
+    def read(self, bounds: Mapping, *, chunk_rows: int = 10_000) -> Iterator[list[tuple]]:
+        """Rows of one partition in chunks of at most ``chunk_rows``; bad bounds fail on call."""
+        if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+            raise ConfigInvalid("chunk_rows must be a positive integer")
+        sql, params = self.select_sql(bounds)
+        return self._chunks(sql, params, chunk_rows)
+
+    def _chunks(self, sql: str, params: tuple, chunk_rows: int) -> Iterator[list[tuple]]:
+        with self._connect() as conn:
+            cursor = conn.execute(sql, params)
+            try:
+                while chunk := cursor.fetchmany(chunk_rows):
+                    yield chunk
+            finally:
+                cursor.close()
+
+    def count(self, bounds: Mapping) -> int:
+        where, params = self._where(bounds)
+        with self._connect() as conn:
+            sql = f"SELECT COUNT(*) FROM {_quote(self.table)} WHERE {where}"
+            return conn.execute(sql, params).fetchone()[0]
+
+
+class SQLiteSink:
+    """Writes one target table of a SQLite file, each load in a single durable transaction."""
+
+    def __init__(self, path: str | os.PathLike[str], table: str) -> None:
+        _quote(table)
+        self.path = os.fspath(path)
+        self.table = table
+
+    def __repr__(self) -> str:
+        return f"SQLiteSink(table={self.table!r})"
+
+    @property
+    def _stage(self) -> str:
+        return _STAGE_PREFIX + self.table
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """Autocommit connection with FULL sync; transactions are explicit."""
+        if not os.path.isdir(os.path.dirname(os.path.abspath(self.path))):
+            raise ConfigInvalid(
+                f"folder of the target database for table {self.table!r} does not exist",
+                diagnostics={"table": self.table},
+            )
+        uri = _uri(self.path, read_only=False)
+        with contextlib.closing(
+            sqlite3.connect(uri, uri=True, timeout=_TIMEOUT, isolation_level=None)
+        ) as conn:
+            conn.execute("PRAGMA synchronous=FULL")
+            yield conn
+
+    def _reader(self) -> contextlib.AbstractContextManager[sqlite3.Connection | None]:
+        """Connection for read-only helpers, or None when the file does not exist yet."""
+        if not os.path.isfile(self.path):
+            return contextlib.nullcontext(None)
+        return self._connect()
+
+    def load(self, payload: RowChunks | LoadPlan) -> int:
+        """Write the payload in one transaction and return the rows written."""
+        if isinstance(payload, LoadPlan):
+            return self._load_plan(payload)
+        if isinstance(payload, RowChunks):
+            return self._load_chunks(payload)
+        raise ConfigInvalid("sink payload must be RowChunks or LoadPlan")
+
+    def _load_chunks(self, payload: RowChunks) -> int:
+        insert = _insert_values_sql(self.table, payload.columns)
+        with self._connect() as conn, _transaction(conn):
+            _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
+            return sum(conn.executemany(insert, chunk).rowcount for chunk in payload.chunks)
+
+    def _load_plan(self, payload: LoadPlan) -> int:
+        source = payload.source
+        statements = [
+            source.select_sql(bounds, schema="src", columns=payload.columns)
+            for bounds in payload.bounds
+        ]
+        if not os.path.isfile(source.path):
+            raise _source_invalid(
+                f"source database for table {source.table!r} does not exist", table=source.table
+            )
+        prefix = f"INSERT INTO {_quote(self.table)} ({_column_list(payload.columns)}) "
+        with self._connect() as conn:
+            conn.execute("ATTACH DATABASE ? AS src", (_uri(source.path, read_only=True),))
+            try:
+                with _transaction(conn):
+                    _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
+                    return sum(conn.execute(prefix + sql, p).rowcount for sql, p in statements)
+            finally:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("DETACH DATABASE src")
+
+    def stage(self, payload: RowChunks) -> int:
+        """Fill a fresh staging table beside the target; the target is not touched."""
+        insert = _insert_values_sql(self._stage, payload.columns)
+        with self._connect() as conn, _transaction(conn):
+            conn.execute(f"DROP TABLE IF EXISTS {_quote(self._stage)}")
+            _create_table(conn, self._stage, payload.columns)
+            return sum(conn.executemany(insert, chunk).rowcount for chunk in payload.chunks)
+
+    def staged_row_count(self) -> int:
+        with self._reader() as conn:
+            return 0 if conn is None else _row_count(conn, self._stage)
+
+    def finalize_staged_load(self, *, replace: bool = False) -> int:
+        """Move staged rows into the target and drop the staging table, in one transaction."""
+        with self._connect() as conn, _transaction(conn):
+            columns = _table_columns(conn, self._stage)
+            if not columns:
+                raise ConfigInvalid(
+                    f"no staged load exists for target table {self.table!r}",
+                    diagnostics={"table": self.table},
+                )
+            _prepare_target(conn, self.table, columns, replace=replace)
+            names = _column_list(columns)
+            moved = conn.execute(
+                f"INSERT INTO {_quote(self.table)} ({names})"
+                f" SELECT {names} FROM {_quote(self._stage)} ORDER BY rowid"
+            ).rowcount
+            conn.execute(f"DROP TABLE {_quote(self._stage)}")
+            return moved
+
+    def discard_stage(self) -> None:
+        if not os.path.isfile(self.path):
+            return
+        with self._connect() as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {_quote(self._stage)}")
+
+    def row_count(self) -> int:
+        with self._reader() as conn:
+            return 0 if conn is None else _row_count(conn, self.table)
+
+    def rows(self) -> list[tuple]:
+        with self._reader() as conn:
+            if conn is None or not _table_columns(conn, self.table):
+                return []
+            return conn.execute(f"SELECT * FROM {_quote(self.table)} ORDER BY rowid").fetchall()
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN IMMEDIATE ... COMMIT; any exception, even a BaseException, rolls back and re-raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
+
+
+def _create_table(conn: sqlite3.Connection, table: str, columns: Sequence[Column]) -> None:
+    if not columns:
+        raise ConfigInvalid("at least one column is required")
+    definitions = ", ".join(_column_sql(column) for column in columns)
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {_quote(table)} ({definitions})")
+
+
+def _prepare_target(
+    conn: sqlite3.Connection, table: str, columns: Sequence[Column], *, replace: bool
+) -> None:
+    _create_table(conn, table, columns)
+    if replace:
+        conn.execute(f"DELETE FROM {_quote(table)}")
+
+
+def _insert_values_sql(table: str, columns: Sequence[Column]) -> str:
+    placeholders = ", ".join("?" for _ in columns)
+    return f"INSERT INTO {_quote(table)} ({_column_list(columns)}) VALUES ({placeholders})"
+
+
+def _row_count(conn: sqlite3.Connection, table: str) -> int:
+    if not _table_columns(conn, table):
+        return 0
+    return conn.execute(f"SELECT COUNT(*) FROM {_quote(table)}").fetchone()[0]
