@@ -1,0 +1,99 @@
+"""In-process checkpoint and route-state store.
+
+It keeps JSON text, not objects, so it behaves like a durable store: what a
+caller gets back never aliases what was stored, and a checkpoint that could not
+be read back is refused on write instead of poisoning the store.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from ..checkpoints import (
+    PartitionCheckpoint,
+    RouteKey,
+    checkpoint_from_payload,
+    checkpoint_to_payload,
+)
+
+__all__ = ["MemoryCheckpointStore"]
+
+
+def _checked(checkpoints: Iterable[PartitionCheckpoint]) -> list[PartitionCheckpoint]:
+    """All items, or a TypeError before anything is written."""
+    items = list(checkpoints)
+    for item in items:
+        if not isinstance(item, PartitionCheckpoint):
+            raise TypeError(f"expected PartitionCheckpoint, got {type(item).__name__}")
+    return items
+
+
+def _encode_checkpoint(checkpoint: PartitionCheckpoint) -> str:
+    """Payload JSON; raises CheckpointPayloadInvalid for anything the reader would reject."""
+    payload = checkpoint_to_payload(checkpoint)
+    checkpoint_from_payload(payload)
+    return json.dumps(payload, sort_keys=True, allow_nan=False)
+
+
+def _encode_object(value: Any, what: str) -> str:
+    """JSON of a dict that reads back equal, so a store never silently changes a value."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{what} must be a dict, got {type(value).__name__}")
+    text = json.dumps(value, sort_keys=True, allow_nan=False)
+    if json.loads(text) != value:
+        raise ValueError(f"{what} must hold only JSON values (str keys, lists, finite numbers)")
+    return text
+
+
+def _check_run_id(run_id: Any) -> None:
+    if not isinstance(run_id, str) or not run_id:
+        raise ValueError("run_id must be a non-empty string")
+
+
+class MemoryCheckpointStore:
+    """Checkpoints (latest and full history), source state and run evidence, in memory.
+
+    Re-recording evidence for a run id replaces the record in place: ``list_evidence``
+    is ordered by the first write of each run id.
+    """
+
+    def __init__(self) -> None:
+        self._history: dict[RouteKey, list[str]] = {}
+        self._latest: dict[RouteKey, dict[str, str]] = {}
+        self._source_state: dict[RouteKey, str] = {}
+        self._evidence: dict[RouteKey, dict[str, str]] = {}
+
+    def upsert(self, checkpoint: PartitionCheckpoint) -> None:
+        self.upsert_many([checkpoint])
+
+    def upsert_many(self, checkpoints: Iterable[PartitionCheckpoint]) -> None:
+        encoded = [
+            (cp.route, cp.partition_id, _encode_checkpoint(cp)) for cp in _checked(checkpoints)
+        ]
+        for route, partition_id, text in encoded:
+            self._history.setdefault(route, []).append(text)
+            self._latest.setdefault(route, {})[partition_id] = text
+
+    def list_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
+        latest = self._latest.get(route, {})
+        return [checkpoint_from_payload(json.loads(latest[pid])) for pid in sorted(latest)]
+
+    def history(self, route: RouteKey) -> list[PartitionCheckpoint]:
+        """Every checkpoint written for ``route``, oldest first."""
+        return [checkpoint_from_payload(json.loads(text)) for text in self._history.get(route, [])]
+
+    def load_source_state(self, route: RouteKey) -> dict[str, Any] | None:
+        text = self._source_state.get(route)
+        return None if text is None else json.loads(text)
+
+    def save_source_state(self, route: RouteKey, state: dict[str, Any]) -> None:
+        self._source_state[route] = _encode_object(state, "source state")
+
+    def record_evidence(self, route: RouteKey, run_id: str, record: dict[str, Any]) -> None:
+        _check_run_id(run_id)
+        self._evidence.setdefault(route, {})[run_id] = _encode_object(record, "evidence record")
+
+    def list_evidence(self, route: RouteKey) -> list[dict[str, Any]]:
+        return [json.loads(text) for text in self._evidence.get(route, {}).values()]

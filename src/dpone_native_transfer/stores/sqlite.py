@@ -1,0 +1,317 @@
+"""Durable checkpoint and route-state store in one SQLite file (stdlib only).
+
+A store file is created complete or not at all: the schema is built in a
+private file that is then linked into place. So any existing file that is not
+a version-1 store (empty, truncated, foreign, garbage) is reported as corrupt
+rather than silently used as a new, empty store, which would let a retry
+append data that was already committed.
+
+Errors raised here never carry the file path (paths may be secret) or
+SQLite's own message text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.request import pathname2url
+
+from ..checkpoints import PartitionCheckpoint, RouteKey, checkpoint_from_payload
+from ..errors import CheckpointPayloadInvalid, CheckpointStoreCorrupt
+from .memory import _check_run_id, _checked, _encode_checkpoint, _encode_object
+
+__all__ = ["BUSY_TIMEOUT_SECONDS", "SCHEMA_VERSION", "SQLiteCheckpointStore"]
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_SECONDS = 30.0
+
+_ROUTE = "source_table = ? AND target_table = ? AND strategy = ?"
+_ROUTE_COLUMNS = "source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT NOT NULL"
+_ROUTE_KEY = "source_table, target_table, strategy"
+
+_SCHEMA = (
+    f"""CREATE TABLE checkpoint_history (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, {_ROUTE_COLUMNS},
+        partition_id TEXT NOT NULL, payload TEXT NOT NULL)""",
+    f"CREATE INDEX checkpoint_history_by_route ON checkpoint_history ({_ROUTE_KEY}, seq)",
+    f"""CREATE TABLE checkpoint_latest (
+        {_ROUTE_COLUMNS}, partition_id TEXT NOT NULL,
+        seq INTEGER NOT NULL, payload TEXT NOT NULL,
+        PRIMARY KEY ({_ROUTE_KEY}, partition_id)) WITHOUT ROWID""",
+    f"""CREATE TABLE source_state (
+        {_ROUTE_COLUMNS}, state TEXT NOT NULL,
+        PRIMARY KEY ({_ROUTE_KEY})) WITHOUT ROWID""",
+    f"""CREATE TABLE evidence (
+        {_ROUTE_COLUMNS}, run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL, record TEXT NOT NULL,
+        PRIMARY KEY ({_ROUTE_KEY}, run_id)) WITHOUT ROWID""",
+    f"CREATE INDEX evidence_by_route ON evidence ({_ROUTE_KEY}, seq)",
+)
+
+_ROUTE_NAMES = ("source_table", "target_table", "strategy")
+_TABLES = {
+    "checkpoint_history": ("seq", *_ROUTE_NAMES, "partition_id", "payload"),
+    "checkpoint_latest": (*_ROUTE_NAMES, "partition_id", "seq", "payload"),
+    "source_state": (*_ROUTE_NAMES, "state"),
+    "evidence": (*_ROUTE_NAMES, "run_id", "seq", "record"),
+}
+
+
+def _route_params(route: RouteKey) -> tuple[str, str, str]:
+    return (route.source_table, route.target_table, str(route.strategy))
+
+
+def _is_busy(exc: sqlite3.DatabaseError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+@contextmanager
+def _translated(action: str, *, writing: bool = False) -> Iterator[None]:
+    """SQLite failures become CheckpointStoreCorrupt, except busy/locked and write-side I/O."""
+    try:
+        yield
+    except sqlite3.ProgrammingError:
+        raise
+    except sqlite3.DatabaseError as exc:
+        if _is_busy(exc) or (writing and isinstance(exc, sqlite3.OperationalError)):
+            raise
+        raise CheckpointStoreCorrupt(f"checkpoint store cannot be {action}") from None
+
+
+def _fsync_directory(directory: str) -> None:
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _initialise(path: str) -> None:
+    """Build a complete store in a private file and link it to ``path`` (a no-op if taken)."""
+    directory = os.path.dirname(path)
+    fd, scratch = tempfile.mkstemp(dir=directory, prefix=".checkpoints-", suffix=".init")
+    os.close(fd)
+    try:
+        conn = sqlite3.connect(scratch, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("BEGIN IMMEDIATE")
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        try:
+            os.link(scratch, path)
+        except FileExistsError:
+            return
+        _fsync_directory(directory)
+    finally:
+        os.unlink(scratch)
+
+
+def _check_schema(conn: sqlite3.Connection) -> None:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version == 0:
+        raise CheckpointStoreCorrupt("file is not a checkpoint store (no schema version)")
+    if version != SCHEMA_VERSION:
+        raise CheckpointStoreCorrupt(
+            f"checkpoint store has unknown schema version {version}, expected {SCHEMA_VERSION}",
+            diagnostics={"user_version": version, "expected": SCHEMA_VERSION},
+        )
+    for table, columns in _TABLES.items():
+        found = tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
+        if found != columns:
+            raise CheckpointStoreCorrupt(
+                f"checkpoint store table {table!r} is missing or has unexpected columns",
+                diagnostics={"table": table},
+            )
+
+
+def _open(path: str) -> sqlite3.Connection:
+    uri = f"file:{pathname2url(path)}?mode=rw"
+    with _translated("opened"):
+        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+    try:
+        with _translated("opened"):
+            _check_schema(conn)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _loads(text: Any, what: str, where: dict[str, Any]) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        raise CheckpointStoreCorrupt(f"{what} is not valid JSON", diagnostics=where) from None
+
+
+def _load_object(text: Any, what: str, where: dict[str, Any]) -> dict[str, Any]:
+    value = _loads(text, what, where)
+    if not isinstance(value, dict):
+        raise CheckpointStoreCorrupt(f"{what} is not a JSON object", diagnostics=where)
+    return value
+
+
+def _decode_checkpoint(
+    route: RouteKey, partition_id: Any, seq: Any, text: Any
+) -> PartitionCheckpoint:
+    where = {"route": route.as_dict(), "partition_id": partition_id, "seq": seq}
+    payload = _loads(text, "stored checkpoint payload", where)
+    try:
+        checkpoint = checkpoint_from_payload(payload)
+    except CheckpointPayloadInvalid as exc:
+        for key, value in where.items():
+            exc.diagnostics.setdefault(key, value)
+        raise
+    if checkpoint.route != route or checkpoint.partition_id != partition_id:
+        raise CheckpointStoreCorrupt(
+            "stored checkpoint payload disagrees with the route or partition it is filed under",
+            diagnostics=where,
+        )
+    return checkpoint
+
+
+class SQLiteCheckpointStore:
+    """Checkpoints (latest and full history), source state and run evidence in one SQLite file.
+
+    WAL journal and ``synchronous=FULL``: a returned write survives power loss, and
+    ``upsert_many`` is one transaction (one fsync) even though the port does not
+    require it. Re-recording evidence for a run id replaces the record but keeps
+    its place: ``list_evidence`` is ordered by the first write of each run id.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._conn: sqlite3.Connection | None = None
+        path = os.path.abspath(os.fspath(path))
+        if not os.path.exists(path):
+            _initialise(path)
+        self._conn = _open(path)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> SQLiteCheckpointStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise ValueError("checkpoint store is closed")
+        return self._conn
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        conn = self._connection()
+        with _translated("written", writing=True):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def _read(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        conn = self._connection()
+        with _translated("read"):
+            return conn.execute(sql, params).fetchall()
+
+    def upsert(self, checkpoint: PartitionCheckpoint) -> None:
+        self.upsert_many([checkpoint])
+
+    def upsert_many(self, checkpoints: Iterable[PartitionCheckpoint]) -> None:
+        rows = [
+            (*_route_params(cp.route), cp.partition_id, _encode_checkpoint(cp))
+            for cp in _checked(checkpoints)
+        ]
+        if not rows:
+            return
+        with self._transaction() as conn:
+            for row in rows:
+                seq = conn.execute(
+                    f"INSERT INTO checkpoint_history ({_ROUTE_KEY}, partition_id, payload)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    row,
+                ).lastrowid
+                conn.execute(
+                    f"INSERT INTO checkpoint_latest ({_ROUTE_KEY}, partition_id, seq, payload)"
+                    " VALUES (?, ?, ?, ?, ?, ?)"
+                    f" ON CONFLICT ({_ROUTE_KEY}, partition_id)"
+                    " DO UPDATE SET seq = excluded.seq, payload = excluded.payload",
+                    (*row[:4], seq, row[4]),
+                )
+
+    def list_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
+        rows = self._read(
+            f"SELECT partition_id, seq, payload FROM checkpoint_latest WHERE {_ROUTE}"
+            " ORDER BY partition_id",
+            _route_params(route),
+        )
+        return [_decode_checkpoint(route, *row) for row in rows]
+
+    def history(self, route: RouteKey) -> list[PartitionCheckpoint]:
+        """Every checkpoint written for ``route``, oldest first."""
+        rows = self._read(
+            f"SELECT partition_id, seq, payload FROM checkpoint_history WHERE {_ROUTE}"
+            " ORDER BY seq",
+            _route_params(route),
+        )
+        return [_decode_checkpoint(route, *row) for row in rows]
+
+    def load_source_state(self, route: RouteKey) -> dict[str, Any] | None:
+        rows = self._read(f"SELECT state FROM source_state WHERE {_ROUTE}", _route_params(route))
+        if not rows:
+            return None
+        return _load_object(rows[0][0], "stored source state", {"route": route.as_dict()})
+
+    def save_source_state(self, route: RouteKey, state: dict[str, Any]) -> None:
+        text = _encode_object(state, "source state")
+        with self._transaction() as conn:
+            conn.execute(
+                f"INSERT INTO source_state ({_ROUTE_KEY}, state) VALUES (?, ?, ?, ?)"
+                f" ON CONFLICT ({_ROUTE_KEY}) DO UPDATE SET state = excluded.state",
+                (*_route_params(route), text),
+            )
+
+    def record_evidence(self, route: RouteKey, run_id: str, record: dict[str, Any]) -> None:
+        _check_run_id(run_id)
+        text = _encode_object(record, "evidence record")
+        params = _route_params(route)
+        with self._transaction() as conn:
+            conn.execute(
+                f"INSERT INTO evidence ({_ROUTE_KEY}, run_id, seq, record) VALUES (?, ?, ?, ?,"
+                f" (SELECT COALESCE(MAX(seq), 0) + 1 FROM evidence WHERE {_ROUTE}), ?)"
+                f" ON CONFLICT ({_ROUTE_KEY}, run_id) DO UPDATE SET record = excluded.record",
+                (*params, run_id, *params, text),
+            )
+
+    def list_evidence(self, route: RouteKey) -> list[dict[str, Any]]:
+        rows = self._read(
+            f"SELECT run_id, record FROM evidence WHERE {_ROUTE} ORDER BY seq",
+            _route_params(route),
+        )
+        where = {"route": route.as_dict()}
+        return [
+            _load_object(record, "stored evidence record", {**where, "run_id": run_id})
+            for run_id, record in rows
+        ]
