@@ -98,6 +98,17 @@ def _all_rows(source: SQLiteSource) -> list[tuple]:
     ]
 
 
+def test_payload_types_are_the_connector_neutral_ones():
+    from dpone_native_transfer import payloads
+
+    assert (Column, LoadPlan, RowChunks, SourceShape) == (
+        payloads.Column,
+        payloads.LoadPlan,
+        payloads.RowChunks,
+        payloads.SourceShape,
+    )
+
+
 # --- describe ---------------------------------------------------------------------------------
 
 

@@ -4,6 +4,7 @@ Every call opens its own connection and closes it before returning, so other
 workers and child processes can use the same files between calls. Identifiers
 are always quoted and values always bound as parameters. Errors raised here on
 purpose name tables and columns only, never the file path or a sqlite message.
+The payload types are the connector-neutral ones of ``payloads``, re-exported.
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ import contextlib
 import os
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from ..checkpoints import sha256_digest
 from ..errors import ConfigInvalid, SourceInvalid
+from ..payloads import Column, LoadPlan, RowChunks, SourceShape
 
 __all__ = [
     "Column",
@@ -33,42 +33,6 @@ __all__ = [
 _TIMEOUT = 30
 _STAGE_PREFIX = "_dpone_stage_"
 _DECLTYPE = re.compile(r"[A-Za-z0-9_ ]*(\(\s*[+-]?[\w.]+\s*(,\s*[+-]?[\w.]+\s*)?\))?\s*")
-
-
-@attrs.frozen
-class Column:
-    """A source column as SQLite declares it; ``decltype`` may be empty."""
-
-    name: str
-    decltype: str
-
-
-@attrs.frozen(kw_only=True)
-class SourceShape:
-    """What a checkpoint must match: the extraction query and the column schema."""
-
-    columns: tuple[Column, ...]
-    query_hash: str
-    schema_hash: str
-
-
-@attrs.frozen(kw_only=True)
-class RowChunks:
-    """Rows handed to a sink; ``chunks`` is consumed once and lazily."""
-
-    columns: tuple[Column, ...]
-    chunks: Iterable[Sequence[tuple]]
-    replace: bool = False
-
-
-@attrs.frozen(kw_only=True)
-class LoadPlan:
-    """A lazy load: the sink pulls the rows of every bounds straight from the source."""
-
-    source: SQLiteSource
-    columns: tuple[Column, ...]
-    bounds: tuple[Mapping, ...]
-    replace: bool = False
 
 
 def _quote(name: Any) -> str:
