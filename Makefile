@@ -1,0 +1,25 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+# Both create the virtual environment from pyproject.toml on first use.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: demo test clean
+
+$(INSTALLED): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(INSTALLED)
+
+demo: $(INSTALLED)
+	$(BIN)/dpone-transfer demo --workdir demo-work
+
+test: $(INSTALLED)
+	$(BIN)/coverage run -m pytest
+	$(BIN)/coverage report
+
+clean:
+	rm -rf $(VENV) demo-work .coverage .pytest_cache
