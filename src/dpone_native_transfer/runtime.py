@@ -41,7 +41,16 @@ BUILTIN_PATHS: Mapping[str, TransferPath] = {
 
 def _positive(_instance: Any, attribute: attrs.Attribute, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigInvalid(f"{attribute.name} must be a positive integer", diagnostics={"key": attribute.name})
+        raise ConfigInvalid(
+            f"{attribute.name} must be a positive integer", diagnostics={"key": attribute.name}
+        )
+
+
+def _strategy(value: Any) -> Strategy:
+    if value not in Strategy._value2member_map_:
+        known = ", ".join(s.value for s in Strategy)
+        raise ConfigInvalid(f"strategy must be one of: {known}", diagnostics={"key": "strategy"})
+    return Strategy(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -50,7 +59,7 @@ class TransferSpec:
 
     source: Any
     sink: Any
-    strategy: Strategy = attrs.field(converter=Strategy)
+    strategy: Strategy = attrs.field(converter=_strategy)
     path: str
     run_id: str
     governance: Governance = attrs.field(factory=Governance)
