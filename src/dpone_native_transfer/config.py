@@ -1,0 +1,243 @@
+"""Route configuration files: one TOML file describes one SQLite route.
+
+Every problem is a :class:`ConfigInvalid` whose message names the bad key as
+a dotted path (``transfer.path``) and whose ``diagnostics["key"]`` holds it,
+so an operator can fix the file without reading code. Messages never echo
+configured values or the file's absolute path: both can be secret.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .checkpoints import RouteKey, Strategy
+from .connectors import SQLiteSink, SQLiteSource
+from .errors import ConfigInvalid
+from .paths import Governance
+from .runtime import BUILTIN_PATHS, TransferSpec
+
+__all__ = ["DEFAULT_CHUNK_ROWS", "RouteConfig", "load_route_config"]
+
+DEFAULT_CHUNK_ROWS = 10_000
+
+_REQUIRED, _OPTIONAL = True, False
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_TOML_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
+
+_SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
+    "source": (
+        _REQUIRED,
+        {
+            "path": ("file", _REQUIRED),
+            "table": ("name", _REQUIRED),
+            "partition_column": ("name", _REQUIRED),
+            "cursor_column": ("name", _OPTIONAL),
+        },
+    ),
+    "target": (_REQUIRED, {"path": ("file", _REQUIRED), "table": ("name", _REQUIRED)}),
+    "transfer": (
+        _REQUIRED,
+        {
+            "strategy": ("strategy", _REQUIRED),
+            "path": ("path", _REQUIRED),
+            "chunk_rows": ("positive", _OPTIONAL),
+            "artifact_dir": ("file", _OPTIONAL),
+        },
+    ),
+    "store": (_REQUIRED, {"path": ("file", _REQUIRED)}),
+    "gates": (_OPTIONAL, {"min_rows": ("count", _OPTIONAL), "max_rows": ("count", _OPTIONAL)}),
+}
+
+_ENUMS: Mapping[str, tuple[str, ...]] = {
+    "strategy": tuple(sorted(str(strategy) for strategy in Strategy)),
+    "path": tuple(sorted(BUILTIN_PATHS)),
+}
+
+_TOML_TYPES = (
+    (bool, "a boolean"),
+    (int, "an integer"),
+    (float, "a float"),
+    (str, "a string"),
+    (dict, "a table"),
+    (list, "an array"),
+)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class RouteConfig:
+    """A validated route: ready-made connectors plus how to run them and where to checkpoint."""
+
+    source: SQLiteSource
+    sink: SQLiteSink
+    strategy: Strategy
+    path: str
+    governance: Governance
+    chunk_rows: int
+    artifact_dir: str | None
+    store_path: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.source.table} -> {self.sink.table}"
+
+    @property
+    def route(self) -> RouteKey:
+        return RouteKey(self.source.table, self.sink.table, self.strategy)
+
+    def spec(self, run_id: str, *, sink: Any = None) -> TransferSpec:
+        """The transfer spec for one run; ``sink`` replaces the configured one (tests, demo)."""
+        return TransferSpec(
+            source=self.source,
+            sink=self.sink if sink is None else sink,
+            strategy=self.strategy,
+            path=self.path,
+            run_id=run_id,
+            governance=self.governance,
+            chunk_rows=self.chunk_rows,
+            artifact_dir=self.artifact_dir,
+        )
+
+
+def load_route_config(path: str | os.PathLike[str], *, argument: str = "ROUTE") -> RouteConfig:
+    """Read and validate a route file; ``argument`` names it in errors instead of its path."""
+    document = _read_toml(Path(path), argument)
+    sections = _validated(document)
+    folder = Path(os.path.abspath(path)).parent
+    return _build(sections, folder)
+
+
+def _read_toml(path: Path, argument: str) -> dict[str, Any]:
+    where = {"argument": argument}
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        problem = "does not exist"
+    except IsADirectoryError:
+        problem = "is a directory, not a file"
+    except PermissionError:
+        problem = "cannot be read (permission denied)"
+    except OSError:
+        problem = "cannot be read"
+    except UnicodeDecodeError:
+        problem = "is not valid TOML: it is not UTF-8 text"
+    except tomllib.TOMLDecodeError as exc:
+        position = _toml_position(exc)
+        raise ConfigInvalid(
+            f"the route file given as {argument} is not valid TOML: {exc}",
+            diagnostics={**where, **position},
+        ) from None
+    raise ConfigInvalid(f"the route file given as {argument} {problem}", diagnostics=where)
+
+
+def _toml_position(exc: tomllib.TOMLDecodeError) -> dict[str, int]:
+    """Line and column of a TOML error (attributes from Python 3.14, the message before)."""
+    line, column = getattr(exc, "lineno", None), getattr(exc, "colno", None)
+    if line is None and (match := _TOML_POSITION.search(str(exc))):
+        line, column = int(match[1]), int(match[2])
+    return {} if line is None else {"line": line, "column": column}
+
+
+def _dotted(*keys: str) -> str:
+    return ".".join(key if _BARE_KEY.fullmatch(key) else _quoted(key) for key in keys)
+
+
+def _quoted(key: str) -> str:
+    escaped = key.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in escaped) + '"'
+
+
+def _invalid(key: str, message: str) -> ConfigInvalid:
+    return ConfigInvalid(f"{key} {message}", diagnostics={"key": key})
+
+
+def _toml_type(value: Any) -> str:
+    return next((name for kind, name in _TOML_TYPES if isinstance(value, kind)), "a date or time")
+
+
+def _validated(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    for name in document:
+        if name not in _SCHEMA:
+            raise _invalid(_dotted(name), f"is not a known section; known: {', '.join(_SCHEMA)}")
+    sections = {}
+    for name, (required, keys) in _SCHEMA.items():
+        if name not in document:
+            if required:
+                raise _invalid(name, "section is missing")
+            continue
+        table = document[name]
+        if not isinstance(table, dict):
+            raise _invalid(name, f"must be a table ([{name}]), not {_toml_type(table)}")
+        sections[name] = _validated_section(name, table, keys)
+    _check_gates(sections.get("gates", {}))
+    return sections
+
+
+def _validated_section(
+    section: str, table: dict[str, Any], keys: Mapping[str, tuple[str, bool]]
+) -> dict[str, Any]:
+    for key in table:
+        if key not in keys:
+            raise _invalid(_dotted(section, key), f"is not a known key; known: {', '.join(keys)}")
+    for key, (kind, required) in keys.items():
+        if key in table:
+            _check_value(_dotted(section, key), kind, table[key])
+        elif required:
+            raise _invalid(_dotted(section, key), "is required but missing")
+    return table
+
+
+def _check_value(key: str, kind: str, value: Any) -> None:
+    if kind in ("positive", "count"):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _invalid(key, f"must be an integer, not {_toml_type(value)}")
+        if kind == "positive" and value < 1:
+            raise _invalid(key, "must be a positive integer")
+        if value < 0:
+            raise _invalid(key, "must not be negative")
+        return
+    if not isinstance(value, str):
+        raise _invalid(key, f"must be a string, not {_toml_type(value)}")
+    if not value.strip() or "\x00" in value:
+        raise _invalid(key, "must be a non-empty string without NUL characters")
+    if kind in _ENUMS and value not in _ENUMS[kind]:
+        raise _invalid(key, f"must be one of: {', '.join(_ENUMS[kind])}")
+
+
+def _check_gates(gates: Mapping[str, int]) -> None:
+    low, high = gates.get("min_rows"), gates.get("max_rows")
+    if low is not None and high is not None and low > high:
+        raise _invalid("gates.min_rows", f"({low:,}) must not exceed gates.max_rows ({high:,})")
+
+
+def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
+    source, target = sections["source"], sections["target"]
+    transfer, gates = sections["transfer"], sections.get("gates", {})
+    artifact_dir = transfer.get("artifact_dir")
+    return RouteConfig(
+        source=SQLiteSource(
+            _resolve(folder, source["path"]),
+            source["table"],
+            source["partition_column"],
+            source.get("cursor_column"),
+        ),
+        sink=SQLiteSink(_resolve(folder, target["path"]), target["table"]),
+        strategy=Strategy(transfer["strategy"]),
+        path=transfer["path"],
+        governance=Governance(min_rows=gates.get("min_rows"), max_rows=gates.get("max_rows")),
+        chunk_rows=transfer.get("chunk_rows", DEFAULT_CHUNK_ROWS),
+        artifact_dir=None if artifact_dir is None else _resolve(folder, artifact_dir),
+        store_path=_resolve(folder, sections["store"]["path"]),
+    )
+
+
+def _resolve(folder: Path, value: str) -> str:
+    """A configured file, relative to the route file's folder unless absolute."""
+    return os.fspath(folder / value)

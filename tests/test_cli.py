@@ -1,0 +1,451 @@
+"""The dpone-transfer console script, run as an operator or a scheduler would run it.
+
+Most tests start the installed script in a subprocess, so the entry point, the
+exit codes and what reaches stdout/stderr are the real ones. Finer config and
+failure cases call ``main`` or ``load_route_config`` in-process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from dpone_native_transfer import (
+    ConfigInvalid,
+    GovernanceGateFailed,
+    ManualReconciliationRequired,
+    SourceInvalid,
+    Strategy,
+    TargetCommitGuardInvalid,
+    TargetCommitGuardUnhandled,
+    cli,
+)
+from dpone_native_transfer.config import load_route_config
+from dpone_native_transfer.testing import build_sample_source
+
+SCRIPT = str(Path(sys.executable).parent / "dpone-transfer")
+PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
+SECRET = "password=hunter2"
+
+ROUTE = """\
+[source]
+path = "source.db"
+table = "orders"
+partition_column = "region"
+{cursor}
+[target]
+path = "target.db"
+table = "orders_copy"
+
+[transfer]
+strategy = "incremental_append"
+path = "{path}"
+chunk_rows = 16
+artifact_dir = "artifacts"
+
+[store]
+path = "checkpoints.db"
+
+[gates]
+min_rows = 1
+max_rows = 5000000
+"""
+
+
+def dpone(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SCRIPT, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def route_text(path: str = "staged", *, cursor: bool = True) -> str:
+    return ROUTE.format(path=path, cursor='cursor_column = "updated_at"\n' if cursor else "")
+
+
+def make_route(folder: Path, path: str = "staged", *, cursor: bool = True, rows: int = 120) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    build_sample_source(folder / "source.db", rows=rows, partitions=4)
+    route_file = folder / "route.toml"
+    route_file.write_text(route_text(path, cursor=cursor), encoding="utf-8")
+    return route_file
+
+
+def query(path: Path, sql: str) -> list[tuple]:
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        return connection.execute(sql).fetchall()
+
+
+def ids(path: Path, table: str) -> list[int]:
+    return [row[0] for row in query(path, f"SELECT id FROM {table} ORDER BY id")]
+
+
+# demo --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The demo, run once in an empty folder with the default --workdir."""
+    cwd = tmp_path_factory.mktemp("demo")
+    return dpone("demo", cwd=cwd), cwd / "demo-work"
+
+
+def test_demo_tells_the_story_and_passes(demo):
+    done, workdir = demo
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    headings = [line for line in lines if line[:1].isdigit()]
+    assert [heading[:2] for heading in headings] == ["1.", "2.", "3.", "4.", "5."]
+    assert f"   reuse it:   dpone-transfer run {Path('demo-work') / 'route.toml'}" in lines
+    first_run = "   committed 8 partitions, skipped 0, loaded 20,000 rows in "
+    assert any(line.startswith(first_run) for line in lines)
+    assert "   the run failed with InjectedFault: the original exception surfaced" in lines
+    assert "   guard phases in the store: checkpoint_committed 11, checkpoint_incomplete 5" in lines
+    assert "   blocked: native_transfer_manual_reconciliation_required" in lines
+    assert "   the target was not called" in lines
+    assert "   source rows 25,000 | target rows 25,000 | duplicate ids 0" in lines
+    assert lines[-1].startswith("demo passed")
+    assert sorted(p.name for p in workdir.iterdir()) == [
+        "checkpoints.db",
+        "route.toml",
+        "source.db",
+        "target.db",
+    ]
+
+
+def test_running_the_demo_route_afterwards_is_blocked_with_exit_3(demo):
+    _, workdir = demo
+    before = ids(workdir / "target.db", "orders_copy")
+    done = dpone("run", workdir / "route.toml", "--run-id", "airflow-retry")
+    assert done.returncode == cli.EXIT_BLOCKED
+    assert done.stdout == ""
+    error, diagnostics = done.stderr.splitlines()
+    assert error.startswith("error: native_transfer_manual_reconciliation_required: route orders")
+    details = json.loads(diagnostics.removeprefix("diagnostics: "))
+    assert details["phases"] == ["checkpoint_incomplete"]
+    assert ids(workdir / "target.db", "orders_copy") == before
+
+
+def test_demo_replaces_only_its_own_files(tmp_path, capsys):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("mine")
+    (workdir / "target.db-wal").write_bytes(b"stale")
+    assert cli.main(["demo", "--workdir", str(workdir)]) == 0
+    assert cli.main(["demo", "--workdir", str(workdir)]) == 0, "a second demo starts afresh"
+    assert (workdir / "notes.txt").read_text() == "mine"
+    assert "duplicate ids 0" in capsys.readouterr().out
+
+
+def test_demo_fails_when_its_story_does_not_hold(tmp_path, capsys, monkeypatch):
+    """Without the injected fault there is nothing to block: the demo must say so and exit 1."""
+    monkeypatch.setattr(cli, "phase_batch", lambda phase: lambda batch: False)
+    assert cli.main(["demo", "--workdir", str(tmp_path)]) == cli.EXIT_FAILED
+    out = capsys.readouterr().out
+    assert "demo FAILED:" in out
+    assert "   - step 3 did not fail although a checkpoint failure was injected" in out
+    assert "   - the retry was not blocked" in out
+
+
+# run ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_run_copies_every_row_once_and_a_rerun_skips_everything(tmp_path, path):
+    data = tmp_path / "data"
+    route_file = make_route(data, path, cursor=False)
+    source_ids = ids(data / "source.db", "orders")
+
+    done = dpone("run", Path("data") / "route.toml", "--run-id", "first", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("committed 4 partitions, skipped 0, loaded 120 rows in ")
+    assert done.stdout.rstrip().endswith(
+        f"(route orders -> orders_copy, incremental_append, path {path}, run first)"
+    )
+    progress = done.stderr.splitlines()
+    assert [line[:5] for line in progress[:4]] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+    assert progress[0].endswith(" extracted 30 rows")
+    assert progress[4] == ("target: finalize_staged_load" if path == "staged" else "target: load")
+    assert ids(data / "target.db", "orders_copy") == source_ids
+    if path == "file-artifact":
+        assert len(list((data / "artifacts").glob("*.rows"))) == 4
+
+    again = dpone("run", route_file, "--run-id", "second")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("committed 0 partitions, skipped 4, loaded 0 rows in ")
+    assert again.stderr == ""
+    assert ids(data / "target.db", "orders_copy") == source_ids
+
+
+def test_run_with_a_cursor_loads_only_new_rows(tmp_path):
+    route_file = make_route(tmp_path)
+    assert dpone("run", route_file, "--quiet").returncode == 0
+    idle = dpone("run", route_file, "--quiet")
+    assert idle.stdout.startswith("committed 0 partitions, skipped 0, loaded 0 rows")
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=4, start_id=1_000)
+    done = dpone("run", route_file, "--quiet")
+    assert done.returncode == 0
+    assert done.stderr == ""
+    assert done.stdout.startswith("committed 4 partitions, skipped 0, loaded 10 rows")
+    assert ids(tmp_path / "target.db", "orders_copy") == ids(tmp_path / "source.db", "orders")
+
+
+def test_default_run_id_is_utc_time_and_random(tmp_path):
+    done = dpone("run", make_route(tmp_path), "--quiet")
+    run_id = done.stdout.rstrip().rsplit("run ", 1)[1].rstrip(")")
+    prefix, stamp, suffix = run_id.split("-")
+    assert prefix == "run" and len(stamp) == 16 and stamp.endswith("Z") and stamp[8] == "T"
+    assert len(suffix) == 6 and int(suffix, 16) >= 0
+    assert cli.new_run_id() != cli.new_run_id()
+
+
+def test_run_in_process_prints_the_summary(tmp_path, capsys):
+    route_file = make_route(tmp_path, "legacy")
+    assert cli.main(["run", str(route_file), "--run-id", "in-process"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("committed 4 partitions, skipped 0, loaded 120 rows")
+    assert "[4/4] partition p-" in captured.err
+
+
+# failures ----------------------------------------------------------------------------
+
+
+def secret_route(folder: Path) -> Path:
+    """A real failure whose sqlite message carries a secret: the target lacks a source column."""
+    route_file = make_route(folder, "legacy")
+    with contextlib.closing(sqlite3.connect(folder / "source.db")) as connection:
+        connection.execute(f'ALTER TABLE orders ADD COLUMN "{SECRET}" TEXT')
+    with contextlib.closing(sqlite3.connect(folder / "target.db")) as connection:
+        connection.execute(
+            "CREATE TABLE orders_copy (id INTEGER, region TEXT, amount REAL, updated_at INTEGER)"
+        )
+    return route_file
+
+
+def test_foreign_failure_is_reported_by_type_only_and_the_retry_is_blocked(tmp_path):
+    route_file = secret_route(tmp_path)
+    done = dpone("run", route_file)
+    assert done.returncode == cli.EXIT_FAILED
+    assert done.stderr.splitlines()[-1] == (
+        "error: transfer failed with OperationalError; rerun with --traceback for details"
+    )
+    assert SECRET not in done.stderr + done.stdout
+    retry = dpone("run", route_file)
+    assert retry.returncode == cli.EXIT_BLOCKED, "the target outcome is unknown: no blind retry"
+    assert "native_transfer_manual_reconciliation_required" in retry.stderr
+    assert SECRET not in retry.stderr + retry.stdout
+
+
+def test_traceback_flag_shows_the_foreign_failure(tmp_path):
+    done = dpone("run", secret_route(tmp_path), "--traceback")
+    assert done.returncode == cli.EXIT_FAILED
+    assert "Traceback (most recent call last)" in done.stderr
+    assert SECRET in done.stderr
+    assert done.stderr.splitlines()[-1] == "error: transfer failed with OperationalError"
+
+
+def test_native_failure_prints_code_and_diagnostics(tmp_path, capsys):
+    route_file = make_route(tmp_path)
+    route_file.write_text(route_text().replace("min_rows = 1", "min_rows = 1000"))
+    assert cli.main(["run", str(route_file), "--quiet"]) == cli.EXIT_FAILED
+    error, diagnostics = capsys.readouterr().err.splitlines()
+    assert error.startswith(f"error: {GovernanceGateFailed.code}: ")
+    assert json.loads(diagnostics.removeprefix("diagnostics: "))["gate"] == "min_rows"
+    assert query(tmp_path / "target.db", "SELECT COUNT(*) FROM sqlite_master") == [(0,)]
+
+
+def test_store_in_a_missing_folder_is_a_config_error(tmp_path, capsys):
+    route_file = make_route(tmp_path)
+    route_file.write_text(route_text().replace('"checkpoints.db"', '"missing/checkpoints.db"'))
+    assert cli.main(["run", str(route_file)]) == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert '"key": "store.path"' in err
+    assert str(tmp_path) not in err
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (ConfigInvalid("x"), 2),
+        (ManualReconciliationRequired("x"), 3),
+        (TargetCommitGuardInvalid("x"), 3),
+        (TargetCommitGuardUnhandled("x"), 3),
+        (SourceInvalid("x"), 1),
+        (OSError("x"), 1),
+    ],
+)
+def test_exit_codes(error, code):
+    assert cli.exit_code_for(error) == code
+
+
+def test_version_and_usage_errors(capsys):
+    version = dpone("--version")
+    assert version.returncode == 0
+    assert version.stdout.strip() == f"dpone-transfer {metadata.version('dpone-native-transfer')}"
+    assert dpone().returncode == 2
+    assert cli.main(["run"]) == 2
+    assert cli.main(["run", "x.toml", "--run-id", " "]) == 2
+    assert "the run id must not be empty" in capsys.readouterr().err
+
+
+# route files -------------------------------------------------------------------------
+
+BAD_ROUTES = {
+    "unknown key": (("[transfer]\n", '[transfer]\ncolour = "red"\n'), "transfer.colour"),
+    "missing key": (('table = "orders"\n', ""), "source.table"),
+    "wrong type": (("chunk_rows = 16", "chunk_rows = true"), "transfer.chunk_rows"),
+    "bad enum": (('path = "{path}"', 'path = "stagd"'), "transfer.path"),
+    "min > max": (("max_rows = 5000000", "max_rows = 0"), "gates.min_rows"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ROUTES))
+def test_bad_route_file_names_the_dotted_key(tmp_path, case):
+    (old, new), key = BAD_ROUTES[case]
+    text = route_text().replace(old.replace("{path}", "staged"), new, 1)
+    assert text != route_text()
+    (tmp_path / "route.toml").write_text(text)
+    done = dpone("run", tmp_path / "route.toml")
+    assert done.returncode == cli.EXIT_CONFIG
+    error, diagnostics = done.stderr.splitlines()
+    assert error.startswith(f"error: native_transfer_config_invalid: {key} ")
+    assert json.loads(diagnostics.removeprefix("diagnostics: ")) == {"key": key}
+    assert str(tmp_path) not in done.stderr
+    if case == "bad enum":
+        assert error.endswith("must be one of: file-artifact, lazy-plan, legacy, staged")
+    if case == "wrong type":
+        assert error.endswith("must be an integer, not a boolean")
+    assert not (tmp_path / "checkpoints.db").exists()
+
+
+def test_toml_syntax_error_gives_line_and_column_not_the_path(tmp_path):
+    (tmp_path / "route.toml").write_text(route_text().replace('path = "staged"', 'path = "staged'))
+    done = dpone("run", tmp_path / "route.toml")
+    assert done.returncode == cli.EXIT_CONFIG
+    error, diagnostics = done.stderr.splitlines()
+    assert error.startswith(
+        "error: native_transfer_config_invalid: the route file given as ROUTE is not valid TOML: "
+    )
+    assert "(at line 13, column " in error
+    assert json.loads(diagnostics.removeprefix("diagnostics: "))["line"] == 13
+    assert str(tmp_path) not in done.stderr
+
+
+def test_missing_route_file_names_the_argument_not_the_path(tmp_path):
+    done = dpone("run", tmp_path / "secret-name" / "route.toml")
+    assert done.returncode == cli.EXIT_CONFIG
+    assert done.stderr.splitlines() == [
+        "error: native_transfer_config_invalid: the route file given as ROUTE does not exist",
+        'diagnostics: {"argument": "ROUTE"}',
+    ]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    route_file = tmp_path / "route.toml"
+    route_file.write_text(text, encoding="utf-8")
+    return route_file
+
+
+def config_error(tmp_path: Path, text: str) -> ConfigInvalid:
+    with pytest.raises(ConfigInvalid) as info:
+        load_route_config(write(tmp_path, text))
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key", "says"),
+    [
+        ("[gates]", "[gate]", "gate", "is not a known section; known: source, target,"),
+        ("[source]\n", 'tags = ["a"]\n[source]\n', "tags", "is not a known section"),
+        ("[target]\n", '[target]\n"odd key" = 1\n', 'target."odd key"', "is not a known key"),
+        ("[store]\npath", "[store.extra]\nx = 1\n[store]\npath", "store.extra", "known: path"),
+        ('path = "checkpoints.db"', "", "store.path", "is required but missing"),
+        ("chunk_rows = 16", "chunk_rows = 0", "transfer.chunk_rows", "must be a positive integer"),
+        ("chunk_rows = 16", "chunk_rows = -5", "transfer.chunk_rows", "must be a positive"),
+        ("chunk_rows = 16", "chunk_rows = 1.5", "transfer.chunk_rows", "not a float"),
+        ("chunk_rows = 16", 'chunk_rows = "16"', "transfer.chunk_rows", "not a string"),
+        ("min_rows = 1", "min_rows = false", "gates.min_rows", "not a boolean"),
+        ("min_rows = 1", "min_rows = -1", "gates.min_rows", "must not be negative"),
+        ("max_rows = 5000000", "max_rows = 1979-05-27", "gates.max_rows", "not a date or time"),
+        ('table = "orders"', 'table = ""', "source.table", "must be a non-empty string"),
+        ('table = "orders"', 'table = "a\\u0000b"', "source.table", "without NUL"),
+        ('table = "orders"', "table = 7", "source.table", "must be a string, not an integer"),
+        ('table = "orders"', "table = [1]", "source.table", "not an array"),
+        ("incremental_append", "append", "transfer.strategy", "one of: full_refresh, incremental"),
+    ],
+)
+def test_route_file_problems_name_their_key(tmp_path, old, new, key, says):
+    text = route_text()
+    assert old in text
+    error = config_error(tmp_path, text.replace(old, new, 1))
+    assert error.diagnostics["key"] == key
+    assert error.message.startswith(f"{key} ")
+    assert says in error.message
+
+
+def test_missing_or_non_table_section_is_named(tmp_path):
+    without_store = route_text().replace('[store]\npath = "checkpoints.db"\n', "")
+    assert config_error(tmp_path, without_store).message == "store section is missing"
+    not_a_table = 'store = "checkpoints.db"\n' + without_store
+    assert config_error(tmp_path, not_a_table).message == (
+        "store must be a table ([store]), not a string"
+    )
+
+
+def test_unreadable_route_files_name_the_argument(tmp_path):
+    (tmp_path / "binary.toml").write_bytes(b"\xff\xfe[source]")
+    with pytest.raises(ConfigInvalid, match="given as ROUTE is not valid TOML: it is not UTF-8"):
+        load_route_config(tmp_path / "binary.toml")
+    with pytest.raises(ConfigInvalid, match="given as --config is a directory") as info:
+        load_route_config(tmp_path, argument="--config")
+    assert info.value.diagnostics == {"argument": "--config"}
+
+
+def test_paths_are_relative_to_the_route_file(tmp_path, monkeypatch):
+    route_file = make_route(tmp_path / "routes")
+    monkeypatch.chdir(tmp_path)
+    config = load_route_config(os.path.relpath(route_file))
+    folder = tmp_path / "routes"
+    assert config.source.path == str(folder / "source.db")
+    assert config.sink.path == str(folder / "target.db")
+    assert config.store_path == str(folder / "checkpoints.db")
+    assert config.artifact_dir == str(folder / "artifacts")
+    assert (config.source.table, config.source.partition_column) == ("orders", "region")
+    assert config.source.cursor_column == "updated_at"
+    assert (config.strategy, config.path, config.chunk_rows) == (
+        Strategy.INCREMENTAL_APPEND,
+        "staged",
+        16,
+    )
+    assert (config.governance.min_rows, config.governance.max_rows) == (1, 5_000_000)
+
+
+def test_optional_keys_have_defaults_and_absolute_paths_stay(tmp_path):
+    store = tmp_path / "elsewhere" / "store.db"
+    text = (
+        route_text(cursor=False)
+        .replace("chunk_rows = 16\n", "")
+        .replace('artifact_dir = "artifacts"\n', "")
+        .replace("[gates]\nmin_rows = 1\nmax_rows = 5000000\n", "")
+        .replace('"checkpoints.db"', json.dumps(str(store)))
+    )
+    config = load_route_config(write(tmp_path, text))
+    assert config.chunk_rows == 10_000
+    assert config.artifact_dir is None
+    assert config.source.cursor_column is None
+    assert not config.governance.enabled
+    assert config.store_path == str(store)
+    spec = config.spec("r-1")
+    assert (spec.run_id, spec.sink, spec.chunk_rows) == ("r-1", config.sink, 10_000)
+    assert config.route.as_dict() == {
+        "source_table": "orders",
+        "target_table": "orders_copy",
+        "strategy": "incremental_append",
+    }
