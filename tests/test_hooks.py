@@ -1,0 +1,504 @@
+"""The hook contract: specs, the typed facade, the fire order, vetoes, error hooks,
+firstresult, plugin loading, and the rule that only the boundary calls the target."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import inspect
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import dpone_native_transfer
+from dpone_native_transfer import (
+    PluginLoadFailed,
+    TargetCommitGuardUnhandled,
+    hookimpl,
+    hookspecs,
+)
+from dpone_native_transfer.events import EventName
+from dpone_native_transfer.plugins import Hooks, make_plugin_manager
+from dpone_native_transfer.testing import InjectedFault, build_sample_source, guard_phase
+
+SPEC_MARKER = f"{hookspecs.PROJECT_NAME}_spec"
+SRC = Path(dpone_native_transfer.__file__).parent
+
+
+def spec_functions() -> dict[str, types.FunctionType]:
+    return {
+        name: value
+        for name, value in vars(hookspecs).items()
+        if callable(value) and hasattr(value, SPEC_MARKER)
+    }
+
+
+SPEC_NAMES = frozenset(spec_functions())
+
+
+def guard_module() -> types.ModuleType:
+    entry_points = importlib.metadata.entry_points(group=hookspecs.PROJECT_NAME)
+    return entry_points["target_commit_guard"].load()
+
+
+def parameter_names(function) -> list[str]:
+    return [name for name in inspect.signature(function).parameters if name != "self"]
+
+
+class Recorder:
+    """Implements every hook, records each call, answers nothing; can veto on request."""
+
+    def __init__(self, veto: BaseException | None = None) -> None:
+        self.calls: list[str] = []
+        self.arguments: dict[str, dict] = {}
+        self.veto = veto
+
+    def _record(self, name: str, **arguments) -> None:
+        self.calls.append(name)
+        self.arguments[name] = arguments
+
+    @hookimpl
+    def resume_route_scan(self, route, checkpoints):
+        self._record("resume_route_scan", route=route, checkpoints=list(checkpoints))
+
+    @hookimpl
+    def before_target_mutation(self, mutation):
+        self._record("before_target_mutation", mutation=mutation)
+        if self.veto is not None:
+            raise self.veto
+
+    @hookimpl
+    def after_target_success(self, mutation, result):
+        self._record("after_target_success", mutation=mutation, result=result)
+
+    @hookimpl
+    def on_target_error(self, mutation, error):
+        self._record("on_target_error", mutation=mutation, error=error)
+
+
+class Veto(Exception):
+    """A third-party plugin's own refusal."""
+
+
+# -- the spec module is the reference ---------------------------------------
+
+
+def test_hookspec_names_are_derived_from_the_spec_module():
+    assert SPEC_NAMES == {
+        "resume_route_scan",
+        "before_target_mutation",
+        "after_target_success",
+        "on_target_error",
+    }
+
+
+@pytest.mark.parametrize("name", sorted(SPEC_NAMES))
+def test_every_hookspec_has_a_docstring(name):
+    doc = inspect.getdoc(spec_functions()[name])
+    assert doc and len(doc.split()) > 10, f"hookspec {name} needs a docstring that is the contract"
+
+
+@pytest.mark.parametrize("name", sorted(SPEC_NAMES))
+def test_only_the_success_and_error_hooks_are_firstresult(name):
+    options = getattr(spec_functions()[name], SPEC_MARKER)
+    expected = name in {"after_target_success", "on_target_error"}
+    assert options["firstresult"] is expected
+
+
+def test_typed_facade_has_exactly_one_method_per_hookspec():
+    methods = {
+        name
+        for name, member in inspect.getmembers(Hooks, inspect.isfunction)
+        if not name.startswith("_")
+    }
+    assert methods == SPEC_NAMES
+
+
+@pytest.mark.parametrize("name", sorted(SPEC_NAMES))
+def test_typed_facade_parameters_match_the_hookspec(name):
+    assert parameter_names(getattr(Hooks, name)) == parameter_names(spec_functions()[name])
+
+
+def test_the_guard_implements_only_known_hooks_with_spec_parameter_names():
+    guard = guard_module()
+    implemented = {
+        name
+        for name, value in vars(guard).items()
+        if callable(value) and hasattr(value, f"{hookspecs.PROJECT_NAME}_impl")
+    }
+    assert implemented == SPEC_NAMES
+    for name in implemented:
+        assert set(parameter_names(getattr(guard, name))) <= set(
+            parameter_names(spec_functions()[name])
+        )
+
+
+# -- all hooks, in order ----------------------------------------------------
+
+
+def test_all_hooks_fire_in_order_on_success(route, path):
+    recorder = Recorder()
+    result = route.runtime(plugins=[guard_module(), recorder]).run(route.spec(path))
+    assert recorder.calls == ["resume_route_scan", "before_target_mutation", "after_target_success"]
+    assert recorder.arguments["after_target_success"]["result"] == result.rows_loaded == 120
+    mutation = recorder.arguments["before_target_mutation"]["mutation"]
+    assert recorder.arguments["after_target_success"]["mutation"] is mutation
+    assert mutation.path == path
+    assert mutation.state.target_succeeded and mutation.state.armed
+    assert {guard_phase(cp) for cp in route.latest()} == {"checkpoint_committed"}
+
+
+def test_all_hooks_fire_in_order_on_target_error(route, path):
+    route.sink.fail = "before"
+    recorder = Recorder()
+    with pytest.raises(InjectedFault) as info:
+        route.runtime(plugins=[guard_module(), recorder]).run(route.spec(path))
+    assert info.value is route.sink.error
+    assert recorder.calls == ["resume_route_scan", "before_target_mutation", "on_target_error"]
+    assert recorder.arguments["on_target_error"]["error"] is route.sink.error
+    mutation = recorder.arguments["on_target_error"]["mutation"]
+    assert mutation.state.target_started and not mutation.state.target_succeeded
+    # the recorder answered None, so the guard still handled the firstresult hook
+    assert {guard_phase(cp) for cp in route.latest()} == {"target_outcome_unknown"}
+
+
+def test_all_hooks_fire_in_order_on_veto(route, path):
+    recorder = Recorder(veto=Veto("no"))
+    with pytest.raises(Veto):
+        route.runtime(plugins=[guard_module(), recorder]).run(route.spec(path))
+    assert recorder.calls == ["resume_route_scan", "before_target_mutation"]
+    assert route.sink.target_calls == 0
+
+
+def test_success_and_error_runs_together_fire_every_hookspec(route):
+    success, failure = Recorder(), Recorder()
+    route.runtime(plugins=[guard_module(), success]).run(route.spec("legacy"))
+    build_sample_source(route.source_path, rows=8, start_id=500)
+    route.sink.fail = "before"
+    with pytest.raises(InjectedFault):
+        route.runtime(plugins=[guard_module(), failure]).run(route.spec("legacy", run_id="run-2"))
+    assert set(success.calls) | set(failure.calls) == SPEC_NAMES
+
+
+def test_route_scan_sees_every_latest_checkpoint_of_the_route(route):
+    route.runtime().run(route.spec("legacy"))
+    recorder = Recorder()
+    route.runtime(plugins=[guard_module(), recorder]).run(route.spec("legacy", run_id="again"))
+    seen = recorder.arguments["resume_route_scan"]
+    assert seen["route"] == route.spec("legacy").route
+    assert seen["checkpoints"] == route.latest()
+    assert recorder.calls == ["resume_route_scan"], "nothing new: no target hooks"
+
+
+# -- veto -------------------------------------------------------------------
+
+
+class VetoPlugin:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    @hookimpl
+    def before_target_mutation(self, mutation):
+        raise self.error
+
+
+@pytest.mark.parametrize("with_guard", [False, True], ids=["unguarded", "guarded"])
+def test_a_veto_stops_the_target_and_reaches_the_caller_unchanged(route, path, with_guard):
+    veto = Veto("refused by policy")
+    plugins = [guard_module()] if with_guard else []
+    with pytest.raises(Veto) as info:
+        route.runtime(plugins=[*plugins, VetoPlugin(veto)]).run(route.spec(path))
+    assert info.value is veto
+    assert route.sink.target_calls == 0
+    assert route.target_ids() == []
+
+
+def test_a_veto_emits_no_target_events(route):
+    events = []
+    with pytest.raises(Veto):
+        route.runtime(plugins=[VetoPlugin(Veto())], events=events.append).run(route.spec("legacy"))
+    names = [event.name for event in events]
+    assert EventName.PRE_TARGET_DONE in names
+    assert EventName.TARGET_STARTED not in names
+    assert EventName.EVIDENCE_WRITTEN not in names
+
+
+# -- a raising error hook is swallowed --------------------------------------
+
+
+class ErrorHookBoom(Exception):
+    pass
+
+
+class RaisingErrorHook:
+    @hookimpl
+    def on_target_error(self, mutation, error):
+        raise ErrorHookBoom("secret text from the error hook")
+
+
+@pytest.mark.parametrize("with_guard", [False, True], ids=["unguarded", "guarded"])
+def test_a_raising_error_hook_is_swallowed_and_the_original_is_reraised(route, path, with_guard):
+    route.sink.fail = "before"
+    events = []
+    plugins = [guard_module()] if with_guard else []
+    runtime = route.runtime(plugins=[*plugins, RaisingErrorHook()], events=events.append)
+    with pytest.raises(InjectedFault) as info:
+        runtime.run(route.spec(path))
+    assert info.value is route.sink.error
+    assert any(entry.name == "target_call" for entry in info.traceback), "original traceback kept"
+    failed = [event for event in events if event.name == EventName.ERROR_HOOK_FAILED]
+    assert len(failed) == 1
+    assert dict(failed[0].fields) == {"error_type": "ErrorHookBoom"}
+    names = [event.name for event in events]
+    assert names.index(EventName.TARGET_FAILED) < names.index(EventName.ERROR_HOOK_FAILED)
+
+
+def test_a_swallowed_error_hook_leaves_the_armed_guard_blocking(route):
+    from dpone_native_transfer import ManualReconciliationRequired
+
+    route.sink.fail = "after"
+    with pytest.raises(InjectedFault):
+        route.runtime(plugins=[guard_module(), RaisingErrorHook()]).run(route.spec("legacy"))
+    assert {guard_phase(cp) for cp in route.latest()} == {"armed"}
+    route.sink.fail = None
+    with pytest.raises(ManualReconciliationRequired):
+        route.runtime().run(route.spec("legacy", run_id="retry"))
+    assert route.sink.target_calls == 1
+
+
+# -- firstresult: the guard answers before the built-in lifecycle -----------
+
+
+def test_with_the_guard_the_builtin_promotion_does_not_run(route, path):
+    route.runtime().run(route.spec(path))
+    assert [guard_phase(batch[0]) for batch in route.store.batches] == [
+        "armed",
+        "checkpoint_committed",
+    ], "a third, unguarded batch would mean the built-in lifecycle ran too"
+    assert {guard_phase(cp) for cp in route.latest()} == {"checkpoint_committed"}
+
+
+def test_without_plugins_the_builtin_lifecycle_promotes_without_a_guard(route, path):
+    route.runtime(plugins=[]).run(route.spec(path))
+    assert len(route.store.batches) == 1
+    latest = route.latest()
+    assert len(latest) == 4
+    assert all(cp.status == "committed" for cp in latest)
+    assert all("target_commit_guard" not in cp.diagnostics for cp in latest)
+
+
+def test_with_the_guard_the_builtin_error_marker_does_not_run(route):
+    route.sink.fail = "before"
+    with pytest.raises(InjectedFault):
+        route.runtime().run(route.spec("legacy"))
+    assert [guard_phase(batch[0]) for batch in route.store.batches] == [
+        "armed",
+        "target_outcome_unknown",
+    ]
+
+
+# -- make_plugin_manager ----------------------------------------------------
+
+
+def test_default_manager_finds_the_guard_through_its_entry_point():
+    manager = make_plugin_manager()
+    assert manager.get_plugin("target_commit_guard") is guard_module()
+    assert manager.get_plugin("target_commit_guard") is sys.modules["dpone_target_commit_guard.plugin"]
+
+
+def test_explicit_empty_plugin_list_registers_only_the_builtin_lifecycle():
+    manager = make_plugin_manager([])
+    assert manager.get_plugin("target_commit_guard") is None
+    assert len(manager.get_plugins()) == 1
+
+
+def test_each_manager_is_fresh():
+    first, second = make_plugin_manager([]), make_plugin_manager([])
+    assert first is not second
+    first.register(Recorder(), name="only-in-first")
+    assert second.get_plugin("only-in-first") is None
+
+
+class MisspelledHook:
+    @hookimpl
+    def before_target_mutaton(self, mutation):  # sic
+        raise AssertionError("never called")
+
+
+class MisnamedArgument:
+    @hookimpl
+    def before_target_mutation(self, mutaton):  # sic
+        raise AssertionError("never called")
+
+
+@pytest.mark.parametrize("plugin", [MisspelledHook(), MisnamedArgument()], ids=type)
+def test_a_misspelled_hook_fails_loudly(plugin):
+    with pytest.raises(PluginLoadFailed) as info:
+        make_plugin_manager([plugin])
+    assert info.value.code == "native_transfer_plugin_load_failed"
+    assert set(info.value.diagnostics) == {"error_type"}
+
+
+def test_a_misspelled_hook_refuses_the_runtime_before_any_io(route):
+    with pytest.raises(PluginLoadFailed):
+        route.runtime(plugins=[guard_module(), MisspelledHook()])
+    assert route.store.batches == []
+    assert route.sink.target_calls == 0
+
+
+def test_registering_the_same_plugin_object_twice_fails():
+    recorder = Recorder()
+    with pytest.raises(PluginLoadFailed) as info:
+        make_plugin_manager([recorder, recorder])
+    assert info.value.code == "native_transfer_plugin_load_failed"
+
+
+def test_registering_the_guard_next_to_its_entry_point_twice_fails():
+    with pytest.raises(PluginLoadFailed):
+        make_plugin_manager([guard_module(), guard_module()])
+
+
+# -- the runtime never imports the guard ------------------------------------
+
+
+def test_no_runtime_source_file_names_the_guard_package():
+    offenders = [
+        str(file.relative_to(SRC))
+        for file in sorted(SRC.rglob("*.py"))
+        if "dpone_target_commit_guard" in file.read_text(encoding="utf-8")
+    ]
+    assert offenders == []
+
+
+CHECK_IMPORT = (
+    "import sys\n"
+    "import dpone_native_transfer\n"
+    "from dpone_native_transfer.plugins import make_plugin_manager\n"
+    "make_plugin_manager({plugins})\n"
+    "print('dpone_target_commit_guard' in sys.modules)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("plugins", "imported"),
+    [("[]", "False"), ("None", "True")],  # None: the entry point imports it, as a control
+)
+def test_a_fresh_process_imports_the_guard_only_through_the_entry_point(plugins, imported):
+    completed = subprocess.run(
+        [sys.executable, "-c", CHECK_IMPORT.format(plugins=plugins)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert completed.stdout.strip() == imported
+
+
+# -- only the boundary calls the target -------------------------------------
+
+TARGET_METHODS = {"load", "finalize_staged_load"}
+
+
+def _is_sink(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "sink") or (
+        isinstance(node, ast.Name) and node.id == "sink"
+    )
+
+
+def _target_calls(tree: ast.AST) -> list[ast.Call]:
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in TARGET_METHODS
+        and _is_sink(node.func.value)
+    ]
+
+
+def _inside_lambda_passed_to_mutate(call: ast.Call, parents: dict[ast.AST, ast.AST]) -> bool:
+    node: ast.AST = call
+    while node in parents:
+        parent = parents[node]
+        if isinstance(node, ast.Lambda):
+            return (
+                isinstance(parent, ast.Call)
+                and isinstance(parent.func, ast.Attribute)
+                and parent.func.attr == "mutate"
+                and (node in parent.args or node in [kw.value for kw in parent.keywords])
+            )
+        node = parent
+    return False
+
+
+def _scan(source: str, filename: str) -> list[tuple[str, int, bool]]:
+    tree = ast.parse(source, filename)
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    return [
+        (filename, call.lineno, _inside_lambda_passed_to_mutate(call, parents))
+        for call in _target_calls(tree)
+    ]
+
+
+def test_the_scanner_catches_a_direct_sink_call():
+    rogue = "def rogue_path(ctx):\n    return ctx.sink.load(ctx.row_chunks([]))\n"
+    fine = "def path(ctx):\n    return ctx.mutate('load', lambda: ctx.sink.load(p))\n"
+    assert _scan(rogue, "rogue.py") == [("rogue.py", 2, False)]
+    assert _scan(fine, "fine.py") == [("fine.py", 2, True)]
+
+
+def test_only_the_boundary_calls_the_target():
+    connectors = SRC / "connectors"
+    found = []
+    for file in sorted(SRC.rglob("*.py")):
+        if connectors in file.parents:
+            continue  # the sink implementation itself
+        found += _scan(file.read_text(encoding="utf-8"), str(file.relative_to(SRC)))
+    assert len(found) >= 4, "every built-in path reaches the target once"
+    outside = [(name, line) for name, line, inside in found if not inside]
+    assert outside == [], "a sink target call outside ctx.mutate(lambda: ...)"
+
+
+# -- the guard must not vanish silently -------------------------------------
+
+
+def test_unresolved_guards_without_the_guard_plugin_refuse_to_run(route, path):
+    route.sink.fail = "after"
+    with pytest.raises(InjectedFault):
+        route.runtime().run(route.spec(path))
+    route.sink.fail = None
+    with pytest.raises(TargetCommitGuardUnhandled) as info:
+        route.runtime(plugins=[]).run(route.spec(path, run_id="retry"))
+    assert info.value.code == "native_transfer_target_commit_guard_unhandled"
+    assert sorted(info.value.diagnostics["partition_ids"]) == sorted(
+        cp.partition_id for cp in route.latest()
+    )
+    assert route.sink.target_calls == 1
+    assert route.target_ids() == route.source_ids()
+
+
+def test_committed_guards_without_the_guard_plugin_refuse_to_run(route):
+    route.runtime().run(route.spec("legacy"))
+    build_sample_source(route.source_path, rows=10, start_id=500)
+    calls_before, batches_before = route.sink.target_calls, len(route.store.batches)
+    with pytest.raises(TargetCommitGuardUnhandled):
+        route.runtime(plugins=[]).run(route.spec("legacy", run_id="run-2"))
+    assert route.sink.target_calls == calls_before
+    assert len(route.store.batches) == batches_before
+
+
+def test_a_plugin_that_does_not_claim_the_route_scan_does_not_hide_missing_guards(route):
+    route.runtime().run(route.spec("legacy"))
+    with pytest.raises(TargetCommitGuardUnhandled):
+        route.runtime(plugins=[Recorder()]).run(route.spec("legacy", run_id="run-2"))
+
+
+def test_a_route_without_guards_runs_with_no_plugins(route, path):
+    first = route.runtime(plugins=[]).run(route.spec(path))
+    build_sample_source(route.source_path, rows=10, start_id=500)
+    second = route.runtime(plugins=[]).run(route.spec(path, run_id="run-2"))
+    assert len(first.committed_partition_ids) == 4
+    assert second.rows_loaded == 10
+    assert route.target_ids() == route.source_ids()
