@@ -169,8 +169,22 @@ def test_all_hooks_fire_in_order_on_veto(route, path):
     recorder = Recorder(veto=Veto("no"))
     with pytest.raises(Veto):
         route.runtime(plugins=[guard_module(), recorder]).run(route.spec(path))
-    assert recorder.calls == ["resume_route_scan", "before_target_mutation"]
+    assert recorder.calls == ["resume_route_scan", "before_target_mutation", "on_target_error"]
+    assert not recorder.arguments["on_target_error"]["mutation"].state.target_started
     assert route.sink.target_calls == 0
+
+
+@pytest.mark.parametrize("veto_first", [True, False], ids=["veto-registered-first", "guard-first"])
+def test_a_veto_after_the_guard_armed_leaves_the_route_retryable(route, path, veto_first):
+    """Registration order must not matter: a vetoed mutation never strands armed guards."""
+    veto_plugin = VetoPlugin(Veto("refused by policy"))
+    plugins = [veto_plugin, guard_module()] if veto_first else [guard_module(), veto_plugin]
+    with pytest.raises(Veto):
+        route.runtime(plugins=plugins).run(route.spec(path))
+    assert {guard_phase(cp) for cp in route.latest()} <= {"failed_before_target"}
+    result = route.runtime().run(route.spec(path, run_id="retry"))
+    assert len(result.committed_partition_ids) == 4
+    assert route.target_ids() == route.source_ids()
 
 
 def test_success_and_error_runs_together_fire_every_hookspec(route):
@@ -222,6 +236,7 @@ def test_a_veto_emits_no_target_events(route):
         route.runtime(plugins=[VetoPlugin(Veto())], events=events.append).run(route.spec("legacy"))
     names = [event.name for event in events]
     assert EventName.PRE_TARGET_DONE in names
+    assert EventName.TARGET_VETOED in names
     assert EventName.TARGET_STARTED not in names
     assert EventName.EVIDENCE_WRITTEN not in names
 

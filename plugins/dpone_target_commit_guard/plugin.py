@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dpone_native_transfer.checkpoints import (
+    GUARD_DIAGNOSTICS_KEY,
     FailureCode,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
@@ -95,7 +96,10 @@ def _write_markers(
     """
     if not partition_ids:
         return
-    diagnostics = {"target_commit_guard": build_guard(phase, mutation.state.batch_id), "error": code.value}
+    diagnostics = {
+        GUARD_DIAGNOSTICS_KEY: build_guard(phase, mutation.state.batch_id),
+        "error": code.value,
+    }
     try:
         batch = mutation.batch(
             PartitionCheckpointStatus.FAILED, at=mutation.transition_time(), diagnostics=diagnostics
@@ -107,34 +111,33 @@ def _write_markers(
 
 @hookimpl
 def before_target_mutation(mutation: TargetMutation) -> None:
-    """Arm every active partition in one batch; without the whole batch, no target call."""
+    """Arm every active partition in one batch; without the whole batch, no target call.
+
+    A failed or partial arm raises the store's error: that veto reaches
+    ``on_target_error`` with ``target_started`` False, which marks the batch
+    ``failed_before_target``.
+    """
     mutation.state.batch_id = batch_id_for(mutation.run_id, mutation.partition_ids)
+    guard = build_guard(GuardPhase.ARMED, mutation.state.batch_id)
     armed = mutation.batch(
         PartitionCheckpointStatus.EXPORTED,
         at=mutation.transition_time(),
-        diagnostics={"target_commit_guard": build_guard(GuardPhase.ARMED, mutation.state.batch_id)},
+        diagnostics={GUARD_DIAGNOSTICS_KEY: guard},
     )
-    try:
-        mutation.store.upsert_many(armed)
-    except BaseException:
-        _write_markers(
-            mutation,
-            set(mutation.partition_ids),
-            GuardPhase.FAILED_BEFORE_TARGET,
-            FailureCode.GUARD_ARM_FAILED,
-        )
-        raise
+    mutation.store.upsert_many(armed)
     mutation.state.armed = True
 
 
 @hookimpl
-def on_target_error(mutation: TargetMutation, error: BaseException) -> bool:
-    _write_markers(
-        mutation,
-        set(mutation.partition_ids),
-        GuardPhase.TARGET_OUTCOME_UNKNOWN,
-        FailureCode.TARGET_CALL_FAILED,
-    )
+def on_target_error(mutation: TargetMutation, error: BaseException) -> bool | None:
+    """Mark the batch: ``target_outcome_unknown`` if the target began, else ``failed_before_target``."""
+    if mutation.state.batch_id is None:
+        return None  # vetoed before the guard armed anything: nothing of ours to mark
+    if mutation.state.target_started:
+        phase, code = GuardPhase.TARGET_OUTCOME_UNKNOWN, FailureCode.TARGET_CALL_FAILED
+    else:
+        phase, code = GuardPhase.FAILED_BEFORE_TARGET, FailureCode.TARGET_NOT_STARTED
+    _write_markers(mutation, set(mutation.partition_ids), phase, code)
     return True
 
 
@@ -145,9 +148,7 @@ def after_target_success(mutation: TargetMutation, result: Any) -> bool:
         PartitionCheckpointStatus.COMMITTED,
         at=mutation.transition_time(),
         diagnostics={
-            "target_commit_guard": build_guard(
-                GuardPhase.CHECKPOINT_COMMITTED, mutation.state.batch_id
-            )
+            GUARD_DIAGNOSTICS_KEY: build_guard(GuardPhase.CHECKPOINT_COMMITTED, mutation.state.batch_id)
         },
     )
     try:

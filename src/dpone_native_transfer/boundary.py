@@ -93,10 +93,16 @@ class TargetBoundary:
     def run(self, mutation: TargetMutation, invoke: Callable[[], T]) -> T:
         """before-hook (a raise is a veto), the call, then the error or success hook.
 
-        On a target error the original exception object is re-raised with its
-        traceback, whatever the error hook does.
+        A veto or a target error fires ``on_target_error`` and then re-raises
+        the original exception object with its traceback, whatever the error
+        hook does.
         """
-        self.hooks.before_target_mutation(mutation)
+        try:
+            self.hooks.before_target_mutation(mutation)
+        except BaseException as veto:
+            self.events.emit(EventName.TARGET_VETOED, error_type=type(veto).__name__)
+            self._report_error(mutation, veto)
+            raise
         if mutation.state.armed:
             self.events.emit(
                 EventName.GUARD_ARMED,
@@ -109,10 +115,7 @@ class TargetBoundary:
             result = invoke()
         except BaseException as error:
             self.events.emit(EventName.TARGET_FAILED, error_type=type(error).__name__)
-            try:
-                self.hooks.on_target_error(mutation, error)
-            except Exception as hook_error:
-                self.events.emit(EventName.ERROR_HOOK_FAILED, error_type=type(hook_error).__name__)
+            self._report_error(mutation, error)
             raise
         mutation.state.target_succeeded = True
         self.events.emit(EventName.TARGET_SUCCEEDED, operation=mutation.operation)
@@ -121,3 +124,10 @@ class TargetBoundary:
             EventName.CHECKPOINTS_COMMITTED, partitions=len(mutation.state.committed_ids)
         )
         return result
+
+    def _report_error(self, mutation: TargetMutation, error: BaseException) -> None:
+        """Fire ``on_target_error``; a failing error hook is recorded, never raised."""
+        try:
+            self.hooks.on_target_error(mutation, error)
+        except Exception as hook_error:
+            self.events.emit(EventName.ERROR_HOOK_FAILED, error_type=type(hook_error).__name__)

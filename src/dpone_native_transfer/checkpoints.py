@@ -50,7 +50,7 @@ class PartitionCheckpointStatus(StrEnum):
 class FailureCode(StrEnum):
     """Bounded codes persisted as ``diagnostics["error"]``; never exception text."""
 
-    GUARD_ARM_FAILED = "guard_arm_failed"
+    TARGET_NOT_STARTED = "target_not_started"
     TARGET_CALL_FAILED = "target_call_failed"
     CHECKPOINT_COMMIT_FAILED = "checkpoint_commit_failed"
 

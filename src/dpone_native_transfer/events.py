@@ -15,6 +15,7 @@ class EventName:
     PARTITION_EXTRACTED = "partition_extracted"
     PRE_TARGET_DONE = "pre_target_done"
     GUARD_ARMED = "guard_armed"
+    TARGET_VETOED = "target_vetoed"
     TARGET_STARTED = "target_started"
     TARGET_SUCCEEDED = "target_succeeded"
     TARGET_FAILED = "target_failed"

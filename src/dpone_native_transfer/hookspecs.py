@@ -11,7 +11,7 @@ by the runtime's one target-mutation boundary, in this order::
 
     before_target_mutation(mutation)          a raise is a veto: the target is not called
     <target call>
-    on_target_error(mutation, error)          if the target call raised
+    on_target_error(mutation, error)          after a veto, or if the target call raised
     after_target_success(mutation, result)    if it returned
 """
 
@@ -77,10 +77,12 @@ def after_target_success(mutation: TargetMutation, result: Any) -> bool | None:
 
 @_hookspec(firstresult=True)
 def on_target_error(mutation: TargetMutation, error: BaseException) -> bool | None:
-    """Record that the target call raised ``error`` (best effort).
+    """Record that the target mutation failed (best effort).
 
-    ``mutation.state.target_started`` is ``True`` and ``target_succeeded`` is
-    ``False``. firstresult, like ``after_target_success``. The boundary
+    Fired in two cases, told apart by ``mutation.state.target_started``:
+    ``False`` when a ``before_target_mutation`` implementation vetoed the
+    mutation (the target was not called), ``True`` when the target call
+    raised ``error``. firstresult, like ``after_target_success``. The boundary
     re-raises ``error`` itself, unchanged, after this hook; if an
     implementation raises, that secondary exception is recorded as an
     ``error_hook_failed`` event (its type only) and swallowed.

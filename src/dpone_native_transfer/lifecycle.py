@@ -31,6 +31,8 @@ class UnguardedLifecycle:
 
     @hookimpl(trylast=True)
     def on_target_error(self, mutation: TargetMutation, error: BaseException) -> bool:
+        if not mutation.state.target_started:
+            return True  # vetoed: the target was never called, nothing to record
         batch = mutation.batch(
             PartitionCheckpointStatus.FAILED,
             at=mutation.transition_time(),
