@@ -1,0 +1,105 @@
+"""The checkpoint payload codec: strict, fail-closed parsing and exact round trips."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from dpone_native_transfer import (
+    CheckpointPayloadInvalid,
+    RouteKey,
+    checkpoint_from_payload,
+    checkpoint_to_payload,
+)
+from dpone_native_transfer.checkpoints import partition_id_for, sha256_digest
+
+VALID = {
+    "partition_id": "p-1",
+    "route": {"source_table": "orders", "target_table": "copy", "strategy": "full_refresh"},
+    "status": "exported",
+    "run_id": "run-1",
+    "query_hash": "sha256:" + "1" * 64,
+    "schema_hash": "sha256:" + "2" * 64,
+    "partition_bounds": {"generation": 0, "partition": None},
+    "started_at": "2026-01-01T00:00:00+00:00",
+    "completed_at": None,
+    "rows_exported": 0,
+    "diagnostics": {},
+}
+
+
+def with_field(field, value):
+    payload = copy.deepcopy(VALID)
+    if value is DELETE:
+        del payload[field]
+    else:
+        payload[field] = value
+    return payload
+
+
+DELETE = object()
+BROKEN = [
+    ("status", "STATUS", "status"),
+    ("status", "unknown", "status"),
+    ("run_id", "", "run_id"),
+    ("partition_id", 7, "partition_id"),
+    ("query_hash", None, "query_hash"),
+    ("route", {"source_table": "orders"}, "route"),
+    ("route", {"source_table": "", "target_table": "t", "strategy": "full_refresh"}, "route"),
+    ("route", {"source_table": "s", "target_table": "t", "strategy": "append"}, "route"),
+    ("route", "orders", "route"),
+    ("rows_exported", -1, "rows_exported"),
+    ("rows_exported", True, "rows_exported"),
+    ("rows_exported", 1.5, "rows_exported"),
+    ("partition_bounds", [], "partition_bounds"),
+    ("diagnostics", {"x": float("nan")}, "diagnostics"),
+    ("diagnostics", {"x": {1: "non-string key"}}, "diagnostics"),
+    ("diagnostics", {"x": object()}, "diagnostics"),
+    ("started_at", "yesterday", "started_at"),
+    ("started_at", "2026-01-01T00:00:00", "started_at"),
+    ("started_at", "2026-01-01T00:00:00Z", "started_at"),
+    ("completed_at", 1767225600, "completed_at"),
+    ("diagnostics", DELETE, "diagnostics"),
+    ("unexpected", "x", "unexpected"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "named"), BROKEN)
+def test_malformed_payloads_fail_closed_naming_the_field(field, value, named):
+    with pytest.raises(CheckpointPayloadInvalid) as info:
+        checkpoint_from_payload(with_field(field, value))
+    assert info.value.code == "native_transfer_checkpoint_payload_invalid"
+    assert info.value.diagnostics["field"] == named
+
+
+@pytest.mark.parametrize("payload", [None, [], "payload", 3])
+def test_a_payload_must_be_an_object(payload):
+    with pytest.raises(CheckpointPayloadInvalid):
+        checkpoint_from_payload(payload)
+
+
+def test_a_valid_payload_round_trips_exactly_and_is_copied():
+    payload = copy.deepcopy(VALID)
+    checkpoint = checkpoint_from_payload(payload)
+    assert checkpoint_to_payload(checkpoint) == VALID
+    payload["partition_bounds"]["partition"] = "changed"
+    assert checkpoint.partition_bounds["partition"] is None, "no aliasing with the input"
+
+
+def test_deeply_nested_diagnostics_are_refused_not_recursed_forever():
+    nested: dict = {}
+    for _ in range(100):
+        nested = {"n": nested}
+    with pytest.raises(CheckpointPayloadInvalid):
+        checkpoint_from_payload(with_field("diagnostics", nested))
+
+
+def test_partition_ids_and_digests_are_deterministic_and_sensitive():
+    route = RouteKey("orders", "copy", "incremental_append")
+    first = partition_id_for(route, "q", "s", {"partition": "emea"})
+    assert first == partition_id_for(route, "q", "s", {"partition": "emea"})
+    assert first != partition_id_for(route, "q2", "s", {"partition": "emea"})
+    assert first != partition_id_for(route, "q", "s", {"partition": "apac"})
+    assert sha256_digest(["a", ["x", "y"]]).startswith("sha256:")
+    assert len(sha256_digest("a")) == len("sha256:") + 64
