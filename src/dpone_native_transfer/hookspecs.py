@@ -57,8 +57,9 @@ def before_target_mutation(mutation: TargetMutation) -> None:
 
     ``mutation`` describes the active partitions (``mutation.candidates``),
     the store and the clock. Pre-target work (extraction, staging,
-    governance) is complete. A raise is a veto: the target is not called and
-    the exception reaches the caller unchanged. All implementations are
+    governance) is complete. A raise is a veto: the target is not called,
+    ``on_target_error`` fires with ``mutation.state.target_started`` False,
+    and the exception reaches the caller unchanged. All implementations are
     called; the first raise stops the rest.
     """
 
