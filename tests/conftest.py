@@ -17,6 +17,8 @@ from dpone_native_transfer import (
 )
 from dpone_native_transfer.testing import FaultyStore, RecordingSink, StepClock, build_sample_source
 
+pytest_plugins = ["pytester"]
+
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from .checkpoints import GUARD_DIAGNOSTICS_KEY, PartitionCheckpoint, RouteKey
+from ..checkpoints import GUARD_DIAGNOSTICS_KEY, PartitionCheckpoint, RouteKey
 
 __all__ = [
     "FaultyStore",
@@ -23,6 +23,7 @@ __all__ = [
     "StepClock",
     "build_sample_source",
     "guard_phase",
+    "phase_batch",
 ]
 
 
@@ -129,18 +130,30 @@ class RecordingSink:
     that mutate the target table. ``fail="before"`` raises without touching
     the target; ``fail="after"`` lets the real call commit, then raises, the
     case where the target holds the rows but dpone cannot know it.
+    ``observe``, if given, is called at the start of every target call and its
+    result appended to ``observations``: what the world looked like (say, how
+    many checkpoint batches were durable) at the moment the target was reached.
     """
 
     TARGET_METHODS = ("load", "finalize_staged_load")
 
-    def __init__(self, inner: Any, *, fail: str | None = None, error: BaseException | None = None):
+    def __init__(
+        self,
+        inner: Any,
+        *,
+        fail: str | None = None,
+        error: BaseException | None = None,
+        observe: Callable[[], Any] | None = None,
+    ):
         if fail not in (None, "before", "after"):
             raise ValueError("fail must be None, 'before' or 'after'")
         self.inner = inner
         self.fail = fail
         self.error = error or InjectedFault("injected target failure")
+        self.observe = observe
         self.target_calls = 0
         self.calls: list[str] = []
+        self.observations: list[Any] = []
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self.inner, name)
@@ -150,6 +163,8 @@ class RecordingSink:
         def target_call(*args: Any, **kwargs: Any) -> Any:
             self.target_calls += 1
             self.calls.append(name)
+            if self.observe is not None:
+                self.observations.append(self.observe())
             if self.fail == "before":
                 raise self.error
             result = attribute(*args, **kwargs)

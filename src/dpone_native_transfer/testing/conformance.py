@@ -1,0 +1,323 @@
+"""The guard conformance kit: prove a new transfer path is guarded like the built-in four.
+
+A connector author subclasses :class:`GuardConformance`, names the path and
+returns its callable from the ``transfer_path`` fixture::
+
+    class TestBulkCopyPath(GuardConformance):
+        path_name = "bulk-copy"
+
+        @pytest.fixture
+        def transfer_path(self):
+            return bulk_copy_path
+
+Every ``test_*`` method then runs one scenario of the feature design on real
+parts: a SQLite source, the author's sink (a SQLite sink by default) wrapped
+in :class:`~.faults.RecordingSink`, a SQLite checkpoint store wrapped in
+:class:`~.faults.FaultyStore`, and a :class:`~.faults.StepClock`. The runtime
+gets the path through ``paths=`` and the guard through its entry point, as in
+production. Override ``make_sink`` (and ``target_ids``) to run the kit on a
+sink of your own database.
+
+This module imports pytest; the runtime never imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import pytest
+
+from ..checkpoints import PartitionCheckpoint
+from ..connectors import SQLiteSink, SQLiteSource
+from ..errors import GovernanceGateFailed
+from ..paths import Governance, PathContext, TransferPath
+from ..runtime import TransferResult, TransferRuntime, TransferSpec
+from ..stores.sqlite import SQLiteCheckpointStore
+from .assertions import (
+    assert_blocked_before_target,
+    assert_event_order,
+    assert_guard_registered,
+    assert_no_duplicate_rows,
+    assert_one_timestamp_per_batch,
+    assert_raises_original,
+    assert_rows_exactly_once,
+    guard_phases,
+)
+from .faults import FaultyStore, RecordingSink, StepClock, build_sample_source, phase_batch
+
+__all__ = ["ConformanceRoute", "GuardConformance"]
+
+APPEND, FULL_REFRESH = "incremental_append", "full_refresh"
+
+
+@attrs.define(eq=False, kw_only=True)
+class ConformanceRoute:
+    """One route on real parts for one scenario, with the path under test registered by name."""
+
+    path_name: str
+    transfer_path: TransferPath
+    source_path: Path
+    source: SQLiteSource
+    sink: RecordingSink
+    store: FaultyStore
+    clock: StepClock
+    read_target_ids: Callable[[], list[Any]]
+    chunk_rows: int
+    path_runs: int = 0
+
+    def runtime(self) -> TransferRuntime:
+        """A runtime like production's: guard from the entry point, the path through ``paths=``."""
+        runtime = TransferRuntime(
+            self.store, clock=self.clock, paths={self.path_name: self._run_path}
+        )
+        assert_guard_registered(runtime)
+        return runtime
+
+    def _run_path(self, ctx: PathContext) -> int:
+        self.path_runs += 1  # proves the runtime ran the path under test, not a built-in one
+        return self.transfer_path(ctx)
+
+    def spec(self, run_id: str = "run-1", *, strategy: str = APPEND, **kwargs: Any) -> TransferSpec:
+        return TransferSpec(
+            source=self.source,
+            sink=self.sink,
+            strategy=strategy,
+            path=self.path_name,
+            run_id=run_id,
+            chunk_rows=self.chunk_rows,
+            **kwargs,
+        )
+
+    def run(self, run_id: str = "run-1", **kwargs: Any) -> TransferResult:
+        return self.runtime().run(self.spec(run_id, **kwargs))
+
+    def latest(self, strategy: str = APPEND) -> list[PartitionCheckpoint]:
+        """The durable checkpoints, read past the fault wrapper so no read fault is consumed."""
+        return self.store.inner.list_latest(self.spec(strategy=strategy).route)
+
+    def source_ids(self) -> list[Any]:
+        with contextlib.closing(sqlite3.connect(self.source_path)) as connection:
+            return [row[0] for row in connection.execute("SELECT id FROM orders")]
+
+    def target_ids(self) -> list[Any]:
+        return self.read_target_ids()
+
+    def durable_batches_and_phases(self) -> tuple[int, list[str | None]]:
+        """What is durable right now; the sink records it at the moment the target is called."""
+        return len(self.store.batches), guard_phases(self.latest())
+
+
+class GuardConformance:
+    """The design's guard scenarios, run against the path returned by ``transfer_path``.
+
+    Subclass it as ``Test...``, set ``path_name`` to a name of your own and
+    override the ``transfer_path`` fixture. The class attributes below size
+    the sample route; the defaults keep the whole kit under a second per path.
+    """
+
+    path_name: ClassVar[str] = ""
+    rows: ClassVar[int] = 120
+    partitions: ClassVar[int] = 4
+    chunk_rows: ClassVar[int] = 16
+
+    @pytest.fixture
+    def transfer_path(self) -> TransferPath:
+        """The path callable under test; every subclass overrides this."""
+        pytest.fail(f"{type(self).__name__} must override the transfer_path fixture", pytrace=False)
+
+    @pytest.fixture
+    def make_sink(self, tmp_path: Path) -> Any:
+        """The real, unwrapped sink the path loads; override it for your database's sink."""
+        return SQLiteSink(str(tmp_path / "target.db"), "orders_copy")
+
+    @pytest.fixture
+    def sink(self, make_sink: Any) -> RecordingSink:
+        return RecordingSink(make_sink)
+
+    @pytest.fixture
+    def target_ids(self, sink: RecordingSink) -> Callable[[], list[Any]]:
+        """Reads the ``id`` of every row now in the target; override it with ``make_sink``."""
+        return lambda: [row[0] for row in sink.inner.rows()]
+
+    @pytest.fixture
+    def kit_route(
+        self,
+        tmp_path: Path,
+        transfer_path: TransferPath,
+        sink: RecordingSink,
+        target_ids: Callable[[], list[Any]],
+    ) -> Iterator[ConformanceRoute]:
+        """A fresh route on real files under ``tmp_path``; its checkpoint store is closed after."""
+        if not self.path_name:
+            pytest.fail(f"{type(self).__name__} must set path_name", pytrace=False)
+        source_path = tmp_path / "source.db"
+        build_sample_source(source_path, rows=self.rows, partitions=self.partitions)
+        real_store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
+        made = ConformanceRoute(
+            path_name=self.path_name,
+            transfer_path=transfer_path,
+            source_path=source_path,
+            source=SQLiteSource(str(source_path), "orders", "region", "updated_at"),
+            sink=sink,
+            store=FaultyStore(real_store),
+            clock=StepClock(),
+            read_target_ids=target_ids,
+            chunk_rows=self.chunk_rows,
+        )
+        yield made
+        real_store.close()
+
+    def test_guard_plugin_comes_from_the_entry_point(self, kit_route: ConformanceRoute) -> None:
+        """Architecture, "an essential plugin cannot vanish": the guard is loaded, not assumed."""
+        assert_guard_registered(kit_route.runtime())
+
+    def test_happy_run_arms_before_the_one_target_call(self, kit_route: ConformanceRoute) -> None:
+        """Design case 10: guard-before-target ordering, one target call, every row once."""
+        kit_route.sink.observe = kit_route.durable_batches_and_phases
+        result = kit_route.run()
+        expect("runs of the path under test", kit_route.path_runs, 1)
+        assert_event_order(result.events)
+        expect("committed partitions", len(result.committed_partition_ids), self.partitions)
+        expect(
+            "(durable checkpoint batches, guard phases) at each target call; exactly one batch, "
+            "the armed one, must be durable when the target is called",
+            kit_route.sink.observations,
+            [(1, ["armed"] * self.partitions)],
+        )
+        assert_rows_exactly_once(kit_route.source_ids(), kit_route.target_ids())
+
+    def test_partial_commit_reraises_original_and_blocks_retry(
+        self, kit_route: ConformanceRoute
+    ) -> None:
+        """Design case 3 and algorithm step 14: incremental_append retry stops before the sink."""
+        original = kit_route.store.fail_batch(phase_batch("checkpoint_committed"), keep=1)
+        incomplete = ["checkpoint_incomplete"] * (self.partitions - 1)
+        expect_failure_then_blocked_retry(
+            kit_route, original, "upsert_many", ["checkpoint_committed", *incomplete]
+        )
+        assert_rows_exactly_once(kit_route.source_ids(), kit_route.target_ids())
+
+    def test_partial_commit_with_failed_reconciliation_read_keeps_armed_guards(
+        self, kit_route: ConformanceRoute
+    ) -> None:
+        """Design cases 1 and 4: the original survives a failed read-back; armed guards block."""
+        original = kit_route.store.fail_batch(phase_batch("checkpoint_committed"), keep=1)
+        kit_route.store.fail_reads(skip=1)  # the route scan reads; the reconciliation read fails
+        armed = ["armed"] * (self.partitions - 1)
+        expect_failure_then_blocked_retry(
+            kit_route, original, "upsert_many", [*armed, "checkpoint_committed"]
+        )
+        assert_rows_exactly_once(kit_route.source_ids(), kit_route.target_ids())
+
+    def test_partial_commit_with_failed_incomplete_marker_keeps_armed_guards(
+        self, kit_route: ConformanceRoute
+    ) -> None:
+        """Design case 2: the original survives a failed incomplete-marker write; retry blocked."""
+        original = kit_route.store.fail_batch(phase_batch("checkpoint_committed"), keep=1)
+        kit_route.store.fail_batch(phase_batch("checkpoint_incomplete"), error=OSError("marker"))
+        armed = ["armed"] * (self.partitions - 1)
+        expect_failure_then_blocked_retry(
+            kit_route, original, "upsert_many", [*armed, "checkpoint_committed"]
+        )
+
+    def test_target_raising_before_applying_marks_outcome_unknown(
+        self, kit_route: ConformanceRoute
+    ) -> None:
+        """Algorithm step 10: the target's own exception object, then target_outcome_unknown."""
+        kit_route.sink.fail = "before"
+        unknown = ["target_outcome_unknown"] * self.partitions
+        expect_failure_then_blocked_retry(kit_route, kit_route.sink.error, "target_call", unknown)
+        expect("rows in the target", kit_route.target_ids(), [])
+
+    def test_target_applying_then_raising_blocks_retry(self, kit_route: ConformanceRoute) -> None:
+        """Design case 4: the target committed but dpone cannot know it; no retry may append."""
+        kit_route.sink.fail = "after"
+        unknown = ["target_outcome_unknown"] * self.partitions
+        expect_failure_then_blocked_retry(kit_route, kit_route.sink.error, "target_call", unknown)
+        assert_rows_exactly_once(kit_route.source_ids(), kit_route.target_ids())
+
+    def test_partial_arm_never_calls_the_target_and_retry_succeeds(
+        self, kit_route: ConformanceRoute
+    ) -> None:
+        """Design cases 6 and 7: a partly written guard batch stops the first target call."""
+        original = kit_route.store.fail_batch(phase_batch("armed"), keep=1)
+        assert_raises_original(original, kit_route.run, raised_in="upsert_many")
+        expect("target calls without a durable guard", kit_route.sink.target_calls, 0)
+        expect_phases(kit_route, ["failed_before_target"] * self.partitions)
+        result = kit_route.run("retry")
+        committed = len(result.committed_partition_ids)
+        expect("partitions committed by the retry", committed, self.partitions)
+        expect("target calls", kit_route.sink.target_calls, 1)
+        assert_rows_exactly_once(kit_route.source_ids(), kit_route.target_ids())
+
+    def test_each_checkpoint_batch_has_one_injected_timestamp(
+        self, kit_route: ConformanceRoute
+    ) -> None:
+        """Design case 9: one injected transition time per batch; terminal started == completed."""
+        kit_route.run()
+        batches = kit_route.store.batches
+        expect(
+            "guard phases of the checkpoint batches",
+            [guard_phases(batch) for batch in batches],
+            [["armed"] * self.partitions, ["checkpoint_committed"] * self.partitions],
+        )
+        assert_one_timestamp_per_batch(batches, kit_route.clock.reads)
+        armed_at, committed_at = batches[0][0].started_at, batches[1][0].started_at
+        expect("armed before committed", armed_at < committed_at, True)
+
+    def test_rerun_after_success_calls_no_target(self, kit_route: ConformanceRoute) -> None:
+        """Resume planning: a rerun with nothing new runs no path and loads nothing."""
+        kit_route.run()
+        batches = len(kit_route.store.batches)
+        again = kit_route.run("run-2")
+        expect("partitions committed by the rerun", again.committed_partition_ids, ())
+        expect("rows loaded by the rerun", again.rows_loaded, 0)
+        expect("runs of the path", kit_route.path_runs, 1)
+        expect("target calls", kit_route.sink.target_calls, 1)
+        expect("checkpoint batches after the rerun", len(kit_route.store.batches), batches)
+        assert_rows_exactly_once(kit_route.source_ids(), kit_route.target_ids())
+
+    def test_full_refresh_replaces_the_target(self, kit_route: ConformanceRoute) -> None:
+        """Resume planning, full_refresh: each generation replaces the target as a whole."""
+        kit_route.run(strategy=FULL_REFRESH)
+        build_sample_source(kit_route.source_path, rows=10, start_id=self.rows + 1)
+        second = kit_route.run("run-2", strategy=FULL_REFRESH)
+        expect("target calls", kit_route.sink.target_calls, 2)
+        expect("rows loaded by the second generation", second.rows_loaded, self.rows + 10)
+        assert_rows_exactly_once(kit_route.source_ids(), kit_route.target_ids())
+
+    def test_governance_gate_stops_before_the_target(self, kit_route: ConformanceRoute) -> None:
+        """Algorithm step 3: pre-target governance refuses before the guard is armed."""
+        with pytest.raises(GovernanceGateFailed):
+            kit_route.run(governance=Governance(max_rows=self.rows - 1))
+        expect("target calls", kit_route.sink.target_calls, 0)
+        expect("checkpoint batches of a refused attempt", kit_route.store.batches, [])
+        expect("rows in the target", kit_route.target_ids(), [])
+
+
+def expect(what: str, actual: Any, expected: Any) -> None:
+    """``assert actual == expected`` with a message that survives without assert rewriting."""
+    if actual != expected:
+        raise AssertionError(f"{what}: expected {expected!r}, got {actual!r}")
+
+
+def expect_phases(route: ConformanceRoute, expected: list[str | None]) -> None:
+    actual = guard_phases(route.latest())
+    expect("guard phases of the durable checkpoints", actual, sorted(expected, key=str))
+
+
+def expect_failure_then_blocked_retry(
+    route: ConformanceRoute, original: BaseException, raised_in: str, phases: list[str]
+) -> None:
+    """The run re-raises ``original``, leaves ``phases`` durable, and a retry stops before the
+    target (with the injected target fault cleared, as after a restart), adding no rows."""
+    assert_raises_original(original, route.run, raised_in=raised_in)
+    expect_phases(route, phases)
+    route.sink.fail = None
+    assert_blocked_before_target(lambda: route.run("retry"), route.sink)
+    assert_no_duplicate_rows(route.source_ids(), route.target_ids())

@@ -1,0 +1,250 @@
+"""The conformance kit: the four built-in paths and the bulk-copy example pass it through
+the same entry a connector author uses, and it catches a path that skips the boundary."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType
+from typing import ClassVar
+
+import attrs
+import pytest
+
+import dpone_native_transfer.testing as testing
+from dpone_native_transfer import (
+    ManualReconciliationRequired,
+    PartitionCheckpoint,
+    PartitionCheckpointStatus,
+    RouteKey,
+    SQLiteCheckpointStore,
+    TransferRuntime,
+)
+from dpone_native_transfer.runtime import BUILTIN_PATHS
+from dpone_native_transfer.testing import faults
+from dpone_native_transfer.testing.conformance import GuardConformance
+
+TESTS = Path(__file__).resolve().parent
+EXAMPLES = TESTS.parent / "docs" / "examples"
+KIT_TESTS = {name for name in dir(GuardConformance) if name.startswith("test_")}
+
+
+def load_example(name: str) -> ModuleType:
+    """Import a docs/examples module by file, without putting docs/ on sys.path."""
+    spec = importlib.util.spec_from_file_location(f"docs_examples_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bulk_copy = load_example("bulk_copy_path")
+
+
+# -- the same entry for every path ------------------------------------------
+
+
+class BuiltinPath(GuardConformance):
+    """A built-in path under a name of its own, so the runtime can only find it through paths=."""
+
+    builtin: ClassVar[str]
+
+    @pytest.fixture
+    def transfer_path(self):
+        return BUILTIN_PATHS[self.builtin]
+
+
+class TestKitLegacy(BuiltinPath):
+    path_name, builtin = "kit-legacy", "legacy"
+
+
+class TestKitStaged(BuiltinPath):
+    path_name, builtin = "kit-staged", "staged"
+
+
+class TestKitFileArtifact(BuiltinPath):
+    path_name, builtin = "kit-file-artifact", "file-artifact"
+
+
+class TestKitLazyPlan(BuiltinPath):
+    path_name, builtin = "kit-lazy-plan", "lazy-plan"
+
+
+class TestKitBulkCopy(GuardConformance):
+    path_name = "kit-bulk-copy"
+
+    @pytest.fixture
+    def transfer_path(self):
+        return bulk_copy.bulk_copy_path
+
+
+def test_every_builtin_path_has_a_kit_class():
+    covered = {cls.builtin for cls in BuiltinPath.__subclasses__()}
+    assert covered == set(BUILTIN_PATHS)
+    assert not {cls.path_name for cls in BuiltinPath.__subclasses__()} & set(BUILTIN_PATHS)
+
+
+# -- the kit catches an unguarded path --------------------------------------
+
+# What the unguarded variant breaks, and the kit's words for it. The route scan
+# still blocks its retries after a partial commit (that is path-independent),
+# so the kit fails it exactly on the scenarios about the first target call.
+CAUGHT = {
+    "test_happy_run_arms_before_the_one_target_call": "the armed one, must be durable",
+    "test_partial_arm_never_calls_the_target_and_retry_succeeds": "without a durable guard",
+    "test_target_applying_then_raising_blocks_retry": "guard phases of the durable",
+    "test_target_raising_before_applying_marks_outcome_unknown": "guard phases of the durable",
+}
+
+
+def run_kit(pytester: pytest.Pytester, test_file: Path) -> dict[str, pytest.TestReport]:
+    """Run one kit test module in a sub-run beside a copy of the example; outcome per kit test."""
+    pytester.makepyfile(
+        bulk_copy_path=(EXAMPLES / "bulk_copy_path.py").read_text(encoding="utf-8"),
+        **{"test_" + test_file.stem.removeprefix("test_"): test_file.read_text(encoding="utf-8")},
+    )
+    recorder = pytester.inline_run("-p", "no:cacheprovider")
+    passed, skipped, failed = recorder.listoutcomes()
+    assert skipped == []
+    return {report.nodeid.rsplit("::", 1)[-1]: report for report in passed + failed}
+
+
+def test_the_documented_five_lines_pass_the_kit_on_the_example(pytester):
+    reports = run_kit(pytester, EXAMPLES / "test_bulk_copy_path.py")
+    assert set(reports) == KIT_TESTS
+    assert [name for name, report in reports.items() if not report.passed] == []
+
+
+def test_the_kit_catches_the_unguarded_variant(pytester):
+    reports = run_kit(pytester, TESTS / "unguarded_bulk_copy.py")
+    assert set(reports) == KIT_TESTS
+    failed = {name for name, report in reports.items() if report.failed}
+    assert failed == set(CAUGHT)
+    for name, why in CAUGHT.items():
+        assert why in str(reports[name].longrepr), name
+
+
+# -- the package stays importable without pytest ----------------------------
+
+@pytest.mark.parametrize("name", faults.__all__)
+def test_names_of_the_old_testing_module_are_still_exported(name):
+    assert getattr(testing, name) is getattr(faults, name)
+    assert name in testing.__all__
+
+
+def test_importing_testing_and_the_cli_never_imports_pytest():
+    code = (
+        "import sys, dpone_native_transfer.cli, dpone_native_transfer.testing;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pytest', '_pytest')"
+        " or m.endswith('.conformance')))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert completed.stdout.strip() == "[]"
+
+
+# -- the assertion helpers fail where they should ---------------------------
+
+
+def test_assert_guard_registered_names_the_missing_entry_point(tmp_path):
+    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
+    try:
+        with pytest.raises(AssertionError, match="'target_commit_guard' is not registered"):
+            testing.assert_guard_registered(TransferRuntime(store, plugins=[]))
+        testing.assert_guard_registered(TransferRuntime(store))
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("target", "problem"),
+    [([1, 2, 2, 3], "more than once"), ([1, 2, 3, 9], "not in the source"), ([1, 2], "never")],
+)
+def test_row_assertions_name_the_problem(target, problem):
+    with pytest.raises(AssertionError, match=problem):
+        testing.assert_rows_exactly_once([1, 2, 3], target)
+
+
+def test_no_duplicate_rows_allows_missing_rows_only():
+    testing.assert_no_duplicate_rows([1, 2, 3], [1])
+    with pytest.raises(AssertionError, match="more than once"):
+        testing.assert_no_duplicate_rows([1, 2, 3], [1, 1])
+
+
+def test_assert_raises_original_refuses_a_replacement_and_a_moved_traceback():
+    original = testing.InjectedFault("original")
+
+    def replaced():
+        raise RuntimeError("cleanup failed")
+
+    def reraised_from_here():
+        raise original
+
+    with pytest.raises(AssertionError, match="replaced by RuntimeError"):
+        testing.assert_raises_original(original, replaced)
+    with pytest.raises(AssertionError, match="nothing was raised"):
+        testing.assert_raises_original(original, lambda: None)
+    with pytest.raises(AssertionError, match="no longer reaches upsert_many"):
+        testing.assert_raises_original(original, reraised_from_here, raised_in="upsert_many")
+    assert testing.assert_raises_original(original, reraised_from_here) is original
+
+
+@attrs.define
+class CountingSink:
+    target_calls: int = 0
+
+
+def test_assert_blocked_before_target_refuses_a_run_that_reached_the_target():
+    sink = CountingSink()
+
+    def reaches_target():
+        sink.target_calls += 1
+
+    def blocked_late():
+        sink.target_calls += 1
+        raise ManualReconciliationRequired("late")
+
+    with pytest.raises(AssertionError, match="not blocked"):
+        testing.assert_blocked_before_target(reaches_target, sink)
+    with pytest.raises(AssertionError, match="only after it called the target"):
+        testing.assert_blocked_before_target(blocked_late, sink)
+
+
+def checkpoint(status: str, started: int, completed: int | None) -> PartitionCheckpoint:
+    at = [datetime(2026, 1, 1, 0, 0, second, tzinfo=UTC) for second in (started, completed or 0)]
+    return PartitionCheckpoint(
+        partition_id=f"p-{started:024x}",
+        route=RouteKey("orders", "orders_copy", "incremental_append"),
+        status=PartitionCheckpointStatus(status),
+        run_id="run-1",
+        query_hash="sha256:" + "a" * 64,
+        schema_hash="sha256:" + "b" * 64,
+        partition_bounds={"partition": "p"},
+        started_at=at[0],
+        completed_at=None if completed is None else at[1],
+    )
+
+
+@pytest.mark.parametrize(
+    ("batch", "problem"),
+    [
+        ([checkpoint("committed", 1, 1), checkpoint("committed", 2, 2)], "2 timestamps"),
+        ([checkpoint("committed", 1, 2)], "completed_at"),
+        ([checkpoint("exported", 1, 1)], "completed_at"),
+    ],
+)
+def test_assert_one_timestamp_per_batch_names_the_problem(batch, problem):
+    testing.assert_one_timestamp_per_batch([[checkpoint("exported", 1, None)]])
+    with pytest.raises(AssertionError, match=problem):
+        testing.assert_one_timestamp_per_batch([batch])
+
+
+def test_assert_one_timestamp_per_batch_wants_the_injected_clock():
+    batch = [checkpoint("committed", 1, 1)]
+    testing.assert_one_timestamp_per_batch([batch], [batch[0].started_at])
+    with pytest.raises(AssertionError, match="injected clock"):
+        testing.assert_one_timestamp_per_batch([batch], [])
