@@ -22,7 +22,7 @@ from dpone_native_transfer.checkpoints import (
     checkpoint_to_payload,
 )
 from dpone_native_transfer.errors import CheckpointPayloadInvalid, CheckpointStoreCorrupt
-from dpone_native_transfer.stores import CheckpointStore, RouteStateStore
+from dpone_native_transfer.stores import CheckpointStore, OperatorStore, RouteStateStore
 from dpone_native_transfer.stores.memory import MemoryCheckpointStore
 from dpone_native_transfer.stores.sqlite import SQLiteCheckpointStore
 
@@ -330,17 +330,25 @@ def test_sqlite_pragmas(sqlite_store: SQLiteCheckpointStore) -> None:
     assert conn.isolation_level is None
 
 
-def test_sqlite_upsert_many_is_one_transaction(sqlite_store: SQLiteCheckpointStore) -> None:
+def _traced(store: SQLiteCheckpointStore, action: Callable[[], object]) -> list[str]:
+    """The SQL statements ``action`` runs on the store's connection."""
     statements: list[str] = []
-    sqlite_store._conn.set_trace_callback(statements.append)
+    store._conn.set_trace_callback(statements.append)
     try:
-        sqlite_store.upsert_many([make_checkpoint(f"p-{i}") for i in range(5)])
+        action()
     finally:
-        sqlite_store._conn.set_trace_callback(None)
-    assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == [
-        "BEGIN IMMEDIATE",
-        "COMMIT",
-    ]
+        store._conn.set_trace_callback(None)
+    return statements
+
+
+def _transactions(statements: list[str]) -> list[str]:
+    return [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")]
+
+
+def test_sqlite_upsert_many_is_one_transaction(sqlite_store: SQLiteCheckpointStore) -> None:
+    batch = [make_checkpoint(f"p-{i}") for i in range(5)]
+    statements = _traced(sqlite_store, lambda: sqlite_store.upsert_many(batch))
+    assert _transactions(statements) == ["BEGIN IMMEDIATE", "COMMIT"]
     assert sum(s.startswith("INSERT INTO checkpoint_history") for s in statements) == 5
 
 
@@ -368,13 +376,7 @@ def test_sqlite_failure_mid_batch_rolls_back_whole_batch(
 
 def test_sqlite_list_latest_uses_primary_key(sqlite_store: SQLiteCheckpointStore) -> None:
     sqlite_store.upsert_many([make_checkpoint("p-a"), make_checkpoint("p-b", route=OTHER_ROUTE)])
-    statements: list[str] = []
-    sqlite_store._conn.set_trace_callback(statements.append)
-    try:
-        sqlite_store.list_latest(ROUTE)
-    finally:
-        sqlite_store._conn.set_trace_callback(None)
-    [query] = statements
+    [query] = _traced(sqlite_store, lambda: sqlite_store.list_latest(ROUTE))
     plan = sqlite_store._conn.execute("EXPLAIN QUERY PLAN " + query).fetchall()
     details = " | ".join(row[-1] for row in plan)
     assert "SEARCH checkpoint_latest USING PRIMARY KEY" in details
@@ -523,3 +525,141 @@ def test_sqlite_locked_write_is_not_corruption(
         holder.close()
     sqlite_store.upsert(make_checkpoint("p-a"))
     assert sqlite_store.list_latest(ROUTE) == [make_checkpoint("p-a")]
+
+
+# --- operator port: routes, audited resolutions ----------------------------------------------
+
+THIRD_ROUTE = RouteKey("a.src", "z.dst", Strategy.INCREMENTAL_APPEND)
+
+
+def make_audit(**changes: Any) -> dict[str, Any]:
+    return {"operator": "alice", "reason": "verified", "partitions": [{"id": "p-a"}], **changes}
+
+
+def test_implements_the_operator_port(store: Any) -> None:
+    assert isinstance(store, OperatorStore)
+
+
+def test_list_routes_every_route_with_checkpoints_sorted(store: Any) -> None:
+    assert store.list_routes() == []
+    store.record_evidence(THIRD_ROUTE, "run-1", {"rows": 1})  # evidence alone is no route
+    store.upsert_many([make_checkpoint("p-a", route=OTHER_ROUTE), make_checkpoint("p-b")])
+    store.upsert_many([make_checkpoint("p-a"), make_checkpoint("p-c", route=THIRD_ROUTE)])
+    assert store.list_routes() == [THIRD_ROUTE, OTHER_ROUTE, ROUTE]
+
+
+def test_apply_resolution_writes_checkpoints_and_one_audit_record(store: Any) -> None:
+    before = make_checkpoint("p-a", status="failed")
+    store.upsert_many([before, make_checkpoint("p-b")])
+    resolved = attrs.evolve(before, status="committed", completed_at=T0)
+    first = store.apply_resolution(ROUTE, [resolved], make_audit())
+    second = store.apply_resolution(OTHER_ROUTE, [make_checkpoint("p-z", route=OTHER_ROUTE)], {})
+    third = store.apply_resolution(ROUTE, [before], make_audit(reason="undo"))
+    assert first < second < third
+    assert store.list_latest(ROUTE) == [before, make_checkpoint("p-b")]
+    assert store.history(ROUTE)[-2:] == [resolved, before]
+    assert store.list_audit(ROUTE) == [
+        {**make_audit(), "audit_id": first},
+        {**make_audit(reason="undo"), "audit_id": third},
+    ]
+    assert store.list_audit(OTHER_ROUTE) == [{"audit_id": second}]
+    assert store.list_audit(THIRD_ROUTE) == []
+    store.list_audit(ROUTE)[0]["partitions"].clear()
+    assert store.list_audit(ROUTE)[0]["partitions"] == [{"id": "p-a"}]
+
+
+@pytest.mark.parametrize(
+    ("checkpoints", "audit", "error"),
+    [
+        ([], make_audit(), ValueError),
+        ([make_checkpoint("p-a", route=OTHER_ROUTE)], make_audit(), ValueError),
+        ([make_checkpoint("p-a"), {"not": "a checkpoint"}], make_audit(), TypeError),
+        (
+            [make_checkpoint("p-a", diagnostics={"x": float("nan")})],
+            make_audit(),
+            CheckpointPayloadInvalid,
+        ),
+        ([make_checkpoint("p-a")], make_audit(audit_id=7), ValueError),
+        ([make_checkpoint("p-a")], ["not", "a", "dict"], TypeError),
+        ([make_checkpoint("p-a")], make_audit(at=float("inf")), ValueError),
+    ],
+    ids=["empty", "other-route", "non-checkpoint", "unreadable", "audit-id", "list", "inf"],
+)
+def test_apply_resolution_refuses_before_writing_anything(
+    store: Any, checkpoints: list[Any], audit: Any, error: type[Exception]
+) -> None:
+    kept = make_checkpoint("p-a", status="failed")
+    store.upsert(kept)
+    with pytest.raises(error):
+        store.apply_resolution(ROUTE, checkpoints, audit)
+    assert store.list_latest(ROUTE) == [kept]
+    assert store.list_latest(OTHER_ROUTE) == []
+    assert store.list_audit(ROUTE) == []
+
+
+def test_sqlite_apply_resolution_is_one_transaction(sqlite_store: SQLiteCheckpointStore) -> None:
+    batch = [make_checkpoint("p-a"), make_checkpoint("p-b")]
+    statements = _traced(sqlite_store, lambda: sqlite_store.apply_resolution(ROUTE, batch, {}))
+    assert _transactions(statements) == ["BEGIN IMMEDIATE", "COMMIT"]
+    assert sum(s.startswith("INSERT INTO checkpoint_history") for s in statements) == 2
+    assert sum(s.startswith("INSERT INTO audit") for s in statements) == 1
+
+
+def test_sqlite_failed_audit_insert_rolls_back_the_checkpoints(
+    sqlite_store: SQLiteCheckpointStore, db_path: Path
+) -> None:
+    before = make_checkpoint("p-a", status="failed")
+    sqlite_store.upsert(before)
+    _raw(
+        db_path,
+        "CREATE TRIGGER inject_failure BEFORE INSERT ON audit"
+        " BEGIN SELECT RAISE(ABORT, 'injected'); END",
+    )
+    with pytest.raises(CheckpointStoreCorrupt):
+        sqlite_store.apply_resolution(ROUTE, [make_checkpoint("p-a", status="committed")], {})
+    assert not sqlite_store._conn.in_transaction
+    assert sqlite_store.list_latest(ROUTE) == [before]
+    assert sqlite_store.history(ROUTE) == [before]
+    assert sqlite_store.list_audit(ROUTE) == []
+
+
+def test_sqlite_v1_file_from_before_the_audit_table_opens_and_gains_it(
+    sqlite_store: SQLiteCheckpointStore, db_path: Path
+) -> None:
+    """A store written by the previous release: the same v1 schema without ``audit``."""
+    sqlite_store.upsert(make_checkpoint("p-a"))
+    sqlite_store.record_evidence(ROUTE, "run-1", {"rows": 1})
+    sqlite_store.close()
+    _raw(db_path, "DROP TABLE audit")
+    with SQLiteCheckpointStore(db_path) as reopened:
+        assert reopened._conn.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert reopened.list_latest(ROUTE) == [make_checkpoint("p-a")]
+        assert reopened.list_evidence(ROUTE) == [{"rows": 1}]
+        assert reopened.list_audit(ROUTE) == []
+        audit_id = reopened.apply_resolution(ROUTE, [make_checkpoint("p-a", status="failed")], {})
+    with SQLiteCheckpointStore(db_path) as again:
+        assert again.list_audit(ROUTE) == [{"audit_id": audit_id}]
+
+
+def test_sqlite_audit_table_with_unexpected_columns_is_corrupt(
+    sqlite_store: SQLiteCheckpointStore, db_path: Path
+) -> None:
+    sqlite_store.close()
+    _raw(db_path, "DROP TABLE audit", "CREATE TABLE audit (id INTEGER, note TEXT)")
+    excinfo = _open_fails(db_path)
+    assert excinfo.value.diagnostics == {"table": "audit"}
+
+
+def test_sqlite_corrupt_audit_record_and_route_key(
+    sqlite_store: SQLiteCheckpointStore, db_path: Path
+) -> None:
+    sqlite_store.apply_resolution(ROUTE, [make_checkpoint("p-a")], {})
+    for bad in ("{oops", "[1, 2]"):
+        _raw(db_path, ("UPDATE audit SET record = ?", (bad,)))
+        with pytest.raises(CheckpointStoreCorrupt) as excinfo:
+            sqlite_store.list_audit(ROUTE)
+        _assert_corrupt_without_path(excinfo, db_path)
+    _raw(db_path, "UPDATE checkpoint_latest SET strategy = 'sideways'")
+    with pytest.raises(CheckpointStoreCorrupt) as excinfo:
+        sqlite_store.list_routes()
+    _assert_corrupt_without_path(excinfo, db_path)

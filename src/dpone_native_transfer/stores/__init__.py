@@ -1,8 +1,9 @@
-"""Checkpoint store port and the route-state port, with the built-in stores.
+"""Checkpoint store port, the route-state port and the operator port, with the built-in stores.
 
 The checkpoint port is deliberately small and promises no atomicity:
 ``upsert_many`` writes in order and may fail part-way. The guard is written to
-be correct under exactly that contract.
+be correct under exactly that contract. The operator port is separate so the
+checkpoint port stays unchanged: only operator tooling needs it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..checkpoints import PartitionCheckpoint, RouteKey
 
-__all__ = ["CheckpointStore", "RouteStateStore"]
+__all__ = ["CheckpointStore", "OperatorStore", "RouteStateStore"]
 
 
 @runtime_checkable
@@ -45,3 +46,23 @@ class RouteStateStore(Protocol):
 
     def list_evidence(self, route: RouteKey) -> list[dict[str, Any]]:
         """Evidence records of ``route``, oldest first."""
+
+
+@runtime_checkable
+class OperatorStore(CheckpointStore, Protocol):
+    """What operator commands need beyond the checkpoint port: every route, and audited repairs."""
+
+    def list_routes(self) -> list[RouteKey]:
+        """Every route that has at least one checkpoint, sorted by source, target and strategy."""
+
+    def apply_resolution(
+        self, route: RouteKey, checkpoints: Sequence[PartitionCheckpoint], audit: dict[str, Any]
+    ) -> int:
+        """Write ``checkpoints`` (all of ``route``) and append ``audit``: both or neither.
+
+        Returns the audit id the store assigned (ids grow with every record).
+        ``audit`` must not hold ``audit_id``; ``list_audit`` adds it.
+        """
+
+    def list_audit(self, route: RouteKey) -> list[dict[str, Any]]:
+        """Audit records of ``route``, oldest first, each with its ``audit_id``."""

@@ -1,4 +1,4 @@
-"""In-process checkpoint and route-state store.
+"""In-process checkpoint, route-state and operator store.
 
 It keeps JSON text, not objects, so it behaves like a durable store: what a
 caller gets back never aliases what was stored, and a checkpoint that could not
@@ -8,7 +8,7 @@ be read back is refused on write instead of poisoning the store.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..checkpoints import (
@@ -52,8 +52,37 @@ def _check_run_id(run_id: Any) -> None:
         raise ValueError("run_id must be a non-empty string")
 
 
+_Row = tuple[str, str, str, str, str]  # source, target, strategy, partition id, payload JSON
+
+
+def _encode_batch(checkpoints: Iterable[PartitionCheckpoint]) -> list[_Row]:
+    """One row per checkpoint; anything unreadable is refused before any write."""
+    return [
+        (*_route_params(cp.route), cp.partition_id, _encode_checkpoint(cp))
+        for cp in _checked(checkpoints)
+    ]
+
+
+def _route_params(route: RouteKey) -> tuple[str, str, str]:
+    return (route.source_table, route.target_table, str(route.strategy))
+
+
+def _encode_resolution(
+    route: RouteKey, checkpoints: Sequence[PartitionCheckpoint], audit: dict[str, Any]
+) -> tuple[list[_Row], str]:
+    """Checked rows and audit JSON for ``apply_resolution``: every problem before any write."""
+    rows = _encode_batch(checkpoints)
+    if not rows:
+        raise ValueError("a resolution writes at least one checkpoint")
+    if any(cp.route != route for cp in checkpoints):
+        raise ValueError("every resolved checkpoint must belong to the route of the resolution")
+    if isinstance(audit, dict) and "audit_id" in audit:
+        raise ValueError("the store assigns audit_id; the audit record must not hold it")
+    return rows, _encode_object(audit, "audit record")
+
+
 class MemoryCheckpointStore:
-    """Checkpoints (latest and full history), source state and run evidence, in memory.
+    """Checkpoints (latest and full history), source state, run evidence and audit, in memory.
 
     Re-recording evidence for a run id replaces the record in place: ``list_evidence``
     is ordered by the first write of each run id.
@@ -64,15 +93,18 @@ class MemoryCheckpointStore:
         self._latest: dict[RouteKey, dict[str, str]] = {}
         self._source_state: dict[RouteKey, str] = {}
         self._evidence: dict[RouteKey, dict[str, str]] = {}
+        self._audit: dict[RouteKey, list[tuple[int, str]]] = {}
+        self._audit_ids = 0
 
     def upsert(self, checkpoint: PartitionCheckpoint) -> None:
         self.upsert_many([checkpoint])
 
     def upsert_many(self, checkpoints: Iterable[PartitionCheckpoint]) -> None:
-        encoded = [
-            (cp.route, cp.partition_id, _encode_checkpoint(cp)) for cp in _checked(checkpoints)
-        ]
-        for route, partition_id, text in encoded:
+        self._write(_encode_batch(checkpoints))
+
+    def _write(self, rows: list[_Row]) -> None:
+        for *route_params, partition_id, text in rows:
+            route = RouteKey(*route_params)
             self._history.setdefault(route, []).append(text)
             self._latest.setdefault(route, {})[partition_id] = text
 
@@ -97,3 +129,18 @@ class MemoryCheckpointStore:
 
     def list_evidence(self, route: RouteKey) -> list[dict[str, Any]]:
         return [json.loads(text) for text in self._evidence.get(route, {}).values()]
+
+    def list_routes(self) -> list[RouteKey]:
+        return sorted((r for r, latest in self._latest.items() if latest), key=_route_params)
+
+    def apply_resolution(
+        self, route: RouteKey, checkpoints: Sequence[PartitionCheckpoint], audit: dict[str, Any]
+    ) -> int:
+        rows, record = _encode_resolution(route, checkpoints, audit)
+        self._write(rows)
+        self._audit_ids += 1
+        self._audit.setdefault(route, []).append((self._audit_ids, record))
+        return self._audit_ids
+
+    def list_audit(self, route: RouteKey) -> list[dict[str, Any]]:
+        return [{**json.loads(text), "audit_id": i} for i, text in self._audit.get(route, [])]

@@ -1,10 +1,16 @@
-"""Durable checkpoint and route-state store in one SQLite file (stdlib only).
+"""Durable checkpoint, route-state and operator-audit store in one SQLite file (stdlib only).
 
 A store file is created complete or not at all: the schema is built in a
 private file that is then linked into place. So any existing file that is not
 a version-1 store (empty, truncated, foreign, garbage) is reported as corrupt
 rather than silently used as a new, empty store, which would let a retry
 append data that was already committed.
+
+The ``audit`` table (operator resolutions) is an additive part of schema
+version 1, so ``user_version`` stays 1: a v1 file written before the table
+existed gets it, empty, the first time it is opened, and older releases that
+do not know the table still open the file (they check only their own tables).
+A present ``audit`` table with unexpected columns is corrupt, like any other.
 
 Errors raised here never carry the file path (paths may be secret) or
 SQLite's own message text.
@@ -16,14 +22,20 @@ import json
 import os
 import sqlite3
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.request import pathname2url
 
 from ..checkpoints import PartitionCheckpoint, RouteKey, checkpoint_from_payload
 from ..errors import CheckpointPayloadInvalid, CheckpointStoreCorrupt
-from .memory import _check_run_id, _checked, _encode_checkpoint, _encode_object
+from .memory import (
+    _check_run_id,
+    _encode_batch,
+    _encode_object,
+    _encode_resolution,
+    _route_params,
+)
 
 __all__ = ["BUSY_TIMEOUT_SECONDS", "SCHEMA_VERSION", "SQLiteCheckpointStore"]
 
@@ -53,6 +65,13 @@ _SCHEMA = (
     f"CREATE INDEX evidence_by_route ON evidence ({_ROUTE_KEY}, seq)",
 )
 
+# Additive to version 1: created by _initialise for new files and by _open for older v1 files.
+_AUDIT_SCHEMA = (
+    f"""CREATE TABLE IF NOT EXISTS audit (
+        audit_id INTEGER PRIMARY KEY AUTOINCREMENT, {_ROUTE_COLUMNS}, record TEXT NOT NULL)""",
+    f"CREATE INDEX IF NOT EXISTS audit_by_route ON audit ({_ROUTE_KEY}, audit_id)",
+)
+
 _ROUTE_NAMES = ("source_table", "target_table", "strategy")
 _TABLES = {
     "checkpoint_history": ("seq", *_ROUTE_NAMES, "partition_id", "payload"),
@@ -60,15 +79,25 @@ _TABLES = {
     "source_state": (*_ROUTE_NAMES, "state"),
     "evidence": (*_ROUTE_NAMES, "run_id", "seq", "record"),
 }
-
-
-def _route_params(route: RouteKey) -> tuple[str, str, str]:
-    return (route.source_table, route.target_table, str(route.strategy))
+_AUDIT_COLUMNS = ("audit_id", *_ROUTE_NAMES, "record")
 
 
 def _is_busy(exc: sqlite3.DatabaseError) -> bool:
     code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
     return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+@contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction, rolled back on any failure."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 @contextmanager
@@ -104,11 +133,10 @@ def _initialise(path: str) -> None:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("BEGIN IMMEDIATE")
-            for statement in _SCHEMA:
-                conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            conn.execute("COMMIT")
+            with _immediate(conn):
+                for statement in (*_SCHEMA, *_AUDIT_SCHEMA):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         finally:
             conn.close()
         try:
@@ -118,6 +146,17 @@ def _initialise(path: str) -> None:
         _fsync_directory(directory)
     finally:
         os.unlink(scratch)
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> tuple[str, ...]:
+    return tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
+
+
+def _table_corrupt(table: str) -> CheckpointStoreCorrupt:
+    return CheckpointStoreCorrupt(
+        f"checkpoint store table {table!r} is missing or has unexpected columns",
+        diagnostics={"table": table},
+    )
 
 
 def _check_schema(conn: sqlite3.Connection) -> None:
@@ -130,12 +169,20 @@ def _check_schema(conn: sqlite3.Connection) -> None:
             diagnostics={"user_version": version, "expected": SCHEMA_VERSION},
         )
     for table, columns in _TABLES.items():
-        found = tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
-        if found != columns:
-            raise CheckpointStoreCorrupt(
-                f"checkpoint store table {table!r} is missing or has unexpected columns",
-                diagnostics={"table": table},
-            )
+        if _columns(conn, table) != columns:
+            raise _table_corrupt(table)
+
+
+def _ensure_audit_table(conn: sqlite3.Connection) -> None:
+    """Give a v1 file from before the audit table an empty one; refuse a foreign one."""
+    found = _columns(conn, "audit")
+    if found == _AUDIT_COLUMNS:
+        return
+    if found:
+        raise _table_corrupt("audit")
+    with _immediate(conn):
+        for statement in _AUDIT_SCHEMA:
+            conn.execute(statement)
 
 
 def _open(path: str) -> sqlite3.Connection:
@@ -147,6 +194,7 @@ def _open(path: str) -> sqlite3.Connection:
             _check_schema(conn)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
+            _ensure_audit_table(conn)
     except BaseException:
         conn.close()
         raise
@@ -187,7 +235,7 @@ def _decode_checkpoint(
 
 
 class SQLiteCheckpointStore:
-    """Checkpoints (latest and full history), source state and run evidence in one SQLite file.
+    """Checkpoints (latest and full history), source state, evidence and audit in one SQLite file.
 
     WAL journal and ``synchronous=FULL``: a returned write survives power loss, and
     ``upsert_many`` is one transaction (one fsync) even though the port does not
@@ -221,15 +269,8 @@ class SQLiteCheckpointStore:
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         conn = self._connection()
-        with _translated("written", writing=True):
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+        with _translated("written", writing=True), _immediate(conn):
+            yield conn
 
     def _read(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         conn = self._connection()
@@ -240,26 +281,11 @@ class SQLiteCheckpointStore:
         self.upsert_many([checkpoint])
 
     def upsert_many(self, checkpoints: Iterable[PartitionCheckpoint]) -> None:
-        rows = [
-            (*_route_params(cp.route), cp.partition_id, _encode_checkpoint(cp))
-            for cp in _checked(checkpoints)
-        ]
+        rows = _encode_batch(checkpoints)
         if not rows:
             return
         with self._transaction() as conn:
-            for row in rows:
-                seq = conn.execute(
-                    f"INSERT INTO checkpoint_history ({_ROUTE_KEY}, partition_id, payload)"
-                    " VALUES (?, ?, ?, ?, ?)",
-                    row,
-                ).lastrowid
-                conn.execute(
-                    f"INSERT INTO checkpoint_latest ({_ROUTE_KEY}, partition_id, seq, payload)"
-                    " VALUES (?, ?, ?, ?, ?, ?)"
-                    f" ON CONFLICT ({_ROUTE_KEY}, partition_id)"
-                    " DO UPDATE SET seq = excluded.seq, payload = excluded.payload",
-                    (*row[:4], seq, row[4]),
-                )
+            _insert_checkpoints(conn, rows)
 
     def list_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
         rows = self._read(
@@ -306,12 +332,63 @@ class SQLiteCheckpointStore:
             )
 
     def list_evidence(self, route: RouteKey) -> list[dict[str, Any]]:
+        records = self._records("evidence", "run_id", "seq", route)
+        return [record for _, record in records]
+
+    def list_routes(self) -> list[RouteKey]:
         rows = self._read(
-            f"SELECT run_id, record FROM evidence WHERE {_ROUTE} ORDER BY seq",
+            f"SELECT DISTINCT {_ROUTE_KEY} FROM checkpoint_latest ORDER BY {_ROUTE_KEY}", ()
+        )
+        return [_route_from_row(row) for row in rows]
+
+    def apply_resolution(
+        self, route: RouteKey, checkpoints: Sequence[PartitionCheckpoint], audit: dict[str, Any]
+    ) -> int:
+        """One transaction: the checkpoints and the audit record commit together or not at all."""
+        rows, record = _encode_resolution(route, checkpoints, audit)
+        with self._transaction() as conn:
+            _insert_checkpoints(conn, rows)
+            return conn.execute(
+                f"INSERT INTO audit ({_ROUTE_KEY}, record) VALUES (?, ?, ?, ?)",
+                (*_route_params(route), record),
+            ).lastrowid
+
+    def list_audit(self, route: RouteKey) -> list[dict[str, Any]]:
+        records = self._records("audit", "audit_id", "audit_id", route)
+        return [{**record, "audit_id": audit_id} for audit_id, record in records]
+
+    def _records(
+        self, table: str, key: str, order: str, route: RouteKey
+    ) -> list[tuple[Any, dict[str, Any]]]:
+        """(key, JSON object) of every ``record`` of ``route`` in ``table``, in ``order``."""
+        rows = self._read(
+            f"SELECT {key}, record FROM {table} WHERE {_ROUTE} ORDER BY {order}",
             _route_params(route),
         )
         where = {"route": route.as_dict()}
-        return [
-            _load_object(record, "stored evidence record", {**where, "run_id": run_id})
-            for run_id, record in rows
-        ]
+        what = f"stored {table} record"
+        return [(value, _load_object(text, what, {**where, key: value})) for value, text in rows]
+
+
+def _insert_checkpoints(conn: sqlite3.Connection, rows: list[tuple[str, ...]]) -> None:
+    """History row, then the latest pointer, for each row; the caller owns the transaction."""
+    for row in rows:
+        seq = conn.execute(
+            f"INSERT INTO checkpoint_history ({_ROUTE_KEY}, partition_id, payload)"
+            " VALUES (?, ?, ?, ?, ?)",
+            row,
+        ).lastrowid
+        conn.execute(
+            f"INSERT INTO checkpoint_latest ({_ROUTE_KEY}, partition_id, seq, payload)"
+            " VALUES (?, ?, ?, ?, ?, ?)"
+            f" ON CONFLICT ({_ROUTE_KEY}, partition_id)"
+            " DO UPDATE SET seq = excluded.seq, payload = excluded.payload",
+            (*row[:4], seq, row[4]),
+        )
+
+
+def _route_from_row(row: tuple[Any, ...]) -> RouteKey:
+    try:
+        return RouteKey(*row)
+    except (TypeError, ValueError):
+        raise CheckpointStoreCorrupt("a stored route key is not valid") from None
