@@ -28,6 +28,7 @@ from dpone_native_transfer import (
     TargetCommitGuardUnhandled,
     cli,
 )
+from dpone_native_transfer import demo as demo_story
 from dpone_native_transfer.config import load_route_config
 from dpone_native_transfer.testing import build_sample_source
 
@@ -146,7 +147,7 @@ def test_demo_replaces_only_its_own_files(tmp_path, capsys):
 
 def test_demo_fails_when_its_story_does_not_hold(tmp_path, capsys, monkeypatch):
     """Without the injected fault there is nothing to block: the demo must say so and exit 1."""
-    monkeypatch.setattr(cli, "phase_batch", lambda phase: lambda batch: False)
+    monkeypatch.setattr(demo_story, "phase_batch", lambda phase: lambda batch: False)
     assert cli.main(["demo", "--workdir", str(tmp_path)]) == cli.EXIT_FAILED
     out = capsys.readouterr().out
     assert "demo FAILED:" in out

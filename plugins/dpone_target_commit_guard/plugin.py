@@ -24,7 +24,8 @@ from dpone_native_transfer.checkpoints import (
 from dpone_native_transfer.errors import ManualReconciliationRequired, TargetCommitGuardInvalid
 from dpone_native_transfer.hookspecs import hookimpl
 
-from .payload import GuardPhase, MalformedGuard, batch_id_for, build_guard, read_guard
+from .operator import blocked_partitions, route_label, scan_hint
+from .payload import GuardPhase, batch_id_for, build_guard
 
 if TYPE_CHECKING:
     from dpone_native_transfer.boundary import TargetMutation
@@ -32,44 +33,42 @@ if TYPE_CHECKING:
 _SHOWN_IN_MESSAGE = 5
 
 
-def _route_label(route: RouteKey) -> str:
-    return f"{route.source_table} -> {route.target_table} ({route.strategy})"
-
-
 @hookimpl
 def resume_route_scan(route: RouteKey, checkpoints: Sequence[PartitionCheckpoint]) -> bool:
-    """Stop the run on any malformed guard, else on any unresolved one; malformed wins."""
-    malformed: list[dict[str, str]] = []
-    unresolved: list[dict[str, str]] = []
-    for checkpoint in checkpoints:
-        try:
-            record = read_guard(checkpoint)
-        except MalformedGuard as bad:
-            malformed.append({"partition_id": checkpoint.partition_id, "problem": bad.problem})
-            continue
-        if record is not None and record.unresolved:
-            unresolved.append(
-                {
-                    "partition_id": checkpoint.partition_id,
-                    "phase": record.phase.value,
-                    "batch_id": record.batch_id,
-                    "status": checkpoint.status.value,
-                }
-            )
+    """Stop the run on any malformed guard, else on any unresolved one; malformed wins.
+
+    The classification is ``operator.blocked_partitions``, the one ``guard scan`` shows.
+    """
+    findings = blocked_partitions(checkpoints)
+    malformed = [
+        {"partition_id": f.partition_id, "problem": f.problem} for f in findings if f.malformed
+    ]
+    unresolved = [
+        {
+            "partition_id": f.partition_id,
+            "phase": f.phase.value,
+            "batch_id": f.batch_id,
+            "status": f.status.value,
+        }
+        for f in findings
+        if not f.malformed
+    ]
     if malformed:
         raise TargetCommitGuardInvalid(
-            f"route {_route_label(route)} has {len(malformed)} partition(s) with a malformed "
-            f"target-commit guard ({_first_ids(malformed)}); no target I/O was attempted",
+            f"route {route_label(route)} has {len(malformed)} partition(s) with a malformed "
+            f"target-commit guard ({_first_ids(malformed)}); no target I/O was attempted; "
+            f"inspect it with: {scan_hint(route)}",
             diagnostics={"route": route.as_dict(), "partitions": malformed},
         )
     if unresolved:
         phases = sorted({item["phase"] for item in unresolved})
         batches = sorted({item["batch_id"] for item in unresolved})
         raise ManualReconciliationRequired(
-            f"route {_route_label(route)} has {len(unresolved)} partition(s) whose target "
+            f"route {route_label(route)} has {len(unresolved)} partition(s) whose target "
             f"outcome is unresolved (phases: {', '.join(phases)}; partitions: "
             f"{_first_ids(unresolved)}); the target was not called. Reconcile the target with "
-            "the checkpoints before the route can run again",
+            "the checkpoints before the route can run again; "
+            f"inspect it with: {scan_hint(route)}",
             diagnostics={
                 "route": route.as_dict(),
                 "phases": phases,

@@ -1,0 +1,269 @@
+"""Guard policy for operators: which partitions block a route, and how a repair is written.
+
+Pure functions over checkpoints, shared by the runtime's route scan and the
+``dpone-transfer guard`` commands, so what the operator is shown and what the
+runtime refuses can never disagree. Nothing here repairs anything on its own:
+every repair is an explicit, audited operator act (see ``commands.py``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import attrs
+
+from dpone_native_transfer.checkpoints import (
+    GUARD_DIAGNOSTICS_KEY,
+    PartitionCheckpoint,
+    PartitionCheckpointStatus,
+    RouteKey,
+    format_timestamp,
+)
+from dpone_native_transfer.cli import PROG
+from dpone_native_transfer.errors import ConfigInvalid
+
+from .payload import (
+    PHASE_STATUS,
+    UNRESOLVED_PHASES,
+    GuardPhase,
+    MalformedGuard,
+    batch_id_for,
+    build_guard,
+    read_guard,
+)
+
+__all__ = [
+    "Finding",
+    "Resolution",
+    "audit_record",
+    "blocked_partitions",
+    "inspect_checkpoint",
+    "resolution_batch",
+    "route_label",
+    "scan_hint",
+    "select_blocked",
+]
+
+
+class Resolution(StrEnum):
+    """What the operator found in the target (``--as``)."""
+
+    COMMITTED = "committed"  # the rows are in the target
+    FAILED_BEFORE_TARGET = "failed_before_target"  # they are not: a retry may load them
+
+    @property
+    def phase(self) -> GuardPhase:
+        if self is Resolution.COMMITTED:
+            return GuardPhase.CHECKPOINT_COMMITTED
+        return GuardPhase.FAILED_BEFORE_TARGET
+
+
+@attrs.frozen(kw_only=True)
+class Finding:
+    """The guard state of one latest checkpoint: only identities, never values or error text.
+
+    ``problem`` is the bounded code of a malformed guard (then ``phase`` and
+    ``batch_id`` are None); a legacy checkpoint has neither phase nor problem.
+    """
+
+    route: RouteKey
+    partition_id: str
+    status: PartitionCheckpointStatus
+    phase: GuardPhase | None
+    batch_id: str | None
+    problem: str | None
+    started_at: datetime | None
+    completed_at: datetime | None
+
+    @property
+    def malformed(self) -> bool:
+        return self.problem is not None
+
+    @property
+    def unresolved(self) -> bool:
+        return self.phase in UNRESOLVED_PHASES
+
+    @property
+    def blocked(self) -> bool:
+        """True when this checkpoint stops every run of its route."""
+        return self.malformed or self.unresolved
+
+    def guard_label(self, malformed: str = "malformed:") -> str:
+        """The phase, ``legacy, no guard``, or ``malformed`` followed by the problem code."""
+        if self.problem is not None:
+            return malformed + self.problem
+        return "legacy, no guard" if self.phase is None else self.phase.value
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-safe; the keys of ``guard scan --json``."""
+        return {
+            "route": self.route.as_dict(),
+            "partition_id": self.partition_id,
+            "status": self.status.value,
+            "phase": None if self.phase is None else self.phase.value,
+            "problem": self.problem,
+            "batch_id": self.batch_id,
+            "started_at": format_timestamp(self.started_at),
+            "completed_at": format_timestamp(self.completed_at),
+        }
+
+
+def inspect_checkpoint(checkpoint: PartitionCheckpoint) -> Finding:
+    """Read one checkpoint's guard without raising: malformed guards become a problem code."""
+    try:
+        record = read_guard(checkpoint)
+    except MalformedGuard as bad:
+        phase, batch_id, problem = None, None, bad.problem
+    else:
+        phase = None if record is None else record.phase
+        batch_id = None if record is None else record.batch_id
+        problem = None
+    return Finding(
+        route=checkpoint.route,
+        partition_id=checkpoint.partition_id,
+        status=checkpoint.status,
+        phase=phase,
+        batch_id=batch_id,
+        problem=problem,
+        started_at=checkpoint.started_at,
+        completed_at=checkpoint.completed_at,
+    )
+
+
+def blocked_partitions(checkpoints: Iterable[PartitionCheckpoint]) -> list[Finding]:
+    """Every checkpoint whose guard is malformed or unresolved, in the given order."""
+    return [finding for cp in checkpoints if (finding := inspect_checkpoint(cp)).blocked]
+
+
+def route_label(route: RouteKey) -> str:
+    return f"{route.source_table} -> {route.target_table} ({route.strategy})"
+
+
+def scan_hint(route: RouteKey) -> str:
+    """The command that shows what blocks ``route``; the store path stays a placeholder."""
+    names = (route.source_table, route.target_table, str(route.strategy))
+    return (
+        f"{PROG} guard scan --store <checkpoint store> --route "
+        + " ".join(shlex.quote(name) for name in names)
+    )
+
+
+def select_blocked(
+    checkpoints: Sequence[PartitionCheckpoint],
+    *,
+    partition_ids: Sequence[str] = (),
+    batch_id: str | None = None,
+    force_invalid: bool = False,
+) -> list[tuple[PartitionCheckpoint, Finding]]:
+    """The latest checkpoints an operator named, each with its finding; refuses the whole lot.
+
+    Named by partition id or by batch id (every blocked partition of that
+    batch). A named partition that is unknown or not blocked refuses the
+    command; so does a malformed guard unless ``force_invalid``.
+    """
+    by_id = {cp.partition_id: (cp, inspect_checkpoint(cp)) for cp in checkpoints}
+    if batch_id is not None:
+        chosen = [pid for pid, (_, f) in by_id.items() if f.blocked and f.batch_id == batch_id]
+        if not chosen:
+            raise ConfigInvalid(
+                "no blocked partition of this route carries the batch id given as --batch",
+                diagnostics={"key": "--batch", "batch_id": batch_id},
+            )
+    else:
+        chosen = list(dict.fromkeys(partition_ids))
+        if not chosen:
+            raise ConfigInvalid(
+                "name the partitions to resolve with --partition or --batch",
+                diagnostics={"key": "--partition"},
+            )
+    refused = [pid for pid in chosen if pid not in by_id or not by_id[pid][1].blocked]
+    if refused:
+        described = ", ".join(_not_blocked(pid, by_id.get(pid)) for pid in refused)
+        raise ConfigInvalid(
+            f"refusing to resolve partition(s) that are not blocked: {described}; "
+            "nothing was written",
+            diagnostics={"key": "--partition", "partition_ids": refused},
+        )
+    malformed = [pid for pid in chosen if by_id[pid][1].malformed]
+    if malformed and not force_invalid:
+        raise ConfigInvalid(
+            f"refusing to resolve partition(s) with a malformed guard: {', '.join(malformed)}; "
+            "check them against the target, then repeat with --force-invalid",
+            diagnostics={"key": "--force-invalid", "partition_ids": malformed},
+        )
+    return [by_id[pid] for pid in chosen]
+
+
+def _not_blocked(partition_id: str, known: tuple[PartitionCheckpoint, Finding] | None) -> str:
+    if known is None:
+        return f"{partition_id} (unknown on this route)"
+    return f"{partition_id} ({known[1].status.value}, {known[1].guard_label()})"
+
+
+def resolution_batch(
+    selected: Sequence[tuple[PartitionCheckpoint, Finding]], resolved_as: Resolution, now: datetime
+) -> list[PartitionCheckpoint]:
+    """The new latest checkpoint of each selected partition, stamped ``now`` (start == end).
+
+    A valid guard keeps its batch id; a malformed one gets a fresh one for its
+    run and partition. Resolving as committed drops the failure code.
+    """
+    status = PHASE_STATUS[resolved_as.phase]
+    resolved = []
+    for checkpoint, finding in selected:
+        batch_id = finding.batch_id or batch_id_for(checkpoint.run_id, [checkpoint.partition_id])
+        diagnostics = {
+            **checkpoint.diagnostics,
+            GUARD_DIAGNOSTICS_KEY: build_guard(resolved_as.phase, batch_id),
+        }
+        if resolved_as is Resolution.COMMITTED:
+            diagnostics.pop("error", None)
+        resolved.append(
+            attrs.evolve(
+                checkpoint,
+                status=status,
+                started_at=now,
+                completed_at=now,
+                diagnostics=diagnostics,
+            )
+        )
+    return resolved
+
+
+def audit_record(
+    route: RouteKey,
+    selected: Sequence[tuple[PartitionCheckpoint, Finding]],
+    resolved: Sequence[PartitionCheckpoint],
+    *,
+    resolved_as: Resolution,
+    operator: str,
+    reason: str,
+    now: datetime,
+) -> dict[str, Any]:
+    """Who, when, why, and every partition's previous and new state; the store adds the id."""
+    partitions = []
+    for (_, before), after in zip(selected, resolved, strict=True):
+        partitions.append(
+            {
+                "partition_id": before.partition_id,
+                "previous_status": before.status.value,
+                "previous_phase": None if before.phase is None else before.phase.value,
+                "previous_problem": before.problem,
+                "new_status": after.status.value,
+                "new_phase": resolved_as.phase.value,
+                "batch_id": after.diagnostics[GUARD_DIAGNOSTICS_KEY]["checkpoint_batch_id"],
+            }
+        )
+    return {
+        "at": now.isoformat(),
+        "operator": operator,
+        "reason": reason,
+        "route": route.as_dict(),
+        "resolved_as": resolved_as.value,
+        "forced_invalid": any(before.malformed for _, before in selected),
+        "partitions": partitions,
+    }
