@@ -517,3 +517,14 @@ def test_a_route_without_guards_runs_with_no_plugins(route, path):
     assert len(first.committed_partition_ids) == 4
     assert second.rows_loaded == 10
     assert route.target_ids() == route.source_ids()
+
+
+def test_a_worker_whose_guard_entry_point_is_missing_refuses_guarded_routes(route, monkeypatch):
+    """plugins=None on a machine where the guard is not installed: no entry point at all."""
+    route.runtime().run(route.spec("legacy"))
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: [])
+    runtime = route.runtime()
+    assert runtime.plugin_manager.get_plugin("target_commit_guard") is None
+    with pytest.raises(TargetCommitGuardUnhandled):
+        runtime.run(route.spec("legacy", run_id="run-2"))
+    assert route.sink.target_calls == 1
