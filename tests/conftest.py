@@ -4,8 +4,10 @@ wrapped only where a test injects a fault."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
+import postgres_server
 import pytest
 
 from dpone_native_transfer import (
@@ -67,3 +69,20 @@ def route(tmp_path):
 @pytest.fixture(params=PATHS)
 def path(request) -> str:
     return request.param
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    """A PostgreSQL server for the session: DPONE_TEST_POSTGRES_DSN, or a throwaway one.
+
+    Started only when a test asks for it; fails (never skips) when there is none.
+    """
+    with postgres_server.server_dsn() as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def postgres_schema(postgres_dsn: str) -> Iterator[postgres_server.PostgresLocation]:
+    """The server and a schema of this test's own, dropped after the test."""
+    with postgres_server.isolated_schema(postgres_dsn) as location:
+        yield location

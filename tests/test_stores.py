@@ -1,19 +1,28 @@
-"""Conformance tests every checkpoint/route-state store must pass, plus SQLite durability tests.
+"""Conformance tests every checkpoint/route-state store must pass, plus durability tests
+for SQLite and PostgreSQL.
 
-A new store joins the suite by appending a factory to ``STORE_FACTORIES``.
+A new store joins the suite by appending a factory to ``STORE_FACTORIES``: given the
+fixture request, it returns a callable that opens one more store on the test's location.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import attrs
+import postgres_server
+import psycopg
 import pytest
+from postgres_server import PostgresLocation, free_port
 
 from dpone_native_transfer.checkpoints import (
     PartitionCheckpoint,
@@ -21,37 +30,53 @@ from dpone_native_transfer.checkpoints import (
     Strategy,
     checkpoint_to_payload,
 )
-from dpone_native_transfer.errors import CheckpointPayloadInvalid, CheckpointStoreCorrupt
+from dpone_native_transfer.errors import (
+    CheckpointPayloadInvalid,
+    CheckpointStoreCorrupt,
+    CheckpointStoreUnavailable,
+    ConfigInvalid,
+)
 from dpone_native_transfer.stores import CheckpointStore, OperatorStore, RouteStateStore
 from dpone_native_transfer.stores.memory import MemoryCheckpointStore
+from dpone_native_transfer.stores.postgres import PostgresCheckpointStore
 from dpone_native_transfer.stores.sqlite import SQLiteCheckpointStore
 
 ROUTE = RouteKey("src.orders", "dst.orders", Strategy.INCREMENTAL_APPEND)
 OTHER_ROUTE = RouteKey("src.orders", "dst.orders", Strategy.FULL_REFRESH)
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 
-
-def _memory(tmp_path: Path) -> MemoryCheckpointStore:
-    return MemoryCheckpointStore()
+Opener = Callable[[], Any]
 
 
-def _sqlite(tmp_path: Path) -> SQLiteCheckpointStore:
-    return SQLiteCheckpointStore(tmp_path / "checkpoints.sqlite3")
+def _memory(request: pytest.FixtureRequest) -> Opener:
+    return MemoryCheckpointStore
+
+
+def _sqlite(request: pytest.FixtureRequest) -> Opener:
+    path = request.getfixturevalue("tmp_path") / "checkpoints.sqlite3"
+    return lambda: SQLiteCheckpointStore(path)
+
+
+def _postgres(request: pytest.FixtureRequest) -> Opener:
+    location: PostgresLocation = request.getfixturevalue("postgres_schema")
+    return lambda: PostgresCheckpointStore(location.dsn, schema=location.schema)
 
 
 STORE_FACTORIES = [
     pytest.param(_memory, id="memory"),
     pytest.param(_sqlite, id="sqlite"),
+    pytest.param(_postgres, id="postgres"),
 ]
 
 
 @pytest.fixture(params=STORE_FACTORIES)
-def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Any]]:
+def store_factory(request: pytest.FixtureRequest) -> Iterator[Opener]:
     """Opens stores on one location and closes every one of them after the test."""
     opened: list[Any] = []
+    open_store = request.param(request)
 
     def make() -> Any:
-        store = request.param(tmp_path)
+        store = open_store()
         opened.append(store)
         return store
 
@@ -186,6 +211,24 @@ def test_round_trip_with_nested_diagnostics_and_guard(store: Any) -> None:
     )
 
 
+def test_round_trip_keeps_numbers_and_text_exactly(store: Any) -> None:
+    diagnostics = {
+        "big": 2**70,
+        "negative": -(2**63),
+        "floats": [0.1, 1e300, 5e-324, -0.0, 1.0, 12345678.9],
+        "text": 'nul \x00 tab \t quote " emoji \U0001f600 accent é',
+        "z": {"b": 1, "a": [None, True, False]},
+    }
+    cp = make_checkpoint(diagnostics=diagnostics, partition_bounds={"id": [2**53 + 1, -1.5]})
+    store.upsert(cp)
+    [got] = store.list_latest(ROUTE)
+    assert got == cp
+    exact = [json.dumps(checkpoint_to_payload(c), sort_keys=True) for c in (got, cp)]
+    assert exact[0] == exact[1]
+    assert str(got.diagnostics["floats"][3]) == "-0.0"
+    assert type(got.diagnostics["floats"][4]) is float
+
+
 def test_no_aliasing(store: Any) -> None:
     diagnostics = {"target_commit_guard": {"status": "pending", "ids": [1, 2]}}
     cp = make_checkpoint(diagnostics=diagnostics)
@@ -294,33 +337,6 @@ def _assert_corrupt_without_path(
     assert exc.__context__ is None or exc.__suppress_context__
 
 
-def _latest_row(route: RouteKey, partition_id: str, payload: str) -> tuple[str, tuple[Any, ...]]:
-    return (
-        "INSERT INTO checkpoint_latest VALUES (?, ?, ?, ?, ?, ?)",
-        (route.source_table, route.target_table, str(route.strategy), partition_id, 999, payload),
-    )
-
-
-def test_sqlite_survives_reopen(sqlite_store: SQLiteCheckpointStore, db_path: Path) -> None:
-    cps = [
-        make_checkpoint("p-a"),
-        make_checkpoint("p-b"),
-        make_checkpoint("p-a", status="committed"),
-    ]
-    sqlite_store.upsert_many(cps)
-    sqlite_store.save_source_state(ROUTE, {"generation": 3})
-    sqlite_store.record_evidence(ROUTE, "run-1", {"rows": 1})
-    sqlite_store.close()
-    sqlite_store.close()
-    with pytest.raises(ValueError):
-        sqlite_store.list_latest(ROUTE)
-    with SQLiteCheckpointStore(db_path) as reopened:
-        assert reopened.list_latest(ROUTE) == [cps[2], cps[1]]
-        assert reopened.history(ROUTE) == cps
-        assert reopened.load_source_state(ROUTE) == {"generation": 3}
-        assert reopened.list_evidence(ROUTE) == [{"rows": 1}]
-
-
 def test_sqlite_pragmas(sqlite_store: SQLiteCheckpointStore) -> None:
     conn = sqlite_store._conn
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -352,28 +368,6 @@ def test_sqlite_upsert_many_is_one_transaction(sqlite_store: SQLiteCheckpointSto
     assert sum(s.startswith("INSERT INTO checkpoint_history") for s in statements) == 5
 
 
-def test_sqlite_failure_mid_batch_rolls_back_whole_batch(
-    sqlite_store: SQLiteCheckpointStore, db_path: Path
-) -> None:
-    before = make_checkpoint("p-0")
-    sqlite_store.upsert(before)
-    _raw(
-        db_path,
-        "CREATE TRIGGER inject_failure BEFORE INSERT ON checkpoint_history"
-        " WHEN NEW.partition_id = 'p-poison' BEGIN SELECT RAISE(ABORT, 'injected'); END",
-    )
-    batch = [
-        make_checkpoint("p-1"),
-        make_checkpoint("p-0", status="committed"),
-        make_checkpoint("p-poison"),
-    ]
-    with pytest.raises(CheckpointStoreCorrupt):
-        sqlite_store.upsert_many(batch)
-    assert not sqlite_store._conn.in_transaction
-    assert sqlite_store.list_latest(ROUTE) == [before]
-    assert sqlite_store.history(ROUTE) == [before]
-
-
 def test_sqlite_list_latest_uses_primary_key(sqlite_store: SQLiteCheckpointStore) -> None:
     sqlite_store.upsert_many([make_checkpoint("p-a"), make_checkpoint("p-b", route=OTHER_ROUTE)])
     [query] = _traced(sqlite_store, lambda: sqlite_store.list_latest(ROUTE))
@@ -382,68 +376,6 @@ def test_sqlite_list_latest_uses_primary_key(sqlite_store: SQLiteCheckpointStore
     assert "SEARCH checkpoint_latest USING PRIMARY KEY" in details
     assert "SCAN" not in details
     assert "TEMP B-TREE" not in details
-
-
-def test_sqlite_non_json_payload_is_corrupt(
-    sqlite_store: SQLiteCheckpointStore, db_path: Path
-) -> None:
-    sqlite_store.upsert(make_checkpoint("p-a"))
-    _raw(db_path, _latest_row(ROUTE, "p-b", "{not json"))
-    with pytest.raises(CheckpointStoreCorrupt) as excinfo:
-        sqlite_store.list_latest(ROUTE)
-    _assert_corrupt_without_path(excinfo, db_path)
-    assert excinfo.value.diagnostics == {
-        "route": ROUTE.as_dict(),
-        "partition_id": "p-b",
-        "seq": 999,
-    }
-
-
-def test_sqlite_payload_failing_schema_propagates(
-    sqlite_store: SQLiteCheckpointStore, db_path: Path
-) -> None:
-    payload = checkpoint_to_payload(make_checkpoint("p-b"))
-    payload["status"] = "bogus"
-    _raw(db_path, _latest_row(ROUTE, "p-b", json.dumps(payload)))
-    with pytest.raises(CheckpointPayloadInvalid) as excinfo:
-        sqlite_store.list_latest(ROUTE)
-    assert excinfo.value.diagnostics["partition_id"] == "p-b"
-    assert excinfo.value.diagnostics["field"] == "status"
-
-    del payload["partition_id"]
-    _raw(db_path, "DELETE FROM checkpoint_latest", _latest_row(ROUTE, "p-c", json.dumps(payload)))
-    with pytest.raises(CheckpointPayloadInvalid) as excinfo:
-        sqlite_store.list_latest(ROUTE)
-    assert excinfo.value.diagnostics["partition_id"] == "p-c"
-
-
-def test_sqlite_payload_filed_under_wrong_key_is_corrupt(
-    sqlite_store: SQLiteCheckpointStore, db_path: Path
-) -> None:
-    payload = json.dumps(checkpoint_to_payload(make_checkpoint("p-a", route=OTHER_ROUTE)))
-    _raw(db_path, _latest_row(ROUTE, "p-a", payload))
-    with pytest.raises(CheckpointStoreCorrupt):
-        sqlite_store.list_latest(ROUTE)
-    payload = json.dumps(checkpoint_to_payload(make_checkpoint("p-other")))
-    _raw(db_path, "DELETE FROM checkpoint_latest", _latest_row(ROUTE, "p-a", payload))
-    with pytest.raises(CheckpointStoreCorrupt):
-        sqlite_store.list_latest(ROUTE)
-
-
-@pytest.mark.parametrize(
-    "table, column, reader",
-    [("source_state", "state", "load_source_state"), ("evidence", "record", "list_evidence")],
-)
-def test_sqlite_corrupt_state_and_evidence(
-    sqlite_store: SQLiteCheckpointStore, db_path: Path, table: str, column: str, reader: str
-) -> None:
-    sqlite_store.save_source_state(ROUTE, {"generation": 1})
-    sqlite_store.record_evidence(ROUTE, "run-1", {"rows": 1})
-    for bad in ("{oops", "[1, 2]"):
-        _raw(db_path, (f"UPDATE {table} SET {column} = ?", (bad,)))
-        with pytest.raises(CheckpointStoreCorrupt) as excinfo:
-            getattr(sqlite_store, reader)(ROUTE)
-        _assert_corrupt_without_path(excinfo, db_path)
 
 
 def _open_fails(path: Path) -> pytest.ExceptionInfo[CheckpointStoreCorrupt]:
@@ -605,24 +537,6 @@ def test_sqlite_apply_resolution_is_one_transaction(sqlite_store: SQLiteCheckpoi
     assert sum(s.startswith("INSERT INTO audit") for s in statements) == 1
 
 
-def test_sqlite_failed_audit_insert_rolls_back_the_checkpoints(
-    sqlite_store: SQLiteCheckpointStore, db_path: Path
-) -> None:
-    before = make_checkpoint("p-a", status="failed")
-    sqlite_store.upsert(before)
-    _raw(
-        db_path,
-        "CREATE TRIGGER inject_failure BEFORE INSERT ON audit"
-        " BEGIN SELECT RAISE(ABORT, 'injected'); END",
-    )
-    with pytest.raises(CheckpointStoreCorrupt):
-        sqlite_store.apply_resolution(ROUTE, [make_checkpoint("p-a", status="committed")], {})
-    assert not sqlite_store._conn.in_transaction
-    assert sqlite_store.list_latest(ROUTE) == [before]
-    assert sqlite_store.history(ROUTE) == [before]
-    assert sqlite_store.list_audit(ROUTE) == []
-
-
 def test_sqlite_v1_file_from_before_the_audit_table_opens_and_gains_it(
     sqlite_store: SQLiteCheckpointStore, db_path: Path
 ) -> None:
@@ -650,16 +564,472 @@ def test_sqlite_audit_table_with_unexpected_columns_is_corrupt(
     assert excinfo.value.diagnostics == {"table": "audit"}
 
 
-def test_sqlite_corrupt_audit_record_and_route_key(
-    sqlite_store: SQLiteCheckpointStore, db_path: Path
-) -> None:
-    sqlite_store.apply_resolution(ROUTE, [make_checkpoint("p-a")], {})
-    for bad in ("{oops", "[1, 2]"):
-        _raw(db_path, ("UPDATE audit SET record = ?", (bad,)))
-        with pytest.raises(CheckpointStoreCorrupt) as excinfo:
-            sqlite_store.list_audit(ROUTE)
-        _assert_corrupt_without_path(excinfo, db_path)
-    _raw(db_path, "UPDATE checkpoint_latest SET strategy = 'sideways'")
+# --- PostgreSQL only -------------------------------------------------------------------------
+
+CANARY_PASSWORD = "canary-pw-5f2c9e"  # must never appear in an error
+
+
+@pytest.fixture
+def pg(postgres_schema: PostgresLocation) -> Iterator[PostgresCheckpointStore]:
+    with PostgresCheckpointStore(postgres_schema.dsn, schema=postgres_schema.schema) as store:
+        yield store
+
+
+def _pg_raw(location: PostgresLocation, *statements: tuple[str, tuple[Any, ...]] | str) -> None:
+    """``_raw`` for PostgreSQL: "?" placeholders, the test's schema first on the search path."""
+    with psycopg.connect(location.dsn, autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{location.schema}"')
+        for statement in statements:
+            sql, params = (statement, ()) if isinstance(statement, str) else statement
+            conn.execute(sql.replace("?", "%s"), params)
+
+
+def _pg_open_fails(location: PostgresLocation) -> CheckpointStoreCorrupt:
     with pytest.raises(CheckpointStoreCorrupt) as excinfo:
-        sqlite_store.list_routes()
-    _assert_corrupt_without_path(excinfo, db_path)
+        PostgresCheckpointStore(location.dsn, schema=location.schema).close()
+    assert excinfo.value.__context__ is None and excinfo.value.__cause__ is None
+    return excinfo.value
+
+
+def test_without_a_server_the_postgres_tests_fail_instead_of_skipping(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(postgres_server.ENV_DSN, raising=False)
+    monkeypatch.setattr(postgres_server, "find_binaries", lambda: None)
+    with pytest.raises(pytest.fail.Exception, match="no initdb/pg_ctl"):
+        with postgres_server.server_dsn():
+            pass
+
+
+def test_postgres_stores_opening_together_create_the_schema_once(
+    postgres_schema: PostgresLocation,
+) -> None:
+    workers = 6
+    start = threading.Barrier(workers)
+
+    def open_store(_: int) -> PostgresCheckpointStore:
+        start.wait(timeout=30)
+        return PostgresCheckpointStore(postgres_schema.dsn, schema=postgres_schema.schema)
+
+    with ThreadPoolExecutor(workers) as pool:
+        futures = [pool.submit(open_store, i) for i in range(workers)]
+    stores = [future.result() for future in futures]  # a lost race would raise here
+    try:
+        for i, store in enumerate(stores):
+            store.upsert(make_checkpoint(f"p-{i}"))
+        assert [cp.partition_id for cp in stores[0].list_latest(ROUTE)] == [
+            f"p-{i}" for i in range(workers)
+        ]
+    finally:
+        for store in stores:
+            store.close()
+    with psycopg.connect(postgres_schema.dsn) as conn:
+        meta = conn.execute(f'SELECT key, value FROM "{postgres_schema.schema}".meta').fetchall()
+    assert meta == [("schema_version", "1")]
+
+
+def test_postgres_every_call_is_a_closed_transaction(pg: PostgresCheckpointStore) -> None:
+    """Autocommit is off, yet no call leaves a transaction open (it would hold locks)."""
+    assert pg._conn.autocommit is False
+    pg.upsert(make_checkpoint("p-a"))
+    pg.list_latest(ROUTE)
+    pg.list_routes()
+    assert pg._conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+_LATEST = {"table": "checkpoint_latest"}
+DAMAGED_SCHEMAS: dict[str, tuple[str, dict[str, Any]]] = {
+    "version-7": ("UPDATE meta SET value = '7'", {"schema_version": 7, "expected": 1}),
+    "version-garbage": ("UPDATE meta SET value = 'one'", {"schema_version": None, "expected": 1}),
+    "no-version-row": ("DELETE FROM meta", {}),
+    "no-meta-table": ("DROP TABLE meta", {}),
+    "missing-table": ("DROP TABLE evidence", {"table": "evidence"}),
+    "missing-column": ("ALTER TABLE audit DROP COLUMN record", {"table": "audit"}),
+    "extra-column": ("ALTER TABLE meta ADD COLUMN note text", {"table": "meta"}),
+    "wrong-type": ("ALTER TABLE checkpoint_latest ALTER COLUMN seq TYPE integer", _LATEST),
+    "wrong-collation": (
+        'ALTER TABLE checkpoint_latest ALTER COLUMN partition_id TYPE text COLLATE "POSIX"',
+        _LATEST,
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED_SCHEMAS))
+def test_postgres_unknown_or_damaged_schema_is_corrupt(
+    pg: PostgresCheckpointStore, postgres_schema: PostgresLocation, damage: str
+) -> None:
+    statement, diagnostics = DAMAGED_SCHEMAS[damage]
+    pg.upsert(make_checkpoint("p-a"))
+    pg.close()
+    _pg_raw(postgres_schema, statement)
+    assert _pg_open_fails(postgres_schema).diagnostics == diagnostics
+
+
+def test_postgres_schema_with_foreign_tables_only_is_used(
+    postgres_schema: PostgresLocation,
+) -> None:
+    """A shared schema may hold other tables; ours are created beside them."""
+    _pg_raw(
+        postgres_schema, f'CREATE SCHEMA "{postgres_schema.schema}"', "CREATE TABLE other (x int)"
+    )
+    with PostgresCheckpointStore(postgres_schema.dsn, schema=postgres_schema.schema) as store:
+        store.upsert(make_checkpoint("p-a"))
+        assert store.list_latest(ROUTE) == [make_checkpoint("p-a")]
+
+
+def _assert_secret_free(error: Exception, *secrets: str) -> None:
+    assert isinstance(error, CheckpointStoreUnavailable)
+    assert error.code == "native_transfer_checkpoint_store_unavailable"
+    for text in (str(error), repr(error), error.message, repr(error.diagnostics)):
+        for secret in secrets:
+            assert secret not in text
+    assert error.__cause__ is None and error.__context__ is None
+
+
+def _dsn_with(dsn: str, **changes: Any) -> str:
+    return psycopg.conninfo.make_conninfo(dsn, **changes)
+
+
+def test_postgres_wrong_password_is_unavailable_without_secrets(
+    postgres_schema: PostgresLocation,
+) -> None:
+    bad = _dsn_with(postgres_schema.dsn, password=CANARY_PASSWORD)
+    with pytest.raises(CheckpointStoreUnavailable) as excinfo:
+        PostgresCheckpointStore(bad, schema=postgres_schema.schema)
+    params = psycopg.conninfo.conninfo_to_dict(postgres_schema.dsn)
+    _assert_secret_free(excinfo.value, CANARY_PASSWORD, bad, params["host"], "authentication")
+    assert excinfo.value.diagnostics == {"action": "opened", "error_type": "OperationalError"}
+
+
+def test_postgres_unreachable_server_is_unavailable_without_secrets() -> None:
+    port = str(free_port())  # nothing listens there
+    dsn = f"host=127.0.0.1 port={port} user=canary_user dbname=canary_db password={CANARY_PASSWORD}"
+    uri = f"postgresql://canary_user:{CANARY_PASSWORD}@127.0.0.1:{port}/canary_db"
+    for given in (dsn, uri):
+        with pytest.raises(CheckpointStoreUnavailable) as excinfo:
+            PostgresCheckpointStore(given)
+        _assert_secret_free(
+            excinfo.value, CANARY_PASSWORD, given, "127.0.0.1", port, "canary", "Connection refused"
+        )
+
+
+def test_postgres_unparsable_dsn_is_config_invalid_without_the_dsn() -> None:
+    dsn = f"host=127.0.0.1 password={CANARY_PASSWORD} this-is-not-conninfo"
+    with pytest.raises(ConfigInvalid) as excinfo:
+        PostgresCheckpointStore(dsn)
+    assert CANARY_PASSWORD not in str(excinfo.value) and "conninfo" not in str(excinfo.value)
+    assert excinfo.value.diagnostics == {"key": "dsn"}
+    with pytest.raises(ConfigInvalid):
+        PostgresCheckpointStore(b"host=x")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("schema", ["", "Public", "a-b", "x" * 64, 'dpone"; DROP', None])
+def test_postgres_schema_name_must_be_a_plain_identifier(schema: Any) -> None:
+    with pytest.raises(ConfigInvalid) as excinfo:
+        PostgresCheckpointStore("host=127.0.0.1", schema=schema)
+    assert excinfo.value.diagnostics == {"key": "schema"}
+
+
+def test_postgres_lost_connection_is_unavailable(
+    pg: PostgresCheckpointStore, postgres_schema: PostgresLocation
+) -> None:
+    pg.upsert(make_checkpoint("p-a"))
+    pid = pg._conn.info.backend_pid
+    _pg_raw(postgres_schema, ("SELECT pg_terminate_backend(%s)", (pid,)))
+    with pytest.raises(CheckpointStoreUnavailable) as excinfo:
+        pg.list_latest(ROUTE)
+    _assert_secret_free(excinfo.value, postgres_schema.dsn, "terminat")
+    assert excinfo.value.diagnostics["action"] == "read"
+    with pytest.raises(CheckpointStoreUnavailable):
+        pg.upsert(make_checkpoint("p-b"))
+
+
+def test_postgres_text_cannot_hold_nul_so_such_keys_are_refused_unwritten(
+    pg: PostgresCheckpointStore,
+) -> None:
+    """A documented difference from SQLite: the driver refuses NUL before sending anything."""
+    with pytest.raises(psycopg.DataError):
+        pg.upsert_many([make_checkpoint("p-a"), make_checkpoint("p-\x00")])
+    assert pg._conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert pg.list_latest(ROUTE) == []
+
+
+def test_postgres_without_the_driver_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(ConfigInvalid) as excinfo:
+        PostgresCheckpointStore("host=127.0.0.1")
+    assert "dpone-native-transfer[postgres]" in str(excinfo.value)
+    assert excinfo.value.__cause__ is None
+
+
+def test_importing_the_package_does_not_import_psycopg() -> None:
+    code = (
+        "import sys; sys.modules['psycopg'] = None; import dpone_native_transfer as d;"
+        " from dpone_native_transfer.stores import postgres; print(d.PostgresCheckpointStore)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "PostgresCheckpointStore" in done.stdout
+
+
+def test_postgres_upsert_many_is_one_transaction(
+    pg: PostgresCheckpointStore, postgres_schema: PostgresLocation
+) -> None:
+    pg.upsert_many([make_checkpoint(f"p-{i}") for i in range(5)])
+    with psycopg.connect(postgres_schema.dsn) as conn:
+        s = postgres_schema.schema
+        xids = conn.execute(
+            f'SELECT DISTINCT xmin::text FROM "{s}".checkpoint_history'
+            f' UNION SELECT DISTINCT xmin::text FROM "{s}".checkpoint_latest'
+        ).fetchall()
+    assert len(xids) == 1, "history and latest rows of one batch come from one transaction"
+
+
+def _recorded(store: PostgresCheckpointStore, action: Callable[[], object]) -> list[tuple]:
+    """(query, params) of every statement ``action`` runs on the store's connection."""
+    statements: list[tuple] = []
+
+    class Recording(psycopg.Cursor):
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            statements.append((query, params))
+            return super().execute(query, params, **kwargs)
+
+    store._conn.cursor_factory = Recording
+    try:
+        action()
+    finally:
+        store._conn.cursor_factory = psycopg.Cursor
+    return statements
+
+
+def test_postgres_list_latest_is_a_primary_key_range_read(
+    pg: PostgresCheckpointStore, postgres_schema: PostgresLocation
+) -> None:
+    routes = [RouteKey(f"src.t{i:02d}", "dst", Strategy.INCREMENTAL_APPEND) for i in range(40)]
+    for route in [*routes, ROUTE]:
+        pg.upsert_many([make_checkpoint(f"p-{j:03d}", route=route) for j in range(50)])
+    _pg_raw(postgres_schema, "ANALYZE checkpoint_latest")
+    [(query, params)] = _recorded(pg, lambda: pg.list_latest(ROUTE))
+    with psycopg.connect(postgres_schema.dsn) as conn:
+        plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + query, params))
+    assert "Index Scan using checkpoint_latest_pkey" in plan, plan
+    assert "Seq Scan" not in plan and "Sort" not in plan, plan
+    assert [cp.partition_id for cp in pg.list_latest(ROUTE)] == [f"p-{j:03d}" for j in range(50)]
+
+
+def test_postgres_concurrent_writes_to_one_route_keep_history_in_commit_order(
+    postgres_schema: PostgresLocation,
+) -> None:
+    """Writes are serialised per route, so the latest row is always the newest history row."""
+    workers, rounds = 4, 15
+    start = threading.Barrier(workers)
+
+    def write(worker: int) -> None:
+        with PostgresCheckpointStore(postgres_schema.dsn, schema=postgres_schema.schema) as store:
+            start.wait(timeout=30)
+            for i in range(rounds):
+                store.upsert_many(
+                    [make_checkpoint(p, run_id=f"w{worker}-{i}") for p in ("p-a", "p-b")]
+                )
+                store.record_evidence(ROUTE, f"w{worker}-{i}", {"i": i})
+
+    with PostgresCheckpointStore(postgres_schema.dsn, schema=postgres_schema.schema) as store:
+        with ThreadPoolExecutor(workers) as pool:
+            for future in [pool.submit(write, w) for w in range(workers)]:
+                future.result()
+        history = store.history(ROUTE)
+        newest = {cp.partition_id: cp for cp in history}
+        assert store.list_latest(ROUTE) == [newest["p-a"], newest["p-b"]]
+        assert len(history) == workers * rounds * 2
+        runs = [cp.run_id for cp in history]
+        assert runs[0::2] == runs[1::2], "each batch's two rows are adjacent in history"
+        assert len(store.list_evidence(ROUTE)) == workers * rounds
+
+
+# --- both durable stores: reopening, damaged rows, failed writes ------------------------------
+
+
+@attrs.define
+class Durable:
+    """A durable store, plus raw SQL on its tables for tests that damage rows or fail writes."""
+
+    store: Any
+    reopen: Callable[[], Any]
+    execute: Callable[..., None]  # raw statements with "?" placeholders
+    fail_inserts: Callable[[str, str], None]  # (table, SQL condition on NEW) -> trigger
+    idle: Callable[[], bool]  # no transaction left open on the store's connection
+    secrets: tuple[str, ...]  # what no store error may mention
+
+    def latest_row(self, partition_id: str, payload: str) -> tuple[str, tuple[Any, ...]]:
+        """A raw ``checkpoint_latest`` row of ROUTE with seq 999."""
+        return (
+            "INSERT INTO checkpoint_latest VALUES (?, ?, ?, ?, ?, ?)",
+            (*_route_params(ROUTE), partition_id, 999, payload),
+        )
+
+    def corrupt(self, read: Callable[[], object]) -> CheckpointStoreCorrupt:
+        """``read()`` raises CheckpointStoreCorrupt naming no secret and chaining nothing."""
+        with pytest.raises(CheckpointStoreCorrupt) as excinfo:
+            read()
+        exc = excinfo.value
+        for text in (str(exc), repr(exc), exc.message, repr(exc.diagnostics)):
+            assert not [secret for secret in self.secrets if secret in text]
+        assert exc.__cause__ is None
+        assert exc.__context__ is None or exc.__suppress_context__
+        return exc
+
+
+def _route_params(route: RouteKey) -> tuple[str, str, str]:
+    return (route.source_table, route.target_table, str(route.strategy))
+
+
+def _pg_trigger(location: PostgresLocation, table: str, condition: str) -> None:
+    _pg_raw(
+        location,
+        "CREATE FUNCTION inject_failure() RETURNS trigger LANGUAGE plpgsql AS $$"
+        f" BEGIN IF {condition} THEN RAISE EXCEPTION 'injected'; END IF; RETURN NEW; END $$",
+        f"CREATE TRIGGER inject_failure BEFORE INSERT ON {table}"
+        " FOR EACH ROW EXECUTE FUNCTION inject_failure()",
+    )
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def durable(request: pytest.FixtureRequest, db_path: Path) -> Iterator[Durable]:
+    if request.param == "sqlite":
+        db_path.parent.mkdir()
+        with SQLiteCheckpointStore(db_path) as store:
+            yield Durable(
+                store,
+                reopen=lambda: SQLiteCheckpointStore(db_path),
+                execute=lambda *statements: _raw(db_path, *statements),
+                fail_inserts=lambda table, condition: _raw(
+                    db_path,
+                    f"CREATE TRIGGER inject_failure BEFORE INSERT ON {table} WHEN {condition}"
+                    " BEGIN SELECT RAISE(ABORT, 'injected'); END",
+                ),
+                idle=lambda: not store._conn.in_transaction,
+                secrets=(str(db_path.parent), "secret-location", "injected"),
+            )
+        return
+    location: PostgresLocation = request.getfixturevalue("postgres_schema")
+    password = psycopg.conninfo.conninfo_to_dict(location.dsn).get("password") or location.dsn
+    with PostgresCheckpointStore(location.dsn, schema=location.schema) as store:
+        yield Durable(
+            store,
+            reopen=lambda: PostgresCheckpointStore(location.dsn, schema=location.schema),
+            execute=lambda *statements: _pg_raw(location, *statements),
+            fail_inserts=lambda table, condition: _pg_trigger(location, table, condition),
+            idle=lambda: store._conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE,
+            secrets=(location.dsn, str(password), "injected"),
+        )
+
+
+def test_durable_store_survives_reopen(durable: Durable) -> None:
+    store = durable.store
+    cps = [
+        make_checkpoint("p-a"),
+        make_checkpoint("p-b"),
+        make_checkpoint("p-a", status="committed"),
+    ]
+    store.upsert_many(cps)
+    store.save_source_state(ROUTE, {"generation": 3})
+    store.record_evidence(ROUTE, "run-1", {"rows": 1})
+    audit_id = store.apply_resolution(ROUTE, [cps[2]], {"reason": "checked"})
+    store.close()
+    store.close()
+    with pytest.raises(ValueError):
+        store.list_latest(ROUTE)
+    with durable.reopen() as reopened:
+        assert reopened.list_latest(ROUTE) == [cps[2], cps[1]]
+        assert reopened.history(ROUTE) == [*cps, cps[2]]
+        assert reopened.load_source_state(ROUTE) == {"generation": 3}
+        assert reopened.list_evidence(ROUTE) == [{"rows": 1}]
+        assert reopened.list_audit(ROUTE) == [{"reason": "checked", "audit_id": audit_id}]
+
+
+def test_durable_failure_mid_batch_rolls_back_whole_batch(durable: Durable) -> None:
+    before = make_checkpoint("p-0")
+    durable.store.upsert(before)
+    durable.fail_inserts("checkpoint_history", "NEW.partition_id = 'p-poison'")
+    batch = [
+        make_checkpoint("p-1"),
+        make_checkpoint("p-0", status="committed"),
+        make_checkpoint("p-poison"),  # the third row fails
+        make_checkpoint("p-3"),
+    ]
+    durable.corrupt(lambda: durable.store.upsert_many(batch))
+    assert durable.idle()
+    assert durable.store.list_latest(ROUTE) == [before]
+    assert durable.store.history(ROUTE) == [before]
+
+
+def test_durable_failed_audit_insert_rolls_back_the_checkpoints(durable: Durable) -> None:
+    before = make_checkpoint("p-a", status="failed")
+    durable.store.upsert(before)
+    durable.fail_inserts("audit", "TRUE")
+    resolved = [make_checkpoint("p-a", status="committed")]
+    durable.corrupt(lambda: durable.store.apply_resolution(ROUTE, resolved, {}))
+    assert durable.idle()
+    assert durable.store.list_latest(ROUTE) == [before]
+    assert durable.store.history(ROUTE) == [before]
+    assert durable.store.list_audit(ROUTE) == []
+
+
+def test_durable_non_json_payload_is_corrupt_not_empty(durable: Durable) -> None:
+    durable.store.upsert(make_checkpoint("p-a"))
+    durable.execute(durable.latest_row("p-b", "{not json"))
+    error = durable.corrupt(lambda: durable.store.list_latest(ROUTE))
+    assert error.diagnostics == {"route": ROUTE.as_dict(), "partition_id": "p-b", "seq": 999}
+    assert durable.store.list_latest(OTHER_ROUTE) == []
+
+
+def test_durable_payload_failing_schema_propagates(durable: Durable) -> None:
+    payload = checkpoint_to_payload(make_checkpoint("p-b"))
+    payload["status"] = "bogus"
+    durable.execute(durable.latest_row("p-b", json.dumps(payload)))
+    with pytest.raises(CheckpointPayloadInvalid) as excinfo:
+        durable.store.list_latest(ROUTE)
+    assert excinfo.value.diagnostics["partition_id"] == "p-b"
+    assert excinfo.value.diagnostics["field"] == "status"
+
+    del payload["partition_id"]
+    durable.execute("DELETE FROM checkpoint_latest", durable.latest_row("p-c", json.dumps(payload)))
+    with pytest.raises(CheckpointPayloadInvalid) as excinfo:
+        durable.store.list_latest(ROUTE)
+    assert excinfo.value.diagnostics["partition_id"] == "p-c"
+
+
+def test_durable_payload_filed_under_wrong_key_is_corrupt(durable: Durable) -> None:
+    elsewhere = json.dumps(checkpoint_to_payload(make_checkpoint("p-a", route=OTHER_ROUTE)))
+    durable.execute(durable.latest_row("p-a", elsewhere))
+    durable.corrupt(lambda: durable.store.list_latest(ROUTE))
+    other_partition = json.dumps(checkpoint_to_payload(make_checkpoint("p-other")))
+    durable.execute("DELETE FROM checkpoint_latest", durable.latest_row("p-a", other_partition))
+    durable.corrupt(lambda: durable.store.list_latest(ROUTE))
+
+
+@pytest.mark.parametrize(
+    "table, column, reader",
+    [
+        ("source_state", "state", "load_source_state"),
+        ("evidence", "record", "list_evidence"),
+        ("audit", "record", "list_audit"),
+    ],
+)
+def test_durable_corrupt_state_evidence_and_audit(
+    durable: Durable, table: str, column: str, reader: str
+) -> None:
+    durable.store.save_source_state(ROUTE, {"generation": 1})
+    durable.store.record_evidence(ROUTE, "run-1", {"rows": 1})
+    durable.store.apply_resolution(ROUTE, [make_checkpoint("p-a")], {})
+    for bad in ("{oops", "[1, 2]"):
+        durable.execute((f"UPDATE {table} SET {column} = ?", (bad,)))
+        durable.corrupt(lambda: getattr(durable.store, reader)(ROUTE))
+
+
+def test_durable_bad_route_key_is_corrupt(durable: Durable) -> None:
+    durable.store.upsert(make_checkpoint("p-a"))
+    durable.execute("UPDATE checkpoint_latest SET strategy = 'sideways'")
+    durable.corrupt(durable.store.list_routes)

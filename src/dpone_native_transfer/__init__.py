@@ -20,6 +20,7 @@ from .errors import (
     ArtifactInvalid,
     CheckpointPayloadInvalid,
     CheckpointStoreCorrupt,
+    CheckpointStoreUnavailable,
     ClockInvalid,
     ConfigInvalid,
     GovernanceGateFailed,
@@ -37,6 +38,7 @@ from .payloads import Column, LoadPlan, RowChunks, SourceShape
 from .runtime import TransferResult, TransferRuntime, TransferSpec
 from .stores import CheckpointStore, RouteStateStore
 from .stores.memory import MemoryCheckpointStore
+from .stores.postgres import PostgresCheckpointStore
 from .stores.sqlite import SQLiteCheckpointStore
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "CheckpointPayloadInvalid",
     "CheckpointStore",
     "CheckpointStoreCorrupt",
+    "CheckpointStoreUnavailable",
     "ClockInvalid",
     "Column",
     "ConfigInvalid",
@@ -60,6 +63,7 @@ __all__ = [
     "PartitionCheckpointStatus",
     "PathContext",
     "PluginLoadFailed",
+    "PostgresCheckpointStore",
     "RouteKey",
     "RouteStateStore",
     "RowChunks",

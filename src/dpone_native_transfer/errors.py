@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 __all__ = [
     "CheckpointPayloadInvalid",
     "CheckpointStoreCorrupt",
+    "CheckpointStoreUnavailable",
     "ClockInvalid",
     "ConfigInvalid",
     "GovernanceGateFailed",
@@ -61,6 +62,16 @@ class CheckpointStoreCorrupt(NativeTransferError):
     """The checkpoint store cannot be read as a store (bad file, bad row)."""
 
     code = "native_transfer_checkpoint_store_corrupt"
+
+
+class CheckpointStoreUnavailable(NativeTransferError):
+    """The checkpoint store's server cannot be reached, refused the credentials, or went away.
+
+    Its message and diagnostics never hold the DSN, host, user, password or the
+    driver's text: a DSN carries credentials.
+    """
+
+    code = "native_transfer_checkpoint_store_unavailable"
 
 
 class ClockInvalid(NativeTransferError):
