@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -29,7 +28,7 @@ from dpone_native_transfer.checkpoints import (
 )
 from dpone_native_transfer.cli import EXIT_BLOCKED, EXIT_FAILED, EXIT_OK, PROG, plural
 from dpone_native_transfer.errors import ConfigInvalid
-from dpone_native_transfer.stores.sqlite import SQLiteCheckpointStore
+from dpone_native_transfer.stores import open_store
 
 from .operator import (
     Finding,
@@ -119,7 +118,11 @@ def _action(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--store", required=True, metavar="PATH", help="checkpoint store (SQLite file)"
+        "--store",
+        required=True,
+        metavar="STORE",
+        help="checkpoint store: a SQLite file, a postgresql:// DSN, "
+        "or env:NAME to read either from an environment variable",
     )
     parser.add_argument(
         "--route",
@@ -320,14 +323,9 @@ def _confirmed(count: int) -> bool:
 
 
 @contextlib.contextmanager
-def _opened(path: str) -> Iterator[SQLiteCheckpointStore]:
-    """An existing store, closed afterwards; a missing file is a usage error, never created."""
-    if not os.path.isfile(path):
-        raise ConfigInvalid(
-            "the checkpoint store given as --store does not exist",
-            diagnostics={"argument": "--store"},
-        )
-    store = SQLiteCheckpointStore(path)
+def _opened(location: str) -> Iterator[Any]:
+    """An existing store, closed afterwards; a missing SQLite file is refused, never created."""
+    store = open_store(location, create=False, argument="--store")
     try:
         yield store
     finally:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import secrets
 import sys
 import time
@@ -37,7 +36,7 @@ from .errors import (
 )
 from .events import Event, EventName
 from .runtime import TransferResult, TransferRuntime
-from .stores.sqlite import SQLiteCheckpointStore
+from .stores import open_store
 
 __all__ = [
     "BLOCKING_ERRORS",
@@ -252,7 +251,7 @@ def transfer(
     run_id: str,
     *,
     events: Callable[[Event], None] | None = None,
-    wrap_store: Callable[[SQLiteCheckpointStore], Any] | None = None,
+    wrap_store: Callable[[Any], Any] | None = None,
     sink: Any = None,
 ) -> tuple[TransferResult, float]:
     """One guarded run of a configured route; returns the result and its duration in seconds.
@@ -260,21 +259,13 @@ def transfer(
     The guard comes from its entry point (``plugins=None``); the store is always closed.
     """
     started = time.perf_counter()
-    store = _open_store(config.store_path)
+    store = open_store(config.store_path, create=True, argument="store.path")
     try:
         runtime = TransferRuntime(store if wrap_store is None else wrap_store(store), events=events)
         result = runtime.run(config.spec(run_id, sink=sink))
     finally:
         store.close()
     return result, time.perf_counter() - started
-
-
-def _open_store(path: str) -> SQLiteCheckpointStore:
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise ConfigInvalid(
-            "store.path is in a folder that does not exist", diagnostics={"key": "store.path"}
-        )
-    return SQLiteCheckpointStore(path)
 
 
 def _run_command(args: argparse.Namespace) -> int:

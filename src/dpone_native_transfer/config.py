@@ -234,8 +234,15 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
         governance=Governance(min_rows=gates.get("min_rows"), max_rows=gates.get("max_rows")),
         chunk_rows=transfer.get("chunk_rows", DEFAULT_CHUNK_ROWS),
         artifact_dir=None if artifact_dir is None else _resolve(folder, artifact_dir),
-        store_path=_resolve(folder, sections["store"]["path"]),
+        store_path=_store_location(folder, sections["store"]["path"]),
     )
+
+
+def _store_location(folder: Path, value: str) -> str:
+    """A store file resolves like any file; a DSN or an ``env:NAME`` reference is kept as is."""
+    if value.startswith(("env:", "postgresql://", "postgres://")):
+        return value
+    return _resolve(folder, value)
 
 
 def _resolve(folder: Path, value: str) -> str:

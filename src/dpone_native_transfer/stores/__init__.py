@@ -8,12 +8,14 @@ checkpoint port stays unchanged: only operator tooling needs it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..checkpoints import PartitionCheckpoint, RouteKey
+from ..errors import ConfigInvalid
 
-__all__ = ["CheckpointStore", "OperatorStore", "RouteStateStore"]
+__all__ = ["CheckpointStore", "OperatorStore", "RouteStateStore", "open_store"]
 
 
 @runtime_checkable
@@ -66,3 +68,47 @@ class OperatorStore(CheckpointStore, Protocol):
 
     def list_audit(self, route: RouteKey) -> list[dict[str, Any]]:
         """Audit records of ``route``, oldest first, each with its ``audit_id``."""
+
+
+_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def open_store(location: str, *, create: bool, argument: str) -> Any:
+    """Open the store a command line or route file names.
+
+    ``location`` is a SQLite file path, a ``postgresql://`` DSN, or
+    ``env:NAME`` to read either from the environment variable ``NAME`` (keep
+    credentials out of process lists and route files). With ``create=False``
+    a missing SQLite file is refused rather than created: operator commands
+    must never conjure an empty store. Errors name ``argument``, never the
+    location, which may hold a password.
+    """
+    # command-line arguments and route-file keys are named the way the rest of the CLI names them
+    named = {"argument" if argument.startswith("-") else "key": argument}
+    if location.startswith("env:"):
+        variable = location.removeprefix("env:")
+        location = os.environ.get(variable, "")
+        if not location:
+            raise ConfigInvalid(
+                f"{argument} names environment variable {variable!r}, which is not set",
+                diagnostics=named,
+            )
+    if location.startswith(_POSTGRES_SCHEMES):
+        from .postgres import PostgresCheckpointStore  # psycopg is optional: import on demand
+
+        return PostgresCheckpointStore(location)
+    if "=" in os.path.basename(location) and " " in location:
+        raise ConfigInvalid(
+            f"{argument} looks like a key=value connection string; "
+            "give PostgreSQL stores as a postgresql:// URL",
+            diagnostics=named,
+        )
+    folder = os.path.dirname(os.path.abspath(location))
+    if not (os.path.isfile(location) or (create and os.path.isdir(folder))):
+        problem = "is in a folder that does not exist" if create else "does not exist"
+        raise ConfigInvalid(
+            f"the checkpoint store given as {argument} {problem}", diagnostics=named
+        )
+    from .sqlite import SQLiteCheckpointStore  # the implementations import this module
+
+    return SQLiteCheckpointStore(location)
