@@ -23,3 +23,10 @@ test: $(INSTALLED)
 
 clean:
 	rm -rf $(VENV) demo-work .coverage .pytest_cache
+
+# The benchmark suite (benchmarks/, docs/performance.md): prints a table and writes
+# benchmarks/results/latest.json. Never part of `make test`. Quick smoke run:
+# $(BIN)/python -m benchmarks --quick
+.PHONY: bench
+bench: $(INSTALLED)
+	$(BIN)/python -m benchmarks
