@@ -113,8 +113,23 @@ def format_timestamp(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def checkpoint_to_payload(checkpoint: PartitionCheckpoint) -> dict[str, Any]:
-    """JSON-safe payload; the inverse of :func:`checkpoint_from_payload`."""
+def checkpoint_to_payload(
+    checkpoint: PartitionCheckpoint, *, copy_values: bool = True
+) -> dict[str, Any]:
+    """JSON-safe payload; the inverse of :func:`checkpoint_from_payload`.
+
+    ``partition_bounds`` and ``diagnostics`` are deep copies, so the payload
+    never aliases the checkpoint. A caller that serialises the payload at once
+    and drops it (``json.dumps``) may pass ``copy_values=False`` to share them.
+    """
+    if not copy_values:
+        return _payload(checkpoint, checkpoint.partition_bounds, checkpoint.diagnostics)
+    return _payload(
+        checkpoint, copy.deepcopy(checkpoint.partition_bounds), copy.deepcopy(checkpoint.diagnostics)
+    )
+
+
+def _payload(checkpoint: PartitionCheckpoint, bounds: Any, diagnostics: Any) -> dict[str, Any]:
     return {
         "partition_id": checkpoint.partition_id,
         "route": checkpoint.route.as_dict(),
@@ -122,13 +137,15 @@ def checkpoint_to_payload(checkpoint: PartitionCheckpoint) -> dict[str, Any]:
         "run_id": checkpoint.run_id,
         "query_hash": checkpoint.query_hash,
         "schema_hash": checkpoint.schema_hash,
-        "partition_bounds": copy.deepcopy(checkpoint.partition_bounds),
+        "partition_bounds": bounds,
         "started_at": format_timestamp(checkpoint.started_at),
         "completed_at": format_timestamp(checkpoint.completed_at),
         "rows_exported": checkpoint.rows_exported,
-        "diagnostics": copy.deepcopy(checkpoint.diagnostics),
+        "diagnostics": diagnostics,
     }
 
+
+_STATUS_VALUES = frozenset(status.value for status in PartitionCheckpointStatus)
 
 _PAYLOAD_KEYS = frozenset(
     {
@@ -206,7 +223,7 @@ def checkpoint_from_payload(payload: Mapping[str, Any]) -> PartitionCheckpoint:
         route_key = RouteKey(route["source_table"], route["target_table"], route["strategy"])
     except (TypeError, ValueError):
         raise _invalid("route", "has an invalid value", pid) from None
-    if payload["status"] not in {s.value for s in PartitionCheckpointStatus}:
+    if payload["status"] not in _STATUS_VALUES:
         raise _invalid("status", "is not a known checkpoint status", pid)
     rows = payload["rows_exported"]
     if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:

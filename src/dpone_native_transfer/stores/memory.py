@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 from ..checkpoints import (
+    _STATUS_VALUES,
     PartitionCheckpoint,
     RouteKey,
+    Strategy,
+    _is_json_safe,
     checkpoint_from_payload,
     checkpoint_to_payload,
 )
@@ -31,10 +35,64 @@ def _checked(checkpoints: Iterable[PartitionCheckpoint]) -> list[PartitionCheckp
 
 
 def _encode_checkpoint(checkpoint: PartitionCheckpoint) -> str:
-    """Payload JSON; raises CheckpointPayloadInvalid for anything the reader would reject."""
-    payload = checkpoint_to_payload(checkpoint)
-    checkpoint_from_payload(payload)
+    """Payload JSON; raises CheckpointPayloadInvalid for anything the reader would reject.
+
+    The payload shares the checkpoint's dicts (``json.dumps`` only reads them).
+    :func:`_readable` checks directly what ``checkpoint_from_payload`` would
+    enforce on it; only when that check fails is the full round trip run, to
+    raise the reader's precise error.
+    """
+    payload = checkpoint_to_payload(checkpoint, copy_values=False)
+    if not _readable(checkpoint, payload):
+        checkpoint_from_payload(payload)
     return json.dumps(payload, sort_keys=True, allow_nan=False)
+
+
+def _readable(checkpoint: PartitionCheckpoint, payload: dict[str, Any]) -> bool:
+    """True when ``checkpoint_from_payload(payload)`` would accept ``payload``.
+
+    ``payload`` comes from ``checkpoint_to_payload``, so it has exactly the
+    schema's keys. A False answer is conservative: the caller then runs the
+    real parser, which either raises or accepts.
+    """
+    route = checkpoint.route
+    if not (
+        type(route) is RouteKey
+        and _nonempty(route.source_table)
+        and _nonempty(route.target_table)
+        and type(route.strategy) is Strategy
+        and payload["status"] in _STATUS_VALUES
+    ):
+        return False
+    for field in ("partition_id", "run_id", "query_hash", "schema_hash"):
+        if not _nonempty(payload[field]):
+            return False
+    rows = payload["rows_exported"]
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+        return False
+    for field in ("partition_bounds", "diagnostics"):
+        if not isinstance(payload[field], dict) or not _is_json_safe(payload[field]):
+            return False
+    return _canonical_timestamp(payload["started_at"]) and _canonical_timestamp(
+        payload["completed_at"]
+    )
+
+
+def _nonempty(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def _canonical_timestamp(raw: Any) -> bool:
+    """What ``checkpoint_from_payload`` accepts for a timestamp field."""
+    if raw is None:
+        return True
+    if not isinstance(raw, str):
+        return False
+    try:
+        value = datetime.fromisoformat(raw)
+    except ValueError:
+        return False
+    return value.utcoffset() is not None and value.isoformat() == raw
 
 
 def _encode_object(value: Any, what: str) -> str:

@@ -272,18 +272,38 @@ class PostgresCheckpointStore:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
 
     def _insert_checkpoints(self, conn: Any, rows: list[tuple[str, ...]]) -> None:
-        """History row, then the latest pointer, for each row in order; the caller commits."""
+        """History rows, then the latest pointers, in order; the caller commits.
+
+        One ``executemany`` appends the history rows (pipelined, returning each
+        ``seq``); one statement then upserts the latest pointers. Where the batch
+        holds a partition more than once, only its last row is upserted (one
+        statement may not update a row twice), so the later item wins as before.
+        """
+        if not rows:
+            return
         self._lock_routes(conn, (row[:3] for row in rows))
         s = self._s
         with conn.cursor() as cursor:
             cursor.executemany(
-                f"WITH h AS (INSERT INTO {s}.checkpoint_history ({_ROUTE_KEY}, partition_id,"
-                f" payload) VALUES (%s, %s, %s, %s, %s) RETURNING {_ROUTE_KEY}, partition_id,"
-                f" seq, payload) INSERT INTO {s}.checkpoint_latest"
-                f" SELECT {_ROUTE_KEY}, partition_id, seq, payload FROM h"
+                f"INSERT INTO {s}.checkpoint_history ({_ROUTE_KEY}, partition_id, payload)"
+                " VALUES (%s, %s, %s, %s, %s) RETURNING seq",
+                rows,
+                returning=True,
+            )
+            seqs = []
+            while True:
+                seqs.append(cursor.fetchone()[0])
+                if not cursor.nextset():
+                    break
+            latest = {row[:4]: (*row[:4], seq, row[4]) for row, seq in zip(rows, seqs, strict=True)}
+            columns = list(zip(*latest.values(), strict=True))
+            cursor.execute(
+                f"INSERT INTO {s}.checkpoint_latest ({_ROUTE_KEY}, partition_id, seq, payload)"
+                " SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[],"
+                " %s::bigint[], %s::text[])"
                 f" ON CONFLICT ({_ROUTE_KEY}, partition_id)"
                 " DO UPDATE SET seq = excluded.seq, payload = excluded.payload",
-                rows,
+                [list(column) for column in columns],
             )
 
     def upsert(self, checkpoint: PartitionCheckpoint) -> None:

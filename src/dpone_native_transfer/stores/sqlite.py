@@ -371,20 +371,27 @@ class SQLiteCheckpointStore:
 
 
 def _insert_checkpoints(conn: sqlite3.Connection, rows: list[tuple[str, ...]]) -> None:
-    """History row, then the latest pointer, for each row; the caller owns the transaction."""
-    for row in rows:
-        seq = conn.execute(
-            f"INSERT INTO checkpoint_history ({_ROUTE_KEY}, partition_id, payload)"
-            " VALUES (?, ?, ?, ?, ?)",
-            row,
-        ).lastrowid
-        conn.execute(
-            f"INSERT INTO checkpoint_latest ({_ROUTE_KEY}, partition_id, seq, payload)"
-            " VALUES (?, ?, ?, ?, ?, ?)"
-            f" ON CONFLICT ({_ROUTE_KEY}, partition_id)"
-            " DO UPDATE SET seq = excluded.seq, payload = excluded.payload",
-            (*row[:4], seq, row[4]),
-        )
+    """History rows, then the latest pointers, in order; the caller owns the transaction.
+
+    One ``executemany`` appends the history rows; one statement then upserts
+    every new history row (``seq`` above the previous maximum: the caller's
+    write transaction excludes other writers) into ``checkpoint_latest`` in
+    ``seq`` order, so a later row for the same partition wins.
+    """
+    (before,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM checkpoint_history").fetchone()
+    conn.executemany(
+        f"INSERT INTO checkpoint_history ({_ROUTE_KEY}, partition_id, payload)"
+        " VALUES (?, ?, ?, ?, ?)",
+        rows,
+    )
+    conn.execute(
+        f"INSERT INTO checkpoint_latest ({_ROUTE_KEY}, partition_id, seq, payload)"
+        f" SELECT {_ROUTE_KEY}, partition_id, seq, payload FROM checkpoint_history"
+        " WHERE seq > ? ORDER BY seq"
+        f" ON CONFLICT ({_ROUTE_KEY}, partition_id)"
+        " DO UPDATE SET seq = excluded.seq, payload = excluded.payload",
+        (before,),
+    )
 
 
 def _route_from_row(row: tuple[Any, ...]) -> RouteKey:
