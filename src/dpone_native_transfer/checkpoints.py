@@ -190,7 +190,13 @@ def _parse_timestamp(payload: Mapping, field: str) -> datetime | None:
 def _is_json_safe(value: Any, depth: int = 0) -> bool:
     if depth > 32:
         return False
-    if value is None or isinstance(value, (bool, int, str)):
+    if value is None or isinstance(value, (bool, str)):
+        return True
+    if isinstance(value, int):
+        try:  # json.dumps refuses ints longer than sys.get_int_max_str_digits()
+            int.__repr__(value)
+        except ValueError:
+            return False
         return True
     if isinstance(value, float):
         return math.isfinite(value)
@@ -203,8 +209,21 @@ def _is_json_safe(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def checkpoint_from_payload(payload: Mapping[str, Any]) -> PartitionCheckpoint:
-    """Strictly parse a payload; anything off raises ``CheckpointPayloadInvalid``."""
+def checkpoint_from_payload(
+    payload: Mapping[str, Any],
+    *,
+    copy_values: bool = True,
+    known_route: RouteKey | None = None,
+) -> PartitionCheckpoint:
+    """Strictly parse a payload; anything off raises ``CheckpointPayloadInvalid``.
+
+    By default the checkpoint holds deep copies of ``partition_bounds`` and
+    ``diagnostics``. A caller that owns the payload and drops it (a store that
+    just ran ``json.loads``) may pass ``copy_values=False`` to take them as they
+    are. When ``payload["route"]`` names exactly ``known_route``, the checkpoint
+    reuses that ``RouteKey`` instead of building an equal one. Neither argument
+    changes what is accepted or refused.
+    """
     if not isinstance(payload, Mapping):
         raise _invalid("<payload>", "must be a JSON object")
     pid = payload.get("partition_id")
@@ -219,10 +238,13 @@ def checkpoint_from_payload(payload: Mapping[str, Any]) -> PartitionCheckpoint:
     route = payload["route"]
     if not isinstance(route, Mapping) or set(route) != {"source_table", "target_table", "strategy"}:
         raise _invalid("route", "must hold source_table, target_table and strategy", pid)
-    try:
-        route_key = RouteKey(route["source_table"], route["target_table"], route["strategy"])
-    except (TypeError, ValueError):
-        raise _invalid("route", "has an invalid value", pid) from None
+    if known_route is not None and _names(route, known_route):
+        route_key = known_route
+    else:
+        try:
+            route_key = RouteKey(route["source_table"], route["target_table"], route["strategy"])
+        except (TypeError, ValueError):
+            raise _invalid("route", "has an invalid value", pid) from None
     if payload["status"] not in _STATUS_VALUES:
         raise _invalid("status", "is not a known checkpoint status", pid)
     rows = payload["rows_exported"]
@@ -231,6 +253,7 @@ def checkpoint_from_payload(payload: Mapping[str, Any]) -> PartitionCheckpoint:
     for field in ("partition_bounds", "diagnostics"):
         if not isinstance(payload[field], dict) or not _is_json_safe(payload[field]):
             raise _invalid(field, "must be a JSON object", pid)
+    dup = copy.deepcopy if copy_values else _same
     return PartitionCheckpoint(
         partition_id=pid,
         route=route_key,
@@ -238,10 +261,24 @@ def checkpoint_from_payload(payload: Mapping[str, Any]) -> PartitionCheckpoint:
         run_id=payload["run_id"],
         query_hash=payload["query_hash"],
         schema_hash=payload["schema_hash"],
-        partition_bounds=copy.deepcopy(payload["partition_bounds"]),
+        partition_bounds=dup(payload["partition_bounds"]),
         started_at=_parse_timestamp(payload, "started_at"),
         completed_at=_parse_timestamp(payload, "completed_at"),
         rows_exported=rows,
-        diagnostics=copy.deepcopy(payload["diagnostics"]),
+        diagnostics=dup(payload["diagnostics"]),
+    )
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _names(route: Mapping[str, Any], key: RouteKey) -> bool:
+    """True when the payload route holds exactly the (plain str) values of ``key``."""
+    values = (route["source_table"], route["target_table"], route["strategy"])
+    return all(type(value) is str for value in values) and values == (
+        key.source_table,
+        key.target_table,
+        key.strategy.value,
     )
 

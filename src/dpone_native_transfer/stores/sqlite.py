@@ -185,12 +185,20 @@ def _ensure_audit_table(conn: sqlite3.Connection) -> None:
             conn.execute(statement)
 
 
+def _refuse_partial_pages(conn: sqlite3.Connection, path: str) -> None:
+    """A database file is whole pages; SQLite would read a cut last page as zeros and go on."""
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    if os.path.getsize(path) % page_size:
+        raise CheckpointStoreCorrupt("the checkpoint store file is truncated")
+
+
 def _open(path: str) -> sqlite3.Connection:
     uri = f"file:{pathname2url(path)}?mode=rw"
     with _translated("opened"):
         conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
     try:
         with _translated("opened"):
+            _refuse_partial_pages(conn, path)
             _check_schema(conn)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
@@ -221,7 +229,8 @@ def _decode_checkpoint(
     where = {"route": route.as_dict(), "partition_id": partition_id, "seq": seq}
     payload = _loads(text, "stored checkpoint payload", where)
     try:
-        checkpoint = checkpoint_from_payload(payload)
+        # json.loads output is private to this call: no copies, and the route is the caller's.
+        checkpoint = checkpoint_from_payload(payload, copy_values=False, known_route=route)
     except CheckpointPayloadInvalid as exc:
         for key, value in where.items():
             exc.diagnostics.setdefault(key, value)
