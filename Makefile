@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test clean
+.PHONY: demo test clean soak
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,3 +30,7 @@ clean:
 .PHONY: bench
 bench: $(INSTALLED)
 	$(BIN)/python -m benchmarks
+
+# Long randomised fault-injection soak (about 12 minutes); not part of `make test` or CI.
+soak: $(INSTALLED)
+	DPONE_SOAK=1 $(BIN)/python -m pytest tests/test_fault_properties.py -q
