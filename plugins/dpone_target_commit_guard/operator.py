@@ -117,11 +117,35 @@ def inspect_checkpoint(checkpoint: PartitionCheckpoint) -> Finding:
     try:
         record = read_guard(checkpoint)
     except MalformedGuard as bad:
-        phase, batch_id, problem = None, None, bad.problem
-    else:
-        phase = None if record is None else record.phase
-        batch_id = None if record is None else record.batch_id
-        problem = None
+        return _finding(checkpoint, None, None, bad.problem)
+    if record is None:
+        return _finding(checkpoint, None, None, None)
+    return _finding(checkpoint, record.phase, record.batch_id, None)
+
+
+def blocked_partitions(checkpoints: Iterable[PartitionCheckpoint]) -> list[Finding]:
+    """Every checkpoint whose guard is malformed or unresolved, in the given order.
+
+    The guard is read first; a ``Finding`` is built only for a blocked checkpoint.
+    """
+    findings = []
+    for checkpoint in checkpoints:
+        try:
+            record = read_guard(checkpoint)
+        except MalformedGuard as bad:
+            findings.append(_finding(checkpoint, None, None, bad.problem))
+            continue
+        if record is not None and record.unresolved:
+            findings.append(_finding(checkpoint, record.phase, record.batch_id, None))
+    return findings
+
+
+def _finding(
+    checkpoint: PartitionCheckpoint,
+    phase: GuardPhase | None,
+    batch_id: str | None,
+    problem: str | None,
+) -> Finding:
     return Finding(
         route=checkpoint.route,
         partition_id=checkpoint.partition_id,
@@ -132,11 +156,6 @@ def inspect_checkpoint(checkpoint: PartitionCheckpoint) -> Finding:
         started_at=checkpoint.started_at,
         completed_at=checkpoint.completed_at,
     )
-
-
-def blocked_partitions(checkpoints: Iterable[PartitionCheckpoint]) -> list[Finding]:
-    """Every checkpoint whose guard is malformed or unresolved, in the given order."""
-    return [finding for cp in checkpoints if (finding := inspect_checkpoint(cp)).blocked]
 
 
 def route_label(route: RouteKey) -> str:

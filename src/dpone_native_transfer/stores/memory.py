@@ -168,11 +168,17 @@ class MemoryCheckpointStore:
 
     def list_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
         latest = self._latest.get(route, {})
-        return [checkpoint_from_payload(json.loads(latest[pid])) for pid in sorted(latest)]
+        return [
+            checkpoint_from_payload(json.loads(latest[pid]), copy_values=False, known_route=route)
+            for pid in sorted(latest)
+        ]
 
     def history(self, route: RouteKey) -> list[PartitionCheckpoint]:
         """Every checkpoint written for ``route``, oldest first."""
-        return [checkpoint_from_payload(json.loads(text)) for text in self._history.get(route, [])]
+        return [
+            checkpoint_from_payload(json.loads(text), copy_values=False, known_route=route)
+            for text in self._history.get(route, [])
+        ]
 
     def load_source_state(self, route: RouteKey) -> dict[str, Any] | None:
         text = self._source_state.get(route)
