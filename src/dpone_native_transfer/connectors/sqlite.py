@@ -334,7 +334,14 @@ class SQLiteSink:
             return 0 if conn is None else _row_count(conn, self._stage)
 
     def finalize_staged_load(self, *, replace: bool = False) -> int:
-        """Move staged rows into the target and drop the staging table, in one transaction."""
+        """Move staged rows into the target and drop the staging table, in one transaction.
+
+        When the target does not exist, or ``replace`` is set and the target is
+        exactly what this sink would create (same definition, no index, and no
+        view or trigger in the database), the staging table is renamed to the
+        target instead of copying its rows: same columns, types and rows.
+        Otherwise the rows are copied (appended, or after emptying the target).
+        """
         with self._connect() as conn, _transaction(conn):
             columns = _table_columns(conn, self._stage)
             if not columns:
@@ -342,6 +349,11 @@ class SQLiteSink:
                     f"no staged load exists for target table {self.table!r}",
                     diagnostics={"table": self.table},
                 )
+            if self._stage_can_become_target(conn, columns, replace=replace):
+                moved = _row_count(conn, self._stage)
+                conn.execute(f"DROP TABLE IF EXISTS {_quote(self.table)}")
+                conn.execute(f"ALTER TABLE {_quote(self._stage)} RENAME TO {_quote(self.table)}")
+                return moved
             _prepare_target(conn, self.table, columns, replace=replace)
             names = _column_list(columns)
             moved = conn.execute(
@@ -350,6 +362,23 @@ class SQLiteSink:
             ).rowcount
             conn.execute(f"DROP TABLE {_quote(self._stage)}")
             return moved
+
+    def _stage_can_become_target(
+        self, conn: sqlite3.Connection, columns: Sequence[Column], *, replace: bool
+    ) -> bool:
+        """True when renaming the staging table gives the same target as copying into it."""
+        schema = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
+        if any(kind in ("view", "trigger") for kind, *_ in schema):
+            return False  # a rename re-parses them; keep the plain copy
+        definitions = ", ".join(_column_sql(column) for column in columns)
+        tables = {name: sql for kind, name, _, sql in schema if kind == "table"}
+        if tables.get(self._stage) != f"CREATE TABLE {_quote(self._stage)} ({definitions})":
+            return False
+        if self.table not in tables:
+            return True
+        if not replace or any(kind == "index" and tbl == self.table for kind, _, tbl, _ in schema):
+            return False
+        return tables[self.table] == f"CREATE TABLE {_quote(self.table)} ({definitions})"
 
     def discard_stage(self) -> None:
         if not os.path.isfile(self.path):
