@@ -9,14 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dpone_native_transfer.connectors import (
-    Column,
-    LoadPlan,
-    RowChunks,
-    SourceShape,
-    SQLiteSink,
-    SQLiteSource,
-)
+from dpone_native_transfer.connectors import SQLiteSink, SQLiteSource
+from dpone_native_transfer.payloads import Column, LoadPlan, RowChunks, SourceShape
 from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
 
 ORDERS = [

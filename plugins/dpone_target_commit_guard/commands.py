@@ -37,7 +37,6 @@ from .operator import (
     blocked_partitions,
     inspect_checkpoint,
     resolution_batch,
-    route_label,
     select_blocked,
 )
 
@@ -222,7 +221,7 @@ def _scan_summary(findings: Sequence[Finding], routes: Sequence[RouteKey]) -> st
 
 
 def _scan_row(finding: Finding) -> tuple[str, ...]:
-    return (route_label(finding.route), *_guard_cells(finding, "malformed:"), *_times(finding))
+    return (finding.route.label, *_guard_cells(finding, "malformed:"), *_times(finding))
 
 
 def _guard_cells(finding: Finding, malformed: str) -> tuple[str, str, str, str]:
@@ -245,7 +244,7 @@ def _show_command(args: argparse.Namespace) -> int:
         audit = store.list_audit(route)
     findings = [inspect_checkpoint(cp) for cp in latest]
     blocked = sum(f.blocked for f in findings)
-    print(f"route {route_label(route)}: {plural(len(latest), 'partition')}, {blocked} blocked")
+    print(f"route {route.label}: {plural(len(latest), 'partition')}, {blocked} blocked")
     _print_table(_SHOW_HEADERS, [_show_row(cp, f) for cp, f in zip(latest, findings, strict=True)])
     print(f"audit: {plural(len(audit), 'record')}")
     for record in audit:
@@ -299,7 +298,7 @@ def _resolve_command(args: argparse.Namespace) -> int:
             reason=args.reason,
             now=now,
         )
-        print(f"route {route_label(route)}: resolve as {resolved_as.value}")
+        print(f"route {route.label}: resolve as {resolved_as.value}")
         for item in audit["partitions"]:
             print(f"  {_transition(item)}")
         if not (args.yes or _confirmed(len(resolved))):

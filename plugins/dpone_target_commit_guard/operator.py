@@ -43,7 +43,6 @@ __all__ = [
     "blocked_partitions",
     "inspect_checkpoint",
     "resolution_batch",
-    "route_label",
     "scan_hint",
     "select_blocked",
 ]
@@ -156,10 +155,6 @@ def _finding(
         started_at=checkpoint.started_at,
         completed_at=checkpoint.completed_at,
     )
-
-
-def route_label(route: RouteKey) -> str:
-    return f"{route.source_table} -> {route.target_table} ({route.strategy})"
 
 
 def scan_hint(route: RouteKey) -> str:

@@ -24,7 +24,7 @@ from dpone_native_transfer.checkpoints import (
 from dpone_native_transfer.errors import ManualReconciliationRequired, TargetCommitGuardInvalid
 from dpone_native_transfer.hookspecs import hookimpl
 
-from .operator import blocked_partitions, route_label, scan_hint
+from .operator import blocked_partitions, scan_hint
 from .payload import GuardPhase, batch_id_for, build_guard
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def resume_route_scan(route: RouteKey, checkpoints: Sequence[PartitionCheckpoint
     ]
     if malformed:
         raise TargetCommitGuardInvalid(
-            f"route {route_label(route)} has {len(malformed)} partition(s) with a malformed "
+            f"route {route.label} has {len(malformed)} partition(s) with a malformed "
             f"target-commit guard ({_first_ids(malformed)}); no target I/O was attempted; "
             f"inspect it with: {scan_hint(route)}",
             diagnostics={"route": route.as_dict(), "partitions": malformed},
@@ -64,7 +64,7 @@ def resume_route_scan(route: RouteKey, checkpoints: Sequence[PartitionCheckpoint
         phases = sorted({item["phase"] for item in unresolved})
         batches = sorted({item["batch_id"] for item in unresolved})
         raise ManualReconciliationRequired(
-            f"route {route_label(route)} has {len(unresolved)} partition(s) whose target "
+            f"route {route.label} has {len(unresolved)} partition(s) whose target "
             f"outcome is unresolved (phases: {', '.join(phases)}; partitions: "
             f"{_first_ids(unresolved)}); the target was not called. Reconcile the target with "
             "the checkpoints before the route can run again; "

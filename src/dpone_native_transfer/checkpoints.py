@@ -72,6 +72,11 @@ class RouteKey:
     target_table: str = attrs.field(validator=_nonempty_str)
     strategy: Strategy = attrs.field(converter=Strategy)
 
+    @property
+    def label(self) -> str:
+        """How messages and operator output name the route."""
+        return f"{self.source_table} -> {self.target_table} ({self.strategy})"
+
     def as_dict(self) -> dict[str, str]:
         return {
             "source_table": self.source_table,

@@ -188,7 +188,7 @@ class TransferRuntime:
         guarded = [cp.partition_id for cp in latest if GUARD_DIAGNOSTICS_KEY in cp.diagnostics]
         if guarded:
             raise TargetCommitGuardUnhandled(
-                f"route {route.source_table} -> {route.target_table} ({route.strategy}) carries "
+                f"route {route.label} carries "
                 f"target-commit guards on {len(guarded)} partition(s) but no guard plugin is "
                 "registered; install or enable the target_commit_guard plugin",
                 diagnostics={"route": route.as_dict(), "partition_ids": guarded},

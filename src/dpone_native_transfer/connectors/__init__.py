@@ -1,14 +1,10 @@
-"""Source and sink connectors; SQLite is the built-in pair."""
+"""Source and sink connectors; SQLite is the built-in pair.
+
+The payloads they accept are connector-neutral and live in ``payloads``.
+"""
 
 from __future__ import annotations
 
-from .sqlite import Column, LoadPlan, RowChunks, SourceShape, SQLiteSink, SQLiteSource
+from .sqlite import SQLiteSink, SQLiteSource
 
-__all__ = [
-    "Column",
-    "LoadPlan",
-    "RowChunks",
-    "SQLiteSink",
-    "SQLiteSource",
-    "SourceShape",
-]
+__all__ = ["SQLiteSink", "SQLiteSource"]

@@ -4,7 +4,7 @@ Every call opens its own connection and closes it before returning, so other
 workers and child processes can use the same files between calls. Identifiers
 are always quoted and values always bound as parameters. Errors raised here on
 purpose name tables and columns only, never the file path or a sqlite message.
-The payload types are the connector-neutral ones of ``payloads``, re-exported.
+The payloads they take are the connector-neutral ones of ``payloads``.
 """
 
 from __future__ import annotations
@@ -21,14 +21,7 @@ from ..checkpoints import sha256_digest
 from ..errors import ConfigInvalid, SourceInvalid
 from ..payloads import Column, LoadPlan, RowChunks, SourceShape
 
-__all__ = [
-    "Column",
-    "LoadPlan",
-    "RowChunks",
-    "SQLiteSink",
-    "SQLiteSource",
-    "SourceShape",
-]
+__all__ = ["SQLiteSink", "SQLiteSource"]
 
 _TIMEOUT = 30
 _STAGE_PREFIX = "_dpone_stage_"
