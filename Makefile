@@ -5,13 +5,16 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+# Everything the tests exercise: the real engines and Airflow are optional extras of the
+# package, but the suite runs them all and none may skip.
+EXTRAS := test,postgres,clickhouse,duckdb,airflow
 
 .PHONY: demo test clean soak
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
 	touch $(INSTALLED)
 
 demo: $(INSTALLED)

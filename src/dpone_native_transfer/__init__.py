@@ -34,7 +34,7 @@ from .errors import (
 from .events import Event, EventName
 from .hookspecs import hookimpl
 from .paths import Governance, PathContext
-from .payloads import Column, LoadPlan, RowChunks, SourceShape
+from .payloads import ArtifactFiles, Column, LoadPlan, RowChunks, SourceShape
 from .runtime import TransferResult, TransferRuntime, TransferSpec
 from .stores import CheckpointStore, RouteStateStore
 from .stores.memory import MemoryCheckpointStore
@@ -42,6 +42,7 @@ from .stores.postgres import PostgresCheckpointStore
 from .stores.sqlite import SQLiteCheckpointStore
 
 __all__ = [
+    "ArtifactFiles",
     "ArtifactInvalid",
     "AttemptState",
     "CheckpointPayloadInvalid",

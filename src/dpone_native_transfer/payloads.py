@@ -11,13 +11,48 @@ from typing import Any
 
 import attrs
 
-__all__ = ["Column", "LoadPlan", "RowChunks", "SourceShape"]
+__all__ = ["ArtifactFiles", "Column", "LoadPlan", "RowChunks", "SourceShape", "column_affinity"]
 
 
 @attrs.frozen
 class Column:
     name: str
     decltype: str
+
+    @property
+    def affinity(self) -> str:
+        return column_affinity(self.decltype)
+
+
+def column_affinity(decltype: str) -> str:
+    """The neutral kind of a source column type, for sinks that must declare their own types.
+
+    SQLite's type-affinity rules, extended with the common PostgreSQL names:
+    ``integer``, ``text``, ``blob``, ``real``, ``boolean``, ``date``,
+    ``timestamp``, or ``numeric`` for anything else.
+    """
+    upper = decltype.upper()
+    for needle, kind in (
+        ("INT", "integer"),
+        ("SERIAL", "integer"),
+        ("CHAR", "text"),
+        ("CLOB", "text"),
+        ("TEXT", "text"),
+        ("UUID", "text"),
+        ("JSON", "text"),
+        ("BLOB", "blob"),
+        ("BYTEA", "blob"),
+        ("REAL", "real"),
+        ("FLOA", "real"),
+        ("DOUB", "real"),
+        ("BOOL", "boolean"),
+        ("TIMESTAMP", "timestamp"),
+        ("DATETIME", "timestamp"),
+        ("DATE", "date"),
+    ):
+        if needle in upper:
+            return kind
+    return "blob" if not upper else "numeric"
 
 
 @attrs.frozen(kw_only=True)
@@ -45,4 +80,19 @@ class LoadPlan:
     source: Any
     columns: tuple[Column, ...]
     bounds: tuple[Mapping[str, Any], ...]
+    replace: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class ArtifactFiles:
+    """Verified exported files for a sink that reads them with its own engine.
+
+    Offered by the file-artifact path to sinks whose ``artifact_format`` names
+    a format they read (``"jsonl"``: one JSON object per row, keyed by column
+    name). ``paths`` are absolute, in partition order.
+    """
+
+    columns: tuple[Column, ...]
+    paths: tuple[str, ...]
+    format: str
     replace: bool = False

@@ -1,12 +1,18 @@
-"""file-artifact: one verified file per partition, then one ``sink.load()`` from the files."""
+"""file-artifact: one verified file per partition, then one ``sink.load()`` from the files.
+
+The files are the runtime's own spool format, read back as ``RowChunks``,
+unless the sink declares ``artifact_format = "jsonl"``: then they are written
+as JSON lines and the sink receives ``ArtifactFiles`` to read with its engine.
+"""
 
 from __future__ import annotations
 
 import itertools
 from pathlib import Path
 
-from ..artifacts import file_sha256, read_chunks, write_chunks
+from ..artifacts import JSONL, file_sha256, read_chunks, write_chunks, write_jsonl
 from ..errors import ArtifactInvalid
+from ..payloads import ArtifactFiles
 from . import PathContext
 
 __all__ = ["file_artifact_path"]
@@ -15,11 +21,16 @@ __all__ = ["file_artifact_path"]
 def file_artifact_path(ctx: PathContext) -> int:
     folder = Path(ctx.spec.artifact_dir) if ctx.spec.artifact_dir else ctx.work_dir
     folder.mkdir(parents=True, exist_ok=True)
+    jsonl = getattr(ctx.sink, "artifact_format", None) == JSONL
+    names = [column.name for column in ctx.shape.columns]
     files: list[Path] = []
     for index, candidate in enumerate(ctx.candidates):
-        path = folder / f"{candidate.partition_id}.rows"
+        path = folder / f"{candidate.partition_id}.{JSONL if jsonl else 'rows'}"
         with open(path, "wb") as handle:
-            rows, digest = write_chunks(handle, ctx.read(candidate))
+            if jsonl:
+                rows, digest = write_jsonl(handle, names, ctx.read(candidate))
+            else:
+                rows, digest = write_chunks(handle, ctx.read(candidate))
         ctx.extracted(index, rows, artifact_sha256=digest)
         files.append(path)
     for candidate, path in zip(ctx.candidates, files, strict=True):
@@ -29,6 +40,13 @@ def file_artifact_path(ctx: PathContext) -> int:
                 diagnostics={"route": ctx.route.as_dict(), "partition_id": candidate.partition_id},
             )
     ctx.check_governance(sum(candidate.rows_exported for candidate in ctx.candidates))
-    chunks = itertools.chain.from_iterable(read_chunks(path) for path in files)
-    payload = ctx.row_chunks(chunks)
+    if jsonl:
+        payload = ArtifactFiles(
+            columns=ctx.shape.columns,
+            paths=tuple(str(path.resolve()) for path in files),
+            format=JSONL,
+            replace=ctx.replace,
+        )
+    else:
+        payload = ctx.row_chunks(itertools.chain.from_iterable(read_chunks(p) for p in files))
     return ctx.mutate("load", lambda: ctx.sink.load(payload))
