@@ -23,7 +23,7 @@ from .errors import ConfigInvalid
 from .paths import Governance
 from .runtime import BUILTIN_PATHS, TransferSpec
 
-__all__ = ["DEFAULT_CHUNK_ROWS", "RouteConfig", "load_route_config"]
+__all__ = ["DEFAULT_CHUNK_ROWS", "RouteConfig", "load_route_config", "route_config_from_mapping"]
 
 DEFAULT_CHUNK_ROWS = 10_000
 
@@ -113,6 +113,23 @@ def load_route_config(path: str | os.PathLike[str], *, argument: str = "ROUTE") 
     return _build(sections, folder)
 
 
+def route_config_from_mapping(
+    document: Mapping[str, Any], *, base_dir: str | os.PathLike[str] | None = None
+) -> RouteConfig:
+    """Validate a route given as a mapping with the route file's layout (e.g. from a DAG).
+
+    Relative files resolve against ``base_dir`` (default: the working directory).
+    """
+    if not isinstance(document, Mapping):
+        raise ConfigInvalid("a route must be a mapping of sections", diagnostics={})
+    sections = _validated({name: _plain(table) for name, table in document.items()})
+    return _build(sections, Path(os.path.abspath(base_dir or os.getcwd())))
+
+
+def _plain(table: Any) -> Any:
+    return dict(table) if isinstance(table, Mapping) else table
+
+
 def _read_toml(path: Path, argument: str) -> dict[str, Any]:
     where = {"argument": argument}
     try:
@@ -164,6 +181,8 @@ def _toml_type(value: Any) -> str:
 
 def _validated(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for name in document:
+        if not isinstance(name, str):
+            raise ConfigInvalid("route section names must be strings", diagnostics={})
         if name not in _SCHEMA:
             raise _invalid(_dotted(name), f"is not a known section; known: {', '.join(_SCHEMA)}")
     sections = {}

@@ -11,7 +11,18 @@ from typing import Any
 
 import attrs
 
-__all__ = ["ArtifactFiles", "Column", "LoadPlan", "RowChunks", "SourceShape", "column_affinity"]
+from .errors import ConfigInvalid
+
+__all__ = [
+    "ArtifactFiles",
+    "Column",
+    "LoadPlan",
+    "Predicate",
+    "RowChunks",
+    "SourceShape",
+    "bound_predicates",
+    "column_affinity",
+]
 
 
 @attrs.frozen
@@ -96,3 +107,39 @@ class ArtifactFiles:
     paths: tuple[str, ...]
     format: str
     replace: bool = False
+
+
+@attrs.frozen
+class Predicate:
+    """One condition of a partition's bounds; ``op`` is ``=``, ``IS NULL``, ``>`` or ``<=``."""
+
+    column: str
+    op: str
+    value: Any = None
+
+
+def bound_predicates(
+    bounds: Mapping[str, Any], *, partition_column: str, cursor_column: str | None
+) -> tuple[Predicate, ...]:
+    """What one partition's bounds select, for a connector to render in its own SQL dialect.
+
+    ``bounds`` is ``{"partition": value, "cursor_after": a, "cursor_upto": b}``
+    (cursor keys optional). A NULL partition value means ``IS NULL``. Bounds
+    without a partition, or with a cursor window on a source without a cursor
+    column, raise ``ConfigInvalid``.
+    """
+    if not isinstance(bounds, Mapping) or "partition" not in bounds:
+        raise ConfigInvalid("partition bounds must hold a 'partition' key")
+    value = bounds["partition"]
+    predicates = [
+        Predicate(partition_column, "IS NULL")
+        if value is None
+        else Predicate(partition_column, "=", value)
+    ]
+    for key, op in (("cursor_after", ">"), ("cursor_upto", "<=")):
+        if bounds.get(key) is None:
+            continue
+        if cursor_column is None:
+            raise ConfigInvalid("a cursor window needs a source with a cursor column")
+        predicates.append(Predicate(cursor_column, op, bounds[key]))
+    return tuple(predicates)
