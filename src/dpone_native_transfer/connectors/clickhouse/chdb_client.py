@@ -1,0 +1,144 @@
+"""chDB adapter: the embedded ClickHouse engine, with its data at a filesystem path.
+
+chDB serves one data path per process at a time: opening a second path while
+a session is open fails. The sink therefore opens a session per call and
+closes it before returning, so routes with different data paths can run one
+after the other in one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import decimal
+import json
+import os
+import zoneinfo
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ...errors import ConfigInvalid
+from ...payloads import Column
+from .client import SETTINGS, import_engine
+from .sql import column_list, encode_json_rows, quote, structure
+
+__all__ = ["ChdbClient"]
+
+# Read-back formatting: numbers as JSON numbers, decimals and NaN/inf as exact text.
+_OUTPUT_SETTINGS = {
+    "output_format_json_quote_64bit_integers": 0,
+    "output_format_json_quote_decimals": 1,
+    "output_format_json_quote_denormals": 1,
+}
+
+
+class ChdbClient:
+    """A chDB session on one data path; errors while opening hide the path and chDB's text."""
+
+    def __init__(self, path: str) -> None:
+        session = import_engine("chdb.session")
+        if not os.path.isdir(os.path.dirname(path)):
+            raise ConfigInvalid(
+                "folder of the chDB data path does not exist", diagnostics={"key": "location"}
+            )
+        try:
+            self._session = session.Session(path)
+        except Exception:
+            raise ConfigInvalid(
+                "chDB could not open the data path; chDB serves one data path per process "
+                "at a time, so close other chDB sessions first",
+                diagnostics={"key": "location"},
+            ) from None
+        try:
+            for name, value in {**SETTINGS, **_OUTPUT_SETTINGS}.items():
+                self._session.query(f"SET {name} = {_setting(value)}")
+        except BaseException:
+            self.close()
+            raise
+
+    def command(self, sql: str, params: Mapping[str, Any] | None = None) -> int:
+        return int(self._session.query(sql, "CSV", params=_texts(params)).rows_written())
+
+    def query_rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple]:
+        raw = self._session.query(sql, "JSONCompact", params=_texts(params)).bytes()
+        if not raw:
+            return []
+        document = json.loads(raw.decode("utf-8", "surrogateescape"))
+        converters = [_converter(column["type"]) for column in document["meta"]]
+        return [
+            tuple(
+                value if value is None or convert is None else convert(value)
+                for convert, value in zip(converters, row, strict=True)
+            )
+            for row in document["data"]
+        ]
+
+    def insert_rows(
+        self, table: str, names: Sequence[str], chunks: Iterable[Sequence[tuple]]
+    ) -> int:
+        inserter = self._session.send_insert(
+            f"INSERT INTO {quote(table)} ({column_list(names)})", "JSONCompactEachRow"
+        )
+        rows = 0
+        try:
+            for chunk in chunks:
+                if data := encode_json_rows(chunk):
+                    inserter.append(data)
+                rows += len(chunk)
+            inserter.finish()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                inserter.cancel()  # nothing is committed at finish(); see docs on blocks
+            raise
+        return rows
+
+    def insert_jsonl(self, table: str, columns: Sequence[Column], path: str) -> int:
+        """chDB reads the file itself; as clickhouse-local it takes any absolute path."""
+        names = column_list([column.name for column in columns])
+        return self.command(
+            f"INSERT INTO {quote(table)} ({names}) SELECT {names}"
+            " FROM file({path:String}, 'JSONEachRow', {structure:String})",
+            {"path": path, "structure": structure(columns)},
+        )
+
+    def close(self) -> None:
+        session, self._session = getattr(self, "_session", None), None
+        if session is not None:
+            session.close()
+
+
+def _setting(value: Any) -> str:
+    return str(value) if isinstance(value, int) else "'" + str(value) + "'"
+
+
+def _texts(params: Mapping[str, Any] | None) -> dict[str, str]:
+    """Parameters as the escaped text chDB parses them from (checked on chDB 4.4)."""
+    return {name: _text(value) for name, value in (params or {}).items()}
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise ConfigInvalid("a query parameter has an unsupported type")
+
+
+def _converter(type_name: str) -> Callable[[Any], Any] | None:
+    """How a JSONCompact value of ``type_name`` becomes the Python value a driver would give."""
+    base = type_name
+    while base.startswith(("Nullable(", "LowCardinality(")):
+        base = base[base.index("(") + 1 : -1]
+    if base.startswith("Decimal"):
+        return decimal.Decimal
+    if base.startswith(("Float", "Int", "UInt")):
+        return float if base.startswith("Float") else int
+    if base in ("Date", "Date32"):
+        return datetime.date.fromisoformat
+    if base.startswith("DateTime"):
+        zone = base.split("'")[1] if "'" in base else None
+        tz = zoneinfo.ZoneInfo(zone) if zone else None
+        return lambda text: datetime.datetime.fromisoformat(text).replace(tzinfo=tz)
+    return None

@@ -1,0 +1,62 @@
+"""Server adapter: a ClickHouse server through clickhouse-connect (HTTP interface).
+
+UNVERIFIED: no test runs against a real server (see docs/connectors-clickhouse.md).
+The driver's automatic query retries are turned off, so an INSERT is never
+re-sent behind the guard's back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from ...payloads import Column
+from .client import SETTINGS, import_engine
+from .sql import encode_json_rows, quote
+
+__all__ = ["ServerClient"]
+
+
+class ServerClient:
+    """clickhouse-connect client for one URL; server-side ``{name:Type}`` parameters."""
+
+    def __init__(self, url: str) -> None:
+        driver = import_engine("clickhouse_connect")
+        self._client = driver.get_client(
+            dsn=url, settings=dict(SETTINGS), query_retries=0, autogenerate_session_id=False
+        )
+
+    def command(self, sql: str, params: Mapping[str, Any] | None = None) -> int:
+        summary = self._client.command(sql, parameters=dict(params) if params else None)
+        return int(getattr(summary, "written_rows", 0) or 0)
+
+    def query_rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple]:
+        result = self._client.query(sql, parameters=dict(params) if params else None)
+        return [tuple(row) for row in result.result_rows]
+
+    def insert_rows(
+        self, table: str, names: Sequence[str], chunks: Iterable[Sequence[tuple]]
+    ) -> int:
+        counted = [0]
+
+        def blocks() -> Iterator[bytes]:
+            for chunk in chunks:
+                counted[0] += len(chunk)
+                if data := encode_json_rows(chunk):
+                    yield data
+
+        self._client.raw_insert(
+            quote(table), [quote(name) for name in names], blocks(), fmt="JSONCompactEachRow"
+        )
+        return counted[0]
+
+    def insert_jsonl(self, table: str, columns: Sequence[Column], path: str) -> int:
+        """The file is local to this client: its bytes are sent in the INSERT's body."""
+        with open(path, "rb") as handle:
+            summary = self._client.raw_insert(
+                quote(table), [quote(column.name) for column in columns], handle, fmt="JSONEachRow"
+            )
+        return int(getattr(summary, "written_rows", 0) or 0)
+
+    def close(self) -> None:
+        self._client.close()

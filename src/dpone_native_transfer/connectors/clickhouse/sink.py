@@ -1,0 +1,289 @@
+"""ClickHouseSink: the target table in ClickHouse, through the client port.
+
+ClickHouse has no multi-statement transaction. What is atomic, and how each
+load uses it:
+
+- A full refresh (``replace``) by ``load()`` fills a fresh table beside the
+  target and swaps it in with ``EXCHANGE TABLES`` (one atomic rename); a load
+  that fails before the swap leaves the target as it was.
+- An append by ``load()`` INSERTs into the target. An INSERT is cut into
+  blocks, and a block into one part per partition; each part appears
+  atomically, the INSERT as a whole does not. A failed append may leave
+  some rows behind: the outcome is unknown, which is what the guard is for.
+- ``finalize_staged_load()`` moves a governed staging table into the target
+  with partition operations: ``REPLACE PARTITION ... FROM`` (each atomic) plus
+  ``DROP PARTITION`` for partitions the stage no longer has, when replacing;
+  ``INSERT ... SELECT`` when appending. The sequence is not atomic.
+
+Each method opens a client and closes it before returning: chDB serves one
+data path per process at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ...artifacts import JSONL
+from ...errors import ArtifactInvalid, ConfigInvalid, SourceInvalid
+from ...payloads import ArtifactFiles, Column, LoadPlan, RowChunks, bound_predicates
+from ..sqlite import SQLiteSource
+from .client import ClickHouseClient, open_client, parse_location
+from .sql import column_list, create_table_sql, partition_id_literal, quote, where_sql
+
+__all__ = ["ClickHouseSink"]
+
+_STAGE_PREFIX = "_dpone_stage_"
+_FRESH_PREFIX = "_dpone_new_"
+
+Fill = Callable[[ClickHouseClient, str], int]
+
+
+class ClickHouseSink:
+    """One target table in chDB (``location`` a path) or on a server (a URL).
+
+    ``partition_by`` names the partition column (the route's source partition
+    column): tables are then ``MergeTree PARTITION BY`` it; without it they
+    are unpartitioned MergeTree tables.
+    """
+
+    artifact_format = JSONL
+
+    def __init__(self, location: Any, table: str, *, partition_by: str | None = None) -> None:
+        quote(table)
+        if partition_by is not None:
+            quote(partition_by)
+        self._location = parse_location(location)
+        self.table = table
+        self.partition_by = partition_by
+
+    def __repr__(self) -> str:
+        return f"ClickHouseSink(table={self.table!r}, engine={self._location.kind!r})"
+
+    @property
+    def engine(self) -> str:
+        """``chdb`` or ``server``."""
+        return self._location.kind
+
+    @property
+    def _stage(self) -> str:
+        return _STAGE_PREFIX + self.table
+
+    @property
+    def _fresh(self) -> str:
+        return _FRESH_PREFIX + self.table
+
+    @contextlib.contextmanager
+    def client(self) -> Iterator[ClickHouseClient]:
+        """A client open for one call; closed afterwards, even when the call fails."""
+        client = open_client(self._location)
+        try:
+            yield client
+        finally:
+            with contextlib.suppress(Exception):
+                client.close()
+
+    # --- loads ----------------------------------------------------------------------------
+
+    def load(self, payload: RowChunks | LoadPlan | ArtifactFiles) -> int:
+        """Write the payload into the target and return the rows written."""
+        fill: Fill
+        if isinstance(payload, RowChunks):
+            fill = self._rows_fill(payload)
+        elif isinstance(payload, ArtifactFiles):
+            fill = self._artifact_fill(payload)
+        elif isinstance(payload, LoadPlan):
+            fill = self._plan_fill(payload)
+        else:
+            raise ConfigInvalid("sink payload must be RowChunks, LoadPlan or ArtifactFiles")
+        create = create_table_sql(self.table, payload.columns, self.partition_by)  # checks columns
+        with self.client() as client:
+            if not payload.replace:
+                client.command(create)
+                return fill(client, self.table)
+            return self._replace(client, payload.columns, fill)
+
+    @staticmethod
+    def _rows_fill(payload: RowChunks) -> Fill:
+        names = [column.name for column in payload.columns]
+        return lambda client, table: client.insert_rows(table, names, payload.chunks)
+
+    def _replace(self, client: ClickHouseClient, columns: Sequence[Column], fill: Fill) -> int:
+        """Fill a fresh table, then swap it in; a failure before the swap leaves the target."""
+        client.command(f"DROP TABLE IF EXISTS {quote(self._fresh)} SYNC")
+        exists = _exists(client, self.table)
+        if exists:
+            client.command(f"CREATE TABLE {quote(self._fresh)} AS {quote(self.table)}")
+        else:
+            client.command(create_table_sql(self._fresh, columns, self.partition_by))
+        try:
+            rows = fill(client, self._fresh)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                client.command(f"DROP TABLE IF EXISTS {quote(self._fresh)} SYNC")
+            raise
+        if not exists:
+            client.command(f"RENAME TABLE {quote(self._fresh)} TO {quote(self.table)}")
+            return rows
+        client.command(f"EXCHANGE TABLES {quote(self._fresh)} AND {quote(self.table)}")
+        with contextlib.suppress(Exception):  # the old rows; a leftover is dropped next time
+            client.command(f"DROP TABLE IF EXISTS {quote(self._fresh)} SYNC")
+        return rows
+
+    def _artifact_fill(self, payload: ArtifactFiles) -> Fill:
+        if payload.format != JSONL:
+            raise ConfigInvalid(
+                f"the ClickHouse sink reads {JSONL} artifacts only",
+                diagnostics={"table": self.table, "format": str(payload.format)},
+            )
+        for path in payload.paths:
+            if not os.path.isfile(path):
+                raise ArtifactInvalid(
+                    "an exported artifact file is missing",
+                    diagnostics={"table": self.table, "file": os.path.basename(path)},
+                )
+        return lambda client, table: sum(
+            client.insert_jsonl(table, payload.columns, path) for path in payload.paths
+        )
+
+    def _plan_fill(self, payload: LoadPlan) -> Fill:
+        """The engine pulls each partition from the SQLite file with its sqlite() table function."""
+        source = payload.source
+        if not isinstance(source, SQLiteSource):
+            raise ConfigInvalid(
+                "lazy-plan into ClickHouse reads SQLite sources only (the sqlite() table function)",
+                diagnostics={"table": self.table},
+            )
+        names = column_list([column.name for column in payload.columns])
+        statements = []
+        for number, bounds in enumerate(payload.bounds):
+            predicates = bound_predicates(
+                bounds,
+                partition_column=source.partition_column,
+                cursor_column=source.cursor_column,
+            )
+            where, params = where_sql(predicates, prefix=f"b{number}_")
+            params.update(src_path=os.path.abspath(source.path), src_table=source.table)
+            statements.append((where, params))
+        if not os.path.isfile(source.path):
+            raise SourceInvalid(
+                f"source database for table {source.table!r} does not exist",
+                diagnostics={"table": source.table},
+            )
+
+        def fill(client: ClickHouseClient, table: str) -> int:
+            prefix = (
+                f"INSERT INTO {quote(table)} ({names}) SELECT {names}"
+                " FROM sqlite({src_path:String}, {src_table:String}) WHERE "
+            )
+            return sum(client.command(prefix + where, params) for where, params in statements)
+
+        return fill
+
+    # --- staging ----------------------------------------------------------------------------
+
+    def stage(self, payload: RowChunks) -> int:
+        """Fill a fresh staging table shaped like the target; the target is not touched."""
+        if not isinstance(payload, RowChunks):
+            raise ConfigInvalid("a staged load takes RowChunks")
+        create = create_table_sql(self._stage, payload.columns, self.partition_by)
+        names = [column.name for column in payload.columns]
+        with self.client() as client:
+            client.command(f"DROP TABLE IF EXISTS {quote(self._stage)} SYNC")
+            if _exists(client, self.table):
+                client.command(f"CREATE TABLE {quote(self._stage)} AS {quote(self.table)}")
+            else:
+                client.command(create)
+            try:
+                return client.insert_rows(self._stage, names, payload.chunks)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    client.command(f"DROP TABLE IF EXISTS {quote(self._stage)} SYNC")
+                raise
+
+    def staged_row_count(self) -> int:
+        with self.client() as client:
+            return _count(client, self._stage)
+
+    def finalize_staged_load(self, *, replace: bool = False) -> int:
+        """Move the staged rows into the target with partition operations; drop the stage.
+
+        ``replace``: ``REPLACE PARTITION ... FROM`` the stage for every staged
+        partition, then ``DROP PARTITION`` for target partitions the stage does
+        not hold. Otherwise ``INSERT ... SELECT`` from the stage.
+        """
+        stage, target = quote(self._stage), quote(self.table)
+        with self.client() as client:
+            if not _exists(client, self._stage):
+                raise ConfigInvalid(
+                    f"no staged load exists for target table {self.table!r}",
+                    diagnostics={"table": self.table},
+                )
+            if not _exists(client, self.table):
+                client.command(f"CREATE TABLE {target} AS {stage}")
+            staged = _count(client, self._stage)
+            if replace:
+                staged_ids = _partition_ids(client, self._stage)
+                for partition_id in staged_ids:
+                    literal = partition_id_literal(partition_id)
+                    client.command(
+                        f"ALTER TABLE {target} REPLACE PARTITION ID {literal} FROM {stage}"
+                    )
+                for partition_id in _partition_ids(client, self.table):
+                    if partition_id not in staged_ids:
+                        literal = partition_id_literal(partition_id)
+                        client.command(f"ALTER TABLE {target} DROP PARTITION ID {literal}")
+            else:
+                names = column_list([name for name, _ in _columns(client, self._stage)])
+                client.command(f"INSERT INTO {target} ({names}) SELECT {names} FROM {stage}")
+            client.command(f"DROP TABLE {stage} SYNC")
+            return staged
+
+    def discard_stage(self) -> None:
+        with self.client() as client:
+            client.command(f"DROP TABLE IF EXISTS {quote(self._stage)} SYNC")
+
+    # --- reading back -----------------------------------------------------------------------
+
+    def row_count(self) -> int:
+        with self.client() as client:
+            return _count(client, self.table)
+
+    def rows(self) -> list[tuple]:
+        """Every row, ordered by all columns (ClickHouse keeps no insertion order)."""
+        with self.client() as client:
+            columns = _columns(client, self.table)
+            if not columns:
+                return []
+            names = column_list([name for name, _ in columns])
+            return client.query_rows(f"SELECT {names} FROM {quote(self.table)} ORDER BY {names}")
+
+
+def _exists(client: ClickHouseClient, table: str) -> bool:
+    return bool(_columns(client, table))
+
+
+def _columns(client: ClickHouseClient, table: str) -> list[tuple[str, str]]:
+    rows = client.query_rows(
+        "SELECT name, type FROM system.columns"
+        " WHERE database = currentDatabase() AND table = {table:String} ORDER BY position",
+        {"table": table},
+    )
+    return [(name, kind) for name, kind in rows]
+
+
+def _count(client: ClickHouseClient, table: str) -> int:
+    if not _exists(client, table):
+        return 0
+    return int(client.query_rows(f"SELECT count() FROM {quote(table)}")[0][0])
+
+
+def _partition_ids(client: ClickHouseClient, table: str) -> list[str]:
+    rows = client.query_rows(
+        "SELECT DISTINCT partition_id FROM system.parts WHERE database = currentDatabase()"
+        " AND table = {table:String} AND active ORDER BY partition_id",
+        {"table": table},
+    )
+    return [row[0] for row in rows]

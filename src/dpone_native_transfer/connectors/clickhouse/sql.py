@@ -1,0 +1,189 @@
+"""ClickHouse SQL text: identifiers, column types, tables, bound predicates, row encoding.
+
+Identifiers are always backtick-quoted; values reach the engine as typed
+query parameters (``{name:Type}``), never as SQL text. The one exception is a
+partition id in ``ALTER TABLE ... PARTITION ID '...'`` (ClickHouse takes no
+parameter there); ids come from ``system.parts`` and must match
+:data:`PARTITION_ID` before they are inlined.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from ...artifacts import _json_value
+from ...errors import ConfigInvalid
+from ...payloads import Column, Predicate
+
+__all__ = [
+    "PARTITION_ID",
+    "column_list",
+    "column_type",
+    "create_table_sql",
+    "encode_json_rows",
+    "partition_id_literal",
+    "quote",
+    "structure",
+    "where_sql",
+]
+
+# An affinity (payloads.column_affinity) -> the ClickHouse type, always wrapped in Nullable().
+_TYPES = {
+    "integer": "Int64",
+    "text": "String",
+    "real": "Float64",
+    "blob": "String",
+    "boolean": "Bool",
+    "date": "Date32",
+    "timestamp": "DateTime64(6, 'UTC')",
+}
+_DECIMAL = re.compile(r"\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\)")
+_MAX_DECIMAL_PRECISION = 76
+_INT64 = (-(2**63), 2**63 - 1)
+PARTITION_ID = re.compile(r"-?[0-9A-Za-z_]+")
+_PREDICATE_OPS = frozenset({"=", ">", "<="})
+
+
+def quote(name: Any) -> str:
+    """Backtick-quote an identifier; NUL cannot be quoted, so it is a configuration error."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise ConfigInvalid("identifier must be a non-empty string without NUL characters")
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+def column_list(names: Sequence[str]) -> str:
+    if not names:
+        raise ConfigInvalid("at least one column is required")
+    return ", ".join(quote(name) for name in names)
+
+
+def column_type(column: Column) -> str:
+    """The Nullable ClickHouse type for a source column, from its neutral affinity.
+
+    ``numeric`` becomes ``Decimal(P, S)`` when the declared type states a
+    precision ClickHouse supports (``NUMERIC(12, 2)``), otherwise ``Float64``.
+    """
+    quote(column.name)
+    if not isinstance(column.decltype, str):
+        raise ConfigInvalid(
+            f"column {column.name!r} has an unsupported declared type",
+            diagnostics={"column": column.name},
+        )
+    affinity = column.affinity
+    if affinity == "numeric":
+        match = _DECIMAL.search(column.decltype)
+        precision = int(match.group(1)) if match else 0
+        scale = int(match.group(2) or 0) if match else 0
+        if 1 <= precision <= _MAX_DECIMAL_PRECISION and scale <= precision:
+            return f"Nullable(Decimal({precision}, {scale}))"
+        return "Nullable(Float64)"
+    return f"Nullable({_TYPES[affinity]})"
+
+
+def structure(columns: Sequence[Column]) -> str:
+    """``name Type, ...``: the column list of a CREATE TABLE or of a ``file()`` reader."""
+    if not columns:
+        raise ConfigInvalid("at least one column is required")
+    return ", ".join(f"{quote(column.name)} {column_type(column)}" for column in columns)
+
+
+def create_table_sql(table: str, columns: Sequence[Column], partition_by: str | None) -> str:
+    """A MergeTree table; partitioned by ``partition_by`` when given.
+
+    Every column is Nullable, so a partitioned table needs the MergeTree
+    setting ``allow_nullable_key``: NULL then is a partition of its own,
+    instead of sharing one with ``''`` or ``0`` as a ``coalesce()`` key would.
+    """
+    definition = structure(columns)
+    if partition_by is None:
+        engine = "ENGINE = MergeTree ORDER BY tuple()"
+    else:
+        if partition_by not in {column.name for column in columns}:
+            raise ConfigInvalid(
+                f"partition column {partition_by!r} is not a column of target table {table!r}",
+                diagnostics={"table": table, "column": partition_by},
+            )
+        engine = (
+            f"ENGINE = MergeTree PARTITION BY {quote(partition_by)} ORDER BY tuple()"
+            " SETTINGS allow_nullable_key = 1"
+        )
+    return f"CREATE TABLE IF NOT EXISTS {quote(table)} ({definition}) {engine}"
+
+
+def partition_id_literal(partition_id: Any) -> str:
+    """A ``system.parts`` partition id as a SQL string literal, after a strict format check."""
+    if not isinstance(partition_id, str) or not PARTITION_ID.fullmatch(partition_id):
+        raise ConfigInvalid("a partition id of the target has an unexpected form")
+    return f"'{partition_id}'"
+
+
+def _param_type(column: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigInvalid(
+            f"a bound of column {column!r} has a type ClickHouse parameters do not take here",
+            diagnostics={"column": column},
+        )
+    if isinstance(value, int):
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise ConfigInvalid(
+                f"a bound of column {column!r} is outside Int64", diagnostics={"column": column}
+            )
+        return "Int64"
+    return "Float64" if isinstance(value, float) else "String"
+
+
+def where_sql(predicates: Sequence[Predicate], *, prefix: str) -> tuple[str, dict[str, Any]]:
+    """Render ``payloads.bound_predicates`` as a WHERE condition with typed parameters.
+
+    Parameter names are ``prefix`` plus a counter, so several partitions'
+    conditions can share one parameter mapping.
+    """
+    clauses: list[str] = []
+    params: dict[str, Any] = {}
+    for number, predicate in enumerate(predicates):
+        column = quote(predicate.column)
+        if predicate.op == "IS NULL":
+            clauses.append(f"{column} IS NULL")
+            continue
+        if predicate.op not in _PREDICATE_OPS:
+            raise ConfigInvalid(
+                f"unsupported bound operator on column {predicate.column!r}",
+                diagnostics={"column": predicate.column},
+            )
+        name = f"{prefix}{number}"
+        kind = _param_type(predicate.column, predicate.value)
+        clauses.append(f"{column} {predicate.op} {{{name}:{kind}}}")
+        params[name] = predicate.value
+    if not clauses:
+        raise ConfigInvalid("partition bounds select nothing")
+    return " AND ".join(clauses), params
+
+
+def _json_default(value: object) -> str:
+    """Bytes pass as raw bytes (see :func:`encode_json_rows`); dates and decimals as text."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", "surrogateescape")
+    return _json_value(value)
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=True, default=_json_default)
+
+
+def encode_json_rows(chunk: Sequence[Sequence[Any]]) -> bytes:
+    """One chunk of rows as ``JSONCompactEachRow`` bytes (one JSON array per row).
+
+    The C JSON encoder does the work. Bytes that are not UTF-8 are carried
+    through ``surrogateescape``, so the engine stores the original bytes in
+    the String column; NaN and infinities use the tokens ClickHouse reads.
+    """
+    if not chunk:
+        return b""
+    try:
+        text = "\n".join(_ENCODER.encode(list(row)) for row in chunk) + "\n"
+        return text.encode("utf-8", "surrogateescape")
+    except (TypeError, ValueError):
+        raise ConfigInvalid("a row holds a value the ClickHouse sink cannot encode") from None
+
