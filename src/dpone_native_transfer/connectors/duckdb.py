@@ -1,0 +1,345 @@
+"""DuckDB sink: one table of a DuckDB file, loaded on all four transfer paths.
+
+Like the SQLite sink, every call opens its own connection and closes it
+before returning (DuckDB lets one process at a time write a file), and every
+load is one transaction. ``duckdb`` is the optional ``duckdb`` extra, imported
+on first use.
+
+Rows reach DuckDB without ``executemany`` (a statement per row, about 2,000
+rows/s): each batch of rows goes in as one ``INSERT ... SELECT UNNEST($1),
+UNNEST($2), ...`` with one list per column. JSON-lines artifacts are read by
+DuckDB's own ``read_json``; a lazy plan over a SQLite source is pulled by the
+``sqlite_scanner`` extension, loaded from the ``duckdb-extension-sqlite-scanner``
+wheel's file, never downloaded. Errors raised here on purpose name tables
+only, never a file path, SQL or a DuckDB message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from ..artifacts import JSONL
+from ..errors import ConfigInvalid, SourceInvalid
+from ..payloads import ArtifactFiles, Column, LoadPlan, RowChunks
+from ._sql import bounds_where, quote
+from .sqlite import SQLiteSource
+
+__all__ = ["DUCKDB_TYPES", "DuckDBSink", "duckdb_type"]
+
+DUCKDB_TYPES = {
+    "integer": "BIGINT",
+    "text": "VARCHAR",
+    "real": "DOUBLE",
+    "blob": "BLOB",
+    "boolean": "BOOLEAN",
+    "date": "DATE",
+    "timestamp": "TIMESTAMP",
+    "numeric": "DOUBLE",
+}
+"""The DuckDB type of each neutral column kind (``payloads.column_affinity``).
+
+``numeric`` becomes ``DECIMAL(p,s)`` when the source declares a precision
+DuckDB can hold (at most 38): see :func:`duckdb_type`. Otherwise DOUBLE,
+which keeps the magnitude of any number but not every digit.
+"""
+
+_STAGE_PREFIX = "_dpone_stage_"
+_BATCH_ROWS = 10_000  # rows per INSERT: fewer statements for small chunks, memory still bounded
+_MAX_DECIMAL_WIDTH = 38
+_PRECISION = re.compile(r"\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\)")
+# Never reach the network for an extension: the sqlite scanner comes from its wheel.
+_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+
+
+def duckdb_type(column: Column) -> str:
+    """The DuckDB type a target column gets; built from fixed names, never from source text."""
+    kind = column.affinity
+    if kind == "numeric":
+        match = _PRECISION.search(column.decltype)
+        if match:
+            precision, scale = int(match[1]), int(match[2] or 0)
+            if 1 <= precision <= _MAX_DECIMAL_WIDTH and scale <= precision:
+                return f"DECIMAL({precision},{scale})"
+    return DUCKDB_TYPES[kind]
+
+
+def _driver() -> Any:
+    try:
+        import duckdb
+    except ImportError:
+        raise ConfigInvalid(
+            "DuckDBSink needs the duckdb driver: pip install 'dpone-native-transfer[duckdb]'",
+            diagnostics={"key": "driver"},
+        ) from None
+    return duckdb
+
+
+def _sqlite_extension(duckdb: Any) -> str:
+    """The sqlite_scanner extension file shipped for this DuckDB version."""
+    try:
+        import duckdb_extension_sqlite_scanner as wheel
+    except ImportError:
+        wheel = None
+    if wheel is not None:
+        path = os.path.join(
+            os.path.dirname(wheel.__file__),
+            "extensions",
+            f"v{duckdb.__version__}",
+            "sqlite_scanner.duckdb_extension",
+        )
+        if os.path.isfile(path):
+            return path
+    raise ConfigInvalid(
+        "lazy-plan on DuckDB needs the duckdb-extension-sqlite-scanner package of the same "
+        "version as duckdb: pip install 'dpone-native-transfer[duckdb]'",
+        diagnostics={"key": "driver"},
+    )
+
+
+def _names(columns: Sequence[Column]) -> str:
+    if not columns:
+        raise ConfigInvalid("at least one column is required")
+    return ", ".join(quote(column.name) for column in columns)
+
+
+class DuckDBSink:
+    """Writes one target table of a DuckDB file, each load in a single transaction."""
+
+    artifact_format = JSONL
+
+    def __init__(self, path: str | os.PathLike[str], table: str) -> None:
+        quote(table)
+        self.path = os.fspath(path)
+        self.table = table
+        if self.path == ":memory:" or not self.path:
+            raise ConfigInvalid(
+                f"target table {table!r} needs a DuckDB file: an in-memory database "
+                "would vanish after each call",
+                diagnostics={"table": table},
+            )
+
+    def __repr__(self) -> str:
+        return f"DuckDBSink(table={self.table!r})"
+
+    @property
+    def _stage(self) -> str:
+        return _STAGE_PREFIX + self.table
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[Any]:
+        if not os.path.isdir(os.path.dirname(os.path.abspath(self.path))):
+            raise ConfigInvalid(
+                f"folder of the target database for table {self.table!r} does not exist",
+                diagnostics={"table": self.table},
+            )
+        conn = _driver().connect(self.path, config=dict(_CONFIG))
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def _reader(self) -> contextlib.AbstractContextManager[Any]:
+        """Connection for read-only helpers, or None when the file does not exist yet."""
+        if not os.path.isfile(self.path):
+            return contextlib.nullcontext(None)
+        return self._connect()
+
+    def load(self, payload: RowChunks | ArtifactFiles | LoadPlan) -> int:
+        """Write the payload in one transaction and return the rows written."""
+        if isinstance(payload, RowChunks):
+            with self._connect() as conn, _transaction(conn):
+                _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
+                return _insert_rows(conn, self.table, payload.columns, payload.chunks)
+        if isinstance(payload, ArtifactFiles):
+            return self._load_files(payload)
+        if isinstance(payload, LoadPlan):
+            return self._load_plan(payload)
+        raise ConfigInvalid("sink payload must be RowChunks, ArtifactFiles or LoadPlan")
+
+    def _load_files(self, payload: ArtifactFiles) -> int:
+        """JSON-lines files through ``read_json``, typed by the payload's columns."""
+        if payload.format != JSONL:
+            raise ConfigInvalid(
+                f"target table {self.table!r} reads only jsonl artifacts",
+                diagnostics={"table": self.table},
+            )
+        names = _names(payload.columns)
+        types = {column.name: duckdb_type(column) for column in payload.columns}
+        with self._connect() as conn, _transaction(conn):
+            _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
+            if not payload.paths:
+                return 0
+            return conn.execute(
+                f"INSERT INTO {quote(self.table)} ({names}) SELECT {names} FROM read_json("
+                "$paths, format = 'newline_delimited', records = true, columns = $types)",
+                {"paths": list(payload.paths), "types": types},
+            ).fetchone()[0]
+
+    def check_plan(self, plan: LoadPlan) -> None:
+        """Refuse a plan this sink cannot pull, before anything touches the target."""
+        if not isinstance(plan.source, SQLiteSource):
+            raise ConfigInvalid(
+                f"lazy-plan on DuckDB reads SQLite sources; target table {self.table!r} "
+                "cannot pull from this source: use legacy, staged or file-artifact",
+                diagnostics={"table": self.table, "path": "lazy-plan"},
+            )
+
+    def _load_plan(self, plan: LoadPlan) -> int:
+        """DuckDB pulls each partition from the SQLite file with ``sqlite_scan``."""
+        self.check_plan(plan)
+        source: SQLiteSource = plan.source
+        names = _names(plan.columns)
+        statements = [
+            bounds_where(
+                bounds,
+                partition_column=source.partition_column,
+                cursor_column=source.cursor_column,
+                marker="?",
+            )
+            for bounds in plan.bounds
+        ]
+        if not os.path.isfile(source.path):
+            raise SourceInvalid(
+                f"source database for table {source.table!r} does not exist",
+                diagnostics={"table": source.table},
+            )
+        duckdb = _driver()
+        extension = _sqlite_extension(duckdb)
+        scan = [os.path.abspath(source.path), source.table]
+        with self._connect() as conn:
+            conn.execute("LOAD '" + extension.replace("'", "''") + "'")
+            with _transaction(conn):
+                _prepare_target(conn, self.table, plan.columns, replace=plan.replace)
+                return sum(
+                    conn.execute(
+                        f"INSERT INTO {quote(self.table)} ({names}) SELECT {names}"
+                        f" FROM sqlite_scan(?, ?) WHERE {where}",
+                        [*scan, *params],
+                    ).fetchone()[0]
+                    for where, params in statements
+                )
+
+    def stage(self, payload: RowChunks) -> int:
+        """Fill a fresh staging table beside the target; the target is not touched."""
+        with self._connect() as conn, _transaction(conn):
+            conn.execute(f"DROP TABLE IF EXISTS {quote(self._stage)}")
+            _create_table(conn, self._stage, payload.columns)
+            return _insert_rows(conn, self._stage, payload.columns, payload.chunks)
+
+    def staged_row_count(self) -> int:
+        with self._reader() as conn:
+            return 0 if conn is None else _row_count(conn, self._stage)
+
+    def finalize_staged_load(self, *, replace: bool = False) -> int:
+        """Move staged rows into the target (by column name) and drop the staging table, at once.
+
+        A missing target is created with the staging table's columns and types.
+        """
+        stage, target = quote(self._stage), quote(self.table)
+        with self._connect() as conn, _transaction(conn):
+            if not _table_exists(conn, self._stage):
+                raise ConfigInvalid(
+                    f"no staged load exists for target table {self.table!r}",
+                    diagnostics={"table": self.table},
+                )
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {target} AS FROM {stage} LIMIT 0")
+            if replace:
+                conn.execute(f"DELETE FROM {target}")
+            moved = conn.execute(f"INSERT INTO {target} BY NAME FROM {stage}").fetchone()[0]
+            conn.execute(f"DROP TABLE {stage}")
+            return moved
+
+    def discard_stage(self) -> None:
+        if not os.path.isfile(self.path):
+            return
+        with self._connect() as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {quote(self._stage)}")
+
+    def row_count(self) -> int:
+        with self._reader() as conn:
+            return 0 if conn is None else _row_count(conn, self.table)
+
+    def rows(self) -> list[tuple]:
+        with self._reader() as conn:
+            if conn is None or not _table_exists(conn, self.table):
+                return []
+            return conn.execute(f"SELECT * FROM {quote(self.table)} ORDER BY rowid").fetchall()
+
+
+@contextlib.contextmanager
+def _transaction(conn: Any) -> Iterator[None]:
+    """BEGIN ... COMMIT; any exception, even a BaseException, rolls back and re-raises."""
+    conn.execute("BEGIN TRANSACTION")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(_driver().Error):
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _create_table(conn: Any, table: str, columns: Sequence[Column]) -> None:
+    if not columns:
+        raise ConfigInvalid("at least one column is required")
+    definitions = ", ".join(f"{quote(column.name)} {duckdb_type(column)}" for column in columns)
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {quote(table)} ({definitions})")
+
+
+def _prepare_target(conn: Any, table: str, columns: Sequence[Column], *, replace: bool) -> None:
+    _create_table(conn, table, columns)
+    if replace:
+        conn.execute(f"DELETE FROM {quote(table)}")
+
+
+def _insert_rows(
+    conn: Any, table: str, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
+) -> int:
+    """Insert row chunks, one statement per batch, each column bound as one list."""
+    unnest = ", ".join(f"UNNEST(${number})" for number in range(1, len(columns) + 1))
+    sql = f"INSERT INTO {quote(table)} ({_names(columns)}) SELECT {unnest}"
+    written = 0
+    for rows in _batches(chunks):
+        by_column = [list(values) for values in zip(*rows, strict=True)]
+        if len(by_column) != len(columns):
+            raise ConfigInvalid(
+                f"rows for table {table!r} do not have one value per column",
+                diagnostics={"table": table, "columns": len(columns)},
+            )
+        written += conn.execute(sql, by_column).fetchone()[0]
+    return written
+
+
+def _batches(chunks: Iterable[Sequence[tuple]]) -> Iterator[Sequence[tuple]]:
+    """Chunks joined into batches of about ``_BATCH_ROWS`` rows; a large chunk passes as is."""
+    batch: list[tuple] = []
+    for chunk in chunks:
+        if not batch and len(chunk) >= _BATCH_ROWS:
+            yield chunk
+            continue
+        batch.extend(chunk)
+        if len(batch) >= _BATCH_ROWS:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _table_exists(conn: Any, table: str) -> bool:
+    """DuckDB matches table names case-insensitively, even quoted ones; so does this check."""
+    found = conn.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()"
+        " AND schema_name = current_schema() AND lower(table_name) = lower(?)",
+        [table],
+    ).fetchone()[0]
+    return found > 0
+
+
+def _row_count(conn: Any, table: str) -> int:
+    if not _table_exists(conn, table):
+        return 0
+    return conn.execute(f"SELECT count(*) FROM {quote(table)}").fetchone()[0]

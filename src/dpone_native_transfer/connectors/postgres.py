@@ -1,0 +1,271 @@
+"""PostgreSQL source: one table read in partitions through a server-side cursor (psycopg 3).
+
+``dsn`` is a ``postgresql://`` URL or ``env:NAME``, the forms the checkpoint
+store takes; a key=value string is refused. ``table`` is ``name`` (found
+through the server's ``search_path``) or ``schema.name``, split at the first
+dot, so a schema name cannot hold a dot.
+
+Every call opens its own connection, in a read-only transaction, and closes
+it before returning. ``read`` declares a named (server-side) cursor and
+fetches ``chunk_rows`` rows at a time, so a partition is never held in
+memory whole.
+
+Values come out as the types the transfer paths carry everywhere (the spool
+format, JSON lines, SQLite parameters): int, float, str, bool, bytes, None.
+Integer, floating-point, boolean, bytea and character columns keep the
+driver's value; every other type (numeric, date, timestamp, uuid, json, ...)
+is read as PostgreSQL's text of the value, in a session with TimeZone UTC
+and DateStyle ISO, so numerics stay exact and timestamps are ISO 8601.
+Partition values and cursors are therefore JSON-safe for checkpoints, and
+comparisons still run on the column's own type on the server.
+
+Errors never hold the DSN, the password, SQL or the driver's text: a
+connection or SQL failure is ``SourceInvalid`` naming the table only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from ..checkpoints import sha256_digest
+from ..errors import ConfigInvalid, SourceInvalid
+from ..payloads import Column, SourceShape
+from ..stores import _POSTGRES_SCHEMES
+from ..stores.postgres import CONNECT_TIMEOUT_SECONDS
+from ._sql import bounds_where, quote
+
+__all__ = ["PostgresSource"]
+
+_CURSOR = "dpone_read"
+# format_type() names whose values the driver returns as int, float, bool, bytes or str.
+_NATIVE = frozenset(
+    {"smallint", "integer", "bigint", "real", "double precision", "boolean", "bytea"}
+    | {"text", "name", "character", "character varying"}
+)
+_COLUMNS = """SELECT a.attname, format_type(a.atttypid, a.atttypmod)
+    FROM pg_catalog.pg_attribute a
+    WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
+    ORDER BY a.attnum"""
+_SESSION = (
+    "SELECT set_config('TimeZone', 'UTC', true), set_config('DateStyle', 'ISO, YMD', true)"
+)
+
+
+def _driver() -> Any:
+    try:
+        import psycopg
+    except ImportError:
+        raise ConfigInvalid(
+            "PostgresSource needs the psycopg driver: "
+            "pip install 'dpone-native-transfer[postgres]'",
+            diagnostics={"key": "driver"},
+        ) from None
+    return psycopg
+
+
+def _resolve_dsn(dsn: Any) -> str:
+    """The URL ``dsn`` names; errors name the key, never the value (it holds a password)."""
+    if isinstance(dsn, str) and dsn.startswith("env:"):
+        variable = dsn.removeprefix("env:")
+        dsn = os.environ.get(variable, "")
+        if not dsn:
+            raise ConfigInvalid(
+                f"source dsn names environment variable {variable!r}, which is not set",
+                diagnostics={"key": "dsn"},
+            )
+    if not isinstance(dsn, str) or not dsn.startswith(_POSTGRES_SCHEMES):
+        raise ConfigInvalid(
+            "give a PostgreSQL source as a postgresql:// URL or env:NAME",
+            diagnostics={"key": "dsn"},
+        )
+    return dsn
+
+
+def _name(column: str) -> str:
+    """A quoted identifier for psycopg, whose placeholders are ``%s``: a ``%`` is doubled."""
+    return quote(column).replace("%", "%%")
+
+
+def _value(column: Column) -> str:
+    """The select expression of a column: its value, or the text of a type outside the set."""
+    native = column.decltype.split("(")[0].strip() in _NATIVE
+    return _name(column.name) if native else f"{_name(column.name)}::text"
+
+
+class PostgresSource:
+    """Reads one PostgreSQL table in partitions, optionally windowed by a cursor column."""
+
+    def __init__(
+        self,
+        dsn: str,
+        table: str,
+        partition_column: str,
+        cursor_column: str | None = None,
+    ) -> None:
+        schema, dot, name = table.partition(".") if isinstance(table, str) else ("", "", table)
+        parts = (schema, name) if dot else (name,)
+        for part in (*parts, partition_column):
+            quote(part)
+        if cursor_column is not None:
+            quote(cursor_column)
+        self._dsn = _resolve_dsn(dsn)
+        self._regclass = ".".join(quote(part) for part in parts)  # a value for to_regclass()
+        self._relation = ".".join(_name(part) for part in parts)  # SQL text
+        self.table = table
+        self.partition_column = partition_column
+        self.cursor_column = cursor_column
+
+    def __repr__(self) -> str:
+        return f"PostgresSource(table={self.table!r}, partition_column={self.partition_column!r})"
+
+    def _invalid(self, message: str) -> SourceInvalid:
+        return SourceInvalid(message, diagnostics={"table": self.table})
+
+    def _open(self, driver: Any) -> Any:
+        """A connection; a refused or unreachable server is ``SourceInvalid`` with no context."""
+        try:
+            params = driver.conninfo.conninfo_to_dict(self._dsn)
+        except driver.Error:
+            params = None
+        if params is None:  # the parser's message quotes the DSN
+            raise ConfigInvalid(
+                "the PostgreSQL source DSN cannot be parsed", diagnostics={"key": "dsn"}
+            )
+        extra = {} if "connect_timeout" in params else {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+        try:
+            return driver.connect(self._dsn, autocommit=False, **extra)
+        except driver.Error:
+            pass  # raised below, outside the handler, so the driver's text is not chained
+        raise self._invalid(
+            f"the database of source table {self.table!r} cannot be reached or refused the login"
+        )
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[Any]:
+        """A read-only transaction in UTC/ISO; driver errors become ``SourceInvalid``."""
+        driver = _driver()
+        conn = self._open(driver)
+        failed = False
+        try:
+            with conn:
+                conn.read_only = True
+                conn.execute(_SESSION)
+                yield conn
+        except driver.Error:
+            failed = True
+        finally:
+            conn.close()
+        if failed:
+            raise self._invalid(f"source table {self.table!r} could not be read")
+
+    def _columns(self, conn: Any) -> tuple[Column, ...]:
+        rows = conn.execute(_COLUMNS, (self._regclass,)).fetchall()
+        return tuple(Column(name, decltype) for name, decltype in rows)
+
+    def _described(self, conn: Any) -> tuple[Column, ...]:
+        """The table's columns; ``SourceInvalid`` when it or a named column does not exist."""
+        columns = self._columns(conn)
+        if not columns:
+            raise self._invalid(f"source table {self.table!r} does not exist")
+        names = {column.name for column in columns}
+        for role, name in (("partition", self.partition_column), ("cursor", self.cursor_column)):
+            if name is not None and name not in names:
+                raise SourceInvalid(
+                    f"{role} column {name!r} does not exist in source table {self.table!r}",
+                    diagnostics={"table": self.table, "column": name},
+                )
+        return columns
+
+    def describe(self) -> SourceShape:
+        """Columns with their PostgreSQL type names, and the query and schema hashes."""
+        with self._connect() as conn:
+            columns = self._described(conn)
+        window = {} if self.cursor_column is None else {"cursor_after": 0, "cursor_upto": 0}
+        template, _ = self._select(columns, {"partition": 0, **window})
+        return SourceShape(
+            columns=columns,
+            query_hash=sha256_digest(template),
+            schema_hash=sha256_digest([[c.name, c.decltype] for c in columns]),
+        )
+
+    def _select(self, columns: Sequence[Column], bounds: Mapping) -> tuple[str, list[Any]]:
+        where, params = bounds_where(
+            bounds,
+            partition_column=self.partition_column,
+            cursor_column=self.cursor_column,
+            marker="%s",
+            name=_name,
+        )
+        select = ", ".join(_value(column) for column in columns)
+        return f"SELECT {select} FROM {self._relation} WHERE {where}", params
+
+    def _window(self, after: Any, upto: Any) -> tuple[str, list[Any]]:
+        """`` WHERE`` clause of a cursor window ``(after, upto]``, or nothing."""
+        if after is None and upto is None:
+            return "", []
+        if self.cursor_column is None:
+            raise ConfigInvalid(
+                f"source table {self.table!r} has no cursor column to window by",
+                diagnostics={"table": self.table},
+            )
+        cursor = _name(self.cursor_column)
+        bounds = [(f"{cursor} > %s", after), (f"{cursor} <= %s", upto)]
+        given = [(sql, value) for sql, value in bounds if value is not None]
+        return " WHERE " + " AND ".join(sql for sql, _ in given), [value for _, value in given]
+
+    def _column(self, columns: Sequence[Column], name: str) -> Column:
+        return next(column for column in columns if column.name == name)
+
+    def partition_values(self, *, after: Any = None, upto: Any = None) -> list:
+        """Partition values with a cursor in ``(after, upto]``; NULL first, then by value."""
+        window, params = self._window(after, upto)
+        partition = _name(self.partition_column)
+        with self._connect() as conn:
+            value = _value(self._column(self._described(conn), self.partition_column))
+            sql = (
+                f"SELECT {value} FROM (SELECT DISTINCT {partition} FROM {self._relation}{window})"
+                f" AS dpone_values ORDER BY dpone_values.{partition} NULLS FIRST"
+            )
+            return [row[0] for row in conn.execute(sql, params)]
+
+    def max_cursor(self, *, after: Any = None) -> Any:
+        """Highest cursor value above ``after``, or None when nothing is newer."""
+        if self.cursor_column is None:
+            raise ConfigInvalid(
+                f"source table {self.table!r} has no cursor column",
+                diagnostics={"table": self.table},
+            )
+        window, params = self._window(after, None)
+        with self._connect() as conn:
+            cursor = self._column(self._described(conn), self.cursor_column)
+            highest = Column("max", cursor.decltype)
+            sql = f"SELECT max({_name(cursor.name)}) AS max FROM {self._relation}{window}"
+            return conn.execute(f"SELECT {_value(highest)} FROM ({sql}) AS m", params).fetchone()[0]
+
+    def read(self, bounds: Mapping, *, chunk_rows: int = 10_000) -> Iterator[list[tuple]]:
+        """Rows of one partition in chunks of at most ``chunk_rows``; bad bounds fail on call."""
+        if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+            raise ConfigInvalid("chunk_rows must be a positive integer")
+        sql, params = self._select(self.describe().columns, bounds)
+        return self._chunks(sql, params, chunk_rows)
+
+    def _chunks(self, sql: str, params: list[Any], chunk_rows: int) -> Iterator[list[tuple]]:
+        with self._connect() as conn, conn.cursor(name=_CURSOR) as cursor:
+            cursor.execute(sql, params)
+            while chunk := cursor.fetchmany(chunk_rows):
+                yield chunk
+
+    def count(self, bounds: Mapping) -> int:
+        with self._connect() as conn:
+            where, params = bounds_where(
+                bounds,
+                partition_column=self.partition_column,
+                cursor_column=self.cursor_column,
+                marker="%s",
+                name=_name,
+            )
+            sql = f"SELECT count(*) FROM {self._relation} WHERE {where}"
+            return conn.execute(sql, params).fetchone()[0]
