@@ -1,0 +1,568 @@
+"""DuckDB sink against real DuckDB files: types, atomic loads, staging, jsonl artifacts, lazy plans,
+and guarded transfers through the runtime on all four paths."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import decimal
+import hashlib
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+from conftest import PATHS, Route
+
+from dpone_native_transfer.artifacts import write_jsonl
+from dpone_native_transfer.connectors.duckdb import DuckDBSink, duckdb_type
+from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
+from dpone_native_transfer.payloads import ArtifactFiles, Column, LoadPlan, RowChunks
+from dpone_native_transfer.connectors import SQLiteSource
+from dpone_native_transfer.testing import (
+    InjectedFault,
+    RecordingSink,
+    assert_blocked_before_target,
+    assert_rows_exactly_once,
+    build_sample_source,
+    phase_batch,
+)
+
+COLUMNS = (
+    Column("id", "INTEGER"),
+    Column("region", "TEXT"),
+    Column("amount", "REAL"),
+    Column("updated_at", "INTEGER"),
+)
+ROWS = [
+    (1, "north", 1.5, 101),
+    (2, "south", 2.5, 102),
+    (3, None, None, 103),
+    (4, "north", 4.5, 104),
+    (5, "O'Brien", 5.5, 105),
+]
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.fixture
+def sink(tmp_path: Path) -> DuckDBSink:
+    return DuckDBSink(tmp_path / "target.duckdb", "orders_copy")
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> SQLiteSource:
+    path = tmp_path / "source.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute(
+            "CREATE TABLE orders (id INTEGER PRIMARY KEY, region TEXT, amount REAL,"
+            " updated_at INTEGER)"
+        )
+        conn.executemany("INSERT INTO orders VALUES (?, ?, ?, ?)", ROWS)
+    return SQLiteSource(path, "orders", "region", "updated_at")
+
+
+def _query(sink: DuckDBSink, sql: str, params: list | None = None) -> list[tuple]:
+    with contextlib.closing(duckdb.connect(sink.path)) as conn:
+        return conn.execute(sql, params or []).fetchall()
+
+
+def _tables(sink: DuckDBSink) -> list[str]:
+    return [row[0] for row in _query(sink, "SELECT table_name FROM duckdb_tables() ORDER BY 1")]
+
+
+def _chunks(rows=ROWS, *, replace: bool = False, size: int = 2) -> RowChunks:
+    chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
+    return RowChunks(columns=COLUMNS, chunks=iter(chunks), replace=replace)
+
+
+# --- types ------------------------------------------------------------------------------------
+
+
+def test_target_types_follow_the_neutral_column_kinds(sink):
+    columns = (
+        Column("i", "INTEGER"),
+        Column("s", "character varying(20)"),
+        Column("r", "double precision"),
+        Column("b", "BLOB"),
+        Column("untyped", ""),
+        Column("flag", "boolean"),
+        Column("d", "date"),
+        Column("ts", "timestamp without time zone"),
+        Column("money", "numeric(12,2)"),
+        Column("exact", "DECIMAL(38, 0)"),
+        Column("wide", "numeric(40,2)"),
+        Column("free", "numeric"),
+    )
+    row = (
+        7,
+        "text",
+        0.25,
+        b"\x00\xff",
+        b"raw",
+        True,
+        "2024-02-29",
+        "2024-02-29 23:59:59.123456",
+        "1234567890.15",
+        "12345678901234567890123456789012345678",
+        "1.5",
+        "2.25",
+    )
+    assert sink.load(RowChunks(columns=columns, chunks=[[row]])) == 1
+    types = _query(
+        sink,
+        "SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'orders_copy'"
+        " ORDER BY column_index",
+    )
+    assert types == [
+        ("i", "BIGINT"),
+        ("s", "VARCHAR"),
+        ("r", "DOUBLE"),
+        ("b", "BLOB"),
+        ("untyped", "BLOB"),
+        ("flag", "BOOLEAN"),
+        ("d", "DATE"),
+        ("ts", "TIMESTAMP"),
+        ("money", "DECIMAL(12,2)"),
+        ("exact", "DECIMAL(38,0)"),
+        ("wide", "DOUBLE"),
+        ("free", "DOUBLE"),
+    ]
+    assert sink.rows() == [
+        (
+            7,
+            "text",
+            0.25,
+            b"\x00\xff",
+            b"raw",
+            True,
+            datetime.date(2024, 2, 29),
+            datetime.datetime(2024, 2, 29, 23, 59, 59, 123456),
+            decimal.Decimal("1234567890.15"),
+            decimal.Decimal("12345678901234567890123456789012345678"),
+            1.5,
+            2.25,
+        )
+    ]
+
+
+def test_a_hostile_declared_type_never_reaches_sql(sink):
+    column = Column("a", "INTEGER); DROP TABLE x; --")
+    assert duckdb_type(column) == "BIGINT"
+    assert duckdb_type(Column("n", "numeric(5,9)")) == "DOUBLE"  # scale above precision
+    sink.load(RowChunks(columns=(column,), chunks=[[(1,)]]))
+    assert sink.rows() == [(1,)]
+
+
+# --- legacy loads -----------------------------------------------------------------------------
+
+
+def test_load_creates_missing_target_and_keeps_values(sink):
+    assert not Path(sink.path).exists()
+    assert sink.row_count() == 0 and sink.rows() == []
+    assert sink.load(_chunks()) == len(ROWS)
+    assert sink.rows() == ROWS
+    assert sink.row_count() == len(ROWS)
+
+
+def test_append_twice_doubles_rows_and_replace_replaces(sink):
+    sink.load(_chunks())
+    sink.load(_chunks())
+    assert sink.row_count() == 2 * len(ROWS)
+    assert sink.load(_chunks([(9, "west", 9.5, 109)], replace=True)) == 1
+    assert sink.rows() == [(9, "west", 9.5, 109)]
+    assert sink.load(RowChunks(columns=COLUMNS, chunks=[], replace=True)) == 0
+    assert sink.row_count() == 0
+
+
+def test_small_chunks_are_batched_and_large_loads_are_exact(sink):
+    rows = [(i, f"r{i % 7}", i / 4, 1_000 + i) for i in range(25_003)]
+    assert sink.load(_chunks(rows, size=16)) == len(rows)
+    assert sink.rows() == rows
+    assert sink.load(_chunks(rows, size=12_000)) == len(rows)
+    assert sink.row_count() == 2 * len(rows)
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_load_is_atomic_and_propagates_the_same_exception(sink, replace):
+    sink.load(_chunks())
+    boom = Boom()
+
+    def failing():
+        yield [(100, "x", 1.0, 1), (101, "x", 2.0, 2)]
+        raise boom
+
+    with pytest.raises(Boom) as caught:
+        sink.load(RowChunks(columns=COLUMNS, chunks=failing(), replace=replace))
+    assert caught.value is boom
+    assert sink.rows() == ROWS
+
+
+def test_load_rolls_back_on_base_exception(sink):
+    sink.load(_chunks())
+
+    def interrupted():
+        yield [(100, "x", 1.0, 1)]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sink.load(RowChunks(columns=COLUMNS, chunks=interrupted(), replace=True))
+    assert sink.rows() == ROWS
+
+
+def test_failed_first_load_leaves_no_target_table(sink):
+    def failing():
+        yield [(1, "x", 1.0, 1)]
+        raise Boom
+
+    with pytest.raises(Boom):
+        sink.load(RowChunks(columns=COLUMNS, chunks=failing()))
+    assert sink.row_count() == 0
+    assert _tables(sink) == []
+
+
+def test_a_value_duckdb_refuses_propagates_and_changes_nothing(sink):
+    sink.load(_chunks())
+    with pytest.raises(duckdb.ConversionException):
+        sink.load(_chunks([(1, "x", 1.0, 1), ("not a number", "y", 2.0, 2)], size=1))
+    assert sink.rows() == ROWS
+
+
+def test_rows_of_the_wrong_width_are_refused(sink):
+    with pytest.raises(ConfigInvalid):
+        sink.load(RowChunks(columns=COLUMNS, chunks=[[(1, "a", 1.0)]]))
+    with pytest.raises(ValueError):
+        sink.load(RowChunks(columns=COLUMNS, chunks=[[(1, "a", 1.0, 1), (2, "b")]]))
+    assert sink.row_count() == 0
+
+
+# --- configuration errors ---------------------------------------------------------------------
+
+
+def test_missing_folder_is_config_invalid_without_the_path(tmp_path):
+    sink = DuckDBSink(tmp_path / "no-such-folder" / "target.duckdb", "orders_copy")
+    with pytest.raises(ConfigInvalid) as caught:
+        sink.load(_chunks())
+    assert "no-such-folder" not in str(caught.value)
+    assert caught.value.diagnostics == {"table": "orders_copy"}
+    assert not (tmp_path / "no-such-folder").exists()
+
+
+@pytest.mark.parametrize("table", ["", "bad\x00name", None])
+def test_bad_table_names_are_refused(tmp_path, table):
+    with pytest.raises(ConfigInvalid):
+        DuckDBSink(tmp_path / "t.duckdb", table)
+
+
+def test_in_memory_databases_and_unknown_payloads_are_refused(tmp_path, sink):
+    with pytest.raises(ConfigInvalid):
+        DuckDBSink(":memory:", "t")
+    with pytest.raises(ConfigInvalid):
+        sink.load([(1,)])  # type: ignore[arg-type]
+    with pytest.raises(ConfigInvalid):
+        sink.load(RowChunks(columns=(), chunks=[]))
+
+
+def test_repr_names_the_table_only(tmp_path):
+    sink = DuckDBSink(tmp_path / "secret-folder" / "t.duckdb", "orders_copy")
+    assert repr(sink) == "DuckDBSink(table='orders_copy')"
+    assert DuckDBSink.artifact_format == "jsonl"
+
+
+# --- staging ----------------------------------------------------------------------------------
+
+
+def test_stage_then_finalize_moves_rows_and_drops_staging(sink):
+    assert sink.staged_row_count() == 0
+    assert sink.stage(_chunks()) == len(ROWS)
+    assert sink.staged_row_count() == len(ROWS)
+    assert sink.row_count() == 0
+    assert sink.finalize_staged_load() == len(ROWS)
+    assert sink.rows() == ROWS
+    assert sink.staged_row_count() == 0
+    assert _tables(sink) == ["orders_copy"]
+
+
+def test_stage_recreates_staging_and_finalize_appends_or_replaces(sink):
+    sink.load(_chunks())
+    sink.stage(_chunks())
+    assert sink.finalize_staged_load() == len(ROWS)
+    assert sink.row_count() == 2 * len(ROWS)
+    sink.stage(_chunks())
+    sink.stage(_chunks([(9, "west", 9.5, 109)]))
+    assert sink.staged_row_count() == 1
+    assert sink.finalize_staged_load(replace=True) == 1
+    assert sink.rows() == [(9, "west", 9.5, 109)]
+
+
+def test_finalize_matches_columns_by_name_and_keeps_the_targets_definition(sink):
+    with contextlib.closing(duckdb.connect(sink.path)) as conn:
+        conn.execute(
+            "CREATE TABLE orders_copy (updated_at BIGINT, id BIGINT, amount DOUBLE,"
+            " region VARCHAR, extra VARCHAR DEFAULT 'kept')"
+        )
+    sink.stage(_chunks())
+    assert sink.finalize_staged_load(replace=True) == len(ROWS)
+    assert sink.rows() == [(u, i, a, r, "kept") for i, r, a, u in ROWS]
+
+
+def test_finalize_without_stage_is_an_error_and_changes_nothing(sink):
+    sink.load(_chunks())
+    with pytest.raises(ConfigInvalid):
+        sink.finalize_staged_load(replace=True)
+    assert sink.rows() == ROWS
+
+
+def test_failed_stage_keeps_the_previous_stage(sink):
+    sink.stage(_chunks([(9, "west", 9.5, 109)]))
+
+    def failing():
+        yield [(1, "x", 1.0, 1)]
+        raise Boom
+
+    with pytest.raises(Boom):
+        sink.stage(RowChunks(columns=COLUMNS, chunks=failing()))
+    assert sink.staged_row_count() == 1
+
+
+def test_discard_stage(sink):
+    sink.discard_stage()
+    assert not Path(sink.path).exists()
+    sink.stage(_chunks())
+    sink.discard_stage()
+    assert sink.staged_row_count() == 0
+    assert _tables(sink) == []
+    sink.discard_stage()
+
+
+# --- jsonl artifacts --------------------------------------------------------------------------
+
+
+def _jsonl(path: Path, rows, columns=COLUMNS) -> str:
+    with open(path, "wb") as handle:
+        write_jsonl(handle, [c.name for c in columns], [rows])
+    return str(path)
+
+
+def test_jsonl_artifacts_load_with_types(tmp_path, sink):
+    columns = (
+        Column("id", "bigint"),
+        Column("amount", "numeric(12,2)"),
+        Column("at", "timestamp without time zone"),
+        Column("day", "date"),
+        Column("flag", "boolean"),
+        Column("note", "text"),
+    )
+    first = _jsonl(
+        tmp_path / "a.jsonl",
+        [
+            (1, decimal.Decimal("12.50"), datetime.datetime(2024, 1, 2, 3, 4, 5), "2024-01-02",
+             True, "é \"quoted\"\n"),
+            (2, None, "2024-01-02 03:04:05.25", datetime.date(2024, 1, 3), False, None),
+        ],
+        columns,
+    )  # fmt: skip
+    empty = _jsonl(tmp_path / "empty.jsonl", [], columns)
+    second = _jsonl(tmp_path / "b.jsonl", [(3, "7.10", None, None, None, "x")], columns)
+    payload = ArtifactFiles(columns=columns, paths=(first, empty, second), format="jsonl")
+    assert sink.load(payload) == 3
+    assert sink.rows() == [
+        (1, decimal.Decimal("12.50"), datetime.datetime(2024, 1, 2, 3, 4, 5),
+         datetime.date(2024, 1, 2), True, "é \"quoted\"\n"),
+        (2, None, datetime.datetime(2024, 1, 2, 3, 4, 5, 250000), datetime.date(2024, 1, 3),
+         False, None),
+        (3, decimal.Decimal("7.10"), None, None, None, "x"),
+    ]  # fmt: skip
+
+
+def test_jsonl_artifacts_replace_atomically(tmp_path, sink):
+    sink.load(_chunks())
+    good = _jsonl(tmp_path / "good.jsonl", [(9, "west", 9.5, 109)])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 10, "region": "x"}\n{"id": \n')
+    def files(*paths: str) -> ArtifactFiles:
+        return ArtifactFiles(columns=COLUMNS, paths=paths, format="jsonl", replace=True)
+
+    with pytest.raises(duckdb.Error):
+        sink.load(files(good, str(bad)))
+    assert sink.rows() == ROWS
+    assert sink.load(files(good)) == 1
+    assert sink.rows() == [(9, "west", 9.5, 109)]
+    assert sink.load(files()) == 0
+    assert sink.row_count() == 0
+
+
+def test_artifacts_of_another_format_are_refused(tmp_path, sink):
+    path = _jsonl(tmp_path / "a.jsonl", ROWS)
+    with pytest.raises(ConfigInvalid):
+        sink.load(ArtifactFiles(columns=COLUMNS, paths=(path,), format="csv"))
+    assert not Path(sink.path).exists()
+
+
+# --- lazy plans -------------------------------------------------------------------------------
+
+
+def test_load_plan_matches_a_row_chunks_load(source, tmp_path):
+    bounds = tuple(
+        {"partition": value, "cursor_after": 101, "cursor_upto": 104, "generation": 1}
+        for value in source.partition_values(after=101, upto=104)
+    )
+    columns = source.describe().columns
+    by_chunks = DuckDBSink(tmp_path / "chunks.duckdb", "t")
+    by_plan = DuckDBSink(tmp_path / "plan.duckdb", "t")
+    expected = by_chunks.load(
+        RowChunks(columns=columns, chunks=(c for b in bounds for c in source.read(b)))
+    )
+    assert by_plan.load(LoadPlan(source=source, columns=columns, bounds=bounds)) == expected == 3
+    assert by_plan.rows() == by_chunks.rows() == [ROWS[2], ROWS[3], ROWS[1]]
+
+
+def test_load_plan_replace_null_partition_and_source_untouched(source, sink):
+    before = hashlib.sha256(Path(source.path).read_bytes()).hexdigest()
+    columns = source.describe().columns
+    sink.load(_chunks())
+    plan = LoadPlan(source=source, columns=columns, bounds=({"partition": None},), replace=True)
+    assert sink.load(plan) == 1
+    assert sink.rows() == [ROWS[2]]
+    assert hashlib.sha256(Path(source.path).read_bytes()).hexdigest() == before
+
+
+def test_load_plan_is_atomic(source, sink):
+    columns = source.describe().columns
+    sink.load(_chunks())
+    bounds = ({"partition": "north"}, {"partition": "south"})
+    vanished = (*columns, Column("vanished", "TEXT"))
+    with pytest.raises(duckdb.Error):
+        sink.load(LoadPlan(source=source, columns=vanished, bounds=bounds, replace=True))
+    assert sink.rows() == ROWS
+
+
+def test_load_plan_over_another_source_is_config_invalid_before_the_target(sink):
+    class OtherSource:
+        table = "orders"
+
+    plan = LoadPlan(source=OtherSource(), columns=COLUMNS, bounds=({"partition": "a"},))
+    with pytest.raises(ConfigInvalid, match="lazy-plan on DuckDB reads SQLite sources"):
+        sink.load(plan)
+    with pytest.raises(ConfigInvalid):
+        sink.check_plan(plan)
+    assert not Path(sink.path).exists()
+
+
+def test_load_plan_with_missing_source_file_is_source_invalid(source, sink):
+    columns = source.describe().columns
+    os.unlink(source.path)
+    with pytest.raises(SourceInvalid) as caught:
+        sink.load(LoadPlan(source=source, columns=columns, bounds=({"partition": "north"},)))
+    assert "source.db" not in str(caught.value)
+    assert not Path(sink.path).exists()
+
+
+def test_load_plan_with_bad_bounds_fails_before_the_target(source, sink):
+    plan = LoadPlan(source=source, columns=COLUMNS, bounds=({"cursor_after": 1},))
+    with pytest.raises(ConfigInvalid):
+        sink.load(plan)
+    assert not Path(sink.path).exists()
+
+
+def test_the_sqlite_scanner_loads_offline_in_a_fresh_process(tmp_path, source):
+    """No network and no DuckDB extension folder: the extension comes from its wheel."""
+    home = tmp_path / "empty-home"
+    home.mkdir()
+    script = (
+        "from dpone_native_transfer.connectors import SQLiteSource\n"
+        "from dpone_native_transfer.connectors.duckdb import DuckDBSink\n"
+        "from dpone_native_transfer.payloads import LoadPlan\n"
+        f"source = SQLiteSource({source.path!r}, 'orders', 'region')\n"
+        f"sink = DuckDBSink({str(tmp_path / 'fresh.duckdb')!r}, 't')\n"
+        "plan = LoadPlan(source=source, columns=source.describe().columns,"
+        " bounds=({'partition': 'north'},))\n"
+        "print(sink.load(plan), sink.rows())\n"
+    )
+    env = {**os.environ, "HOME": str(home), "no_proxy": "*", "http_proxy": "http://127.0.0.1:9"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "2 [(1, 'north', 1.5, 101), (4, 'north', 4.5, 104)]"
+    assert not (home / ".duckdb").exists()
+
+
+# --- awkward identifiers ----------------------------------------------------------------------
+
+
+def test_identifiers_with_spaces_quotes_and_question_marks(tmp_path):
+    path = tmp_path / "odd name's.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute(
+            'CREATE TABLE "my ""odd"" table" ("the id" INTEGER, "part ""p""?" TEXT,'
+            ' "cur\'sor" INTEGER)'
+        )
+        conn.executemany(
+            'INSERT INTO "my ""odd"" table" VALUES (?, ?, ?)',
+            [(1, "a b", 5), (2, 'x"y', 6), (3, "a b", 7)],
+        )
+    source = SQLiteSource(path, 'my "odd" table', 'part "p"?', "cur'sor")
+    columns = source.describe().columns
+    sink = DuckDBSink(tmp_path / "target dir's.duckdb", 'copy "of" it?')
+    bounds = tuple({"partition": value} for value in source.partition_values())
+    assert sink.load(LoadPlan(source=source, columns=columns, bounds=bounds)) == 3
+    sink.stage(RowChunks(columns=columns, chunks=source.read({"partition": "a b"})))
+    assert sink.finalize_staged_load() == 2
+    assert sink.rows() == [
+        (1, "a b", 5), (3, "a b", 7), (2, 'x"y', 6), (1, "a b", 5), (3, "a b", 7)
+    ]  # fmt: skip
+
+
+# --- guarded transfers through the runtime ----------------------------------------------------
+
+
+@pytest.fixture
+def duck_route(tmp_path: Path):
+    made = Route(tmp_path)
+    made.sink = RecordingSink(DuckDBSink(tmp_path / "target.duckdb", "orders_copy"))
+    yield made
+    made.real_store.close()
+
+
+def _source_rows(route: Route) -> list[tuple]:
+    with contextlib.closing(sqlite3.connect(route.source_path)) as conn:
+        return conn.execute("SELECT * FROM orders ORDER BY id").fetchall()
+
+
+@pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])
+@pytest.mark.parametrize("path", PATHS)
+def test_guarded_transfers_give_exactly_the_source_rows(duck_route, path, strategy):
+    first = duck_route.runtime().run(duck_route.spec(path, strategy=strategy))
+    assert first.rows_loaded == 120 and len(first.committed_partition_ids) == 4
+    assert sorted(duck_route.sink.inner.rows()) == _source_rows(duck_route)
+
+    build_sample_source(duck_route.source_path, rows=30, start_id=121)
+    second = duck_route.runtime().run(duck_route.spec(path, run_id="run-2", strategy=strategy))
+    assert second.rows_loaded == (30 if strategy == "incremental_append" else 150)
+    assert sorted(duck_route.sink.inner.rows()) == _source_rows(duck_route)
+    assert_rows_exactly_once(duck_route.source_ids(), duck_route.target_ids())
+    assert duck_route.sink.target_calls == 2
+    assert duck_route.sink.inner.staged_row_count() == 0
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_partial_commit_blocks_the_automatic_retry_without_duplicates(duck_route, path):
+    original = duck_route.store.fail_batch(phase_batch("checkpoint_committed"), keep=1)
+    with pytest.raises(InjectedFault) as caught:
+        duck_route.runtime().run(duck_route.spec(path))
+    assert caught.value is original
+    assert duck_route.sink.target_calls == 1
+    build_sample_source(duck_route.source_path, rows=10, start_id=121)  # new rows wait
+
+    retry = duck_route.spec(path, run_id="retry")
+    assert_blocked_before_target(lambda: duck_route.runtime().run(retry), duck_route.sink)
+    assert_blocked_before_target(lambda: duck_route.runtime().run(retry), duck_route.sink)
+    target = duck_route.target_ids()
+    assert_rows_exactly_once(list(range(1, 121)), target)
+    assert len(target) == 120
