@@ -188,6 +188,6 @@ def _operator_steps(error: NativeTransferError, route: RouteKey | None) -> list[
     return [
         f"inspect it with: {scan_hint(route)}",
         "<checkpoint store> is the route's [store] path; compare the blocked partitions with the "
-        "target, record the finding with `dpone-transfer guard resolve`, then clear the task "
-        "(docs/checkpoints-and-recovery.md)",
+        "target, record what it holds with `dpone-transfer guard resolve`, then clear this task "
+        "or let the next DAG run start (docs/checkpoints-and-recovery.md)",
     ]

@@ -1,0 +1,610 @@
+"""NativeTransferOperator under real Apache Airflow 3, and the runtime's independence from it.
+
+Airflow is an optional extra (``airflow``), outside the default ``test``
+extra; these tests fail, never skip, when it is missing. Every real-Airflow
+scenario runs in a child process (``airflow_child.py``) with its own
+AIRFLOW_HOME, because Airflow reads its configuration and emits warnings at
+import. The metadata database is migrated once per session and copied for
+each test. ``dag.test()`` drives Airflow's own scheduling loop, so failed
+tries go through Airflow's retry handling; the task log is the child's output.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import tomllib
+from collections import Counter
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpone_airflow.task import (
+    progress_logger,
+    report_failure,
+    route_argument,
+    task_run_id,
+)
+from dpone_native_transfer import RouteKey
+from dpone_native_transfer.cli import transfer
+from dpone_native_transfer.config import load_route_config
+from dpone_native_transfer.errors import (
+    CheckpointStoreUnavailable,
+    ConfigInvalid,
+    ManualReconciliationRequired,
+    TargetCommitGuardUnhandled,
+)
+from dpone_native_transfer.testing import build_sample_source
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+CHILD = TESTS / "airflow_child.py"
+DOC = ROOT / "docs" / "airflow.md"
+DOC_DAG = ROOT / "docs" / "examples" / "airflow" / "orders_copy_dag.py"
+DOC_ROUTE = ROOT / "docs" / "examples" / "airflow" / "routes" / "orders.toml"
+MAPPING_DAG = TESTS / "airflow_dags" / "orders_mapping_dag.py"
+CLI = str(Path(sys.executable).parent / "dpone-transfer")
+CODE = "native_transfer_manual_reconciliation_required"
+SCAN = "dpone-transfer guard scan --store <checkpoint store> --route orders orders_copy incremental_append"
+CHILD_TIMEOUT = 300
+
+
+# -- the runtime domain does not need Airflow -----------------------------------------------
+
+# Modules that must never import Airflow: the runtime, the guard, and the parts of the
+# adapter that Airflow itself imports (provider.py) or that hold the Airflow-free logic.
+AIRFLOW_FREE = [
+    *sorted((ROOT / "src" / "dpone_native_transfer").rglob("*.py")),
+    *sorted((ROOT / "plugins" / "dpone_target_commit_guard").rglob("*.py")),
+    *(ROOT / "plugins" / "dpone_airflow" / name for name in ("__init__.py", "provider.py", "task.py")),
+]
+
+
+def _imported_modules(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules.add(node.module)
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None))
+            in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            modules.add(str(node.args[0].value))
+    return modules
+
+
+def test_no_module_of_the_runtime_or_the_guard_imports_airflow():
+    assert len(AIRFLOW_FREE) > 30
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(m for m in _imported_modules(path) if _is_airflow(m))
+        for path in AIRFLOW_FREE
+    }
+    assert {path: found for path, found in offenders.items() if found} == {}
+
+
+def _is_airflow(module: str) -> bool:
+    return module == "airflow" or module.startswith("airflow.")
+
+
+BLOCKED_AIRFLOW = textwrap.dedent(
+    """
+    import importlib.abc, json, sqlite3, sys
+
+    class NoAirflow(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "airflow" or name.startswith("airflow."):
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+
+    sys.meta_path.insert(0, NoAirflow())
+    import dpone_native_transfer, dpone_target_commit_guard, dpone_airflow
+    from dpone_native_transfer import RouteKey, SQLiteCheckpointStore, SQLiteSink, SQLiteSource
+    from dpone_native_transfer import TransferRuntime, TransferSpec
+    from dpone_native_transfer.cli import build_parser
+    from dpone_native_transfer.testing import build_sample_source
+    from dpone_airflow.provider import get_provider_info
+    from dpone_airflow.task import load_route, task_run_id
+    try:
+        import airflow
+    except ModuleNotFoundError:
+        blocked = True
+    else:
+        blocked = False
+    build_parser()  # loads the guard's command plugin through its entry point
+    build_sample_source("source.db", rows=40, partitions=2)
+    store = SQLiteCheckpointStore("checkpoints.db")
+    result = TransferRuntime(store).run(TransferSpec(
+        source=SQLiteSource("source.db", "orders", "region", cursor_column="updated_at"),
+        sink=SQLiteSink("target.db", "orders_copy"),
+        strategy="incremental_append",
+        path="staged",
+        run_id="no-airflow",
+    ))
+    route = RouteKey("orders", "orders_copy", "incremental_append")
+    guards = [cp.diagnostics["target_commit_guard"]["phase"] for cp in store.list_latest(route)]
+    store.close()
+    try:
+        import dpone_airflow.operator
+    except ImportError as error:
+        operator_import = str(error)
+    else:
+        operator_import = None
+    print(json.dumps({
+        "blocked": blocked,
+        "rows_loaded": result.rows_loaded,
+        "guards": sorted(guards),
+        "airflow_modules": sorted(m for m in sys.modules if m.split(".")[0] == "airflow"),
+        "provider": get_provider_info()["package-name"],
+        "operator_import": operator_import,
+    }))
+    """
+)
+
+
+def test_the_runtime_guard_and_cli_run_a_transfer_while_airflow_cannot_be_imported(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKED_AIRFLOW],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["blocked"] is True
+    assert report["rows_loaded"] == 40
+    assert report["guards"] == ["checkpoint_committed", "checkpoint_committed"]
+    assert report["airflow_modules"] == []
+    assert report["provider"] == "dpone-native-transfer"
+    assert "pip install 'dpone-native-transfer[airflow]'" in report["operator_import"]
+
+
+# -- the operator's logic, without Airflow ----------------------------------------------------
+
+
+def test_each_airflow_try_gets_its_own_shell_safe_run_id():
+    one = task_run_id(
+        dag_id="orders_copy",
+        run_id="manual__2026-11-29T10:00:00+00:00",
+        task_id="copy_orders",
+        try_number=1,
+    )
+    assert one == "orders_copy/manual__2026-11-29T10:00:00+00:00/copy_orders/try-1"
+    two = task_run_id(
+        dag_id="orders_copy",
+        run_id="manual__2026-11-29T10:00:00+00:00",
+        task_id="copy_orders",
+        try_number=2,
+        map_index=3,
+    )
+    assert two == "orders_copy/manual__2026-11-29T10:00:00+00:00/copy_orders/map-3/try-2"
+    odd = task_run_id(dag_id="d", run_id="a b/$(rm -rf)'\"", task_id="t", try_number=1)
+    assert odd == "d/a_b_rm_-rf_/t/try-1"
+    assert task_run_id(dag_id="d", run_id="", task_id="t", try_number=1, map_index=None) == (
+        "d/_/t/try-1"
+    )
+
+
+def test_the_route_argument_is_a_path_string_or_a_copied_mapping():
+    assert route_argument(Path("/routes/orders.toml")) == "/routes/orders.toml"
+    sections = {"source": {"path": "s.db"}, "store": {"path": "c.db"}}
+    copied = route_argument(sections)
+    sections["source"]["path"] = "changed.db"
+    assert copied == {"source": {"path": "s.db"}, "store": {"path": "c.db"}}
+    with pytest.raises(ConfigInvalid) as caught:
+        route_argument(["orders.toml"])
+    assert caught.value.diagnostics == {"key": "route"}
+
+
+@pytest.fixture
+def task_log(caplog):
+    caplog.set_level(logging.INFO, logger="dpone_airflow.test")
+    return logging.getLogger("dpone_airflow.test")
+
+
+ROUTE = RouteKey("orders", "orders_copy", "incremental_append")
+
+
+def test_a_blocked_route_logs_its_code_diagnostics_and_the_scan_command_not_the_message(
+    task_log, caplog
+):
+    diagnostics = {"route": ROUTE.as_dict(), "phases": ["checkpoint_incomplete"]}
+    error = ManualReconciliationRequired("CANARY message text", diagnostics=diagnostics)
+    report_failure(task_log, error, ROUTE)
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines[0] == (
+        f"dpone: {CODE} (route orders -> orders_copy (incremental_append)): the route is blocked "
+        "until an operator reconciles it; every retry stops here, before the target, so pause "
+        "the DAG while you work on it"
+    )
+    assert lines[1] == "dpone: diagnostics: " + json.dumps(diagnostics, sort_keys=True)
+    assert lines[2] == f"dpone: inspect it with: {SCAN}"
+    assert "guard resolve" in lines[3]
+    assert all(record.levelno == logging.ERROR for record in caplog.records)
+    assert "CANARY" not in caplog.text
+
+
+def test_other_failures_log_only_their_code_or_type(task_log, caplog):
+    report_failure(task_log, RuntimeError("CANARY password=hunter2"), ROUTE)
+    report_failure(task_log, CheckpointStoreUnavailable("CANARY dsn"), ROUTE)
+    report_failure(task_log, ConfigInvalid("CANARY", diagnostics={"key": "route"}), None)
+    report_failure(task_log, TargetCommitGuardUnhandled("CANARY"), ROUTE)
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines[0].startswith(
+        "dpone: transfer failed with RuntimeError (route orders -> orders_copy (incremental_append))"
+    )
+    assert lines[1:3] == [
+        "dpone: native_transfer_checkpoint_store_unavailable "
+        "(route orders -> orders_copy (incremental_append))",
+        "dpone: diagnostics: {}",
+    ]
+    assert lines[3] == (
+        "dpone: native_transfer_config_invalid: the route configuration is invalid; "
+        "a retry will fail the same way"
+    )
+    assert lines[4] == 'dpone: diagnostics: {"key": "route"}'
+    assert "no target-commit guard plugin" in lines[5]
+    assert lines[7] == (
+        "dpone: install or enable the target_commit_guard entry point on every worker"
+    )
+    assert "CANARY" not in caplog.text and "hunter2" not in caplog.text
+    assert "guard scan" not in caplog.text
+
+
+def test_progress_goes_to_the_task_log_as_the_cli_prints_it(tmp_path, task_log, caplog):
+    build_sample_source(tmp_path / "source.db", rows=30, partitions=3)
+    route = tmp_path / "route.toml"
+    _write_route(route, _route_sections(tmp_path))
+    result, _ = transfer(load_route_config(route), "run-1", events=progress_logger(task_log))
+    lines = [record.getMessage() for record in caplog.records]
+    assert result.rows_loaded == 30
+    assert len(lines) == 4
+    assert all(re.fullmatch(r"dpone: \[\d/3\] partition p-\w+ extracted 10 rows", x) for x in lines[:3])
+    assert lines[3] == "dpone: target: finalize_staged_load"
+
+
+# -- real Airflow ---------------------------------------------------------------------------
+
+
+def _require_airflow() -> None:
+    """Fail (never skip) without Airflow 3: the `airflow` extra is part of the test set-up."""
+    try:
+        version = metadata.version("apache-airflow")
+    except metadata.PackageNotFoundError:
+        pytest.fail(
+            "Apache Airflow is not installed; install the `airflow` extra "
+            "(pip install -e '.[test,airflow]', as `make test` does)",
+            pytrace=False,
+        )
+    if not version.startswith("3."):
+        pytest.fail(f"these tests need Apache Airflow 3.x, found {version}", pytrace=False)
+
+
+def _airflow_env(home: Path, dags: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PYTHONWARNINGS"))}
+    env.update(
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
+        # Retries run at once in tests; a DAG that sets no retry_delay takes this default.
+        AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY="0",
+    )
+    return env
+
+
+@pytest.fixture(scope="session")
+def migrated_airflow_db(tmp_path_factory) -> Path:
+    """``airflow db migrate`` once per session; each test starts from a copy of the result."""
+    _require_airflow()
+    home = tmp_path_factory.mktemp("airflow-migrated")
+    done = subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"],
+        env=_airflow_env(home, home / "dags"),
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return home / "airflow.db"
+
+
+class Airflow:
+    """A fresh AIRFLOW_HOME with a migrated metadata DB and an empty DAGs folder."""
+
+    def __init__(self, root: Path, migrated_db: Path) -> None:
+        self.root = root
+        self.home = root / "airflow-home"
+        self.dags = root / "dags"
+        self.home.mkdir()
+        self.dags.mkdir()
+        shutil.copy(migrated_db, self.home / "airflow.db")
+        self.env = _airflow_env(self.home, self.dags)
+        self.calls = 0
+
+    def run(self, scenario: str, **request: Any) -> tuple[dict[str, Any], str]:
+        """Run the child; its JSON result, and its output: Airflow's log, the task log included."""
+        self.calls += 1
+        stem = self.root / f"{scenario}-{self.calls}"
+        request_path, result_path, log_path = (
+            stem.with_suffix(s) for s in (".request.json", ".result.json", ".log")
+        )
+        request_path.write_text(json.dumps(request))
+        with open(log_path, "w") as log:
+            done = subprocess.run(
+                [sys.executable, str(CHILD), scenario, str(request_path), str(result_path)],
+                env=self.env,
+                cwd=self.root,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=CHILD_TIMEOUT,
+            )
+        output = log_path.read_text()
+        assert done.returncode == 0, output[-6000:]
+        return json.loads(result_path.read_text()), output
+
+
+@pytest.fixture
+def airflow(tmp_path, migrated_airflow_db) -> Airflow:
+    return Airflow(tmp_path, migrated_airflow_db)
+
+
+def _route_sections(folder: Path) -> dict[str, dict[str, Any]]:
+    """The documented route file, pointed at this test's files."""
+    sections = tomllib.loads(DOC_ROUTE.read_text())
+    sections["source"]["path"] = str(folder / "source.db")
+    sections["target"]["path"] = str(folder / "target.db")
+    sections["store"]["path"] = str(folder / "checkpoints.db")
+    return sections
+
+
+def _write_route(path: Path, sections: dict[str, dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for name, table in sections.items():
+        lines.append(f"[{name}]")
+        lines.extend(f"{key} = {json.dumps(value)}" for key, value in table.items())
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _ids(path: Path, table: str) -> Counter[int]:
+    connection = sqlite3.connect(path)
+    try:
+        return Counter(row[0] for row in connection.execute(f"SELECT id FROM {table}"))
+    finally:
+        connection.close()
+
+
+def _exactly_once(folder: Path) -> None:
+    source, target = _ids(folder / "source.db", "orders"), _ids(folder / "target.db", "orders_copy")
+    assert set(source) == set(target)
+    assert set(target.values()) == {1}
+
+
+def _dpone(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI, *argv], capture_output=True, text=True, timeout=120)
+
+
+_TASK_LINE = re.compile(r"\] (dpone: .*?)\s+\[airflow\.task\.operators\.dpone_airflow\.")
+
+
+def _task_lines(log: str) -> list[str]:
+    """The operator's own lines in the task log, without the log record decoration."""
+    return [match[1] for match in _TASK_LINE.finditer(log)]
+
+
+def test_airflow_retries_after_a_partial_commit_stop_before_the_sink_until_resolved(
+    airflow, tmp_path
+):
+    data = tmp_path / "data"
+    data.mkdir()
+    build_sample_source(data / "source.db", rows=400, partitions=4)
+    dag_file = airflow.dags / DOC_DAG.name
+    shutil.copy(DOC_DAG, dag_file)
+    _write_route(airflow.dags / "routes" / "orders.toml", _route_sections(data))
+
+    # Try 1 loads the target, then fails writing the commit checkpoints (1 of 4 written).
+    result, log = airflow.run("dag", dag_file=str(dag_file), fault="partial_commit")
+    (run,) = result["runs"]
+    assert run["state"] == "failed"
+    assert run["task_instances"] == [{"task_id": "copy_orders", "try_number": 3, "state": "failed"}]
+    assert [number for number, _ in run["history"]] == [1, 2]  # Airflow archived tries 1, 2
+    assert log.count("new_state=up_for_retry") == 2  # not AirflowFailException's fail-fast
+    tries = run["attempts"]
+    assert [a["run_id"].rsplit("/", 1)[1] for a in tries] == ["try-1", "try-2", "try-3"]
+    assert tries[0] | {"run_id": None} == {
+        "run_id": None,
+        "sink_calls": 1,
+        "error": "InjectedFault",
+        "code": None,
+    }
+    for stopped in tries[1:]:
+        assert (stopped["error"], stopped["code"], stopped["sink_calls"]) == (
+            "ManualReconciliationRequired",
+            CODE,
+            0,
+        )
+    _exactly_once(data)
+
+    # The task log: Airflow's traceback of the original errors, and dpone's own lines.
+    assert log.count(f"ManualReconciliationRequired: {CODE}:") == 2
+    assert "AirflowFailException" not in log
+    lines = _task_lines(log)
+    blocked = [line for line in lines if line.startswith(f"dpone: {CODE}")]
+    assert len(blocked) == 2
+    assert lines.count(f"dpone: inspect it with: {SCAN}") == 2
+    assert any(line.startswith("dpone: transfer failed with InjectedFault") for line in lines)
+    assert not [line for line in lines if "CANARY" in line or str(data) in line]
+    _doc_excerpt_matches(lines)
+
+    # The operator's procedure, with the real CLI: scan, resolve the batch, scan again.
+    store = str(data / "checkpoints.db")
+    scan = _dpone("guard", "scan", "--store", store, "--json")
+    assert scan.returncode == 3, scan.stderr
+    findings = [json.loads(line) for line in scan.stdout.splitlines()]
+    assert {f["phase"] for f in findings} == {"checkpoint_incomplete"}
+    assert len(findings) == 3
+    (batch,) = {f["batch_id"] for f in findings}
+    route = ["--route", "orders", "orders_copy", "incremental_append"]
+    resolve = _dpone(
+        "guard", "resolve", "--store", store, *route, "--batch", batch, "--as", "committed",
+        "--reason", "400 rows checked in orders_copy, one copy each", "--operator", "ci", "--yes",
+    )  # fmt: skip
+    assert resolve.returncode == 0, resolve.stderr
+    assert _dpone("guard", "scan", "--store", store).returncode == 0
+
+    # New DAG runs succeed: the first skips the resolved partitions (and closes their
+    # generation without a target call), the second loads the rows added since.
+    build_sample_source(data / "source.db", rows=100, partitions=4, start_id=401)
+    result, log = airflow.run("dag", dag_file=str(dag_file), runs=2)
+    healed, later = result["runs"]
+    for run in (healed, later):
+        assert run["state"] == "success"
+        assert run["task_instances"] == [
+            {"task_id": "copy_orders", "try_number": 1, "state": "success"}
+        ]
+    assert [a["sink_calls"] for a in healed["attempts"]] == [0]
+    assert [a["sink_calls"] for a in later["attempts"]] == [1]
+    (summary,) = healed["xcom"]
+    assert summary | {"run_id": None, "seconds": None} == {
+        "route": ROUTE.as_dict(),
+        "path": "staged",
+        "run_id": None,
+        "committed_partitions": 0,
+        "skipped_partitions": 4,
+        "rows_loaded": 0,
+        "batch_id": None,
+        "seconds": None,
+    }
+    assert summary["run_id"] == f"orders_copy/{healed['run_id']}/copy_orders/try-1"
+    assert later["xcom"][0]["rows_loaded"] == 100
+    assert later["xcom"][0]["committed_partitions"] == 4
+    _exactly_once(data)
+    assert any(line.startswith("dpone: committed 4 partitions") for line in _task_lines(log))
+
+
+def test_airflow_retries_still_heal_a_failure_before_the_target(airflow):
+    data = airflow.dags / "data"
+    data.mkdir()
+    build_sample_source(data / "source.db", rows=300, partitions=3)
+    dag_file = airflow.dags / MAPPING_DAG.name
+    shutil.copy(MAPPING_DAG, dag_file)
+
+    result, log = airflow.run("dag", dag_file=str(dag_file), fault="source_read")
+    (run,) = result["runs"]
+    assert run["state"] == "success"
+    assert run["task_instances"] == [{"task_id": "copy_orders", "try_number": 2, "state": "success"}]
+    assert [number for number, _ in run["history"]] == [1]  # Airflow archived try 1
+    assert log.count("new_state=up_for_retry") == 1
+    first, second = run["attempts"]
+    assert (first["error"], first["sink_calls"]) == ("InjectedFault", 0)
+    assert (second["error"], second["sink_calls"], second["rows_loaded"]) == (None, 1, 300)
+    assert run["xcom"][0]["rows_loaded"] == 300
+    _exactly_once(data)
+    assert not [line for line in _task_lines(log) if "CANARY" in line]
+
+
+# -- the operator called directly, with Airflow imported ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory, migrated_airflow_db) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("airflow-checks")
+    airflow = Airflow(root, migrated_airflow_db)
+    airflow.env["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"  # execute() outside the task runner
+    workdir = root / "work"
+    workdir.mkdir()
+    result, _ = airflow.run("checks", workdir=str(workdir))
+    return result
+
+
+def test_airflow_finds_the_provider_and_its_operator_through_the_entry_point(checks):
+    provider = checks["provider"]
+    assert provider["version"] == metadata.version("dpone-native-transfer")
+    assert provider["data"]["package-name"] == "dpone-native-transfer"
+    assert provider["operators"] == ["dpone_airflow.operator.NativeTransferOperator"]
+
+
+def test_a_successful_try_returns_a_small_json_safe_summary(checks):
+    success = checks["success"]
+    assert success["returned"] == success["json"]
+    assert success["returned"] | {"seconds": None, "batch_id": None} == {
+        "route": ROUTE.as_dict(),
+        "path": "staged",
+        "run_id": "checks/manual__2026-11-29T10:00:00+00:00/copy_orders/try-1",
+        "committed_partitions": 3,
+        "skipped_partitions": 0,
+        "rows_loaded": 60,
+        "batch_id": None,
+        "seconds": None,
+    }
+    assert success["returned"]["batch_id"].startswith("sha256:")
+    assert checks["mapping"]["returned"]["rows_loaded"] == 60
+    assert checks["mapping"]["returned"]["path"] == "lazy-plan"
+
+
+@pytest.mark.parametrize("name", ["timeout", "terminated"])
+def test_airflow_timeouts_and_terminations_pass_through_untouched_after_the_marker(checks, name):
+    outcome = checks[name]
+    expected = {"timeout": "AirflowTaskTimeout", "terminated": "AirflowTaskTerminated"}[name]
+    assert outcome["raised"] == expected
+    assert outcome["same_object"] and outcome["same_as_injected"]
+    # Progress up to the target call, then nothing: the error was neither caught nor reported.
+    assert outcome["lines"][-1] == "dpone: target: finalize_staged_load"
+    assert len(outcome["lines"]) == 4
+    assert outcome["phases"] == ["target_outcome_unknown"] * 3
+    retry = checks[f"{name}_retry"]
+    assert (retry["raised"], retry["code"]) == ("ManualReconciliationRequired", CODE)
+    assert retry["same_object"] and not retry["is_fail_exception"]
+    assert f"dpone: inspect it with: {SCAN}" in retry["lines"]
+    assert checks["manual_reconciliation_is_plain"]
+
+
+def test_a_bad_route_fails_with_its_code_and_never_logs_the_path(checks):
+    missing = checks["missing_route"]
+    assert (missing["raised"], missing["code"]) == ("ConfigInvalid", "native_transfer_config_invalid")
+    assert missing["lines"][1] == 'dpone: diagnostics: {"argument": "route"}'
+    assert not [line for line in missing["lines"] if "CANARY" in line]
+    assert checks["bad_route_type"] == {
+        "code": "native_transfer_config_invalid",
+        "diagnostics": {"key": "route"},
+    }
+
+
+# -- docs/airflow.md ------------------------------------------------------------------------
+
+
+def test_the_airflow_doc_shows_the_tested_dag_file_verbatim():
+    doc = DOC.read_text()
+    assert DOC_DAG.read_text().strip() in doc
+    assert "pip install 'dpone-native-transfer[airflow]'" in doc
+
+
+def _doc_excerpt_matches(lines: list[str]) -> None:
+    """Every ``dpone:`` line of the doc's log excerpt is a line of the real task log."""
+    excerpt = _task_lines(DOC.read_text())
+    assert len(excerpt) >= 4
+    normalise = _normaliser()
+    real = {normalise(line) for line in lines}
+    assert [line for line in excerpt if normalise(line) not in real] == []
+
+
+def _normaliser():
+    hashes = re.compile(r"sha256:[0-9a-f]{64}|sha256:\.\.\.")
+    partitions = re.compile(r"p-[0-9a-f]{24}|p-\.\.\.")
+    return lambda line: partitions.sub("p-…", hashes.sub("sha256:…", line))
