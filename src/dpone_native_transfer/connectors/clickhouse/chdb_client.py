@@ -32,6 +32,9 @@ _OUTPUT_SETTINGS = {
 }
 
 
+_READ_FORMAT = "JSONCompactEachRowWithNamesAndTypes"
+
+
 class ChdbClient:
     """A chDB session on one data path; errors while opening hide the path and chDB's text."""
 
@@ -60,17 +63,20 @@ class ChdbClient:
         return int(self._session.query(sql, "CSV", params=_texts(params)).rows_written())
 
     def query_rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple]:
-        raw = self._session.query(sql, "JSONCompact", params=_texts(params)).bytes()
-        if not raw:
+        """Rows via JSONCompactEachRowWithNamesAndTypes: unlike JSONCompact, it keeps bytes."""
+        raw = self._session.query(sql, _READ_FORMAT, params=_texts(params)).bytes()
+        lines = raw.decode("utf-8", "surrogateescape").split("\n")  # not splitlines: U+2028
+        while lines and not lines[-1]:
+            lines.pop()
+        if len(lines) < 2:
             return []
-        document = json.loads(raw.decode("utf-8", "surrogateescape"))
-        converters = [_converter(column["type"]) for column in document["meta"]]
+        converters = [_converter(type_name) for type_name in json.loads(lines[1])]
         return [
             tuple(
                 value if value is None or convert is None else convert(value)
-                for convert, value in zip(converters, row, strict=True)
+                for convert, value in zip(converters, json.loads(line), strict=True)
             )
-            for row in document["data"]
+            for line in lines[2:]
         ]
 
     def insert_rows(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -37,6 +38,9 @@ __all__ = ["ClickHouseSink"]
 
 _STAGE_PREFIX = "_dpone_stage_"
 _FRESH_PREFIX = "_dpone_new_"
+# ClickHouse's sqlite() engine quotes SQLite identifiers its own way: a backslash or a double
+# quote in a name reads a wrong column (or its name as a string) or fails; checked on chDB 4.4.
+_SQLITE_FUNCTION_UNSAFE = re.compile(r'[\\"\x00-\x1f\x7f]')
 
 Fill = Callable[[ClickHouseClient, str], int]
 
@@ -156,6 +160,14 @@ class ClickHouseSink:
                 "lazy-plan into ClickHouse reads SQLite sources only (the sqlite() table function)",
                 diagnostics={"table": self.table},
             )
+        for name in (source.table, *(column.name for column in payload.columns)):
+            if _SQLITE_FUNCTION_UNSAFE.search(name):
+                raise ConfigInvalid(
+                    f"lazy-plan into ClickHouse cannot read source identifier {name!r}: the "
+                    "sqlite() table function mis-quotes backslashes, double quotes and control "
+                    "characters (use another path)",
+                    diagnostics={"table": self.table, "identifier": name},
+                )
         names = column_list([column.name for column in payload.columns])
         statements = []
         for number, bounds in enumerate(payload.bounds):

@@ -1,0 +1,593 @@
+"""ClickHouse target on real chDB (persistent data paths under tmp_path): every path, the guard.
+
+No mocks: the engine is chDB 4.4 in this process. chDB serves one data path
+per process at a time, so every sink call opens and closes its own session;
+a test that opens a session itself closes it before the next call.
+The clickhouse-connect server adapter cannot run without a server: only what
+needs none (locations, secrecy, the missing-extra error) is tested here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import math
+import socket
+import sqlite3
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import PATHS, Route
+
+from dpone_native_transfer import ManualReconciliationRequired
+from dpone_native_transfer.connectors.clickhouse import (
+    ClickHouseSink,
+    Location,
+    open_client,
+    parse_location,
+)
+from dpone_native_transfer.connectors.clickhouse.sql import (
+    column_type,
+    create_table_sql,
+    encode_json_rows,
+    partition_id_literal,
+    quote,
+    where_sql,
+)
+from dpone_native_transfer.connectors.sqlite import SQLiteSource
+from dpone_native_transfer.errors import (
+    ArtifactInvalid,
+    ConfigInvalid,
+    NativeTransferError,
+    SourceInvalid,
+)
+from dpone_native_transfer.payloads import (
+    ArtifactFiles,
+    Column,
+    LoadPlan,
+    Predicate,
+    RowChunks,
+    bound_predicates,
+)
+from dpone_native_transfer.testing import (
+    InjectedFault,
+    RecordingSink,
+    assert_blocked_before_target,
+    assert_guard_registered,
+    assert_no_duplicate_rows,
+    build_sample_source,
+)
+
+STRATEGIES = ("incremental_append", "full_refresh")
+REGIONS = {f"region-{i:03d}" for i in range(4)}
+
+
+class ClickHouseRoute(Route):
+    """conftest's Route (SQLite source, SQLite checkpoint store) with a chDB target."""
+
+    def __init__(self, tmp: Path, *, rows: int = 120) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        super().__init__(tmp, rows=rows)
+        self.data_path = tmp / "chdata"
+        self.sink = RecordingSink(
+            ClickHouseSink(self.data_path, "orders_copy", partition_by="region")
+        )
+
+    def source_rows(self) -> list[tuple]:
+        with sqlite3.connect(self.source_path) as connection:
+            rows = connection.execute("SELECT * FROM orders ORDER BY id").fetchall()
+        connection.close()
+        return rows
+
+    def target_rows(self) -> list[tuple]:
+        return sorted(self.sink.inner.rows())
+
+    def add_rows(self, rows: int = 30) -> None:
+        build_sample_source(self.source_path, rows=rows, partitions=4, start_id=1_000)
+
+
+@pytest.fixture
+def ch_route(tmp_path):
+    made = ClickHouseRoute(tmp_path)
+    yield made
+    made.real_store.close()
+
+
+def _tables(sink: ClickHouseSink) -> dict[str, tuple[str, str]]:
+    """Tables of the sink's database: name -> (engine, partition key)."""
+    with sink.client() as client:
+        rows = client.query_rows(
+            "SELECT name, engine, partition_key FROM system.tables"
+            " WHERE database = currentDatabase()"
+        )
+    return {name: (engine, key) for name, engine, key in rows}
+
+
+def _partitions(sink: ClickHouseSink, table: str | None = None) -> set:
+    with sink.client() as client:
+        rows = client.query_rows(
+            "SELECT DISTINCT partition FROM system.parts"
+            " WHERE database = currentDatabase() AND table = {t:String} AND active",
+            {"t": table or sink.table},
+        )
+    return {row[0] for row in rows}
+
+
+# --- every path, both strategies, guarded ------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_guarded_transfer_writes_exact_rows_into_partitioned_mergetree(ch_route, path, strategy):
+    runtime = ch_route.runtime()
+    assert_guard_registered(runtime)
+    first = runtime.run(ch_route.spec(path, strategy=strategy))
+    assert first.rows_loaded == 120
+    assert ch_route.target_rows() == ch_route.source_rows()
+
+    ch_route.add_rows(30)
+    second = runtime.run(ch_route.spec(path, run_id="run-2", strategy=strategy))
+    assert second.rows_loaded == (150 if strategy == "full_refresh" else 30)
+    assert ch_route.target_rows() == ch_route.source_rows()
+    assert len(ch_route.target_rows()) == 150
+
+    sink = ch_route.sink.inner
+    assert _tables(sink) == {"orders_copy": ("MergeTree", "region")}  # no stage / fresh left
+    assert _partitions(sink) == REGIONS
+    assert ch_route.sink.target_calls == 2
+
+
+# --- what the guard adds on ClickHouse ---------------------------------------------------------
+
+
+def test_partial_commit_then_retry_duplicates_unguarded_and_is_blocked_guarded(tmp_path, path):
+    unguarded = ClickHouseRoute(tmp_path / "unguarded")
+    guarded = ClickHouseRoute(tmp_path / "guarded")
+    try:
+        outcomes = {}
+        for name, route, plugins in (("unguarded", unguarded, []), ("guarded", guarded, None)):
+            runtime = route.runtime(plugins=plugins)
+            route.sink.fail = "after"  # the load commits in ClickHouse, then the worker fails
+            with pytest.raises(InjectedFault):
+                runtime.run(route.spec(path))
+            assert len(route.target_rows()) == 120
+            route.sink.fail = None
+            retry = lambda runtime=runtime, route=route: runtime.run(route.spec(path, "run-2"))  # noqa: E731
+            if name == "guarded":
+                blocked = assert_blocked_before_target(retry, route.sink)
+                assert isinstance(blocked, ManualReconciliationRequired)
+            else:
+                retry()
+            ids = Counter(row[0] for row in route.target_rows())
+            outcomes[name] = sum(seen - 1 for seen in ids.values())
+
+        assert outcomes == {"unguarded": 120, "guarded": 0}
+        assert unguarded.sink.target_calls == 2 and guarded.sink.target_calls == 1
+        assert_no_duplicate_rows(guarded.source_ids(), (r[0] for r in guarded.target_rows()))
+    finally:
+        unguarded.real_store.close()
+        guarded.real_store.close()
+
+
+# --- chDB: one data path per process at a time -------------------------------------------------
+
+
+def test_two_routes_with_different_data_paths_run_one_after_the_other(tmp_path):
+    first = ClickHouseRoute(tmp_path / "one")
+    second = ClickHouseRoute(tmp_path / "two", rows=40)
+    try:
+        first.runtime().run(first.spec("legacy"))
+        second.runtime().run(second.spec("lazy-plan", strategy="full_refresh"))
+        assert first.data_path != second.data_path
+        assert (first.data_path / "metadata").is_dir() and (second.data_path / "metadata").is_dir()
+        # each path reopened afterwards still holds its own rows
+        assert first.target_rows() == first.source_rows() and len(first.source_rows()) == 120
+        assert second.target_rows() == second.source_rows() and len(second.source_rows()) == 40
+        first.add_rows(10)
+        first.runtime().run(first.spec("staged", run_id="run-2"))
+        assert first.target_rows() == first.source_rows()
+        assert second.target_rows() == second.source_rows()
+    finally:
+        first.real_store.close()
+        second.real_store.close()
+
+
+def test_a_session_held_on_another_path_is_a_safe_config_error(tmp_path):
+    from chdb import session
+
+    held = session.Session(str(tmp_path / "held"))
+    sink = ClickHouseSink(tmp_path / "secret-place", "t")
+    try:
+        with pytest.raises(ConfigInvalid) as caught:
+            sink.row_count()
+    finally:
+        held.close()
+    assert "one data path per process" in str(caught.value)
+    assert "secret-place" not in str(caught.value) and "held" not in str(caught.value)
+    assert caught.value.__cause__ is None
+    assert sink.row_count() == 0  # released: the same sink now opens its path
+
+
+# --- sink behaviour on chDB --------------------------------------------------------------------
+
+ORDERS = (Column("id", "INTEGER"), Column("region", "TEXT"), Column("amount", "REAL"))
+
+
+def _sink(tmp_path: Path, table: str = "t", partition_by: str | None = "region") -> ClickHouseSink:
+    return ClickHouseSink(tmp_path / "chdata", table, partition_by=partition_by)
+
+
+def _chunks(*rows, replace: bool = False, columns=ORDERS) -> RowChunks:
+    return RowChunks(columns=columns, chunks=[list(rows)], replace=replace)
+
+
+class Boom(Exception):
+    pass
+
+
+def _failing(*rows):
+    yield list(rows)
+    raise Boom
+
+
+def test_full_refresh_swaps_a_fresh_table_in_and_keeps_the_target_when_it_fails(tmp_path):
+    sink = _sink(tmp_path)
+    assert sink.load(_chunks((1, "a", 1.0), (2, "b", 2.0))) == 2
+    assert sink.load(_chunks((3, "c", 3.0), replace=True)) == 1
+    assert sink.rows() == [(3, "c", 3.0)]
+    boom_payload = RowChunks(columns=ORDERS, chunks=_failing((9, "z", 9.0)), replace=True)
+    with pytest.raises(Boom):
+        sink.load(boom_payload)
+    assert sink.rows() == [(3, "c", 3.0)]
+    assert set(_tables(sink)) == {"t"}
+
+
+def test_failed_append_stream_commits_nothing_on_a_small_load(tmp_path):
+    """chDB cancels a streamed INSERT that fails before finish(); nothing of it is committed."""
+    sink = _sink(tmp_path)
+    sink.load(_chunks((1, "a", 1.0)))
+    with pytest.raises(Boom):
+        sink.load(RowChunks(columns=ORDERS, chunks=_failing((2, "a", 2.0), (3, "b", 3.0))))
+    assert sink.rows() == [(1, "a", 1.0)]
+
+
+def test_null_partition_values_have_their_own_partition(tmp_path):
+    source_db = tmp_path / "source.db"
+    with sqlite3.connect(source_db) as connection:
+        connection.execute("CREATE TABLE s (id INTEGER, region TEXT, cur INTEGER)")
+        connection.executemany(
+            "INSERT INTO s VALUES (?, ?, ?)",
+            [(1, None, 10), (2, "", 20), (3, "a", 30), (4, None, 40), (5, "O'B\\r", 50)],
+        )
+    connection.close()
+    source = SQLiteSource(source_db, "s", "region", "cur")
+    shape = source.describe()
+    sink = _sink(tmp_path)
+    bounds = tuple({"partition": value} for value in source.partition_values())
+    assert sink.load(LoadPlan(source=source, columns=shape.columns, bounds=bounds)) == 5
+    assert _partitions(sink) == {"ᴺᵁᴸᴸ", "", "a", "O'B\\r"}  # how system.parts shows NULL
+    # replace through partitions: the NULL partition is replaced, '' and 'a' are dropped
+    sink.stage(RowChunks(columns=shape.columns, chunks=[[(6, None, 60), (7, "O'B\\r", 70)]]))
+    assert sink.finalize_staged_load(replace=True) == 2
+    assert sink.rows() == [(6, None, 60), (7, "O'B\\r", 70)]
+    windowed = LoadPlan(
+        source=source,
+        columns=shape.columns,
+        bounds=({"partition": None, "cursor_after": 10, "cursor_upto": 40},),
+    )
+    assert sink.load(windowed) == 1
+    assert sink.rows() == [(4, None, 40), (6, None, 60), (7, "O'B\\r", 70)]
+
+
+def test_staged_finalize_appends_and_manages_the_stage(tmp_path):
+    sink = _sink(tmp_path)
+    assert sink.staged_row_count() == 0
+    with pytest.raises(ConfigInvalid):
+        sink.finalize_staged_load()
+    assert sink.stage(_chunks((1, "a", 1.0), (2, "b", 2.0))) == 2
+    assert sink.staged_row_count() == 2 and sink.row_count() == 0
+    assert sink.finalize_staged_load() == 2
+    assert sink.stage(_chunks((3, "a", 3.0))) == 1
+    assert sink.finalize_staged_load() == 1
+    assert [row[0] for row in sink.rows()] == [1, 2, 3]
+    sink.stage(_chunks((4, "c", 4.0)))
+    sink.discard_stage()
+    assert sink.staged_row_count() == 0
+    with pytest.raises(Boom):
+        sink.stage(RowChunks(columns=ORDERS, chunks=_failing((5, "a", 5.0))))
+    assert set(_tables(sink)) == {"t"}
+    assert sink.row_count() == 3
+
+
+def test_unpartitioned_target_and_replace_of_its_single_partition(tmp_path):
+    sink = _sink(tmp_path, partition_by=None)
+    sink.stage(_chunks((1, "a", 1.0)))
+    sink.finalize_staged_load(replace=True)
+    sink.stage(_chunks((2, "b", 2.0)))
+    assert sink.finalize_staged_load(replace=True) == 1
+    assert sink.rows() == [(2, "b", 2.0)]
+    assert _tables(sink) == {"t": ("MergeTree", "")}
+
+
+def test_types_round_trip_with_nullable_clickhouse_types(tmp_path):
+    columns = (
+        Column("i", "INTEGER"),
+        Column("t", "TEXT"),
+        Column("r", "REAL"),
+        Column("b", "BLOB"),
+        Column("f", "BOOLEAN"),
+        Column("d", "DATE"),
+        Column("ts", "TIMESTAMP"),
+        Column("n", "NUMERIC(12, 2)"),
+        Column("x", "NUMERIC"),
+    )
+    tricky = "é\t\n\\\"'`\x00 \u2028 😀"
+    rows = [
+        (2**63 - 1, tricky, math.inf, b"\x00\xff\xfe raw", True, "2024-02-29",
+         "2024-01-02T03:04:05.123456+02:00", decimal.Decimal("12.34"), 1.5),
+        (-(2**63), "", -0.0, b"utf8 \xc3\xa9", False, datetime.date(1900, 1, 1),
+         datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.UTC), 7, None),
+        (None, None, math.nan, None, None, None, None, None, None),
+    ]  # fmt: skip
+    sink = _sink(tmp_path, partition_by="t")
+    assert sink.load(RowChunks(columns=columns, chunks=[rows])) == 3
+    with sink.client() as client:
+        types = client.query_rows(
+            "SELECT type FROM system.columns WHERE database = currentDatabase()"
+            " AND table = 't' ORDER BY position"
+        )
+    assert [t for (t,) in types] == [
+        "Nullable(Int64)", "Nullable(String)", "Nullable(Float64)", "Nullable(String)",
+        "Nullable(Bool)", "Nullable(Date32)", "Nullable(DateTime64(6, 'UTC'))",
+        "Nullable(Decimal(12, 2))", "Nullable(Float64)",
+    ]  # fmt: skip
+    got = {row[0]: row for row in sink.rows()}
+    utc = datetime.UTC
+    top, bottom, nulls = got[2**63 - 1], got[-(2**63)], got[None]
+    assert top[1] == tricky and top[2] == math.inf and top[4] is True
+    assert top[3].encode("utf-8", "surrogateescape") == b"\x00\xff\xfe raw"
+    assert top[5:] == (
+        datetime.date(2024, 2, 29),
+        datetime.datetime(2024, 1, 2, 1, 4, 5, 123456, tzinfo=datetime.timezone.utc),
+        decimal.Decimal("12.34"),
+        1.5,
+    )
+    assert bottom[1:] == (
+        "", -0.0, "utf8 é", False, datetime.date(1900, 1, 1),
+        datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=utc), decimal.Decimal("7.00"), None,
+    )  # fmt: skip
+    assert math.isnan(nulls[2]) and nulls[:2] == (None, None) and set(nulls[3:]) == {None}
+
+
+def test_string_parameters_round_trip_through_chdb(tmp_path):
+    values = ["plain", "", "\\", "\\N", "a\\tb", "tab\there", "line\nbreak", "cr\r", "'\"`",
+              "\x00nul", "{x:String}", "é😀", "\\\\n"]  # fmt: skip
+    with _sink(tmp_path).client() as client:
+        for value in values:
+            assert client.query_rows("SELECT {p:String}", {"p": value}) == [(value,)]
+        assert client.query_rows("SELECT {i:Int64}, {f:Float64}", {"i": -(2**63), "f": 0.1}) == [
+            (-(2**63), 0.1)
+        ]
+
+
+def _odd_source(tmp_path: Path, table: str, partition: str) -> SQLiteSource:
+    with sqlite3.connect(tmp_path / "odd's.db") as connection:
+        quoted = ['"' + name.replace('"', '""') + '"' for name in (table, "the id", partition)]
+        connection.execute(f"CREATE TABLE {quoted[0]} ({quoted[1]} INTEGER, {quoted[2]} TEXT)")
+        connection.executemany(
+            f"INSERT INTO {quoted[0]} VALUES (?, ?)",
+            [(1, "x`y"), (2, "a\\b"), (3, "x`y"), (4, "q'r\n\x00z"), (5, 'd"q')],
+        )
+    connection.close()
+    return SQLiteSource(tmp_path / "odd's.db", table, partition)
+
+
+def test_awkward_identifiers_and_values(tmp_path):
+    source = _odd_source(tmp_path, "my `odd` t'é; --", "p` '[$?]")
+    shape = source.describe()
+    sink = ClickHouseSink(tmp_path / "ch data's", "copy `of` it\\", partition_by="p` '[$?]")
+    bounds = tuple({"partition": value} for value in source.partition_values())
+    assert sink.load(LoadPlan(source=source, columns=shape.columns, bounds=bounds)) == 5
+    assert sink.rows() == [
+        (1, "x`y"), (2, "a\\b"), (3, "x`y"), (4, "q'r\n\x00z"), (5, 'd"q')
+    ]  # fmt: skip
+    sink.stage(RowChunks(columns=shape.columns, chunks=source.read({"partition": "a\\b"})))
+    assert sink.finalize_staged_load(replace=True) == 1
+    assert sink.rows() == [(2, "a\\b")]
+
+
+@pytest.mark.parametrize("bad", ["p\\", 'p"', "p\n", "p\t"])
+def test_lazy_plan_refuses_identifiers_the_sqlite_function_misquotes(tmp_path, bad):
+    """ClickHouse's sqlite() reads a column named with a backslash as a string (silently)."""
+    source = _odd_source(tmp_path, "t", bad)
+    plan = LoadPlan(source=source, columns=source.describe().columns, bounds=({"partition": 1},))
+    with pytest.raises(ConfigInvalid) as caught:
+        _sink(tmp_path, partition_by=None).load(plan)
+    assert caught.value.diagnostics == {"table": "t", "identifier": bad}
+    assert not (tmp_path / "chdata").exists()
+    staged = _sink(tmp_path, partition_by=bad)  # the other paths quote it themselves
+    staged.stage(RowChunks(columns=source.describe().columns, chunks=source.read({"partition": "x`y"})))
+    assert staged.finalize_staged_load() == 2
+    assert staged.rows() == [(1, "x`y"), (3, "x`y")]
+
+
+def test_lazy_plan_reads_the_source_without_writing_to_it(ch_route):
+    before = ch_route.source_path.read_bytes()
+    ch_route.runtime().run(ch_route.spec("lazy-plan"))
+    assert ch_route.source_path.read_bytes() == before
+
+
+def test_lazy_plan_over_a_non_sqlite_source_fails_before_the_target(tmp_path):
+    class OtherSource:
+        table, partition_column, cursor_column, path = "orders", "region", None, "x"
+
+    sink = _sink(tmp_path)
+    plan = LoadPlan(source=OtherSource(), columns=ORDERS, bounds=({"partition": "a"},))
+    with pytest.raises(ConfigInvalid) as caught:
+        sink.load(plan)
+    assert "SQLite sources only" in str(caught.value)
+    assert not (tmp_path / "chdata").exists()  # chDB never opened the data path
+
+
+def test_lazy_plan_with_a_missing_source_file_is_source_invalid(tmp_path):
+    build_sample_source(tmp_path / "gone.db", rows=4)
+    source = SQLiteSource(tmp_path / "gone.db", "orders", "region")
+    columns = source.describe().columns
+    (tmp_path / "gone.db").unlink()
+    with pytest.raises(SourceInvalid) as caught:
+        _sink(tmp_path).load(LoadPlan(source=source, columns=columns, bounds=({"partition": 1},)))
+    assert "gone.db" not in str(caught.value)
+    assert not (tmp_path / "gone.db").exists()
+
+
+def test_config_errors_come_before_the_target_and_never_show_paths(tmp_path):
+    sink = _sink(tmp_path, partition_by="nope")
+    with pytest.raises(ConfigInvalid) as caught:
+        sink.load(_chunks((1, "a", 1.0)))
+    assert caught.value.diagnostics == {"table": "t", "column": "nope"}
+    with pytest.raises(ConfigInvalid):
+        _sink(tmp_path).load([(1,)])  # type: ignore[arg-type]
+    with pytest.raises(ConfigInvalid):
+        _sink(tmp_path).load(ArtifactFiles(columns=ORDERS, paths=(), format="rows"))
+    with pytest.raises(ArtifactInvalid) as missing:
+        _sink(tmp_path).load(
+            ArtifactFiles(columns=ORDERS, paths=(str(tmp_path / "p1.jsonl"),), format="jsonl")
+        )
+    assert missing.value.diagnostics["file"] == "p1.jsonl" and str(tmp_path) not in str(missing.value)
+    with pytest.raises(ConfigInvalid):
+        _sink(tmp_path).load(_chunks((1, "a", 1.0), columns=(Column("a\x00", "INT"),) * 3))
+    with pytest.raises(ConfigInvalid) as folder:
+        ClickHouseSink(tmp_path / "no-such" / "data", "t").row_count()
+    assert "no-such" not in str(folder.value)
+    assert not (tmp_path / "chdata").exists()
+
+
+def test_a_value_json_cannot_carry_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigInvalid) as caught:
+        encode_json_rows([(1, object())])
+    assert "object" not in str(caught.value)
+
+
+# --- SQL rendering, locations, secrecy (no engine) ---------------------------------------------
+
+
+def test_quote_escapes_backticks_and_backslashes_and_refuses_nul():
+    assert quote("a`b\\c d") == "`a\\`b\\\\c d`"
+    for bad in ("", "a\x00b", None, 3):
+        with pytest.raises(ConfigInvalid):
+            quote(bad)
+    with pytest.raises(ConfigInvalid):
+        ClickHouseSink("data", "bad\x00table")
+    with pytest.raises(ConfigInvalid):
+        ClickHouseSink("data", "t", partition_by="p\x00")
+
+
+@pytest.mark.parametrize(
+    ("decltype", "expected"),
+    [
+        ("INTEGER", "Nullable(Int64)"),
+        ("BIGSERIAL", "Nullable(Int64)"),
+        ("VARCHAR(20)", "Nullable(String)"),
+        ("REAL", "Nullable(Float64)"),
+        ("BLOB", "Nullable(String)"),
+        ("", "Nullable(String)"),
+        ("BOOLEAN", "Nullable(Bool)"),
+        ("DATE", "Nullable(Date32)"),
+        ("TIMESTAMP WITH TIME ZONE", "Nullable(DateTime64(6, 'UTC'))"),
+        ("NUMERIC(12, 2)", "Nullable(Decimal(12, 2))"),
+        ("DECIMAL(5)", "Nullable(Decimal(5, 0))"),
+        ("NUMERIC", "Nullable(Float64)"),
+        ("NUMERIC(99, 2)", "Nullable(Float64)"),
+        ("MONEY", "Nullable(Float64)"),
+    ],
+)
+def test_column_types_follow_the_affinity(decltype, expected):
+    assert column_type(Column("c", decltype)) == expected
+
+
+def test_create_table_sql_partitions_by_the_nullable_column():
+    sql = create_table_sql("t", ORDERS, "region")
+    assert sql.endswith(
+        "ENGINE = MergeTree PARTITION BY `region` ORDER BY tuple() SETTINGS allow_nullable_key = 1"
+    )
+    assert create_table_sql("t", ORDERS, None).endswith("ENGINE = MergeTree ORDER BY tuple()")
+
+
+def test_where_sql_uses_typed_parameters_only():
+    predicates = bound_predicates(
+        {"partition": "O'B", "cursor_after": 5, "cursor_upto": 9.5},
+        partition_column="region",
+        cursor_column="cur",
+    )
+    assert where_sql(predicates, prefix="b0_") == (
+        "`region` = {b0_0:String} AND `cur` > {b0_1:Int64} AND `cur` <= {b0_2:Float64}",
+        {"b0_0": "O'B", "b0_1": 5, "b0_2": 9.5},
+    )
+    null = bound_predicates({"partition": None}, partition_column="region", cursor_column=None)
+    assert where_sql(null, prefix="p") == ("`region` IS NULL", {})
+    for bad in (True, b"x", 2**63, [1]):
+        with pytest.raises(ConfigInvalid):
+            where_sql([Predicate("c", "=", bad)], prefix="p")
+    with pytest.raises(ConfigInvalid):
+        where_sql([Predicate("c", "; DROP", 1)], prefix="p")
+    with pytest.raises(ConfigInvalid):
+        where_sql([], prefix="p")
+
+
+def test_partition_ids_are_checked_before_they_are_inlined():
+    assert partition_id_literal("-3528") == "'-3528'"
+    assert partition_id_literal("2b16b490a87466b6a6d34fd9027f3c3d") == "'2b16b490a87466b6a6d34fd9027f3c3d'"
+    for bad in ("a'b", "", "a b", None):
+        with pytest.raises(ConfigInvalid):
+            partition_id_literal(bad)
+
+
+def test_locations_choose_the_adapter(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert parse_location("data/ch") == Location("chdb", str(tmp_path / "data" / "ch"))
+    assert parse_location(tmp_path / "x").kind == "chdb"
+    for url in (
+        "clickhouse://u:p@host:8123/db",
+        "http://host",
+        "HTTPS://u@host:8443/db",
+    ):
+        assert parse_location(url) == Location("server", url)
+    for bad in ("", "  ", None, "a\x00b", "postgres://u:pw@host/db", "http:///db",
+                "http://host:notaport/db", "data?mode=ro", "https://[::1/db"):  # fmt: skip
+        with pytest.raises(ConfigInvalid) as caught:
+            parse_location(bad)
+        if isinstance(bad, str) and bad.strip():
+            assert bad not in str(caught.value) and "pw" not in str(caught.value)
+
+
+def test_repr_never_shows_the_location():
+    url = "https://bob:s3cretpw@ch.example.internal:8443/warehouse"
+    sink = ClickHouseSink(url, "orders_copy", partition_by="region")
+    shown = repr(sink) + repr(parse_location(url))
+    assert shown == "ClickHouseSink(table='orders_copy', engine='server')Location(kind='server')"
+    assert sink.engine == "server" and "s3cretpw" not in str(vars(sink).keys())
+    assert "secret-dir" not in repr(ClickHouseSink("/tmp/secret-dir/ch", "t"))
+
+
+def test_unreachable_server_raises_the_driver_error_without_credentials():
+    """UNVERIFIED against a real server; this only shows what a refused connection gives."""
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sink = ClickHouseSink(f"http://bob:s3cretpw@127.0.0.1:{port}/db", "t")
+    with pytest.raises(Exception) as caught:
+        sink.row_count()
+    assert not isinstance(caught.value, NativeTransferError)
+    assert type(caught.value).__module__.startswith("clickhouse_connect")
+    assert "s3cretpw" not in str(caught.value) and "s3cretpw" not in repr(caught.value.args)
+
+
+@pytest.mark.parametrize(("module", "location"), [("chdb.session", "data"), ("clickhouse_connect", "http://h")])
+def test_missing_extra_names_the_install_command(monkeypatch, tmp_path, module, location):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, module, None)  # what an environment without the extra gives
+    with pytest.raises(ConfigInvalid) as caught:
+        open_client(parse_location(location))
+    assert "install dpone-native-transfer[clickhouse]" in str(caught.value)
+    assert "http://h" not in str(caught.value)
