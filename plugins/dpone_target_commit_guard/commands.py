@@ -199,7 +199,10 @@ def _scan_command(args: argparse.Namespace) -> int:
     only = _route(args.route) if args.route else None
     with _opened(args.store) as store:
         routes = [only] if only else store.list_routes()
-        findings = [f for route in routes for f in blocked_partitions(store.list_latest(route))]
+        # list(): unlike a run's scan, the operator's decodes and validates every payload
+        findings = [
+            f for route in routes for f in blocked_partitions(list(store.list_latest(route)))
+        ]
     if args.json:
         for finding in findings:
             print(json.dumps(finding.as_dict(), sort_keys=True))

@@ -25,6 +25,7 @@ from dpone_native_transfer.checkpoints import (
 )
 from dpone_native_transfer.cli import PROG
 from dpone_native_transfer.errors import ConfigInvalid
+from dpone_native_transfer.latest import LatestCheckpoints
 
 from .payload import (
     PHASE_STATUS,
@@ -33,6 +34,7 @@ from .payload import (
     MalformedGuard,
     batch_id_for,
     build_guard,
+    judge_guard,
     read_guard,
 )
 
@@ -126,7 +128,19 @@ def blocked_partitions(checkpoints: Iterable[PartitionCheckpoint]) -> list[Findi
     """Every checkpoint whose guard is malformed or unresolved, in the given order.
 
     The guard is read first; a ``Finding`` is built only for a blocked checkpoint.
+    Given ``LatestCheckpoints``, each (status, guard) group is judged once from
+    the store's summary and only the checkpoints of doubtful groups are decoded
+    and read one by one, which gives the same findings.
     """
+    if isinstance(checkpoints, LatestCheckpoints):
+        latest = checkpoints
+        doubtful = sorted(
+            position
+            for (status, text), positions in latest.guard_groups().items()
+            if not _group_clear(status, text)
+            for position in positions
+        )
+        checkpoints = [latest[position] for position in doubtful]
     findings = []
     for checkpoint in checkpoints:
         try:
@@ -137,6 +151,17 @@ def blocked_partitions(checkpoints: Iterable[PartitionCheckpoint]) -> list[Findi
         if record is not None and record.unresolved:
             findings.append(_finding(checkpoint, record.phase, record.batch_id, None))
     return findings
+
+
+def _group_clear(status: str, text: str) -> bool:
+    """True only when every checkpoint with this status and guard text is certainly clear."""
+    try:
+        record = judge_guard(
+            PartitionCheckpointStatus(status), LatestCheckpoints.parse_guard(text)
+        )
+    except ValueError:  # an unknown status, bad JSON, or a MalformedGuard
+        return False
+    return not record.unresolved
 
 
 def _finding(

@@ -29,6 +29,7 @@ __all__ = [
     "MalformedGuard",
     "batch_id_for",
     "build_guard",
+    "judge_guard",
     "read_guard",
 ]
 
@@ -97,7 +98,11 @@ def read_guard(checkpoint: PartitionCheckpoint) -> GuardRecord | None:
     """The checkpoint's guard, ``None`` for a legacy checkpoint, or ``MalformedGuard``."""
     if GUARD_DIAGNOSTICS_KEY not in checkpoint.diagnostics:
         return None
-    guard: Any = checkpoint.diagnostics[GUARD_DIAGNOSTICS_KEY]
+    return judge_guard(checkpoint.status, checkpoint.diagnostics[GUARD_DIAGNOSTICS_KEY])
+
+
+def judge_guard(status: PartitionCheckpointStatus, guard: Any) -> GuardRecord:
+    """Read a present guard map; it depends on nothing but the map and the status."""
     if not isinstance(guard, dict):
         raise MalformedGuard("not_an_object")
     if guard.get("schema_version") != SCHEMA_VERSION:
@@ -113,6 +118,6 @@ def read_guard(checkpoint: PartitionCheckpoint) -> GuardRecord | None:
     if not isinstance(phase_value, str) or phase_value not in GuardPhase._value2member_map_:
         raise MalformedGuard("unsupported_phase")
     phase = GuardPhase(phase_value)
-    if PHASE_STATUS[phase] is not checkpoint.status:
+    if PHASE_STATUS[phase] is not status:
         raise MalformedGuard("status_phase_mismatch")
     return GuardRecord(phase, batch_id)

@@ -23,6 +23,7 @@ from dpone_native_transfer.checkpoints import (
 )
 from dpone_native_transfer.errors import ManualReconciliationRequired, TargetCommitGuardInvalid
 from dpone_native_transfer.hookspecs import hookimpl
+from dpone_native_transfer.latest import as_latest
 
 from .operator import blocked_partitions, scan_hint
 from .payload import GuardPhase, batch_id_for, build_guard
@@ -168,10 +169,10 @@ def _reconcile_partial_commit(
     keep blocking, which is the safe outcome.
     """
     try:
-        latest = {cp.partition_id: cp for cp in mutation.store.list_latest(mutation.route)}
+        latest = as_latest(mutation.store.list_latest(mutation.route))
+        durable = {cp.partition_id for cp in committed if latest.get(cp.partition_id) == cp}
     except Exception:
         return
-    durable = {cp.partition_id for cp in committed if latest.get(cp.partition_id) == cp}
     mutation.state.committed_ids = frozenset(durable)
     _write_markers(
         mutation,

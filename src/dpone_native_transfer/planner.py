@@ -16,7 +16,7 @@ skips what is durably committed:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -29,6 +29,7 @@ from .checkpoints import (
     partition_id_for,
 )
 from .errors import CheckpointStoreCorrupt
+from .latest import as_latest
 
 __all__ = ["ResumePlan", "SourceWindow", "plan_resume", "plan_window"]
 
@@ -132,20 +133,18 @@ def candidate_checkpoints(
 def plan_resume(
     route: RouteKey,
     candidates: Iterable[PartitionCheckpoint],
-    latest: Iterable[PartitionCheckpoint],
+    latest: Sequence[PartitionCheckpoint],
 ) -> ResumePlan:
     """Skip partitions committed with the same query and schema; retry everything else."""
-    by_id = {cp.partition_id: cp for cp in latest}
+    latest = as_latest(latest)
     candidates = list(candidates)
     active, skipped = [], []
     for candidate in candidates:
-        previous = by_id.get(candidate.partition_id)
-        done = (
-            previous is not None
-            and previous.status is PartitionCheckpointStatus.COMMITTED
-            and previous.query_hash == candidate.query_hash
-            and previous.schema_hash == candidate.schema_hash
+        done = latest.committed_with(
+            candidate.partition_id, candidate.query_hash, candidate.schema_hash
         )
+        if not done:  # a retried partition's checkpoint is decoded, so a corrupt one stops the run
+            latest.get(candidate.partition_id)
         (skipped if done else active).append(candidate)
     if route.strategy is Strategy.FULL_REFRESH and active:
         active, skipped = candidates, []

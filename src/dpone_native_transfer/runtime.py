@@ -16,10 +16,11 @@ from typing import Any
 import attrs
 
 from .boundary import TargetBoundary
-from .checkpoints import GUARD_DIAGNOSTICS_KEY, PartitionCheckpoint, RouteKey, Strategy
+from .checkpoints import RouteKey, Strategy
 from .clock import Clock, read_clock, system_clock
 from .errors import ConfigInvalid, TargetCommitGuardUnhandled
 from .events import Event, EventName, EventRecorder
+from .latest import LatestCheckpoints, as_latest
 from .paths import Governance, PathContext, TransferPath
 from .paths.file_artifact import file_artifact_path
 from .paths.lazy_plan import lazy_plan_path
@@ -120,7 +121,7 @@ class TransferRuntime:
                 diagnostics={"key": "path"},
             )
         recorder = EventRecorder(self._listener)
-        latest = self.store.list_latest(route)
+        latest = as_latest(self.store.list_latest(route))
         self._scan_route(route, latest)
         recorder.emit(EventName.ROUTE_SCANNED, route=route.as_dict(), checkpoints=len(latest))
 
@@ -180,12 +181,12 @@ class TransferRuntime:
             batch_id=batch_id,
         )
 
-    def _scan_route(self, route: RouteKey, latest: list[PartitionCheckpoint]) -> None:
+    def _scan_route(self, route: RouteKey, latest: LatestCheckpoints) -> None:
         """Fire the route scan; refuse guards that no registered plugin claimed to read."""
         claims = self.hooks.resume_route_scan(route, latest)
         if any(claims):
             return
-        guarded = [cp.partition_id for cp in latest if GUARD_DIAGNOSTICS_KEY in cp.diagnostics]
+        guarded = latest.guarded_ids()
         if guarded:
             raise TargetCommitGuardUnhandled(
                 f"route {route.label} carries "

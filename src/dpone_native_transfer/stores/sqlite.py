@@ -11,6 +11,8 @@ version 1, so ``user_version`` stays 1: a v1 file written before the table
 existed gets it, empty, the first time it is opened, and older releases that
 do not know the table still open the file (they check only their own tables).
 A present ``audit`` table with unexpected columns is corrupt, like any other.
+The summary columns of ``checkpoint_latest`` (generated from the payload, for
+fast route scans) are additive in the same way; see ``_ensure_latest_summary``.
 
 Errors raised here never carry the file path (paths may be secret) or
 SQLite's own message text.
@@ -27,8 +29,14 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.request import pathname2url
 
-from ..checkpoints import PartitionCheckpoint, RouteKey, checkpoint_from_payload
-from ..errors import CheckpointPayloadInvalid, CheckpointStoreCorrupt
+from ..checkpoints import (
+    GUARD_DIAGNOSTICS_KEY,
+    PartitionCheckpoint,
+    RouteKey,
+    checkpoint_from_payload,
+)
+from ..errors import CheckpointPayloadInvalid, CheckpointStoreCorrupt, CheckpointStoreUnavailable
+from ..latest import LatestCheckpoints
 from .memory import (
     _check_run_id,
     _encode_batch,
@@ -46,15 +54,31 @@ _ROUTE = "source_table = ? AND target_table = ? AND strategy = ?"
 _ROUTE_COLUMNS = "source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT NOT NULL"
 _ROUTE_KEY = "source_table, target_table, strategy"
 
+# The route scan and the resume planner read these instead of decoding every payload
+# (see ``latest.py``). Generated from the payload by SQLite itself, they can never disagree
+# with it, and writers that do not know them (older releases) still fill them.
+_LATEST_SUMMARY = (
+    ("status", "payload ->> '$.status'"),
+    ("query_hash", "payload ->> '$.query_hash'"),
+    ("schema_hash", "payload ->> '$.schema_hash'"),
+    ("guard", f"payload -> '$.diagnostics.{GUARD_DIAGNOSTICS_KEY}'"),
+)
+_LATEST_TABLE = f"""CREATE TABLE {{name}} (
+        {_ROUTE_COLUMNS}, partition_id TEXT NOT NULL,
+        seq INTEGER NOT NULL, payload TEXT NOT NULL,
+        {", ".join(f"{column} TEXT GENERATED ALWAYS AS ({sql}) STORED" for column, sql in
+                   _LATEST_SUMMARY)},
+        PRIMARY KEY ({_ROUTE_KEY}, partition_id)) WITHOUT ROWID"""
+_SUMMARY_NAMES = tuple(column for column, _ in _LATEST_SUMMARY)
+_GENERATED_STORED = 3  # PRAGMA table_xinfo's "hidden" value for a STORED generated column
+_MINIMUM_SQLITE = (3, 38, 0)  # STORED generated columns and the ->/->> operators
+
 _SCHEMA = (
     f"""CREATE TABLE checkpoint_history (
         seq INTEGER PRIMARY KEY AUTOINCREMENT, {_ROUTE_COLUMNS},
         partition_id TEXT NOT NULL, payload TEXT NOT NULL)""",
     f"CREATE INDEX checkpoint_history_by_route ON checkpoint_history ({_ROUTE_KEY}, seq)",
-    f"""CREATE TABLE checkpoint_latest (
-        {_ROUTE_COLUMNS}, partition_id TEXT NOT NULL,
-        seq INTEGER NOT NULL, payload TEXT NOT NULL,
-        PRIMARY KEY ({_ROUTE_KEY}, partition_id)) WITHOUT ROWID""",
+    _LATEST_TABLE.format(name="checkpoint_latest"),
     f"""CREATE TABLE source_state (
         {_ROUTE_COLUMNS}, state TEXT NOT NULL,
         PRIMARY KEY ({_ROUTE_KEY})) WITHOUT ROWID""",
@@ -173,6 +197,49 @@ def _check_schema(conn: sqlite3.Connection) -> None:
             raise _table_corrupt(table)
 
 
+def _ensure_latest_summary(conn: sqlite3.Connection) -> None:
+    """Give a store from before the summary columns its ``checkpoint_latest`` with them.
+
+    SQLite cannot add STORED columns to a table, so the table is rebuilt, in
+    one write transaction (the check is repeated inside it: another process
+    may have migrated first). Nothing else changes, and older releases keep
+    working on the file: ``PRAGMA table_info`` does not list generated columns.
+    """
+    if _summary_columns(conn) == _SUMMARY_NAMES:
+        return
+    with _immediate(conn):
+        found = _summary_columns(conn)
+        if found == _SUMMARY_NAMES:
+            return
+        if found:
+            raise _table_corrupt("checkpoint_latest")
+        conn.execute(_LATEST_TABLE.format(name="checkpoint_latest_summarised"))
+        conn.execute(
+            f"INSERT INTO checkpoint_latest_summarised ({_ROUTE_KEY}, partition_id, seq, payload)"
+            f" SELECT {_ROUTE_KEY}, partition_id, seq, payload FROM checkpoint_latest"
+        )
+        conn.execute("DROP TABLE checkpoint_latest")
+        conn.execute("ALTER TABLE checkpoint_latest_summarised RENAME TO checkpoint_latest")
+
+
+def _summary_columns(conn: sqlite3.Connection) -> tuple[str, ...]:
+    return tuple(
+        row[1]
+        for row in conn.execute("PRAGMA table_xinfo(checkpoint_latest)")
+        if row[6] == _GENERATED_STORED
+    )
+
+
+def _require_sqlite() -> None:
+    if sqlite3.sqlite_version_info < _MINIMUM_SQLITE:
+        raise CheckpointStoreUnavailable(
+            "the SQLite checkpoint store needs SQLite "
+            f"{'.'.join(map(str, _MINIMUM_SQLITE))} or newer; "
+            f"this Python has {sqlite3.sqlite_version}",
+            diagnostics={"sqlite_version": sqlite3.sqlite_version},
+        )
+
+
 def _ensure_audit_table(conn: sqlite3.Connection) -> None:
     """Give a v1 file from before the audit table an empty one; refuse a foreign one."""
     found = _columns(conn, "audit")
@@ -203,6 +270,7 @@ def _open(path: str) -> sqlite3.Connection:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             _ensure_audit_table(conn)
+            _ensure_latest_summary(conn)
     except BaseException:
         conn.close()
         raise
@@ -254,6 +322,7 @@ class SQLiteCheckpointStore:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._conn: sqlite3.Connection | None = None
+        _require_sqlite()
         path = os.path.abspath(os.fspath(path))
         if not os.path.exists(path):
             _initialise(path)
@@ -296,13 +365,14 @@ class SQLiteCheckpointStore:
         with self._transaction() as conn:
             _insert_checkpoints(conn, rows)
 
-    def list_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
+    def list_latest(self, route: RouteKey) -> LatestCheckpoints:
+        """Summary fields now, each payload decoded (and validated) when its item is read."""
         rows = self._read(
-            f"SELECT partition_id, seq, payload FROM checkpoint_latest WHERE {_ROUTE}"
-            " ORDER BY partition_id",
+            f"SELECT partition_id, {', '.join(_SUMMARY_NAMES)}, seq, payload"
+            f" FROM checkpoint_latest WHERE {_ROUTE} ORDER BY partition_id",
             _route_params(route),
         )
-        return [_decode_checkpoint(route, *row) for row in rows]
+        return LatestCheckpoints(rows, lambda row: _decode_checkpoint(route, row[0], *row[-2:]))
 
     def history(self, route: RouteKey) -> list[PartitionCheckpoint]:
         """Every checkpoint written for ``route``, oldest first."""
