@@ -25,10 +25,9 @@ connection or SQL failure is ``SourceInvalid`` naming the table only.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 from ..checkpoints import sha256_digest
 from ..errors import ConfigInvalid, SourceInvalid
@@ -38,6 +37,8 @@ from ..stores.postgres import CONNECT_TIMEOUT_SECONDS
 from ._sql import bounds_where, quote
 
 __all__ = ["PostgresSource"]
+
+_T = TypeVar("_T")
 
 _CURSOR = "dpone_read"
 # format_type() names whose values the driver returns as int, float, bool, bytes or str.
@@ -105,10 +106,9 @@ class PostgresSource:
         partition_column: str,
         cursor_column: str | None = None,
     ) -> None:
-        schema, dot, name = table.partition(".") if isinstance(table, str) else ("", "", table)
-        parts = (schema, name) if dot else (name,)
-        for part in (*parts, partition_column):
-            quote(part)
+        parts = tuple(table.split(".", 1)) if isinstance(table, str) else (table,)
+        for name in (*parts, partition_column):
+            quote(name)
         if cursor_column is not None:
             quote(cursor_column)
         self._dsn = _resolve_dsn(dsn)
@@ -125,7 +125,7 @@ class PostgresSource:
         return SourceInvalid(message, diagnostics={"table": self.table})
 
     def _open(self, driver: Any) -> Any:
-        """A connection; a refused or unreachable server is ``SourceInvalid`` with no context."""
+        """A read-only connection in UTC/ISO; a server that refuses is ``SourceInvalid``."""
         try:
             params = driver.conninfo.conninfo_to_dict(self._dsn)
         except driver.Error:
@@ -136,38 +136,38 @@ class PostgresSource:
             )
         extra = {} if "connect_timeout" in params else {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
         try:
-            return driver.connect(self._dsn, autocommit=False, **extra)
+            conn = driver.connect(self._dsn, autocommit=False, **extra)
         except driver.Error:
-            pass  # raised below, outside the handler, so the driver's text is not chained
-        raise self._invalid(
-            f"the database of source table {self.table!r} cannot be reached or refused the login"
-        )
+            conn = None  # raised below, outside the handler, so the driver's text is not chained
+        if conn is None:
+            raise self._invalid(
+                f"the database of source table {self.table!r} cannot be reached "
+                "or refused the login"
+            )
+        conn.read_only = True
+        return conn
 
-    @contextlib.contextmanager
-    def _connect(self) -> Iterator[Any]:
-        """A read-only transaction in UTC/ISO; driver errors become ``SourceInvalid``."""
+    def _attempt(self, driver: Any, work: Callable[[], _T]) -> _T:
+        """``work()``; a driver error becomes ``SourceInvalid``, raised with nothing chained."""
+        try:
+            return work()
+        except driver.Error:
+            pass
+        raise self._invalid(f"source table {self.table!r} could not be read")
+
+    def _query(self, work: Callable[[Any], _T]) -> _T:
+        """``work(conn)`` in a fresh read-only transaction; the connection is closed after."""
         driver = _driver()
         conn = self._open(driver)
-        failed = False
         try:
-            with conn:
-                conn.read_only = True
-                conn.execute(_SESSION)
-                yield conn
-        except driver.Error:
-            failed = True
+            return self._attempt(driver, lambda: work(_session(conn)))
         finally:
             conn.close()
-        if failed:
-            raise self._invalid(f"source table {self.table!r} could not be read")
 
     def _columns(self, conn: Any) -> tuple[Column, ...]:
-        rows = conn.execute(_COLUMNS, (self._regclass,)).fetchall()
-        return tuple(Column(name, decltype) for name, decltype in rows)
-
-    def _described(self, conn: Any) -> tuple[Column, ...]:
         """The table's columns; ``SourceInvalid`` when it or a named column does not exist."""
-        columns = self._columns(conn)
+        rows = conn.execute(_COLUMNS, (self._regclass,)).fetchall()
+        columns = tuple(Column(name, decltype) for name, decltype in rows)
         if not columns:
             raise self._invalid(f"source table {self.table!r} does not exist")
         names = {column.name for column in columns}
@@ -179,10 +179,12 @@ class PostgresSource:
                 )
         return columns
 
+    def _column(self, conn: Any, name: str) -> Column:
+        return next(column for column in self._columns(conn) if column.name == name)
+
     def describe(self) -> SourceShape:
         """Columns with their PostgreSQL type names, and the query and schema hashes."""
-        with self._connect() as conn:
-            columns = self._described(conn)
+        columns = self._query(self._columns)
         window = {} if self.cursor_column is None else {"cursor_after": 0, "cursor_upto": 0}
         template, _ = self._select(columns, {"partition": 0, **window})
         return SourceShape(
@@ -191,14 +193,18 @@ class PostgresSource:
             schema_hash=sha256_digest([[c.name, c.decltype] for c in columns]),
         )
 
-    def _select(self, columns: Sequence[Column], bounds: Mapping) -> tuple[str, list[Any]]:
-        where, params = bounds_where(
+    def _where(self, bounds: Mapping) -> tuple[str, list[Any]]:
+        return bounds_where(
             bounds,
             partition_column=self.partition_column,
             cursor_column=self.cursor_column,
             marker="%s",
             name=_name,
         )
+
+    def _select(self, columns: Sequence[Column], bounds: Mapping) -> tuple[str, list[Any]]:
+        """The extraction query of one partition (with placeholders: what ``query_hash`` names)."""
+        where, params = self._where(bounds)
         select = ", ".join(_value(column) for column in columns)
         return f"SELECT {select} FROM {self._relation} WHERE {where}", params
 
@@ -216,20 +222,20 @@ class PostgresSource:
         given = [(sql, value) for sql, value in bounds if value is not None]
         return " WHERE " + " AND ".join(sql for sql, _ in given), [value for _, value in given]
 
-    def _column(self, columns: Sequence[Column], name: str) -> Column:
-        return next(column for column in columns if column.name == name)
-
     def partition_values(self, *, after: Any = None, upto: Any = None) -> list:
         """Partition values with a cursor in ``(after, upto]``; NULL first, then by value."""
         window, params = self._window(after, upto)
         partition = _name(self.partition_column)
-        with self._connect() as conn:
-            value = _value(self._column(self._described(conn), self.partition_column))
+
+        def values(conn: Any) -> list:
+            value = _value(self._column(conn, self.partition_column))
             sql = (
                 f"SELECT {value} FROM (SELECT DISTINCT {partition} FROM {self._relation}{window})"
                 f" AS dpone_values ORDER BY dpone_values.{partition} NULLS FIRST"
             )
             return [row[0] for row in conn.execute(sql, params)]
+
+        return self._query(values)
 
     def max_cursor(self, *, after: Any = None) -> Any:
         """Highest cursor value above ``after``, or None when nothing is newer."""
@@ -239,11 +245,14 @@ class PostgresSource:
                 diagnostics={"table": self.table},
             )
         window, params = self._window(after, None)
-        with self._connect() as conn:
-            cursor = self._column(self._described(conn), self.cursor_column)
-            highest = Column("max", cursor.decltype)
+
+        def highest(conn: Any) -> Any:
+            cursor = self._column(conn, self.cursor_column)
+            value = _value(Column("max", cursor.decltype))
             sql = f"SELECT max({_name(cursor.name)}) AS max FROM {self._relation}{window}"
-            return conn.execute(f"SELECT {_value(highest)} FROM ({sql}) AS m", params).fetchone()[0]
+            return conn.execute(f"SELECT {value} FROM ({sql}) AS m", params).fetchone()[0]
+
+        return self._query(highest)
 
     def read(self, bounds: Mapping, *, chunk_rows: int = 10_000) -> Iterator[list[tuple]]:
         """Rows of one partition in chunks of at most ``chunk_rows``; bad bounds fail on call."""
@@ -253,19 +262,30 @@ class PostgresSource:
         return self._chunks(sql, params, chunk_rows)
 
     def _chunks(self, sql: str, params: list[Any], chunk_rows: int) -> Iterator[list[tuple]]:
-        with self._connect() as conn, conn.cursor(name=_CURSOR) as cursor:
+        """Each chunk is one ``FETCH FORWARD chunk_rows`` of a named cursor."""
+        driver = _driver()
+        conn = self._open(driver)
+        cursor = conn.cursor(name=_CURSOR)
+
+        def declare() -> None:
+            _session(conn)
             cursor.execute(sql, params)
-            while chunk := cursor.fetchmany(chunk_rows):
+
+        try:
+            self._attempt(driver, declare)
+            while chunk := self._attempt(driver, lambda: cursor.fetchmany(chunk_rows)):
                 yield chunk
+        finally:
+            conn.close()
+            cursor.close()  # after the connection: nothing is left to send to the server
 
     def count(self, bounds: Mapping) -> int:
-        with self._connect() as conn:
-            where, params = bounds_where(
-                bounds,
-                partition_column=self.partition_column,
-                cursor_column=self.cursor_column,
-                marker="%s",
-                name=_name,
-            )
-            sql = f"SELECT count(*) FROM {self._relation} WHERE {where}"
-            return conn.execute(sql, params).fetchone()[0]
+        where, params = self._where(bounds)
+        sql = f"SELECT count(*) FROM {self._relation} WHERE {where}"
+        return self._query(lambda conn: conn.execute(sql, params).fetchone()[0])
+
+
+def _session(conn: Any) -> Any:
+    """Start the transaction in UTC and ISO dates, so every text value has one spelling."""
+    conn.execute(_SESSION)
+    return conn

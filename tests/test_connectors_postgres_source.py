@@ -1,0 +1,406 @@
+"""PostgreSQL source against the test suite's real server: shape, partitions, server-side reads,
+safe errors, and guarded transfers into SQLite and DuckDB targets."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import decimal
+import secrets
+import sqlite3
+import urllib.parse
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import psycopg
+import pytest
+
+from dpone_native_transfer import SQLiteCheckpointStore, TransferRuntime, TransferSpec
+from dpone_native_transfer.connectors import SQLiteSink
+from dpone_native_transfer.connectors.duckdb import DuckDBSink
+from dpone_native_transfer.connectors.postgres import PostgresSource
+from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
+from dpone_native_transfer.payloads import Column
+from dpone_native_transfer.testing import (
+    FaultyStore,
+    RecordingSink,
+    StepClock,
+    assert_rows_exactly_once,
+)
+
+TS = datetime.datetime(2024, 1, 1)
+
+
+def _ts(second: int) -> datetime.datetime:
+    return TS + datetime.timedelta(seconds=second)
+
+
+# (id, region, amount numeric(12,2), updated_at timestamp, flag boolean, note text)
+ORDERS = [
+    (1, "north", decimal.Decimal("12.50"), _ts(1), True, "a"),
+    (2, None, decimal.Decimal("3.25"), _ts(2), False, None),
+    (3, "south", None, _ts(3), None, "c"),
+    (4, "north", decimal.Decimal("10.00"), _ts(4), True, "O'Brien"),
+    (5, "south", decimal.Decimal("-7.05"), _ts(5), False, "e"),
+    (6, None, decimal.Decimal("0.00"), _ts(6), True, "f"),
+    (7, "north", decimal.Decimal("99.99"), _ts(7), None, None),
+]
+LATER = [
+    (8, "north", decimal.Decimal("1.00"), _ts(8), True, "h"),
+    (9, None, None, _ts(9), False, "i"),
+    (10, "west", decimal.Decimal("2.50"), _ts(10), None, "j"),
+]
+
+
+def _url(dsn: str, **query: str) -> str:
+    """The server as a postgresql:// URL: the form PostgresSource takes."""
+    parts = psycopg.conninfo.conninfo_to_dict(dsn)
+    user = urllib.parse.quote(parts["user"], safe="")
+    password = urllib.parse.quote(parts.get("password") or "", safe="")
+    url = f"postgresql://{user}:{password}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    return url + ("?" + urllib.parse.urlencode(query) if query else "")
+
+
+class Table(NamedTuple):
+    dsn: str  # the admin DSN (key=value), for the test's own statements
+    url: str
+    schema: str
+    name: str  # schema-qualified
+
+    def execute(self, sql: str, params: Any = None) -> list[tuple]:
+        with contextlib.closing(psycopg.connect(self.dsn, autocommit=True)) as conn:
+            cursor = conn.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def insert(self, rows: list[tuple]) -> None:
+        with contextlib.closing(psycopg.connect(self.dsn, autocommit=True)) as conn:
+            conn.cursor().executemany(
+                f'INSERT INTO "{self.schema}".orders VALUES (%s, %s, %s, %s, %s, %s)', rows
+            )
+
+
+@pytest.fixture
+def table(postgres_schema) -> Table:
+    made = Table(postgres_schema.dsn, _url(postgres_schema.dsn), postgres_schema.schema,
+                 f"{postgres_schema.schema}.orders")  # fmt: skip
+    made.execute(f'CREATE SCHEMA "{made.schema}"')
+    made.execute(
+        f'CREATE TABLE "{made.schema}".orders (id integer PRIMARY KEY, region text,'
+        " amount numeric(12,2), updated_at timestamp, flag boolean, note text)"
+    )
+    made.insert(ORDERS)
+    return made
+
+
+@pytest.fixture
+def source(table: Table) -> PostgresSource:
+    return PostgresSource(table.url, table.name, "region", "updated_at")
+
+
+def _read_all(source: PostgresSource, **window: Any) -> list[tuple]:
+    return [
+        row
+        for value in source.partition_values(**window)
+        for chunk in source.read({"partition": value}, chunk_rows=2)
+        for row in chunk
+    ]
+
+
+# --- describe ---------------------------------------------------------------------------------
+
+
+def test_describe_reports_postgres_type_names_and_stable_hashes(source, table):
+    shape = source.describe()
+    assert shape.columns == (
+        Column("id", "integer"),
+        Column("region", "text"),
+        Column("amount", "numeric(12,2)"),
+        Column("updated_at", "timestamp without time zone"),
+        Column("flag", "boolean"),
+        Column("note", "text"),
+    )
+    assert [c.affinity for c in shape.columns] == [
+        "integer", "text", "numeric", "timestamp", "boolean", "text"
+    ]  # fmt: skip
+    assert shape.query_hash.startswith("sha256:") and shape.schema_hash.startswith("sha256:")
+    assert PostgresSource(table.url, table.name, "region", "updated_at").describe() == shape
+    without_cursor = PostgresSource(table.url, table.name, "region").describe()
+    assert without_cursor.query_hash != shape.query_hash
+    assert without_cursor.schema_hash == shape.schema_hash
+    table.execute(f'ALTER TABLE "{table.schema}".orders ALTER COLUMN note TYPE varchar(40)')
+    changed = source.describe()
+    assert changed.schema_hash != shape.schema_hash
+    assert changed.columns[-1] == Column("note", "character varying(40)")
+
+
+def test_an_unqualified_table_is_found_through_the_search_path(table):
+    url = _url(table.dsn, options=f"-csearch_path={table.schema}")
+    source = PostgresSource(url, "orders", "region")
+    assert source.describe().columns[0] == Column("id", "integer")
+    assert source.count({"partition": "north"}) == 3
+
+
+@pytest.mark.parametrize(
+    ("name", "partition", "cursor", "named"),
+    [
+        ("{schema}.missing", "region", None, "missing"),
+        ("no_such_schema.orders", "region", None, "no_such_schema.orders"),
+        ("{schema}.orders", "nope", None, "nope"),
+        ("{schema}.orders", "region", "nope", "nope"),
+    ],
+)
+def test_missing_table_or_column_is_source_invalid(table, name, partition, cursor, named):
+    name = name.format(schema=table.schema)
+    with pytest.raises(SourceInvalid) as caught:
+        PostgresSource(table.url, name, partition, cursor).describe()
+    assert named in str(caught.value)
+    assert caught.value.diagnostics["table"] == name
+
+
+# --- partitions, cursors, reads ---------------------------------------------------------------
+
+
+def test_partition_values_come_null_first_then_by_value(source, table):
+    assert source.partition_values() == [None, "north", "south"]
+    window = {"after": _ts(2).isoformat(sep=" "), "upto": _ts(6).isoformat(sep=" ")}
+    assert source.partition_values(**window) == [None, "north", "south"]
+    assert source.partition_values(after="2024-01-01 00:00:05") == [None, "north"]
+    by_amount = PostgresSource(table.url, table.name, "amount")
+    assert by_amount.partition_values() == [
+        None, "-7.05", "0.00", "3.25", "10.00", "12.50", "99.99"
+    ]  # fmt: skip
+
+
+def test_max_cursor_is_exact_iso_text_in_utc(source, table):
+    assert source.max_cursor() == "2024-01-01 00:00:07"
+    assert source.max_cursor(after="2024-01-01 00:00:07") is None
+    table.insert([(11, "x", None, datetime.datetime(2024, 1, 1, 0, 0, 8, 123456), None, None)])
+    assert source.max_cursor(after="2024-01-01 00:00:07") == "2024-01-01 00:00:08.123456"
+    with pytest.raises(ConfigInvalid):
+        PostgresSource(table.url, table.name, "region").max_cursor()
+
+
+def test_reads_give_transfer_safe_values_and_respect_bounds(source):
+    rows = _read_all(source)
+    assert sorted(rows) == [
+        (i, region, None if amount is None else str(amount),
+         None if at is None else at.isoformat(sep=" "), flag, note)
+        for i, region, amount, at, flag, note in ORDERS
+    ]  # fmt: skip
+    window = {"cursor_after": "2024-01-01 00:00:01", "cursor_upto": "2024-01-01 00:00:06"}
+    north = [r for chunk in source.read({"partition": "north", **window}) for r in chunk]
+    nulls = [r for chunk in source.read({"partition": None, **window}) for r in chunk]
+    assert [r[0] for r in north] == [4]
+    assert sorted(r[0] for r in nulls) == [2, 6]
+    assert source.count({"partition": None, **window}) == 2
+    assert source.count({"partition": "south"}) == 2
+
+
+def test_a_timestamptz_cursor_reads_back_in_utc(table):
+    table.execute(f'ALTER TABLE "{table.schema}".orders ADD COLUMN seen timestamptz')
+    table.execute(
+        f"UPDATE \"{table.schema}\".orders SET seen = '2024-06-01 12:00:00+02' WHERE id = 1"
+    )
+    source = PostgresSource(table.url, table.name, "region", "seen")
+    assert source.max_cursor() == "2024-06-01 10:00:00+00"
+    bounds = {"partition": "north", "cursor_after": "2024-06-01 09:59:59+00",
+              "cursor_upto": source.max_cursor()}  # fmt: skip
+    assert [row[0] for chunk in source.read(bounds) for row in chunk] == [1]
+
+
+def test_read_uses_a_server_side_cursor_fetching_chunk_rows_at_a_time(table):
+    """Memory stays bounded: the rows stay on the server until each FETCH of chunk_rows."""
+    table.insert([(100 + i, "bulk", None, _ts(100 + i), None, None) for i in range(23)])
+    tag = f"dpone-test-{secrets.token_hex(4)}"
+    source = PostgresSource(_url(table.dsn, application_name=tag), table.name, "region")
+    chunks = source.read({"partition": "bulk"}, chunk_rows=5)
+    first = next(chunks)
+    assert len(first) == 5
+    sessions = table.execute(
+        "SELECT state, query FROM pg_stat_activity WHERE application_name = %s", (tag,)
+    )
+    assert len(sessions) == 1
+    state, query = sessions[0]
+    assert state == "idle in transaction"
+    assert query.startswith('FETCH FORWARD 5 FROM "dpone_read"')
+    rest = list(chunks)
+    assert [len(chunk) for chunk in rest] == [5, 5, 5, 3]
+    assert sorted(r[0] for chunk in [first, *rest] for r in chunk) == list(range(100, 123))
+    gone = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+    assert table.execute(gone, (tag,)) == [(0,)]
+
+
+def test_a_read_closed_early_releases_its_connection(table):
+    tag = f"dpone-test-{secrets.token_hex(4)}"
+    source = PostgresSource(_url(table.dsn, application_name=tag), table.name, "region")
+    chunks = source.read({"partition": "north"}, chunk_rows=1)
+    assert len(next(chunks)) == 1
+    count = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+    assert table.execute(count, (tag,)) == [(1,)]
+    chunks.close()
+    assert table.execute(count, (tag,)) == [(0,)]
+
+
+def test_read_rejects_bad_chunk_rows_and_bounds_at_call_time(source):
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ConfigInvalid):
+            source.read({"partition": "north"}, chunk_rows=bad)
+    with pytest.raises(ConfigInvalid):
+        source.read({"cursor_after": 1})
+
+
+def test_awkward_identifiers(table):
+    schema = table.schema
+    table.execute(
+        f'CREATE TABLE "{schema}"."odd %s ""t""" ("the id" int, "part %(p)s" text, "cur\'sor" int)'
+    )
+    table.execute(
+        f'INSERT INTO "{schema}"."odd %s ""t""" VALUES (1, \'a\', 5), (2, \'b"\', 6), (3, \'a\', 7)'
+    )
+    source = PostgresSource(table.url, f'{schema}.odd %s "t"', "part %(p)s", "cur'sor")
+    assert [c.name for c in source.describe().columns] == ["the id", "part %(p)s", "cur'sor"]
+    assert source.partition_values(after=5) == ["a", 'b"']
+    assert source.max_cursor() == 7
+    assert [list(chunk) for chunk in source.read({"partition": "a"})] == [[(1, "a", 5), (3, "a", 7)]]
+
+
+# --- errors are safe --------------------------------------------------------------------------
+
+
+def _assert_safe(error: BaseException, *secrets_: str) -> None:
+    text = f"{error} {error!r} {error.diagnostics}"  # type: ignore[attr-defined]
+    for secret in secrets_:
+        assert secret not in text
+    assert error.__context__ is None and error.__cause__ is None
+
+
+def test_a_wrong_password_is_source_invalid_without_credentials(table):
+    url = _url(table.dsn).replace("@", "x-CANARY-PW@", 1)
+    source = PostgresSource(url, table.name, "region")
+    with pytest.raises(SourceInvalid) as caught:
+        source.describe()
+    _assert_safe(caught.value, "CANARY", "postgresql://", "password")
+    assert caught.value.diagnostics == {"table": table.name}
+    assert "CANARY" not in repr(source)
+
+
+def test_an_unreachable_server_is_source_invalid(table):
+    parts = psycopg.conninfo.conninfo_to_dict(table.dsn)
+    url = f"postgresql://u:CANARY-PW@127.0.0.1:1/{parts['dbname']}"
+    with pytest.raises(SourceInvalid) as caught:
+        PostgresSource(url, table.name, "region").partition_values()
+    _assert_safe(caught.value, "CANARY", "127.0.0.1")
+
+
+def test_a_failing_query_is_source_invalid_without_sql_or_driver_text(table):
+    table.execute(
+        f'CREATE VIEW "{table.schema}".fragile AS SELECT id, region, 100 / (id - 3) AS ratio'
+        f' FROM "{table.schema}".orders'
+    )
+    source = PostgresSource(table.url, f"{table.schema}.fragile", "region")
+    assert source.count({"partition": "north"}) == 3
+    chunks = source.read({"partition": "south"})
+    with pytest.raises(SourceInvalid) as caught:
+        list(chunks)
+    _assert_safe(caught.value, "division", "SELECT", "FETCH")
+
+
+def test_dsn_forms(table, monkeypatch):
+    conninfo = "host=127.0.0.1 dbname=x user=u password=CANARY-PW"
+    with pytest.raises(ConfigInvalid) as caught:
+        PostgresSource(conninfo, table.name, "region")
+    _assert_safe(caught.value, "CANARY")
+    assert "postgresql:// URL" in str(caught.value)
+    with pytest.raises(ConfigInvalid) as caught:
+        PostgresSource("env:DPONE_TEST_UNSET_SOURCE", table.name, "region")
+    assert "DPONE_TEST_UNSET_SOURCE" in str(caught.value)
+    monkeypatch.setenv("DPONE_TEST_SOURCE", table.url)
+    source = PostgresSource("env:DPONE_TEST_SOURCE", table.name, "region")
+    assert source.count({"partition": None}) == 2
+    for bad in (None, 5):
+        with pytest.raises(ConfigInvalid):
+            PostgresSource(bad, table.name, "region")  # type: ignore[arg-type]
+    for name in ("", "bad\x00name", f"{table.schema}."):
+        with pytest.raises(ConfigInvalid):
+            PostgresSource(table.url, name, "region")
+
+
+# --- guarded transfers into SQLite and DuckDB -------------------------------------------------
+
+
+class PgRoute:
+    def __init__(self, tmp: Path, table: Table, sink: Any, strategy: str) -> None:
+        self.table = table
+        self.source = PostgresSource(table.url, table.name, "region", "updated_at")
+        self.sink = RecordingSink(sink)
+        self.real_store = SQLiteCheckpointStore(str(tmp / "checkpoints.db"))
+        self.store = FaultyStore(self.real_store)
+        self.strategy = strategy
+
+    def run(self, path: str, run_id: str):
+        runtime = TransferRuntime(self.store, clock=StepClock())
+        return runtime.run(
+            TransferSpec(source=self.source, sink=self.sink, strategy=self.strategy, path=path,
+                         run_id=run_id, chunk_rows=3)
+        )  # fmt: skip
+
+
+def _sqlite_value(row: tuple) -> tuple:
+    """A source row as SQLite stores it: numeric affinity for numeric and boolean columns."""
+    i, region, amount, at, flag, note = row
+    if amount is not None:
+        amount = int(amount) if amount == amount.to_integral_value() else float(amount)
+    return i, region, amount, at.isoformat(sep=" "), None if flag is None else int(flag), note
+
+
+def _expected(sink_kind: str, rows: list[tuple]) -> list[tuple]:
+    return sorted(rows if sink_kind == "duckdb" else [_sqlite_value(row) for row in rows])
+
+
+@pytest.fixture(params=["sqlite", "duckdb"])
+def sink_kind(request) -> str:
+    return request.param
+
+
+def _sink(kind: str, tmp: Path) -> Any:
+    if kind == "duckdb":
+        return DuckDBSink(tmp / "target.duckdb", "orders_copy")
+    return SQLiteSink(tmp / "target.db", "orders_copy")
+
+
+@pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+def test_postgres_to_sqlite_and_duckdb(tmp_path, table, sink_kind, path, strategy):
+    route = PgRoute(tmp_path, table, _sink(sink_kind, tmp_path), strategy)
+    try:
+        first = route.run(path, "run-1")
+        assert first.rows_loaded == len(ORDERS) and len(first.committed_partition_ids) == 3
+        assert sorted(route.sink.inner.rows()) == _expected(sink_kind, ORDERS)
+
+        table.insert(LATER)
+        second = route.run(path, "run-2")
+        everything = ORDERS + LATER
+        if strategy == "incremental_append":  # only the cursor window past the watermark
+            assert second.rows_loaded == len(LATER)
+            assert len(second.committed_partition_ids) == 3  # NULL, north, west
+        else:
+            assert second.rows_loaded == len(everything)
+        assert sorted(route.sink.inner.rows()) == _expected(sink_kind, everything)
+        assert_rows_exactly_once([r[0] for r in everything], [r[0] for r in route.sink.inner.rows()])
+
+        third = route.run(path, "run-3")  # nothing new
+        assert third.rows_loaded == (0 if strategy == "incremental_append" else len(everything))
+        assert sorted(route.sink.inner.rows()) == _expected(sink_kind, everything)
+    finally:
+        route.real_store.close()
+
+
+def test_lazy_plan_from_postgres_into_duckdb_is_config_invalid(tmp_path, table):
+    route = PgRoute(tmp_path, table, _sink("duckdb", tmp_path), "incremental_append")
+    try:
+        with pytest.raises(ConfigInvalid, match="lazy-plan on DuckDB reads SQLite sources"):
+            route.run("lazy-plan", "run-1")
+        assert not (tmp_path / "target.duckdb").exists()
+    finally:
+        route.real_store.close()
+
