@@ -1,0 +1,304 @@
+"""The route scan without decoding every payload: ``LatestCheckpoints`` and the SQLite summary.
+
+A run reads each checkpoint's status, hashes and guard text from columns the
+SQLite store generates from the payload, and decodes a payload only when it
+acts on that partition. These tests pin that the shortcut decides exactly as
+reading every checkpoint would, that a store written by an older release is
+migrated without loss, and that a corrupt checkpoint a run acts on still stops
+it before the target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from datetime import UTC, datetime
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_bad_input import GUARD_CASES
+
+from dpone_native_transfer import (
+    CheckpointPayloadInvalid,
+    CheckpointStoreCorrupt,
+    CheckpointStoreUnavailable,
+    ManualReconciliationRequired,
+    PartitionCheckpoint,
+    RouteKey,
+    SQLiteCheckpointStore,
+    SQLiteSink,
+    SQLiteSource,
+    TransferRuntime,
+    TransferSpec,
+    checkpoint_to_payload,
+)
+from dpone_native_transfer.checkpoints import GUARD_DIAGNOSTICS_KEY
+from dpone_native_transfer.latest import LatestCheckpoints, as_latest
+from dpone_native_transfer.stores import sqlite as sqlite_store
+from dpone_native_transfer.testing import RecordingSink, StepClock, build_sample_source
+from dpone_target_commit_guard.operator import blocked_partitions
+from dpone_target_commit_guard.payload import GuardPhase, build_guard
+
+ROUTE = RouteKey("orders", "orders_copy", "incremental_append")
+BATCH = "sha256:" + "ab" * 32
+
+
+def checkpoint(partition_id: str, status: str = "committed", **diagnostics: Any):
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    return PartitionCheckpoint(
+        partition_id=partition_id,
+        route=ROUTE,
+        status=status,
+        run_id="run-1",
+        query_hash="sha256:" + "1" * 64,
+        schema_hash="sha256:" + "2" * 64,
+        partition_bounds={"partition": partition_id},
+        started_at=at,
+        completed_at=at if status == "committed" else None,
+        diagnostics=diagnostics,
+    )
+
+
+def guarded(partition_id: str, phase: GuardPhase, status: str):
+    return checkpoint(partition_id, status, **{GUARD_DIAGNOSTICS_KEY: build_guard(phase, BATCH)})
+
+
+class CountingDecoder:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = sqlite_store._decode_checkpoint
+
+        def decode(*args: Any) -> PartitionCheckpoint:
+            self.calls += 1
+            return real(*args)
+
+        monkeypatch.setattr(sqlite_store, "_decode_checkpoint", decode)
+
+
+# -- the sequence itself ------------------------------------------------------------------
+
+
+def test_items_are_decoded_once_each_and_only_when_read(tmp_path, monkeypatch):
+    decoder = CountingDecoder(monkeypatch)
+    with SQLiteCheckpointStore(tmp_path / "c.db") as store:
+        store.upsert_many([checkpoint(f"p-{i}") for i in range(5)])
+        latest = store.list_latest(ROUTE)
+        assert isinstance(latest, LatestCheckpoints) and len(latest) == 5
+        assert decoder.calls == 0
+        assert latest[1].partition_id == "p-1" and latest[-1].partition_id == "p-4"
+        assert latest.get("p-1") is latest[1]
+        assert decoder.calls == 2
+        assert [cp.partition_id for cp in latest[1:3]] == ["p-1", "p-2"]
+        assert latest.get("p-missing") is None
+        assert decoder.calls == 3
+        with pytest.raises(IndexError):
+            latest[5]
+        assert latest == [checkpoint(f"p-{i}") for i in range(5)]
+        assert latest != [checkpoint(f"p-{i}") for i in range(4)]
+
+
+def test_summary_answers_without_decoding(tmp_path, monkeypatch):
+    decoder = CountingDecoder(monkeypatch)
+    with SQLiteCheckpointStore(tmp_path / "c.db") as store:
+        store.upsert_many(
+            [
+                checkpoint("p-done"),
+                guarded("p-armed", GuardPhase.ARMED, "exported"),
+                checkpoint("p-exported", "exported"),
+            ]
+        )
+        latest = store.list_latest(ROUTE)
+        assert latest.committed_with("p-done", "sha256:" + "1" * 64, "sha256:" + "2" * 64)
+        assert not latest.committed_with("p-done", "sha256:" + "9" * 64, "sha256:" + "2" * 64)
+        assert not latest.committed_with("p-exported", "sha256:" + "1" * 64, "sha256:" + "2" * 64)
+        assert not latest.committed_with("p-new", "sha256:" + "1" * 64, "sha256:" + "2" * 64)
+        assert latest.guarded_ids() == ["p-armed"]
+        ((status, text),) = latest.guard_groups()
+        assert status == "exported"
+        assert LatestCheckpoints.parse_guard(text) == build_guard(GuardPhase.ARMED, BATCH)
+        assert decoder.calls == 0
+
+
+def test_wrapping_decoded_checkpoints_gives_the_same_answers():
+    items = [checkpoint("p-a"), guarded("p-b", GuardPhase.ARMED, "exported")]
+    latest = as_latest(items)
+    assert as_latest(latest) is latest
+    assert latest == items and latest.guarded_ids() == ["p-b"]
+    assert [f.partition_id for f in blocked_partitions(latest)] == ["p-b"]
+
+
+def test_a_guard_that_is_not_json_is_read_the_slow_way_and_reported():
+    odd = checkpoint("p-odd", "failed", **{GUARD_DIAGNOSTICS_KEY: {1, 2}})  # a set: no JSON
+    findings = blocked_partitions(as_latest([checkpoint("p-a"), odd]))
+    assert [(f.partition_id, f.problem) for f in findings] == [("p-odd", "not_an_object")]
+
+
+# -- the guard's grouped scan equals reading every checkpoint ----------------------------
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(cases=st.lists(GUARD_CASES, min_size=1, max_size=6), legacy=st.integers(0, 3))
+def test_grouped_scan_finds_exactly_what_reading_every_checkpoint_finds(
+    tmp_path_factory, cases, legacy
+):
+    folder = tmp_path_factory.mktemp("grouped")
+    items = [checkpoint(f"p-legacy-{i}") for i in range(legacy)]
+    for i, (value, status) in enumerate(cases):
+        items.append(checkpoint(f"p-{i}", status, **{GUARD_DIAGNOSTICS_KEY: value}))
+    with SQLiteCheckpointStore(folder / "c.db") as store:
+        writable = []
+        for item in items:
+            try:
+                store.upsert(item)
+                writable.append(item)
+            except CheckpointPayloadInvalid:  # not JSON-safe: the store refuses it
+                pass
+        fast = blocked_partitions(store.list_latest(ROUTE))
+        slow = blocked_partitions(list(store.list_latest(ROUTE)))
+    assert [f.as_dict() for f in fast] == [f.as_dict() for f in slow]
+    assert len(slow) <= len(writable)
+
+
+# -- a run touches only what it acts on ---------------------------------------------------
+
+
+def unwindowed_route(tmp_path):
+    """A route without a cursor column: every run plans every partition."""
+    build_sample_source(tmp_path / "source.db", rows=200, partitions=20)
+    source = SQLiteSource(str(tmp_path / "source.db"), "orders", "region")
+    sink = RecordingSink(SQLiteSink(str(tmp_path / "target.db"), "orders_copy"))
+    spec = TransferSpec(
+        source=source, sink=sink, strategy="incremental_append", path="legacy", run_id="run-1"
+    )
+    return spec, sink
+
+
+def test_a_healthy_rerun_decodes_no_checkpoint(tmp_path, monkeypatch):
+    spec, sink = unwindowed_route(tmp_path)
+    with SQLiteCheckpointStore(tmp_path / "c.db") as store:
+        TransferRuntime(store, clock=StepClock()).run(spec)
+        decoder = CountingDecoder(monkeypatch)
+        again = TransferRuntime(store, clock=StepClock()).run(spec)
+    assert len(again.skipped_partition_ids) == 20 and again.rows_loaded == 0
+    assert decoder.calls == 0
+    assert sink.target_calls == 1
+
+
+def test_a_corrupt_checkpoint_of_a_partition_the_run_retries_stops_it_before_the_target(
+    tmp_path,
+):
+    spec, sink = unwindowed_route(tmp_path)
+    with SQLiteCheckpointStore(tmp_path / "c.db") as store:
+        TransferRuntime(store, clock=StepClock()).run(spec)
+        first = store.list_latest(spec.route)[0]
+    payload = checkpoint_to_payload(first)
+    del payload["query_hash"]  # still JSON: SQLite stores it, the summary column becomes NULL
+    with contextlib.closing(sqlite3.connect(tmp_path / "c.db", isolation_level=None)) as db:
+        db.execute(
+            "UPDATE checkpoint_latest SET payload = ? WHERE partition_id = ?",
+            (json.dumps(payload), first.partition_id),
+        )
+    with SQLiteCheckpointStore(tmp_path / "c.db") as store:
+        with pytest.raises(CheckpointPayloadInvalid) as info:
+            TransferRuntime(store, clock=StepClock()).run(spec)
+    assert info.value.diagnostics["partition_id"] == first.partition_id
+    assert sink.target_calls == 1  # the first run only
+
+
+# -- stores written before the summary columns ----------------------------------------------
+
+OLD_LATEST = """CREATE TABLE checkpoint_latest (
+    source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT NOT NULL,
+    partition_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
+    PRIMARY KEY (source_table, target_table, strategy, partition_id)) WITHOUT ROWID"""
+OLD_COLUMNS = "source_table, target_table, strategy, partition_id, seq, payload"
+
+
+def make_old_layout(path, extra_column: str = "") -> None:
+    """Rewrite ``checkpoint_latest`` the way releases before the summary columns built it."""
+    ddl = OLD_LATEST.replace("checkpoint_latest", "old_latest", 1)
+    if extra_column:
+        ddl = ddl.replace("payload TEXT NOT NULL,", f"payload TEXT NOT NULL, {extra_column},")
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("BEGIN")
+        db.execute(ddl)
+        db.execute(f"INSERT INTO old_latest SELECT {OLD_COLUMNS} FROM checkpoint_latest")
+        db.execute("DROP TABLE checkpoint_latest")
+        db.execute("ALTER TABLE old_latest RENAME TO checkpoint_latest")
+        db.execute("COMMIT")
+
+
+def summary_columns(path) -> list[str]:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return [row[1] for row in db.execute("PRAGMA table_xinfo(checkpoint_latest)")][6:]
+
+
+def test_an_old_store_is_migrated_on_open_without_losing_a_checkpoint(tmp_path):
+    path = tmp_path / "c.db"
+    items = [checkpoint("p-a"), guarded("p-b", GuardPhase.TARGET_OUTCOME_UNKNOWN, "failed")]
+    with SQLiteCheckpointStore(path) as store:
+        store.upsert_many(items)
+        history = store.history(ROUTE)
+    make_old_layout(path)
+    assert summary_columns(path) == []
+    with SQLiteCheckpointStore(path) as store:
+        assert store.list_latest(ROUTE) == items
+        assert store.history(ROUTE) == history
+        assert store.list_latest(ROUTE).guarded_ids() == ["p-b"]
+    assert summary_columns(path) == ["status", "query_hash", "schema_hash", "guard"]
+
+
+def test_an_older_release_writing_a_migrated_store_still_blocks_the_route(tmp_path):
+    """Mixed versions: an older writer knows only the old columns; SQLite fills the summary."""
+    path = tmp_path / "c.db"
+    SQLiteCheckpointStore(path).close()
+    armed = guarded("p-armed", GuardPhase.ARMED, "exported")
+    text = json.dumps(checkpoint_to_payload(armed), sort_keys=True)
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute(
+            f"INSERT INTO checkpoint_latest ({OLD_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+            (ROUTE.source_table, ROUTE.target_table, str(ROUTE.strategy), "p-armed", 1, text),
+        )
+    with SQLiteCheckpointStore(path) as store:
+        findings = blocked_partitions(store.list_latest(ROUTE))
+    assert [(f.partition_id, f.phase) for f in findings] == [("p-armed", GuardPhase.ARMED)]
+
+
+def test_a_run_on_an_old_store_is_blocked_by_its_armed_guard(tmp_path):
+    spec, sink = unwindowed_route(tmp_path)
+    with SQLiteCheckpointStore(tmp_path / "c.db") as store:
+        TransferRuntime(store, clock=StepClock()).run(spec)
+        first = store.list_latest(spec.route)[0]
+        armed = guarded(first.partition_id, GuardPhase.ARMED, "exported")
+        store.upsert(attrs.evolve(armed, route=spec.route))
+    make_old_layout(tmp_path / "c.db")
+    with SQLiteCheckpointStore(tmp_path / "c.db") as store:
+        with pytest.raises(ManualReconciliationRequired):
+            TransferRuntime(store, clock=StepClock()).run(spec)
+    assert sink.target_calls == 1
+
+
+def test_a_half_migrated_latest_table_is_corrupt(tmp_path):
+    path = tmp_path / "c.db"
+    SQLiteCheckpointStore(path).close()
+    make_old_layout(path, "status TEXT GENERATED ALWAYS AS (payload ->> '$.status') STORED")
+    with pytest.raises(CheckpointStoreCorrupt):
+        SQLiteCheckpointStore(path)
+
+
+def test_too_old_an_sqlite_is_refused_with_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(sqlite_store.sqlite3, "sqlite_version_info", (3, 31, 1))
+    with pytest.raises(CheckpointStoreUnavailable) as info:
+        SQLiteCheckpointStore(tmp_path / "c.db")
+    assert "3.38" in str(info.value)
+    assert not (tmp_path / "c.db").exists()
