@@ -12,6 +12,7 @@ tries go through Airflow's retry handling; the task log is the child's output.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import logging
 import os
@@ -23,10 +24,12 @@ import sys
 import textwrap
 import tomllib
 from collections import Counter
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from dpone_airflow.task import (
@@ -35,7 +38,7 @@ from dpone_airflow.task import (
     route_argument,
     task_run_id,
 )
-from dpone_native_transfer import RouteKey
+from dpone_native_transfer import PostgresCheckpointStore, RouteKey
 from dpone_native_transfer.cli import transfer
 from dpone_native_transfer.config import load_route_config
 from dpone_native_transfer.errors import (
@@ -44,7 +47,7 @@ from dpone_native_transfer.errors import (
     ManualReconciliationRequired,
     TargetCommitGuardUnhandled,
 )
-from dpone_native_transfer.testing import build_sample_source
+from dpone_native_transfer.testing import build_sample_source, guard_phase
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -55,7 +58,10 @@ DOC_ROUTE = ROOT / "docs" / "examples" / "airflow" / "routes" / "orders.toml"
 MAPPING_DAG = TESTS / "airflow_dags" / "orders_mapping_dag.py"
 CLI = str(Path(sys.executable).parent / "dpone-transfer")
 CODE = "native_transfer_manual_reconciliation_required"
-SCAN = "dpone-transfer guard scan --store <checkpoint store> --route orders orders_copy incremental_append"
+SCAN = (
+    "dpone-transfer guard scan --store <checkpoint store> "
+    "--route orders orders_copy incremental_append"
+)
 CHILD_TIMEOUT = 300
 
 
@@ -66,7 +72,8 @@ CHILD_TIMEOUT = 300
 AIRFLOW_FREE = [
     *sorted((ROOT / "src" / "dpone_native_transfer").rglob("*.py")),
     *sorted((ROOT / "plugins" / "dpone_target_commit_guard").rglob("*.py")),
-    *(ROOT / "plugins" / "dpone_airflow" / name for name in ("__init__.py", "provider.py", "task.py")),
+    *(ROOT / "plugins" / "dpone_airflow" / name for name in ("__init__.py", "provider.py")),
+    ROOT / "plugins" / "dpone_airflow" / "task.py",
 ]
 
 
@@ -115,7 +122,7 @@ BLOCKED_AIRFLOW = textwrap.dedent(
     from dpone_native_transfer import RouteKey, SQLiteCheckpointStore, SQLiteSink, SQLiteSource
     from dpone_native_transfer import TransferRuntime, TransferSpec
     from dpone_native_transfer.cli import build_parser
-    from dpone_native_transfer.testing import build_sample_source
+    from dpone_native_transfer.testing import build_sample_source, guard_phase
     from dpone_airflow.provider import get_provider_info
     from dpone_airflow.task import load_route, task_run_id
     try:
@@ -245,7 +252,8 @@ def test_other_failures_log_only_their_code_or_type(task_log, caplog):
     report_failure(task_log, TargetCommitGuardUnhandled("CANARY"), ROUTE)
     lines = [record.getMessage() for record in caplog.records]
     assert lines[0].startswith(
-        "dpone: transfer failed with RuntimeError (route orders -> orders_copy (incremental_append))"
+        "dpone: transfer failed with RuntimeError "
+        "(route orders -> orders_copy (incremental_append))"
     )
     assert lines[1:3] == [
         "dpone: native_transfer_checkpoint_store_unavailable "
@@ -273,7 +281,8 @@ def test_progress_goes_to_the_task_log_as_the_cli_prints_it(tmp_path, task_log, 
     lines = [record.getMessage() for record in caplog.records]
     assert result.rows_loaded == 30
     assert len(lines) == 4
-    assert all(re.fullmatch(r"dpone: \[\d/3\] partition p-\w+ extracted 10 rows", x) for x in lines[:3])
+    progress = r"dpone: \[\d/3\] partition p-\w+ extracted 10 rows"
+    assert all(re.fullmatch(progress, line) for line in lines[:3])
     assert lines[3] == "dpone: target: finalize_staged_load"
 
 
@@ -498,17 +507,36 @@ def test_airflow_retries_after_a_partial_commit_stop_before_the_sink_until_resol
     assert any(line.startswith("dpone: committed 4 partitions") for line in _task_lines(log))
 
 
-def test_airflow_retries_still_heal_a_failure_before_the_target(airflow):
+@pytest.fixture
+def postgres_store_url(postgres_dsn) -> Iterator[str]:
+    """The test server as the postgresql:// URL a route names; its store schema is dropped."""
+    parts = psycopg.conninfo.conninfo_to_dict(postgres_dsn)
+    url = (
+        f"postgresql://{parts['user']}:{parts['password']}@{parts['host']}:{parts['port']}"
+        f"/{parts['dbname']}"
+    )
+    drop = 'DROP SCHEMA IF EXISTS "dpone" CASCADE'
+    with contextlib.closing(psycopg.connect(postgres_dsn, autocommit=True)) as admin:
+        admin.execute(drop)
+    yield url
+    with contextlib.closing(psycopg.connect(postgres_dsn, autocommit=True)) as admin:
+        admin.execute(drop)
+
+
+def test_airflow_retries_still_heal_a_failure_before_the_target(airflow, postgres_store_url):
     data = airflow.dags / "data"
     data.mkdir()
     build_sample_source(data / "source.db", rows=300, partitions=3)
     dag_file = airflow.dags / MAPPING_DAG.name
     shutil.copy(MAPPING_DAG, dag_file)
+    airflow.env["DPONE_STORE"] = postgres_store_url  # the workers' environment
 
     result, log = airflow.run("dag", dag_file=str(dag_file), fault="source_read")
     (run,) = result["runs"]
     assert run["state"] == "success"
-    assert run["task_instances"] == [{"task_id": "copy_orders", "try_number": 2, "state": "success"}]
+    assert run["task_instances"] == [
+        {"task_id": "copy_orders", "try_number": 2, "state": "success"}
+    ]
     assert [number for number, _ in run["history"]] == [1]  # Airflow archived try 1
     assert log.count("new_state=up_for_retry") == 1
     first, second = run["attempts"]
@@ -516,6 +544,12 @@ def test_airflow_retries_still_heal_a_failure_before_the_target(airflow):
     assert (second["error"], second["sink_calls"], second["rows_loaded"]) == (None, 1, 300)
     assert run["xcom"][0]["rows_loaded"] == 300
     _exactly_once(data)
+    with contextlib.closing(PostgresCheckpointStore(postgres_store_url)) as store:
+        latest = store.list_latest(ROUTE)
+    assert [guard_phase(cp) for cp in latest] == ["checkpoint_committed"] * 3
+    assert {cp.run_id for cp in latest} == {second["run_id"]}
+    password = psycopg.conninfo.conninfo_to_dict(postgres_store_url)["password"]
+    assert password not in log
     assert not [line for line in _task_lines(log) if "CANARY" in line]
 
 
@@ -577,7 +611,8 @@ def test_airflow_timeouts_and_terminations_pass_through_untouched_after_the_mark
 
 def test_a_bad_route_fails_with_its_code_and_never_logs_the_path(checks):
     missing = checks["missing_route"]
-    assert (missing["raised"], missing["code"]) == ("ConfigInvalid", "native_transfer_config_invalid")
+    assert missing["raised"] == "ConfigInvalid"
+    assert missing["code"] == "native_transfer_config_invalid"
     assert missing["lines"][1] == 'dpone: diagnostics: {"argument": "route"}'
     assert not [line for line in missing["lines"] if "CANARY" in line]
     assert checks["bad_route_type"] == {
@@ -589,9 +624,11 @@ def test_a_bad_route_fails_with_its_code_and_never_logs_the_path(checks):
 # -- docs/airflow.md ------------------------------------------------------------------------
 
 
-def test_the_airflow_doc_shows_the_tested_dag_file_verbatim():
+def test_the_airflow_doc_shows_the_tested_dag_and_route_files():
     doc = DOC.read_text()
     assert DOC_DAG.read_text().strip() in doc
+    (route,) = re.findall(r"```toml\n(.*?)```", doc, flags=re.DOTALL)
+    assert tomllib.loads(route) == tomllib.loads(DOC_ROUTE.read_text())
     assert "pip install 'dpone-native-transfer[airflow]'" in doc
 
 

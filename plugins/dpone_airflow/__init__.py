@@ -1,4 +1,4 @@
-"""Apache Airflow adapter: ``dpone_airflow.operator.NativeTransferOperator`` and the provider metadata.
+"""Apache Airflow adapter: ``NativeTransferOperator`` and the provider metadata Airflow reads.
 
 Outside the runtime domain on purpose: ``dpone_native_transfer`` never imports
 Airflow. This package imports nothing itself, because Airflow reads

@@ -10,6 +10,7 @@ runtime has already written its best-effort marker when they reach us.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -53,11 +54,15 @@ class NativeTransferOperator(BaseOperator):
     ui_color = "#d9ecf2"
 
     def __init__(
-        self, *, route: RouteArgument, route_base_dir: str | None = None, **kwargs: Any
+        self,
+        *,
+        route: RouteArgument,
+        route_base_dir: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.route = route_argument(route)
-        self.route_base_dir = route_base_dir
+        self.route_base_dir = None if route_base_dir is None else os.fspath(route_base_dir)
 
     def execute(self, context: Any) -> dict[str, Any]:
         config = None

@@ -1,4 +1,4 @@
-"""Airflow's provider metadata for this package, read through the ``apache_airflow_provider`` entry point.
+"""Airflow's provider metadata for this package (entry point ``apache_airflow_provider``).
 
 Airflow calls :func:`get_provider_info` while it reads its own configuration,
 so this module must import neither Airflow nor the operator: a plain dict only.

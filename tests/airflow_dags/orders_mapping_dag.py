@@ -1,7 +1,9 @@
 """The second DAG of tests/test_airflow.py: the route given as a mapping, and retries=2.
 
-Its files live in ``data/`` next to this file; the test copies both into a
-fresh Airflow DAGs folder and makes the first try fail before the target.
+The checkpoint store is PostgreSQL, named by the workers' environment
+(``env:DPONE_STORE``), as for tries that may land on different workers. The
+source and target live in ``data/`` next to this file; the test copies both
+into a fresh Airflow DAGs folder and makes the first try fail before the target.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ ROUTE = {
     },
     "target": {"path": "target.db", "table": "orders_copy"},
     "transfer": {"strategy": "incremental_append", "path": "file-artifact", "chunk_rows": 50},
-    "store": {"path": "checkpoints.db"},
+    "store": {"path": "env:DPONE_STORE"},
 }
 
 with DAG(
