@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import functools
 import math
+import subprocess
 import socket
 import sqlite3
 import sys
@@ -153,7 +155,7 @@ def test_partial_commit_then_retry_duplicates_unguarded_and_is_blocked_guarded(t
                 runtime.run(route.spec(path))
             assert len(route.target_rows()) == 120
             route.sink.fail = None
-            retry = lambda runtime=runtime, route=route: runtime.run(route.spec(path, "run-2"))  # noqa: E731
+            retry = functools.partial(runtime.run, route.spec(path, "run-2"))
             if name == "guarded":
                 blocked = assert_blocked_before_target(retry, route.sink)
                 assert isinstance(blocked, ManualReconciliationRequired)
@@ -188,6 +190,16 @@ def test_two_routes_with_different_data_paths_run_one_after_the_other(tmp_path):
         first.runtime().run(first.spec("staged", run_id="run-2"))
         assert first.target_rows() == first.source_rows()
         assert second.target_rows() == second.source_rows()
+        # and a new process finds the data at the path
+        script = (
+            "import sys; from chdb import session; s = session.Session(sys.argv[1]);"
+            " print(s.query('SELECT count() FROM orders_copy').bytes().decode().strip()); s.close()"
+        )
+        count = subprocess.run(
+            [sys.executable, "-c", script, str(first.data_path)],
+            capture_output=True, text=True, check=True, timeout=120,
+        )  # fmt: skip
+        assert count.stdout.strip() == "130"
     finally:
         first.real_store.close()
         second.real_store.close()
@@ -407,7 +419,8 @@ def test_lazy_plan_refuses_identifiers_the_sqlite_function_misquotes(tmp_path, b
     assert caught.value.diagnostics == {"table": "t", "identifier": bad}
     assert not (tmp_path / "chdata").exists()
     staged = _sink(tmp_path, partition_by=bad)  # the other paths quote it themselves
-    staged.stage(RowChunks(columns=source.describe().columns, chunks=source.read({"partition": "x`y"})))
+    columns = source.describe().columns
+    staged.stage(RowChunks(columns=columns, chunks=source.read({"partition": "x`y"})))
     assert staged.finalize_staged_load() == 2
     assert staged.rows() == [(1, "x`y"), (3, "x`y")]
 
@@ -454,7 +467,8 @@ def test_config_errors_come_before_the_target_and_never_show_paths(tmp_path):
         _sink(tmp_path).load(
             ArtifactFiles(columns=ORDERS, paths=(str(tmp_path / "p1.jsonl"),), format="jsonl")
         )
-    assert missing.value.diagnostics["file"] == "p1.jsonl" and str(tmp_path) not in str(missing.value)
+    assert missing.value.diagnostics["file"] == "p1.jsonl"
+    assert str(tmp_path) not in str(missing.value)
     with pytest.raises(ConfigInvalid):
         _sink(tmp_path).load(_chunks((1, "a", 1.0), columns=(Column("a\x00", "INT"),) * 3))
     with pytest.raises(ConfigInvalid) as folder:
@@ -537,7 +551,8 @@ def test_where_sql_uses_typed_parameters_only():
 
 def test_partition_ids_are_checked_before_they_are_inlined():
     assert partition_id_literal("-3528") == "'-3528'"
-    assert partition_id_literal("2b16b490a87466b6a6d34fd9027f3c3d") == "'2b16b490a87466b6a6d34fd9027f3c3d'"
+    hashed = "2b16b490a87466b6a6d34fd9027f3c3d"
+    assert partition_id_literal(hashed) == f"'{hashed}'"
     for bad in ("a'b", "", "a b", None):
         with pytest.raises(ConfigInvalid):
             partition_id_literal(bad)
@@ -583,7 +598,9 @@ def test_unreachable_server_raises_the_driver_error_without_credentials():
     assert "s3cretpw" not in str(caught.value) and "s3cretpw" not in repr(caught.value.args)
 
 
-@pytest.mark.parametrize(("module", "location"), [("chdb.session", "data"), ("clickhouse_connect", "http://h")])
+@pytest.mark.parametrize(
+    ("module", "location"), [("chdb.session", "data"), ("clickhouse_connect", "http://h")]
+)
 def test_missing_extra_names_the_install_command(monkeypatch, tmp_path, module, location):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setitem(sys.modules, module, None)  # what an environment without the extra gives
