@@ -23,9 +23,12 @@ from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
 from dpone_native_transfer.payloads import Column
 from dpone_native_transfer.testing import (
     FaultyStore,
+    InjectedFault,
     RecordingSink,
     StepClock,
+    assert_blocked_before_target,
     assert_rows_exactly_once,
+    phase_batch,
 )
 
 TS = datetime.datetime(2024, 1, 1)
@@ -261,7 +264,8 @@ def test_awkward_identifiers(table):
     assert [c.name for c in source.describe().columns] == ["the id", "part %(p)s", "cur'sor"]
     assert source.partition_values(after=5) == ["a", 'b"']
     assert source.max_cursor() == 7
-    assert [list(chunk) for chunk in source.read({"partition": "a"})] == [[(1, "a", 5), (3, "a", 7)]]
+    chunks = list(source.read({"partition": "a"}))
+    assert chunks == [[(1, "a", 5), (3, "a", 7)]]
 
 
 # --- errors are safe --------------------------------------------------------------------------
@@ -386,7 +390,8 @@ def test_postgres_to_sqlite_and_duckdb(tmp_path, table, sink_kind, path, strateg
         else:
             assert second.rows_loaded == len(everything)
         assert sorted(route.sink.inner.rows()) == _expected(sink_kind, everything)
-        assert_rows_exactly_once([r[0] for r in everything], [r[0] for r in route.sink.inner.rows()])
+        target_ids = [row[0] for row in route.sink.inner.rows()]
+        assert_rows_exactly_once([row[0] for row in everything], target_ids)
 
         third = route.run(path, "run-3")  # nothing new
         assert third.rows_loaded == (0 if strategy == "incremental_append" else len(everything))
@@ -404,3 +409,19 @@ def test_lazy_plan_from_postgres_into_duckdb_is_config_invalid(tmp_path, table):
     finally:
         route.real_store.close()
 
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+def test_postgres_to_duckdb_partial_commit_blocks_the_retry(tmp_path, table, path):
+    route = PgRoute(tmp_path, table, _sink("duckdb", tmp_path), "incremental_append")
+    try:
+        original = route.store.fail_batch(phase_batch("checkpoint_committed"), keep=1)
+        with pytest.raises(InjectedFault) as caught:
+            route.run(path, "run-1")
+        assert caught.value is original
+        table.insert(LATER)
+        assert_blocked_before_target(lambda: route.run(path, "retry"), route.sink)
+        assert route.sink.target_calls == 1
+        assert sorted(route.sink.inner.rows()) == sorted(ORDERS)
+    finally:
+        route.real_store.close()
