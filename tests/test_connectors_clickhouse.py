@@ -9,6 +9,7 @@ needs none (locations, secrecy, the missing-extra error) is tested here.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
 import functools
@@ -30,6 +31,7 @@ from dpone_native_transfer.connectors.clickhouse import (
     open_client,
     parse_location,
 )
+from dpone_native_transfer.connectors.clickhouse.server_client import ServerClient
 from dpone_native_transfer.connectors.clickhouse.sql import (
     column_type,
     create_table_sql,
@@ -87,7 +89,9 @@ class ClickHouseRoute(Route):
         return sorted(self.sink.inner.rows())
 
     def add_rows(self, rows: int = 30) -> None:
-        build_sample_source(self.source_path, rows=rows, partitions=4, start_id=1_000)
+        """New source rows, with ids (and cursors) above every earlier one."""
+        start = max(row[0] for row in self.source_rows()) + 1
+        build_sample_source(self.source_path, rows=rows, partitions=4, start_id=start)
 
 
 @pytest.fixture
@@ -481,6 +485,55 @@ def test_a_value_json_cannot_carry_is_a_config_error(tmp_path):
     with pytest.raises(ConfigInvalid) as caught:
         encode_json_rows([(1, object())])
     assert "object" not in str(caught.value)
+
+
+# --- the server adapter's clickhouse-connect calls, on clickhouse-connect's chdb backend --------
+
+
+class ConnectDrivenSink(ClickHouseSink):
+    """The real sink and its server adapter; clickhouse-connect's client runs on ``chdb://``.
+
+    This drives every clickhouse-connect call the server adapter makes (get_client, server-side
+    parameters, command, query, raw_insert from a generator and from a file) through the real
+    driver, with chDB as its backend instead of HTTP. It says nothing about HTTP or a server.
+    One client serves the whole test: clickhouse-connect's chdb client takes ~0.8 s to open.
+    """
+
+    def __init__(self, data_path: Path, table: str, **kwargs) -> None:
+        super().__init__("http://server-adapter.invalid", table, **kwargs)
+        self.adapter = ServerClient(f"chdb://{data_path}")
+
+    @contextlib.contextmanager
+    def client(self):
+        yield self.adapter
+
+
+def test_server_adapter_runs_every_path_through_clickhouse_connect(tmp_path):
+    route = ClickHouseRoute(tmp_path)
+    sink = ConnectDrivenSink(tmp_path / "connect-data", "orders_copy", partition_by="region")
+    route.sink = RecordingSink(sink)
+    try:
+        for number, path in enumerate(PATHS):
+            if number:
+                route.add_rows(10)
+            result = route.runtime().run(route.spec(path, run_id=f"run-{number}"))
+            assert result.rows_loaded == (120 if number == 0 else 10)
+            assert route.target_rows() == route.source_rows()
+        route.add_rows(5)
+        route.runtime().run(route.spec("staged", run_id="refresh", strategy="full_refresh"))
+        route.runtime().run(route.spec("lazy-plan", run_id="refresh", strategy="full_refresh"))
+        assert route.target_rows() == route.source_rows() and len(route.source_rows()) == 155
+        assert _tables(sink) == {"orders_copy": ("MergeTree", "region")}
+        assert _partitions(sink) == REGIONS
+        adapter = sink.adapter
+        adapter.command("CREATE TABLE b (s Nullable(String)) ENGINE = MergeTree ORDER BY tuple()")
+        assert adapter.insert_rows("b", ["s"], [[(b"\x00\xff\xfe",), ("\u00e9",)]]) == 2
+        assert adapter.query_rows("SELECT hex(s) FROM b ORDER BY s") == [("00FFFE",), ("C3A9",)]
+        for value in ("tab\there", "a\\b", "line\nbreak", "'\"`", "\x00", "{x:String}"):
+            assert adapter.query_rows("SELECT {p:String}", {"p": value}) == [(value,)]
+    finally:
+        sink.adapter.close()
+        route.real_store.close()
 
 
 # --- SQL rendering, locations, secrecy (no engine) ---------------------------------------------

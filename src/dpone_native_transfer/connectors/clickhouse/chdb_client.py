@@ -59,8 +59,8 @@ class ChdbClient:
             self.close()
             raise
 
-    def command(self, sql: str, params: Mapping[str, Any] | None = None) -> int:
-        return int(self._session.query(sql, "CSV", params=_texts(params)).rows_written())
+    def command(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
+        self._session.query(sql, "CSV", params=_texts(params))
 
     def query_rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple]:
         """Rows via JSONCompactEachRowWithNamesAndTypes: unlike JSONCompact, it keeps bytes."""
@@ -98,10 +98,10 @@ class ChdbClient:
             raise
         return rows
 
-    def insert_jsonl(self, table: str, columns: Sequence[Column], path: str) -> int:
+    def insert_jsonl(self, table: str, columns: Sequence[Column], path: str) -> None:
         """chDB reads the file itself; as clickhouse-local it takes any absolute path."""
         names = column_list([column.name for column in columns])
-        return self.command(
+        self.command(
             f"INSERT INTO {quote(table)} ({names}) SELECT {names}"
             " FROM file({path:String}, 'JSONEachRow', {structure:String})",
             {"path": path, "structure": structure(columns)},

@@ -47,8 +47,8 @@ SETTINGS: Mapping[str, Any] = {
 class ClickHouseClient(Protocol):
     """What the sink needs from ClickHouse; parameters are ``{name:Type}`` placeholders."""
 
-    def command(self, sql: str, params: Mapping[str, Any] | None = None) -> int:
-        """Run a statement; return the rows it wrote (0 for DDL)."""
+    def command(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
+        """Run a statement that returns no rows."""
 
     def query_rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple]:
         """Run a query; return its rows as tuples of Python values."""
@@ -58,8 +58,8 @@ class ClickHouseClient(Protocol):
     ) -> int:
         """Stream row chunks into ``table`` as one INSERT; return the rows sent."""
 
-    def insert_jsonl(self, table: str, columns: Sequence[Column], path: str) -> int:
-        """Insert a local JSON-lines file (``JSONEachRow``); return the rows written."""
+    def insert_jsonl(self, table: str, columns: Sequence[Column], path: str) -> None:
+        """Insert a local JSON-lines file (``JSONEachRow``) into ``table``."""
 
     def close(self) -> None:
         """Release the client; for chDB, the process's hold on the data path."""

@@ -26,9 +26,8 @@ class ServerClient:
             dsn=url, settings=dict(SETTINGS), query_retries=0, autogenerate_session_id=False
         )
 
-    def command(self, sql: str, params: Mapping[str, Any] | None = None) -> int:
-        summary = self._client.command(sql, parameters=dict(params) if params else None)
-        return int(getattr(summary, "written_rows", 0) or 0)
+    def command(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
+        self._client.command(sql, parameters=dict(params) if params else None)
 
     def query_rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple]:
         result = self._client.query(sql, parameters=dict(params) if params else None)
@@ -50,13 +49,12 @@ class ServerClient:
         )
         return counted[0]
 
-    def insert_jsonl(self, table: str, columns: Sequence[Column], path: str) -> int:
+    def insert_jsonl(self, table: str, columns: Sequence[Column], path: str) -> None:
         """The file is local to this client: its bytes are sent in the INSERT's body."""
         with open(path, "rb") as handle:
-            summary = self._client.raw_insert(
+            self._client.raw_insert(
                 quote(table), [quote(column.name) for column in columns], handle, fmt="JSONEachRow"
             )
-        return int(getattr(summary, "written_rows", 0) or 0)
 
     def close(self) -> None:
         self._client.close()
