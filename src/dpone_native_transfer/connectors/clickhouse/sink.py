@@ -136,9 +136,6 @@ class ClickHouseSink:
             client.command(f"DROP TABLE IF EXISTS {quote(self._fresh)} SYNC")
         return rows
 
-    # Engine-side INSERT ... SELECT: rows written are the table's count after minus before
-    # (cheap on MergeTree; drivers differ in reporting it). Exact while dpone is the one writer.
-
     def _artifact_fill(self, payload: ArtifactFiles) -> Fill:
         if payload.format != JSONL:
             raise ConfigInvalid(
@@ -151,11 +148,12 @@ class ClickHouseSink:
                     "an exported artifact file is missing",
                     diagnostics={"table": self.table, "file": os.path.basename(path)},
                 )
+
         def fill(client: ClickHouseClient, table: str) -> int:
             before = _count(client, table)
             for path in payload.paths:
                 client.insert_jsonl(table, payload.columns, path)
-            return _count(client, table) - before
+            return _written(client, table, before)
 
         return fill
 
@@ -167,15 +165,16 @@ class ClickHouseSink:
                 "lazy-plan into ClickHouse reads SQLite sources only (the sqlite() table function)",
                 diagnostics={"table": self.table},
             )
-        for name in (source.table, *(column.name for column in payload.columns)):
-            if _SQLITE_FUNCTION_UNSAFE.search(name):
+        columns = [column.name for column in payload.columns]
+        for name in (source.table, source.partition_column, source.cursor_column, *columns):
+            if name is not None and _SQLITE_FUNCTION_UNSAFE.search(name):
                 raise ConfigInvalid(
                     f"lazy-plan into ClickHouse cannot read source identifier {name!r}: the "
                     "sqlite() table function mis-quotes backslashes, double quotes and control "
                     "characters (use another path)",
                     diagnostics={"table": self.table, "identifier": name},
                 )
-        names = column_list([column.name for column in payload.columns])
+        names = column_list(columns)
         statements = []
         for number, bounds in enumerate(payload.bounds):
             predicates = bound_predicates(
@@ -200,7 +199,7 @@ class ClickHouseSink:
             before = _count(client, table)
             for where, params in statements:
                 client.command(prefix + where, params)
-            return _count(client, table) - before
+            return _written(client, table, before)
 
         return fill
 
@@ -300,6 +299,16 @@ def _count(client: ClickHouseClient, table: str) -> int:
     if not _exists(client, table):
         return 0
     return int(client.query_rows(f"SELECT count() FROM {quote(table)}")[0][0])
+
+
+def _written(client: ClickHouseClient, table: str, before: int) -> int:
+    """Rows an engine-side INSERT wrote: the count now minus ``before``.
+
+    Drivers differ in reporting written rows (clickhouse-connect's chdb
+    backend reports none); ``count()`` is cheap on MergeTree and the
+    difference is exact while dpone is the table's only writer.
+    """
+    return _count(client, table) - before
 
 
 def _partition_ids(client: ClickHouseClient, table: str) -> list[str]:
