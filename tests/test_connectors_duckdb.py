@@ -419,7 +419,8 @@ def test_load_plan_matches_a_row_chunks_load(source, tmp_path):
         RowChunks(columns=columns, chunks=(c for b in bounds for c in source.read(b)))
     )
     assert by_plan.load(LoadPlan(source=source, columns=columns, bounds=bounds)) == expected == 3
-    assert by_plan.rows() == by_chunks.rows() == [ROWS[2], ROWS[3], ROWS[1]]
+    assert by_chunks.rows() == [ROWS[2], ROWS[3], ROWS[1]]  # partition by partition
+    assert by_plan.rows() == [ROWS[1], ROWS[2], ROWS[3]]  # the window in one scan, table order
 
 
 def test_load_plan_replace_null_partition_and_source_untouched(source, sink):
@@ -515,7 +516,7 @@ def test_identifiers_with_spaces_quotes_and_question_marks(tmp_path):
     sink.stage(RowChunks(columns=columns, chunks=source.read({"partition": "a b"})))
     assert sink.finalize_staged_load() == 2
     assert sink.rows() == [
-        (1, "a b", 5), (3, "a b", 7), (2, 'x"y', 6), (1, "a b", 5), (3, "a b", 7)
+        (1, "a b", 5), (2, 'x"y', 6), (3, "a b", 7), (1, "a b", 5), (3, "a b", 7)
     ]  # fmt: skip
 
 
@@ -566,3 +567,25 @@ def test_partial_commit_blocks_the_automatic_retry_without_duplicates(duck_route
     target = duck_route.target_ids()
     assert_rows_exactly_once(list(range(1, 121)), target)
     assert len(target) == 120
+
+
+def test_load_plan_selects_exactly_the_planned_partitions_of_each_window(tmp_path):
+    path = tmp_path / "parts.db"
+    rows = [(1, "a", 10), (2, "c", 11), (3, None, 12), (4, "a", 13), (5, "c", 14), (6, "b", 15)]
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("CREATE TABLE t (id INTEGER, part TEXT, at INTEGER)")
+        conn.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+    source = SQLiteSource(path, "t", "part", "at")
+    columns = source.describe().columns
+    sink = DuckDBSink(tmp_path / "t.duckdb", "t")
+    early = {"cursor_after": 10, "cursor_upto": 13}
+    late = {"cursor_after": 13, "cursor_upto": 15}
+    bounds = (
+        {"partition": None, **early}, {"partition": "c", **early},
+        {"partition": "b", **late}, {"partition": "c", **late},
+    )  # fmt: skip
+    assert sink.load(LoadPlan(source=source, columns=columns, bounds=bounds)) == 4
+    assert sink.rows() == [(2, "c", 11), (3, None, 12), (5, "c", 14), (6, "b", 15)]
+    values = ({"partition": "a"}, {"partition": "b"})
+    assert sink.load(LoadPlan(source=source, columns=columns, bounds=values, replace=True)) == 3
+    assert sink.rows() == [(1, "a", 10), (4, "a", 13), (6, "b", 15)]

@@ -7,16 +7,18 @@ three. Values never become SQL text: a condition comes with its parameters.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..errors import ConfigInvalid
-from ..payloads import bound_predicates
+from ..payloads import Predicate, bound_predicates
 from .sqlite import _quote as quote
 
-__all__ = ["bounds_where", "quote"]
+__all__ = ["WINDOW_OPERATORS", "bounds_where", "quote", "render_predicates"]
 
 _COMPARISONS = frozenset({"=", ">", "<="})
+# The operators of a cursor window; the others select a partition value.
+WINDOW_OPERATORS = frozenset({">", "<="})
 
 
 def bounds_where(
@@ -25,18 +27,25 @@ def bounds_where(
     partition_column: str,
     cursor_column: str | None,
     marker: str,
-    name: Any = quote,
+    name: Callable[[str], str] = quote,
 ) -> tuple[str, list[Any]]:
     """The condition selecting one partition's rows, with ``marker`` placeholders, and its values.
 
-    ``name`` renders a column reference (a dialect may need more than quoting).
     Bad bounds raise ``ConfigInvalid`` from ``payloads.bound_predicates``.
     """
+    predicates = bound_predicates(
+        bounds, partition_column=partition_column, cursor_column=cursor_column
+    )
+    return render_predicates(predicates, marker=marker, name=name)
+
+
+def render_predicates(
+    predicates: Iterable[Predicate], *, marker: str, name: Callable[[str], str] = quote
+) -> tuple[str, list[Any]]:
+    """``predicates`` joined by AND; ``name`` renders a column (a dialect may need more)."""
     conditions: list[str] = []
     params: list[Any] = []
-    for predicate in bound_predicates(
-        bounds, partition_column=partition_column, cursor_column=cursor_column
-    ):
+    for predicate in predicates:
         column = name(predicate.column)
         if predicate.op == "IS NULL":
             conditions.append(f"{column} IS NULL")

@@ -19,13 +19,13 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..artifacts import JSONL
 from ..errors import ConfigInvalid, SourceInvalid
-from ..payloads import ArtifactFiles, Column, LoadPlan, RowChunks
-from ._sql import bounds_where, quote
+from ..payloads import ArtifactFiles, Column, LoadPlan, RowChunks, bound_predicates
+from ._sql import WINDOW_OPERATORS, bounds_where, quote, render_predicates
 from .sqlite import SQLiteSource
 
 __all__ = ["DUCKDB_TYPES", "DuckDBSink", "duckdb_type"]
@@ -189,19 +189,11 @@ class DuckDBSink:
             )
 
     def _load_plan(self, plan: LoadPlan) -> int:
-        """DuckDB pulls each partition from the SQLite file with ``sqlite_scan``."""
+        """DuckDB pulls the plan's partitions from the SQLite file with ``sqlite_scan``."""
         self.check_plan(plan)
         source: SQLiteSource = plan.source
         names = _names(plan.columns)
-        statements = [
-            bounds_where(
-                bounds,
-                partition_column=source.partition_column,
-                cursor_column=source.cursor_column,
-                marker="?",
-            )
-            for bounds in plan.bounds
-        ]
+        statements = _plan_conditions(source, plan.bounds)
         if not os.path.isfile(source.path):
             raise SourceInvalid(
                 f"source database for table {source.table!r} does not exist",
@@ -281,6 +273,41 @@ def _transaction(conn: Any) -> Iterator[None]:
         with contextlib.suppress(_driver().Error):
             conn.execute("ROLLBACK")
         raise
+
+
+def _plan_conditions(
+    source: SQLiteSource, bounds: Sequence[Mapping[str, Any]]
+) -> list[tuple[str, list[Any]]]:
+    """One condition per cursor window, selecting all of the window's planned partitions.
+
+    ``sqlite_scan`` pushes no filter down to SQLite, so every statement reads
+    the whole table: one statement per window instead of one per partition.
+    """
+    columns = {"partition_column": source.partition_column, "cursor_column": source.cursor_column}
+    windows: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
+    for item in bounds:
+        bounds_where(item, marker="?", **columns)  # bad bounds fail here, before the target
+        windows.setdefault((item.get("cursor_after"), item.get("cursor_upto")), []).append(item)
+    conditions = []
+    for items in windows.values():
+        values = [item["partition"] for item in items]
+        known = [value for value in values if value is not None]
+        partition = quote(source.partition_column)
+        matches, params = [], []
+        if known:
+            matches.append(f"{partition} IN (SELECT UNNEST(?))")
+            params.append(known)
+        if len(known) < len(values):
+            matches.append(f"{partition} IS NULL")
+        window = [
+            predicate
+            for predicate in bound_predicates(items[0], **columns)
+            if predicate.op in WINDOW_OPERATORS
+        ]
+        where, window_params = render_predicates(window, marker="?")
+        match = "(" + " OR ".join(matches) + ")"
+        conditions.append((f"{match} AND {where}" if where else match, params + window_params))
+    return conditions
 
 
 def _create_table(conn: Any, table: str, columns: Sequence[Column]) -> None:
