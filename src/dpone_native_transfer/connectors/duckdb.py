@@ -24,8 +24,15 @@ from typing import Any
 
 from ..artifacts import JSONL
 from ..errors import ConfigInvalid, SourceInvalid
-from ..payloads import ArtifactFiles, Column, LoadPlan, RowChunks, bound_predicates
-from ._sql import WINDOW_OPERATORS, bounds_where, quote, render_predicates
+from ..payloads import (
+    ArtifactFiles,
+    Column,
+    LoadPlan,
+    Predicate,
+    RowChunks,
+    bound_predicates,
+)
+from ._sql import WINDOW_OPERATORS, quote, render_predicates
 from .sqlite import SQLiteSource
 
 __all__ = ["DUCKDB_TYPES", "DuckDBSink", "duckdb_type"]
@@ -284,26 +291,22 @@ def _plan_conditions(
     the whole table: one statement per window instead of one per partition.
     """
     columns = {"partition_column": source.partition_column, "cursor_column": source.cursor_column}
-    windows: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
+    windows: dict[tuple[Any, Any], tuple[list[Predicate], list[Any]]] = {}
     for item in bounds:
-        bounds_where(item, marker="?", **columns)  # bad bounds fail here, before the target
-        windows.setdefault((item.get("cursor_after"), item.get("cursor_upto")), []).append(item)
+        predicates = bound_predicates(item, **columns)  # bad bounds fail here, before the target
+        window = [predicate for predicate in predicates if predicate.op in WINDOW_OPERATORS]
+        key = (item.get("cursor_after"), item.get("cursor_upto"))
+        windows.setdefault(key, (window, []))[1].append(item["partition"])
+    partition = quote(source.partition_column)
     conditions = []
-    for items in windows.values():
-        values = [item["partition"] for item in items]
+    for window, values in windows.values():
         known = [value for value in values if value is not None]
-        partition = quote(source.partition_column)
         matches, params = [], []
         if known:
             matches.append(f"{partition} IN (SELECT UNNEST(?))")
             params.append(known)
         if len(known) < len(values):
             matches.append(f"{partition} IS NULL")
-        window = [
-            predicate
-            for predicate in bound_predicates(items[0], **columns)
-            if predicate.op in WINDOW_OPERATORS
-        ]
         where, window_params = render_predicates(window, marker="?")
         match = "(" + " OR ".join(matches) + ")"
         conditions.append((f"{match} AND {where}" if where else match, params + window_params))
