@@ -698,3 +698,87 @@ def test_paths_that_look_like_uris_are_plain_files(tmp_path, monkeypatch):
     sink.load(plan)
     assert (tmp_path / "out%20put.db").exists()
     assert sink.row_count() == 2
+
+
+# --- one scan per cursor window for a whole-window lazy plan --------------------------------
+
+MIXED_VALUES = [None, 0, 7, -3, 2.5, 1e16, "north", "7", "", "naïve", b"\x00raw"]
+
+
+def _mixed_source(folder: Path, values: list) -> SQLiteSource:
+    """Partition values of every SQLite type in one untyped column, 3 rows each, cursor = id."""
+    path = folder / "mixed.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, part, cur INTEGER)")
+        db.executemany(
+            "INSERT INTO t (part, cur) VALUES (?, ?)",
+            [(value, 10 * i + k) for i, value in enumerate(values) for k in range(3)],
+        )
+        db.execute("CREATE INDEX t_by_part ON t (part)")
+        db.commit()
+    return SQLiteSource(str(path), "t", "part", "cur")
+
+
+def _rows(source: SQLiteSource, statements: list) -> list:
+    with contextlib.closing(sqlite3.connect(source.path)) as db:
+        return sorted(
+            (row for sql, params in statements for row in db.execute(sql, params)),
+            key=lambda row: row[0],
+        )
+
+
+@pytest.mark.parametrize("window", [(None, None), (1, 84), (1, 41)])
+@pytest.mark.parametrize("subset", ["all", "some", "null-only", "no-bytes"])
+def test_whole_window_scan_reads_exactly_the_rows_of_one_query_per_partition(
+    tmp_path, window, subset
+):
+    source = _mixed_source(tmp_path, MIXED_VALUES)
+    after, upto = window
+    chosen = {
+        "all": MIXED_VALUES,
+        "some": [None, 7, "7", 2.5],
+        "null-only": [None],
+        "no-bytes": [v for v in MIXED_VALUES if not isinstance(v, bytes)],
+    }[subset]
+    bounds = [{"partition": v, "cursor_after": after, "cursor_upto": upto} for v in chosen]
+    per_partition = source.plan_sql(bounds)
+    scanned = source.plan_sql(bounds, whole_window=True)
+    assert len(per_partition) == len(bounds)
+    assert len(scanned) == (len(bounds) if subset == "all" else 1)  # bytes: one per partition
+    assert _rows(source, scanned) == _rows(source, per_partition)
+    assert _rows(source, per_partition)  # the comparison is not between two empty results
+
+
+def test_whole_window_scan_keeps_rows_of_partitions_outside_the_plan_out(tmp_path):
+    source = _mixed_source(tmp_path, ["a", "b", "c"])
+    (statement,) = source.plan_sql([{"partition": "a"}, {"partition": "c"}], whole_window=True)
+    assert {row[1] for row in _rows(source, [statement])} == {"a", "c"}
+
+
+def test_whole_window_scan_does_not_seek_the_partition_index(tmp_path):
+    source = _mixed_source(tmp_path, ["a", "b", "c"])
+    ((sql, params),) = source.plan_sql([{"partition": "a"}, {"partition": "b"}], whole_window=True)
+    with contextlib.closing(sqlite3.connect(source.path)) as db:
+        plan = " ".join(row[-1] for row in db.execute("EXPLAIN QUERY PLAN " + sql, params))
+    assert "t_by_part" not in plan and "SCAN main.t" in plan
+
+
+def test_whole_window_scan_checks_bounds_like_one_query_per_partition(tmp_path):
+    source = _mixed_source(tmp_path, ["a"])
+    with pytest.raises(ConfigInvalid):
+        source.plan_sql([{"cursor_upto": 3}], whole_window=True)
+
+
+def test_a_resumed_lazy_plan_is_not_a_whole_window(route):
+    """Only when every partition of the window is loaded may the sink scan the window."""
+    plans = []
+    real_load = route.sink.inner.load
+
+    def load(payload):
+        plans.append(payload)
+        return real_load(payload)
+
+    route.sink.inner.load = load
+    first = route.runtime().run(route.spec("lazy-plan"))
+    assert plans[-1].whole_window and len(first.committed_partition_ids) == 4
+    assert route.target_ids() == route.source_ids()

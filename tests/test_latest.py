@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_bad_input import GUARD_CASES
+from test_stores import make_version_1
 
 from dpone_native_transfer import (
     CheckpointPayloadInvalid,
@@ -82,45 +83,49 @@ class CountingDecoder:
 # -- the sequence itself ------------------------------------------------------------------
 
 
-def test_items_are_decoded_once_each_and_only_when_read(tmp_path, monkeypatch):
+def test_items_are_decoded_only_when_read(tmp_path, monkeypatch):
     decoder = CountingDecoder(monkeypatch)
     with SQLiteCheckpointStore(tmp_path / "c.db") as store:
         store.upsert_many([checkpoint(f"p-{i}") for i in range(5)])
         latest = store.list_latest(ROUTE)
         assert isinstance(latest, LatestCheckpoints) and len(latest) == 5
-        assert decoder.calls == 0
-        assert latest[1].partition_id == "p-1" and latest[-1].partition_id == "p-4"
-        assert latest.get("p-1") is latest[1]
-        assert decoder.calls == 2
-        assert [cp.partition_id for cp in latest[1:3]] == ["p-1", "p-2"]
-        assert latest.get("p-missing") is None
+        assert latest.get("p-1") == checkpoint("p-1") and latest.get("p-missing") is None
+        assert sorted(latest.checkpoints(["p-2", "p-3", "p-9"])) == ["p-2", "p-3"]
         assert decoder.calls == 3
+        assert latest[1].partition_id == "p-1" and latest[-1].partition_id == "p-4"
+        assert [cp.partition_id for cp in latest[1:3]] == ["p-1", "p-2"]
+        assert decoder.calls == 3 + 5  # the first positional read decodes all, once
         with pytest.raises(IndexError):
             latest[5]
         assert latest == [checkpoint(f"p-{i}") for i in range(5)]
         assert latest != [checkpoint(f"p-{i}") for i in range(4)]
+        assert decoder.calls == 8
 
 
 def test_summary_answers_without_decoding(tmp_path, monkeypatch):
     decoder = CountingDecoder(monkeypatch)
+    hashes = ("sha256:" + "1" * 64, "sha256:" + "2" * 64)
     with SQLiteCheckpointStore(tmp_path / "c.db") as store:
         store.upsert_many(
             [
                 checkpoint("p-done"),
                 guarded("p-armed", GuardPhase.ARMED, "exported"),
+                guarded("p-armed-2", GuardPhase.ARMED, "exported"),
                 checkpoint("p-exported", "exported"),
             ]
         )
         latest = store.list_latest(ROUTE)
-        assert latest.committed_with("p-done", "sha256:" + "1" * 64, "sha256:" + "2" * 64)
-        assert not latest.committed_with("p-done", "sha256:" + "9" * 64, "sha256:" + "2" * 64)
-        assert not latest.committed_with("p-exported", "sha256:" + "1" * 64, "sha256:" + "2" * 64)
-        assert not latest.committed_with("p-new", "sha256:" + "1" * 64, "sha256:" + "2" * 64)
-        assert latest.guarded_ids() == ["p-armed"]
-        ((status, text),) = latest.guard_groups()
-        assert status == "exported"
+        ids = ["p-done", "p-exported", "p-armed", "p-new"]
+        assert latest.committed_with(ids, *hashes) == {"p-done"}
+        assert latest.committed_with(ids, "sha256:" + "9" * 64, hashes[1]) == set()
+        assert latest.guarded_ids() == ["p-armed", "p-armed-2"]
+        ((status, text), count), = latest.guard_groups().items()
+        assert (status, count) == ("exported", 2)
         assert LatestCheckpoints.parse_guard(text) == build_guard(GuardPhase.ARMED, BATCH)
+        assert len(latest) == 4
         assert decoder.calls == 0
+        assert [cp.partition_id for cp in latest.in_group(status, text)] == ["p-armed", "p-armed-2"]
+        assert decoder.calls == 2
 
 
 def test_wrapping_decoded_checkpoints_gives_the_same_answers():
@@ -128,6 +133,9 @@ def test_wrapping_decoded_checkpoints_gives_the_same_answers():
     latest = as_latest(items)
     assert as_latest(latest) is latest
     assert latest == items and latest.guarded_ids() == ["p-b"]
+    assert latest.committed_with(["p-a", "p-b"], items[0].query_hash, items[0].schema_hash) == {
+        "p-a"
+    }
     assert [f.partition_id for f in blocked_partitions(latest)] == ["p-b"]
 
 
@@ -217,30 +225,13 @@ def test_a_corrupt_checkpoint_of_a_partition_the_run_retries_stops_it_before_the
 
 # -- stores written before the summary columns ----------------------------------------------
 
-OLD_LATEST = """CREATE TABLE checkpoint_latest (
-    source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT NOT NULL,
-    partition_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
-    PRIMARY KEY (source_table, target_table, strategy, partition_id)) WITHOUT ROWID"""
 OLD_COLUMNS = "source_table, target_table, strategy, partition_id, seq, payload"
+SUMMARY = ["status", "query_hash", "schema_hash", "guard"]
 
 
-def make_old_layout(path, extra_column: str = "") -> None:
-    """Rewrite ``checkpoint_latest`` the way releases before the summary columns built it."""
-    ddl = OLD_LATEST.replace("checkpoint_latest", "old_latest", 1)
-    if extra_column:
-        ddl = ddl.replace("payload TEXT NOT NULL,", f"payload TEXT NOT NULL, {extra_column},")
-    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
-        db.execute("BEGIN")
-        db.execute(ddl)
-        db.execute(f"INSERT INTO old_latest SELECT {OLD_COLUMNS} FROM checkpoint_latest")
-        db.execute("DROP TABLE checkpoint_latest")
-        db.execute("ALTER TABLE old_latest RENAME TO checkpoint_latest")
-        db.execute("COMMIT")
-
-
-def summary_columns(path) -> list[str]:
+def latest_columns(path) -> list[str]:
     with contextlib.closing(sqlite3.connect(path)) as db:
-        return [row[1] for row in db.execute("PRAGMA table_xinfo(checkpoint_latest)")][6:]
+        return [row[1] for row in db.execute("PRAGMA table_info(checkpoint_latest)")][6:]
 
 
 def test_an_old_store_is_migrated_on_open_without_losing_a_checkpoint(tmp_path):
@@ -249,29 +240,40 @@ def test_an_old_store_is_migrated_on_open_without_losing_a_checkpoint(tmp_path):
     with SQLiteCheckpointStore(path) as store:
         store.upsert_many(items)
         history = store.history(ROUTE)
-    make_old_layout(path)
-    assert summary_columns(path) == []
+    make_version_1(path)
+    assert latest_columns(path) == []
     with SQLiteCheckpointStore(path) as store:
         assert store.list_latest(ROUTE) == items
         assert store.history(ROUTE) == history
         assert store.list_latest(ROUTE).guarded_ids() == ["p-b"]
-    assert summary_columns(path) == ["status", "query_hash", "schema_hash", "guard"]
+        assert [f.partition_id for f in blocked_partitions(store.list_latest(ROUTE))] == ["p-b"]
+    assert latest_columns(path) == SUMMARY
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        indexes = [row[1] for row in db.execute("PRAGMA index_list(checkpoint_latest)")]
+    assert "checkpoint_latest_by_guard" in indexes
 
 
-def test_an_older_release_writing_a_migrated_store_still_blocks_the_route(tmp_path):
-    """Mixed versions: an older writer knows only the old columns; SQLite fills the summary."""
+def test_a_writer_that_ignores_the_summary_columns_still_blocks_the_route(tmp_path):
+    """Raw SQL naming only the payload: the store's triggers fill the summary from it."""
     path = tmp_path / "c.db"
-    SQLiteCheckpointStore(path).close()
+    with SQLiteCheckpointStore(path) as store:
+        store.upsert(checkpoint("p-armed"))
     armed = guarded("p-armed", GuardPhase.ARMED, "exported")
     text = json.dumps(checkpoint_to_payload(armed), sort_keys=True)
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("UPDATE checkpoint_latest SET payload = ?", (text,))
+        db.execute("UPDATE checkpoint_latest SET status = 'committed', guard = NULL")
         db.execute(
             f"INSERT INTO checkpoint_latest ({OLD_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
-            (ROUTE.source_table, ROUTE.target_table, str(ROUTE.strategy), "p-armed", 1, text),
+            (*(ROUTE.source_table, ROUTE.target_table, str(ROUTE.strategy)), "p-b", 2,
+             text.replace("p-armed", "p-b")),
         )
     with SQLiteCheckpointStore(path) as store:
         findings = blocked_partitions(store.list_latest(ROUTE))
-    assert [(f.partition_id, f.phase) for f in findings] == [("p-armed", GuardPhase.ARMED)]
+    assert [(f.partition_id, f.phase) for f in findings] == [
+        ("p-armed", GuardPhase.ARMED),
+        ("p-b", GuardPhase.ARMED),
+    ]
 
 
 def test_a_run_on_an_old_store_is_blocked_by_its_armed_guard(tmp_path):
@@ -281,19 +283,37 @@ def test_a_run_on_an_old_store_is_blocked_by_its_armed_guard(tmp_path):
         first = store.list_latest(spec.route)[0]
         armed = guarded(first.partition_id, GuardPhase.ARMED, "exported")
         store.upsert(attrs.evolve(armed, route=spec.route))
-    make_old_layout(tmp_path / "c.db")
+    make_version_1(tmp_path / "c.db")
     with SQLiteCheckpointStore(tmp_path / "c.db") as store:
         with pytest.raises(ManualReconciliationRequired):
             TransferRuntime(store, clock=StepClock()).run(spec)
     assert sink.target_calls == 1
 
 
-def test_a_half_migrated_latest_table_is_corrupt(tmp_path):
+@pytest.mark.parametrize(
+    "damage",
+    ["DROP TRIGGER checkpoint_latest_summary_on_insert", "DROP INDEX checkpoint_latest_by_guard"],
+)
+def test_a_store_missing_what_keeps_the_summary_right_is_corrupt(tmp_path, damage):
     path = tmp_path / "c.db"
     SQLiteCheckpointStore(path).close()
-    make_old_layout(path, "status TEXT GENERATED ALWAYS AS (payload ->> '$.status') STORED")
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute(damage)
     with pytest.raises(CheckpointStoreCorrupt):
         SQLiteCheckpointStore(path)
+
+
+def test_a_version_1_store_with_a_payload_sqlite_cannot_read_is_left_as_it_was(tmp_path):
+    path = tmp_path / "c.db"
+    with SQLiteCheckpointStore(path) as store:
+        store.upsert(checkpoint("p-a"))
+    make_version_1(path)
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("UPDATE checkpoint_latest SET payload = '{broken'")
+    before = path.read_bytes()
+    with pytest.raises(CheckpointStoreCorrupt):
+        SQLiteCheckpointStore(path)
+    assert path.read_bytes() == before
 
 
 def test_too_old_an_sqlite_is_refused_with_a_clear_error(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ fixture request, it returns a callable that opens one more store on the test's l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import subprocess
@@ -341,7 +342,7 @@ def test_sqlite_pragmas(sqlite_store: SQLiteCheckpointStore) -> None:
     conn = sqlite_store._conn
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30000
     assert conn.isolation_level is None
 
@@ -368,14 +369,28 @@ def test_sqlite_upsert_many_is_one_transaction(sqlite_store: SQLiteCheckpointSto
     assert sum(s.startswith("INSERT INTO checkpoint_history") for s in statements) == 5
 
 
-def test_sqlite_list_latest_uses_primary_key(sqlite_store: SQLiteCheckpointStore) -> None:
+def test_sqlite_latest_queries_all_use_an_index(sqlite_store: SQLiteCheckpointStore) -> None:
+    """Every question a run asks about a route's latest checkpoints is an index search."""
     sqlite_store.upsert_many([make_checkpoint("p-a"), make_checkpoint("p-b", route=OTHER_ROUTE)])
-    [query] = _traced(sqlite_store, lambda: sqlite_store.list_latest(ROUTE))
-    plan = sqlite_store._conn.execute("EXPLAIN QUERY PLAN " + query).fetchall()
-    details = " | ".join(row[-1] for row in plan)
-    assert "SEARCH checkpoint_latest USING PRIMARY KEY" in details
-    assert "SCAN" not in details
-    assert "TEMP B-TREE" not in details
+    latest = sqlite_store.list_latest(ROUTE)
+
+    def ask() -> None:
+        len(latest)
+        latest.guard_groups()
+        latest.in_group("failed", "{}")
+        latest.guarded_ids()
+        latest.committed_with(["p-a"], "sha256:" + "a" * 64, "sha256:" + "b" * 64)
+        latest.checkpoints(["p-a"])
+        list(latest)
+
+    queries = _traced(sqlite_store, ask)
+    assert len(queries) == 7
+    for query in queries:
+        plan = sqlite_store._conn.execute("EXPLAIN QUERY PLAN " + query).fetchall()
+        details = " | ".join(row[-1] for row in plan)
+        assert "SEARCH checkpoint_latest USING" in details, query
+        assert "SCAN checkpoint_latest" not in details, query
+        assert "TEMP B-TREE" not in details, query
 
 
 def _open_fails(path: Path) -> pytest.ExceptionInfo[CheckpointStoreCorrupt]:
@@ -537,6 +552,30 @@ def test_sqlite_apply_resolution_is_one_transaction(sqlite_store: SQLiteCheckpoi
     assert sum(s.startswith("INSERT INTO audit") for s in statements) == 1
 
 
+VERSION_1_LATEST = """CREATE TABLE checkpoint_latest (
+    source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT NOT NULL,
+    partition_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
+    PRIMARY KEY (source_table, target_table, strategy, partition_id)) WITHOUT ROWID"""
+
+
+def make_version_1(path: Path) -> None:
+    """Turn a store file into what release 0.1 wrote: no summary columns, user_version 1."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("BEGIN")
+        db.execute("ALTER TABLE checkpoint_latest RENAME TO newer_latest")
+        for name in ("on_insert", "on_update"):
+            db.execute(f"DROP TRIGGER checkpoint_latest_summary_{name}")
+        db.execute("DROP INDEX checkpoint_latest_by_guard")
+        db.execute(VERSION_1_LATEST)
+        db.execute(
+            "INSERT INTO checkpoint_latest SELECT source_table, target_table, strategy,"
+            " partition_id, seq, payload FROM newer_latest"
+        )
+        db.execute("DROP TABLE newer_latest")
+        db.execute("PRAGMA user_version = 1")
+        db.execute("COMMIT")
+
+
 def test_sqlite_v1_file_from_before_the_audit_table_opens_and_gains_it(
     sqlite_store: SQLiteCheckpointStore, db_path: Path
 ) -> None:
@@ -544,9 +583,10 @@ def test_sqlite_v1_file_from_before_the_audit_table_opens_and_gains_it(
     sqlite_store.upsert(make_checkpoint("p-a"))
     sqlite_store.record_evidence(ROUTE, "run-1", {"rows": 1})
     sqlite_store.close()
+    make_version_1(db_path)
     _raw(db_path, "DROP TABLE audit")
     with SQLiteCheckpointStore(db_path) as reopened:
-        assert reopened._conn.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert reopened._conn.execute("PRAGMA user_version").fetchone()[0] == 2
         assert reopened.list_latest(ROUTE) == [make_checkpoint("p-a")]
         assert reopened.list_evidence(ROUTE) == [{"rows": 1}]
         assert reopened.list_audit(ROUTE) == []

@@ -243,7 +243,7 @@ def _times(finding: Finding) -> tuple[str, str]:
 def _show_command(args: argparse.Namespace) -> int:
     route = _route(args.route)
     with _opened(args.store) as store:
-        latest = store.list_latest(route)
+        latest = list(store.list_latest(route))  # read while the store is open
         audit = store.list_audit(route)
     findings = [inspect_checkpoint(cp) for cp in latest]
     blocked = sum(f.blocked for f in findings)

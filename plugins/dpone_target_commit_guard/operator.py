@@ -134,13 +134,13 @@ def blocked_partitions(checkpoints: Iterable[PartitionCheckpoint]) -> list[Findi
     """
     if isinstance(checkpoints, LatestCheckpoints):
         latest = checkpoints
-        doubtful = sorted(
-            position
-            for (status, text), positions in latest.guard_groups().items()
+        doubtful = (
+            checkpoint
+            for status, text in latest.guard_groups()
             if not _group_clear(status, text)
-            for position in positions
+            for checkpoint in latest.in_group(status, text)
         )
-        checkpoints = [latest[position] for position in doubtful]
+        checkpoints = sorted(doubtful, key=lambda checkpoint: checkpoint.partition_id)
     findings = []
     for checkpoint in checkpoints:
         try:

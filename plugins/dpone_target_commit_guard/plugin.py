@@ -170,7 +170,8 @@ def _reconcile_partial_commit(
     """
     try:
         latest = as_latest(mutation.store.list_latest(mutation.route))
-        durable = {cp.partition_id for cp in committed if latest.get(cp.partition_id) == cp}
+        stored = latest.checkpoints([cp.partition_id for cp in committed])
+        durable = {cp.partition_id for cp in committed if stored.get(cp.partition_id) == cp}
     except Exception:
         return
     mutation.state.committed_ids = frozenset(durable)

@@ -131,7 +131,7 @@ def _demo_failed_promotion(config: RouteConfig, out: TextIO) -> list[str]:
 
 def _phase_counts(config: RouteConfig) -> str:
     with contextlib.closing(SQLiteCheckpointStore(config.store_path)) as store:
-        latest = store.list_latest(config.route)
+        latest = list(store.list_latest(config.route))
     counts = Counter(guard_phase(checkpoint) or "none" for checkpoint in latest)
     return ", ".join(f"{phase} {count}" for phase, count in sorted(counts.items()))
 

@@ -1,57 +1,81 @@
-"""A route's latest checkpoints as the route scan and the resume planner read them.
+"""A route's latest checkpoints, queried by the route scan and the planner rather than loaded.
 
-Decoding and validating a checkpoint payload costs tens of microseconds; at
-100,000 partitions that is seconds before every run, spent mostly on healthy
-committed partitions. So a store may hand back, per partition, the few fields
-those two readers look at (status, query and schema hashes, the raw guard
-JSON) beside the payload, and a payload is decoded, fully validated, only when
-its item is read. The SQLite store keeps these fields as generated columns of
-the payload, so they can never disagree with it.
+Decoding and validating a payload costs tens of microseconds; at 100,000
+partitions that is seconds before every run, spent mostly on healthy committed
+partitions. So a store may answer the few questions a run asks (how many,
+which guards exist, which partitions are committed with these hashes, this
+partition's checkpoint) from summary fields it keeps beside each payload, and
+decode a payload only when the run acts on that partition. The SQLite store
+keeps these fields as generated columns of the payload, so they can never
+disagree with it. Iterating or indexing still gives every checkpoint, decoded.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, overload
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, overload
 
 from .checkpoints import GUARD_DIAGNOSTICS_KEY, PartitionCheckpoint, PartitionCheckpointStatus
 
-__all__ = ["LatestCheckpoints", "LatestRow", "as_latest"]
+__all__ = ["LatestCheckpoints", "LatestReader", "as_latest"]
 
-LatestRow = tuple[Any, ...]
-"""``(partition_id, status, query_hash, schema_hash, guard_json, *payload)``; ``guard_json``
-is None when the checkpoint has no guard. The rest is whatever the store's decoder takes."""
-
-_ID, _STATUS, _QUERY, _SCHEMA, _GUARD = range(5)
 _UNREADABLE = ""  # a guard that cannot be summarised: the scan must read the checkpoint itself
 
 
+class LatestReader(Protocol):
+    """What a store answers about one route's latest checkpoints (see ``LatestCheckpoints``)."""
+
+    def count(self) -> int: ...
+
+    def all(self) -> list[PartitionCheckpoint]:
+        """Every checkpoint, decoded, sorted by partition id."""
+
+    def guard_groups(self) -> dict[tuple[str, str], int]:
+        """Guarded checkpoints counted by (status, guard JSON text)."""
+
+    def in_group(self, status: str, guard: str) -> list[PartitionCheckpoint]:
+        """The checkpoints of one guard group, decoded, sorted by partition id."""
+
+    def guarded_ids(self) -> list[str]: ...
+
+    def summaries(self, partition_ids: Collection[str]) -> dict[str, tuple[str, str, str]]:
+        """(status, query hash, schema hash) of those of ``partition_ids`` that exist."""
+
+    def checkpoints(self, partition_ids: Collection[str]) -> dict[str, PartitionCheckpoint]:
+        """Those of ``partition_ids`` that exist, decoded."""
+
+
 class LatestCheckpoints(Sequence[PartitionCheckpoint]):
-    """Latest checkpoint of every partition of one route, sorted by partition id, decoded lazily."""
+    """Latest checkpoint of every partition of one route, sorted by partition id.
 
-    __slots__ = ("_decode", "_decoded", "_positions", "_rows")
+    A ``Sequence``: indexing and iteration decode every checkpoint once. The
+    other methods answer without decoding what they do not return.
+    """
 
-    def __init__(
-        self, rows: Sequence[LatestRow], decode: Callable[[LatestRow], PartitionCheckpoint]
-    ) -> None:
-        self._rows = rows
-        self._decode = decode
-        self._decoded: dict[int, PartitionCheckpoint] = {}
-        self._positions: dict[str, int] | None = None
+    __slots__ = ("_all", "_count", "_reader")
+
+    def __init__(self, reader: LatestReader) -> None:
+        self._reader = reader
+        self._all: list[PartitionCheckpoint] | None = None
+        self._count: int | None = None
 
     @classmethod
     def of(cls, checkpoints: Iterable[PartitionCheckpoint]) -> LatestCheckpoints:
         """Wrap checkpoints that are already decoded (stores without summary fields)."""
-        items = list(checkpoints)
-        rows = [
-            (cp.partition_id, str(cp.status), cp.query_hash, cp.schema_hash, _guard_json(cp), i)
-            for i, cp in enumerate(items)
-        ]
-        return cls(rows, lambda row: items[row[-1]])
+        return cls(_DecodedReader(sorted(checkpoints, key=lambda cp: cp.partition_id)))
+
+    def _loaded(self) -> list[PartitionCheckpoint]:
+        if self._all is None:
+            self._all = self._reader.all()
+        return self._all
 
     def __len__(self) -> int:
-        return len(self._rows)
+        if self._all is not None:
+            return len(self._all)
+        if self._count is None:
+            self._count = self._reader.count()
+        return self._count
 
     @overload
     def __getitem__(self, index: int) -> PartitionCheckpoint: ...
@@ -60,69 +84,51 @@ class LatestCheckpoints(Sequence[PartitionCheckpoint]):
     def __getitem__(self, index: slice) -> list[PartitionCheckpoint]: ...
 
     def __getitem__(self, index: int | slice) -> PartitionCheckpoint | list[PartitionCheckpoint]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self._rows)))]
-        position = range(len(self._rows))[index]  # IndexError and negative indexes as a list
-        checkpoint = self._decoded.get(position)
-        if checkpoint is None:
-            checkpoint = self._decoded[position] = self._decode(self._rows[position])
-        return checkpoint
+        return self._loaded()[index]
 
     def __iter__(self) -> Iterator[PartitionCheckpoint]:
-        return (self[i] for i in range(len(self._rows)))
+        return iter(self._loaded())
 
     def __eq__(self, other: object) -> bool:
         """Equal to a list or tuple of the same checkpoints, like the list it stands for."""
         if isinstance(other, LatestCheckpoints | list | tuple):
-            if len(self) != len(other):
-                return False
-            return all(a == b for a, b in zip(self, other, strict=True))
+            return self._loaded() == list(other)
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]  # a sequence view, unhashable like a list
 
     def __repr__(self) -> str:
-        return f"LatestCheckpoints({len(self._rows)} partitions)"
+        return f"LatestCheckpoints({len(self)} partitions)"
 
     def get(self, partition_id: str) -> PartitionCheckpoint | None:
-        position = self._position(partition_id)
-        return None if position is None else self[position]
+        return self._reader.checkpoints([partition_id]).get(partition_id)
 
-    def _position(self, partition_id: str) -> int | None:
-        if self._positions is None:
-            self._positions = {row[_ID]: i for i, row in enumerate(self._rows)}
-        return self._positions.get(partition_id)
+    def checkpoints(self, partition_ids: Collection[str]) -> dict[str, PartitionCheckpoint]:
+        """The checkpoints of those partitions that have one, decoded and validated."""
+        return self._reader.checkpoints(partition_ids)
 
-    def committed_with(self, partition_id: str, query_hash: str, schema_hash: str) -> bool:
-        """True when the partition's latest checkpoint is COMMITTED with these hashes.
-
-        Answered from the summary fields; the checkpoint is not decoded.
-        """
-        position = self._position(partition_id)
-        if position is None:
-            return False
-        row = self._rows[position]
-        return (
-            row[_STATUS] == PartitionCheckpointStatus.COMMITTED.value
-            and row[_QUERY] == query_hash
-            and row[_SCHEMA] == schema_hash
-        )
+    def committed_with(
+        self, partition_ids: Collection[str], query_hash: str, schema_hash: str
+    ) -> set[str]:
+        """Those of ``partition_ids`` whose checkpoint is COMMITTED with these hashes."""
+        committed = (PartitionCheckpointStatus.COMMITTED.value, query_hash, schema_hash)
+        found = self._reader.summaries(partition_ids)
+        return {pid for pid, summary in found.items() if summary == committed}
 
     def guarded_ids(self) -> list[str]:
         """Partition ids whose latest checkpoint carries a guard (of any shape)."""
-        return [row[_ID] for row in self._rows if row[_GUARD] is not None]
+        return self._reader.guarded_ids()
 
-    def guard_groups(self) -> dict[tuple[str, str], list[int]]:
-        """Positions of the guarded checkpoints, grouped by (status, guard JSON text).
+    def guard_groups(self) -> dict[tuple[str, str], int]:
+        """Guarded checkpoints counted by (status, guard JSON text).
 
         Whether a guard blocks depends only on its status and guard map, so a
         reader can judge each group once. Steady state: one group per batch.
         """
-        groups: dict[tuple[str, str], list[int]] = {}
-        for position, row in enumerate(self._rows):
-            if row[_GUARD] is not None:
-                groups.setdefault((row[_STATUS], row[_GUARD]), []).append(position)
-        return groups
+        return self._reader.guard_groups()
+
+    def in_group(self, status: str, guard: str) -> list[PartitionCheckpoint]:
+        return self._reader.in_group(status, guard)
 
     @staticmethod
     def parse_guard(text: str) -> Any:
@@ -137,13 +143,55 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def _guard_json(checkpoint: PartitionCheckpoint) -> str | None:
+def guard_json(checkpoint: PartitionCheckpoint) -> str | None:
+    """The group text of a decoded checkpoint's guard; None without one."""
     if GUARD_DIAGNOSTICS_KEY not in checkpoint.diagnostics:
         return None
     try:
         return json.dumps(checkpoint.diagnostics[GUARD_DIAGNOSTICS_KEY], allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         return _UNREADABLE
+
+
+class _DecodedReader:
+    """``LatestReader`` over checkpoints already in memory."""
+
+    def __init__(self, items: list[PartitionCheckpoint]) -> None:
+        self._items = items
+        self._by_id: Mapping[str, PartitionCheckpoint] = {cp.partition_id: cp for cp in items}
+
+    def count(self) -> int:
+        return len(self._items)
+
+    def all(self) -> list[PartitionCheckpoint]:
+        return list(self._items)
+
+    def _groups(self) -> Iterator[tuple[tuple[str, str], PartitionCheckpoint]]:
+        for cp in self._items:
+            text = guard_json(cp)
+            if text is not None:
+                yield (str(cp.status), text), cp
+
+    def guard_groups(self) -> dict[tuple[str, str], int]:
+        counts: dict[tuple[str, str], int] = {}
+        for key, _ in self._groups():
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def in_group(self, status: str, guard: str) -> list[PartitionCheckpoint]:
+        return [cp for key, cp in self._groups() if key == (status, guard)]
+
+    def guarded_ids(self) -> list[str]:
+        return [cp.partition_id for _, cp in self._groups()]
+
+    def summaries(self, partition_ids: Collection[str]) -> dict[str, tuple[str, str, str]]:
+        found = self.checkpoints(partition_ids)
+        return {
+            pid: (str(cp.status), cp.query_hash, cp.schema_hash) for pid, cp in found.items()
+        }
+
+    def checkpoints(self, partition_ids: Collection[str]) -> dict[str, PartitionCheckpoint]:
+        return {pid: self._by_id[pid] for pid in partition_ids if pid in self._by_id}
 
 
 def as_latest(checkpoints: Sequence[PartitionCheckpoint]) -> LatestCheckpoints:

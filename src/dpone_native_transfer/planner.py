@@ -138,14 +138,15 @@ def plan_resume(
     """Skip partitions committed with the same query and schema; retry everything else."""
     latest = as_latest(latest)
     candidates = list(candidates)
-    active, skipped = [], []
+    by_hashes: dict[tuple[str, str], list[str]] = {}
     for candidate in candidates:
-        done = latest.committed_with(
-            candidate.partition_id, candidate.query_hash, candidate.schema_hash
-        )
-        if not done:  # a retried partition's checkpoint is decoded, so a corrupt one stops the run
-            latest.get(candidate.partition_id)
-        (skipped if done else active).append(candidate)
+        hashes = (candidate.query_hash, candidate.schema_hash)
+        by_hashes.setdefault(hashes, []).append(candidate.partition_id)
+    done = set().union(*(latest.committed_with(ids, *hashes) for hashes, ids in by_hashes.items()))
+    active = [candidate for candidate in candidates if candidate.partition_id not in done]
+    skipped = [candidate for candidate in candidates if candidate.partition_id in done]
+    # the checkpoints of retried partitions are decoded, so a corrupt one stops the run here
+    latest.checkpoints([candidate.partition_id for candidate in active])
     if route.strategy is Strategy.FULL_REFRESH and active:
         active, skipped = candidates, []
     return ResumePlan(

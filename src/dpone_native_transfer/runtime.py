@@ -147,6 +147,7 @@ class TransferRuntime:
                     clock=self.clock,
                     events=recorder,
                     boundary=TargetBoundary(self.hooks, recorder),
+                    window_partitions=len(candidates),
                 )
                 rows_loaded = path(ctx)
             if ctx.mutation is None:

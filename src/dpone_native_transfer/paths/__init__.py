@@ -67,6 +67,7 @@ class PathContext:
     clock: Clock
     events: EventRecorder
     boundary: TargetBoundary
+    window_partitions: int = 0  # partitions in the source window, before skipping committed ones
     mutation: TargetMutation | None = None
 
     @property

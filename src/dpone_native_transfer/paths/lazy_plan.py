@@ -19,5 +19,6 @@ def lazy_plan_path(ctx: PathContext) -> int:
         columns=ctx.shape.columns,
         bounds=tuple(candidate.partition_bounds for candidate in ctx.candidates),
         replace=ctx.replace,
+        whole_window=len(ctx.candidates) == ctx.window_partitions,
     )
     return ctx.mutate("load", lambda: ctx.sink.load(plan))

@@ -2,7 +2,7 @@
 
 A store file is created complete or not at all: the schema is built in a
 private file that is then linked into place. So any existing file that is not
-a version-1 store (empty, truncated, foreign, garbage) is reported as corrupt
+a store (empty, truncated, foreign, garbage) is reported as corrupt
 rather than silently used as a new, empty store, which would let a retry
 append data that was already committed.
 
@@ -11,8 +11,13 @@ version 1, so ``user_version`` stays 1: a v1 file written before the table
 existed gets it, empty, the first time it is opened, and older releases that
 do not know the table still open the file (they check only their own tables).
 A present ``audit`` table with unexpected columns is corrupt, like any other.
-The summary columns of ``checkpoint_latest`` (generated from the payload, for
-fast route scans) are additive in the same way; see ``_ensure_latest_summary``.
+
+Version 2 adds summary columns to ``checkpoint_latest`` (status, hashes, guard
+text, read from the payload by SQLite itself, and an index over them) so a
+run's route scan reads no payload it does not act on; see ``latest.py``.
+Opening a version-1 file migrates it in one transaction. Older releases refuse
+a version-2 file ("unknown schema version"), which is the safe outcome: a
+mixed-version fleet is unsafe anyway (drain old workers first).
 
 Errors raised here never carry the file path (paths may be secret) or
 SQLite's own message text.
@@ -24,7 +29,7 @@ import json
 import os
 import sqlite3
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.request import pathname2url
@@ -47,38 +52,59 @@ from .memory import (
 
 __all__ = ["BUSY_TIMEOUT_SECONDS", "SCHEMA_VERSION", "SQLiteCheckpointStore"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_SECONDS = 30.0
 
 _ROUTE = "source_table = ? AND target_table = ? AND strategy = ?"
 _ROUTE_COLUMNS = "source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT NOT NULL"
 _ROUTE_KEY = "source_table, target_table, strategy"
 
-# The route scan and the resume planner read these instead of decoding every payload
-# (see ``latest.py``). Generated from the payload by SQLite itself, they can never disagree
-# with it, and writers that do not know them (older releases) still fill them.
-_LATEST_SUMMARY = (
-    ("status", "payload ->> '$.status'"),
-    ("query_hash", "payload ->> '$.query_hash'"),
-    ("schema_hash", "payload ->> '$.schema_hash'"),
-    ("guard", f"payload -> '$.diagnostics.{GUARD_DIAGNOSTICS_KEY}'"),
+# What the route scan and the planner read instead of payloads (``latest.py``): SQL over
+# the payload, kept current by the writer and, for any other writer, by triggers.
+_SUMMARY = (
+    ("status", "{p} ->> '$.status'"),
+    ("query_hash", "{p} ->> '$.query_hash'"),
+    ("schema_hash", "{p} ->> '$.schema_hash'"),
+    ("guard", "{p} -> '$.diagnostics." + GUARD_DIAGNOSTICS_KEY + "'"),
 )
-_LATEST_TABLE = f"""CREATE TABLE {{name}} (
-        {_ROUTE_COLUMNS}, partition_id TEXT NOT NULL,
-        seq INTEGER NOT NULL, payload TEXT NOT NULL,
-        {", ".join(f"{column} TEXT GENERATED ALWAYS AS ({sql}) STORED" for column, sql in
-                   _LATEST_SUMMARY)},
-        PRIMARY KEY ({_ROUTE_KEY}, partition_id)) WITHOUT ROWID"""
-_SUMMARY_NAMES = tuple(column for column, _ in _LATEST_SUMMARY)
-_GENERATED_STORED = 3  # PRAGMA table_xinfo's "hidden" value for a STORED generated column
-_MINIMUM_SQLITE = (3, 38, 0)  # STORED generated columns and the ->/->> operators
+_SUMMARY_NAMES = tuple(name for name, _ in _SUMMARY)
+
+
+def _summary_of(payload: str) -> list[str]:
+    return [sql.format(p=payload) for _, sql in _SUMMARY]
+
+
+_NEW_ROW = " AND ".join(f"{name} = NEW.{name}" for name in (*_ROUTE_KEY.split(", "), "partition_id"))
+_SUMMARY_TRIGGERS = tuple(
+    f"""CREATE TRIGGER checkpoint_latest_summary_{name} AFTER {event} ON checkpoint_latest
+        WHEN {" OR ".join(f"NEW.{column} IS NOT ({sql})" for column, sql in
+                          zip(_SUMMARY_NAMES, _summary_of("NEW.payload"), strict=True))}
+        BEGIN UPDATE checkpoint_latest SET {", ".join(f"{column} = {sql}" for column, sql in
+                          zip(_SUMMARY_NAMES, _summary_of("NEW.payload"), strict=True))}
+        WHERE {_NEW_ROW}; END"""
+    for name, event in (
+        ("on_insert", "INSERT"),
+        ("on_update", f"UPDATE OF payload, {', '.join(_SUMMARY_NAMES)}"),
+    )
+)
+_GUARD_INDEX = (
+    "CREATE INDEX checkpoint_latest_by_guard"
+    f" ON checkpoint_latest ({_ROUTE_KEY}, guard, status)"
+)
+_MINIMUM_SQLITE = (3, 38, 0)  # the ->> and -> JSON operators
 
 _SCHEMA = (
     f"""CREATE TABLE checkpoint_history (
         seq INTEGER PRIMARY KEY AUTOINCREMENT, {_ROUTE_COLUMNS},
         partition_id TEXT NOT NULL, payload TEXT NOT NULL)""",
     f"CREATE INDEX checkpoint_history_by_route ON checkpoint_history ({_ROUTE_KEY}, seq)",
-    _LATEST_TABLE.format(name="checkpoint_latest"),
+    f"""CREATE TABLE checkpoint_latest (
+        {_ROUTE_COLUMNS}, partition_id TEXT NOT NULL,
+        seq INTEGER NOT NULL, payload TEXT NOT NULL,
+        {", ".join(f"{name} TEXT" for name in _SUMMARY_NAMES)},
+        PRIMARY KEY ({_ROUTE_KEY}, partition_id)) WITHOUT ROWID""",
+    *_SUMMARY_TRIGGERS,
+    _GUARD_INDEX,
     f"""CREATE TABLE source_state (
         {_ROUTE_COLUMNS}, state TEXT NOT NULL,
         PRIMARY KEY ({_ROUTE_KEY})) WITHOUT ROWID""",
@@ -99,9 +125,13 @@ _AUDIT_SCHEMA = (
 _ROUTE_NAMES = ("source_table", "target_table", "strategy")
 _TABLES = {
     "checkpoint_history": ("seq", *_ROUTE_NAMES, "partition_id", "payload"),
-    "checkpoint_latest": (*_ROUTE_NAMES, "partition_id", "seq", "payload"),
+    "checkpoint_latest": (*_ROUTE_NAMES, "partition_id", "seq", "payload", *_SUMMARY_NAMES),
     "source_state": (*_ROUTE_NAMES, "state"),
     "evidence": (*_ROUTE_NAMES, "run_id", "seq", "record"),
+}
+_VERSION_1_TABLES = {
+    **_TABLES,
+    "checkpoint_latest": (*_ROUTE_NAMES, "partition_id", "seq", "payload"),
 }
 _AUDIT_COLUMNS = ("audit_id", *_ROUTE_NAMES, "record")
 
@@ -192,42 +222,47 @@ def _check_schema(conn: sqlite3.Connection) -> None:
             f"checkpoint store has unknown schema version {version}, expected {SCHEMA_VERSION}",
             diagnostics={"user_version": version, "expected": SCHEMA_VERSION},
         )
-    for table, columns in _TABLES.items():
+    _check_tables(conn, _TABLES)
+
+
+def _check_tables(conn: sqlite3.Connection, tables: dict[str, tuple[str, ...]]) -> None:
+    for table, columns in tables.items():
         if _columns(conn, table) != columns:
             raise _table_corrupt(table)
 
 
-def _ensure_latest_summary(conn: sqlite3.Connection) -> None:
-    """Give a store from before the summary columns its ``checkpoint_latest`` with them.
+def _migrate_from_version_1(conn: sqlite3.Connection) -> None:
+    """Add version 2's summary columns, triggers and index, in one write transaction.
 
-    SQLite cannot add STORED columns to a table, so the table is rebuilt, in
-    one write transaction (the check is repeated inside it: another process
-    may have migrated first). Nothing else changes, and older releases keep
-    working on the file: ``PRAGMA table_info`` does not list generated columns.
+    The version is read again inside the transaction: another process may
+    have migrated first. A payload SQLite cannot read as JSON fails the whole
+    migration, and the file stays as it was.
     """
-    if _summary_columns(conn) == _SUMMARY_NAMES:
+    if conn.execute("PRAGMA user_version").fetchone()[0] != 1:
         return
     with _immediate(conn):
-        found = _summary_columns(conn)
-        if found == _SUMMARY_NAMES:
+        if conn.execute("PRAGMA user_version").fetchone()[0] != 1:
             return
-        if found:
-            raise _table_corrupt("checkpoint_latest")
-        conn.execute(_LATEST_TABLE.format(name="checkpoint_latest_summarised"))
+        _check_tables(conn, _VERSION_1_TABLES)
+        for name in _SUMMARY_NAMES:
+            conn.execute(f"ALTER TABLE checkpoint_latest ADD COLUMN {name} TEXT")
+        assignments = zip(_SUMMARY_NAMES, _summary_of("payload"), strict=True)
         conn.execute(
-            f"INSERT INTO checkpoint_latest_summarised ({_ROUTE_KEY}, partition_id, seq, payload)"
-            f" SELECT {_ROUTE_KEY}, partition_id, seq, payload FROM checkpoint_latest"
+            "UPDATE checkpoint_latest SET "
+            + ", ".join(f"{column} = {sql}" for column, sql in assignments)
         )
-        conn.execute("DROP TABLE checkpoint_latest")
-        conn.execute("ALTER TABLE checkpoint_latest_summarised RENAME TO checkpoint_latest")
+        for statement in (*_SUMMARY_TRIGGERS, _GUARD_INDEX):
+            conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
-def _summary_columns(conn: sqlite3.Connection) -> tuple[str, ...]:
-    return tuple(
-        row[1]
-        for row in conn.execute("PRAGMA table_xinfo(checkpoint_latest)")
-        if row[6] == _GENERATED_STORED
-    )
+def _check_summary_upkeep(conn: sqlite3.Connection) -> None:
+    """The triggers and the index that keep the summary columns right must be there."""
+    names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    wanted = {"checkpoint_latest_by_guard", *(f"checkpoint_latest_summary_{n}"
+                                             for n in ("on_insert", "on_update"))}
+    if not wanted <= names:
+        raise _table_corrupt("checkpoint_latest")
 
 
 def _require_sqlite() -> None:
@@ -266,11 +301,12 @@ def _open(path: str) -> sqlite3.Connection:
     try:
         with _translated("opened"):
             _refuse_partial_pages(conn, path)
+            _migrate_from_version_1(conn)
             _check_schema(conn)
+            _check_summary_upkeep(conn)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             _ensure_audit_table(conn)
-            _ensure_latest_summary(conn)
     except BaseException:
         conn.close()
         raise
@@ -366,13 +402,12 @@ class SQLiteCheckpointStore:
             _insert_checkpoints(conn, rows)
 
     def list_latest(self, route: RouteKey) -> LatestCheckpoints:
-        """Summary fields now, each payload decoded (and validated) when its item is read."""
-        rows = self._read(
-            f"SELECT partition_id, {', '.join(_SUMMARY_NAMES)}, seq, payload"
-            f" FROM checkpoint_latest WHERE {_ROUTE} ORDER BY partition_id",
-            _route_params(route),
-        )
-        return LatestCheckpoints(rows, lambda row: _decode_checkpoint(route, row[0], *row[-2:]))
+        """A view answered from the summary columns; payloads are decoded when read.
+
+        Read it while the store is open: its answers come from the store's connection.
+        """
+        self._connection()  # a closed store refuses now, not at the first question
+        return LatestCheckpoints(_LatestOfRoute(self, route))
 
     def history(self, route: RouteKey) -> list[PartitionCheckpoint]:
         """Every checkpoint written for ``route``, oldest first."""
@@ -449,6 +484,58 @@ class SQLiteCheckpointStore:
         return [(value, _load_object(text, what, {**where, key: value})) for value, text in rows]
 
 
+class _LatestOfRoute:
+    """``LatestReader`` of one route: summary columns and the guard index, payloads on demand."""
+
+    def __init__(self, store: SQLiteCheckpointStore, route: RouteKey) -> None:
+        self._store = store
+        self._route = route
+
+    def _select(self, columns: str, rest: str = "", params: tuple[Any, ...] = ()) -> list[Any]:
+        return self._store._read(
+            f"SELECT {columns} FROM checkpoint_latest WHERE {_ROUTE}{rest}",
+            (*_route_params(self._route), *params),
+        )
+
+    def _decoded(self, rest: str, params: tuple[Any, ...] = ()) -> list[PartitionCheckpoint]:
+        rows = self._select("partition_id, seq, payload", rest, params)
+        return [_decode_checkpoint(self._route, *row) for row in rows]
+
+    def count(self) -> int:
+        return self._select("COUNT(*)")[0][0]
+
+    def all(self) -> list[PartitionCheckpoint]:
+        return self._decoded(" ORDER BY partition_id")
+
+    def guard_groups(self) -> dict[tuple[str, str], int]:
+        rows = self._select(
+            "status, guard, COUNT(*)", " AND guard IS NOT NULL GROUP BY guard, status"
+        )
+        return {(status, guard): count for status, guard, count in rows}
+
+    def in_group(self, status: str, guard: str) -> list[PartitionCheckpoint]:
+        return self._decoded(
+            " AND guard = ? AND status IS ? ORDER BY partition_id", (guard, status)
+        )
+
+    def guarded_ids(self) -> list[str]:
+        rows = self._select("partition_id", " AND guard IS NOT NULL ORDER BY partition_id")
+        return [partition_id for (partition_id,) in rows]
+
+    def summaries(self, partition_ids: Collection[str]) -> dict[str, tuple[str, str, str]]:
+        rows = self._select(
+            "partition_id, status, query_hash, schema_hash", _AMONG, (json.dumps(list(partition_ids)),)
+        )
+        return {partition_id: tuple(summary) for partition_id, *summary in rows}
+
+    def checkpoints(self, partition_ids: Collection[str]) -> dict[str, PartitionCheckpoint]:
+        found = self._decoded(_AMONG, (json.dumps(list(partition_ids)),))
+        return {cp.partition_id: cp for cp in found}
+
+
+_AMONG = " AND partition_id IN (SELECT value FROM json_each(?))"
+
+
 def _insert_checkpoints(conn: sqlite3.Connection, rows: list[tuple[str, ...]]) -> None:
     """History rows, then the latest pointers, in order; the caller owns the transaction.
 
@@ -464,11 +551,12 @@ def _insert_checkpoints(conn: sqlite3.Connection, rows: list[tuple[str, ...]]) -
         rows,
     )
     conn.execute(
-        f"INSERT INTO checkpoint_latest ({_ROUTE_KEY}, partition_id, seq, payload)"
-        f" SELECT {_ROUTE_KEY}, partition_id, seq, payload FROM checkpoint_history"
-        " WHERE seq > ? ORDER BY seq"
-        f" ON CONFLICT ({_ROUTE_KEY}, partition_id)"
-        " DO UPDATE SET seq = excluded.seq, payload = excluded.payload",
+        f"INSERT INTO checkpoint_latest ({_ROUTE_KEY}, partition_id, seq, payload,"
+        f" {', '.join(_SUMMARY_NAMES)})"
+        f" SELECT {_ROUTE_KEY}, partition_id, seq, payload, {', '.join(_summary_of('payload'))}"
+        " FROM checkpoint_history WHERE seq > ? ORDER BY seq"
+        f" ON CONFLICT ({_ROUTE_KEY}, partition_id) DO UPDATE SET seq = excluded.seq, "
+        + ", ".join(f"{name} = excluded.{name}" for name in ("payload", *_SUMMARY_NAMES)),
         (before,),
     )
 
