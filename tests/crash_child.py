@@ -129,19 +129,16 @@ class Killer:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-class CrashSource:
+class CrashSource(SQLiteSource):
     """The real SQLite source; it dies once the 2nd partition's extraction has begun."""
 
     def __init__(self, inner: SQLiteSource, killer: Killer) -> None:
-        self.inner = inner
+        super().__init__(inner.path, inner.table, inner.partition_column, inner.cursor_column)
         self.killer = killer
         self.partitions = 0
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
     def read(self, bounds: Mapping[str, Any], *, chunk_rows: int = 10_000) -> Iterator[list]:
-        chunks = self.inner.read(bounds, chunk_rows=chunk_rows)
+        chunks = super().read(bounds, chunk_rows=chunk_rows)
         self.partitions += 1
         return self._first_chunk_then_kill(chunks) if self.partitions == 2 else chunks
 
@@ -153,7 +150,7 @@ class CrashSource:
     def plan_sql(self, bounds: Sequence[Mapping[str, Any]], **kwargs: Any) -> list:
         """lazy-plan's extraction: the sink asks for the plan's queries inside its call."""
         self.killer.at("extraction")
-        return self.inner.plan_sql(bounds, **kwargs)
+        return super().plan_sql(bounds, **kwargs)
 
 
 class CrashSink(SQLiteSink):

@@ -425,3 +425,16 @@ def test_postgres_to_duckdb_partial_commit_blocks_the_retry(tmp_path, table, pat
         assert sorted(route.sink.inner.rows()) == sorted(ORDERS)
     finally:
         route.real_store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb"])
+def test_lazy_plan_from_postgres_is_refused_before_the_target(tmp_path, table, kind):
+    route = PgRoute(tmp_path, table, _sink(kind, tmp_path), "incremental_append")
+    try:
+        with pytest.raises(ConfigInvalid, match="lazy-plan on .* reads SQLite sources"):
+            route.run("lazy-plan", "run-1")
+        assert route.sink.target_calls == 0
+        assert route.store.batches == []  # nothing armed: the route is not blocked
+        assert route.run("legacy", "run-2").rows_loaded == len(ORDERS)
+    finally:
+        route.real_store.close()

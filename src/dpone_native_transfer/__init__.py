@@ -15,7 +15,7 @@ from .checkpoints import (
     checkpoint_from_payload,
     checkpoint_to_payload,
 )
-from .connectors import SQLiteSink, SQLiteSource
+from .connectors import ClickHouseSink, DuckDBSink, PostgresSource, SQLiteSink, SQLiteSource
 from .errors import (
     ArtifactInvalid,
     CheckpointPayloadInvalid,
@@ -49,9 +49,11 @@ __all__ = [
     "CheckpointStore",
     "CheckpointStoreCorrupt",
     "CheckpointStoreUnavailable",
+    "ClickHouseSink",
     "ClockInvalid",
     "Column",
     "ConfigInvalid",
+    "DuckDBSink",
     "Event",
     "EventName",
     "Governance",
@@ -65,6 +67,7 @@ __all__ = [
     "PathContext",
     "PluginLoadFailed",
     "PostgresCheckpointStore",
+    "PostgresSource",
     "RouteKey",
     "RouteStateStore",
     "RowChunks",

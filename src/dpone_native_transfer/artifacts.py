@@ -32,7 +32,7 @@ from typing import BinaryIO
 
 from .errors import ArtifactInvalid
 
-__all__ = ["JSONL", "file_sha256", "read_chunks", "write_chunks", "write_jsonl"]
+__all__ = ["JSONL", "file_sha256", "json_value", "read_chunks", "write_chunks", "write_jsonl"]
 
 JSONL = "jsonl"
 
@@ -67,7 +67,7 @@ def write_jsonl(
     JSON cannot carry faithfully (bytes, NaN, infinities) raises
     ``ArtifactInvalid`` naming only the column, never the value.
     """
-    encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, default=_json_value)
+    encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, default=json_value)
     digest = hashlib.sha256()
     rows = 0
     for chunk in chunks:
@@ -87,7 +87,8 @@ def write_jsonl(
     return rows, "sha256:" + digest.hexdigest()
 
 
-def _json_value(value: object) -> str:
+def json_value(value: object) -> str:
+    """JSON text for dates, times and finite decimals; TypeError for anything else."""
     if isinstance(value, datetime.date | datetime.time):
         return value.isoformat()
     if isinstance(value, decimal.Decimal) and value.is_finite():

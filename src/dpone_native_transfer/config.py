@@ -1,4 +1,9 @@
-"""Route configuration files: one TOML file describes one SQLite route.
+"""Route configuration files: one TOML file describes one route.
+
+``[source] kind`` is ``sqlite`` (default) or ``postgres``; ``[target] kind``
+is ``sqlite`` (default), ``duckdb`` or ``clickhouse``. The engines other than
+SQLite are optional extras: a route naming one that is not installed is
+refused when the file is loaded, with the ``pip install`` line to run.
 
 Every problem is a :class:`ConfigInvalid` whose message names the bad key as
 a dotted path (``transfer.path``) and whose ``diagnostics["key"]`` holds it,
@@ -8,6 +13,7 @@ configured values or the file's absolute path: both can be secret.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import tomllib
@@ -22,6 +28,7 @@ from .connectors import SQLiteSink, SQLiteSource
 from .errors import ConfigInvalid
 from .paths import Governance
 from .runtime import BUILTIN_PATHS, TransferSpec
+from .stores import resolve_env
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "RouteConfig", "load_route_config", "route_config_from_mapping"]
 
@@ -35,13 +42,23 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
     "source": (
         _REQUIRED,
         {
-            "path": ("file", _REQUIRED),
+            "kind": ("source_kind", _OPTIONAL),
+            "path": ("file", _OPTIONAL),  # sqlite
+            "dsn": ("secret", _OPTIONAL),  # postgres: a postgresql:// URL or env:NAME
             "table": ("name", _REQUIRED),
             "partition_column": ("name", _REQUIRED),
             "cursor_column": ("name", _OPTIONAL),
         },
     ),
-    "target": (_REQUIRED, {"path": ("file", _REQUIRED), "table": ("name", _REQUIRED)}),
+    "target": (
+        _REQUIRED,
+        {
+            "kind": ("target_kind", _OPTIONAL),
+            "path": ("file", _OPTIONAL),  # sqlite, duckdb; clickhouse: the chDB data folder
+            "url": ("secret", _OPTIONAL),  # clickhouse server: clickhouse:// or http(s)://
+            "table": ("name", _REQUIRED),
+        },
+    ),
     "transfer": (
         _REQUIRED,
         {
@@ -55,9 +72,23 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
     "gates": (_OPTIONAL, {"min_rows": ("count", _OPTIONAL), "max_rows": ("count", _OPTIONAL)}),
 }
 
+# kind -> (the location keys it takes, the module its extra provides, the extra)
+_SOURCE_KINDS: Mapping[str, tuple[tuple[str, ...], str | None, str | None]] = {
+    "sqlite": (("path",), None, None),
+    "postgres": (("dsn",), "psycopg", "postgres"),
+}
+_TARGET_KINDS: Mapping[str, tuple[tuple[str, ...], str | None, str | None]] = {
+    "sqlite": (("path",), None, None),
+    "duckdb": (("path",), "duckdb", "duckdb"),
+    "clickhouse": (("path", "url"), "clickhouse_connect", "clickhouse"),
+}
+_LOCATION_KEYS = {"source": ("path", "dsn"), "target": ("path", "url")}
+
 _ENUMS: Mapping[str, tuple[str, ...]] = {
     "strategy": tuple(sorted(str(strategy) for strategy in Strategy)),
     "path": tuple(sorted(BUILTIN_PATHS)),
+    "source_kind": tuple(_SOURCE_KINDS),
+    "target_kind": tuple(_TARGET_KINDS),
 }
 
 _TOML_TYPES = (
@@ -74,8 +105,8 @@ _TOML_TYPES = (
 class RouteConfig:
     """A validated route: ready-made connectors plus how to run them and where to checkpoint."""
 
-    source: SQLiteSource
-    sink: SQLiteSink
+    source: Any  # SQLiteSource or PostgresSource
+    sink: Any  # SQLiteSink, DuckDBSink or ClickHouseSink
     strategy: Strategy
     path: str
     governance: Governance
@@ -196,7 +227,28 @@ def _validated(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
             raise _invalid(name, f"must be a table ([{name}]), not {_toml_type(table)}")
         sections[name] = _validated_section(name, table, keys)
     _check_gates(sections.get("gates", {}))
+    _check_kind("source", sections["source"], _SOURCE_KINDS)
+    _check_kind("target", sections["target"], _TARGET_KINDS)
     return sections
+
+
+def _check_kind(section: str, table: Mapping[str, Any], kinds: Mapping[str, Any]) -> None:
+    """Exactly one location key the kind takes, and the kind's extra installed."""
+    kind = table.get("kind", "sqlite")
+    takes, module, extra = kinds[kind]
+    for key in _LOCATION_KEYS[section]:
+        if key in table and key not in takes:
+            raise _invalid(f"{section}.{key}", f"is not used by {section}.kind = {kind!r}")
+    given = [key for key in takes if key in table]
+    if len(given) != 1:
+        keys = " or ".join(f"{section}.{key}" for key in takes)
+        problem = "is required" if not given else "must be given alone, not both"
+        raise _invalid(f"{section}.{takes[0]}", f"({keys}) {problem} for kind {kind!r}")
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise _invalid(
+            f"{section}.kind",
+            f"= {kind!r} needs an optional extra: pip install 'dpone-native-transfer[{extra}]'",
+        )
 
 
 def _validated_section(
@@ -237,17 +289,12 @@ def _check_gates(gates: Mapping[str, int]) -> None:
 
 
 def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
-    source, target = sections["source"], sections["target"]
     transfer, gates = sections["transfer"], sections.get("gates", {})
     artifact_dir = transfer.get("artifact_dir")
+    source = _source(sections["source"], folder)
     return RouteConfig(
-        source=SQLiteSource(
-            _resolve(folder, source["path"]),
-            source["table"],
-            source["partition_column"],
-            source.get("cursor_column"),
-        ),
-        sink=SQLiteSink(_resolve(folder, target["path"]), target["table"]),
+        source=source,
+        sink=_sink(sections["target"], folder, source.partition_column),
         strategy=Strategy(transfer["strategy"]),
         path=transfer["path"],
         governance=Governance(min_rows=gates.get("min_rows"), max_rows=gates.get("max_rows")),
@@ -255,6 +302,33 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
         artifact_dir=None if artifact_dir is None else _resolve(folder, artifact_dir),
         store_path=_store_location(folder, sections["store"]["path"]),
     )
+
+
+def _source(table: Mapping[str, Any], folder: Path) -> Any:
+    names = (table["table"], table["partition_column"], table.get("cursor_column"))
+    if table.get("kind", "sqlite") == "postgres":
+        from .connectors.postgres import PostgresSource
+
+        return PostgresSource(table["dsn"], *names)
+    return SQLiteSource(_resolve(folder, table["path"]), *names)
+
+
+def _sink(table: Mapping[str, Any], folder: Path, partition_column: str) -> Any:
+    kind = table.get("kind", "sqlite")
+    location = _resolve(folder, table["path"]) if "path" in table else table.get("url")
+    if kind == "duckdb":
+        from .connectors.duckdb import DuckDBSink
+
+        return DuckDBSink(location, table["table"])
+    if kind == "clickhouse":
+        from .connectors.clickhouse import ClickHouseSink
+
+        return ClickHouseSink(
+            resolve_env(location, argument="target.url"),
+            table["table"],
+            partition_by=partition_column,
+        )
+    return SQLiteSink(location, table["table"])
 
 
 def _store_location(folder: Path, value: str) -> str:

@@ -1,10 +1,16 @@
-"""Source and sink connectors; SQLite is the built-in pair.
+"""Source and sink connectors: SQLite (stdlib) and the optional engines.
 
-The payloads they accept are connector-neutral and live in ``payloads``.
+DuckDB, ClickHouse and PostgreSQL are optional extras. Importing a connector
+never imports its driver: that happens on first use, so the core needs only
+pluggy and attrs. The payloads they accept are connector-neutral and live in
+``payloads``.
 """
 
 from __future__ import annotations
 
+from .clickhouse import ClickHouseSink
+from .duckdb import DuckDBSink
+from .postgres import PostgresSource
 from .sqlite import SQLiteSink, SQLiteSource
 
-__all__ = ["SQLiteSink", "SQLiteSource"]
+__all__ = ["ClickHouseSink", "DuckDBSink", "PostgresSource", "SQLiteSink", "SQLiteSource"]

@@ -25,14 +25,13 @@ connection or SQL failure is ``SourceInvalid`` naming the table only.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..checkpoints import sha256_digest
 from ..errors import ConfigInvalid, SourceInvalid
 from ..payloads import Column, SourceShape
-from ..stores import _POSTGRES_SCHEMES
+from ..stores import POSTGRES_SCHEMES, resolve_env
 from ..stores.postgres import CONNECT_TIMEOUT_SECONDS
 from ._sql import bounds_where, quote
 
@@ -69,15 +68,9 @@ def _driver() -> Any:
 
 def _resolve_dsn(dsn: Any) -> str:
     """The URL ``dsn`` names; errors name the key, never the value (it holds a password)."""
-    if isinstance(dsn, str) and dsn.startswith("env:"):
-        variable = dsn.removeprefix("env:")
-        dsn = os.environ.get(variable, "")
-        if not dsn:
-            raise ConfigInvalid(
-                f"source dsn names environment variable {variable!r}, which is not set",
-                diagnostics={"key": "dsn"},
-            )
-    if not isinstance(dsn, str) or not dsn.startswith(_POSTGRES_SCHEMES):
+    if isinstance(dsn, str):
+        dsn = resolve_env(dsn, argument="dsn")
+    if not isinstance(dsn, str) or not dsn.startswith(POSTGRES_SCHEMES):
         raise ConfigInvalid(
             "give a PostgreSQL source as a postgresql:// URL or env:NAME",
             diagnostics={"key": "dsn"},

@@ -346,7 +346,17 @@ class SQLiteSink:
             _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
             return sum(conn.executemany(insert, chunk).rowcount for chunk in payload.chunks)
 
+    def check_plan(self, plan: LoadPlan) -> None:
+        """Refuse a plan this sink cannot pull, before anything touches the target."""
+        if not isinstance(plan.source, SQLiteSource):
+            raise ConfigInvalid(
+                f"lazy-plan on SQLite reads SQLite sources; target table {self.table!r} "
+                "cannot pull from this source: use legacy, staged or file-artifact",
+                diagnostics={"table": self.table, "path": "lazy-plan"},
+            )
+
     def _load_plan(self, payload: LoadPlan) -> int:
+        self.check_plan(payload)
         source = payload.source
         statements = source.plan_sql(
             payload.bounds, schema="src", columns=payload.columns, whole_window=payload.whole_window

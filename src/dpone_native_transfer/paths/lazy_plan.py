@@ -21,4 +21,9 @@ def lazy_plan_path(ctx: PathContext) -> int:
         replace=ctx.replace,
         whole_window=len(ctx.candidates) == ctx.window_partitions,
     )
+    # Before the boundary: a plan the sink cannot pull is a configuration error, and must
+    # not be recorded as a target call of unknown outcome (which blocks the route).
+    check = getattr(ctx.sink, "check_plan", None)
+    if check is not None:
+        check(plan)
     return ctx.mutate("load", lambda: ctx.sink.load(plan))

@@ -15,7 +15,14 @@ from typing import Any, Protocol, runtime_checkable
 from ..checkpoints import PartitionCheckpoint, RouteKey
 from ..errors import ConfigInvalid
 
-__all__ = ["CheckpointStore", "OperatorStore", "RouteStateStore", "open_store"]
+__all__ = [
+    "POSTGRES_SCHEMES",
+    "CheckpointStore",
+    "OperatorStore",
+    "RouteStateStore",
+    "open_store",
+    "resolve_env",
+]
 
 
 @runtime_checkable
@@ -70,7 +77,25 @@ class OperatorStore(CheckpointStore, Protocol):
         """Audit records of ``route``, oldest first, each with its ``audit_id``."""
 
 
-_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def resolve_env(location: str, *, argument: str) -> str:
+    """``location``, or the value of the environment variable it names as ``env:NAME``.
+
+    Errors name ``argument`` and the variable, never a value: it may hold a password.
+    """
+    if not location.startswith("env:"):
+        return location
+    variable = location.removeprefix("env:")
+    value = os.environ.get(variable, "")
+    if not value:
+        named = {"argument" if argument.startswith("-") else "key": argument}
+        raise ConfigInvalid(
+            f"{argument} names environment variable {variable!r}, which is not set",
+            diagnostics=named,
+        )
+    return value
 
 
 def open_store(location: str, *, create: bool, argument: str) -> Any:
@@ -85,15 +110,8 @@ def open_store(location: str, *, create: bool, argument: str) -> Any:
     """
     # command-line arguments and route-file keys are named the way the rest of the CLI names them
     named = {"argument" if argument.startswith("-") else "key": argument}
-    if location.startswith("env:"):
-        variable = location.removeprefix("env:")
-        location = os.environ.get(variable, "")
-        if not location:
-            raise ConfigInvalid(
-                f"{argument} names environment variable {variable!r}, which is not set",
-                diagnostics=named,
-            )
-    if location.startswith(_POSTGRES_SCHEMES):
+    location = resolve_env(location, argument=argument)
+    if location.startswith(POSTGRES_SCHEMES):
         from .postgres import PostgresCheckpointStore  # psycopg is optional: import on demand
 
         return PostgresCheckpointStore(location)

@@ -157,15 +157,15 @@ class ClickHouseSink:
 
         return fill
 
-    def _plan_fill(self, payload: LoadPlan) -> Fill:
-        """The engine pulls each partition from the SQLite file with its sqlite() table function."""
-        source = payload.source
+    def check_plan(self, plan: LoadPlan) -> None:
+        """Refuse a plan the engine cannot pull, before anything touches the target."""
+        source = plan.source
         if not isinstance(source, SQLiteSource):
             raise ConfigInvalid(
                 "lazy-plan into ClickHouse reads SQLite sources only (the sqlite() table function)",
                 diagnostics={"table": self.table},
             )
-        columns = [column.name for column in payload.columns]
+        columns = [column.name for column in plan.columns]
         for name in (source.table, source.partition_column, source.cursor_column, *columns):
             if name is not None and _SQLITE_FUNCTION_UNSAFE.search(name):
                 raise ConfigInvalid(
@@ -174,6 +174,12 @@ class ClickHouseSink:
                     "characters (use another path)",
                     diagnostics={"table": self.table, "identifier": name},
                 )
+
+    def _plan_fill(self, payload: LoadPlan) -> Fill:
+        """The engine pulls each partition from the SQLite file with its sqlite() table function."""
+        self.check_plan(payload)
+        source = payload.source
+        columns = [column.name for column in payload.columns]
         names = column_list(columns)
         statements = []
         for number, bounds in enumerate(payload.bounds):

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ...artifacts import _json_value
+from ...artifacts import json_value
 from ...errors import ConfigInvalid
 from ...payloads import Column, Predicate
 
@@ -166,7 +166,7 @@ def _json_default(value: object) -> str:
     """Bytes pass as raw bytes (see :func:`encode_json_rows`); dates and decimals as text."""
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value).decode("utf-8", "surrogateescape")
-    return _json_value(value)
+    return json_value(value)
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=True, default=_json_default)

@@ -1,0 +1,197 @@
+"""Route files naming each engine: ``dpone-transfer run`` on DuckDB and ClickHouse (chDB) targets
+and a PostgreSQL source, on the real engines; and the errors a route file can get about kinds."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import psycopg
+import pytest
+
+from dpone_native_transfer import ConfigInvalid
+from dpone_native_transfer.config import load_route_config, route_config_from_mapping
+from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
+from dpone_native_transfer.connectors.duckdb import DuckDBSink
+from dpone_native_transfer.connectors.postgres import PostgresSource
+from dpone_native_transfer.testing import build_sample_source
+from test_connectors_postgres_source import _url
+
+SCRIPT = str(Path(sys.executable).parent / "dpone-transfer")
+
+ROUTE = """\
+[source]
+{source}
+table = "orders"
+partition_column = "region"
+cursor_column = "updated_at"
+
+[target]
+{target}
+table = "orders_copy"
+
+[transfer]
+strategy = "incremental_append"
+path = "{path}"
+
+[store]
+path = "checkpoints.db"
+"""
+SQLITE_SOURCE = 'path = "source.db"'
+
+
+def route_file(folder: Path, *, source: str = SQLITE_SOURCE, target: str, path: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    file = folder / "route.toml"
+    file.write_text(ROUTE.format(source=source, target=target, path=path), encoding="utf-8")
+    return file
+
+
+def run(file: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SCRIPT, "run", str(file), "--quiet", *extra], capture_output=True, text=True, timeout=300
+    )
+
+
+def source_ids(folder: Path) -> list[int]:
+    with contextlib.closing(sqlite3.connect(folder / "source.db")) as db:
+        return [row[0] for row in db.execute("SELECT id FROM orders ORDER BY id")]
+
+
+def duckdb_ids(path: Path) -> list[int]:
+    with contextlib.closing(duckdb.connect(str(path), read_only=True)) as db:
+        return [row[0] for row in db.execute("SELECT id FROM orders_copy ORDER BY id").fetchall()]
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact", "lazy-plan"])
+def test_a_duckdb_route_runs_from_its_route_file(tmp_path, path):
+    build_sample_source(tmp_path / "source.db", rows=300, partitions=3)
+    file = route_file(tmp_path, target='kind = "duckdb"\npath = "target.duckdb"', path=path)
+    assert isinstance(load_route_config(file).sink, DuckDBSink)
+    first = run(file)
+    assert first.returncode == 0, first.stderr
+    build_sample_source(tmp_path / "source.db", rows=50, partitions=3, start_id=301)
+    second = run(file)
+    assert second.returncode == 0, second.stderr
+    assert duckdb_ids(tmp_path / "target.duckdb") == source_ids(tmp_path)
+
+
+def test_a_clickhouse_route_on_chdb_runs_from_its_route_file(tmp_path):
+    build_sample_source(tmp_path / "source.db", rows=300, partitions=3)
+    file = route_file(tmp_path, target='kind = "clickhouse"\npath = "chdata"', path="staged")
+    sink = load_route_config(file).sink
+    assert isinstance(sink, ClickHouseSink) and sink.partition_by == "region"
+    done = run(file)
+    assert done.returncode == 0, done.stderr
+    ids = sorted(row[0] for row in load_route_config(file).sink.rows())
+    assert ids == source_ids(tmp_path)
+
+
+def test_a_postgres_source_route_reads_the_dsn_from_the_environment(tmp_path, postgres_schema):
+    with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as db:
+        db.execute(f'CREATE SCHEMA "{postgres_schema.schema}"')
+        db.execute(
+            f'CREATE TABLE "{postgres_schema.schema}".orders'
+            " (id int PRIMARY KEY, region text, amount numeric(10, 2), updated_at int)"
+        )
+        db.execute(
+            f'INSERT INTO "{postgres_schema.schema}".orders'
+            " SELECT i, 'region-' || (i % 3), i * 1.25, 1000 + i FROM generate_series(1, 90) i"
+        )
+    file = route_file(
+        tmp_path,
+        source='kind = "postgres"\ndsn = "env:DPONE_TEST_SOURCE"',
+        target='path = "target.db"',
+        path="legacy",
+    )
+    text = file.read_text().replace('table = "orders"', f'table = "{postgres_schema.schema}.orders"')
+    file.write_text(text)
+    url = _url(postgres_schema.dsn)
+    env_done = subprocess.run(
+        [SCRIPT, "run", str(file), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"DPONE_TEST_SOURCE": url, "PATH": "/usr/bin:/bin"},
+    )
+    assert env_done.returncode == 0, env_done.stderr
+    assert url not in env_done.stdout + env_done.stderr
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as db:
+        assert [r[0] for r in db.execute("SELECT id FROM orders_copy ORDER BY id")] == list(
+            range(1, 91)
+        )
+
+
+def test_a_mapping_route_builds_the_same_connectors(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPONE_TEST_SOURCE", "postgresql://u:secret@127.0.0.1:1/db")
+    config = route_config_from_mapping(
+        {
+            "source": {
+                "kind": "postgres",
+                "dsn": "env:DPONE_TEST_SOURCE",
+                "table": "orders",
+                "partition_column": "region",
+            },
+            "target": {"kind": "duckdb", "path": "t.duckdb", "table": "orders_copy"},
+            "transfer": {"strategy": "full_refresh", "path": "legacy"},
+            "store": {"path": "c.db"},
+        },
+        base_dir=tmp_path,
+    )
+    assert isinstance(config.source, PostgresSource)
+    assert config.sink.path == str(tmp_path / "t.duckdb")
+    assert "secret" not in repr(config.source)
+
+
+KIND_ERRORS = [
+    # (source lines, target lines, key, what the message says)
+    (SQLITE_SOURCE, 'kind = "oracle"\npath = "t.db"', "target.kind", "one of: sqlite, duckdb"),
+    ('kind = "postgres"\npath = "s.db"', 'path = "t.db"', "source.path", "is not used by"),
+    ('kind = "postgres"', 'path = "t.db"', "source.dsn", "is required for kind 'postgres'"),
+    (SQLITE_SOURCE, 'kind = "duckdb"\nurl = "x"', "target.url", "is not used by"),
+    (SQLITE_SOURCE, 'kind = "clickhouse"', "target.path", "(target.path or target.url)"),
+    (SQLITE_SOURCE, 'kind = "clickhouse"\npath = "a"\nurl = "b"', "target.path", "not both"),
+    (SQLITE_SOURCE, 'table_x = 1\npath = "t.db"', "target.table_x", "is not a known key"),
+]
+
+
+@pytest.mark.parametrize(("source", "target", "key", "says"), KIND_ERRORS)
+def test_kind_problems_name_their_key(tmp_path, source, target, key, says):
+    file = route_file(tmp_path, source=source, target=target, path="legacy")
+    with pytest.raises(ConfigInvalid) as info:
+        load_route_config(file)
+    assert info.value.diagnostics["key"] == key
+    assert says in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("kind", "module", "extra"),
+    [("duckdb", "duckdb", "duckdb"), ("clickhouse", "clickhouse_connect", "clickhouse")],
+)
+def test_a_missing_extra_is_named_with_its_install_line(tmp_path, monkeypatch, kind, module, extra):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a)
+    )
+    file = route_file(tmp_path, target=f'kind = "{kind}"\npath = "t"', path="legacy")
+    with pytest.raises(ConfigInvalid) as info:
+        load_route_config(file)
+    assert info.value.diagnostics["key"] == "target.kind"
+    assert f"pip install 'dpone-native-transfer[{extra}]'" in info.value.message
+
+
+def test_a_clickhouse_url_from_an_unset_variable_is_refused_by_name(tmp_path, monkeypatch):
+    monkeypatch.delenv("DPONE_NO_SUCH_URL", raising=False)
+    file = route_file(
+        tmp_path, target='kind = "clickhouse"\nurl = "env:DPONE_NO_SUCH_URL"', path="legacy"
+    )
+    with pytest.raises(ConfigInvalid) as info:
+        load_route_config(file)
+    assert info.value.diagnostics == {"key": "target.url"}
+    assert json.dumps(info.value.diagnostics)
