@@ -148,7 +148,8 @@ def guard_json(checkpoint: PartitionCheckpoint) -> str | None:
     if GUARD_DIAGNOSTICS_KEY not in checkpoint.diagnostics:
         return None
     try:
-        return json.dumps(checkpoint.diagnostics[GUARD_DIAGNOSTICS_KEY], allow_nan=False)
+        guard = checkpoint.diagnostics[GUARD_DIAGNOSTICS_KEY]
+        return json.dumps(guard, allow_nan=False, sort_keys=True)  # keys sorted as in payloads
     except (TypeError, ValueError, RecursionError):
         return _UNREADABLE
 

@@ -7,6 +7,7 @@ be read back is refused on write instead of poisoning the store.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -86,8 +87,11 @@ def _canonical_timestamp(raw: Any) -> bool:
     """What ``checkpoint_from_payload`` accepts for a timestamp field."""
     if raw is None:
         return True
-    if not isinstance(raw, str):
-        return False
+    return isinstance(raw, str) and _canonical_text(raw)
+
+
+@functools.lru_cache(maxsize=256)  # the checkpoints of one batch share their timestamps
+def _canonical_text(raw: str) -> bool:
     try:
         value = datetime.fromisoformat(raw)
     except ValueError:

@@ -41,7 +41,7 @@ from ..checkpoints import (
     checkpoint_from_payload,
 )
 from ..errors import CheckpointPayloadInvalid, CheckpointStoreCorrupt, CheckpointStoreUnavailable
-from ..latest import LatestCheckpoints
+from ..latest import LatestCheckpoints, guard_json
 from .memory import (
     _check_run_id,
     _encode_batch,
@@ -74,22 +74,33 @@ def _summary_of(payload: str) -> list[str]:
     return [sql.format(p=payload) for _, sql in _SUMMARY]
 
 
-_NEW_ROW = " AND ".join(f"{name} = NEW.{name}" for name in (*_ROUTE_KEY.split(", "), "partition_id"))
+# The store's writer sets the summary from each checkpoint. These triggers cover any other
+# writer: a row inserted without a summary, or a row changed in place (the store's own
+# writes always move ``seq`` to a new history row), gets its summary from the payload.
+_SUMMARY_FROM_PAYLOAD = ", ".join(
+    f"{column} = {sql}" for column, sql in zip(_SUMMARY_NAMES, _summary_of("NEW.payload"), strict=True)
+)
 _SUMMARY_TRIGGERS = tuple(
     f"""CREATE TRIGGER checkpoint_latest_summary_{name} AFTER {event} ON checkpoint_latest
-        WHEN {" OR ".join(f"NEW.{column} IS NOT ({sql})" for column, sql in
-                          zip(_SUMMARY_NAMES, _summary_of("NEW.payload"), strict=True))}
-        BEGIN UPDATE checkpoint_latest SET {", ".join(f"{column} = {sql}" for column, sql in
-                          zip(_SUMMARY_NAMES, _summary_of("NEW.payload"), strict=True))}
-        WHERE {_NEW_ROW}; END"""
-    for name, event in (
-        ("on_insert", "INSERT"),
-        ("on_update", f"UPDATE OF payload, {', '.join(_SUMMARY_NAMES)}"),
+        WHEN {when}
+        BEGIN UPDATE checkpoint_latest SET {_SUMMARY_FROM_PAYLOAD} WHERE rowid = NEW.rowid; END"""
+    for name, event, when in (
+        ("on_insert", "INSERT", " AND ".join(f"NEW.{c} IS NULL" for c in _SUMMARY_NAMES)),
+        ("on_update", f"UPDATE OF payload, {', '.join(_SUMMARY_NAMES)}", "NEW.seq IS OLD.seq"),
     )
 )
-_GUARD_INDEX = (
+# A rowid table: an upsert writes its row (about 1 KB) once and two small index entries;
+# WITHOUT ROWID would keep whole rows in the key's B-tree and write about twice as much.
+_LATEST_TABLE = f"""CREATE TABLE {{name}} (
+    {_ROUTE_COLUMNS}, partition_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
+    {", ".join(f"{name} TEXT" for name in _SUMMARY_NAMES)})"""
+_LATEST_UPKEEP = (
+    "CREATE UNIQUE INDEX checkpoint_latest_by_partition"
+    f" ON checkpoint_latest ({_ROUTE_KEY}, partition_id)",
+    # the route scan's index: guard groups, each in partition order, without the rows
     "CREATE INDEX checkpoint_latest_by_guard"
-    f" ON checkpoint_latest ({_ROUTE_KEY}, guard, status)"
+    f" ON checkpoint_latest ({_ROUTE_KEY}, guard, status, partition_id)",
+    *_SUMMARY_TRIGGERS,
 )
 _MINIMUM_SQLITE = (3, 38, 0)  # the ->> and -> JSON operators
 
@@ -98,13 +109,8 @@ _SCHEMA = (
         seq INTEGER PRIMARY KEY AUTOINCREMENT, {_ROUTE_COLUMNS},
         partition_id TEXT NOT NULL, payload TEXT NOT NULL)""",
     f"CREATE INDEX checkpoint_history_by_route ON checkpoint_history ({_ROUTE_KEY}, seq)",
-    f"""CREATE TABLE checkpoint_latest (
-        {_ROUTE_COLUMNS}, partition_id TEXT NOT NULL,
-        seq INTEGER NOT NULL, payload TEXT NOT NULL,
-        {", ".join(f"{name} TEXT" for name in _SUMMARY_NAMES)},
-        PRIMARY KEY ({_ROUTE_KEY}, partition_id)) WITHOUT ROWID""",
-    *_SUMMARY_TRIGGERS,
-    _GUARD_INDEX,
+    _LATEST_TABLE.format(name="checkpoint_latest"),
+    *_LATEST_UPKEEP,
     f"""CREATE TABLE source_state (
         {_ROUTE_COLUMNS}, state TEXT NOT NULL,
         PRIMARY KEY ({_ROUTE_KEY})) WITHOUT ROWID""",
@@ -232,7 +238,7 @@ def _check_tables(conn: sqlite3.Connection, tables: dict[str, tuple[str, ...]]) 
 
 
 def _migrate_from_version_1(conn: sqlite3.Connection) -> None:
-    """Add version 2's summary columns, triggers and index, in one write transaction.
+    """Rebuild ``checkpoint_latest`` as version 2 has it, in one write transaction.
 
     The version is read again inside the transaction: another process may
     have migrated first. A payload SQLite cannot read as JSON fails the whole
@@ -244,25 +250,30 @@ def _migrate_from_version_1(conn: sqlite3.Connection) -> None:
         if conn.execute("PRAGMA user_version").fetchone()[0] != 1:
             return
         _check_tables(conn, _VERSION_1_TABLES)
-        for name in _SUMMARY_NAMES:
-            conn.execute(f"ALTER TABLE checkpoint_latest ADD COLUMN {name} TEXT")
-        assignments = zip(_SUMMARY_NAMES, _summary_of("payload"), strict=True)
+        conn.execute("ALTER TABLE checkpoint_latest RENAME TO checkpoint_latest_v1")
+        conn.execute(_LATEST_TABLE.format(name="checkpoint_latest"))
         conn.execute(
-            "UPDATE checkpoint_latest SET "
-            + ", ".join(f"{column} = {sql}" for column, sql in assignments)
+            f"INSERT INTO checkpoint_latest ({_ROUTE_KEY}, partition_id, seq, payload,"
+            f" {', '.join(_SUMMARY_NAMES)}) SELECT {_ROUTE_KEY}, partition_id, seq, payload,"
+            f" {', '.join(_summary_of('payload'))} FROM checkpoint_latest_v1"
         )
-        for statement in (*_SUMMARY_TRIGGERS, _GUARD_INDEX):
+        conn.execute("DROP TABLE checkpoint_latest_v1")
+        for statement in _LATEST_UPKEEP:
             conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
 def _check_summary_upkeep(conn: sqlite3.Connection) -> None:
-    """The triggers and the index that keep the summary columns right must be there."""
+    """The indexes and triggers of ``checkpoint_latest`` must all be there."""
     names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-    wanted = {"checkpoint_latest_by_guard", *(f"checkpoint_latest_summary_{n}"
-                                             for n in ("on_insert", "on_update"))}
-    if not wanted <= names:
+    if not {_upkeep_name(statement) for statement in _LATEST_UPKEEP} <= names:
         raise _table_corrupt("checkpoint_latest")
+
+
+def _upkeep_name(statement: str) -> str:
+    """The object a CREATE INDEX or CREATE TRIGGER statement makes."""
+    words = statement.split()
+    return words[words.index("INDEX" if "INDEX" in words[:3] else "TRIGGER") + 1]
 
 
 def _require_sqlite() -> None:
@@ -395,11 +406,12 @@ class SQLiteCheckpointStore:
         self.upsert_many([checkpoint])
 
     def upsert_many(self, checkpoints: Iterable[PartitionCheckpoint]) -> None:
-        rows = _encode_batch(checkpoints)
+        items = list(checkpoints)
+        rows = _encode_batch(items)
         if not rows:
             return
         with self._transaction() as conn:
-            _insert_checkpoints(conn, rows)
+            _insert_checkpoints(conn, rows, items)
 
     def list_latest(self, route: RouteKey) -> LatestCheckpoints:
         """A view answered from the summary columns; payloads are decoded when read.
@@ -461,7 +473,7 @@ class SQLiteCheckpointStore:
         """One transaction: the checkpoints and the audit record commit together or not at all."""
         rows, record = _encode_resolution(route, checkpoints, audit)
         with self._transaction() as conn:
-            _insert_checkpoints(conn, rows)
+            _insert_checkpoints(conn, rows, list(checkpoints))
             return conn.execute(
                 f"INSERT INTO audit ({_ROUTE_KEY}, record) VALUES (?, ?, ?, ?)",
                 (*_route_params(route), record),
@@ -519,8 +531,8 @@ class _LatestOfRoute:
         )
 
     def guarded_ids(self) -> list[str]:
-        rows = self._select("partition_id", " AND guard IS NOT NULL ORDER BY partition_id")
-        return [partition_id for (partition_id,) in rows]
+        rows = self._select("partition_id", " AND guard IS NOT NULL")
+        return sorted(partition_id for (partition_id,) in rows)
 
     def summaries(self, partition_ids: Collection[str]) -> dict[str, tuple[str, str, str]]:
         rows = self._select(
@@ -536,29 +548,60 @@ class _LatestOfRoute:
 _AMONG = " AND partition_id IN (SELECT value FROM json_each(?))"
 
 
-def _insert_checkpoints(conn: sqlite3.Connection, rows: list[tuple[str, ...]]) -> None:
+def _insert_checkpoints(
+    conn: sqlite3.Connection, rows: list[tuple[str, ...]], checkpoints: list[PartitionCheckpoint]
+) -> None:
     """History rows, then the latest pointers, in order; the caller owns the transaction.
 
-    One ``executemany`` appends the history rows; one statement then upserts
-    every new history row (``seq`` above the previous maximum: the caller's
-    write transaction excludes other writers) into ``checkpoint_latest`` in
-    ``seq`` order, so a later row for the same partition wins.
+    ``rows`` are the encoded ``checkpoints``. AUTOINCREMENT gives the new history
+    rows the next ``seq`` values in order (the caller's write transaction excludes
+    other writers; a different count is refused), so each latest pointer is
+    upserted with its ``seq`` and the summary taken from the checkpoint itself,
+    which the triggers then find already right. A later row for the same
+    partition wins.
     """
-    (before,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM checkpoint_history").fetchone()
+    before = _last_seq(conn)
     conn.executemany(
         f"INSERT INTO checkpoint_history ({_ROUTE_KEY}, partition_id, payload)"
         " VALUES (?, ?, ?, ?, ?)",
         rows,
     )
-    conn.execute(
-        f"INSERT INTO checkpoint_latest ({_ROUTE_KEY}, partition_id, seq, payload,"
-        f" {', '.join(_SUMMARY_NAMES)})"
-        f" SELECT {_ROUTE_KEY}, partition_id, seq, payload, {', '.join(_summary_of('payload'))}"
-        " FROM checkpoint_history WHERE seq > ? ORDER BY seq"
-        f" ON CONFLICT ({_ROUTE_KEY}, partition_id) DO UPDATE SET seq = excluded.seq, "
-        + ", ".join(f"{name} = excluded.{name}" for name in ("payload", *_SUMMARY_NAMES)),
-        (before,),
+    if _last_seq(conn) != before + len(rows):
+        raise CheckpointStoreCorrupt("checkpoint history sequence numbers are not contiguous")
+    conn.executemany(
+        f"INSERT INTO checkpoint_latest ({_ROUTE_KEY}, partition_id, payload, seq,"
+        f" {', '.join(_SUMMARY_NAMES)}) VALUES ({', '.join('?' * (6 + len(_SUMMARY_NAMES)))})"
+        f" ON CONFLICT ({_ROUTE_KEY}, partition_id) DO UPDATE SET "
+        + ", ".join(f"{name} = excluded.{name}" for name in ("seq", "payload", *_SUMMARY_NAMES)),
+        (
+            (*row, before + number, *summary)
+            for number, (row, summary) in enumerate(
+                zip(rows, _summaries(checkpoints), strict=True), start=1
+            )
+        ),
     )
+
+
+def _summaries(checkpoints: list[PartitionCheckpoint]) -> Iterator[tuple[Any, ...]]:
+    """Each checkpoint's summary columns. A batch shares one guard map: its text is made once."""
+    texts: dict[int, str | None] = {}
+    for cp in checkpoints:
+        key = id(cp.diagnostics.get(GUARD_DIAGNOSTICS_KEY, _NO_GUARD))
+        if key not in texts:
+            texts[key] = guard_json(cp)
+        yield str(cp.status), cp.query_hash, cp.schema_hash, texts[key]
+
+
+_NO_GUARD = object()
+
+
+def _last_seq(conn: sqlite3.Connection) -> int:
+    """The largest history ``seq`` ever used: the next row gets this plus one."""
+    (used,) = conn.execute(
+        "SELECT MAX(COALESCE((SELECT MAX(seq) FROM checkpoint_history), 0),"
+        " COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'checkpoint_history'), 0))"
+    ).fetchone()
+    return used
 
 
 def _route_from_row(row: tuple[Any, ...]) -> RouteKey:
