@@ -42,6 +42,10 @@ def resume_route_scan(route: RouteKey, checkpoints: Sequence[PartitionCheckpoint
     runtime plans partitions, even when the current plan turns out empty.
     ``checkpoints`` holds the latest checkpoint of every partition ever
     written for ``route``, whatever its query, schema, run or partition id.
+    It is a :class:`~dpone_native_transfer.latest.LatestCheckpoints`: a
+    sequence whose iteration decodes every checkpoint, and whose
+    ``guard_groups()`` / ``in_group()`` let a guard judge each distinct
+    (status, guard) pair once and decode only the checkpoints it reports.
 
     Raise a :class:`~dpone_native_transfer.NativeTransferError` to stop the
     run before any extraction or target I/O. Return ``True`` to say the
