@@ -14,9 +14,9 @@ import datetime
 import decimal
 import functools
 import math
-import subprocess
 import socket
 import sqlite3
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -365,7 +365,7 @@ def test_types_round_trip_with_nullable_clickhouse_types(tmp_path):
     assert top[3].encode("utf-8", "surrogateescape") == b"\x00\xff\xfe raw"
     assert top[5:] == (
         datetime.date(2024, 2, 29),
-        datetime.datetime(2024, 1, 2, 1, 4, 5, 123456, tzinfo=datetime.timezone.utc),
+        datetime.datetime(2024, 1, 2, 1, 4, 5, 123456, tzinfo=datetime.UTC),
         decimal.Decimal("12.34"),
         1.5,
     )

@@ -18,10 +18,10 @@ import pytest
 from conftest import PATHS, Route
 
 from dpone_native_transfer.artifacts import write_jsonl
+from dpone_native_transfer.connectors import SQLiteSource
 from dpone_native_transfer.connectors.duckdb import DuckDBSink, duckdb_type
 from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
 from dpone_native_transfer.payloads import ArtifactFiles, Column, LoadPlan, RowChunks
-from dpone_native_transfer.connectors import SQLiteSource
 from dpone_native_transfer.testing import (
     InjectedFault,
     RecordingSink,

@@ -7,7 +7,6 @@ import contextlib
 import datetime
 import decimal
 import secrets
-import sqlite3
 import urllib.parse
 from pathlib import Path
 from typing import Any, NamedTuple

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dpone_native_transfer.connectors import SQLiteSink, SQLiteSource
-from dpone_native_transfer.payloads import Column, LoadPlan, RowChunks, SourceShape
 from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
+from dpone_native_transfer.payloads import Column, LoadPlan, RowChunks, SourceShape
 
 ORDERS = [
     (1, "north", 10, "a"),

@@ -39,14 +39,6 @@ from crash_child import (
     sqlite_source,
     transfer_spec,
 )
-from dpone_target_commit_guard.operator import (
-    Finding,
-    Resolution,
-    audit_record,
-    blocked_partitions,
-    resolution_batch,
-    select_blocked,
-)
 
 from dpone_native_transfer import (
     ManualReconciliationRequired,
@@ -60,6 +52,14 @@ from dpone_native_transfer.testing import (
     assert_no_duplicate_rows,
     assert_rows_exactly_once,
     build_sample_source,
+)
+from dpone_target_commit_guard.operator import (
+    Finding,
+    Resolution,
+    audit_record,
+    blocked_partitions,
+    resolution_batch,
+    select_blocked,
 )
 
 if TYPE_CHECKING:  # imported by pytest as a plugin, so that its asserts are rewritten

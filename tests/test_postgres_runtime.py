@@ -19,13 +19,6 @@ from typing import Any
 
 import pytest
 from conftest import Route
-from dpone_target_commit_guard.operator import (
-    Resolution,
-    audit_record,
-    blocked_partitions,
-    resolution_batch,
-    select_blocked,
-)
 from postgres_server import PostgresLocation
 
 from dpone_native_transfer import (
@@ -52,6 +45,13 @@ from dpone_native_transfer.testing import (
     build_sample_source,
     guard_phases,
     phase_batch,
+)
+from dpone_target_commit_guard.operator import (
+    Resolution,
+    audit_record,
+    blocked_partitions,
+    resolution_batch,
+    select_blocked,
 )
 
 COMMITTED = PartitionCheckpointStatus.COMMITTED

@@ -14,6 +14,7 @@ from pathlib import Path
 import duckdb
 import psycopg
 import pytest
+from test_connectors_postgres_source import _url
 
 from dpone_native_transfer import ConfigInvalid
 from dpone_native_transfer.config import load_route_config, route_config_from_mapping
@@ -21,7 +22,6 @@ from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
 from dpone_native_transfer.connectors.duckdb import DuckDBSink
 from dpone_native_transfer.connectors.postgres import PostgresSource
 from dpone_native_transfer.testing import build_sample_source
-from test_connectors_postgres_source import _url
 
 SCRIPT = str(Path(sys.executable).parent / "dpone-transfer")
 

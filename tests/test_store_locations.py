@@ -14,9 +14,19 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from dpone_native_transfer import PostgresCheckpointStore, SQLiteSink, SQLiteSource, TransferRuntime
-from dpone_native_transfer import TransferSpec
-from dpone_native_transfer.testing import FaultyStore, InjectedFault, build_sample_source, phase_batch
+from dpone_native_transfer import (
+    PostgresCheckpointStore,
+    SQLiteSink,
+    SQLiteSource,
+    TransferRuntime,
+    TransferSpec,
+)
+from dpone_native_transfer.testing import (
+    FaultyStore,
+    InjectedFault,
+    build_sample_source,
+    phase_batch,
+)
 
 CLI = Path(sys.executable).parent / "dpone-transfer"
 ROUTE = ["--route", "orders", "orders_copy", "incremental_append"]

@@ -130,7 +130,7 @@ def before_target_mutation(mutation: TargetMutation) -> None:
 
 @hookimpl
 def on_target_error(mutation: TargetMutation, error: BaseException) -> bool | None:
-    """Mark the batch: ``target_outcome_unknown`` if the target began, else ``failed_before_target``."""
+    """Mark the batch ``target_outcome_unknown``, or ``failed_before_target`` if never begun."""
     if mutation.state.batch_id is None:
         return None  # vetoed before the guard armed anything: nothing of ours to mark
     if mutation.state.target_started:
@@ -148,7 +148,9 @@ def after_target_success(mutation: TargetMutation, result: Any) -> bool:
         PartitionCheckpointStatus.COMMITTED,
         at=mutation.transition_time(),
         diagnostics={
-            GUARD_DIAGNOSTICS_KEY: build_guard(GuardPhase.CHECKPOINT_COMMITTED, mutation.state.batch_id)
+            GUARD_DIAGNOSTICS_KEY: build_guard(
+                GuardPhase.CHECKPOINT_COMMITTED, mutation.state.batch_id
+            )
         },
     )
     try:

@@ -68,7 +68,7 @@ class TargetMutation:
         at: datetime,
         diagnostics: Mapping[str, Any] | None = None,
     ) -> tuple[PartitionCheckpoint, ...]:
-        """One checkpoint per candidate, all stamped ``at``; terminal ones get ``completed_at == at``."""
+        """One checkpoint per candidate, all stamped ``at``; terminal ones end ``at`` too."""
         completed_at = None if status is PartitionCheckpointStatus.EXPORTED else at
         extra = dict(diagnostics or {})
         return tuple(

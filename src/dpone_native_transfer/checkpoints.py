@@ -130,7 +130,9 @@ def checkpoint_to_payload(
     if not copy_values:
         return _payload(checkpoint, checkpoint.partition_bounds, checkpoint.diagnostics)
     return _payload(
-        checkpoint, copy.deepcopy(checkpoint.partition_bounds), copy.deepcopy(checkpoint.diagnostics)
+        checkpoint,
+        copy.deepcopy(checkpoint.partition_bounds),
+        copy.deepcopy(checkpoint.diagnostics),
     )
 
 
@@ -173,7 +175,9 @@ def _invalid(field: str, problem: str, partition_id: Any = None) -> CheckpointPa
     diagnostics: dict[str, Any] = {"field": field}
     if isinstance(partition_id, str):
         diagnostics["partition_id"] = partition_id
-    return CheckpointPayloadInvalid(f"checkpoint payload field {field!r} {problem}", diagnostics=diagnostics)
+    return CheckpointPayloadInvalid(
+        f"checkpoint payload field {field!r} {problem}", diagnostics=diagnostics
+    )
 
 
 def _parse_timestamp(payload: Mapping, field: str) -> datetime | None:

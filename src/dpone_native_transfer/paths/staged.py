@@ -1,4 +1,4 @@
-"""staged: fill the sink's staging table, govern the staged rows, then ``finalize_staged_load()``."""
+"""staged: fill the sink's staging table, govern the staged rows, then finalize the load."""
 
 from __future__ import annotations
 

@@ -78,7 +78,8 @@ def _summary_of(payload: str) -> list[str]:
 # writer: a row inserted without a summary, or a row changed in place (the store's own
 # writes always move ``seq`` to a new history row), gets its summary from the payload.
 _SUMMARY_FROM_PAYLOAD = ", ".join(
-    f"{column} = {sql}" for column, sql in zip(_SUMMARY_NAMES, _summary_of("NEW.payload"), strict=True)
+    f"{column} = {sql}"
+    for column, sql in zip(_SUMMARY_NAMES, _summary_of("NEW.payload"), strict=True)
 )
 _SUMMARY_TRIGGERS = tuple(
     f"""CREATE TRIGGER checkpoint_latest_summary_{name} AFTER {event} ON checkpoint_latest
@@ -536,7 +537,9 @@ class _LatestOfRoute:
 
     def summaries(self, partition_ids: Collection[str]) -> dict[str, tuple[str, str, str]]:
         rows = self._select(
-            "partition_id, status, query_hash, schema_hash", _AMONG, (json.dumps(list(partition_ids)),)
+            "partition_id, status, query_hash, schema_hash",
+            _AMONG,
+            (json.dumps(list(partition_ids)),),
         )
         return {partition_id: tuple(summary) for partition_id, *summary in rows}
 
