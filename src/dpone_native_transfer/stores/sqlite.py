@@ -12,9 +12,10 @@ existed gets it, empty, the first time it is opened, and older releases that
 do not know the table still open the file (they check only their own tables).
 A present ``audit`` table with unexpected columns is corrupt, like any other.
 
-Version 2 adds summary columns to ``checkpoint_latest`` (status, hashes, guard
-text, read from the payload by SQLite itself, and an index over them) so a
-run's route scan reads no payload it does not act on; see ``latest.py``.
+Version 2 adds summary columns to ``checkpoint_latest`` (status, hashes and
+guard text, set by the writer from each checkpoint and by triggers from the
+payload for any other writer) and an index over them, so a run's route scan
+reads no payload it does not act on; see ``latest.py``.
 Opening a version-1 file migrates it in one transaction. Older releases refuse
 a version-2 file ("unknown schema version"), which is the safe outcome: a
 mixed-version fleet is unsafe anyway (drain old workers first).
