@@ -14,7 +14,7 @@ The kill points, in the order a run reaches them, and the seam each uses:
 
 - ``extraction``: the source, once the 2nd partition's extraction has begun
   (row paths: after its first chunk was handed on; lazy-plan, which extracts
-  inside the target call: when the sink asks the source for the plan's queries);
+  inside the target call: when the sink asks for the 2nd partition's query);
 - ``armed-batch-partial``: the store writes the armed batch item by item with
   the real store's ``upsert`` and dies after the first (the store port promises
   no atomicity, so such a store is legal);
@@ -147,10 +147,12 @@ class CrashSource(SQLiteSource):
         self.killer.at("extraction")  # the path has taken the first chunk and asks for more
         yield from chunks
 
-    def plan_sql(self, bounds: Sequence[Mapping[str, Any]], **kwargs: Any) -> list:
-        """lazy-plan's extraction: the sink asks for the plan's queries inside its call."""
-        self.killer.at("extraction")
-        return super().plan_sql(bounds, **kwargs)
+    def select_sql(self, bounds: Mapping[str, Any], **kwargs: Any) -> tuple[str, tuple]:
+        """lazy-plan's extraction: the sink asks for each partition's query inside its call."""
+        self.partitions += 1
+        if self.partitions == 2:
+            self.killer.at("extraction")
+        return super().select_sql(bounds, **kwargs)
 
 
 class CrashSink(SQLiteSink):

@@ -92,9 +92,6 @@ class LoadPlan:
     columns: tuple[Column, ...]
     bounds: tuple[Mapping[str, Any], ...]
     replace: bool = False
-    # Every partition of the source window is in ``bounds``: reading the window in one
-    # scan and filtering by partition value then beats one index seek per partition.
-    whole_window: bool = False
 
 
 @attrs.frozen(kw_only=True)

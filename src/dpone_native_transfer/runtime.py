@@ -147,7 +147,6 @@ class TransferRuntime:
                     clock=self.clock,
                     events=recorder,
                     boundary=TargetBoundary(self.hooks, recorder),
-                    window_partitions=len(candidates),
                 )
                 rows_loaded = path(ctx)
             if ctx.mutation is None:

@@ -10,8 +10,6 @@ The payloads they take are the connector-neutral ones of ``payloads``.
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 import re
 import sqlite3
@@ -62,15 +60,6 @@ def _uri(path: str, *, read_only: bool) -> str:
     """Absolute percent-encoded file URI, so no path is ever read as URI syntax."""
     uri = Path(os.path.abspath(path)).as_uri()
     return uri + "?mode=ro" if read_only else uri
-
-
-def _json_exact(value: Any) -> bool:
-    """JSON carries the value with its SQLite type (so ``json_each`` gives it back equal)."""
-    if value is None or isinstance(value, str):
-        return True
-    if isinstance(value, int) and not isinstance(value, bool):
-        return -(2**63) <= value < 2**63
-    return isinstance(value, float) and math.isfinite(value)
 
 
 def _table_columns(conn: sqlite3.Connection, table: str) -> tuple[Column, ...]:
@@ -231,48 +220,6 @@ class SQLiteSource:
         )
         return sql, params
 
-    def plan_sql(
-        self,
-        bounds: Sequence[Mapping],
-        *,
-        schema: str = "main",
-        columns: Sequence[Column] | None = None,
-        whole_window: bool = False,
-    ) -> list[tuple[str, tuple]]:
-        """The extraction queries of a lazy plan: one per partition, or one per cursor window.
-
-        With ``whole_window`` (the plan wants every partition of its window) each
-        window is read in one scan in table order, keeping rows whose partition
-        value is in the plan: cheaper than an index seek per partition when most
-        of the table is wanted. Values JSON cannot carry exactly (bytes) fall
-        back to one query per partition.
-        """
-        if columns is None:
-            columns = self.describe().columns
-        if not whole_window or not all(_json_exact(b.get("partition")) for b in bounds):
-            return [self.select_sql(b, schema=schema, columns=columns) for b in bounds]
-        windows: dict[tuple[Any, Any], list[Any]] = {}
-        for item in bounds:
-            self._where(item)  # the same checks as one query per partition
-            key = (item.get("cursor_after"), item.get("cursor_upto"))
-            windows.setdefault(key, []).append(item["partition"])
-        statements = []
-        column = self._ref(self.partition_column)
-        for (after, upto), values in windows.items():
-            # unary + keeps SQLite from seeking the partition index once per value
-            match = f"+{column} IN (SELECT value FROM json_each(?))"
-            if None in values:
-                match = f"({match} OR {column} IS NULL)"
-            window, params = self._cursor_window(after, upto)
-            known = [value for value in values if value is not None]
-            sql = (
-                f"SELECT {_column_list(columns, self.table)}"
-                f" FROM {_quote(schema)}.{_quote(self.table)}"
-                f" WHERE {' AND '.join([match, *window])} ORDER BY rowid"
-            )
-            statements.append((sql, (json.dumps(known), *params)))
-        return statements
-
     def read(self, bounds: Mapping, *, chunk_rows: int = 10_000) -> Iterator[list[tuple]]:
         """Rows of one partition in chunks of at most ``chunk_rows``; bad bounds fail on call."""
         if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
@@ -358,9 +305,10 @@ class SQLiteSink:
     def _load_plan(self, payload: LoadPlan) -> int:
         self.check_plan(payload)
         source = payload.source
-        statements = source.plan_sql(
-            payload.bounds, schema="src", columns=payload.columns, whole_window=payload.whole_window
-        )
+        statements = [
+            source.select_sql(bounds, schema="src", columns=payload.columns)
+            for bounds in payload.bounds
+        ]
         if not os.path.isfile(source.path):
             raise _source_invalid(
                 f"source database for table {source.table!r} does not exist", table=source.table

@@ -67,7 +67,6 @@ class PathContext:
     clock: Clock
     events: EventRecorder
     boundary: TargetBoundary
-    window_partitions: int = 0  # partitions in the source window, before skipping committed ones
     mutation: TargetMutation | None = None
 
     @property
