@@ -1,6 +1,6 @@
-"""Section 4: arm + commit of N partitions on the SQLite store, through the real boundary.
+"""Section 4: arm + commit of N partitions through the real boundary, per checkpoint store.
 
-One measurement builds N exported candidates, a fresh store and a
+One measurement builds N exported candidates, a fresh empty store and a
 ``TargetMutation``, and times ``TargetBoundary.run(mutation, target)`` with a
 target call that does nothing: the guard's ``before_target_mutation`` (arm:
 one ``upsert_many`` of N EXPORTED/armed checkpoints) and
@@ -8,21 +8,42 @@ one ``upsert_many`` of N EXPORTED/armed checkpoints) and
 COMMITTED/checkpoint_committed checkpoints), loaded from the entry point as
 the runtime loads it.
 
-Baseline: the same two batches written with raw SQL (the store's two
-statements per checkpoint, payload JSON prepared beforehand, one transaction
-per batch): the floor any store code can reach on this machine.
+Baseline: the same two batches written with raw SQL (the store's statements,
+payload JSON prepared beforehand, one transaction per batch): the floor any
+store code can reach on this machine.
 
-Transactions are counted with a ``sqlite3`` trace callback on the store's
-connection (COMMIT statements). The store runs WAL with ``synchronous=FULL``,
-so each COMMIT is one fsync of the WAL, plus one WAL checkpoint (fsync of the
-WAL and the database) each time the WAL passes 1000 pages.
+Both stores run through the same functions, parametrised by a ``_Store``:
+
+- SQLite: a fresh database file per measurement. Transactions are counted
+  with a ``sqlite3`` trace callback on the store's connection (COMMIT
+  statements). The store runs WAL with ``synchronous=FULL``, so each COMMIT
+  is one fsync of the WAL, plus one WAL checkpoint (fsync of the WAL and the
+  database) each time the WAL passes 1000 pages.
+- PostgreSQL: a fresh schema per measurement on one server:
+  ``DPONE_BENCH_POSTGRES_DSN`` if set, else the tests' server
+  (``tests/postgres_server.py``: ``DPONE_TEST_POSTGRES_DSN`` or a throwaway
+  one, which runs with ``fsync=off`` and ``synchronous_commit=off``, so its
+  commits do not wait for the disk). psycopg has no trace callback, so
+  transactions are counted by wrapping the store's ``_transaction`` helper,
+  through which every store call runs as one BEGIN ... COMMIT on its single
+  connection; only calls that start a top-level transaction and return are
+  counted. No target is judged for PostgreSQL; without a server its rows are
+  skipped with the reason printed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
+from typing import Any
+
+import attrs
 
 from dpone_native_transfer import (
     PartitionCheckpoint,
@@ -35,12 +56,30 @@ from dpone_native_transfer.boundary import TargetBoundary
 from dpone_native_transfer.checkpoints import GUARD_DIAGNOSTICS_KEY, sha256_digest
 from dpone_native_transfer.events import EventRecorder
 from dpone_native_transfer.plugins import Hooks, make_plugin_manager
+from dpone_native_transfer.stores import CheckpointStore
 
-from ._common import Row, Sizes, log, median, scratch, timed
+from ._common import REPO, Row, Sizes, log, median, scratch, timed
 
 BATCH_LIMIT_SECONDS = 1.0
 ROUTE = RouteKey("orders", "orders_copy", "incremental_append")
+ROUTE_PARAMS = (ROUTE.source_table, ROUTE.target_table, ROUTE.strategy)
+POSTGRES_DSN_ENV = "DPONE_BENCH_POSTGRES_DSN"
 _AT = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+# (source_table, target_table, strategy, partition_id, payload JSON): one checkpoint row
+RawRow = tuple[str, str, str, str, str]
+RawWrite = Callable[[list[list[RawRow]]], None]
+
+
+@attrs.frozen(kw_only=True)
+class _Store:
+    """One checkpoint store the section measures: so both stores run the very same loop."""
+
+    prefix: str  # case prefix; "" for SQLite, whose case names predate PostgreSQL
+    open_empty: Callable[[], AbstractContextManager[CheckpointStore]]
+    count_commits: Callable[[Any], Callable[[], int]]  # start counting; call to stop and read
+    raw_writer: Callable[[], AbstractContextManager[RawWrite]]  # an empty store's raw writer
+    limit: float | None  # the absolute target at the largest size, if any
 
 
 def candidates(count: int) -> tuple[PartitionCheckpoint, ...]:
@@ -60,48 +99,37 @@ def candidates(count: int) -> tuple[PartitionCheckpoint, ...]:
     )
 
 
-def _count_commits(store: SQLiteCheckpointStore) -> list[str]:
-    # the store keeps its one connection private; tracing it is the only way to count
-    # transactions without changing the store (strace is not available here)
-    statements: list[str] = []
-    store._connection().set_trace_callback(statements.append)
-    return statements
-
-
-def arm_commit(items: tuple[PartitionCheckpoint, ...], *, guarded: bool) -> tuple[float, int]:
+def arm_commit(
+    store_kind: _Store, items: tuple[PartitionCheckpoint, ...], *, guarded: bool
+) -> tuple[float, int]:
     """Time one boundary run (arm + target no-op + commit); return (seconds, COMMIT count)."""
-    with scratch("batch") as folder:
-        store = SQLiteCheckpointStore(folder / "checkpoints.db")
-        try:
-            recorder = EventRecorder()
-            boundary = TargetBoundary(Hooks(make_plugin_manager(None if guarded else [])), recorder)
-            mutation = TargetMutation(
-                route=ROUTE,
-                run_id="bench-run",
-                path="lazy-plan",
-                operation="load",
-                candidates=items,
-                store=store,
-                clock=lambda: datetime.now(UTC),
-            )
-            statements = _count_commits(store)
-            seconds, _ = timed(lambda: boundary.run(mutation, lambda: len(items)))
-            store._connection().set_trace_callback(None)
-            if len(mutation.state.committed_ids) != len(items):
-                raise AssertionError("not every partition was committed")
-            if guarded and not mutation.state.armed:
-                raise AssertionError("the guard did not arm")
-            latest = store.list_latest(ROUTE)
-            if len(latest) != len(items) or any(cp.status != "committed" for cp in latest):
-                raise AssertionError("the store does not hold every partition as committed")
-        finally:
-            store.close()
-    commits = sum(1 for sql in statements if sql.strip().upper().startswith("COMMIT"))
+    with store_kind.open_empty() as store:
+        recorder = EventRecorder()
+        boundary = TargetBoundary(Hooks(make_plugin_manager(None if guarded else [])), recorder)
+        mutation = TargetMutation(
+            route=ROUTE,
+            run_id="bench-run",
+            path="lazy-plan",
+            operation="load",
+            candidates=items,
+            store=store,
+            clock=lambda: datetime.now(UTC),
+        )
+        stop_counting = store_kind.count_commits(store)
+        seconds, _ = timed(lambda: boundary.run(mutation, lambda: len(items)))
+        commits = stop_counting()
+        if len(mutation.state.committed_ids) != len(items):
+            raise AssertionError("not every partition was committed")
+        if guarded and not mutation.state.armed:
+            raise AssertionError("the guard did not arm")
+        latest = store.list_latest(ROUTE)
+        if len(latest) != len(items) or any(cp.status != "committed" for cp in latest):
+            raise AssertionError("the store does not hold every partition as committed")
     return seconds, commits
 
 
-def raw_sql(items: tuple[PartitionCheckpoint, ...]) -> float:
-    """The same two batches as raw SQL with payloads prepared outside the timed region."""
+def _raw_batches(items: tuple[PartitionCheckpoint, ...]) -> list[list[RawRow]]:
+    """The guard's two batches (armed, then committed) as rows with their payload JSON."""
     batches = []
     for status, phase, completed in (
         ("exported", "armed", None),
@@ -131,6 +159,45 @@ def raw_sql(items: tuple[PartitionCheckpoint, ...]) -> float:
                 )
             )
         batches.append(rows)
+    return batches
+
+
+def raw_sql(store_kind: _Store, items: tuple[PartitionCheckpoint, ...]) -> float:
+    """The same two batches as raw SQL with payloads prepared outside the timed region."""
+    batches = _raw_batches(items)
+    with store_kind.raw_writer() as write:
+        seconds, _ = timed(lambda: write(batches))
+    return seconds
+
+
+# --- SQLite -----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _sqlite_store() -> Iterator[SQLiteCheckpointStore]:
+    with scratch("batch") as folder:
+        store = SQLiteCheckpointStore(folder / "checkpoints.db")
+        try:
+            yield store
+        finally:
+            store.close()
+
+
+def _sqlite_commits(store: SQLiteCheckpointStore) -> Callable[[], int]:
+    # the store keeps its one connection private; tracing it is the only way to count
+    # transactions without changing the store (strace is not available here)
+    statements: list[str] = []
+    store._connection().set_trace_callback(statements.append)
+
+    def stop() -> int:
+        store._connection().set_trace_callback(None)
+        return sum(1 for sql in statements if sql.strip().upper().startswith("COMMIT"))
+
+    return stop
+
+
+@contextlib.contextmanager
+def _sqlite_raw() -> Iterator[RawWrite]:
     with scratch("batch-raw") as folder:
         path = folder / "checkpoints.db"
         SQLiteCheckpointStore(path).close()
@@ -138,7 +205,7 @@ def raw_sql(items: tuple[PartitionCheckpoint, ...]) -> float:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
 
-        def write() -> None:
+        def write(batches: list[list[RawRow]]) -> None:
             for rows in batches:
                 conn.execute("BEGIN IMMEDIATE")
                 for row in rows:
@@ -159,43 +226,192 @@ def raw_sql(items: tuple[PartitionCheckpoint, ...]) -> float:
                 conn.execute("COMMIT")
 
         try:
-            seconds, _ = timed(write)
+            yield write
         finally:
             conn.close()
-    return seconds
 
 
-def measure(sizes: Sizes) -> tuple[list[Row], dict]:
-    rows: list[Row] = []
-    raw: dict = {"runs": sizes.runs, "sizes": {}}
+SQLITE = _Store(
+    prefix="",
+    open_empty=_sqlite_store,
+    count_commits=_sqlite_commits,
+    raw_writer=_sqlite_raw,
+    limit=BATCH_LIMIT_SECONDS,
+)
+
+
+# --- PostgreSQL -------------------------------------------------------------
+
+
+def _postgres(dsn: str, isolated_schema: Callable[[str], Any]) -> _Store:
+    """The PostgreSQL store on ``dsn``; every store and raw writer gets a schema of its own."""
+    import psycopg
+
+    from dpone_native_transfer.stores.postgres import PostgresCheckpointStore, _lock_key
+
+    @contextlib.contextmanager
+    def open_empty() -> Iterator[PostgresCheckpointStore]:
+        with isolated_schema(dsn) as location:
+            store = PostgresCheckpointStore(location.dsn, schema=location.schema)
+            try:
+                yield store
+            finally:
+                store.close()
+
+    def count_commits(store: PostgresCheckpointStore) -> Callable[[], int]:
+        committed = 0
+        inner = store._transaction
+
+        def counting(action: str, work: Callable[[Any], Any]) -> Any:
+            nonlocal committed
+            # psycopg's transaction() on an idle connection is BEGIN ... COMMIT; nested, a savepoint
+            top_level = store._conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            result = inner(action, work)
+            committed += top_level
+            return result
+
+        store._transaction = counting  # type: ignore[method-assign]
+
+        def stop() -> int:
+            del store._transaction
+            return committed
+
+        return stop
+
+    @contextlib.contextmanager
+    def raw_writer() -> Iterator[RawWrite]:
+        with isolated_schema(dsn) as location:
+            PostgresCheckpointStore(location.dsn, schema=location.schema).close()
+            s = f'"{location.schema}"'
+            route_lock = _lock_key("route", location.schema, *ROUTE_PARAMS)
+            conn = psycopg.connect(location.dsn, autocommit=False)
+
+            def write(batches: list[list[RawRow]]) -> None:
+                # the store's statements: route lock, pipelined history insert, one unnest upsert
+                for rows in batches:
+                    with conn.transaction(), conn.cursor() as cursor:
+                        cursor.execute("SELECT pg_advisory_xact_lock(%s)", (route_lock,))
+                        cursor.executemany(
+                            f"INSERT INTO {s}.checkpoint_history (source_table, target_table,"
+                            " strategy, partition_id, payload) VALUES (%s, %s, %s, %s, %s)"
+                            " RETURNING seq",
+                            rows,
+                            returning=True,
+                        )
+                        seqs = []
+                        while True:
+                            seqs.append(cursor.fetchone()[0])
+                            if not cursor.nextset():
+                                break
+                        latest = [
+                            (*row[:4], seq, row[4]) for row, seq in zip(rows, seqs, strict=True)
+                        ]
+                        cursor.execute(
+                            f"INSERT INTO {s}.checkpoint_latest (source_table, target_table,"
+                            " strategy, partition_id, seq, payload) SELECT * FROM unnest("
+                            "%s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[],"
+                            " %s::text[]) ON CONFLICT (source_table, target_table, strategy,"
+                            " partition_id) DO UPDATE SET seq = excluded.seq,"
+                            " payload = excluded.payload",
+                            [list(column) for column in zip(*latest, strict=True)],
+                        )
+
+            try:
+                yield write
+            finally:
+                conn.close()
+
+    return _Store(
+        prefix="PostgreSQL ",
+        open_empty=open_empty,
+        count_commits=count_commits,
+        raw_writer=raw_writer,
+        limit=None,
+    )
+
+
+
+def _import_server_helper() -> tuple[Any, Any] | str:
+    """(tests' postgres_server module, psycopg), or why they cannot be imported."""
+    # The tests already know how to start a throwaway server (initdb + pg_ctl, as the
+    # postgres user under root, on 127.0.0.1 and a free port): reuse that, do not copy it.
+    tests = str(REPO / "tests")
+    sys.path.insert(0, tests)
+    try:
+        import postgres_server
+        import psycopg
+    except ImportError as exc:
+        return f"the server helper or the psycopg driver cannot be imported ({exc})"
+    finally:
+        sys.path.remove(tests)
+    return postgres_server, psycopg
+
+
+@contextlib.contextmanager
+def _postgres_server() -> Iterator[tuple[_Store, dict[str, Any]] | str]:
+    """The PostgreSQL store and what its server is, or why there is none (a reason to print)."""
+    imported = _import_server_helper()
+    if isinstance(imported, str):
+        yield imported
+        return
+    helper, psycopg = imported
+    given = os.environ.get(POSTGRES_DSN_ENV)
+    with contextlib.ExitStack() as stack:
+        found: tuple[_Store, dict[str, Any]] | str
+        try:
+            if given:
+                source, dsn = POSTGRES_DSN_ENV, given
+            else:
+                source = helper.ENV_DSN if os.environ.get(helper.ENV_DSN) else "throwaway server"
+                source += " (tests/postgres_server.py)"
+                dsn = stack.enter_context(helper.server_dsn())
+            with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
+                server = {
+                    name: conn.execute(f"SHOW {name}").fetchone()[0]
+                    for name in ("server_version", "fsync", "synchronous_commit")
+                }
+            found = _postgres(dsn, helper.isolated_schema), {"source": source, **server}
+        except helper.pytest.fail.Exception as exc:  # how the helper reports a missing server
+            found = f"{source}: {exc.msg.removeprefix('PostgreSQL tests cannot run: ')}"
+        except psycopg.Error as exc:  # the driver's text can name the host: class and SQLSTATE
+            found = (
+                f"{source}: the server does not accept connections"
+                f" ({type(exc).__name__}, SQLSTATE {exc.sqlstate})"
+            )
+        yield found
+
+
+def _measure_store(store_kind: _Store, sizes: Sizes, rows: list[Row]) -> dict[str, Any]:
+    """One row per size for one store; returns the raw timings by size."""
+    raw: dict[str, Any] = {}
     largest = max(sizes.batch_partitions)
     for count in sizes.batch_partitions:
-        log(f"batch writes: {count:,} partitions")
+        log(f"batch writes: {store_kind.prefix}{count:,} partitions")
         items = candidates(count)
         samples: dict[str, list[float]] = {"guarded": [], "unguarded": [], "raw_sql": []}
         commits: dict[str, int] = {}
-        arm_commit(items, guarded=True)  # warm-up, discarded
+        arm_commit(store_kind, items, guarded=True)  # warm-up, discarded
         for _ in range(sizes.runs):
-            seconds, commits["guarded"] = arm_commit(items, guarded=True)
+            seconds, commits["guarded"] = arm_commit(store_kind, items, guarded=True)
             samples["guarded"].append(seconds)
-            samples["raw_sql"].append(raw_sql(items))
-            seconds, commits["unguarded"] = arm_commit(items, guarded=False)
+            samples["raw_sql"].append(raw_sql(store_kind, items))
+            seconds, commits["unguarded"] = arm_commit(store_kind, items, guarded=False)
             samples["unguarded"].append(seconds)
         guarded = median(samples["guarded"])
-        is_target = count == largest
+        judged = store_kind.limit is not None and count == largest
         rows.append(
             Row(
                 section="4 batch writes",
-                case=f"{count:,} partitions: guard arm + commit ({commits['guarded']}"
-                " transactions) vs raw SQL (2)",
+                case=f"{store_kind.prefix}{count:,} partitions: guard arm + commit"
+                f" ({commits['guarded']} transactions) vs raw SQL (2)",
                 value=guarded,
                 unit="s",
                 baseline=median(samples["raw_sql"]),
                 ratio=median(
                     [g / b for g, b in zip(samples["guarded"], samples["raw_sql"], strict=True)]
                 ),
-                target=f"<= {BATCH_LIMIT_SECONDS} s" if is_target else None,
-                met=(guarded <= BATCH_LIMIT_SECONDS) if is_target else None,
+                target=f"<= {store_kind.limit} s" if judged else None,
+                met=(guarded <= store_kind.limit) if judged else None,
                 extra={
                     "transactions_guarded": commits["guarded"],
                     "transactions_unguarded": commits["unguarded"],
@@ -203,5 +419,22 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
                 },
             )
         )
-        raw["sizes"][str(count)] = {"seconds": samples, "transactions": commits}
+        raw[str(count)] = {"seconds": samples, "transactions": commits}
+    return raw
+
+
+def measure(sizes: Sizes) -> tuple[list[Row], dict]:
+    rows: list[Row] = []
+    raw: dict = {"runs": sizes.runs, "sizes": _measure_store(SQLITE, sizes, rows)}
+    with _postgres_server() as found:
+        if isinstance(found, str):
+            print(f"section 4: PostgreSQL rows skipped: {found}", flush=True)
+            raw["postgresql"] = {"skipped": found}
+        else:
+            store_kind, server = found
+            log(
+                f"batch writes on PostgreSQL {server['server_version']} ({server['source']},"
+                f" fsync={server['fsync']}, synchronous_commit={server['synchronous_commit']})"
+            )
+            raw["postgresql"] = {"server": server, "sizes": _measure_store(store_kind, sizes, rows)}
     return rows, raw
