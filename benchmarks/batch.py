@@ -67,7 +67,9 @@ POSTGRES_DSN_ENV = "DPONE_BENCH_POSTGRES_DSN"
 _AT = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 # (source_table, target_table, strategy, partition_id, payload JSON): one checkpoint row
-RawRow = tuple[str, str, str, str, str]
+# source, target, strategy, partition id, payload JSON; then the SQLite store's summary
+# columns (status, query hash, schema hash, guard JSON), which the PostgreSQL store ignores
+RawRow = tuple[str, ...]
 RawWrite = Callable[[list[list[RawRow]]], None]
 
 
@@ -143,12 +145,13 @@ def _raw_batches(items: tuple[PartitionCheckpoint, ...]) -> list[list[RawRow]]:
                 started_at=_AT.isoformat(),
                 completed_at=completed.isoformat() if completed else None,
             )
-            payload["diagnostics"][GUARD_DIAGNOSTICS_KEY] = {
+            guard = {
                 "schema_version": "dpone.native_transfer.target_commit_guard.v1",
                 "checkpoint_batch_id": sha256_digest("batch"),
                 "phase": phase,
                 "recovery": "manual_reconciliation_required",
             }
+            payload["diagnostics"][GUARD_DIAGNOSTICS_KEY] = guard
             rows.append(
                 (
                     "orders",
@@ -156,6 +159,10 @@ def _raw_batches(items: tuple[PartitionCheckpoint, ...]) -> list[list[RawRow]]:
                     "incremental_append",
                     cp.partition_id,
                     json.dumps(payload, sort_keys=True),
+                    status,
+                    cp.query_hash,
+                    cp.schema_hash,
+                    json.dumps(guard, sort_keys=True),
                 )
             )
         batches.append(rows)
@@ -184,14 +191,27 @@ def _sqlite_store() -> Iterator[SQLiteCheckpointStore]:
 
 
 def _sqlite_commits(store: SQLiteCheckpointStore) -> Callable[[], int]:
-    # the store keeps its one connection private; tracing it is the only way to count
-    # transactions without changing the store (strace is not available here)
-    statements: list[str] = []
-    store._connection().set_trace_callback(statements.append)
+    """Count the write transactions at the store's one transaction helper.
+
+    Each ``_transaction`` is BEGIN IMMEDIATE ... COMMIT; one that returns has
+    committed. (A ``sqlite3`` trace callback would also count them, but it runs
+    for every row of an ``executemany`` and slows the very writes being timed.)
+    """
+    committed = 0
+    inner = store._transaction
+
+    @contextlib.contextmanager
+    def counting() -> Iterator[Any]:
+        nonlocal committed
+        with inner() as conn:
+            yield conn
+        committed += 1
+
+    store._transaction = counting  # type: ignore[method-assign]
 
     def stop() -> int:
-        store._connection().set_trace_callback(None)
-        return sum(1 for sql in statements if sql.strip().upper().startswith("COMMIT"))
+        del store._transaction
+        return committed
 
     return stop
 
@@ -206,23 +226,28 @@ def _sqlite_raw() -> Iterator[RawWrite]:
         conn.execute("PRAGMA synchronous=FULL")
 
         def write(batches: list[list[RawRow]]) -> None:
+            # the store's statements: history rows, then the latest rows with their summary
             for rows in batches:
                 conn.execute("BEGIN IMMEDIATE")
-                for row in rows:
-                    seq = conn.execute(
-                        "INSERT INTO checkpoint_history"
-                        " (source_table, target_table, strategy, partition_id, payload)"
-                        " VALUES (?, ?, ?, ?, ?)",
-                        row,
-                    ).lastrowid
-                    conn.execute(
-                        "INSERT INTO checkpoint_latest"
-                        " (source_table, target_table, strategy, partition_id, seq, payload)"
-                        " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT"
-                        " (source_table, target_table, strategy, partition_id)"
-                        " DO UPDATE SET seq = excluded.seq, payload = excluded.payload",
-                        (*row[:4], seq, row[4]),
-                    )
+                (before,) = conn.execute(
+                    "SELECT COALESCE(MAX(seq), 0) FROM checkpoint_history"
+                ).fetchone()
+                conn.executemany(
+                    "INSERT INTO checkpoint_history"
+                    " (source_table, target_table, strategy, partition_id, payload)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (row[:5] for row in rows),
+                )
+                conn.executemany(
+                    "INSERT INTO checkpoint_latest (source_table, target_table, strategy,"
+                    " partition_id, payload, seq, status, query_hash, schema_hash, guard)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT"
+                    " (source_table, target_table, strategy, partition_id) DO UPDATE SET"
+                    " seq = excluded.seq, payload = excluded.payload, status = excluded.status,"
+                    " query_hash = excluded.query_hash, schema_hash = excluded.schema_hash,"
+                    " guard = excluded.guard",
+                    ((*row[:5], before + n, *row[5:]) for n, row in enumerate(rows, start=1)),
+                )
                 conn.execute("COMMIT")
 
         try:
@@ -295,7 +320,7 @@ def _postgres(dsn: str, isolated_schema: Callable[[str], Any]) -> _Store:
                             f"INSERT INTO {s}.checkpoint_history (source_table, target_table,"
                             " strategy, partition_id, payload) VALUES (%s, %s, %s, %s, %s)"
                             " RETURNING seq",
-                            rows,
+                            [row[:5] for row in rows],
                             returning=True,
                         )
                         seqs = []
