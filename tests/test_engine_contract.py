@@ -20,8 +20,15 @@ NAMES = ["id", "name", "at", "amount", "day", "flag", "ratio"]
 
 def test_jsonl_rows_are_objects_keyed_by_column_with_exact_text_for_dates_and_decimals(tmp_path):
     rows = [
-        (1, "naïve \u2028 line", datetime.datetime(2026, 1, 2, 3, 4, 5, 600000), decimal.Decimal(
-            "12345678901234567890.12"), datetime.date(2026, 1, 2), True, 0.1),
+        (
+            1,
+            "naïve \u2028 line",
+            datetime.datetime(2026, 1, 2, 3, 4, 5, 600000),
+            decimal.Decimal("12345678901234567890.12"),
+            datetime.date(2026, 1, 2),
+            True,
+            0.1,
+        ),
         (2, None, None, None, None, False, -2.5),
     ]
     path = tmp_path / "p.jsonl"
@@ -40,8 +47,15 @@ def test_jsonl_rows_are_objects_keyed_by_column_with_exact_text_for_dates_and_de
             "flag": True,
             "ratio": 0.1,
         },
-        {"id": 2, "name": None, "at": None, "amount": None, "day": None, "flag": False,
-         "ratio": -2.5},
+        {
+            "id": 2,
+            "name": None,
+            "at": None,
+            "amount": None,
+            "day": None,
+            "flag": False,
+            "ratio": -2.5,
+        },
     ]
 
 
@@ -100,7 +114,9 @@ def test_bound_predicates_name_null_partitions_and_cursor_windows():
     with pytest.raises(ConfigInvalid):
         bound_predicates({"cursor_upto": 9}, partition_column="region", cursor_column=None)
     with pytest.raises(ConfigInvalid):
-        bound_predicates({"partition": 1, "cursor_upto": 9}, partition_column="r", cursor_column=None)
+        bound_predicates(
+            {"partition": 1, "cursor_upto": 9}, partition_column="r", cursor_column=None
+        )
 
 
 @pytest.mark.parametrize(
