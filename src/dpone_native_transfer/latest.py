@@ -18,7 +18,7 @@ from typing import Any, Protocol, overload
 
 from .checkpoints import GUARD_DIAGNOSTICS_KEY, PartitionCheckpoint, PartitionCheckpointStatus
 
-__all__ = ["LatestCheckpoints", "LatestReader", "as_latest"]
+__all__ = ["LatestCheckpoints", "LatestReader", "as_latest", "guard_json"]
 
 _UNREADABLE = ""  # a guard that cannot be summarised: the scan must read the checkpoint itself
 
