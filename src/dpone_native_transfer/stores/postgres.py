@@ -55,7 +55,7 @@ from .memory import (
     _encode_resolution,
     _route_params,
 )
-from .sqlite import _decode_checkpoint, _load_object, _route_from_row, _table_corrupt
+from .sqlite import RecordReads, _decode_checkpoint, _load_object, _table_corrupt
 
 __all__ = ["CONNECT_TIMEOUT_SECONDS", "SCHEMA_VERSION", "PostgresCheckpointStore"]
 
@@ -220,7 +220,7 @@ def _prepare_schema(conn: Any, schema: str) -> None:
             raise _table_corrupt(table)
 
 
-class PostgresCheckpointStore:
+class PostgresCheckpointStore(RecordReads):
     """Checkpoints (latest and full history), source state, evidence and audit in one schema.
 
     Behaves like ``SQLiteCheckpointStore``: ``upsert_many`` is one transaction,
@@ -262,6 +262,11 @@ class PostgresCheckpointStore:
         if self._conn is None:
             raise ValueError("checkpoint store is closed")
         return _in_transaction(self._driver, action, self._conn, work)
+
+    _route_filter = _ROUTE
+
+    def _table(self, name: str) -> str:
+        return f"{self._s}.{name}"
 
     def _read(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         return self._transaction("read", lambda conn: conn.execute(sql, params).fetchall())
@@ -371,17 +376,6 @@ class PostgresCheckpointStore:
 
         self._transaction("written", write)
 
-    def list_evidence(self, route: RouteKey) -> list[dict[str, Any]]:
-        records = self._records("evidence", "run_id", "seq", route)
-        return [record for _, record in records]
-
-    def list_routes(self) -> list[RouteKey]:
-        rows = self._read(
-            f"SELECT DISTINCT {_ROUTE_KEY} FROM {self._s}.checkpoint_latest ORDER BY {_ROUTE_KEY}",
-            (),
-        )
-        return [_route_from_row(row) for row in rows]
-
     def apply_resolution(
         self, route: RouteKey, checkpoints: Sequence[PartitionCheckpoint], audit: dict[str, Any]
     ) -> int:
@@ -398,18 +392,3 @@ class PostgresCheckpointStore:
 
         return self._transaction("written", write)
 
-    def list_audit(self, route: RouteKey) -> list[dict[str, Any]]:
-        records = self._records("audit", "audit_id", "audit_id", route)
-        return [{**record, "audit_id": audit_id} for audit_id, record in records]
-
-    def _records(
-        self, table: str, key: str, order: str, route: RouteKey
-    ) -> list[tuple[Any, dict[str, Any]]]:
-        """(key, JSON object) of every ``record`` of ``route`` in ``table``, in ``order``."""
-        rows = self._read(
-            f"SELECT {key}, record FROM {self._s}.{table} WHERE {_ROUTE} ORDER BY {order}",
-            _route_params(route),
-        )
-        where = {"route": route.as_dict()}
-        what = f"stored {table} record"
-        return [(value, _load_object(text, what, {**where, key: value})) for value, text in rows]

@@ -51,7 +51,7 @@ from .memory import (
     _route_params,
 )
 
-__all__ = ["BUSY_TIMEOUT_SECONDS", "SCHEMA_VERSION", "SQLiteCheckpointStore"]
+__all__ = ["BUSY_TIMEOUT_SECONDS", "SCHEMA_VERSION", "RecordReads", "SQLiteCheckpointStore"]
 
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT_SECONDS = 30.0
@@ -360,7 +360,49 @@ def _decode_checkpoint(
     return checkpoint
 
 
-class SQLiteCheckpointStore:
+class RecordReads:
+    """The reads both SQL stores share: evidence, audit records and the list of routes.
+
+    A store provides ``_read(sql, params)``, ``_table(name)`` (the table's
+    name as its SQL needs it) and ``_route_filter`` (its route condition).
+    """
+
+    _route_filter = _ROUTE
+
+    def _table(self, name: str) -> str:
+        return name
+
+    def list_evidence(self, route: RouteKey) -> list[dict[str, Any]]:
+        records = self._records("evidence", "run_id", "seq", route)
+        return [record for _, record in records]
+
+    def list_routes(self) -> list[RouteKey]:
+        rows = self._read(
+            f"SELECT DISTINCT {_ROUTE_KEY} FROM {self._table('checkpoint_latest')}"
+            f" ORDER BY {_ROUTE_KEY}",
+            (),
+        )
+        return [_route_from_row(row) for row in rows]
+
+    def list_audit(self, route: RouteKey) -> list[dict[str, Any]]:
+        records = self._records("audit", "audit_id", "audit_id", route)
+        return [{**record, "audit_id": audit_id} for audit_id, record in records]
+
+    def _records(
+        self, table: str, key: str, order: str, route: RouteKey
+    ) -> list[tuple[Any, dict[str, Any]]]:
+        """(key, JSON object) of every ``record`` of ``route`` in ``table``, in ``order``."""
+        rows = self._read(
+            f"SELECT {key}, record FROM {self._table(table)} WHERE {self._route_filter}"
+            f" ORDER BY {order}",
+            _route_params(route),
+        )
+        where = {"route": route.as_dict()}
+        what = f"stored {table} record"
+        return [(value, _load_object(text, what, {**where, key: value})) for value, text in rows]
+
+
+class SQLiteCheckpointStore(RecordReads):
     """Checkpoints (latest and full history), source state, evidence and audit in one SQLite file.
 
     WAL journal and ``synchronous=FULL``: a returned write survives power loss, and
@@ -459,16 +501,6 @@ class SQLiteCheckpointStore:
                 (*params, run_id, *params, text),
             )
 
-    def list_evidence(self, route: RouteKey) -> list[dict[str, Any]]:
-        records = self._records("evidence", "run_id", "seq", route)
-        return [record for _, record in records]
-
-    def list_routes(self) -> list[RouteKey]:
-        rows = self._read(
-            f"SELECT DISTINCT {_ROUTE_KEY} FROM checkpoint_latest ORDER BY {_ROUTE_KEY}", ()
-        )
-        return [_route_from_row(row) for row in rows]
-
     def apply_resolution(
         self, route: RouteKey, checkpoints: Sequence[PartitionCheckpoint], audit: dict[str, Any]
     ) -> int:
@@ -481,21 +513,6 @@ class SQLiteCheckpointStore:
                 (*_route_params(route), record),
             ).lastrowid
 
-    def list_audit(self, route: RouteKey) -> list[dict[str, Any]]:
-        records = self._records("audit", "audit_id", "audit_id", route)
-        return [{**record, "audit_id": audit_id} for audit_id, record in records]
-
-    def _records(
-        self, table: str, key: str, order: str, route: RouteKey
-    ) -> list[tuple[Any, dict[str, Any]]]:
-        """(key, JSON object) of every ``record`` of ``route`` in ``table``, in ``order``."""
-        rows = self._read(
-            f"SELECT {key}, record FROM {table} WHERE {_ROUTE} ORDER BY {order}",
-            _route_params(route),
-        )
-        where = {"route": route.as_dict()}
-        what = f"stored {table} record"
-        return [(value, _load_object(text, what, {**where, key: value})) for value, text in rows]
 
 
 class _LatestOfRoute:
