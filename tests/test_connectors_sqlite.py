@@ -5,9 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dpone_native_transfer.connectors import SQLiteSink, SQLiteSource
 from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
@@ -225,6 +228,69 @@ def test_partition_values_without_cursor_column_reject_a_window(source_db):
     assert source.partition_values() == [None, "O'Brien", "north", "south"]
     with pytest.raises(ConfigInvalid):
         source.partition_values(after=1)
+
+
+_MIXED_VALUES = st.one_of(
+    st.none(),
+    st.integers(-3, 3),
+    st.sampled_from([0.5, -1.25, 2.0, 1e300]),
+    st.sampled_from(["", "a", "A", "b", "B ", "10", "2", "é"]),
+    st.sampled_from([b"", b"\x00", b"a"]),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    values=st.lists(_MIXED_VALUES, max_size=40),
+    decltype=st.sampled_from(["TEXT", "INTEGER", "NUMERIC", "REAL", "", "TEXT COLLATE NOCASE"]),
+    indexed=st.booleans(),
+    seek_limit=st.sampled_from([2, 1_000]),
+)
+def test_partition_values_match_sqlite_distinct_with_or_without_an_index(
+    tmp_path, monkeypatch, values, decltype, indexed, seek_limit
+):
+    """The index seek walk finds exactly what DISTINCT finds, in the same order."""
+    from dpone_native_transfer.connectors import sqlite as module
+
+    monkeypatch.setattr(module, "_SEEK_LIMIT", seek_limit)
+    path = tmp_path / f"mixed-{uuid.uuid4().hex}.db"
+    _execute(
+        path,
+        f"CREATE TABLE t (id INTEGER PRIMARY KEY, p {decltype})",
+        *(["CREATE INDEX t_by_p ON t (p)"] if indexed else []),
+        params=["INSERT INTO t (p) VALUES (?)", [(value,) for value in values]],
+    )
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        expected = [
+            row[0] for row in conn.execute("SELECT DISTINCT p FROM t ORDER BY p IS NOT NULL, p")
+        ]
+        seeks = module._index_seeks(conn, "SELECT min(p) FROM main.t WHERE p > ?")
+    assert seeks == indexed
+    assert SQLiteSource(path, "t", "p").partition_values() == expected
+
+
+def test_partition_values_seek_the_index_once_per_partition(tmp_path, monkeypatch):
+    path = tmp_path / "indexed.db"
+    _execute(
+        path,
+        "CREATE TABLE t (id INTEGER PRIMARY KEY, p TEXT)",
+        "CREATE INDEX t_by_p ON t (p)",
+        params=["INSERT INTO t (p) VALUES (?)", [(f"p{i % 5}",) for i in range(5_000)]],
+    )
+    statements: list[str] = []
+    real_connect = sqlite3.connect
+
+    def traced(*args, **kwargs):
+        conn = real_connect(*args, **kwargs)
+        conn.set_trace_callback(statements.append)
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", traced)
+    assert SQLiteSource(path, "t", "p").partition_values() == [f"p{i}" for i in range(5)]
+    assert not any("DISTINCT" in sql for sql in statements)
+    assert sum("min(" in sql for sql in statements) == 6  # the first value, then 5 steps
 
 
 def test_max_cursor(source, source_db):
@@ -533,7 +599,8 @@ def test_load_plan_matches_row_chunks_load(source, tmp_path):
     )
     written = by_plan.load(LoadPlan(source=source, columns=shape.columns, bounds=bounds))
     assert written == expected == 5
-    assert by_plan.rows() == by_chunks.rows()
+    # the plan loads the window in source order, the chunks partition by partition
+    assert sorted(by_plan.rows()) == sorted(by_chunks.rows())
     assert (
         SQLiteSource(by_plan.path, "t", "region").describe()
         == SQLiteSource(by_chunks.path, "t", "region").describe()
@@ -581,6 +648,93 @@ def test_load_plan_does_not_write_to_the_source(source, sink, source_db):
     sink.load(LoadPlan(source=source, columns=shape.columns, bounds=({"partition": None},)))
     assert source_db.read_bytes() == before
     assert sink.rows() == [(3, None, 30, "c")]
+
+
+def _spy_window_sql(monkeypatch, after_check=None) -> list:
+    """Record what SQLiteSource.window_sql returns (the real method runs)."""
+    returned: list = []
+    real = SQLiteSource.window_sql
+
+    def spy(self, bounds, **kwargs):
+        statement = real(self, bounds, **kwargs)
+        returned.append(statement)
+        if after_check is not None:
+            after_check()
+        return statement
+
+    monkeypatch.setattr(SQLiteSource, "window_sql", spy)
+    return returned
+
+
+def _plan(source: SQLiteSource, after=None, upto=None) -> LoadPlan:
+    window = {"cursor_after": after, "cursor_upto": upto} if after or upto else {}
+    values = source.partition_values(after=after, upto=upto)
+    bounds = tuple({"partition": value, **window} for value in values)
+    return LoadPlan(source=source, columns=source.describe().columns, bounds=bounds)
+
+
+@pytest.mark.parametrize("window", [(None, None), (10, 60)])
+def test_load_plan_reads_the_whole_window_once_when_the_partitions_match(
+    source, sink, monkeypatch, window
+):
+    returned = _spy_window_sql(monkeypatch)
+    plan = _plan(source, *window)
+    expected = sorted(row for b in plan.bounds for chunk in source.read(b) for row in chunk)
+    assert len(expected) == (7 if window == (None, None) else 5)
+    assert sink.load(plan) == len(expected)
+    assert sorted(sink.rows()) == expected
+    assert len(returned) == 1 and returned[0] is not None
+
+
+def test_load_plan_skips_a_partition_that_appeared_after_planning(
+    source, sink, source_db, monkeypatch
+):
+    returned = _spy_window_sql(monkeypatch)
+    plan = _plan(source)
+    _execute(source_db, "INSERT INTO orders VALUES (8, 'east', 80, 'h')")
+    assert sink.load(plan) == 7
+    assert sorted(sink.rows(), key=lambda row: row[0]) == ORDERS
+    assert returned == [None]  # the per-partition queries ran
+
+
+def test_load_plan_handles_a_partition_that_vanished_after_planning(
+    source, sink, source_db, monkeypatch
+):
+    returned = _spy_window_sql(monkeypatch)
+    plan = _plan(source)
+    _execute(source_db, "DELETE FROM orders WHERE region = 'south'")
+    assert sink.load(plan) == 5
+    assert sorted(sink.rows(), key=lambda row: row[0]) == [r for r in ORDERS if r[1] != "south"]
+    assert returned == [None]
+
+
+def test_load_plan_with_partitions_in_different_windows_runs_per_partition(
+    source, sink, monkeypatch
+):
+    returned = _spy_window_sql(monkeypatch)
+    bounds = (
+        {"partition": "north", "cursor_after": 0, "cursor_upto": 40},
+        {"partition": "south", "cursor_after": 40, "cursor_upto": 70},
+    )
+    plan = LoadPlan(source=source, columns=source.describe().columns, bounds=bounds)
+    assert sink.load(plan) == 3
+    assert [row[0] for row in sink.rows()] == [1, 4, 6]
+    assert returned == [None]
+
+
+def test_load_plan_check_and_load_read_one_snapshot(source, sink, source_db, monkeypatch):
+    """A row a writer commits after the check is invisible to the load in the same transaction."""
+    with contextlib.closing(sqlite3.connect(source_db)) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+
+    def writer_commits_a_new_partition() -> None:
+        _execute(source_db, "INSERT INTO orders VALUES (8, 'east', 80, 'h')")
+
+    returned = _spy_window_sql(monkeypatch, after_check=writer_commits_a_new_partition)
+    assert sink.load(_plan(source)) == 7
+    assert returned[0] is not None
+    assert sorted(sink.rows(), key=lambda row: row[0]) == ORDERS
+    assert source.count({"partition": "east"}) == 1
 
 
 # --- staging ----------------------------------------------------------------------------------
@@ -683,7 +837,11 @@ def test_identifiers_with_spaces_and_quotes(tmp_path):
     sink.stage(RowChunks(columns=shape.columns, chunks=source.read({"partition": "a b"})))
     assert sink.finalize_staged_load() == 2
     assert sink.row_count() == 5
-    assert sink.rows()[:3] == [(1, "a b", 5, b"\x00"), (3, "a b", 7, None), (2, 'x"y', 6, b"\x01")]
+    assert sorted(sink.rows()[:3]) == [
+        (1, "a b", 5, b"\x00"),
+        (2, 'x"y', 6, b"\x01"),
+        (3, "a b", 7, None),
+    ]
 
 
 def test_paths_that_look_like_uris_are_plain_files(tmp_path, monkeypatch):

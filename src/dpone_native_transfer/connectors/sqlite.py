@@ -180,14 +180,59 @@ class SQLiteSource:
 
     def partition_values(self, *, after: Any = None, upto: Any = None) -> list:
         """Partition values with a cursor in ``(after, upto]``; NULL first, then by value."""
+        with self._connect() as conn:
+            return self._partition_values(conn, "main", after=after, upto=upto)
+
+    def _partition_values(
+        self, conn: sqlite3.Connection, schema: str, *, after: Any = None, upto: Any = None
+    ) -> list:
         window, params = self._cursor_window(after, upto)
         column = self._ref(self.partition_column)
-        sql = f"SELECT DISTINCT {column} FROM {_quote(self.table)}"
+        table = f"{_quote(schema)}.{_quote(self.table)}"
+        if not window and _index_seeks(
+            conn, f"SELECT min({column}) FROM {table} WHERE {column} > ?"
+        ):
+            return _seek_distinct(conn, table, column)
+        sql = f"SELECT DISTINCT {column} FROM {table}"
         if window:
             sql += " WHERE " + " AND ".join(window)
         sql += f" ORDER BY {column} IS NOT NULL, {column}"
-        with self._connect() as conn:
-            return [row[0] for row in conn.execute(sql, params)]
+        return [row[0] for row in conn.execute(sql, params)]
+
+    def window_sql(
+        self,
+        bounds: Sequence[Mapping],
+        *,
+        conn: sqlite3.Connection,
+        schema: str,
+        columns: Sequence[Column],
+    ) -> tuple[str, tuple] | None:
+        """One query for a whole plan, or None when the per-partition queries must run.
+
+        When the plan's partitions share one cursor window and ``conn`` sees exactly the
+        planned partition values in it, the union of the partition queries is the window
+        itself: one sequential read instead of one index range per partition. The caller
+        runs this inside its transaction, so the check and the load see the same rows; a
+        partition that appeared since planning makes the check fail, and is not loaded.
+        """
+        windows = {(b.get("cursor_after"), b.get("cursor_upto")) for b in bounds}
+        if len(windows) != 1:
+            return None
+        ((after, upto),) = windows
+        planned = [b.get("partition") for b in bounds]
+        found = self._partition_values(conn, schema, after=after, upto=upto)
+        try:
+            if len(found) != len(planned) or set(found) != set(planned):
+                return None
+        except TypeError:  # an unhashable bound: leave it to the per-partition queries
+            return None
+        window, params = self._cursor_window(after, upto)
+        sql = (
+            f"SELECT {_column_list(columns, self.table)} FROM {_quote(schema)}.{_quote(self.table)}"
+        )
+        if window:
+            sql += " WHERE " + " AND ".join(window)
+        return sql + " ORDER BY rowid", tuple(params)
 
     def max_cursor(self, *, after: Any = None) -> Any:
         """Highest cursor value above ``after``, or None when nothing is newer."""
@@ -319,6 +364,11 @@ class SQLiteSink:
             try:
                 with _transaction(conn):
                     _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
+                    window = source.window_sql(
+                        payload.bounds, conn=conn, schema="src", columns=payload.columns
+                    )
+                    if window is not None:
+                        statements = [window]
                     return sum(conn.execute(prefix + sql, p).rowcount for sql, p in statements)
             finally:
                 with contextlib.suppress(sqlite3.Error):
@@ -398,6 +448,37 @@ class SQLiteSink:
             if conn is None or not _table_columns(conn, self.table):
                 return []
             return conn.execute(f"SELECT * FROM {_quote(self.table)} ORDER BY rowid").fetchall()
+
+
+_SEEK_LIMIT = 1_000  # past this many partitions, reading the rest of the index is cheaper
+
+
+def _index_seeks(conn: sqlite3.Connection, sql: str) -> bool:
+    """Whether SQLite answers ``sql`` (one ``?``) by seeking an index, not by a scan."""
+    plan = conn.execute(f"EXPLAIN QUERY PLAN {sql}", (None,)).fetchall()
+    return len(plan) == 1 and plan[0][3].startswith("SEARCH") and " USING " in plan[0][3]
+
+
+def _seek_distinct(conn: sqlite3.Connection, table: str, column: str) -> list:
+    """Distinct values, NULL first, by seeking the index from each value to the next.
+
+    SQLite's DISTINCT reads every index entry; with few partitions per row this
+    loose index scan reads one entry per partition. After ``_SEEK_LIMIT`` values
+    the rest is read in one pass.
+    """
+    has_null = conn.execute(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE {column} IS NULL)")
+    values: list = [None] if has_null.fetchone()[0] else []
+    value = conn.execute(f"SELECT min({column}) FROM {table}").fetchone()[0]
+    while value is not None:
+        values.append(value)
+        if len(values) >= _SEEK_LIMIT:
+            rest = f"SELECT DISTINCT {column} FROM {table} WHERE {column} > ? ORDER BY {column}"
+            values.extend(row[0] for row in conn.execute(rest, (value,)))
+            break
+        value = conn.execute(
+            f"SELECT min({column}) FROM {table} WHERE {column} > ?", (value,)
+        ).fetchone()[0]
+    return values
 
 
 @contextlib.contextmanager
