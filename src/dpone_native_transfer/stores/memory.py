@@ -21,6 +21,7 @@ from ..checkpoints import (
     _is_json_safe,
     checkpoint_from_payload,
     checkpoint_to_payload,
+    format_timestamp,
 )
 
 __all__ = ["MemoryCheckpointStore"]
@@ -35,63 +36,143 @@ def _checked(checkpoints: Iterable[PartitionCheckpoint]) -> list[PartitionCheckp
     return items
 
 
-def _encode_checkpoint(checkpoint: PartitionCheckpoint) -> str:
-    """Payload JSON; raises CheckpointPayloadInvalid for anything the reader would reject.
+class _BatchEncoder:
+    """Payload JSON for the checkpoints of one batch; refuses what the reader would reject.
 
-    The payload shares the checkpoint's dicts (``json.dumps`` only reads them).
-    :func:`_readable` checks directly what ``checkpoint_from_payload`` would
-    enforce on it; only when that check fails is the full round trip run, to
-    raise the reader's precise error.
+    The text is exactly ``json.dumps(checkpoint_to_payload(cp), sort_keys=True,
+    allow_nan=False)`` (a test holds it to that). The checkpoints of a batch share
+    most fields (route, status, run id, hashes, timestamps), so the text around the
+    per-partition fields is checked and built once per distinct combination; dict
+    and list values (the guard map) are checked and encoded once per object, which
+    is safe because the batch keeps them alive and unchanged while it is encoded.
+
+    The checks are those of ``checkpoint_from_payload``. When one fails, the real
+    parser runs on the payload: it raises the reader's precise error (or, should a
+    check be stricter than the reader, accepts, and the payload is encoded plainly).
     """
-    payload = checkpoint_to_payload(checkpoint, copy_values=False)
-    if not _readable(checkpoint, payload):
-        checkpoint_from_payload(payload)
-    return json.dumps(payload, sort_keys=True, allow_nan=False)
+
+    def __init__(self) -> None:
+        self._frames: dict[tuple[Any, ...], tuple[str, str, str] | None] = {}
+        self._values: dict[int, str | None] = {}  # id of a dict or list -> JSON, None: unsafe
+
+    def encode(self, cp: PartitionCheckpoint) -> str:
+        shared = (
+            cp.route, cp.status, cp.run_id, cp.query_hash, cp.schema_hash,
+            id(cp.started_at), id(cp.completed_at),
+        )  # fmt: skip
+        try:
+            frame = self._frames.get(shared, _UNSEEN)
+        except TypeError:  # an unhashable field: the reader refuses it below
+            frame = None
+        if frame is _UNSEEN:
+            frame = self._frames[shared] = _frame(cp)
+        rows = cp.rows_exported
+        diagnostics = self._map(cp.diagnostics)
+        bounds = self._map(cp.partition_bounds)
+        if (
+            frame is None
+            or diagnostics is None
+            or bounds is None
+            or type(rows) is not int
+            or rows < 0
+            or not _nonempty(cp.partition_id)
+        ):
+            payload = checkpoint_to_payload(cp, copy_values=False)
+            checkpoint_from_payload(payload)
+            return json.dumps(payload, sort_keys=True, allow_nan=False)
+        head, middle, tail = frame
+        return (
+            f'{head}{diagnostics}, "partition_bounds": {bounds},'
+            f' "partition_id": {_ENCODE_STRING(cp.partition_id)}{middle}{rows}{tail}'
+        )
+
+    def _map(self, value: Any) -> str | None:
+        """A dict's JSON with sorted keys, or None when the reader would refuse it."""
+        if not isinstance(value, dict):
+            return None
+        try:
+            keys = sorted(value)
+        except TypeError:  # keys of mixed types: not all strings
+            return None
+        parts = []
+        for key in keys:
+            if not isinstance(key, str):
+                return None
+            item = value[key]
+            if type(item) is str:
+                text = _ENCODE_STRING(item)
+            elif isinstance(item, (dict, list)):
+                text = self._values.get(id(item), _UNSEEN)
+                if text is _UNSEEN:
+                    text = self._values[id(item)] = _checked_json(item)
+            else:
+                text = _checked_json(item)
+            if text is None:
+                return None
+            parts.append(f"{_ENCODE_STRING(key)}: {text}")
+        return "{" + ", ".join(parts) + "}"
 
 
-def _readable(checkpoint: PartitionCheckpoint, payload: dict[str, Any]) -> bool:
-    """True when ``checkpoint_from_payload(payload)`` would accept ``payload``.
+_UNSEEN: Any = object()
 
-    ``payload`` comes from ``checkpoint_to_payload``, so it has exactly the
-    schema's keys. A False answer is conservative: the caller then runs the
-    real parser, which either raises or accepts.
+
+def _checked_json(value: Any) -> str | None:
+    """JSON of a value inside a payload map (depth 1), or None when the reader refuses it."""
+    return _ENCODER.encode(value) if _is_json_safe(value, 1) else None
+
+
+def _frame(cp: PartitionCheckpoint) -> tuple[str, str, str] | None:
+    """The payload text around diagnostics, bounds, partition id and row count.
+
+    None when a shared field would be refused by the reader.
     """
-    route = checkpoint.route
+    route = cp.route
+    started, completed = _timestamp_json(cp.started_at), _timestamp_json(cp.completed_at)
     if not (
         type(route) is RouteKey
         and _nonempty(route.source_table)
         and _nonempty(route.target_table)
         and type(route.strategy) is Strategy
-        and payload["status"] in _STATUS_VALUES
+        and cp.status in _STATUS_VALUES
+        and _nonempty(cp.run_id)
+        and _nonempty(cp.query_hash)
+        and _nonempty(cp.schema_hash)
+        and started is not None
+        and completed is not None
     ):
-        return False
-    for field in ("partition_id", "run_id", "query_hash", "schema_hash"):
-        if not _nonempty(payload[field]):
-            return False
-    rows = payload["rows_exported"]
-    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
-        return False
-    for field in ("partition_bounds", "diagnostics"):
-        if not isinstance(payload[field], dict) or not _is_json_safe(payload[field]):
-            return False
-    return _canonical_timestamp(payload["started_at"]) and _canonical_timestamp(
-        payload["completed_at"]
+        return None
+    head = f'{{"completed_at": {completed}, "diagnostics": '
+    middle = (
+        f', "query_hash": {_ENCODE_STRING(cp.query_hash)},'
+        f' "route": {_ENCODER.encode(route.as_dict())}, "rows_exported": '
     )
+    tail = (
+        f', "run_id": {_ENCODE_STRING(cp.run_id)},'
+        f' "schema_hash": {_ENCODE_STRING(cp.schema_hash)}, "started_at": {started},'
+        f' "status": {_ENCODE_STRING(str(cp.status))}}}'
+    )
+    return head, middle, tail
+
+
+def _timestamp_json(value: datetime | None) -> str | None:
+    """A timestamp's JSON, or None when the reader would refuse it (not canonical, naive)."""
+    if value is None:
+        return "null"
+    raw = format_timestamp(value)
+    return _ENCODE_STRING(raw) if _canonical_text(raw) else None
+
+
+_ENCODER = json.JSONEncoder(sort_keys=True, allow_nan=False)  # what json.dumps(...) builds
+_ENCODE_STRING = json.encoder.encode_basestring_ascii
 
 
 def _nonempty(value: Any) -> bool:
     return isinstance(value, str) and bool(value)
 
 
-def _canonical_timestamp(raw: Any) -> bool:
-    """What ``checkpoint_from_payload`` accepts for a timestamp field."""
-    if raw is None:
-        return True
-    return isinstance(raw, str) and _canonical_text(raw)
-
-
-@functools.lru_cache(maxsize=256)  # the checkpoints of one batch share their timestamps
+@functools.lru_cache(maxsize=256)  # timestamps repeat across batches too
 def _canonical_text(raw: str) -> bool:
+    """What ``checkpoint_from_payload`` accepts for a timestamp text."""
     try:
         value = datetime.fromisoformat(raw)
     except ValueError:
@@ -119,8 +200,9 @@ _Row = tuple[str, str, str, str, str]  # source, target, strategy, partition id,
 
 def _encode_batch(checkpoints: Iterable[PartitionCheckpoint]) -> list[_Row]:
     """One row per checkpoint; anything unreadable is refused before any write."""
+    encoder = _BatchEncoder()
     return [
-        (*_route_params(cp.route), cp.partition_id, _encode_checkpoint(cp))
+        (*_route_params(cp.route), cp.partition_id, encoder.encode(cp))
         for cp in _checked(checkpoints)
     ]
 
