@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", nargs="+", choices=sorted(SECTIONS), help="run only these sections"
     )
-    parser.add_argument("--runs", type=int, help="measured runs per figure (at least 5)")
+    parser.add_argument(
+        "--runs", type=int, help="measured runs per figure, in every section (at least 5)"
+    )
     parser.add_argument("--json", type=Path, help="where to write the JSON results")
     parser.add_argument(
         "--markdown",
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs is not None:
         if args.runs < 5:
             parser.error("--runs must be at least 5: every figure is a median of 5 or more")
-        sizes = attrs.evolve(sizes, runs=args.runs)
+        sizes = attrs.evolve(sizes, runs=args.runs, transfer_runs=args.runs)
     selected = args.only or list(SECTIONS)
     output = args.json or (WORK / "quick.json" if args.quick else RESULTS / "latest.json")
 
@@ -58,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     mode = "quick" if args.quick else "full"
     print(
-        f"dpone-native-transfer benchmarks ({mode}, {sizes.runs} runs per figure)\n"
+        f"dpone-native-transfer benchmarks ({mode}, {sizes.runs} runs per figure,"
+        f" {sizes.transfer_runs} in sections 1-2)\n"
         f"machine: {info['nproc']} cores, {info['cpu_model']}, {info['memory_gib']} GiB,"
         f" Python {info['python']}, SQLite {info['sqlite']}, {info['date']}\n"
         f"code: commit {info['git_commit']}"

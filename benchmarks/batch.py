@@ -355,7 +355,6 @@ def _postgres(dsn: str, isolated_schema: Callable[[str], Any]) -> _Store:
     )
 
 
-
 def _import_server_helper() -> tuple[Any, Any] | str:
     """(tests' postgres_server module, psycopg), or why they cannot be imported."""
     # The tests already know how to start a throwaway server (initdb + pg_ctl, as the

@@ -210,8 +210,9 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
         for variant in ("guarded", "unguarded"):
             times[f"{path}/{variant}"] = []
             times[f"{path}/{variant}/hooks"] = []
-    for round_no in range(sizes.runs + 1):  # round 0 warms the caches and is discarded
-        log(f"transfers: round {round_no}/{sizes.runs}" + (" (warm-up)" if not round_no else ""))
+    runs = sizes.transfer_runs
+    for round_no in range(runs + 1):  # round 0 warms the caches and is discarded
+        log(f"transfers: round {round_no}/{runs}" + (" (warm-up)" if not round_no else ""))
         sample: dict[str, float] = {
             "bare-copy": bare_copy(source, rows=rows),
             "bare-copy-partitioned": bare_copy(source, rows=rows, partitioned=True),
@@ -295,7 +296,7 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
         "rows": rows,
         "partitions": sizes.transfer_partitions,
         "chunk_rows": CHUNK_ROWS,
-        "runs": sizes.runs,
+        "runs": runs,
         "seconds": times,
     }
     return guard_rows + runtime_rows, raw
