@@ -290,4 +290,3 @@ def _names(route: Mapping[str, Any], key: RouteKey) -> bool:
         key.target_table,
         key.strategy.value,
     )
-

@@ -187,9 +187,7 @@ class _DecodedReader:
 
     def summaries(self, partition_ids: Collection[str]) -> dict[str, tuple[str, str, str]]:
         found = self.checkpoints(partition_ids)
-        return {
-            pid: (str(cp.status), cp.query_hash, cp.schema_hash) for pid, cp in found.items()
-        }
+        return {pid: (str(cp.status), cp.query_hash, cp.schema_hash) for pid, cp in found.items()}
 
     def checkpoints(self, partition_ids: Collection[str]) -> dict[str, PartitionCheckpoint]:
         return {pid: self._by_id[pid] for pid in partition_ids if pid in self._by_id}

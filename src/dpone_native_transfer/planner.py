@@ -149,6 +149,4 @@ def plan_resume(
     latest.checkpoints([candidate.partition_id for candidate in active])
     if route.strategy is Strategy.FULL_REFRESH and active:
         active, skipped = candidates, []
-    return ResumePlan(
-        active=tuple(active), skipped=tuple(cp.partition_id for cp in skipped)
-    )
+    return ResumePlan(active=tuple(active), skipped=tuple(cp.partition_id for cp in skipped))

@@ -49,9 +49,7 @@ _COLUMNS = """SELECT a.attname, format_type(a.atttypid, a.atttypmod)
     FROM pg_catalog.pg_attribute a
     WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
     ORDER BY a.attnum"""
-_SESSION = (
-    "SELECT set_config('TimeZone', 'UTC', true), set_config('DateStyle', 'ISO, YMD', true)"
-)
+_SESSION = "SELECT set_config('TimeZone', 'UTC', true), set_config('DateStyle', 'ISO, YMD', true)"
 
 
 def _driver() -> Any:

@@ -199,7 +199,7 @@ class SQLiteSource:
         sql += f" ORDER BY {column} IS NOT NULL, {column}"
         return [row[0] for row in conn.execute(sql, params)]
 
-    def window_sql(
+    def table_sql(
         self,
         bounds: Sequence[Mapping],
         *,
@@ -207,32 +207,28 @@ class SQLiteSource:
         schema: str,
         columns: Sequence[Column],
     ) -> tuple[str, tuple] | None:
-        """One query for a whole plan, or None when the per-partition queries must run.
+        """One query for a plan that covers the whole table, or None.
 
-        When the plan's partitions share one cursor window and ``conn`` sees exactly the
-        planned partition values in it, the union of the partition queries is the window
-        itself: one sequential read instead of one index range per partition. The caller
-        runs this inside its transaction, so the check and the load see the same rows; a
-        partition that appeared since planning makes the check fail, and is not loaded.
+        When no bound has a cursor window and ``conn`` sees exactly the planned
+        partition values, the union of the partition queries is the table: one
+        sequential read instead of one index range per partition. A windowed plan
+        keeps its partition queries, which an index bounds to the rows it needs. The
+        caller runs this inside its transaction, so the check and the copy see the same
+        rows; a partition that appeared after planning fails the check, and is not loaded.
         """
-        windows = {(b.get("cursor_after"), b.get("cursor_upto")) for b in bounds}
-        if len(windows) != 1:
+        if any(
+            b.get("cursor_after") is not None or b.get("cursor_upto") is not None for b in bounds
+        ):
             return None
-        ((after, upto),) = windows
         planned = [b.get("partition") for b in bounds]
-        found = self._partition_values(conn, schema, after=after, upto=upto)
+        found = self._partition_values(conn, schema)
         try:
             if len(found) != len(planned) or set(found) != set(planned):
                 return None
-        except TypeError:  # an unhashable bound: leave it to the per-partition queries
+        except TypeError:  # an unhashable bound: leave it to the partition queries
             return None
-        window, params = self._cursor_window(after, upto)
-        sql = (
-            f"SELECT {_column_list(columns, self.table)} FROM {_quote(schema)}.{_quote(self.table)}"
-        )
-        if window:
-            sql += " WHERE " + " AND ".join(window)
-        return sql + " ORDER BY rowid", tuple(params)
+        table = f"{_quote(schema)}.{_quote(self.table)}"
+        return f"SELECT {_column_list(columns, self.table)} FROM {table} ORDER BY rowid", ()
 
     def max_cursor(self, *, after: Any = None) -> Any:
         """Highest cursor value above ``after``, or None when nothing is newer."""
@@ -364,11 +360,11 @@ class SQLiteSink:
             try:
                 with _transaction(conn):
                     _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
-                    window = source.window_sql(
+                    whole = source.table_sql(
                         payload.bounds, conn=conn, schema="src", columns=payload.columns
                     )
-                    if window is not None:
-                        statements = [window]
+                    if whole is not None:
+                        statements = [whole]
                     return sum(conn.execute(prefix + sql, p).rowcount for sql, p in statements)
             finally:
                 with contextlib.suppress(sqlite3.Error):

@@ -391,4 +391,3 @@ class PostgresCheckpointStore(RecordReads):
             ).fetchone()[0]
 
         return self._transaction("written", write)
-

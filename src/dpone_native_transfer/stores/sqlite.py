@@ -519,7 +519,6 @@ class SQLiteCheckpointStore(RecordReads):
             ).lastrowid
 
 
-
 class _LatestOfRoute:
     """``LatestReader`` of one route: summary columns and the guard index, payloads on demand."""
 

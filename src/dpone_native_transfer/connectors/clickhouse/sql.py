@@ -186,4 +186,3 @@ def encode_json_rows(chunk: Sequence[Sequence[Any]]) -> bytes:
         return text.encode("utf-8", "surrogateescape")
     except (TypeError, ValueError):
         raise ConfigInvalid("a row holds a value the ClickHouse sink cannot encode") from None
-
