@@ -57,6 +57,7 @@ from dpone_native_transfer.checkpoints import GUARD_DIAGNOSTICS_KEY, sha256_dige
 from dpone_native_transfer.events import EventRecorder
 from dpone_native_transfer.plugins import Hooks, make_plugin_manager
 from dpone_native_transfer.stores import CheckpointStore
+from dpone_native_transfer.stores.sqlite import _CACHE_KIB
 
 from ._common import REPO, Row, Sizes, log, median, scratch, timed
 
@@ -222,8 +223,10 @@ def _sqlite_raw() -> Iterator[RawWrite]:
         path = folder / "checkpoints.db"
         SQLiteCheckpointStore(path).close()
         conn = sqlite3.connect(path, isolation_level=None)
+        # the store connection's settings (stores/sqlite.py _open)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
 
         def write(batches: list[list[RawRow]]) -> None:
             # the store's statements: history rows, then the latest rows with their summary
