@@ -90,3 +90,20 @@ def test_the_recovery_runbook_commands_still_produce_the_documented_output(tmp_p
         actual, code = run_step(command, tmp_path)
         assert code == status, f"{command!r} exited {code}, the runbook says {status}"
         assert matches(expected, actual), f"{command!r} printed:\n" + "\n".join(actual)
+
+
+# -- the performance page shows the committed results ------------------------
+
+
+def test_the_performance_table_is_the_committed_results_file():
+    """docs/performance.md carries the table of benchmarks/results/latest.json, as generated."""
+    repo = DOCS.parent
+    table = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--markdown", "benchmarks/results/latest.json"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert table.count("\n") > 10
+    assert table in (DOCS / "performance.md").read_text(encoding="utf-8")
