@@ -46,6 +46,20 @@ def track_connections(monkeypatch):
     assert not leaked
 
 
+def _traced_statements(monkeypatch) -> list[str]:
+    """Every SQL statement run on connections opened from now on, in order."""
+    statements: list[str] = []
+    connect = sqlite3.connect
+
+    def traced(*args, **kwargs):
+        conn = connect(*args, **kwargs)
+        conn.set_trace_callback(statements.append)
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", traced)
+    return statements
+
+
 def _is_open(conn: sqlite3.Connection) -> bool:
     try:
         conn.total_changes  # noqa: B018
@@ -279,15 +293,7 @@ def test_partition_values_seek_the_index_once_per_partition(tmp_path, monkeypatc
         "CREATE INDEX t_by_p ON t (p)",
         params=["INSERT INTO t (p) VALUES (?)", [(f"p{i % 5}",) for i in range(5_000)]],
     )
-    statements: list[str] = []
-    real_connect = sqlite3.connect
-
-    def traced(*args, **kwargs):
-        conn = real_connect(*args, **kwargs)
-        conn.set_trace_callback(statements.append)
-        return conn
-
-    monkeypatch.setattr(sqlite3, "connect", traced)
+    statements = _traced_statements(monkeypatch)
     assert SQLiteSource(path, "t", "p").partition_values() == [f"p{i}" for i in range(5)]
     assert not any("DISTINCT" in sql for sql in statements)
     assert sum("min(" in sql for sql in statements) == 6  # the first value, then 5 steps
@@ -538,15 +544,7 @@ def test_load_consumes_chunks_lazily(source, sink):
 
 def test_load_sets_full_synchronous(sink, source, monkeypatch):
     columns = source.describe().columns
-    statements: list[str] = []
-    real_connect = sqlite3.connect
-
-    def connect(*args, **kwargs):
-        conn = real_connect(*args, **kwargs)
-        conn.set_trace_callback(statements.append)
-        return conn
-
-    monkeypatch.setattr(sqlite3, "connect", connect)
+    statements = _traced_statements(monkeypatch)
     sink.load(RowChunks(columns=columns, chunks=[[(1, "p", 1, "n")]]))
     assert statements[0] == "PRAGMA synchronous=FULL"
     assert "BEGIN IMMEDIATE" in statements and statements[-1] == "COMMIT"
