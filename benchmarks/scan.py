@@ -71,7 +71,7 @@ def _template(phase: str) -> str:
             }
         },
     )
-    # the text SQLiteCheckpointStore writes for a payload (stores.memory._BatchEncoder)
+    # the text SQLiteCheckpointStore writes for a payload (stores._codec._BatchEncoder)
     return json.dumps(checkpoint_to_payload(checkpoint), sort_keys=True, allow_nan=False)
 
 

@@ -83,6 +83,7 @@ KILL_POINTS = (
 SOURCE_TABLE, TARGET_TABLE = "orders", "orders_copy"
 CHUNK_ROWS = 100  # several chunks per partition, so a kill can fall between two of them
 NOT_REACHED = 3  # exit status of a child that finished without reaching its kill point
+LEASE_SECONDS = 0.3  # the killed child's lease on the target table expires this soon
 
 _ARMED, _COMMITTED = phase_batch("armed"), phase_batch("checkpoint_committed")
 
@@ -173,8 +174,8 @@ class CrashSink(SQLiteSink):
     def load(self, payload: Any) -> int:
         return self._target_call(super().load, payload)
 
-    def finalize_staged_load(self, *, replace: bool = False) -> int:
-        return self._target_call(super().finalize_staged_load, replace=replace)
+    def finalize_staged_load(self, **kwargs: Any) -> int:
+        return self._target_call(super().finalize_staged_load, **kwargs)
 
     def _target_call(self, call: Any, *args: Any, **kwargs: Any) -> int:
         self.in_target_call = True
@@ -239,6 +240,10 @@ class CrashStore:
         self.killer.at("after-evidence")
         self.inner.save_source_state(route, state)
 
+    def __getattr__(self, name: str) -> Any:
+        """The store's other capabilities (target scope, adoption, leases) pass through."""
+        return getattr(self.inner, name)
+
     def list_evidence(self, route: RouteKey) -> list[dict[str, Any]]:
         return self.inner.list_evidence(route)
 
@@ -286,7 +291,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_id=case["run_id"],
     )
     try:
-        TransferRuntime(CrashStore(real_store, killer), plugins=plugins_for(killer)).run(spec)
+        TransferRuntime(
+            CrashStore(real_store, killer),
+            plugins=plugins_for(killer),
+            lease_seconds=LEASE_SECONDS,
+        ).run(spec)
     finally:
         real_store.close()
     print(f"the run finished without reaching kill point {killer.point!r}", file=sys.stderr)

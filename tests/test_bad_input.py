@@ -56,6 +56,7 @@ from dpone_native_transfer import (
     cli,
 )
 from dpone_native_transfer.config import load_route_config
+from dpone_native_transfer.identity import route_key
 from dpone_native_transfer.testing import (
     FaultyStore,
     RecordingSink,
@@ -479,6 +480,11 @@ class Site:
             self.store.close()
             self.store = None
 
+    @property
+    def route(self) -> RouteKey:
+        """The route runs use: ``ROUTE`` located in this folder's source and target files."""
+        return route_key(self.source, self.target, ROUTE.strategy)
+
     def run(self, run_id: str, *, store: Any = None, sink: Any = None):
         spec = TransferSpec(
             source=self.source,
@@ -557,7 +563,9 @@ def test_a_fuzzed_guard_in_a_real_store_blocks_fails_closed_or_runs_as_the_oracl
             assert not isinstance(outcome, Exception), f"a resolved guard stopped it: {outcome!r}"
             assert sink.target_calls == 1
             assert_rows_exactly_once(s.source_ids(), s.target_ids())
-            assert {cp.partition_id: cp for cp in s.store.list_latest(ROUTE)}[FOREIGN_ID] == foreign
+            # planted like a release without locations wrote it; the run adopted it unchanged
+            adopted = {cp.partition_id: cp for cp in s.store.list_latest(s.route)}[FOREIGN_ID]
+            assert adopted == attrs.evolve(foreign, route=s.route)
             return
         assert sink.target_calls == 0, "the target was called although the run raised"
         assert s.target_ids() == []
@@ -586,7 +594,7 @@ def test_a_diagnostic_integer_too_long_for_json_is_refused_as_payload_invalid(tm
         with pytest.raises(CheckpointPayloadInvalid) as info:
             s.store.upsert(huge)
         assert info.value.diagnostics["field"] == "diagnostics"
-        assert s.store.list_latest(ROUTE) == []
+        assert s.store.list_latest(ROUTE) == [] and s.store.list_latest(s.route) == []
 
 
 # -- corrupt stores -------------------------------------------------------------------------
@@ -618,7 +626,7 @@ def rewrite_latest_payload(change):
     def corrupt(s: Site) -> None:
         partition_id, _ = latest_row(s)
         payload = checkpoint_to_payload(
-            {cp.partition_id: cp for cp in s.store.list_latest(ROUTE)}[partition_id]
+            {cp.partition_id: cp for cp in s.store.list_latest(s.route)}[partition_id]
         )
         change(payload)
         text = json.dumps(payload)

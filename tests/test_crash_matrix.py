@@ -24,6 +24,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pytest
 from crash_child import (
+    LEASE_SECONDS,
     KILL_POINTS,
     SOURCE_TABLE,
     TARGET_TABLE,
@@ -42,10 +44,12 @@ from crash_child import (
 
 from dpone_native_transfer import (
     ManualReconciliationRequired,
+    RouteBusy,
     RouteKey,
     SQLiteSink,
     TransferRuntime,
 )
+from dpone_native_transfer.identity import route_key
 from dpone_native_transfer.testing import (
     RecordingSink,
     assert_guard_registered,
@@ -69,7 +73,6 @@ pytest_plugins = ["crash_report"]
 
 CHILD = Path(__file__).with_name("crash_child.py")
 ROWS, PARTITIONS = 2_000, 4
-ROUTE = RouteKey(SOURCE_TABLE, TARGET_TABLE, "incremental_append")
 STORES = ("sqlite", "postgres")
 MAX_ATTEMPTS = 3
 COMMITTED, NOT_THERE = Resolution.COMMITTED, Resolution.FAILED_BEFORE_TARGET
@@ -138,6 +141,12 @@ class CrashRoute:
     def target_path(self) -> Path:
         return self.tmp / "target.db"
 
+    @property
+    def route(self) -> RouteKey:
+        """The route the runs use: located in this case's source and target files."""
+        sink = SQLiteSink(str(self.target_path), TARGET_TABLE)
+        return route_key(sqlite_source(self.source_path), sink, "incremental_append")
+
     @contextlib.contextmanager
     def opened_store(self) -> Iterator[Any]:
         store = open_store(self.store)
@@ -172,6 +181,15 @@ class CrashRoute:
             f"the child was killed, but not at {kill_point!r}"
         )
 
+    def wait_for_the_dead_childs_lease(self, path: str) -> None:
+        """The killed child held the target table's lease: a run now is busy, after expiry not."""
+        sink = RecordingSink(SQLiteSink(str(self.target_path), TARGET_TABLE))
+        spec = transfer_spec(sqlite_source(self.source_path), sink, path=path, run_id="too-soon")
+        with self.opened_store() as store, pytest.raises(RouteBusy):
+            TransferRuntime(store).run(spec)
+        assert sink.target_calls == 0
+        time.sleep(LEASE_SECONDS * 1.5)
+
     def attempt(self, path: str, run_id: str) -> Attempt:
         """The scheduler's next attempt: a fresh runtime, the guard from its entry point."""
         sink = RecordingSink(SQLiteSink(str(self.target_path), TARGET_TABLE))
@@ -189,13 +207,13 @@ class CrashRoute:
     def reconcile(self, attempt: Attempt) -> Attempt:
         """The runbook: count each blocked partition's rows in the target, record what it holds."""
         with self.opened_store() as store:
-            latest = store.list_latest(ROUTE)
+            latest = store.list_latest(self.route)
             blocked = tuple(blocked_partitions(latest))
             bounds = {cp.partition_id: cp.partition_bounds for cp in latest}
             found = {f.partition_id: self.target_holds(bounds[f.partition_id]) for f in blocked}
             for resolved_as in set(found.values()):
                 ids = [pid for pid, holds in found.items() if holds is resolved_as]
-                resolve(store, ids, resolved_as)
+                resolve(store, self.route, ids, resolved_as)
         return attrs.evolve(attempt, blocked=blocked, found=found)
 
     def target_holds(self, bounds: Mapping[str, Any]) -> Resolution:
@@ -223,13 +241,15 @@ class CrashRoute:
         return ids_of(self.target_path, TARGET_TABLE)
 
 
-def resolve(store: Any, partition_ids: list[str], resolved_as: Resolution) -> None:
+def resolve(
+    store: Any, route: RouteKey, partition_ids: list[str], resolved_as: Resolution
+) -> None:
     """What ``dpone-transfer guard resolve --partition ... --as ... --yes`` writes, on any store."""
-    selected = select_blocked(store.list_latest(ROUTE), partition_ids=partition_ids)
+    selected = select_blocked(store.list_latest(route), partition_ids=partition_ids)
     now = datetime.now(UTC)
     resolved = resolution_batch(selected, resolved_as, now)
     audit = audit_record(
-        ROUTE,
+        route,
         selected,
         resolved,
         resolved_as=resolved_as,
@@ -237,7 +257,7 @@ def resolve(store: Any, partition_ids: list[str], resolved_as: Resolution) -> No
         reason="counted the partition's rows in the target against the source",
         now=now,
     )
-    store.apply_resolution(ROUTE, resolved, audit)
+    store.apply_resolution(route, resolved, audit)
 
 
 @contextlib.contextmanager
@@ -293,6 +313,7 @@ def recover(route: CrashRoute, path: str, row: CrashRun) -> list[Attempt]:
     The target is checked for duplicates after every attempt; ``row`` is filled as we go,
     so a failing run still shows how far it got.
     """
+    route.wait_for_the_dead_childs_lease(path)
     attempts: list[Attempt] = []
     for number in range(1, MAX_ATTEMPTS + 1):
         attempt = route.attempt(path, run_id=f"retry-{number}")
@@ -355,6 +376,6 @@ def test_hard_kill_then_automatic_retry_never_duplicates(
         assert row.duplicates == 0
         assert_rows_exactly_once(route.source_ids(), route.target_ids())
         with route.opened_store() as store:
-            assert blocked_partitions(store.list_latest(ROUTE)) == []
-            state = store.load_source_state(ROUTE)
+            assert blocked_partitions(store.list_latest(route.route)) == []
+            state = store.load_source_state(route.route)
         assert state == {"generation": 1, "watermark": 1_000_000 + ROWS}

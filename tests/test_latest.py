@@ -71,13 +71,13 @@ def guarded(partition_id: str, phase: GuardPhase, status: str):
 class CountingDecoder:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
-        real = sqlite_store._decode_checkpoint
+        real = sqlite_store.decode_checkpoint
 
         def decode(*args: Any) -> PartitionCheckpoint:
             self.calls += 1
             return real(*args)
 
-        monkeypatch.setattr(sqlite_store, "_decode_checkpoint", decode)
+        monkeypatch.setattr(sqlite_store, "decode_checkpoint", decode)
 
 
 # -- the sequence itself ------------------------------------------------------------------
@@ -226,7 +226,10 @@ def test_a_corrupt_checkpoint_of_a_partition_the_run_retries_stops_it_before_the
 # -- stores written before the summary columns ----------------------------------------------
 
 OLD_COLUMNS = "source_table, target_table, strategy, partition_id, seq, payload"
-SUMMARY = ["status", "query_hash", "schema_hash", "guard"]
+SUMMARY = [
+    "status", "query_hash", "schema_hash", "guard", "source_location", "target_location",
+    "ledger_batch",
+]  # fmt: skip
 
 
 def latest_columns(path) -> list[str]:
@@ -250,7 +253,7 @@ def test_an_old_store_is_migrated_on_open_without_losing_a_checkpoint(tmp_path):
     assert latest_columns(path) == SUMMARY
     with contextlib.closing(sqlite3.connect(path)) as db:
         indexes = [row[1] for row in db.execute("PRAGMA index_list(checkpoint_latest)")]
-    assert "checkpoint_latest_by_guard" in indexes
+    assert {"checkpoint_latest_by_target", "checkpoint_latest_by_batch"} <= set(indexes)
 
 
 def test_a_writer_that_ignores_the_summary_columns_still_blocks_the_route(tmp_path):
@@ -278,11 +281,12 @@ def test_a_writer_that_ignores_the_summary_columns_still_blocks_the_route(tmp_pa
 
 def test_a_run_on_an_old_store_is_blocked_by_its_armed_guard(tmp_path):
     spec, sink = unwindowed_route(tmp_path)
-    with SQLiteCheckpointStore(tmp_path / "c.db") as store:
+    with SQLiteCheckpointStore(tmp_path / "first.db") as store:
         TransferRuntime(store, clock=StepClock()).run(spec)
         first = store.list_latest(spec.route)[0]
+    with SQLiteCheckpointStore(tmp_path / "c.db") as store:  # routes of 0.1 had no locations
         armed = guarded(first.partition_id, GuardPhase.ARMED, "exported")
-        store.upsert(attrs.evolve(armed, route=spec.route))
+        store.upsert(attrs.evolve(armed, route=spec.route.unlocated()))
     make_version_1(tmp_path / "c.db")
     with SQLiteCheckpointStore(tmp_path / "c.db") as store:
         with pytest.raises(ManualReconciliationRequired):
@@ -292,7 +296,11 @@ def test_a_run_on_an_old_store_is_blocked_by_its_armed_guard(tmp_path):
 
 @pytest.mark.parametrize(
     "damage",
-    ["DROP TRIGGER checkpoint_latest_summary_on_insert", "DROP INDEX checkpoint_latest_by_guard"],
+    [
+        "DROP TRIGGER checkpoint_latest_summary_on_insert",
+        "DROP INDEX checkpoint_latest_by_target",
+        "DROP INDEX checkpoint_latest_by_batch",
+    ],
 )
 def test_a_store_missing_what_keeps_the_summary_right_is_corrupt(tmp_path, damage):
     path = tmp_path / "c.db"

@@ -23,7 +23,7 @@ from dpone_native_transfer import (
     checkpoint_to_payload,
 )
 from dpone_native_transfer.checkpoints import GUARD_DIAGNOSTICS_KEY
-from dpone_native_transfer.stores.memory import _encode_batch
+from dpone_native_transfer.stores._codec import encode_batch as _encode_batch
 
 
 def reference(cp: PartitionCheckpoint) -> str:

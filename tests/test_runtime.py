@@ -85,7 +85,7 @@ def test_a_failed_row_count_gate_stops_before_the_target_and_writes_nothing(
     assert result.rows_loaded == 120
     assert route.sink.target_calls == 1
     assert route.target_ids() == route.source_ids()
-    assert target_tables(route) == {"orders_copy"}
+    assert target_tables(route) == {"orders_copy", "_dpone_ledger"}
 
 
 # -- file-artifact -------------------------------------------------------------

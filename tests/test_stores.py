@@ -342,7 +342,7 @@ def test_sqlite_pragmas(sqlite_store: SQLiteCheckpointStore) -> None:
     conn = sqlite_store._conn
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30000
     assert conn.execute("PRAGMA cache_size").fetchone()[0] == -16384  # KiB: 16 MiB at most
     assert conn.isolation_level is None
@@ -371,27 +371,31 @@ def test_sqlite_upsert_many_is_one_transaction(sqlite_store: SQLiteCheckpointSto
 
 
 def test_sqlite_latest_queries_all_use_an_index(sqlite_store: SQLiteCheckpointStore) -> None:
-    """Every question a run asks about a route's latest checkpoints is an index search."""
+    """Every question a run asks of a route, or of its target table, is an index search."""
     sqlite_store.upsert_many([make_checkpoint("p-a"), make_checkpoint("p-b", route=OTHER_ROUTE)])
     latest = sqlite_store.list_latest(ROUTE)
+    scope = sqlite_store.list_target_latest(ROUTE)
 
     def ask() -> None:
         len(latest)
-        latest.guard_groups()
-        latest.in_group("failed", "{}")
-        latest.guarded_ids()
         latest.committed_with(["p-a"], "sha256:" + "a" * 64, "sha256:" + "b" * 64)
         latest.checkpoints(["p-a"])
+        latest.ledger_batches()
         list(latest)
+        len(scope)
+        scope.guard_groups()
+        scope.in_group("failed", "{}")
+        scope.guarded_ids()
 
     queries = _traced(sqlite_store, ask)
-    assert len(queries) == 7
+    assert len(queries) == 9
     for query in queries:
         plan = sqlite_store._conn.execute("EXPLAIN QUERY PLAN " + query).fetchall()
         details = " | ".join(row[-1] for row in plan)
         assert "SEARCH checkpoint_latest USING" in details, query
         assert "SCAN checkpoint_latest" not in details, query
-        assert "TEMP B-TREE" not in details, query
+        if "ORDER BY" not in query or "guard" in query:
+            assert "TEMP B-TREE" not in details, (query, details)
 
 
 def _open_fails(path: Path) -> pytest.ExceptionInfo[CheckpointStoreCorrupt]:
@@ -553,26 +557,56 @@ def test_sqlite_apply_resolution_is_one_transaction(sqlite_store: SQLiteCheckpoi
     assert sum(s.startswith("INSERT INTO audit") for s in statements) == 1
 
 
-VERSION_1_LATEST = """CREATE TABLE checkpoint_latest (
-    source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT NOT NULL,
-    partition_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
-    PRIMARY KEY (source_table, target_table, strategy, partition_id)) WITHOUT ROWID"""
+# What release 0.1 wrote as schema version 1 (its summary-less ``checkpoint_latest``).
+VERSION_1_SCHEMA = (
+    """CREATE TABLE checkpoint_history (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, source_table TEXT NOT NULL,
+        target_table TEXT NOT NULL, strategy TEXT NOT NULL,
+        partition_id TEXT NOT NULL, payload TEXT NOT NULL)""",
+    "CREATE INDEX checkpoint_history_by_route"
+    " ON checkpoint_history (source_table, target_table, strategy, seq)",
+    """CREATE TABLE checkpoint_latest (
+        source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT NOT NULL,
+        partition_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
+        PRIMARY KEY (source_table, target_table, strategy, partition_id)) WITHOUT ROWID""",
+    """CREATE TABLE source_state (
+        source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT NOT NULL,
+        state TEXT NOT NULL, PRIMARY KEY (source_table, target_table, strategy)) WITHOUT ROWID""",
+    """CREATE TABLE evidence (
+        source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT NOT NULL,
+        run_id TEXT NOT NULL, seq INTEGER NOT NULL, record TEXT NOT NULL,
+        PRIMARY KEY (source_table, target_table, strategy, run_id)) WITHOUT ROWID""",
+    "CREATE INDEX evidence_by_route ON evidence (source_table, target_table, strategy, seq)",
+    """CREATE TABLE audit (
+        audit_id INTEGER PRIMARY KEY AUTOINCREMENT, source_table TEXT NOT NULL,
+        target_table TEXT NOT NULL, strategy TEXT NOT NULL, record TEXT NOT NULL)""",
+)
+_V1_COLUMNS = {
+    "checkpoint_history": "seq, source_table, target_table, strategy, partition_id, payload",
+    "checkpoint_latest": "source_table, target_table, strategy, partition_id, seq, payload",
+    "source_state": "source_table, target_table, strategy, state",
+    "evidence": "source_table, target_table, strategy, run_id, seq, record",
+    "audit": "audit_id, source_table, target_table, strategy, record",
+}
 
 
 def make_version_1(path: Path) -> None:
-    """Turn a store file into what release 0.1 wrote: no summary columns, user_version 1."""
+    """Rewrite a store file (of unlocated routes) as release 0.1 wrote it: schema version 1."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        rows = {
+            table: db.execute(f"SELECT {columns} FROM {table}").fetchall()
+            for table, columns in _V1_COLUMNS.items()
+        }
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("PRAGMA journal_mode=WAL")
         db.execute("BEGIN")
-        db.execute("ALTER TABLE checkpoint_latest RENAME TO newer_latest")
-        for name in ("on_insert", "on_update"):
-            db.execute(f"DROP TRIGGER checkpoint_latest_summary_{name}")
-        db.execute("DROP INDEX checkpoint_latest_by_guard")
-        db.execute(VERSION_1_LATEST)
-        db.execute(
-            "INSERT INTO checkpoint_latest SELECT source_table, target_table, strategy,"
-            " partition_id, seq, payload FROM newer_latest"
-        )
-        db.execute("DROP TABLE newer_latest")
+        for statement in VERSION_1_SCHEMA:
+            db.execute(statement)
+        for table, columns in _V1_COLUMNS.items():
+            marks = ", ".join("?" * len(columns.split(",")))
+            db.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", rows[table])
         db.execute("PRAGMA user_version = 1")
         db.execute("COMMIT")
 
@@ -587,7 +621,7 @@ def test_sqlite_v1_file_from_before_the_audit_table_opens_and_gains_it(
     make_version_1(db_path)
     _raw(db_path, "DROP TABLE audit")
     with SQLiteCheckpointStore(db_path) as reopened:
-        assert reopened._conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert reopened._conn.execute("PRAGMA user_version").fetchone()[0] == 3
         assert reopened.list_latest(ROUTE) == [make_checkpoint("p-a")]
         assert reopened.list_evidence(ROUTE) == [{"rows": 1}]
         assert reopened.list_audit(ROUTE) == []
@@ -666,7 +700,7 @@ def test_postgres_stores_opening_together_create_the_schema_once(
             store.close()
     with psycopg.connect(postgres_schema.dsn) as conn:
         meta = conn.execute(f'SELECT key, value FROM "{postgres_schema.schema}".meta').fetchall()
-    assert meta == [("schema_version", "1")]
+    assert meta == [("schema_version", "2")]
 
 
 def test_postgres_every_call_is_a_closed_transaction(pg: PostgresCheckpointStore) -> None:
@@ -680,8 +714,8 @@ def test_postgres_every_call_is_a_closed_transaction(pg: PostgresCheckpointStore
 
 _LATEST = {"table": "checkpoint_latest"}
 DAMAGED_SCHEMAS: dict[str, tuple[str, dict[str, Any]]] = {
-    "version-7": ("UPDATE meta SET value = '7'", {"schema_version": 7, "expected": 1}),
-    "version-garbage": ("UPDATE meta SET value = 'one'", {"schema_version": None, "expected": 1}),
+    "version-7": ("UPDATE meta SET value = '7'", {"schema_version": 7, "expected": 2}),
+    "version-garbage": ("UPDATE meta SET value = 'one'", {"schema_version": None, "expected": 2}),
     "no-version-row": ("DELETE FROM meta", {}),
     "no-meta-table": ("DROP TABLE meta", {}),
     "missing-table": ("DROP TABLE evidence", {"table": "evidence"}),

@@ -196,9 +196,8 @@ def _text(value: str) -> str:
 
 
 def _scan_command(args: argparse.Namespace) -> int:
-    only = _route(args.route) if args.route else None
     with _opened(args.store) as store:
-        routes = [only] if only else store.list_routes()
+        routes = _stored(store, _route(args.route)) if args.route else store.list_routes()
         # list(): unlike a run's scan, the operator's decodes and validates every payload
         findings = [
             f for route in routes for f in blocked_partitions(list(store.list_latest(route)))
@@ -241,18 +240,31 @@ def _times(finding: Finding) -> tuple[str, str]:
 
 
 def _show_command(args: argparse.Namespace) -> int:
-    route = _route(args.route)
     with _opened(args.store) as store:
-        latest = list(store.list_latest(route))  # read while the store is open
-        audit = store.list_audit(route)
-    findings = [inspect_checkpoint(cp) for cp in latest]
-    blocked = sum(f.blocked for f in findings)
-    print(f"route {route.label}: {plural(len(latest), 'partition')}, {blocked} blocked")
-    _print_table(_SHOW_HEADERS, [_show_row(cp, f) for cp, f in zip(latest, findings, strict=True)])
-    print(f"audit: {plural(len(audit), 'record')}")
-    for record in audit:
-        _print_audit(record)
+        shown = [
+            (route, list(store.list_latest(route)), store.list_audit(route))  # read while open
+            for route in _stored(store, _route(args.route))
+        ]
+    for route, latest, audit in shown:
+        findings = [inspect_checkpoint(cp) for cp in latest]
+        blocked = sum(f.blocked for f in findings)
+        print(
+            f"route {route.label}{_where(route)}: {plural(len(latest), 'partition')}, "
+            f"{blocked} blocked"
+        )
+        rows = [_show_row(cp, f) for cp, f in zip(latest, findings, strict=True)]
+        _print_table(_SHOW_HEADERS, rows)
+        print(f"audit: {plural(len(audit), 'record')}")
+        for record in audit:
+            _print_audit(record)
     return EXIT_OK
+
+
+def _where(route: RouteKey) -> str:
+    """The databases of a located route (credential-free locations), for operators."""
+    if not route.located:
+        return " (stored without locations)"
+    return f" (source {route.source_location}, target {route.target_location})"
 
 
 def _show_row(checkpoint: PartitionCheckpoint, finding: Finding) -> tuple[str, ...]:
@@ -281,9 +293,9 @@ def _transition(item: dict[str, Any]) -> str:
 
 
 def _resolve_command(args: argparse.Namespace) -> int:
-    route = _route(args.route)
     resolved_as = Resolution(args.resolved_as)
     with _opened(args.store) as store:
+        route = _blocked_route(store, _route(args.route))
         selected = select_blocked(
             store.list_latest(route),
             partition_ids=args.partition,
@@ -332,6 +344,31 @@ def _opened(location: str) -> Iterator[Any]:
         yield store
     finally:
         store.close()
+
+
+def _stored(store: Any, named: RouteKey) -> list[RouteKey]:
+    """The store's routes with these table names and strategy: one per pair of databases.
+
+    A name that is in no route stands for itself (its reads then find nothing).
+    """
+    return [route for route in store.list_routes() if route.as_dict() == named.as_dict()] or [
+        named
+    ]
+
+
+def _blocked_route(store: Any, named: RouteKey) -> RouteKey:
+    """The one stored route of these names that is blocked; refuses when several are."""
+    routes = _stored(store, named)
+    blocked = [route for route in routes if blocked_partitions(store.list_latest(route))]
+    if len(blocked) > 1:
+        where = "; ".join(f"{route.label}{_where(route)}" for route in blocked)
+        raise ConfigInvalid(
+            f"{len(blocked)} routes with these table names are blocked, in different "
+            f"databases ({where}); nothing was written: resolve them one at a time with "
+            "their route file",
+            diagnostics={"key": "--route", "routes": [route.as_dict() for route in blocked]},
+        )
+    return (blocked or routes)[0]
 
 
 def _route(values: Sequence[str]) -> RouteKey:

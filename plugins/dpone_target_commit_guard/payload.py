@@ -8,7 +8,6 @@ checkpoint status is *malformed*, never ignored.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any
 
@@ -18,7 +17,7 @@ from dpone_native_transfer.checkpoints import (
     GUARD_DIAGNOSTICS_KEY,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
-    sha256_digest,
+    batch_id_for,  # attempt correlation only: SHA-256 over the run id and sorted partition ids
 )
 
 __all__ = [
@@ -78,11 +77,6 @@ class GuardRecord:
     @property
     def unresolved(self) -> bool:
         return self.phase in UNRESOLVED_PHASES
-
-
-def batch_id_for(run_id: str, partition_ids: Iterable[str]) -> str:
-    """Attempt correlation only: SHA-256 over the run id and the sorted active partition ids."""
-    return sha256_digest([run_id, sorted(partition_ids)])
 
 
 def build_guard(phase: GuardPhase, batch_id: str) -> dict[str, str]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from dpone_native_transfer.checkpoints import (
     GUARD_DIAGNOSTICS_KEY,
     FailureCode,
@@ -25,7 +27,7 @@ from dpone_native_transfer.errors import ManualReconciliationRequired, TargetCom
 from dpone_native_transfer.hookspecs import hookimpl
 from dpone_native_transfer.latest import as_latest
 
-from .operator import blocked_partitions, scan_hint
+from .operator import Finding, blocked_partitions, scan_hint
 from .payload import GuardPhase, batch_id_for, build_guard
 
 if TYPE_CHECKING:
@@ -38,6 +40,8 @@ _SHOWN_IN_MESSAGE = 5
 def resume_route_scan(route: RouteKey, checkpoints: Sequence[PartitionCheckpoint]) -> bool:
     """Stop the run on any malformed guard, else on any unresolved one; malformed wins.
 
+    ``checkpoints`` are those of every route writing the target table, so a guard
+    left by a route of another strategy, source or spelling blocks this one too.
     The classification is ``operator.blocked_partitions``, the one ``guard scan`` shows.
     """
     findings = blocked_partitions(checkpoints)
@@ -54,30 +58,55 @@ def resume_route_scan(route: RouteKey, checkpoints: Sequence[PartitionCheckpoint
         for f in findings
         if not f.malformed
     ]
+    where = _blocking_routes(route, findings)
     if malformed:
         raise TargetCommitGuardInvalid(
             f"route {route.label} has {len(malformed)} partition(s) with a malformed "
-            f"target-commit guard ({_first_ids(malformed)}); no target I/O was attempted; "
-            f"inspect it with: {scan_hint(route)}",
-            diagnostics={"route": route.as_dict(), "partitions": malformed},
+            f"target-commit guard{where.text} ({_first_ids(malformed)}); no target I/O was "
+            f"attempted; inspect it with: {scan_hint(where.first)}",
+            diagnostics={"route": route.as_dict(), "partitions": malformed, **where.diagnostics},
         )
     if unresolved:
         phases = sorted({item["phase"] for item in unresolved})
         batches = sorted({item["batch_id"] for item in unresolved})
         raise ManualReconciliationRequired(
             f"route {route.label} has {len(unresolved)} partition(s) whose target "
-            f"outcome is unresolved (phases: {', '.join(phases)}; partitions: "
+            f"outcome is unresolved{where.text} (phases: {', '.join(phases)}; partitions: "
             f"{_first_ids(unresolved)}); the target was not called. Reconcile the target with "
             "the checkpoints before the route can run again; "
-            f"inspect it with: {scan_hint(route)}",
+            f"inspect it with: {scan_hint(where.first)}",
             diagnostics={
                 "route": route.as_dict(),
                 "phases": phases,
                 "batch_ids": batches,
                 "partitions": unresolved,
+                **where.diagnostics,
             },
         )
     return True
+
+
+@attrs.frozen
+class _Where:
+    text: str
+    first: RouteKey
+    diagnostics: dict[str, Any]
+
+
+def _blocking_routes(route: RouteKey, findings: Sequence[Finding]) -> _Where:
+    """Say so when the blocking guards belong to other routes writing the same target table."""
+    others = sorted(
+        {f.route for f in findings if f.route.as_dict() != route.as_dict()},
+        key=lambda other: (other.source_table, str(other.strategy)),
+    )
+    if not others:
+        return _Where("", route, {})
+    names = ", ".join(other.label for other in others)
+    return _Where(
+        f" left by route(s) writing the same target table ({names})",
+        others[0],
+        {"blocking_routes": [other.as_dict() for other in others]},
+    )
 
 
 def _first_ids(items: list[dict[str, str]]) -> str:

@@ -12,7 +12,7 @@ import copy
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -23,11 +23,13 @@ from .errors import CheckpointPayloadInvalid
 
 __all__ = [
     "GUARD_DIAGNOSTICS_KEY",
+    "LEDGER_BATCH_KEY",
     "FailureCode",
     "PartitionCheckpoint",
     "PartitionCheckpointStatus",
     "RouteKey",
     "Strategy",
+    "batch_id_for",
     "checkpoint_from_payload",
     "checkpoint_to_payload",
     "format_timestamp",
@@ -57,6 +59,8 @@ class FailureCode(StrEnum):
 
 # Where a target-commit guard lives inside ``PartitionCheckpoint.diagnostics``.
 GUARD_DIAGNOSTICS_KEY = "target_commit_guard"
+# The batch id under which the target's ledger records the attempt (a string when present).
+LEDGER_BATCH_KEY = "ledger_batch_id"
 
 
 def _nonempty_str(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -64,25 +68,61 @@ def _nonempty_str(_instance: Any, attribute: attrs.Attribute, value: Any) -> Non
         raise ValueError(f"{attribute.name} must be a non-empty string")
 
 
+def _location(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"{attribute.name} must be None or a non-empty string")
+
+
 @attrs.frozen
 class RouteKey:
-    """Identity of a route: one source table into one target table with one strategy."""
+    """Identity of a route: one source table into one target table with one strategy.
+
+    ``source_location`` and ``target_location`` name the databases (engine kind
+    plus a normalized, credential-free location, from the connectors'
+    ``identity()``), so equal table names in different databases are different
+    routes. A key without them is *unlocated*: written before routes had
+    locations, or by a caller that gave only table names. Partition ids and
+    diagnostics use the table names and strategy only (:meth:`as_dict`).
+    """
 
     source_table: str = attrs.field(validator=_nonempty_str)
     target_table: str = attrs.field(validator=_nonempty_str)
     strategy: Strategy = attrs.field(converter=Strategy)
+    source_location: str | None = attrs.field(default=None, validator=_location)
+    target_location: str | None = attrs.field(default=None, validator=_location)
+
+    def __attrs_post_init__(self) -> None:
+        if (self.source_location is None) != (self.target_location is None):
+            raise ValueError("a route has both locations or neither")
 
     @property
     def label(self) -> str:
         """How messages and operator output name the route."""
         return f"{self.source_table} -> {self.target_table} ({self.strategy})"
 
+    @property
+    def located(self) -> bool:
+        return self.target_location is not None
+
+    def unlocated(self) -> RouteKey:
+        """The same table names and strategy without locations (how older releases keyed it)."""
+        return RouteKey(self.source_table, self.target_table, self.strategy)
+
     def as_dict(self) -> dict[str, str]:
+        """Table names and strategy: what partition ids and diagnostics identify a route by."""
         return {
             "source_table": self.source_table,
             "target_table": self.target_table,
             "strategy": str(self.strategy),
         }
+
+    def as_record(self) -> dict[str, str]:
+        """The payload's ``route``: :meth:`as_dict`, plus the locations of a located route."""
+        record = self.as_dict()
+        if self.source_location is not None and self.target_location is not None:
+            record["source_location"] = self.source_location
+            record["target_location"] = self.target_location
+        return record
 
 
 @attrs.frozen(kw_only=True)
@@ -114,6 +154,15 @@ def partition_id_for(route: RouteKey, query_hash: str, schema_hash: str, bounds:
     return "p-" + digest.removeprefix("sha256:")[:24]
 
 
+def batch_id_for(run_id: str, partition_ids: Iterable[str]) -> str:
+    """SHA-256 over the run id and the sorted active partition ids: one attempt's batch.
+
+    The target-commit guard's ``checkpoint_batch_id`` and the target ledger's
+    batch id are this value, so a guard and a ledger row of one attempt name each other.
+    """
+    return sha256_digest([run_id, sorted(partition_ids)])
+
+
 def format_timestamp(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
@@ -139,7 +188,7 @@ def checkpoint_to_payload(
 def _payload(checkpoint: PartitionCheckpoint, bounds: Any, diagnostics: Any) -> dict[str, Any]:
     return {
         "partition_id": checkpoint.partition_id,
-        "route": checkpoint.route.as_dict(),
+        "route": checkpoint.route.as_record(),
         "status": str(checkpoint.status),
         "run_id": checkpoint.run_id,
         "query_hash": checkpoint.query_hash,
@@ -153,6 +202,9 @@ def _payload(checkpoint: PartitionCheckpoint, bounds: Any, diagnostics: Any) -> 
 
 
 _STATUS_VALUES = frozenset(status.value for status in PartitionCheckpointStatus)
+
+_ROUTE_NAMES = frozenset({"source_table", "target_table", "strategy"})
+_ROUTE_KEYS = (_ROUTE_NAMES, _ROUTE_NAMES | {"source_location", "target_location"})
 
 _PAYLOAD_KEYS = frozenset(
     {
@@ -245,13 +297,21 @@ def checkpoint_from_payload(
         if not isinstance(payload[field], str) or not payload[field]:
             raise _invalid(field, "must be a non-empty string", pid)
     route = payload["route"]
-    if not isinstance(route, Mapping) or set(route) != {"source_table", "target_table", "strategy"}:
-        raise _invalid("route", "must hold source_table, target_table and strategy", pid)
+    if not isinstance(route, Mapping) or set(route) not in _ROUTE_KEYS:
+        raise _invalid(
+            "route", "must hold source_table, target_table, strategy and both or no locations", pid
+        )
     if known_route is not None and _names(route, known_route):
         route_key = known_route
     else:
         try:
-            route_key = RouteKey(route["source_table"], route["target_table"], route["strategy"])
+            route_key = RouteKey(
+                route["source_table"],
+                route["target_table"],
+                route["strategy"],
+                route.get("source_location"),
+                route.get("target_location"),
+            )
         except (TypeError, ValueError):
             raise _invalid("route", "has an invalid value", pid) from None
     if payload["status"] not in _STATUS_VALUES:
@@ -262,6 +322,8 @@ def checkpoint_from_payload(
     for field in ("partition_bounds", "diagnostics"):
         if not isinstance(payload[field], dict) or not _is_json_safe(payload[field]):
             raise _invalid(field, "must be a JSON object", pid)
+    if not _valid_ledger_batch(payload["diagnostics"]):
+        raise _invalid("diagnostics", f"{LEDGER_BATCH_KEY!r} must be a non-empty string", pid)
     dup = copy.deepcopy if copy_values else _same
     return PartitionCheckpoint(
         partition_id=pid,
@@ -278,15 +340,20 @@ def checkpoint_from_payload(
     )
 
 
+def _valid_ledger_batch(diagnostics: Mapping[str, Any]) -> bool:
+    value = diagnostics.get(LEDGER_BATCH_KEY, "-")
+    return isinstance(value, str) and bool(value)
+
+
 def _same(value: Any) -> Any:
     return value
 
 
 def _names(route: Mapping[str, Any], key: RouteKey) -> bool:
     """True when the payload route holds exactly the (plain str) values of ``key``."""
-    values = (route["source_table"], route["target_table"], route["strategy"])
-    return all(type(value) is str for value in values) and values == (
-        key.source_table,
-        key.target_table,
-        key.strategy.value,
+    values = tuple(route.values())
+    return (
+        len(values) == len(expected := key.as_record())
+        and all(type(value) is str for value in values)
+        and all(route.get(name) == value for name, value in expected.items())
     )

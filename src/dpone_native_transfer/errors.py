@@ -10,7 +10,11 @@ responses or the text of another exception.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from .checkpoints import RouteKey
+    from .lease import LeaseHolder
 
 __all__ = [
     "CheckpointPayloadInvalid",
@@ -23,7 +27,10 @@ __all__ = [
     "ManualReconciliationRequired",
     "NativeTransferError",
     "PluginLoadFailed",
+    "ResolutionConflict",
+    "RouteBusy",
     "SourceInvalid",
+    "StoreTargetMismatch",
     "TargetCommitGuardInvalid",
     "TargetCommitGuardUnhandled",
 ]
@@ -114,3 +121,61 @@ class TargetCommitGuardUnhandled(NativeTransferError):
     """The route carries guards but no registered plugin reads them (guard plugin missing)."""
 
     code = "native_transfer_target_commit_guard_unhandled"
+
+
+class RouteBusy(NativeTransferError):
+    """Another attempt holds the lease of the target table; a later retry may succeed."""
+
+    code = "native_transfer_route_busy"
+
+    @classmethod
+    def held_by(cls, route: RouteKey, holder: LeaseHolder | None) -> RouteBusy:
+        who = (
+            "another attempt"
+            if holder is None
+            else f"{holder.owner} (run {holder.run_id}, route "
+            f"{holder.route.get('source_table')} -> {holder.route.get('target_table')}) "
+            f"since {holder.acquired_at}, last heartbeat {holder.heartbeat_at}"
+        )
+        return cls(
+            f"target table {route.target_table!r} is being written by {who}; "
+            "nothing was read or written; retry when that attempt has ended",
+            diagnostics={
+                "route": route.as_dict(),
+                "holder": None if holder is None else holder.as_dict(),
+            },
+        )
+
+    @classmethod
+    def lost(cls, route: RouteKey) -> RouteBusy:
+        return cls(
+            f"the lease on target table {route.target_table!r} expired before the target "
+            "call (the worker was paused or the store was unreachable); the target was not "
+            "called; a retry may succeed",
+            diagnostics={"route": route.as_dict(), "lease": "lost"},
+        )
+
+
+class StoreTargetMismatch(NativeTransferError):
+    """The checkpoint store and the target's ledger disagree about what the target holds.
+
+    ``diagnostics["mismatch"]`` says which way: ``target_ahead_of_store``,
+    ``store_ahead_of_target`` or ``replaced_by_another_route``.
+    """
+
+    code = "native_transfer_store_target_mismatch"
+
+
+class ResolutionConflict(ConfigInvalid):
+    """An operator repair was refused: a checkpoint it would replace changed meanwhile."""
+
+    code = "native_transfer_resolution_conflict"
+
+    @classmethod
+    def changed(cls, route: RouteKey, partition_ids: list[str]) -> ResolutionConflict:
+        return cls(
+            f"refusing to write: {len(partition_ids)} partition(s) of route {route.label} "
+            "changed since they were shown (a run or another operator wrote them); nothing "
+            "was written; look again and repeat",
+            diagnostics={"route": route.as_dict(), "partition_ids": partition_ids},
+        )

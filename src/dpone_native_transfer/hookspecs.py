@@ -38,10 +38,15 @@ _hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 def resume_route_scan(route: RouteKey, checkpoints: Sequence[PartitionCheckpoint]) -> bool | None:
     """Inspect every latest checkpoint of a route before any resume decision.
 
-    Called once per run, after ``store.list_latest(route)`` and before the
+    Called once per run, after the route's lease is taken and before the
     runtime plans partitions, even when the current plan turns out empty.
     ``checkpoints`` holds the latest checkpoint of every partition ever
-    written for ``route``, whatever its query, schema, run or partition id.
+    written for ``route``, whatever its query, schema, run or partition id,
+    and those of every other route writing the same target table in the
+    same database (any source, strategy or spelling), and of routes stored
+    without locations whose target table has the same name (ignoring ASCII
+    case): a superset of the route, so a guard left on the target table by
+    any of them is seen. Each checkpoint's ``route`` says whose it is.
     It is a :class:`~dpone_native_transfer.latest.LatestCheckpoints`: a
     sequence whose iteration decodes every checkpoint, and whose
     ``guard_groups()`` / ``in_group()`` let a guard judge each distinct

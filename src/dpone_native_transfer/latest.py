@@ -6,8 +6,10 @@ partitions. So a store may answer the few questions a run asks (how many,
 which guards exist, which partitions are committed with these hashes, this
 partition's checkpoint) from summary fields it keeps beside each payload, and
 decode a payload only when the run acts on that partition. The SQLite store
-keeps these fields as generated columns of the payload, so they can never
-disagree with it. Iterating or indexing still gives every checkpoint, decoded.
+keeps these fields as summary columns, written from each checkpoint and, for
+any other writer, by triggers from the payload. Iterating or indexing still
+gives every checkpoint, decoded. A view may hold one route's checkpoints or
+those of every route writing one target table (``list_target_latest``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ import json
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, overload
 
-from .checkpoints import GUARD_DIAGNOSTICS_KEY, PartitionCheckpoint, PartitionCheckpointStatus
+from .checkpoints import (
+    GUARD_DIAGNOSTICS_KEY,
+    LEDGER_BATCH_KEY,
+    PartitionCheckpoint,
+    PartitionCheckpointStatus,
+)
 
 __all__ = ["LatestCheckpoints", "LatestReader", "as_latest", "guard_json"]
 
@@ -38,6 +45,9 @@ class LatestReader(Protocol):
         """The checkpoints of one guard group, decoded, sorted by partition id."""
 
     def guarded_ids(self) -> list[str]: ...
+
+    def ledger_batches(self) -> dict[str, tuple[int, int]]:
+        """Per ledger batch id: how many checkpoints are committed, how many are not."""
 
     def summaries(self, partition_ids: Collection[str]) -> dict[str, tuple[str, str, str]]:
         """(status, query hash, schema hash) of those of ``partition_ids`` that exist."""
@@ -119,6 +129,10 @@ class LatestCheckpoints(Sequence[PartitionCheckpoint]):
         """Partition ids whose latest checkpoint carries a guard (of any shape)."""
         return self._reader.guarded_ids()
 
+    def ledger_batches(self) -> dict[str, tuple[int, int]]:
+        """Per ledger batch id (``diagnostics["ledger_batch_id"]``): (committed, other) counts."""
+        return self._reader.ledger_batches()
+
     def guard_groups(self) -> dict[tuple[str, str], int]:
         """Guarded checkpoints counted by (status, guard JSON text).
 
@@ -184,6 +198,17 @@ class _DecodedReader:
 
     def guarded_ids(self) -> list[str]:
         return [cp.partition_id for _, cp in self._groups()]
+
+    def ledger_batches(self) -> dict[str, tuple[int, int]]:
+        found: dict[str, tuple[int, int]] = {}
+        for cp in self._items:
+            batch = cp.diagnostics.get(LEDGER_BATCH_KEY)
+            if batch is None:
+                continue
+            done, other = found.get(batch, (0, 0))
+            committed = cp.status is PartitionCheckpointStatus.COMMITTED
+            found[batch] = (done + 1, other) if committed else (done, other + 1)
+        return found
 
     def summaries(self, partition_ids: Collection[str]) -> dict[str, tuple[str, str, str]]:
         found = self.checkpoints(partition_ids)

@@ -1,26 +1,33 @@
 """TransferRuntime: one guarded, resumable attempt per ``run(spec)``.
 
-Order of work: route scan -> resume plan -> path (pre-target work, then the
-target through the boundary) -> evidence -> source state. Evidence and source
-state come only after checkpoint promotion, and also when nothing was active,
-so a run that failed after promotion heals on the next run without a target call.
+Order of work: lease -> route scan (the guard over the target table's
+checkpoints, then the store checked against the target's ledger) -> resume
+plan -> path (pre-target work, then the target through the boundary) ->
+evidence -> source state -> lease released. Evidence and source state come
+only after checkpoint promotion, and also when nothing was active, so a run
+that failed after promotion heals on the next run without a target call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from .boundary import TargetBoundary
-from .checkpoints import RouteKey, Strategy
+from .checkpoints import LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey, Strategy, batch_id_for
 from .clock import Clock, read_clock, system_clock
+from .connectors.contract import LedgerSink
 from .errors import ConfigInvalid, TargetCommitGuardUnhandled
 from .events import Event, EventName, EventRecorder
+from .identity import route_key
 from .latest import LatestCheckpoints, as_latest
+from .lease import DEFAULT_LEASE_SECONDS, Lease, LeaseStore
+from .ledger import LedgerEntry, check_store_against_target
 from .paths import Governance, PathContext, TransferPath
 from .paths.file_artifact import file_artifact_path
 from .paths.lazy_plan import lazy_plan_path
@@ -28,7 +35,7 @@ from .paths.legacy import legacy_path
 from .paths.staged import staged_path
 from .planner import candidate_checkpoints, plan_resume, plan_window
 from .plugins import Hooks, make_plugin_manager
-from .stores import CheckpointStore, RouteStateStore
+from .stores import CheckpointStore, RouteStateStore, TargetScopeStore
 
 __all__ = ["BUILTIN_PATHS", "TransferResult", "TransferRuntime", "TransferSpec"]
 
@@ -66,10 +73,12 @@ class TransferSpec:
     governance: Governance = attrs.field(factory=Governance)
     chunk_rows: int = attrs.field(default=10_000, validator=_positive)
     artifact_dir: str | None = None
+    ledger: bool = True
 
     @property
     def route(self) -> RouteKey:
-        return RouteKey(self.source.table, self.sink.table, self.strategy)
+        """The route of the source, sink and strategy, located by their ``identity()``."""
+        return route_key(self.source, self.sink, self.strategy)
 
 
 @attrs.frozen(kw_only=True)
@@ -87,6 +96,8 @@ class TransferRuntime:
     ``plugins=None`` loads the entry-point plugins (the target-commit guard is
     one); an explicit list replaces them, and ``[]`` runs the unguarded legacy
     lifecycle. ``paths`` adds connector-provided paths to the built-in four.
+    ``lease_seconds`` is how long a target table's lease lasts without a
+    heartbeat (a killed worker's lease expires after it).
     """
 
     def __init__(
@@ -98,6 +109,7 @@ class TransferRuntime:
         events: Callable[[Event], None] | None = None,
         state_store: RouteStateStore | None = None,
         paths: Mapping[str, TransferPath] | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> None:
         self.store = store
         self.state_store = state_store if state_store is not None else store
@@ -111,18 +123,49 @@ class TransferRuntime:
         self.hooks = Hooks(self.plugin_manager)
         self.paths = {**BUILTIN_PATHS, **(paths or {})}
         self._listener = events
+        if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, int | float):
+            lease_seconds = -1
+        if not 0 < lease_seconds < float("inf"):
+            raise ConfigInvalid(
+                "lease_seconds must be a positive number", diagnostics={"key": "lease_seconds"}
+            )
+        self.lease_seconds = float(lease_seconds)
 
     def run(self, spec: TransferSpec) -> TransferResult:
-        route = spec.route
         path = self.paths.get(spec.path)
         if path is None:
             raise ConfigInvalid(
                 f"unknown path {spec.path!r}; known: {', '.join(sorted(self.paths))}",
                 diagnostics={"key": "path"},
             )
+        route = spec.route if isinstance(self.store, TargetScopeStore) else spec.route.unlocated()
+        with self._leased(route, spec.run_id) as lease:
+            return self._attempt(spec, path, route, lease)
+
+    @contextlib.contextmanager
+    def _leased(self, route: RouteKey, run_id: str) -> Iterator[Lease | None]:
+        """The target table's lease for the whole attempt, when the store can lease."""
+        if not isinstance(self.store, LeaseStore):
+            yield None
+            return
+        lease = Lease(self.store.lease_table(), route, run_id=run_id, seconds=self.lease_seconds)
+        with lease:
+            yield lease
+
+    def _attempt(
+        self, spec: TransferSpec, path: TransferPath, route: RouteKey, lease: Lease | None
+    ) -> TransferResult:
         recorder = EventRecorder(self._listener)
-        latest = as_latest(self.store.list_latest(route))
-        self._scan_route(route, latest)
+        if isinstance(self.store, TargetScopeStore):
+            self._scan_route(route, as_latest(self.store.list_target_latest(route)))
+            self.store.adopt_unlocated(route)
+            latest = as_latest(self.store.list_latest(route))
+        else:
+            latest = as_latest(self.store.list_latest(route))
+            self._scan_route(route, latest)
+        ledger = self._ledger_sink(spec, route)
+        if ledger is not None:
+            check_store_against_target(route, latest, ledger.read_ledger(), fix=_restore_hint())
         recorder.emit(EventName.ROUTE_SCANNED, route=route.as_dict(), checkpoints=len(latest))
 
         shape = spec.source.describe()
@@ -136,17 +179,31 @@ class TransferRuntime:
         committed: tuple[str, ...] = ()
         rows_loaded, batch_id = 0, None
         if plan.active:
+            active = list(plan.active)
+            entry = None
+            if ledger is not None:
+                batch = batch_id_for(spec.run_id, [cp.partition_id for cp in active])
+                active = _stamped(active, batch)
+                entry = LedgerEntry.for_batch(
+                    route,
+                    spec.run_id,
+                    active,
+                    **window.advanced_state(),
+                    at=read_clock(self.clock, route=route, run_id=spec.run_id),
+                )
             with tempfile.TemporaryDirectory(prefix="dpone-transfer-") as work_dir:
                 ctx = PathContext(
                     spec=spec,
                     route=route,
                     shape=shape,
-                    candidates=list(plan.active),
+                    candidates=active,
                     work_dir=Path(work_dir),
                     store=self.store,
                     clock=self.clock,
                     events=recorder,
                     boundary=TargetBoundary(self.hooks, recorder),
+                    ledger_entry=entry,
+                    lease=lease,
                 )
                 rows_loaded = path(ctx)
             if ctx.mutation is None:
@@ -181,8 +238,17 @@ class TransferRuntime:
             batch_id=batch_id,
         )
 
+    def _ledger_sink(self, spec: TransferSpec, route: RouteKey) -> LedgerSink | None:
+        """The sink, when it keeps the target's ledger for this run (on by default)."""
+        if spec.ledger and route.located and isinstance(spec.sink, LedgerSink):
+            return spec.sink
+        return None
+
     def _scan_route(self, route: RouteKey, latest: LatestCheckpoints) -> None:
-        """Fire the route scan; refuse guards that no registered plugin claimed to read."""
+        """Fire the route scan; refuse guards that no registered plugin claimed to read.
+
+        ``latest`` holds every checkpoint of the target table (all its routes).
+        """
         claims = self.hooks.resume_route_scan(route, latest)
         if any(claims):
             return
@@ -194,3 +260,18 @@ class TransferRuntime:
                 "registered; install or enable the target_commit_guard plugin",
                 diagnostics={"route": route.as_dict(), "partition_ids": guarded},
             )
+
+
+def _stamped(candidates: list[PartitionCheckpoint], batch_id: str) -> list[PartitionCheckpoint]:
+    """The candidates, each naming the ledger batch it will be recorded under."""
+    return [
+        attrs.evolve(cp, diagnostics={**cp.diagnostics, LEDGER_BATCH_KEY: batch_id})
+        for cp in candidates
+    ]
+
+
+def _restore_hint() -> str:
+    return (
+        "dpone-transfer state restore --store <checkpoint store> <route file> "
+        "--reason TEXT --operator NAME"
+    )

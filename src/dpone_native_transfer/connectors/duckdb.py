@@ -24,6 +24,8 @@ from typing import Any
 
 from ..artifacts import JSONL
 from ..errors import ConfigInvalid, SourceInvalid
+from ..identity import TableIdentity, file_location, fold_ascii
+from ..ledger import LEDGER_TABLE, LedgerEntry
 from ..payloads import (
     ArtifactFiles,
     Column,
@@ -114,9 +116,13 @@ def _names(columns: Sequence[Column]) -> str:
 
 
 class DuckDBSink:
-    """Writes one target table of a DuckDB file, each load in a single transaction."""
+    """Writes one target table of a DuckDB file, each load in a single transaction.
+
+    Each load also writes its ledger row (``LedgerSink``) in that transaction.
+    """
 
     artifact_format = JSONL
+    ledger_atomic = True
 
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
         quote(table)
@@ -131,6 +137,10 @@ class DuckDBSink:
 
     def __repr__(self) -> str:
         return f"DuckDBSink(table={self.table!r})"
+
+    def identity(self) -> TableIdentity:
+        """The file's resolved path; DuckDB matches table names case-insensitively."""
+        return TableIdentity(file_location("duckdb", self.path), fold_ascii(self.table))
 
     @property
     def _stage(self) -> str:
@@ -160,7 +170,8 @@ class DuckDBSink:
         if isinstance(payload, RowChunks):
             with self._connect() as conn, _transaction(conn):
                 _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
-                return _insert_rows(conn, self.table, payload.columns, payload.chunks)
+                rows = _insert_rows(conn, self.table, payload.columns, payload.chunks)
+                return _record(conn, payload.ledger, rows)
         if isinstance(payload, ArtifactFiles):
             return self._load_files(payload)
         if isinstance(payload, LoadPlan):
@@ -178,13 +189,14 @@ class DuckDBSink:
         types = {column.name: duckdb_type(column) for column in payload.columns}
         with self._connect() as conn, _transaction(conn):
             _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
-            if not payload.paths:
-                return 0
-            return conn.execute(
-                f"INSERT INTO {quote(self.table)} ({names}) SELECT {names} FROM read_json("
-                "$paths, format = 'newline_delimited', records = true, columns = $types)",
-                {"paths": list(payload.paths), "types": types},
-            ).fetchone()[0]
+            rows = 0
+            if payload.paths:
+                rows = conn.execute(
+                    f"INSERT INTO {quote(self.table)} ({names}) SELECT {names} FROM read_json("
+                    "$paths, format = 'newline_delimited', records = true, columns = $types)",
+                    {"paths": list(payload.paths), "types": types},
+                ).fetchone()[0]
+            return _record(conn, payload.ledger, rows)
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan this sink cannot pull, before anything touches the target."""
@@ -213,7 +225,7 @@ class DuckDBSink:
             conn.execute("LOAD '" + extension.replace("'", "''") + "'")
             with _transaction(conn):
                 _prepare_target(conn, self.table, plan.columns, replace=plan.replace)
-                return sum(
+                rows = sum(
                     conn.execute(
                         f"INSERT INTO {quote(self.table)} ({names}) SELECT {names}"
                         f" FROM sqlite_scan(?, ?) WHERE {where}",
@@ -221,6 +233,7 @@ class DuckDBSink:
                     ).fetchone()[0]
                     for where, params in statements
                 )
+                return _record(conn, plan.ledger, rows)
 
     def stage(self, payload: RowChunks) -> int:
         """Fill a fresh staging table beside the target; the target is not touched."""
@@ -233,7 +246,9 @@ class DuckDBSink:
         with self._reader() as conn:
             return 0 if conn is None else _row_count(conn, self._stage)
 
-    def finalize_staged_load(self, *, replace: bool = False) -> int:
+    def finalize_staged_load(
+        self, *, replace: bool = False, ledger: LedgerEntry | None = None
+    ) -> int:
         """Move staged rows into the target (by column name) and drop the staging table, at once.
 
         A missing target is created with the staging table's columns and types.
@@ -250,7 +265,34 @@ class DuckDBSink:
                 conn.execute(f"DELETE FROM {target}")
             moved = conn.execute(f"INSERT INTO {target} BY NAME FROM {stage}").fetchone()[0]
             conn.execute(f"DROP TABLE {stage}")
-            return moved
+            return _record(conn, ledger, moved)
+
+    def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:
+        """The ledger entries of this target table, oldest first (a read-only connection)."""
+        if not os.path.isfile(self.path):
+            return []
+        duckdb = _driver()
+        try:
+            conn = duckdb.connect(self.path, read_only=True, config=dict(_CONFIG))
+        except duckdb.Error:
+            conn = None
+        if conn is None:
+            raise ConfigInvalid(
+                f"the target database of table {self.table!r} cannot be opened to read its ledger",
+                diagnostics={"table": self.table},
+            )
+        try:
+            if not _table_exists(conn, LEDGER_TABLE):
+                return []
+            listed = "partitions" if partitions else "NULL"
+            rows = conn.execute(
+                f"SELECT seq, target_table, batch_id, rows, entry, {listed}"
+                f" FROM {quote(LEDGER_TABLE)} WHERE target_table = ? ORDER BY seq",
+                [self.identity().table],
+            ).fetchall()
+        finally:
+            conn.close()
+        return [LedgerEntry.from_row(*row) for row in rows]
 
     def discard_stage(self) -> None:
         if not os.path.isfile(self.path):
@@ -311,6 +353,22 @@ def _plan_conditions(
         match = "(" + " OR ".join(matches) + ")"
         conditions.append((f"{match} AND {where}" if where else match, params + window_params))
     return conditions
+
+
+def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:
+    """Write the batch's ledger row inside the load's transaction; returns ``rows``."""
+    if ledger is not None:
+        table = quote(LEDGER_TABLE)
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {table} (seq BIGINT NOT NULL, target_table VARCHAR NOT"
+            " NULL, batch_id VARCHAR NOT NULL, rows BIGINT NOT NULL, entry VARCHAR NOT NULL,"
+            " partitions VARCHAR NOT NULL)"
+        )
+        conn.execute(
+            f"INSERT INTO {table} SELECT COALESCE(MAX(seq), 0) + 1, ?, ?, ?, ?, ? FROM {table}",
+            [*ledger.row()[:2], rows, *ledger.row()[2:]],
+        )
+    return rows
 
 
 def _create_table(conn: Any, table: str, columns: Sequence[Column]) -> None:

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from ..checkpoints import sha256_digest
 from ..errors import ConfigInvalid, SourceInvalid
+from ..identity import TableIdentity, server_location
 from ..payloads import Column, SourceShape
 from ..stores import POSTGRES_SCHEMES, resolve_env
 from ..stores.postgres import CONNECT_TIMEOUT_SECONDS
@@ -111,6 +112,17 @@ class PostgresSource:
 
     def __repr__(self) -> str:
         return f"PostgresSource(table={self.table!r}, partition_column={self.partition_column!r})"
+
+    def identity(self) -> TableIdentity:
+        """Host, port and database of the DSN (no user or password); ``public.`` implied.
+
+        Names are case-sensitive: they are always used quoted.
+        """
+        location = server_location(
+            "postgres", self._dsn, default_port=5432, default_database=None
+        )
+        table = self.table if "." in self.table else f"public.{self.table}"
+        return TableIdentity(location, table)
 
     def _invalid(self, message: str) -> SourceInvalid:
         return SourceInvalid(message, diagnostics={"table": self.table})

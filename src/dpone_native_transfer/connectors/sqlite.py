@@ -19,6 +19,8 @@ from typing import Any
 
 from ..checkpoints import sha256_digest
 from ..errors import ConfigInvalid, SourceInvalid
+from ..identity import TableIdentity, file_location, fold_ascii
+from ..ledger import LEDGER_TABLE, LedgerEntry
 from ..payloads import Column, LoadPlan, RowChunks, SourceShape
 
 __all__ = ["SQLiteSink", "SQLiteSource"]
@@ -92,6 +94,10 @@ class SQLiteSource:
 
     def __repr__(self) -> str:
         return f"SQLiteSource(table={self.table!r}, partition_column={self.partition_column!r})"
+
+    def identity(self) -> TableIdentity:
+        """The file's resolved path; SQLite matches table names case-insensitively (ASCII)."""
+        return TableIdentity(file_location("sqlite", self.path), fold_ascii(self.table))
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -285,7 +291,12 @@ class SQLiteSource:
 
 
 class SQLiteSink:
-    """Writes one target table of a SQLite file, each load in a single durable transaction."""
+    """Writes one target table of a SQLite file, each load in a single durable transaction.
+
+    Each load also writes its ledger row (``LedgerSink``) in that transaction.
+    """
+
+    ledger_atomic = True
 
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
         _quote(table)
@@ -294,6 +305,10 @@ class SQLiteSink:
 
     def __repr__(self) -> str:
         return f"SQLiteSink(table={self.table!r})"
+
+    def identity(self) -> TableIdentity:
+        """The file's resolved path; SQLite matches table names case-insensitively (ASCII)."""
+        return TableIdentity(file_location("sqlite", self.path), fold_ascii(self.table))
 
     @property
     def _stage(self) -> str:
@@ -332,7 +347,31 @@ class SQLiteSink:
         insert = _insert_values_sql(self.table, payload.columns)
         with self._connect() as conn, _transaction(conn):
             _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
-            return sum(conn.executemany(insert, chunk).rowcount for chunk in payload.chunks)
+            rows = sum(conn.executemany(insert, chunk).rowcount for chunk in payload.chunks)
+            return _record(conn, payload.ledger, rows)
+
+    def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:
+        """The ledger entries of this target table, oldest first (a read-only connection)."""
+        if not os.path.isfile(self.path):
+            return []
+        try:
+            with contextlib.closing(
+                sqlite3.connect(_uri(self.path, read_only=True), uri=True, timeout=_TIMEOUT)
+            ) as conn:
+                if not _table_columns(conn, LEDGER_TABLE):
+                    return []
+                listed = "partitions" if partitions else "NULL"
+                rows = conn.execute(
+                    f"SELECT seq, target_table, batch_id, rows, entry, {listed}"
+                    f" FROM {_quote(LEDGER_TABLE)} WHERE target_table = ? ORDER BY seq",
+                    (self.identity().table,),
+                ).fetchall()
+        except sqlite3.Error:
+            raise ConfigInvalid(
+                f"the target database of table {self.table!r} or its ledger cannot be read",
+                diagnostics={"table": self.table},
+            ) from None
+        return [LedgerEntry.from_row(*row) for row in rows]
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan this sink cannot pull, before anything touches the target."""
@@ -365,7 +404,8 @@ class SQLiteSink:
                     )
                     if whole is not None:
                         statements = [whole]
-                    return sum(conn.execute(prefix + sql, p).rowcount for sql, p in statements)
+                    rows = sum(conn.execute(prefix + sql, p).rowcount for sql, p in statements)
+                    return _record(conn, payload.ledger, rows)
             finally:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("DETACH DATABASE src")
@@ -382,7 +422,9 @@ class SQLiteSink:
         with self._reader() as conn:
             return 0 if conn is None else _row_count(conn, self._stage)
 
-    def finalize_staged_load(self, *, replace: bool = False) -> int:
+    def finalize_staged_load(
+        self, *, replace: bool = False, ledger: LedgerEntry | None = None
+    ) -> int:
         """Move staged rows into the target and drop the staging table, in one transaction.
 
         When the target does not exist, or ``replace`` is set and the target is
@@ -402,7 +444,7 @@ class SQLiteSink:
                 moved = _row_count(conn, self._stage)
                 conn.execute(f"DROP TABLE IF EXISTS {_quote(self.table)}")
                 conn.execute(f"ALTER TABLE {_quote(self._stage)} RENAME TO {_quote(self.table)}")
-                return moved
+                return _record(conn, ledger, moved)
             _prepare_target(conn, self.table, columns, replace=replace)
             names = _column_list(columns)
             moved = conn.execute(
@@ -410,7 +452,7 @@ class SQLiteSink:
                 f" SELECT {names} FROM {_quote(self._stage)} ORDER BY rowid"
             ).rowcount
             conn.execute(f"DROP TABLE {_quote(self._stage)}")
-            return moved
+            return _record(conn, ledger, moved)
 
     def _stage_can_become_target(
         self, conn: sqlite3.Connection, columns: Sequence[Column], *, replace: bool
@@ -489,6 +531,23 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
         raise
+
+
+def _record(conn: sqlite3.Connection, ledger: LedgerEntry | None, rows: int) -> int:
+    """Write the batch's ledger row inside the load's transaction; returns ``rows``."""
+    if ledger is not None:
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {_quote(LEDGER_TABLE)} (seq INTEGER PRIMARY KEY,"
+            " target_table TEXT NOT NULL, batch_id TEXT NOT NULL, rows INTEGER NOT NULL,"
+            " entry TEXT NOT NULL, partitions TEXT NOT NULL)"
+        )
+        target, batch, entry, partitions = ledger.row()
+        conn.execute(
+            f"INSERT INTO {_quote(LEDGER_TABLE)} (target_table, batch_id, rows, entry, partitions)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (target, batch, rows, entry, partitions),
+        )
+    return rows
 
 
 def _create_table(conn: sqlite3.Connection, table: str, columns: Sequence[Column]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
@@ -22,6 +22,10 @@ from ..errors import GovernanceGateFailed
 from ..events import EventName, EventRecorder
 from ..payloads import RowChunks, SourceShape
 from ..stores import CheckpointStore
+
+if TYPE_CHECKING:
+    from ..lease import Lease
+    from ..ledger import LedgerEntry
 
 __all__ = ["Governance", "PathContext", "TransferPath"]
 
@@ -68,6 +72,8 @@ class PathContext:
     events: EventRecorder
     boundary: TargetBoundary
     mutation: TargetMutation | None = None
+    ledger_entry: LedgerEntry | None = None  # the batch's ledger row, when the sink keeps one
+    lease: Lease | None = None
 
     @property
     def source(self) -> Any:
@@ -85,8 +91,19 @@ class PathContext:
         """The partition's rows from the source, in bounded chunks."""
         return self.source.read(candidate.partition_bounds, chunk_rows=self.spec.chunk_rows)
 
-    def row_chunks(self, chunks: Iterable[Sequence[tuple]]) -> RowChunks:
-        return RowChunks(columns=self.shape.columns, chunks=chunks, replace=self.replace)
+    @property
+    def ledger(self) -> LedgerEntry | None:
+        """The ledger row to hand the sink with the target payload, with extraction's counts."""
+        if self.ledger_entry is None:
+            return None
+        return self.ledger_entry.with_counts(self.candidates)
+
+    def row_chunks(
+        self, chunks: Iterable[Sequence[tuple]], *, ledger: LedgerEntry | None = None
+    ) -> RowChunks:
+        return RowChunks(
+            columns=self.shape.columns, chunks=chunks, replace=self.replace, ledger=ledger
+        )
 
     def extracted(self, index: int, rows: int, **diagnostics: Any) -> None:
         """Record what extraction produced for ``candidates[index]``."""
@@ -109,6 +126,8 @@ class PathContext:
         """Reach the target once, through the boundary that fires the guard hooks."""
         if self.mutation is not None:
             raise RuntimeError("a path may reach the target only once per attempt")
+        if self.lease is not None:
+            self.lease.confirm()  # a worker paused past its lease stops here, before arming
         self.events.emit(EventName.PRE_TARGET_DONE, partitions=len(self.candidates))
         self.mutation = TargetMutation(
             route=self.route,

@@ -20,6 +20,7 @@ __all__ = [
     "CheckpointStore",
     "OperatorStore",
     "RouteStateStore",
+    "TargetScopeStore",
     "open_store",
     "resolve_env",
 ]
@@ -37,6 +38,30 @@ class CheckpointStore(Protocol):
         """Latest checkpoint of every partition ever written for ``route``, sorted by partition id.
 
         Independent of query, schema, run or partition identity: the route scan relies on it.
+        """
+
+
+@runtime_checkable
+class TargetScopeStore(Protocol):
+    """What a store needs for routes keyed by their databases (``RouteKey`` locations).
+
+    The built-in stores have it. A store without it runs every route under its
+    unlocated key (table names and strategy only), as releases before locations did.
+    """
+
+    def list_target_latest(self, route: RouteKey) -> Sequence[PartitionCheckpoint]:
+        """Latest checkpoint of every partition of every route writing ``route``'s target table.
+
+        Located routes with the same target location and table, whatever their
+        source or strategy, and, failing closed, unlocated routes whose target
+        table has the same name ignoring ASCII case. The route scan reads it.
+        """
+
+    def adopt_unlocated(self, route: RouteKey) -> int:
+        """Move the latest checkpoints and source state of ``route.unlocated()`` to ``route``.
+
+        One transaction; a checkpoint the located route already has in a newer
+        state is kept. Returns how many unlocated checkpoints there were.
         """
 
 
@@ -65,12 +90,21 @@ class OperatorStore(CheckpointStore, Protocol):
         """Every route that has at least one checkpoint, sorted by source, target and strategy."""
 
     def apply_resolution(
-        self, route: RouteKey, checkpoints: Sequence[PartitionCheckpoint], audit: dict[str, Any]
+        self,
+        route: RouteKey,
+        checkpoints: Sequence[PartitionCheckpoint],
+        audit: dict[str, Any],
+        *,
+        expected: Sequence[PartitionCheckpoint] = (),
+        source_state: dict[str, Any] | None = None,
     ) -> int:
-        """Write ``checkpoints`` (all of ``route``) and append ``audit``: both or neither.
+        """Write ``checkpoints`` (of ``route``'s table names) and append ``audit``: all or nothing.
 
-        Returns the audit id the store assigned (ids grow with every record).
-        ``audit`` must not hold ``audit_id``; ``list_audit`` adds it.
+        Compare-and-set: unless each of ``expected`` is still its partition's
+        latest checkpoint, raise ``ResolutionConflict`` and write nothing. With
+        ``source_state``, also replace the route's source state. Returns the
+        audit id the store assigned (ids grow with every record). ``audit`` must
+        not hold ``audit_id``; ``list_audit`` adds it.
         """
 
     def list_audit(self, route: RouteKey) -> list[dict[str, Any]]:

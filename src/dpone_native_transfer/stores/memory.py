@@ -7,290 +7,187 @@ be read back is refused on write instead of poisoning the store.
 
 from __future__ import annotations
 
-import functools
 import json
+import threading
 from collections.abc import Iterable, Sequence
-from datetime import datetime
 from typing import Any
 
-from ..checkpoints import (
-    _STATUS_VALUES,
-    PartitionCheckpoint,
-    RouteKey,
-    Strategy,
-    _is_json_safe,
-    checkpoint_from_payload,
-    checkpoint_to_payload,
-    format_timestamp,
+import attrs
+
+from ..checkpoints import PartitionCheckpoint, RouteKey, checkpoint_from_payload
+from ..identity import fold_ascii
+from ._codec import (
+    check_run_id,
+    encode_batch,
+    encode_object,
+    encode_resolution,
+    route_from_params,
+    route_params,
 )
+from ._records import check_expected
 
 __all__ = ["MemoryCheckpointStore"]
 
 
-def _checked(checkpoints: Iterable[PartitionCheckpoint]) -> list[PartitionCheckpoint]:
-    """All items, or a TypeError before anything is written."""
-    items = list(checkpoints)
-    for item in items:
-        if not isinstance(item, PartitionCheckpoint):
-            raise TypeError(f"expected PartitionCheckpoint, got {type(item).__name__}")
-    return items
-
-
-class _BatchEncoder:
-    """Payload JSON for the checkpoints of one batch; refuses what the reader would reject.
-
-    The text is exactly ``json.dumps(checkpoint_to_payload(cp), sort_keys=True,
-    allow_nan=False)`` (a test holds it to that). The checkpoints of a batch share
-    most fields (route, status, run id, hashes, timestamps), so the text around the
-    per-partition fields is checked and built once per distinct combination; dict
-    and list values (the guard map) are checked and encoded once per object, which
-    is safe because the batch keeps them alive and unchanged while it is encoded.
-
-    The checks are those of ``checkpoint_from_payload``. When one fails, the real
-    parser runs on the payload: it raises the reader's precise error (or, should a
-    check be stricter than the reader, accepts, and the payload is encoded plainly).
-    """
-
-    def __init__(self) -> None:
-        self._frames: dict[tuple[Any, ...], tuple[str, str, str] | None] = {}
-        self._values: dict[int, str | None] = {}  # id of a dict or list -> JSON, None: unsafe
-
-    def encode(self, cp: PartitionCheckpoint) -> str:
-        shared = (
-            cp.route, cp.status, cp.run_id, cp.query_hash, cp.schema_hash,
-            id(cp.started_at), id(cp.completed_at),
-        )  # fmt: skip
-        try:
-            frame = self._frames.get(shared, _UNSEEN)
-        except TypeError:  # an unhashable field: the reader refuses it below
-            frame = None
-        if frame is _UNSEEN:
-            frame = self._frames[shared] = _frame(cp)
-        rows = cp.rows_exported
-        diagnostics = self._map(cp.diagnostics)
-        bounds = self._map(cp.partition_bounds)
-        if (
-            frame is None
-            or diagnostics is None
-            or bounds is None
-            or type(rows) is not int
-            or rows < 0
-            or not _nonempty(cp.partition_id)
-        ):
-            payload = checkpoint_to_payload(cp, copy_values=False)
-            checkpoint_from_payload(payload)
-            return json.dumps(payload, sort_keys=True, allow_nan=False)
-        head, middle, tail = frame
-        return (
-            f'{head}{diagnostics}, "partition_bounds": {bounds},'
-            f' "partition_id": {_ENCODE_STRING(cp.partition_id)}{middle}{rows}{tail}'
-        )
-
-    def _map(self, value: Any) -> str | None:
-        """A dict's JSON with sorted keys, or None when the reader would refuse it."""
-        if not isinstance(value, dict):
-            return None
-        try:
-            keys = sorted(value)
-        except TypeError:  # keys of mixed types: not all strings
-            return None
-        parts = []
-        for key in keys:
-            if not isinstance(key, str):
-                return None
-            item = value[key]
-            if type(item) is str:
-                text = _ENCODE_STRING(item)
-            elif isinstance(item, (dict, list)):
-                text = self._values.get(id(item), _UNSEEN)
-                if text is _UNSEEN:
-                    text = self._values[id(item)] = _checked_json(item)
-            else:
-                text = _checked_json(item)
-            if text is None:
-                return None
-            parts.append(f"{_ENCODE_STRING(key)}: {text}")
-        return "{" + ", ".join(parts) + "}"
-
-
-_UNSEEN: Any = object()
-
-
-def _checked_json(value: Any) -> str | None:
-    """JSON of a value inside a payload map (depth 1), or None when the reader refuses it."""
-    return _ENCODER.encode(value) if _is_json_safe(value, 1) else None
-
-
-def _frame(cp: PartitionCheckpoint) -> tuple[str, str, str] | None:
-    """The payload text around diagnostics, bounds, partition id and row count.
-
-    None when a shared field would be refused by the reader.
-    """
-    route = cp.route
-    started, completed = _timestamp_json(cp.started_at), _timestamp_json(cp.completed_at)
-    if not (
-        type(route) is RouteKey
-        and _nonempty(route.source_table)
-        and _nonempty(route.target_table)
-        and type(route.strategy) is Strategy
-        and cp.status in _STATUS_VALUES
-        and _nonempty(cp.run_id)
-        and _nonempty(cp.query_hash)
-        and _nonempty(cp.schema_hash)
-        and started is not None
-        and completed is not None
-    ):
-        return None
-    head = f'{{"completed_at": {completed}, "diagnostics": '
-    middle = (
-        f', "query_hash": {_ENCODE_STRING(cp.query_hash)},'
-        f' "route": {_ENCODER.encode(route.as_dict())}, "rows_exported": '
-    )
-    tail = (
-        f', "run_id": {_ENCODE_STRING(cp.run_id)},'
-        f' "schema_hash": {_ENCODE_STRING(cp.schema_hash)}, "started_at": {started},'
-        f' "status": {_ENCODE_STRING(str(cp.status))}}}'
-    )
-    return head, middle, tail
-
-
-def _timestamp_json(value: datetime | None) -> str | None:
-    """A timestamp's JSON, or None when the reader would refuse it (not canonical, naive)."""
-    if value is None:
-        return "null"
-    raw = format_timestamp(value)
-    return _ENCODE_STRING(raw) if _canonical_text(raw) else None
-
-
-_ENCODER = json.JSONEncoder(sort_keys=True, allow_nan=False)  # what json.dumps(...) builds
-_ENCODE_STRING = json.encoder.encode_basestring_ascii
-
-
-def _nonempty(value: Any) -> bool:
-    return isinstance(value, str) and bool(value)
-
-
-@functools.lru_cache(maxsize=256)  # timestamps repeat across batches too
-def _canonical_text(raw: str) -> bool:
-    """What ``checkpoint_from_payload`` accepts for a timestamp text."""
-    try:
-        value = datetime.fromisoformat(raw)
-    except ValueError:
-        return False
-    return value.utcoffset() is not None and value.isoformat() == raw
-
-
-def _encode_object(value: Any, what: str) -> str:
-    """JSON of a dict that reads back equal, so a store never silently changes a value."""
-    if not isinstance(value, dict):
-        raise TypeError(f"{what} must be a dict, got {type(value).__name__}")
-    text = json.dumps(value, sort_keys=True, allow_nan=False)
-    if json.loads(text) != value:
-        raise ValueError(f"{what} must hold only JSON values (str keys, lists, finite numbers)")
-    return text
-
-
-def _check_run_id(run_id: Any) -> None:
-    if not isinstance(run_id, str) or not run_id:
-        raise ValueError("run_id must be a non-empty string")
-
-
-_Row = tuple[str, str, str, str, str]  # source, target, strategy, partition id, payload JSON
-
-
-def _encode_batch(checkpoints: Iterable[PartitionCheckpoint]) -> list[_Row]:
-    """One row per checkpoint; anything unreadable is refused before any write."""
-    encoder = _BatchEncoder()
-    return [
-        (*_route_params(cp.route), cp.partition_id, encoder.encode(cp))
-        for cp in _checked(checkpoints)
-    ]
-
-
-def _route_params(route: RouteKey) -> tuple[str, str, str]:
-    return (route.source_table, route.target_table, str(route.strategy))
-
-
-def _encode_resolution(
-    route: RouteKey, checkpoints: Sequence[PartitionCheckpoint], audit: dict[str, Any]
-) -> tuple[list[_Row], str]:
-    """Checked rows and audit JSON for ``apply_resolution``: every problem before any write."""
-    rows = _encode_batch(checkpoints)
-    if not rows:
-        raise ValueError("a resolution writes at least one checkpoint")
-    if any(cp.route != route for cp in checkpoints):
-        raise ValueError("every resolved checkpoint must belong to the route of the resolution")
-    if isinstance(audit, dict) and "audit_id" in audit:
-        raise ValueError("the store assigns audit_id; the audit record must not hold it")
-    return rows, _encode_object(audit, "audit record")
-
-
 class MemoryCheckpointStore:
-    """Checkpoints (latest and full history), source state, run evidence and audit, in memory.
+    """Checkpoints (latest and full history), source state, run evidence, audit and leases.
 
     Re-recording evidence for a run id replaces the record in place: ``list_evidence``
-    is ordered by the first write of each run id.
+    is ordered by the first write of each run id. Leases are shared by every user of
+    this one object (one process).
     """
 
     def __init__(self) -> None:
         self._history: dict[RouteKey, list[str]] = {}
-        self._latest: dict[RouteKey, dict[str, str]] = {}
+        self._latest: dict[RouteKey, dict[str, tuple[int, str]]] = {}  # pid -> (seq, payload)
         self._source_state: dict[RouteKey, str] = {}
         self._evidence: dict[RouteKey, dict[str, str]] = {}
         self._audit: dict[RouteKey, list[tuple[int, str]]] = {}
         self._audit_ids = 0
+        self._seq = 0
+        self._leases = _MemoryLeases()
 
     def upsert(self, checkpoint: PartitionCheckpoint) -> None:
         self.upsert_many([checkpoint])
 
     def upsert_many(self, checkpoints: Iterable[PartitionCheckpoint]) -> None:
-        self._write(_encode_batch(checkpoints))
+        self._write(encode_batch(checkpoints))
 
-    def _write(self, rows: list[_Row]) -> None:
-        for *route_params, partition_id, text in rows:
-            route = RouteKey(*route_params)
+    def _write(self, rows: list[tuple[str, ...]]) -> None:
+        for row in rows:
+            route, partition_id, text = route_from_params(row[:5]), row[5], row[6]
+            self._seq += 1
             self._history.setdefault(route, []).append(text)
-            self._latest.setdefault(route, {})[partition_id] = text
+            self._latest.setdefault(route, {})[partition_id] = (self._seq, text)
+
+    def _decoded(self, route: RouteKey) -> list[PartitionCheckpoint]:
+        latest = self._latest.get(route, {})
+        return [_decode(route, latest[pid][1]) for pid in sorted(latest)]
 
     def list_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
-        latest = self._latest.get(route, {})
+        return self._decoded(route)
+
+    def list_target_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
+        """Every route's latest checkpoints into ``route``'s target table (see ``TargetScopeStore``)."""
         return [
-            checkpoint_from_payload(json.loads(latest[pid]), copy_values=False, known_route=route)
-            for pid in sorted(latest)
+            checkpoint
+            for other in sorted(self._latest, key=route_params)
+            if _same_target(other, route)
+            for checkpoint in self._decoded(other)
         ]
+
+    def adopt_unlocated(self, route: RouteKey) -> int:
+        if not route.located:
+            return 0
+        twin = route.unlocated()
+        rows = self._latest.pop(twin, {})
+        own = self._latest.get(route, {})
+        moved = [
+            attrs.evolve(_decode(twin, text), route=route)
+            for pid, (seq, text) in sorted(rows.items())
+            if own.get(pid, (-1, ""))[0] < seq
+        ]
+        self.upsert_many(moved)
+        if twin in self._source_state:
+            self._source_state.setdefault(route, self._source_state.pop(twin))
+        return len(rows)
 
     def history(self, route: RouteKey) -> list[PartitionCheckpoint]:
         """Every checkpoint written for ``route``, oldest first."""
-        return [
-            checkpoint_from_payload(json.loads(text), copy_values=False, known_route=route)
-            for text in self._history.get(route, [])
-        ]
+        return [_decode(route, text) for text in self._history.get(route, [])]
 
     def load_source_state(self, route: RouteKey) -> dict[str, Any] | None:
         text = self._source_state.get(route)
         return None if text is None else json.loads(text)
 
     def save_source_state(self, route: RouteKey, state: dict[str, Any]) -> None:
-        self._source_state[route] = _encode_object(state, "source state")
+        self._source_state[route] = encode_object(state, "source state")
 
     def record_evidence(self, route: RouteKey, run_id: str, record: dict[str, Any]) -> None:
-        _check_run_id(run_id)
-        self._evidence.setdefault(route, {})[run_id] = _encode_object(record, "evidence record")
+        check_run_id(run_id)
+        self._evidence.setdefault(route, {})[run_id] = encode_object(record, "evidence record")
 
     def list_evidence(self, route: RouteKey) -> list[dict[str, Any]]:
         return [json.loads(text) for text in self._evidence.get(route, {}).values()]
 
     def list_routes(self) -> list[RouteKey]:
-        return sorted((r for r, latest in self._latest.items() if latest), key=_route_params)
+        return sorted((r for r, latest in self._latest.items() if latest), key=route_params)
 
     def apply_resolution(
-        self, route: RouteKey, checkpoints: Sequence[PartitionCheckpoint], audit: dict[str, Any]
+        self,
+        route: RouteKey,
+        checkpoints: Sequence[PartitionCheckpoint],
+        audit: dict[str, Any],
+        *,
+        expected: Sequence[PartitionCheckpoint] = (),
+        source_state: dict[str, Any] | None = None,
     ) -> int:
-        rows, record = _encode_resolution(route, checkpoints, audit)
+        rows, record = encode_resolution(route, checkpoints, audit)
+        state = None if source_state is None else encode_object(source_state, "source state")
+        check_expected(expected, self._latest_of)
         self._write(rows)
+        if state is not None:
+            self._source_state[route] = state
         self._audit_ids += 1
         self._audit.setdefault(route, []).append((self._audit_ids, record))
         return self._audit_ids
 
+    def _latest_of(self, checkpoint: PartitionCheckpoint) -> PartitionCheckpoint | None:
+        found = self._latest.get(checkpoint.route, {}).get(checkpoint.partition_id)
+        return None if found is None else _decode(checkpoint.route, found[1])
+
     def list_audit(self, route: RouteKey) -> list[dict[str, Any]]:
         return [{**json.loads(text), "audit_id": i} for i, text in self._audit.get(route, [])]
+
+    def lease_table(self) -> _MemoryLeases:
+        return self._leases
+
+
+def _decode(route: RouteKey, text: str) -> PartitionCheckpoint:
+    return checkpoint_from_payload(json.loads(text), copy_values=False, known_route=route)
+
+
+def _same_target(route: RouteKey, target: RouteKey) -> bool:
+    """``route`` writes ``target``'s table: same database, or unlocated with the name in any case."""
+    if route.target_location is None:
+        return fold_ascii(route.target_table) == fold_ascii(target.target_table)
+    return (route.target_location, route.target_table) == (
+        target.target_location,
+        target.target_table,
+    )
+
+
+class _MemoryLeases:
+    """``LeaseTable`` over a dict; the store's one object serves every lease of the process."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[str, float, str]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: str, token: str, expires_at: float, record: str, now: float) -> bool:
+        with self._lock:
+            held = self._rows.get(key)
+            if held is not None and held[1] > now and held[0] != token:
+                return False
+            self._rows[key] = (token, expires_at, record)
+            return True
+
+    def renew(self, key: str, token: str, expires_at: float, record: str) -> bool:
+        with self._lock:
+            if self._rows.get(key, ("",))[0] != token:
+                return False
+            self._rows[key] = (token, expires_at, record)
+            return True
+
+    def release(self, key: str, token: str) -> None:
+        with self._lock:
+            if self._rows.get(key, ("",))[0] == token:
+                del self._rows[key]
+
+    def holder(self, key: str, now: float) -> str | None:
+        with self._lock:
+            held = self._rows.get(key)
+            return None if held is None or held[1] <= now else held[2]
+
+    def close(self) -> None:
+        """Nothing to close: the leases live as long as the store."""

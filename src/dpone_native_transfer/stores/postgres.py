@@ -38,8 +38,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
+
+import attrs
 
 from ..checkpoints import PartitionCheckpoint, RouteKey
 from ..errors import (
@@ -48,18 +51,19 @@ from ..errors import (
     ConfigInvalid,
     NativeTransferError,
 )
-from .memory import (
-    _check_run_id,
-    _encode_batch,
-    _encode_object,
-    _encode_resolution,
-    _route_params,
+from ._codec import (
+    ROUTE_NAMES,
+    check_run_id,
+    encode_batch,
+    encode_object,
+    encode_resolution,
+    route_params,
 )
-from .sqlite import RecordReads, _decode_checkpoint, _load_object, _table_corrupt
+from ._records import RecordReads, check_expected, decode_checkpoint, load_object, stored_route
 
 __all__ = ["CONNECT_TIMEOUT_SECONDS", "SCHEMA_VERSION", "PostgresCheckpointStore"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 CONNECT_TIMEOUT_SECONDS = 10  # used when the DSN sets no connect_timeout (libpq waits forever)
 
 _T = TypeVar("_T")
@@ -67,44 +71,97 @@ _T = TypeVar("_T")
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _KEY = 'TEXT COLLATE "C" NOT NULL'
 _ROUTE_COLUMNS = f"source_table {_KEY}, target_table {_KEY}, strategy {_KEY}"
-_ROUTE_KEY = "source_table, target_table, strategy"
-_ROUTE = "source_table = %s AND target_table = %s AND strategy = %s"
+# Appended last, as ALTER TABLE ADD COLUMN leaves them in a migrated schema ("": unlocated).
+_LOCATIONS = f"source_location {_KEY} DEFAULT '', target_location {_KEY} DEFAULT ''"
+_ROUTE_KEY = ", ".join(ROUTE_NAMES)
+_ROUTE = " AND ".join(f"{name} = %s" for name in ROUTE_NAMES)
+_ROUTE_VALUES = ", ".join("%s" for _ in ROUTE_NAMES)
+# Every checkpoint into one target table: located ones of its database, and, failing closed,
+# unlocated ones whose name matches ignoring case. Parameters: location, table, table.
+_TARGET_SCOPE = (
+    "((target_location = %s AND target_table = %s)"
+    " OR (target_location = '' AND lower(target_table) = lower(%s)))"
+)
+_INDEXES = (
+    ("checkpoint_history_by_route", "checkpoint_history", f"{_ROUTE_KEY}, seq"),
+    ("checkpoint_latest_by_target", "checkpoint_latest", "target_location, target_table"),
+    ("evidence_by_route", "evidence", f"{_ROUTE_KEY}, seq"),
+    ("audit_by_route", "audit", f"{_ROUTE_KEY}, audit_id"),
+)
+# Tables keyed by route (their primary keys gain the locations in version 2).
+_KEYED = {"checkpoint_latest": ", partition_id", "source_state": "", "evidence": ", run_id"}
+
+
+def _lease_table(s: str) -> str:
+    return f"""CREATE TABLE {s}.lease (
+        lease_key {_KEY} PRIMARY KEY, token TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL,
+        record TEXT NOT NULL)"""
+
+
+def _indexes(s: str) -> tuple[str, ...]:
+    return tuple(f"CREATE INDEX {name} ON {s}.{table} ({key})" for name, table, key in _INDEXES)
 
 
 def _schema_statements(s: str) -> tuple[str, ...]:
-    """DDL of schema version 1; ``s`` is the quoted schema name."""
+    """DDL of schema version 2; ``s`` is the quoted schema name."""
     return (
         f"CREATE SCHEMA IF NOT EXISTS {s}",
         f"CREATE TABLE {s}.meta (key {_KEY} PRIMARY KEY, value TEXT NOT NULL)",
         f"""CREATE TABLE {s}.checkpoint_history (
             seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, {_ROUTE_COLUMNS},
-            partition_id {_KEY}, payload TEXT NOT NULL)""",
-        f"CREATE INDEX checkpoint_history_by_route ON {s}.checkpoint_history ({_ROUTE_KEY}, seq)",
+            partition_id {_KEY}, payload TEXT NOT NULL, {_LOCATIONS})""",
         f"""CREATE TABLE {s}.checkpoint_latest (
             {_ROUTE_COLUMNS}, partition_id {_KEY}, seq BIGINT NOT NULL, payload TEXT NOT NULL,
-            PRIMARY KEY ({_ROUTE_KEY}, partition_id))""",
+            {_LOCATIONS}, PRIMARY KEY ({_ROUTE_KEY}, partition_id))""",
         f"""CREATE TABLE {s}.source_state (
-            {_ROUTE_COLUMNS}, state TEXT NOT NULL, PRIMARY KEY ({_ROUTE_KEY}))""",
+            {_ROUTE_COLUMNS}, state TEXT NOT NULL, {_LOCATIONS}, PRIMARY KEY ({_ROUTE_KEY}))""",
         f"""CREATE TABLE {s}.evidence (
             {_ROUTE_COLUMNS}, run_id {_KEY}, seq BIGINT NOT NULL, record TEXT NOT NULL,
-            PRIMARY KEY ({_ROUTE_KEY}, run_id))""",
-        f"CREATE INDEX evidence_by_route ON {s}.evidence ({_ROUTE_KEY}, seq)",
+            {_LOCATIONS}, PRIMARY KEY ({_ROUTE_KEY}, run_id))""",
         f"""CREATE TABLE {s}.audit (
             audit_id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, {_ROUTE_COLUMNS},
-            record TEXT NOT NULL)""",
-        f"CREATE INDEX audit_by_route ON {s}.audit ({_ROUTE_KEY}, audit_id)",
+            record TEXT NOT NULL, {_LOCATIONS})""",
+        _lease_table(s),
+        *_indexes(s),
     )
+
+
+def _migration_statements(s: str) -> tuple[str, ...]:
+    """Version 1 to 2: locations on every record and in every key, the scope index, leases."""
+    statements = [f"DROP INDEX {s}.{name}" for name, _, _ in _INDEXES if name != _INDEXES[1][0]]
+    for table in ("checkpoint_history", "checkpoint_latest", "source_state", "evidence", "audit"):
+        statements.append(
+            f"ALTER TABLE {s}.{table} ADD COLUMN source_location {_KEY} DEFAULT '',"
+            f" ADD COLUMN target_location {_KEY} DEFAULT ''"
+        )
+    for table, rest in _KEYED.items():
+        statements.append(
+            f"ALTER TABLE {s}.{table} DROP CONSTRAINT {table}_pkey,"
+            f" ADD PRIMARY KEY ({_ROUTE_KEY}{rest})"
+        )
+    return (*statements, _lease_table(s), *_indexes(s))
 
 
 # "name type[ collate C]" of every column, in order, as information_schema reports them.
 _C_ROUTE = ("source_table text C", "target_table text C", "strategy text C")
+_C_LOCATIONS = ("source_location text C", "target_location text C")
 _TABLES = {
     "meta": ("key text C", "value text"),
-    "checkpoint_history": ("seq bigint", *_C_ROUTE, "partition_id text C", "payload text"),
-    "checkpoint_latest": (*_C_ROUTE, "partition_id text C", "seq bigint", "payload text"),
-    "source_state": (*_C_ROUTE, "state text"),
-    "evidence": (*_C_ROUTE, "run_id text C", "seq bigint", "record text"),
-    "audit": ("audit_id bigint", *_C_ROUTE, "record text"),
+    "checkpoint_history": (
+        "seq bigint", *_C_ROUTE, "partition_id text C", "payload text", *_C_LOCATIONS
+    ),
+    "checkpoint_latest": (
+        *_C_ROUTE, "partition_id text C", "seq bigint", "payload text", *_C_LOCATIONS
+    ),
+    "source_state": (*_C_ROUTE, "state text", *_C_LOCATIONS),
+    "evidence": (*_C_ROUTE, "run_id text C", "seq bigint", "record text", *_C_LOCATIONS),
+    "audit": ("audit_id bigint", *_C_ROUTE, "record text", *_C_LOCATIONS),
+    "lease": ("lease_key text C", "token text", "expires_at double precision", "record text"),
+}  # fmt: skip
+_V1_TABLES = {
+    table: tuple(column for column in columns if column not in _C_LOCATIONS)
+    for table, columns in _TABLES.items()
+    if table != "lease"
 }
 _COLUMNS = """SELECT table_name, concat_ws(' ', column_name, data_type, collation_name)
     FROM information_schema.columns WHERE table_schema = %s ORDER BY table_name, ordinal_position"""
@@ -187,8 +244,21 @@ def _connect(driver: Any, dsn: str) -> Any:
     return _attempt(driver, "opened", lambda: driver.connect(dsn, autocommit=False, **extra))
 
 
+def _table_corrupt(table: str) -> CheckpointStoreCorrupt:
+    return CheckpointStoreCorrupt(
+        f"checkpoint store table {table!r} is missing or has unexpected columns",
+        diagnostics={"table": table},
+    )
+
+
+def _check_tables(found: dict[str, tuple[str, ...]], tables: dict[str, tuple[str, ...]]) -> None:
+    for table, columns in tables.items():
+        if found.get(table) != columns:
+            raise _table_corrupt(table)
+
+
 def _prepare_schema(conn: Any, schema: str) -> None:
-    """Create the schema if it has no tables of ours, else check it; the caller commits."""
+    """Create the schema if it has no tables of ours, migrate version 1, check it; caller commits."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key("schema", schema),))
     found: dict[str, tuple[str, ...]] = {}
     for table, column in conn.execute(_COLUMNS, (schema,)):
@@ -209,24 +279,32 @@ def _prepare_schema(conn: Any, schema: str) -> None:
     row = conn.execute(f"SELECT value FROM {s}.meta WHERE key = 'schema_version'").fetchone()
     if row is None:
         raise CheckpointStoreCorrupt("schema is not a checkpoint store (no schema version)")
+    if row[0] == "1":
+        _check_tables(found, _V1_TABLES)
+        for statement in _migration_statements(s):
+            conn.execute(statement)
+        conn.execute(
+            f"UPDATE {s}.meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
+        )
+        return
     if row[0] != str(SCHEMA_VERSION):
         version = int(row[0]) if row[0].isdigit() else None
         raise CheckpointStoreCorrupt(
             f"checkpoint store has an unknown schema version, expected {SCHEMA_VERSION}",
             diagnostics={"schema_version": version, "expected": SCHEMA_VERSION},
         )
-    for table, columns in _TABLES.items():
-        if found.get(table) != columns:
-            raise _table_corrupt(table)
+    _check_tables(found, _TABLES)
 
 
 class PostgresCheckpointStore(RecordReads):
-    """Checkpoints (latest and full history), source state, evidence and audit in one schema.
+    """Checkpoints (latest and full history), source state, evidence, audit and leases in one schema.
 
     Behaves like ``SQLiteCheckpointStore``: ``upsert_many`` is one transaction,
     ``list_latest`` is one primary-key range read, and re-recording evidence for
     a run id replaces the record but keeps its place.
     """
+
+    _route_filter = _ROUTE
 
     def __init__(self, dsn: str, *, schema: str = "dpone") -> None:
         self._conn: Any = None
@@ -236,6 +314,7 @@ class PostgresCheckpointStore(RecordReads):
                 diagnostics={"key": "schema"},
             )
         self._driver = _driver()
+        self._dsn = dsn
         self._schema = schema
         self._s = f'"{schema}"'
         conn = _connect(self._driver, dsn)
@@ -263,15 +342,13 @@ class PostgresCheckpointStore(RecordReads):
             raise ValueError("checkpoint store is closed")
         return _in_transaction(self._driver, action, self._conn, work)
 
-    _route_filter = _ROUTE
-
     def _table(self, name: str) -> str:
         return f"{self._s}.{name}"
 
     def _read(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         return self._transaction("read", lambda conn: conn.execute(sql, params).fetchall())
 
-    def _lock_routes(self, conn: Any, routes: Iterable[tuple[str, str, str]]) -> None:
+    def _lock_routes(self, conn: Any, routes: Iterable[tuple[str, ...]]) -> None:
         """Serialise writes per route; keys in sorted order, so two batches cannot deadlock."""
         for key in sorted({_lock_key("route", self._schema, *route) for route in routes}):
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
@@ -286,12 +363,13 @@ class PostgresCheckpointStore(RecordReads):
         """
         if not rows:
             return
-        self._lock_routes(conn, (row[:3] for row in rows))
+        width = len(ROUTE_NAMES)
+        self._lock_routes(conn, (row[:width] for row in rows))
         s = self._s
         with conn.cursor() as cursor:
             cursor.executemany(
                 f"INSERT INTO {s}.checkpoint_history ({_ROUTE_KEY}, partition_id, payload)"
-                " VALUES (%s, %s, %s, %s, %s) RETURNING seq",
+                f" VALUES ({_ROUTE_VALUES}, %s, %s) RETURNING seq",
                 rows,
                 returning=True,
             )
@@ -300,12 +378,15 @@ class PostgresCheckpointStore(RecordReads):
                 seqs.append(cursor.fetchone()[0])
                 if not cursor.nextset():
                     break
-            latest = {row[:4]: (*row[:4], seq, row[4]) for row, seq in zip(rows, seqs, strict=True)}
+            latest = {
+                row[: width + 1]: (*row[: width + 1], seq, row[width + 1])
+                for row, seq in zip(rows, seqs, strict=True)
+            }
             columns = list(zip(*latest.values(), strict=True))
+            arrays = ", ".join(["%s::text[]"] * (width + 1) + ["%s::bigint[]", "%s::text[]"])
             cursor.execute(
                 f"INSERT INTO {s}.checkpoint_latest ({_ROUTE_KEY}, partition_id, seq, payload)"
-                " SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[],"
-                " %s::bigint[], %s::text[])"
+                f" SELECT * FROM unnest({arrays})"
                 f" ON CONFLICT ({_ROUTE_KEY}, partition_id)"
                 " DO UPDATE SET seq = excluded.seq, payload = excluded.payload",
                 [list(column) for column in columns],
@@ -315,13 +396,63 @@ class PostgresCheckpointStore(RecordReads):
         self.upsert_many([checkpoint])
 
     def upsert_many(self, checkpoints: Iterable[PartitionCheckpoint]) -> None:
-        rows = _encode_batch(checkpoints)
+        rows = encode_batch(checkpoints)
         if not rows:
             return
         self._transaction("written", lambda conn: self._insert_checkpoints(conn, rows))
 
     def list_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
         return self._checkpoints("checkpoint_latest", "partition_id", route)
+
+    def list_target_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
+        """Every route's latest checkpoints into ``route``'s target table (see ``TargetScopeStore``)."""
+        rows = self._read(
+            f"SELECT {_ROUTE_KEY}, partition_id, seq, payload FROM {self._s}.checkpoint_latest"
+            f" WHERE {_TARGET_SCOPE} ORDER BY {_ROUTE_KEY}, partition_id",
+            (route.target_location or "", route.target_table, route.target_table),
+        )
+        width = len(ROUTE_NAMES)
+        return [decode_checkpoint(stored_route(row[:width]), *row[width:]) for row in rows]
+
+    def adopt_unlocated(self, route: RouteKey) -> int:
+        """Move the unlocated twin's latest checkpoints and source state to ``route``; one transaction."""
+        if not route.located:
+            return 0
+        twin = route.unlocated()
+        s = self._s
+
+        def adopt(conn: Any) -> int:
+            self._lock_routes(conn, [route_params(route), route_params(twin)])
+            rows = conn.execute(
+                f"SELECT partition_id, seq, payload FROM {s}.checkpoint_latest WHERE {_ROUTE}",
+                route_params(twin),
+            ).fetchall()
+            if rows:
+                own = dict(
+                    conn.execute(
+                        f"SELECT partition_id, seq FROM {s}.checkpoint_latest WHERE {_ROUTE}",
+                        route_params(route),
+                    ).fetchall()
+                )
+                moved = [
+                    attrs.evolve(decode_checkpoint(twin, *row), route=route)
+                    for row in rows
+                    if own.get(row[0], -1) < row[1]
+                ]
+                self._insert_checkpoints(conn, encode_batch(moved))
+                conn.execute(
+                    f"DELETE FROM {s}.checkpoint_latest WHERE {_ROUTE}", route_params(twin)
+                )
+            conn.execute(
+                f"INSERT INTO {s}.source_state ({_ROUTE_KEY}, state)"
+                f" SELECT %s, %s, %s, %s, %s, state FROM {s}.source_state WHERE {_ROUTE}"
+                " ON CONFLICT DO NOTHING",
+                (*route_params(route), *route_params(twin)),
+            )
+            conn.execute(f"DELETE FROM {s}.source_state WHERE {_ROUTE}", route_params(twin))
+            return len(rows)
+
+        return self._transaction("written", adopt)
 
     def history(self, route: RouteKey) -> list[PartitionCheckpoint]:
         """Every checkpoint written for ``route``, oldest first."""
@@ -332,43 +463,43 @@ class PostgresCheckpointStore(RecordReads):
         rows = self._read(
             f"SELECT partition_id, seq, payload FROM {self._s}.{table} WHERE {_ROUTE}"
             f" ORDER BY {order}",
-            _route_params(route),
+            route_params(route),
         )
-        return [_decode_checkpoint(route, *row) for row in rows]
+        return [decode_checkpoint(route, *row) for row in rows]
 
     def load_source_state(self, route: RouteKey) -> dict[str, Any] | None:
         rows = self._read(
-            f"SELECT state FROM {self._s}.source_state WHERE {_ROUTE}", _route_params(route)
+            f"SELECT state FROM {self._s}.source_state WHERE {_ROUTE}", route_params(route)
         )
         if not rows:
             return None
-        return _load_object(rows[0][0], "stored source state", {"route": route.as_dict()})
+        return load_object(rows[0][0], "stored source state", {"route": route.as_dict()})
 
     def save_source_state(self, route: RouteKey, state: dict[str, Any]) -> None:
-        text = _encode_object(state, "source state")
-        params = _route_params(route)
+        text = encode_object(state, "source state")
+        self._transaction("written", lambda conn: self._save_state(conn, route, text))
 
-        def write(conn: Any) -> None:
-            self._lock_routes(conn, [params])
-            conn.execute(
-                f"INSERT INTO {self._s}.source_state ({_ROUTE_KEY}, state) VALUES (%s, %s, %s, %s)"
-                f" ON CONFLICT ({_ROUTE_KEY}) DO UPDATE SET state = excluded.state",
-                (*params, text),
-            )
-
-        self._transaction("written", write)
+    def _save_state(self, conn: Any, route: RouteKey, text: str) -> None:
+        params = route_params(route)
+        self._lock_routes(conn, [params])
+        conn.execute(
+            f"INSERT INTO {self._s}.source_state ({_ROUTE_KEY}, state)"
+            f" VALUES ({_ROUTE_VALUES}, %s)"
+            f" ON CONFLICT ({_ROUTE_KEY}) DO UPDATE SET state = excluded.state",
+            (*params, text),
+        )
 
     def record_evidence(self, route: RouteKey, run_id: str, record: dict[str, Any]) -> None:
-        _check_run_id(run_id)
-        text = _encode_object(record, "evidence record")
-        params = _route_params(route)
+        check_run_id(run_id)
+        text = encode_object(record, "evidence record")
+        params = route_params(route)
         s = self._s
 
         def write(conn: Any) -> None:
             self._lock_routes(conn, [params])
             conn.execute(
                 f"INSERT INTO {s}.evidence ({_ROUTE_KEY}, run_id, seq, record)"
-                f" VALUES (%s, %s, %s, %s,"
+                f" VALUES ({_ROUTE_VALUES}, %s,"
                 f" (SELECT COALESCE(MAX(seq), 0) + 1 FROM {s}.evidence WHERE {_ROUTE}), %s)"
                 f" ON CONFLICT ({_ROUTE_KEY}, run_id) DO UPDATE SET record = excluded.record",
                 (*params, run_id, *params, text),
@@ -377,17 +508,100 @@ class PostgresCheckpointStore(RecordReads):
         self._transaction("written", write)
 
     def apply_resolution(
-        self, route: RouteKey, checkpoints: Sequence[PartitionCheckpoint], audit: dict[str, Any]
+        self,
+        route: RouteKey,
+        checkpoints: Sequence[PartitionCheckpoint],
+        audit: dict[str, Any],
+        *,
+        expected: Sequence[PartitionCheckpoint] = (),
+        source_state: dict[str, Any] | None = None,
     ) -> int:
-        """One transaction: the checkpoints and the audit record commit together or not at all."""
-        rows, record = _encode_resolution(route, checkpoints, audit)
+        """One transaction: the checkpoints, the audit record (and a source state), or nothing.
+
+        ``expected`` makes it a compare-and-set, as in ``SQLiteCheckpointStore``.
+        """
+        rows, record = encode_resolution(route, checkpoints, audit)
+        state = None if source_state is None else encode_object(source_state, "source state")
 
         def write(conn: Any) -> int:
+            self._lock_routes(conn, [route_params(cp.route) for cp in checkpoints])
+            check_expected(expected, lambda cp: self._latest_of(conn, cp))
             self._insert_checkpoints(conn, rows)
+            if state is not None:
+                self._save_state(conn, route, state)
             return conn.execute(
-                f"INSERT INTO {self._s}.audit ({_ROUTE_KEY}, record) VALUES (%s, %s, %s, %s)"
-                " RETURNING audit_id",
-                (*_route_params(route), record),
+                f"INSERT INTO {self._s}.audit ({_ROUTE_KEY}, record)"
+                f" VALUES ({_ROUTE_VALUES}, %s) RETURNING audit_id",
+                (*route_params(route), record),
             ).fetchone()[0]
 
         return self._transaction("written", write)
+
+    def _latest_of(self, conn: Any, checkpoint: PartitionCheckpoint) -> PartitionCheckpoint | None:
+        row = conn.execute(
+            f"SELECT seq, payload FROM {self._s}.checkpoint_latest"
+            f" WHERE {_ROUTE} AND partition_id = %s",
+            (*route_params(checkpoint.route), checkpoint.partition_id),
+        ).fetchone()
+        if row is None:
+            return None
+        return decode_checkpoint(checkpoint.route, checkpoint.partition_id, *row)
+
+    def lease_table(self) -> _LeaseTable:
+        """Lease operations on a connection of their own (the heartbeat runs in a thread)."""
+        if self._conn is None:
+            raise ValueError("checkpoint store is closed")
+        return _LeaseTable(self._driver, _connect(self._driver, self._dsn), self._s)
+
+
+class _LeaseTable:
+    """``LeaseTable`` on its own connection; one call at a time."""
+
+    def __init__(self, driver: Any, conn: Any, schema: str) -> None:
+        self._driver = driver
+        self._conn = conn
+        self._s = schema
+        self._lock = threading.Lock()
+
+    def _run(self, sql: str, params: tuple[Any, ...]) -> tuple[int, Any]:
+        """(rows affected, first row or None) of one statement in its own transaction."""
+
+        def run(conn: Any) -> tuple[int, Any]:
+            cursor = conn.execute(sql, params)
+            return cursor.rowcount, cursor.fetchone() if cursor.description else None
+
+        with self._lock:
+            return _in_transaction(self._driver, "written", self._conn, run)
+
+    def take(self, key: str, token: str, expires_at: float, record: str, now: float) -> bool:
+        row = self._run(
+            f"INSERT INTO {self._s}.lease AS held (lease_key, token, expires_at, record)"
+            " VALUES (%s, %s, %s, %s) ON CONFLICT (lease_key) DO UPDATE SET"
+            " token = excluded.token, expires_at = excluded.expires_at, record = excluded.record"
+            " WHERE held.expires_at <= %s OR held.token = excluded.token RETURNING token",
+            (key, token, expires_at, record, now),
+        )[1]
+        return row is not None and row[0] == token
+
+    def renew(self, key: str, token: str, expires_at: float, record: str) -> bool:
+        changed, _ = self._run(
+            f"UPDATE {self._s}.lease SET expires_at = %s, record = %s"
+            " WHERE lease_key = %s AND token = %s",
+            (expires_at, record, key, token),
+        )
+        return changed == 1
+
+    def release(self, key: str, token: str) -> None:
+        self._run(
+            f"DELETE FROM {self._s}.lease WHERE lease_key = %s AND token = %s", (key, token)
+        )
+
+    def holder(self, key: str, now: float) -> str | None:
+        row = self._run(
+            f"SELECT record FROM {self._s}.lease WHERE lease_key = %s AND expires_at > %s",
+            (key, now),
+        )[1]
+        return None if row is None else row[0]
+
+    def close(self) -> None:
+        self._conn.close()

@@ -1,24 +1,16 @@
-"""Durable checkpoint, route-state and operator-audit store in one SQLite file (stdlib only).
+"""Durable checkpoint, route-state, operator-audit and lease store in one SQLite file (stdlib only).
 
 A store file is created complete or not at all: the schema is built in a
 private file that is then linked into place. So any existing file that is not
 a store (empty, truncated, foreign, garbage) is reported as corrupt
 rather than silently used as a new, empty store, which would let a retry
-append data that was already committed.
+append data that was already committed. The schema, its versions and their
+migrations are in ``_sqlite_schema``.
 
-The ``audit`` table (operator resolutions) is an additive part of schema
-version 1, so ``user_version`` stays 1: a v1 file written before the table
-existed gets it, empty, the first time it is opened, and older releases that
-do not know the table still open the file (they check only their own tables).
-A present ``audit`` table with unexpected columns is corrupt, like any other.
-
-Version 2 adds summary columns to ``checkpoint_latest`` (status, hashes and
-guard text, set by the writer from each checkpoint and by triggers from the
-payload for any other writer) and an index over them, so a run's route scan
-reads no payload it does not act on; see ``latest.py``.
-Opening a version-1 file migrates it in one transaction. Older releases refuse
-a version-2 file ("unknown schema version"), which is the safe outcome: a
-mixed-version fleet is unsafe anyway (drain old workers first).
+``checkpoint_latest`` keeps summary columns beside each payload (status,
+hashes, guard text, ledger batch), set by the writer from each checkpoint and
+by triggers from the payload for any other writer, so a run's route scan
+reads no payload it does not act on (see ``latest.py``).
 
 Errors raised here never carry the file path (paths may be secret) or
 SQLite's own message text.
@@ -30,140 +22,45 @@ import json
 import os
 import sqlite3
 import tempfile
+import threading
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.request import pathname2url
 
-from ..checkpoints import (
-    GUARD_DIAGNOSTICS_KEY,
-    PartitionCheckpoint,
-    RouteKey,
-    checkpoint_from_payload,
-)
-from ..errors import CheckpointPayloadInvalid, CheckpointStoreCorrupt, CheckpointStoreUnavailable
+import attrs
+
+from ..checkpoints import GUARD_DIAGNOSTICS_KEY, LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey
+from ..errors import CheckpointStoreCorrupt, CheckpointStoreUnavailable
 from ..latest import LatestCheckpoints, guard_json
-from .memory import (
-    _check_run_id,
-    _encode_batch,
-    _encode_object,
-    _encode_resolution,
-    _route_params,
+from ._codec import check_run_id, encode_batch, encode_object, encode_resolution, route_params
+from ._records import RecordReads, check_expected, decode_checkpoint, load_object, stored_route
+from ._sqlite_schema import (
+    ROUTE,
+    ROUTE_KEY,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SUMMARY_NAMES,
+    TARGET_SCOPE,
+    check_schema,
+    immediate,
+    migrate,
 )
 
-__all__ = ["BUSY_TIMEOUT_SECONDS", "SCHEMA_VERSION", "RecordReads", "SQLiteCheckpointStore"]
+__all__ = ["BUSY_TIMEOUT_SECONDS", "SCHEMA_VERSION", "SQLiteCheckpointStore"]
 
-SCHEMA_VERSION = 2
 BUSY_TIMEOUT_SECONDS = 30.0
 # Page cache of the store's connection; it grows only as pages are used. A batch of
 # 10,000 checkpoints touches about 15 MiB of pages; with SQLite's default 2 MiB they are
 # evicted and read back within the batch (arm + commit of 10,000: 0.89 s -> 0.75 s).
 _CACHE_KIB = 16_384
-
-_ROUTE = "source_table = ? AND target_table = ? AND strategy = ?"
-_ROUTE_COLUMNS = "source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT NOT NULL"
-_ROUTE_KEY = "source_table, target_table, strategy"
-
-# What the route scan and the planner read instead of payloads (``latest.py``): SQL over
-# the payload, kept current by the writer and, for any other writer, by triggers.
-_SUMMARY = (
-    ("status", "{p} ->> '$.status'"),
-    ("query_hash", "{p} ->> '$.query_hash'"),
-    ("schema_hash", "{p} ->> '$.schema_hash'"),
-    ("guard", "{p} -> '$.diagnostics." + GUARD_DIAGNOSTICS_KEY + "'"),
-)
-_SUMMARY_NAMES = tuple(name for name, _ in _SUMMARY)
-
-
-def _summary_of(payload: str) -> list[str]:
-    return [sql.format(p=payload) for _, sql in _SUMMARY]
-
-
-# The store's writer sets the summary from each checkpoint. These triggers cover any other
-# writer: a row inserted without a summary, or a row changed in place (the store's own
-# writes always move ``seq`` to a new history row), gets its summary from the payload.
-_SUMMARY_FROM_PAYLOAD = ", ".join(
-    f"{column} = {sql}"
-    for column, sql in zip(_SUMMARY_NAMES, _summary_of("NEW.payload"), strict=True)
-)
-_SUMMARY_TRIGGERS = tuple(
-    f"""CREATE TRIGGER checkpoint_latest_summary_{name} AFTER {event} ON checkpoint_latest
-        WHEN {when}
-        BEGIN UPDATE checkpoint_latest SET {_SUMMARY_FROM_PAYLOAD} WHERE rowid = NEW.rowid; END"""
-    for name, event, when in (
-        ("on_insert", "INSERT", " AND ".join(f"NEW.{c} IS NULL" for c in _SUMMARY_NAMES)),
-        ("on_update", f"UPDATE OF payload, {', '.join(_SUMMARY_NAMES)}", "NEW.seq IS OLD.seq"),
-    )
-)
-# A rowid table: an upsert writes its row (about 1 KB) once and two small index entries;
-# WITHOUT ROWID would keep whole rows in the key's B-tree and write about twice as much.
-_LATEST_TABLE = f"""CREATE TABLE {{name}} (
-    {_ROUTE_COLUMNS}, partition_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
-    {", ".join(f"{name} TEXT" for name in _SUMMARY_NAMES)})"""
-_LATEST_UPKEEP = (
-    "CREATE UNIQUE INDEX checkpoint_latest_by_partition"
-    f" ON checkpoint_latest ({_ROUTE_KEY}, partition_id)",
-    # the route scan's index: guard groups, each in partition order, without the rows
-    "CREATE INDEX checkpoint_latest_by_guard"
-    f" ON checkpoint_latest ({_ROUTE_KEY}, guard, status, partition_id)",
-    *_SUMMARY_TRIGGERS,
-)
 _MINIMUM_SQLITE = (3, 38, 0)  # the ->> and -> JSON operators
-
-_SCHEMA = (
-    f"""CREATE TABLE checkpoint_history (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT, {_ROUTE_COLUMNS},
-        partition_id TEXT NOT NULL, payload TEXT NOT NULL)""",
-    f"CREATE INDEX checkpoint_history_by_route ON checkpoint_history ({_ROUTE_KEY}, seq)",
-    _LATEST_TABLE.format(name="checkpoint_latest"),
-    *_LATEST_UPKEEP,
-    f"""CREATE TABLE source_state (
-        {_ROUTE_COLUMNS}, state TEXT NOT NULL,
-        PRIMARY KEY ({_ROUTE_KEY})) WITHOUT ROWID""",
-    f"""CREATE TABLE evidence (
-        {_ROUTE_COLUMNS}, run_id TEXT NOT NULL,
-        seq INTEGER NOT NULL, record TEXT NOT NULL,
-        PRIMARY KEY ({_ROUTE_KEY}, run_id)) WITHOUT ROWID""",
-    f"CREATE INDEX evidence_by_route ON evidence ({_ROUTE_KEY}, seq)",
-)
-
-# Additive to version 1: created by _initialise for new files and by _open for older v1 files.
-_AUDIT_SCHEMA = (
-    f"""CREATE TABLE IF NOT EXISTS audit (
-        audit_id INTEGER PRIMARY KEY AUTOINCREMENT, {_ROUTE_COLUMNS}, record TEXT NOT NULL)""",
-    f"CREATE INDEX IF NOT EXISTS audit_by_route ON audit ({_ROUTE_KEY}, audit_id)",
-)
-
-_ROUTE_NAMES = ("source_table", "target_table", "strategy")
-_TABLES = {
-    "checkpoint_history": ("seq", *_ROUTE_NAMES, "partition_id", "payload"),
-    "checkpoint_latest": (*_ROUTE_NAMES, "partition_id", "seq", "payload", *_SUMMARY_NAMES),
-    "source_state": (*_ROUTE_NAMES, "state"),
-    "evidence": (*_ROUTE_NAMES, "run_id", "seq", "record"),
-}
-_VERSION_1_TABLES = {
-    **_TABLES,
-    "checkpoint_latest": (*_ROUTE_NAMES, "partition_id", "seq", "payload"),
-}
-_AUDIT_COLUMNS = ("audit_id", *_ROUTE_NAMES, "record")
+_ROUTE_VALUES = ", ".join("?" * len(route_params(RouteKey("s", "t", "full_refresh"))))
 
 
 def _is_busy(exc: sqlite3.DatabaseError) -> bool:
     code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
     return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-
-
-@contextmanager
-def _immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One write transaction, rolled back on any failure."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
 
 
 @contextmanager
@@ -199,8 +96,8 @@ def _initialise(path: str) -> None:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
-            with _immediate(conn):
-                for statement in (*_SCHEMA, *_AUDIT_SCHEMA):
+            with immediate(conn):
+                for statement in SCHEMA:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         finally:
@@ -214,74 +111,6 @@ def _initialise(path: str) -> None:
         os.unlink(scratch)
 
 
-def _columns(conn: sqlite3.Connection, table: str) -> tuple[str, ...]:
-    return tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
-
-
-def _table_corrupt(table: str) -> CheckpointStoreCorrupt:
-    return CheckpointStoreCorrupt(
-        f"checkpoint store table {table!r} is missing or has unexpected columns",
-        diagnostics={"table": table},
-    )
-
-
-def _check_schema(conn: sqlite3.Connection) -> None:
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version == 0:
-        raise CheckpointStoreCorrupt("file is not a checkpoint store (no schema version)")
-    if version != SCHEMA_VERSION:
-        raise CheckpointStoreCorrupt(
-            f"checkpoint store has unknown schema version {version}, expected {SCHEMA_VERSION}",
-            diagnostics={"user_version": version, "expected": SCHEMA_VERSION},
-        )
-    _check_tables(conn, _TABLES)
-
-
-def _check_tables(conn: sqlite3.Connection, tables: dict[str, tuple[str, ...]]) -> None:
-    for table, columns in tables.items():
-        if _columns(conn, table) != columns:
-            raise _table_corrupt(table)
-
-
-def _migrate_from_version_1(conn: sqlite3.Connection) -> None:
-    """Rebuild ``checkpoint_latest`` as version 2 has it, in one write transaction.
-
-    The version is read again inside the transaction: another process may
-    have migrated first. A payload SQLite cannot read as JSON fails the whole
-    migration, and the file stays as it was.
-    """
-    if conn.execute("PRAGMA user_version").fetchone()[0] != 1:
-        return
-    with _immediate(conn):
-        if conn.execute("PRAGMA user_version").fetchone()[0] != 1:
-            return
-        _check_tables(conn, _VERSION_1_TABLES)
-        conn.execute("ALTER TABLE checkpoint_latest RENAME TO checkpoint_latest_v1")
-        conn.execute(_LATEST_TABLE.format(name="checkpoint_latest"))
-        conn.execute(
-            f"INSERT INTO checkpoint_latest ({_ROUTE_KEY}, partition_id, seq, payload,"
-            f" {', '.join(_SUMMARY_NAMES)}) SELECT {_ROUTE_KEY}, partition_id, seq, payload,"
-            f" {', '.join(_summary_of('payload'))} FROM checkpoint_latest_v1"
-        )
-        conn.execute("DROP TABLE checkpoint_latest_v1")
-        for statement in _LATEST_UPKEEP:
-            conn.execute(statement)
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-
-def _check_summary_upkeep(conn: sqlite3.Connection) -> None:
-    """The indexes and triggers of ``checkpoint_latest`` must all be there."""
-    names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-    if not {_upkeep_name(statement) for statement in _LATEST_UPKEEP} <= names:
-        raise _table_corrupt("checkpoint_latest")
-
-
-def _upkeep_name(statement: str) -> str:
-    """The object a CREATE INDEX or CREATE TRIGGER statement makes."""
-    words = statement.split()
-    return words[words.index("INDEX" if "INDEX" in words[:3] else "TRIGGER") + 1]
-
-
 def _require_sqlite() -> None:
     if sqlite3.sqlite_version_info < _MINIMUM_SQLITE:
         raise CheckpointStoreUnavailable(
@@ -292,18 +121,6 @@ def _require_sqlite() -> None:
         )
 
 
-def _ensure_audit_table(conn: sqlite3.Connection) -> None:
-    """Give a v1 file from before the audit table an empty one; refuse a foreign one."""
-    found = _columns(conn, "audit")
-    if found == _AUDIT_COLUMNS:
-        return
-    if found:
-        raise _table_corrupt("audit")
-    with _immediate(conn):
-        for statement in _AUDIT_SCHEMA:
-            conn.execute(statement)
-
-
 def _refuse_partial_pages(conn: sqlite3.Connection, path: str) -> None:
     """A database file is whole pages; SQLite would read a cut last page as zeros and go on."""
     page_size = conn.execute("PRAGMA page_size").fetchone()[0]
@@ -311,104 +128,36 @@ def _refuse_partial_pages(conn: sqlite3.Connection, path: str) -> None:
         raise CheckpointStoreCorrupt("the checkpoint store file is truncated")
 
 
-def _open(path: str) -> sqlite3.Connection:
+def _connect(path: str) -> sqlite3.Connection:
     uri = f"file:{pathname2url(path)}?mode=rw"
     with _translated("opened"):
-        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+        return sqlite3.connect(
+            uri,
+            uri=True,
+            timeout=BUSY_TIMEOUT_SECONDS,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+
+
+def _open(path: str) -> sqlite3.Connection:
+    conn = _connect(path)
     try:
         with _translated("opened"):
             _refuse_partial_pages(conn, path)
-            _migrate_from_version_1(conn)
-            _check_schema(conn)
-            _check_summary_upkeep(conn)
+            migrate(conn)
+            check_schema(conn)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
-            _ensure_audit_table(conn)
     except BaseException:
         conn.close()
         raise
     return conn
 
 
-def _loads(text: Any, what: str, where: dict[str, Any]) -> Any:
-    try:
-        return json.loads(text)
-    except (TypeError, ValueError, RecursionError):
-        raise CheckpointStoreCorrupt(f"{what} is not valid JSON", diagnostics=where) from None
-
-
-def _load_object(text: Any, what: str, where: dict[str, Any]) -> dict[str, Any]:
-    value = _loads(text, what, where)
-    if not isinstance(value, dict):
-        raise CheckpointStoreCorrupt(f"{what} is not a JSON object", diagnostics=where)
-    return value
-
-
-def _decode_checkpoint(
-    route: RouteKey, partition_id: Any, seq: Any, text: Any
-) -> PartitionCheckpoint:
-    where = {"route": route.as_dict(), "partition_id": partition_id, "seq": seq}
-    payload = _loads(text, "stored checkpoint payload", where)
-    try:
-        # json.loads output is private to this call: no copies, and the route is the caller's.
-        checkpoint = checkpoint_from_payload(payload, copy_values=False, known_route=route)
-    except CheckpointPayloadInvalid as exc:
-        for key, value in where.items():
-            exc.diagnostics.setdefault(key, value)
-        raise
-    if checkpoint.route != route or checkpoint.partition_id != partition_id:
-        raise CheckpointStoreCorrupt(
-            "stored checkpoint payload disagrees with the route or partition it is filed under",
-            diagnostics=where,
-        )
-    return checkpoint
-
-
-class RecordReads:
-    """The reads both SQL stores share: evidence, audit records and the list of routes.
-
-    A store provides ``_read(sql, params)``, ``_table(name)`` (the table's
-    name as its SQL needs it) and ``_route_filter`` (its route condition).
-    """
-
-    _route_filter = _ROUTE
-
-    def _table(self, name: str) -> str:
-        return name
-
-    def list_evidence(self, route: RouteKey) -> list[dict[str, Any]]:
-        records = self._records("evidence", "run_id", "seq", route)
-        return [record for _, record in records]
-
-    def list_routes(self) -> list[RouteKey]:
-        rows = self._read(
-            f"SELECT DISTINCT {_ROUTE_KEY} FROM {self._table('checkpoint_latest')}"
-            f" ORDER BY {_ROUTE_KEY}",
-            (),
-        )
-        return [_route_from_row(row) for row in rows]
-
-    def list_audit(self, route: RouteKey) -> list[dict[str, Any]]:
-        records = self._records("audit", "audit_id", "audit_id", route)
-        return [{**record, "audit_id": audit_id} for audit_id, record in records]
-
-    def _records(
-        self, table: str, key: str, order: str, route: RouteKey
-    ) -> list[tuple[Any, dict[str, Any]]]:
-        """(key, JSON object) of every ``record`` of ``route`` in ``table``, in ``order``."""
-        rows = self._read(
-            f"SELECT {key}, record FROM {self._table(table)} WHERE {self._route_filter}"
-            f" ORDER BY {order}",
-            _route_params(route),
-        )
-        where = {"route": route.as_dict()}
-        what = f"stored {table} record"
-        return [(value, _load_object(text, what, {**where, key: value})) for value, text in rows]
-
-
 class SQLiteCheckpointStore(RecordReads):
-    """Checkpoints (latest and full history), source state, evidence and audit in one SQLite file.
+    """Checkpoints (latest and full history), source state, evidence, audit and leases in one file.
 
     WAL journal and ``synchronous=FULL``: a returned write survives power loss, and
     ``upsert_many`` is one transaction (one fsync) even though the port does not
@@ -416,13 +165,15 @@ class SQLiteCheckpointStore(RecordReads):
     its place: ``list_evidence`` is ordered by the first write of each run id.
     """
 
+    _route_filter = ROUTE
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._conn: sqlite3.Connection | None = None
         _require_sqlite()
-        path = os.path.abspath(os.fspath(path))
-        if not os.path.exists(path):
-            _initialise(path)
-        self._conn = _open(path)
+        self._path = os.path.abspath(os.fspath(path))
+        if not os.path.exists(self._path):
+            _initialise(self._path)
+        self._conn = _open(self._path)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -443,8 +194,11 @@ class SQLiteCheckpointStore(RecordReads):
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         conn = self._connection()
-        with _translated("written", writing=True), _immediate(conn):
+        with _translated("written", writing=True), immediate(conn):
             yield conn
+
+    def _table(self, name: str) -> str:
+        return name
 
     def _read(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         conn = self._connection()
@@ -456,7 +210,7 @@ class SQLiteCheckpointStore(RecordReads):
 
     def upsert_many(self, checkpoints: Iterable[PartitionCheckpoint]) -> None:
         items = list(checkpoints)
-        rows = _encode_batch(items)
+        rows = encode_batch(items)
         if not rows:
             return
         with self._transaction() as conn:
@@ -468,73 +222,157 @@ class SQLiteCheckpointStore(RecordReads):
         Read it while the store is open: its answers come from the store's connection.
         """
         self._connection()  # a closed store refuses now, not at the first question
-        return LatestCheckpoints(_LatestOfRoute(self, route))
+        return LatestCheckpoints(_LatestRows(self, ROUTE, route_params(route)))
+
+    def list_target_latest(self, route: RouteKey) -> LatestCheckpoints:
+        """Every route's latest checkpoints into ``route``'s target table (see ``TargetScopeStore``)."""
+        self._connection()
+        table = route.target_table
+        scope = (route.target_location or "", table, table, table)
+        return LatestCheckpoints(_LatestRows(self, TARGET_SCOPE, scope))
+
+    def adopt_unlocated(self, route: RouteKey) -> int:
+        """Move the unlocated twin's latest checkpoints and source state to ``route``; one transaction.
+
+        A twin checkpoint replaces the route's own only when it is newer. Returns how
+        many twin checkpoints there were.
+        """
+        twin = route.unlocated()
+        if not route.located:
+            return 0
+        with self._transaction() as conn:
+            rows = conn.execute(
+                f"SELECT partition_id, seq, payload FROM checkpoint_latest WHERE {ROUTE}",
+                route_params(twin),
+            ).fetchall()
+            if rows:
+                own = dict(
+                    conn.execute(
+                        f"SELECT partition_id, seq FROM checkpoint_latest WHERE {ROUTE}",
+                        route_params(route),
+                    ).fetchall()
+                )
+                moved = [
+                    attrs.evolve(decode_checkpoint(twin, *row), route=route)
+                    for row in rows
+                    if own.get(row[0], -1) < row[1]
+                ]
+                _insert_checkpoints(conn, encode_batch(moved), moved)
+                conn.execute(f"DELETE FROM checkpoint_latest WHERE {ROUTE}", route_params(twin))
+            conn.execute(
+                f"INSERT OR IGNORE INTO source_state ({ROUTE_KEY}, state)"
+                f" SELECT ?, ?, ?, ?, ?, state FROM source_state WHERE {ROUTE}",
+                (*route_params(route), *route_params(twin)),
+            )
+            conn.execute(f"DELETE FROM source_state WHERE {ROUTE}", route_params(twin))
+            return len(rows)
 
     def history(self, route: RouteKey) -> list[PartitionCheckpoint]:
         """Every checkpoint written for ``route``, oldest first."""
         rows = self._read(
-            f"SELECT partition_id, seq, payload FROM checkpoint_history WHERE {_ROUTE}"
+            f"SELECT partition_id, seq, payload FROM checkpoint_history WHERE {ROUTE}"
             " ORDER BY seq",
-            _route_params(route),
+            route_params(route),
         )
-        return [_decode_checkpoint(route, *row) for row in rows]
+        return [decode_checkpoint(route, *row) for row in rows]
 
     def load_source_state(self, route: RouteKey) -> dict[str, Any] | None:
-        rows = self._read(f"SELECT state FROM source_state WHERE {_ROUTE}", _route_params(route))
+        rows = self._read(f"SELECT state FROM source_state WHERE {ROUTE}", route_params(route))
         if not rows:
             return None
-        return _load_object(rows[0][0], "stored source state", {"route": route.as_dict()})
+        return load_object(rows[0][0], "stored source state", {"route": route.as_dict()})
 
     def save_source_state(self, route: RouteKey, state: dict[str, Any]) -> None:
-        text = _encode_object(state, "source state")
+        text = encode_object(state, "source state")
         with self._transaction() as conn:
-            conn.execute(
-                f"INSERT INTO source_state ({_ROUTE_KEY}, state) VALUES (?, ?, ?, ?)"
-                f" ON CONFLICT ({_ROUTE_KEY}) DO UPDATE SET state = excluded.state",
-                (*_route_params(route), text),
-            )
+            _save_state(conn, route, text)
 
     def record_evidence(self, route: RouteKey, run_id: str, record: dict[str, Any]) -> None:
-        _check_run_id(run_id)
-        text = _encode_object(record, "evidence record")
-        params = _route_params(route)
+        check_run_id(run_id)
+        text = encode_object(record, "evidence record")
+        params = route_params(route)
         with self._transaction() as conn:
             conn.execute(
-                f"INSERT INTO evidence ({_ROUTE_KEY}, run_id, seq, record) VALUES (?, ?, ?, ?,"
-                f" (SELECT COALESCE(MAX(seq), 0) + 1 FROM evidence WHERE {_ROUTE}), ?)"
-                f" ON CONFLICT ({_ROUTE_KEY}, run_id) DO UPDATE SET record = excluded.record",
+                f"INSERT INTO evidence ({ROUTE_KEY}, run_id, seq, record)"
+                f" VALUES ({_ROUTE_VALUES}, ?,"
+                f" (SELECT COALESCE(MAX(seq), 0) + 1 FROM evidence WHERE {ROUTE}), ?)"
+                f" ON CONFLICT ({ROUTE_KEY}, run_id) DO UPDATE SET record = excluded.record",
                 (*params, run_id, *params, text),
             )
 
     def apply_resolution(
-        self, route: RouteKey, checkpoints: Sequence[PartitionCheckpoint], audit: dict[str, Any]
+        self,
+        route: RouteKey,
+        checkpoints: Sequence[PartitionCheckpoint],
+        audit: dict[str, Any],
+        *,
+        expected: Sequence[PartitionCheckpoint] = (),
+        source_state: dict[str, Any] | None = None,
     ) -> int:
-        """One transaction: the checkpoints and the audit record commit together or not at all."""
-        rows, record = _encode_resolution(route, checkpoints, audit)
+        """One transaction: the checkpoints, the audit record (and a source state), or nothing.
+
+        ``expected`` makes it a compare-and-set: each of those checkpoints must
+        still be its partition's latest, or ``ResolutionConflict`` is raised and
+        nothing is written.
+        """
+        rows, record = encode_resolution(route, checkpoints, audit)
+        state = None if source_state is None else encode_object(source_state, "source state")
         with self._transaction() as conn:
+            check_expected(expected, lambda cp: _latest_payload(conn, cp))
             _insert_checkpoints(conn, rows, list(checkpoints))
+            if state is not None:
+                _save_state(conn, route, state)
             return conn.execute(
-                f"INSERT INTO audit ({_ROUTE_KEY}, record) VALUES (?, ?, ?, ?)",
-                (*_route_params(route), record),
+                f"INSERT INTO audit ({ROUTE_KEY}, record) VALUES ({_ROUTE_VALUES}, ?)",
+                (*route_params(route), record),
             ).lastrowid
 
+    def lease_table(self) -> _LeaseTable:
+        """Lease operations on a connection of their own (the heartbeat runs in a thread)."""
+        self._connection()
+        return _LeaseTable(_connect(self._path))
 
-class _LatestOfRoute:
-    """``LatestReader`` of one route: summary columns and the guard index, payloads on demand."""
 
-    def __init__(self, store: SQLiteCheckpointStore, route: RouteKey) -> None:
+def _save_state(conn: sqlite3.Connection, route: RouteKey, text: str) -> None:
+    conn.execute(
+        f"INSERT INTO source_state ({ROUTE_KEY}, state) VALUES ({_ROUTE_VALUES}, ?)"
+        f" ON CONFLICT ({ROUTE_KEY}) DO UPDATE SET state = excluded.state",
+        (*route_params(route), text),
+    )
+
+
+def _latest_payload(conn: sqlite3.Connection, checkpoint: PartitionCheckpoint) -> Any:
+    row = conn.execute(
+        f"SELECT seq, payload FROM checkpoint_latest WHERE {ROUTE} AND partition_id = ?",
+        (*route_params(checkpoint.route), checkpoint.partition_id),
+    ).fetchone()
+    return None if row is None else decode_checkpoint(checkpoint.route, checkpoint.partition_id, *row)
+
+
+class _LatestRows:
+    """``LatestReader`` over the rows a condition selects: one route, or one target table."""
+
+    def __init__(self, store: SQLiteCheckpointStore, where: str, params: tuple[Any, ...]) -> None:
         self._store = store
-        self._route = route
+        self._where = where
+        self._params = params
+        self._routes: dict[tuple[Any, ...], RouteKey] = {}
 
     def _select(self, columns: str, rest: str = "", params: tuple[Any, ...] = ()) -> list[Any]:
         return self._store._read(
-            f"SELECT {columns} FROM checkpoint_latest WHERE {_ROUTE}{rest}",
-            (*_route_params(self._route), *params),
+            f"SELECT {columns} FROM checkpoint_latest WHERE {self._where}{rest}",
+            (*self._params, *params),
         )
 
     def _decoded(self, rest: str, params: tuple[Any, ...] = ()) -> list[PartitionCheckpoint]:
-        rows = self._select("partition_id, seq, payload", rest, params)
-        return [_decode_checkpoint(self._route, *row) for row in rows]
+        rows = self._select(f"{ROUTE_KEY}, partition_id, seq, payload", rest, params)
+        return [decode_checkpoint(self._route(row[:5]), *row[5:]) for row in rows]
+
+    def _route(self, key: tuple[Any, ...]) -> RouteKey:
+        route = self._routes.get(key)
+        if route is None:
+            route = self._routes[key] = stored_route(key)
+        return route
 
     def count(self) -> int:
         return self._select("COUNT(*)")[0][0]
@@ -557,6 +395,17 @@ class _LatestOfRoute:
         rows = self._select("partition_id", " AND guard IS NOT NULL")
         return sorted(partition_id for (partition_id,) in rows)
 
+    def ledger_batches(self) -> dict[str, tuple[int, int]]:
+        rows = self._select(
+            "ledger_batch, status = 'committed', COUNT(*)",
+            " AND ledger_batch IS NOT NULL GROUP BY ledger_batch, status",
+        )
+        found: dict[str, tuple[int, int]] = {}
+        for batch, committed, count in rows:
+            done, other = found.get(batch, (0, 0))
+            found[batch] = (done + count, other) if committed else (done, other + count)
+        return found
+
     def summaries(self, partition_ids: Collection[str]) -> dict[str, tuple[str, str, str]]:
         rows = self._select(
             "partition_id, status, query_hash, schema_hash",
@@ -573,6 +422,51 @@ class _LatestOfRoute:
 _AMONG = " AND partition_id IN (SELECT value FROM json_each(?))"
 
 
+class _LeaseTable:
+    """``LeaseTable`` on its own connection to the store file; one call at a time."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def _write(self, sql: str, params: tuple[Any, ...]) -> int:
+        with self._lock, _translated("written", writing=True), immediate(self._conn):
+            return self._conn.execute(sql, params).rowcount
+
+    def take(self, key: str, token: str, expires_at: float, record: str, now: float) -> bool:
+        self._write(
+            "INSERT INTO lease (lease_key, token, expires_at, record) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (lease_key) DO UPDATE SET token = excluded.token,"
+            " expires_at = excluded.expires_at, record = excluded.record"
+            " WHERE lease.expires_at <= ? OR lease.token = excluded.token",
+            (key, token, expires_at, record, now),
+        )
+        with self._lock, _translated("read"):
+            row = self._conn.execute(
+                "SELECT token FROM lease WHERE lease_key = ?", (key,)
+            ).fetchone()
+        return row is not None and row[0] == token
+
+    def renew(self, key: str, token: str, expires_at: float, record: str) -> bool:
+        return 1 == self._write(
+            "UPDATE lease SET expires_at = ?, record = ? WHERE lease_key = ? AND token = ?",
+            (expires_at, record, key, token),
+        )
+
+    def release(self, key: str, token: str) -> None:
+        self._write("DELETE FROM lease WHERE lease_key = ? AND token = ?", (key, token))
+
+    def holder(self, key: str, now: float) -> str | None:
+        with self._lock, _translated("read"):
+            row = self._conn.execute(
+                "SELECT record FROM lease WHERE lease_key = ? AND expires_at > ?", (key, now)
+            ).fetchone()
+        return None if row is None else row[0]
+
+    def close(self) -> None:
+        self._conn.close()
+
+
 def _insert_checkpoints(
     conn: sqlite3.Connection, rows: list[tuple[str, ...]], checkpoints: list[PartitionCheckpoint]
 ) -> None:
@@ -587,17 +481,18 @@ def _insert_checkpoints(
     """
     before = _last_seq(conn)
     conn.executemany(
-        f"INSERT INTO checkpoint_history ({_ROUTE_KEY}, partition_id, payload)"
-        " VALUES (?, ?, ?, ?, ?)",
+        f"INSERT INTO checkpoint_history ({ROUTE_KEY}, partition_id, payload)"
+        f" VALUES ({_ROUTE_VALUES}, ?, ?)",
         rows,
     )
     if _last_seq(conn) != before + len(rows):
         raise CheckpointStoreCorrupt("checkpoint history sequence numbers are not contiguous")
+    summary = ", ".join(SUMMARY_NAMES)
     conn.executemany(
-        f"INSERT INTO checkpoint_latest ({_ROUTE_KEY}, partition_id, payload, seq,"
-        f" {', '.join(_SUMMARY_NAMES)}) VALUES ({', '.join('?' * (6 + len(_SUMMARY_NAMES)))})"
-        f" ON CONFLICT ({_ROUTE_KEY}, partition_id) DO UPDATE SET "
-        + ", ".join(f"{name} = excluded.{name}" for name in ("seq", "payload", *_SUMMARY_NAMES)),
+        f"INSERT INTO checkpoint_latest ({ROUTE_KEY}, partition_id, payload, seq, {summary})"
+        f" VALUES ({_ROUTE_VALUES}, ?, ?, ?, {', '.join('?' * len(SUMMARY_NAMES))})"
+        f" ON CONFLICT ({ROUTE_KEY}, partition_id) DO UPDATE SET "
+        + ", ".join(f"{name} = excluded.{name}" for name in ("seq", "payload", *SUMMARY_NAMES)),
         (
             (*row, before + number, *summary)
             for number, (row, summary) in enumerate(
@@ -614,7 +509,8 @@ def _summaries(checkpoints: list[PartitionCheckpoint]) -> Iterator[tuple[Any, ..
         key = id(cp.diagnostics.get(GUARD_DIAGNOSTICS_KEY, _NO_GUARD))
         if key not in texts:
             texts[key] = guard_json(cp)
-        yield str(cp.status), cp.query_hash, cp.schema_hash, texts[key]
+        ledger = cp.diagnostics.get(LEDGER_BATCH_KEY)  # a str when present: the codec checks it
+        yield str(cp.status), cp.query_hash, cp.schema_hash, texts[key], ledger
 
 
 _NO_GUARD = object()
@@ -628,9 +524,3 @@ def _last_seq(conn: sqlite3.Connection) -> int:
     ).fetchone()
     return used
 
-
-def _route_from_row(row: tuple[Any, ...]) -> RouteKey:
-    try:
-        return RouteKey(*row)
-    except (TypeError, ValueError):
-        raise CheckpointStoreCorrupt("a stored route key is not valid") from None

@@ -106,6 +106,10 @@ class FaultyStore:
             raise error
         return self.inner.list_latest(route)
 
+    def __getattr__(self, name: str) -> Any:
+        """The store's other capabilities (target scope, adoption, leases, operator port)."""
+        return getattr(self.inner, name)
+
     def load_source_state(self, route: RouteKey) -> dict[str, Any] | None:
         return self.inner.load_source_state(route)
 

@@ -29,9 +29,10 @@ from typing import Any
 
 from ...artifacts import JSONL
 from ...errors import ArtifactInvalid, ConfigInvalid, SourceInvalid
+from ...identity import TableIdentity, file_location, server_location
 from ...payloads import ArtifactFiles, Column, LoadPlan, RowChunks, bound_predicates
 from ..sqlite import SQLiteSource
-from .client import ClickHouseClient, open_client, parse_location
+from .client import CHDB, ClickHouseClient, open_client, parse_location
 from .sql import column_list, create_table_sql, partition_id_literal, quote, where_sql
 
 __all__ = ["ClickHouseSink"]
@@ -65,6 +66,18 @@ class ClickHouseSink:
 
     def __repr__(self) -> str:
         return f"ClickHouseSink(table={self.table!r}, engine={self._location.kind!r})"
+
+    def identity(self) -> TableIdentity:
+        """chDB: the data folder's resolved path; a server: host, port, database (no user).
+
+        ClickHouse table names are case-sensitive.
+        """
+        if self._location.kind == CHDB:
+            return TableIdentity(file_location("chdb", self._location.target), self.table)
+        location = server_location(
+            "clickhouse", self._location.target, default_port=8123, default_database="default"
+        )
+        return TableIdentity(location, self.table)
 
     @property
     def engine(self) -> str:

@@ -1,0 +1,383 @@
+"""The target's batch ledger, and the cross-check of the checkpoint store against it.
+
+A sink that supports it (``LedgerSink``) writes one row per batch into
+``_dpone_ledger`` in the target database, in the same transaction as the
+batch's rows: which route, which batch and run, which partitions, how many
+rows, and the source state (generation, watermark) the batch brings the
+route to. The ledger is append-only: a full refresh replaces a table's rows,
+never its ledger rows. So the target itself records what it holds, and the
+store is no longer the only memory:
+
+- before a run touches the target, ``check_store_against_target`` compares
+  the store's view of the route with the ledger (reads only);
+- ``prove`` tells an operator whether a blocked batch was applied;
+- ``restored_checkpoints`` rebuilds a lost store's view from it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+from .checkpoints import (
+    LEDGER_BATCH_KEY,
+    PartitionCheckpoint,
+    PartitionCheckpointStatus,
+    RouteKey,
+    Strategy,
+    _is_json_safe,
+    batch_id_for,
+)
+from .errors import StoreTargetMismatch
+from .latest import LatestCheckpoints
+
+__all__ = [
+    "LEDGER_FORMAT",
+    "LEDGER_TABLE",
+    "LedgerEntry",
+    "LedgerPartition",
+    "Proof",
+    "check_store_against_target",
+    "prove",
+    "restored_checkpoints",
+]
+
+LEDGER_TABLE = "_dpone_ledger"
+LEDGER_FORMAT = "dpone.target_ledger.v1"
+
+
+@attrs.frozen
+class LedgerPartition:
+    partition_id: str
+    bounds: dict[str, Any]
+    rows: int
+
+
+@attrs.frozen(kw_only=True)
+class LedgerEntry:
+    """One batch as the target's ledger records it (written by the sink with the rows).
+
+    ``rows`` is what the sink applied (it fills it in); ``seq`` orders a
+    table's entries (the sink assigns it). ``partitions`` is empty when read
+    without them (``read_ledger(partitions=False)``); ``partition_count`` is not.
+    """
+
+    batch_id: str
+    run_id: str
+    target_table: str
+    source_location: str | None
+    source_table: str
+    strategy: Strategy = attrs.field(converter=Strategy)
+    replace: bool
+    generation: int
+    watermark: Any
+    query_hash: str
+    schema_hash: str
+    applied_at: str
+    partition_count: int
+    partitions: tuple[LedgerPartition, ...] = ()
+    rows: int = 0
+    seq: int = 0
+
+    @classmethod
+    def for_batch(
+        cls,
+        route: RouteKey,
+        run_id: str,
+        candidates: Sequence[PartitionCheckpoint],
+        *,
+        generation: int,
+        watermark: Any,
+        at: datetime,
+    ) -> LedgerEntry:
+        """The entry of one attempt, before extraction has counted its rows."""
+        first = candidates[0]
+        return cls(
+            batch_id=batch_id_for(run_id, [cp.partition_id for cp in candidates]),
+            run_id=run_id,
+            target_table=route.target_table,
+            source_location=route.source_location,
+            source_table=route.source_table,
+            strategy=route.strategy,
+            replace=route.strategy is Strategy.FULL_REFRESH,
+            generation=generation,
+            watermark=watermark,
+            query_hash=first.query_hash,
+            schema_hash=first.schema_hash,
+            applied_at=at.isoformat(),
+            partition_count=len(candidates),
+            partitions=tuple(
+                LedgerPartition(cp.partition_id, dict(cp.partition_bounds), cp.rows_exported)
+                for cp in candidates
+            ),
+        )
+
+    def with_counts(self, candidates: Sequence[PartitionCheckpoint]) -> LedgerEntry:
+        """The same entry with the partitions' rows as extraction counted them."""
+        rows = {cp.partition_id: cp.rows_exported for cp in candidates}
+        partitions = tuple(attrs.evolve(p, rows=rows.get(p.partition_id, p.rows)) for p in self.partitions)
+        return attrs.evolve(self, partitions=partitions)
+
+    def of_route(self, route: RouteKey) -> bool:
+        """Written by ``route`` (the ledger lives in the target: its location is implied)."""
+        return (self.source_location, self.source_table, self.strategy) == (
+            route.source_location,
+            route.source_table,
+            route.strategy,
+        )
+
+    def row(self) -> tuple[str, str, str, str]:
+        """(target_table, batch_id, entry JSON, partitions JSON): what a sink inserts, with rows."""
+        entry = {
+            "format": LEDGER_FORMAT,
+            "run_id": self.run_id,
+            "source_location": self.source_location,
+            "source_table": self.source_table,
+            "strategy": str(self.strategy),
+            "replace": self.replace,
+            "generation": self.generation,
+            "watermark": self.watermark,
+            "query_hash": self.query_hash,
+            "schema_hash": self.schema_hash,
+            "applied_at": self.applied_at,
+            "partition_count": self.partition_count,
+        }
+        partitions = [[p.partition_id, p.bounds, p.rows] for p in self.partitions]
+        return (
+            self.target_table,
+            self.batch_id,
+            json.dumps(entry, sort_keys=True, allow_nan=False),
+            json.dumps(partitions, sort_keys=True, allow_nan=False),
+        )
+
+    @classmethod
+    def from_row(
+        cls, seq: Any, target_table: Any, batch_id: Any, rows: Any, entry: Any, partitions: Any
+    ) -> LedgerEntry:
+        """Strictly read a ledger row; anything off is a ``StoreTargetMismatch`` (unreadable)."""
+        try:
+            fields = json.loads(entry)
+            listed = [] if partitions is None else json.loads(partitions)
+            if fields.pop("format") != LEDGER_FORMAT or set(fields) != _ENTRY_KEYS:
+                raise ValueError("unknown ledger format")
+            if not (_is_json_safe(fields) and isinstance(listed, list)):
+                raise ValueError("not JSON")
+            return cls(
+                batch_id=_text(batch_id),
+                target_table=_text(target_table),
+                seq=_count(seq),
+                rows=_count(rows),
+                run_id=_text(fields["run_id"]),
+                source_location=_optional_text(fields["source_location"]),
+                source_table=_text(fields["source_table"]),
+                strategy=fields["strategy"],
+                replace=_flag(fields["replace"]),
+                generation=_count(fields["generation"]),
+                watermark=fields["watermark"],
+                query_hash=_text(fields["query_hash"]),
+                schema_hash=_text(fields["schema_hash"]),
+                applied_at=_text(fields["applied_at"]),
+                partition_count=_count(fields["partition_count"]),
+                partitions=tuple(
+                    LedgerPartition(_text(pid), dict(bounds), _count(n)) for pid, bounds, n in listed
+                ),
+            )
+        except (TypeError, ValueError, KeyError, AttributeError, RecursionError):
+            raise StoreTargetMismatch(
+                f"the target's ledger ({LEDGER_TABLE}) holds a row that is not a valid ledger "
+                "entry; it cannot be checked against the checkpoint store",
+                diagnostics={"mismatch": "ledger_unreadable", "seq": _safe_int(seq)},
+            ) from None
+
+
+_ENTRY_KEYS = frozenset(
+    {
+        "run_id",
+        "source_location",
+        "source_table",
+        "strategy",
+        "replace",
+        "generation",
+        "watermark",
+        "query_hash",
+        "schema_hash",
+        "applied_at",
+        "partition_count",
+    }
+)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("not a non-empty string")
+    return value
+
+
+def _optional_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("not a count")
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("not a boolean")
+    return value
+
+
+def _safe_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# --- the cross-check -------------------------------------------------------------------------
+
+
+def _mismatch(route: RouteKey, kind: str, message: str, **diagnostics: Any) -> StoreTargetMismatch:
+    return StoreTargetMismatch(
+        f"route {route.label}: {message}; nothing was read from the source or written to "
+        "the target",
+        diagnostics={"route": route.as_dict(), "mismatch": kind, **diagnostics},
+    )
+
+
+def check_store_against_target(
+    route: RouteKey, latest: LatestCheckpoints, entries: Sequence[LedgerEntry], *, fix: str
+) -> None:
+    """Refuse the run when the store and the target's ledger disagree (reads only).
+
+    ``latest`` is the route's view in the store, ``entries`` the ledger of its
+    target table, ``fix`` the command line an operator runs to repair it.
+    Checked in order:
+
+    1. every batch of this route in the ledger is one the store holds as
+       committed (else the store was lost, replaced, restored from an older
+       backup, or is another store; or the target was moved or copied);
+    2. every committed ledger batch of the store is in the ledger (else the
+       target was replaced, restored, or is another database);
+    3. no other route replaced the table after this route's last batch (a full
+       refresh, or a strategy switch), unless this route replaces it too.
+    """
+    mine = [entry for entry in entries if entry.of_route(route)]
+    stored = latest.ledger_batches()
+    unknown = [e.batch_id for e in mine if stored.get(e.batch_id, (0, 0))[0] == 0]
+    contradicted = [e.batch_id for e in mine if stored.get(e.batch_id, (0, 0))[1] > 0]
+    if unknown or contradicted:
+        raise _mismatch(
+            route,
+            "target_ahead_of_store",
+            f"the target's ledger holds {len(unknown) + len(contradicted)} batch(es) of this "
+            "route that the checkpoint store does not record as committed (the store was "
+            "lost, replaced, restored from an older backup, copied without its -wal file or "
+            "is another route's store, or the target was moved or copied); rebuild the "
+            f"store's view from the target with: {fix}",
+            batch_ids=sorted(unknown + contradicted),
+        )
+    in_ledger = {entry.batch_id for entry in mine}
+    missing = sorted(b for b, (done, _) in stored.items() if done and b not in in_ledger)
+    if missing:
+        raise _mismatch(
+            route,
+            "store_ahead_of_target",
+            f"the checkpoint store records {len(missing)} committed batch(es) that the "
+            "target's ledger does not hold (the target was replaced, restored from an older "
+            "backup or moved, or this is another database with the same table name); "
+            f"compare them with: {fix.replace('state restore', 'guard verify', 1)}",
+            batch_ids=missing,
+        )
+    if route.strategy is Strategy.FULL_REFRESH or not mine:
+        return
+    last = max(entry.seq for entry in mine)
+    replaced = [e for e in entries if e.replace and e.seq > last and not e.of_route(route)]
+    if replaced:
+        by = replaced[-1]
+        raise _mismatch(
+            route,
+            "replaced_by_another_route",
+            f"another route ({by.source_table} -> {by.target_table}, {by.strategy}) "
+            "replaced the target table after this route's last batch, so this route's "
+            "watermark no longer describes what the target holds and appending from it "
+            "could duplicate rows; keep loading the table with that route, or start this "
+            f"route again from the target's state with: {fix}",
+            batch_ids=[by.batch_id],
+        )
+
+
+# --- proofs and restores ---------------------------------------------------------------------
+
+
+@attrs.frozen
+class Proof:
+    """What the target's ledger proves about one batch: ``applied``, ``not_applied`` or ``unknown``."""
+
+    verdict: str
+    reason: str
+    rows: int | None = None
+    applied_at: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+APPLIED, NOT_APPLIED, UNKNOWN = "applied", "not_applied", "unknown"
+
+
+def prove(
+    route: RouteKey,
+    batch_id: str,
+    entries: Sequence[LedgerEntry] | None,
+    *,
+    atomic: bool,
+    armed_with_ledger: bool,
+) -> Proof:
+    """Whether batch ``batch_id`` of ``route`` is in the target.
+
+    ``entries`` is None when the ledger could not be read. Absence proves
+    "not applied" only on a target whose ledger row commits with the rows
+    (``atomic``) and for a batch that was armed with the ledger on.
+    """
+    if entries is None:
+        return Proof(UNKNOWN, "the target or its ledger cannot be read")
+    for entry in entries:
+        if entry.batch_id == batch_id and entry.of_route(route):
+            return Proof(APPLIED, "the target's ledger holds the batch", entry.rows, entry.applied_at)
+    if not armed_with_ledger:
+        return Proof(UNKNOWN, "the batch was written without the target's ledger")
+    if not atomic:
+        return Proof(UNKNOWN, "this target's ledger row is not written with the rows")
+    return Proof(NOT_APPLIED, "the target's ledger does not hold the batch")
+
+
+def restored_checkpoints(
+    route: RouteKey, entries: Sequence[LedgerEntry]
+) -> list[PartitionCheckpoint]:
+    """Committed checkpoints for every partition of this route's ledger entries.
+
+    They carry the entry's ledger batch id and no guard: the ledger, not a
+    guard, proves them. A later entry's checkpoint of the same partition wins.
+    """
+    restored: dict[str, PartitionCheckpoint] = {}
+    for entry in sorted((e for e in entries if e.of_route(route)), key=lambda e: e.seq):
+        at = datetime.fromisoformat(entry.applied_at)
+        for part in entry.partitions:
+            restored[part.partition_id] = PartitionCheckpoint(
+                partition_id=part.partition_id,
+                route=route,
+                status=PartitionCheckpointStatus.COMMITTED,
+                run_id=entry.run_id,
+                query_hash=entry.query_hash,
+                schema_hash=entry.schema_hash,
+                partition_bounds=dict(part.bounds),
+                started_at=at,
+                completed_at=at,
+                rows_exported=part.rows,
+                diagnostics={LEDGER_BATCH_KEY: entry.batch_id},
+            )
+    return list(restored.values())

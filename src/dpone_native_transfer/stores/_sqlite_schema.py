@@ -1,0 +1,275 @@
+"""The SQLite store's schema (version 3), its checks, and the migrations from versions 1 and 2.
+
+Version 1 has the tables; version 2 adds summary columns to
+``checkpoint_latest`` (ADR-0023); version 3 keys every record by the route's
+locations too (``source_location``, ``target_location``: ``""`` for a route
+written without them), adds the ``ledger_batch`` summary, the route-scan index
+over a target table, and the ``lease`` table. Opening an older file migrates
+it in one write transaction per version, re-reading the version inside it
+(another process may have migrated first); payloads and history are never
+rewritten. Older releases refuse a newer file ("unknown schema version").
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..checkpoints import GUARD_DIAGNOSTICS_KEY, LEDGER_BATCH_KEY
+from ..errors import CheckpointStoreCorrupt
+from ._codec import ROUTE_NAMES
+
+__all__ = [
+    "ROUTE",
+    "ROUTE_KEY",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "SUMMARY_NAMES",
+    "TARGET_SCOPE",
+    "check_schema",
+    "immediate",
+    "migrate",
+]
+
+SCHEMA_VERSION = 3
+
+_NAMES = "source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT NOT NULL"
+# Appended last, as ALTER TABLE ADD COLUMN leaves them in a migrated file.
+_LOCATIONS = "source_location TEXT NOT NULL DEFAULT '', target_location TEXT NOT NULL DEFAULT ''"
+ROUTE_KEY = ", ".join(ROUTE_NAMES)
+ROUTE = " AND ".join(f"{name} = ?" for name in ROUTE_NAMES)
+# Every checkpoint writing one target table: located ones of its database (exact name), and,
+# failing closed, unlocated ones whose target name matches ignoring case. Four parameters:
+# target location, target table, target table, target table.
+TARGET_SCOPE = (
+    "((target_location = ? AND target_table = ? COLLATE NOCASE AND target_table = ?)"
+    " OR (target_location = '' AND target_table = ? COLLATE NOCASE))"
+)
+
+# What the route scan and the planner read instead of payloads (``latest.py``): SQL over
+# the payload, kept current by the writer and, for any other writer, by triggers.
+_SUMMARY = (
+    ("status", "{p} ->> '$.status'"),
+    ("query_hash", "{p} ->> '$.query_hash'"),
+    ("schema_hash", "{p} ->> '$.schema_hash'"),
+    ("guard", "{p} -> '$.diagnostics." + GUARD_DIAGNOSTICS_KEY + "'"),
+    ("ledger_batch", "{p} ->> '$.diagnostics." + LEDGER_BATCH_KEY + "'"),
+)
+SUMMARY_NAMES = tuple(name for name, _ in _SUMMARY)
+_V2_SUMMARY = SUMMARY_NAMES[:4]
+
+
+def _summary_of(payload: str, names: tuple[str, ...] = SUMMARY_NAMES) -> list[str]:
+    return [sql.format(p=payload) for name, sql in _SUMMARY if name in names]
+
+
+def _summary_triggers(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The writer sets the summary from each checkpoint; these triggers cover any other writer.
+
+    A row inserted without a summary, or changed in place (the store's own writes
+    always move ``seq`` to a new history row), gets its summary from the payload.
+    """
+    assign = ", ".join(
+        f"{column} = {sql}"
+        for column, sql in zip(names, _summary_of("NEW.payload", names), strict=True)
+    )
+    return tuple(
+        f"""CREATE TRIGGER checkpoint_latest_summary_{name} AFTER {event} ON checkpoint_latest
+        WHEN {when}
+        BEGIN UPDATE checkpoint_latest SET {assign} WHERE rowid = NEW.rowid; END"""
+        for name, event, when in (
+            ("on_insert", "INSERT", " AND ".join(f"NEW.{c} IS NULL" for c in names)),
+            ("on_update", f"UPDATE OF payload, {', '.join(names)}", "NEW.seq IS OLD.seq"),
+        )
+    )
+
+
+_LATEST_UPKEEP = (
+    "CREATE UNIQUE INDEX checkpoint_latest_by_partition"
+    f" ON checkpoint_latest ({ROUTE_KEY}, partition_id)",
+    # the route scan's index: guard groups of one target table, without the rows
+    "CREATE INDEX checkpoint_latest_by_target ON checkpoint_latest"
+    " (target_location, target_table COLLATE NOCASE, guard, status, partition_id)",
+    # the store/target cross-check: a route's ledger batches and their statuses
+    f"CREATE INDEX checkpoint_latest_by_batch ON checkpoint_latest ({ROUTE_KEY}, ledger_batch,"
+    " status)",
+    *_summary_triggers(SUMMARY_NAMES),
+)
+_LEASE_TABLE = """CREATE TABLE lease (
+    lease_key TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at REAL NOT NULL,
+    record TEXT NOT NULL) WITHOUT ROWID"""
+_INDEXES = (
+    f"CREATE INDEX checkpoint_history_by_route ON checkpoint_history ({ROUTE_KEY}, seq)",
+    f"CREATE INDEX evidence_by_route ON evidence ({ROUTE_KEY}, seq)",
+    f"CREATE INDEX audit_by_route ON audit ({ROUTE_KEY}, audit_id)",
+)
+_SOURCE_STATE = f"""CREATE TABLE source_state (
+    {_NAMES}, state TEXT NOT NULL, {_LOCATIONS},
+    PRIMARY KEY ({ROUTE_KEY})) WITHOUT ROWID"""
+_EVIDENCE = f"""CREATE TABLE evidence (
+    {_NAMES}, run_id TEXT NOT NULL, seq INTEGER NOT NULL, record TEXT NOT NULL, {_LOCATIONS},
+    PRIMARY KEY ({ROUTE_KEY}, run_id)) WITHOUT ROWID"""
+
+SCHEMA = (
+    f"""CREATE TABLE checkpoint_history (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, {_NAMES},
+        partition_id TEXT NOT NULL, payload TEXT NOT NULL, {_LOCATIONS})""",
+    # A rowid table: an upsert writes its row (about 1 KB) once and small index entries;
+    # WITHOUT ROWID would keep whole rows in the key's B-tree and write about twice as much.
+    f"""CREATE TABLE checkpoint_latest (
+        {_NAMES}, partition_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
+        status TEXT, query_hash TEXT, schema_hash TEXT, guard TEXT, {_LOCATIONS},
+        ledger_batch TEXT)""",
+    _SOURCE_STATE,
+    _EVIDENCE,
+    f"""CREATE TABLE audit (
+        audit_id INTEGER PRIMARY KEY AUTOINCREMENT, {_NAMES}, record TEXT NOT NULL,
+        {_LOCATIONS})""",
+    _LEASE_TABLE,
+    *_INDEXES,
+    *_LATEST_UPKEEP,
+)
+
+_V1_NAMES = ROUTE_NAMES[:3]
+_V1_TABLES = {
+    "checkpoint_history": ("seq", *_V1_NAMES, "partition_id", "payload"),
+    "checkpoint_latest": (*_V1_NAMES, "partition_id", "seq", "payload"),
+    "source_state": (*_V1_NAMES, "state"),
+    "evidence": (*_V1_NAMES, "run_id", "seq", "record"),
+}
+_V1_AUDIT = ("audit_id", *_V1_NAMES, "record")
+_V2_TABLES = {
+    **_V1_TABLES,
+    "checkpoint_latest": (*_V1_NAMES, "partition_id", "seq", "payload", *_V2_SUMMARY),
+    "audit": _V1_AUDIT,
+}
+_LOCATION_NAMES = ROUTE_NAMES[3:]
+TABLES = {
+    "checkpoint_history": (*_V1_TABLES["checkpoint_history"], *_LOCATION_NAMES),
+    "checkpoint_latest": (*_V2_TABLES["checkpoint_latest"], *_LOCATION_NAMES, "ledger_batch"),
+    "source_state": (*_V1_TABLES["source_state"], *_LOCATION_NAMES),
+    "evidence": (*_V1_TABLES["evidence"], *_LOCATION_NAMES),
+    "audit": (*_V1_AUDIT, *_LOCATION_NAMES),
+    "lease": ("lease_key", "token", "expires_at", "record"),
+}
+
+
+@contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction, rolled back on any failure."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> tuple[str, ...]:
+    return tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
+
+
+def table_corrupt(table: str) -> CheckpointStoreCorrupt:
+    return CheckpointStoreCorrupt(
+        f"checkpoint store table {table!r} is missing or has unexpected columns",
+        diagnostics={"table": table},
+    )
+
+
+def _check_tables(conn: sqlite3.Connection, tables: dict[str, tuple[str, ...]]) -> None:
+    for table, columns in tables.items():
+        if _columns(conn, table) != columns:
+            raise table_corrupt(table)
+
+
+def _version(conn: sqlite3.Connection) -> int:
+    return conn.execute("PRAGMA user_version").fetchone()[0]
+
+
+def check_schema(conn: sqlite3.Connection) -> None:
+    """The file is a version-3 store: its version, every table's columns, every index."""
+    version = _version(conn)
+    if version == 0:
+        raise CheckpointStoreCorrupt("file is not a checkpoint store (no schema version)")
+    if version != SCHEMA_VERSION:
+        raise CheckpointStoreCorrupt(
+            f"checkpoint store has unknown schema version {version}, expected {SCHEMA_VERSION}",
+            diagnostics={"user_version": version, "expected": SCHEMA_VERSION},
+        )
+    _check_tables(conn, TABLES)
+    names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    if not {_made_by(statement) for statement in (*_INDEXES, *_LATEST_UPKEEP)} <= names:
+        raise table_corrupt("checkpoint_latest")
+
+
+def _made_by(statement: str) -> str:
+    """The object a CREATE INDEX or CREATE TRIGGER statement makes."""
+    words = statement.split()
+    return words[words.index("INDEX" if "INDEX" in words[:3] else "TRIGGER") + 1]
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring a version-1 or version-2 file to version 3; newer or foreign files are left alone."""
+    for version, step in ((1, _version_1_to_2), (2, _version_2_to_3)):
+        if _version(conn) != version:
+            continue
+        with immediate(conn):
+            if _version(conn) == version:
+                step(conn)
+                conn.execute(f"PRAGMA user_version = {version + 1}")
+
+
+def _version_1_to_2(conn: sqlite3.Connection) -> None:
+    """Rebuild ``checkpoint_latest`` with its summary; give a v1 file without one an audit table.
+
+    A payload SQLite cannot read as JSON fails the whole migration.
+    """
+    _check_tables(conn, _V1_TABLES)
+    if not _columns(conn, "audit"):
+        conn.execute(
+            f"CREATE TABLE audit (audit_id INTEGER PRIMARY KEY AUTOINCREMENT, {_NAMES},"
+            " record TEXT NOT NULL)"
+        )
+    v1_key = ", ".join(_V1_NAMES)
+    conn.execute("ALTER TABLE checkpoint_latest RENAME TO checkpoint_latest_v1")
+    conn.execute(
+        f"""CREATE TABLE checkpoint_latest (
+        {_NAMES}, partition_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
+        status TEXT, query_hash TEXT, schema_hash TEXT, guard TEXT)"""
+    )
+    conn.execute(
+        f"INSERT INTO checkpoint_latest ({v1_key}, partition_id, seq, payload,"
+        f" {', '.join(_V2_SUMMARY)}) SELECT {v1_key}, partition_id, seq, payload,"
+        f" {', '.join(_summary_of('payload', _V2_SUMMARY))} FROM checkpoint_latest_v1"
+    )
+    conn.execute("DROP TABLE checkpoint_latest_v1")
+
+
+def _version_2_to_3(conn: sqlite3.Connection) -> None:
+    """Locations on every record (``""``: unlocated), the ledger summary, new indexes, leases."""
+    _check_tables(conn, _V2_TABLES)
+    for row in conn.execute(
+        "SELECT type, name FROM sqlite_master WHERE type IN ('index', 'trigger')"
+        " AND sql IS NOT NULL"
+    ).fetchall():
+        conn.execute(f"DROP {row[0].upper()} {row[1]}")
+    for table in ("checkpoint_history", "checkpoint_latest", "audit"):
+        for name in _LOCATION_NAMES:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} TEXT NOT NULL DEFAULT ''")
+    conn.execute("ALTER TABLE checkpoint_latest ADD COLUMN ledger_batch TEXT")
+    conn.execute(
+        "UPDATE checkpoint_latest SET ledger_batch = "
+        + _summary_of("payload", ("ledger_batch",))[0]
+    )
+    for table, create in (("source_state", _SOURCE_STATE), ("evidence", _EVIDENCE)):
+        names = ", ".join(_V2_TABLES[table])
+        conn.execute(f"ALTER TABLE {table} RENAME TO {table}_v2")
+        conn.execute(create)
+        conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {table}_v2")
+        conn.execute(f"DROP TABLE {table}_v2")
+    conn.execute(_LEASE_TABLE)
+    for statement in (*_INDEXES, *_LATEST_UPKEEP):
+        conn.execute(statement)
