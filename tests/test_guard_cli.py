@@ -106,20 +106,30 @@ def write_route_file(route) -> Path:
     return route_file
 
 
+def stored(opened: SQLiteCheckpointStore, route: RouteKey) -> list[RouteKey]:
+    """The store's routes of ``route``'s table names (located in the test's files)."""
+    named = [r for r in opened.list_routes() if r.as_dict() == route.as_dict()]
+    return named or [route]
+
+
 def snapshot(store: Path) -> tuple[list, list]:
     """Every checkpoint ever written and every audit record: to prove nothing was written."""
     with SQLiteCheckpointStore(store) as opened:
-        return opened.history(ROUTE_KEY), opened.list_audit(ROUTE_KEY)
+        routes = stored(opened, ROUTE_KEY)
+        return (
+            [cp for r in routes for cp in opened.history(r)],
+            [a for r in routes for a in opened.list_audit(r)],
+        )
 
 
 def audit_of(store: Path) -> list[dict]:
     with SQLiteCheckpointStore(store) as opened:
-        return opened.list_audit(ROUTE_KEY)
+        return [record for r in stored(opened, ROUTE_KEY) for record in opened.list_audit(r)]
 
 
 def latest_of(store: Path, route: RouteKey = ROUTE_KEY) -> dict:
     with SQLiteCheckpointStore(store) as opened:
-        return {cp.partition_id: cp for cp in opened.list_latest(route)}
+        return {cp.partition_id: cp for r in stored(opened, route) for cp in opened.list_latest(r)}
 
 
 # the blocking phases, each produced by a real guarded run -----------------------------

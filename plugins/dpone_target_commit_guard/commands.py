@@ -1,8 +1,12 @@
-"""``dpone-transfer guard scan|show|resolve``: the operator's view of guards, and audited repairs.
+"""``dpone-transfer guard scan|show|verify|resolve``: the operator's view of guards, and repairs.
 
 Found by the CLI through the ``dpone_native_transfer.commands`` entry point,
 so the runtime never imports the guard. Argument wiring and printing only:
-what blocks and how a repair is written is ``operator.py``.
+what blocks and how a repair is written is ``operator.py``; what the target's
+ledger proves is ``dpone_native_transfer.ledger`` and ``recovery``.
+
+Every action takes ``--store`` (with ``--route`` naming a route by its table
+names and strategy) or a route file, whose store, route and target it uses.
 
 Output holds route identities, partition ids, statuses, phases, batch ids,
 timestamps and (in ``show``) partition bounds: never SQL, row values,
@@ -20,14 +24,37 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import attrs
+
 from dpone_native_transfer.checkpoints import (
+    LEDGER_BATCH_KEY,
     PartitionCheckpoint,
     RouteKey,
     Strategy,
     format_timestamp,
 )
-from dpone_native_transfer.cli import EXIT_BLOCKED, EXIT_FAILED, EXIT_OK, PROG, plural
-from dpone_native_transfer.errors import ConfigInvalid
+from dpone_native_transfer.reporting import (
+    EXIT_BLOCKED,
+    EXIT_FAILED,
+    EXIT_OK,
+    PROG,
+    confirmed,
+    plural,
+)
+from dpone_native_transfer.config import RouteConfig, load_route_config
+from dpone_native_transfer.errors import ConfigInvalid, StoreTargetMismatch
+from dpone_native_transfer.latest import as_latest
+from dpone_native_transfer.ledger import (
+    APPLIED,
+    NOT_APPLIED,
+    UNKNOWN,
+    LedgerEntry,
+    Proof,
+    check_store_against_target,
+    ledger_overrides,
+    prove,
+)
+from dpone_native_transfer.recovery import check_not_leased, ledger_of, operator_lease, sink_at
 from dpone_native_transfer.stores import open_store
 
 from .operator import (
@@ -44,10 +71,10 @@ __all__ = ["add_guard_command"]
 
 _EPILOG = """\
 exit codes:
-  0  done; for scan: nothing blocks
-  1  failed, or resolve was not confirmed (nothing written)
+  0  done; for scan and verify: nothing blocks
+  1  failed, resolve was not confirmed, or an attempt holds the route's lease (nothing written)
   2  invalid command line, --store does not exist, or resolve refused (nothing written)
-  3  scan: at least one partition blocks its route
+  3  scan, verify: something blocks the route
 """
 _SCAN_HEADERS = ("ROUTE", "PARTITION", "STATUS", "PHASE", "BATCH", "STARTED_AT", "COMPLETED_AT")
 _SHOW_HEADERS = (
@@ -60,41 +87,55 @@ _SHOW_HEADERS = (
     "COMPLETED_AT",
     "BOUNDS",
 )
-_CONFIRM = ("y", "yes")
+
+
+_VERIFY_HEADERS = ("ROUTE", "BATCH", "PARTITIONS", "PHASES", "TARGET", "ROWS", "APPLIED_AT")
 
 
 def add_guard_command(commands: Any, common: argparse.ArgumentParser) -> None:
-    """Entry point of ``dpone_native_transfer.commands``: adds ``guard`` and its three actions."""
+    """Entry point of ``dpone_native_transfer.commands``: adds ``guard`` and its actions."""
     guard = commands.add_parser(
         "guard",
         help="inspect and resolve target-commit guards that block routes (operators)",
         description="""\
-Find routes blocked by a target-commit guard (scan), compare their checkpoints
-with the target (show), and record an audited resolution once you have
-reconciled the target by hand (resolve). Nothing is ever repaired automatically.""",
+Find routes blocked by a target-commit guard (scan), see what the target's
+ledger proves about them (verify), compare their checkpoints with the target
+(show), and record an audited resolution (resolve), from the ledger's proof
+or after reconciling the target by hand. Nothing is repaired automatically.""",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = guard.add_subparsers(title="actions", dest="action", metavar="ACTION", required=True)
     _add_scan(actions, common)
     _add_show(actions, common)
+    _add_verify(actions, common)
     _add_resolve(actions, common)
 
 
 _SCAN = """\
 List every partition whose target-commit guard is unresolved or malformed,
-on every route of the store (or one --route). Exits 0 when nothing blocks,
+on every route of the store (or one route). Exits 0 when nothing blocks,
 3 otherwise."""
 _SHOW = """\
 Show the latest checkpoint of every partition of one route, with its guard
 phase and partition bounds to compare with the target, then the route's
 audit records."""
+_VERIFY = """\
+For each blocked batch, what the target's ledger proves: applied (with its
+rows and time), not applied, or unknown (no ledger, a target without
+transactions, or a target that cannot be read); then whether the store and
+the target disagree otherwise. Reads only. Exits 0 when nothing blocks, 3
+otherwise. A target on a server is read only through its route file."""
 _RESOLVE = """\
-After you have checked the target yourself, write a new checkpoint for each
-named blocked partition and append one audit record:
+Write a new checkpoint for each named blocked partition and append one audit
+record:
+  --from-target              as the target's ledger proves: committed when the
+                             batch was applied, failed_before_target when not
   --as committed             the rows are in the target: the next run skips them
   --as failed_before_target  they are not: the next run loads them
-Prints what it will write and asks for confirmation unless --yes."""
+An --as that the ledger contradicts is refused unless --force. Refused while
+an attempt holds the route's lease, and if a named partition changed since it
+was shown. Prints what it will write and asks for confirmation unless --yes."""
 
 
 def _action(
@@ -103,11 +144,10 @@ def _action(
     name: str,
     handler: Any,
     *,
-    route_required: bool,
     help: str,
     description: str,
 ) -> argparse.ArgumentParser:
-    """One ``guard`` action with the options they all share: --store and --route."""
+    """One ``guard`` action with what they all share: a route file, or --store and --route."""
     parser = actions.add_parser(
         name,
         parents=[common],
@@ -117,18 +157,22 @@ def _action(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
+        "route_file",
+        nargs="?",
+        metavar="ROUTE_FILE",
+        help="a route file: its store, its route and its target (instead of --route)",
+    )
+    parser.add_argument(
         "--store",
-        required=True,
         metavar="STORE",
         help="checkpoint store: a SQLite file, a postgresql:// DSN, "
-        "or env:NAME to read either from an environment variable",
+        "or env:NAME to read either from an environment variable (default: the route file's)",
     )
     parser.add_argument(
         "--route",
         nargs=3,
-        required=route_required,
         metavar=("SOURCE", "TARGET", "STRATEGY"),
-        help="the route" if route_required else "only this route",
+        help="the route, by its table names and strategy",
     )
     parser.set_defaults(handler=handler)
     return parser
@@ -136,30 +180,24 @@ def _action(
 
 def _add_scan(actions: Any, common: argparse.ArgumentParser) -> None:
     help = "list every partition whose guard blocks its route (exit 3 if any)"
-    scan = _action(
-        actions, common, "scan", _scan_command, route_required=False, help=help, description=_SCAN
-    )
+    scan = _action(actions, common, "scan", _scan_command, help=help, description=_SCAN)
     scan.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
 def _add_show(actions: Any, common: argparse.ArgumentParser) -> None:
     help = "the latest checkpoint of every partition of a route, and its audit records"
-    _action(
-        actions, common, "show", _show_command, route_required=True, help=help, description=_SHOW
-    )
+    _action(actions, common, "show", _show_command, help=help, description=_SHOW)
+
+
+def _add_verify(actions: Any, common: argparse.ArgumentParser) -> None:
+    help = "what the target's ledger proves about each blocked batch (exit 3 if any)"
+    verify = _action(actions, common, "verify", _verify_command, help=help, description=_VERIFY)
+    verify.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
 def _add_resolve(actions: Any, common: argparse.ArgumentParser) -> None:
-    help = "after reconciling the target by hand, record what it holds (audited)"
-    resolve = _action(
-        actions,
-        common,
-        "resolve",
-        _resolve_command,
-        route_required=True,
-        help=help,
-        description=_RESOLVE,
-    )
+    help = "record what the target holds for blocked partitions (audited)"
+    resolve = _action(actions, common, "resolve", _resolve_command, help=help, description=_RESOLVE)
     which = resolve.add_mutually_exclusive_group(required=True)
     which.add_argument(
         "--partition",
@@ -169,12 +207,17 @@ def _add_resolve(actions: Any, common: argparse.ArgumentParser) -> None:
         help="a blocked partition id (repeatable)",
     )
     which.add_argument("--batch", metavar="BATCH_ID", help="every blocked partition of this batch")
-    resolve.add_argument(
+    how = resolve.add_mutually_exclusive_group(required=True)
+    how.add_argument(
         "--as",
         dest="resolved_as",
-        required=True,
         choices=[r.value for r in Resolution],
         help="committed: the rows are in the target; failed_before_target: they are not",
+    )
+    how.add_argument(
+        "--from-target",
+        action="store_true",
+        help="as the target's ledger proves; refused where it proves nothing",
     )
     resolve.add_argument("--reason", required=True, type=_text, metavar="TEXT", help="why")
     resolve.add_argument("--operator", required=True, type=_text, metavar="NAME", help="who")
@@ -182,6 +225,11 @@ def _add_resolve(actions: Any, common: argparse.ArgumentParser) -> None:
         "--force-invalid",
         action="store_true",
         help="also resolve partitions whose guard is malformed",
+    )
+    resolve.add_argument(
+        "--force",
+        action="store_true",
+        help="resolve with --as even where the target's ledger proves otherwise (recorded)",
     )
     resolve.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
@@ -192,12 +240,59 @@ def _text(value: str) -> str:
     return value
 
 
+@attrs.frozen(kw_only=True)
+class _Target:
+    """What an action works on: the store, and a route file's route or the names of --route."""
+
+    store: str
+    named: RouteKey | None = None
+    config: RouteConfig | None = None
+
+    def routes(self, store: Any) -> list[RouteKey]:
+        """The routes meant: the route file's (and its twin stored without locations), or the
+        store's routes of the --route names, or every route of the store."""
+        known = store.list_routes()
+        if self.config is not None:
+            route = self.config.route
+            return [route, *(r for r in known if r == route.unlocated())]
+        if self.named is not None:
+            return [r for r in known if r.as_dict() == self.named.as_dict()] or [self.named]
+        return known
+
+    def sink(self, route: RouteKey) -> Any:
+        """The route's target, to read its ledger: the route file's, else a file named by the store."""
+        if self.config is not None and route.as_dict() == self.config.route.as_dict():
+            return self.config.sink
+        return sink_at(route)
+
+
+def _target(args: argparse.Namespace, *, route_required: bool) -> _Target:
+    if args.route_file is not None:
+        if args.route is not None:
+            raise ConfigInvalid(
+                "give a route file or --route, not both", diagnostics={"key": "--route"}
+            )
+        config = load_route_config(args.route_file, argument="ROUTE_FILE")
+        return _Target(store=args.store or config.store_path, config=config)
+    if args.store is None:
+        raise ConfigInvalid(
+            "give a route file, or --store (and --route)", diagnostics={"key": "--store"}
+        )
+    if args.route is None and route_required:
+        raise ConfigInvalid(
+            "give a route file, or --route SOURCE TARGET STRATEGY",
+            diagnostics={"key": "--route"},
+        )
+    return _Target(store=args.store, named=None if args.route is None else _route(args.route))
+
+
 # handlers -----------------------------------------------------------------------------
 
 
 def _scan_command(args: argparse.Namespace) -> int:
-    with _opened(args.store) as store:
-        routes = _stored(store, _route(args.route)) if args.route else store.list_routes()
+    target = _target(args, route_required=False)
+    with _opened(target.store) as store:
+        routes = target.routes(store)
         # list(): unlike a run's scan, the operator's decodes and validates every payload
         findings = [
             f for route in routes for f in blocked_partitions(list(store.list_latest(route)))
@@ -217,8 +312,8 @@ def _scan_summary(findings: Sequence[Finding], routes: Sequence[RouteKey]) -> st
         return f"nothing blocks: no unresolved or malformed guard on {plural(len(routes), 'route')}"
     return (
         f"{plural(len(findings), 'blocked partition')} on {len({f.route for f in findings})} "
-        f"of {plural(len(routes), 'route')}; compare them with the target (`{PROG} guard "
-        f"show`), then record what it holds with `{PROG} guard resolve`"
+        f"of {plural(len(routes), 'route')}; see what the target's ledger proves with "
+        f"`{PROG} guard verify`, then record it with `{PROG} guard resolve`"
     )
 
 
@@ -240,18 +335,17 @@ def _times(finding: Finding) -> tuple[str, str]:
 
 
 def _show_command(args: argparse.Namespace) -> int:
-    with _opened(args.store) as store:
+    target = _target(args, route_required=True)
+    with _opened(target.store) as store:
         shown = [
             (route, list(store.list_latest(route)), store.list_audit(route))  # read while open
-            for route in _stored(store, _route(args.route))
+            for route in target.routes(store)
         ]
     for route, latest, audit in shown:
         findings = [inspect_checkpoint(cp) for cp in latest]
         blocked = sum(f.blocked for f in findings)
-        print(
-            f"route {route.label}{_where(route)}: {plural(len(latest), 'partition')}, "
-            f"{blocked} blocked"
-        )
+        print(f"route {route.label}: {plural(len(latest), 'partition')}, {blocked} blocked")
+        print(f"  {_where(route)}")
         rows = [_show_row(cp, f) for cp, f in zip(latest, findings, strict=True)]
         _print_table(_SHOW_HEADERS, rows)
         print(f"audit: {plural(len(audit), 'record')}")
@@ -261,10 +355,10 @@ def _show_command(args: argparse.Namespace) -> int:
 
 
 def _where(route: RouteKey) -> str:
-    """The databases of a located route (credential-free locations), for operators."""
+    """The databases of a route (credential-free locations), for operators."""
     if not route.located:
-        return " (stored without locations)"
-    return f" (source {route.source_location}, target {route.target_location})"
+        return "stored without locations (written before routes named their databases)"
+    return f"source {route.source_location}, target {route.target_location}"
 
 
 def _show_row(checkpoint: PartitionCheckpoint, finding: Finding) -> tuple[str, ...]:
@@ -277,7 +371,8 @@ def _print_audit(record: dict[str, Any]) -> None:
     print(
         f"  #{record['audit_id']} {record['at']} {record['operator']} resolved "
         f"{plural(len(record['partitions']), 'partition')} as {record['resolved_as']}"
-        f"{' (forced over a malformed guard)' if record['forced_invalid'] else ''}: "
+        f"{' (forced over a malformed guard)' if record['forced_invalid'] else ''}"
+        f"{' (forced against the ledger)' if record.get('ledger_overrides') else ''}: "
         f"{record['reason']}"
     )
     for item in record["partitions"]:
@@ -292,45 +387,257 @@ def _transition(item: dict[str, Any]) -> str:
     )
 
 
+# verify -------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class _BatchProof:
+    route: RouteKey
+    batch_id: str | None  # None: malformed guards, which name no batch
+    findings: tuple[Finding, ...]
+    proof: Proof
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "route": self.route.as_dict(),
+            "batch_id": self.batch_id,
+            "partition_ids": [f.partition_id for f in self.findings],
+            "phases": sorted({f.guard_label() for f in self.findings}),
+            "proof": self.proof.as_dict(),
+        }
+
+    def row(self) -> tuple[str, ...]:
+        rows = "-" if self.proof.rows is None else f"{self.proof.rows:,}"
+        return (
+            self.route.label,
+            self.batch_id or "-",
+            str(len(self.findings)),
+            ",".join(sorted({f.guard_label() for f in self.findings})),
+            self.proof.verdict,
+            rows,
+            self.proof.applied_at or "-",
+        )
+
+
+def _proofs(
+    store: Any, target: _Target, route: RouteKey
+) -> tuple[list[_BatchProof], list[LedgerEntry] | None, str | None]:
+    """Each blocked batch of ``route`` with what the ledger proves, and the ledger itself."""
+    latest = {cp.partition_id: cp for cp in store.list_latest(route)}
+    findings = blocked_partitions(list(latest.values()))
+    sink = target.sink(route)
+    entries, reason = ledger_of(sink)
+    batches: dict[str | None, list[Finding]] = {}
+    for finding in findings:
+        batches.setdefault(finding.batch_id, []).append(finding)
+    proofs = []
+    for batch_id, items in batches.items():
+        if batch_id is None:
+            proof = Proof(UNKNOWN, "a malformed guard names no batch")
+        elif entries is None:
+            proof = Proof(UNKNOWN, reason or "the target cannot be read")
+        else:
+            armed_with_ledger = all(
+                latest[f.partition_id].diagnostics.get(LEDGER_BATCH_KEY) == batch_id
+                for f in items
+            )
+            proof = prove(
+                route,
+                batch_id,
+                entries,
+                atomic=bool(getattr(sink, "ledger_atomic", False)),
+                armed_with_ledger=armed_with_ledger,
+            )
+        proofs.append(
+            _BatchProof(route=route, batch_id=batch_id, findings=tuple(items), proof=proof)
+        )
+    return proofs, entries, reason
+
+
+def _mismatch(
+    store: Any, route: RouteKey, entries: list[LedgerEntry] | None, blocked: set[str]
+) -> StoreTargetMismatch | None:
+    """Section 3's cross-check, as a run would make it once nothing blocks (reads only)."""
+    if entries is None or not route.located:
+        return None
+    try:
+        check_store_against_target(
+            route,
+            as_latest(store.list_target_latest(route)),
+            entries,
+            overridden=lambda: ledger_overrides(store, route) | blocked,
+            fix=f"{PROG} state restore --store <checkpoint store> <route file> "
+            "--reason TEXT --operator NAME",
+        )
+    except StoreTargetMismatch as mismatch:
+        return mismatch
+    return None
+
+
+def _verify_command(args: argparse.Namespace) -> int:
+    target = _target(args, route_required=False)
+    proofs: list[_BatchProof] = []
+    mismatches: list[tuple[RouteKey, StoreTargetMismatch]] = []
+    with _opened(target.store) as store:
+        routes = target.routes(store)
+        for route in routes:
+            found, entries, _ = _proofs(store, target, route)
+            proofs.extend(found)
+            blocked = {p.batch_id for p in found if p.batch_id is not None}
+            mismatch = _mismatch(store, route, entries, blocked)
+            if mismatch is not None:
+                mismatches.append((route, mismatch))
+    if args.json:
+        for item in proofs:
+            print(json.dumps(item.as_dict(), sort_keys=True))
+        for route, mismatch in mismatches:
+            print(json.dumps(_mismatch_dict(route, mismatch), sort_keys=True))
+        print(_verify_summary(proofs, mismatches, routes), file=sys.stderr)
+    else:
+        _print_table(_VERIFY_HEADERS, [item.row() for item in proofs])
+        for item in proofs:
+            if item.proof.verdict == UNKNOWN:
+                print(f"  {item.batch_id or 'malformed'}: unknown: {item.proof.reason}")
+        for _, mismatch in mismatches:
+            print(f"mismatch: {mismatch.code}: {mismatch.message}")
+        print(_verify_summary(proofs, mismatches, routes))
+    return EXIT_BLOCKED if proofs or mismatches else EXIT_OK
+
+
+def _mismatch_dict(route: RouteKey, mismatch: StoreTargetMismatch) -> dict[str, Any]:
+    return {
+        "route": route.as_dict(),
+        "mismatch": mismatch.diagnostics.get("mismatch"),
+        "code": mismatch.code,
+        "batch_ids": mismatch.diagnostics.get("batch_ids", []),
+    }
+
+
+def _verify_summary(
+    proofs: Sequence[_BatchProof],
+    mismatches: Sequence[tuple[RouteKey, StoreTargetMismatch]],
+    routes: Sequence[RouteKey],
+) -> str:
+    if not proofs and not mismatches:
+        return (
+            f"nothing blocks: no blocked batch and store and target agree on "
+            f"{plural(len(routes), 'route')}"
+        )
+    counts = {
+        verdict: sum(p.proof.verdict == verdict for p in proofs)
+        for verdict in (APPLIED, NOT_APPLIED, UNKNOWN)
+    }
+    text = (
+        f"{plural(len(proofs), 'blocked batch')} ({counts[APPLIED]} applied, "
+        f"{counts[NOT_APPLIED]} not applied, {counts[UNKNOWN]} unknown), "
+        f"{plural(len(mismatches), 'store/target mismatch')}"
+    )
+    if counts[APPLIED] or counts[NOT_APPLIED]:
+        text += f"; record what is proven with `{PROG} guard resolve ... --from-target`"
+    if counts[UNKNOWN]:
+        text += "; compare the rest with the target by hand (`guard show`)"
+    return text + "; exit 3"
+
+
+# resolve ------------------------------------------------------------------------------
+
+
 def _resolve_command(args: argparse.Namespace) -> int:
-    resolved_as = Resolution(args.resolved_as)
-    with _opened(args.store) as store:
-        route = _blocked_route(store, _route(args.route))
+    target = _target(args, route_required=True)
+    with _opened(target.store) as store:
+        route = _blocked_route(store, target.routes(store))
+        check_not_leased(store, route)
         selected = select_blocked(
-            store.list_latest(route),
+            list(store.list_latest(route)),
             partition_ids=args.partition,
             batch_id=args.batch,
             force_invalid=args.force_invalid,
         )
+        proofs, _, _ = _proofs(store, target, route)
+        by_batch = {p.batch_id: p.proof for p in proofs}
+        groups, overrides = _decide(selected, by_batch, args)
         now = datetime.now(UTC)
-        resolved = resolution_batch(selected, resolved_as, now)
+        resolved = [
+            checkpoint
+            for resolution, items in groups
+            for checkpoint in resolution_batch(items, resolution, now)
+        ]
+        ordered = [item for _, items in groups for item in items]
+        batches = sorted({f.batch_id for _, f in ordered if f.batch_id in by_batch})
         audit = audit_record(
             route,
-            selected,
+            ordered,
             resolved,
-            resolved_as=resolved_as,
+            resolved_as="from_target" if args.from_target else args.resolved_as,
             operator=args.operator,
             reason=args.reason,
             now=now,
+            proofs={batch: by_batch[batch].as_dict() for batch in batches},
+            overrides=overrides,
         )
-        print(f"route {route.label}: resolve as {resolved_as.value}")
+        print(f"route {route.label}: resolve as {audit['resolved_as']}")
         for item in audit["partitions"]:
             print(f"  {_transition(item)}")
-        if not (args.yes or _confirmed(len(resolved))):
+        if overrides:
+            print(f"  against the target's ledger (--force): {', '.join(overrides)}")
+        question = f"Write {plural(len(resolved), 'checkpoint')} and one audit record?"
+        if not (args.yes or confirmed(question)):
             print("nothing written", file=sys.stderr)
             return EXIT_FAILED
-        audit_id = store.apply_resolution(route, resolved, audit)
+        with operator_lease(store, route, operator=args.operator, action="guard resolve"):
+            audit_id = store.apply_resolution(
+                route, resolved, audit, expected=[cp for cp, _ in ordered]
+            )
     print(f"wrote {plural(len(resolved), 'checkpoint')} and audit record #{audit_id}")
     return EXIT_OK
 
 
-def _confirmed(count: int) -> bool:
-    """Ask on stdin; anything but y/yes, an empty line or no stdin at all, is a no."""
-    print(f"Write {plural(count, 'checkpoint')} and one audit record? [y/N] ", end="", flush=True)
-    answer = sys.stdin.readline() if sys.stdin is not None else ""
-    if not (answer.endswith("\n") and sys.stdin.isatty()):
-        print()  # the answer was not echoed: end the prompt line
-    return answer.strip().lower() in _CONFIRM
+def _decide(
+    selected: Sequence[tuple[PartitionCheckpoint, Finding]],
+    proofs: dict[str | None, Proof],
+    args: argparse.Namespace,
+) -> tuple[list[tuple[Resolution, list[tuple[PartitionCheckpoint, Finding]]]], list[str]]:
+    """How the selected partitions are resolved, and the batches resolved against the ledger."""
+
+    def verdict(item: tuple[PartitionCheckpoint, Finding]) -> str:
+        return proofs.get(item[1].batch_id, Proof(UNKNOWN, "no batch id")).verdict
+
+    if args.from_target:
+        unproven = sorted({item[1].batch_id or "-" for item in selected if verdict(item) == UNKNOWN})
+        if unproven:
+            reasons = "; ".join(
+                f"{batch}: {proofs[batch].reason if batch in proofs else 'a malformed guard'}"
+                for batch in unproven
+            )
+            raise ConfigInvalid(
+                "refusing --from-target: the target's ledger proves nothing about "
+                f"{plural(len(unproven), 'batch')} ({reasons}); nothing was written; compare "
+                "them with the target by hand and resolve them with --as",
+                diagnostics={"key": "--from-target", "batch_ids": unproven},
+            )
+        groups = [
+            (Resolution.COMMITTED, [item for item in selected if verdict(item) == APPLIED]),
+            (
+                Resolution.FAILED_BEFORE_TARGET,
+                [item for item in selected if verdict(item) == NOT_APPLIED],
+            ),
+        ]
+        return [(resolution, items) for resolution, items in groups if items], []
+    resolution = Resolution(args.resolved_as)
+    contrary = NOT_APPLIED if resolution is Resolution.COMMITTED else APPLIED
+    against = sorted(
+        {item[1].batch_id for item in selected if verdict(item) == contrary and item[1].batch_id}
+    )
+    if against and not args.force:
+        raise ConfigInvalid(
+            f"refusing --as {resolution.value}: the target's ledger proves "
+            f"{plural(len(against), 'batch')} {contrary.replace('_', ' ')} "
+            f"({', '.join(against)}); nothing was written; use --from-target, or repeat with "
+            "--force after checking the target yourself",
+            diagnostics={"key": "--force", "batch_ids": against},
+        )
+    return [(resolution, list(selected))], against
+
 
 
 # helpers ------------------------------------------------------------------------------
@@ -346,29 +653,18 @@ def _opened(location: str) -> Iterator[Any]:
         store.close()
 
 
-def _stored(store: Any, named: RouteKey) -> list[RouteKey]:
-    """The store's routes with these table names and strategy: one per pair of databases.
-
-    A name that is in no route stands for itself (its reads then find nothing).
-    """
-    return [route for route in store.list_routes() if route.as_dict() == named.as_dict()] or [
-        named
-    ]
-
-
-def _blocked_route(store: Any, named: RouteKey) -> RouteKey:
-    """The one stored route of these names that is blocked; refuses when several are."""
-    routes = _stored(store, named)
+def _blocked_route(store: Any, routes: Sequence[RouteKey]) -> RouteKey:
+    """The one route of ``routes`` that is blocked (else the first); refuses when several are."""
     blocked = [route for route in routes if blocked_partitions(store.list_latest(route))]
     if len(blocked) > 1:
-        where = "; ".join(f"{route.label}{_where(route)}" for route in blocked)
+        where = "; ".join(f"{route.label}: {_where(route)}" for route in blocked)
         raise ConfigInvalid(
             f"{len(blocked)} routes with these table names are blocked, in different "
             f"databases ({where}); nothing was written: resolve them one at a time with "
             "their route file",
             diagnostics={"key": "--route", "routes": [route.as_dict() for route in blocked]},
         )
-    return (blocked or routes)[0]
+    return (blocked or list(routes))[0]
 
 
 def _route(values: Sequence[str]) -> RouteKey:

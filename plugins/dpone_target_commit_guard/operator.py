@@ -23,7 +23,7 @@ from dpone_native_transfer.checkpoints import (
     RouteKey,
     format_timestamp,
 )
-from dpone_native_transfer.cli import PROG
+from dpone_native_transfer.reporting import PROG
 from dpone_native_transfer.errors import ConfigInvalid
 from dpone_native_transfer.latest import LatestCheckpoints
 
@@ -278,14 +278,22 @@ def audit_record(
     selected: Sequence[tuple[PartitionCheckpoint, Finding]],
     resolved: Sequence[PartitionCheckpoint],
     *,
-    resolved_as: Resolution,
+    resolved_as: str,
     operator: str,
     reason: str,
     now: datetime,
+    proofs: dict[str, dict[str, Any]] | None = None,
+    overrides: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Who, when, why, and every partition's previous and new state; the store adds the id."""
+    """Who, when, why, and every partition's previous and new state; the store adds the id.
+
+    ``resolved_as`` is ``committed``, ``failed_before_target`` or ``from_target``
+    (each partition as the target's ledger proved it). ``proofs`` records what the
+    ledger proved per batch; ``overrides`` the batches resolved against it (``--force``).
+    """
     partitions = []
     for (_, before), after in zip(selected, resolved, strict=True):
+        guard = after.diagnostics[GUARD_DIAGNOSTICS_KEY]
         partitions.append(
             {
                 "partition_id": before.partition_id,
@@ -293,16 +301,21 @@ def audit_record(
                 "previous_phase": None if before.phase is None else before.phase.value,
                 "previous_problem": before.problem,
                 "new_status": after.status.value,
-                "new_phase": resolved_as.phase.value,
-                "batch_id": after.diagnostics[GUARD_DIAGNOSTICS_KEY]["checkpoint_batch_id"],
+                "new_phase": guard["phase"],
+                "batch_id": guard["checkpoint_batch_id"],
             }
         )
-    return {
+    record: dict[str, Any] = {
         "at": now.isoformat(),
         "operator": operator,
         "reason": reason,
         "route": route.as_dict(),
-        "resolved_as": resolved_as.value,
+        "resolved_as": resolved_as,
         "forced_invalid": any(before.malformed for _, before in selected),
         "partitions": partitions,
     }
+    if proofs:
+        record["proof"] = proofs
+    if overrides:
+        record["ledger_overrides"] = sorted(overrides)
+    return record

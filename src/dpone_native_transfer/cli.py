@@ -26,16 +26,23 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .config import RouteConfig, load_route_config
-from .errors import (
-    ConfigInvalid,
-    ManualReconciliationRequired,
-    NativeTransferError,
-    PluginLoadFailed,
-    TargetCommitGuardInvalid,
-    TargetCommitGuardUnhandled,
+from .errors import NativeTransferError, PluginLoadFailed
+from .events import Event
+from .reporting import (
+    BLOCKING_ERRORS,
+    EXIT_BLOCKED,
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    PROG,
+    exit_code_for,
+    plural,
+    progress_printer,
+    summary_line,
 )
-from .events import Event, EventName
 from .runtime import TransferResult, TransferRuntime
+from .state_commands import add_state_command
 from .stores import open_store
 
 __all__ = [
@@ -56,15 +63,7 @@ __all__ = [
     "transfer",
 ]
 
-PROG = "dpone-transfer"
 COMMANDS_GROUP = "dpone_native_transfer.commands"
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_BLOCKED = 0, 1, 2, 3
-EXIT_INTERRUPTED = 130
-BLOCKING_ERRORS = (
-    ManualReconciliationRequired,
-    TargetCommitGuardInvalid,
-    TargetCommitGuardUnhandled,
-)
 
 _EPILOG = """\
 exit codes:
@@ -117,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the full traceback of a failure (it may contain SQL or data)",
     )
-    for add_command in (_add_run_command, _add_demo_command):
+    for add_command in (_add_run_command, _add_demo_command, add_state_command):
         add_command(commands, common)
     for entry_point in sorted(metadata.entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
         try:
@@ -180,14 +179,6 @@ def _version() -> str:
         return "unknown"
 
 
-def exit_code_for(error: BaseException) -> int:
-    if isinstance(error, ConfigInvalid):
-        return EXIT_CONFIG
-    if isinstance(error, BLOCKING_ERRORS):
-        return EXIT_BLOCKED
-    return EXIT_FAILED
-
-
 def _report_failure(error: Exception, *, show_traceback: bool) -> int:
     if show_traceback:
         traceback.print_exception(error, file=sys.stderr)
@@ -208,42 +199,6 @@ def _report_failure(error: Exception, *, show_traceback: bool) -> int:
 
 def new_run_id() -> str:
     return f"run-{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
-
-
-def progress_printer(stream: TextIO, *, indent: str = "") -> Callable[[Event], None]:
-    """Event listener printing one line per extracted partition and one at the target call."""
-
-    def listener(event: Event) -> None:
-        line = _progress_line(event)
-        if line is not None:
-            print(indent + line, file=stream, flush=True)
-
-    return listener
-
-
-def _progress_line(event: Event) -> str | None:
-    fields = event.fields
-    if event.name == EventName.PARTITION_EXTRACTED:
-        return (
-            f"[{fields['done']}/{fields['of']}] partition {fields['partition_id']} "
-            f"extracted {fields['rows']:,} rows"
-        )
-    if event.name == EventName.TARGET_STARTED:
-        return f"target: {fields['operation']}"
-    return None
-
-
-def plural(count: int, word: str) -> str:
-    return f"{count:,} {word}" + ("" if count == 1 else "s")
-
-
-def summary_line(config: RouteConfig, run_id: str, result: TransferResult, seconds: float) -> str:
-    return (
-        f"committed {plural(len(result.committed_partition_ids), 'partition')}, "
-        f"skipped {len(result.skipped_partition_ids):,}, "
-        f"loaded {plural(result.rows_loaded, 'row')} in {seconds:.2f} s "
-        f"(route {config.label}, {config.strategy}, path {config.path}, run {run_id})"
-    )
 
 
 def transfer(

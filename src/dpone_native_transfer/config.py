@@ -26,6 +26,7 @@ import attrs
 from .checkpoints import RouteKey, Strategy
 from .connectors import SQLiteSink, SQLiteSource
 from .errors import ConfigInvalid
+from .identity import route_key
 from .paths import Governance
 from .runtime import BUILTIN_PATHS, TransferSpec
 from .stores import resolve_env
@@ -120,7 +121,8 @@ class RouteConfig:
 
     @property
     def route(self) -> RouteKey:
-        return RouteKey(self.source.table, self.sink.table, self.strategy)
+        """The route, located by the source's and target's databases."""
+        return route_key(self.source, self.sink, self.strategy)
 
     def spec(self, run_id: str, *, sink: Any = None) -> TransferSpec:
         """The transfer spec for one run; ``sink`` replaces the configured one (tests, demo)."""

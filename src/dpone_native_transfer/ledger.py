@@ -17,7 +17,7 @@ store is no longer the only memory:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +42,7 @@ __all__ = [
     "LedgerPartition",
     "Proof",
     "check_store_against_target",
+    "ledger_overrides",
     "prove",
     "restored_checkpoints",
 ]
@@ -249,49 +250,64 @@ def _mismatch(route: RouteKey, kind: str, message: str, **diagnostics: Any) -> S
 
 
 def check_store_against_target(
-    route: RouteKey, latest: LatestCheckpoints, entries: Sequence[LedgerEntry], *, fix: str
+    route: RouteKey,
+    scope: LatestCheckpoints,
+    entries: Sequence[LedgerEntry],
+    *,
+    overridden: Callable[[], set[str]],
+    fix: str,
 ) -> None:
     """Refuse the run when the store and the target's ledger disagree (reads only).
 
-    ``latest`` is the route's view in the store, ``entries`` the ledger of its
-    target table, ``fix`` the command line an operator runs to repair it.
-    Checked in order:
+    ``scope`` is the store's view of every route writing the target table (they
+    share one store), ``entries`` the ledger of that table, ``overridden()`` the
+    batch ids an operator recorded against the ledger (``guard resolve
+    --force``, read only when something disagrees), ``fix`` the command line that
+    repairs it. Checked in order:
 
-    1. every batch of this route in the ledger is one the store holds as
-       committed (else the store was lost, replaced, restored from an older
-       backup, or is another store; or the target was moved or copied);
+    1. every batch in the ledger is one the store holds as committed (else the
+       store was lost, replaced, restored from an older backup, or is another
+       store; or the target was moved or copied, its ledger naming batches the
+       store knows under another location);
     2. every committed ledger batch of the store is in the ledger (else the
        target was replaced, restored, or is another database);
     3. no other route replaced the table after this route's last batch (a full
        refresh, or a strategy switch), unless this route replaces it too.
     """
-    mine = [entry for entry in entries if entry.of_route(route)]
-    stored = latest.ledger_batches()
-    unknown = [e.batch_id for e in mine if stored.get(e.batch_id, (0, 0))[0] == 0]
-    contradicted = [e.batch_id for e in mine if stored.get(e.batch_id, (0, 0))[1] > 0]
-    if unknown or contradicted:
+    stored = scope.ledger_batches()
+    in_ledger = {entry.batch_id for entry in entries}
+    ahead = [
+        entry.batch_id
+        for entry in entries
+        if stored.get(entry.batch_id, (0, 0))[0] == 0 or stored[entry.batch_id][1] > 0
+    ]
+    behind = sorted(b for b, (done, _) in stored.items() if done and b not in in_ledger)
+    if ahead or behind:
+        excused = overridden()
+        ahead = sorted(set(ahead) - excused)
+        behind = [b for b in behind if b not in excused]
+    if ahead:
         raise _mismatch(
             route,
             "target_ahead_of_store",
-            f"the target's ledger holds {len(unknown) + len(contradicted)} batch(es) of this "
-            "route that the checkpoint store does not record as committed (the store was "
-            "lost, replaced, restored from an older backup, copied without its -wal file or "
-            "is another route's store, or the target was moved or copied); rebuild the "
-            f"store's view from the target with: {fix}",
-            batch_ids=sorted(unknown + contradicted),
+            f"the target's ledger holds {len(ahead)} batch(es) that the checkpoint store does "
+            "not record as committed (the store was lost, replaced, restored from an older "
+            "backup, copied without its -wal file or is another store; or the target was moved "
+            "or copied); rebuild the store's view of this route from the target with: "
+            f"{fix}",
+            batch_ids=ahead,
         )
-    in_ledger = {entry.batch_id for entry in mine}
-    missing = sorted(b for b, (done, _) in stored.items() if done and b not in in_ledger)
-    if missing:
+    if behind:
         raise _mismatch(
             route,
             "store_ahead_of_target",
-            f"the checkpoint store records {len(missing)} committed batch(es) that the "
-            "target's ledger does not hold (the target was replaced, restored from an older "
-            "backup or moved, or this is another database with the same table name); "
+            f"the checkpoint store records {len(behind)} committed batch(es) of this target "
+            "table that its ledger does not hold (the target was replaced, restored from an "
+            "older backup or moved, or this is another database with the same table name); "
             f"compare them with: {fix.replace('state restore', 'guard verify', 1)}",
-            batch_ids=missing,
+            batch_ids=behind,
         )
+    mine = [entry for entry in entries if entry.of_route(route)]
     if route.strategy is Strategy.FULL_REFRESH or not mine:
         return
     last = max(entry.seq for entry in mine)
@@ -308,6 +324,26 @@ def check_store_against_target(
             f"route again from the target's state with: {fix}",
             batch_ids=[by.batch_id],
         )
+
+
+def ledger_overrides(store: Any, route: RouteKey) -> set[str]:
+    """Batch ids operators resolved against the ledger (``ledger_overrides`` in audit records).
+
+    Read from every route of the store writing ``route``'s target table; a
+    store without audit records has none.
+    """
+    if not (hasattr(store, "list_routes") and hasattr(store, "list_audit")):
+        return set()
+    target = (route.target_location, route.target_table)
+    found: set[str] = set()
+    for other in store.list_routes():
+        if (other.target_location, other.target_table) != target:
+            continue
+        for record in store.list_audit(other):
+            batches = record.get("ledger_overrides")
+            if isinstance(batches, list):
+                found.update(batch for batch in batches if isinstance(batch, str))
+    return found
 
 
 # --- proofs and restores ---------------------------------------------------------------------

@@ -27,7 +27,7 @@ from .events import Event, EventName, EventRecorder
 from .identity import route_key
 from .latest import LatestCheckpoints, as_latest
 from .lease import DEFAULT_LEASE_SECONDS, Lease, LeaseStore
-from .ledger import LedgerEntry, check_store_against_target
+from .ledger import LedgerEntry, check_store_against_target, ledger_overrides
 from .paths import Governance, PathContext, TransferPath
 from .paths.file_artifact import file_artifact_path
 from .paths.lazy_plan import lazy_plan_path
@@ -157,15 +157,22 @@ class TransferRuntime:
     ) -> TransferResult:
         recorder = EventRecorder(self._listener)
         if isinstance(self.store, TargetScopeStore):
-            self._scan_route(route, as_latest(self.store.list_target_latest(route)))
+            scope = as_latest(self.store.list_target_latest(route))
+            self._scan_route(route, scope)
             self.store.adopt_unlocated(route)
             latest = as_latest(self.store.list_latest(route))
         else:
-            latest = as_latest(self.store.list_latest(route))
+            latest = scope = as_latest(self.store.list_latest(route))
             self._scan_route(route, latest)
         ledger = self._ledger_sink(spec, route)
         if ledger is not None:
-            check_store_against_target(route, latest, ledger.read_ledger(), fix=_restore_hint())
+            check_store_against_target(
+                route,
+                scope,
+                ledger.read_ledger(),
+                overridden=lambda: ledger_overrides(self.store, route),
+                fix=_restore_hint(),
+            )
         recorder.emit(EventName.ROUTE_SCANNED, route=route.as_dict(), checkpoints=len(latest))
 
         shape = spec.source.describe()

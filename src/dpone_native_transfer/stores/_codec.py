@@ -238,11 +238,18 @@ def route_from_params(values: Sequence[Any]) -> RouteKey:
 
 
 def encode_resolution(
-    route: RouteKey, checkpoints: Sequence[PartitionCheckpoint], audit: dict[str, Any]
+    route: RouteKey,
+    checkpoints: Sequence[PartitionCheckpoint],
+    audit: dict[str, Any],
+    *,
+    with_state: bool = False,
 ) -> tuple[list[_Row], str]:
-    """Checked rows and audit JSON for ``apply_resolution``: every problem before any write."""
+    """Checked rows and audit JSON for ``apply_resolution``: every problem before any write.
+
+    A resolution writes at least one checkpoint, unless it writes a source state.
+    """
     rows = encode_batch(checkpoints)
-    if not rows:
+    if not rows and not with_state:
         raise ValueError("a resolution writes at least one checkpoint")
     if any(cp.route.as_dict() != route.as_dict() for cp in checkpoints):
         raise ValueError("every resolved checkpoint must belong to the route of the resolution")

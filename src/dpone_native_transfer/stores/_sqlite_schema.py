@@ -91,9 +91,9 @@ _LATEST_UPKEEP = (
     # the route scan's index: guard groups of one target table, without the rows
     "CREATE INDEX checkpoint_latest_by_target ON checkpoint_latest"
     " (target_location, target_table COLLATE NOCASE, guard, status, partition_id)",
-    # the store/target cross-check: a route's ledger batches and their statuses
-    f"CREATE INDEX checkpoint_latest_by_batch ON checkpoint_latest ({ROUTE_KEY}, ledger_batch,"
-    " status)",
+    # the store/target cross-check: the ledger batches of one target table, and their statuses
+    "CREATE INDEX checkpoint_latest_by_batch ON checkpoint_latest"
+    " (target_location, target_table COLLATE NOCASE, ledger_batch, status)",
     *_summary_triggers(SUMMARY_NAMES),
 )
 _LEASE_TABLE = """CREATE TABLE lease (

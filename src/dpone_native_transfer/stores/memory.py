@@ -122,7 +122,9 @@ class MemoryCheckpointStore:
         expected: Sequence[PartitionCheckpoint] = (),
         source_state: dict[str, Any] | None = None,
     ) -> int:
-        rows, record = encode_resolution(route, checkpoints, audit)
+        rows, record = encode_resolution(
+            route, checkpoints, audit, with_state=source_state is not None
+        )
         state = None if source_state is None else encode_object(source_state, "source state")
         check_expected(expected, self._latest_of)
         self._write(rows)

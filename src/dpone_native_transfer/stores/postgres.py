@@ -520,7 +520,9 @@ class PostgresCheckpointStore(RecordReads):
 
         ``expected`` makes it a compare-and-set, as in ``SQLiteCheckpointStore``.
         """
-        rows, record = encode_resolution(route, checkpoints, audit)
+        rows, record = encode_resolution(
+            route, checkpoints, audit, with_state=source_state is not None
+        )
         state = None if source_state is None else encode_object(source_state, "source state")
 
         def write(conn: Any) -> int:

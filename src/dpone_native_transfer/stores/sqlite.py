@@ -315,7 +315,9 @@ class SQLiteCheckpointStore(RecordReads):
         still be its partition's latest, or ``ResolutionConflict`` is raised and
         nothing is written.
         """
-        rows, record = encode_resolution(route, checkpoints, audit)
+        rows, record = encode_resolution(
+            route, checkpoints, audit, with_state=source_state is not None
+        )
         state = None if source_state is None else encode_object(source_state, "source state")
         with self._transaction() as conn:
             check_expected(expected, lambda cp: _latest_payload(conn, cp))

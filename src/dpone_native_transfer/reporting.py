@@ -1,0 +1,104 @@
+"""What the command line and the Airflow adapter report: exit codes, progress, summaries, prompts.
+
+Exit codes are the interface schedulers see: 0 success, 1 failure (a retry
+may succeed), 2 bad configuration or usage, 3 the route is blocked until an
+operator acts (retrying will not help).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TextIO
+
+from .errors import (
+    ConfigInvalid,
+    ManualReconciliationRequired,
+    StoreTargetMismatch,
+    TargetCommitGuardInvalid,
+    TargetCommitGuardUnhandled,
+)
+from .events import Event, EventName
+
+if TYPE_CHECKING:
+    from .config import RouteConfig
+    from .runtime import TransferResult
+
+__all__ = [
+    "BLOCKING_ERRORS",
+    "EXIT_BLOCKED",
+    "EXIT_CONFIG",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "PROG",
+    "confirmed",
+    "exit_code_for",
+    "plural",
+    "progress_printer",
+    "summary_line",
+]
+
+PROG = "dpone-transfer"
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_BLOCKED = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130
+BLOCKING_ERRORS = (
+    ManualReconciliationRequired,
+    StoreTargetMismatch,
+    TargetCommitGuardInvalid,
+    TargetCommitGuardUnhandled,
+)
+
+
+def exit_code_for(error: BaseException) -> int:
+    if isinstance(error, ConfigInvalid):
+        return EXIT_CONFIG
+    if isinstance(error, BLOCKING_ERRORS):
+        return EXIT_BLOCKED
+    return EXIT_FAILED
+
+
+def progress_printer(stream: TextIO, *, indent: str = "") -> Callable[[Event], None]:
+    """Event listener printing one line per extracted partition and one at the target call."""
+
+    def listener(event: Event) -> None:
+        line = _progress_line(event)
+        if line is not None:
+            print(indent + line, file=stream, flush=True)
+
+    return listener
+
+
+def _progress_line(event: Event) -> str | None:
+    fields = event.fields
+    if event.name == EventName.PARTITION_EXTRACTED:
+        return (
+            f"[{fields['done']}/{fields['of']}] partition {fields['partition_id']} "
+            f"extracted {fields['rows']:,} rows"
+        )
+    if event.name == EventName.TARGET_STARTED:
+        return f"target: {fields['operation']}"
+    return None
+
+
+def plural(count: int, word: str) -> str:
+    suffix = "es" if word.endswith(("ch", "sh", "s", "x")) else "s"
+    return f"{count:,} {word}" + ("" if count == 1 else suffix)
+
+
+def summary_line(config: RouteConfig, run_id: str, result: TransferResult, seconds: float) -> str:
+    return (
+        f"committed {plural(len(result.committed_partition_ids), 'partition')}, "
+        f"skipped {len(result.skipped_partition_ids):,}, "
+        f"loaded {plural(result.rows_loaded, 'row')} in {seconds:.2f} s "
+        f"(route {config.label}, {config.strategy}, path {config.path}, run {run_id})"
+    )
+
+
+def confirmed(question: str) -> bool:
+    """Ask on stdin; anything but y/yes, an empty line or no stdin at all, is a no."""
+    print(f"{question} [y/N] ", end="", flush=True)
+    answer = sys.stdin.readline() if sys.stdin is not None else ""
+    if not (answer.endswith("\n") and sys.stdin.isatty()):
+        print()  # the answer was not echoed: end the prompt line
+    return answer.strip().lower() in ("y", "yes")

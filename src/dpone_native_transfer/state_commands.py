@@ -1,0 +1,124 @@
+"""``dpone-transfer state restore``: rebuild a lost or replaced store's view of a route from the target.
+
+The target's ledger records every batch it applied; ``restore`` writes, in one
+audited store transaction under the target table's lease, a committed
+checkpoint for each of those partitions the store does not already hold as
+committed, and the source state of the route's last batch. It shows what it
+will write and asks first unless ``--yes``. Afterwards the next run continues
+where the target is: no duplicate, no gap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from .config import load_route_config
+from .errors import ConfigInvalid
+from .recovery import check_not_leased, ledger_of, operator_lease, plan_restore
+from .reporting import EXIT_FAILED, EXIT_OK, confirmed, plural
+from .stores import open_store
+
+__all__ = ["add_state_command"]
+
+
+def add_state_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    state = commands.add_parser(
+        "state",
+        help="a route's state in the checkpoint store, rebuilt from the target (operators)",
+        description="Inspect and repair a route's state in the checkpoint store.",
+    )
+    actions = state.add_subparsers(title="actions", dest="action", metavar="ACTION", required=True)
+    restore = actions.add_parser(
+        "restore",
+        parents=[common],
+        help="rebuild a lost or replaced store's view of a route from the target's ledger",
+        description=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    restore.add_argument("route_file", metavar="ROUTE_FILE", help="the route file (TOML)")
+    restore.add_argument(
+        "--store", metavar="STORE", help="checkpoint store (default: the route file's)"
+    )
+    restore.add_argument("--reason", required=True, type=_text, metavar="TEXT", help="why")
+    restore.add_argument("--operator", required=True, type=_text, metavar="NAME", help="who")
+    restore.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    restore.set_defaults(handler=_restore_command)
+
+
+def _text(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return value
+
+
+def _restore_command(args: argparse.Namespace) -> int:
+    config = load_route_config(args.route_file, argument="ROUTE_FILE")
+    route = config.route
+    entries, reason = ledger_of(config.sink, partitions=True)
+    if entries is None:
+        raise ConfigInvalid(
+            f"refusing to restore route {route.label}: {reason}; nothing was written",
+            diagnostics={"route": route.as_dict()},
+        )
+    store = open_store(args.store or config.store_path, create=False, argument="--store")
+    try:
+        check_not_leased(store, route)
+        plan = plan_restore(store, route, entries)
+        print(
+            f"route {route.label}: {plural(plan.entries, 'batch')} in the target's ledger; "
+            f"restore {plural(len(plan.checkpoints), 'committed checkpoint')}"
+        )
+        for checkpoint in plan.checkpoints:
+            bounds = json.dumps(checkpoint.partition_bounds, sort_keys=True, separators=(",", ":"))
+            rows = f"{checkpoint.rows_exported:,} rows"
+            print(f"  {checkpoint.partition_id}  committed  {rows}  {bounds}")
+        if plan.source_state is not None:
+            print(f"  source state: {_state(plan.previous_state)} -> {_state(plan.source_state)}")
+        if not plan.checkpoints and plan.source_state is None:
+            print("the store already agrees with the target's ledger: nothing to write")
+            return EXIT_OK
+        question = f"Write {plural(len(plan.checkpoints), 'checkpoint')} and one audit record?"
+        if not (args.yes or confirmed(question)):
+            print("nothing written", file=sys.stderr)
+            return EXIT_FAILED
+        audit = {
+            "at": datetime.now(UTC).isoformat(),
+            "operator": args.operator,
+            "reason": args.reason,
+            "route": route.as_dict(),
+            "resolved_as": "restored_from_target",
+            "forced_invalid": False,
+            "partitions": [
+                {
+                    "partition_id": cp.partition_id,
+                    "previous_status": None,
+                    "previous_phase": None,
+                    "previous_problem": None,
+                    "new_status": "committed",
+                    "new_phase": None,
+                    "batch_id": cp.diagnostics.get("ledger_batch_id"),
+                }
+                for cp in plan.checkpoints
+            ],
+            "source_state": plan.source_state,
+        }
+        with operator_lease(store, route, operator=args.operator, action="state restore"):
+            audit_id = store.apply_resolution(
+                route,
+                plan.checkpoints,
+                audit,
+                expected=plan.replaced,
+                source_state=plan.source_state,
+            )
+    finally:
+        store.close()
+    print(f"wrote {plural(len(plan.checkpoints), 'checkpoint')} and audit record #{audit_id}")
+    return EXIT_OK
+
+
+def _state(state: dict[str, Any] | None) -> str:
+    return "none" if state is None else json.dumps(state, sort_keys=True)
