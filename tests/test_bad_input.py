@@ -869,7 +869,7 @@ def test_a_store_that_raises_on_the_reconciliation_read_keeps_the_commit_error_a
         completed_then_new_rows(s)
         store = FaultyStore(s.store)
         commit_error = store.fail_batch(phase_batch("checkpoint_committed"), keep=1)
-        store.fail_reads(skip=1, error=RuntimeError("store read refused"))
+        store.fail_reads(skip=2, error=RuntimeError("store read refused"))
         outcome, sink = s.attempt(store=store)
         assert outcome is commit_error
         assert sink.target_calls == 1

@@ -100,16 +100,24 @@ CAUGHT = {
 }
 
 
-def run_kit(pytester: pytest.Pytester, test_file: Path) -> dict[str, pytest.TestReport]:
-    """Run one kit test module in a sub-run beside a copy of the example; outcome per kit test."""
+LEDGER_TESTS = {name for name in KIT_TESTS if "ledger" in name or "lost_store" in name}
+
+
+def run_kit(
+    pytester: pytest.Pytester, test_file: Path, *, skips: set[str] = frozenset()
+) -> dict[str, pytest.TestReport]:
+    """Run one kit test module in a sub-run beside a copy of the example; outcome per kit test.
+
+    Only the tests named in ``skips`` may skip (the ledger tests, when the kit runs without it).
+    """
     pytester.makepyfile(
         bulk_copy_path=(EXAMPLES / "bulk_copy_path.py").read_text(encoding="utf-8"),
         **{"test_" + test_file.stem.removeprefix("test_"): test_file.read_text(encoding="utf-8")},
     )
     recorder = pytester.inline_run("-p", "no:cacheprovider")
     passed, skipped, failed = recorder.listoutcomes()
-    assert skipped == []
-    return {report.nodeid.rsplit("::", 1)[-1]: report for report in passed + failed}
+    assert {report.nodeid.rsplit("::", 1)[-1] for report in skipped} == skips
+    return {report.nodeid.rsplit("::", 1)[-1]: report for report in passed + failed + skipped}
 
 
 def test_the_documented_five_lines_pass_the_kit_on_the_example(pytester):
@@ -119,7 +127,8 @@ def test_the_documented_five_lines_pass_the_kit_on_the_example(pytester):
 
 
 def test_the_kit_catches_the_unguarded_variant(pytester):
-    reports = run_kit(pytester, TESTS / "unguarded_bulk_copy.py")
+    """With the ledger off, the guard's own scenarios catch it."""
+    reports = run_kit(pytester, TESTS / "unguarded_bulk_copy.py", skips=LEDGER_TESTS)
     assert set(reports) == KIT_TESTS
     failed = {name for name, report in reports.items() if report.failed}
     assert failed == set(CAUGHT)
@@ -248,3 +257,18 @@ def test_assert_one_timestamp_per_batch_wants_the_injected_clock():
     testing.assert_one_timestamp_per_batch([batch], [batch[0].started_at])
     with pytest.raises(AssertionError, match="injected clock"):
         testing.assert_one_timestamp_per_batch([batch], [])
+
+
+def test_with_the_ledger_on_the_unguarded_variant_also_fails_for_want_of_its_ledger_row(
+    pytester, tmp_path
+):
+    """Its fake target call writes no ledger row: every run that reaches it fails closed."""
+    text = (TESTS / "unguarded_bulk_copy.py").read_text(encoding="utf-8")
+    copy = tmp_path / "unguarded_bulk_copy.py"
+    copy.write_text(text.replace("ledger = False", "ledger = True"), encoding="utf-8")
+    reports = run_kit(pytester, copy)
+    failed = {name for name, report in reports.items() if report.failed}
+    assert set(CAUGHT) <= failed
+    missing_row = {n for n in failed if "native_transfer_ledger_not_written" in str(reports[n].longrepr)}
+    assert "test_the_ledger_records_each_applied_batch_once" in missing_row
+    assert len(missing_row) >= 5

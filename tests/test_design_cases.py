@@ -51,7 +51,7 @@ def raised_from(info, function: str) -> bool:
 # 1
 def test_partial_commit_with_failed_reconciliation_read_preserves_original(route, path):
     original = route.store.fail_batch(phase("checkpoint_committed"), keep=1)
-    route.store.fail_reads(skip=1)  # the route scan reads fine; the reconciliation read fails
+    route.store.fail_reads(skip=2)  # the route scan reads fine; the reconciliation read fails
     with pytest.raises(InjectedFault) as info:
         route.runtime().run(route.spec(path))
     assert info.value is original

@@ -415,7 +415,7 @@ class FaultMachine(RuleBasedStateMachine):
         elif fault.kind == "state":
             armed.primary = store.fail_state_write(fault.where, InjectedFault(label))
         if fault.secondary == "reconcile_read":
-            store.fail_reads(skip=1, error=OSError(SECONDARY_ERROR))
+            store.fail_reads(skip=2, error=OSError(SECONDARY_ERROR))
         elif fault.secondary is not None:
             store.fail_batch(
                 armed.marker.matcher(fault.secondary),

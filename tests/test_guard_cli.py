@@ -52,6 +52,7 @@ AUDIT_KEYS = {
     "resolved_as",
     "forced_invalid",
     "partitions",
+    "proof",  # what the target's ledger proved about each resolved batch
 }
 AUDIT_PARTITION_KEYS = {
     "partition_id",
@@ -151,9 +152,12 @@ def make_checkpoint_incomplete(route) -> None:
         route.runtime().run(route.spec("legacy"))
 
 
-def make_target_outcome_unknown(route) -> None:
-    """The target call raised before touching the table: the target holds none of the rows."""
-    route.sink.fail = "before"
+def make_target_outcome_unknown(route, fail: str = "before") -> None:
+    """The target call raised before touching the table: the target holds none of the rows.
+
+    ``fail="after"``: it raised after committing them (the target's ledger shows it).
+    """
+    route.sink.fail = fail
     with pytest.raises(InjectedFault):
         route.runtime().run(route.spec("legacy"))
     route.sink.fail = None
@@ -299,8 +303,9 @@ def test_show_lists_every_latest_checkpoint_with_phase_bounds_and_no_audit(route
     make_checkpoint_incomplete(route)
     done = show(route)
     assert done.returncode == 0, done.stderr
-    title, header, *rows, audit = done.stdout.splitlines()
+    title, where, header, *rows, audit = done.stdout.splitlines()
     assert title == "route orders -> orders_copy (incremental_append): 4 partitions, 3 blocked"
+    assert where == f"  source sqlite:{route.tmp / 'source.db'}, target sqlite:{route.tmp / 'target.db'}"
     assert header.split()[:5] == ["PARTITION", "STATUS", "GUARD", "BATCH", "ROWS"]
     assert header.split()[-1] == "BOUNDS"
     assert audit == "audit: 0 records"
@@ -315,8 +320,9 @@ def test_show_lists_every_latest_checkpoint_with_phase_bounds_and_no_audit(route
 
 
 def test_show_names_legacy_and_malformed_checkpoints(route):
-    partition_id = make_malformed(route)
+    # unguarded first: once a guard is on the target table, an unguarded run refuses it
     route.runtime(plugins=[]).run(route.spec("legacy", strategy="full_refresh"))
+    partition_id = make_malformed(route)
     done = show(route)
     assert f"{partition_id}  committed  malformed: status_phase_mismatch  -" in done.stdout
     legacy = dpone(
@@ -324,7 +330,7 @@ def test_show_names_legacy_and_malformed_checkpoints(route):
         *("--route", "orders", "orders_copy", "full_refresh"),
     )
     assert legacy.returncode == 0
-    rows = legacy.stdout.splitlines()[2:-1]
+    rows = legacy.stdout.splitlines()[3:-1]
     assert len(rows) == 4
     assert all("  committed  legacy, no guard  -  " in row for row in rows)
 
@@ -332,19 +338,17 @@ def test_show_names_legacy_and_malformed_checkpoints(route):
 # resolve ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory) -> Path:
-    """`dpone-transfer demo` once: it leaves 5 partitions checkpoint_incomplete, rows in target."""
-    workdir = tmp_path_factory.mktemp("demo") / "work"
+@pytest.fixture
+def demo(tmp_path) -> Path:
+    """`dpone-transfer demo` in a folder of its own: 5 partitions checkpoint_incomplete.
+
+    Run per test, not copied: a route is keyed by its files' locations, so a copied
+    folder is another route (the ledger then refuses it: see test_target_truth.py).
+    """
+    workdir = tmp_path / "demo"
     done = dpone("demo", "--workdir", workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     return workdir
-
-
-@pytest.fixture
-def demo(demo_dir, tmp_path) -> Path:
-    """A private copy of the demo's folder: route.toml and every store and table file."""
-    return Path(shutil.copytree(demo_dir, tmp_path / "demo"))
 
 
 def count_rows(path: Path, sql: str) -> int:
@@ -424,9 +428,13 @@ def test_run_proceeds_for_exactly_the_resolved_partitions(route):
     connection.close()
     store = store_of(route)
 
-    first = resolve(store, *partition_args(by_region, removed), "--as", "failed_before_target")
+    refused = confirmed(store, "failed_before_target", *partition_args(by_region, removed))
+    assert refused.returncode == cli.EXIT_CONFIG, "the target's ledger says the rows are there"
+    assert "--force" in refused.stderr
+    forced = (*partition_args(by_region, removed), "--force")
+    first = resolve(store, *forced, "--as", "failed_before_target")
     assert first.returncode == 1, "no confirmation on empty stdin"
-    still = confirmed(store, "failed_before_target", *partition_args(by_region, removed))
+    still = confirmed(store, "failed_before_target", *forced)
     assert still.returncode == 0, still.stderr
     partial = dpone("run", write_route_file(route))
     assert partial.returncode == cli.EXIT_BLOCKED, "two partitions are still unresolved"
@@ -446,11 +454,11 @@ def partition_args(by_region: dict[str, str], regions: list[str]) -> list[str]:
 
 
 def test_resolve_writes_guarded_checkpoints_and_a_complete_audit_record(route):
-    make_target_outcome_unknown(route)
+    make_target_outcome_unknown(route, fail="after")
     store = store_of(route)
     before = latest_of(store)
     chosen = sorted(before)[:2]
-    reason, operator = "rows 1-60 absent from orders_copy (REASON-TEXT)", "bob (OPERATOR-TEXT)"
+    reason, operator = "rows 1-60 found in orders_copy (REASON-TEXT)", "bob (OPERATOR-TEXT)"
     selection = ("--partition", chosen[0], "--partition", chosen[1], "--partition", chosen[0])
     done = resolve(
         store, *selection, "--as", "committed", "--reason", reason, "--operator", operator, "--yes"
@@ -485,7 +493,8 @@ def test_resolve_writes_guarded_checkpoints_and_a_complete_audit_record(route):
         }
         assert new.started_at == new.completed_at == at
         assert new.diagnostics == {
-            "target_commit_guard": {**old_guard, "phase": "checkpoint_committed"}
+            "target_commit_guard": {**old_guard, "phase": "checkpoint_committed"},
+            "ledger_batch_id": old_guard["checkpoint_batch_id"],
         }, "the failure code goes when the rows are in the target"
         unchanged = attrs.evolve(
             new,
@@ -581,10 +590,10 @@ def test_a_partition_that_is_not_blocked_refuses_the_whole_command(route, which,
 
 
 def test_legacy_and_failed_before_target_partitions_are_not_blocked(route):
+    route.runtime(plugins=[]).run(route.spec("legacy", strategy="full_refresh"))  # legacy
     route.store.fail_batch(phase("armed"), keep=2)  # -> failed_before_target
     with pytest.raises(InjectedFault):
         route.runtime().run(route.spec("legacy"))
-    route.runtime(plugins=[]).run(route.spec("legacy", strategy="full_refresh"))  # legacy
     store = store_of(route)
     pid = sorted(latest_of(store))[0]
     done = confirmed(store, "committed", "--partition", pid)
@@ -635,7 +644,7 @@ def test_reason_and_operator_are_required_and_not_empty(route, drop, empty):
     ],
 )
 def test_confirmation_on_stdin(route, typed, written):
-    make_target_outcome_unknown(route)
+    make_target_outcome_unknown(route, fail="after")
     store = store_of(route)
     untouched = snapshot(store)
     pid = sorted(latest_of(store))[0]
@@ -807,7 +816,7 @@ def test_in_process_scan_resolve_show_cycle(route, capsys):
 
 @pytest.mark.parametrize(("stdin", "code"), [("y\n", 0), ("no\n", 1), ("", 1), (None, 1)])
 def test_in_process_confirmation(route, capsys, monkeypatch, stdin, code):
-    make_target_outcome_unknown(route)
+    make_target_outcome_unknown(route, fail="after")
     store = store_of(route)
     monkeypatch.setattr(sys, "stdin", None if stdin is None else io.StringIO(stdin))
     pid = sorted(latest_of(store))[0]
@@ -831,7 +840,10 @@ def test_in_process_refusals_write_nothing(route, capsys):
     assert main(*base, "--partition", other, *who) == cli.EXIT_CONFIG
     assert f"{other} (committed, checkpoint_committed)" in capsys.readouterr().err
     assert snapshot(store) == untouched
-    assert main(*base, "--partition", partition_id, "--force-invalid", *who) == 0
+    assert main(*base, "--partition", partition_id, "--force-invalid", *who) == cli.EXIT_CONFIG
+    assert "the target's ledger proves 1 batch applied" in capsys.readouterr().err
+    assert snapshot(store) == untouched
+    assert main(*base, "--partition", partition_id, "--force-invalid", "--force", *who) == 0
     resolved = latest_of(store)[partition_id]
     assert (resolved.status.value, guard_phase(resolved)) == ("failed", "failed_before_target")
     assert main("guard", "scan", "--store", store, "--route", "a", "b", "sideways") == 2

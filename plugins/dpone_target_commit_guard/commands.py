@@ -421,15 +421,26 @@ class _BatchProof:
 
 def _proofs(
     store: Any, target: _Target, route: RouteKey
-) -> tuple[list[_BatchProof], list[LedgerEntry] | None, str | None]:
-    """Each blocked batch of ``route`` with what the ledger proves, and the ledger itself."""
+) -> tuple[list[_BatchProof], list[LedgerEntry] | None]:
+    """Each blocked batch of ``route`` with what the ledger proves, and the ledger itself.
+
+    A partition is grouped by its guard's batch id; for a malformed guard, by the
+    ledger batch its checkpoint names or the ledger entry listing the partition.
+    """
     latest = {cp.partition_id: cp for cp in store.list_latest(route)}
-    findings = blocked_partitions(list(latest.values()))
     sink = target.sink(route)
-    entries, reason = ledger_of(sink)
+    entries, reason = ledger_of(sink, partitions=True)
+    listed = {
+        part.partition_id: entry.batch_id
+        for entry in sorted(entries or (), key=lambda entry: entry.seq)
+        if entry.of_route(route)
+        for part in entry.partitions
+    }
     batches: dict[str | None, list[Finding]] = {}
-    for finding in findings:
-        batches.setdefault(finding.batch_id, []).append(finding)
+    for finding in blocked_partitions(list(latest.values())):
+        pid = finding.partition_id
+        batch = finding.batch_id or latest[pid].diagnostics.get(LEDGER_BATCH_KEY) or listed.get(pid)
+        batches.setdefault(batch, []).append(finding)
     proofs = []
     for batch_id, items in batches.items():
         if batch_id is None:
@@ -451,7 +462,7 @@ def _proofs(
         proofs.append(
             _BatchProof(route=route, batch_id=batch_id, findings=tuple(items), proof=proof)
         )
-    return proofs, entries, reason
+    return proofs, entries
 
 
 def _mismatch(
@@ -481,7 +492,7 @@ def _verify_command(args: argparse.Namespace) -> int:
     with _opened(target.store) as store:
         routes = target.routes(store)
         for route in routes:
-            found, entries, _ = _proofs(store, target, route)
+            found, entries = _proofs(store, target, route)
             proofs.extend(found)
             blocked = {p.batch_id for p in found if p.batch_id is not None}
             mismatch = _mismatch(store, route, entries, blocked)
@@ -553,9 +564,8 @@ def _resolve_command(args: argparse.Namespace) -> int:
             batch_id=args.batch,
             force_invalid=args.force_invalid,
         )
-        proofs, _, _ = _proofs(store, target, route)
-        by_batch = {p.batch_id: p.proof for p in proofs}
-        groups, overrides = _decide(selected, by_batch, args)
+        proofs, _ = _proofs(store, target, route)
+        groups, overrides = _decide(selected, proofs, args)
         now = datetime.now(UTC)
         resolved = [
             checkpoint
@@ -563,7 +573,7 @@ def _resolve_command(args: argparse.Namespace) -> int:
             for checkpoint in resolution_batch(items, resolution, now)
         ]
         ordered = [item for _, items in groups for item in items]
-        batches = sorted({f.batch_id for _, f in ordered if f.batch_id in by_batch})
+        chosen = {cp.partition_id for cp, _ in ordered}
         audit = audit_record(
             route,
             ordered,
@@ -572,7 +582,11 @@ def _resolve_command(args: argparse.Namespace) -> int:
             operator=args.operator,
             reason=args.reason,
             now=now,
-            proofs={batch: by_batch[batch].as_dict() for batch in batches},
+            proofs={
+                p.batch_id: p.proof.as_dict()
+                for p in proofs
+                if p.batch_id and chosen & {f.partition_id for f in p.findings}
+            },
             overrides=overrides,
         )
         print(f"route {route.label}: resolve as {audit['resolved_as']}")
@@ -594,26 +608,27 @@ def _resolve_command(args: argparse.Namespace) -> int:
 
 def _decide(
     selected: Sequence[tuple[PartitionCheckpoint, Finding]],
-    proofs: dict[str | None, Proof],
+    proofs: Sequence[_BatchProof],
     args: argparse.Namespace,
 ) -> tuple[list[tuple[Resolution, list[tuple[PartitionCheckpoint, Finding]]]], list[str]]:
     """How the selected partitions are resolved, and the batches resolved against the ledger."""
+    of = {f.partition_id: p for p in proofs for f in p.findings}
 
     def verdict(item: tuple[PartitionCheckpoint, Finding]) -> str:
-        return proofs.get(item[1].batch_id, Proof(UNKNOWN, "no batch id")).verdict
+        return of[item[1].partition_id].proof.verdict
 
     if args.from_target:
-        unproven = sorted({item[1].batch_id or "-" for item in selected if verdict(item) == UNKNOWN})
+        unproven = {of[cp.partition_id] for cp, f in selected if verdict((cp, f)) == UNKNOWN}
         if unproven:
-            reasons = "; ".join(
-                f"{batch}: {proofs[batch].reason if batch in proofs else 'a malformed guard'}"
-                for batch in unproven
-            )
+            reasons = "; ".join(f"{p.batch_id or 'no batch'}: {p.proof.reason}" for p in unproven)
             raise ConfigInvalid(
                 "refusing --from-target: the target's ledger proves nothing about "
                 f"{plural(len(unproven), 'batch')} ({reasons}); nothing was written; compare "
                 "them with the target by hand and resolve them with --as",
-                diagnostics={"key": "--from-target", "batch_ids": unproven},
+                diagnostics={
+                    "key": "--from-target",
+                    "batch_ids": sorted(str(p.batch_id) for p in unproven),
+                },
             )
         groups = [
             (Resolution.COMMITTED, [item for item in selected if verdict(item) == APPLIED]),
@@ -626,7 +641,7 @@ def _decide(
     resolution = Resolution(args.resolved_as)
     contrary = NOT_APPLIED if resolution is Resolution.COMMITTED else APPLIED
     against = sorted(
-        {item[1].batch_id for item in selected if verdict(item) == contrary and item[1].batch_id}
+        {str(of[cp.partition_id].batch_id) for cp, f in selected if verdict((cp, f)) == contrary}
     )
     if against and not args.force:
         raise ConfigInvalid(
@@ -637,7 +652,6 @@ def _decide(
             diagnostics={"key": "--force", "batch_ids": against},
         )
     return [(resolution, list(selected))], against
-
 
 
 # helpers ------------------------------------------------------------------------------

@@ -216,7 +216,11 @@ def transfer(
     started = time.perf_counter()
     store = open_store(config.store_path, create=True, argument="store.path")
     try:
-        runtime = TransferRuntime(store if wrap_store is None else wrap_store(store), events=events)
+        runtime = TransferRuntime(
+            store if wrap_store is None else wrap_store(store),
+            events=events,
+            lease_seconds=config.lease_seconds,
+        )
         result = runtime.run(config.spec(run_id, sink=sink))
     finally:
         store.close()

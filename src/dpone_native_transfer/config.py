@@ -27,6 +27,7 @@ from .checkpoints import RouteKey, Strategy
 from .connectors import SQLiteSink, SQLiteSource
 from .errors import ConfigInvalid
 from .identity import route_key
+from .lease import DEFAULT_LEASE_SECONDS
 from .paths import Governance
 from .runtime import BUILTIN_PATHS, TransferSpec
 from .stores import resolve_env
@@ -58,6 +59,7 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
             "path": ("file", _OPTIONAL),  # sqlite, duckdb; clickhouse: the chDB data folder
             "url": ("secret", _OPTIONAL),  # clickhouse server: clickhouse:// or http(s)://
             "table": ("name", _REQUIRED),
+            "ledger": ("bool", _OPTIONAL),  # the target's batch ledger (default on)
         },
     ),
     "transfer": (
@@ -69,7 +71,10 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
             "artifact_dir": ("file", _OPTIONAL),
         },
     ),
-    "store": (_REQUIRED, {"path": ("file", _REQUIRED)}),
+    "store": (
+        _REQUIRED,
+        {"path": ("file", _REQUIRED), "lease_seconds": ("seconds", _OPTIONAL)},
+    ),
     "gates": (_OPTIONAL, {"min_rows": ("count", _OPTIONAL), "max_rows": ("count", _OPTIONAL)}),
 }
 
@@ -114,6 +119,8 @@ class RouteConfig:
     chunk_rows: int
     artifact_dir: str | None
     store_path: str
+    ledger: bool = True
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
 
     @property
     def label(self) -> str:
@@ -135,6 +142,7 @@ class RouteConfig:
             governance=self.governance,
             chunk_rows=self.chunk_rows,
             artifact_dir=self.artifact_dir,
+            ledger=self.ledger,
         )
 
 
@@ -268,6 +276,16 @@ def _validated_section(
 
 
 def _check_value(key: str, kind: str, value: Any) -> None:
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise _invalid(key, f"must be true or false, not {_toml_type(value)}")
+        return
+    if kind == "seconds":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _invalid(key, f"must be a number of seconds, not {_toml_type(value)}")
+        if not 0 < value < 7 * 24 * 3600:
+            raise _invalid(key, "must be more than 0 and less than a week")
+        return
     if kind in ("positive", "count"):
         if not isinstance(value, int) or isinstance(value, bool):
             raise _invalid(key, f"must be an integer, not {_toml_type(value)}")
@@ -303,6 +321,8 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
         chunk_rows=transfer.get("chunk_rows", DEFAULT_CHUNK_ROWS),
         artifact_dir=None if artifact_dir is None else _resolve(folder, artifact_dir),
         store_path=_store_location(folder, sections["store"]["path"]),
+        ledger=sections["target"].get("ledger", True),
+        lease_seconds=float(sections["store"].get("lease_seconds", DEFAULT_LEASE_SECONDS)),
     )
 
 

@@ -7,14 +7,11 @@ same payloads.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from .errors import ConfigInvalid
-
-if TYPE_CHECKING:
-    from .ledger import LedgerEntry
 
 __all__ = [
     "ArtifactFiles",
@@ -80,15 +77,11 @@ class SourceShape:
 
 @attrs.frozen(kw_only=True)
 class RowChunks:
-    """Rows for a sink, as bounded chunks consumed once; ``replace`` means full refresh.
-
-    ``ledger``, on every payload: the ledger row a ``LedgerSink`` writes with the rows.
-    """
+    """Rows for a sink, as bounded chunks consumed once; ``replace`` means full refresh."""
 
     columns: tuple[Column, ...]
     chunks: Iterable[Sequence[tuple]]
     replace: bool = False
-    ledger: LedgerEntry | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -99,7 +92,6 @@ class LoadPlan:
     columns: tuple[Column, ...]
     bounds: tuple[Mapping[str, Any], ...]
     replace: bool = False
-    ledger: LedgerEntry | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -115,7 +107,6 @@ class ArtifactFiles:
     paths: tuple[str, ...]
     format: str
     replace: bool = False
-    ledger: LedgerEntry | None = None
 
 
 @attrs.frozen

@@ -6,13 +6,17 @@ capability when the connector has it and behaves as before when it does not.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from ..errors import NativeTransferError
 
 if TYPE_CHECKING:
     from ..identity import TableIdentity
     from ..ledger import LedgerEntry
 
-__all__ = ["Identified", "LedgerSink"]
+__all__ = ["Identified", "LedgerNotWritten", "LedgerSink", "PendingLedger"]
 
 
 @runtime_checkable
@@ -30,19 +34,62 @@ class Identified(Protocol):
 class LedgerSink(Protocol):
     """A sink that keeps the target's batch ledger (``_dpone_ledger``, see ``ledger.py``).
 
-    Writing: when a load payload (``RowChunks``, ``LoadPlan``, ``ArtifactFiles``)
-    carries ``ledger``, or ``finalize_staged_load`` is given ``ledger=``, the
-    sink inserts ``ledger.row()`` plus the rows it applied into the ledger table
-    of the target database, creating the table on first use. ``ledger_atomic``
-    says whether that row commits in the same transaction as the rows (then a
-    missing row proves the batch was not applied); a sink without multi-table
-    transactions writes it after the rows and sets it False.
+    Writing: the runtime hands the batch's row with ``ledger_batch(entry)``
+    around the one target call (``load`` or ``finalize_staged_load``, on every
+    path), and that call inserts ``entry.row()`` plus the rows it applied into
+    the ledger table of the target database, creating the table on first use.
+    ``ledger_atomic`` says whether that row commits in the same transaction as
+    the rows (then a missing row proves the batch was not applied); a sink
+    without multi-table transactions writes it after the rows and sets it False.
+    ``PendingLedger`` does the bookkeeping.
     """
 
     ledger_atomic: bool
+
+    def ledger_batch(self, entry: LedgerEntry) -> contextlib.AbstractContextManager[None]:
+        """Hand ``entry`` to the target call made inside the ``with`` block."""
 
     def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:
         """This sink's target table's entries, oldest first; ``[]`` when there is no ledger.
 
         Reads only. ``partitions=True`` also reads each entry's partition list.
         """
+
+
+class LedgerNotWritten(NativeTransferError):
+    """A ledger sink's target call returned without writing the batch's ledger row (a bug)."""
+
+    code = "native_transfer_ledger_not_written"
+
+
+class PendingLedger:
+    """The ledger row handed to a sink for its target call; a sink keeps one.
+
+    ``handed(entry)`` is the sink's ``ledger_batch``; its target call takes the
+    row with ``take()`` inside its transaction. A target call that returns
+    without taking it raises ``LedgerNotWritten``, so the attempt is recorded as
+    of unknown outcome rather than as committed without a ledger row.
+    """
+
+    def __init__(self) -> None:
+        self._entry: LedgerEntry | None = None
+        self._taken = False
+
+    @contextlib.contextmanager
+    def handed(self, entry: LedgerEntry) -> Iterator[None]:
+        self._entry, self._taken = entry, False
+        try:
+            yield
+            if not self._taken:
+                raise LedgerNotWritten(
+                    f"the sink of target table {entry.target_table!r} returned without "
+                    "writing the batch's ledger row",
+                    diagnostics={"batch_id": entry.batch_id},
+                )
+        finally:
+            self._entry = None
+
+    def take(self) -> LedgerEntry | None:
+        """The handed row (None outside ``handed``), marked as written."""
+        self._taken = self._entry is not None
+        return self._entry

@@ -25,6 +25,7 @@ from typing import Any
 from ..artifacts import JSONL
 from ..errors import ConfigInvalid, SourceInvalid
 from ..identity import TableIdentity, file_location, fold_ascii
+from .contract import PendingLedger
 from ..ledger import LEDGER_TABLE, LedgerEntry
 from ..payloads import (
     ArtifactFiles,
@@ -128,6 +129,7 @@ class DuckDBSink:
         quote(table)
         self.path = os.fspath(path)
         self.table = table
+        self._ledger = PendingLedger()
         if self.path == ":memory:" or not self.path:
             raise ConfigInvalid(
                 f"target table {table!r} needs a DuckDB file: an in-memory database "
@@ -137,6 +139,9 @@ class DuckDBSink:
 
     def __repr__(self) -> str:
         return f"DuckDBSink(table={self.table!r})"
+
+    def ledger_batch(self, entry: LedgerEntry) -> contextlib.AbstractContextManager[None]:
+        return self._ledger.handed(entry)
 
     def identity(self) -> TableIdentity:
         """The file's resolved path; DuckDB matches table names case-insensitively."""
@@ -171,7 +176,7 @@ class DuckDBSink:
             with self._connect() as conn, _transaction(conn):
                 _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
                 rows = _insert_rows(conn, self.table, payload.columns, payload.chunks)
-                return _record(conn, payload.ledger, rows)
+                return _record(conn, self._ledger.take(), rows)
         if isinstance(payload, ArtifactFiles):
             return self._load_files(payload)
         if isinstance(payload, LoadPlan):
@@ -196,7 +201,7 @@ class DuckDBSink:
                     "$paths, format = 'newline_delimited', records = true, columns = $types)",
                     {"paths": list(payload.paths), "types": types},
                 ).fetchone()[0]
-            return _record(conn, payload.ledger, rows)
+            return _record(conn, self._ledger.take(), rows)
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan this sink cannot pull, before anything touches the target."""
@@ -233,7 +238,7 @@ class DuckDBSink:
                     ).fetchone()[0]
                     for where, params in statements
                 )
-                return _record(conn, plan.ledger, rows)
+                return _record(conn, self._ledger.take(), rows)
 
     def stage(self, payload: RowChunks) -> int:
         """Fill a fresh staging table beside the target; the target is not touched."""
@@ -246,9 +251,7 @@ class DuckDBSink:
         with self._reader() as conn:
             return 0 if conn is None else _row_count(conn, self._stage)
 
-    def finalize_staged_load(
-        self, *, replace: bool = False, ledger: LedgerEntry | None = None
-    ) -> int:
+    def finalize_staged_load(self, *, replace: bool = False) -> int:
         """Move staged rows into the target (by column name) and drop the staging table, at once.
 
         A missing target is created with the staging table's columns and types.
@@ -265,7 +268,7 @@ class DuckDBSink:
                 conn.execute(f"DELETE FROM {target}")
             moved = conn.execute(f"INSERT INTO {target} BY NAME FROM {stage}").fetchone()[0]
             conn.execute(f"DROP TABLE {stage}")
-            return _record(conn, ledger, moved)
+            return _record(conn, self._ledger.take(), moved)
 
     def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:
         """The ledger entries of this target table, oldest first (a read-only connection)."""

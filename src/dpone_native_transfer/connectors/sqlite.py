@@ -20,6 +20,7 @@ from typing import Any
 from ..checkpoints import sha256_digest
 from ..errors import ConfigInvalid, SourceInvalid
 from ..identity import TableIdentity, file_location, fold_ascii
+from .contract import PendingLedger
 from ..ledger import LEDGER_TABLE, LedgerEntry
 from ..payloads import Column, LoadPlan, RowChunks, SourceShape
 
@@ -302,9 +303,13 @@ class SQLiteSink:
         _quote(table)
         self.path = os.fspath(path)
         self.table = table
+        self._ledger = PendingLedger()
 
     def __repr__(self) -> str:
         return f"SQLiteSink(table={self.table!r})"
+
+    def ledger_batch(self, entry: LedgerEntry) -> contextlib.AbstractContextManager[None]:
+        return self._ledger.handed(entry)
 
     def identity(self) -> TableIdentity:
         """The file's resolved path; SQLite matches table names case-insensitively (ASCII)."""
@@ -348,7 +353,7 @@ class SQLiteSink:
         with self._connect() as conn, _transaction(conn):
             _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
             rows = sum(conn.executemany(insert, chunk).rowcount for chunk in payload.chunks)
-            return _record(conn, payload.ledger, rows)
+            return _record(conn, self._ledger.take(), rows)
 
     def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:
         """The ledger entries of this target table, oldest first (a read-only connection)."""
@@ -405,7 +410,7 @@ class SQLiteSink:
                     if whole is not None:
                         statements = [whole]
                     rows = sum(conn.execute(prefix + sql, p).rowcount for sql, p in statements)
-                    return _record(conn, payload.ledger, rows)
+                    return _record(conn, self._ledger.take(), rows)
             finally:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("DETACH DATABASE src")
@@ -422,9 +427,7 @@ class SQLiteSink:
         with self._reader() as conn:
             return 0 if conn is None else _row_count(conn, self._stage)
 
-    def finalize_staged_load(
-        self, *, replace: bool = False, ledger: LedgerEntry | None = None
-    ) -> int:
+    def finalize_staged_load(self, *, replace: bool = False) -> int:
         """Move staged rows into the target and drop the staging table, in one transaction.
 
         When the target does not exist, or ``replace`` is set and the target is
@@ -444,7 +447,7 @@ class SQLiteSink:
                 moved = _row_count(conn, self._stage)
                 conn.execute(f"DROP TABLE IF EXISTS {_quote(self.table)}")
                 conn.execute(f"ALTER TABLE {_quote(self._stage)} RENAME TO {_quote(self.table)}")
-                return _record(conn, ledger, moved)
+                return _record(conn, self._ledger.take(), moved)
             _prepare_target(conn, self.table, columns, replace=replace)
             names = _column_list(columns)
             moved = conn.execute(
@@ -452,7 +455,7 @@ class SQLiteSink:
                 f" SELECT {names} FROM {_quote(self._stage)} ORDER BY rowid"
             ).rowcount
             conn.execute(f"DROP TABLE {_quote(self._stage)}")
-            return _record(conn, ledger, moved)
+            return _record(conn, self._ledger.take(), moved)
 
     def _stage_can_become_target(
         self, conn: sqlite3.Connection, columns: Sequence[Column], *, replace: bool

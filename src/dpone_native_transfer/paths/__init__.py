@@ -91,19 +91,8 @@ class PathContext:
         """The partition's rows from the source, in bounded chunks."""
         return self.source.read(candidate.partition_bounds, chunk_rows=self.spec.chunk_rows)
 
-    @property
-    def ledger(self) -> LedgerEntry | None:
-        """The ledger row to hand the sink with the target payload, with extraction's counts."""
-        if self.ledger_entry is None:
-            return None
-        return self.ledger_entry.with_counts(self.candidates)
-
-    def row_chunks(
-        self, chunks: Iterable[Sequence[tuple]], *, ledger: LedgerEntry | None = None
-    ) -> RowChunks:
-        return RowChunks(
-            columns=self.shape.columns, chunks=chunks, replace=self.replace, ledger=ledger
-        )
+    def row_chunks(self, chunks: Iterable[Sequence[tuple]]) -> RowChunks:
+        return RowChunks(columns=self.shape.columns, chunks=chunks, replace=self.replace)
 
     def extracted(self, index: int, rows: int, **diagnostics: Any) -> None:
         """Record what extraction produced for ``candidates[index]``."""
@@ -138,6 +127,13 @@ class PathContext:
             store=self.store,
             clock=self.clock,
         )
+        if self.ledger_entry is not None:  # every path's target call records its batch
+            entry, call = self.ledger_entry.with_counts(self.candidates), invoke
+
+            def invoke() -> T:
+                with self.sink.ledger_batch(entry):
+                    return call()
+
         return self.boundary.run(self.mutation, invoke)
 
 

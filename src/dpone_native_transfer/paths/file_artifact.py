@@ -46,9 +46,7 @@ def file_artifact_path(ctx: PathContext) -> int:
             paths=tuple(str(path.resolve()) for path in files),
             format=JSONL,
             replace=ctx.replace,
-            ledger=ctx.ledger,
         )
     else:
-        chunks = itertools.chain.from_iterable(read_chunks(p) for p in files)
-        payload = ctx.row_chunks(chunks, ledger=ctx.ledger)
+        payload = ctx.row_chunks(itertools.chain.from_iterable(read_chunks(p) for p in files))
     return ctx.mutate("load", lambda: ctx.sink.load(payload))

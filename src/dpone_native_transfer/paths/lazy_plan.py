@@ -19,7 +19,6 @@ def lazy_plan_path(ctx: PathContext) -> int:
         columns=ctx.shape.columns,
         bounds=tuple(candidate.partition_bounds for candidate in ctx.candidates),
         replace=ctx.replace,
-        ledger=ctx.ledger,
     )
     # Before the boundary: a plan the sink cannot pull is a configuration error, and must
     # not be recorded as a target call of unknown outcome (which blocks the route).

@@ -17,5 +17,5 @@ def legacy_path(ctx: PathContext) -> int:
             ctx.extracted(index, rows)
             total += rows
     ctx.check_governance(total)
-    payload = ctx.row_chunks(read_chunks(spool), ledger=ctx.ledger)
+    payload = ctx.row_chunks(read_chunks(spool))
     return ctx.mutate("load", lambda: ctx.sink.load(payload))

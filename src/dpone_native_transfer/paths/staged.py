@@ -24,8 +24,6 @@ def staged_path(ctx: PathContext) -> int:
     except BaseException:
         ctx.sink.discard_stage()
         raise
-    ledger = {} if ctx.ledger is None else {"ledger": ctx.ledger}
     return ctx.mutate(
-        "finalize_staged_load",
-        lambda: ctx.sink.finalize_staged_load(replace=ctx.replace, **ledger),
+        "finalize_staged_load", lambda: ctx.sink.finalize_staged_load(replace=ctx.replace)
     )

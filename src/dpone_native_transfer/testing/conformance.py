@@ -34,9 +34,11 @@ import pytest
 
 from ..checkpoints import PartitionCheckpoint
 from ..connectors import SQLiteSink, SQLiteSource
-from ..errors import GovernanceGateFailed
+from ..connectors.contract import LedgerSink
+from ..errors import GovernanceGateFailed, StoreTargetMismatch
 from ..paths import Governance, PathContext, TransferPath
 from ..runtime import TransferResult, TransferRuntime, TransferSpec
+from ..stores.memory import MemoryCheckpointStore
 from ..stores.sqlite import SQLiteCheckpointStore
 from .assertions import (
     assert_blocked_before_target,
@@ -68,6 +70,7 @@ class ConformanceRoute:
     clock: StepClock
     read_target_ids: Callable[[], list[Any]]
     chunk_rows: int
+    ledger: bool = True
     path_runs: int = 0
 
     def runtime(self) -> TransferRuntime:
@@ -90,6 +93,7 @@ class ConformanceRoute:
             path=self.path_name,
             run_id=run_id,
             chunk_rows=self.chunk_rows,
+            ledger=self.ledger,
             **kwargs,
         )
 
@@ -124,6 +128,7 @@ class GuardConformance:
     rows: ClassVar[int] = 120
     partitions: ClassVar[int] = 4
     chunk_rows: ClassVar[int] = 16
+    ledger: ClassVar[bool] = True  # the target's ledger, when the sink keeps one
 
     @pytest.fixture
     def transfer_path(self) -> TransferPath:
@@ -168,6 +173,7 @@ class GuardConformance:
             clock=StepClock(),
             read_target_ids=target_ids,
             chunk_rows=self.chunk_rows,
+            ledger=self.ledger,
         )
         yield made
         real_store.close()
@@ -207,7 +213,7 @@ class GuardConformance:
     ) -> None:
         """Design cases 1 and 4: the original survives a failed read-back; armed guards block."""
         original = kit_route.store.fail_batch(phase_batch("checkpoint_committed"), keep=1)
-        kit_route.store.fail_reads(skip=1)  # the route scan reads; the reconciliation read fails
+        kit_route.store.fail_reads(skip=2)  # the route scan reads; the reconciliation read fails
         armed = ["armed"] * (self.partitions - 1)
         expect_failure_then_blocked_retry(
             kit_route, original, "upsert_many", [*armed, "checkpoint_committed"]
@@ -298,6 +304,51 @@ class GuardConformance:
         expect("target calls", kit_route.sink.target_calls, 0)
         expect("checkpoint batches of a refused attempt", kit_route.store.batches, [])
         expect("rows in the target", kit_route.target_ids(), [])
+
+
+    # -- the target's ledger (sinks that keep one: ``LedgerSink``) ---------------------------
+
+    def test_the_ledger_records_each_applied_batch_once(self, kit_route: ConformanceRoute) -> None:
+        """The ledger row of a batch commits with its rows; a rerun with nothing new adds none."""
+        sink = _ledger_sink(kit_route)
+        first = kit_route.run()
+        kit_route.run("run-2")
+        entries = sink.read_ledger(partitions=True)
+        expect("ledger batch ids", [e.batch_id for e in entries], [first.batch_id])
+        expect("rows the ledger says were applied", entries[0].rows, first.rows_loaded)
+        expect(
+            "partitions the ledger lists",
+            sorted(p.partition_id for p in entries[0].partitions),
+            sorted(first.committed_partition_ids),
+        )
+
+    def test_a_target_call_that_raises_before_applying_leaves_no_ledger_row(
+        self, kit_route: ConformanceRoute
+    ) -> None:
+        """Absence proves "not applied" only when the ledger row commits with the rows."""
+        sink = _ledger_sink(kit_route)
+        kit_route.sink.fail = "before"
+        assert_raises_original(kit_route.sink.error, kit_route.run, raised_in="target_call")
+        expect("ledger entries", sink.read_ledger(), [])
+
+    def test_a_lost_store_is_refused_before_the_target(self, kit_route: ConformanceRoute) -> None:
+        """A run whose store forgot the target's batches stops before reading the source."""
+        _ledger_sink(kit_route)
+        kit_route.run()
+        build_sample_source(kit_route.source_path, rows=10, start_id=self.rows + 1)
+        kit_route.store = FaultyStore(MemoryCheckpointStore())  # the store was lost: a new one
+        with pytest.raises(StoreTargetMismatch) as refused:
+            kit_route.run("run-2")
+        expect("mismatch", refused.value.diagnostics["mismatch"], "target_ahead_of_store")
+        expect("target calls", kit_route.sink.target_calls, 1)
+        assert_no_duplicate_rows(kit_route.source_ids(), kit_route.target_ids())
+
+
+def _ledger_sink(route: ConformanceRoute) -> Any:
+    """The sink as a ``LedgerSink``; the ledger tests do not apply to a sink without one."""
+    if not (route.ledger and isinstance(route.sink.inner, LedgerSink)):
+        pytest.skip("the sink keeps no target ledger (or the kit runs with ledger = False)")
+    return route.sink.inner
 
 
 def expect(what: str, actual: Any, expected: Any) -> None:

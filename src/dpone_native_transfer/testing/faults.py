@@ -76,7 +76,12 @@ class FaultyStore:
     def fail_reads(
         self, count: int = 1, *, skip: int = 0, error: BaseException | None = None
     ) -> BaseException:
-        """After ``skip`` good ``list_latest`` calls, the next ``count`` raise ``error``."""
+        """After ``skip`` good reads of latest checkpoints, the next ``count`` raise ``error``.
+
+        Reads are ``list_target_latest`` and ``list_latest`` calls, in order. A run
+        makes two before the target (the route scan's target table, then the route),
+        so ``skip=2`` fails the guard's reconciliation read after a partial commit.
+        """
         error = error or InjectedFault("injected checkpoint read failure")
         self._read_errors.extend([None] * skip + [error] * count)
         return error
@@ -101,10 +106,17 @@ class FaultyStore:
                 raise fault.error
         self.inner.upsert_many(batch)
 
-    def list_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
+    def _read(self) -> None:
         if self._read_errors and (error := self._read_errors.pop(0)) is not None:
             raise error
+
+    def list_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
+        self._read()
         return self.inner.list_latest(route)
+
+    def list_target_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
+        self._read()
+        return self.inner.list_target_latest(route)
 
     def __getattr__(self, name: str) -> Any:
         """The store's other capabilities (target scope, adoption, leases, operator port)."""
