@@ -72,6 +72,7 @@ from dpone_native_transfer import (
     TransferRuntime,
     TransferSpec,
 )
+from dpone_native_transfer.identity import route_key
 from dpone_native_transfer.testing import (
     FaultyStore,
     InjectedFault,
@@ -186,7 +187,7 @@ FAULTS = _faults()
 # Where the injected error must still be raised from: proof its traceback was kept.
 INJECTION_SITE = {
     "write": "upsert_many",
-    "read": "list_latest",
+    "read": "list_target_latest",  # a run's first read: the route scan over the target table
     "sink": "target_call",
     "state": {"evidence": "record_evidence", "source_state": "save_source_state"},
 }
@@ -296,7 +297,7 @@ class FaultMachine(RuleBasedStateMachine):
         self.sink = RecordingSink(SQLiteSink(str(self.target_path), TARGET_TABLE))
         self.real_store = SQLiteCheckpointStore(self.tmp / "checkpoints.db")
         self.clock = StepClock()
-        self.route = RouteKey(SOURCE_TABLE, TARGET_TABLE, strategy)
+        self.route = route_key(self.source, self.sink, strategy)  # located in these files
 
     def teardown(self) -> None:
         try:
@@ -533,19 +534,26 @@ class FaultMachine(RuleBasedStateMachine):
     # the operator ------------------------------------------------------------------------
 
     def resolve_blocked(self) -> None:
-        """What the runbook says: rows all there once -> committed; else clear them -> failed."""
+        """What the runbook says: ``guard resolve --from-target``, as the target's ledger proves.
+
+        The row count is the independent oracle: for an append route, a batch the
+        ledger holds has every row of its partitions in the target once, and one it
+        does not hold has none of them.
+        """
         latest = {cp.partition_id: cp for cp in self.latest()}
         found = blocked_partitions(latest.values())
         assert found, "resolve was called on a route that does not block"
+        in_ledger = {entry.batch_id for entry in self.sink.inner.read_ledger()}
         target = Counter(self.target_ids())
         verdicts: dict[Resolution, list[str]] = {r: [] for r in Resolution}
         for finding in found:
-            ids = self.ids_in(latest[finding.partition_id].partition_bounds)
-            if all(target[row_id] == 1 for row_id in ids):
-                verdicts[Resolution.COMMITTED].append(finding.partition_id)
-            else:
-                self.delete_from_target(ids)
-                verdicts[Resolution.FAILED_BEFORE_TARGET].append(finding.partition_id)
+            applied = finding.batch_id in in_ledger
+            if self.strategy == "incremental_append":
+                ids = self.ids_in(latest[finding.partition_id].partition_bounds)
+                counts = {target[row_id] for row_id in ids}
+                assert counts <= ({1} if applied else {0}), (finding.batch_id, applied, counts)
+            resolved_as = Resolution.COMMITTED if applied else Resolution.FAILED_BEFORE_TARGET
+            verdicts[resolved_as].append(finding.partition_id)
         for resolved_as, partition_ids in verdicts.items():
             if partition_ids:
                 self.apply(resolved_as, partition_ids)
@@ -563,7 +571,7 @@ class FaultMachine(RuleBasedStateMachine):
             resolved,
             resolved_as=resolved_as,
             operator="property-test",
-            reason="compared the partition's rows with the target",
+            reason="the target's ledger proves it",
             now=now,
         )
         self.real_store.apply_resolution(self.route, resolved, audit)
@@ -571,14 +579,6 @@ class FaultMachine(RuleBasedStateMachine):
         for checkpoint in resolved:
             assert stored[checkpoint.partition_id] == checkpoint
             assert checkpoint.started_at == checkpoint.completed_at == now
-
-    def delete_from_target(self, ids: list[int]) -> None:
-        if not ids or not self.target_path.exists():
-            return
-        with contextlib.closing(sqlite3.connect(self.target_path, isolation_level=None)) as db:
-            if db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (TARGET_TABLE,)).fetchall():
-                marks = ", ".join("?" for _ in ids)
-                db.execute(f"DELETE FROM {TARGET_TABLE} WHERE id IN ({marks})", ids)
 
     # the route finishes ------------------------------------------------------------------
 

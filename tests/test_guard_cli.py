@@ -305,7 +305,9 @@ def test_show_lists_every_latest_checkpoint_with_phase_bounds_and_no_audit(route
     assert done.returncode == 0, done.stderr
     title, where, header, *rows, audit = done.stdout.splitlines()
     assert title == "route orders -> orders_copy (incremental_append): 4 partitions, 3 blocked"
-    assert where == f"  source sqlite:{route.tmp / 'source.db'}, target sqlite:{route.tmp / 'target.db'}"
+    located = route.spec("legacy").route  # locations are digests: no path is ever printed
+    assert where == f"  source {located.source_location}, target {located.target_location}"
+    assert str(route.tmp) not in done.stdout
     assert header.split()[:5] == ["PARTITION", "STATUS", "GUARD", "BATCH", "ROWS"]
     assert header.split()[-1] == "BOUNDS"
     assert audit == "audit: 0 records"
@@ -372,7 +374,10 @@ def test_demo_resolved_as_committed_then_run_loads_nothing_and_source_equals_tar
     done = confirmed(store, "committed", "--batch", batch_id)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == "route orders -> orders_copy (incremental_append): resolve as committed"
+    assert lines[0] == (
+        "route orders -> orders_copy (incremental_append): resolve as committed"
+        " (unchecked: the target's ledger proves nothing here)"
+    ), "--store alone does not say where the target is"
     assert len(lines[1:-1]) == 5
     assert all(
         "failed/checkpoint_incomplete -> committed/checkpoint_committed  batch " + batch_id in line
@@ -428,14 +433,21 @@ def test_run_proceeds_for_exactly_the_resolved_partitions(route):
     connection.close()
     store = store_of(route)
 
-    refused = confirmed(store, "failed_before_target", *partition_args(by_region, removed))
-    assert refused.returncode == cli.EXIT_CONFIG, "the target's ledger says the rows are there"
-    assert "--force" in refused.stderr
-    forced = (*partition_args(by_region, removed), "--force")
-    first = resolve(store, *forced, "--as", "failed_before_target")
+    route_file = write_route_file(route)  # the store alone does not say where the target is
+
+    def by_file(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        who = ("--reason", "rows of two regions deleted", "--operator", "alice")
+        return dpone("guard", "resolve", route_file, *args, *who, stdin=stdin)
+
+    missing = partition_args(by_region, removed)
+    checked = by_file(*missing, "--as", "failed_before_target", "--yes")
+    assert checked.returncode == cli.EXIT_CONFIG, "the target's ledger says the rows are there"
+    assert "--force" in checked.stderr
+    first = by_file(*missing, "--force", "--as", "failed_before_target")
     assert first.returncode == 1, "no confirmation on empty stdin"
-    still = confirmed(store, "failed_before_target", *forced)
+    still = by_file(*missing, "--force", "--as", "failed_before_target", "--yes")
     assert still.returncode == 0, still.stderr
+    assert "against the target's ledger (--force)" in still.stdout
     partial = dpone("run", write_route_file(route))
     assert partial.returncode == cli.EXIT_BLOCKED, "two partitions are still unresolved"
     assert confirmed(store, "committed", *partition_args(by_region, kept)).returncode == 0
@@ -840,10 +852,12 @@ def test_in_process_refusals_write_nothing(route, capsys):
     assert main(*base, "--partition", other, *who) == cli.EXIT_CONFIG
     assert f"{other} (committed, checkpoint_committed)" in capsys.readouterr().err
     assert snapshot(store) == untouched
-    assert main(*base, "--partition", partition_id, "--force-invalid", *who) == cli.EXIT_CONFIG
+    with_file = ("guard", "resolve", write_route_file(route), "--as", "failed_before_target")
+    assert main(*with_file, "--partition", partition_id, "--force-invalid", *who) == 2
     assert "the target's ledger proves 1 batch applied" in capsys.readouterr().err
     assert snapshot(store) == untouched
-    assert main(*base, "--partition", partition_id, "--force-invalid", "--force", *who) == 0
+    assert main(*base, "--partition", partition_id, "--force-invalid", *who) == 0
+    assert "(unchecked: the target's ledger proves nothing here)" in capsys.readouterr().out
     resolved = latest_of(store)[partition_id]
     assert (resolved.status.value, guard_phase(resolved)) == ("failed", "failed_before_target")
     assert main("guard", "scan", "--store", store, "--route", "a", "b", "sideways") == 2

@@ -54,7 +54,7 @@ from dpone_native_transfer.ledger import (
     ledger_overrides,
     prove,
 )
-from dpone_native_transfer.recovery import check_not_leased, ledger_of, operator_lease, sink_at
+from dpone_native_transfer.recovery import check_not_leased, ledger_of, operator_lease
 from dpone_native_transfer.stores import open_store
 
 from .operator import (
@@ -125,7 +125,8 @@ For each blocked batch, what the target's ledger proves: applied (with its
 rows and time), not applied, or unknown (no ledger, a target without
 transactions, or a target that cannot be read); then whether the store and
 the target disagree otherwise. Reads only. Exits 0 when nothing blocks, 3
-otherwise. A target on a server is read only through its route file."""
+otherwise. The store does not say where a target is: give the route file
+to read the target's ledger (with --store alone, every proof is unknown)."""
 _RESOLVE = """\
 Write a new checkpoint for each named blocked partition and append one audit
 record:
@@ -260,10 +261,10 @@ class _Target:
         return known
 
     def sink(self, route: RouteKey) -> Any:
-        """The route's target, to read its ledger: the route file's, else a file named by the store."""
+        """The route's target, to read its ledger: only a route file says where it is."""
         if self.config is not None and route.as_dict() == self.config.route.as_dict():
             return self.config.sink
-        return sink_at(route)
+        return None
 
 
 def _target(args: argparse.Namespace, *, route_required: bool) -> _Target:
@@ -477,8 +478,6 @@ def _mismatch(
             as_latest(store.list_target_latest(route)),
             entries,
             overridden=lambda: ledger_overrides(store, route) | blocked,
-            fix=f"{PROG} state restore --store <checkpoint store> <route file> "
-            "--reason TEXT --operator NAME",
         )
     except StoreTargetMismatch as mismatch:
         return mismatch
@@ -574,6 +573,7 @@ def _resolve_command(args: argparse.Namespace) -> int:
         ]
         ordered = [item for _, items in groups for item in items]
         chosen = {cp.partition_id for cp, _ in ordered}
+        touched = [p for p in proofs if chosen & {f.partition_id for f in p.findings}]
         audit = audit_record(
             route,
             ordered,
@@ -582,18 +582,19 @@ def _resolve_command(args: argparse.Namespace) -> int:
             operator=args.operator,
             reason=args.reason,
             now=now,
-            proofs={
-                p.batch_id: p.proof.as_dict()
-                for p in proofs
-                if p.batch_id and chosen & {f.partition_id for f in p.findings}
-            },
+            proofs={p.batch_id: p.proof.as_dict() for p in touched if p.batch_id},
             overrides=overrides,
         )
-        print(f"route {route.label}: resolve as {audit['resolved_as']}")
+        unchecked = any(p.proof.verdict == UNKNOWN for p in touched)
+        print(
+            f"route {route.label}: resolve as {audit['resolved_as']}"
+            + (" (unchecked: the target's ledger proves nothing here)" if unchecked else "")
+        )
         for item in audit["partitions"]:
             print(f"  {_transition(item)}")
         if overrides:
             print(f"  against the target's ledger (--force): {', '.join(overrides)}")
+
         question = f"Write {plural(len(resolved), 'checkpoint')} and one audit record?"
         if not (args.yes or confirmed(question)):
             print("nothing written", file=sys.stderr)

@@ -7,10 +7,17 @@ name canonicalized the way the engine resolves it. Two spellings of one table
 are one identity, and equal table names in different databases are not.
 The runtime keys checkpoints, source state, evidence, audit records, the
 target's ledger and the lease by it.
+
+A location is kept as ``kind:`` plus a digest of the normalized location, not
+the location itself: paths and host names may be secret, and they never
+reach a store, a target's ledger, an error or an operator's screen. So an
+operator names a route's databases by its route file, and recognises them by
+the digest that ``guard show`` prints.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,15 +37,20 @@ class TableIdentity:
     table: str
 
 
+def _located(kind: str, normalized: str) -> str:
+    digest = hashlib.sha256(f"{kind}\0{normalized}".encode()).hexdigest()
+    return f"{kind}:{digest[:24]}"
+
+
 def file_location(kind: str, path: str | os.PathLike[str]) -> str:
-    """``kind:`` plus the resolved absolute path (symlinks followed, existing or not)."""
-    return f"{kind}:{os.path.realpath(os.fspath(path))}"
+    """``kind:`` and the digest of the resolved absolute path (symlinks followed, existing or not)."""
+    return _located(kind, os.path.realpath(os.fspath(path)))
 
 
 def server_location(
     kind: str, url: str, *, default_port: int, default_database: str | None
 ) -> str:
-    """``kind://host:port/database`` from a URL, dropping user, password and options.
+    """``kind:`` and the digest of ``host:port/database`` from a URL (no user, password, options).
 
     The host is lowercased and the port and database filled in (a missing
     database with ``default_database=None`` is the user's own, as libpq has
@@ -48,7 +60,7 @@ def server_location(
     host = (parts.hostname or "localhost").lower()
     port = parts.port or default_port
     database = parts.path.lstrip("/") or default_database or parts.username or "postgres"
-    return f"{kind}://{host}:{port}/{database}"
+    return _located(kind, f"{host}:{port}/{database}")
 
 
 def fold_ascii(name: str) -> str:

@@ -34,6 +34,7 @@ from .checkpoints import (
 )
 from .errors import StoreTargetMismatch
 from .latest import LatestCheckpoints
+from .reporting import plural
 
 __all__ = [
     "LEDGER_FORMAT",
@@ -241,6 +242,14 @@ def _safe_int(value: Any) -> int | None:
 # --- the cross-check -------------------------------------------------------------------------
 
 
+_RESTORE = "dpone-transfer state restore <route file> --reason TEXT --operator NAME"
+_RESOLVE = (
+    "dpone-transfer guard resolve <route file> --batch ID --from-target --reason TEXT "
+    "--operator NAME"
+)
+_VERIFY = "dpone-transfer guard verify <route file>"
+
+
 def _mismatch(route: RouteKey, kind: str, message: str, **diagnostics: Any) -> StoreTargetMismatch:
     return StoreTargetMismatch(
         f"route {route.label}: {message}; nothing was read from the source or written to "
@@ -255,17 +264,17 @@ def check_store_against_target(
     entries: Sequence[LedgerEntry],
     *,
     overridden: Callable[[], set[str]],
-    fix: str,
 ) -> None:
     """Refuse the run when the store and the target's ledger disagree (reads only).
 
     ``scope`` is the store's view of every route writing the target table (they
     share one store), ``entries`` the ledger of that table, ``overridden()`` the
     batch ids an operator recorded against the ledger (``guard resolve
-    --force``, read only when something disagrees), ``fix`` the command line that
-    repairs it. Checked in order:
+    --force``, read only when something disagrees). Each refusal names the
+    command that repairs it. Checked in order:
 
-    1. every batch in the ledger is one the store holds as committed (else the
+    1. every batch in the ledger since the table was last replaced (older rows are
+       gone) is one the store holds as committed (else the
        store was lost, replaced, restored from an older backup, or is another
        store; or the target was moved or copied, its ledger naming batches the
        store knows under another location);
@@ -276,35 +285,44 @@ def check_store_against_target(
     """
     stored = scope.ledger_batches()
     in_ledger = {entry.batch_id for entry in entries}
-    ahead = [
-        entry.batch_id
-        for entry in entries
-        if stored.get(entry.batch_id, (0, 0))[0] == 0 or stored[entry.batch_id][1] > 0
-    ]
+    live = _since_last_replace(entries)
+    unknown = [e.batch_id for e in live if stored.get(e.batch_id, (0, 0)) == (0, 0)]
+    contradicted = [e.batch_id for e in live if stored.get(e.batch_id, (0, 0))[1] > 0]
     behind = sorted(b for b, (done, _) in stored.items() if done and b not in in_ledger)
-    if ahead or behind:
+    if unknown or contradicted or behind:
         excused = overridden()
-        ahead = sorted(set(ahead) - excused)
-        behind = [b for b in behind if b not in excused]
-    if ahead:
+        unknown, contradicted, behind = (
+            sorted(set(found) - excused) for found in (unknown, contradicted, behind)
+        )
+    if unknown:
         raise _mismatch(
             route,
             "target_ahead_of_store",
-            f"the target's ledger holds {len(ahead)} batch(es) that the checkpoint store does "
-            "not record as committed (the store was lost, replaced, restored from an older "
-            "backup, copied without its -wal file or is another store; or the target was moved "
-            "or copied); rebuild the store's view of this route from the target with: "
-            f"{fix}",
-            batch_ids=ahead,
+            f"the target's ledger holds {plural(len(unknown), 'batch')} that the checkpoint "
+            "store does not know (the store was lost, replaced, restored from an older "
+            "backup, copied without its -wal file or is another store; or the target was "
+            "moved or copied); rebuild the store's view of this route from the target with: "
+            f"{_RESTORE}",
+            batch_ids=unknown,
+        )
+    if contradicted:
+        raise _mismatch(
+            route,
+            "store_contradicts_target",
+            f"the checkpoint store records {plural(len(contradicted), 'batch')} as not (or not "
+            "wholly) applied that the target's ledger holds as applied (resolved by hand, or "
+            "an unguarded run failed after its target call); record what the target holds "
+            f"with: {_RESOLVE}",
+            batch_ids=contradicted,
         )
     if behind:
         raise _mismatch(
             route,
             "store_ahead_of_target",
-            f"the checkpoint store records {len(behind)} committed batch(es) of this target "
+            f"the checkpoint store records {plural(len(behind), 'committed batch')} of this target "
             "table that its ledger does not hold (the target was replaced, restored from an "
             "older backup or moved, or this is another database with the same table name); "
-            f"compare them with: {fix.replace('state restore', 'guard verify', 1)}",
+            f"compare them with: {_VERIFY}",
             batch_ids=behind,
         )
     mine = [entry for entry in entries if entry.of_route(route)]
@@ -320,10 +338,17 @@ def check_store_against_target(
             f"another route ({by.source_table} -> {by.target_table}, {by.strategy}) "
             "replaced the target table after this route's last batch, so this route's "
             "watermark no longer describes what the target holds and appending from it "
-            "could duplicate rows; keep loading the table with that route, or start this "
-            f"route again from the target's state with: {fix}",
+            "could duplicate rows; keep loading the table with that route, or see what the "
+            f"target holds with: {_VERIFY}",
             batch_ids=[by.batch_id],
         )
+
+
+def _since_last_replace(entries: Sequence[LedgerEntry]) -> list[LedgerEntry]:
+    """The entries whose rows the table may still hold: from its last full replace on."""
+    ordered = sorted(entries, key=lambda entry: entry.seq)
+    starts = [number for number, entry in enumerate(ordered) if entry.replace]
+    return ordered[starts[-1] :] if starts else ordered
 
 
 def ledger_overrides(store: Any, route: RouteKey) -> set[str]:

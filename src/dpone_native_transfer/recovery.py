@@ -29,32 +29,7 @@ __all__ = [
     "ledger_of",
     "operator_lease",
     "plan_restore",
-    "sink_at",
 ]
-
-_FILE_KINDS = ("sqlite", "duckdb", "chdb")
-
-
-def sink_at(route: RouteKey) -> Any:
-    """A sink for the target of a located route whose database is a file; else None.
-
-    Enough to read its ledger. A server target needs credentials: give the route file.
-    """
-    location = route.target_location or ""
-    kind, _, path = location.partition(":")
-    if kind not in _FILE_KINDS or not path.startswith("/"):
-        return None
-    if kind == "sqlite":
-        from .connectors.sqlite import SQLiteSink
-
-        return SQLiteSink(path, route.target_table)
-    if kind == "duckdb":
-        from .connectors.duckdb import DuckDBSink
-
-        return DuckDBSink(path, route.target_table)
-    from .connectors.clickhouse import ClickHouseSink
-
-    return ClickHouseSink(path, route.target_table)
 
 
 def ledger_of(
@@ -62,7 +37,7 @@ def ledger_of(
 ) -> tuple[list[LedgerEntry] | None, str | None]:
     """The target's ledger entries, or None and the (safe) reason they cannot be read."""
     if sink is None:
-        return None, "the target is not known from the store alone: give the route file"
+        return None, "the store does not say where the target is: give the route file"
     if not isinstance(sink, LedgerSink):
         return None, "this target keeps no ledger"
     try:
@@ -114,26 +89,39 @@ class RestorePlan:
 def plan_restore(store: Any, route: RouteKey, entries: Sequence[LedgerEntry]) -> RestorePlan:
     """The store's view of ``route`` rebuilt from its ledger entries (with their partitions).
 
-    A partition the store already holds as committed in the same ledger batch is
-    left alone; every other ledger partition gets a committed checkpoint. The
-    source state becomes that of the route's last batch, unless the store's is
-    of a later generation (runs that found nothing new advance it without a batch).
+    The route's entries are those it wrote; when it wrote none, those of the one
+    other source database with the same source table and strategy (the source
+    file was moved or copied). A partition the store already holds as committed
+    in the same ledger batch is left alone; one it holds otherwise in that batch
+    (blocked, or resolved as not applied) is refused: ``guard resolve`` decides
+    those. Every other ledger partition gets a committed checkpoint. The source
+    state becomes that of the route's last batch, unless the store's is of a
+    later generation (runs that find nothing new advance it without a batch).
     """
     mine = [entry for entry in entries if entry.of_route(route)]
     if not mine:
-        raise ConfigInvalid(
-            f"the target's ledger holds no batch of route {route.label}; nothing to restore",
-            diagnostics={"route": route.as_dict()},
-        )
+        mine = _moved_source(route, entries)
     latest = {cp.partition_id: cp for cp in store.list_latest(route)}
-    wanted = [
-        cp
-        for cp in restored_checkpoints(route, mine)
-        if not _holds(latest.get(cp.partition_id), cp.diagnostics[LEDGER_BATCH_KEY])
-    ]
+    wanted, disputed = [], []
+    for checkpoint in restored_checkpoints(route, mine):
+        held = latest.get(checkpoint.partition_id)
+        batch = checkpoint.diagnostics[LEDGER_BATCH_KEY]
+        if held is None or held.diagnostics.get(LEDGER_BATCH_KEY) != batch:
+            wanted.append(checkpoint)
+        elif held.status is not PartitionCheckpointStatus.COMMITTED:
+            disputed.append(checkpoint)
+    if disputed:
+        batches = sorted({cp.diagnostics[LEDGER_BATCH_KEY] for cp in disputed})
+        raise ConfigInvalid(
+            f"refusing to restore route {route.label}: the store holds "
+            f"{len(disputed)} partition(s) of ledger batch(es) {', '.join(batches)} as blocked "
+            "or not applied; decide them with `dpone-transfer guard verify` and `guard resolve` "
+            "first; nothing was written",
+            diagnostics={"route": route.as_dict(), "batch_ids": batches},
+        )
     last = max(mine, key=lambda entry: entry.seq)
     previous = store.load_source_state(route)
-    state = {"generation": last.generation, "watermark": last.watermark}
+    state: dict[str, Any] | None = {"generation": last.generation, "watermark": last.watermark}
     generation = previous.get("generation") if isinstance(previous, dict) else None
     if isinstance(generation, int) and generation >= last.generation:
         state = previous
@@ -147,9 +135,25 @@ def plan_restore(store: Any, route: RouteKey, entries: Sequence[LedgerEntry]) ->
     )
 
 
-def _holds(checkpoint: PartitionCheckpoint | None, batch_id: str) -> bool:
-    return (
-        checkpoint is not None
-        and checkpoint.status is PartitionCheckpointStatus.COMMITTED
-        and checkpoint.diagnostics.get(LEDGER_BATCH_KEY) == batch_id
-    )
+def _moved_source(route: RouteKey, entries: Sequence[LedgerEntry]) -> list[LedgerEntry]:
+    """The entries of this route's table names written from one other source database."""
+    named = [
+        e
+        for e in entries
+        if (e.source_table, e.strategy) == (route.source_table, route.strategy)
+    ]
+    sources = {entry.source_location for entry in named}
+    if len(sources) > 1:
+        raise ConfigInvalid(
+            f"refusing to restore route {route.label}: the target's ledger holds its source "
+            f"table's batches from {len(sources)} other source databases, none of them this "
+            "route's; nothing was written",
+            diagnostics={"route": route.as_dict(), "sources": sorted(map(str, sources))},
+        )
+    if not named:
+        raise ConfigInvalid(
+            f"the target's ledger holds no batch of route {route.label}; nothing to restore",
+            diagnostics={"route": route.as_dict()},
+        )
+    return [attrs.evolve(entry, source_location=route.source_location) for entry in named]
+

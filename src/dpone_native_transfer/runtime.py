@@ -171,7 +171,6 @@ class TransferRuntime:
                 scope,
                 ledger.read_ledger(),
                 overridden=lambda: ledger_overrides(self.store, route),
-                fix=_restore_hint(),
             )
         recorder.emit(EventName.ROUTE_SCANNED, route=route.as_dict(), checkpoints=len(latest))
 
@@ -276,9 +275,3 @@ def _stamped(candidates: list[PartitionCheckpoint], batch_id: str) -> list[Parti
         for cp in candidates
     ]
 
-
-def _restore_hint() -> str:
-    return (
-        "dpone-transfer state restore --store <checkpoint store> <route file> "
-        "--reason TEXT --operator NAME"
-    )
