@@ -1,16 +1,17 @@
-"""Guarded transfers end to end with the PostgreSQL store, and what two workers on one route do.
+"""Guarded transfers end to end with the PostgreSQL store, and what workers on one route do.
 
 SQLite source and target files, checkpoints on a real PostgreSQL server. A few
-of the design's cases run on both durable stores. The concurrency tests force
-each interleaving that ``docs/compatibility.md`` ("Concurrent workers on one
-route") describes; that section states exactly what they show.
+of the design's cases run on both durable stores. The concurrency tests run
+workers, each with its own store connection, on one route with a SQLite and a
+PostgreSQL store: the lease lets one write the target table at a time
+(``docs/adr/0024-route-lease.md``).
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from collections import Counter
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -25,15 +26,16 @@ from dpone_native_transfer import (
     ManualReconciliationRequired,
     PartitionCheckpointStatus,
     PostgresCheckpointStore,
-    RouteKey,
+    RouteBusy,
+    SQLiteCheckpointStore,
     SQLiteSink,
     SQLiteSource,
     TransferResult,
     TransferRuntime,
     TransferSpec,
-    hookimpl,
 )
 from dpone_native_transfer.events import EVENT_ORDER
+from dpone_native_transfer.lease import Lease
 from dpone_native_transfer.testing import (
     FaultyStore,
     InjectedFault,
@@ -169,15 +171,15 @@ def test_operator_scan_and_resolve_through_the_python_api(store_route: Route) ->
     assert_rows_exactly_once(store_route.source_ids(), store_route.target_ids())
 
 
-# --- two workers on one route (docs/compatibility.md) ----------------------------------------
+# --- workers on one route: the lease (docs/adr/0024-route-lease.md) -------------------------
 
 
 class Worker:
     """One worker process's view: its own store connection, source and sink on shared files."""
 
-    def __init__(self, name: str, location: PostgresLocation, tmp: Path, **sink: Any) -> None:
+    def __init__(self, name: str, open_store: Callable[[], Any], tmp: Path, **sink: Any) -> None:
         self.name = name
-        self.store = _open(location)
+        self.store = open_store()
         self.source = SQLiteSource(str(tmp / "source.db"), "orders", "region", "updated_at")
         self.sink = RecordingSink(SQLiteSink(str(tmp / "target.db"), "orders_copy"), **sink)
         self.runtime = TransferRuntime(self.store, clock=StepClock())
@@ -197,9 +199,6 @@ class Worker:
     def run(self) -> TransferResult:
         return self.runtime.run(self.spec())
 
-    def latest(self) -> list[Any]:
-        return self.store.list_latest(RouteKey("orders", "orders_copy", "incremental_append"))
-
     def ids(self, which: str) -> list[int]:
         """Row ids of the shared source (``"source"``) or target (``"target"``) table."""
         path, table = {
@@ -212,30 +211,21 @@ class Worker:
         return ids
 
 
-class MeetBeforeArming:
-    """Holds a worker after its route scan, just before the guard arms, until both are there.
-
-    ``seen`` records the route's guard phases as each worker arrived: empty
-    means the other worker had not armed yet.
-    """
-
-    def __init__(self, barrier: threading.Barrier) -> None:
-        self.barrier = barrier
-        self.seen: list[list[str | None]] = []
-
-    @hookimpl(tryfirst=True)
-    def before_target_mutation(self, mutation: Any) -> None:
-        self.seen.append(guard_phases(mutation.store.list_latest(mutation.route)))
-        self.barrier.wait(timeout=30)
-
-
-@pytest.fixture
-def workers(tmp_path: Path, postgres_schema: PostgresLocation) -> Iterator[Callable[..., Worker]]:
+@pytest.fixture(params=["sqlite", "postgres"])
+def workers(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[..., Worker]]:
+    """Workers with a store connection each: one SQLite file, or one PostgreSQL schema."""
     build_sample_source(tmp_path / "source.db", rows=120, partitions=4)
+    if request.param == "postgres":
+        location = request.getfixturevalue("postgres_schema")
+        open_store: Callable[[], Any] = lambda: _open(location)  # noqa: E731
+    else:
+        open_store = lambda: SQLiteCheckpointStore(tmp_path / "checkpoints.db")  # noqa: E731
     made: list[Worker] = []
 
     def make(name: str, **sink: Any) -> Worker:
-        made.append(Worker(name, postgres_schema, tmp_path, **sink))
+        made.append(Worker(name, open_store, tmp_path, **sink))
         return made[-1]
 
     yield make
@@ -243,48 +233,57 @@ def workers(tmp_path: Path, postgres_schema: PostgresLocation) -> Iterator[Calla
         worker.store.close()
 
 
-def _both(first: Callable[[], Any], second: Callable[[], Any]) -> list[Any]:
-    """Run both at once; return each one's result or the exception it raised."""
+def _together(*calls: Callable[[], Any]) -> list[Any]:
+    """Start every call at the same moment; each one's result or the exception it raised."""
+    start = threading.Barrier(len(calls))
 
     def outcome(call: Callable[[], Any]) -> Any:
+        start.wait(timeout=30)
         try:
             return call()
         except Exception as error:
             return error
 
-    with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(outcome, first), pool.submit(outcome, second)]
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(outcome, call) for call in calls]
     return [future.result() for future in futures]
 
 
-def test_two_workers_that_scan_before_either_arms_both_load(workers) -> None:
-    """The documented hazard is real: both pass the route scan, both call the target."""
-    a, b = workers("a"), workers("b")
-    meet = MeetBeforeArming(threading.Barrier(2))
-    for worker in (a, b):
-        worker.runtime.plugin_manager.register(meet)
-        assert_guard_registered(worker.runtime)
-    results = _both(a.run, b.run)
-    assert all(isinstance(r, TransferResult) for r in results), results
-    assert meet.seen == [[], []], "each worker reached the target boundary before any arming"
-    assert (a.sink.target_calls, b.sink.target_calls) == (1, 1)
-    source, target = a.ids("source"), a.ids("target")
-    assert len(target) == 2 * len(source)
-    assert Counter(target) == Counter(source * 2), "every source row is in the target twice"
-    latest = a.latest()
-    assert guard_phases(latest) == ["checkpoint_committed"] * 4
-    assert blocked_partitions(latest) == [], "the guard cannot see the duplicate afterwards"
-    history = a.store.history(latest[0].route)
-    armed = [cp for cp in history if guard_phases([cp]) == ["armed"]]
-    assert len({cp.diagnostics["target_commit_guard"]["checkpoint_batch_id"] for cp in armed}) == 2
-    for worker in (a, b):  # later runs find nothing to do: the duplicate stays
-        worker.runtime.plugin_manager.unregister(meet)
+def test_four_workers_started_together_one_loads_and_the_others_are_busy(workers) -> None:
+    """The lease: whoever takes it loads; the rest stop before reading the source."""
+    busy = threading.Semaphore(0)
+
+    def hold_until_the_others_gave_up() -> None:
+        for _ in range(3):
+            assert busy.acquire(timeout=30), "the other workers did not all stop busy"
+
+    crew = [workers(name, observe=hold_until_the_others_gave_up) for name in "abcd"]
+
+    def run(worker: Worker) -> Any:
+        try:
+            return worker.run()
+        except RouteBusy:
+            busy.release()
+            raise
+
+    results = _together(*(lambda w=w: run(w) for w in crew))
+    loaded = [r for r in results if isinstance(r, TransferResult)]
+    refused = [r for r in results if isinstance(r, RouteBusy)]
+    assert (len(loaded), len(refused)) == (1, 3), results
+    assert len(loaded[0].committed_partition_ids) == 4
+    assert sum(w.sink.target_calls for w in crew) == 1
+    winner = next(w for w, r in zip(crew, results, strict=True) if r is loaded[0])
+    for error in refused:
+        assert error.code == "native_transfer_route_busy"
+        assert error.diagnostics["holder"]["run_id"] == f"{winner.name}-1"
+        assert "since" in str(error) and "retry when that attempt has ended" in str(error)
+    assert_rows_exactly_once(crew[0].ids("source"), crew[0].ids("target"))
+    for worker in crew:  # the lease is given back: every later run finds nothing to do
         assert worker.run().committed_partition_ids == ()
-    assert (a.sink.target_calls, b.sink.target_calls) == (1, 1)
+    assert_rows_exactly_once(crew[0].ids("source"), crew[0].ids("target"))
 
 
-def test_a_worker_that_scans_while_another_is_in_flight_stops(workers) -> None:
-    """An armed, not yet promoted attempt blocks a worker that starts meanwhile."""
+def test_a_worker_that_starts_while_another_is_in_flight_is_busy(workers) -> None:
     in_target, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -296,11 +295,14 @@ def test_a_worker_that_scans_while_another_is_in_flight_stops(workers) -> None:
         first = pool.submit(a.run)
         assert in_target.wait(timeout=30), "worker a never reached its target call"
         try:
-            assert_blocked_before_target(b.run, b.sink)
+            with pytest.raises(RouteBusy) as busy:
+                b.run()
+            assert b.sink.target_calls == 0
+            assert busy.value.diagnostics["holder"]["run_id"] == "a-1"
         finally:
             release.set()
         assert len(first.result().committed_partition_ids) == 4
-    assert b.run().committed_partition_ids == (), "once a has promoted, b finds nothing to do"
+    assert b.run().committed_partition_ids == (), "once a has finished, b finds nothing to do"
     assert (a.sink.target_calls, b.sink.target_calls) == (1, 0)
     assert_rows_exactly_once(a.ids("source"), a.ids("target"))
 
@@ -310,9 +312,25 @@ def test_an_unresolved_guard_stops_every_later_attempt_of_every_worker(workers) 
     with pytest.raises(InjectedFault):
         a.run()  # the target committed, then the call raised: outcome unknown
     a.sink.fail = None
-    results = _both(a.run, b.run)
-    assert all(isinstance(r, ManualReconciliationRequired) for r in results), results
+    results = _together(a.run, b.run)
+    assert all(isinstance(r, ManualReconciliationRequired | RouteBusy) for r in results), results
+    assert any(isinstance(r, ManualReconciliationRequired) for r in results), results
     for worker in (a, b, b):
         assert_blocked_before_target(worker.run, worker.sink)
     assert (a.sink.target_calls, b.sink.target_calls) == (1, 0)
     assert_rows_exactly_once(a.ids("source"), a.ids("target"))
+
+
+def test_a_lease_left_by_a_dead_worker_expires_and_a_normal_run_follows(workers) -> None:
+    """A worker that dies holding the lease stops nobody for longer than the lease lasts."""
+    a, b = workers("a"), workers("b")
+    dead = Lease(a.store.lease_table(), a.spec().route, run_id="dead-1", seconds=0.5)
+    dead.acquire()
+    dead._stop.set()  # the worker is gone: no heartbeat, no release
+    with pytest.raises(RouteBusy) as busy:
+        b.run()
+    assert busy.value.diagnostics["holder"]["run_id"] == "dead-1"
+    time.sleep(0.6)
+    assert len(b.run().committed_partition_ids) == 4
+    assert_rows_exactly_once(b.ids("source"), b.ids("target"))
+    dead.release()  # its token no longer holds the row: this deletes nothing, closes its connection

@@ -147,11 +147,15 @@ class Lease:
     def acquire(self) -> Lease:
         """Take the lease, or raise ``RouteBusy`` naming its holder; then start the heartbeat."""
         now = self._clock()
-        with self._lock:
-            taken = self._table.take(
-                self._key, self._token, now + self._seconds, self._record(now), now
-            )
-            holder = None if taken else read_holder(self._table.holder(self._key, now))
+        try:
+            with self._lock:
+                taken = self._table.take(
+                    self._key, self._token, now + self._seconds, self._record(now), now
+                )
+                holder = None if taken else read_holder(self._table.holder(self._key, now))
+        except BaseException:
+            self._table.close()
+            raise
         if not taken:
             self._table.close()
             raise RouteBusy.held_by(self._route, holder)
