@@ -77,6 +77,7 @@ class LedgerEntry:
     replace: bool
     generation: int
     watermark: Any
+    cursor_column: str | None
     query_hash: str
     schema_hash: str
     applied_at: str
@@ -94,6 +95,7 @@ class LedgerEntry:
         *,
         generation: int,
         watermark: Any,
+        cursor_column: str | None,
         at: datetime,
     ) -> LedgerEntry:
         """The entry of one attempt, before extraction has counted its rows."""
@@ -108,6 +110,7 @@ class LedgerEntry:
             replace=route.strategy is Strategy.FULL_REFRESH,
             generation=generation,
             watermark=watermark,
+            cursor_column=cursor_column,
             query_hash=first.query_hash,
             schema_hash=first.schema_hash,
             applied_at=at.isoformat(),
@@ -143,6 +146,7 @@ class LedgerEntry:
             "replace": self.replace,
             "generation": self.generation,
             "watermark": self.watermark,
+            "cursor_column": self.cursor_column,
             "query_hash": self.query_hash,
             "schema_hash": self.schema_hash,
             "applied_at": self.applied_at,
@@ -180,6 +184,7 @@ class LedgerEntry:
                 replace=_flag(fields["replace"]),
                 generation=_count(fields["generation"]),
                 watermark=fields["watermark"],
+                cursor_column=_optional_text(fields["cursor_column"]),
                 query_hash=_text(fields["query_hash"]),
                 schema_hash=_text(fields["schema_hash"]),
                 applied_at=_text(fields["applied_at"]),
@@ -205,6 +210,7 @@ _ENTRY_KEYS = frozenset(
         "replace",
         "generation",
         "watermark",
+        "cursor_column",
         "query_hash",
         "schema_hash",
         "applied_at",
@@ -264,7 +270,8 @@ def check_store_against_target(
     entries: Sequence[LedgerEntry],
     *,
     overridden: Callable[[], set[str]],
-) -> None:
+    cursor_column: str | None = None,
+) -> LedgerEntry | None:
     """Refuse the run when the store and the target's ledger disagree (reads only).
 
     ``scope`` is the store's view of every route writing the target table (they
@@ -281,7 +288,10 @@ def check_store_against_target(
     2. every committed ledger batch of the store is in the ledger (else the
        target was replaced, restored, or is another database);
     3. no other route replaced the table after this route's last batch (a full
-       refresh, or a strategy switch), unless this route replaces it too.
+       refresh, or a strategy switch), unless this route replaces it too. A full
+       refresh of the same source table that recorded how far it loaded this
+       route's cursor column is returned instead: the route continues from its
+       watermark (no row the target holds is appended again, none is skipped).
     """
     stored = scope.ledger_batches()
     in_ledger = {entry.batch_id for entry in entries}
@@ -327,21 +337,36 @@ def check_store_against_target(
         )
     mine = [entry for entry in entries if entry.of_route(route)]
     if route.strategy is Strategy.FULL_REFRESH or not mine:
-        return
+        return None
     last = max(entry.seq for entry in mine)
     replaced = [e for e in entries if e.replace and e.seq > last and not e.of_route(route)]
-    if replaced:
-        by = replaced[-1]
-        raise _mismatch(
-            route,
-            "replaced_by_another_route",
-            f"another route ({by.source_table} -> {by.target_table}, {by.strategy}) "
-            "replaced the target table after this route's last batch, so this route's "
-            "watermark no longer describes what the target holds and appending from it "
-            "could duplicate rows; keep loading the table with that route, or see what the "
-            f"target holds with: {_VERIFY}",
-            batch_ids=[by.batch_id],
-        )
+    if not replaced:
+        return None
+    by = replaced[-1]
+    if _continues(by, route, cursor_column):
+        return by
+    raise _mismatch(
+        route,
+        "replaced_by_another_route",
+        f"another route ({by.source_table} -> {by.target_table}, {by.strategy}) replaced the "
+        "target table after this route's last batch, so this route's state no longer "
+        "describes what the target holds and appending from it could duplicate or skip "
+        "rows (a route continues after a refresh only from the same source table with the "
+        "same cursor column); keep loading the table with that route, or see what the "
+        f"target holds with: {_VERIFY}",
+        batch_ids=[by.batch_id],
+    )
+
+
+def _continues(by: LedgerEntry, route: RouteKey, cursor_column: str | None) -> bool:
+    """Whether ``route`` may append after ``by``'s refresh: it loaded the same source table up to
+    a recorded watermark of the same cursor column."""
+    return (
+        cursor_column is not None
+        and by.cursor_column == cursor_column
+        and by.watermark is not None
+        and (by.source_location, by.source_table) == (route.source_location, route.source_table)
+    )
 
 
 def _since_last_replace(entries: Sequence[LedgerEntry]) -> list[LedgerEntry]:

@@ -20,6 +20,7 @@ __all__ = [
     "Predicate",
     "RowChunks",
     "SourceShape",
+    "UPTO_OR_NULL",
     "bound_predicates",
     "column_affinity",
 ]
@@ -109,9 +110,13 @@ class ArtifactFiles:
     replace: bool = False
 
 
+# A full refresh's upper cursor bound: at most the value, or NULL.
+UPTO_OR_NULL = "<= OR NULL"
+
+
 @attrs.frozen
 class Predicate:
-    """One condition of a partition's bounds; ``op`` is ``=``, ``IS NULL``, ``>`` or ``<=``."""
+    """One condition of a partition's bounds: ``=``, ``IS NULL``, ``>``, ``<=`` or ``<= OR NULL``."""
 
     column: str
     op: str
@@ -124,9 +129,11 @@ def bound_predicates(
     """What one partition's bounds select, for a connector to render in its own SQL dialect.
 
     ``bounds`` is ``{"partition": value, "cursor_after": a, "cursor_upto": b}``
-    (cursor keys optional). A NULL partition value means ``IS NULL``. Bounds
-    without a partition, or with a cursor window on a source without a cursor
-    column, raise ``ConfigInvalid``.
+    (cursor keys optional). A NULL partition value means ``IS NULL``. With
+    ``"cursor_nulls": true`` (a full refresh's bounds) the upper bound also
+    keeps rows whose cursor is NULL: ``<= OR NULL``. Bounds without a partition,
+    or with a cursor window on a source without a cursor column, raise
+    ``ConfigInvalid``.
     """
     if not isinstance(bounds, Mapping) or "partition" not in bounds:
         raise ConfigInvalid("partition bounds must hold a 'partition' key")
@@ -136,7 +143,8 @@ def bound_predicates(
         if value is None
         else Predicate(partition_column, "=", value)
     ]
-    for key, op in (("cursor_after", ">"), ("cursor_upto", "<=")):
+    upto = UPTO_OR_NULL if bounds.get("cursor_nulls") is True else "<="
+    for key, op in (("cursor_after", ">"), ("cursor_upto", upto)):
         if bounds.get(key) is None:
             continue
         if cursor_column is None:

@@ -11,7 +11,11 @@ skips what is durably committed:
 - incremental_append without a cursor: partitions are the partition values;
   a committed value is never reloaded (new values are new work);
 - full_refresh: bounds carry the generation, so each completed run starts a
-  fresh reload, and any retried partition re-activates all of them.
+  fresh reload, and any retried partition re-activates all of them. With a
+  cursor column it loads every row up to the highest cursor at planning (and
+  rows whose cursor is NULL), and records that as its watermark, so an
+  incremental route of the same source can continue exactly where the refresh
+  ended.
 """
 
 from __future__ import annotations
@@ -85,8 +89,20 @@ def plan_window(
     generation, watermark = _source_state(route, state)
     if route.strategy is Strategy.FULL_REFRESH:
         values = source.partition_values()
-        window = SourceWindow(generation=generation, watermark=watermark)
-        return window, [{"generation": generation, "partition": value} for value in values]
+        upto = None
+        if source.cursor_column is not None:
+            pending = [
+                cp.partition_bounds["cursor_upto"]
+                for cp in latest
+                if cp.partition_bounds.get("generation") == generation
+                and cp.partition_bounds.get("cursor_upto") is not None
+            ]
+            upto = max(pending) if pending else source.max_cursor()
+        window = SourceWindow(generation=generation, watermark=watermark, cursor_upto=upto)
+        bounded = {} if upto is None else {"cursor_upto": upto, "cursor_nulls": True}
+        return window, [
+            {"generation": generation, "partition": value, **bounded} for value in values
+        ]
     if source.cursor_column is None:
         window = SourceWindow(generation=generation, watermark=watermark)
         return window, [{"partition": value} for value in source.partition_values()]

@@ -165,17 +165,23 @@ class TransferRuntime:
             latest = scope = as_latest(self.store.list_latest(route))
             self._scan_route(route, latest)
         ledger = self._ledger_sink(spec, route)
+        refreshed = None
         if ledger is not None:
-            check_store_against_target(
+            refreshed = check_store_against_target(
                 route,
                 scope,
                 ledger.read_ledger(),
                 overridden=lambda: ledger_overrides(self.store, route),
+                cursor_column=spec.source.cursor_column,
             )
         recorder.emit(EventName.ROUTE_SCANNED, route=route.as_dict(), checkpoints=len(latest))
 
         shape = spec.source.describe()
         state = self.state_store.load_source_state(route)
+        if refreshed is not None:  # another route's full refresh: continue where it ended
+            generation = (state or {}).get("generation", 0)
+            state = {"generation": generation, "watermark": refreshed.watermark}
+            recorder.emit(EventName.STATE_REALIGNED, batch_id=refreshed.batch_id)
         window, bounds = plan_window(route, spec.source, state, latest)
         candidates = candidate_checkpoints(
             route, spec.run_id, shape.query_hash, shape.schema_hash, bounds
@@ -195,6 +201,7 @@ class TransferRuntime:
                     spec.run_id,
                     active,
                     **window.advanced_state(),
+                    cursor_column=spec.source.cursor_column,
                     at=read_clock(self.clock, route=route, run_id=spec.run_id),
                 )
             with tempfile.TemporaryDirectory(prefix="dpone-transfer-") as work_dir:

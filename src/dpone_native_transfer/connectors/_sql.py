@@ -1,8 +1,7 @@
 """SQL text the engine connectors share: quoted identifiers and one partition's WHERE condition.
 
-DuckDB and PostgreSQL quote identifiers exactly as SQLite does (double
-quotes, doubled inside), so the one rule of ``connectors.sqlite`` serves all
-three. Values never become SQL text: a condition comes with its parameters.
+SQLite, DuckDB and PostgreSQL quote identifiers the same way (double
+quotes, doubled inside), so one rule serves all three. Values never become SQL text: a condition comes with its parameters.
 """
 
 from __future__ import annotations
@@ -11,14 +10,20 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..errors import ConfigInvalid
-from ..payloads import Predicate, bound_predicates
-from .sqlite import _quote as quote
+from ..payloads import UPTO_OR_NULL, Predicate, bound_predicates
 
 __all__ = ["WINDOW_OPERATORS", "bounds_where", "quote", "render_predicates"]
 
+def quote(name: Any) -> str:
+    """Quote an identifier; NUL cannot be quoted, so it is a configuration error."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise ConfigInvalid("identifier must be a non-empty string without NUL characters")
+    return '"' + name.replace('"', '""') + '"'
+
+
 _COMPARISONS = frozenset({"=", ">", "<="})
 # The operators of a cursor window; the others select a partition value.
-WINDOW_OPERATORS = frozenset({">", "<="})
+WINDOW_OPERATORS = frozenset({">", "<=", UPTO_OR_NULL})
 
 
 def bounds_where(
@@ -49,6 +54,9 @@ def render_predicates(
         column = name(predicate.column)
         if predicate.op == "IS NULL":
             conditions.append(f"{column} IS NULL")
+        elif predicate.op == UPTO_OR_NULL:
+            conditions.append(f"({column} <= {marker} OR {column} IS NULL)")
+            params.append(predicate.value)
         elif predicate.op in _COMPARISONS:
             conditions.append(f"{column} {predicate.op} {marker}")
             params.append(predicate.value)

@@ -20,6 +20,8 @@ from typing import Any
 from ..checkpoints import sha256_digest
 from ..errors import ConfigInvalid, SourceInvalid
 from ..identity import TableIdentity, file_location, fold_ascii
+from ._sql import bounds_where
+from ._sql import quote as _quote
 from .contract import PendingLedger
 from ..ledger import LEDGER_TABLE, LedgerEntry
 from ..payloads import Column, LoadPlan, RowChunks, SourceShape
@@ -31,11 +33,6 @@ _STAGE_PREFIX = "_dpone_stage_"
 _DECLTYPE = re.compile(r"[A-Za-z0-9_ ]*(\(\s*[+-]?[\w.]+\s*(,\s*[+-]?[\w.]+\s*)?\))?\s*")
 
 
-def _quote(name: Any) -> str:
-    """Quote an identifier; NUL cannot be quoted, so it is a configuration error."""
-    if not isinstance(name, str) or not name or "\x00" in name:
-        raise ConfigInvalid("identifier must be a non-empty string without NUL characters")
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _column_sql(column: Column) -> str:
@@ -172,18 +169,14 @@ class SQLiteSource:
         return predicates, params
 
     def _where(self, bounds: Mapping) -> tuple[str, tuple]:
-        if not isinstance(bounds, Mapping) or "partition" not in bounds:
-            raise ConfigInvalid("partition bounds must hold a 'partition' key")
-        partition = bounds["partition"]
-        column = self._ref(self.partition_column)
-        if partition is None:
-            predicates, params = [f"{column} IS NULL"], []
-        else:
-            predicates, params = [f"{column} = ?"], [partition]
-        window, window_params = self._cursor_window(
-            bounds.get("cursor_after"), bounds.get("cursor_upto")
+        where, params = bounds_where(
+            bounds,
+            partition_column=self.partition_column,
+            cursor_column=self.cursor_column,
+            marker="?",
+            name=self._ref,
         )
-        return " AND ".join(predicates + window), tuple(params + window_params)
+        return where, tuple(params)
 
     def partition_values(self, *, after: Any = None, upto: Any = None) -> list:
         """Partition values with a cursor in ``(after, upto]``; NULL first, then by value."""

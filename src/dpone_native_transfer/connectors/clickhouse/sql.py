@@ -16,7 +16,7 @@ from typing import Any
 
 from ...artifacts import json_value
 from ...errors import ConfigInvalid
-from ...payloads import Column, Predicate
+from ...payloads import UPTO_OR_NULL, Column, Predicate
 
 __all__ = [
     "PARTITION_ID",
@@ -44,7 +44,7 @@ _DECIMAL = re.compile(r"\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\)")
 _MAX_DECIMAL_PRECISION = 76
 _INT64 = (-(2**63), 2**63 - 1)
 PARTITION_ID = re.compile(r"-?[0-9A-Za-z_]+")
-_PREDICATE_OPS = frozenset({"=", ">", "<="})
+_PREDICATE_OPS = frozenset({"=", ">", "<=", UPTO_OR_NULL})
 
 
 def quote(name: Any) -> str:
@@ -155,7 +155,10 @@ def where_sql(predicates: Sequence[Predicate], *, prefix: str) -> tuple[str, dic
             )
         name = f"{prefix}{number}"
         kind = _param_type(predicate.column, predicate.value)
-        clauses.append(f"{column} {predicate.op} {{{name}:{kind}}}")
+        if predicate.op == UPTO_OR_NULL:
+            clauses.append(f"({column} <= {{{name}:{kind}}} OR {column} IS NULL)")
+        else:
+            clauses.append(f"{column} {predicate.op} {{{name}:{kind}}}")
         params[name] = predicate.value
     if not clauses:
         raise ConfigInvalid("partition bounds select nothing")

@@ -1,0 +1,572 @@
+"""The target knows what it holds: route identity, the batch ledger, the store/target cross-check.
+
+Each scenario is one of the ordinary operations that used to exit 0 with a
+duplicate or an empty target. It runs through ``dpone-transfer`` on real
+SQLite (and DuckDB) files and counts target rows against the source: every
+source row exactly once, or a refusal before the target with the named code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpone_native_transfer import (
+    SQLiteCheckpointStore,
+    SQLiteSink,
+    SQLiteSource,
+    TransferRuntime,
+    TransferSpec,
+)
+from dpone_native_transfer.config import load_route_config
+from dpone_native_transfer.lease import Lease
+from dpone_native_transfer.testing import (
+    FaultyStore,
+    InjectedFault,
+    RecordingSink,
+    build_sample_source,
+    phase_batch,
+)
+
+SCRIPT = str(Path(sys.executable).parent / "dpone-transfer")
+MISMATCH, BUSY = "native_transfer_store_target_mismatch", "native_transfer_route_busy"
+BLOCKED = "native_transfer_manual_reconciliation_required"
+KINDS = ("sqlite", "duckdb")
+
+ROUTE = """\
+[source]
+path = "{source}"
+table = "{source_table}"
+partition_column = "region"
+{cursor}
+[target]
+kind = "{kind}"
+path = "{target}"
+table = "{table}"
+{ledger}
+[transfer]
+strategy = "{strategy}"
+path = "{path}"
+chunk_rows = 16
+
+[store]
+path = "{store}"
+"""
+
+
+def dpone(*args: Any, cwd: Path | None = None, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SCRIPT, *map(str, args)], cwd=cwd, input=stdin, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+
+
+class Site:
+    """A source, a target and a checkpoint store in one folder, and route files naming them."""
+
+    def __init__(self, folder: Path, *, kind: str = "sqlite", rows: int = 120) -> None:
+        self.folder = folder
+        self.kind = kind
+        self.source = folder / "source.db"
+        build_sample_source(self.source, rows=rows, partitions=4)
+        self.next_id = rows + 1
+
+    def target_file(self, name: str = "target") -> Path:
+        return self.folder / (f"{name}.db" if self.kind == "sqlite" else f"{name}.duckdb")
+
+    def route(self, name: str = "route.toml", **values: Any) -> Path:
+        fields = {
+            "source": self.source,
+            "source_table": "orders",
+            "cursor": 'cursor_column = "updated_at"',
+            "kind": self.kind,
+            "target": self.target_file(),
+            "table": "orders_copy",
+            "ledger": "",
+            "strategy": "incremental_append",
+            "path": "legacy",
+            "store": self.folder / "checkpoints.db",
+            **values,
+        }
+        path = self.folder / name
+        path.write_text(ROUTE.format(**fields), encoding="utf-8")
+        return path
+
+    def run(self, route: Path, *, code: int = 0) -> subprocess.CompletedProcess[str]:
+        done = dpone("run", route, "--quiet")
+        assert done.returncode == code, f"exit {done.returncode}: {done.stdout}{done.stderr}"
+        return done
+
+    def add_rows(self, count: int = 40) -> None:
+        build_sample_source(self.source, rows=count, partitions=4, start_id=self.next_id)
+        self.next_id += count
+
+    def source_ids(self) -> list[int]:
+        with contextlib.closing(sqlite3.connect(self.source)) as db:
+            return sorted(row[0] for row in db.execute("SELECT id FROM orders"))
+
+    def target_ids(self, target: Path | None = None, table: str = "orders_copy") -> list[int]:
+        target = target or self.target_file()
+        if not target.exists():
+            return []
+        if self.kind == "duckdb":
+            import duckdb
+
+            with contextlib.closing(duckdb.connect(str(target), read_only=True)) as db:
+                return sorted(row[0] for row in db.execute(f'SELECT id FROM "{table}"').fetchall())
+        with contextlib.closing(sqlite3.connect(target)) as db:
+            return sorted(row[0] for row in db.execute(f'SELECT id FROM "{table}"'))
+
+    def exactly_once(self, target: Path | None = None) -> None:
+        ids = self.target_ids(target)
+        assert Counter(ids) == Counter(self.source_ids()), (len(ids), len(self.source_ids()))
+
+
+@pytest.fixture(params=KINDS)
+def site(request: pytest.FixtureRequest, tmp_path: Path) -> Site:
+    return Site(tmp_path, kind=request.param)
+
+
+@pytest.fixture
+def sqlite_site(tmp_path: Path) -> Site:
+    return Site(tmp_path)
+
+
+def refused(done: subprocess.CompletedProcess[str], code: str) -> dict[str, Any]:
+    """The diagnostics of a refusal with ``code``."""
+    assert f"error: {code}:" in done.stderr, done.stderr
+    line = next(line for line in done.stderr.splitlines() if line.startswith("diagnostics: "))
+    return json.loads(line.removeprefix("diagnostics: "))
+
+
+def restore(route: Path) -> subprocess.CompletedProcess[str]:
+    done = dpone("state", "restore", route, "--reason", "store lost", "--operator", "ops", "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+# 1. route identity names the databases --------------------------------------------------------
+
+
+def test_pointing_a_route_at_another_target_database_loads_that_one_whole(site: Site) -> None:
+    first = site.route()
+    site.run(first)
+    other = site.target_file("other")
+    site.run(site.route("other.toml", target=other))
+    site.exactly_once(other)
+    site.exactly_once()
+    site.add_rows()
+    site.run(first)
+    site.exactly_once()
+    assert len(site.target_ids(other)) == 120, "the other target got only its own run"
+
+
+def test_shards_with_equal_table_names_share_one_store_and_each_loads(tmp_path: Path) -> None:
+    """Two source databases, equal table names, one store: two routes, and fan-in works."""
+    site = Site(tmp_path)
+    shard = tmp_path / "shard-2.db"
+    build_sample_source(shard, rows=50, partitions=4, start_id=1001)
+    own = [site.route("a.toml", target=tmp_path / "a.db"), site.route(
+        "b.toml", source=shard, target=tmp_path / "b.db")]  # fmt: skip
+    for route in own:
+        site.run(route)
+    assert site.target_ids(tmp_path / "a.db") == site.source_ids()
+    assert site.target_ids(tmp_path / "b.db") == list(range(1001, 1051))
+    fan_in = [site.route("c.toml", target=tmp_path / "all.db"), site.route(
+        "d.toml", source=shard, target=tmp_path / "all.db")]  # fmt: skip
+    for _ in range(2):
+        for route in fan_in:
+            site.run(route)
+    assert site.target_ids(tmp_path / "all.db") == sorted(site.source_ids() + list(range(1001, 1051)))
+
+
+def test_two_engines_with_equal_table_names_share_one_store(tmp_path: Path) -> None:
+    site = Site(tmp_path)
+    into_sqlite = site.route("s.toml")
+    into_duckdb = site.route("d.toml", kind="duckdb", target=tmp_path / "target.duckdb")
+    for route in (into_sqlite, into_duckdb, into_sqlite, into_duckdb):
+        site.run(route)
+    site.exactly_once()
+    duck = Site.__new__(Site)
+    duck.__dict__.update(site.__dict__, kind="duckdb")
+    duck.exactly_once(tmp_path / "target.duckdb")
+
+
+# 2 and 3. the store is lost, replaced or restored: the target's ledger refuses it -----------------
+
+
+def _lose_by_deleting(site: Site, route: Path) -> Path:
+    for name in ("checkpoints.db", "checkpoints.db-wal", "checkpoints.db-shm"):
+        (site.folder / name).unlink(missing_ok=True)
+    return route
+
+
+def _lose_by_replacing_with_an_empty_store(site: Site, route: Path) -> Path:
+    _lose_by_deleting(site, route)
+    SQLiteCheckpointStore(site.folder / "checkpoints.db").close()
+    return route
+
+
+def _lose_by_moving_the_route_file(site: Site, route: Path) -> Path:
+    """The route file moves to a new folder; its store is relative, so a new one is made."""
+    (site.folder / "moved").mkdir()
+    return site.route("moved/route.toml", store="checkpoints.db")
+
+
+LOSSES = {
+    "deleted": _lose_by_deleting,
+    "replaced-by-an-empty-store": _lose_by_replacing_with_an_empty_store,
+    "moved-with-the-route-file": _lose_by_moving_the_route_file,
+}
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+def test_a_lost_store_is_refused_then_restored_from_the_target(site: Site, loss: str) -> None:
+    route = site.route()
+    site.run(route)
+    site.add_rows()
+    route = LOSSES[loss](site, route)
+    before = site.target_ids()
+    done = site.run(route, code=3)
+    diagnostics = refused(done, MISMATCH)
+    assert diagnostics["mismatch"] == "target_ahead_of_store"
+    assert "state restore" in done.stderr
+    assert site.target_ids() == before, "nothing was written"
+    restore(route)
+    ran = site.run(route)
+    assert ran.stdout.startswith("committed 4 partitions, skipped 0, loaded 40 rows")
+    site.exactly_once()
+
+
+def test_a_store_restored_from_a_backup_taken_before_the_killed_run(sqlite_site: Site) -> None:
+    """The runbook's old advice for a corrupt store: restore a backup. The ledger knows better."""
+    site = sqlite_site
+    route = site.route()
+    site.run(route)
+    backup = site.folder / "backup.db"
+    shutil.copy(site.folder / "checkpoints.db", backup)
+    site.add_rows()
+    config = load_route_config(route)
+    with SQLiteCheckpointStore(config.store_path) as store:  # the target commits, the worker dies
+        faulty = FaultyStore(store)
+        faulty.fail_batch(phase_batch("target_outcome_unknown"), error=OSError("killed"))
+        sink = RecordingSink(config.sink, fail="after")
+        with pytest.raises(InjectedFault):
+            TransferRuntime(faulty).run(config.spec("killed-run", sink=sink))
+    shutil.copy(backup, site.folder / "checkpoints.db")
+    done = site.run(route, code=3)
+    assert refused(done, MISMATCH)["mismatch"] == "target_ahead_of_store"
+    site.exactly_once()  # the killed run's rows are there once; nothing was appended
+    restore(route)
+    assert site.run(route).stdout.startswith("committed 0 partitions")
+    site.exactly_once()
+
+
+def test_a_store_copied_without_its_wal_file(sqlite_site: Site) -> None:
+    site = sqlite_site
+    route = site.route()
+    site.run(route)
+    site.add_rows()
+    store_file = site.folder / "checkpoints.db"
+    with contextlib.closing(sqlite3.connect(store_file)) as keep_the_wal:
+        keep_the_wal.execute("SELECT 1 FROM checkpoint_latest").fetchall()
+        site.run(route)  # its commits stay in the -wal file while another connection is open
+        shutil.copy(store_file, site.folder / "copied.db")
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{store_file}{suffix}").unlink(missing_ok=True)
+    shutil.move(site.folder / "copied.db", store_file)
+    site.add_rows()
+    done = site.run(route, code=3)
+    assert refused(done, MISMATCH)["mismatch"] == "target_ahead_of_store"
+    restore(route)
+    site.run(route)
+    site.exactly_once()
+
+
+def test_a_target_replaced_by_an_empty_one_is_refused(site: Site) -> None:
+    route = site.route()
+    site.run(route)
+    target = site.target_file()
+    target.unlink()
+    Path(f"{target}.wal").unlink(missing_ok=True)
+    done = site.run(route, code=3)
+    assert refused(done, MISMATCH)["mismatch"] == "store_ahead_of_target"
+    assert "guard verify" in done.stderr
+    assert not target.exists() or site.target_ids() == []
+
+
+def test_a_copied_folder_is_refused_then_restored_without_a_duplicate(sqlite_site: Site) -> None:
+    """Source, target and store copied elsewhere: a new route, whose target holds old batches."""
+    site = sqlite_site
+    site.run(site.route())
+    copy = Site.__new__(Site)
+    copy.__dict__.update(site.__dict__, folder=site.folder / "copy")
+    shutil.copytree(site.folder, copy.folder, ignore=shutil.ignore_patterns("copy"))
+    copy.source = copy.folder / "source.db"
+    route = copy.route()
+    copy.add_rows()
+    assert refused(copy.run(route, code=3), MISMATCH)["mismatch"] == "target_ahead_of_store"
+    restore(route)
+    copy.run(route)
+    copy.exactly_once()
+
+
+# respelling, renaming and strategy switches on a blocked route ---------------------------------
+
+
+def _block(site: Site, route: Path) -> None:
+    """The target committed, then the run died before recording it: the route blocks."""
+    site.run(route)
+    site.add_rows()
+    config = load_route_config(route)
+    with SQLiteCheckpointStore(config.store_path) as store:
+        faulty = FaultyStore(store)
+        faulty.fail_batch(phase_batch("target_outcome_unknown"), error=OSError("killed"))
+        with pytest.raises(InjectedFault):
+            TransferRuntime(faulty).run(
+                config.spec("dies", sink=RecordingSink(config.sink, fail="after"))
+            )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"table": "Orders_Copy"},
+        {"table": "ORDERS_COPY"},
+        {"strategy": "full_refresh"},
+        {"path": "staged"},
+        {"cursor": ""},
+    ],
+    ids=["Orders_Copy", "ORDERS_COPY", "full_refresh", "other-path", "no-cursor"],
+)
+def test_a_blocked_target_table_stays_blocked_however_the_route_is_respelled(
+    site: Site, change: dict[str, str]
+) -> None:
+    route = site.route()
+    _block(site, route)
+    before = site.target_ids()
+    done = site.run(site.route("changed.toml", **change), code=3)
+    assert f"error: {BLOCKED}:" in done.stderr
+    assert site.target_ids() == before
+
+
+def test_a_renamed_source_table_does_not_bypass_the_guard(sqlite_site: Site) -> None:
+    site = sqlite_site
+    _block(site, site.route())
+    with contextlib.closing(sqlite3.connect(site.source)) as db:
+        db.execute("ALTER TABLE orders RENAME TO orders_v2")
+        db.commit()
+    before = site.target_ids()
+    done = site.run(site.route("renamed.toml", source_table="orders_v2"), code=3)
+    assert f"error: {BLOCKED}:" in done.stderr
+    assert "left by route(s) writing the same target table" in done.stderr
+    assert site.target_ids() == before
+
+
+def test_incremental_then_a_full_refresh_then_incremental_again_continues(site: Site) -> None:
+    """The 'repair' refresh records how far it loaded; the incremental route continues there."""
+    incremental, refresh = site.route(), site.route("refresh.toml", strategy="full_refresh")
+    site.run(incremental)
+    site.add_rows()
+    site.run(refresh)
+    site.exactly_once()
+    site.add_rows()
+    ran = site.run(incremental)
+    assert ran.stdout.startswith("committed 4 partitions, skipped 0, loaded 40 rows")
+    site.exactly_once()
+    site.add_rows()
+    site.run(incremental)
+    site.exactly_once()
+
+
+def test_a_cursorless_append_after_another_routes_refresh_is_refused(sqlite_site: Site) -> None:
+    site = sqlite_site
+    append = site.route(cursor="")
+    site.run(append)
+    site.run(site.route("refresh.toml", cursor="", strategy="full_refresh"))
+    build_sample_source(site.source, rows=10, partitions=6, start_id=site.next_id)  # new regions
+    done = site.run(append, code=3)
+    assert refused(done, MISMATCH)["mismatch"] == "replaced_by_another_route"
+    assert Counter(site.target_ids()) == Counter(range(1, 121))
+
+
+# 4. the lease ----------------------------------------------------------------------------------
+
+
+def test_two_runs_of_one_route_at_once_never_load_twice(sqlite_site: Site) -> None:
+    site = sqlite_site
+    site.add_rows(20_000)
+    route = site.route()
+    first = subprocess.Popen([SCRIPT, "run", str(route), "--quiet"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(0.3)
+    second = dpone("run", route, "--quiet")
+    out, err = first.communicate(timeout=120)
+    codes = sorted([first.returncode, second.returncode])
+    assert codes in ([0, 0], [0, 1]), (first.returncode, err, second.returncode, second.stderr)
+    if codes == [0, 1]:
+        assert BUSY in err + second.stderr
+        assert "is being written by" in err + second.stderr
+    site.exactly_once()
+
+
+def test_resolve_refuses_while_an_attempt_holds_the_lease(sqlite_site: Site) -> None:
+    site = sqlite_site
+    route = site.route()
+    _block(site, route)
+    config = load_route_config(route)
+    with SQLiteCheckpointStore(config.store_path) as store:
+        with Lease(store.lease_table(), config.route, run_id="still-running", seconds=60):
+            done = dpone(
+                "guard", "resolve", route, "--batch", _blocked_batch(route), "--from-target",
+                "--reason", "r", "--operator", "o", "--yes",
+            )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert BUSY in done.stderr and "still-running" in done.stderr
+
+
+def test_resolve_left_at_its_prompt_refuses_if_the_route_changed_meanwhile(
+    sqlite_site: Site,
+) -> None:
+    """Compare-and-set: what the operator confirmed must still be what the store holds."""
+    site = sqlite_site
+    route = site.route()
+    _block(site, route)
+    batch = _blocked_batch(route)
+    args = [SCRIPT, "guard", "resolve", str(route), "--batch", batch, "--from-target",
+            "--reason", "r", "--operator", "slow"]  # fmt: skip
+    waiting = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert waiting.stdout is not None and waiting.stdin is not None
+    shown = [waiting.stdout.readline() for _ in range(5)]  # flushed with the prompt
+    assert shown[0].startswith("route orders -> orders_copy"), shown
+    assert all("-> committed/checkpoint_committed" in line for line in shown[1:]), shown
+    fast = dpone("guard", "resolve", route, "--batch", batch, "--from-target",
+                 "--reason", "r", "--operator", "fast", "--yes")  # fmt: skip
+    assert fast.returncode == 0, fast.stderr
+    site.run(route)  # a run commits after the operator's view was printed
+    out, err = waiting.communicate("y\n", timeout=60)
+    assert waiting.returncode == 2, out + err
+    assert "native_transfer_resolution_conflict" in err
+    site.exactly_once()
+
+
+def _blocked_batch(route: Path) -> str:
+    done = dpone("guard", "verify", route, "--json")
+    assert done.returncode == 3, done.stderr
+    return json.loads(done.stdout.splitlines()[0])["batch_id"]
+
+
+# 5. proof-backed recovery ----------------------------------------------------------------------
+
+
+def test_verify_proves_a_blocked_batch_applied_and_resolve_from_target_heals_it(site: Site) -> None:
+    route = site.route()
+    _block(site, route)
+    verified = dpone("guard", "verify", route, "--json")
+    assert verified.returncode == 3
+    [proof] = [json.loads(line) for line in verified.stdout.splitlines()]
+    assert proof["proof"]["verdict"] == "applied" and proof["proof"]["rows"] == 40
+    store_only = dpone("guard", "verify", "--store", site.folder / "checkpoints.db", "--json")
+    assert json.loads(store_only.stdout.splitlines()[0])["proof"]["verdict"] == "unknown"
+    wrong = dpone("guard", "resolve", route, "--batch", proof["batch_id"], "--as",
+                  "failed_before_target", "--reason", "r", "--operator", "o", "--yes")  # fmt: skip
+    assert wrong.returncode == 2 and "--force" in wrong.stderr
+    done = dpone("guard", "resolve", route, "--batch", proof["batch_id"], "--from-target",
+                 "--reason", "ledger", "--operator", "o", "--yes")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert dpone("guard", "verify", route).returncode == 0
+    assert site.run(route).stdout.startswith("committed 0 partitions, skipped 4, loaded 0 rows")
+    site.exactly_once()
+    with SQLiteCheckpointStore(site.folder / "checkpoints.db") as store:
+        [record] = store.list_audit(load_route_config(route).route)
+    assert record["resolved_as"] == "from_target"
+    assert record["proof"][proof["batch_id"]]["verdict"] == "applied"
+
+
+def test_verify_proves_a_batch_that_never_reached_the_target_not_applied(site: Site) -> None:
+    route = site.route()
+    site.run(route)
+    site.add_rows()
+    config = load_route_config(route)
+    with SQLiteCheckpointStore(config.store_path) as store:
+        with pytest.raises(InjectedFault):
+            TransferRuntime(store).run(
+                config.spec("fails", sink=RecordingSink(config.sink, fail="before"))
+            )
+    [proof] = [json.loads(line) for line in dpone("guard", "verify", route, "--json").stdout.splitlines()]
+    assert proof["proof"]["verdict"] == "not_applied"
+    done = dpone("guard", "resolve", route, "--batch", proof["batch_id"], "--from-target",
+                 "--reason", "ledger", "--operator", "o", "--yes")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "-> failed/failed_before_target" in done.stdout
+    assert site.run(route).stdout.startswith("committed 4 partitions, skipped 0, loaded 40 rows")
+    site.exactly_once()
+
+
+# the ledger can be turned off --------------------------------------------------------------------
+
+
+def test_ledger_false_keeps_no_ledger_and_behaves_as_before(sqlite_site: Site) -> None:
+    """The documented trade-off: without the ledger, a lost store appends everything again."""
+    site = sqlite_site
+    route = site.route(ledger="ledger = false")
+    site.run(route)
+    with contextlib.closing(sqlite3.connect(site.target_file())) as db:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    assert "_dpone_ledger" not in tables
+    _lose_by_deleting(site, route)
+    site.run(route)
+    assert Counter(site.target_ids()) == Counter(site.source_ids() * 2)
+
+
+# stores written by release 0.1 -------------------------------------------------------------------
+
+RELEASE_0_1 = Path(__file__).parent / "data" / "release-0.1"
+
+
+def _release_0_1(tmp_path: Path, name: str) -> Site:
+    for suffix in ("source.db", "target.db", "checkpoints.db"):
+        shutil.copy(RELEASE_0_1 / f"{name}-{suffix}", tmp_path / suffix)
+    site = Site.__new__(Site)
+    site.__dict__.update(folder=tmp_path, kind="sqlite", source=tmp_path / "source.db")
+    site.next_id = max(site.source_ids()) + 1
+    return site
+
+
+def test_a_healthy_route_of_release_0_1_continues_without_a_duplicate(tmp_path: Path) -> None:
+    site = _release_0_1(tmp_path, "healthy")
+    route = site.route()
+    assert site.run(route).stdout.startswith("committed 0 partitions")
+    site.add_rows()
+    assert site.run(route).stdout.startswith("committed 4 partitions, skipped 0, loaded 40 rows")
+    site.exactly_once()
+
+
+def test_a_blocked_route_of_release_0_1_stays_blocked_until_resolved(tmp_path: Path) -> None:
+    site = _release_0_1(tmp_path, "blocked")
+    route = site.route(path="staged")
+    before = site.target_ids()
+    assert f"error: {BLOCKED}:" in site.run(route, code=3).stderr
+    assert site.target_ids() == before
+    [proof] = [json.loads(line) for line in dpone("guard", "verify", route, "--json").stdout.splitlines()]
+    assert proof["proof"]["verdict"] == "unknown", "0.1 wrote no ledger: only a person can tell"
+    done = dpone("guard", "resolve", route, "--batch", proof["batch_id"], "--as", "committed",
+                 "--reason", "rows 121-160 counted", "--operator", "o", "--yes")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    site.run(route)
+    site.exactly_once()
+    site.add_rows()
+    site.run(route)
+    site.exactly_once()
