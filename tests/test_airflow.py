@@ -119,7 +119,7 @@ BLOCKED_AIRFLOW = textwrap.dedent(
 
     sys.meta_path.insert(0, NoAirflow())
     import dpone_native_transfer, dpone_target_commit_guard, dpone_airflow
-    from dpone_native_transfer import RouteKey, SQLiteCheckpointStore, SQLiteSink, SQLiteSource
+    from dpone_native_transfer import SQLiteCheckpointStore, SQLiteSink, SQLiteSource
     from dpone_native_transfer import TransferRuntime, TransferSpec
     from dpone_native_transfer.cli import build_parser
     from dpone_native_transfer.testing import build_sample_source, guard_phase
@@ -134,14 +134,15 @@ BLOCKED_AIRFLOW = textwrap.dedent(
     build_parser()  # loads the guard's command plugin through its entry point
     build_sample_source("source.db", rows=40, partitions=2)
     store = SQLiteCheckpointStore("checkpoints.db")
-    result = TransferRuntime(store).run(TransferSpec(
+    spec = TransferSpec(
         source=SQLiteSource("source.db", "orders", "region", cursor_column="updated_at"),
         sink=SQLiteSink("target.db", "orders_copy"),
         strategy="incremental_append",
         path="staged",
         run_id="no-airflow",
-    ))
-    route = RouteKey("orders", "orders_copy", "incremental_append")
+    )
+    result = TransferRuntime(store).run(spec)
+    route = spec.route
     guards = [cp.diagnostics["target_commit_guard"]["phase"] for cp in store.list_latest(route)]
     store.close()
     try:
@@ -545,7 +546,8 @@ def test_airflow_retries_still_heal_a_failure_before_the_target(airflow, postgre
     assert run["xcom"][0]["rows_loaded"] == 300
     _exactly_once(data)
     with contextlib.closing(PostgresCheckpointStore(postgres_store_url)) as store:
-        latest = store.list_latest(ROUTE)
+        [route] = [r for r in store.list_routes() if r.as_dict() == ROUTE.as_dict()]
+        latest = store.list_latest(route)
     assert [guard_phase(cp) for cp in latest] == ["checkpoint_committed"] * 3
     assert {cp.run_id for cp in latest} == {second["run_id"]}
     password = psycopg.conninfo.conninfo_to_dict(postgres_store_url)["password"]

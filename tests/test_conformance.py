@@ -16,6 +16,8 @@ import pytest
 
 import dpone_native_transfer.testing as testing
 from dpone_native_transfer import (
+    ClickHouseSink,
+    DuckDBSink,
     ManualReconciliationRequired,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
@@ -42,6 +44,7 @@ def load_example(name: str) -> ModuleType:
 
 
 bulk_copy = load_example("bulk_copy_path")
+
 
 
 # -- the same entry for every path ------------------------------------------
@@ -79,6 +82,30 @@ class TestKitBulkCopy(GuardConformance):
     @pytest.fixture
     def transfer_path(self):
         return bulk_copy.bulk_copy_path
+
+
+class EngineSink(GuardConformance):
+    """The kit with another engine's sink, through its ``make_sink`` seam, on every path."""
+
+    @pytest.fixture(params=sorted(BUILTIN_PATHS))
+    def transfer_path(self, request):
+        return BUILTIN_PATHS[request.param]
+
+
+class TestKitDuckDB(EngineSink):
+    path_name = "kit-duckdb"
+
+    @pytest.fixture
+    def make_sink(self, tmp_path):
+        return DuckDBSink(str(tmp_path / "target.duckdb"), "orders_copy")
+
+
+class TestKitClickHouse(EngineSink):
+    path_name = "kit-chdb"
+
+    @pytest.fixture
+    def make_sink(self, tmp_path):
+        return ClickHouseSink(str(tmp_path / "chdb"), "orders_copy", partition_by="region")
 
 
 def test_every_builtin_path_has_a_kit_class():

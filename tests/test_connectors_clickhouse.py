@@ -20,11 +20,13 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 from conftest import PATHS, Route
 
-from dpone_native_transfer import ManualReconciliationRequired
+from dpone_native_transfer import ManualReconciliationRequired, StoreTargetMismatch
 from dpone_native_transfer.connectors.clickhouse import (
     ClickHouseSink,
     Location,
@@ -47,6 +49,7 @@ from dpone_native_transfer.errors import (
     NativeTransferError,
     SourceInvalid,
 )
+from dpone_native_transfer.ledger import prove
 from dpone_native_transfer.payloads import (
     ArtifactFiles,
     Column,
@@ -139,7 +142,10 @@ def test_guarded_transfer_writes_exact_rows_into_partitioned_mergetree(ch_route,
     assert len(ch_route.target_rows()) == 150
 
     sink = ch_route.sink.inner
-    assert _tables(sink) == {"orders_copy": ("MergeTree", "region")}  # no stage / fresh left
+    assert _tables(sink) == {  # no stage or fresh table left; the ledger beside the target
+        "orders_copy": ("MergeTree", "region"),
+        "_dpone_ledger": ("MergeTree", ""),
+    }
     assert _partitions(sink) == REGIONS
     assert ch_route.sink.target_calls == 2
 
@@ -148,32 +154,85 @@ def test_guarded_transfer_writes_exact_rows_into_partitioned_mergetree(ch_route,
 
 
 def test_partial_commit_then_retry_duplicates_unguarded_and_is_blocked_guarded(tmp_path, path):
-    unguarded = ClickHouseRoute(tmp_path / "unguarded")
-    guarded = ClickHouseRoute(tmp_path / "guarded")
+    """Unguarded and without the ledger the retry appends every row again; the guard blocks it,
+    and so does the ledger alone: its row proves the batch applied, the store says failed."""
+    arms = {
+        "unguarded": (ClickHouseRoute(tmp_path / "unguarded"), [], False),
+        "ledger only": (ClickHouseRoute(tmp_path / "ledger"), [], True),
+        "guarded": (ClickHouseRoute(tmp_path / "guarded"), None, True),
+    }
     try:
         outcomes = {}
-        for name, route, plugins in (("unguarded", unguarded, []), ("guarded", guarded, None)):
+        for name, (route, plugins, ledger) in arms.items():
             runtime = route.runtime(plugins=plugins)
             route.sink.fail = "after"  # the load commits in ClickHouse, then the worker fails
             with pytest.raises(InjectedFault):
-                runtime.run(route.spec(path))
+                runtime.run(route.spec(path, ledger=ledger))
             assert len(route.target_rows()) == 120
             route.sink.fail = None
-            retry = functools.partial(runtime.run, route.spec(path, "run-2"))
+            retry = functools.partial(runtime.run, route.spec(path, "run-2", ledger=ledger))
             if name == "guarded":
                 blocked = assert_blocked_before_target(retry, route.sink)
                 assert isinstance(blocked, ManualReconciliationRequired)
+            elif name == "ledger only":
+                with pytest.raises(StoreTargetMismatch) as refused:
+                    retry()
+                assert refused.value.diagnostics["mismatch"] == "store_contradicts_target"
             else:
                 retry()
             ids = Counter(row[0] for row in route.target_rows())
             outcomes[name] = sum(seen - 1 for seen in ids.values())
 
-        assert outcomes == {"unguarded": 120, "guarded": 0}
-        assert unguarded.sink.target_calls == 2 and guarded.sink.target_calls == 1
+        assert outcomes == {"unguarded": 120, "ledger only": 0, "guarded": 0}
+        assert [route.sink.target_calls for route, _, _ in arms.values()] == [2, 1, 1]
+        guarded = arms["guarded"][0]
         assert_no_duplicate_rows(guarded.source_ids(), (r[0] for r in guarded.target_rows()))
     finally:
-        unguarded.real_store.close()
-        guarded.real_store.close()
+        for route, _, _ in arms.values():
+            route.real_store.close()
+
+
+def test_the_ledger_row_follows_the_rows_and_a_repeated_batch_inserts_nothing(tmp_path, path):
+    """What is proven on ClickHouse: a ledger row means applied; the same batch again is a no-op."""
+    route = ClickHouseRoute(tmp_path)
+    try:
+        result = route.runtime().run(route.spec(path))
+        sink = route.sink.inner
+        [entry] = sink.read_ledger(partitions=True)
+        assert (entry.batch_id, entry.rows) == (result.batch_id, 120)
+        assert sink.ledger_atomic is False
+        assert prove(route.spec(path).route, entry.batch_id, [], atomic=False,
+                     armed_with_ledger=True).verdict == "unknown"  # fmt: skip
+        if path in ("legacy", "lazy-plan"):  # the same INSERTs can be repeated as they were
+            again = attrs.evolve(entry, seq=0, rows=0)
+            payload = _append_payload(route, path)
+            with sink.ledger_batch(again):
+                sink.load(payload)
+            assert len(route.target_rows()) == 120, "the repeated inserts were deduplicated"
+            assert len(sink.read_ledger()) == 2, "the ledger records each call"
+            another = attrs.evolve(again, batch_id="sha256:" + "0" * 64)
+            with sink.ledger_batch(another):
+                sink.load(_append_payload(route, path))
+            assert len(route.target_rows()) == 240, "equal rows of another batch are kept"
+            with sink.ledger_batch(attrs.evolve(another, batch_id="sha256:" + "1" * 64)):
+                sink.load(_append_payload(route, path))  # no content deduplication either
+            assert len(route.target_rows()) == 360
+    finally:
+        route.real_store.close()
+
+
+def _append_payload(route: ClickHouseRoute, path: str) -> Any:
+    """The same rows as the run's target call, as the path under test hands them."""
+    columns = route.source.describe().columns
+    bounds = tuple(cp.partition_bounds for cp in sorted(route.latest(), key=_in_batch_order))
+    if path == "lazy-plan":
+        return LoadPlan(source=route.source, columns=columns, bounds=bounds)
+    rows = [row for b in bounds for chunk in route.source.read(b) for row in chunk]
+    return RowChunks(columns=columns, chunks=[rows])
+
+
+def _in_batch_order(checkpoint: Any) -> Any:
+    return checkpoint.partition_bounds["partition"]
 
 
 # --- chDB: one data path per process at a time -------------------------------------------------
@@ -523,7 +582,10 @@ def test_server_adapter_runs_every_path_through_clickhouse_connect(tmp_path):
         route.runtime().run(route.spec("staged", run_id="refresh", strategy="full_refresh"))
         route.runtime().run(route.spec("lazy-plan", run_id="refresh", strategy="full_refresh"))
         assert route.target_rows() == route.source_rows() and len(route.source_rows()) == 155
-        assert _tables(sink) == {"orders_copy": ("MergeTree", "region")}
+        assert _tables(sink) == {
+            "orders_copy": ("MergeTree", "region"),
+            "_dpone_ledger": ("MergeTree", ""),
+        }
         assert _partitions(sink) == REGIONS
         adapter = sink.adapter
         adapter.command("CREATE TABLE b (s Nullable(String)) ENGINE = MergeTree ORDER BY tuple()")
@@ -576,9 +638,12 @@ def test_column_types_follow_the_affinity(decltype, expected):
 def test_create_table_sql_partitions_by_the_nullable_column():
     sql = create_table_sql("t", ORDERS, "region")
     assert sql.endswith(
-        "ENGINE = MergeTree PARTITION BY `region` ORDER BY tuple() SETTINGS allow_nullable_key = 1"
+        "ENGINE = MergeTree PARTITION BY `region` ORDER BY tuple() SETTINGS allow_nullable_key = 1,"
+        " non_replicated_deduplication_window = 1000"
     )
-    assert create_table_sql("t", ORDERS, None).endswith("ENGINE = MergeTree ORDER BY tuple()")
+    assert create_table_sql("t", ORDERS, None).endswith(
+        "ENGINE = MergeTree ORDER BY tuple() SETTINGS non_replicated_deduplication_window = 1000"
+    )
 
 
 def test_where_sql_uses_typed_parameters_only():

@@ -27,6 +27,8 @@ from dpone_native_transfer.errors import (
     ConfigInvalid,
     ManualReconciliationRequired,
     NativeTransferError,
+    RouteBusy,
+    StoreTargetMismatch,
     TargetCommitGuardInvalid,
     TargetCommitGuardUnhandled,
 )
@@ -173,6 +175,13 @@ def _consequence(error: NativeTransferError) -> str:
         )
     if isinstance(error, TargetCommitGuardUnhandled):
         return ": this worker has no target-commit guard plugin; the target was not called"
+    if isinstance(error, StoreTargetMismatch):
+        return (
+            ": the checkpoint store and the target's ledger disagree; every retry stops here, "
+            "before the target, so pause the DAG while you work on it"
+        )
+    if isinstance(error, RouteBusy):
+        return ": another attempt is writing the target table; a later retry may succeed"
     if isinstance(error, ConfigInvalid):
         return ": the route configuration is invalid; a retry will fail the same way"
     return ""
@@ -181,6 +190,12 @@ def _consequence(error: NativeTransferError) -> str:
 def _operator_steps(error: NativeTransferError, route: RouteKey | None) -> list[str]:
     if isinstance(error, TargetCommitGuardUnhandled):
         return ["install or enable the target_commit_guard entry point on every worker"]
+    if isinstance(error, StoreTargetMismatch):
+        return [
+            "see what the target holds with: dpone-transfer guard verify <route file>; "
+            "the error above names the command that repairs this case "
+            "(docs/checkpoints-and-recovery.md)"
+        ]
     if route is None or not isinstance(
         error, ManualReconciliationRequired | TargetCommitGuardInvalid
     ):

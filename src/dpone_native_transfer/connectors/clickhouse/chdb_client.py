@@ -20,7 +20,7 @@ from typing import Any
 from ...errors import ConfigInvalid
 from ...payloads import Column
 from .client import SETTINGS, import_engine
-from .sql import column_list, encode_json_rows, quote, structure
+from .sql import column_list, encode_json_rows, insert_settings, quote, structure
 
 __all__ = ["ChdbClient"]
 
@@ -80,10 +80,16 @@ class ChdbClient:
         ]
 
     def insert_rows(
-        self, table: str, names: Sequence[str], chunks: Iterable[Sequence[tuple]]
+        self,
+        table: str,
+        names: Sequence[str],
+        chunks: Iterable[Sequence[tuple]],
+        *,
+        token: str | None = None,
     ) -> int:
         inserter = self._session.send_insert(
-            f"INSERT INTO {quote(table)} ({column_list(names)})", "JSONCompactEachRow"
+            f"INSERT INTO {quote(table)} ({column_list(names)}){insert_settings(token)}",
+            "JSONCompactEachRow",
         )
         rows = 0
         try:
@@ -98,11 +104,13 @@ class ChdbClient:
             raise
         return rows
 
-    def insert_jsonl(self, table: str, columns: Sequence[Column], path: str) -> None:
+    def insert_jsonl(
+        self, table: str, columns: Sequence[Column], path: str, *, token: str | None = None
+    ) -> None:
         """chDB reads the file itself; as clickhouse-local it takes any absolute path."""
         names = column_list([column.name for column in columns])
         self.command(
-            f"INSERT INTO {quote(table)} ({names}) SELECT {names}"
+            f"INSERT INTO {quote(table)} ({names}){insert_settings(token)} SELECT {names}"
             " FROM file({path:String}, 'JSONEachRow', {structure:String})",
             {"path": path, "structure": structure(columns)},
         )

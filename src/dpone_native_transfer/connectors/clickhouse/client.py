@@ -54,11 +54,21 @@ class ClickHouseClient(Protocol):
         """Run a query; return its rows as tuples of Python values."""
 
     def insert_rows(
-        self, table: str, names: Sequence[str], chunks: Iterable[Sequence[tuple]]
+        self,
+        table: str,
+        names: Sequence[str],
+        chunks: Iterable[Sequence[tuple]],
+        *,
+        token: str | None = None,
     ) -> int:
-        """Stream row chunks into ``table`` as one INSERT; return the rows sent."""
+        """Stream row chunks into ``table`` as one INSERT; return the rows sent.
 
-    def insert_jsonl(self, table: str, columns: Sequence[Column], path: str) -> None:
+        ``token`` is the insert's deduplication token: repeated, the INSERT is a no-op.
+        """
+
+    def insert_jsonl(
+        self, table: str, columns: Sequence[Column], path: str, *, token: str | None = None
+    ) -> None:
         """Insert a local JSON-lines file (``JSONEachRow``) into ``table``."""
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...payloads import Column
 from .client import SETTINGS, import_engine
-from .sql import encode_json_rows, quote
+from .sql import dedup_token, encode_json_rows, quote
 
 __all__ = ["ServerClient"]
 
@@ -34,7 +34,12 @@ class ServerClient:
         return [tuple(row) for row in result.result_rows]
 
     def insert_rows(
-        self, table: str, names: Sequence[str], chunks: Iterable[Sequence[tuple]]
+        self,
+        table: str,
+        names: Sequence[str],
+        chunks: Iterable[Sequence[tuple]],
+        *,
+        token: str | None = None,
     ) -> int:
         counted = [0]
 
@@ -45,16 +50,31 @@ class ServerClient:
                     yield data
 
         self._client.raw_insert(
-            quote(table), [quote(name) for name in names], blocks(), fmt="JSONCompactEachRow"
+            quote(table),
+            [quote(name) for name in names],
+            blocks(),
+            settings=_deduplicated(token),
+            fmt="JSONCompactEachRow",
         )
         return counted[0]
 
-    def insert_jsonl(self, table: str, columns: Sequence[Column], path: str) -> None:
+    def insert_jsonl(
+        self, table: str, columns: Sequence[Column], path: str, *, token: str | None = None
+    ) -> None:
         """The file is local to this client: its bytes are sent in the INSERT's body."""
         with open(path, "rb") as handle:
             self._client.raw_insert(
-                quote(table), [quote(column.name) for column in columns], handle, fmt="JSONEachRow"
+                quote(table),
+                [quote(column.name) for column in columns],
+                handle,
+                settings=_deduplicated(token),
+                fmt="JSONEachRow",
             )
 
     def close(self) -> None:
         self._client.close()
+
+
+def _deduplicated(token: str | None) -> dict[str, Any]:
+    """The settings ``sql.insert_settings`` gives an INSERT, for clickhouse-connect."""
+    return {"insert_deduplication_token": dedup_token(token)}

@@ -15,6 +15,15 @@ load uses it:
   ``DROP PARTITION`` for partitions the stage no longer has, when replacing;
   ``INSERT ... SELECT`` when appending. The sequence is not atomic.
 
+The target's ledger (``LedgerSink``): ClickHouse has no multi-table
+transaction, so the ledger row is inserted into ``_dpone_ledger`` after the
+rows (``ledger_atomic`` is False). A ledger row proves its batch was applied;
+a missing one proves nothing (the rows may be there, in part). Each INSERT of
+a batch's rows carries a deduplication token (batch id and statement number)
+on a MergeTree table with a deduplication window, so repeating an insert of
+the same batch (same run id, same partitions) after a partial append adds
+only what is missing. See docs/connectors.md for what is and is not proven.
+
 Each method opens a client and closes it before returning: chDB serves one
 data path per process at a time.
 """
@@ -30,10 +39,20 @@ from typing import Any
 from ...artifacts import JSONL
 from ...errors import ArtifactInvalid, ConfigInvalid, SourceInvalid
 from ...identity import TableIdentity, file_location, server_location
+from ...ledger import LEDGER_TABLE, LedgerEntry
 from ...payloads import ArtifactFiles, Column, LoadPlan, RowChunks, bound_predicates
 from ..sqlite import SQLiteSource
 from .client import CHDB, ClickHouseClient, open_client, parse_location
-from .sql import column_list, create_table_sql, partition_id_literal, quote, where_sql
+from ..contract import PendingLedger
+from .sql import (
+    DEDUPLICATION_WINDOW,
+    column_list,
+    create_table_sql,
+    insert_settings,
+    partition_id_literal,
+    quote,
+    where_sql,
+)
 
 __all__ = ["ClickHouseSink"]
 
@@ -43,7 +62,7 @@ _FRESH_PREFIX = "_dpone_new_"
 # quote in a name reads a wrong column (or its name as a string) or fails; checked on chDB 4.4.
 _SQLITE_FUNCTION_UNSAFE = re.compile(r'[\\"\x00-\x1f\x7f]')
 
-Fill = Callable[[ClickHouseClient, str], int]
+Fill = Callable[[ClickHouseClient, str, "_Tokens"], int]
 
 
 class ClickHouseSink:
@@ -55,6 +74,7 @@ class ClickHouseSink:
     """
 
     artifact_format = JSONL
+    ledger_atomic = False  # the ledger row follows the rows; its absence proves nothing
 
     def __init__(self, location: Any, table: str, *, partition_by: str | None = None) -> None:
         quote(table)
@@ -63,6 +83,10 @@ class ClickHouseSink:
         self._location = parse_location(location)
         self.table = table
         self.partition_by = partition_by
+        self._ledger = PendingLedger()
+
+    def ledger_batch(self, entry: LedgerEntry) -> contextlib.AbstractContextManager[None]:
+        return self._ledger.handed(entry)
 
     def __repr__(self) -> str:
         return f"ClickHouseSink(table={self.table!r}, engine={self._location.kind!r})"
@@ -116,18 +140,29 @@ class ClickHouseSink:
         else:
             raise ConfigInvalid("sink payload must be RowChunks, LoadPlan or ArtifactFiles")
         create = create_table_sql(self.table, payload.columns, self.partition_by)  # checks columns
+        entry = self._ledger.take()
+        tokens = _Tokens(entry)
         with self.client() as client:
-            if not payload.replace:
+            if payload.replace:
+                rows = self._replace(client, payload.columns, fill, tokens)
+            else:
                 client.command(create)
-                return fill(client, self.table)
-            return self._replace(client, payload.columns, fill)
+                if entry is not None:  # a table of an older release may have no window yet
+                    window = f"MODIFY SETTING {DEDUPLICATION_WINDOW}"
+                    client.command(f"ALTER TABLE {quote(self.table)} {window}")
+                rows = fill(client, self.table, tokens)
+            return _record(client, entry, rows)
 
     @staticmethod
     def _rows_fill(payload: RowChunks) -> Fill:
         names = [column.name for column in payload.columns]
-        return lambda client, table: client.insert_rows(table, names, payload.chunks)
+        return lambda client, table, tokens: client.insert_rows(
+            table, names, payload.chunks, token=tokens.next()
+        )
 
-    def _replace(self, client: ClickHouseClient, columns: Sequence[Column], fill: Fill) -> int:
+    def _replace(
+        self, client: ClickHouseClient, columns: Sequence[Column], fill: Fill, tokens: _Tokens
+    ) -> int:
         """Fill a fresh table, then swap it in; a failure before the swap leaves the target."""
         client.command(f"DROP TABLE IF EXISTS {quote(self._fresh)} SYNC")
         exists = _exists(client, self.table)
@@ -136,7 +171,7 @@ class ClickHouseSink:
         else:
             client.command(create_table_sql(self._fresh, columns, self.partition_by))
         try:
-            rows = fill(client, self._fresh)
+            rows = fill(client, self._fresh, tokens)
         except BaseException:
             with contextlib.suppress(Exception):
                 client.command(f"DROP TABLE IF EXISTS {quote(self._fresh)} SYNC")
@@ -162,10 +197,10 @@ class ClickHouseSink:
                     diagnostics={"table": self.table, "file": os.path.basename(path)},
                 )
 
-        def fill(client: ClickHouseClient, table: str) -> int:
+        def fill(client: ClickHouseClient, table: str, tokens: _Tokens) -> int:
             before = _count(client, table)
             for path in payload.paths:
-                client.insert_jsonl(table, payload.columns, path)
+                client.insert_jsonl(table, payload.columns, path, token=tokens.next())
             return _written(client, table, before)
 
         return fill
@@ -210,14 +245,15 @@ class ClickHouseSink:
                 diagnostics={"table": source.table},
             )
 
-        def fill(client: ClickHouseClient, table: str) -> int:
-            prefix = (
-                f"INSERT INTO {quote(table)} ({names}) SELECT {names}"
-                " FROM sqlite({src_path:String}, {src_table:String}) WHERE "
-            )
+        def fill(client: ClickHouseClient, table: str, tokens: _Tokens) -> int:
             before = _count(client, table)
             for where, params in statements:
-                client.command(prefix + where, params)
+                client.command(
+                    f"INSERT INTO {quote(table)} ({names}){insert_settings(tokens.next())}"
+                    f" SELECT {names} FROM sqlite({{src_path:String}}, {{src_table:String}})"
+                    f" WHERE {where}",
+                    params,
+                )
             return _written(client, table, before)
 
         return fill
@@ -237,7 +273,7 @@ class ClickHouseSink:
             else:
                 client.command(create)
             try:
-                return client.insert_rows(self._stage, names, payload.chunks)
+                return client.insert_rows(self._stage, names, payload.chunks, token=None)
             except BaseException:
                 with contextlib.suppress(Exception):
                     client.command(f"DROP TABLE IF EXISTS {quote(self._stage)} SYNC")
@@ -255,6 +291,7 @@ class ClickHouseSink:
         not hold. Otherwise ``INSERT ... SELECT`` from the stage.
         """
         stage, target = quote(self._stage), quote(self.table)
+        entry = self._ledger.take()
         with self.client() as client:
             if not _exists(client, self._stage):
                 raise ConfigInvalid(
@@ -277,13 +314,29 @@ class ClickHouseSink:
                         client.command(f"ALTER TABLE {target} DROP PARTITION ID {literal}")
             else:
                 names = column_list([name for name, _ in _columns(client, self._stage)])
-                client.command(f"INSERT INTO {target} ({names}) SELECT {names} FROM {stage}")
+                token = insert_settings(_Tokens(entry).next())
+                client.command(
+                    f"INSERT INTO {target} ({names}){token} SELECT {names} FROM {stage}"
+                )
             client.command(f"DROP TABLE {stage} SYNC")
-            return staged
+            return _record(client, entry, staged)
 
     def discard_stage(self) -> None:
         with self.client() as client:
             client.command(f"DROP TABLE IF EXISTS {quote(self._stage)} SYNC")
+
+    def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:
+        """The ledger entries of this target table, oldest first; ``[]`` without a ledger."""
+        with self.client() as client:
+            if not _exists(client, LEDGER_TABLE):
+                return []
+            listed = "partitions" if partitions else "NULL"
+            rows = client.query_rows(
+                f"SELECT seq, target_table, batch_id, rows, entry, {listed}"
+                f" FROM {quote(LEDGER_TABLE)} WHERE target_table = {{table:String}} ORDER BY seq",
+                {"table": self.identity().table},
+            )
+        return [LedgerEntry.from_row(*row) for row in rows]
 
     # --- reading back -----------------------------------------------------------------------
 
@@ -299,6 +352,38 @@ class ClickHouseSink:
                 return []
             names = column_list([name for name, _ in columns])
             return client.query_rows(f"SELECT {names} FROM {quote(self.table)} ORDER BY {names}")
+
+
+class _Tokens:
+    """The deduplication tokens of one target call's INSERTs: batch id and a counter."""
+
+    def __init__(self, entry: LedgerEntry | None) -> None:
+        self._batch = None if entry is None else entry.batch_id.removeprefix("sha256:")
+        self._number = 0
+
+    def next(self) -> str | None:
+        if self._batch is None:
+            return None
+        self._number += 1
+        return f"{self._batch}-{self._number}"
+
+
+def _record(client: ClickHouseClient, entry: LedgerEntry | None, rows: int) -> int:
+    """The batch's ledger row, after its rows (no transaction spans both); returns ``rows``."""
+    if entry is not None:
+        ledger = quote(LEDGER_TABLE)
+        client.command(
+            f"CREATE TABLE IF NOT EXISTS {ledger} (seq UInt64, target_table String,"
+            " batch_id String, rows UInt64, entry String, partitions String)"
+            " ENGINE = MergeTree ORDER BY (target_table, seq)"
+        )
+        target, batch, text, partitions = entry.row()
+        client.command(
+            f"INSERT INTO {ledger} SELECT (SELECT count() + 1 FROM {ledger}), {{t:String}},"
+            " {b:String}, {r:UInt64}, {e:String}, {p:String}",
+            {"t": target, "b": batch, "r": rows, "e": text, "p": partitions},
+        )
+    return rows
 
 
 def _exists(client: ClickHouseClient, table: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -99,7 +100,7 @@ def create_table_sql(table: str, columns: Sequence[Column], partition_by: str | 
     """
     definition = structure(columns)
     if partition_by is None:
-        engine = "ENGINE = MergeTree ORDER BY tuple()"
+        engine = f"ENGINE = MergeTree ORDER BY tuple() SETTINGS {DEDUPLICATION_WINDOW}"
     else:
         if partition_by not in {column.name for column in columns}:
             raise ConfigInvalid(
@@ -108,9 +109,35 @@ def create_table_sql(table: str, columns: Sequence[Column], partition_by: str | 
             )
         engine = (
             f"ENGINE = MergeTree PARTITION BY {quote(partition_by)} ORDER BY tuple()"
-            " SETTINGS allow_nullable_key = 1"
+            f" SETTINGS allow_nullable_key = 1, {DEDUPLICATION_WINDOW}"
         )
     return f"CREATE TABLE IF NOT EXISTS {quote(table)} ({definition}) {engine}"
+
+
+# MergeTree keeps the tokens of this many recent inserts: a repeated one is a no-op.
+DEDUPLICATION_WINDOW = "non_replicated_deduplication_window = 1000"
+_TOKEN = re.compile(r"[0-9a-f]{64}-[0-9]+")
+
+
+def insert_settings(token: str | None) -> str:
+    """An INSERT's ``SETTINGS``: deduplicated by its token, never by its content.
+
+    With a deduplication window MergeTree would otherwise drop a block whose
+    content repeats an earlier one: rows that are legitimately equal. So an
+    INSERT without a batch token gets a random one (chDB's streamed inserts
+    ignore ``insert_deduplicate = 0``; checked on chDB 4.4).
+    """
+    token = dedup_token(token)
+    return f" SETTINGS insert_deduplication_token = '{token}'"
+
+
+def dedup_token(token: str | None) -> str:
+    """``token`` checked, or a random one that repeats no earlier insert."""
+    if token is None:
+        return f"{secrets.token_hex(32)}-0"
+    if not _TOKEN.fullmatch(token):
+        raise ConfigInvalid("an insert deduplication token has an unexpected form")
+    return token
 
 
 def partition_id_literal(partition_id: Any) -> str:
