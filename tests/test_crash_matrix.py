@@ -205,12 +205,19 @@ class CrashRoute:
         return Attempt(outcome="complete", target_calls=sink.target_calls)
 
     def reconcile(self, attempt: Attempt) -> Attempt:
-        """The runbook: count each blocked partition's rows in the target, record what it holds."""
+        """The runbook: what the target's ledger proves (``guard verify``), checked against a
+        count of each blocked partition's rows, then recorded (``guard resolve --from-target``)."""
+        target = SQLiteSink(str(self.target_path), TARGET_TABLE)
+        ledger = {entry.batch_id for entry in target.read_ledger()}
         with self.opened_store() as store:
             latest = store.list_latest(self.route)
             blocked = tuple(blocked_partitions(latest))
             bounds = {cp.partition_id: cp.partition_bounds for cp in latest}
             found = {f.partition_id: self.target_holds(bounds[f.partition_id]) for f in blocked}
+            proven = {
+                f.partition_id: COMMITTED if f.batch_id in ledger else NOT_THERE for f in blocked
+            }
+            assert proven == found, "the ledger's proof and the row count disagree"
             for resolved_as in set(found.values()):
                 ids = [pid for pid, holds in found.items() if holds is resolved_as]
                 resolve(store, self.route, ids, resolved_as)
@@ -379,3 +386,58 @@ def test_hard_kill_then_automatic_retry_never_duplicates(
             assert blocked_partitions(store.list_latest(route.route)) == []
             state = store.load_source_state(route.route)
         assert state == {"generation": 1, "watermark": 1_000_000 + ROWS}
+
+
+ROUTE_FILE = """\
+[source]
+path = "source.db"
+table = "orders"
+partition_column = "region"
+cursor_column = "updated_at"
+
+[target]
+path = "target.db"
+table = "orders_copy"
+
+[transfer]
+strategy = "incremental_append"
+path = "{path}"
+
+[store]
+path = "checkpoints.db"
+"""
+
+
+@pytest.mark.parametrize(
+    ("kill_point", "verdict", "loaded"),
+    [("target-after-commit", "applied", 0), ("target-before-commit", "not_applied", ROWS)],
+)
+def test_after_a_kill_verify_proves_the_batch_and_resolve_from_target_heals_it(
+    tmp_path: Path, path: str, kill_point: str, verdict: str, loaded: int
+) -> None:
+    """The operator's commands, as the runbook gives them, after a real SIGKILL."""
+    route = CrashRoute(tmp=tmp_path, store=f"sqlite:{tmp_path / 'checkpoints.db'}")
+    build_sample_source(route.source_path, rows=ROWS, partitions=PARTITIONS)
+    route.run_child(path, kill_point)
+    time.sleep(LEASE_SECONDS * 1.5)  # the dead child's lease
+    route_file = tmp_path / "route.toml"
+    route_file.write_text(ROUTE_FILE.format(path=path), encoding="utf-8")
+    script = str(Path(sys.executable).parent / "dpone-transfer")
+
+    def dpone(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([script, *args], capture_output=True, text=True, timeout=120)
+
+    verified = dpone("guard", "verify", str(route_file), "--json")
+    assert verified.returncode == 3, verified.stderr
+    [proof] = [json.loads(line) for line in verified.stdout.splitlines()]
+    assert proof["proof"]["verdict"] == verdict
+    assert len(proof["partition_ids"]) == PARTITIONS
+    resolved = dpone(
+        *("guard", "resolve", str(route_file), "--batch", proof["batch_id"], "--from-target"),
+        *("--reason", "the ledger proves it", "--operator", "crash-matrix", "--yes"),
+    )
+    assert resolved.returncode == 0, resolved.stderr
+    ran = dpone("run", str(route_file), "--quiet")
+    assert ran.returncode == 0, ran.stderr
+    assert f"loaded {loaded:,} rows" in ran.stdout
+    assert_rows_exactly_once(route.source_ids(), route.target_ids())
