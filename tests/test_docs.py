@@ -58,6 +58,10 @@ def normalise(line: str) -> str:
 
 def run_step(command: str, cwd: Path) -> tuple[list[str], int]:
     argv = shlex.split(command)
+    if argv[0] == "rm":  # the store is lost
+        for name in argv[1:]:
+            (cwd / name).unlink()
+        return [], 0
     if argv[0] == "sqlite3":  # the operator's own database client; the stdlib stands in for it
         with sqlite3.connect(cwd / argv[1]) as connection:
             rows = connection.execute(argv[2]).fetchall()

@@ -381,10 +381,11 @@ def _print_audit(record: dict[str, Any]) -> None:
 
 
 def _transition(item: dict[str, Any]) -> str:
-    before = item["previous_phase"] or f"malformed:{item['previous_problem']}"
+    problem = item.get("previous_problem")
+    before = item.get("previous_phase") or (f"malformed:{problem}" if problem else "no guard")
     return (
-        f"{item['partition_id']}  {item['previous_status']}/{before} -> "
-        f"{item['new_status']}/{item['new_phase']}  batch {item['batch_id']}"
+        f"{item['partition_id']}  {item.get('previous_status') or 'absent'}/{before} -> "
+        f"{item['new_status']}/{item.get('new_phase') or 'no guard'}  batch {item['batch_id']}"
     )
 
 

@@ -89,15 +89,8 @@ def plan_window(
     generation, watermark = _source_state(route, state)
     if route.strategy is Strategy.FULL_REFRESH:
         values = source.partition_values()
-        upto = None
-        if source.cursor_column is not None:
-            pending = [
-                cp.partition_bounds["cursor_upto"]
-                for cp in latest
-                if cp.partition_bounds.get("generation") == generation
-                and cp.partition_bounds.get("cursor_upto") is not None
-            ]
-            upto = max(pending) if pending else source.max_cursor()
+        # every attempt reloads the whole table: it reads up to the cursor's highest value now
+        upto = None if source.cursor_column is None else source.max_cursor()
         window = SourceWindow(generation=generation, watermark=watermark, cursor_upto=upto)
         bounded = {} if upto is None else {"cursor_upto": upto, "cursor_nulls": True}
         return window, [
