@@ -202,8 +202,10 @@ SCALARS = st.one_of(
 )
 JSON_VALUES = st.recursive(
     SCALARS,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=12) | st.sampled_from(GUARD_KEYS), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.text(max_size=12) | st.sampled_from(GUARD_KEYS), children, max_size=5)
+    ),
     max_leaves=12,
 )
 DEEP = st.builds(
@@ -294,8 +296,6 @@ def _mutate(draw, mutation: str, guard: dict[str, Any]) -> dict[str, Any]:
         key = draw(st.sampled_from([*keys, "extra"]))
         guard[key] = FUZZ_CANARY + draw(st.text(max_size=8))
     return guard
-
-
 
 
 def _set(key: str, value: Any):
@@ -956,9 +956,7 @@ def root_logging(records: list[logging.LogRecord]) -> Iterator[None]:
 
 
 def dpone(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [SCRIPT, *args], cwd=folder, capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([SCRIPT, *args], cwd=folder, capture_output=True, text=True, timeout=120)
 
 
 def plant_secret_rows(source_path: Path, first_id: int, count: int) -> None:
@@ -1131,7 +1129,11 @@ def test_no_secret_reaches_errors_events_logs_cli_output_or_the_store(
         assert canary.encode() not in stored, f"{canary} leaked into the checkpoint store file"
     texts = stored_json_texts(folder / "checkpoints.db")
     assert {table for table, _ in texts} == {
-        "checkpoint_history", "checkpoint_latest", "source_state", "evidence", "audit"
+        "checkpoint_history",
+        "checkpoint_latest",
+        "source_state",
+        "evidence",
+        "audit",
     }
     for table, text in texts:
         for word in SQL_WORDS:

@@ -46,7 +46,6 @@ def load_example(name: str) -> ModuleType:
 bulk_copy = load_example("bulk_copy_path")
 
 
-
 # -- the same entry for every path ------------------------------------------
 
 
@@ -164,6 +163,7 @@ def test_the_kit_catches_the_unguarded_variant(pytester):
 
 
 # -- the package stays importable without pytest ----------------------------
+
 
 @pytest.mark.parametrize("name", faults.__all__)
 def test_names_of_the_old_testing_module_are_still_exported(name):
@@ -296,6 +296,8 @@ def test_with_the_ledger_on_the_unguarded_variant_also_fails_for_want_of_its_led
     reports = run_kit(pytester, copy)
     failed = {name for name, report in reports.items() if report.failed}
     assert set(CAUGHT) <= failed
-    missing_row = {n for n in failed if "native_transfer_ledger_not_written" in str(reports[n].longrepr)}
+    missing_row = {
+        n for n in failed if "native_transfer_ledger_not_written" in str(reports[n].longrepr)
+    }
     assert "test_the_ledger_records_each_applied_batch_once" in missing_row
     assert len(missing_row) >= 5

@@ -385,6 +385,7 @@ def test_jsonl_artifacts_replace_atomically(tmp_path, sink):
     good = _jsonl(tmp_path / "good.jsonl", [(9, "west", 9.5, 109)])
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 10, "region": "x"}\n{"id": \n')
+
     def files(*paths: str) -> ArtifactFiles:
         return ArtifactFiles(columns=COLUMNS, paths=paths, format="jsonl", replace=True)
 

@@ -409,7 +409,6 @@ def test_lazy_plan_from_postgres_into_duckdb_is_config_invalid(tmp_path, table):
         route.real_store.close()
 
 
-
 @pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
 def test_postgres_to_duckdb_partial_commit_blocks_the_retry(tmp_path, table, path):
     route = PgRoute(tmp_path, table, _sink("duckdb", tmp_path), "incremental_append")

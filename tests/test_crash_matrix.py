@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pytest
 from crash_child import (
-    LEASE_SECONDS,
     KILL_POINTS,
+    LEASE_SECONDS,
     SOURCE_TABLE,
     TARGET_TABLE,
     open_store,
@@ -248,9 +248,7 @@ class CrashRoute:
         return ids_of(self.target_path, TARGET_TABLE)
 
 
-def resolve(
-    store: Any, route: RouteKey, partition_ids: list[str], resolved_as: Resolution
-) -> None:
+def resolve(store: Any, route: RouteKey, partition_ids: list[str], resolved_as: Resolution) -> None:
     """What ``dpone-transfer guard resolve --partition ... --as ... --yes`` writes, on any store."""
     selected = select_blocked(store.list_latest(route), partition_ids=partition_ids)
     now = datetime.now(UTC)

@@ -95,7 +95,7 @@ def test_incremental_append_retry_after_partial_commit_stops_before_sink(route, 
     route.store.fail_batch(phase("checkpoint_committed"), keep=3)
     with pytest.raises(InjectedFault):
         route.runtime().run(route.spec(path))
-    for attempt in range(3):  # an orchestrator retrying again and again
+    for _ in range(3):  # an orchestrator retrying again and again
         error = assert_blocked(route, calls_before=1)
     assert error.code == "native_transfer_manual_reconciliation_required"
     assert route.target_ids() == route.source_ids(), "every source row exactly once"
@@ -328,7 +328,10 @@ def test_payloads_round_trip_without_migration(route, path):
     with pytest.raises(InjectedFault):
         route.runtime().run(route.spec(path, run_id="run-2", strategy="full_refresh"))
     with sqlite3.connect(route.tmp / "checkpoints.db") as connection:
-        stored = [json.loads(row[0]) for row in connection.execute("SELECT payload FROM checkpoint_history")]
+        stored = [
+            json.loads(row[0])
+            for row in connection.execute("SELECT payload FROM checkpoint_history")
+        ]
     connection.close()
     assert any("target_commit_guard" not in p["diagnostics"] for p in stored)
     assert any("target_commit_guard" in p["diagnostics"] for p in stored)
@@ -339,7 +342,11 @@ def test_payloads_round_trip_without_migration(route, path):
 def test_hand_written_legacy_payload_round_trips():
     payload = {
         "partition_id": "p-legacy-0001",
-        "route": {"source_table": "orders", "target_table": "orders_copy", "strategy": "incremental_append"},
+        "route": {
+            "source_table": "orders",
+            "target_table": "orders_copy",
+            "strategy": "incremental_append",
+        },
         "status": "failed",
         "run_id": "airflow-2026-06-30",
         "query_hash": "sha256:" + "a" * 64,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import shlex
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -249,7 +248,7 @@ def test_json_lines_carry_the_same_facts_as_the_table(route):
             "started_at",
             "completed_at",
         }
-        assert item["route"] == dict(zip(("source_table", "target_table", "strategy"), ROUTE))
+        assert item["route"] == ROUTE_KEY.as_dict()
         assert item["problem"] is None
         cells = row.split()
         assert cells[4:] == [
@@ -482,7 +481,7 @@ def test_resolve_writes_guarded_checkpoints_and_a_complete_audit_record(route):
     assert at.utcoffset() == timedelta(0)
     assert abs(datetime.now(at.tzinfo) - at) < timedelta(minutes=5)
     assert (record["operator"], record["reason"]) == (operator, reason)
-    assert record["route"] == dict(zip(("source_table", "target_table", "strategy"), ROUTE))
+    assert record["route"] == ROUTE_KEY.as_dict()
     assert (record["resolved_as"], record["forced_invalid"], record["audit_id"]) == (
         "committed",
         False,

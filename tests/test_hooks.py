@@ -321,7 +321,9 @@ def test_with_the_guard_the_builtin_error_marker_does_not_run(route):
 def test_default_manager_finds_the_guard_through_its_entry_point():
     manager = make_plugin_manager()
     assert manager.get_plugin("target_commit_guard") is guard_module()
-    assert manager.get_plugin("target_commit_guard") is sys.modules["dpone_target_commit_guard.plugin"]
+    assert (
+        manager.get_plugin("target_commit_guard") is sys.modules["dpone_target_commit_guard.plugin"]
+    )
 
 
 def test_explicit_empty_plugin_list_registers_only_the_builtin_lifecycle():

@@ -119,7 +119,7 @@ def test_summary_answers_without_decoding(tmp_path, monkeypatch):
         assert latest.committed_with(ids, *hashes) == {"p-done"}
         assert latest.committed_with(ids, "sha256:" + "9" * 64, hashes[1]) == set()
         assert latest.guarded_ids() == ["p-armed", "p-armed-2"]
-        ((status, text), count), = latest.guard_groups().items()
+        (((status, text), count),) = latest.guard_groups().items()
         assert (status, count) == ("exported", 2)
         assert LatestCheckpoints.parse_guard(text) == build_guard(GuardPhase.ARMED, BATCH)
         assert len(latest) == 4
@@ -268,8 +268,12 @@ def test_a_writer_that_ignores_the_summary_columns_still_blocks_the_route(tmp_pa
         db.execute("UPDATE checkpoint_latest SET status = 'committed', guard = NULL")
         db.execute(
             f"INSERT INTO checkpoint_latest ({OLD_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
-            (*(ROUTE.source_table, ROUTE.target_table, str(ROUTE.strategy)), "p-b", 2,
-             text.replace("p-armed", "p-b")),
+            (
+                *(ROUTE.source_table, ROUTE.target_table, str(ROUTE.strategy)),
+                "p-b",
+                2,
+                text.replace("p-armed", "p-b"),
+            ),
         )
     with SQLiteCheckpointStore(path) as store:
         findings = blocked_partitions(store.list_latest(ROUTE))

@@ -212,9 +212,7 @@ class Worker:
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def workers(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[Callable[..., Worker]]:
+def workers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     """Workers with a store connection each: one SQLite file, or one PostgreSQL schema."""
     build_sample_source(tmp_path / "source.db", rows=120, partitions=4)
     if request.param == "postgres":

@@ -110,7 +110,9 @@ def test_a_postgres_source_route_reads_the_dsn_from_the_environment(tmp_path, po
         target='path = "target.db"',
         path="legacy",
     )
-    text = file.read_text().replace('table = "orders"', f'table = "{postgres_schema.schema}.orders"')
+    text = file.read_text().replace(
+        'table = "orders"', f'table = "{postgres_schema.schema}.orders"'
+    )
     file.write_text(text)
     url = _url(postgres_schema.dsn)
     env_done = subprocess.run(

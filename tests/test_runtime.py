@@ -39,7 +39,9 @@ def state(route) -> dict | None:
 
 
 def evidence_run_ids(route) -> list[str]:
-    return [record["run_id"] for record in route.real_store.list_evidence(route.spec("legacy").route)]
+    return [
+        record["run_id"] for record in route.real_store.list_evidence(route.spec("legacy").route)
+    ]
 
 
 def target_tables(route) -> set[str]:
@@ -327,4 +329,3 @@ def test_lazy_plan_with_a_gate_counts_every_partition(route):
     assert sum(e.fields["rows"] for e in extracted) == 120
     assert {e.fields["partition_id"] for e in extracted} == set(result.committed_partition_ids)
     assert {cp.rows_exported for cp in route.latest()} == {30}
-

@@ -93,8 +93,21 @@ def test_run_and_guard_commands_use_a_postgres_store_named_by_environment(
     assert blocked.returncode == 3
     batch = next(w for w in scan.stdout.split() if w.startswith("sha256:"))
     resolve = cli(
-        "guard", "resolve", "--store", "env:DPONE_STORE", *ROUTE, "--batch", batch,
-        "--as", "committed", "--reason", "rows checked", "--operator", "ops", "--yes", env=env,
+        "guard",
+        "resolve",
+        "--store",
+        "env:DPONE_STORE",
+        *ROUTE,
+        "--batch",
+        batch,
+        "--as",
+        "committed",
+        "--reason",
+        "rows checked",
+        "--operator",
+        "ops",
+        "--yes",
+        env=env,
     )
     assert resolve.returncode == 0, resolve.stderr
     rerun = cli("run", str(route), "--quiet", env=env)
@@ -124,7 +137,10 @@ def test_an_unreachable_postgres_store_reports_no_credentials(tmp_path):
 
 def test_a_key_value_connection_string_is_refused_not_created_as_a_file(tmp_path):
     conninfo = "host=127.0.0.1 dbname=warehouse user=ops password=CANARY-PASSWORD"
-    for args in (["guard", "scan", "--store", conninfo], ["guard", "show", "--store", conninfo, *ROUTE]):
+    for args in (
+        ["guard", "scan", "--store", conninfo],
+        ["guard", "show", "--store", conninfo, *ROUTE],
+    ):
         done = subprocess.run([str(CLI), *args], capture_output=True, text=True, cwd=tmp_path)
         assert done.returncode == 2
         assert "postgresql:// URL" in done.stderr and "CANARY-PASSWORD" not in done.stderr

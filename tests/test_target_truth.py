@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import sqlite3
 import subprocess
@@ -24,10 +23,7 @@ import pytest
 
 from dpone_native_transfer import (
     SQLiteCheckpointStore,
-    SQLiteSink,
-    SQLiteSource,
     TransferRuntime,
-    TransferSpec,
 )
 from dpone_native_transfer.config import load_route_config
 from dpone_native_transfer.lease import Lease
@@ -188,7 +184,9 @@ def test_shards_with_equal_table_names_share_one_store_and_each_loads(tmp_path: 
     for _ in range(2):
         for route in fan_in:
             site.run(route)
-    assert site.target_ids(tmp_path / "all.db") == sorted(site.source_ids() + list(range(1001, 1051)))
+    assert site.target_ids(tmp_path / "all.db") == sorted(
+        site.source_ids() + list(range(1001, 1051))
+    )
 
 
 def test_two_engines_with_equal_table_names_share_one_store(tmp_path: Path) -> None:
@@ -505,7 +503,9 @@ def test_verify_proves_a_batch_that_never_reached_the_target_not_applied(site: S
             TransferRuntime(store).run(
                 config.spec("fails", sink=RecordingSink(config.sink, fail="before"))
             )
-    [proof] = [json.loads(line) for line in dpone("guard", "verify", route, "--json").stdout.splitlines()]
+    [proof] = [
+        json.loads(line) for line in dpone("guard", "verify", route, "--json").stdout.splitlines()
+    ]
     assert proof["proof"]["verdict"] == "not_applied"
     done = dpone("guard", "resolve", route, "--batch", proof["batch_id"], "--from-target",
                  "--reason", "ledger", "--operator", "o", "--yes")  # fmt: skip
@@ -560,7 +560,9 @@ def test_a_blocked_route_of_release_0_1_stays_blocked_until_resolved(tmp_path: P
     before = site.target_ids()
     assert f"error: {BLOCKED}:" in site.run(route, code=3).stderr
     assert site.target_ids() == before
-    [proof] = [json.loads(line) for line in dpone("guard", "verify", route, "--json").stdout.splitlines()]
+    [proof] = [
+        json.loads(line) for line in dpone("guard", "verify", route, "--json").stdout.splitlines()
+    ]
     assert proof["proof"]["verdict"] == "unknown", "0.1 wrote no ledger: only a person can tell"
     done = dpone("guard", "resolve", route, "--batch", proof["batch_id"], "--as", "committed",
                  "--reason", "rows 121-160 counted", "--operator", "o", "--yes")  # fmt: skip

@@ -33,14 +33,6 @@ from dpone_native_transfer.checkpoints import (
     Strategy,
     format_timestamp,
 )
-from dpone_native_transfer.reporting import (
-    EXIT_BLOCKED,
-    EXIT_FAILED,
-    EXIT_OK,
-    PROG,
-    confirmed,
-    plural,
-)
 from dpone_native_transfer.config import RouteConfig, load_route_config
 from dpone_native_transfer.errors import ConfigInvalid, StoreTargetMismatch
 from dpone_native_transfer.latest import as_latest
@@ -55,6 +47,14 @@ from dpone_native_transfer.ledger import (
     prove,
 )
 from dpone_native_transfer.recovery import check_not_leased, ledger_of, operator_lease
+from dpone_native_transfer.reporting import (
+    EXIT_BLOCKED,
+    EXIT_FAILED,
+    EXIT_OK,
+    PROG,
+    confirmed,
+    plural,
+)
 from dpone_native_transfer.stores import open_store
 
 from .operator import (
@@ -451,8 +451,7 @@ def _proofs(
             proof = Proof(UNKNOWN, reason or "the target cannot be read")
         else:
             armed_with_ledger = all(
-                latest[f.partition_id].diagnostics.get(LEDGER_BATCH_KEY) == batch_id
-                for f in items
+                latest[f.partition_id].diagnostics.get(LEDGER_BATCH_KEY) == batch_id for f in items
             )
             proof = prove(
                 route,

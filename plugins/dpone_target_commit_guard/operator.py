@@ -23,9 +23,9 @@ from dpone_native_transfer.checkpoints import (
     RouteKey,
     format_timestamp,
 )
-from dpone_native_transfer.reporting import PROG
 from dpone_native_transfer.errors import ConfigInvalid
 from dpone_native_transfer.latest import LatestCheckpoints
+from dpone_native_transfer.reporting import PROG
 
 from .payload import (
     PHASE_STATUS,
@@ -156,9 +156,7 @@ def blocked_partitions(checkpoints: Iterable[PartitionCheckpoint]) -> list[Findi
 def _group_clear(status: str, text: str) -> bool:
     """True only when every checkpoint with this status and guard text is certainly clear."""
     try:
-        record = judge_guard(
-            PartitionCheckpointStatus(status), LatestCheckpoints.parse_guard(text)
-        )
+        record = judge_guard(PartitionCheckpointStatus(status), LatestCheckpoints.parse_guard(text))
     except ValueError:  # an unknown status, bad JSON, or a MalformedGuard
         return False
     return not record.unresolved
@@ -185,9 +183,8 @@ def _finding(
 def scan_hint(route: RouteKey) -> str:
     """The command that shows what blocks ``route``; the store path stays a placeholder."""
     names = (route.source_table, route.target_table, str(route.strategy))
-    return (
-        f"{PROG} guard scan --store <checkpoint store> --route "
-        + " ".join(shlex.quote(name) for name in names)
+    return f"{PROG} guard scan --store <checkpoint store> --route " + " ".join(
+        shlex.quote(name) for name in names
     )
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from .config import RouteConfig, load_route_config
 from .errors import NativeTransferError, PluginLoadFailed

@@ -43,13 +43,11 @@ def _located(kind: str, normalized: str) -> str:
 
 
 def file_location(kind: str, path: str | os.PathLike[str]) -> str:
-    """``kind:`` and the digest of the resolved absolute path (symlinks followed, existing or not)."""
+    """``kind:`` and the digest of the resolved absolute path (symlinks followed; may not exist)."""
     return _located(kind, os.path.realpath(os.fspath(path)))
 
 
-def server_location(
-    kind: str, url: str, *, default_port: int, default_database: str | None
-) -> str:
+def server_location(kind: str, url: str, *, default_port: int, default_database: str | None) -> str:
     """``kind:`` and the digest of ``host:port/database`` from a URL (no user, password, options).
 
     The host is lowercased and the port and database filled in (a missing

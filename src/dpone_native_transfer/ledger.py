@@ -124,7 +124,9 @@ class LedgerEntry:
     def with_counts(self, candidates: Sequence[PartitionCheckpoint]) -> LedgerEntry:
         """The same entry with the partitions' rows as extraction counted them."""
         rows = {cp.partition_id: cp.rows_exported for cp in candidates}
-        partitions = tuple(attrs.evolve(p, rows=rows.get(p.partition_id, p.rows)) for p in self.partitions)
+        partitions = tuple(
+            attrs.evolve(p, rows=rows.get(p.partition_id, p.rows)) for p in self.partitions
+        )
         return attrs.evolve(self, partitions=partitions)
 
     def of_route(self, route: RouteKey) -> bool:
@@ -190,7 +192,8 @@ class LedgerEntry:
                 applied_at=_text(fields["applied_at"]),
                 partition_count=_count(fields["partition_count"]),
                 partitions=tuple(
-                    LedgerPartition(_text(pid), dict(bounds), _count(n)) for pid, bounds, n in listed
+                    LedgerPartition(_text(pid), dict(bounds), _count(n))
+                    for pid, bounds, n in listed
                 ),
             )
         except (TypeError, ValueError, KeyError, AttributeError, RecursionError):
@@ -401,7 +404,7 @@ def ledger_overrides(store: Any, route: RouteKey) -> set[str]:
 
 @attrs.frozen
 class Proof:
-    """What the target's ledger proves about one batch: ``applied``, ``not_applied`` or ``unknown``."""
+    """What the target's ledger proves of a batch: ``applied``, ``not_applied`` or ``unknown``."""
 
     verdict: str
     reason: str
@@ -433,7 +436,9 @@ def prove(
         return Proof(UNKNOWN, "the target or its ledger cannot be read")
     for entry in entries:
         if entry.batch_id == batch_id and entry.of_route(route):
-            return Proof(APPLIED, "the target's ledger holds the batch", entry.rows, entry.applied_at)
+            return Proof(
+                APPLIED, "the target's ledger holds the batch", entry.rows, entry.applied_at
+            )
     if not armed_with_ledger:
         return Proof(UNKNOWN, "the batch was written without the target's ledger")
     if not atomic:

@@ -116,7 +116,7 @@ UPTO_OR_NULL = "<= OR NULL"
 
 @attrs.frozen
 class Predicate:
-    """One condition of a partition's bounds: ``=``, ``IS NULL``, ``>``, ``<=`` or ``<= OR NULL``."""
+    """A condition of a partition's bounds: ``=``, ``IS NULL``, ``>``, ``<=`` or ``<= OR NULL``."""
 
     column: str
     op: str

@@ -138,9 +138,7 @@ def plan_restore(store: Any, route: RouteKey, entries: Sequence[LedgerEntry]) ->
 def _moved_source(route: RouteKey, entries: Sequence[LedgerEntry]) -> list[LedgerEntry]:
     """The entries of this route's table names written from one other source database."""
     named = [
-        e
-        for e in entries
-        if (e.source_table, e.strategy) == (route.source_table, route.strategy)
+        e for e in entries if (e.source_table, e.strategy) == (route.source_table, route.strategy)
     ]
     sources = {entry.source_location for entry in named}
     if len(sources) > 1:
@@ -156,4 +154,3 @@ def _moved_source(route: RouteKey, entries: Sequence[LedgerEntry]) -> list[Ledge
             diagnostics={"route": route.as_dict()},
         )
     return [attrs.evolve(entry, source_location=route.source_location) for entry in named]
-

@@ -281,4 +281,3 @@ def _stamped(candidates: list[PartitionCheckpoint], batch_id: str) -> list[Parti
         attrs.evolve(cp, diagnostics={**cp.diagnostics, LEDGER_BATCH_KEY: batch_id})
         for cp in candidates
     ]
-

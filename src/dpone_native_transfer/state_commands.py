@@ -1,4 +1,4 @@
-"""``dpone-transfer state restore``: rebuild a lost or replaced store's view of a route from the target.
+"""``dpone-transfer state restore``: rebuild a lost store's view of a route from the target.
 
 The target's ledger records every batch it applied; ``restore`` writes, in one
 audited store transaction under the target table's lease, a committed

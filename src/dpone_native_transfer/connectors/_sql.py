@@ -1,7 +1,8 @@
 """SQL text the engine connectors share: quoted identifiers and one partition's WHERE condition.
 
 SQLite, DuckDB and PostgreSQL quote identifiers the same way (double
-quotes, doubled inside), so one rule serves all three. Values never become SQL text: a condition comes with its parameters.
+quotes, doubled inside), so one rule serves all three. Values never become
+SQL text: a condition comes with its parameters.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from ..errors import ConfigInvalid
 from ..payloads import UPTO_OR_NULL, Predicate, bound_predicates
 
 __all__ = ["WINDOW_OPERATORS", "bounds_where", "quote", "render_predicates"]
+
 
 def quote(name: Any) -> str:
     """Quote an identifier; NUL cannot be quoted, so it is a configuration error."""

@@ -25,7 +25,6 @@ from typing import Any
 from ..artifacts import JSONL
 from ..errors import ConfigInvalid, SourceInvalid
 from ..identity import TableIdentity, file_location, fold_ascii
-from .contract import PendingLedger
 from ..ledger import LEDGER_TABLE, LedgerEntry
 from ..payloads import (
     ArtifactFiles,
@@ -36,6 +35,7 @@ from ..payloads import (
     bound_predicates,
 )
 from ._sql import WINDOW_OPERATORS, quote, render_predicates
+from .contract import PendingLedger
 from .sqlite import SQLiteSource
 
 __all__ = ["DUCKDB_TYPES", "DuckDBSink", "duckdb_type"]

@@ -118,9 +118,7 @@ class PostgresSource:
 
         Names are case-sensitive: they are always used quoted.
         """
-        location = server_location(
-            "postgres", self._dsn, default_port=5432, default_database=None
-        )
+        location = server_location("postgres", self._dsn, default_port=5432, default_database=None)
         table = self.table if "." in self.table else f"public.{self.table}"
         return TableIdentity(location, table)
 

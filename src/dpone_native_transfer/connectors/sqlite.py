@@ -20,19 +20,17 @@ from typing import Any
 from ..checkpoints import sha256_digest
 from ..errors import ConfigInvalid, SourceInvalid
 from ..identity import TableIdentity, file_location, fold_ascii
+from ..ledger import LEDGER_TABLE, LedgerEntry
+from ..payloads import Column, LoadPlan, RowChunks, SourceShape
 from ._sql import bounds_where
 from ._sql import quote as _quote
 from .contract import PendingLedger
-from ..ledger import LEDGER_TABLE, LedgerEntry
-from ..payloads import Column, LoadPlan, RowChunks, SourceShape
 
 __all__ = ["SQLiteSink", "SQLiteSource"]
 
 _TIMEOUT = 30
 _STAGE_PREFIX = "_dpone_stage_"
 _DECLTYPE = re.compile(r"[A-Za-z0-9_ ]*(\(\s*[+-]?[\w.]+\s*(,\s*[+-]?[\w.]+\s*)?\))?\s*")
-
-
 
 
 def _column_sql(column: Column) -> str:

@@ -41,7 +41,7 @@ def stored_route(values: Sequence[Any]) -> RouteKey:
 def decode_checkpoint(
     route: RouteKey, partition_id: Any, seq: Any, text: Any
 ) -> PartitionCheckpoint:
-    """A stored payload, strictly parsed, that must belong to the route and partition it is filed under."""
+    """A stored payload, strictly parsed; it must belong to the route and partition filed under."""
     where = {"route": route.as_dict(), "partition_id": partition_id, "seq": seq}
     payload = _loads(text, "stored checkpoint payload", where)
     try:

@@ -68,7 +68,7 @@ class MemoryCheckpointStore:
         return self._decoded(route)
 
     def list_target_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
-        """Every route's latest checkpoints into ``route``'s target table (see ``TargetScopeStore``)."""
+        """Every route's latest checkpoints into ``route``'s target table (``TargetScopeStore``)."""
         return [
             checkpoint
             for other in sorted(self._latest, key=route_params)
@@ -150,7 +150,7 @@ def _decode(route: RouteKey, text: str) -> PartitionCheckpoint:
 
 
 def _same_target(route: RouteKey, target: RouteKey) -> bool:
-    """``route`` writes ``target``'s table: same database, or unlocated with the name in any case."""
+    """``route`` writes ``target``'s table: same database, or unlocated, the name in any case."""
     if route.target_location is None:
         return fold_ascii(route.target_table) == fold_ascii(target.target_table)
     return (route.target_location, route.target_table) == (

@@ -258,7 +258,7 @@ def _check_tables(found: dict[str, tuple[str, ...]], tables: dict[str, tuple[str
 
 
 def _prepare_schema(conn: Any, schema: str) -> None:
-    """Create the schema if it has no tables of ours, migrate version 1, check it; caller commits."""
+    """Create the schema if absent, migrate version 1, check it; caller commits."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key("schema", schema),))
     found: dict[str, tuple[str, ...]] = {}
     for table, column in conn.execute(_COLUMNS, (schema,)):
@@ -297,7 +297,7 @@ def _prepare_schema(conn: Any, schema: str) -> None:
 
 
 class PostgresCheckpointStore(RecordReads):
-    """Checkpoints (latest and full history), source state, evidence, audit and leases in one schema.
+    """Checkpoints (latest and history), source state, evidence, audit and leases in one schema.
 
     Behaves like ``SQLiteCheckpointStore``: ``upsert_many`` is one transaction,
     ``list_latest`` is one primary-key range read, and re-recording evidence for
@@ -405,7 +405,7 @@ class PostgresCheckpointStore(RecordReads):
         return self._checkpoints("checkpoint_latest", "partition_id", route)
 
     def list_target_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
-        """Every route's latest checkpoints into ``route``'s target table (see ``TargetScopeStore``)."""
+        """Every route's latest checkpoints into ``route``'s target table (``TargetScopeStore``)."""
         rows = self._read(
             f"SELECT {_ROUTE_KEY}, partition_id, seq, payload FROM {self._s}.checkpoint_latest"
             f" WHERE {_TARGET_SCOPE} ORDER BY {_ROUTE_KEY}, partition_id",
@@ -415,7 +415,7 @@ class PostgresCheckpointStore(RecordReads):
         return [decode_checkpoint(stored_route(row[:width]), *row[width:]) for row in rows]
 
     def adopt_unlocated(self, route: RouteKey) -> int:
-        """Move the unlocated twin's latest checkpoints and source state to ``route``; one transaction."""
+        """Move the unlocated twin's latest checkpoints and source state to ``route``, at once."""
         if not route.located:
             return 0
         twin = route.unlocated()
@@ -594,9 +594,7 @@ class _LeaseTable:
         return changed == 1
 
     def release(self, key: str, token: str) -> None:
-        self._run(
-            f"DELETE FROM {self._s}.lease WHERE lease_key = %s AND token = %s", (key, token)
-        )
+        self._run(f"DELETE FROM {self._s}.lease WHERE lease_key = %s AND token = %s", (key, token))
 
     def holder(self, key: str, now: float) -> str | None:
         row = self._run(

@@ -225,14 +225,14 @@ class SQLiteCheckpointStore(RecordReads):
         return LatestCheckpoints(_LatestRows(self, ROUTE, route_params(route)))
 
     def list_target_latest(self, route: RouteKey) -> LatestCheckpoints:
-        """Every route's latest checkpoints into ``route``'s target table (see ``TargetScopeStore``)."""
+        """Every route's latest checkpoints into ``route``'s target table (``TargetScopeStore``)."""
         self._connection()
         table = route.target_table
         scope = (route.target_location or "", table, table, table)
         return LatestCheckpoints(_LatestRows(self, TARGET_SCOPE, scope))
 
     def adopt_unlocated(self, route: RouteKey) -> int:
-        """Move the unlocated twin's latest checkpoints and source state to ``route``; one transaction.
+        """Move the unlocated twin's latest checkpoints and source state to ``route``, at once.
 
         A twin checkpoint replaces the route's own only when it is newer. Returns how
         many twin checkpoints there were.
@@ -270,8 +270,7 @@ class SQLiteCheckpointStore(RecordReads):
     def history(self, route: RouteKey) -> list[PartitionCheckpoint]:
         """Every checkpoint written for ``route``, oldest first."""
         rows = self._read(
-            f"SELECT partition_id, seq, payload FROM checkpoint_history WHERE {ROUTE}"
-            " ORDER BY seq",
+            f"SELECT partition_id, seq, payload FROM checkpoint_history WHERE {ROUTE} ORDER BY seq",
             route_params(route),
         )
         return [decode_checkpoint(route, *row) for row in rows]
@@ -348,7 +347,9 @@ def _latest_payload(conn: sqlite3.Connection, checkpoint: PartitionCheckpoint) -
         f"SELECT seq, payload FROM checkpoint_latest WHERE {ROUTE} AND partition_id = ?",
         (*route_params(checkpoint.route), checkpoint.partition_id),
     ).fetchone()
-    return None if row is None else decode_checkpoint(checkpoint.route, checkpoint.partition_id, *row)
+    return (
+        None if row is None else decode_checkpoint(checkpoint.route, checkpoint.partition_id, *row)
+    )
 
 
 class _LatestRows:
@@ -525,4 +526,3 @@ def _last_seq(conn: sqlite3.Connection) -> int:
         " COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'checkpoint_history'), 0))"
     ).fetchone()
     return used
-

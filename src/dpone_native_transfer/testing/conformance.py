@@ -305,7 +305,6 @@ class GuardConformance:
         expect("checkpoint batches of a refused attempt", kit_route.store.batches, [])
         expect("rows in the target", kit_route.target_ids(), [])
 
-
     # -- the target's ledger (sinks that keep one: ``LedgerSink``) ---------------------------
 
     def test_the_ledger_records_each_applied_batch_once(self, kit_route: ConformanceRoute) -> None:

@@ -19,10 +19,19 @@ import os
 from pathlib import Path
 
 import dpone_native_transfer
-from dpone_native_transfer import SQLiteCheckpointStore, SQLiteSink, SQLiteSource, TransferRuntime
-from dpone_native_transfer import TransferSpec
-from dpone_native_transfer.testing import FaultyStore, InjectedFault, build_sample_source
-from dpone_native_transfer.testing import phase_batch
+from dpone_native_transfer import (
+    SQLiteCheckpointStore,
+    SQLiteSink,
+    SQLiteSource,
+    TransferRuntime,
+    TransferSpec,
+)
+from dpone_native_transfer.testing import (
+    FaultyStore,
+    InjectedFault,
+    build_sample_source,
+    phase_batch,
+)
 
 HERE = Path(__file__).parent
 assert "release-0.1" in dpone_native_transfer.__file__, "run with release 0.1 first on the path"

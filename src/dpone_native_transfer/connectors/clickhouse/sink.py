@@ -41,9 +41,9 @@ from ...errors import ArtifactInvalid, ConfigInvalid, SourceInvalid
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry
 from ...payloads import ArtifactFiles, Column, LoadPlan, RowChunks, bound_predicates
+from ..contract import PendingLedger
 from ..sqlite import SQLiteSource
 from .client import CHDB, ClickHouseClient, open_client, parse_location
-from ..contract import PendingLedger
 from .sql import (
     DEDUPLICATION_WINDOW,
     column_list,
@@ -315,9 +315,7 @@ class ClickHouseSink:
             else:
                 names = column_list([name for name, _ in _columns(client, self._stage)])
                 token = insert_settings(_Tokens(entry).next())
-                client.command(
-                    f"INSERT INTO {target} ({names}){token} SELECT {names} FROM {stage}"
-                )
+                client.command(f"INSERT INTO {target} ({names}){token} SELECT {names} FROM {stage}")
             client.command(f"DROP TABLE {stage} SYNC")
             return _record(client, entry, staged)
 
