@@ -7,6 +7,7 @@ The DSN carries a password, so it is read from the environment and never printed
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,44 @@ def test_a_key_value_connection_string_is_refused_not_created_as_a_file(tmp_path
         assert done.returncode == 2
         assert "postgresql:// URL" in done.stderr and "CANARY-PASSWORD" not in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_store_dsn_pointed_at_another_database_is_refused_then_restored(
+    tmp_path, default_schema_dsn
+):
+    """Issue 12: the DSN is edited to name another (empty) database. The target's ledger
+    knows the route's batches, so the run stops before the target instead of appending
+    the whole table again; ``state restore`` rebuilds the new store from the ledger."""
+    other = f"dpone_other_{tmp_path.name[-8:].lower().replace('-', '_')}"
+    with contextlib.closing(psycopg.connect(default_schema_dsn, autocommit=True)) as admin:
+        admin.execute(f'CREATE DATABASE "{other}"')
+    try:
+        first_dsn = default_schema_dsn
+        other_dsn = first_dsn.rsplit("/", 1)[0] + f"/{other}"
+        route = route_file(tmp_path)
+        assert cli("run", str(route), "--quiet", env={"DPONE_STORE": first_dsn}).returncode == 0
+        build_sample_source(tmp_path / "source.db", rows=10, partitions=2, start_id=100)
+        env = {"DPONE_STORE": other_dsn}
+        refused = cli("run", str(route), "--quiet", env=env)
+        assert refused.returncode == 3, refused.stderr
+        assert "native_transfer_store_target_mismatch" in refused.stderr
+        assert '"mismatch": "target_ahead_of_store"' in refused.stderr
+        with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
+            assert target.execute("SELECT count(*) FROM orders_copy").fetchone() == (40,)
+        restored = cli(
+            "state", "restore", str(route), "--reason", "dsn moved", "--operator", "ops", "--yes",
+            env=env,
+        )  # fmt: skip
+        assert restored.returncode == 0, restored.stdout + restored.stderr
+        rerun = cli("run", str(route), "--quiet", env=env)
+        assert rerun.returncode == 0 and "loaded 10 rows" in rerun.stdout, rerun.stderr
+        with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
+            ids = [row[0] for row in target.execute("SELECT id FROM orders_copy")]
+        assert sorted(ids) == list(range(1, 41)) + list(range(100, 110))
+        for done in (refused, restored, rerun):
+            assert psycopg.conninfo.conninfo_to_dict(first_dsn)["password"] not in (
+                done.stdout + done.stderr
+            )
+    finally:
+        with contextlib.closing(psycopg.connect(default_schema_dsn, autocommit=True)) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{other}" WITH (FORCE)')

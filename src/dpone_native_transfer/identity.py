@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import attrs
 
@@ -48,17 +48,43 @@ def file_location(kind: str, path: str | os.PathLike[str]) -> str:
 
 
 def server_location(kind: str, url: str, *, default_port: int, default_database: str | None) -> str:
-    """``kind:`` and the digest of ``host:port/database`` from a URL (no user, password, options).
+    """``kind:`` and the digest of ``hosts/database`` from a URL (no user, password, options).
 
-    The host is lowercased and the port and database filled in (a missing
-    database with ``default_database=None`` is the user's own, as libpq has
-    it), so the usual spellings of one server's database are one location.
+    Hosts and ports come from the URL's authority or its ``host``/``port``
+    query parameters, as libpq reads them (several hosts allowed); hosts are
+    lowercased and missing ports and database filled in (a missing database
+    with ``default_database=None`` is the user's own, as libpq has it), so the
+    usual spellings of one server's database are one location.
     """
     parts = urlsplit(url)
-    host = (parts.hostname or "localhost").lower()
-    port = parts.port or default_port
-    database = parts.path.lstrip("/") or default_database or parts.username or "postgres"
-    return _located(kind, f"{host}:{port}/{database}")
+    query = {name: value for name, value in parse_qsl(parts.query)}
+    authority = parts.netloc.rpartition("@")[2]
+    hosts = [_host_port(item) for item in authority.split(",")] if authority else []
+    if "host" in query or "hostaddr" in query:
+        names = (query.get("host") or query["hostaddr"]).split(",")
+        ports = query.get("port", "").split(",")
+        hosts = [(name, ports[min(i, len(ports) - 1)]) for i, name in enumerate(names)]
+    elif "port" in query:
+        hosts = [(host, query["port"]) for host, _ in hosts or [("", "")]]
+    servers = (
+        ",".join(f"{(host or 'localhost').lower()}:{port or default_port}" for host, port in hosts)
+        or f"localhost:{default_port}"
+    )
+    user = unquote(parts.netloc.rpartition("@")[0].partition(":")[0]) or query.get("user")
+    database = (
+        query.get("dbname") or unquote(parts.path.lstrip("/")) or default_database or user
+        or "postgres"
+    )  # fmt: skip
+    return _located(kind, f"{servers}/{database}")
+
+
+def _host_port(item: str) -> tuple[str, str]:
+    """``host`` and ``port`` of one authority entry (``[v6]:port`` kept whole)."""
+    if item.startswith("["):
+        host, _, rest = item[1:].partition("]")
+        return unquote(host), rest.removeprefix(":")
+    host, _, port = item.partition(":")
+    return unquote(host), port
 
 
 def fold_ascii(name: str) -> str:
