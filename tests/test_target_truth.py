@@ -292,16 +292,59 @@ def test_a_store_copied_without_its_wal_file(sqlite_site: Site) -> None:
     site.exactly_once()
 
 
-def test_a_target_replaced_by_an_empty_one_is_refused(site: Site) -> None:
-    route = site.route()
-    site.run(route)
+def _target_files(site: Site) -> list[Path]:
     target = site.target_file()
-    target.unlink()
-    Path(f"{target}.wal").unlink(missing_ok=True)
+    return [target, *(Path(f"{target}{suffix}") for suffix in ("-wal", "-journal", ".wal"))]
+
+
+@pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])
+def test_a_target_replaced_by_an_empty_one_is_refused_then_loaded_again(
+    site: Site, strategy: str
+) -> None:
+    route = site.route(strategy=strategy)
+    site.run(route)
+    site.add_rows()
+    site.run(route)
+    for file in _target_files(site):
+        file.unlink(missing_ok=True)
     done = site.run(route, code=3)
     assert refused(done, MISMATCH)["mismatch"] == "store_ahead_of_target"
-    assert "guard verify" in done.stderr
-    assert not target.exists() or site.target_ids() == []
+    assert "guard verify" in done.stderr and "state restore" in done.stderr
+    assert site.target_ids() == []
+    restored = restore(route)
+    assert "mark 8 committed partitions the target does not hold for loading again" in (
+        restored.stdout
+    ), restored.stdout
+    assert "loaded 160 rows" in site.run(route).stdout, "one run loads the lost windows"
+    site.exactly_once()
+    site.run(route)
+    site.exactly_once()
+
+
+def test_a_target_restored_from_an_older_backup_loads_what_it_lost(site: Site) -> None:
+    """The warehouse is rolled back to last night: the rows loaded since are loaded again."""
+    route = site.route()
+    site.run(route)
+    backup = site.folder / "backup"
+    backup.mkdir()
+    for file in _target_files(site):
+        if file.exists():
+            shutil.copy(file, backup / file.name)
+    site.add_rows()
+    site.run(route)
+    site.add_rows(20)
+    site.run(route)
+    for file in _target_files(site):
+        file.unlink(missing_ok=True)
+        if (backup / file.name).exists():
+            shutil.copy(backup / file.name, file)
+    assert len(site.target_ids()) == 120
+    done = site.run(route, code=3)
+    assert refused(done, MISMATCH)["mismatch"] == "store_ahead_of_target"
+    restored = restore(route)
+    assert "source state:" in restored.stdout
+    site.run(route)
+    site.exactly_once()
 
 
 def test_a_copied_folder_is_refused_then_restored_without_a_duplicate(sqlite_site: Site) -> None:

@@ -55,6 +55,8 @@ class FailureCode(StrEnum):
     TARGET_NOT_STARTED = "target_not_started"
     TARGET_CALL_FAILED = "target_call_failed"
     CHECKPOINT_COMMIT_FAILED = "checkpoint_commit_failed"
+    # state restore: the target's ledger does not hold the committed batch (the target lost it)
+    NOT_IN_TARGET = "not_in_target"
 
 
 # Where a target-commit guard lives inside ``PartitionCheckpoint.diagnostics``.

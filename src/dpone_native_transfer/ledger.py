@@ -329,13 +329,24 @@ def check_store_against_target(
             batch_ids=contradicted,
         )
     if behind:
+        others = sorted(
+            {cp.route.label for cp in scope if cp.diagnostics.get(LEDGER_BATCH_KEY) in behind}
+            - {route.label}
+        )
         raise _mismatch(
             route,
             "store_ahead_of_target",
             f"the checkpoint store records {plural(len(behind), 'committed batch')} of this target "
             "table that its ledger does not hold (the target was replaced, restored from an "
             "older backup or moved, or this is another database with the same table name); "
-            f"compare them with: {_VERIFY}",
+            f"see them with: {_VERIFY}; if this is the right target, make the store agree "
+            f"with it (they are loaded again) with: {_RESTORE}"
+            + (
+                f"; some are of other routes writing this table ({'; '.join(others)}): "
+                "restore each with its own route file"
+                if others
+                else ""
+            ),
             batch_ids=behind,
         )
     mine = [entry for entry in entries if entry.of_route(route)]

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import attrs
 
 from .checkpoints import (
+    FailureCode,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
     RouteKey,
@@ -99,11 +100,14 @@ def plan_window(
     if source.cursor_column is None:
         window = SourceWindow(generation=generation, watermark=watermark)
         return window, [{"partition": value} for value in source.partition_values()]
+    # a window begun at this watermark is finished first, unless the target lost it (then the
+    # window is planned afresh, up to the cursor's highest value now)
     pending = [
         cp.partition_bounds["cursor_upto"]
         for cp in latest
         if "cursor_upto" in cp.partition_bounds
         and cp.partition_bounds.get("cursor_after") == watermark
+        and cp.diagnostics.get("error") != FailureCode.NOT_IN_TARGET
     ]
     upto = max(pending) if pending else source.max_cursor(after=watermark)
     window = SourceWindow(

@@ -16,7 +16,13 @@ from typing import Any
 
 import attrs
 
-from .checkpoints import LEDGER_BATCH_KEY, PartitionCheckpoint, PartitionCheckpointStatus, RouteKey
+from .checkpoints import (
+    LEDGER_BATCH_KEY,
+    FailureCode,
+    PartitionCheckpoint,
+    PartitionCheckpointStatus,
+    RouteKey,
+)
 from .connectors.contract import LedgerSink
 from .errors import ConfigInvalid, NativeTransferError, RouteBusy
 from .lease import Lease, LeaseStore, read_holder
@@ -76,7 +82,11 @@ def operator_lease(store: Any, route: RouteKey, *, operator: str, action: str) -
 
 @attrs.frozen(kw_only=True)
 class RestorePlan:
-    """What ``state restore`` writes: committed checkpoints and the source state they imply."""
+    """What ``state restore`` writes: checkpoints and the source state the ledger implies.
+
+    ``checkpoints`` are committed ones for the ledger's partitions, then failed
+    ones (``not_in_target``) for committed partitions the ledger does not hold.
+    """
 
     route: RouteKey
     checkpoints: tuple[PartitionCheckpoint, ...]
@@ -85,25 +95,38 @@ class RestorePlan:
     previous_state: dict[str, Any] | None
     entries: int
 
+    @property
+    def rolled_back(self) -> int:
+        return sum(cp.status is PartitionCheckpointStatus.FAILED for cp in self.checkpoints)
 
-def plan_restore(store: Any, route: RouteKey, entries: Sequence[LedgerEntry]) -> RestorePlan:
-    """The store's view of ``route`` rebuilt from its ledger entries (with their partitions).
 
-    The route's entries are those it wrote; when it wrote none, those of the one
-    other source database with the same source table and strategy (the source
-    file was moved or copied). A partition the store already holds as committed
-    in the same ledger batch is left alone; one it holds otherwise in that batch
-    (blocked, or resolved as not applied) is refused: ``guard resolve`` decides
-    those. Every other ledger partition gets a committed checkpoint. The source
-    state becomes that of the route's last batch, unless the store's is of a
-    later generation (runs that find nothing new advance it without a batch).
+def plan_restore(
+    store: Any, route: RouteKey, entries: Sequence[LedgerEntry], *, now: datetime
+) -> RestorePlan:
+    """The store's view of ``route`` rebuilt from the target's ledger (entries with partitions).
+
+    Both ways: what the store lost comes back, and what the target lost is
+    forgotten.
+
+    - The route's entries are those it wrote; when it wrote none, those of the
+      one other source database with the same source table and strategy (the
+      source file was moved or copied). Every ledger partition gets a committed
+      checkpoint, unless the store holds it as committed in the same batch
+      already; one the store holds otherwise in that batch (blocked, or resolved
+      as not applied) is refused: ``guard resolve`` decides those.
+    - A partition the store holds as committed in a ledger batch the target does
+      not hold (the target was replaced or restored from an older backup) gets a
+      failed checkpoint (``not_in_target``): the next run loads it again.
+    - The source state becomes that of the route's last batch in the ledger (none
+      left: from the start). When nothing was forgotten, a store's state of a
+      later generation is kept (runs that find nothing new advance it without a
+      batch).
     """
-    mine = [entry for entry in entries if entry.of_route(route)]
-    if not mine:
-        mine = _moved_source(route, entries)
+    mine = [entry for entry in entries if entry.of_route(route)] or _moved_source(route, entries)
     latest = {cp.partition_id: cp for cp in store.list_latest(route)}
+    restored = restored_checkpoints(route, mine)
     wanted, disputed = [], []
-    for checkpoint in restored_checkpoints(route, mine):
+    for checkpoint in restored:
         held = latest.get(checkpoint.partition_id)
         batch = checkpoint.diagnostics[LEDGER_BATCH_KEY]
         if held is None or held.diagnostics.get(LEDGER_BATCH_KEY) != batch:
@@ -119,19 +142,55 @@ def plan_restore(store: Any, route: RouteKey, entries: Sequence[LedgerEntry]) ->
             "first; nothing was written",
             diagnostics={"route": route.as_dict(), "batch_ids": batches},
         )
-    last = max(mine, key=lambda entry: entry.seq)
+    in_ledger = {entry.batch_id for entry in entries}
+    kept = {cp.partition_id for cp in restored}
+    forgotten = [
+        _not_in_target(held, now)
+        for held in latest.values()
+        if held.partition_id not in kept
+        and held.status is PartitionCheckpointStatus.COMMITTED
+        and held.diagnostics.get(LEDGER_BATCH_KEY) not in (None, *in_ledger)
+    ]
+    if not (mine or forgotten):
+        raise ConfigInvalid(
+            f"the target's ledger holds no batch of route {route.label} and the store no "
+            "batch the target lost; nothing to restore",
+            diagnostics={"route": route.as_dict()},
+        )
     previous = store.load_source_state(route)
-    state: dict[str, Any] | None = {"generation": last.generation, "watermark": last.watermark}
     generation = previous.get("generation") if isinstance(previous, dict) else None
-    if isinstance(generation, int) and generation >= last.generation:
+    if mine:
+        last = max(mine, key=lambda entry: entry.seq)
+        state: dict[str, Any] | None = {"generation": last.generation, "watermark": last.watermark}
+    else:
+        state = {"generation": generation if isinstance(generation, int) else 0, "watermark": None}
+    if not forgotten and isinstance(generation, int) and generation >= state["generation"]:
         state = previous
+    writes = [*wanted, *forgotten]
     return RestorePlan(
         route=route,
-        checkpoints=tuple(wanted),
-        replaced=tuple(latest[cp.partition_id] for cp in wanted if cp.partition_id in latest),
+        checkpoints=tuple(writes),
+        replaced=tuple(latest[cp.partition_id] for cp in writes if cp.partition_id in latest),
         source_state=None if state == previous else state,
         previous_state=previous,
         entries=len(mine),
+    )
+
+
+def _not_in_target(checkpoint: PartitionCheckpoint, now: datetime) -> PartitionCheckpoint:
+    """A committed checkpoint the target's ledger does not hold, marked for loading again.
+
+    No guard: nothing is in flight; the ledger, not a guard, proves it.
+    """
+    return attrs.evolve(
+        checkpoint,
+        status=PartitionCheckpointStatus.FAILED,
+        started_at=now,
+        completed_at=now,
+        diagnostics={
+            LEDGER_BATCH_KEY: checkpoint.diagnostics[LEDGER_BATCH_KEY],
+            "error": FailureCode.NOT_IN_TARGET.value,
+        },
     )
 
 
@@ -147,10 +206,5 @@ def _moved_source(route: RouteKey, entries: Sequence[LedgerEntry]) -> list[Ledge
             f"table's batches from {len(sources)} other source databases, none of them this "
             "route's; nothing was written",
             diagnostics={"route": route.as_dict(), "sources": sorted(map(str, sources))},
-        )
-    if not named:
-        raise ConfigInvalid(
-            f"the target's ledger holds no batch of route {route.label}; nothing to restore",
-            diagnostics={"route": route.as_dict()},
         )
     return [attrs.evolve(entry, source_location=route.source_location) for entry in named]

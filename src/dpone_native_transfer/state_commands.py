@@ -1,12 +1,15 @@
-"""``dpone-transfer state restore``: rebuild a lost store's view of a route from the target.
+"""``dpone-transfer state restore``: rebuild a store's view of a route from the target.
 
-The target's ledger records every batch it applied; ``restore`` writes, in one
-audited store transaction under the target table's lease, a committed
-checkpoint for each of those partitions the store does not already hold as
-committed, and the source state of the route's last batch. It shows what it
-will write and asks first unless ``--yes``. Afterwards the next run continues
-where the target is: no duplicate, no gap.
-"""
+The target's ledger records every batch it applied. ``restore`` makes the
+store agree with it, in one audited store transaction under the target
+table's lease: a committed checkpoint for each ledger partition the store
+does not already hold as committed (the store was lost, replaced or restored
+from an older backup), a failed one (``not_in_target``) for each committed
+partition the ledger does not hold (the target was replaced or restored from
+an older backup: the next run loads it again), and the source state of the
+route's last batch in the ledger. It shows what it will write and asks first
+unless ``--yes``. Afterwards the next run continues where the target is: no
+duplicate, no gap."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from .checkpoints import LEDGER_BATCH_KEY, PartitionCheckpoint, PartitionCheckpointStatus
 from .config import load_route_config
 from .errors import ConfigInvalid
 from .recovery import check_not_leased, ledger_of, operator_lease, plan_restore
@@ -23,6 +27,8 @@ from .reporting import EXIT_FAILED, EXIT_OK, confirmed, plural
 from .stores import open_store
 
 __all__ = ["add_state_command"]
+
+COMMITTED = PartitionCheckpointStatus.COMMITTED
 
 
 def add_state_command(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -67,15 +73,24 @@ def _restore_command(args: argparse.Namespace) -> int:
     store = open_store(args.store or config.store_path, create=False, argument="--store")
     try:
         check_not_leased(store, route)
-        plan = plan_restore(store, route, entries)
+        now = datetime.now(UTC)
+        plan = plan_restore(store, route, entries, now=now)
+        restored = len(plan.checkpoints) - plan.rolled_back
         print(
             f"route {route.label}: {plural(plan.entries, 'batch')} in the target's ledger; "
-            f"restore {plural(len(plan.checkpoints), 'committed checkpoint')}"
+            f"restore {plural(restored, 'committed checkpoint')}"
+            + (
+                f", mark {plural(plan.rolled_back, 'committed partition')} the target does not "
+                "hold for loading again"
+                if plan.rolled_back
+                else ""
+            )
         )
         for checkpoint in plan.checkpoints:
             bounds = json.dumps(checkpoint.partition_bounds, sort_keys=True, separators=(",", ":"))
             rows = f"{checkpoint.rows_exported:,} rows"
-            print(f"  {checkpoint.partition_id}  committed  {rows}  {bounds}")
+            status = "committed" if checkpoint.status is COMMITTED else "failed, not in target"
+            print(f"  {checkpoint.partition_id}  {status}  {rows}  {bounds}")
         if plan.source_state is not None:
             print(f"  source state: {_state(plan.previous_state)} -> {_state(plan.source_state)}")
         if not plan.checkpoints and plan.source_state is None:
@@ -85,8 +100,9 @@ def _restore_command(args: argparse.Namespace) -> int:
         if not (args.yes or confirmed(question)):
             print("nothing written", file=sys.stderr)
             return EXIT_FAILED
+        previous = {cp.partition_id: cp for cp in plan.replaced}
         audit = {
-            "at": datetime.now(UTC).isoformat(),
+            "at": now.isoformat(),
             "operator": args.operator,
             "reason": args.reason,
             "route": route.as_dict(),
@@ -95,12 +111,12 @@ def _restore_command(args: argparse.Namespace) -> int:
             "partitions": [
                 {
                     "partition_id": cp.partition_id,
-                    "previous_status": None,
+                    "previous_status": _status(previous.get(cp.partition_id)),
                     "previous_phase": None,
                     "previous_problem": None,
-                    "new_status": "committed",
+                    "new_status": cp.status.value,
                     "new_phase": None,
-                    "batch_id": cp.diagnostics.get("ledger_batch_id"),
+                    "batch_id": cp.diagnostics.get(LEDGER_BATCH_KEY),
                 }
                 for cp in plan.checkpoints
             ],
@@ -118,6 +134,10 @@ def _restore_command(args: argparse.Namespace) -> int:
         store.close()
     print(f"wrote {plural(len(plan.checkpoints), 'checkpoint')} and audit record #{audit_id}")
     return EXIT_OK
+
+
+def _status(checkpoint: PartitionCheckpoint | None) -> str | None:
+    return None if checkpoint is None else checkpoint.status.value
 
 
 def _state(state: dict[str, Any] | None) -> str:
