@@ -43,6 +43,7 @@ __all__ = [
     "LedgerPartition",
     "Proof",
     "check_store_against_target",
+    "ledger_query",
     "ledger_overrides",
     "prove",
     "restored_checkpoints",
@@ -246,6 +247,18 @@ def _flag(value: Any) -> bool:
 
 def _safe_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def ledger_query(table_marker: str, *, partitions: bool) -> str:
+    """The SELECT a sink's ``read_ledger`` runs: the rows ``LedgerEntry.from_row`` reads.
+
+    ``table_marker`` is the engine's placeholder for the target table's name.
+    """
+    listed = "partitions" if partitions else "NULL"
+    return (
+        f'SELECT seq, target_table, batch_id, rows, entry, {listed} FROM "{LEDGER_TABLE}"'
+        f" WHERE target_table = {table_marker} ORDER BY seq"
+    )
 
 
 # --- the cross-check -------------------------------------------------------------------------

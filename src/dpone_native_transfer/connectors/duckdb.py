@@ -25,7 +25,7 @@ from typing import Any
 from ..artifacts import JSONL
 from ..errors import ConfigInvalid, SourceInvalid
 from ..identity import TableIdentity, file_location, fold_ascii
-from ..ledger import LEDGER_TABLE, LedgerEntry
+from ..ledger import LEDGER_TABLE, LedgerEntry, ledger_query
 from ..payloads import (
     ArtifactFiles,
     Column,
@@ -287,11 +287,8 @@ class DuckDBSink:
         try:
             if not _table_exists(conn, LEDGER_TABLE):
                 return []
-            listed = "partitions" if partitions else "NULL"
             rows = conn.execute(
-                f"SELECT seq, target_table, batch_id, rows, entry, {listed}"
-                f" FROM {quote(LEDGER_TABLE)} WHERE target_table = ? ORDER BY seq",
-                [self.identity().table],
+                ledger_query("?", partitions=partitions), [self.identity().table]
             ).fetchall()
         finally:
             conn.close()

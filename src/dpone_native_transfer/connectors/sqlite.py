@@ -20,7 +20,7 @@ from typing import Any
 from ..checkpoints import sha256_digest
 from ..errors import ConfigInvalid, SourceInvalid
 from ..identity import TableIdentity, file_location, fold_ascii
-from ..ledger import LEDGER_TABLE, LedgerEntry
+from ..ledger import LEDGER_TABLE, LedgerEntry, ledger_query
 from ..payloads import Column, LoadPlan, RowChunks, SourceShape
 from ._sql import bounds_where
 from ._sql import quote as _quote
@@ -356,11 +356,8 @@ class SQLiteSink:
             ) as conn:
                 if not _table_columns(conn, LEDGER_TABLE):
                     return []
-                listed = "partitions" if partitions else "NULL"
                 rows = conn.execute(
-                    f"SELECT seq, target_table, batch_id, rows, entry, {listed}"
-                    f" FROM {_quote(LEDGER_TABLE)} WHERE target_table = ? ORDER BY seq",
-                    (self.identity().table,),
+                    ledger_query("?", partitions=partitions), (self.identity().table,)
                 ).fetchall()
         except sqlite3.Error:
             raise ConfigInvalid(

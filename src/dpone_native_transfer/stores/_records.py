@@ -9,11 +9,20 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
+
 from ..checkpoints import PartitionCheckpoint, RouteKey, checkpoint_from_payload
 from ..errors import CheckpointPayloadInvalid, CheckpointStoreCorrupt, ResolutionConflict
 from ._codec import ROUTE_NAMES, route_from_params, route_params
 
-__all__ = ["RecordReads", "check_expected", "decode_checkpoint", "load_object", "stored_route"]
+__all__ = [
+    "RecordReads",
+    "adopted",
+    "check_expected",
+    "decode_checkpoint",
+    "load_object",
+    "stored_route",
+]
 
 
 def _loads(text: Any, what: str, where: dict[str, Any]) -> Any:
@@ -57,6 +66,18 @@ def decode_checkpoint(
             diagnostics=where,
         )
     return checkpoint
+
+
+def adopted(
+    twin: RouteKey, route: RouteKey, rows: Sequence[Sequence[Any]], own: dict[str, int]
+) -> list[PartitionCheckpoint]:
+    """The unlocated ``twin``'s latest (partition_id, seq, payload) ``rows`` moved to ``route``:
+    those newer than ``route``'s own latest ``own`` seq of the same partition."""
+    return [
+        attrs.evolve(decode_checkpoint(twin, *row), route=route)
+        for row in rows
+        if own.get(row[0], -1) < row[1]
+    ]
 
 
 def check_expected(

@@ -42,8 +42,6 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-import attrs
-
 from ..checkpoints import PartitionCheckpoint, RouteKey
 from ..errors import (
     CheckpointStoreCorrupt,
@@ -59,7 +57,14 @@ from ._codec import (
     encode_resolution,
     route_params,
 )
-from ._records import RecordReads, check_expected, decode_checkpoint, load_object, stored_route
+from ._records import (
+    RecordReads,
+    adopted,
+    check_expected,
+    decode_checkpoint,
+    load_object,
+    stored_route,
+)
 
 __all__ = ["CONNECT_TIMEOUT_SECONDS", "SCHEMA_VERSION", "PostgresCheckpointStore"]
 
@@ -434,11 +439,7 @@ class PostgresCheckpointStore(RecordReads):
                         route_params(route),
                     ).fetchall()
                 )
-                moved = [
-                    attrs.evolve(decode_checkpoint(twin, *row), route=route)
-                    for row in rows
-                    if own.get(row[0], -1) < row[1]
-                ]
+                moved = adopted(twin, route, rows, own)
                 self._insert_checkpoints(conn, encode_batch(moved))
                 conn.execute(
                     f"DELETE FROM {s}.checkpoint_latest WHERE {_ROUTE}", route_params(twin)

@@ -28,13 +28,18 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.request import pathname2url
 
-import attrs
-
 from ..checkpoints import GUARD_DIAGNOSTICS_KEY, LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey
 from ..errors import CheckpointStoreCorrupt, CheckpointStoreUnavailable
 from ..latest import LatestCheckpoints, guard_json
 from ._codec import check_run_id, encode_batch, encode_object, encode_resolution, route_params
-from ._records import RecordReads, check_expected, decode_checkpoint, load_object, stored_route
+from ._records import (
+    RecordReads,
+    adopted,
+    check_expected,
+    decode_checkpoint,
+    load_object,
+    stored_route,
+)
 from ._sqlite_schema import (
     ROUTE,
     ROUTE_KEY,
@@ -252,11 +257,7 @@ class SQLiteCheckpointStore(RecordReads):
                         route_params(route),
                     ).fetchall()
                 )
-                moved = [
-                    attrs.evolve(decode_checkpoint(twin, *row), route=route)
-                    for row in rows
-                    if own.get(row[0], -1) < row[1]
-                ]
+                moved = adopted(twin, route, rows, own)
                 _insert_checkpoints(conn, encode_batch(moved), moved)
                 conn.execute(f"DELETE FROM checkpoint_latest WHERE {ROUTE}", route_params(twin))
             conn.execute(

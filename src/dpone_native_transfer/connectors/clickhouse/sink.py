@@ -39,7 +39,7 @@ from typing import Any
 from ...artifacts import JSONL
 from ...errors import ArtifactInvalid, ConfigInvalid, SourceInvalid
 from ...identity import TableIdentity, file_location, server_location
-from ...ledger import LEDGER_TABLE, LedgerEntry
+from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query
 from ...payloads import ArtifactFiles, Column, LoadPlan, RowChunks, bound_predicates
 from ..contract import PendingLedger
 from ..sqlite import SQLiteSource
@@ -328,10 +328,8 @@ class ClickHouseSink:
         with self.client() as client:
             if not _exists(client, LEDGER_TABLE):
                 return []
-            listed = "partitions" if partitions else "NULL"
             rows = client.query_rows(
-                f"SELECT seq, target_table, batch_id, rows, entry, {listed}"
-                f" FROM {quote(LEDGER_TABLE)} WHERE target_table = {{table:String}} ORDER BY seq",
+                ledger_query("{table:String}", partitions=partitions),
                 {"table": self.identity().table},
             )
         return [LedgerEntry.from_row(*row) for row in rows]
