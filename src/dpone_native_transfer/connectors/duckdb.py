@@ -418,13 +418,12 @@ def _batches(chunks: Iterable[Sequence[tuple]]) -> Iterator[Sequence[tuple]]:
 
 
 def _table_exists(conn: Any, table: str) -> bool:
-    """DuckDB matches table names case-insensitively, even quoted ones; so does this check."""
-    found = conn.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()"
-        " AND schema_name = current_schema() AND lower(table_name) = lower(?)",
-        [table],
-    ).fetchone()[0]
-    return found > 0
+    """DuckDB matches table names case-insensitively (ASCII only), even quoted; so does this."""
+    names = conn.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+        " AND schema_name = current_schema()"
+    ).fetchall()
+    return any(fold_ascii(name) == fold_ascii(table) for (name,) in names)
 
 
 def _row_count(conn: Any, table: str) -> int:

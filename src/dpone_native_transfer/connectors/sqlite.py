@@ -433,7 +433,8 @@ class SQLiteSink:
                 )
             if self._stage_can_become_target(conn, columns, replace=replace):
                 moved = _row_count(conn, self._stage)
-                conn.execute(f"DROP TABLE IF EXISTS {_quote(self.table)}")
+                if replace:  # an append never drops the target
+                    conn.execute(f"DROP TABLE IF EXISTS {_quote(self.table)}")
                 conn.execute(f"ALTER TABLE {_quote(self._stage)} RENAME TO {_quote(self.table)}")
                 return _record(conn, self._ledger.take(), moved)
             _prepare_target(conn, self.table, columns, replace=replace)
@@ -453,14 +454,17 @@ class SQLiteSink:
         if any(kind in ("view", "trigger") for kind, *_ in schema):
             return False  # a rename re-parses them; keep the plain copy
         definitions = ", ".join(_column_sql(column) for column in columns)
-        tables = {name: sql for kind, name, _, sql in schema if kind == "table"}
-        if tables.get(self._stage) != f"CREATE TABLE {_quote(self._stage)} ({definitions})":
+        # SQLite resolves table names case-insensitively (ASCII): so does this lookup
+        tables = {fold_ascii(name): sql for kind, name, _, sql in schema if kind == "table"}
+        stage, target = fold_ascii(self._stage), fold_ascii(self.table)
+        if tables.get(stage) != f"CREATE TABLE {_quote(self._stage)} ({definitions})":
             return False
-        if self.table not in tables:
+        if target not in tables:
             return True
-        if not replace or any(kind == "index" and tbl == self.table for kind, _, tbl, _ in schema):
+        indexed = any(kind == "index" and fold_ascii(tbl) == target for kind, _, tbl, _ in schema)
+        if not replace or indexed:
             return False
-        return tables[self.table] == f"CREATE TABLE {_quote(self.table)} ({definitions})"
+        return tables[target] == f"CREATE TABLE {_quote(self.table)} ({definitions})"
 
     def discard_stage(self) -> None:
         if not os.path.isfile(self.path):
