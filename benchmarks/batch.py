@@ -57,21 +57,28 @@ from dpone_native_transfer.checkpoints import GUARD_DIAGNOSTICS_KEY, sha256_dige
 from dpone_native_transfer.events import EventRecorder
 from dpone_native_transfer.plugins import Hooks, make_plugin_manager
 from dpone_native_transfer.stores import CheckpointStore
+from dpone_native_transfer.stores._codec import ROUTE_NAMES, route_params
 from dpone_native_transfer.stores.sqlite import _CACHE_KIB
 
 from ._common import REPO, Row, Sizes, log, median, scratch, timed
 
 BATCH_LIMIT_SECONDS = 1.0
 ROUTE = RouteKey("orders", "orders_copy", "incremental_append")
-ROUTE_PARAMS = (ROUTE.source_table, ROUTE.target_table, ROUTE.strategy)
+ROUTE_PARAMS = route_params(ROUTE)  # the store's five route columns
+_WIDTH = len(ROUTE_PARAMS)
 POSTGRES_DSN_ENV = "DPONE_BENCH_POSTGRES_DSN"
 _AT = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 # (source_table, target_table, strategy, partition_id, payload JSON): one checkpoint row
 # source, target, strategy, partition id, payload JSON; then the SQLite store's summary
 # columns (status, query hash, schema hash, guard JSON), which the PostgreSQL store ignores
-RawRow = tuple[str, ...]
+RawRow = tuple[Any, ...]
 RawWrite = Callable[[list[list[RawRow]]], None]
+_KEY = ", ".join(ROUTE_NAMES)
+
+
+def _marks(count: int, mark: str = "?") -> str:
+    return ", ".join([mark] * count)
 
 
 @attrs.frozen(kw_only=True)
@@ -155,15 +162,14 @@ def _raw_batches(items: tuple[PartitionCheckpoint, ...]) -> list[list[RawRow]]:
             payload["diagnostics"][GUARD_DIAGNOSTICS_KEY] = guard
             rows.append(
                 (
-                    "orders",
-                    "orders_copy",
-                    "incremental_append",
+                    *ROUTE_PARAMS,
                     cp.partition_id,
                     json.dumps(payload, sort_keys=True),
                     status,
                     cp.query_hash,
                     cp.schema_hash,
                     json.dumps(guard, sort_keys=True),
+                    None,  # ledger_batch: the batch carries no ledger id here
                 )
             )
         batches.append(rows)
@@ -236,20 +242,22 @@ def _sqlite_raw() -> Iterator[RawWrite]:
                     "SELECT COALESCE(MAX(seq), 0) FROM checkpoint_history"
                 ).fetchone()
                 conn.executemany(
-                    "INSERT INTO checkpoint_history"
-                    " (source_table, target_table, strategy, partition_id, payload)"
-                    " VALUES (?, ?, ?, ?, ?)",
-                    (row[:5] for row in rows),
+                    f"INSERT INTO checkpoint_history ({_KEY}, partition_id, payload)"
+                    f" VALUES ({_marks(_WIDTH + 2)})",
+                    (row[: _WIDTH + 2] for row in rows),
                 )
                 conn.executemany(
-                    "INSERT INTO checkpoint_latest (source_table, target_table, strategy,"
-                    " partition_id, payload, seq, status, query_hash, schema_hash, guard)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT"
-                    " (source_table, target_table, strategy, partition_id) DO UPDATE SET"
-                    " seq = excluded.seq, payload = excluded.payload, status = excluded.status,"
-                    " query_hash = excluded.query_hash, schema_hash = excluded.schema_hash,"
-                    " guard = excluded.guard",
-                    ((*row[:5], before + n, *row[5:]) for n, row in enumerate(rows, start=1)),
+                    f"INSERT INTO checkpoint_latest ({_KEY}, partition_id, payload, seq,"
+                    " status, query_hash, schema_hash, guard, ledger_batch)"
+                    f" VALUES ({_marks(_WIDTH + 8)}) ON CONFLICT ({_KEY}, partition_id)"
+                    " DO UPDATE SET seq = excluded.seq, payload = excluded.payload,"
+                    " status = excluded.status, query_hash = excluded.query_hash,"
+                    " schema_hash = excluded.schema_hash, guard = excluded.guard,"
+                    " ledger_batch = excluded.ledger_batch",
+                    (
+                        (*row[: _WIDTH + 2], before + n, *row[_WIDTH + 2 :])
+                        for n, row in enumerate(rows, start=1)
+                    ),
                 )
                 conn.execute("COMMIT")
 
@@ -320,10 +328,9 @@ def _postgres(dsn: str, isolated_schema: Callable[[str], Any]) -> _Store:
                     with conn.transaction(), conn.cursor() as cursor:
                         cursor.execute("SELECT pg_advisory_xact_lock(%s)", (route_lock,))
                         cursor.executemany(
-                            f"INSERT INTO {s}.checkpoint_history (source_table, target_table,"
-                            " strategy, partition_id, payload) VALUES (%s, %s, %s, %s, %s)"
-                            " RETURNING seq",
-                            [row[:5] for row in rows],
+                            f"INSERT INTO {s}.checkpoint_history ({_KEY}, partition_id,"
+                            f" payload) VALUES ({_marks(_WIDTH + 2, '%s')}) RETURNING seq",
+                            [row[: _WIDTH + 2] for row in rows],
                             returning=True,
                         )
                         seqs = []
@@ -332,13 +339,15 @@ def _postgres(dsn: str, isolated_schema: Callable[[str], Any]) -> _Store:
                             if not cursor.nextset():
                                 break
                         latest = [
-                            (*row[:4], seq, row[4]) for row, seq in zip(rows, seqs, strict=True)
+                            (*row[: _WIDTH + 1], seq, row[_WIDTH + 1])
+                            for row, seq in zip(rows, seqs, strict=True)
                         ]
+                        arrays = ", ".join(
+                            ["%s::text[]"] * (_WIDTH + 1) + ["%s::bigint[]", "%s::text[]"]
+                        )
                         cursor.execute(
-                            f"INSERT INTO {s}.checkpoint_latest (source_table, target_table,"
-                            " strategy, partition_id, seq, payload) SELECT * FROM unnest("
-                            "%s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[],"
-                            " %s::text[]) ON CONFLICT (source_table, target_table, strategy,"
+                            f"INSERT INTO {s}.checkpoint_latest ({_KEY}, partition_id, seq,"
+                            f" payload) SELECT * FROM unnest({arrays}) ON CONFLICT ({_KEY},"
                             " partition_id) DO UPDATE SET seq = excluded.seq,"
                             " payload = excluded.payload",
                             [list(column) for column in zip(*latest, strict=True)],
