@@ -1,7 +1,7 @@
 """Regenerate the hook reference in docs/hooks.md from the hookspec docstrings.
 
-    python docs/gen_hooks.py          # rewrite the generated section
-    python docs/gen_hooks.py --check  # exit 1 if docs/hooks.md is stale (the tests do this)
+python docs/gen_hooks.py          # rewrite the generated section
+python docs/gen_hooks.py --check  # exit 1 if docs/hooks.md is stale (the tests do this)
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from dpone_native_transfer import hookspecs
+from dpone_native_transfer.plugins import EVERY_IMPLEMENTATION_RUNS
 
 DOC = Path(__file__).with_name("hooks.md")
 BEGIN = "<!-- BEGIN GENERATED HOOK REFERENCE: edit hookspecs.py, then run docs/gen_hooks.py -->"
@@ -33,8 +34,11 @@ def signature_text(function) -> str:
 def reference() -> str:
     sections = []
     for function in hookspec_functions():
-        options = getattr(function, SPEC_MARKER)
-        kind = "firstresult" if options.get("firstresult") else "all implementations called"
+        kind = (
+            "every implementation called, whatever another returns or raises"
+            if function.__name__ in EVERY_IMPLEMENTATION_RUNS
+            else "all implementations called; the first raise stops the rest"
+        )
         sections.append(
             f"### `{function.__name__}`\n\n"
             f"```python\n{signature_text(function)}\n```\n\n"

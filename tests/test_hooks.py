@@ -1,5 +1,6 @@
 """The hook contract: specs, the typed facade, the fire order, vetoes, error hooks,
-firstresult, plugin loading, and the rule that only the boundary calls the target."""
+every-implementation-runs, plugin loading, and the rule that only the boundary calls the
+target."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import dpone_native_transfer
 from dpone_native_transfer import (
     PluginLoadFailed,
     TargetCommitGuardUnhandled,
+    entry_point_plugins,
     hookimpl,
     hookspecs,
 )
@@ -102,10 +104,16 @@ def test_every_hookspec_has_a_docstring(name):
 
 
 @pytest.mark.parametrize("name", sorted(SPEC_NAMES))
-def test_only_the_success_and_error_hooks_are_firstresult(name):
-    options = getattr(spec_functions()[name], SPEC_MARKER)
-    expected = name in {"after_target_success", "on_target_error"}
-    assert options["firstresult"] is expected
+def test_no_hook_is_firstresult_so_no_plugin_answers_for_another(name):
+    assert getattr(spec_functions()[name], SPEC_MARKER)["firstresult"] is False
+
+
+def test_the_hooks_whose_every_implementation_runs_say_so_in_their_spec():
+    from dpone_native_transfer.plugins import EVERY_IMPLEMENTATION_RUNS
+
+    for name in SPEC_NAMES:
+        words = " ".join(inspect.getdoc(spec_functions()[name]).split())
+        assert ("Every implementation is called" in words) is (name in EVERY_IMPLEMENTATION_RUNS)
 
 
 def test_typed_facade_has_exactly_one_method_per_hookspec():
@@ -224,7 +232,9 @@ def test_a_veto_stops_the_target_and_reaches_the_caller_unchanged(route, path, w
     veto = Veto("refused by policy")
     plugins = [guard_module()] if with_guard else []
     with pytest.raises(Veto) as info:
-        route.runtime(plugins=[*plugins, VetoPlugin(veto)]).run(route.spec(path))
+        route.runtime(plugins=[*plugins, VetoPlugin(veto)], unguarded=not with_guard).run(
+            route.spec(path)
+        )
     assert info.value is veto
     assert route.sink.target_calls == 0
     assert route.target_ids() == []
@@ -233,7 +243,9 @@ def test_a_veto_stops_the_target_and_reaches_the_caller_unchanged(route, path, w
 def test_a_veto_emits_no_target_events(route):
     events = []
     with pytest.raises(Veto):
-        route.runtime(plugins=[VetoPlugin(Veto())], events=events.append).run(route.spec("legacy"))
+        route.runtime(plugins=[VetoPlugin(Veto())], events=events.append, unguarded=True).run(
+            route.spec("legacy")
+        )
     names = [event.name for event in events]
     assert EventName.PRE_TARGET_DONE in names
     assert EventName.TARGET_VETOED in names
@@ -259,7 +271,9 @@ def test_a_raising_error_hook_is_swallowed_and_the_original_is_reraised(route, p
     route.sink.fail = "before"
     events = []
     plugins = [guard_module()] if with_guard else []
-    runtime = route.runtime(plugins=[*plugins, RaisingErrorHook()], events=events.append)
+    runtime = route.runtime(
+        plugins=[*plugins, RaisingErrorHook()], events=events.append, unguarded=not with_guard
+    )
     with pytest.raises(InjectedFault) as info:
         runtime.run(route.spec(path))
     assert info.value is route.sink.error
@@ -271,20 +285,21 @@ def test_a_raising_error_hook_is_swallowed_and_the_original_is_reraised(route, p
     assert names.index(EventName.TARGET_FAILED) < names.index(EventName.ERROR_HOOK_FAILED)
 
 
-def test_a_swallowed_error_hook_leaves_the_armed_guard_blocking(route):
+def test_a_raising_error_hook_does_not_stop_the_guards_marker(route):
+    """The raising hook is registered last, so pluggy calls it first: the guard still runs."""
     from dpone_native_transfer import ManualReconciliationRequired
 
     route.sink.fail = "after"
     with pytest.raises(InjectedFault):
         route.runtime(plugins=[guard_module(), RaisingErrorHook()]).run(route.spec("legacy"))
-    assert {guard_phase(cp) for cp in route.latest()} == {"armed"}
+    assert {guard_phase(cp) for cp in route.latest()} == {"target_outcome_unknown"}
     route.sink.fail = None
     with pytest.raises(ManualReconciliationRequired):
         route.runtime().run(route.spec("legacy", run_id="retry"))
     assert route.sink.target_calls == 1
 
 
-# -- firstresult: the guard answers before the built-in lifecycle -----------
+# -- the built-in lifecycle steps aside for a batch the guard armed ---------
 
 
 def test_with_the_guard_the_builtin_promotion_does_not_run(route, path):
@@ -530,3 +545,150 @@ def test_a_worker_whose_guard_entry_point_is_missing_refuses_guarded_routes(rout
     with pytest.raises(TargetCommitGuardUnhandled):
         runtime.run(route.spec("legacy", run_id="run-2"))
     assert route.sink.target_calls == 1
+
+
+def test_a_fresh_route_without_the_guards_entry_point_stops_before_any_io(route, monkeypatch):
+    """Issue 13.4: a broken install used to run fresh routes unguarded, silently."""
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: [])
+    with pytest.raises(TargetCommitGuardUnhandled) as info:
+        route.runtime().run(route.spec("legacy"))
+    assert "plugins=[]" in str(info.value) and "--unguarded" in str(info.value)
+    assert route.store.batches == [] and route.sink.target_calls == 0
+    assert route.real_store.list_routes() == []
+
+
+def test_adding_ones_own_plugin_without_the_guard_is_refused_not_unguarded(route):
+    with pytest.raises(TargetCommitGuardUnhandled):
+        route.runtime(plugins=[Recorder()]).run(route.spec("legacy"))
+    assert route.sink.target_calls == 0
+    result = route.runtime(plugins=[*entry_point_plugins(), Recorder()]).run(route.spec("legacy"))
+    assert result.guarded and {guard_phase(cp) for cp in route.latest()} == {"checkpoint_committed"}
+
+
+def test_only_an_explicit_request_runs_unguarded_and_the_result_says_so(route):
+    assert route.runtime(plugins=[]).run(route.spec("legacy")).guarded is False
+    build_sample_source(route.source_path, rows=10, start_id=500)
+    plain = route.runtime(plugins=[Recorder()], unguarded=True)
+    assert plain.run(route.spec("legacy", run_id="run-2")).guarded is False
+    assert route.target_ids() == route.source_ids()
+
+
+# -- hostile plugins and listeners cannot pre-empt or drop the guard ----------
+
+
+class AnswersFirst:
+    """Answers the after-call hooks first (tryfirst, registered last) and does nothing."""
+
+    @hookimpl(tryfirst=True)
+    def after_target_success(self, mutation, result):
+        return True
+
+    @hookimpl(tryfirst=True)
+    def on_target_error(self, mutation, error):
+        return True
+
+
+class RaisesFirst:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    @hookimpl(tryfirst=True)
+    def after_target_success(self, mutation, result):
+        raise self.error
+
+    @hookimpl(tryfirst=True)
+    def on_target_error(self, mutation, error):
+        raise self.error
+
+
+def test_a_plugin_answering_first_cannot_skip_the_guards_promotion(route, path):
+    result = route.runtime(plugins=[guard_module(), AnswersFirst()]).run(route.spec(path))
+    assert {guard_phase(cp) for cp in route.latest()} == {"checkpoint_committed"}
+    assert len(result.committed_partition_ids) == 4
+    assert route.store.load_source_state(route.spec(path).route) is not None
+
+
+def test_a_plugin_answering_first_cannot_skip_the_guards_error_marker(route, path):
+    route.sink.fail = "after"
+    with pytest.raises(InjectedFault):
+        route.runtime(plugins=[guard_module(), AnswersFirst()]).run(route.spec(path))
+    assert {guard_phase(cp) for cp in route.latest()} == {"target_outcome_unknown"}
+
+
+def test_a_plugin_raising_first_in_the_success_hook_still_lets_the_guard_promote(route):
+    boom = ErrorHookBoom("hostile")
+    with pytest.raises(ErrorHookBoom) as info:
+        route.runtime(plugins=[guard_module(), RaisesFirst(boom)]).run(route.spec("legacy"))
+    assert info.value is boom
+    assert {guard_phase(cp) for cp in route.latest()} == {"checkpoint_committed"}
+    assert route.store.load_source_state(route.spec("legacy").route) is None, "run stopped"
+    again = route.runtime().run(route.spec("legacy", run_id="again"))
+    assert again.rows_loaded == 0 and route.target_ids() == route.source_ids()
+
+
+@pytest.mark.parametrize("hostile", [KeyboardInterrupt(), SystemExit(3), ErrorHookBoom("x")])
+def test_whatever_an_error_hook_raises_the_original_error_and_marker_win(route, hostile):
+    route.sink.fail = "after"
+    with pytest.raises(InjectedFault) as info:
+        route.runtime(plugins=[guard_module(), RaisesFirst(hostile)]).run(route.spec("legacy"))
+    assert info.value is route.sink.error
+    assert {guard_phase(cp) for cp in route.latest()} == {"target_outcome_unknown"}
+
+
+def test_a_plugin_that_arms_but_never_promotes_stops_the_run_before_state(route):
+    """A third-party guard that claims the scan and arms, then forgets to promote."""
+
+    class Forgetful:
+        @hookimpl
+        def resume_route_scan(self, route, checkpoints):
+            return True
+
+        @hookimpl
+        def before_target_mutation(self, mutation):
+            mutation.state.armed = True
+
+    with pytest.raises(TargetCommitGuardUnhandled) as info:
+        route.runtime(plugins=[Forgetful()]).run(route.spec("legacy"))
+    assert "not promoted" in str(info.value)
+    assert route.store.load_source_state(route.spec("legacy").route) is None
+
+
+def test_a_wrapper_around_an_after_call_hook_is_refused_at_registration():
+    class Wraps:
+        @hookimpl(wrapper=True)
+        def after_target_success(self, mutation, result):
+            return (yield)
+
+    with pytest.raises(PluginLoadFailed) as info:
+        make_plugin_manager([guard_module(), Wraps()])
+    assert info.value.diagnostics == {"hook": "after_target_success"}
+
+
+def _raising_listener(at: str | None, error: BaseException):
+    def listener(event):
+        if at is None or event.name == at:
+            raise error
+
+    return listener
+
+
+@pytest.mark.parametrize("at", [None, EventName.TARGET_STARTED, EventName.GUARD_ARMED])
+def test_a_raising_listener_never_changes_the_run(route, path, at):
+    """Issue 13: a progress listener raising at target_started left a false armed block."""
+    listener = _raising_listener(at, ErrorHookBoom("listener"))
+    result = route.runtime(events=listener).run(route.spec(path))
+    assert len(result.committed_partition_ids) == 4
+    assert {guard_phase(cp) for cp in route.latest()} == {"checkpoint_committed"}
+    failed = [e for e in result.events if e.name == EventName.LISTENER_FAILED]
+    assert failed and all(e.fields["error_type"] == "ErrorHookBoom" for e in failed)
+    assert route.target_ids() == route.source_ids()
+
+
+@pytest.mark.parametrize("hostile", [KeyboardInterrupt(), ErrorHookBoom("listener")])
+def test_a_listener_raising_in_the_error_path_never_replaces_the_original(route, hostile):
+    route.sink.fail = "after"
+    listener = _raising_listener(EventName.TARGET_FAILED, hostile)
+    with pytest.raises(InjectedFault) as info:
+        route.runtime(events=listener).run(route.spec("legacy"))
+    assert info.value is route.sink.error
+    assert {guard_phase(cp) for cp in route.latest()} == {"target_outcome_unknown"}

@@ -158,20 +158,19 @@ def before_target_mutation(mutation: TargetMutation) -> None:
 
 
 @hookimpl
-def on_target_error(mutation: TargetMutation, error: BaseException) -> bool | None:
+def on_target_error(mutation: TargetMutation, error: BaseException) -> None:
     """Mark the batch ``target_outcome_unknown``, or ``failed_before_target`` if never begun."""
     if mutation.state.batch_id is None:
-        return None  # vetoed before the guard armed anything: nothing of ours to mark
+        return  # vetoed before the guard armed anything: nothing of ours to mark
     if mutation.state.target_started:
         phase, code = GuardPhase.TARGET_OUTCOME_UNKNOWN, FailureCode.TARGET_CALL_FAILED
     else:
         phase, code = GuardPhase.FAILED_BEFORE_TARGET, FailureCode.TARGET_NOT_STARTED
     _write_markers(mutation, set(mutation.partition_ids), phase, code)
-    return True
 
 
 @hookimpl
-def after_target_success(mutation: TargetMutation, result: Any) -> bool:
+def after_target_success(mutation: TargetMutation, result: Any) -> None:
     """Promote every candidate in one batch; on a partial write, reconcile, then re-raise."""
     committed = mutation.batch(
         PartitionCheckpointStatus.COMMITTED,
@@ -188,7 +187,6 @@ def after_target_success(mutation: TargetMutation, result: Any) -> bool:
         _reconcile_partial_commit(mutation, committed)
         raise
     mutation.state.committed_ids = frozenset(mutation.partition_ids)
-    return True
 
 
 def _reconcile_partial_commit(

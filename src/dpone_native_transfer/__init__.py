@@ -38,6 +38,7 @@ from .events import Event, EventName
 from .hookspecs import hookimpl
 from .paths import Governance, PathContext
 from .payloads import ArtifactFiles, Column, LoadPlan, RowChunks, SourceShape
+from .plugins import entry_point_plugins
 from .runtime import TransferResult, TransferRuntime, TransferSpec
 from .stores import CheckpointStore, RouteStateStore
 from .stores.memory import MemoryCheckpointStore
@@ -91,5 +92,6 @@ __all__ = [
     "TransferSpec",
     "checkpoint_from_payload",
     "checkpoint_to_payload",
+    "entry_point_plugins",
     "hookimpl",
 ]

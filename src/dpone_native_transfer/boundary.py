@@ -7,6 +7,7 @@ attempt lives on the :class:`TargetMutation`, never in module globals.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
@@ -95,13 +96,12 @@ class TargetBoundary:
 
         A veto or a target error fires ``on_target_error`` and then re-raises
         the original exception object with its traceback, whatever the error
-        hook does.
+        hooks and the event listener do.
         """
         try:
             self.hooks.before_target_mutation(mutation)
         except BaseException as veto:
-            self.events.emit(EventName.TARGET_VETOED, error_type=type(veto).__name__)
-            self._report_error(mutation, veto)
+            self._report_error(mutation, veto, EventName.TARGET_VETOED)
             raise
         if mutation.state.armed:
             self.events.emit(
@@ -114,8 +114,7 @@ class TargetBoundary:
         try:
             result = invoke()
         except BaseException as error:
-            self.events.emit(EventName.TARGET_FAILED, error_type=type(error).__name__)
-            self._report_error(mutation, error)
+            self._report_error(mutation, error, EventName.TARGET_FAILED)
             raise
         mutation.state.target_succeeded = True
         self.events.emit(EventName.TARGET_SUCCEEDED, operation=mutation.operation)
@@ -125,9 +124,17 @@ class TargetBoundary:
         )
         return result
 
-    def _report_error(self, mutation: TargetMutation, error: BaseException) -> None:
-        """Fire ``on_target_error``; a failing error hook is recorded, never raised."""
+    def _report_error(self, mutation: TargetMutation, error: BaseException, event: str) -> None:
+        """Emit ``event`` and fire ``on_target_error``; nothing raised here replaces ``error``.
+
+        A failing error hook is recorded as ``error_hook_failed`` (its type only).
+        Even ``KeyboardInterrupt`` from a hook or the listener is swallowed here:
+        the caller re-raises the original, which is what it must see.
+        """
+        with contextlib.suppress(BaseException):
+            self.events.emit(event, error_type=type(error).__name__)
         try:
             self.hooks.on_target_error(mutation, error)
-        except Exception as hook_error:
-            self.events.emit(EventName.ERROR_HOOK_FAILED, error_type=type(hook_error).__name__)
+        except BaseException as hook_error:
+            with contextlib.suppress(BaseException):
+                self.events.emit(EventName.ERROR_HOOK_FAILED, error_type=type(hook_error).__name__)

@@ -146,6 +146,12 @@ def _add_run_command(commands: Any, common: argparse.ArgumentParser) -> None:
         help="run id recorded in checkpoints and evidence (default: run-<UTC time>-<random>)",
     )
     run.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    run.add_argument(
+        "--unguarded",
+        action="store_true",
+        help="run without the target-commit guard, on purpose (refused on routes with guards; "
+        "a retry after a failure may then append rows twice)",
+    )
     run.set_defaults(handler=_run_command)
 
 
@@ -208,10 +214,12 @@ def transfer(
     events: Callable[[Event], None] | None = None,
     wrap_store: Callable[[Any], Any] | None = None,
     sink: Any = None,
+    unguarded: bool = False,
 ) -> tuple[TransferResult, float]:
-    """One guarded run of a configured route; returns the result and its duration in seconds.
+    """One run of a configured route; returns the result and its duration in seconds.
 
-    The guard comes from its entry point (``plugins=None``); the store is always closed.
+    The guard comes from its entry point (``plugins=None``) unless ``unguarded``
+    (``plugins=[]``); the store is always closed.
     """
     started = time.perf_counter()
     store = open_store(config.store_path, create=True, argument="store.path")
@@ -220,6 +228,7 @@ def transfer(
             store if wrap_store is None else wrap_store(store),
             events=events,
             lease_seconds=config.lease_seconds,
+            plugins=[] if unguarded else None,
         )
         result = runtime.run(config.spec(run_id, sink=sink))
     finally:
@@ -231,7 +240,7 @@ def _run_command(args: argparse.Namespace) -> int:
     config = load_route_config(args.route)
     run_id = args.run_id or new_run_id()
     events = None if args.quiet else progress_printer(sys.stderr)
-    result, seconds = transfer(config, run_id, events=events)
+    result, seconds = transfer(config, run_id, events=events, unguarded=args.unguarded)
     print(summary_line(config, run_id, result, seconds))
     return EXIT_OK
 

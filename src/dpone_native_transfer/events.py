@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["EVENT_ORDER", "Event", "EventName", "EventRecorder"]
 
@@ -24,6 +27,7 @@ class EventName:
     CHECKPOINTS_COMMITTED = "checkpoints_committed"
     EVIDENCE_WRITTEN = "evidence_written"
     SOURCE_STATE_ADVANCED = "source_state_advanced"
+    LISTENER_FAILED = "listener_failed"  # recorded, never forwarded to the listener
 
 
 # The order a successful guarded run emits its milestone events in, on every path.
@@ -47,7 +51,14 @@ class Event:
 
 @attrs.define(eq=False)
 class EventRecorder:
-    """Collects a run's events and forwards each to an optional listener."""
+    """Collects a run's events and forwards each to an optional listener.
+
+    A listener observes; it never changes the run. Whatever it raises (an
+    ``Exception``) is recorded as a ``listener_failed`` event with its type and
+    logged, and the run goes on. (``KeyboardInterrupt`` and ``SystemExit`` stop
+    the run as they would anywhere else; the boundary's error path swallows
+    even those, so the original error always wins.)
+    """
 
     listener: Callable[[Event], None] | None = None
     events: list[Event] = attrs.field(factory=list)
@@ -55,8 +66,14 @@ class EventRecorder:
     def emit(self, name: str, **fields: Any) -> None:
         event = Event(name, fields)
         self.events.append(event)
-        if self.listener is not None:
+        if self.listener is None:
+            return
+        try:
             self.listener(event)
+        except Exception as error:
+            failed = {"event": name, "error_type": type(error).__name__}
+            self.events.append(Event(EventName.LISTENER_FAILED, failed))
+            _log.warning("an event listener raised %s at %s; ignored", failed["error_type"], name)
 
     def names(self) -> list[str]:
         return [event.name for event in self.events]

@@ -73,27 +73,33 @@ def before_target_mutation(mutation: TargetMutation) -> None:
     """
 
 
-@_hookspec(firstresult=True)
-def after_target_success(mutation: TargetMutation, result: Any) -> bool | None:
+@_hookspec
+def after_target_success(mutation: TargetMutation, result: Any) -> None:
     """Record that the target call returned ``result`` (promote checkpoints).
 
-    ``mutation.state.target_succeeded`` is already ``True``. firstresult: the
-    first implementation returning non-``None`` handles the promotion and the
-    rest are skipped; the built-in unguarded lifecycle answers last. A raise
-    propagates to the caller; an implementation that handles a failed
-    promotion must re-raise the original exception object.
+    ``mutation.state.target_succeeded`` is already ``True``. Every
+    implementation is called, whatever another one returns or raises, so no
+    plugin can skip another's promotion; the first raise is re-raised after all
+    have run, and the run stops before evidence and source state are written.
+    The built-in unguarded lifecycle promotes only a batch no plugin armed
+    (``mutation.state.armed`` False). An implementation that handles a failed
+    promotion must re-raise the original exception object. Wrappers are
+    refused at registration. After this hook every candidate must be in
+    ``mutation.state.committed_ids``, or the run stops.
     """
 
 
-@_hookspec(firstresult=True)
-def on_target_error(mutation: TargetMutation, error: BaseException) -> bool | None:
+@_hookspec
+def on_target_error(mutation: TargetMutation, error: BaseException) -> None:
     """Record that the target mutation failed (best effort).
 
     Fired in two cases, told apart by ``mutation.state.target_started``:
     ``False`` when a ``before_target_mutation`` implementation vetoed the
     mutation (the target was not called), ``True`` when the target call
-    raised ``error``. firstresult, like ``after_target_success``. The boundary
-    re-raises ``error`` itself, unchanged, after this hook; if an
-    implementation raises, that secondary exception is recorded as an
-    ``error_hook_failed`` event (its type only) and swallowed.
+    raised ``error``. Every implementation is called, like
+    ``after_target_success``; the built-in unguarded lifecycle records only a
+    batch no plugin armed. The boundary re-raises ``error`` itself, unchanged,
+    after this hook; whatever an implementation raises (even
+    ``KeyboardInterrupt``) is recorded as an ``error_hook_failed`` event (its
+    type only) and swallowed.
     """

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .boundary import TargetMutation
     from .checkpoints import PartitionCheckpoint, RouteKey
 
-__all__ = ["Hooks", "make_plugin_manager"]
+__all__ = ["Hooks", "entry_point_plugins", "make_plugin_manager", "scans_routes"]
 
 LIFECYCLE_PLUGIN_NAME = "dpone_native_transfer.lifecycle"
 
@@ -26,8 +26,10 @@ def make_plugin_manager(plugins: Iterable[object] | None = None) -> pluggy.Plugi
 
     ``plugins=None`` loads the entry-point group ``dpone_native_transfer``
     (the target-commit guard is installed there); an explicit iterable
-    replaces the entry points, so ``[]`` runs with the unguarded lifecycle
-    only. ``check_pending`` makes a misspelled hook implementation fail loudly.
+    replaces the entry points (``[*entry_point_plugins(), mine]`` adds to
+    them). ``check_pending`` makes a misspelled hook implementation fail
+    loudly; a wrapper around a hook whose every implementation must run is
+    refused, as it could skip them.
     """
     manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     manager.add_hookspecs(hookspecs)
@@ -44,7 +46,31 @@ def make_plugin_manager(plugins: Iterable[object] | None = None) -> pluggy.Plugi
             "a plugin could not be loaded or implements an unknown hook",
             diagnostics={"error_type": type(error).__name__},
         ) from None
+    for name in EVERY_IMPLEMENTATION_RUNS:
+        for impl in getattr(manager.hook, name).get_hookimpls():
+            if impl.hookwrapper or impl.wrapper:
+                raise PluginLoadFailed(
+                    f"plugin {impl.plugin_name!r} wraps hook {name}, whose every implementation "
+                    "must run; implement it without a wrapper",
+                    diagnostics={"hook": name},
+                )
     return manager
+
+
+def entry_point_plugins() -> list[object]:
+    """The plugins ``plugins=None`` would load (the guard among them), to add one's own to."""
+    manager = make_plugin_manager(None)
+    return [plugin for name, plugin in manager.list_name_plugin() if name != LIFECYCLE_PLUGIN_NAME]
+
+
+def scans_routes(manager: pluggy.PluginManager) -> bool:
+    """True when some plugin implements ``resume_route_scan`` (a guard is installed)."""
+    return bool(manager.hook.resume_route_scan.get_hookimpls())
+
+
+# Target hooks after the call: each implementation runs, whatever another one does, so no
+# plugin can pre-empt the guard's promotion or its error marker.
+EVERY_IMPLEMENTATION_RUNS = ("after_target_success", "on_target_error")
 
 
 @attrs.define(eq=False)
@@ -61,8 +87,20 @@ class Hooks:
     def before_target_mutation(self, mutation: TargetMutation) -> None:
         self.manager.hook.before_target_mutation(mutation=mutation)
 
-    def after_target_success(self, mutation: TargetMutation, result: Any) -> Any:
-        return self.manager.hook.after_target_success(mutation=mutation, result=result)
+    def after_target_success(self, mutation: TargetMutation, result: Any) -> None:
+        self._each("after_target_success", mutation=mutation, result=result)
 
-    def on_target_error(self, mutation: TargetMutation, error: BaseException) -> Any:
-        return self.manager.hook.on_target_error(mutation=mutation, error=error)
+    def on_target_error(self, mutation: TargetMutation, error: BaseException) -> None:
+        self._each("on_target_error", mutation=mutation, error=error)
+
+    def _each(self, name: str, **arguments: Any) -> None:
+        """Call every implementation in pluggy's order; then re-raise the first raise, if any."""
+        first: BaseException | None = None
+        for impl in reversed(getattr(self.manager.hook, name).get_hookimpls()):
+            try:
+                impl.function(*(arguments[argument] for argument in impl.argnames))
+            except BaseException as error:
+                if first is None:
+                    first = error
+        if first is not None:
+            raise first

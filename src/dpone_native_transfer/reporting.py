@@ -91,7 +91,9 @@ def summary_line(config: RouteConfig, run_id: str, result: TransferResult, secon
         f"committed {plural(len(result.committed_partition_ids), 'partition')}, "
         f"skipped {len(result.skipped_partition_ids):,}, "
         f"loaded {plural(result.rows_loaded, 'row')} in {seconds:.2f} s "
-        f"(route {config.label}, {config.strategy}, path {config.path}, run {run_id})"
+        f"(route {config.label}, {config.strategy}, path {config.path}, run {run_id}"
+        + ("" if result.guarded else ", UNGUARDED")
+        + ")"
     )
 
 

@@ -34,7 +34,7 @@ from .paths.lazy_plan import lazy_plan_path
 from .paths.legacy import legacy_path
 from .paths.staged import staged_path
 from .planner import candidate_checkpoints, plan_resume, plan_window
-from .plugins import Hooks, make_plugin_manager
+from .plugins import Hooks, make_plugin_manager, scans_routes
 from .stores import CheckpointStore, RouteStateStore, TargetScopeStore
 
 __all__ = ["BUILTIN_PATHS", "TransferResult", "TransferRuntime", "TransferSpec"]
@@ -88,14 +88,18 @@ class TransferResult:
     rows_loaded: int
     events: tuple[Event, ...]
     batch_id: str | None = None
+    guarded: bool = True  # False only when run unguarded on purpose (``plugins=[]``)
 
 
 class TransferRuntime:
     """Runs transfers against one checkpoint store with one set of plugins.
 
     ``plugins=None`` loads the entry-point plugins (the target-commit guard is
-    one); an explicit list replaces them, and ``[]`` runs the unguarded legacy
-    lifecycle. ``paths`` adds connector-provided paths to the built-in four.
+    one); an explicit list replaces them (``[*entry_point_plugins(), mine]``
+    adds to them). A run needs a plugin that claims the route scan (the guard),
+    or it stops before any I/O: only ``plugins=[]`` or ``unguarded=True`` (with
+    other plugins) runs unguarded, on purpose, and only on routes without
+    guards. ``paths`` adds connector-provided paths to the built-in four.
     ``lease_seconds`` is how long a target table's lease lasts without a
     heartbeat (a killed worker's lease expires after it).
     """
@@ -110,6 +114,7 @@ class TransferRuntime:
         state_store: RouteStateStore | None = None,
         paths: Mapping[str, TransferPath] | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        unguarded: bool = False,
     ) -> None:
         self.store = store
         self.state_store = state_store if state_store is not None else store
@@ -119,6 +124,8 @@ class TransferRuntime:
                 diagnostics={"key": "state_store"},
             )
         self.clock = clock or system_clock
+        plugins = None if plugins is None else list(plugins)
+        self.unguarded = unguarded is True or plugins == []
         self.plugin_manager = make_plugin_manager(plugins)
         self.hooks = Hooks(self.plugin_manager)
         self.paths = {**BUILTIN_PATHS, **(paths or {})}
@@ -139,6 +146,8 @@ class TransferRuntime:
                 diagnostics={"key": "path"},
             )
         route = spec.route if isinstance(self.store, TargetScopeStore) else spec.route.unlocated()
+        if not (self.unguarded or scans_routes(self.plugin_manager)):
+            raise self._no_guard(route)
         with self._leased(route, spec.run_id) as lease:
             return self._attempt(spec, path, route, lease)
 
@@ -227,6 +236,15 @@ class TransferRuntime:
             state_ids = ctx.mutation.state.committed_ids
             committed = tuple(pid for pid in ctx.mutation.partition_ids if pid in state_ids)
             batch_id = ctx.mutation.state.batch_id
+            if len(committed) != len(ctx.mutation.partition_ids):
+                raise TargetCommitGuardUnhandled(
+                    f"route {route.label}: the target call succeeded but "
+                    f"{len(ctx.mutation.partition_ids) - len(committed)} of "
+                    f"{len(ctx.mutation.partition_ids)} checkpoints were not promoted by any "
+                    "plugin; evidence and source state were not written and the route stays "
+                    "blocked until `dpone-transfer guard verify` and `guard resolve`",
+                    diagnostics={"route": route.as_dict(), "batch_id": batch_id},
+                )
 
         evidence = {
             "run_id": spec.run_id,
@@ -248,6 +266,7 @@ class TransferRuntime:
             skipped_partition_ids=plan.skipped,
             rows_loaded=rows_loaded,
             events=tuple(recorder.events),
+            guarded=not self.unguarded,
             batch_id=batch_id,
         )
 
@@ -273,6 +292,18 @@ class TransferRuntime:
                 "registered; install or enable the target_commit_guard plugin",
                 diagnostics={"route": route.as_dict(), "partition_ids": guarded},
             )
+        if not self.unguarded:
+            raise self._no_guard(route)
+
+    @staticmethod
+    def _no_guard(route: RouteKey) -> TargetCommitGuardUnhandled:
+        return TargetCommitGuardUnhandled(
+            f"no registered plugin guards route {route.label} (the target_commit_guard entry "
+            "point is missing, blocked, or replaced by plugins=); nothing was read or written. "
+            "Reinstall dpone-native-transfer, add the guard (plugins=[*entry_point_plugins(), "
+            "...]), or run unguarded on purpose with plugins=[] (CLI: run --unguarded)",
+            diagnostics={"route": route.as_dict()},
+        )
 
 
 def _stamped(candidates: list[PartitionCheckpoint], batch_id: str) -> list[PartitionCheckpoint]:
