@@ -75,3 +75,19 @@ def test_an_append_keeps_a_target_table_whose_stored_name_differs_in_case(
         tables = [row[0] for row in target.execute("SELECT name FROM sqlite_master")]
     assert ids == list(range(1, 41)) + [9000 + n for n in range(10)]
     assert stored in tables and "orders_copy" not in tables
+
+
+@pytest.mark.parametrize(
+    "table", ["_dpone_ledger", "_dpone_stage_orders_copy", "_DPONE_new_orders", "_Dpone_x"]
+)
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb"])
+def test_a_target_named_like_the_runtimes_own_tables_is_a_config_error(
+    tmp_path: Path, table: str, kind: str
+) -> None:
+    """A target ``_dpone_stage_orders_copy`` was dropped as another route's staging table."""
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=2)
+    target = "target.db" if kind == "sqlite" else "target.duckdb"
+    done = run(route(tmp_path, kind=kind, target=target, table=table), code=2)
+    assert "reserved for dpone's own tables" in done.stderr
+    assert '"key": "target.table"' in done.stderr
+    assert not (tmp_path / target).exists()

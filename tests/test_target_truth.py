@@ -615,3 +615,141 @@ def test_a_blocked_route_of_release_0_1_stays_blocked_until_resolved(tmp_path: P
     site.add_rows()
     site.run(route)
     site.exactly_once()
+
+
+# the ledger is trusted only as far as the target agrees (found by attacking issue 12) ---------
+
+
+def _hot_journal(target: Path) -> None:
+    """Leave the SQLite target as a load SIGKILLed mid-transaction leaves it: a hot journal."""
+    snapshot = target.with_name("snapshot.db")
+    with contextlib.closing(sqlite3.connect(target, isolation_level=None)) as db:
+        db.execute("PRAGMA cache_size=1")  # spill pages, so the journal is written
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany(
+            "INSERT INTO orders_copy (id, region) VALUES (?, ?)",
+            [(10**6 + n, "x" * 200) for n in range(5000)],
+        )
+        shutil.copy(target, snapshot)
+        shutil.copy(f"{target}-journal", f"{snapshot}-journal")
+        db.execute("ROLLBACK")
+    Path(f"{snapshot}-journal").replace(f"{target}-journal")
+    snapshot.replace(target)
+
+
+def test_a_hot_journal_left_by_a_killed_load_is_rolled_back_not_refused(sqlite_site: Site) -> None:
+    """A read-only ledger read cannot roll a hot journal back: every run exited 2 for good."""
+    site = sqlite_site
+    route = site.route()
+    site.run(route)
+    _hot_journal(site.target_file())
+    assert Path(f"{site.target_file()}-journal").exists()
+    verify = dpone("guard", "verify", route)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    site.add_rows()
+    site.run(route)
+    site.exactly_once()
+
+
+def test_verify_never_says_agree_when_the_ledger_holds_a_forged_row(site: Site) -> None:
+    route = site.route()
+    site.run(route)
+    _sql(site, "INSERT INTO _dpone_ledger VALUES (99, 'orders_copy', 'b', 1, 'garbage', '[]')")
+    done = dpone("guard", "verify", route)
+    assert done.returncode == 3 and "ledger_unreadable" in done.stderr, done.stdout + done.stderr
+    assert "agree" not in done.stdout
+    assert refused(site.run(route, code=3), MISMATCH)["mismatch"] == "ledger_unreadable"
+
+
+def _sql(site: Site, *statements: str) -> None:
+    target = site.target_file()
+    if site.kind == "duckdb":
+        import duckdb
+
+        with contextlib.closing(duckdb.connect(str(target))) as db:
+            for statement in statements:
+                db.execute(statement)
+        return
+    with contextlib.closing(sqlite3.connect(target)) as db:
+        for statement in statements:
+            db.execute(statement)
+        db.commit()
+
+
+@pytest.mark.parametrize("how", ["DROP TABLE orders_copy", "DELETE FROM orders_copy",
+                                 "ALTER TABLE orders_copy RENAME TO orders_old"])  # fmt: skip
+def test_a_target_table_dropped_or_emptied_inside_its_database_is_refused_then_reloaded(
+    site: Site, how: str
+) -> None:
+    """The ledger still lists batches of a table that lost them: a run used to load only new
+    rows, 120 missing, exit 0."""
+    route = site.route()
+    site.run(route)
+    _sql(site, how)
+    site.add_rows()
+    done = site.run(route, code=3)
+    assert refused(done, MISMATCH)["mismatch"] == "target_emptied"
+    assert "state restore" in done.stderr
+    verify = dpone("guard", "verify", route)
+    assert verify.returncode == 3 and "target_emptied" in verify.stdout
+    restored = restore(route)
+    assert "mark 4 committed partitions the target does not hold" in restored.stdout
+    site.run(route)
+    site.exactly_once()
+    site.add_rows(8)
+    site.run(route)
+    site.exactly_once()
+
+
+def test_restore_refuses_a_ledger_that_no_longer_accounts_for_the_rows(site: Site) -> None:
+    """The ledger table dropped, its rows kept: restoring from it duplicated all 120."""
+    route = site.route()
+    site.run(route)
+    _sql(site, "DROP TABLE _dpone_ledger")
+    assert refused(site.run(route, code=3), MISMATCH)["mismatch"] == "store_ahead_of_target"
+    done = dpone("state", "restore", route, "--reason", "r", "--operator", "o", "--yes")
+    assert done.returncode == 2 and "holds 120 rows but its ledger records 0" in done.stderr
+    site.exactly_once()
+
+
+def test_restore_refuses_a_ledger_that_was_off_for_a_while(sqlite_site: Site) -> None:
+    """ledger = false, then true, then the store is lost: the ledger misses 40 rows."""
+    site = sqlite_site
+    site.run(site.route())
+    site.add_rows()
+    site.run(site.route(ledger="ledger = false"))
+    site.add_rows()
+    route = site.route()
+    site.run(route)
+    _lose_by_deleting(site, route)
+    assert refused(site.run(route, code=3), MISMATCH)["mismatch"] == "target_ahead_of_store"
+    done = dpone("state", "restore", route, "--reason", "r", "--operator", "o", "--yes")
+    assert done.returncode == 2 and "holds 200 rows but its ledger records 160" in done.stderr
+    assert site.target_ids() == site.source_ids()[: len(site.target_ids())]
+
+
+def test_a_refusal_names_the_other_routes_whose_batches_the_store_lost(sqlite_site: Site) -> None:
+    site = sqlite_site
+    appends, refresh = site.route(), site.route("refresh.toml", strategy="full_refresh")
+    site.run(appends)
+    site.run(refresh)
+    site.add_rows()
+    site.run(appends)
+    _lose_by_deleting(site, appends)
+    done = site.run(appends, code=3)
+    assert "orders -> orders_copy (full_refresh)" in done.stderr
+    restore(appends)
+    restore(refresh)
+    site.run(appends)
+    site.exactly_once()
+
+
+def test_restore_rebuilds_a_store_file_that_is_gone(sqlite_site: Site) -> None:
+    site = sqlite_site
+    route = site.route()
+    site.run(route)
+    site.add_rows()
+    _lose_by_deleting(site, route)
+    restore(route)  # no run in between: the store file does not exist
+    assert site.run(route).stdout.startswith("committed 4 partitions, skipped 0, loaded 40 rows")
+    site.exactly_once()

@@ -33,6 +33,7 @@ from .errors import (
     StoreTargetMismatch,
     TargetCommitGuardInvalid,
     TargetCommitGuardUnhandled,
+    TargetUnavailable,
 )
 from .events import Event, EventName
 from .hookspecs import hookimpl
@@ -86,6 +87,7 @@ __all__ = [
     "Strategy",
     "TargetCommitGuardInvalid",
     "TargetCommitGuardUnhandled",
+    "TargetUnavailable",
     "TargetMutation",
     "TransferResult",
     "TransferRuntime",

@@ -33,6 +33,7 @@ __all__ = [
     "StoreTargetMismatch",
     "TargetCommitGuardInvalid",
     "TargetCommitGuardUnhandled",
+    "TargetUnavailable",
 ]
 
 
@@ -109,6 +110,13 @@ class ArtifactInvalid(NativeTransferError):
     """An exported artifact no longer matches its recorded digest."""
 
     code = "native_transfer_artifact_invalid"
+
+
+class TargetUnavailable(NativeTransferError):
+    """The target database cannot be opened or read now (locked, unreachable); a retry may
+    succeed. Nothing was written."""
+
+    code = "native_transfer_target_unavailable"
 
 
 class PluginLoadFailed(NativeTransferError):

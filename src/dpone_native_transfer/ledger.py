@@ -42,8 +42,10 @@ __all__ = [
     "LedgerEntry",
     "LedgerPartition",
     "Proof",
+    "check_ledger_columns",
     "check_store_against_target",
     "ledger_query",
+    "live_entries",
     "ledger_overrides",
     "prove",
     "restored_checkpoints",
@@ -129,6 +131,11 @@ class LedgerEntry:
             attrs.evolve(p, rows=rows.get(p.partition_id, p.rows)) for p in self.partitions
         )
         return attrs.evolve(self, partitions=partitions)
+
+    @property
+    def label(self) -> str:
+        """The route that wrote it, as route labels read."""
+        return f"{self.source_table} -> {self.target_table} ({self.strategy})"
 
     def of_route(self, route: RouteKey) -> bool:
         """Written by ``route`` (the ledger lives in the target: its location is implied)."""
@@ -249,6 +256,19 @@ def _safe_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+LEDGER_COLUMNS = frozenset({"seq", "target_table", "batch_id", "rows", "entry", "partitions"})
+
+
+def check_ledger_columns(columns: set[str]) -> None:
+    """Refuse a ``_dpone_ledger`` table that lacks the ledger's columns (not one we wrote)."""
+    if not LEDGER_COLUMNS <= columns:
+        raise StoreTargetMismatch(
+            f"the target holds a table named {LEDGER_TABLE} that is not a ledger (its columns "
+            "differ); it cannot be checked against the checkpoint store: rename that table",
+            diagnostics={"mismatch": "ledger_unreadable"},
+        )
+
+
 def ledger_query(table_marker: str, *, partitions: bool) -> str:
     """The SELECT a sink's ``read_ledger`` runs: the rows ``LedgerEntry.from_row`` reads.
 
@@ -287,6 +307,7 @@ def check_store_against_target(
     *,
     overridden: Callable[[], set[str]],
     cursor_column: str | None = None,
+    target_rows: Callable[[], int] | None = None,
 ) -> LedgerEntry | None:
     """Refuse the run when the store and the target's ledger disagree (reads only).
 
@@ -303,7 +324,9 @@ def check_store_against_target(
        store knows under another location);
     2. every committed ledger batch of the store is in the ledger (else the
        target was replaced, restored, or is another database);
-    3. no other route replaced the table after this route's last batch (a full
+    3. the table holds rows when its ledger records some since it was last replaced
+       (``target_rows()``, read only then; else it was dropped, renamed or emptied);
+    4. no other route replaced the table after this route's last batch (a full
        refresh, or a strategy switch), unless this route replaces it too. A full
        refresh of the same source table that recorded how far it loaded this
        route's cursor column is returned instead: the route continues from its
@@ -321,6 +344,7 @@ def check_store_against_target(
             sorted(set(found) - excused) for found in (unknown, contradicted, behind)
         )
     if unknown:
+        others = sorted({e.label for e in live if e.batch_id in unknown and not e.of_route(route)})
         raise _mismatch(
             route,
             "target_ahead_of_store",
@@ -328,7 +352,7 @@ def check_store_against_target(
             "store does not know (the store was lost, replaced, restored from an older "
             "backup, copied without its -wal file or is another store; or the target was "
             "moved or copied); rebuild the store's view of this route from the target with: "
-            f"{_RESTORE}",
+            f"{_RESTORE}" + _for_other_routes(others),
             batch_ids=unknown,
         )
     if contradicted:
@@ -353,15 +377,26 @@ def check_store_against_target(
             "table that its ledger does not hold (the target was replaced, restored from an "
             "older backup or moved, or this is another database with the same table name); "
             f"see them with: {_VERIFY}; if this is the right target, make the store agree "
-            f"with it (they are loaded again) with: {_RESTORE}"
-            + (
-                f"; some are of other routes writing this table ({'; '.join(others)}): "
-                "restore each with its own route file"
-                if others
-                else ""
-            ),
+            f"with it (they are loaded again) with: {_RESTORE}" + _for_other_routes(others),
             batch_ids=behind,
         )
+    claimed = [entry for entry in live if entry.rows]
+    if claimed and target_rows is not None and target_rows() == 0:
+        excused = overridden()
+        claimed = [entry for entry in claimed if entry.batch_id not in excused]
+        if claimed:
+            routes = sorted({entry.label for entry in claimed})
+            raise _mismatch(
+                route,
+                "target_emptied",
+                f"the target table is missing or empty, but its ledger records "
+                f"{plural(sum(entry.rows for entry in claimed), 'row')} in "
+                f"{plural(len(claimed), 'batch')} since it was last replaced (the table was "
+                "dropped, renamed or emptied behind the ledger's back); if that was on "
+                f"purpose, mark them for loading again with: {_RESTORE}, for each route that "
+                f"wrote them ({'; '.join(routes)})",
+                batch_ids=sorted(entry.batch_id for entry in claimed),
+            )
     mine = [entry for entry in entries if entry.of_route(route)]
     if route.strategy is Strategy.FULL_REFRESH or not mine:
         return None
@@ -385,6 +420,15 @@ def check_store_against_target(
     )
 
 
+def _for_other_routes(labels: Sequence[str]) -> str:
+    if not labels:
+        return ""
+    return (
+        f"; some are of other routes writing this table ({'; '.join(labels)}): restore each "
+        "with its own route file"
+    )
+
+
 def _continues(by: LedgerEntry, route: RouteKey, cursor_column: str | None) -> bool:
     """Whether ``route`` may append after ``by``'s refresh: it loaded the same source table up to
     a recorded watermark of the same cursor column."""
@@ -394,6 +438,11 @@ def _continues(by: LedgerEntry, route: RouteKey, cursor_column: str | None) -> b
         and by.watermark is not None
         and (by.source_location, by.source_table) == (route.source_location, route.source_table)
     )
+
+
+def live_entries(entries: Sequence[LedgerEntry], excused: set[str]) -> list[LedgerEntry]:
+    """The entries whose rows the table should hold now (``excused``: operators said not)."""
+    return [entry for entry in _since_last_replace(entries) if entry.batch_id not in excused]
 
 
 def _since_last_replace(entries: Sequence[LedgerEntry]) -> list[LedgerEntry]:

@@ -24,10 +24,11 @@ from .checkpoints import (
     RouteKey,
 )
 from .connectors.contract import LedgerSink
-from .errors import ConfigInvalid, NativeTransferError, RouteBusy
+from .errors import ConfigInvalid, NativeTransferError, RouteBusy, StoreTargetMismatch
 from .lease import Lease, LeaseStore, read_holder
 from .lease import lease_key as _lease_key
-from .ledger import LedgerEntry, restored_checkpoints
+from .ledger import LedgerEntry, live_entries, restored_checkpoints
+from .reporting import plural
 
 __all__ = [
     "RestorePlan",
@@ -41,13 +42,20 @@ __all__ = [
 def ledger_of(
     sink: Any, *, partitions: bool = False
 ) -> tuple[list[LedgerEntry] | None, str | None]:
-    """The target's ledger entries, or None and the (safe) reason they cannot be read."""
+    """The target's ledger entries, or None and the (safe) reason they cannot be read.
+
+    A ledger that holds an invalid row raises its ``StoreTargetMismatch``
+    (``ledger_unreadable``): a run refuses it too, so no operator command may
+    treat it as merely unknown.
+    """
     if sink is None:
         return None, "the store does not say where the target is: give the route file"
     if not isinstance(sink, LedgerSink):
         return None, "this target keeps no ledger"
     try:
         return sink.read_ledger(partitions=partitions), None
+    except StoreTargetMismatch:
+        raise
     except NativeTransferError as error:
         return None, f"the target's ledger cannot be read ({error.code})"
     except Exception as error:  # a driver's own error: its text may hold secrets
@@ -94,6 +102,7 @@ class RestorePlan:
     source_state: dict[str, Any] | None
     previous_state: dict[str, Any] | None
     entries: int
+    overrides: tuple[str, ...] = ()  # ledger batches the emptied table no longer holds
 
     @property
     def rolled_back(self) -> int:
@@ -101,7 +110,14 @@ class RestorePlan:
 
 
 def plan_restore(
-    store: Any, route: RouteKey, entries: Sequence[LedgerEntry], *, now: datetime
+    store: Any,
+    route: RouteKey,
+    entries: Sequence[LedgerEntry],
+    *,
+    now: datetime,
+    target_rows: int,
+    excused: set[str],
+    ignore_row_count: bool = False,
 ) -> RestorePlan:
     """The store's view of ``route`` rebuilt from the target's ledger (entries with partitions).
 
@@ -121,7 +137,29 @@ def plan_restore(
       left: from the start). When nothing was forgotten, a store's state of a
       later generation is kept (runs that find nothing new advance it without a
       batch).
+
+    The ledger is trusted only as far as the table agrees: ``target_rows`` must be
+    the rows its ledger records since the table was last replaced (``excused``:
+    batches operators already said are gone), unless ``ignore_row_count``. A table
+    that is empty while its ledger records rows was dropped or emptied: nothing
+    the ledger lists is held, and this route's batches are recorded as overrides.
     """
+    live = live_entries(entries, excused)
+    ledger_rows = sum(entry.rows for entry in live)
+    emptied = target_rows == 0 and ledger_rows > 0
+    if not (emptied or ignore_row_count) and target_rows != ledger_rows:
+        raise ConfigInvalid(
+            f"refusing to restore route {route.label}: the target table holds "
+            f"{plural(target_rows, 'row')} but its ledger records {ledger_rows:,} since it was "
+            "last replaced (rows loaded before the ledger or with ledger = false, written by "
+            "another tool, deleted since, or ledger rows removed), so the ledger is not the "
+            "whole truth; compare by hand (`dpone-transfer guard show`), or, if the difference "
+            "is known and intended, repeat with --ignore-row-count; nothing was written",
+            diagnostics={"route": route.as_dict(), "target_rows": target_rows,
+                         "ledger_rows": ledger_rows},
+        )  # fmt: skip
+    overrides = sorted(entry.batch_id for entry in live if entry.of_route(route))
+    entries = [] if emptied else entries
     mine = [entry for entry in entries if entry.of_route(route)] or _moved_source(route, entries)
     latest = {cp.partition_id: cp for cp in store.list_latest(route)}
     restored = restored_checkpoints(route, mine)
@@ -174,6 +212,7 @@ def plan_restore(
         source_state=None if state == previous else state,
         previous_state=previous,
         entries=len(mine),
+        overrides=tuple(overrides) if emptied else (),
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from .checkpoints import LEDGER_BATCH_KEY, PartitionCheckpoint, PartitionCheckpointStatus
 from .config import load_route_config
 from .errors import ConfigInvalid
+from .ledger import ledger_overrides
 from .recovery import check_not_leased, ledger_of, operator_lease, plan_restore
 from .reporting import EXIT_FAILED, EXIT_OK, confirmed, plural
 from .stores import open_store
@@ -52,6 +53,13 @@ def add_state_command(commands: Any, common: argparse.ArgumentParser) -> None:
     restore.add_argument("--reason", required=True, type=_text, metavar="TEXT", help="why")
     restore.add_argument("--operator", required=True, type=_text, metavar="NAME", help="who")
     restore.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    restore.add_argument(
+        "--ignore-row-count",
+        action="store_true",
+        help="restore although the target table's row count differs from what its ledger "
+        "records (rows loaded before the ledger or by another tool, or deleted since); "
+        "recorded in the audit record",
+    )
     restore.set_defaults(handler=_restore_command)
 
 
@@ -70,11 +78,26 @@ def _restore_command(args: argparse.Namespace) -> int:
             f"refusing to restore route {route.label}: {reason}; nothing was written",
             diagnostics={"route": route.as_dict()},
         )
-    store = open_store(args.store or config.store_path, create=False, argument="--store")
+    # the route file's own store is created when lost (rebuilding it is the point); a
+    # --store that does not exist is a mistake
+    given = args.store is not None
+    store = open_store(
+        args.store if given else config.store_path,
+        create=not given,
+        argument="--store" if given else "store.path",
+    )
     try:
         check_not_leased(store, route)
         now = datetime.now(UTC)
-        plan = plan_restore(store, route, entries, now=now)
+        plan = plan_restore(
+            store,
+            route,
+            entries,
+            now=now,
+            target_rows=config.sink.row_count(),
+            excused=ledger_overrides(store, route),
+            ignore_row_count=args.ignore_row_count,
+        )
         restored = len(plan.checkpoints) - plan.rolled_back
         print(
             f"route {route.label}: {plural(plan.entries, 'batch')} in the target's ledger; "
@@ -121,7 +144,10 @@ def _restore_command(args: argparse.Namespace) -> int:
                 for cp in plan.checkpoints
             ],
             "source_state": plan.source_state,
+            "ignore_row_count": args.ignore_row_count,
         }
+        if plan.overrides:
+            audit["ledger_overrides"] = list(plan.overrides)
         with operator_lease(store, route, operator=args.operator, action="state restore"):
             audit_id = store.apply_resolution(
                 route,

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..errors import ConfigInvalid
+from ..identity import fold_ascii
 from ..payloads import UPTO_OR_NULL, Predicate, bound_predicates
 
 __all__ = ["WINDOW_OPERATORS", "bounds_where", "quote", "render_predicates"]
@@ -21,6 +22,25 @@ def quote(name: Any) -> str:
     if not isinstance(name, str) or not name or "\x00" in name:
         raise ConfigInvalid("identifier must be a non-empty string without NUL characters")
     return '"' + name.replace('"', '""') + '"'
+
+
+# The runtime's own tables in a target database (its ledger, staging tables) start so.
+RESERVED_PREFIX = "_dpone_"
+
+
+def check_target_table(table: Any) -> None:
+    """Refuse a target table the runtime could mistake for one of its own (any ASCII case).
+
+    A target named ``_dpone_stage_orders`` would be dropped as the staging table
+    of ``orders``; one named ``_dpone_ledger`` would be written as the ledger.
+    """
+    quote(table)
+    if fold_ascii(table).startswith(RESERVED_PREFIX):
+        raise ConfigInvalid(
+            f"target table {table!r} starts with {RESERVED_PREFIX!r}, which is reserved for "
+            "dpone's own tables (the ledger and staging tables); choose another name",
+            diagnostics={"key": "target.table"},
+        )
 
 
 _COMPARISONS = frozenset({"=", ">", "<="})

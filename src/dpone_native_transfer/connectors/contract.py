@@ -55,6 +55,13 @@ class LedgerSink(Protocol):
         Reads only. ``partitions=True`` also reads each entry's partition list.
         """
 
+    def row_count(self) -> int:
+        """Rows in the target table now; 0 when it does not exist. Reads only.
+
+        Compared with the rows the ledger records: a table dropped or emptied
+        behind the ledger's back is refused, never silently reloaded or skipped.
+        """
+
 
 class LedgerNotWritten(NativeTransferError):
     """A ledger sink's target call returned without writing the batch's ledger row (a bug)."""

@@ -23,9 +23,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..artifacts import JSONL
-from ..errors import ConfigInvalid, SourceInvalid
+from ..errors import ConfigInvalid, SourceInvalid, TargetUnavailable
 from ..identity import TableIdentity, file_location, fold_ascii
-from ..ledger import LEDGER_TABLE, LedgerEntry, ledger_query
+from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
 from ..payloads import (
     ArtifactFiles,
     Column,
@@ -34,7 +34,7 @@ from ..payloads import (
     RowChunks,
     bound_predicates,
 )
-from ._sql import WINDOW_OPERATORS, quote, render_predicates
+from ._sql import WINDOW_OPERATORS, check_target_table, quote, render_predicates
 from .contract import PendingLedger
 from .sqlite import SQLiteSource
 
@@ -126,7 +126,7 @@ class DuckDBSink:
     ledger_atomic = True
 
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
-        quote(table)
+        check_target_table(table)
         self.path = os.fspath(path)
         self.table = table
         self._ledger = PendingLedger()
@@ -280,13 +280,16 @@ class DuckDBSink:
         except duckdb.Error:
             conn = None
         if conn is None:
-            raise ConfigInvalid(
-                f"the target database of table {self.table!r} cannot be opened to read its ledger",
+            raise TargetUnavailable(
+                f"the target database of table {self.table!r} cannot be opened to read its "
+                "ledger now (locked or damaged); nothing was written",
                 diagnostics={"table": self.table},
             )
         try:
             if not _table_exists(conn, LEDGER_TABLE):
                 return []
+            described = conn.execute(f"DESCRIBE {quote(LEDGER_TABLE)}").fetchall()
+            check_ledger_columns({row[0] for row in described})
             rows = conn.execute(
                 ledger_query("?", partitions=partitions), [self.identity().table]
             ).fetchall()

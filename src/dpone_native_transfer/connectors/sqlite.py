@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoints import sha256_digest
-from ..errors import ConfigInvalid, SourceInvalid
+from ..errors import ConfigInvalid, SourceInvalid, TargetUnavailable
 from ..identity import TableIdentity, file_location, fold_ascii
-from ..ledger import LEDGER_TABLE, LedgerEntry, ledger_query
+from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
 from ..payloads import Column, LoadPlan, RowChunks, SourceShape
-from ._sql import bounds_where
+from ._sql import bounds_where, check_target_table
 from ._sql import quote as _quote
 from .contract import PendingLedger
 
@@ -291,7 +291,7 @@ class SQLiteSink:
     ledger_atomic = True
 
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
-        _quote(table)
+        check_target_table(table)
         self.path = os.fspath(path)
         self.table = table
         self._ledger = PendingLedger()
@@ -347,21 +347,28 @@ class SQLiteSink:
             return _record(conn, self._ledger.take(), rows)
 
     def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:
-        """The ledger entries of this target table, oldest first (a read-only connection)."""
+        """The ledger entries of this target table, oldest first.
+
+        The connection may write, though this reads only: a read-only one cannot
+        roll back the hot journal a killed load leaves, and would refuse the file.
+        """
         if not os.path.isfile(self.path):
             return []
         try:
             with contextlib.closing(
-                sqlite3.connect(_uri(self.path, read_only=True), uri=True, timeout=_TIMEOUT)
+                sqlite3.connect(_uri(self.path, read_only=False), uri=True, timeout=_TIMEOUT)
             ) as conn:
-                if not _table_columns(conn, LEDGER_TABLE):
+                columns = _table_columns(conn, LEDGER_TABLE)
+                if not columns:
                     return []
+                check_ledger_columns({column.name for column in columns})
                 rows = conn.execute(
                     ledger_query("?", partitions=partitions), (self.identity().table,)
                 ).fetchall()
         except sqlite3.Error:
-            raise ConfigInvalid(
-                f"the target database of table {self.table!r} or its ledger cannot be read",
+            raise TargetUnavailable(
+                f"the target database of table {self.table!r} or its ledger cannot be read "
+                "now (locked, read-only or damaged); nothing was written",
                 diagnostics={"table": self.table},
             ) from None
         return [LedgerEntry.from_row(*row) for row in rows]

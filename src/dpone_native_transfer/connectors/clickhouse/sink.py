@@ -41,6 +41,7 @@ from ...errors import ArtifactInvalid, ConfigInvalid, SourceInvalid
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query
 from ...payloads import ArtifactFiles, Column, LoadPlan, RowChunks, bound_predicates
+from .._sql import check_target_table
 from ..contract import PendingLedger
 from ..sqlite import SQLiteSource
 from .client import CHDB, ClickHouseClient, open_client, parse_location
@@ -77,7 +78,7 @@ class ClickHouseSink:
     ledger_atomic = False  # the ledger row follows the rows; its absence proves nothing
 
     def __init__(self, location: Any, table: str, *, partition_by: str | None = None) -> None:
-        quote(table)
+        check_target_table(table)
         if partition_by is not None:
             quote(partition_by)
         self._location = parse_location(location)
