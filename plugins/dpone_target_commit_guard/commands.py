@@ -484,7 +484,7 @@ def _mismatch(
             as_latest(store.list_target_latest(route)),
             entries,
             overridden=lambda: ledger_overrides(store, route) | blocked,
-            target_rows=target.sink(route).row_count,
+            target_empty=target.sink(route).is_empty,
         )
     except StoreTargetMismatch as mismatch:
         return mismatch

@@ -307,7 +307,7 @@ def check_store_against_target(
     *,
     overridden: Callable[[], set[str]],
     cursor_column: str | None = None,
-    target_rows: Callable[[], int] | None = None,
+    target_empty: Callable[[], bool] | None = None,
 ) -> LedgerEntry | None:
     """Refuse the run when the store and the target's ledger disagree (reads only).
 
@@ -325,7 +325,7 @@ def check_store_against_target(
     2. every committed ledger batch of the store is in the ledger (else the
        target was replaced, restored, or is another database);
     3. the table holds rows when its ledger records some since it was last replaced
-       (``target_rows()``, read only then; else it was dropped, renamed or emptied);
+       (``target_empty()``, asked only then; else it was dropped, renamed or emptied);
     4. no other route replaced the table after this route's last batch (a full
        refresh, or a strategy switch), unless this route replaces it too. A full
        refresh of the same source table that recorded how far it loaded this
@@ -381,7 +381,7 @@ def check_store_against_target(
             batch_ids=behind,
         )
     claimed = [entry for entry in live if entry.rows]
-    if claimed and target_rows is not None and target_rows() == 0:
+    if claimed and target_empty is not None and target_empty():
         excused = overridden()
         claimed = [entry for entry in claimed if entry.batch_id not in excused]
         if claimed:

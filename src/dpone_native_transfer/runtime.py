@@ -182,7 +182,7 @@ class TransferRuntime:
                 ledger.read_ledger(),
                 overridden=lambda: ledger_overrides(self.store, route),
                 cursor_column=spec.source.cursor_column,
-                target_rows=ledger.row_count,
+                target_empty=ledger.is_empty,
             )
         recorder.emit(EventName.ROUTE_SCANNED, route=route.as_dict(), checkpoints=len(latest))
 

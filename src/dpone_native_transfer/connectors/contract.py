@@ -58,8 +58,14 @@ class LedgerSink(Protocol):
     def row_count(self) -> int:
         """Rows in the target table now; 0 when it does not exist. Reads only.
 
-        Compared with the rows the ledger records: a table dropped or emptied
-        behind the ledger's back is refused, never silently reloaded or skipped.
+        ``state restore`` compares it with the rows the ledger records.
+        """
+
+    def is_empty(self) -> bool:
+        """True when the target table does not exist or holds no row; reads at most one row.
+
+        Every run asks it when the ledger records rows: a table dropped or
+        emptied behind the ledger's back is refused, never silently skipped.
         """
 
 

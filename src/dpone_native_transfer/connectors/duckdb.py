@@ -307,6 +307,9 @@ class DuckDBSink:
         with self._reader() as conn:
             return 0 if conn is None else _row_count(conn, self.table)
 
+    def is_empty(self) -> bool:
+        return self.row_count() == 0  # DuckDB counts from table metadata
+
     def rows(self) -> list[tuple]:
         with self._reader() as conn:
             if conn is None or not _table_exists(conn, self.table):

@@ -483,6 +483,12 @@ class SQLiteSink:
         with self._reader() as conn:
             return 0 if conn is None else _row_count(conn, self.table)
 
+    def is_empty(self) -> bool:
+        with self._reader() as conn:
+            if conn is None or not _table_columns(conn, self.table):
+                return True
+            return conn.execute(f"SELECT 1 FROM {_quote(self.table)} LIMIT 1").fetchone() is None
+
     def rows(self) -> list[tuple]:
         with self._reader() as conn:
             if conn is None or not _table_columns(conn, self.table):

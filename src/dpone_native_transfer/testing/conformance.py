@@ -330,6 +330,17 @@ class GuardConformance:
         assert_raises_original(kit_route.sink.error, kit_route.run, raised_in="target_call")
         expect("ledger entries", sink.read_ledger(), [])
 
+    def test_the_sink_counts_its_rows_for_the_ledger_checks(
+        self, kit_route: ConformanceRoute
+    ) -> None:
+        """``row_count`` and ``is_empty`` tell a dropped or emptied table from a loaded one."""
+        sink = _ledger_sink(kit_route)
+        expect("is_empty before any load", sink.is_empty(), True)
+        expect("row_count before any load", sink.row_count(), 0)
+        first = kit_route.run()
+        expect("is_empty after a load", sink.is_empty(), False)
+        expect("row_count after a load", sink.row_count(), first.rows_loaded)
+
     def test_a_lost_store_is_refused_before_the_target(self, kit_route: ConformanceRoute) -> None:
         """A run whose store forgot the target's batches stops before reading the source."""
         _ledger_sink(kit_route)

@@ -341,6 +341,9 @@ class ClickHouseSink:
         with self.client() as client:
             return _count(client, self.table)
 
+    def is_empty(self) -> bool:
+        return self.row_count() == 0  # MergeTree counts from part metadata
+
     def rows(self) -> list[tuple]:
         """Every row, ordered by all columns (ClickHouse keeps no insertion order)."""
         with self.client() as client:
