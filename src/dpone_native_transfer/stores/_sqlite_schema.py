@@ -26,7 +26,8 @@ __all__ = [
     "SCHEMA",
     "SCHEMA_VERSION",
     "SUMMARY_NAMES",
-    "TARGET_SCOPE",
+    "TARGET_LOCATED",
+    "TARGET_UNLOCATED",
     "check_schema",
     "immediate",
     "migrate",
@@ -39,13 +40,12 @@ _NAMES = "source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT 
 _LOCATIONS = "source_location TEXT NOT NULL DEFAULT '', target_location TEXT NOT NULL DEFAULT ''"
 ROUTE_KEY = ", ".join(ROUTE_NAMES)
 ROUTE = " AND ".join(f"{name} = ?" for name in ROUTE_NAMES)
-# Every checkpoint writing one target table: located ones of its database (exact name), and,
-# failing closed, unlocated ones whose target name matches ignoring case. Four parameters:
-# target location, target table, target table, target table.
-TARGET_SCOPE = (
-    "((target_location = ? AND target_table = ? COLLATE NOCASE AND target_table = ?)"
-    " OR (target_location = '' AND target_table = ? COLLATE NOCASE))"
-)
+# Every checkpoint writing one target table, in two disjoint parts queried one after the
+# other (an OR of them makes SQLite read every row instead of the covering index): located
+# ones of its database (exact name; parameters location, table, table), and, failing closed,
+# unlocated ones whose target name matches ignoring case (parameter: table).
+TARGET_LOCATED = "target_location = ? AND target_table = ? COLLATE NOCASE AND target_table = ?"
+TARGET_UNLOCATED = "target_location = '' AND target_table = ? COLLATE NOCASE"
 
 # What the route scan and the planner read instead of payloads (``latest.py``): SQL over
 # the payload, kept current by the writer and, for any other writer, by triggers.

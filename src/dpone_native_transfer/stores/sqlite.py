@@ -46,7 +46,8 @@ from ._sqlite_schema import (
     SCHEMA,
     SCHEMA_VERSION,
     SUMMARY_NAMES,
-    TARGET_SCOPE,
+    TARGET_LOCATED,
+    TARGET_UNLOCATED,
     check_schema,
     immediate,
     migrate,
@@ -227,14 +228,16 @@ class SQLiteCheckpointStore(RecordReads):
         Read it while the store is open: its answers come from the store's connection.
         """
         self._connection()  # a closed store refuses now, not at the first question
-        return LatestCheckpoints(_LatestRows(self, ROUTE, route_params(route)))
+        return LatestCheckpoints(_LatestRows(self, [(ROUTE, route_params(route))]))
 
     def list_target_latest(self, route: RouteKey) -> LatestCheckpoints:
         """Every route's latest checkpoints into ``route``'s target table (``TargetScopeStore``)."""
         self._connection()
         table = route.target_table
-        scope = (route.target_location or "", table, table, table)
-        return LatestCheckpoints(_LatestRows(self, TARGET_SCOPE, scope))
+        parts = [(TARGET_UNLOCATED, (table,))]
+        if route.target_location:
+            parts.insert(0, (TARGET_LOCATED, (route.target_location, table, table)))
+        return LatestCheckpoints(_LatestRows(self, parts))
 
     def adopt_unlocated(self, route: RouteKey) -> int:
         """Move the unlocated twin's latest checkpoints and source state to ``route``, at once.
@@ -354,23 +357,33 @@ def _latest_payload(conn: sqlite3.Connection, checkpoint: PartitionCheckpoint) -
 
 
 class _LatestRows:
-    """``LatestReader`` over the rows a condition selects: one route, or one target table."""
+    """``LatestReader`` over the rows some disjoint conditions select: one route, or one
+    target table (its located and unlocated parts, each answered from a covering index)."""
 
-    def __init__(self, store: SQLiteCheckpointStore, where: str, params: tuple[Any, ...]) -> None:
+    def __init__(
+        self, store: SQLiteCheckpointStore, parts: list[tuple[str, tuple[Any, ...]]]
+    ) -> None:
         self._store = store
-        self._where = where
-        self._params = params
+        self._parts = parts
         self._routes: dict[tuple[Any, ...], RouteKey] = {}
 
     def _select(self, columns: str, rest: str = "", params: tuple[Any, ...] = ()) -> list[Any]:
-        return self._store._read(
-            f"SELECT {columns} FROM checkpoint_latest WHERE {self._where}{rest}",
-            (*self._params, *params),
-        )
+        """The rows of every part, concatenated (an aggregate: one row list per part)."""
+        return [
+            row
+            for where, where_params in self._parts
+            for row in self._store._read(
+                f"SELECT {columns} FROM checkpoint_latest WHERE {where}{rest}",
+                (*where_params, *params),
+            )
+        ]
 
     def _decoded(self, rest: str, params: tuple[Any, ...] = ()) -> list[PartitionCheckpoint]:
         rows = self._select(f"{ROUTE_KEY}, partition_id, seq, payload", rest, params)
-        return [decode_checkpoint(self._route(row[:5]), *row[5:]) for row in rows]
+        decoded = [decode_checkpoint(self._route(row[:5]), *row[5:]) for row in rows]
+        if len(self._parts) > 1:
+            decoded.sort(key=lambda checkpoint: checkpoint.partition_id)
+        return decoded
 
     def _route(self, key: tuple[Any, ...]) -> RouteKey:
         route = self._routes.get(key)
@@ -379,7 +392,7 @@ class _LatestRows:
         return route
 
     def count(self) -> int:
-        return self._select("COUNT(*)")[0][0]
+        return sum(count for (count,) in self._select("COUNT(*)"))
 
     def all(self) -> list[PartitionCheckpoint]:
         return self._decoded(" ORDER BY partition_id")
@@ -388,7 +401,10 @@ class _LatestRows:
         rows = self._select(
             "status, guard, COUNT(*)", " AND guard IS NOT NULL GROUP BY guard, status"
         )
-        return {(status, guard): count for status, guard, count in rows}
+        groups: dict[tuple[str, str], int] = {}
+        for status, guard, count in rows:
+            groups[status, guard] = groups.get((status, guard), 0) + count
+        return groups
 
     def in_group(self, status: str, guard: str) -> list[PartitionCheckpoint]:
         return self._decoded(
