@@ -7,6 +7,7 @@ forged rows with exit 0; each counts the target's rows against the source.
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import subprocess
 import sys
@@ -91,3 +92,71 @@ def test_a_target_named_like_the_runtimes_own_tables_is_a_config_error(
     assert "reserved for dpone's own tables" in done.stderr
     assert '"key": "target.table"' in done.stderr
     assert not (tmp_path / target).exists()
+
+
+# 3. the route scan's summaries never diverge from the payloads -----------------------------------
+
+
+def _blocked_payload(payload: str) -> str:
+    """The same checkpoint, as a run whose target outcome is unknown leaves it."""
+    record = json.loads(payload)
+    record["status"] = "failed"
+    record["diagnostics"]["target_commit_guard"]["phase"] = "target_outcome_unknown"
+    return json.dumps(record, sort_keys=True)
+
+
+def test_an_upsert_with_a_new_seq_and_a_stale_summary_cannot_hide_a_guard(tmp_path: Path) -> None:
+    """A foreign writer moved seq and payload but left the summary: run proceeded, scan blocked."""
+    build_sample_source(tmp_path / "source.db", rows=40, partitions=2)
+    route_file = route(tmp_path, path="legacy")
+    run(route_file)
+    with contextlib.closing(sqlite3.connect(tmp_path / "checkpoints.db")) as store:
+        rows = store.execute("SELECT rowid, payload FROM checkpoint_latest").fetchall()
+        for rowid, payload in rows:
+            store.execute(
+                "UPDATE checkpoint_latest SET seq = seq + 1000, payload = ? WHERE rowid = ?",
+                (_blocked_payload(payload), rowid),
+            )
+        store.commit()
+        statuses = {row[0] for row in store.execute("SELECT status FROM checkpoint_latest")}
+    assert statuses == {"failed"}, "the summary follows the payload"
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=2, start_id=100)
+    done = run(route_file, code=3)
+    assert "native_transfer_manual_reconciliation_required" in done.stderr
+    scan = subprocess.run(
+        [SCRIPT, "guard", "scan", str(route_file)], capture_output=True, text=True, timeout=60
+    )
+    assert scan.returncode == 3, "the scan and the run agree"
+
+
+def test_a_payload_holding_a_key_twice_is_refused_by_the_store(tmp_path: Path) -> None:
+    """SQLite's JSON reads the first of two keys and Python the last: such a row is refused."""
+    build_sample_source(tmp_path / "source.db", rows=40, partitions=2)
+    route_file = route(tmp_path, path="legacy")
+    run(route_file)
+    with contextlib.closing(sqlite3.connect(tmp_path / "checkpoints.db")) as store:
+        (payload,) = store.execute("SELECT payload FROM checkpoint_latest LIMIT 1").fetchone()
+        blocked = _blocked_payload(payload)
+        committed_guard = json.dumps(json.loads(payload)["diagnostics"]["target_commit_guard"])
+        forged = blocked.replace(
+            '"target_commit_guard": ', f'"target_commit_guard": {committed_guard}, '
+            '"target_commit_guard": ', 1,
+        )  # fmt: skip
+        assert forged.count('"target_commit_guard"') == 2
+        for statement in (
+            "UPDATE checkpoint_latest SET payload = ?",
+            "INSERT INTO checkpoint_latest (source_table, target_table, strategy, partition_id,"
+            " seq, payload) VALUES ('a', 'b', 'incremental_append', 'p', 1, ?)",
+        ):
+            with pytest.raises(sqlite3.IntegrityError, match="holds a key twice"):
+                store.execute(statement, (forged,))
+    run(route_file)  # untouched: the route is healthy, its next run loads nothing new
+
+
+def test_a_checkpoint_read_with_a_key_twice_is_corrupt_not_read_either_way() -> None:
+    from dpone_native_transfer import CheckpointStoreCorrupt, RouteKey
+    from dpone_native_transfer.stores._records import decode_checkpoint
+
+    text = '{"status": "committed", "status": "failed"}'
+    with pytest.raises(CheckpointStoreCorrupt, match="holds a key twice"):
+        decode_checkpoint(RouteKey("a", "b", "incremental_append"), "p", 1, text)

@@ -250,6 +250,22 @@ def _parse_timestamp(payload: Mapping, field: str) -> datetime | None:
     return value
 
 
+def strict_json(text: str | bytes) -> Any:
+    """``json.loads``, refusing an object with a key twice (ValueError).
+
+    Readers disagree on such objects (SQLite's JSON takes the first value, Python
+    the last), so a stored record holding one is malformed, never read either way.
+    """
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise ValueError("a JSON object holds a key twice")
+    return result
+
+
 def _is_json_safe(value: Any, depth: int = 0) -> bool:
     if depth > 32:
         return False

@@ -23,6 +23,7 @@ from .checkpoints import (
     LEDGER_BATCH_KEY,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
+    strict_json,
 )
 
 __all__ = ["LatestCheckpoints", "LatestReader", "as_latest", "guard_json"]
@@ -147,14 +148,7 @@ class LatestCheckpoints(Sequence[PartitionCheckpoint]):
     @staticmethod
     def parse_guard(text: str) -> Any:
         """The guard map of a group key; raises ValueError when the text is not one JSON value."""
-        return json.loads(text, object_pairs_hook=_no_duplicates)
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        raise ValueError("duplicate key")
-    return result
+        return strict_json(text)
 
 
 def guard_json(checkpoint: PartitionCheckpoint) -> str | None:

@@ -5,13 +5,12 @@ Errors raised here never carry a file path, a DSN or a driver's message text.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 
-from ..checkpoints import PartitionCheckpoint, RouteKey, checkpoint_from_payload
+from ..checkpoints import PartitionCheckpoint, RouteKey, checkpoint_from_payload, strict_json
 from ..errors import CheckpointPayloadInvalid, CheckpointStoreCorrupt, ResolutionConflict
 from ._codec import ROUTE_NAMES, route_from_params, route_params
 
@@ -26,10 +25,13 @@ __all__ = [
 
 
 def _loads(text: Any, what: str, where: dict[str, Any]) -> Any:
+    """Strict JSON: a key twice in one object is as corrupt as text that is not JSON."""
     try:
-        return json.loads(text)
+        return strict_json(text)
     except (TypeError, ValueError, RecursionError):
-        raise CheckpointStoreCorrupt(f"{what} is not valid JSON", diagnostics=where) from None
+        raise CheckpointStoreCorrupt(
+            f"{what} is not valid JSON (or holds a key twice)", diagnostics=where
+        ) from None
 
 
 def load_object(text: Any, what: str, where: dict[str, Any]) -> dict[str, Any]:

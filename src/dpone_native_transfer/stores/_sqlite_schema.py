@@ -65,23 +65,67 @@ def _summary_of(payload: str, names: tuple[str, ...] = SUMMARY_NAMES) -> list[st
 
 
 def _summary_triggers(names: tuple[str, ...]) -> tuple[str, ...]:
-    """The writer sets the summary from each checkpoint; these triggers cover any other writer.
+    """Keep every row's summary what SQLite reads from its payload, whoever writes the row.
 
-    A row inserted without a summary, or changed in place (the store's own writes
-    always move ``seq`` to a new history row), gets its summary from the payload.
+    The store's writer sets the summary from each checkpoint, and then these
+    triggers find it right and do nothing. Any other write (a row inserted or
+    restored by hand, an upsert with a new ``seq`` and a stale or no summary, a
+    summary edited alone) is corrected at once: the route scan, which reads only
+    the summary, can never see other than the payload. (The guard is compared as
+    JSON, so the writer's spacing does not count as a difference.)
     """
-    assign = ", ".join(
-        f"{column} = {sql}"
-        for column, sql in zip(names, _summary_of("NEW.payload", names), strict=True)
-    )
+    derived = dict(zip(names, _summary_of("NEW.payload", names), strict=True))
+
+    def current(column: str) -> str:
+        return f"json(NEW.{column})" if column == "guard" else f"NEW.{column}"
+
+    differs = " OR ".join(f"{current(c)} IS NOT ({derived[c]})" for c in names)
+    assign = ", ".join(f"{column} = {sql}" for column, sql in derived.items())
     return tuple(
         f"""CREATE TRIGGER checkpoint_latest_summary_{name} AFTER {event} ON checkpoint_latest
-        WHEN {when}
+        WHEN {differs}
         BEGIN UPDATE checkpoint_latest SET {assign} WHERE rowid = NEW.rowid; END"""
-        for name, event, when in (
-            ("on_insert", "INSERT", " AND ".join(f"NEW.{c} IS NULL" for c in names)),
-            ("on_update", f"UPDATE OF payload, {', '.join(names)}", "NEW.seq IS OLD.seq"),
-        )
+        for name, event in (("on_insert", "INSERT"), ("on_update", "UPDATE"))
+    )
+
+
+# Where the summary reads the payload (``_SUMMARY``), as JSON paths.
+_SUMMARY_PATHS = (
+    "$.status",
+    "$.query_hash",
+    "$.schema_hash",
+    f"$.diagnostics.{GUARD_DIAGNOSTICS_KEY}",
+    f"$.diagnostics.{LEDGER_BATCH_KEY}",
+)
+
+
+def _holds_a_key_twice(payload: str) -> str:
+    """SQL: true when ``payload`` holds a key the summary reads twice, where it reads it.
+
+    ``json_remove`` drops the first of equal keys, so a key still found after it
+    was there twice (about 4 us a row; scanning the text for each key costs 15).
+    A ``diagnostics`` object given twice is found the same way. Other duplicated
+    keys are refused by the readers (``strict_json``).
+    """
+    paths = ", ".join(f"'{path}'" for path in _SUMMARY_PATHS)
+    nothing_left = "[" + ",".join(["null"] * len(_SUMMARY_PATHS)) + "]"
+    return (
+        f"(json_extract(json_remove({payload}, {paths}), {paths}) IS NOT '{nothing_left}'"
+        f" OR json_type(json_remove({payload}, '$.diagnostics'), '$.diagnostics') IS NOT NULL)"
+    )
+
+
+def _unique_keys_triggers() -> tuple[str, ...]:
+    """Refuse a payload with a key twice at its top level or in its diagnostics.
+
+    SQLite's JSON reads the first of two equal keys and Python's the last, so
+    such a payload could show the route scan one guard and the run another.
+    """
+    return tuple(
+        f"""CREATE TRIGGER checkpoint_latest_unique_keys_{name} BEFORE {event} ON checkpoint_latest
+        WHEN {_holds_a_key_twice("NEW.payload")}
+        BEGIN SELECT RAISE(ABORT, 'checkpoint payload holds a key twice'); END"""
+        for name, event in (("on_insert", "INSERT"), ("on_update", "UPDATE OF payload"))
     )
 
 
@@ -95,6 +139,7 @@ _LATEST_UPKEEP = (
     "CREATE INDEX checkpoint_latest_by_batch ON checkpoint_latest"
     " (target_location, target_table COLLATE NOCASE, ledger_batch, status)",
     *_summary_triggers(SUMMARY_NAMES),
+    *_unique_keys_triggers(),
 )
 _LEASE_TABLE = """CREATE TABLE lease (
     lease_key TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at REAL NOT NULL,
@@ -260,9 +305,13 @@ def _version_2_to_3(conn: sqlite3.Connection) -> None:
         for name in _LOCATION_NAMES:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} TEXT NOT NULL DEFAULT ''")
     conn.execute("ALTER TABLE checkpoint_latest ADD COLUMN ledger_batch TEXT")
+    # every summary from its payload (an older writer's could be stale); a payload with a key
+    # twice gets a guard no reader accepts, so its route blocks until it is resolved
+    summary = zip(SUMMARY_NAMES, _summary_of("payload"), strict=True)
+    conn.execute("UPDATE checkpoint_latest SET " + ", ".join(f"{c} = {sql}" for c, sql in summary))
     conn.execute(
-        "UPDATE checkpoint_latest SET ledger_batch = "
-        + _summary_of("payload", ("ledger_batch",))[0]
+        "UPDATE checkpoint_latest SET guard = '\"payload holds a key twice\"'"
+        f" WHERE {_holds_a_key_twice('payload')}"
     )
     for table, create in (("source_state", _SOURCE_STATE), ("evidence", _EVIDENCE)):
         names = ", ".join(_V2_TABLES[table])
