@@ -160,3 +160,66 @@ def test_a_checkpoint_read_with_a_key_twice_is_corrupt_not_read_either_way() -> 
     text = '{"status": "committed", "status": "failed"}'
     with pytest.raises(CheckpointStoreCorrupt, match="holds a key twice"):
         decode_checkpoint(RouteKey("a", "b", "incremental_append"), "p", 1, text)
+
+
+# 5. file-artifact: the sink loads exactly the verified bytes, from a private folder -------------
+
+
+def test_a_planted_symlink_in_a_shared_artifact_dir_is_never_followed(tmp_path: Path) -> None:
+    """Planted ``p-<id>.rows`` symlinks made a run overwrite the files they point at."""
+    build_sample_source(tmp_path / "source.db", rows=40, partitions=2)
+    shared = tmp_path / "shared"
+    text = route(tmp_path, path="file-artifact").read_text(encoding="utf-8")
+    route_file = tmp_path / "route.toml"
+    route_file.write_text(text.replace("[store]", 'artifact_dir = "shared"\n\n[store]'), "utf-8")
+    run(route_file)  # learn the partition ids the next identical run will use
+    with contextlib.closing(sqlite3.connect(tmp_path / "checkpoints.db")) as store:
+        ids = [row[0] for row in store.execute("SELECT partition_id FROM checkpoint_latest")]
+    for name in ("target.db", "checkpoints.db", "checkpoints.db-wal", "checkpoints.db-shm"):
+        (tmp_path / name).unlink(missing_ok=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious", encoding="utf-8")
+    planted = sorted(f"{pid}.rows" for pid in ids)
+    for name in planted:
+        (shared / name).symlink_to(victim)
+    run(route_file)
+    assert victim.read_text(encoding="utf-8") == "precious"
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
+        counts = target.execute("SELECT count(*), count(DISTINCT id) FROM orders_copy").fetchone()
+    assert counts == (40, 40)
+    assert sorted(p.name for p in shared.iterdir()) == planted, "nothing written beside them"
+
+
+@pytest.mark.parametrize("path", ["file-artifact", "legacy"])
+def test_a_file_replaced_after_its_check_is_never_loaded(tmp_path: Path, path: str) -> None:
+    """The digest was checked before the target call, the file read after it: a file
+    replaced in that window committed forged rows. The sink now reads what was hashed."""
+    from dpone_native_transfer import (
+        ArtifactInvalid,
+        SQLiteCheckpointStore,
+        SQLiteSink,
+        SQLiteSource,
+        TransferRuntime,
+        TransferSpec,
+    )
+    from dpone_native_transfer.artifacts import write_chunks
+    from dpone_native_transfer.testing import RecordingSink
+
+    build_sample_source(tmp_path / "source.db", rows=40, partitions=2)
+    work = tmp_path / "work"
+
+    def forge() -> None:  # at the start of the target call, swap every spool file's rows
+        for file in work.glob("dpone-transfer-*/*"):
+            with open(file, "wb") as handle:
+                write_chunks(handle, [[(9999, "forged", 1.0, 1)]])
+
+    sink = RecordingSink(SQLiteSink(tmp_path / "target.db", "orders_copy"), observe=forge)
+    spec = TransferSpec(
+        source=SQLiteSource(tmp_path / "source.db", "orders", "region", "updated_at"),
+        sink=sink, strategy="incremental_append", path=path, run_id="r", artifact_dir=str(work),
+    )  # fmt: skip
+    with SQLiteCheckpointStore(tmp_path / "checkpoints.db") as store:
+        with pytest.raises(ArtifactInvalid, match="changed after it was written"):
+            TransferRuntime(store).run(spec)
+    assert sink.inner.rows() == [], "no forged row, and the load was rolled back whole"
+    assert list(work.iterdir()) == [], "the private folder is removed after a failed run too"

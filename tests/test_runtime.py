@@ -109,15 +109,21 @@ def test_a_tampered_artifact_is_refused_before_the_target(route, monkeypatch):
 
 
 def test_file_artifact_checkpoints_carry_the_digest_of_each_artifact(route):
+    """The digests are those of the files the sink reads; the files go with the run."""
     folder = route.tmp / "artifacts"
+    route.sink.observe = lambda: {
+        path.stem: file_sha256(path) for path in folder.glob("dpone-transfer-*/p-*.rows")
+    }
     route.runtime().run(route.spec("file-artifact", artifact_dir=str(folder)))
+    (seen,) = route.sink.observations
     latest = route.latest()
     assert len(latest) == 4 and all(cp.status is COMMITTED for cp in latest)
     for checkpoint in latest:
         digest = checkpoint.diagnostics["artifact_sha256"]
         assert DIGEST.fullmatch(digest)
-        assert digest == file_sha256(folder / f"{checkpoint.partition_id}.rows")
+        assert digest == seen[checkpoint.partition_id]
     assert len({cp.diagnostics["artifact_sha256"] for cp in latest}) == 4
+    assert list(folder.iterdir()) == [], "the run's private folder is removed after it"
 
 
 # -- evidence and source state ---------------------------------------------------

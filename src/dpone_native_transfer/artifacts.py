@@ -25,14 +25,23 @@ import decimal
 import hashlib
 import json
 import marshal
+import os
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from .errors import ArtifactInvalid
 
-__all__ = ["JSONL", "file_sha256", "json_value", "read_chunks", "write_chunks", "write_jsonl"]
+__all__ = [
+    "JSONL",
+    "create_private",
+    "file_sha256",
+    "json_value",
+    "read_chunks",
+    "write_chunks",
+    "write_jsonl",
+]
 
 JSONL = "jsonl"
 
@@ -40,12 +49,16 @@ _READ_BLOCK = 1 << 20
 _LENGTH = struct.Struct(">Q")
 
 
-def write_chunks(handle: BinaryIO, chunks: Iterable[Sequence[tuple]]) -> tuple[int, str]:
+def write_chunks(
+    handle: BinaryIO, chunks: Iterable[Sequence[tuple]], digest: Any = None
+) -> tuple[int, str]:
     """Append ``chunks`` to ``handle`` as length-prefixed blocks.
 
     Return (rows written, ``sha256:`` of the bytes written, prefixes included).
+    ``digest`` (a ``hashlib.sha256()``) carries on a digest of earlier writes to
+    the same file, so the returned one covers the whole file.
     """
-    digest = hashlib.sha256()
+    digest = hashlib.sha256() if digest is None else digest
     rows = 0
     for chunk in chunks:
         block = marshal.dumps(list(chunk))
@@ -96,21 +109,27 @@ def json_value(value: object) -> str:
     raise TypeError("not representable in jsonl")
 
 
-def read_chunks(path: Path) -> Iterator[list[tuple]]:
+def read_chunks(path: Path, sha256: str | None = None) -> Iterator[list[tuple]]:
     """Yield the chunks of a spool file in the order they were written.
 
     A file that ends inside a block (a short length prefix or a short block)
     or holds a block that does not decode raises ``ArtifactInvalid``; partial
     data is never returned silently. Its diagnostics name only the file name,
-    the byte offset of the block and the sizes involved.
+    the byte offset of the block and the sizes involved. With ``sha256``, the
+    bytes read are hashed as they are read and a file that differs raises
+    ``ArtifactInvalid`` at its end: the digest covers exactly what a reader took,
+    so a file replaced after an earlier check cannot be loaded unnoticed.
     """
+    digest = hashlib.sha256()
     with open(path, "rb") as handle:
         offset = 0
         while prefix := handle.read(_LENGTH.size):
+            digest.update(prefix)
             if len(prefix) != _LENGTH.size:
                 raise _truncated(path, offset, _LENGTH.size, len(prefix), "length prefix")
             (size,) = _LENGTH.unpack(prefix)
             block = handle.read(size)
+            digest.update(block)
             if len(block) != size:
                 raise _truncated(path, offset, size, len(block), "block")
             try:
@@ -122,6 +141,17 @@ def read_chunks(path: Path) -> Iterator[list[tuple]]:
                 ) from None
             offset += _LENGTH.size + size
             yield chunk
+    if sha256 is not None and "sha256:" + digest.hexdigest() != sha256:
+        raise ArtifactInvalid(
+            "a spool or artifact file changed after it was written (its digest differs)",
+            diagnostics={"file": path.name},
+        )
+
+
+def create_private(path: Path) -> BinaryIO:
+    """Open a new file for writing: never an existing one, never through a symlink."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    return os.fdopen(os.open(path, flags, 0o600), "wb")
 
 
 def _truncated(path: Path, offset: int, expected: int, got: int, part: str) -> ArtifactInvalid:

@@ -11,6 +11,7 @@ that failed after promotion heals on the next run without a target call.
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -214,7 +215,7 @@ class TransferRuntime:
                     cursor_column=spec.source.cursor_column,
                     at=read_clock(self.clock, route=route, run_id=spec.run_id),
                 )
-            with tempfile.TemporaryDirectory(prefix="dpone-transfer-") as work_dir:
+            with _work_folder(spec) as work_dir:
                 ctx = PathContext(
                     spec=spec,
                     route=route,
@@ -305,6 +306,21 @@ class TransferRuntime:
             "...]), or run unguarded on purpose with plugins=[] (CLI: run --unguarded)",
             diagnostics={"route": route.as_dict()},
         )
+
+
+def _work_folder(spec: TransferSpec) -> tempfile.TemporaryDirectory[str]:
+    """The attempt's private folder (mode 0700, fresh, removed after it): spool and artifact
+    files. Made in ``spec.artifact_dir`` when given, else in the system's temp folder."""
+    parent = spec.artifact_dir
+    if parent is not None:
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except OSError:
+            raise ConfigInvalid(
+                "artifact_dir cannot be created or is not a folder",
+                diagnostics={"key": "transfer.artifact_dir"},
+            ) from None
+    return tempfile.TemporaryDirectory(prefix="dpone-transfer-", dir=parent)
 
 
 def _stamped(candidates: list[PartitionCheckpoint], batch_id: str) -> list[PartitionCheckpoint]:

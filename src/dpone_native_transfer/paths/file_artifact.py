@@ -10,7 +10,14 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from ..artifacts import JSONL, file_sha256, read_chunks, write_chunks, write_jsonl
+from ..artifacts import (
+    JSONL,
+    create_private,
+    file_sha256,
+    read_chunks,
+    write_chunks,
+    write_jsonl,
+)
 from ..errors import ArtifactInvalid
 from ..payloads import ArtifactFiles
 from . import PathContext
@@ -19,14 +26,13 @@ __all__ = ["file_artifact_path"]
 
 
 def file_artifact_path(ctx: PathContext) -> int:
-    folder = Path(ctx.spec.artifact_dir) if ctx.spec.artifact_dir else ctx.work_dir
-    folder.mkdir(parents=True, exist_ok=True)
+    """Files in the run's private work folder (``artifact_dir`` says where it is made)."""
     jsonl = getattr(ctx.sink, "artifact_format", None) == JSONL
     names = [column.name for column in ctx.shape.columns]
     files: list[Path] = []
     for index, candidate in enumerate(ctx.candidates):
-        path = folder / f"{candidate.partition_id}.{JSONL if jsonl else 'rows'}"
-        with open(path, "wb") as handle:
+        path = ctx.work_dir / f"{candidate.partition_id}.{JSONL if jsonl else 'rows'}"
+        with create_private(path) as handle:
             if jsonl:
                 rows, digest = write_jsonl(handle, names, ctx.read(candidate))
             else:
@@ -48,5 +54,10 @@ def file_artifact_path(ctx: PathContext) -> int:
             replace=ctx.replace,
         )
     else:
-        payload = ctx.row_chunks(itertools.chain.from_iterable(read_chunks(p) for p in files))
+        digests = [candidate.diagnostics["artifact_sha256"] for candidate in ctx.candidates]
+        payload = ctx.row_chunks(
+            itertools.chain.from_iterable(
+                read_chunks(path, digest) for path, digest in zip(files, digests, strict=True)
+            )
+        )
     return ctx.mutate("load", lambda: ctx.sink.load(payload))

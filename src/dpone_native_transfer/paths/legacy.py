@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ..artifacts import read_chunks, write_chunks
+import hashlib
+
+from ..artifacts import create_private, read_chunks, write_chunks
 from . import PathContext
 
 __all__ = ["legacy_path"]
@@ -10,12 +12,12 @@ __all__ = ["legacy_path"]
 
 def legacy_path(ctx: PathContext) -> int:
     spool = ctx.work_dir / "legacy.spool"
-    total = 0
-    with open(spool, "wb") as handle:
+    total, digest, whole = 0, hashlib.sha256(), ""
+    with create_private(spool) as handle:
         for index, candidate in enumerate(ctx.candidates):
-            rows, _ = write_chunks(handle, ctx.read(candidate))
+            rows, whole = write_chunks(handle, ctx.read(candidate), digest)
             ctx.extracted(index, rows)
             total += rows
     ctx.check_governance(total)
-    payload = ctx.row_chunks(read_chunks(spool))
+    payload = ctx.row_chunks(read_chunks(spool, whole or None))
     return ctx.mutate("load", lambda: ctx.sink.load(payload))
