@@ -223,3 +223,33 @@ def test_a_file_replaced_after_its_check_is_never_loaded(tmp_path: Path, path: s
             TransferRuntime(store).run(spec)
     assert sink.inner.rows() == [], "no forged row, and the load was rolled back whole"
     assert list(work.iterdir()) == [], "the private folder is removed after a failed run too"
+
+
+# 2. lazy-plan never lets another engine filter a collated source column ------------------------
+
+
+@pytest.mark.parametrize("collation", ["NOCASE", "RTRIM"])
+@pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
+def test_lazy_plan_refuses_a_collated_partition_column_other_paths_load_every_row(
+    tmp_path: Path, collation: str, kind: str
+) -> None:
+    """DuckDB and ClickHouse re-evaluated SQLite partition predicates with their own
+    comparison: 20 of 30 rows were lost, checkpoints committed, exit 0."""
+    spellings = ["East", "east", "EAST"] if collation == "NOCASE" else ["East", "East ", "East  "]
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as source:
+        source.execute(
+            f"CREATE TABLE orders (id INTEGER PRIMARY KEY, region TEXT COLLATE {collation},"
+            " amount REAL, updated_at INTEGER)"
+        )
+        source.executemany(
+            "INSERT INTO orders VALUES (?, ?, 1.0, ?)",
+            [(n, spellings[n % 3], 1000 + n) for n in range(1, 31)],
+        )
+        source.commit()
+    location = "target.duckdb" if kind == "duckdb" else "target-chdb"  # chDB: a data folder
+    refused = run(route(tmp_path, kind=kind, target=location, path="lazy-plan"), code=2)
+    assert "declared with a collation" in refused.stderr
+    assert '"columns": ["region"]' in refused.stderr
+    assert "native_transfer_config_invalid" in refused.stderr
+    loaded = run(route(tmp_path, kind=kind, target=location, path="staged"))
+    assert "loaded 30 rows" in loaded.stdout

@@ -36,7 +36,7 @@ from ..payloads import (
 )
 from ._sql import WINDOW_OPERATORS, check_target_table, quote, render_predicates
 from .contract import PendingLedger
-from .sqlite import SQLiteSource
+from .sqlite import SQLiteSource, refuse_collated_plan
 
 __all__ = ["DUCKDB_TYPES", "DuckDBSink", "duckdb_type"]
 
@@ -211,6 +211,7 @@ class DuckDBSink:
                 "cannot pull from this source: use legacy, staged or file-artifact",
                 diagnostics={"table": self.table, "path": "lazy-plan"},
             )
+        refuse_collated_plan(plan.source, engine="DuckDB", table=self.table)
 
     def _load_plan(self, plan: LoadPlan) -> int:
         """DuckDB pulls the plan's partitions from the SQLite file with ``sqlite_scan``."""

@@ -113,6 +113,28 @@ class SQLiteSource:
     def _open(self) -> sqlite3.Connection:
         return sqlite3.connect(_uri(self.path, read_only=True), uri=True, timeout=_TIMEOUT)
 
+    def collated_columns(self) -> list[str]:
+        """The partition and cursor columns SQLite compares other than byte by byte.
+
+        A column declared ``COLLATE NOCASE`` or ``RTRIM`` (or with a collation of its
+        own) matches values another engine would not: a plan filtered by DuckDB or
+        ClickHouse would then select other rows than the source's own partitioning.
+        Probed without reading a row: a compound select takes its comparison
+        collation from its first, empty, arm.
+        """
+        found = []
+        with self._connect() as conn:
+            for name in (self.partition_column, self.cursor_column):
+                if name is None:
+                    continue
+                probe = (
+                    f"SELECT v = 'a', v = 'A', v = 'a ' FROM (SELECT {_quote(name)} AS v"
+                    f" FROM {_quote(self.table)} WHERE 0 UNION ALL SELECT 'a')"
+                )
+                if conn.execute(probe).fetchone() != (1, 0, 0):
+                    found.append(name)
+        return found
+
     def describe(self) -> SourceShape:
         """Columns and hashes; raises ``SourceInvalid`` when the table or a named column is gone."""
         with self._connect() as conn:
@@ -280,6 +302,19 @@ class SQLiteSource:
         with self._connect() as conn:
             sql = f"SELECT COUNT(*) FROM {_quote(self.table)} WHERE {where}"
             return conn.execute(sql, params).fetchone()[0]
+
+
+def refuse_collated_plan(source: SQLiteSource, *, engine: str, table: str) -> None:
+    """Refuse a lazy plan another engine would filter differently (``collated_columns``)."""
+    collated = source.collated_columns()
+    if collated:
+        raise ConfigInvalid(
+            f"lazy-plan into {engine} cannot filter source column(s) {', '.join(collated)} as "
+            "SQLite does: they are declared with a collation (COLLATE NOCASE, RTRIM or another), "
+            f"so {engine} would select other rows than the source's partitions; use legacy, "
+            "staged or file-artifact (read by SQLite itself)",
+            diagnostics={"table": table, "columns": collated, "path": "lazy-plan"},
+        )
 
 
 class SQLiteSink:

@@ -43,7 +43,7 @@ from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query
 from ...payloads import ArtifactFiles, Column, LoadPlan, RowChunks, bound_predicates
 from .._sql import check_target_table
 from ..contract import PendingLedger
-from ..sqlite import SQLiteSource
+from ..sqlite import SQLiteSource, refuse_collated_plan
 from .client import CHDB, ClickHouseClient, open_client, parse_location
 from .sql import (
     DEDUPLICATION_WINDOW,
@@ -223,6 +223,7 @@ class ClickHouseSink:
                     "characters (use another path)",
                     diagnostics={"table": self.table, "identifier": name},
                 )
+        refuse_collated_plan(plan.source, engine="ClickHouse", table=self.table)
 
     def _plan_fill(self, payload: LoadPlan) -> Fill:
         """The engine pulls each partition from the SQLite file with its sqlite() table function."""
