@@ -513,7 +513,9 @@ def test_lazy_plan_with_a_missing_source_file_is_source_invalid(tmp_path):
     (tmp_path / "gone.db").unlink()
     with pytest.raises(SourceInvalid) as caught:
         _sink(tmp_path).load(LoadPlan(source=source, columns=columns, bounds=({"partition": 1},)))
-    assert "gone.db" not in str(caught.value)
+    # issue 13: the resolved path of a missing source is shown (not secret), never in diagnostics
+    assert str(tmp_path / "gone.db") in str(caught.value)
+    assert "gone.db" not in str(caught.value.diagnostics)
     assert not (tmp_path / "gone.db").exists()
 
 

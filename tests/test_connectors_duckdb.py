@@ -461,7 +461,8 @@ def test_load_plan_with_missing_source_file_is_source_invalid(source, sink):
     os.unlink(source.path)
     with pytest.raises(SourceInvalid) as caught:
         sink.load(LoadPlan(source=source, columns=columns, bounds=({"partition": "north"},)))
-    assert "source.db" not in str(caught.value)
+    assert os.path.abspath(source.path) in str(caught.value)  # shown: not secret (issue 13)
+    assert "source.db" not in str(caught.value.diagnostics)
     assert not Path(sink.path).exists()
 
 

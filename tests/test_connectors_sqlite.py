@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpone_native_transfer.connectors import SQLiteSink, SQLiteSource
-from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
+from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid, SourceMissing
 from dpone_native_transfer.payloads import Column, LoadPlan, RowChunks, SourceShape
 
 ORDERS = [
@@ -189,13 +189,15 @@ def test_describe_rejects_missing_table_or_column_without_the_path(
     assert "source.db" not in str(caught.value)
 
 
-def test_describe_rejects_missing_file_without_the_path(tmp_path):
-    path = tmp_path / "secret-location" / "absent.db"
-    with pytest.raises(SourceInvalid) as caught:
-        SQLiteSource(path, "orders", "region").describe()
-    assert "orders" in str(caught.value)
-    assert "secret-location" not in str(caught.value)
-    assert not path.exists()
+def test_describe_rejects_a_missing_file_naming_its_resolved_path(tmp_path, monkeypatch):
+    """Issue 13: the resolved path tells a new user where the route file points (it is not
+    secret); it stays out of the diagnostics, and the file is not created."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SourceMissing) as caught:
+        SQLiteSource("sub/../absent.db", "orders", "region").describe()
+    assert f"{tmp_path / 'absent.db'} for table 'orders'" in str(caught.value)
+    assert caught.value.diagnostics == {"table": "orders"}
+    assert not (tmp_path / "absent.db").exists()
 
 
 def test_describe_hides_sqlite_errors(tmp_path):

@@ -253,3 +253,65 @@ def test_lazy_plan_refuses_a_collated_partition_column_other_paths_load_every_ro
     assert "native_transfer_config_invalid" in refused.stderr
     loaded = run(route(tmp_path, kind=kind, target=location, path="staged"))
     assert "loaded 30 rows" in loaded.stdout
+
+
+# wrong codes: what retrying cannot fix exits 2, with a clear message, before any write --------
+
+
+def _mistakes(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
+    def made(name: str, **values: Any) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        build_sample_source(folder / "source.db", rows=20, partitions=2)
+        return route(folder, path="legacy", **values)
+
+    cases: dict[str, tuple[Path, list[str]]] = {}
+    file = made("missing-source")
+    file.write_text(file.read_text().replace('path = "source.db"', 'path = "gone.db"'))
+    cases["missing source file"] = (file, [f"{file.parent / 'gone.db'} for table"])
+    file = made("wrong-table")
+    file.write_text(file.read_text().replace('table = "orders"', 'table = "orderz"'))
+    cases["wrong table"] = (file, ["source table 'orderz' does not exist"])
+    file = made("wrong-column")
+    file.write_text(file.read_text().replace('"region"', '"regoin"'))
+    cases["wrong partition column"] = (file, ["partition column 'regoin' does not exist"])
+    file = made("huge-chunks")
+    huge = "chunk_rows = 9223372036854775808\n[store]"
+    file.write_text(file.read_text().replace("[store]", huge))
+    cases["chunk_rows of 2**63"] = (file, ["at most 10,000,000"])
+    file = made("store-folder")
+    (file.parent / "checkpoints.db").mkdir()
+    cases["a folder as the store"] = (file, ["is a folder, not a store file"])
+    file = made("nested")
+    file.write_text("[source]\nx = " + "[" * 5000 + "]" * 5000 + "\n")
+    cases["a deeply nested route file"] = (file, ["nest too deeply"])
+    file = made("blob")
+    with contextlib.closing(sqlite3.connect(file.parent / "source.db")) as source:
+        source.execute("UPDATE orders SET region = CAST(region AS BLOB)")
+        source.commit()
+    cases["BLOB partition values"] = (file, ["holds a BLOB value"])
+    return cases
+
+
+def test_configuration_mistakes_exit_2_with_a_clear_message_and_write_nothing(
+    tmp_path: Path,
+) -> None:
+    for name, (route_file, words) in _mistakes(tmp_path).items():
+        done = run(route_file, code=2)
+        assert "Traceback" not in done.stderr, name
+        for word in words:
+            assert word in done.stderr, (name, done.stderr)
+        assert not (route_file.parent / "target.db").exists(), name
+
+
+def test_a_misspelled_route_is_an_error_listing_the_known_routes(tmp_path: Path) -> None:
+    build_sample_source(tmp_path / "source.db", rows=20, partitions=2)
+    run(route(tmp_path, path="legacy"))
+    done = subprocess.run(
+        [SCRIPT, "guard", "scan", "--store", str(tmp_path / "checkpoints.db"),
+         "--route", "order", "orders_copy", "incremental_append"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "holds no route order -> orders_copy" in done.stderr
+    assert "its routes: orders -> orders_copy (incremental_append)" in done.stderr

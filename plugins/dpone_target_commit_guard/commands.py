@@ -258,7 +258,18 @@ class _Target:
             route = self.config.route
             return [route, *(r for r in known if r == route.unlocated())]
         if self.named is not None:
-            return [r for r in known if r.as_dict() == self.named.as_dict()] or [self.named]
+            found = [r for r in known if r.as_dict() == self.named.as_dict()]
+            if not found:  # a misspelled name must not read as "nothing blocks"
+                labels = sorted(route.label for route in known)
+                shown = "; ".join(labels[:20]) + (
+                    f"; and {len(labels) - 20} more" if len(labels) > 20 else ""
+                )
+                raise ConfigInvalid(
+                    f"the store holds no route {self.named.label}; its routes: "
+                    + (shown or "none"),
+                    diagnostics={"key": "--route", "known_routes": len(labels)},
+                )
+            return found
         return known
 
     def sink(self, route: RouteKey) -> Any:

@@ -29,7 +29,7 @@ from .errors import ConfigInvalid
 from .identity import route_key
 from .lease import DEFAULT_LEASE_SECONDS
 from .paths import Governance
-from .runtime import BUILTIN_PATHS, TransferSpec
+from .runtime import BUILTIN_PATHS, MAX_CHUNK_ROWS, TransferSpec
 from .stores import resolve_env
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "RouteConfig", "load_route_config", "route_config_from_mapping"]
@@ -186,6 +186,8 @@ def _read_toml(path: Path, argument: str) -> dict[str, Any]:
         problem = "cannot be read"
     except UnicodeDecodeError:
         problem = "is not valid TOML: it is not UTF-8 text"
+    except RecursionError:
+        problem = "is not a route file: its tables or arrays nest too deeply"
     except tomllib.TOMLDecodeError as exc:
         position = _toml_position(exc)
         raise ConfigInvalid(
@@ -289,8 +291,8 @@ def _check_value(key: str, kind: str, value: Any) -> None:
     if kind in ("positive", "count"):
         if not isinstance(value, int) or isinstance(value, bool):
             raise _invalid(key, f"must be an integer, not {_toml_type(value)}")
-        if kind == "positive" and value < 1:
-            raise _invalid(key, "must be a positive integer")
+        if kind == "positive" and not 1 <= value <= MAX_CHUNK_ROWS:
+            raise _invalid(key, f"must be a positive integer of at most {MAX_CHUNK_ROWS:,}")
         if value < 0:
             raise _invalid(key, "must not be negative")
         return

@@ -30,6 +30,7 @@ __all__ = [
     "ResolutionConflict",
     "RouteBusy",
     "SourceInvalid",
+    "SourceMissing",
     "StoreTargetMismatch",
     "TargetCommitGuardInvalid",
     "TargetCommitGuardUnhandled",
@@ -95,9 +96,14 @@ class ConfigInvalid(NativeTransferError):
 
 
 class SourceInvalid(NativeTransferError):
-    """The source table or one of its named columns does not exist."""
+    """The source cannot be read: it is missing, or it could not be reached or read now."""
 
     code = "native_transfer_source_invalid"
+
+
+class SourceMissing(SourceInvalid):
+    """The source file, table or a named column does not exist: a configuration mistake that
+    a retry cannot fix (exit 2). Same code as ``SourceInvalid``."""
 
 
 class GovernanceGateFailed(NativeTransferError):

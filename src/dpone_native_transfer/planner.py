@@ -20,6 +20,7 @@ skips what is durably committed:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -33,7 +34,7 @@ from .checkpoints import (
     Strategy,
     partition_id_for,
 )
-from .errors import CheckpointStoreCorrupt
+from .errors import CheckpointStoreCorrupt, ConfigInvalid
 from .latest import as_latest
 
 __all__ = ["ResumePlan", "SourceWindow", "plan_resume", "plan_window"]
@@ -87,6 +88,40 @@ def plan_window(
     latest: Iterable[PartitionCheckpoint],
 ) -> tuple[SourceWindow, list[dict[str, Any]]]:
     """The current generation's window and the bounds of each of its partitions."""
+    window, bounds = _plan_window(route, source, state, latest)
+    for item in bounds:
+        for key, value in item.items():
+            if key in ("partition", "cursor_after", "cursor_upto"):
+                _check_bound_value(source, key, value)
+    return window, bounds
+
+
+def _check_bound_value(source: PartitionedSource, key: str, value: Any) -> None:
+    """Partition and cursor values are stored in checkpoints and compared by every engine:
+    integers, finite reals, text or NULL only. A BLOB or NaN is refused, naming the column."""
+    if value is None or isinstance(value, int | str) and not isinstance(value, bool):
+        return
+    if isinstance(value, float) and math.isfinite(value):
+        return
+    role, column = (
+        ("partition", source.partition_column)
+        if key == "partition"
+        else ("cursor", source.cursor_column)
+    )
+    kind = "BLOB" if isinstance(value, bytes | bytearray | memoryview) else type(value).__name__
+    raise ConfigInvalid(
+        f"{role} column {column!r} holds a {kind} value; partition and cursor values must be "
+        "integers, finite reals, text or NULL: choose another column",
+        diagnostics={"column": column, "value_type": kind},
+    )
+
+
+def _plan_window(
+    route: RouteKey,
+    source: PartitionedSource,
+    state: Mapping[str, Any] | None,
+    latest: Iterable[PartitionCheckpoint],
+) -> tuple[SourceWindow, list[dict[str, Any]]]:
     generation, watermark = _source_state(route, state)
     if route.strategy is Strategy.FULL_REFRESH:
         values = source.partition_values()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, TextIO
 from .errors import (
     ConfigInvalid,
     ManualReconciliationRequired,
+    SourceMissing,
     StoreTargetMismatch,
     TargetCommitGuardInvalid,
     TargetCommitGuardUnhandled,
@@ -51,7 +52,7 @@ BLOCKING_ERRORS = (
 
 
 def exit_code_for(error: BaseException) -> int:
-    if isinstance(error, ConfigInvalid):
+    if isinstance(error, ConfigInvalid | SourceMissing):
         return EXIT_CONFIG
     if isinstance(error, BLOCKING_ERRORS):
         return EXIT_BLOCKED

@@ -48,10 +48,16 @@ BUILTIN_PATHS: Mapping[str, TransferPath] = {
 }
 
 
+# Rows held in memory per chunk at most: beyond it a chunk is no longer a bounded buffer
+# (and 2**63 overflowed the drivers).
+MAX_CHUNK_ROWS = 10_000_000
+
+
 def _positive(_instance: Any, attribute: attrs.Attribute, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_CHUNK_ROWS:
         raise ConfigInvalid(
-            f"{attribute.name} must be a positive integer", diagnostics={"key": attribute.name}
+            f"{attribute.name} must be a positive integer of at most {MAX_CHUNK_ROWS:,}",
+            diagnostics={"key": attribute.name},
         )
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..checkpoints import sha256_digest
-from ..errors import ConfigInvalid, SourceInvalid
+from ..errors import ConfigInvalid, SourceInvalid, SourceMissing
 from ..identity import TableIdentity, server_location
 from ..payloads import Column, SourceShape
 from ..stores import POSTGRES_SCHEMES, resolve_env
@@ -170,11 +170,13 @@ class PostgresSource:
         rows = conn.execute(_COLUMNS, (self._regclass,)).fetchall()
         columns = tuple(Column(name, decltype) for name, decltype in rows)
         if not columns:
-            raise self._invalid(f"source table {self.table!r} does not exist")
+            raise SourceMissing(
+                f"source table {self.table!r} does not exist", diagnostics={"table": self.table}
+            )
         names = {column.name for column in columns}
         for role, name in (("partition", self.partition_column), ("cursor", self.cursor_column)):
             if name is not None and name not in names:
-                raise SourceInvalid(
+                raise SourceMissing(
                     f"{role} column {name!r} does not exist in source table {self.table!r}",
                     diagnostics={"table": self.table, "column": name},
                 )

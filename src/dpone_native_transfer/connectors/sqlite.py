@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoints import sha256_digest
-from ..errors import ConfigInvalid, SourceInvalid, TargetUnavailable
+from ..errors import ConfigInvalid, SourceInvalid, SourceMissing, TargetUnavailable
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
 from ..payloads import Column, LoadPlan, RowChunks, SourceShape
@@ -99,8 +99,10 @@ class SQLiteSource:
     def _connect(self) -> Iterator[sqlite3.Connection]:
         """Read-only connection; sqlite errors become ``SourceInvalid`` without their text."""
         if not os.path.isfile(self.path):
-            raise _source_invalid(
-                f"source database for table {self.table!r} does not exist", table=self.table
+            raise SourceMissing(  # the resolved path: where the route file's path points
+                f"source database {os.path.abspath(self.path)} for table {self.table!r} does "
+                "not exist (or is not a file)",
+                diagnostics={"table": self.table},
             )
         try:
             with contextlib.closing(self._open()) as conn:
@@ -140,14 +142,15 @@ class SQLiteSource:
         with self._connect() as conn:
             columns = _table_columns(conn, self.table)
         if not columns:
-            raise _source_invalid(f"source table {self.table!r} does not exist", table=self.table)
+            raise SourceMissing(
+                f"source table {self.table!r} does not exist", diagnostics={"table": self.table}
+            )
         names = {column.name for column in columns}
         for role, name in (("partition", self.partition_column), ("cursor", self.cursor_column)):
             if name is not None and name not in names:
-                raise _source_invalid(
+                raise SourceMissing(
                     f"{role} column {name!r} does not exist in source table {self.table!r}",
-                    table=self.table,
-                    column=name,
+                    diagnostics={"table": self.table, "column": name},
                 )
         return SourceShape(
             columns=columns,

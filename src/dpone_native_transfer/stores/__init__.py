@@ -156,6 +156,11 @@ def open_store(location: str, *, create: bool, argument: str) -> Any:
             diagnostics=named,
         )
     folder = os.path.dirname(os.path.abspath(location))
+    if os.path.isdir(location):
+        raise ConfigInvalid(
+            f"the checkpoint store given as {argument} is a folder, not a store file",
+            diagnostics=named,
+        )
     if not (os.path.isfile(location) or (create and os.path.isdir(folder))):
         problem = "is in a folder that does not exist" if create else "does not exist"
         raise ConfigInvalid(
