@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -315,3 +316,82 @@ def test_a_misspelled_route_is_an_error_listing_the_known_routes(tmp_path: Path)
     assert done.returncode == 2
     assert "holds no route order -> orders_copy" in done.stderr
     assert "its routes: orders -> orders_copy (incremental_append)" in done.stderr
+
+
+# output: a closed pipe, long diagnostics, forged audit text ------------------------------------
+
+
+def _blocked_route(tmp_path: Path, partitions: int) -> Path:
+    """A route whose last attempt committed in the target and then died: every partition
+    blocks as of unknown outcome."""
+    from dpone_native_transfer import SQLiteCheckpointStore, TransferRuntime
+    from dpone_native_transfer.config import load_route_config
+    from dpone_native_transfer.testing import InjectedFault, RecordingSink
+
+    build_sample_source(tmp_path / "source.db", rows=partitions * 2, partitions=partitions)
+    route_file = route(tmp_path, path="legacy")
+    config = load_route_config(route_file)
+    with SQLiteCheckpointStore(config.store_path) as store:
+        sink = RecordingSink(config.sink, fail="after")
+        with pytest.raises(InjectedFault):
+            TransferRuntime(store).run(config.spec("dies", sink=sink))
+    return route_file
+
+
+def test_a_route_blocked_on_90_partitions_prints_a_short_diagnostics_line(tmp_path: Path) -> None:
+    done = run(_blocked_route(tmp_path, 90), code=3)
+    line = next(x for x in done.stderr.splitlines() if x.startswith("diagnostics: "))
+    diagnostics = json.loads(line.removeprefix("diagnostics: "))
+    assert len(line) < 3000, len(line)
+    assert len(diagnostics["partitions"]) == 5 and diagnostics["partitions_total"] == 90
+    assert "guard scan` shows every blocked partition" in done.stderr
+
+
+def test_a_closed_output_pipe_changes_neither_the_outcome_nor_the_exit_status(
+    tmp_path: Path,
+) -> None:
+    build_sample_source(tmp_path / "source.db", rows=40, partitions=2)
+    route_file = route(tmp_path, path="legacy")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody reads: every write is a broken pipe
+    try:
+        done = subprocess.run(
+            [SCRIPT, "run", str(route_file)], stdout=write_end, stderr=write_end, timeout=120
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
+        assert target.execute("SELECT count(*) FROM orders_copy").fetchone() == (40,)
+
+
+def test_audit_text_is_stored_as_given_and_printed_escaped(tmp_path: Path) -> None:
+    route_file = _blocked_route(tmp_path, 2)
+    forged = "checked\n  #99 2026-01-01 root resolved 1000 partitions as committed: ok\x1b[2J"
+    with contextlib.closing(sqlite3.connect(tmp_path / "checkpoints.db")) as store:
+        (batch,) = store.execute(
+            "SELECT DISTINCT guard ->> '$.checkpoint_batch_id' FROM checkpoint_latest"
+        ).fetchone()
+    resolved = subprocess.run(
+        [SCRIPT, "guard", "resolve", str(route_file), "--batch", batch, "--as", "committed",
+         "--reason", forged, "--operator", "eve\r\nmallory", "--yes"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert resolved.returncode == 0, resolved.stdout + resolved.stderr
+    with contextlib.closing(sqlite3.connect(tmp_path / "checkpoints.db")) as store:
+        store.execute(  # a record written by hand, without any of its keys
+            "INSERT INTO audit (source_table, target_table, strategy, source_location,"
+            " target_location, record) SELECT source_table, target_table, strategy,"
+            " source_location, target_location, '{}' FROM audit WHERE audit_id = 1"
+        )
+        store.commit()
+        (record,) = store.execute("SELECT record FROM audit WHERE audit_id = 1").fetchone()
+    assert json.loads(record)["reason"] == forged, "stored as given"
+    shown = subprocess.run(
+        [SCRIPT, "guard", "show", str(route_file)], capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode in (0, 3), shown.stderr
+    assert "\x1b" not in shown.stdout and "\r" not in shown.stdout
+    assert "#99" not in [line.strip()[:3] for line in shown.stdout.splitlines()]
+    assert "checked\\n  #99" in shown.stdout and "eve\\r\\nmallory" in shown.stdout
+    assert "  #2 ? ? resolved 0 partitions as ?: ?" in shown.stdout, "a record without its keys"

@@ -33,6 +33,7 @@ from dpone_native_transfer.errors import (
     TargetCommitGuardUnhandled,
 )
 from dpone_native_transfer.events import Event
+from dpone_native_transfer.reporting import shortened
 from dpone_native_transfer.runtime import TransferResult
 from dpone_target_commit_guard.operator import scan_hint
 
@@ -161,8 +162,10 @@ def report_failure(log: TaskLog, error: Exception, route: RouteKey | None) -> No
         )
         return
     log.error("dpone: %s%s%s", error.code, where, _consequence(error))
-    diagnostics = json.dumps(error.diagnostics, sort_keys=True, default=str)
-    log.error("dpone: diagnostics: %s", diagnostics)
+    short, cut = shortened(error.diagnostics)
+    diagnostics = json.dumps(short, sort_keys=True, default=str)
+    note = " (lists cut to their first items: guard scan shows all)" if cut else ""
+    log.error("dpone: diagnostics: %s%s", diagnostics, note)
     for line in _operator_steps(error, route):
         log.error("dpone: %s", line)
 

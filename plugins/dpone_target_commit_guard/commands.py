@@ -381,23 +381,35 @@ def _show_row(checkpoint: PartitionCheckpoint, finding: Finding) -> tuple[str, .
 
 
 def _print_audit(record: dict[str, Any]) -> None:
+    """One audit record, whatever its shape (a record written by hand may lack keys); every
+    text is printed escaped, so a newline or an ANSI escape in a reason cannot forge lines."""
+    partitions = record.get("partitions")
+    partitions = partitions if isinstance(partitions, list) else []
+    forced = " (forced over a malformed guard)" if record.get("forced_invalid") else ""
+    against = " (forced against the ledger)" if record.get("ledger_overrides") else ""
     print(
-        f"  #{record['audit_id']} {record['at']} {record['operator']} resolved "
-        f"{plural(len(record['partitions']), 'partition')} as {record['resolved_as']}"
-        f"{' (forced over a malformed guard)' if record['forced_invalid'] else ''}"
-        f"{' (forced against the ledger)' if record.get('ledger_overrides') else ''}: "
-        f"{record['reason']}"
+        f"  #{_shown(record.get('audit_id'))} {_shown(record.get('at'))} "
+        f"{_shown(record.get('operator'))} resolved {plural(len(partitions), 'partition')} as "
+        f"{_shown(record.get('resolved_as'))}{forced}{against}: {_shown(record.get('reason'))}"
     )
-    for item in record["partitions"]:
-        print(f"    {_transition(item)}")
+    for item in partitions:
+        print(f"    {_transition(item if isinstance(item, dict) else {})}")
+
+
+def _shown(value: Any) -> str:
+    """``value`` as one safe line: control characters escaped, ``?`` when missing."""
+    if value is None:
+        return "?"
+    return json.dumps(str(value), ensure_ascii=False)[1:-1]
 
 
 def _transition(item: dict[str, Any]) -> str:
     problem = item.get("previous_problem")
     before = item.get("previous_phase") or (f"malformed:{problem}" if problem else "no guard")
     return (
-        f"{item['partition_id']}  {item.get('previous_status') or 'absent'}/{before} -> "
-        f"{item['new_status']}/{item.get('new_phase') or 'no guard'}  batch {item['batch_id']}"
+        f"{_shown(item.get('partition_id'))}  {_shown(item.get('previous_status') or 'absent')}"
+        f"/{_shown(before)} -> {_shown(item.get('new_status'))}"
+        f"/{_shown(item.get('new_phase') or 'no guard')}  batch {_shown(item.get('batch_id'))}"
     )
 
 

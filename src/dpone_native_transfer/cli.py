@@ -14,7 +14,9 @@ because the runtime never imports the guard): each entry point is a function
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import secrets
 import sys
 import time
@@ -36,9 +38,11 @@ from .reporting import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     PROG,
+    SHOWN_ITEMS,
     exit_code_for,
     plural,
     progress_printer,
+    shortened,
     summary_line,
 )
 from .runtime import TransferResult, TransferRuntime
@@ -74,8 +78,46 @@ exit codes:
 """
 
 
+class _OutputStream:
+    """stdout or stderr whose reader may go away (``| head``): output never changes the outcome.
+
+    After a broken pipe the rest of the output is dropped (the descriptor is
+    pointed at /dev/null, so the interpreter's last flush does not fail either)
+    and the command finishes as it would have, with its own exit status.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point: returns the exit code instead of exiting."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _OutputStream):
+            setattr(sys, name, _OutputStream(stream))
     try:
         parser = build_parser()
     except PluginLoadFailed as error:
@@ -189,9 +231,15 @@ def _report_failure(error: Exception, *, show_traceback: bool) -> int:
     if show_traceback:
         traceback.print_exception(error, file=sys.stderr)
     if isinstance(error, NativeTransferError):
-        diagnostics = json.dumps(error.diagnostics, sort_keys=True, default=str)
+        short, cut = shortened(error.diagnostics)
         print(f"error: {error}", file=sys.stderr)
-        print(f"diagnostics: {diagnostics}", file=sys.stderr)
+        print(f"diagnostics: {json.dumps(short, sort_keys=True, default=str)}", file=sys.stderr)
+        if cut:
+            print(
+                f"(lists cut to their first {SHOWN_ITEMS} items; `{PROG} guard scan` shows "
+                "every blocked partition)",
+                file=sys.stderr,
+            )
     elif show_traceback:
         print(f"error: transfer failed with {type(error).__name__}", file=sys.stderr)
     else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .errors import (
     ConfigInvalid,
@@ -37,6 +37,7 @@ __all__ = [
     "exit_code_for",
     "plural",
     "progress_printer",
+    "shortened",
     "summary_line",
 ]
 
@@ -49,6 +50,27 @@ BLOCKING_ERRORS = (
     TargetCommitGuardInvalid,
     TargetCommitGuardUnhandled,
 )
+
+
+SHOWN_ITEMS = 5  # list items a printed diagnostics line keeps
+
+
+def shortened(diagnostics: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Diagnostics fit for one line: each long list cut to its first items plus a count.
+
+    A route blocked on 90 partitions printed one 20 KB line; ``guard scan`` shows
+    them all. Returns the shortened copy and whether anything was cut.
+    """
+    short: dict[str, Any] = {}
+    cut = False
+    for key, value in diagnostics.items():
+        if isinstance(value, list) and len(value) > SHOWN_ITEMS:
+            short[key] = value[:SHOWN_ITEMS]
+            short[f"{key}_total"] = len(value)
+            cut = True
+        else:
+            short[key] = value
+    return short, cut
 
 
 def exit_code_for(error: BaseException) -> int:
