@@ -187,3 +187,25 @@ def test_a_store_dsn_pointed_at_another_database_is_refused_then_restored(
     finally:
         with contextlib.closing(psycopg.connect(default_schema_dsn, autocommit=True)) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{other}" WITH (FORCE)')
+
+
+def test_operator_commands_never_create_a_store_in_another_database(tmp_path, default_schema_dsn):
+    """Issue 13: guard scan given the DSN of another database made a store there, and said
+    it was clean."""
+    other = f"dpone_empty_{tmp_path.name[-8:].lower().replace('-', '_')}"
+    with contextlib.closing(psycopg.connect(default_schema_dsn, autocommit=True)) as admin:
+        admin.execute(f'CREATE DATABASE "{other}"')
+    other_dsn = default_schema_dsn.rsplit("/", 1)[0] + f"/{other}"
+    try:
+        for args in (["guard", "scan"], ["guard", "verify"], ["guard", "show", *ROUTE]):
+            done = cli(*args, "--store", "env:DPONE_STORE", env={"DPONE_STORE": other_dsn})
+            assert done.returncode == 2, (args, done.stdout, done.stderr)
+            assert "holds no checkpoint store" in done.stderr
+        with contextlib.closing(psycopg.connect(other_dsn)) as conn:
+            schemas = conn.execute(
+                "SELECT count(*) FROM information_schema.schemata WHERE schema_name = 'dpone'"
+            ).fetchone()
+        assert schemas == (0,)
+    finally:
+        with contextlib.closing(psycopg.connect(default_schema_dsn, autocommit=True)) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{other}" WITH (FORCE)')

@@ -148,7 +148,7 @@ def open_store(location: str, *, create: bool, argument: str) -> Any:
     if location.startswith(POSTGRES_SCHEMES):
         from .postgres import PostgresCheckpointStore  # psycopg is optional: import on demand
 
-        return PostgresCheckpointStore(location)
+        return PostgresCheckpointStore(location, create=create)
     if "=" in os.path.basename(location) and " " in location:
         raise ConfigInvalid(
             f"{argument} looks like a key=value connection string; "

@@ -262,8 +262,9 @@ def _check_tables(found: dict[str, tuple[str, ...]], tables: dict[str, tuple[str
             raise _table_corrupt(table)
 
 
-def _prepare_schema(conn: Any, schema: str) -> None:
-    """Create the schema if absent, migrate version 1, check it; caller commits."""
+def _prepare_schema(conn: Any, schema: str, create: bool = True) -> None:
+    """Create the schema if absent (unless not ``create``), migrate version 1, check it;
+    caller commits."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key("schema", schema),))
     found: dict[str, tuple[str, ...]] = {}
     for table, column in conn.execute(_COLUMNS, (schema,)):
@@ -272,6 +273,12 @@ def _prepare_schema(conn: Any, schema: str) -> None:
     if "meta" not in found:
         if found.keys() & _TABLES.keys():
             raise CheckpointStoreCorrupt("schema holds checkpoint tables but no schema version")
+        if not create:  # an operator's command on the wrong database must not make a store
+            raise ConfigInvalid(
+                f"the database holds no checkpoint store (schema {schema!r} does not exist); "
+                "check the DSN's database, or run a route first",
+                diagnostics={"schema": schema},
+            )
         for statement in _schema_statements(s):
             conn.execute(statement)
         conn.execute(
@@ -311,7 +318,7 @@ class PostgresCheckpointStore(RecordReads):
 
     _route_filter = _ROUTE
 
-    def __init__(self, dsn: str, *, schema: str = "dpone") -> None:
+    def __init__(self, dsn: str, *, schema: str = "dpone", create: bool = True) -> None:
         self._conn: Any = None
         if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
             raise ConfigInvalid(
@@ -324,7 +331,9 @@ class PostgresCheckpointStore(RecordReads):
         self._s = f'"{schema}"'
         conn = _connect(self._driver, dsn)
         try:
-            _in_transaction(self._driver, "opened", conn, lambda c: _prepare_schema(c, schema))
+            _in_transaction(
+                self._driver, "opened", conn, lambda c: _prepare_schema(c, schema, create)
+            )
         except BaseException:
             conn.close()
             raise
