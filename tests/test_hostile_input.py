@@ -395,3 +395,14 @@ def test_audit_text_is_stored_as_given_and_printed_escaped(tmp_path: Path) -> No
     assert "#99" not in [line.strip()[:3] for line in shown.stdout.splitlines()]
     assert "checked\\n  #99" in shown.stdout and "eve\\r\\nmallory" in shown.stdout
     assert "  #2 ? ? resolved 0 partitions as ?: ?" in shown.stdout, "a record without its keys"
+
+
+def test_a_cursor_column_of_mixed_kinds_is_refused_naming_it(tmp_path: Path) -> None:
+    """One TEXT value among INTEGERs became the watermark and stalled the route."""
+    build_sample_source(tmp_path / "source.db", rows=20, partitions=2)
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as source:
+        source.execute("UPDATE orders SET updated_at = 'soon' WHERE id = 7")
+        source.commit()
+    done = run(route(tmp_path, path="legacy"), code=2)
+    assert "cursor column 'updated_at'" in done.stderr and "numbers and text" in done.stderr
+    assert not (tmp_path / "target.db").exists()

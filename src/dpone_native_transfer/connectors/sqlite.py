@@ -65,6 +65,9 @@ def _table_columns(conn: sqlite3.Connection, table: str) -> tuple[Column, ...]:
     return tuple(Column(name, decltype or "") for name, decltype in rows)
 
 
+_KINDS = {"integer": "numbers", "real": "numbers"}  # SQLite compares the two as numbers
+
+
 def _source_invalid(message: str, **diagnostics: Any) -> SourceInvalid:
     return SourceInvalid(message, diagnostics=diagnostics)
 
@@ -261,10 +264,23 @@ class SQLiteSource:
                 diagnostics={"table": self.table},
             )
         window, params = self._cursor_window(after, None)
-        sql = f"SELECT MAX({self._ref(self.cursor_column)}) FROM {_quote(self.table)}"
+        cursor = self._ref(self.cursor_column)
+        sql = f"SELECT MAX({cursor}) FROM {_quote(self.table)}"
         if window:
             sql += " WHERE " + " AND ".join(window)
+        # SQLite orders numbers before text before BLOBs: a column holding two of these kinds
+        # has them at its two ends (an index answers both). Such a cursor would stall the
+        # route at a text value, so it is refused.
+        ends = f"SELECT typeof(MIN({cursor})), typeof(MAX({cursor})) FROM {_quote(self.table)}"
         with self._connect() as conn:
+            low, high = (_KINDS.get(kind, kind) for kind in conn.execute(ends).fetchone())
+            if low != high:
+                raise ConfigInvalid(
+                    f"cursor column {self.cursor_column!r} of source table {self.table!r} holds "
+                    f"values of more than one kind ({low} and {high}); a cursor's values must "
+                    "all be numbers or all be text: fix the column or choose another",
+                    diagnostics={"table": self.table, "column": self.cursor_column},
+                )
             return conn.execute(sql, params).fetchone()[0]
 
     def select_sql(
