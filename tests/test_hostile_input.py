@@ -12,6 +12,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -406,3 +407,42 @@ def test_a_cursor_column_of_mixed_kinds_is_refused_naming_it(tmp_path: Path) -> 
     done = run(route(tmp_path, path="legacy"), code=2)
     assert "cursor column 'updated_at'" in done.stderr and "numbers and text" in done.stderr
     assert not (tmp_path / "target.db").exists()
+
+
+def test_the_folder_a_killed_attempt_left_is_removed_by_the_next_run_on_its_table(
+    tmp_path: Path,
+) -> None:
+    """A SIGKILLed legacy run left its spool (15 MB per 210k rows) behind forever."""
+    build_sample_source(tmp_path / "source.db", rows=40, partitions=2)
+    text = route(tmp_path, path="legacy").read_text(encoding="utf-8")
+    route_file = tmp_path / "route.toml"
+    route_file.write_text(
+        text.replace("[store]", 'artifact_dir = "work"\n\n[store]\nlease_seconds = 1'), "utf-8"
+    )
+    work = tmp_path / "work"
+    observed: list[list[str]] = []
+    from dpone_native_transfer.config import load_route_config
+
+    config = load_route_config(route_file)
+    from dpone_native_transfer import SQLiteCheckpointStore, TransferRuntime
+    from dpone_native_transfer.testing import RecordingSink
+
+    sink = RecordingSink(config.sink, observe=lambda: observed.append(os.listdir(work)))
+    with SQLiteCheckpointStore(config.store_path) as store:
+        TransferRuntime(store, lease_seconds=1).run(config.spec("learn", sink=sink))
+    (name,) = observed[0]  # the attempt's own folder, named for its target table
+    prefix = name.rsplit("-", 1)[0]
+    dead = work / f"{prefix}-killed"
+    dead.mkdir()
+    (dead / "legacy.spool").write_bytes(b"x" * 1000)
+    old = time.time() - 60
+    for path in (dead / "legacy.spool", dead):
+        os.utime(path, (old, old))
+    fresh = work / f"{prefix}-running-elsewhere"  # recent: maybe another store's attempt
+    fresh.mkdir()
+    other = work / "dpone-transfer-0123456789ab-other-table"
+    other.mkdir()
+    os.utime(other, (old, old))
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=2, start_id=100)
+    run(route_file)
+    assert sorted(os.listdir(work)) == sorted([fresh.name, other.name])

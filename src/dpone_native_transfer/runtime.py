@@ -11,8 +11,11 @@ that failed after promotion heals on the next run without a target call.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,7 +30,7 @@ from .errors import ConfigInvalid, TargetCommitGuardUnhandled
 from .events import Event, EventName, EventRecorder
 from .identity import route_key
 from .latest import LatestCheckpoints, as_latest
-from .lease import DEFAULT_LEASE_SECONDS, Lease, LeaseStore
+from .lease import DEFAULT_LEASE_SECONDS, Lease, LeaseStore, lease_key
 from .ledger import LedgerEntry, check_store_against_target, ledger_overrides
 from .paths import Governance, PathContext, TransferPath
 from .paths.file_artifact import file_artifact_path
@@ -221,13 +224,14 @@ class TransferRuntime:
                     cursor_column=spec.source.cursor_column,
                     at=read_clock(self.clock, route=route, run_id=spec.run_id),
                 )
-            with _work_folder(spec) as work_dir:
+            idle = 2 * self.lease_seconds
+            with _work_folder(spec, route, leased=lease is not None, idle_seconds=idle) as work:
                 ctx = PathContext(
                     spec=spec,
                     route=route,
                     shape=shape,
                     candidates=active,
-                    work_dir=Path(work_dir),
+                    work_dir=Path(work),
                     store=self.store,
                     clock=self.clock,
                     events=recorder,
@@ -314,9 +318,17 @@ class TransferRuntime:
         )
 
 
-def _work_folder(spec: TransferSpec) -> tempfile.TemporaryDirectory[str]:
+def _work_folder(
+    spec: TransferSpec, route: RouteKey, *, leased: bool, idle_seconds: float
+) -> tempfile.TemporaryDirectory[str]:
     """The attempt's private folder (mode 0700, fresh, removed after it): spool and artifact
-    files. Made in ``spec.artifact_dir`` when given, else in the system's temp folder."""
+    files. Made in ``spec.artifact_dir`` when given, else in the system's temp folder.
+
+    Its name carries a digest of the target table, so under the table's lease the
+    folders of earlier attempts on it, left by a killed worker, are removed first
+    (only those idle for ``idle_seconds``: a store that is not shared would not
+    exclude an attempt of another store on the same table).
+    """
     parent = spec.artifact_dir
     if parent is not None:
         try:
@@ -326,7 +338,23 @@ def _work_folder(spec: TransferSpec) -> tempfile.TemporaryDirectory[str]:
                 "artifact_dir cannot be created or is not a folder",
                 diagnostics={"key": "transfer.artifact_dir"},
             ) from None
-    return tempfile.TemporaryDirectory(prefix="dpone-transfer-", dir=parent)
+    table = hashlib.sha256(lease_key(route).encode()).hexdigest()[:12]
+    prefix = f"dpone-transfer-{table}-"
+    if leased:  # no other attempt on this table is running: what is left is a dead one's
+        folder = Path(parent if parent is not None else tempfile.gettempdir())
+        for leftover in folder.glob(prefix + "*"):
+            if leftover.is_dir() and not leftover.is_symlink() and _idle(leftover, idle_seconds):
+                shutil.rmtree(leftover, ignore_errors=True)
+    return tempfile.TemporaryDirectory(prefix=prefix, dir=parent)
+
+
+def _idle(folder: Path, seconds: float) -> bool:
+    """True when nothing in ``folder`` changed for ``seconds``."""
+    try:
+        newest = max(path.stat().st_mtime for path in (folder, *folder.iterdir()))
+    except OSError:
+        return False
+    return time.time() - newest > seconds
 
 
 def _stamped(candidates: list[PartitionCheckpoint], batch_id: str) -> list[PartitionCheckpoint]:
