@@ -566,11 +566,18 @@ def test_sink_rejects_unknown_payload(sink):
         sink.load([(1,)])  # type: ignore[arg-type]
 
 
-def test_sink_rejects_unsafe_decltype(sink):
+def test_sink_takes_only_the_type_name_of_an_unsafe_decltype(sink):
+    """The target's DDL is built from the parsed type name, never from the source's text."""
+    with sqlite3.connect(sink.path) as conn:
+        conn.execute("CREATE TABLE x (keep INTEGER)")
+    conn.close()
     columns = (Column("a", "INTEGER); DROP TABLE x; --"),)
-    with pytest.raises(ConfigInvalid):
-        sink.load(RowChunks(columns=columns, chunks=[[(1,)]]))
-    assert sink.row_count() == 0
+    sink.load(RowChunks(columns=columns, chunks=[[(1,)]]))
+    assert sink.rows() == [(1,)]
+    with sqlite3.connect(sink.path) as conn:
+        tables = {row[0]: row[1] for row in conn.execute("SELECT name, sql FROM sqlite_master")}
+    conn.close()
+    assert "x" in tables and tables[sink.table].endswith('("a" INTEGER)')
 
 
 def test_load_preserves_declared_types_including_parameterized_ones(tmp_path):

@@ -446,3 +446,31 @@ def test_the_folder_a_killed_attempt_left_is_removed_by_the_next_run_on_its_tabl
     build_sample_source(tmp_path / "source.db", rows=10, partitions=2, start_id=100)
     run(route_file)
     assert sorted(os.listdir(work)) == sorted([fresh.name, other.name])
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact", "lazy-plan"])
+def test_target_ddl_takes_the_parsed_type_name_never_the_sources_text(
+    tmp_path: Path, path: str
+) -> None:
+    """A declared type reported verbatim ('REAL DEFAULT (42)', 'INTEGER REFERENCES t (id)',
+    CHECK, GENERATED ALWAYS AS) was copied into the target's CREATE TABLE."""
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as source:
+        source.execute(
+            "CREATE TABLE orders (id INTEGER PRIMARY KEY, region TEXT, updated_at INTEGER,"
+            ' a "REAL DEFAULT (42)", b "INTEGER GENERATED ALWAYS AS (1)",'
+            ' c "INTEGER REFERENCES orders (id)", d "TEXT CHECK (d = 0)")'
+        )
+        source.executemany(
+            "INSERT INTO orders VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(n, f"r{n % 2}", n, n * 0.5, n * 10, n, f"t{n}") for n in range(1, 21)],
+        )
+        source.commit()
+    run(route(tmp_path, path=path))
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
+        (ddl,) = target.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'orders_copy'"
+        ).fetchone()
+        rows = target.execute("SELECT id, a, b, c, d FROM orders_copy ORDER BY id").fetchall()
+    for word in ("DEFAULT", "GENERATED", "REFERENCES", "CHECK"):
+        assert word not in ddl.upper(), ddl
+    assert rows == [(n, n * 0.5, n * 10, n, f"t{n}") for n in range(1, 21)]

@@ -30,17 +30,41 @@ __all__ = ["SQLiteSink", "SQLiteSource"]
 
 _TIMEOUT = 30
 _STAGE_PREFIX = "_dpone_stage_"
-_DECLTYPE = re.compile(r"[A-Za-z0-9_ ]*(\(\s*[+-]?[\w.]+\s*(,\s*[+-]?[\w.]+\s*)?\))?\s*")
+_TYPE_TOKEN = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*|\(\s*[+-]?\d+\s*(?:,\s*[+-]?\d+\s*)?\))")
+# Words that end a type name and begin a column constraint (SQLite's grammar).
+_CONSTRAINT_WORDS = frozenset(
+    "CONSTRAINT PRIMARY NOT NULL UNIQUE CHECK DEFAULT COLLATE REFERENCES GENERATED AS".split()
+)
+
+
+def parsed_type(decltype: str) -> str:
+    """The type name of a declared type, as SQLite parses it: words and ``(n[, m])`` only.
+
+    SQLite reports a quoted or odd type verbatim (``INTEGER GENERATED ALWAYS AS (1)``,
+    ``REAL DEFAULT (42)``); the target's DDL takes only the type name, never the
+    text after it, so no default, check, reference or generated value is copied.
+    """
+    words: list[str] = []
+    position = 0
+    while match := _TYPE_TOKEN.match(decltype, position):
+        token = match.group(1)
+        if token.upper() in _CONSTRAINT_WORDS or (token.startswith("(") and not words):
+            break
+        words.append(token)
+        position = match.end()
+        if token.startswith("("):
+            break
+    return " ".join(words).replace(" (", "(")
 
 
 def _column_sql(column: Column) -> str:
-    """Column definition for CREATE TABLE; the type is SQL text, so only type syntax passes."""
-    if not isinstance(column.decltype, str) or not _DECLTYPE.fullmatch(column.decltype):
+    """Column definition for CREATE TABLE, from the parsed type name only."""
+    if not isinstance(column.decltype, str):
         raise ConfigInvalid(
             f"column {column.name!r} has an unsupported declared type",
             diagnostics={"column": column.name},
         )
-    return f"{_quote(column.name)} {column.decltype}".rstrip()
+    return f"{_quote(column.name)} {parsed_type(column.decltype)}".rstrip()
 
 
 def _column_list(columns: Sequence[Column], table: str | None = None) -> str:
