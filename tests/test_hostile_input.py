@@ -474,3 +474,54 @@ def test_target_ddl_takes_the_parsed_type_name_never_the_sources_text(
     for word in ("DEFAULT", "GENERATED", "REFERENCES", "CHECK"):
         assert word not in ddl.upper(), ddl
     assert rows == [(n, n * 0.5, n * 10, n, f"t{n}") for n in range(1, 21)]
+
+
+_PARTITION_TYPES = {
+    "DATE": lambda n: f"2024-01-0{n % 3 + 1}",
+    "TIMESTAMP": lambda n: f"2024-01-01 0{n % 3}:00:00",
+    "TEXT": lambda n: f"r{n % 3}",
+    "INTEGER": lambda n: n % 3,
+    "REAL": lambda n: n % 3 + 0.5,
+    "BOOLEAN": lambda n: n % 2,
+}
+
+
+@pytest.mark.parametrize("decltype", sorted(_PARTITION_TYPES))
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact", "lazy-plan"])
+def test_common_partition_column_types_load_every_row_into_duckdb(
+    tmp_path: Path, decltype: str, path: str
+) -> None:
+    """DuckDB lazy-plan failed on a DATE partition column (DATE compared with VARCHAR)."""
+    value = _PARTITION_TYPES[decltype]
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as source:
+        source.execute(
+            f"CREATE TABLE orders (id INTEGER PRIMARY KEY, region {decltype}, updated_at INTEGER)"
+        )
+        source.executemany(
+            "INSERT INTO orders VALUES (?, ?, ?)", [(n, value(n), 100 + n) for n in range(30)]
+        )
+        source.commit()
+    done = run(route(tmp_path, kind="duckdb", target="t.duckdb", path=path))
+    assert "loaded 30 rows" in done.stdout
+    import duckdb
+
+    with contextlib.closing(duckdb.connect(str(tmp_path / "t.duckdb"), read_only=True)) as db:
+        ids = sorted(row[0] for row in db.execute("SELECT id FROM orders_copy").fetchall())
+    assert ids == list(range(30))
+
+
+def test_lazy_plan_refuses_a_typed_column_whose_text_duckdb_would_not_match(
+    tmp_path: Path,
+) -> None:
+    """A DATE column holding '2024-01-05 ' and '2024-1-6': DuckDB's reading differs from the
+    stored text, so the plan is refused before the boundary instead of losing rows."""
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as source:
+        source.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, region DATE, updated_at INT)")
+        spellings = ["2024-01-05", "2024-01-05 ", "2024-1-6"]
+        source.executemany(
+            "INSERT INTO orders VALUES (?, ?, ?)", [(n, spellings[n % 3], n) for n in range(30)]
+        )
+        source.commit()
+    done = run(route(tmp_path, kind="duckdb", target="t.duckdb", path="lazy-plan"), code=2)
+    assert "cannot select the source's partitions of column(s) region exactly" in done.stderr
+    assert "loaded 30 rows" in run(route(tmp_path, kind="duckdb", target="t.duckdb")).stdout

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..artifacts import JSONL
@@ -212,23 +212,44 @@ class DuckDBSink:
                 diagnostics={"table": self.table, "path": "lazy-plan"},
             )
         refuse_collated_plan(plan.source, engine="DuckDB", table=self.table)
+        source: SQLiteSource = plan.source
+        if not os.path.isfile(source.path):
+            raise SourceInvalid(
+                f"source database for table {source.table!r} does not exist",
+                diagnostics={"table": source.table},
+            )
+        _plan_conditions(source, plan.bounds)  # bad bounds fail here, before any connection
+        with contextlib.closing(_driver().connect()) as scratch:  # never the target
+            textual = _scanning(scratch, source, plan.bounds)
+            if textual:
+                self._check_text_matches(scratch, source, plan.bounds, textual)
+
+    def _check_text_matches(
+        self, conn: Any, source: SQLiteSource, bounds: Any, textual: set[str]
+    ) -> None:
+        """A column DuckDB reads as a DATE or a number but SQLite holds as text is compared as
+        text; refuse the plan unless DuckDB then selects exactly SQLite's rows."""
+        for where, params, window in _plan_conditions(source, bounds, textual):
+            selected = conn.execute(
+                f"SELECT count(*) FROM sqlite_scan(?, ?) WHERE {where}", [*_scan(source), *params]
+            ).fetchone()[0]
+            expected = sum(source.count(item) for item in window)
+            if selected != expected:
+                raise ConfigInvalid(
+                    f"lazy-plan into DuckDB cannot select the source's partitions of column(s) "
+                    f"{', '.join(sorted(textual))} exactly (DuckDB reads them as another type "
+                    "than SQLite stores): use legacy, staged or file-artifact",
+                    diagnostics={"table": self.table, "columns": sorted(textual)},
+                )
 
     def _load_plan(self, plan: LoadPlan) -> int:
         """DuckDB pulls the plan's partitions from the SQLite file with ``sqlite_scan``."""
         self.check_plan(plan)
         source: SQLiteSource = plan.source
         names = _names(plan.columns)
-        statements = _plan_conditions(source, plan.bounds)
-        if not os.path.isfile(source.path):
-            raise SourceInvalid(
-                f"source database for table {source.table!r} does not exist",
-                diagnostics={"table": source.table},
-            )
-        duckdb = _driver()
-        extension = _sqlite_extension(duckdb)
-        scan = [os.path.abspath(source.path), source.table]
+        scan = _scan(source)
         with self._connect() as conn:
-            conn.execute("LOAD '" + extension.replace("'", "''") + "'")
+            statements = _plan_conditions(source, plan.bounds, _scanning(conn, source, plan.bounds))
             with _transaction(conn):
                 _prepare_target(conn, self.table, plan.columns, replace=plan.replace)
                 rows = sum(
@@ -237,7 +258,7 @@ class DuckDBSink:
                         f" FROM sqlite_scan(?, ?) WHERE {where}",
                         [*scan, *params],
                     ).fetchone()[0]
-                    for where, params in statements
+                    for where, params, _ in statements
                 )
                 return _record(conn, self._ledger.take(), rows)
 
@@ -331,24 +352,61 @@ def _transaction(conn: Any) -> Iterator[None]:
         raise
 
 
+def _scan(source: SQLiteSource) -> list[str]:
+    return [os.path.abspath(source.path), source.table]
+
+
+def _scanning(conn: Any, source: SQLiteSource, bounds: Sequence[Mapping[str, Any]]) -> set[str]:
+    """Load the SQLite scanner on ``conn``; the partition and cursor columns to compare as text.
+
+    DuckDB types a column by its declared type (``DATE``, ``TIMESTAMP``, ...),
+    while SQLite's partition values are what it stores, often text: comparing a
+    DATE with text fails. Such a column is compared as text (``CAST ... AS
+    VARCHAR``), and ``check_plan`` proves that this selects exactly SQLite's rows.
+    """
+    conn.execute("LOAD '" + _sqlite_extension(_driver()).replace("'", "''") + "'")
+    described = conn.execute("DESCRIBE SELECT * FROM sqlite_scan(?, ?)", _scan(source))
+    types = {row[0]: row[1] for row in described.fetchall()}
+    texts = {
+        source.partition_column: any(isinstance(b.get("partition"), str) for b in bounds),
+        source.cursor_column: any(
+            isinstance(b.get(key), str) for b in bounds for key in ("cursor_after", "cursor_upto")
+        ),
+    }
+    return {
+        column
+        for column, text in texts.items()
+        if column is not None and text and types.get(column) != "VARCHAR"
+    }
+
+
 def _plan_conditions(
-    source: SQLiteSource, bounds: Sequence[Mapping[str, Any]]
-) -> list[tuple[str, list[Any]]]:
-    """One condition per cursor window, selecting all of the window's planned partitions.
+    source: SQLiteSource,
+    bounds: Sequence[Mapping[str, Any]],
+    textual: Collection[str] = (),
+) -> list[tuple[str, list[Any], list[Mapping[str, Any]]]]:
+    """One condition per cursor window, selecting all of the window's planned partitions,
+    with the window's bounds.
 
     ``sqlite_scan`` pushes no filter down to SQLite, so every statement reads
     the whole table: one statement per window instead of one per partition.
+    Columns in ``textual`` are compared as text.
     """
+
+    def name(column: str) -> str:
+        return f"CAST({quote(column)} AS VARCHAR)" if column in textual else quote(column)
+
     columns = {"partition_column": source.partition_column, "cursor_column": source.cursor_column}
-    windows: dict[tuple[Any, Any], tuple[list[Predicate], list[Any]]] = {}
+    windows: dict[tuple[Any, Any], tuple[list[Predicate], list[Mapping[str, Any]]]] = {}
     for item in bounds:
         predicates = bound_predicates(item, **columns)  # bad bounds fail here, before the target
         window = [predicate for predicate in predicates if predicate.op in WINDOW_OPERATORS]
         key = (item.get("cursor_after"), item.get("cursor_upto"))
-        windows.setdefault(key, (window, []))[1].append(item["partition"])
-    partition = quote(source.partition_column)
+        windows.setdefault(key, (window, []))[1].append(item)
+    partition = name(source.partition_column)
     conditions = []
-    for window, values in windows.values():
+    for window, items in windows.values():
+        values = [item["partition"] for item in items]
         known = [value for value in values if value is not None]
         matches, params = [], []
         if known:
@@ -356,9 +414,10 @@ def _plan_conditions(
             params.append(known)
         if len(known) < len(values):
             matches.append(f"{partition} IS NULL")
-        where, window_params = render_predicates(window, marker="?")
+        where, window_params = render_predicates(window, marker="?", name=name)
         match = "(" + " OR ".join(matches) + ")"
-        conditions.append((f"{match} AND {where}" if where else match, params + window_params))
+        condition = f"{match} AND {where}" if where else match
+        conditions.append((condition, params + window_params, items))
     return conditions
 
 
