@@ -469,9 +469,10 @@ def test_sqlite_locked_write_is_not_corruption(
     holder = sqlite3.connect(db_path, isolation_level=None)
     try:
         holder.execute("BEGIN IMMEDIATE")
-        with pytest.raises(sqlite3.OperationalError) as excinfo:
+        with pytest.raises(CheckpointStoreUnavailable) as excinfo:
             sqlite_store.upsert(make_checkpoint("p-a"))
         assert not isinstance(excinfo.value, CheckpointStoreCorrupt)
+        assert "locked by another process" in str(excinfo.value)
         holder.execute("ROLLBACK")
     finally:
         holder.close()

@@ -64,21 +64,36 @@ _MINIMUM_SQLITE = (3, 38, 0)  # the ->> and -> JSON operators
 _ROUTE_VALUES = ", ".join("?" * len(route_params(RouteKey("s", "t", "full_refresh"))))
 
 
-def _is_busy(exc: sqlite3.DatabaseError) -> bool:
-    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+# SQLite result codes of a store that is fine but cannot be used now, and what to say of them.
+_UNAVAILABLE = {
+    sqlite3.SQLITE_BUSY: "is locked by another process (for longer than the busy timeout)",
+    sqlite3.SQLITE_LOCKED: "is locked by another process (for longer than the busy timeout)",
+    sqlite3.SQLITE_FULL: "cannot be written: the disk is full",
+    sqlite3.SQLITE_READONLY: "cannot be written: the file or its folder is read-only",
+    sqlite3.SQLITE_CANTOPEN: "cannot be opened (permissions, or its folder is gone)",
+    sqlite3.SQLITE_IOERR: "hit an I/O error",
+    sqlite3.SQLITE_PERM: "cannot be written: permission denied",
+}
 
 
 @contextmanager
 def _translated(action: str, *, writing: bool = False) -> Iterator[None]:
-    """SQLite failures become CheckpointStoreCorrupt, except busy/locked and write-side I/O."""
+    """SQLite failures as stable codes: a store that cannot be used now (locked, read-only,
+    disk full, I/O) is ``CheckpointStoreUnavailable`` (a retry may succeed); other failures,
+    and any failure of a read, are ``CheckpointStoreCorrupt``. Never SQLite's text."""
     try:
         yield
     except sqlite3.ProgrammingError:
         raise
     except sqlite3.DatabaseError as exc:
-        if _is_busy(exc) or (writing and isinstance(exc, sqlite3.OperationalError)):
-            raise
+        problem = _UNAVAILABLE.get(getattr(exc, "sqlite_errorcode", 0) & 0xFF)
+        if problem is None and writing and isinstance(exc, sqlite3.OperationalError):
+            problem = "cannot be written"
+        if problem is not None:
+            raise CheckpointStoreUnavailable(
+                f"the checkpoint store {problem}; a retry may succeed once it is free",
+                diagnostics={"action": action, "error_type": type(exc).__name__},
+            ) from None
         raise CheckpointStoreCorrupt(f"checkpoint store cannot be {action}") from None
 
 
