@@ -525,3 +525,20 @@ def test_lazy_plan_refuses_a_typed_column_whose_text_duckdb_would_not_match(
     done = run(route(tmp_path, kind="duckdb", target="t.duckdb", path="lazy-plan"), code=2)
     assert "cannot select the source's partitions of column(s) region exactly" in done.stderr
     assert "loaded 30 rows" in run(route(tmp_path, kind="duckdb", target="t.duckdb")).stdout
+
+
+@pytest.mark.parametrize("watermark", [{"a": 1}, [1, 2], True])
+def test_a_stored_watermark_that_is_no_plain_value_is_a_store_error_not_a_source_one(
+    tmp_path: Path, watermark: Any
+) -> None:
+    """It was passed to the source's SQL and reported as the source failing."""
+    build_sample_source(tmp_path / "source.db", rows=20, partitions=2)
+    route_file = route(tmp_path, path="legacy")
+    run(route_file)
+    state = json.dumps({"generation": 1, "watermark": watermark})
+    with contextlib.closing(sqlite3.connect(tmp_path / "checkpoints.db")) as store:
+        store.execute("UPDATE source_state SET state = ?", (state,))
+        store.commit()
+    done = run(route_file, code=1)
+    assert "native_transfer_checkpoint_store_corrupt" in done.stderr
+    assert '"field": "watermark"' in done.stderr

@@ -78,7 +78,22 @@ def _source_state(route: RouteKey, state: Mapping[str, Any] | None) -> tuple[int
             "the stored source state of the route is malformed",
             diagnostics={"route": route.as_dict(), "field": "generation"},
         )
-    return generation, state.get("watermark")
+    watermark = state.get("watermark")
+    if not _plain(watermark):  # it is compared in the source's SQL: a plain value only
+        raise CheckpointStoreCorrupt(
+            "the stored source state of the route is malformed",
+            diagnostics={"route": route.as_dict(), "field": "watermark"},
+        )
+    return generation, watermark
+
+
+def _plain(value: Any) -> bool:
+    """NULL, an integer, a finite real or text: what a cursor (or partition) value may be."""
+    if value is None or isinstance(value, str):
+        return True
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 def plan_window(
@@ -99,9 +114,7 @@ def plan_window(
 def _check_bound_value(source: PartitionedSource, key: str, value: Any) -> None:
     """Partition and cursor values are stored in checkpoints and compared by every engine:
     integers, finite reals, text or NULL only. A BLOB or NaN is refused, naming the column."""
-    if value is None or isinstance(value, int | str) and not isinstance(value, bool):
-        return
-    if isinstance(value, float) and math.isfinite(value):
+    if _plain(value):
         return
     role, column = (
         ("partition", source.partition_column)
