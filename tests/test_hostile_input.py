@@ -542,3 +542,15 @@ def test_a_stored_watermark_that_is_no_plain_value_is_a_store_error_not_a_source
     done = run(route_file, code=1)
     assert "native_transfer_checkpoint_store_corrupt" in done.stderr
     assert '"field": "watermark"' in done.stderr
+
+
+def test_another_sqlite_database_given_as_the_store_is_a_config_error(tmp_path: Path) -> None:
+    build_sample_source(tmp_path / "source.db", rows=20, partitions=2)
+    route_file = route(tmp_path, path="legacy")
+    build_sample_source(tmp_path / "checkpoints.db", rows=5, partitions=1)  # a user's database
+    done = run(route_file, code=2)
+    assert "another SQLite database, not a checkpoint store" in done.stderr
+    assert not (tmp_path / "target.db").exists()
+    with contextlib.closing(sqlite3.connect(tmp_path / "checkpoints.db")) as db:
+        names = [row[0] for row in db.execute("SELECT name FROM sqlite_master")]
+    assert names == ["orders"], "the database is left as it was"

@@ -447,10 +447,13 @@ def test_sqlite_missing_table_is_corrupt(
     assert excinfo.value.diagnostics == {"table": "evidence"}
 
 
-def test_sqlite_foreign_database_is_corrupt(db_path: Path) -> None:
+def test_sqlite_foreign_database_is_a_config_error_and_left_alone(db_path: Path) -> None:
+    """Another application's database given as the store: a mistake (exit 2), not damage."""
     db_path.parent.mkdir()
     _raw(db_path, "CREATE TABLE something_else (x)")
-    _open_fails(db_path)
+    with pytest.raises(ConfigInvalid, match="another SQLite database") as excinfo:
+        SQLiteCheckpointStore(db_path)
+    assert str(db_path) not in str(excinfo.value)
     assert _raw_journal_mode(db_path) == "delete"
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..checkpoints import GUARD_DIAGNOSTICS_KEY, LEDGER_BATCH_KEY
-from ..errors import CheckpointStoreCorrupt
+from ..errors import CheckpointStoreCorrupt, ConfigInvalid
 from ._codec import ROUTE_NAMES
 
 __all__ = [
@@ -238,6 +238,13 @@ def check_schema(conn: sqlite3.Connection) -> None:
     """The file is a version-3 store: its version, every table's columns, every index."""
     version = _version(conn)
     if version == 0:
+        names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        if names and not names & TABLES.keys():  # another application's database: a mistake
+            raise ConfigInvalid(
+                "the checkpoint store file is another SQLite database, not a checkpoint store; "
+                "give the route's own store file (or a new path)",
+                diagnostics={"key": "store.path"},
+            )
         raise CheckpointStoreCorrupt("file is not a checkpoint store (no schema version)")
     if version != SCHEMA_VERSION:
         raise CheckpointStoreCorrupt(
