@@ -554,3 +554,28 @@ def test_another_sqlite_database_given_as_the_store_is_a_config_error(tmp_path: 
     with contextlib.closing(sqlite3.connect(tmp_path / "checkpoints.db")) as db:
         names = [row[0] for row in db.execute("SELECT name FROM sqlite_master")]
     assert names == ["orders"], "the database is left as it was"
+
+
+def test_ctrl_c_exits_130_saying_interrupted_and_the_rerun_loads_every_row_once(
+    tmp_path: Path,
+) -> None:
+    import signal
+
+    build_sample_source(tmp_path / "source.db", rows=40_000, partitions=40)
+    route_file = route(tmp_path, path="legacy")
+    worker = subprocess.Popen(
+        [SCRIPT, "run", str(route_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert worker.stderr is not None
+    first = worker.stderr.readline()  # the first partition's progress line: mid-extraction
+    assert first.startswith("[1/40]"), first
+    worker.send_signal(signal.SIGINT)
+    _, rest = worker.communicate(timeout=120)
+    assert worker.returncode == 130, rest
+    assert "error: interrupted" in rest and "Traceback" not in rest
+    time.sleep(0.1)
+    run(route_file)
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
+        counts = target.execute("SELECT count(*), count(DISTINCT id) FROM orders_copy").fetchone()
+    assert counts == (40_000, 40_000)
