@@ -23,7 +23,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..artifacts import JSONL
-from ..errors import ConfigInvalid, SourceInvalid, TargetUnavailable
+from ..errors import ConfigInvalid, TargetUnavailable
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
 from ..payloads import (
@@ -130,6 +130,7 @@ class DuckDBSink:
         self.path = os.fspath(path)
         self.table = table
         self._ledger = PendingLedger()
+        self._checked: tuple[LoadPlan, set[str]] | None = None  # the last plan check_plan passed
         if self.path == ":memory:" or not self.path:
             raise ConfigInvalid(
                 f"target table {table!r} needs a DuckDB file: an in-memory database "
@@ -211,18 +212,15 @@ class DuckDBSink:
                 "cannot pull from this source: use legacy, staged or file-artifact",
                 diagnostics={"table": self.table, "path": "lazy-plan"},
             )
-        refuse_collated_plan(plan.source, engine="DuckDB", table=self.table)
+        refuse_collated_plan(plan.source, engine="DuckDB", table=self.table)  # source exists
         source: SQLiteSource = plan.source
-        if not os.path.isfile(source.path):
-            raise SourceInvalid(
-                f"source database for table {source.table!r} does not exist",
-                diagnostics={"table": source.table},
-            )
         _plan_conditions(source, plan.bounds)  # bad bounds fail here, before any connection
         with contextlib.closing(_driver().connect()) as scratch:  # never the target
-            textual = _scanning(scratch, source, plan.bounds)
+            _load_scanner(scratch)
+            textual = _textual_columns(scratch, source, plan.bounds)
             if textual:
                 self._check_text_matches(scratch, source, plan.bounds, textual)
+        self._checked = (plan, textual)  # the load of this very plan need not check it again
 
     def _check_text_matches(
         self, conn: Any, source: SQLiteSource, bounds: Any, textual: set[str]
@@ -244,12 +242,15 @@ class DuckDBSink:
 
     def _load_plan(self, plan: LoadPlan) -> int:
         """DuckDB pulls the plan's partitions from the SQLite file with ``sqlite_scan``."""
-        self.check_plan(plan)
+        if self._checked is None or self._checked[0] is not plan:
+            self.check_plan(plan)
+        _, textual = self._checked
         source: SQLiteSource = plan.source
         names = _names(plan.columns)
         scan = _scan(source)
+        statements = _plan_conditions(source, plan.bounds, textual)
         with self._connect() as conn:
-            statements = _plan_conditions(source, plan.bounds, _scanning(conn, source, plan.bounds))
+            _load_scanner(conn)
             with _transaction(conn):
                 _prepare_target(conn, self.table, plan.columns, replace=plan.replace)
                 rows = sum(
@@ -356,15 +357,20 @@ def _scan(source: SQLiteSource) -> list[str]:
     return [os.path.abspath(source.path), source.table]
 
 
-def _scanning(conn: Any, source: SQLiteSource, bounds: Sequence[Mapping[str, Any]]) -> set[str]:
-    """Load the SQLite scanner on ``conn``; the partition and cursor columns to compare as text.
+def _load_scanner(conn: Any) -> None:
+    conn.execute("LOAD '" + _sqlite_extension(_driver()).replace("'", "''") + "'")
+
+
+def _textual_columns(
+    conn: Any, source: SQLiteSource, bounds: Sequence[Mapping[str, Any]]
+) -> set[str]:
+    """The partition and cursor columns to compare as text (``conn`` has the scanner).
 
     DuckDB types a column by its declared type (``DATE``, ``TIMESTAMP``, ...),
     while SQLite's partition values are what it stores, often text: comparing a
     DATE with text fails. Such a column is compared as text (``CAST ... AS
     VARCHAR``), and ``check_plan`` proves that this selects exactly SQLite's rows.
     """
-    conn.execute("LOAD '" + _sqlite_extension(_driver()).replace("'", "''") + "'")
     described = conn.execute("DESCRIBE SELECT * FROM sqlite_scan(?, ?)", _scan(source))
     types = {row[0]: row[1] for row in described.fetchall()}
     texts = {
