@@ -27,6 +27,7 @@ import pytest
 from conftest import PATHS, Route
 
 from dpone_native_transfer import ManualReconciliationRequired, StoreTargetMismatch
+from dpone_native_transfer.column_types import postgres_kind
 from dpone_native_transfer.connectors.clickhouse import (
     ClickHouseSink,
     Location,
@@ -44,14 +45,12 @@ from dpone_native_transfer.connectors.clickhouse.sql import (
 )
 from dpone_native_transfer.connectors.sqlite import SQLiteSource
 from dpone_native_transfer.errors import (
-    ArtifactInvalid,
     ConfigInvalid,
     NativeTransferError,
     SourceInvalid,
 )
 from dpone_native_transfer.ledger import prove
 from dpone_native_transfer.payloads import (
-    ArtifactFiles,
     Column,
     LoadPlan,
     Predicate,
@@ -527,14 +526,6 @@ def test_config_errors_come_before_the_target_and_never_show_paths(tmp_path):
     with pytest.raises(ConfigInvalid):
         _sink(tmp_path).load([(1,)])  # type: ignore[arg-type]
     with pytest.raises(ConfigInvalid):
-        _sink(tmp_path).load(ArtifactFiles(columns=ORDERS, paths=(), format="rows"))
-    with pytest.raises(ArtifactInvalid) as missing:
-        _sink(tmp_path).load(
-            ArtifactFiles(columns=ORDERS, paths=(str(tmp_path / "p1.jsonl"),), format="jsonl")
-        )
-    assert missing.value.diagnostics["file"] == "p1.jsonl"
-    assert str(tmp_path) not in str(missing.value)
-    with pytest.raises(ConfigInvalid):
         _sink(tmp_path).load(_chunks((1, "a", 1.0), columns=(Column("a\x00", "INT"),) * 3))
     with pytest.raises(ConfigInvalid) as folder:
         ClickHouseSink(tmp_path / "no-such" / "data", "t").row_count()
@@ -618,11 +609,13 @@ def test_quote_escapes_backticks_and_backslashes_and_refuses_nul():
     ("decltype", "expected"),
     [
         ("INTEGER", "Nullable(Int64)"),
-        ("BIGSERIAL", "Nullable(Int64)"),
+        ("BIGSERIAL", "Nullable(Float64)"),  # NUMERIC affinity in SQLite: no INT in the name
         ("VARCHAR(20)", "Nullable(String)"),
         ("REAL", "Nullable(Float64)"),
         ("BLOB", "Nullable(String)"),
         ("", "Nullable(String)"),
+        ("UUID", "Nullable(String)"),
+        ("TIME", "Nullable(String)"),
         ("BOOLEAN", "Nullable(Bool)"),
         ("DATE", "Nullable(Date32)"),
         ("TIMESTAMP WITH TIME ZONE", "Nullable(DateTime64(6, 'UTC'))"),
@@ -633,8 +626,26 @@ def test_quote_escapes_backticks_and_backslashes_and_refuses_nul():
         ("MONEY", "Nullable(Float64)"),
     ],
 )
-def test_column_types_follow_the_affinity(decltype, expected):
+def test_column_types_follow_the_sqlite_kind(decltype, expected):
     assert column_type(Column("c", decltype)) == expected
+
+
+@pytest.mark.parametrize(
+    ("decltype", "expected"),
+    [
+        ("numeric", "Nullable(String)"),  # an exact decimal of any size stays its text
+        ("numeric(12,2)", "Nullable(Decimal(12, 2))"),
+        ("numeric(99,2)", "Nullable(String)"),
+        ("interval", "Nullable(String)"),
+        ("time without time zone", "Nullable(String)"),
+        ("timestamp with time zone", "Nullable(DateTime64(6, 'UTC'))"),
+        ("double precision", "Nullable(Float64)"),
+        ("jsonb", "Nullable(String)"),
+        ("integer[]", "Nullable(String)"),
+    ],
+)
+def test_postgres_columns_get_the_type_of_their_kind(decltype, expected):
+    assert column_type(Column("c", decltype, postgres_kind(decltype))) == expected
 
 
 def test_create_table_sql_partitions_by_the_nullable_column():

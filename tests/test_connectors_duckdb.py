@@ -1,4 +1,4 @@
-"""DuckDB sink against real DuckDB files: types, atomic loads, staging, jsonl artifacts, lazy plans,
+"""DuckDB sink against real DuckDB files: types, atomic loads, staging, lazy plans,
 and guarded transfers through the runtime on all four paths."""
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ import duckdb
 import pytest
 from conftest import PATHS, Route
 
-from dpone_native_transfer.artifacts import write_jsonl
 from dpone_native_transfer.connectors import SQLiteSource
 from dpone_native_transfer.connectors.duckdb import DuckDBSink, duckdb_type
 from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
-from dpone_native_transfer.payloads import ArtifactFiles, Column, LoadPlan, RowChunks
+from dpone_native_transfer.payloads import Column, LoadPlan, RowChunks
 from dpone_native_transfer.testing import (
     InjectedFault,
     RecordingSink,
@@ -104,7 +103,7 @@ def test_target_types_follow_the_neutral_column_kinds(sink):
         "text",
         0.25,
         b"\x00\xff",
-        b"raw",
+        "raw",
         True,
         "2024-02-29",
         "2024-02-29 23:59:59.123456",
@@ -124,7 +123,7 @@ def test_target_types_follow_the_neutral_column_kinds(sink):
         ("s", "VARCHAR"),
         ("r", "DOUBLE"),
         ("b", "BLOB"),
-        ("untyped", "BLOB"),
+        ("untyped", "VARCHAR"),
         ("flag", "BOOLEAN"),
         ("d", "DATE"),
         ("ts", "TIMESTAMP"),
@@ -139,7 +138,7 @@ def test_target_types_follow_the_neutral_column_kinds(sink):
             "text",
             0.25,
             b"\x00\xff",
-            b"raw",
+            "raw",
             True,
             datetime.date(2024, 2, 29),
             datetime.datetime(2024, 2, 29, 23, 59, 59, 123456),
@@ -271,7 +270,6 @@ def test_in_memory_databases_and_unknown_payloads_are_refused(tmp_path, sink):
 def test_repr_names_the_table_only(tmp_path):
     sink = DuckDBSink(tmp_path / "secret-folder" / "t.duckdb", "orders_copy")
     assert repr(sink) == "DuckDBSink(table='orders_copy')"
-    assert DuckDBSink.artifact_format == "jsonl"
 
 
 # --- staging ----------------------------------------------------------------------------------
@@ -338,71 +336,6 @@ def test_discard_stage(sink):
     assert sink.staged_row_count() == 0
     assert _tables(sink) == []
     sink.discard_stage()
-
-
-# --- jsonl artifacts --------------------------------------------------------------------------
-
-
-def _jsonl(path: Path, rows, columns=COLUMNS) -> str:
-    with open(path, "wb") as handle:
-        write_jsonl(handle, [c.name for c in columns], [rows])
-    return str(path)
-
-
-def test_jsonl_artifacts_load_with_types(tmp_path, sink):
-    columns = (
-        Column("id", "bigint"),
-        Column("amount", "numeric(12,2)"),
-        Column("at", "timestamp without time zone"),
-        Column("day", "date"),
-        Column("flag", "boolean"),
-        Column("note", "text"),
-    )
-    first = _jsonl(
-        tmp_path / "a.jsonl",
-        [
-            (1, decimal.Decimal("12.50"), datetime.datetime(2024, 1, 2, 3, 4, 5), "2024-01-02",
-             True, "é \"quoted\"\n"),
-            (2, None, "2024-01-02 03:04:05.25", datetime.date(2024, 1, 3), False, None),
-        ],
-        columns,
-    )  # fmt: skip
-    empty = _jsonl(tmp_path / "empty.jsonl", [], columns)
-    second = _jsonl(tmp_path / "b.jsonl", [(3, "7.10", None, None, None, "x")], columns)
-    payload = ArtifactFiles(columns=columns, paths=(first, empty, second), format="jsonl")
-    assert sink.load(payload) == 3
-    assert sink.rows() == [
-        (1, decimal.Decimal("12.50"), datetime.datetime(2024, 1, 2, 3, 4, 5),
-         datetime.date(2024, 1, 2), True, "é \"quoted\"\n"),
-        (2, None, datetime.datetime(2024, 1, 2, 3, 4, 5, 250000), datetime.date(2024, 1, 3),
-         False, None),
-        (3, decimal.Decimal("7.10"), None, None, None, "x"),
-    ]  # fmt: skip
-
-
-def test_jsonl_artifacts_replace_atomically(tmp_path, sink):
-    sink.load(_chunks())
-    good = _jsonl(tmp_path / "good.jsonl", [(9, "west", 9.5, 109)])
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"id": 10, "region": "x"}\n{"id": \n')
-
-    def files(*paths: str) -> ArtifactFiles:
-        return ArtifactFiles(columns=COLUMNS, paths=paths, format="jsonl", replace=True)
-
-    with pytest.raises(duckdb.Error):
-        sink.load(files(good, str(bad)))
-    assert sink.rows() == ROWS
-    assert sink.load(files(good)) == 1
-    assert sink.rows() == [(9, "west", 9.5, 109)]
-    assert sink.load(files()) == 0
-    assert sink.row_count() == 0
-
-
-def test_artifacts_of_another_format_are_refused(tmp_path, sink):
-    path = _jsonl(tmp_path / "a.jsonl", ROWS)
-    with pytest.raises(ConfigInvalid):
-        sink.load(ArtifactFiles(columns=COLUMNS, paths=(path,), format="csv"))
-    assert not Path(sink.path).exists()
 
 
 # --- lazy plans -------------------------------------------------------------------------------

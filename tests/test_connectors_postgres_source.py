@@ -113,16 +113,16 @@ def _read_all(source: PostgresSource, **window: Any) -> list[tuple]:
 
 def test_describe_reports_postgres_type_names_and_stable_hashes(source, table):
     shape = source.describe()
-    assert shape.columns == (
-        Column("id", "integer"),
-        Column("region", "text"),
-        Column("amount", "numeric(12,2)"),
-        Column("updated_at", "timestamp without time zone"),
-        Column("flag", "boolean"),
-        Column("note", "text"),
-    )
-    assert [c.affinity for c in shape.columns] == [
-        "integer", "text", "numeric", "timestamp", "boolean", "text"
+    assert [(c.name, c.decltype) for c in shape.columns] == [
+        ("id", "integer"),
+        ("region", "text"),
+        ("amount", "numeric(12,2)"),
+        ("updated_at", "timestamp without time zone"),
+        ("flag", "boolean"),
+        ("note", "text"),
+    ]
+    assert [c.kind for c in shape.columns] == [
+        "integer", "text", "decimal", "timestamp", "boolean", "text"
     ]  # fmt: skip
     assert shape.query_hash.startswith("sha256:") and shape.schema_hash.startswith("sha256:")
     assert PostgresSource(table.url, table.name, "region", "updated_at").describe() == shape
@@ -132,13 +132,13 @@ def test_describe_reports_postgres_type_names_and_stable_hashes(source, table):
     table.execute(f'ALTER TABLE "{table.schema}".orders ALTER COLUMN note TYPE varchar(40)')
     changed = source.describe()
     assert changed.schema_hash != shape.schema_hash
-    assert changed.columns[-1] == Column("note", "character varying(40)")
+    assert changed.columns[-1] == Column("note", "character varying(40)", "text")
 
 
 def test_an_unqualified_table_is_found_through_the_search_path(table):
     url = _url(table.dsn, options=f"-csearch_path={table.schema}")
     source = PostgresSource(url, "orders", "region")
-    assert source.describe().columns[0] == Column("id", "integer")
+    assert source.describe().columns[0] == Column("id", "integer", "integer")
     assert source.count({"partition": "north"}) == 3
 
 
@@ -349,10 +349,9 @@ class PgRoute:
 
 
 def _sqlite_value(row: tuple) -> tuple:
-    """A source row as SQLite stores it: numeric affinity for numeric and boolean columns."""
+    """A source row as SQLite stores it: an exact decimal as its text, a boolean as 0 or 1."""
     i, region, amount, at, flag, note = row
-    if amount is not None:
-        amount = int(amount) if amount == amount.to_integral_value() else float(amount)
+    amount = None if amount is None else str(amount)
     return i, region, amount, at.isoformat(sep=" "), None if flag is None else int(flag), note
 
 

@@ -1,77 +1,26 @@
-"""What the runtime gives engine sinks: JSON-lines artifacts and neutral column kinds."""
+"""What the runtime gives engine sinks: neutral column kinds and exact value carriers."""
 
 from __future__ import annotations
 
-import datetime
-import decimal
-import io
-import json
+import math
 from pathlib import Path
 
 import pytest
 
-from dpone_native_transfer import ArtifactInvalid, ConfigInvalid
-from dpone_native_transfer.artifacts import file_sha256, write_jsonl
-from dpone_native_transfer.config import route_config_from_mapping
-from dpone_native_transfer.payloads import bound_predicates, column_affinity
-
-NAMES = ["id", "name", "at", "amount", "day", "flag", "ratio"]
-
-
-def test_jsonl_rows_are_objects_keyed_by_column_with_exact_text_for_dates_and_decimals(tmp_path):
-    rows = [
-        (
-            1,
-            "naïve \u2028 line",
-            datetime.datetime(2026, 1, 2, 3, 4, 5, 600000),
-            decimal.Decimal("12345678901234567890.12"),
-            datetime.date(2026, 1, 2),
-            True,
-            0.1,
-        ),
-        (2, None, None, None, None, False, -2.5),
-    ]
-    path = tmp_path / "p.jsonl"
-    with open(path, "wb") as handle:
-        count, digest = write_jsonl(handle, NAMES, [rows[:1], [], rows[1:]])
-    assert count == 2
-    assert digest == file_sha256(path)
-    lines = path.read_text(encoding="utf-8").split("\n")[:-1]  # \u2028 is not a line break here
-    assert [json.loads(line) for line in lines] == [
-        {
-            "id": 1,
-            "name": "naïve \u2028 line",
-            "at": "2026-01-02T03:04:05.600000",
-            "amount": "12345678901234567890.12",
-            "day": "2026-01-02",
-            "flag": True,
-            "ratio": 0.1,
-        },
-        {
-            "id": 2,
-            "name": None,
-            "at": None,
-            "amount": None,
-            "day": None,
-            "flag": False,
-            "ratio": -2.5,
-        },
-    ]
-
-
-@pytest.mark.parametrize(
-    "value", [b"\x00secret-bytes", float("nan"), float("inf"), decimal.Decimal("NaN"), object()]
+from dpone_native_transfer import Column, ConfigInvalid, ValueUnsupported
+from dpone_native_transfer.column_types import (
+    as_boolean,
+    as_double,
+    as_text,
+    carried_chunks,
+    exact_decimal,
+    finite_double,
+    instant_as_utc,
+    postgres_kind,
+    sqlite_kind,
 )
-def test_a_value_jsonl_cannot_carry_stops_the_export_naming_no_value(value):
-    with pytest.raises(ArtifactInvalid) as info:
-        write_jsonl(io.BytesIO(), ["id", "secret"], [[(1, value)]])
-    assert info.value.diagnostics == {"columns": ["id", "secret"], "format": "jsonl"}
-    assert "secret-bytes" not in str(info.value)
-
-
-def test_a_row_of_the_wrong_width_is_refused():
-    with pytest.raises(ArtifactInvalid):
-        write_jsonl(io.BytesIO(), ["id", "name"], [[(1,)]])
+from dpone_native_transfer.config import route_config_from_mapping
+from dpone_native_transfer.payloads import bound_predicates
 
 
 @pytest.mark.parametrize(
@@ -79,25 +28,103 @@ def test_a_row_of_the_wrong_width_is_refused():
     [
         ("INTEGER", "integer"),
         ("bigint", "integer"),
-        ("bigserial", "integer"),
+        ("INTERVAL", "integer"),  # SQLite's rule: any type name holding INT
         ("VARCHAR(20)", "text"),
-        ("character varying", "text"),
-        ("uuid", "text"),
-        ("jsonb", "text"),
+        ("uuid", "any"),  # NUMERIC affinity in SQLite: text or numbers
+        ("JSON", "any"),
         ("BLOB", "blob"),
-        ("bytea", "blob"),
-        ("", "blob"),
+        ("", "any"),
         ("REAL", "real"),
         ("double precision", "real"),
         ("boolean", "boolean"),
-        ("timestamp with time zone", "timestamp"),
+        ("timestamp with time zone", "timestamptz"),
         ("DATETIME", "timestamp"),
         ("date", "date"),
+        ("TIME", "time"),
         ("NUMERIC(12,2)", "numeric"),
+        ("MONEY", "numeric"),
     ],
 )
-def test_column_affinity_follows_sqlite_rules_and_common_postgres_names(decltype, kind):
-    assert column_affinity(decltype) == kind
+def test_sqlite_kinds_follow_sqlite_affinity_rules_and_common_names(decltype, kind):
+    assert sqlite_kind(decltype) == kind
+    assert Column("c", decltype).kind == kind  # the default of a source that names no kind
+
+
+@pytest.mark.parametrize(
+    ("format_type", "kind"),
+    [
+        ("smallint", "integer"),
+        ("bigint", "integer"),
+        ("numeric", "decimal"),
+        ("numeric(12,2)", "decimal"),
+        ("double precision", "real"),
+        ("interval", "interval"),  # not "INT": the defect of the substring rule
+        ("time without time zone", "time"),
+        ("time with time zone", "text"),
+        ("timestamp without time zone", "timestamp"),
+        ("timestamp with time zone", "timestamptz"),
+        ("bytea", "blob"),
+        ("uuid", "text"),
+        ("jsonb", "text"),
+        ("integer[]", "text"),
+        ("character varying(20)", "text"),
+    ],
+)
+def test_postgres_kinds_come_from_the_type_name_not_a_substring(format_type, kind):
+    assert postgres_kind(format_type) == kind
+
+
+@pytest.mark.parametrize(
+    ("carry", "value", "expected"),
+    [
+        (exact_decimal(12, 2), 1.1, "1.1"),
+        (exact_decimal(12, 2), "1.10", "1.10"),
+        (exact_decimal(12, 2), 7, "7"),
+        (exact_decimal(12, 2), "9999999999.99", "9999999999.99"),
+        (as_boolean, "TRUE", True),
+        (as_boolean, " f ", False),
+        (as_boolean, 2, True),
+        (as_text, 3.5, "3.5"),
+        (as_text, 2**70, str(2**70)),
+        (as_double, 2**53, float(2**53)),
+        (instant_as_utc, "2024-01-05 10:00:00+02:00", "2024-01-05 08:00:00"),
+        (instant_as_utc, "2024-01-05T23:30:00.5-01:00", "2024-01-06 00:30:00.500000"),
+        (instant_as_utc, "2024-01-05 10:00:00", "2024-01-05 10:00:00"),
+        (instant_as_utc, "infinity", "infinity"),
+    ],
+)
+def test_carriers_keep_the_value(carry, value, expected):
+    assert carry(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("carry", "value"),
+    [
+        (exact_decimal(12, 2), 99.999),  # would round to 100.00
+        (exact_decimal(12, 2), "10000000000"),  # 11 digits before the point
+        (exact_decimal(12, 2), "NaN"),
+        (exact_decimal(12, 2), True),
+        (as_boolean, "yes"),
+        (as_boolean, 1.5),
+        (as_text, b"\x00"),
+        (as_double, 2**53 + 1),
+        (as_double, "1.5"),
+        (finite_double, math.nan),
+        (instant_as_utc, 1704448800),
+    ],
+)
+def test_carriers_refuse_what_they_cannot_keep_and_the_error_names_only_the_column(carry, value):
+    chunks = carried_chunks([[(1, value)]], [(1, "secret_col", carry)], target="DuckDB")
+    with pytest.raises(ValueUnsupported) as info:
+        list(chunks)
+    assert info.value.diagnostics == {"column": "secret_col", "target": "DuckDB"}
+    assert repr(value) not in str(info.value)
+
+
+def test_carried_chunks_leave_nulls_and_other_columns_alone():
+    chunks = [[(1, None, "2024-01-05 10:00:00+01:00"), (2, "x", None)], []]
+    carried = list(carried_chunks(chunks, [(2, "at", instant_as_utc)], target="DuckDB"))
+    assert carried == [[(1, None, "2024-01-05 09:00:00"), (2, "x", None)], []]
 
 
 def test_bound_predicates_name_null_partitions_and_cursor_windows():

@@ -35,11 +35,12 @@ from .errors import (
     TargetCommitGuardInvalid,
     TargetCommitGuardUnhandled,
     TargetUnavailable,
+    ValueUnsupported,
 )
 from .events import Event, EventName
 from .hookspecs import hookimpl
 from .paths import Governance, PathContext
-from .payloads import ArtifactFiles, Column, LoadPlan, RowChunks, SourceShape
+from .payloads import Column, LoadPlan, RowChunks, SourceShape
 from .plugins import entry_point_plugins
 from .runtime import TransferResult, TransferRuntime, TransferSpec
 from .stores import CheckpointStore, RouteStateStore
@@ -48,7 +49,6 @@ from .stores.postgres import PostgresCheckpointStore
 from .stores.sqlite import SQLiteCheckpointStore
 
 __all__ = [
-    "ArtifactFiles",
     "ArtifactInvalid",
     "AttemptState",
     "CheckpointPayloadInvalid",
@@ -94,6 +94,7 @@ __all__ = [
     "TransferResult",
     "TransferRuntime",
     "TransferSpec",
+    "ValueUnsupported",
     "checkpoint_from_payload",
     "checkpoint_to_payload",
     "entry_point_plugins",

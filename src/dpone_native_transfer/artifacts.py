@@ -5,10 +5,6 @@ file-artifact path keeps one file per partition and records its digest.
 ``marshal`` keeps SQLite's value types (int, float, str, bytes, None) exact
 and is fast; the files are process-local working data, not an exchange format.
 
-Sinks that read exported files with their own engine (DuckDB, ClickHouse)
-declare ``artifact_format = "jsonl"`` and get newline-delimited JSON instead:
-see :func:`write_jsonl`.
-
 File format: a sequence of blocks, each an 8-byte big-endian length followed
 by that many bytes of ``marshal.dumps(list_of_rows)``. The length prefix lets
 the reader take a whole block with one ``read`` and decode it with
@@ -20,10 +16,7 @@ covers every byte written, length prefixes included, so it equals
 
 from __future__ import annotations
 
-import datetime
-import decimal
 import hashlib
-import json
 import marshal
 import os
 import struct
@@ -33,17 +26,7 @@ from typing import Any, BinaryIO
 
 from .errors import ArtifactInvalid
 
-__all__ = [
-    "JSONL",
-    "create_private",
-    "file_sha256",
-    "json_value",
-    "read_chunks",
-    "write_chunks",
-    "write_jsonl",
-]
-
-JSONL = "jsonl"
+__all__ = ["create_private", "file_sha256", "read_chunks", "write_chunks"]
 
 _READ_BLOCK = 1 << 20
 _LENGTH = struct.Struct(">Q")
@@ -69,44 +52,6 @@ def write_chunks(
         digest.update(block)
         rows += len(chunk)
     return rows, "sha256:" + digest.hexdigest()
-
-
-def write_jsonl(
-    handle: BinaryIO, names: Sequence[str], chunks: Iterable[Sequence[tuple]]
-) -> tuple[int, str]:
-    """Write rows as one JSON object per line, keyed by column name; same return as above.
-
-    Dates and times become ISO 8601 strings and decimals exact strings. A value
-    JSON cannot carry faithfully (bytes, NaN, infinities) raises
-    ``ArtifactInvalid`` naming only the column, never the value.
-    """
-    encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, default=json_value)
-    digest = hashlib.sha256()
-    rows = 0
-    for chunk in chunks:
-        lines = []
-        for row in chunk:
-            try:
-                lines.append(encoder.encode(dict(zip(names, row, strict=True))))
-            except (TypeError, ValueError):
-                raise ArtifactInvalid(
-                    "a row holds a value the jsonl artifact format cannot carry",
-                    diagnostics={"columns": list(names), "format": JSONL},
-                ) from None
-        block = ("\n".join(lines) + "\n").encode() if lines else b""
-        handle.write(block)
-        digest.update(block)
-        rows += len(chunk)
-    return rows, "sha256:" + digest.hexdigest()
-
-
-def json_value(value: object) -> str:
-    """JSON text for dates, times and finite decimals; TypeError for anything else."""
-    if isinstance(value, datetime.date | datetime.time):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal) and value.is_finite():
-        return str(value)
-    raise TypeError("not representable in jsonl")
 
 
 def read_chunks(path: Path, sha256: str | None = None) -> Iterator[list[tuple]]:

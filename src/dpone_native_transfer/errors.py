@@ -35,6 +35,7 @@ __all__ = [
     "TargetCommitGuardInvalid",
     "TargetCommitGuardUnhandled",
     "TargetUnavailable",
+    "ValueUnsupported",
 ]
 
 
@@ -104,6 +105,14 @@ class SourceInvalid(NativeTransferError):
 class SourceMissing(SourceInvalid):
     """The source file, table or a named column does not exist: a configuration mistake that
     a retry cannot fix (exit 2). Same code as ``SourceInvalid``."""
+
+
+class ValueUnsupported(SourceInvalid):
+    """A source value the target cannot hold exactly (a decimal with more digits than its
+    column, a NaN SQLite would store as NULL, ...): refused before the target call, naming
+    the column and never the value. A retry cannot fix it (exit 2)."""
+
+    code = "native_transfer_value_unsupported"
 
 
 class GovernanceGateFailed(NativeTransferError):

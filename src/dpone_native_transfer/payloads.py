@@ -11,10 +11,10 @@ from typing import Any
 
 import attrs
 
+from .column_types import declared_precision, sqlite_kind
 from .errors import ConfigInvalid
 
 __all__ = [
-    "ArtifactFiles",
     "Column",
     "LoadPlan",
     "Predicate",
@@ -22,49 +22,30 @@ __all__ = [
     "SourceShape",
     "UPTO_OR_NULL",
     "bound_predicates",
-    "column_affinity",
 ]
+
+
+def _default_kind(column: Column) -> str:
+    return sqlite_kind(column.decltype) if isinstance(column.decltype, str) else "any"
 
 
 @attrs.frozen
 class Column:
+    """A source column: its name, the source's own declared type, and its neutral kind.
+
+    ``kind`` (see ``column_types.py``) is what sinks map to their own types; a
+    source that does not set it gets SQLite's rules applied to ``decltype``.
+    Only ``name`` and ``decltype`` enter the schema hash.
+    """
+
     name: str
     decltype: str
+    kind: str = attrs.field(default=attrs.Factory(_default_kind, takes_self=True))
 
     @property
-    def affinity(self) -> str:
-        return column_affinity(self.decltype)
-
-
-def column_affinity(decltype: str) -> str:
-    """The neutral kind of a source column type, for sinks that must declare their own types.
-
-    SQLite's type-affinity rules, extended with the common PostgreSQL names:
-    ``integer``, ``text``, ``blob``, ``real``, ``boolean``, ``date``,
-    ``timestamp``, or ``numeric`` for anything else.
-    """
-    upper = decltype.upper()
-    for needle, kind in (
-        ("INT", "integer"),
-        ("SERIAL", "integer"),
-        ("CHAR", "text"),
-        ("CLOB", "text"),
-        ("TEXT", "text"),
-        ("UUID", "text"),
-        ("JSON", "text"),
-        ("BLOB", "blob"),
-        ("BYTEA", "blob"),
-        ("REAL", "real"),
-        ("FLOA", "real"),
-        ("DOUB", "real"),
-        ("BOOL", "boolean"),
-        ("TIMESTAMP", "timestamp"),
-        ("DATETIME", "timestamp"),
-        ("DATE", "date"),
-    ):
-        if needle in upper:
-            return kind
-    return "blob" if not upper else "numeric"
+    def precision(self) -> tuple[int, int] | None:
+        """``(precision, scale)`` the declared type states, if any."""
+        return declared_precision(self.decltype) if isinstance(self.decltype, str) else None
 
 
 @attrs.frozen(kw_only=True)
@@ -92,21 +73,6 @@ class LoadPlan:
     source: Any
     columns: tuple[Column, ...]
     bounds: tuple[Mapping[str, Any], ...]
-    replace: bool = False
-
-
-@attrs.frozen(kw_only=True)
-class ArtifactFiles:
-    """Verified exported files for a sink that reads them with its own engine.
-
-    Offered by the file-artifact path to sinks whose ``artifact_format`` names
-    a format they read (``"jsonl"``: one JSON object per row, keyed by column
-    name). ``paths`` are absolute, in partition order.
-    """
-
-    columns: tuple[Column, ...]
-    paths: tuple[str, ...]
-    format: str
     replace: bool = False
 
 

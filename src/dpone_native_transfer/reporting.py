@@ -18,6 +18,7 @@ from .errors import (
     StoreTargetMismatch,
     TargetCommitGuardInvalid,
     TargetCommitGuardUnhandled,
+    ValueUnsupported,
 )
 from .events import Event, EventName
 
@@ -74,7 +75,7 @@ def shortened(diagnostics: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 
 
 def exit_code_for(error: BaseException) -> int:
-    if isinstance(error, ConfigInvalid | SourceMissing):
+    if isinstance(error, ConfigInvalid | SourceMissing | ValueUnsupported):
         return EXIT_CONFIG
     if isinstance(error, BLOCKING_ERRORS):
         return EXIT_BLOCKED

@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from ..errors import NativeTransferError
 
 if TYPE_CHECKING:
+    from ..column_types import Carry
     from ..identity import TableIdentity
     from ..ledger import LedgerEntry
+    from ..payloads import Column
 
-__all__ = ["Identified", "LedgerNotWritten", "LedgerSink", "PendingLedger"]
+__all__ = ["Identified", "LedgerNotWritten", "LedgerSink", "PendingLedger", "ValueCarrying"]
 
 
 @runtime_checkable
@@ -67,6 +69,22 @@ class LedgerSink(Protocol):
         Every run asks it when the ledger records rows: a table dropped or
         emptied behind the ledger's back is refused, never silently skipped.
         """
+
+
+@runtime_checkable
+class ValueCarrying(Protocol):
+    """A sink that says how each column's values reach it exactly (``column_types.py``).
+
+    The runtime applies ``carrier(column)`` to every non-NULL value of that
+    column as rows are read from the source, before they are spooled, staged or
+    exported: so a value the target cannot hold exactly is refused with
+    ``ValueUnsupported`` before the target call, on every row path. None means
+    values pass unchanged. Lazy plans are read by the sink's engine, which must
+    refuse (``check_plan``) what it would not read the same way.
+    """
+
+    def carrier(self, column: Column) -> Carry | None:
+        """The conversion of ``column``'s values, or None; ValueError/TypeError refuses one."""
 
 
 class LedgerNotWritten(NativeTransferError):

@@ -7,9 +7,9 @@ on first use.
 
 Rows reach DuckDB without ``executemany`` (a statement per row, about 2,000
 rows/s): each batch of rows goes in as one ``INSERT ... SELECT UNNEST($1),
-UNNEST($2), ...`` with one list per column. JSON-lines artifacts are read by
-DuckDB's own ``read_json``; a lazy plan over a SQLite source is pulled by the
-``sqlite_scanner`` extension, loaded from the ``duckdb-extension-sqlite-scanner``
+UNNEST($2), ...`` with one list per column, each value carried exactly by its
+column's kind (:func:`duckdb_carrier`). A lazy plan over a SQLite source is
+pulled by the ``sqlite_scanner`` extension, loaded from the ``duckdb-extension-sqlite-scanner``
 wheel's file, never downloaded. Errors raised here on purpose name tables
 only, never a file path, SQL or a DuckDB message.
 """
@@ -18,63 +18,75 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..artifacts import JSONL
+from ..column_types import Carry, as_boolean, as_double, as_text, exact_decimal, instant_as_utc
 from ..errors import ConfigInvalid, TargetUnavailable
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
-from ..payloads import (
-    ArtifactFiles,
-    Column,
-    LoadPlan,
-    Predicate,
-    RowChunks,
-    bound_predicates,
-)
+from ..payloads import Column, LoadPlan, Predicate, RowChunks, bound_predicates
 from ._sql import WINDOW_OPERATORS, check_target_table, quote, render_predicates
 from .contract import PendingLedger
-from .sqlite import SQLiteSource, refuse_collated_plan
+from .sqlite import SQLiteSource, refuse_inexact_plan
 
-__all__ = ["DUCKDB_TYPES", "DuckDBSink", "duckdb_type"]
+__all__ = ["DUCKDB_TYPES", "DuckDBSink", "duckdb_carrier", "duckdb_type"]
 
 DUCKDB_TYPES = {
     "integer": "BIGINT",
-    "text": "VARCHAR",
     "real": "DOUBLE",
+    "text": "VARCHAR",
     "blob": "BLOB",
+    "any": "VARCHAR",
     "boolean": "BOOLEAN",
     "date": "DATE",
+    "time": "TIME",
     "timestamp": "TIMESTAMP",
+    "timestamptz": "TIMESTAMPTZ",
+    "interval": "INTERVAL",
     "numeric": "DOUBLE",
+    "decimal": "VARCHAR",
 }
-"""The DuckDB type of each neutral column kind (``payloads.column_affinity``).
+"""The DuckDB type of each column kind (``column_types.py``).
 
-``numeric`` becomes ``DECIMAL(p,s)`` when the source declares a precision
-DuckDB can hold (at most 38): see :func:`duckdb_type`. Otherwise DOUBLE,
-which keeps the magnitude of any number but not every digit.
+``numeric`` and ``decimal`` become ``DECIMAL(p,s)`` when the source declares
+a precision DuckDB can hold (at most 38): see :func:`duckdb_type`. Otherwise
+a SQLite number is a DOUBLE (an integer beyond 2**53 is refused) and an exact
+decimal stays its exact text.
 """
 
 _STAGE_PREFIX = "_dpone_stage_"
 _BATCH_ROWS = 10_000  # rows per INSERT: fewer statements for small chunks, memory still bounded
 _MAX_DECIMAL_WIDTH = 38
-_PRECISION = re.compile(r"\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\)")
 # Never reach the network for an extension: the sqlite scanner comes from its wheel.
 _CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 
 
+def _decimal(column: Column) -> tuple[int, int] | None:
+    """``(precision, scale)`` when ``column`` is a decimal DuckDB can declare."""
+    precision = column.precision if column.kind in ("numeric", "decimal") else None
+    return precision if precision is not None and precision[0] <= _MAX_DECIMAL_WIDTH else None
+
+
 def duckdb_type(column: Column) -> str:
     """The DuckDB type a target column gets; built from fixed names, never from source text."""
-    kind = column.affinity
-    if kind == "numeric":
-        match = _PRECISION.search(column.decltype)
-        if match:
-            precision, scale = int(match[1]), int(match[2] or 0)
-            if 1 <= precision <= _MAX_DECIMAL_WIDTH and scale <= precision:
-                return f"DECIMAL({precision},{scale})"
-    return DUCKDB_TYPES[kind]
+    decimal = _decimal(column)
+    if decimal is not None:
+        return f"DECIMAL({decimal[0]},{decimal[1]})"
+    return DUCKDB_TYPES[column.kind]
+
+
+def duckdb_carrier(column: Column) -> Carry | None:
+    """How a value of ``column`` reaches DuckDB exactly (see ``ValueCarrying``)."""
+    decimal = _decimal(column)
+    if decimal is not None:
+        return exact_decimal(*decimal)
+    return {
+        "any": as_text,
+        "boolean": as_boolean,
+        "numeric": as_double,
+        "timestamp": instant_as_utc,
+    }.get(column.kind)
 
 
 def _driver() -> Any:
@@ -122,7 +134,6 @@ class DuckDBSink:
     Each load also writes its ledger row (``LedgerSink``) in that transaction.
     """
 
-    artifact_format = JSONL
     ledger_atomic = True
 
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
@@ -171,38 +182,19 @@ class DuckDBSink:
             return contextlib.nullcontext(None)
         return self._connect()
 
-    def load(self, payload: RowChunks | ArtifactFiles | LoadPlan) -> int:
+    def load(self, payload: RowChunks | LoadPlan) -> int:
         """Write the payload in one transaction and return the rows written."""
         if isinstance(payload, RowChunks):
             with self._connect() as conn, _transaction(conn):
                 _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
                 rows = _insert_rows(conn, self.table, payload.columns, payload.chunks)
                 return _record(conn, self._ledger.take(), rows)
-        if isinstance(payload, ArtifactFiles):
-            return self._load_files(payload)
         if isinstance(payload, LoadPlan):
             return self._load_plan(payload)
-        raise ConfigInvalid("sink payload must be RowChunks, ArtifactFiles or LoadPlan")
+        raise ConfigInvalid("sink payload must be RowChunks or LoadPlan")
 
-    def _load_files(self, payload: ArtifactFiles) -> int:
-        """JSON-lines files through ``read_json``, typed by the payload's columns."""
-        if payload.format != JSONL:
-            raise ConfigInvalid(
-                f"target table {self.table!r} reads only jsonl artifacts",
-                diagnostics={"table": self.table},
-            )
-        names = _names(payload.columns)
-        types = {column.name: duckdb_type(column) for column in payload.columns}
-        with self._connect() as conn, _transaction(conn):
-            _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
-            rows = 0
-            if payload.paths:
-                rows = conn.execute(
-                    f"INSERT INTO {quote(self.table)} ({names}) SELECT {names} FROM read_json("
-                    "$paths, format = 'newline_delimited', records = true, columns = $types)",
-                    {"paths": list(payload.paths), "types": types},
-                ).fetchone()[0]
-            return _record(conn, self._ledger.take(), rows)
+    def carrier(self, column: Column) -> Carry | None:
+        return duckdb_carrier(column)
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan this sink cannot pull, before anything touches the target."""
@@ -212,7 +204,8 @@ class DuckDBSink:
                 "cannot pull from this source: use legacy, staged or file-artifact",
                 diagnostics={"table": self.table, "path": "lazy-plan"},
             )
-        refuse_collated_plan(plan.source, engine="DuckDB", table=self.table)  # source exists
+        # the source exists after this
+        refuse_inexact_plan(plan.source, plan.columns, engine="DuckDB", table=self.table)
         source: SQLiteSource = plan.source
         _plan_conditions(source, plan.bounds)  # bad bounds fail here, before any connection
         with contextlib.closing(_driver().connect()) as scratch:  # never the target

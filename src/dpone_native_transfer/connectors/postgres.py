@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..checkpoints import sha256_digest
+from ..column_types import postgres_kind
 from ..errors import ConfigInvalid, SourceInvalid, SourceMissing
 from ..identity import TableIdentity, server_location
 from ..payloads import Column, SourceShape
@@ -168,7 +169,7 @@ class PostgresSource:
     def _columns(self, conn: Any) -> tuple[Column, ...]:
         """The table's columns; ``SourceInvalid`` when it or a named column does not exist."""
         rows = conn.execute(_COLUMNS, (self._regclass,)).fetchall()
-        columns = tuple(Column(name, decltype) for name, decltype in rows)
+        columns = tuple(Column(name, decltype, postgres_kind(decltype)) for name, decltype in rows)
         if not columns:
             raise SourceMissing(
                 f"source table {self.table!r} does not exist", diagnostics={"table": self.table}

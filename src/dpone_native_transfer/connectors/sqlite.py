@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoints import sha256_digest
+from ..column_types import Carry, finite_double, sqlite_kind
 from ..errors import ConfigInvalid, SourceInvalid, SourceMissing, TargetUnavailable
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
@@ -57,14 +58,41 @@ def parsed_type(decltype: str) -> str:
     return " ".join(words).replace(" (", "(")
 
 
-def _column_sql(column: Column) -> str:
-    """Column definition for CREATE TABLE, from the parsed type name only."""
+# The SQLite type of each column kind, for a declared type whose affinity does not fit it.
+_SQLITE_TYPES = {
+    "integer": "INTEGER",
+    "real": "REAL",
+    "text": "TEXT",
+    "blob": "BLOB",
+    "any": "",
+    "boolean": "BOOLEAN",
+    "date": "DATE",
+    "time": "TIME",
+    "timestamp": "TIMESTAMP",
+    "timestamptz": "TEXT",
+    "interval": "TEXT",
+    "numeric": "NUMERIC",
+    "decimal": "TEXT",  # an exact decimal's text; NUMERIC affinity would make it a double
+}
+
+
+def sqlite_type(column: Column) -> str:
+    """The target's declared type: the source's own type name when SQLite gives it the same
+    kind (so a SQLite table is copied as declared), else the kind's type (``_SQLITE_TYPES``):
+    PostgreSQL's ``numeric``, ``interval`` or ``jsonb`` must not get NUMERIC or INTEGER
+    affinity, which would change their text."""
     if not isinstance(column.decltype, str):
         raise ConfigInvalid(
             f"column {column.name!r} has an unsupported declared type",
             diagnostics={"column": column.name},
         )
-    return f"{_quote(column.name)} {parsed_type(column.decltype)}".rstrip()
+    declared = parsed_type(column.decltype)
+    return declared if sqlite_kind(declared) == column.kind else _SQLITE_TYPES[column.kind]
+
+
+def _column_sql(column: Column) -> str:
+    """Column definition for CREATE TABLE, from fixed or parsed type names only."""
+    return f"{_quote(column.name)} {sqlite_type(column)}".rstrip()
 
 
 def _column_list(columns: Sequence[Column], table: str | None = None) -> str:
@@ -347,8 +375,30 @@ class SQLiteSource:
             return conn.execute(sql, params).fetchone()[0]
 
 
-def refuse_collated_plan(source: SQLiteSource, *, engine: str, table: str) -> None:
-    """Refuse a lazy plan another engine would filter differently (``collated_columns``)."""
+# Kinds another engine's own SQLite reader (DuckDB's scanner, ClickHouse's sqlite()) reads
+# exactly as the row paths carry them; other kinds need ``ValueCarrying``, so a plan is refused.
+_PLAN_KINDS = frozenset({"integer", "real", "text", "blob", "boolean", "date", "timestamp"})
+# What such a reader would read differently, per kind: a SQL test of one stored value.
+_PLAN_MISREAD = {
+    "boolean": "typeof({c}) NOT IN ('integer', 'null')",  # 'true' as text
+    "timestamp": (  # a text with an offset after its time: the reader drops the offset
+        "typeof({c}) = 'text' AND instr({c}, ':') > 0 AND (substr({c}, instr({c}, ':'))"
+        " GLOB '*[+-][0-9][0-9]*' OR {c} GLOB '*[Zz]')"
+    ),
+}
+
+
+def refuse_inexact_plan(
+    source: SQLiteSource, columns: Sequence[Column], *, engine: str, table: str
+) -> None:
+    """Refuse a lazy plan another engine would not read exactly as the other paths do.
+
+    Refused: partition or cursor columns it would filter differently
+    (``collated_columns``); columns of a kind outside what its SQLite reader
+    carries exactly; and boolean or timestamp columns holding a value it would
+    misread (a text boolean, a timestamp with an offset), found by one read of
+    the source. The message points at the paths where SQLite reads the rows.
+    """
     collated = source.collated_columns()
     if collated:
         raise ConfigInvalid(
@@ -357,6 +407,25 @@ def refuse_collated_plan(source: SQLiteSource, *, engine: str, table: str) -> No
             f"so {engine} would select other rows than the source's partitions; use legacy, "
             "staged or file-artifact (read by SQLite itself)",
             diagnostics={"table": table, "columns": collated, "path": "lazy-plan"},
+        )
+    inexact = [column.name for column in columns if column.kind not in _PLAN_KINDS]
+    tests = [
+        (column.name, _PLAN_MISREAD[column.kind].format(c=_quote(column.name)))
+        for column in columns
+        if column.kind in _PLAN_MISREAD
+    ]
+    if tests and not inexact:
+        rows = _quote(source.table)
+        sql = ", ".join(f"EXISTS (SELECT 1 FROM {rows} WHERE {test})" for _, test in tests)
+        with source._connect() as conn:
+            found = conn.execute(f"SELECT {sql}").fetchone()
+        inexact = [name for (name, _), misread in zip(tests, found, strict=True) if misread]
+    if inexact:
+        raise ConfigInvalid(
+            f"lazy-plan into {engine} cannot read source column(s) {', '.join(inexact)} exactly "
+            f"({engine} reads them by their declared type, which differs from what the other "
+            "paths carry); use legacy, staged or file-artifact",
+            diagnostics={"table": table, "columns": inexact, "path": "lazy-plan"},
         )
 
 
@@ -408,6 +477,10 @@ class SQLiteSink:
         if not os.path.isfile(self.path):
             return contextlib.nullcontext(None)
         return self._connect()
+
+    def carrier(self, column: Column) -> Carry | None:
+        """A NaN is refused: SQLite would store it as NULL. Other values are SQLite's own."""
+        return finite_double if column.kind == "real" else None
 
     def load(self, payload: RowChunks | LoadPlan) -> int:
         """Write the payload in one transaction and return the rows written."""

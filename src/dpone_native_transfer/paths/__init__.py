@@ -18,9 +18,11 @@ import attrs
 from ..boundary import TargetBoundary, TargetMutation
 from ..checkpoints import PartitionCheckpoint, RouteKey, Strategy
 from ..clock import Clock
+from ..column_types import Carry, carried_chunks
+from ..connectors.contract import ValueCarrying
 from ..errors import GovernanceGateFailed
 from ..events import EventName, EventRecorder
-from ..payloads import RowChunks, SourceShape
+from ..payloads import Column, RowChunks, SourceShape
 from ..stores import CheckpointStore
 
 if TYPE_CHECKING:
@@ -74,6 +76,7 @@ class PathContext:
     mutation: TargetMutation | None = None
     ledger_entry: LedgerEntry | None = None  # the batch's ledger row, when the sink keeps one
     lease: Lease | None = None
+    _carriers: list[tuple[int, str, Carry]] | None = attrs.field(default=None, init=False)
 
     @property
     def source(self) -> Any:
@@ -88,8 +91,18 @@ class PathContext:
         return self.route.strategy is Strategy.FULL_REFRESH
 
     def read(self, candidate: PartitionCheckpoint) -> Iterable[Sequence[tuple]]:
-        """The partition's rows from the source, in bounded chunks."""
-        return self.source.read(candidate.partition_bounds, chunk_rows=self.spec.chunk_rows)
+        """The partition's rows from the source, in bounded chunks, carried for the sink.
+
+        Values pass through the sink's carriers (``ValueCarrying``), so every row
+        path spools, stages or exports exactly what the target will hold.
+        """
+        chunks = self.source.read(candidate.partition_bounds, chunk_rows=self.spec.chunk_rows)
+        if self._carriers is None:
+            self._carriers = _carriers(self.sink, self.shape.columns)
+        if not self._carriers:
+            return chunks
+        target = type(self.sink).__name__.removesuffix("Sink")
+        return carried_chunks(chunks, self._carriers, target=target)
 
     def row_chunks(self, chunks: Iterable[Sequence[tuple]]) -> RowChunks:
         return RowChunks(columns=self.shape.columns, chunks=chunks, replace=self.replace)
@@ -135,6 +148,13 @@ class PathContext:
                     return call()
 
         return self.boundary.run(self.mutation, invoke)
+
+
+def _carriers(sink: Any, columns: Sequence[Column]) -> list[tuple[int, str, Carry]]:
+    if not isinstance(sink, ValueCarrying):
+        return []
+    found = ((index, column, sink.carrier(column)) for index, column in enumerate(columns))
+    return [(index, column.name, carry) for index, column, carry in found if carry is not None]
 
 
 TransferPath = Callable[[PathContext], int]

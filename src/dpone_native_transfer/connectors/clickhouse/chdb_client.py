@@ -18,9 +18,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ...errors import ConfigInvalid
-from ...payloads import Column
 from .client import SETTINGS, import_engine
-from .sql import column_list, encode_json_rows, insert_settings, quote, structure
+from .sql import column_list, encode_json_rows, insert_settings, quote
 
 __all__ = ["ChdbClient"]
 
@@ -103,17 +102,6 @@ class ChdbClient:
                 inserter.cancel()  # nothing is committed at finish(); see docs on blocks
             raise
         return rows
-
-    def insert_jsonl(
-        self, table: str, columns: Sequence[Column], path: str, *, token: str | None = None
-    ) -> None:
-        """chDB reads the file itself; as clickhouse-local it takes any absolute path."""
-        names = column_list([column.name for column in columns])
-        self.command(
-            f"INSERT INTO {quote(table)} ({names}){insert_settings(token)} SELECT {names}"
-            " FROM file({path:String}, 'JSONEachRow', {structure:String})",
-            {"path": path, "structure": structure(columns)},
-        )
 
     def close(self) -> None:
         session, self._session = getattr(self, "_session", None), None

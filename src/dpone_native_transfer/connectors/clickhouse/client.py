@@ -18,7 +18,6 @@ from urllib.parse import urlsplit
 import attrs
 
 from ...errors import ConfigInvalid
-from ...payloads import Column
 
 __all__ = [
     "CHDB",
@@ -65,11 +64,6 @@ class ClickHouseClient(Protocol):
 
         ``token`` is the insert's deduplication token: repeated, the INSERT is a no-op.
         """
-
-    def insert_jsonl(
-        self, table: str, columns: Sequence[Column], path: str, *, token: str | None = None
-    ) -> None:
-        """Insert a local JSON-lines file (``JSONEachRow``) into ``table``."""
 
     def close(self) -> None:
         """Release the client; for chDB, the process's hold on the data path."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ...payloads import Column
 from .client import SETTINGS, import_engine
 from .sql import dedup_token, encode_json_rows, quote
 
@@ -57,19 +56,6 @@ class ServerClient:
             fmt="JSONCompactEachRow",
         )
         return counted[0]
-
-    def insert_jsonl(
-        self, table: str, columns: Sequence[Column], path: str, *, token: str | None = None
-    ) -> None:
-        """The file is local to this client: its bytes are sent in the INSERT's body."""
-        with open(path, "rb") as handle:
-            self._client.raw_insert(
-                quote(table),
-                [quote(column.name) for column in columns],
-                handle,
-                settings=_deduplicated(token),
-                fmt="JSONEachRow",
-            )
 
     def close(self) -> None:
         self._client.close()

@@ -36,17 +36,18 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ...artifacts import JSONL
-from ...errors import ArtifactInvalid, ConfigInvalid, SourceInvalid
+from ...column_types import Carry
+from ...errors import ConfigInvalid, SourceInvalid
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query
-from ...payloads import ArtifactFiles, Column, LoadPlan, RowChunks, bound_predicates
+from ...payloads import Column, LoadPlan, RowChunks, bound_predicates
 from .._sql import check_target_table
 from ..contract import PendingLedger
-from ..sqlite import SQLiteSource, refuse_collated_plan
+from ..sqlite import SQLiteSource, refuse_inexact_plan
 from .client import CHDB, ClickHouseClient, open_client, parse_location
 from .sql import (
     DEDUPLICATION_WINDOW,
+    column_carrier,
     column_list,
     create_table_sql,
     insert_settings,
@@ -74,7 +75,6 @@ class ClickHouseSink:
     are unpartitioned MergeTree tables.
     """
 
-    artifact_format = JSONL
     ledger_atomic = False  # the ledger row follows the rows; its absence proves nothing
 
     def __init__(self, location: Any, table: str, *, partition_by: str | None = None) -> None:
@@ -129,17 +129,15 @@ class ClickHouseSink:
 
     # --- loads ----------------------------------------------------------------------------
 
-    def load(self, payload: RowChunks | LoadPlan | ArtifactFiles) -> int:
+    def load(self, payload: RowChunks | LoadPlan) -> int:
         """Write the payload into the target and return the rows written."""
         fill: Fill
         if isinstance(payload, RowChunks):
             fill = self._rows_fill(payload)
-        elif isinstance(payload, ArtifactFiles):
-            fill = self._artifact_fill(payload)
         elif isinstance(payload, LoadPlan):
             fill = self._plan_fill(payload)
         else:
-            raise ConfigInvalid("sink payload must be RowChunks, LoadPlan or ArtifactFiles")
+            raise ConfigInvalid("sink payload must be RowChunks or LoadPlan")
         create = create_table_sql(self.table, payload.columns, self.partition_by)  # checks columns
         entry = self._ledger.take()
         tokens = _Tokens(entry)
@@ -185,26 +183,8 @@ class ClickHouseSink:
             client.command(f"DROP TABLE IF EXISTS {quote(self._fresh)} SYNC")
         return rows
 
-    def _artifact_fill(self, payload: ArtifactFiles) -> Fill:
-        if payload.format != JSONL:
-            raise ConfigInvalid(
-                f"the ClickHouse sink reads {JSONL} artifacts only",
-                diagnostics={"table": self.table, "format": str(payload.format)},
-            )
-        for path in payload.paths:
-            if not os.path.isfile(path):
-                raise ArtifactInvalid(
-                    "an exported artifact file is missing",
-                    diagnostics={"table": self.table, "file": os.path.basename(path)},
-                )
-
-        def fill(client: ClickHouseClient, table: str, tokens: _Tokens) -> int:
-            before = _count(client, table)
-            for path in payload.paths:
-                client.insert_jsonl(table, payload.columns, path, token=tokens.next())
-            return _written(client, table, before)
-
-        return fill
+    def carrier(self, column: Column) -> Carry | None:
+        return column_carrier(column)
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan the engine cannot pull, before anything touches the target."""
@@ -223,7 +203,7 @@ class ClickHouseSink:
                     "characters (use another path)",
                     diagnostics={"table": self.table, "identifier": name},
                 )
-        refuse_collated_plan(plan.source, engine="ClickHouse", table=self.table)
+        refuse_inexact_plan(plan.source, plan.columns, engine="ClickHouse", table=self.table)
 
     def _plan_fill(self, payload: LoadPlan) -> Fill:
         """The engine pulls each partition from the SQLite file with its sqlite() table function."""

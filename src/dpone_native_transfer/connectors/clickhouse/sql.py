@@ -9,18 +9,21 @@ parameter there); ids come from ``system.parts`` and must match
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import json
 import re
 import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from ...artifacts import json_value
+from ...column_types import Carry, as_boolean, as_double, as_text, exact_decimal, instant_as_utc
 from ...errors import ConfigInvalid
 from ...payloads import UPTO_OR_NULL, Column, Predicate
 
 __all__ = [
     "PARTITION_ID",
+    "column_carrier",
     "column_list",
     "column_type",
     "create_table_sql",
@@ -31,17 +34,22 @@ __all__ = [
     "where_sql",
 ]
 
-# An affinity (payloads.column_affinity) -> the ClickHouse type, always wrapped in Nullable().
+# A column kind (column_types.py) -> the ClickHouse type, always wrapped in Nullable().
 _TYPES = {
     "integer": "Int64",
-    "text": "String",
     "real": "Float64",
+    "text": "String",
     "blob": "String",
+    "any": "String",
     "boolean": "Bool",
     "date": "Date32",
+    "time": "String",
     "timestamp": "DateTime64(6, 'UTC')",
+    "timestamptz": "DateTime64(6, 'UTC')",
+    "interval": "String",
+    "numeric": "Float64",
+    "decimal": "String",
 }
-_DECIMAL = re.compile(r"\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\)")
 _MAX_DECIMAL_PRECISION = 76
 _INT64 = (-(2**63), 2**63 - 1)
 PARTITION_ID = re.compile(r"-?[0-9A-Za-z_]+")
@@ -61,11 +69,18 @@ def column_list(names: Sequence[str]) -> str:
     return ", ".join(quote(name) for name in names)
 
 
-def column_type(column: Column) -> str:
-    """The Nullable ClickHouse type for a source column, from its neutral affinity.
+def _decimal(column: Column) -> tuple[int, int] | None:
+    """``(precision, scale)`` when ``column`` is a decimal ClickHouse can declare."""
+    precision = column.precision if column.kind in ("numeric", "decimal") else None
+    return precision if precision is not None and precision[0] <= _MAX_DECIMAL_PRECISION else None
 
-    ``numeric`` becomes ``Decimal(P, S)`` when the declared type states a
-    precision ClickHouse supports (``NUMERIC(12, 2)``), otherwise ``Float64``.
+
+def column_type(column: Column) -> str:
+    """The Nullable ClickHouse type of a source column, from its kind.
+
+    ``numeric`` and ``decimal`` become ``Decimal(P, S)`` when the declared type
+    states a precision ClickHouse supports (``NUMERIC(12, 2)``); otherwise a
+    SQLite number is a ``Float64`` and an exact decimal its exact text.
     """
     quote(column.name)
     if not isinstance(column.decltype, str):
@@ -73,15 +88,25 @@ def column_type(column: Column) -> str:
             f"column {column.name!r} has an unsupported declared type",
             diagnostics={"column": column.name},
         )
-    affinity = column.affinity
-    if affinity == "numeric":
-        match = _DECIMAL.search(column.decltype)
-        precision = int(match.group(1)) if match else 0
-        scale = int(match.group(2) or 0) if match else 0
-        if 1 <= precision <= _MAX_DECIMAL_PRECISION and scale <= precision:
-            return f"Nullable(Decimal({precision}, {scale}))"
-        return "Nullable(Float64)"
-    return f"Nullable({_TYPES[affinity]})"
+    decimal = _decimal(column)
+    if decimal is not None:
+        return f"Nullable(Decimal({decimal[0]}, {decimal[1]}))"
+    return f"Nullable({_TYPES[column.kind]})"
+
+
+def column_carrier(column: Column) -> Carry | None:
+    """How a value of ``column`` reaches ClickHouse exactly (see ``ValueCarrying``)."""
+    decimal = _decimal(column)
+    if decimal is not None:
+        return exact_decimal(*decimal)
+    return {
+        "any": as_text,
+        "boolean": as_boolean,
+        "time": as_text,
+        "numeric": as_double,
+        "timestamp": instant_as_utc,
+        "timestamptz": instant_as_utc,
+    }.get(column.kind)
 
 
 def structure(columns: Sequence[Column]) -> str:
@@ -196,7 +221,11 @@ def _json_default(value: object) -> str:
     """Bytes pass as raw bytes (see :func:`encode_json_rows`); dates and decimals as text."""
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value).decode("utf-8", "surrogateescape")
-    return json_value(value)
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal) and value.is_finite():
+        return str(value)
+    raise TypeError("not representable as JSON")
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=True, default=_json_default)
