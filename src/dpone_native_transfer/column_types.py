@@ -41,7 +41,8 @@ __all__ = [
 ]
 
 KINDS = frozenset(
-    "integer real text blob any boolean date time timestamp timestamptz interval numeric decimal".split()
+    "integer real text blob any boolean date time timestamp timestamptz interval numeric"
+    " decimal".split()
 )
 
 Carry = Callable[[Any], Any]

@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from .column_types import declared_precision, sqlite_kind
+from .column_types import KINDS, declared_precision, sqlite_kind
 from .errors import ConfigInvalid
 
 __all__ = [
@@ -23,6 +23,14 @@ __all__ = [
     "UPTO_OR_NULL",
     "bound_predicates",
 ]
+
+
+def _check_kind(column: Column, attribute: Any, kind: Any) -> None:
+    if kind not in KINDS:
+        raise ConfigInvalid(
+            f"column {column.name!r} has no known kind (see column_types.KINDS)",
+            diagnostics={"column": str(column.name)},
+        )
 
 
 def _default_kind(column: Column) -> str:
@@ -40,7 +48,9 @@ class Column:
 
     name: str
     decltype: str
-    kind: str = attrs.field(default=attrs.Factory(_default_kind, takes_self=True))
+    kind: str = attrs.field(
+        default=attrs.Factory(_default_kind, takes_self=True), validator=_check_kind
+    )
 
     @property
     def precision(self) -> tuple[int, int] | None:

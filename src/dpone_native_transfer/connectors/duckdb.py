@@ -82,11 +82,17 @@ def duckdb_carrier(column: Column) -> Carry | None:
     if decimal is not None:
         return exact_decimal(*decimal)
     return {
+        "real": _nan_as_text,
         "any": as_text,
         "boolean": as_boolean,
         "numeric": as_double,
         "timestamp": instant_as_utc,
     }.get(column.kind)
+
+
+def _nan_as_text(value: Any) -> Any:
+    """DuckDB's Python binding turns a NaN inside a bound list into NULL; 'nan' casts back."""
+    return "nan" if value != value else value
 
 
 def _driver() -> Any:

@@ -1,0 +1,381 @@
+"""Issue 13, items 6 and 7: exact values on every target and path, or a refusal before the target.
+
+Each source type is loaded through ``dpone-transfer run`` into SQLite, DuckDB
+and ClickHouse (chDB) on every path the source allows, and every value is
+compared after the round trip, as the target engine itself renders it as text.
+A value a target cannot hold exactly must stop the run with exit 2 before the
+target is touched: no target table, nothing blocked, and the route retryable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
+SCRIPT = str(Path(sys.executable).parent / "dpone-transfer")
+TARGET_FILES = {"sqlite": "target.db", "duckdb": "target.duckdb", "clickhouse": "chdata"}
+
+ROUTE = """\
+[source]
+{source}
+table = "{table}"
+partition_column = "p"
+[target]
+kind = "{kind}"
+path = "{target}"
+table = "copy"
+[transfer]
+strategy = "full_refresh"
+path = "{path}"
+[store]
+path = "checkpoints.db"
+"""
+
+
+def run(folder: Path, source: str, table: str, kind: str, path: str, *, env=None):
+    target = TARGET_FILES[kind]
+    (folder / "route.toml").write_text(
+        ROUTE.format(source=source, table=table, kind=kind, target=target, path=path)
+    )
+    return subprocess.run(
+        [SCRIPT, "run", "route.toml", "--quiet"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def target_texts(folder: Path, kind: str, columns: list[str]) -> list[tuple]:
+    """Every row of the target, ordered by id, each value as the engine renders it as text."""
+    if kind == "sqlite":
+        exprs = ", ".join(f"nullif(quote(\"{c}\"), 'NULL')" for c in columns)
+        with contextlib.closing(sqlite3.connect(folder / "target.db")) as db:
+            return db.execute(f"SELECT {exprs} FROM copy ORDER BY id").fetchall()
+    if kind == "duckdb":
+        import duckdb
+
+        exprs = ", ".join(f'CAST("{c}" AS VARCHAR)' for c in columns)
+        target = str(folder / "target.duckdb")
+        with contextlib.closing(duckdb.connect(target, read_only=True)) as db:
+            return db.execute(f"SELECT {exprs} FROM copy ORDER BY id").fetchall()
+    from dpone_native_transfer import ClickHouseSink
+
+    exprs = ", ".join(f"toString(`{c}`)" for c in columns)
+    with ClickHouseSink(folder / "chdata", "copy").client() as client:
+        return client.query_rows(f"SELECT {exprs} FROM copy ORDER BY id")
+
+
+def assert_refused_before_target(done: subprocess.CompletedProcess, folder: Path, column: str):
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "native_transfer_value_unsupported" in done.stderr
+    assert f"column {column!r}" in done.stderr
+    assert "target_outcome_unknown" not in done.stdout + done.stderr
+    from dpone_native_transfer import ClickHouseSink, DuckDBSink, SQLiteSink
+
+    sinks = {"sqlite": SQLiteSink, "duckdb": DuckDBSink, "clickhouse": ClickHouseSink}
+    for kind, name in TARGET_FILES.items():  # no target table was created or changed
+        if (folder / name).exists():
+            assert sinks[kind](folder / name, "copy").row_count() == 0
+
+
+# --- SQLite source: every affinity and the common declared types ------------------------------
+
+# (name, declared type, row 1 value, row 2 value); row 3 holds NULLs.
+SQLITE_COLUMNS = [
+    ("i", "INTEGER", 2**62, -1),
+    ("r", "REAL", float("inf"), 0.1),
+    ("t", "TEXT", "é\t\"x'", ""),
+    ("b", "BLOB", b"\xff\x00", b""),
+    ("u", "", 3.5, "x"),
+    ("n", "NUMERIC(12,2)", 1.1, -7),
+    ("m", "NUMERIC", 12, 2.5),
+    ("f", "BOOLEAN", "true", 0),
+    ("d", "DATE", "2024-02-29", "1900-01-01"),
+    ("ts", "TIMESTAMP", "2024-01-05 10:00:00+02:00", "2024-01-05 10:00:00.123456"),
+    ("tm", "TIME", "23:59:59.5", "00:00:00"),
+    ("tz", "TIMESTAMP WITH TIME ZONE", "2024-01-05 10:00:00+02:00", "2024-01-05T10:00:00Z"),
+]
+
+SQLITE_EXPECTED = {  # None: the target's NULL
+    "duckdb": [
+        ("4611686018427387904", "-1"),
+        ("inf", "0.1"),
+        ("é\t\"x'", ""),
+        ("\\xFF\\x00", ""),
+        ("3.5", "x"),
+        ("1.10", "-7.00"),
+        ("12.0", "2.5"),
+        ("true", "false"),
+        ("2024-02-29", "1900-01-01"),
+        ("2024-01-05 08:00:00", "2024-01-05 10:00:00.123456"),
+        ("23:59:59.5", "00:00:00"),
+        ("2024-01-05 08:00:00+00", "2024-01-05 10:00:00+00"),
+    ],
+    "clickhouse": [
+        ("4611686018427387904", "-1"),
+        ("inf", "0.1"),
+        ("é\t\"x'", ""),
+        ("\udcff\x00", ""),
+        ("3.5", "x"),
+        ("1.1", "-7"),
+        ("12", "2.5"),
+        ("true", "false"),
+        ("2024-02-29", "1900-01-01"),
+        ("2024-01-05 08:00:00.000000", "2024-01-05 10:00:00.123456"),
+        ("23:59:59.5", "00:00:00"),
+        ("2024-01-05 08:00:00.000000", "2024-01-05 10:00:00.000000"),
+    ],
+}
+# Kinds an engine's own SQLite reader does not read as the row paths carry them.
+LAZY_REFUSED = {"u", "n", "m", "f", "ts", "tm", "tz"}
+
+
+def sqlite_source(folder: Path, columns: list[tuple]) -> None:
+    definitions = ", ".join(f'"{name}" {decl}' for name, decl, *_ in columns)
+    rows = [
+        (1, 0, *[c[2] for c in columns]),
+        (2, 1, *[c[3] for c in columns]),
+        (3, 1, *[None for _ in columns]),
+    ]
+    with contextlib.closing(sqlite3.connect(folder / "source.db")) as db:
+        db.execute(f"CREATE TABLE src (id INTEGER PRIMARY KEY, p INTEGER, {definitions})")
+        db.executemany(f"INSERT INTO src VALUES ({', '.join('?' * len(rows[0]))})", rows)
+        db.commit()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_sqlite_to_sqlite_keeps_every_value_and_storage_class(tmp_path: Path, path: str) -> None:
+    sqlite_source(tmp_path, SQLITE_COLUMNS)
+    done = run(tmp_path, 'path = "source.db"', "src", "sqlite", path)
+    assert done.returncode == 0, done.stderr
+    names = ["id", *(c[0] for c in SQLITE_COLUMNS)]
+    exprs = ", ".join(f'quote("{c}"), typeof("{c}")' for c in names)
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
+        expected = db.execute(f"SELECT {exprs} FROM src ORDER BY id").fetchall()
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as db:
+        assert db.execute(f"SELECT {exprs} FROM copy ORDER BY id").fetchall() == expected
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
+def test_sqlite_to_engines_value_by_value(tmp_path: Path, kind: str, path: str) -> None:
+    columns = SQLITE_COLUMNS
+    expected = SQLITE_EXPECTED[kind]
+    if path == "lazy-plan":  # the refused kinds are each refused below
+        keep = [index for index, c in enumerate(columns) if c[0] not in LAZY_REFUSED]
+        columns, expected = [columns[i] for i in keep], [expected[i] for i in keep]
+    sqlite_source(tmp_path, columns)
+    done = run(tmp_path, 'path = "source.db"', "src", kind, path)
+    assert done.returncode == 0, done.stderr
+    got = target_texts(tmp_path, kind, [c[0] for c in columns])
+    by_column = list(zip(*got, strict=True))
+    for (name, decl, *_), want, values in zip(columns, expected, by_column, strict=True):
+        assert values == (*want, None), f"{name} {decl}"
+
+
+@pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
+@pytest.mark.parametrize("column", sorted(LAZY_REFUSED))
+def test_lazy_plan_refuses_what_its_engine_would_read_otherwise(
+    tmp_path: Path, kind: str, column: str
+) -> None:
+    sqlite_source(tmp_path, [c for c in SQLITE_COLUMNS if c[0] == column])
+    done = run(tmp_path, 'path = "source.db"', "src", kind, "lazy-plan")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"lazy-plan into {'DuckDB' if kind == 'duckdb' else 'ClickHouse'} cannot read" in (
+        done.stderr
+    )
+    assert "staged" in done.stderr
+
+
+def test_lazy_plan_reads_integer_booleans_and_naive_timestamps(tmp_path: Path) -> None:
+    """The misread checks look at stored values: 0/1 booleans and offset-free text pass."""
+    columns = [("f", "BOOLEAN", 1, 0), ("ts", "TIMESTAMP", "2024-01-05 10:00:00", "2024-01-06")]
+    sqlite_source(tmp_path, columns)
+    done = run(tmp_path, 'path = "source.db"', "src", "duckdb", "lazy-plan")
+    assert done.returncode == 0, done.stderr
+    assert target_texts(tmp_path, "duckdb", ["f", "ts"]) == [
+        ("true", "2024-01-05 10:00:00"),
+        ("false", "2024-01-06 00:00:00"),
+        (None, None),
+    ]
+
+
+# (column, declared type, a value that target cannot hold exactly, targets that refuse it)
+SQLITE_REFUSED = [
+    ("n", "NUMERIC(12,2)", 99.999, ("duckdb", "clickhouse")),  # would round to 100.00 / 99.99
+    ("m", "NUMERIC", 2**60 + 1, ("duckdb", "clickhouse")),  # a double would lose the last digit
+    ("f", "BOOLEAN", "yes", ("duckdb", "clickhouse")),
+    ("u", "", b"\x00", ("duckdb", "clickhouse")),  # untyped becomes text: bytes are not text
+]
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+@pytest.mark.parametrize(("column", "decl", "value", "targets"), SQLITE_REFUSED)
+def test_a_value_a_target_cannot_hold_is_refused_before_the_target(
+    tmp_path: Path, path: str, column: str, decl: str, value: Any, targets: tuple
+) -> None:
+    for kind in ("sqlite", "duckdb", "clickhouse"):
+        folder = tmp_path / kind
+        folder.mkdir()
+        sqlite_source(folder, [(column, decl, value, None)])
+        done = run(folder, 'path = "source.db"', "src", kind, path)
+        if kind in targets:
+            assert_refused_before_target(done, folder, column)
+            with contextlib.closing(sqlite3.connect(folder / "checkpoints.db")) as store:
+                guarded = "SELECT count(*) FROM checkpoint_latest WHERE guard IS NOT NULL"
+                assert store.execute(guarded).fetchone() == (0,)  # nothing blocks a rerun
+        else:
+            assert done.returncode == 0, done.stderr
+
+
+# --- PostgreSQL source: every common type ---------------------------------------------------
+
+# (name, PostgreSQL type, row 1 literal, row 2 literal)
+PG_COLUMNS = [
+    ("i", "integer", "2147483647", "-1"),
+    ("bi", "bigint", "9223372036854775807", "0"),
+    ("n", "numeric", "12345678901234567890.123456789", "-0.5"),
+    ("np", "numeric(12,2)", "9999999999.99", "1.10"),
+    ("re", "real", "'NaN'", "1.5"),
+    ("dp", "double precision", "'-Infinity'", "'Infinity'"),
+    ("t", "text", "E'\\u00e9\\t'", "''"),
+    ("by", "bytea", "'\\xff00'::bytea", "''::bytea"),
+    ("bo", "boolean", "true", "false"),
+    ("d", "date", "'2024-02-29'", "'1900-01-01'"),
+    ("tm", "time", "'23:59:59.5'", "'00:00:00'"),
+    ("ts", "timestamp", "'2024-01-05 10:00:00.123456'", "'1999-12-31 23:59:59'"),
+    ("tz", "timestamptz", "'2024-01-05 10:00:00+02'", "'2024-01-05 10:00:00.5-01:30'"),
+    ("iv", "interval", "'1 day 02:00:00'", "'1 year 2 mons'"),
+    (
+        "u",
+        "uuid",
+        "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
+        "'00000000-0000-0000-0000-0000000000ff'",
+    ),
+    ("j", "json", "'{\"a\": 1.50}'", "'5'"),
+    ("jb", "jsonb", "'{\"b\": [1, 2]}'", "'1.50'"),
+    ("ar", "integer[]", "'{1,2}'", "'{}'"),
+]
+
+PG_EXPECTED = {
+    "sqlite": [
+        ("2147483647", "-1"),
+        ("9223372036854775807", "0"),
+        ("'12345678901234567890.123456789'", "'-0.5'"),
+        ("'9999999999.99'", "'1.10'"),
+        (None, "1.5"),  # a NaN is refused on SQLite: see the refusal test; row 1 is NULL here
+        ("-Inf", "Inf"),
+        ("'é\t'", "''"),
+        ("X'FF00'", "X''"),
+        ("1", "0"),
+        ("'2024-02-29'", "'1900-01-01'"),
+        ("'23:59:59.5'", "'00:00:00'"),
+        ("'2024-01-05 10:00:00.123456'", "'1999-12-31 23:59:59'"),
+        ("'2024-01-05 08:00:00+00'", "'2024-01-05 11:30:00.5+00'"),
+        ("'1 day 02:00:00'", "'1 year 2 mons'"),
+        ("'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'", "'00000000-0000-0000-0000-0000000000ff'"),
+        ("'{\"a\": 1.50}'", "'5'"),
+        ("'{\"b\": [1, 2]}'", "'1.50'"),
+        ("'{1,2}'", "'{}'"),
+    ],
+    "duckdb": [
+        ("2147483647", "-1"),
+        ("9223372036854775807", "0"),
+        ("12345678901234567890.123456789", "-0.5"),
+        ("9999999999.99", "1.10"),
+        ("nan", "1.5"),
+        ("-inf", "inf"),
+        ("é\t", ""),
+        ("\\xFF\\x00", ""),
+        ("true", "false"),
+        ("2024-02-29", "1900-01-01"),
+        ("23:59:59.5", "00:00:00"),
+        ("2024-01-05 10:00:00.123456", "1999-12-31 23:59:59"),
+        ("2024-01-05 08:00:00+00", "2024-01-05 11:30:00.5+00"),
+        ("1 day 02:00:00", "1 year 2 months"),
+        ("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "00000000-0000-0000-0000-0000000000ff"),
+        ('{"a": 1.50}', "5"),
+        ('{"b": [1, 2]}', "1.50"),
+        ("{1,2}", "{}"),
+    ],
+    "clickhouse": [
+        ("2147483647", "-1"),
+        ("9223372036854775807", "0"),
+        ("12345678901234567890.123456789", "-0.5"),
+        ("9999999999.99", "1.1"),
+        ("nan", "1.5"),
+        ("-inf", "inf"),
+        ("é\t", ""),
+        ("\udcff\x00", ""),
+        ("true", "false"),
+        ("2024-02-29", "1900-01-01"),
+        ("23:59:59.5", "00:00:00"),
+        ("2024-01-05 10:00:00.123456", "1999-12-31 23:59:59.000000"),
+        ("2024-01-05 08:00:00.000000", "2024-01-05 11:30:00.500000"),
+        ("1 day 02:00:00", "1 year 2 mons"),
+        ("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "00000000-0000-0000-0000-0000000000ff"),
+        ('{"a": 1.50}', "5"),
+        ('{"b": [1, 2]}', "1.50"),
+        ("{1,2}", "{}"),
+    ],
+}
+
+
+@pytest.fixture
+def pg_table(postgres_schema) -> tuple[str, str]:
+    """A table of every common type in a schema of this test's own: (url, qualified name)."""
+    from test_connectors_postgres_source import _url
+
+    schema = postgres_schema.schema
+    definitions = ", ".join(f"{name} {pg_type}" for name, pg_type, *_ in PG_COLUMNS)
+    rows = [
+        f"(1, 0, {', '.join(c[2] for c in PG_COLUMNS)})",
+        f"(2, 1, {', '.join(c[3] for c in PG_COLUMNS)})",
+        f"(3, 1, {', '.join('NULL' for _ in PG_COLUMNS)})",
+    ]
+    with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'CREATE TABLE "{schema}".src (id integer, p integer, {definitions})')
+        conn.execute(f'INSERT INTO "{schema}".src VALUES {", ".join(rows)}')
+    return _url(postgres_schema.dsn), f"{schema}.src"
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb", "clickhouse"])
+def test_postgres_to_every_target_value_by_value(
+    tmp_path: Path, pg_table: tuple[str, str], kind: str, path: str
+) -> None:
+    url, table = pg_table
+    columns = PG_COLUMNS
+    expected = PG_EXPECTED[kind]
+    if kind == "sqlite":  # NaN is refused by SQLite (next test): leave it out here
+        with contextlib.closing(psycopg.connect(url, autocommit=True)) as conn:
+            conn.execute(f"UPDATE {table} SET re = NULL WHERE id = 1")
+    done = run(tmp_path, 'kind = "postgres"\ndsn = "env:MATRIX_DSN"', table, kind, path,
+               env={"MATRIX_DSN": url})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    got = target_texts(tmp_path, kind, [c[0] for c in columns])
+    by_column = list(zip(*got, strict=True))
+    for (name, pg_type, *_), want, values in zip(columns, expected, by_column, strict=True):
+        assert values == (*want, None), f"{name} {pg_type}"
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+def test_a_postgres_nan_is_refused_by_sqlite_which_would_store_null(
+    tmp_path: Path, pg_table: tuple[str, str], path: str
+) -> None:
+    url, table = pg_table
+    done = run(tmp_path, 'kind = "postgres"\ndsn = "env:MATRIX_DSN"', table, "sqlite", path,
+               env={"MATRIX_DSN": url})  # fmt: skip
+    assert_refused_before_target(done, tmp_path, "re")
