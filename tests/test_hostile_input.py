@@ -579,3 +579,58 @@ def test_ctrl_c_exits_130_saying_interrupted_and_the_rerun_loads_every_row_once(
     with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
         counts = target.execute("SELECT count(*), count(DISTINCT id) FROM orders_copy").fetchone()
     assert counts == (40_000, 40_000)
+
+
+# schema-qualified target tables mean schema.table on every engine, never a dotted name ----------
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact", "lazy-plan"])
+def test_a_duckdb_target_in_a_schema_is_that_schemas_table(tmp_path: Path, path: str) -> None:
+    """``raw.t_copy`` once created a table literally named "raw.t_copy" in schema main."""
+    import duckdb
+
+    build_sample_source(tmp_path / "source.db", rows=40, partitions=4)
+    duck = dict(kind="duckdb", target="t.duckdb", path=path)
+    assert "loaded 40 rows" in run(route(tmp_path, table="raw.t_copy", **duck)).stdout
+    with contextlib.closing(duckdb.connect(str(tmp_path / "t.duckdb"))) as db:
+        tables = db.execute("SELECT schema_name, table_name FROM duckdb_tables()").fetchall()
+        assert sorted(tables) == [("main", "_dpone_ledger"), ("raw", "t_copy")]
+    # the same table respelled (case, quotes) is the same route: nothing is loaded twice
+    for spelling in ('RAW."T_COPY"', '"raw"."t_copy"'):
+        done = run(route(tmp_path, table=spelling.replace('"', '\\"'), **duck))
+        assert "loaded 0 rows" in done.stdout, spelling
+    with contextlib.closing(duckdb.connect(str(tmp_path / "t.duckdb"), read_only=True)) as db:
+        assert db.execute("SELECT count(*), count(DISTINCT id) FROM raw.t_copy").fetchone() == (
+            40,
+            40,
+        )
+
+
+def test_a_quoted_dotted_name_is_one_table_and_main_is_the_default_schema(tmp_path: Path) -> None:
+    import duckdb
+
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=2)
+    duck = dict(kind="duckdb", target="t.duckdb")
+    assert "loaded 10 rows" in run(route(tmp_path, table='\\"raw.t\\"', **duck)).stdout
+    assert "loaded 0 rows" in run(route(tmp_path, table='main.\\"raw.t\\"', **duck)).stdout
+    with contextlib.closing(duckdb.connect(str(tmp_path / "t.duckdb"), read_only=True)) as db:
+        names = db.execute("SELECT schema_name, table_name FROM duckdb_tables()").fetchall()
+    assert ("main", "raw.t") in names and not any(schema == "raw" for schema, _ in names)
+
+
+@pytest.mark.parametrize(("kind", "target"), [("sqlite", "target.db"), ("clickhouse", "chdata")])
+def test_engines_without_schemas_in_table_names_refuse_one_before_any_io(
+    tmp_path: Path, kind: str, target: str
+) -> None:
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=2)
+    done = run(route(tmp_path, kind=kind, target=target, table="raw.t_copy"), code=2)
+    assert "names a schema" in done.stderr and '"key": "target.table"' in done.stderr
+    assert not (tmp_path / target).exists()
+
+
+@pytest.mark.parametrize("table", ["a.b.c", "raw.", ".t", 'raw."t'])
+def test_a_malformed_qualified_name_is_a_config_error(tmp_path: Path, table: str) -> None:
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=2)
+    spelled = table.replace('"', '\\"')
+    done = run(route(tmp_path, kind="duckdb", target="t.duckdb", table=spelled), code=2)
+    assert "is not a table name or schema.table" in done.stderr

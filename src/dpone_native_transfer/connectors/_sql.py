@@ -7,14 +7,24 @@ SQL text: a condition comes with its parameters.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+import attrs
 
 from ..errors import ConfigInvalid
 from ..identity import fold_ascii
 from ..payloads import UPTO_OR_NULL, Predicate, bound_predicates
 
-__all__ = ["WINDOW_OPERATORS", "bounds_where", "quote", "render_predicates"]
+__all__ = [
+    "WINDOW_OPERATORS",
+    "TableName",
+    "bounds_where",
+    "parse_table",
+    "quote",
+    "render_predicates",
+]
 
 
 def quote(name: Any) -> str:
@@ -22,6 +32,91 @@ def quote(name: Any) -> str:
     if not isinstance(name, str) or not name or "\x00" in name:
         raise ConfigInvalid("identifier must be a non-empty string without NUL characters")
     return '"' + name.replace('"', '""') + '"'
+
+
+@attrs.frozen
+class TableName:
+    """A target table: its name, and its schema when the route names one."""
+
+    schema: str | None
+    name: str
+
+    def sql(self) -> str:
+        """The quoted, qualified reference."""
+        table = quote(self.name)
+        return table if self.schema is None else f"{quote(self.schema)}.{table}"
+
+    def sibling(self, prefix: str) -> TableName:
+        """A table of the runtime's own beside this one (same schema), e.g. its staging table."""
+        return TableName(self.schema, prefix + self.name)
+
+    def canonical(self) -> str:
+        """The table's key in a route identity, folded as the engines that take schemas fold.
+
+        An unqualified plain name is its folded self (as before schemas were read);
+        otherwise each part is quoted, so ``"a.b"`` and ``a.b`` never share a key.
+        """
+        if self.schema is None and not {".", '"'} & set(self.name):
+            return fold_ascii(self.name)
+        parts = [self.name] if self.schema is None else [self.schema, self.name]
+        return ".".join(quote(fold_ascii(part)) for part in parts)
+
+
+_QUOTED_PART = re.compile(r'"((?:[^"]|"")+)"')
+
+
+def parse_table(table: Any, *, default_schema: str | None = None) -> TableName:
+    """``schema.table`` or ``table``; a part holding a dot or a quote is written quoted.
+
+    ``raw.orders`` is table ``orders`` in schema ``raw``; ``"raw.orders"`` is one
+    table of that name. A schema equal to ``default_schema`` (any ASCII case) is
+    dropped, so ``main.orders`` and ``orders`` are the same DuckDB table.
+    """
+    quote(table)
+    if "." not in table:
+        return TableName(None, table)  # any name without a dot is taken as written
+    parts: list[str] = []
+    rest = table
+    while True:
+        match = _QUOTED_PART.match(rest) if rest.startswith('"') else None
+        if match is not None:
+            parts.append(match[1].replace('""', '"'))
+            rest = rest[match.end() :]
+        else:
+            part, dot, tail = rest.partition(".")
+            if not part or '"' in part:
+                raise _bad_table(table)
+            parts.append(part)
+            rest = dot + tail
+        if not rest:
+            break
+        if not rest.startswith(".") or len(parts) == 2:
+            raise _bad_table(table)
+        rest = rest[1:]
+    if len(parts) == 1:
+        return TableName(None, parts[0])
+    schema, name = parts
+    if default_schema is not None and fold_ascii(schema) == fold_ascii(default_schema):
+        return TableName(None, name)
+    return TableName(schema, name)
+
+
+def _bad_table(table: str) -> ConfigInvalid:
+    return ConfigInvalid(
+        f"target table {table!r} is not a table name or schema.table (quote a part that "
+        'holds a dot: "my.table")',
+        diagnostics={"key": "target.table"},
+    )
+
+
+def refuse_schema(table: TableName, *, engine: str, hint: str) -> None:
+    """For an engine without schemas in a table name: a qualified name is a config error."""
+    if table.schema is not None:
+        raise ConfigInvalid(
+            f"target table {table.schema}.{table.name} names a schema, which {engine} target "
+            f"tables cannot: {hint}",
+            diagnostics={"key": "target.table"},
+        )
 
 
 # The runtime's own tables in a target database (its ledger, staging tables) start so.
@@ -35,7 +130,7 @@ def check_target_table(table: Any) -> None:
     of ``orders``; one named ``_dpone_ledger`` would be written as the ledger.
     """
     quote(table)
-    if fold_ascii(table).startswith(RESERVED_PREFIX):
+    if fold_ascii(parse_table(table).name).startswith(RESERVED_PREFIX):
         raise ConfigInvalid(
             f"target table {table!r} starts with {RESERVED_PREFIX!r}, which is reserved for "
             "dpone's own tables (the ledger and staging tables); choose another name",

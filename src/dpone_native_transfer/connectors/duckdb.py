@@ -26,7 +26,14 @@ from ..errors import ConfigInvalid, TargetUnavailable
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
 from ..payloads import Column, LoadPlan, Predicate, RowChunks, bound_predicates
-from ._sql import WINDOW_OPERATORS, check_target_table, quote, render_predicates
+from ._sql import (
+    WINDOW_OPERATORS,
+    TableName,
+    check_target_table,
+    parse_table,
+    quote,
+    render_predicates,
+)
 from .contract import PendingLedger
 from .sqlite import SQLiteSource, refuse_inexact_plan
 
@@ -56,6 +63,7 @@ decimal stays its exact text.
 """
 
 _STAGE_PREFIX = "_dpone_stage_"
+_LEDGER = TableName(None, LEDGER_TABLE)
 _BATCH_ROWS = 10_000  # rows per INSERT: fewer statements for small chunks, memory still bounded
 _MAX_DECIMAL_WIDTH = 38
 # Never reach the network for an extension: the sqlite scanner comes from its wheel.
@@ -146,6 +154,7 @@ class DuckDBSink:
         check_target_table(table)
         self.path = os.fspath(path)
         self.table = table
+        self._target = parse_table(table, default_schema="main")
         self._ledger = PendingLedger()
         self._checked: tuple[LoadPlan, set[str]] | None = None  # the last plan check_plan passed
         if self.path == ":memory:" or not self.path:
@@ -163,11 +172,11 @@ class DuckDBSink:
 
     def identity(self) -> TableIdentity:
         """The file's resolved path; DuckDB matches table names case-insensitively."""
-        return TableIdentity(file_location("duckdb", self.path), fold_ascii(self.table))
+        return TableIdentity(file_location("duckdb", self.path), self._target.canonical())
 
     @property
-    def _stage(self) -> str:
-        return _STAGE_PREFIX + self.table
+    def _stage(self) -> TableName:
+        return self._target.sibling(_STAGE_PREFIX)
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[Any]:
@@ -192,8 +201,8 @@ class DuckDBSink:
         """Write the payload in one transaction and return the rows written."""
         if isinstance(payload, RowChunks):
             with self._connect() as conn, _transaction(conn):
-                _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
-                rows = _insert_rows(conn, self.table, payload.columns, payload.chunks)
+                _prepare_target(conn, self._target, payload.columns, replace=payload.replace)
+                rows = _insert_rows(conn, self._target, payload.columns, payload.chunks)
                 return _record(conn, self._ledger.take(), rows)
         if isinstance(payload, LoadPlan):
             return self._load_plan(payload)
@@ -251,10 +260,10 @@ class DuckDBSink:
         with self._connect() as conn:
             _load_scanner(conn)
             with _transaction(conn):
-                _prepare_target(conn, self.table, plan.columns, replace=plan.replace)
+                _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
                 rows = sum(
                     conn.execute(
-                        f"INSERT INTO {quote(self.table)} ({names}) SELECT {names}"
+                        f"INSERT INTO {self._target.sql()} ({names}) SELECT {names}"
                         f" FROM sqlite_scan(?, ?) WHERE {where}",
                         [*scan, *params],
                     ).fetchone()[0]
@@ -265,7 +274,7 @@ class DuckDBSink:
     def stage(self, payload: RowChunks) -> int:
         """Fill a fresh staging table beside the target; the target is not touched."""
         with self._connect() as conn, _transaction(conn):
-            conn.execute(f"DROP TABLE IF EXISTS {quote(self._stage)}")
+            conn.execute(f"DROP TABLE IF EXISTS {self._stage.sql()}")
             _create_table(conn, self._stage, payload.columns)
             return _insert_rows(conn, self._stage, payload.columns, payload.chunks)
 
@@ -278,7 +287,7 @@ class DuckDBSink:
 
         A missing target is created with the staging table's columns and types.
         """
-        stage, target = quote(self._stage), quote(self.table)
+        stage, target = self._stage.sql(), self._target.sql()
         with self._connect() as conn, _transaction(conn):
             if not _table_exists(conn, self._stage):
                 raise ConfigInvalid(
@@ -308,7 +317,7 @@ class DuckDBSink:
                 diagnostics={"table": self.table},
             )
         try:
-            if not _table_exists(conn, LEDGER_TABLE):
+            if not _table_exists(conn, _LEDGER):
                 return []
             described = conn.execute(f"DESCRIBE {quote(LEDGER_TABLE)}").fetchall()
             check_ledger_columns({row[0] for row in described})
@@ -323,20 +332,20 @@ class DuckDBSink:
         if not os.path.isfile(self.path):
             return
         with self._connect() as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {quote(self._stage)}")
+            conn.execute(f"DROP TABLE IF EXISTS {self._stage.sql()}")
 
     def row_count(self) -> int:
         with self._reader() as conn:
-            return 0 if conn is None else _row_count(conn, self.table)
+            return 0 if conn is None else _row_count(conn, self._target)
 
     def is_empty(self) -> bool:
         return self.row_count() == 0  # DuckDB counts from table metadata
 
     def rows(self) -> list[tuple]:
         with self._reader() as conn:
-            if conn is None or not _table_exists(conn, self.table):
+            if conn is None or not _table_exists(conn, self._target):
                 return []
-            return conn.execute(f"SELECT * FROM {quote(self.table)} ORDER BY rowid").fetchall()
+            return conn.execute(f"SELECT * FROM {self._target.sql()} ORDER BY rowid").fetchall()
 
 
 @contextlib.contextmanager
@@ -442,32 +451,36 @@ def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:
     return rows
 
 
-def _create_table(conn: Any, table: str, columns: Sequence[Column]) -> None:
+def _create_table(conn: Any, table: TableName, columns: Sequence[Column]) -> None:
     if not columns:
         raise ConfigInvalid("at least one column is required")
     definitions = ", ".join(f"{quote(column.name)} {duckdb_type(column)}" for column in columns)
-    conn.execute(f"CREATE TABLE IF NOT EXISTS {quote(table)} ({definitions})")
+    if table.schema is not None:
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(table.schema)}")
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {table.sql()} ({definitions})")
 
 
-def _prepare_target(conn: Any, table: str, columns: Sequence[Column], *, replace: bool) -> None:
+def _prepare_target(
+    conn: Any, table: TableName, columns: Sequence[Column], *, replace: bool
+) -> None:
     _create_table(conn, table, columns)
     if replace:
-        conn.execute(f"DELETE FROM {quote(table)}")
+        conn.execute(f"DELETE FROM {table.sql()}")
 
 
 def _insert_rows(
-    conn: Any, table: str, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
+    conn: Any, table: TableName, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
 ) -> int:
     """Insert row chunks, one statement per batch, each column bound as one list."""
     unnest = ", ".join(f"UNNEST(${number})" for number in range(1, len(columns) + 1))
-    sql = f"INSERT INTO {quote(table)} ({_names(columns)}) SELECT {unnest}"
+    sql = f"INSERT INTO {table.sql()} ({_names(columns)}) SELECT {unnest}"
     written = 0
     for rows in _batches(chunks):
         by_column = [list(values) for values in zip(*rows, strict=True)]
         if len(by_column) != len(columns):
             raise ConfigInvalid(
-                f"rows for table {table!r} do not have one value per column",
-                diagnostics={"table": table, "columns": len(columns)},
+                f"rows for table {table.name!r} do not have one value per column",
+                diagnostics={"table": table.name, "columns": len(columns)},
             )
         written += conn.execute(sql, by_column).fetchone()[0]
     return written
@@ -488,16 +501,23 @@ def _batches(chunks: Iterable[Sequence[tuple]]) -> Iterator[Sequence[tuple]]:
         yield batch
 
 
-def _table_exists(conn: Any, table: str) -> bool:
-    """DuckDB matches table names case-insensitively (ASCII only), even quoted; so does this."""
-    names = conn.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
-        " AND schema_name = current_schema()"
+def _table_exists(conn: Any, table: TableName) -> bool:
+    """DuckDB matches table and schema names case-insensitively (ASCII only), even quoted;
+    so does this. An unqualified table is looked up in the current schema."""
+    rows = conn.execute(
+        "SELECT schema_name, table_name FROM duckdb_tables()"
+        " WHERE database_name = current_database()"
+        " AND (? IS NOT NULL OR schema_name = current_schema())",
+        [table.schema],
     ).fetchall()
-    return any(fold_ascii(name) == fold_ascii(table) for (name,) in names)
+    wanted = (None if table.schema is None else fold_ascii(table.schema), fold_ascii(table.name))
+    return any(
+        (wanted[0] is None or fold_ascii(schema) == wanted[0]) and fold_ascii(name) == wanted[1]
+        for schema, name in rows
+    )
 
 
-def _row_count(conn: Any, table: str) -> int:
+def _row_count(conn: Any, table: TableName) -> int:
     if not _table_exists(conn, table):
         return 0
-    return conn.execute(f"SELECT count(*) FROM {quote(table)}").fetchone()[0]
+    return conn.execute(f"SELECT count(*) FROM {table.sql()}").fetchone()[0]

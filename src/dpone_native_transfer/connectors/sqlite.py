@@ -23,7 +23,7 @@ from ..errors import ConfigInvalid, SourceInvalid, SourceMissing, TargetUnavaila
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
 from ..payloads import Column, LoadPlan, RowChunks, SourceShape
-from ._sql import bounds_where, check_target_table
+from ._sql import bounds_where, check_target_table, parse_table, refuse_schema
 from ._sql import quote as _quote
 from .contract import PendingLedger
 
@@ -439,6 +439,8 @@ class SQLiteSink:
 
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
         check_target_table(table)
+        hint = 'a SQLite file is one schema; a name holding a dot is written quoted: "raw.t"'
+        refuse_schema(parse_table(table, default_schema="main"), engine="SQLite", hint=hint)
         self.path = os.fspath(path)
         self.table = table
         self._ledger = PendingLedger()

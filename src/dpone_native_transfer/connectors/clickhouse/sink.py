@@ -41,7 +41,7 @@ from ...errors import ConfigInvalid, SourceInvalid
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query
 from ...payloads import Column, LoadPlan, RowChunks, bound_predicates
-from .._sql import check_target_table
+from .._sql import check_target_table, parse_table, refuse_schema
 from ..contract import PendingLedger
 from ..sqlite import SQLiteSource, refuse_inexact_plan
 from .client import CHDB, ClickHouseClient, open_client, parse_location
@@ -79,6 +79,8 @@ class ClickHouseSink:
 
     def __init__(self, location: Any, table: str, *, partition_by: str | None = None) -> None:
         check_target_table(table)
+        hint = "name the database in the server URL (clickhouse://host:8123/raw)"
+        refuse_schema(parse_table(table, default_schema="default"), engine="ClickHouse", hint=hint)
         if partition_by is not None:
             quote(partition_by)
         self._location = parse_location(location)
