@@ -66,6 +66,8 @@ from dpone_target_commit_guard.operator import (
     select_blocked,
 )
 
+RESPELT_TARGET_TABLE = TARGET_TABLE.upper()  # the same SQLite table, spelt otherwise
+
 if TYPE_CHECKING:  # imported by pytest as a plugin, so that its asserts are rewritten
     from crash_report import CrashMatrix, CrashRun
 
@@ -191,8 +193,14 @@ class CrashRoute:
         time.sleep(LEASE_SECONDS * 1.5)
 
     def attempt(self, path: str, run_id: str) -> Attempt:
-        """The scheduler's next attempt: a fresh runtime, the guard from its entry point."""
-        sink = RecordingSink(SQLiteSink(str(self.target_path), TARGET_TABLE))
+        """The scheduler's next attempt: a fresh runtime, the guard from its entry point.
+
+        It names the target table as another spelling SQLite resolves to the same
+        table (issue 13.1: an append once dropped a table whose stored name differed
+        in case), so every recovery also proves a respelt table is neither dropped
+        nor taken for another route.
+        """
+        sink = RecordingSink(SQLiteSink(str(self.target_path), RESPELT_TARGET_TABLE))
         spec = transfer_spec(sqlite_source(self.source_path), sink, path=path, run_id=run_id)
         with self.opened_store() as store:
             runtime = TransferRuntime(store)

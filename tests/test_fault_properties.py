@@ -71,6 +71,8 @@ from dpone_native_transfer import (
     TransferResult,
     TransferRuntime,
     TransferSpec,
+    entry_point_plugins,
+    hookimpl,
 )
 from dpone_native_transfer.identity import route_key
 from dpone_native_transfer.testing import (
@@ -125,6 +127,25 @@ PROFILE = "dpone-faults-soak" if SOAK else "dpone-faults"
 STATS: Counter[str] = Counter()
 FAULT_POINTS: set[str] = set()
 ROUTE_SHAPES: set[tuple[str, str]] = set()
+HOSTILE = ("none", "listener", "plugin")
+HOSTILE_SEEN: set[str] = set()
+
+
+class AnswersFirst:
+    """A third-party plugin whose after-call hooks answer before the guard's (issue 13.8)."""
+
+    @hookimpl(tryfirst=True)
+    def after_target_success(self, mutation, result):
+        return "answered first"
+
+    @hookimpl(tryfirst=True)
+    def on_target_error(self, mutation, error):
+        return "answered first"
+
+
+def _raising_listener(event: Any) -> None:
+    raise RuntimeError("a hostile progress listener")
+
 
 # -- faults ---------------------------------------------------------------------------------
 
@@ -285,10 +306,21 @@ class FaultMachine(RuleBasedStateMachine):
         strategy=st.sampled_from(("incremental_append", *STRATEGIES)),
         partitions=st.integers(1, 6),
         rows=st.integers(0, 200),
+        hostile=st.sampled_from(HOSTILE),
     )
-    def build_route(self, path: str, strategy: str, partitions: int, rows: int) -> None:
+    def build_route(
+        self, path: str, strategy: str, partitions: int, rows: int, hostile: str
+    ) -> None:
         self.path, self.strategy = path, strategy
         ROUTE_SHAPES.add((path, strategy))
+        HOSTILE_SEEN.add(hostile)
+        # Issue 13.8, kept under faults: a listener that raises on every event, or a
+        # third-party plugin answering the after-call hooks before the guard, changes nothing.
+        self.runtime_options: dict[str, Any] = {
+            "none": {},
+            "listener": {"events": _raising_listener},
+            "plugin": {"plugins": [*entry_point_plugins(), AnswersFirst()]},
+        }[hostile]
         self.source_path = self.tmp / "source.db"
         self.target_path = self.tmp / "target.db"
         build_sample_source(self.source_path, table=SOURCE_TABLE, rows=rows, partitions=partitions)
@@ -435,7 +467,8 @@ class FaultMachine(RuleBasedStateMachine):
         result: TransferResult | None = None
         raised: Exception | None = None
         try:
-            result = TransferRuntime(store, clock=self.clock).run(self.spec(f"try-{self.attempts}"))
+            runtime = TransferRuntime(store, clock=self.clock, **self.runtime_options)
+            result = runtime.run(self.spec(f"try-{self.attempts}"))
         except Exception as error:  # every injected fault is an Exception
             raised = error
         finally:
@@ -649,6 +682,7 @@ def test_single_faults_and_retries_never_duplicate_and_blocked_routes_stay_block
     assert STATS["attempts"] > STATS["examples"], "every example should make several attempts"
     assert STATS["blocked_routes"] > 0 and STATS["resolves"] > 0, "no route was ever blocked"
     assert {path for path, _ in ROUTE_SHAPES} == set(PATHS), "not every path ran"
+    assert HOSTILE_SEEN == set(HOSTILE), "a hostile listener or plugin never ran"
     assert {strategy for _, strategy in ROUTE_SHAPES} == set(STRATEGIES), "a strategy never ran"
     fired = {point.split("+")[0].split(":keep=")[0] for point in FAULT_POINTS}
     assert fired == PRIMARY_POINTS, f"faults that never fired: {sorted(PRIMARY_POINTS - fired)}"
@@ -671,6 +705,7 @@ def figures(seconds: float) -> dict[str, Any]:
         "distinct_fault_points": len(FAULT_POINTS),
         "fault_points_by_kind": dict(sorted(kinds.items())),
         "route_shapes": sorted(f"{path}/{strategy}" for path, strategy in ROUTE_SHAPES),
+        "hostile_hooks": sorted(HOSTILE_SEEN),
         "fault_points": sorted(FAULT_POINTS),
     }
 

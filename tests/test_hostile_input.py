@@ -634,3 +634,85 @@ def test_a_malformed_qualified_name_is_a_config_error(tmp_path: Path, table: str
     spelled = table.replace('"', '\\"')
     done = run(route(tmp_path, kind="duckdb", target="t.duckdb", table=spelled), code=2)
     assert "is not a table name or schema.table" in done.stderr
+
+
+# a store on a full or read-only disk: unavailable (retry), never corrupt, and nothing lost -------
+
+
+@contextlib.contextmanager
+def small_disk(folder: Path, size: str) -> Any:
+    """A real tmpfs of ``size`` mounted at ``folder`` (the tests run as root, as CI does)."""
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", folder])
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", folder], check=False)
+
+
+def store_route(folder: Path, store: Path) -> Path:
+    text = ROUTE.format(kind="sqlite", target="target.db", table="orders_copy",
+                        strategy="incremental_append", path="staged")  # fmt: skip
+    path = folder / "route.toml"
+    path.write_text(text.replace('path = "checkpoints.db"', f'path = "{store}"'))
+    return path
+
+
+def test_a_full_disk_under_the_store_is_unavailable_and_the_rerun_loads_every_row_once(
+    tmp_path: Path,
+) -> None:
+    """A full disk was once reported as checkpoint_store_corrupt, whose runbook action
+    (restore a backup) leads to duplicates; a store that could not be created was a
+    raw OperationalError, leaving its half-made files behind."""
+    build_sample_source(tmp_path / "source.db", rows=100, partitions=4)
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        route_file = store_route(tmp_path, disk / "checkpoints.db")
+        fill(disk / "ballast")
+        done = run(route_file, code=1)  # the store cannot even be created
+        assert "native_transfer_checkpoint_store_unavailable" in done.stderr
+        assert "a retry may succeed" in done.stderr and "corrupt" not in done.stderr
+        assert sorted(p.name for p in disk.iterdir()) == ["ballast"]  # no half-made store
+        (disk / "ballast").unlink()  # the operator frees space; the scheduler retries
+        assert "loaded 100 rows" in run(route_file).stdout
+        build_sample_source(tmp_path / "source.db", rows=50, partitions=4, start_id=101)
+        fill(disk / "ballast")
+        done = run(route_file, code=1)  # the store is full in the middle of its life
+        assert "native_transfer_checkpoint_store_unavailable" in done.stderr
+        assert "corrupt" not in done.stderr
+        (disk / "ballast").unlink()
+        assert "loaded 50 rows" in run(route_file).stdout
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
+        counted = target.execute("SELECT count(*), count(DISTINCT id) FROM orders_copy")
+        assert counted.fetchone() == (150, 150)
+
+
+def fill(path: Path) -> None:
+    """Write zeros until the disk is full."""
+    with open(path, "wb", buffering=0) as handle, contextlib.suppress(OSError):
+        while True:
+            handle.write(b"\0" * 4096)
+
+
+def test_a_read_only_store_is_unavailable_before_the_target_and_nothing_is_lost(
+    tmp_path: Path,
+) -> None:
+    build_sample_source(tmp_path / "source.db", rows=100, partitions=4)
+    with small_disk(tmp_path / "disk", "4m") as disk:
+        route_file = store_route(tmp_path, disk / "checkpoints.db")
+        assert "loaded 100 rows" in run(route_file).stdout
+        build_sample_source(tmp_path / "source.db", rows=50, partitions=4, start_id=101)
+        subprocess.run(["mount", "-o", "remount,ro", disk], check=True)
+        done = run(route_file, code=1)
+        assert "native_transfer_checkpoint_store_unavailable" in done.stderr
+        assert "a retry may succeed" in done.stderr and "corrupt" not in done.stderr
+        subprocess.run(["mount", "-o", "remount,rw", disk], check=True)
+        assert "loaded 50 rows" in run(route_file).stdout
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
+        assert target.execute(
+            "SELECT count(*), count(DISTINCT id) FROM orders_copy"
+        ).fetchone() == (
+            150,
+            150,
+        )

@@ -18,6 +18,8 @@ SQLite's own message text.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import sqlite3
@@ -76,6 +78,14 @@ _UNAVAILABLE = {
 }
 
 
+_OS_PROBLEMS = {
+    errno.ENOSPC: _UNAVAILABLE[sqlite3.SQLITE_FULL],
+    errno.EROFS: _UNAVAILABLE[sqlite3.SQLITE_READONLY],
+    errno.EACCES: _UNAVAILABLE[sqlite3.SQLITE_PERM],
+    errno.EPERM: _UNAVAILABLE[sqlite3.SQLITE_PERM],
+}
+
+
 @contextmanager
 def _translated(action: str, *, writing: bool = False) -> Iterator[None]:
     """SQLite failures as stable codes: a store that cannot be used now (locked, read-only,
@@ -85,6 +95,12 @@ def _translated(action: str, *, writing: bool = False) -> Iterator[None]:
         yield
     except sqlite3.ProgrammingError:
         raise
+    except OSError as exc:  # making the file itself: a full, read-only or forbidden folder
+        raise CheckpointStoreUnavailable(
+            f"the checkpoint store {_OS_PROBLEMS.get(exc.errno, 'cannot be created')}; a retry "
+            "may succeed once it is free",
+            diagnostics={"action": action, "error_type": type(exc).__name__},
+        ) from None
     except sqlite3.DatabaseError as exc:
         problem = _UNAVAILABLE.get(getattr(exc, "sqlite_errorcode", 0) & 0xFF)
         if problem is None and writing and isinstance(exc, sqlite3.OperationalError):
@@ -129,7 +145,9 @@ def _initialise(path: str) -> None:
             return
         _fsync_directory(directory)
     finally:
-        os.unlink(scratch)
+        for leftover in (scratch, scratch + "-wal", scratch + "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
 
 
 def _require_sqlite() -> None:
@@ -193,7 +211,8 @@ class SQLiteCheckpointStore(RecordReads):
         _require_sqlite()
         self._path = os.path.abspath(os.fspath(path))
         if not os.path.exists(self._path):
-            _initialise(self._path)
+            with _translated("created", writing=True):
+                _initialise(self._path)
         self._conn = _open(self._path)
 
     def close(self) -> None:
