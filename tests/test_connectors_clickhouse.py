@@ -28,6 +28,7 @@ from conftest import PATHS, Route
 
 from dpone_native_transfer import ManualReconciliationRequired, StoreTargetMismatch
 from dpone_native_transfer.column_types import postgres_kind
+from dpone_native_transfer.connectors._sql import TableName
 from dpone_native_transfer.connectors.clickhouse import (
     ClickHouseSink,
     Location,
@@ -649,12 +650,13 @@ def test_postgres_columns_get_the_type_of_their_kind(decltype, expected):
 
 
 def test_create_table_sql_partitions_by_the_nullable_column():
-    sql = create_table_sql("t", ORDERS, "region")
+    sql = create_table_sql(TableName("raw", "t"), ORDERS, "region")
+    assert sql.startswith("CREATE TABLE IF NOT EXISTS `raw`.`t` (")
     assert sql.endswith(
         "ENGINE = MergeTree PARTITION BY `region` ORDER BY tuple() SETTINGS allow_nullable_key = 1,"
         " non_replicated_deduplication_window = 1000"
     )
-    assert create_table_sql("t", ORDERS, None).endswith(
+    assert create_table_sql(TableName(None, "t"), ORDERS, None).endswith(
         "ENGINE = MergeTree ORDER BY tuple() SETTINGS non_replicated_deduplication_window = 1000"
     )
 

@@ -618,14 +618,36 @@ def test_a_quoted_dotted_name_is_one_table_and_main_is_the_default_schema(tmp_pa
     assert ("main", "raw.t") in names and not any(schema == "raw" for schema, _ in names)
 
 
-@pytest.mark.parametrize(("kind", "target"), [("sqlite", "target.db"), ("clickhouse", "chdata")])
-def test_engines_without_schemas_in_table_names_refuse_one_before_any_io(
-    tmp_path: Path, kind: str, target: str
+def test_sqlite_which_has_no_schemas_refuses_a_qualified_target_before_any_io(
+    tmp_path: Path,
 ) -> None:
     build_sample_source(tmp_path / "source.db", rows=10, partitions=2)
-    done = run(route(tmp_path, kind=kind, target=target, table="raw.t_copy"), code=2)
+    done = run(route(tmp_path, table="raw.t_copy"), code=2)
     assert "names a schema" in done.stderr and '"key": "target.table"' in done.stderr
-    assert not (tmp_path / target).exists()
+    assert not (tmp_path / "target.db").exists()
+    assert "loaded 10 rows" in run(route(tmp_path, table="main.t_copy")).stdout
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact", "lazy-plan"])
+@pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])
+def test_a_clickhouse_target_in_a_database_is_that_databases_table(
+    tmp_path: Path, path: str, strategy: str
+) -> None:
+    from dpone_native_transfer import ClickHouseSink
+
+    build_sample_source(tmp_path / "source.db", rows=40, partitions=4)
+    ch = dict(kind="clickhouse", target="chdata", path=path, strategy=strategy)
+    assert "loaded 40 rows" in run(route(tmp_path, table="raw.t_copy", **ch)).stdout
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=2, start_id=41)
+    done = run(route(tmp_path, table="raw.t_copy", **ch))
+    assert f"loaded {10 if strategy == 'incremental_append' else 50} rows" in done.stdout
+    with ClickHouseSink(tmp_path / "chdata", "t").client() as client:
+        tables = client.query_rows(
+            "SELECT database, name FROM system.tables WHERE database IN ('default', 'raw')"
+        )
+        counted = client.query_rows("SELECT count(), uniqExact(id) FROM raw.t_copy")
+    assert sorted(tables) == [("default", "_dpone_ledger"), ("raw", "t_copy")]
+    assert [tuple(map(int, row)) for row in counted] == [(50, 50)]
 
 
 @pytest.mark.parametrize("table", ["a.b.c", "raw.", ".t", 'raw."t'])

@@ -41,25 +41,26 @@ class TableName:
     schema: str | None
     name: str
 
-    def sql(self) -> str:
-        """The quoted, qualified reference."""
-        table = quote(self.name)
-        return table if self.schema is None else f"{quote(self.schema)}.{table}"
+    def sql(self, quoted: Callable[[str], str] = quote) -> str:
+        """The quoted, qualified reference (``quoted``: the engine's identifier quoting)."""
+        table = quoted(self.name)
+        return table if self.schema is None else f"{quoted(self.schema)}.{table}"
 
     def sibling(self, prefix: str) -> TableName:
         """A table of the runtime's own beside this one (same schema), e.g. its staging table."""
         return TableName(self.schema, prefix + self.name)
 
-    def canonical(self) -> str:
-        """The table's key in a route identity, folded as the engines that take schemas fold.
+    def canonical(self, *, fold: bool = True) -> str:
+        """The table's key in a route identity, folded (``fold``) as the engine folds names.
 
-        An unqualified plain name is its folded self (as before schemas were read);
+        An unqualified plain name is its (folded) self, as before schemas were read;
         otherwise each part is quoted, so ``"a.b"`` and ``a.b`` never share a key.
         """
+        same: Callable[[str], str] = fold_ascii if fold else str
         if self.schema is None and not {".", '"'} & set(self.name):
-            return fold_ascii(self.name)
+            return same(self.name)
         parts = [self.name] if self.schema is None else [self.schema, self.name]
-        return ".".join(quote(fold_ascii(part)) for part in parts)
+        return ".".join(quote(same(part)) for part in parts)
 
 
 _QUOTED_PART = re.compile(r'"((?:[^"]|"")+)"')

@@ -19,7 +19,7 @@ from typing import Any
 
 from ...errors import ConfigInvalid
 from .client import SETTINGS, import_engine
-from .sql import column_list, encode_json_rows, insert_settings, quote
+from .sql import column_list, encode_json_rows, insert_settings
 
 __all__ = ["ChdbClient"]
 
@@ -87,7 +87,7 @@ class ChdbClient:
         token: str | None = None,
     ) -> int:
         inserter = self._session.send_insert(
-            f"INSERT INTO {quote(table)} ({column_list(names)}){insert_settings(token)}",
+            f"INSERT INTO {table} ({column_list(names)}){insert_settings(token)}",
             "JSONCompactEachRow",
         )
         rows = 0

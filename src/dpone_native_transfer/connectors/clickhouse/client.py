@@ -60,7 +60,7 @@ class ClickHouseClient(Protocol):
         *,
         token: str | None = None,
     ) -> int:
-        """Stream row chunks into ``table`` as one INSERT; return the rows sent.
+        """Stream row chunks into ``table`` (a quoted reference) as one INSERT; return the rows.
 
         ``token`` is the insert's deduplication token: repeated, the INSERT is a no-op.
         """

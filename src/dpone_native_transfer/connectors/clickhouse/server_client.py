@@ -49,7 +49,7 @@ class ServerClient:
                     yield data
 
         self._client.raw_insert(
-            quote(table),
+            table,
             [quote(name) for name in names],
             blocks(),
             settings=_deduplicated(token),

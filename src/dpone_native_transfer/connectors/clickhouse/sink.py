@@ -41,7 +41,7 @@ from ...errors import ConfigInvalid, SourceInvalid
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query
 from ...payloads import Column, LoadPlan, RowChunks, bound_predicates
-from .._sql import check_target_table, parse_table, refuse_schema
+from .._sql import TableName, check_target_table, parse_table
 from ..contract import PendingLedger
 from ..sqlite import SQLiteSource, refuse_inexact_plan
 from .client import CHDB, ClickHouseClient, open_client, parse_location
@@ -64,7 +64,8 @@ _FRESH_PREFIX = "_dpone_new_"
 # quote in a name reads a wrong column (or its name as a string) or fails; checked on chDB 4.4.
 _SQLITE_FUNCTION_UNSAFE = re.compile(r'[\\"\x00-\x1f\x7f]')
 
-Fill = Callable[[ClickHouseClient, str, "_Tokens"], int]
+Fill = Callable[[ClickHouseClient, TableName, "_Tokens"], int]
+_LEDGER = TableName(None, LEDGER_TABLE)
 
 
 class ClickHouseSink:
@@ -79,12 +80,13 @@ class ClickHouseSink:
 
     def __init__(self, location: Any, table: str, *, partition_by: str | None = None) -> None:
         check_target_table(table)
-        hint = "name the database in the server URL (clickhouse://host:8123/raw)"
-        refuse_schema(parse_table(table, default_schema="default"), engine="ClickHouse", hint=hint)
         if partition_by is not None:
             quote(partition_by)
         self._location = parse_location(location)
         self.table = table
+        # database.table; chDB's one database is "default", so default.t is t
+        default = "default" if self._location.kind == CHDB else None
+        self._target = parse_table(table, default_schema=default)
         self.partition_by = partition_by
         self._ledger = PendingLedger()
 
@@ -99,12 +101,13 @@ class ClickHouseSink:
 
         ClickHouse table names are case-sensitive.
         """
+        table = self._target.canonical(fold=False)
         if self._location.kind == CHDB:
-            return TableIdentity(file_location("chdb", self._location.target), self.table)
+            return TableIdentity(file_location("chdb", self._location.target), table)
         location = server_location(
             "clickhouse", self._location.target, default_port=8123, default_database="default"
         )
-        return TableIdentity(location, self.table)
+        return TableIdentity(location, table)
 
     @property
     def engine(self) -> str:
@@ -112,12 +115,12 @@ class ClickHouseSink:
         return self._location.kind
 
     @property
-    def _stage(self) -> str:
-        return _STAGE_PREFIX + self.table
+    def _stage(self) -> TableName:
+        return self._target.sibling(_STAGE_PREFIX)
 
     @property
-    def _fresh(self) -> str:
-        return _FRESH_PREFIX + self.table
+    def _fresh(self) -> TableName:
+        return self._target.sibling(_FRESH_PREFIX)
 
     @contextlib.contextmanager
     def client(self) -> Iterator[ClickHouseClient]:
@@ -140,49 +143,50 @@ class ClickHouseSink:
             fill = self._plan_fill(payload)
         else:
             raise ConfigInvalid("sink payload must be RowChunks or LoadPlan")
-        create = create_table_sql(self.table, payload.columns, self.partition_by)  # checks columns
+        create = create_table_sql(self._target, payload.columns, self.partition_by)  # checks
         entry = self._ledger.take()
         tokens = _Tokens(entry)
         with self.client() as client:
             if payload.replace:
                 rows = self._replace(client, payload.columns, fill, tokens)
             else:
-                client.command(create)
+                _create(client, self._target, create)
                 if entry is not None:  # a table of an older release may have no window yet
                     window = f"MODIFY SETTING {DEDUPLICATION_WINDOW}"
-                    client.command(f"ALTER TABLE {quote(self.table)} {window}")
-                rows = fill(client, self.table, tokens)
+                    client.command(f"ALTER TABLE {_ref(self._target)} {window}")
+                rows = fill(client, self._target, tokens)
             return _record(client, entry, rows)
 
     @staticmethod
     def _rows_fill(payload: RowChunks) -> Fill:
         names = [column.name for column in payload.columns]
         return lambda client, table, tokens: client.insert_rows(
-            table, names, payload.chunks, token=tokens.next()
+            _ref(table), names, payload.chunks, token=tokens.next()
         )
 
     def _replace(
         self, client: ClickHouseClient, columns: Sequence[Column], fill: Fill, tokens: _Tokens
     ) -> int:
         """Fill a fresh table, then swap it in; a failure before the swap leaves the target."""
-        client.command(f"DROP TABLE IF EXISTS {quote(self._fresh)} SYNC")
-        exists = _exists(client, self.table)
+        fresh, target = _ref(self._fresh), _ref(self._target)
+        client.command(f"DROP TABLE IF EXISTS {fresh} SYNC")
+        exists = _exists(client, self._target)
         if exists:
-            client.command(f"CREATE TABLE {quote(self._fresh)} AS {quote(self.table)}")
+            client.command(f"CREATE TABLE {fresh} AS {target}")
         else:
-            client.command(create_table_sql(self._fresh, columns, self.partition_by))
+            _create(client, self._fresh, create_table_sql(self._fresh, columns, self.partition_by))
         try:
             rows = fill(client, self._fresh, tokens)
         except BaseException:
             with contextlib.suppress(Exception):
-                client.command(f"DROP TABLE IF EXISTS {quote(self._fresh)} SYNC")
+                client.command(f"DROP TABLE IF EXISTS {fresh} SYNC")
             raise
         if not exists:
-            client.command(f"RENAME TABLE {quote(self._fresh)} TO {quote(self.table)}")
+            client.command(f"RENAME TABLE {fresh} TO {target}")
             return rows
-        client.command(f"EXCHANGE TABLES {quote(self._fresh)} AND {quote(self.table)}")
+        client.command(f"EXCHANGE TABLES {fresh} AND {target}")
         with contextlib.suppress(Exception):  # the old rows; a leftover is dropped next time
-            client.command(f"DROP TABLE IF EXISTS {quote(self._fresh)} SYNC")
+            client.command(f"DROP TABLE IF EXISTS {fresh} SYNC")
         return rows
 
     def carrier(self, column: Column) -> Carry | None:
@@ -229,11 +233,11 @@ class ClickHouseSink:
                 diagnostics={"table": source.table},
             )
 
-        def fill(client: ClickHouseClient, table: str, tokens: _Tokens) -> int:
+        def fill(client: ClickHouseClient, table: TableName, tokens: _Tokens) -> int:
             before = _count(client, table)
             for where, params in statements:
                 client.command(
-                    f"INSERT INTO {quote(table)} ({names}){insert_settings(tokens.next())}"
+                    f"INSERT INTO {_ref(table)} ({names}){insert_settings(tokens.next())}"
                     f" SELECT {names} FROM sqlite({{src_path:String}}, {{src_table:String}})"
                     f" WHERE {where}",
                     params,
@@ -250,17 +254,18 @@ class ClickHouseSink:
             raise ConfigInvalid("a staged load takes RowChunks")
         create = create_table_sql(self._stage, payload.columns, self.partition_by)
         names = [column.name for column in payload.columns]
+        stage = _ref(self._stage)
         with self.client() as client:
-            client.command(f"DROP TABLE IF EXISTS {quote(self._stage)} SYNC")
-            if _exists(client, self.table):
-                client.command(f"CREATE TABLE {quote(self._stage)} AS {quote(self.table)}")
+            client.command(f"DROP TABLE IF EXISTS {stage} SYNC")
+            if _exists(client, self._target):
+                client.command(f"CREATE TABLE {stage} AS {_ref(self._target)}")
             else:
-                client.command(create)
+                _create(client, self._stage, create)
             try:
-                return client.insert_rows(self._stage, names, payload.chunks, token=None)
+                return client.insert_rows(stage, names, payload.chunks, token=None)
             except BaseException:
                 with contextlib.suppress(Exception):
-                    client.command(f"DROP TABLE IF EXISTS {quote(self._stage)} SYNC")
+                    client.command(f"DROP TABLE IF EXISTS {stage} SYNC")
                 raise
 
     def staged_row_count(self) -> int:
@@ -274,7 +279,7 @@ class ClickHouseSink:
         partition, then ``DROP PARTITION`` for target partitions the stage does
         not hold. Otherwise ``INSERT ... SELECT`` from the stage.
         """
-        stage, target = quote(self._stage), quote(self.table)
+        stage, target = _ref(self._stage), _ref(self._target)
         entry = self._ledger.take()
         with self.client() as client:
             if not _exists(client, self._stage):
@@ -282,7 +287,7 @@ class ClickHouseSink:
                     f"no staged load exists for target table {self.table!r}",
                     diagnostics={"table": self.table},
                 )
-            if not _exists(client, self.table):
+            if not _exists(client, self._target):
                 client.command(f"CREATE TABLE {target} AS {stage}")
             staged = _count(client, self._stage)
             if replace:
@@ -292,7 +297,7 @@ class ClickHouseSink:
                     client.command(
                         f"ALTER TABLE {target} REPLACE PARTITION ID {literal} FROM {stage}"
                     )
-                for partition_id in _partition_ids(client, self.table):
+                for partition_id in _partition_ids(client, self._target):
                     if partition_id not in staged_ids:
                         literal = partition_id_literal(partition_id)
                         client.command(f"ALTER TABLE {target} DROP PARTITION ID {literal}")
@@ -305,12 +310,12 @@ class ClickHouseSink:
 
     def discard_stage(self) -> None:
         with self.client() as client:
-            client.command(f"DROP TABLE IF EXISTS {quote(self._stage)} SYNC")
+            client.command(f"DROP TABLE IF EXISTS {_ref(self._stage)} SYNC")
 
     def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:
         """The ledger entries of this target table, oldest first; ``[]`` without a ledger."""
         with self.client() as client:
-            if not _exists(client, LEDGER_TABLE):
+            if not _exists(client, _LEDGER):
                 return []
             rows = client.query_rows(
                 ledger_query("{table:String}", partitions=partitions),
@@ -322,7 +327,7 @@ class ClickHouseSink:
 
     def row_count(self) -> int:
         with self.client() as client:
-            return _count(client, self.table)
+            return _count(client, self._target)
 
     def is_empty(self) -> bool:
         return self.row_count() == 0  # MergeTree counts from part metadata
@@ -330,11 +335,11 @@ class ClickHouseSink:
     def rows(self) -> list[tuple]:
         """Every row, ordered by all columns (ClickHouse keeps no insertion order)."""
         with self.client() as client:
-            columns = _columns(client, self.table)
+            columns = _columns(client, self._target)
             if not columns:
                 return []
             names = column_list([name for name, _ in columns])
-            return client.query_rows(f"SELECT {names} FROM {quote(self.table)} ORDER BY {names}")
+            return client.query_rows(f"SELECT {names} FROM {_ref(self._target)} ORDER BY {names}")
 
 
 class _Tokens:
@@ -369,26 +374,45 @@ def _record(client: ClickHouseClient, entry: LedgerEntry | None, rows: int) -> i
     return rows
 
 
-def _exists(client: ClickHouseClient, table: str) -> bool:
+def _ref(table: TableName) -> str:
+    return table.sql(quote)
+
+
+def _create(client: ClickHouseClient, table: TableName, create: str) -> None:
+    """Run ``create`` for ``table``, making its database first when it names one."""
+    if table.schema is not None:
+        client.command(f"CREATE DATABASE IF NOT EXISTS {quote(table.schema)}")
+    client.command(create)
+
+
+def _in_database(table: TableName) -> tuple[str, dict[str, str]]:
+    """The ``system.*`` condition of a table's database (the one it names, else the
+    client's current one) and of its name, with their parameters."""
+    if table.schema is None:
+        return "database = currentDatabase() AND table = {table:String}", {"table": table.name}
+    condition = "database = {database:String} AND table = {table:String}"
+    return condition, {"database": table.schema, "table": table.name}
+
+
+def _exists(client: ClickHouseClient, table: TableName) -> bool:
     return bool(_columns(client, table))
 
 
-def _columns(client: ClickHouseClient, table: str) -> list[tuple[str, str]]:
+def _columns(client: ClickHouseClient, table: TableName) -> list[tuple[str, str]]:
+    condition, params = _in_database(table)
     rows = client.query_rows(
-        "SELECT name, type FROM system.columns"
-        " WHERE database = currentDatabase() AND table = {table:String} ORDER BY position",
-        {"table": table},
+        f"SELECT name, type FROM system.columns WHERE {condition} ORDER BY position", params
     )
     return [(name, kind) for name, kind in rows]
 
 
-def _count(client: ClickHouseClient, table: str) -> int:
+def _count(client: ClickHouseClient, table: TableName) -> int:
     if not _exists(client, table):
         return 0
-    return int(client.query_rows(f"SELECT count() FROM {quote(table)}")[0][0])
+    return int(client.query_rows(f"SELECT count() FROM {_ref(table)}")[0][0])
 
 
-def _written(client: ClickHouseClient, table: str, before: int) -> int:
+def _written(client: ClickHouseClient, table: TableName, before: int) -> int:
     """Rows an engine-side INSERT wrote: the count now minus ``before``.
 
     Drivers differ in reporting written rows (clickhouse-connect's chdb
@@ -398,10 +422,11 @@ def _written(client: ClickHouseClient, table: str, before: int) -> int:
     return _count(client, table) - before
 
 
-def _partition_ids(client: ClickHouseClient, table: str) -> list[str]:
+def _partition_ids(client: ClickHouseClient, table: TableName) -> list[str]:
+    condition, params = _in_database(table)
     rows = client.query_rows(
-        "SELECT DISTINCT partition_id FROM system.parts WHERE database = currentDatabase()"
-        " AND table = {table:String} AND active ORDER BY partition_id",
-        {"table": table},
+        f"SELECT DISTINCT partition_id FROM system.parts WHERE {condition}"
+        " AND active ORDER BY partition_id",
+        params,
     )
     return [row[0] for row in rows]

@@ -20,6 +20,7 @@ from typing import Any
 from ...column_types import Carry, as_boolean, as_double, as_text, exact_decimal, instant_as_utc
 from ...errors import ConfigInvalid
 from ...payloads import UPTO_OR_NULL, Column, Predicate
+from .._sql import TableName
 
 __all__ = [
     "PARTITION_ID",
@@ -116,7 +117,7 @@ def structure(columns: Sequence[Column]) -> str:
     return ", ".join(f"{quote(column.name)} {column_type(column)}" for column in columns)
 
 
-def create_table_sql(table: str, columns: Sequence[Column], partition_by: str | None) -> str:
+def create_table_sql(table: TableName, columns: Sequence[Column], partition_by: str | None) -> str:
     """A MergeTree table; partitioned by ``partition_by`` when given.
 
     Every column is Nullable, so a partitioned table needs the MergeTree
@@ -129,14 +130,14 @@ def create_table_sql(table: str, columns: Sequence[Column], partition_by: str | 
     else:
         if partition_by not in {column.name for column in columns}:
             raise ConfigInvalid(
-                f"partition column {partition_by!r} is not a column of target table {table!r}",
-                diagnostics={"table": table, "column": partition_by},
+                f"partition column {partition_by!r} is not a column of target table {table.name!r}",
+                diagnostics={"table": table.name, "column": partition_by},
             )
         engine = (
             f"ENGINE = MergeTree PARTITION BY {quote(partition_by)} ORDER BY tuple()"
             f" SETTINGS allow_nullable_key = 1, {DEDUPLICATION_WINDOW}"
         )
-    return f"CREATE TABLE IF NOT EXISTS {quote(table)} ({definition}) {engine}"
+    return f"CREATE TABLE IF NOT EXISTS {table.sql(quote)} ({definition}) {engine}"
 
 
 # MergeTree keeps the tokens of this many recent inserts: a repeated one is a no-op.
