@@ -57,8 +57,8 @@ def sqlite_kind(decltype: str) -> str:
 
     INTEGER, TEXT, BLOB and REAL affinities give ``integer``, ``text``, ``blob``
     and ``real``; no declared type gives ``any``; NUMERIC affinity gives
-    ``boolean``, ``timestamptz``, ``timestamp``, ``date``, ``time``, ``text``
-    (UUID, JSON) by name, or ``numeric``.
+    ``boolean``, ``timestamptz``, ``timestamp``, ``date``, ``time``, ``any``
+    (UUID, JSON: text or numbers, as SQLite stores them) by name, or ``numeric``.
     """
     upper = decltype.upper()
     if not upper.strip():

@@ -11,7 +11,8 @@ fetches ``chunk_rows`` rows at a time, so a partition is never held in
 memory whole.
 
 Values come out as the types the transfer paths carry everywhere (the spool
-format, JSON lines, SQLite parameters): int, float, str, bool, bytes, None.
+format, SQLite parameters): int, float, str, bool, bytes, None; each column's
+kind (``column_types.postgres_kind``) tells the sink how to carry them.
 Integer, floating-point, boolean, bytea and character columns keep the
 driver's value; every other type (numeric, date, timestamp, uuid, json, ...)
 is read as PostgreSQL's text of the value, in a session with TimeZone UTC
