@@ -137,7 +137,9 @@ def _plan_window(
 ) -> tuple[SourceWindow, list[dict[str, Any]]]:
     generation, watermark = _source_state(route, state)
     if route.strategy is Strategy.FULL_REFRESH:
-        values = source.partition_values()
+        # an empty source is still refreshed: its one (NULL) partition reads no row, and the
+        # replace empties the target in one transaction (a min_rows gate stops it first)
+        values = source.partition_values() or [None]
         # every attempt reloads the whole table: it reads up to the cursor's highest value now
         upto = None if source.cursor_column is None else source.max_cursor()
         window = SourceWindow(generation=generation, watermark=watermark, cursor_upto=upto)

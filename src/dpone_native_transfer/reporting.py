@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
+from .checkpoints import Strategy
 from .errors import (
     ConfigInvalid,
     ManualReconciliationRequired,
@@ -111,8 +112,11 @@ def plural(count: int, word: str) -> str:
 
 
 def summary_line(config: RouteConfig, run_id: str, result: TransferResult, seconds: float) -> str:
+    refreshed = config.strategy is Strategy.FULL_REFRESH and result.committed_partition_ids
+    emptied = "the source is empty, so the target was emptied; " if refreshed else ""
     return (
-        f"committed {plural(len(result.committed_partition_ids), 'partition')}, "
+        (emptied if not result.rows_loaded else "")
+        + f"committed {plural(len(result.committed_partition_ids), 'partition')}, "
         f"skipped {len(result.skipped_partition_ids):,}, "
         f"loaded {plural(result.rows_loaded, 'row')} in {seconds:.2f} s "
         f"(route {config.label}, {config.strategy}, path {config.path}, run {run_id}"

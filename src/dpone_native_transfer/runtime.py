@@ -207,6 +207,8 @@ class TransferRuntime:
             route, spec.run_id, shape.query_hash, shape.schema_hash, bounds
         )
         plan = plan_resume(route, candidates, latest)
+        if not candidates:  # nothing to extract: the gates still see this run's 0 rows
+            spec.governance.check(route, 0)
 
         committed: tuple[str, ...] = ()
         rows_loaded, batch_id = 0, None
