@@ -391,7 +391,11 @@ def test_hard_kill_then_automatic_retry_never_duplicates(
         with route.opened_store() as store:
             assert blocked_partitions(store.list_latest(route.route)) == []
             state = store.load_source_state(route.route)
-        assert state == {"generation": 1, "watermark": 1_000_000 + ROWS}
+        assert state == {
+            "generation": 1,
+            "watermark": 1_000_000 + ROWS,
+            "definition": {"partition_column": "region", "cursor_column": "updated_at"},
+        }
 
 
 ROUTE_FILE = """\

@@ -105,13 +105,197 @@ def test_min_rows_fires_on_an_empty_source_before_the_target(tmp_path: Path, str
     assert scan.returncode == 0, scan.stdout + scan.stderr  # nothing blocks the route
 
 
-def test_min_rows_fires_on_an_incremental_run_with_no_new_rows(tmp_path: Path) -> None:
-    """Every run is gated, also one whose window holds no row; a healing run is not."""
+def test_an_incremental_run_with_no_new_rows_is_not_a_gate_failure(tmp_path: Path) -> None:
+    """An idle window of a source that holds rows passes; only an empty source is gated."""
     build_sample_source(tmp_path / "source.db", rows=30, partitions=3)
     route_file = route(tmp_path, extra="[gates]\nmin_rows = 1\n")
     assert "loaded 30 rows" in run(route_file).stdout
-    done = run(route_file, code=1)
-    assert "native_transfer_governance_gate_failed" in done.stderr
+    assert "loaded 0 rows" in run(route_file).stdout
     build_sample_source(tmp_path / "source.db", rows=4, partitions=2, start_id=31)
     assert "loaded 4 rows" in run(route_file).stdout
     assert target_rows(tmp_path, "sqlite") == 34
+
+
+# 2. a changed route definition never re-appends or skips ---------------------------------------
+
+
+def alter_source(folder: Path, *statements: str) -> None:
+    with contextlib.closing(sqlite3.connect(folder / "source.db")) as source:
+        for statement in statements:
+            source.execute(statement)
+        source.commit()
+
+
+def target_ids(folder: Path) -> list[int]:
+    with contextlib.closing(sqlite3.connect(folder / "target.db")) as target:
+        return sorted(row[0] for row in target.execute("SELECT id FROM orders_copy"))
+
+
+def source_ids(folder: Path) -> list[int]:
+    with contextlib.closing(sqlite3.connect(folder / "source.db")) as source:
+        return sorted(row[0] for row in source.execute("SELECT id FROM orders"))
+
+
+CURSORLESS = ROUTE.replace('cursor_column = "updated_at"\n', "")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(
+    "change",
+    [
+        "ALTER TABLE orders DROP COLUMN amount",
+        "ALTER TABLE orders RENAME COLUMN amount TO total",
+    ],
+)
+def test_a_cursorless_append_route_never_reappends_after_its_schema_changed(
+    tmp_path: Path, path: str, change: str
+) -> None:
+    """A changed schema hash made every committed partition look new: 1,000 duplicates."""
+    build_sample_source(tmp_path / "source.db", rows=200, partitions=4)
+    route_file = tmp_path / "route.toml"
+    route_file.write_text(
+        CURSORLESS.format(kind="sqlite", target="target.db", strategy="incremental_append",
+                          path=path, extra="")
+    )  # fmt: skip
+    assert "loaded 200 rows" in run(route_file).stdout
+    alter_source(tmp_path, change)
+    done = run(route_file)
+    assert "loaded 0 rows" in done.stdout and "skipped 4" in done.stdout  # not new
+    assert target_ids(tmp_path) == source_ids(tmp_path)  # every row once, whatever the exit
+
+
+def test_a_run_stopped_before_its_state_then_a_schema_change_never_reappends(
+    tmp_path: Path,
+) -> None:
+    """A window committed, the run died before advancing the source state, then the schema
+    changed: the rerun planned the same window under new ids and appended it again."""
+    from dpone_native_transfer import (
+        SQLiteCheckpointStore,
+        SQLiteSink,
+        SQLiteSource,
+        TransferRuntime,
+        TransferSpec,
+    )
+
+    build_sample_source(tmp_path / "source.db", rows=200, partitions=4)
+    source = SQLiteSource(str(tmp_path / "source.db"), "orders", "region", "updated_at")
+    sink = SQLiteSink(str(tmp_path / "target.db"), "orders_copy")
+    store = SQLiteCheckpointStore(tmp_path / "checkpoints.db")
+    try:
+
+        def run_once(run_id: str) -> int:
+            spec = TransferSpec(source=source, sink=sink, strategy="incremental_append",
+                                path="legacy", run_id=run_id)  # fmt: skip
+            return TransferRuntime(store).run(spec).rows_loaded
+
+        assert run_once("first") == 200
+        build_sample_source(tmp_path / "source.db", rows=80, partitions=4, start_id=201)
+        route_key = TransferSpec(source=source, sink=sink, strategy="incremental_append",
+                                 path="legacy", run_id="x").route  # fmt: skip
+        before = store.load_source_state(route_key)
+        assert run_once("second") == 80
+        store.save_source_state(route_key, before)  # as if it died before the state write
+        alter_source(tmp_path, "ALTER TABLE orders ADD COLUMN note TEXT")
+        with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as db:
+            db.execute("ALTER TABLE orders_copy ADD COLUMN note TEXT")  # the target follows
+            db.commit()
+        assert run_once("third") == 0  # the window is committed, whatever its ids now
+        assert target_ids(tmp_path) == source_ids(tmp_path)
+        alter_source(tmp_path, "INSERT INTO orders VALUES (281, 'region-x', 1.0, 2000000, 'n')")
+        assert run_once("fourth") == 1
+        assert target_ids(tmp_path) == source_ids(tmp_path)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "changed"),
+    [
+        ('cursor_column = "updated_at"', 'cursor_column = "id"', "cursor_column"),
+        ('cursor_column = "updated_at"\n', "", "cursor_column"),
+        ('partition_column = "region"', 'partition_column = "amount"', "partition_column"),
+    ],
+)
+def test_changing_the_cursor_or_partition_column_is_refused_before_the_target(
+    tmp_path: Path, before: str, after: str, changed: str
+) -> None:
+    """Changing the cursor column (or dropping it) or the partition column of a healthy route
+    loaded rows twice or skipped them, exit 0."""
+    build_sample_source(tmp_path / "source.db", rows=100, partitions=4)
+    route_file = route(tmp_path)
+    assert "loaded 100 rows" in run(route_file).stdout
+    build_sample_source(tmp_path / "source.db", rows=20, partitions=2, start_id=101)
+    route_file.write_text(route_file.read_text().replace(before, after))
+    done = run(route_file, code=2)
+    assert "native_transfer_route_changed" in done.stderr
+    assert changed in done.stderr and "state reset" in done.stderr
+    assert target_ids(tmp_path) == list(range(1, 101))  # nothing written
+    route(tmp_path)  # the old definition
+    assert "loaded 20 rows" in run(route_file).stdout  # the old definition still works
+    assert target_ids(tmp_path) == source_ids(tmp_path)
+
+
+def test_adding_a_cursor_column_to_a_cursorless_route_is_refused(tmp_path: Path) -> None:
+    build_sample_source(tmp_path / "source.db", rows=100, partitions=4)
+    route_file = tmp_path / "route.toml"
+    route_file.write_text(CURSORLESS.format(kind="sqlite", target="target.db",
+                                            strategy="incremental_append", path="staged",
+                                            extra=""))  # fmt: skip
+    assert "loaded 100 rows" in run(route_file).stdout
+    route(tmp_path)  # the same route, now with a cursor column
+    done = run(route_file, code=2)
+    assert "native_transfer_route_changed" in done.stderr
+    assert target_ids(tmp_path) == source_ids(tmp_path)
+
+
+def state_reset(route_file: Path, *flags: str, code: int = 0) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [SCRIPT, "state", "reset", str(route_file), "--reason", "new cursor column",
+         "--operator", "ops", "--yes", *flags],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == code, done.stdout + done.stderr
+    return done
+
+
+def test_state_reset_from_now_continues_a_changed_cursor_without_a_duplicate(
+    tmp_path: Path,
+) -> None:
+    build_sample_source(tmp_path / "source.db", rows=100, partitions=4)
+    route_file = route(tmp_path)
+    run(route_file)
+    route_file.write_text(route_file.read_text().replace('"updated_at"', '"id"'))
+    run(route_file, code=2)  # native_transfer_route_changed
+    refused = state_reset(route_file, code=2)  # the target holds 100 rows
+    assert "holds 100 rows" in refused.stderr and "--from-now" in refused.stderr
+    done = state_reset(route_file, "--from-now")
+    assert "forget 4 committed partitions" in done.stdout
+    assert "loaded 0 rows" in run(route_file).stdout
+    build_sample_source(tmp_path / "source.db", rows=20, partitions=2, start_id=101)
+    assert "loaded 20 rows" in run(route_file).stdout
+    assert target_ids(tmp_path) == source_ids(tmp_path)
+    show = subprocess.run(
+        [SCRIPT, "guard", "show", str(route_file)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert "reset" in show.stdout and "new cursor column" in show.stdout
+
+
+def test_state_reset_of_an_emptied_target_loads_every_row_again_under_the_new_partitioning(
+    tmp_path: Path,
+) -> None:
+    build_sample_source(tmp_path / "source.db", rows=100, partitions=4)
+    route_file = tmp_path / "route.toml"
+    text = CURSORLESS.format(kind="sqlite", target="target.db", strategy="incremental_append",
+                             path="staged", extra="")  # fmt: skip
+    route_file.write_text(text)
+    run(route_file)
+    route_file.write_text(text.replace('partition_column = "region"', 'partition_column = "id"'))
+    run(route_file, code=2)
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
+        target.execute("DELETE FROM orders_copy")
+        target.commit()
+    state_reset(route_file)
+    assert "loaded 100 rows" in run(route_file).stdout
+    assert target_ids(tmp_path) == source_ids(tmp_path)
+    assert "loaded 0 rows" in run(route_file).stdout

@@ -35,7 +35,9 @@ PARTITION_ID = re.compile(r"p-[0-9a-f]{24}")
 
 
 def state(route) -> dict | None:
-    return route.real_store.load_source_state(route.spec("legacy").route)
+    """The route's progress (its stored definition aside: see test_incremental.py)."""
+    stored = route.real_store.load_source_state(route.spec("legacy").route)
+    return None if stored is None else {k: v for k, v in stored.items() if k != "definition"}
 
 
 def evidence_run_ids(route) -> list[str]:

@@ -57,6 +57,8 @@ class FailureCode(StrEnum):
     CHECKPOINT_COMMIT_FAILED = "checkpoint_commit_failed"
     # state restore: the target's ledger does not hold the committed batch (the target lost it)
     NOT_IN_TARGET = "not_in_target"
+    # state reset: an operator started the route afresh; the checkpoint no longer counts
+    RESET = "reset"
 
 
 # Where a target-commit guard lives inside ``PartitionCheckpoint.diagnostics``.

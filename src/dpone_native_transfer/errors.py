@@ -28,6 +28,7 @@ __all__ = [
     "NativeTransferError",
     "PluginLoadFailed",
     "ResolutionConflict",
+    "RouteDefinitionChanged",
     "RouteBusy",
     "SourceInvalid",
     "SourceMissing",
@@ -187,6 +188,14 @@ class StoreTargetMismatch(NativeTransferError):
     """
 
     code = "native_transfer_store_target_mismatch"
+
+
+class RouteDefinitionChanged(ConfigInvalid):
+    """An append route's partition or cursor column differs from the one its committed state
+    was built with: its windows and partitions would now cover other rows, so a run would
+    append some twice or skip others. Refused before the target (exit 2)."""
+
+    code = "native_transfer_route_changed"
 
 
 class ResolutionConflict(ConfigInvalid):

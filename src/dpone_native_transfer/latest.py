@@ -53,6 +53,9 @@ class LatestReader(Protocol):
     def summaries(self, partition_ids: Collection[str]) -> dict[str, tuple[str, str, str]]:
         """(status, query hash, schema hash) of those of ``partition_ids`` that exist."""
 
+    def committed_hashes(self) -> set[tuple[str, str]]:
+        """The (query hash, schema hash) pairs of the committed checkpoints."""
+
     def checkpoints(self, partition_ids: Collection[str]) -> dict[str, PartitionCheckpoint]:
         """Those of ``partition_ids`` that exist, decoded."""
 
@@ -125,6 +128,10 @@ class LatestCheckpoints(Sequence[PartitionCheckpoint]):
         committed = (PartitionCheckpointStatus.COMMITTED.value, query_hash, schema_hash)
         found = self._reader.summaries(partition_ids)
         return {pid for pid, summary in found.items() if summary == committed}
+
+    def committed_hashes(self) -> set[tuple[str, str]]:
+        """Every (query hash, schema hash) under which a partition was committed."""
+        return self._reader.committed_hashes()
 
     def guarded_ids(self) -> list[str]:
         """Partition ids whose latest checkpoint carries a guard (of any shape)."""
@@ -210,6 +217,10 @@ class _DecodedReader:
 
     def checkpoints(self, partition_ids: Collection[str]) -> dict[str, PartitionCheckpoint]:
         return {pid: self._by_id[pid] for pid in partition_ids if pid in self._by_id}
+
+    def committed_hashes(self) -> set[tuple[str, str]]:
+        committed = PartitionCheckpointStatus.COMMITTED
+        return {(cp.query_hash, cp.schema_hash) for cp in self._items if cp.status is committed}
 
 
 def as_latest(checkpoints: Sequence[PartitionCheckpoint]) -> LatestCheckpoints:

@@ -34,13 +34,14 @@ from .checkpoints import (
     Strategy,
     partition_id_for,
 )
-from .errors import CheckpointStoreCorrupt, ConfigInvalid
-from .latest import as_latest
+from .errors import CheckpointStoreCorrupt, ConfigInvalid, RouteDefinitionChanged
+from .latest import LatestCheckpoints, as_latest
 
 __all__ = ["ResumePlan", "SourceWindow", "plan_resume", "plan_window"]
 
 
 class PartitionedSource(Protocol):
+    partition_column: str
     cursor_column: str | None
 
     def partition_values(self, *, after: Any = None, upto: Any = None) -> list[Any]: ...
@@ -85,6 +86,35 @@ def _source_state(route: RouteKey, state: Mapping[str, Any] | None) -> tuple[int
             diagnostics={"route": route.as_dict(), "field": "watermark"},
         )
     return generation, watermark
+
+
+def route_definition(source: PartitionedSource) -> dict[str, Any]:
+    """What the meaning of an append route's stored state depends on; kept with the state."""
+    return {"partition_column": source.partition_column, "cursor_column": source.cursor_column}
+
+
+def check_definition(
+    route: RouteKey, state: Mapping[str, Any] | None, definition: Mapping[str, Any]
+) -> None:
+    """Refuse an append route whose partition or cursor column changed since its state.
+
+    The watermark is a value of the old cursor column and committed partitions
+    are values of the old partition column: under new ones a run would append
+    rows twice or skip them. State written before definitions were kept passes.
+    """
+    stored = (state or {}).get("definition")
+    if route.strategy is not Strategy.INCREMENTAL_APPEND or not isinstance(stored, Mapping):
+        return
+    changed = sorted(key for key in definition if stored.get(key) != definition[key])
+    if changed:
+        was = ", ".join(f"{key} {stored.get(key)!r} -> {definition[key]!r}" for key in changed)
+        raise RouteDefinitionChanged(
+            f"route {route.label} changed its {' and '.join(changed)} ({was}) since its stored "
+            "state: a run would append committed rows again or skip rows; nothing was read or "
+            "written. Put the old column back, or start the route afresh on purpose: "
+            "`dpone-transfer state reset` (see docs/incremental.md)",
+            diagnostics={"route": route.as_dict(), "changed": changed},
+        )
 
 
 def _plain(value: Any) -> bool:
@@ -157,7 +187,7 @@ def _plan_window(
         for cp in latest
         if "cursor_upto" in cp.partition_bounds
         and cp.partition_bounds.get("cursor_after") == watermark
-        and cp.diagnostics.get("error") != FailureCode.NOT_IN_TARGET
+        and cp.diagnostics.get("error") not in (FailureCode.NOT_IN_TARGET, FailureCode.RESET)
     ]
     upto = max(pending) if pending else source.max_cursor(after=watermark)
     window = SourceWindow(
@@ -193,12 +223,35 @@ def candidate_checkpoints(
     ]
 
 
+def _committed_by_bounds(
+    route: RouteKey,
+    candidates: list[PartitionCheckpoint],
+    latest: LatestCheckpoints,
+    current: set[tuple[str, str]],
+) -> set[str]:
+    """The candidates whose bounds a checkpoint committed under other hashes covers."""
+    done: set[str] = set()
+    for hashes in latest.committed_hashes() - current:
+        earlier = {
+            partition_id_for(route, *hashes, cp.partition_bounds): cp.partition_id
+            for cp in candidates
+        }
+        done |= {earlier[pid] for pid in latest.committed_with(earlier, *hashes)}
+    return done
+
+
 def plan_resume(
     route: RouteKey,
     candidates: Iterable[PartitionCheckpoint],
     latest: Sequence[PartitionCheckpoint],
 ) -> ResumePlan:
-    """Skip partitions committed with the same query and schema; retry everything else."""
+    """Skip partitions committed with the same query and schema; retry everything else.
+
+    An append also skips a candidate whose bounds were committed under other
+    hashes (an earlier query or schema of the route): it covers the same rows,
+    and loading it again would append them twice. Its id differs only because
+    the hashes enter the id.
+    """
     latest = as_latest(latest)
     candidates = list(candidates)
     by_hashes: dict[tuple[str, str], list[str]] = {}
@@ -206,6 +259,8 @@ def plan_resume(
         hashes = (candidate.query_hash, candidate.schema_hash)
         by_hashes.setdefault(hashes, []).append(candidate.partition_id)
     done = set().union(*(latest.committed_with(ids, *hashes) for hashes, ids in by_hashes.items()))
+    if route.strategy is Strategy.INCREMENTAL_APPEND:
+        done |= _committed_by_bounds(route, candidates, latest, set(by_hashes))
     active = [candidate for candidate in candidates if candidate.partition_id not in done]
     skipped = [candidate for candidate in candidates if candidate.partition_id in done]
     # the checkpoints of retried partitions are decoded, so a corrupt one stops the run here

@@ -37,7 +37,13 @@ from .paths.file_artifact import file_artifact_path
 from .paths.lazy_plan import lazy_plan_path
 from .paths.legacy import legacy_path
 from .paths.staged import staged_path
-from .planner import candidate_checkpoints, plan_resume, plan_window
+from .planner import (
+    candidate_checkpoints,
+    check_definition,
+    plan_resume,
+    plan_window,
+    route_definition,
+)
 from .plugins import Hooks, make_plugin_manager, scans_routes
 from .stores import CheckpointStore, RouteStateStore, TargetScopeStore
 
@@ -202,13 +208,15 @@ class TransferRuntime:
             generation = (state or {}).get("generation", 0)
             state = {"generation": generation, "watermark": refreshed.watermark}
             recorder.emit(EventName.STATE_REALIGNED, batch_id=refreshed.batch_id)
+        definition = route_definition(spec.source)
+        check_definition(route, state, definition)
         window, bounds = plan_window(route, spec.source, state, latest)
         candidates = candidate_checkpoints(
             route, spec.run_id, shape.query_hash, shape.schema_hash, bounds
         )
         plan = plan_resume(route, candidates, latest)
-        if not candidates:  # nothing to extract: the gates still see this run's 0 rows
-            spec.governance.check(route, 0)
+        if not candidates and spec.governance.enabled and not spec.source.partition_values():
+            spec.governance.check(route, 0)  # an empty source is gated too, before the target
 
         committed: tuple[str, ...] = ()
         rows_loaded, batch_id = 0, None
@@ -273,7 +281,9 @@ class TransferRuntime:
         }
         self.state_store.record_evidence(route, spec.run_id, evidence)
         recorder.emit(EventName.EVIDENCE_WRITTEN, run_id=spec.run_id)
-        self.state_store.save_source_state(route, window.advanced_state())
+        self.state_store.save_source_state(
+            route, {**window.advanced_state(), "definition": definition}
+        )
         recorder.emit(EventName.SOURCE_STATE_ADVANCED, generation=window.generation + 1)
         return TransferResult(
             committed_partition_ids=committed,

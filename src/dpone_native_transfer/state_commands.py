@@ -1,4 +1,6 @@
-"""``dpone-transfer state restore``: rebuild a store's view of a route from the target.
+"""``dpone-transfer state restore`` and ``state reset``: a route's state, by an operator.
+
+``restore`` rebuilds a store's view of a route from the target.
 
 The target's ledger records every batch it applied. ``restore`` makes the
 store agree with it, in one audited store transaction under the target
@@ -19,10 +21,21 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from .checkpoints import LEDGER_BATCH_KEY, PartitionCheckpoint, PartitionCheckpointStatus
+import attrs
+
+from .checkpoints import (
+    LEDGER_BATCH_KEY,
+    FailureCode,
+    PartitionCheckpoint,
+    PartitionCheckpointStatus,
+    Strategy,
+)
 from .config import load_route_config
 from .errors import ConfigInvalid
+from .latest import as_latest
 from .ledger import ledger_overrides
+from .planner import route_definition
+from .plugins import Hooks, make_plugin_manager
 from .recovery import check_not_leased, ledger_of, operator_lease, plan_restore
 from .reporting import EXIT_FAILED, EXIT_OK, confirmed, plural
 from .stores import open_store
@@ -61,6 +74,37 @@ def add_state_command(commands: Any, common: argparse.ArgumentParser) -> None:
         "recorded in the audit record",
     )
     restore.set_defaults(handler=_restore_command)
+    reset = actions.add_parser(
+        "reset",
+        parents=[common],
+        help="start an append route afresh after its partition or cursor column changed",
+        description=_RESET_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    reset.add_argument("route_file", metavar="ROUTE_FILE", help="the route file, as it is now")
+    reset.add_argument(
+        "--store", metavar="STORE", help="checkpoint store (default: the route file's)"
+    )
+    reset.add_argument("--reason", required=True, type=_text, metavar="TEXT", help="why")
+    reset.add_argument("--operator", required=True, type=_text, metavar="NAME", help="who")
+    reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    reset.add_argument(
+        "--from-now",
+        action="store_true",
+        help="the target keeps the rows it holds: continue after the source's highest value "
+        "of the (new) cursor column now (rows at or below it are taken as loaded)",
+    )
+    reset.set_defaults(handler=_reset_command)
+
+
+_RESET_HELP = """Forget an append route's progress, audited, so that it starts afresh under its
+route file as it is now: after its partition or cursor column changed
+(native_transfer_route_changed). Every committed checkpoint of the route is
+marked failed (reset) and its source state restarts. Because the next run
+would then load every row again, a target table that holds rows is refused:
+empty or refresh it first, or pass --from-now (a route with a cursor column),
+which continues after the source's current highest cursor value instead. A
+blocked route is refused: resolve it first (guard scan)."""
 
 
 def _text(value: str) -> str:
@@ -159,6 +203,100 @@ def _restore_command(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print(f"wrote {plural(len(plan.checkpoints), 'checkpoint')} and audit record #{audit_id}")
+    return EXIT_OK
+
+
+def _reset_command(args: argparse.Namespace) -> int:
+    config = load_route_config(args.route_file, argument="ROUTE_FILE")
+    route, source = config.route, config.source
+    if route.strategy is not Strategy.INCREMENTAL_APPEND:
+        raise ConfigInvalid(
+            f"route {route.label} replaces its target on every run: there is nothing to reset",
+            diagnostics={"route": route.as_dict()},
+        )
+    if args.from_now and source.cursor_column is None:
+        raise ConfigInvalid(
+            f"--from-now needs a cursor column; route {route.label} has none",
+            diagnostics={"route": route.as_dict()},
+        )
+    given = args.store is not None
+    store = open_store(args.store if given else config.store_path, create=False, argument="--store")
+    try:
+        check_not_leased(store, route)
+        latest = as_latest(store.list_latest(route))
+        Hooks(make_plugin_manager(None)).resume_route_scan(route, latest)  # blocked: refused
+        rows = config.sink.row_count()
+        if rows and not args.from_now:
+            raise ConfigInvalid(
+                f"refusing to reset route {route.label}: the target table holds "
+                f"{plural(rows, 'row')}, which the next run would load again; empty or "
+                "refresh the target first, or pass --from-now to continue after the source's "
+                "highest cursor value; nothing was written",
+                diagnostics={"route": route.as_dict(), "rows": rows},
+            )
+        committed = [cp for cp in latest if cp.status is COMMITTED]
+        now = datetime.now(UTC)
+        forgotten = [
+            attrs.evolve(
+                cp,
+                status=PartitionCheckpointStatus.FAILED,
+                started_at=now,
+                completed_at=now,
+                diagnostics={
+                    **{k: v for k, v in cp.diagnostics.items() if k == LEDGER_BATCH_KEY},
+                    "error": FailureCode.RESET.value,
+                },
+            )
+            for cp in committed
+        ]
+        previous = store.load_source_state(route)
+        generation = (previous or {}).get("generation", 0)
+        watermark = source.max_cursor() if args.from_now else None
+        state = {
+            "generation": (generation if isinstance(generation, int) else 0) + 1,
+            "watermark": watermark,
+            "definition": route_definition(source),
+        }
+        batches = sorted({b for cp in committed if (b := cp.diagnostics.get(LEDGER_BATCH_KEY))})
+        print(
+            f"route {route.label}: forget {plural(len(forgotten), 'committed partition')} "
+            f"({plural(len(batches), 'ledger batch')}); source state: {_state(previous)} -> "
+            f"{_state(state)}"
+        )
+        question = f"Reset route {route.label} and write one audit record?"
+        if not (args.yes or confirmed(question)):
+            print("nothing written", file=sys.stderr)
+            return EXIT_FAILED
+        audit = {
+            "at": now.isoformat(),
+            "operator": args.operator,
+            "reason": args.reason,
+            "route": route.as_dict(),
+            "resolved_as": "reset",
+            "forced_invalid": False,
+            "partitions": [
+                {
+                    "partition_id": cp.partition_id,
+                    "previous_status": COMMITTED.value,
+                    "previous_phase": None,
+                    "previous_problem": None,
+                    "new_status": PartitionCheckpointStatus.FAILED.value,
+                    "new_phase": None,
+                    "batch_id": cp.diagnostics.get(LEDGER_BATCH_KEY),
+                }
+                for cp in committed
+            ],
+            "source_state": state,
+            "from_now": args.from_now,
+            "ledger_overrides": batches,  # the target may hold them: the ledger must not object
+        }
+        with operator_lease(store, route, operator=args.operator, action="state reset"):
+            audit_id = store.apply_resolution(
+                route, forgotten, audit, expected=committed, source_state=state
+            )
+    finally:
+        store.close()
+    print(f"reset route {route.label}: audit record #{audit_id}")
     return EXIT_OK
 
 

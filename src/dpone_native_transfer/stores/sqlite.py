@@ -460,6 +460,10 @@ class _LatestRows:
             found[batch] = (done + count, other) if committed else (done, other + count)
         return found
 
+    def committed_hashes(self) -> set[tuple[str, str]]:
+        rows = self._select("DISTINCT query_hash, schema_hash", " AND status = 'committed'")
+        return {(query_hash, schema_hash) for query_hash, schema_hash in rows}
+
     def summaries(self, partition_ids: Collection[str]) -> dict[str, tuple[str, str, str]]:
         rows = self._select(
             "partition_id, status, query_hash, schema_hash",
