@@ -299,3 +299,90 @@ def test_state_reset_of_an_emptied_target_loads_every_row_again_under_the_new_pa
     assert "loaded 100 rows" in run(route_file).stdout
     assert target_ids(tmp_path) == source_ids(tmp_path)
     assert "loaded 0 rows" in run(route_file).stdout
+
+
+# 3. schema evolution: a new, dropped or renamed source column, before the target ----------------
+
+
+def target_table(folder: Path, kind: str) -> list[dict]:
+    """The target's rows as {column: value}, by id."""
+    if kind == "sqlite":
+        with contextlib.closing(sqlite3.connect(folder / "target.db")) as db:
+            cursor = db.execute("SELECT * FROM orders_copy ORDER BY id")
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor]
+    if kind == "duckdb":
+        import duckdb
+
+        with contextlib.closing(duckdb.connect(str(folder / "target.duckdb"))) as db:
+            cursor = db.execute("SELECT * FROM orders_copy ORDER BY id")
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    from dpone_native_transfer import ClickHouseSink
+
+    with ClickHouseSink(folder / "chdata", "orders_copy").client() as client:
+        names = [
+            row[0]
+            for row in client.query_rows(
+                "SELECT name FROM system.columns WHERE table = 'orders_copy' ORDER BY position"
+            )
+        ]
+        rows = client.query_rows(f"SELECT {', '.join(names)} FROM orders_copy ORDER BY id")
+    return [dict(zip(names, row, strict=True)) for row in rows]  # fmt: skip
+
+
+EVOLUTIONS = {
+    "add": ("ALTER TABLE orders ADD COLUMN note TEXT", {"note": "n"}, set()),
+    "drop": ("ALTER TABLE orders DROP COLUMN amount", {}, {"amount"}),
+    "rename": ("ALTER TABLE orders RENAME COLUMN amount TO total", {"total": 1.5}, {"amount"}),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb", "clickhouse"])
+@pytest.mark.parametrize("change", sorted(EVOLUTIONS))
+def test_schema_evolution_adds_new_columns_before_the_target_and_loads_nulls_for_gone_ones(
+    tmp_path: Path, kind: str, path: str, change: str
+) -> None:
+    """A new source column failed inside the target call (a bare OperationalError or
+    BinderException), which blocked the route."""
+    statement, new_values, gone = EVOLUTIONS[change]
+    build_sample_source(tmp_path / "source.db", rows=40, partitions=2)
+    route_file = route(tmp_path, kind=kind, path=path)
+    assert "loaded 40 rows" in run(route_file).stdout
+    alter_source(tmp_path, statement)
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as source:
+        names = [row[1] for row in source.execute("PRAGMA table_info(orders)")]
+        values = {"id": 41, "region": "region-000", "amount": 2.5, "updated_at": 2_000_000,
+                  **new_values}  # fmt: skip
+        source.execute(
+            f"INSERT INTO orders ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+            [values[name] for name in names],
+        )
+        source.commit()
+    assert "loaded 1 row" in run(route_file).stdout
+    rows = target_table(tmp_path, kind)
+    assert [row["id"] for row in rows] == list(range(1, 42))
+    last = rows[-1]
+    for name, value in new_values.items():
+        assert last[name] == value and all(row[name] is None for row in rows[:-1])
+    for name in gone:
+        assert last[name] is None  # a column the source no longer has loads NULL
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb", "clickhouse"])
+def test_a_frozen_schema_stops_on_a_new_column_before_the_target(tmp_path: Path, kind: str):
+    build_sample_source(tmp_path / "source.db", rows=40, partitions=2)
+    route_file = route(tmp_path, kind=kind, extra="")
+    text = route_file.read_text().replace(
+        'path = "staged"', 'path = "staged"\nschema_contract = "freeze"'
+    )
+    route_file.write_text(text)
+    run(route_file)
+    alter_source(tmp_path, "ALTER TABLE orders ADD COLUMN note TEXT",
+                 "INSERT INTO orders VALUES (41, 'region-000', 2.5, 2000000, 'n')")  # fmt: skip
+    done = run(route_file, code=2)
+    assert "native_transfer_schema_changed" in done.stderr and "note" in done.stderr
+    assert target_rows(tmp_path, kind) == 40
+    route_file.write_text(text.replace('"freeze"', '"evolve"'))
+    assert "loaded 1 row" in run(route_file).stdout

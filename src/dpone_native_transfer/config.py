@@ -30,6 +30,7 @@ from .identity import route_key
 from .lease import DEFAULT_LEASE_SECONDS
 from .paths import Governance
 from .runtime import BUILTIN_PATHS, MAX_CHUNK_ROWS, TransferSpec
+from .schema_contract import SCHEMA_CONTRACTS
 from .stores import resolve_env
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "RouteConfig", "load_route_config", "route_config_from_mapping"]
@@ -69,6 +70,7 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
             "path": ("path", _REQUIRED),
             "chunk_rows": ("positive", _OPTIONAL),
             "artifact_dir": ("file", _OPTIONAL),
+            "schema_contract": ("schema_contract", _OPTIONAL),
         },
     ),
     "store": (
@@ -95,6 +97,7 @@ _ENUMS: Mapping[str, tuple[str, ...]] = {
     "path": tuple(sorted(BUILTIN_PATHS)),
     "source_kind": tuple(_SOURCE_KINDS),
     "target_kind": tuple(_TARGET_KINDS),
+    "schema_contract": SCHEMA_CONTRACTS,
 }
 
 _TOML_TYPES = (
@@ -121,6 +124,7 @@ class RouteConfig:
     store_path: str
     ledger: bool = True
     lease_seconds: float = DEFAULT_LEASE_SECONDS
+    schema_contract: str = "evolve"
 
     @property
     def label(self) -> str:
@@ -143,6 +147,7 @@ class RouteConfig:
             chunk_rows=self.chunk_rows,
             artifact_dir=self.artifact_dir,
             ledger=self.ledger,
+            schema_contract=self.schema_contract,
         )
 
 
@@ -325,6 +330,7 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
         store_path=_store_location(folder, sections["store"]["path"]),
         ledger=sections["target"].get("ledger", True),
         lease_seconds=float(sections["store"].get("lease_seconds", DEFAULT_LEASE_SECONDS)),
+        schema_contract=transfer.get("schema_contract", "evolve"),
     )
 
 

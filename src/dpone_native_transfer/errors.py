@@ -29,6 +29,7 @@ __all__ = [
     "PluginLoadFailed",
     "ResolutionConflict",
     "RouteDefinitionChanged",
+    "SchemaChanged",
     "RouteBusy",
     "SourceInvalid",
     "SourceMissing",
@@ -196,6 +197,13 @@ class RouteDefinitionChanged(ConfigInvalid):
     append some twice or skip others. Refused before the target (exit 2)."""
 
     code = "native_transfer_route_changed"
+
+
+class SchemaChanged(ConfigInvalid):
+    """The source's columns differ from the target table's in a way the route's schema
+    contract does not allow; refused before the target (exit 2)."""
+
+    code = "native_transfer_schema_changed"
 
 
 class ResolutionConflict(ConfigInvalid):

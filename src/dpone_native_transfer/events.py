@@ -16,6 +16,7 @@ __all__ = ["EVENT_ORDER", "Event", "EventName", "EventRecorder"]
 class EventName:
     ROUTE_SCANNED = "route_scanned"
     STATE_REALIGNED = "state_realigned"  # continued after another route's full refresh
+    SCHEMA_EVOLVED = "schema_evolved"  # new source columns were added to the target table
     PARTITION_EXTRACTED = "partition_extracted"
     PRE_TARGET_DONE = "pre_target_done"
     GUARD_ARMED = "guard_armed"

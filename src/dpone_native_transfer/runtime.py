@@ -45,6 +45,7 @@ from .planner import (
     route_definition,
 )
 from .plugins import Hooks, make_plugin_manager, scans_routes
+from .schema_contract import SCHEMA_CONTRACTS, apply_schema_contract
 from .stores import CheckpointStore, RouteStateStore, TargetScopeStore
 
 __all__ = ["BUILTIN_PATHS", "TransferResult", "TransferRuntime", "TransferSpec"]
@@ -70,6 +71,14 @@ def _positive(_instance: Any, attribute: attrs.Attribute, value: int) -> None:
         )
 
 
+def _schema_contract(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
+    if value not in SCHEMA_CONTRACTS:
+        raise ConfigInvalid(
+            f"schema_contract must be one of: {', '.join(SCHEMA_CONTRACTS)}",
+            diagnostics={"key": "schema_contract"},
+        )
+
+
 def _strategy(value: Any) -> Strategy:
     if value not in Strategy._value2member_map_:
         known = ", ".join(s.value for s in Strategy)
@@ -90,6 +99,7 @@ class TransferSpec:
     chunk_rows: int = attrs.field(default=10_000, validator=_positive)
     artifact_dir: str | None = None
     ledger: bool = True
+    schema_contract: str = attrs.field(default="evolve", validator=_schema_contract)
 
     @property
     def route(self) -> RouteKey:
@@ -234,6 +244,9 @@ class TransferRuntime:
                     cursor_column=spec.source.cursor_column,
                     at=read_clock(self.clock, route=route, run_id=spec.run_id),
                 )
+            added = apply_schema_contract(route, spec.sink, shape.columns, spec.schema_contract)
+            if added:
+                recorder.emit(EventName.SCHEMA_EVOLVED, columns=added)
             idle = 2 * self.lease_seconds
             with _work_folder(spec, route, leased=lease is not None, idle_seconds=idle) as work:
                 ctx = PathContext(

@@ -8,19 +8,20 @@ SQL text: a condition comes with its parameters.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from ..errors import ConfigInvalid
 from ..identity import fold_ascii
-from ..payloads import UPTO_OR_NULL, Predicate, bound_predicates
+from ..payloads import UPTO_OR_NULL, Column, Predicate, bound_predicates
 
 __all__ = [
     "WINDOW_OPERATORS",
     "TableName",
     "bounds_where",
+    "difference",
     "parse_table",
     "quote",
     "render_predicates",
@@ -118,6 +119,19 @@ def refuse_schema(table: TableName, *, engine: str, hint: str) -> None:
             f"tables cannot: {hint}",
             diagnostics={"key": "target.table"},
         )
+
+
+def difference(
+    existing: Sequence[str] | None, columns: Sequence[Column], *, fold: Callable[[str], str] = str
+) -> tuple[list[Column], list[str]] | None:
+    """``SchemaEvolving.column_difference`` from the target table's column names (None or
+    empty: no table), matching names after ``fold`` (the engine's own name matching)."""
+    if not existing:
+        return None
+    have = {fold(name) for name in existing}
+    wanted = {fold(column.name) for column in columns}
+    added = [column for column in columns if fold(column.name) not in have]
+    return added, [name for name in existing if fold(name) not in wanted]
 
 
 # The runtime's own tables in a target database (its ledger, staging tables) start so.

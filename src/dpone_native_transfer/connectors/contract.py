@@ -7,7 +7,7 @@ capability when the connector has it and behaves as before when it does not.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..errors import NativeTransferError
@@ -18,7 +18,14 @@ if TYPE_CHECKING:
     from ..ledger import LedgerEntry
     from ..payloads import Column
 
-__all__ = ["Identified", "LedgerNotWritten", "LedgerSink", "PendingLedger", "ValueCarrying"]
+__all__ = [
+    "Identified",
+    "LedgerNotWritten",
+    "LedgerSink",
+    "PendingLedger",
+    "SchemaEvolving",
+    "ValueCarrying",
+]
 
 
 @runtime_checkable
@@ -85,6 +92,22 @@ class ValueCarrying(Protocol):
 
     def carrier(self, column: Column) -> Carry | None:
         """The conversion of ``column``'s values, or None; ValueError/TypeError refuses one."""
+
+
+@runtime_checkable
+class SchemaEvolving(Protocol):
+    """A sink that compares the target table's columns with the source's, and adds columns.
+
+    The runtime calls both before the target mutation (``schema_contract.py``),
+    so a new source column never fails inside the armed target call.
+    """
+
+    def column_difference(self, columns: Sequence[Column]) -> tuple[list[Column], list[str]] | None:
+        """(source columns the target table lacks, target columns the source lacks), by the
+        engine's own name matching; None when the table does not exist. Reads only."""
+
+    def add_columns(self, columns: Sequence[Column]) -> None:
+        """Add ``columns`` to the target table (nullable, typed by their kind), atomically."""
 
 
 class LedgerNotWritten(NativeTransferError):

@@ -30,6 +30,7 @@ from ._sql import (
     WINDOW_OPERATORS,
     TableName,
     check_target_table,
+    difference,
     parse_table,
     quote,
     render_predicates,
@@ -210,6 +211,22 @@ class DuckDBSink:
 
     def carrier(self, column: Column) -> Carry | None:
         return duckdb_carrier(column)
+
+    def column_difference(self, columns: Sequence[Column]) -> tuple[list[Column], list[str]] | None:
+        """``SchemaEvolving``: DuckDB matches column names case-insensitively (ASCII)."""
+        with self._reader() as conn:
+            if conn is None or not _table_exists(conn, self._target):
+                return None
+            existing = [row[0] for row in conn.execute(f"DESCRIBE {self._target.sql()}").fetchall()]
+        return difference(existing, columns, fold=fold_ascii)
+
+    def add_columns(self, columns: Sequence[Column]) -> None:
+        with self._connect() as conn, _transaction(conn):
+            for column in columns:
+                conn.execute(
+                    f"ALTER TABLE {self._target.sql()} ADD COLUMN {quote(column.name)}"
+                    f" {duckdb_type(column)}"
+                )
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan this sink cannot pull, before anything touches the target."""

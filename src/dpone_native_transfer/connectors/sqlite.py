@@ -23,7 +23,7 @@ from ..errors import ConfigInvalid, SourceInvalid, SourceMissing, TargetUnavaila
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
 from ..payloads import Column, LoadPlan, RowChunks, SourceShape
-from ._sql import bounds_where, check_target_table, parse_table, refuse_schema
+from ._sql import bounds_where, check_target_table, difference, parse_table, refuse_schema
 from ._sql import quote as _quote
 from .contract import PendingLedger
 
@@ -479,6 +479,17 @@ class SQLiteSink:
         if not os.path.isfile(self.path):
             return contextlib.nullcontext(None)
         return self._connect()
+
+    def column_difference(self, columns: Sequence[Column]) -> tuple[list[Column], list[str]] | None:
+        """``SchemaEvolving``: SQLite matches column names case-insensitively (ASCII)."""
+        with self._reader() as conn:
+            existing = [] if conn is None else _table_columns(conn, self.table)
+        return difference(existing and [c.name for c in existing], columns, fold=fold_ascii)
+
+    def add_columns(self, columns: Sequence[Column]) -> None:
+        with self._connect() as conn, _transaction(conn):
+            for column in columns:
+                conn.execute(f"ALTER TABLE {_quote(self.table)} ADD COLUMN {_column_sql(column)}")
 
     def carrier(self, column: Column) -> Carry | None:
         """A NaN is refused: SQLite would store it as NULL. Other values are SQLite's own."""

@@ -41,7 +41,7 @@ from ...errors import ConfigInvalid, SourceInvalid
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query
 from ...payloads import Column, LoadPlan, RowChunks, bound_predicates
-from .._sql import TableName, check_target_table, parse_table
+from .._sql import TableName, check_target_table, difference, parse_table
 from ..contract import PendingLedger
 from ..sqlite import SQLiteSource, refuse_inexact_plan
 from .client import CHDB, ClickHouseClient, open_client, parse_location
@@ -49,6 +49,7 @@ from .sql import (
     DEDUPLICATION_WINDOW,
     column_carrier,
     column_list,
+    column_type,
     create_table_sql,
     insert_settings,
     partition_id_literal,
@@ -191,6 +192,18 @@ class ClickHouseSink:
 
     def carrier(self, column: Column) -> Carry | None:
         return column_carrier(column)
+
+    def column_difference(self, columns: Sequence[Column]) -> tuple[list[Column], list[str]] | None:
+        """``SchemaEvolving``: ClickHouse column names are case-sensitive."""
+        with self.client() as client:
+            existing = [name for name, _ in _columns(client, self._target)]
+        return difference(existing, columns)
+
+    def add_columns(self, columns: Sequence[Column]) -> None:
+        """One ALTER for all of them; ClickHouse adds columns as a metadata change."""
+        added = ", ".join(f"ADD COLUMN {quote(c.name)} {column_type(c)}" for c in columns)
+        with self.client() as client:
+            client.command(f"ALTER TABLE {_ref(self._target)} {added}")
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan the engine cannot pull, before anything touches the target."""

@@ -1,0 +1,57 @@
+"""Schema contracts: what a run does when the source's columns and the target table's differ.
+
+Checked before the target mutation, outside the armed window, so a
+difference never blocks a route. ``evolve`` (the default) adds a new source
+column to the target table, with the type the sink maps its kind to, and
+loads NULL into a target column the source no longer has; ``freeze`` stops the
+run on any difference. Modelled on dlt's schema contracts; the name leaves
+``schema`` free for the target's database schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .checkpoints import RouteKey
+from .connectors.contract import SchemaEvolving
+from .errors import SchemaChanged
+from .payloads import Column
+
+__all__ = ["SCHEMA_CONTRACTS", "apply_schema_contract"]
+
+SCHEMA_CONTRACTS = ("evolve", "freeze")
+
+
+def apply_schema_contract(
+    route: RouteKey, sink: Any, columns: Sequence[Column], contract: str
+) -> list[str]:
+    """Make the target table take ``columns`` under ``contract``; returns the columns added.
+
+    A sink that is not ``SchemaEvolving``, or a target table that does not exist
+    yet, is left to the load (which creates the table from ``columns``).
+    """
+    if not isinstance(sink, SchemaEvolving):
+        return []
+    difference = sink.column_difference(columns)
+    if difference is None:
+        return []
+    added, dropped = difference
+    if not added and not dropped:
+        return []
+    if contract == "freeze":
+        names = [column.name for column in added] + list(dropped)
+        raise SchemaChanged(
+            f"route {route.label}: the source's columns differ from the target table's "
+            f"(new in the source: {_names([c.name for c in added])}; gone from the source: "
+            f"{_names(dropped)}) and the route's schema_contract is freeze; nothing was "
+            'written. Change the target table, or set [transfer] schema_contract = "evolve"',
+            diagnostics={"route": route.as_dict(), "columns": names, "contract": contract},
+        )
+    if added:
+        sink.add_columns(added)
+    return [column.name for column in added]
+
+
+def _names(names: Sequence[str]) -> str:
+    return ", ".join(names) if names else "none"
