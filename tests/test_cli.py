@@ -219,13 +219,13 @@ def test_run_in_process_prints_the_summary(tmp_path, capsys):
 
 
 def secret_route(folder: Path) -> Path:
-    """A real failure whose sqlite message carries a secret: the target lacks a source column."""
+    """A real failure inside the target call whose sqlite message carries a secret: a check
+    constraint of the target table, named by the secret, refuses the rows."""
     route_file = make_route(folder, "legacy")
-    with contextlib.closing(sqlite3.connect(folder / "source.db")) as connection:
-        connection.execute(f'ALTER TABLE orders ADD COLUMN "{SECRET}" TEXT')
     with contextlib.closing(sqlite3.connect(folder / "target.db")) as connection:
         connection.execute(
-            "CREATE TABLE orders_copy (id INTEGER, region TEXT, amount REAL, updated_at INTEGER)"
+            "CREATE TABLE orders_copy (id INTEGER, region TEXT, amount REAL, updated_at INTEGER,"
+            f' CONSTRAINT "{SECRET}" CHECK (amount < 0))'
         )
     return route_file
 
@@ -235,7 +235,7 @@ def test_foreign_failure_is_reported_by_type_only_and_the_retry_is_blocked(tmp_p
     done = dpone("run", route_file)
     assert done.returncode == cli.EXIT_FAILED
     assert done.stderr.splitlines()[-1] == (
-        "error: transfer failed with OperationalError; rerun with --traceback for details"
+        "error: transfer failed with IntegrityError; rerun with --traceback for details"
     )
     assert SECRET not in done.stderr + done.stdout
     retry = dpone("run", route_file)
@@ -249,7 +249,7 @@ def test_traceback_flag_shows_the_foreign_failure(tmp_path):
     assert done.returncode == cli.EXIT_FAILED
     assert "Traceback (most recent call last)" in done.stderr
     assert SECRET in done.stderr
-    assert done.stderr.splitlines()[-1] == "error: transfer failed with OperationalError"
+    assert done.stderr.splitlines()[-1] == "error: transfer failed with IntegrityError"
 
 
 def test_native_failure_prints_code_and_diagnostics(tmp_path, capsys):
