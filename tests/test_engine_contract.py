@@ -13,11 +13,18 @@ from dpone_native_transfer.column_types import (
     as_double,
     as_text,
     carried_chunks,
+    exact_bytes,
     exact_decimal,
+    exact_integer,
+    exact_text,
     finite_double,
     instant_as_utc,
+    instant_as_utc_or_infinite,
+    iso_date,
+    iso_time,
     postgres_kind,
     sqlite_kind,
+    utc_instant,
 )
 from dpone_native_transfer.config import route_config_from_mapping
 from dpone_native_transfer.payloads import bound_predicates
@@ -90,7 +97,11 @@ def test_postgres_kinds_come_from_the_type_name_not_a_substring(format_type, kin
         (instant_as_utc, "2024-01-05 10:00:00+02:00", "2024-01-05 08:00:00"),
         (instant_as_utc, "2024-01-05T23:30:00.5-01:00", "2024-01-06 00:30:00.500000"),
         (instant_as_utc, "2024-01-05 10:00:00", "2024-01-05 10:00:00"),
-        (instant_as_utc, "infinity", "infinity"),
+        (instant_as_utc_or_infinite, "infinity", "infinity"),
+        (utc_instant, "2024-01-05 10:00:00", "2024-01-05 10:00:00+00:00"),
+        (iso_date, "2024-02-29", "2024-02-29"),
+        (iso_time, "23:59:59.5", "23:59:59.5"),
+        (exact_bytes, "A", b"A"),
     ],
 )
 def test_carriers_keep_the_value(carry, value, expected):
@@ -111,6 +122,16 @@ def test_carriers_keep_the_value(carry, value, expected):
         (as_double, "1.5"),
         (finite_double, math.nan),
         (instant_as_utc, 1704448800),
+        (instant_as_utc, "infinity"),
+        (instant_as_utc, "2016-12-31 23:59:60"),
+        (instant_as_utc, "0001-01-01 00:30:00+01:00"),
+        (iso_date, "2024-02-30"),
+        (iso_date, "0044-03-15 BC"),
+        (iso_time, "10:00:00+02:00"),
+        (exact_integer, 1.5),
+        (exact_integer, True),
+        (exact_text, b"x"),
+        (exact_decimal(12, 2), "1_000"),
     ],
 )
 def test_carriers_refuse_what_they_cannot_keep_and_the_error_names_only_the_column(carry, value):

@@ -514,7 +514,8 @@ def test_lazy_plan_refuses_a_typed_column_whose_text_duckdb_would_not_match(
     tmp_path: Path,
 ) -> None:
     """A DATE column holding '2024-01-05 ' and '2024-1-6': DuckDB's reading differs from the
-    stored text, so the plan is refused before the boundary instead of losing rows."""
+    stored text, so the plan is refused before the boundary instead of losing rows. The row
+    paths refuse the same values: a DATE column is carried as ISO dates only."""
     with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as source:
         source.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, region DATE, updated_at INT)")
         spellings = ["2024-01-05", "2024-01-05 ", "2024-1-6"]
@@ -523,8 +524,9 @@ def test_lazy_plan_refuses_a_typed_column_whose_text_duckdb_would_not_match(
         )
         source.commit()
     done = run(route(tmp_path, kind="duckdb", target="t.duckdb", path="lazy-plan"), code=2)
-    assert "cannot select the source's partitions of column(s) region exactly" in done.stderr
-    assert "loaded 30 rows" in run(route(tmp_path, kind="duckdb", target="t.duckdb")).stdout
+    assert "cannot read source column(s) region exactly" in done.stderr
+    staged = run(route(tmp_path, kind="duckdb", target="t.duckdb"), code=2)
+    assert "native_transfer_value_unsupported" in staged.stderr
 
 
 @pytest.mark.parametrize("watermark", [{"a": 1}, [1, 2], True])
@@ -738,3 +740,37 @@ def test_a_read_only_store_is_unavailable_before_the_target_and_nothing_is_lost(
             150,
             150,
         )
+
+
+def test_a_sqlite_target_main_t_is_t_and_a_quoted_dotted_name_is_that_table(
+    tmp_path: Path,
+) -> None:
+    """main.t_copy created a table literally named 'main.t_copy' (and loaded every row again
+    beside t_copy); '"raw.t"' created a table whose name held the quotes."""
+    build_sample_source(tmp_path / "source.db", rows=14, partitions=2)
+    assert "loaded 14 rows" in run(route(tmp_path)).stdout
+    assert "loaded 0 rows" in run(route(tmp_path, table="main.orders_copy")).stdout
+    assert "loaded 0 rows" in run(route(tmp_path, table='MAIN.\\"ORDERS_COPY\\"')).stdout
+    assert "loaded 14 rows" in run(route(tmp_path, table='\\"raw.t\\"')).stdout
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
+        tables = {row[0] for row in target.execute("SELECT name FROM sqlite_master")}
+    assert tables == {"orders_copy", "raw.t", "_dpone_ledger"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "target", "table"),
+    [
+        ("duckdb", "raw.duckdb", "raw.orders"),  # the catalog's own name: ambiguous
+        ("duckdb", "t.duckdb", "temp.orders"),
+        ("duckdb", "t.duckdb", "SYSTEM.orders"),
+        ("clickhouse", "chdata", "system.orders"),  # a Memory database: the rows would vanish
+        ("clickhouse", "chdata", "INFORMATION_SCHEMA.orders"),
+    ],
+)
+def test_a_schema_the_engine_keeps_for_itself_is_refused_before_any_io(
+    tmp_path: Path, kind: str, target: str, table: str
+) -> None:
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=2)
+    done = run(route(tmp_path, kind=kind, target=target, table=table), code=2)
+    assert "keeps for itself" in done.stderr
+    assert not (tmp_path / target).exists()

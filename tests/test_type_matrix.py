@@ -303,7 +303,7 @@ PG_EXPECTED = {
         ("23:59:59.5", "00:00:00"),
         ("2024-01-05 10:00:00.123456", "1999-12-31 23:59:59"),
         ("2024-01-05 08:00:00+00", "2024-01-05 11:30:00.5+00"),
-        ("1 day 02:00:00", "1 year 2 months"),
+        ("1 day 02:00:00", "1 year 2 mons"),  # PostgreSQL's text: DuckDB misreads some
         ("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "00000000-0000-0000-0000-0000000000ff"),
         ('{"a": 1.50}', "5"),
         ('{"b": [1, 2]}', "1.50"),
@@ -379,3 +379,67 @@ def test_a_postgres_nan_is_refused_by_sqlite_which_would_store_null(
     done = run(tmp_path, 'kind = "postgres"\ndsn = "env:MATRIX_DSN"', table, "sqlite", path,
                env={"MATRIX_DSN": url})  # fmt: skip
     assert_refused_before_target(done, tmp_path, "re")
+
+
+# --- SQLite's dynamic typing: any value in any column (found by a hostile pass) ---------------
+
+# (declared type, a stored value the column's kind does not mean): the engines converted each
+# silently ('0x1A' into BIGINT 26, 1.5 into 2, a date's time dropped, '' into Int64 0, ...) or
+# failed inside the target call, which blocked the route.
+MISFITS = [
+    ("INTEGER", 1.5),
+    ("INTEGER", "0x1A"),
+    ("INTEGER", ""),
+    ("REAL", "inf"),
+    ("TEXT", b"A\xffB"),
+    ("BLOB", 5),
+    ("DATE", "2024-01-05 10:00:00"),
+    ("DATE", 20240105),
+    ("DATE", "garbage"),
+    ("TIME", "10:00:00+02:00"),
+    ("TIME", "25:00:00"),
+    ("TIMESTAMP", "2024-01-05 10:00:00.1234567"),
+    ("TIMESTAMP", "2016-12-31 23:59:60"),
+    ("TIMESTAMP", "10:00:00"),
+    ("TIMESTAMP", "0001-01-01 00:30:00+01:00"),  # before year 1 in UTC: an OverflowError
+    ("NUMERIC(12,2)", "1_000"),
+    ("NUMERIC(12,2)", "\u0661\u0662"),
+]
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+@pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
+def test_a_value_its_column_kind_does_not_mean_is_refused_before_the_target(
+    tmp_path: Path, kind: str, path: str
+) -> None:
+    for number, (decl, value) in enumerate(MISFITS):
+        folder = tmp_path / str(number)
+        folder.mkdir()
+        sqlite_source(folder, [("v", decl, value, None)])
+        done = run(folder, 'path = "source.db"', "src", kind, path)
+        assert_refused_before_target(done, folder, "v")
+
+
+@pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
+def test_lazy_plan_refuses_a_stored_value_its_engine_would_read_otherwise(
+    tmp_path: Path, kind: str
+) -> None:
+    """Lazy-plan loaded 20240105 in a DATE column as 1970-08-23, made '' and 'abc' into 0
+    or NULL, and lost the row of a partition value 1.5 stored in an INTEGER column."""
+    misfits = [m for m in MISFITS if m[0] in ("INTEGER", "REAL", "TEXT", "BLOB", "DATE",
+                                               "TIMESTAMP")] + [("BOOLEAN", 2)]  # fmt: skip
+    for number, (decl, value) in enumerate(misfits):
+        folder = tmp_path / str(number)
+        folder.mkdir()
+        sqlite_source(folder, [("v", decl, value, None)])
+        done = run(folder, 'path = "source.db"', "src", kind, "lazy-plan")
+        assert done.returncode == 2, (decl, value, done.stdout + done.stderr)
+        assert "cannot read source column(s) v exactly" in done.stderr, (decl, value)
+    folder = tmp_path / "partition"
+    folder.mkdir()
+    with contextlib.closing(sqlite3.connect(folder / "source.db")) as db:
+        db.execute("CREATE TABLE src (id INTEGER PRIMARY KEY, p INTEGER)")
+        db.executemany("INSERT INTO src VALUES (?, ?)", [(1, 1), (2, 1.5)])
+        db.commit()
+    done = run(folder, 'path = "source.db"', "src", kind, "lazy-plan")
+    assert done.returncode == 2 and "cannot read source column(s) p exactly" in done.stderr

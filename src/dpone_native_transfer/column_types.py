@@ -115,8 +115,73 @@ def declared_precision(decltype: str) -> tuple[int, int] | None:
 
 
 # --- carriers: exact conversions shared by the sinks ------------------------------------------
+#
+# SQLite stores any value in any column (an INTEGER column may hold 1.5 or 'abc'), and the
+# engines convert what they are given silently ('0x1A' -> 26, a date's time dropped). So a
+# carrier accepts exactly the values its kind means and refuses everything else. A carrier
+# may say which chunk columns it leaves unchanged (``unchanged(values)``, checked at C speed):
+# those are not touched value by value.
+
+_NONE = type(None)
 
 
+def passing(*types: type) -> Callable[[Carry], Carry]:
+    """Mark a carrier: a column holding only values of ``types`` (and NULLs) passes unchanged."""
+    allowed = frozenset({*types, _NONE})
+
+    def unchanged(values: Sequence[Any]) -> bool:
+        return set(map(type, values)) <= allowed
+
+    def mark(carry: Carry) -> Carry:
+        carry.unchanged = unchanged  # type: ignore[attr-defined]
+        return carry
+
+    return mark
+
+
+def _no_nan(values: Sequence[Any]) -> bool:
+    doubles = set(map(type, values)) <= {float, _NONE}
+    return doubles and not any(map(math.isnan, filter(None, values)))
+
+
+def double_nan_as_text(value: Any) -> Any:
+    """A double, NaN as the text ``'nan'`` (DuckDB's Python binding turns a NaN inside a bound
+    list into NULL; the text casts back to NaN); an integer a double holds exactly; else refused."""
+    if type(value) is float:
+        return "nan" if value != value else value
+    return as_double(value)
+
+
+double_nan_as_text.unchanged = _no_nan  # type: ignore[attr-defined]
+
+
+@passing(int)
+def exact_integer(value: Any) -> int:
+    """An integer as SQLite stores it; a real, a text or bytes in an integer column is refused."""
+    if type(value) is int:
+        return value
+    raise TypeError("not an integer")
+
+
+@passing(str)
+def exact_text(value: Any) -> str:
+    """Text; bytes in a text column are refused (an engine would store their escape)."""
+    if type(value) is str:
+        return value
+    raise TypeError("not text")
+
+
+@passing(bytes)
+def exact_bytes(value: Any) -> bytes:
+    """Bytes; a text in a blob column becomes its UTF-8 bytes (what SQLite's own readers give)."""
+    if type(value) is bytes:
+        return value
+    if type(value) is str:
+        return value.encode("utf-8", "surrogatepass")
+    raise TypeError("not bytes")
+
+
+@passing(str)
 def as_text(value: Any) -> str:
     """An untyped value as text: numbers in their shortest exact form; bytes are refused."""
     if isinstance(value, str):
@@ -129,6 +194,7 @@ def as_text(value: Any) -> str:
 _BOOLEAN_TEXT = {"true": True, "t": True, "1": True, "false": False, "f": False, "0": False}
 
 
+@passing(bool)
 def as_boolean(value: Any) -> bool:
     """SQLite's booleans: 0/1-style integers and the texts true/false/t/f/1/0 (any case)."""
     if isinstance(value, bool):
@@ -140,11 +206,12 @@ def as_boolean(value: Any) -> bool:
     raise TypeError("not a boolean")
 
 
+@passing(float)
 def as_double(value: Any) -> float:
     """A number as a double, refused when the double would not be the same number."""
-    if isinstance(value, float):
+    if type(value) is float:
         return value
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= _EXACT_DOUBLE_INT:
+    if type(value) is int and abs(value) <= _EXACT_DOUBLE_INT:
         return float(value)
     raise ValueError("not exact as a double")
 
@@ -156,15 +223,26 @@ def finite_double(value: Any) -> Any:
     return value
 
 
+_DECIMAL_TEXT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+
+
 def exact_decimal(precision: int, scale: int) -> Carry:
     """A carrier into ``DECIMAL(precision, scale)`` that never rounds: the text of the exact
-    decimal, or a refusal when the value has more digits or decimals than the type."""
+    decimal, or a refusal when the value has more digits or decimals than the type. Text must
+    be a plain ASCII decimal (no ``1_000``, no other scripts' digits, no NaN)."""
     limit = decimal.Decimal(10) ** (precision - scale)
 
     def carry(value: Any) -> str:
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
+        if type(value) is str:
+            if not _DECIMAL_TEXT.fullmatch(value):
+                raise ValueError("not a decimal text")
+            number = decimal.Decimal(value)
+        elif type(value) is int:
+            number = decimal.Decimal(value)
+        elif type(value) is float:
+            number = decimal.Decimal(repr(value))
+        else:
             raise TypeError("not a number")
-        number = decimal.Decimal(value if isinstance(value, str | int) else repr(value))
         if not number.is_finite() or number.as_tuple().exponent < -scale or abs(number) >= limit:
             raise ValueError("not exact in the declared precision")
         return format(number, "f")
@@ -172,18 +250,68 @@ def exact_decimal(precision: int, scale: int) -> Carry:
     return carry
 
 
-def instant_as_utc(value: Any) -> Any:
-    """A timestamp text with an offset becomes the same instant in UTC, without the offset;
-    text without one passes unchanged (an engine keeps it as written)."""
-    if not isinstance(value, str):
+_FRACTION = re.compile(r"\.(\d+)")
+_DATE_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}", re.ASCII)
+_INFINITE = frozenset({"infinity", "-infinity"})  # PostgreSQL's; DuckDB reads them
+
+
+def _microseconds_at_most(text: str) -> None:
+    fraction = _FRACTION.search(text)
+    if fraction is not None and len(fraction[1]) > 6:
+        raise ValueError("finer than a microsecond")
+
+
+def iso_date(value: Any) -> str:
+    """A date as ``YYYY-MM-DD`` text (a real date); anything else, BC dates included, refused."""
+    if type(value) is not str or not _DATE_TEXT.fullmatch(value):
+        raise ValueError("not an ISO date")
+    datetime.date.fromisoformat(value)
+    return value
+
+
+def iso_date_or_infinite(value: Any) -> str:
+    """``iso_date``, or PostgreSQL's ``infinity`` and ``-infinity`` (DuckDB holds them)."""
+    return value if value in _INFINITE else iso_date(value)
+
+
+def iso_time(value: Any) -> str:
+    """A time of day as ISO text without an offset, at most microseconds (or ``24:00:00``)."""
+    if type(value) is not str:
+        raise TypeError("not a time text")
+    if value != "24:00:00":
+        _microseconds_at_most(value)
+        if datetime.time.fromisoformat(value).tzinfo is not None:
+            raise ValueError("a time with an offset")
+    return value
+
+
+def instant_as_utc(value: Any) -> str:
+    """An ISO timestamp text; one with an offset becomes the same instant in UTC, without
+    the offset. Text that is not an ISO date and time (a bare time, a leap second, hour 25,
+    more than microseconds, a zone name, a number) is refused."""
+    if type(value) is not str:
         raise TypeError("not a timestamp text")
-    try:
-        parsed = datetime.datetime.fromisoformat(value)
-    except ValueError:
-        return value  # not ISO (e.g. 'infinity'): the engine reads it or refuses it
+    _microseconds_at_most(value)
+    parsed = datetime.datetime.fromisoformat(value)  # ValueError: refused
     if parsed.tzinfo is None:
         return value
     return parsed.astimezone(datetime.UTC).replace(tzinfo=None).isoformat(sep=" ")
+
+
+def instant_as_utc_or_infinite(value: Any) -> str:
+    """``instant_as_utc``, or PostgreSQL's ``infinity`` and ``-infinity`` (DuckDB holds them)."""
+    return value if value in _INFINITE else instant_as_utc(value)
+
+
+def utc_instant(value: Any) -> str:
+    """An instant as text with an explicit ``+00:00``: a text without an offset is taken as
+    UTC, never as the worker's local time."""
+    if value in _INFINITE:
+        return value
+    return instant_as_utc(value) + "+00:00"
+
+
+_REFUSED = (ValueError, TypeError, KeyError, OverflowError, decimal.InvalidOperation)
 
 
 def carried_chunks(
@@ -194,20 +322,28 @@ def carried_chunks(
 ) -> Iterator[Sequence[tuple]]:
     """``chunks`` with each ``(index, column, carry)`` applied to that column's non-NULL values.
 
-    A refused value stops the rows with ``ValueUnsupported`` naming the column.
+    A column the carrier's ``unchanged(values)`` accepts is left as it is;
+    a chunk no carrier changed is passed on as it came. A refused value stops the
+    rows with ``ValueUnsupported`` naming the column, never the value.
     """
     for chunk in chunks:
         if not chunk or not carriers:
             yield chunk
             continue
         columns = list(zip(*chunk, strict=True))
+        changed = False
         for index, name, carry in carriers:
+            values = columns[index]
+            unchanged = getattr(carry, "unchanged", None)
+            if unchanged is not None and unchanged(values):
+                continue
             try:
-                columns[index] = [None if v is None else carry(v) for v in columns[index]]
-            except (ValueError, TypeError, KeyError, decimal.InvalidOperation):
+                columns[index] = [None if v is None else carry(v) for v in values]
+            except _REFUSED:
                 raise ValueUnsupported(
                     f"column {name!r} holds a value {target} cannot hold exactly; nothing "
                     "was written (see docs/connectors.md, 'Column kinds and exact values')",
                     diagnostics={"column": name, "target": target},
                 ) from None
-        yield list(zip(*columns, strict=True))
+            changed = True
+        yield list(zip(*columns, strict=True)) if changed else chunk

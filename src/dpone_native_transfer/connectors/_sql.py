@@ -24,6 +24,7 @@ __all__ = [
     "difference",
     "parse_table",
     "quote",
+    "refuse_reserved_schema",
     "render_predicates",
 ]
 
@@ -109,6 +110,17 @@ def _bad_table(table: str) -> ConfigInvalid:
         'holds a dot: "my.table")',
         diagnostics={"key": "target.table"},
     )
+
+
+def refuse_reserved_schema(table: TableName, reserved: Iterable[str], *, engine: str) -> None:
+    """A schema the engine keeps for itself (its catalog, a temporary or system schema) is a
+    config error: a table there would vanish, or its name would be ambiguous."""
+    if table.schema is not None and fold_ascii(table.schema) in {fold_ascii(r) for r in reserved}:
+        raise ConfigInvalid(
+            f"target table {table.schema}.{table.name} names a schema {engine} keeps for "
+            "itself (a system, temporary or catalog name); choose another schema",
+            diagnostics={"key": "target.table"},
+        )
 
 
 def refuse_schema(table: TableName, *, engine: str, hint: str) -> None:

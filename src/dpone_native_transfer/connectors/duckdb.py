@@ -21,7 +21,21 @@ import os
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..column_types import Carry, as_boolean, as_double, as_text, exact_decimal, instant_as_utc
+from ..column_types import (
+    Carry,
+    as_boolean,
+    as_double,
+    as_text,
+    double_nan_as_text,
+    exact_bytes,
+    exact_decimal,
+    exact_integer,
+    exact_text,
+    instant_as_utc_or_infinite,
+    iso_date_or_infinite,
+    iso_time,
+    utc_instant,
+)
 from ..errors import ConfigInvalid, TargetUnavailable
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
@@ -33,6 +47,7 @@ from ._sql import (
     difference,
     parse_table,
     quote,
+    refuse_reserved_schema,
     render_predicates,
 )
 from .contract import PendingLedger
@@ -51,7 +66,7 @@ DUCKDB_TYPES = {
     "time": "TIME",
     "timestamp": "TIMESTAMP",
     "timestamptz": "TIMESTAMPTZ",
-    "interval": "INTERVAL",
+    "interval": "VARCHAR",  # PostgreSQL's text: DuckDB cannot read every interval it writes
     "numeric": "DOUBLE",
     "decimal": "VARCHAR",
 }
@@ -65,6 +80,7 @@ decimal stays its exact text.
 
 _STAGE_PREFIX = "_dpone_stage_"
 _LEDGER = TableName(None, LEDGER_TABLE)
+_RESERVED_SCHEMAS = ("temp", "system", "information_schema", "pg_catalog")
 _BATCH_ROWS = 10_000  # rows per INSERT: fewer statements for small chunks, memory still bounded
 _MAX_DECIMAL_WIDTH = 38
 # Never reach the network for an extension: the sqlite scanner comes from its wheel.
@@ -90,18 +106,26 @@ def duckdb_carrier(column: Column) -> Carry | None:
     decimal = _decimal(column)
     if decimal is not None:
         return exact_decimal(*decimal)
-    return {
-        "real": _nan_as_text,
-        "any": as_text,
-        "boolean": as_boolean,
-        "numeric": as_double,
-        "timestamp": instant_as_utc,
-    }.get(column.kind)
+    return _CARRIERS.get(column.kind)
 
 
-def _nan_as_text(value: Any) -> Any:
-    """DuckDB's Python binding turns a NaN inside a bound list into NULL; 'nan' casts back."""
-    return "nan" if value != value else value
+# Every kind's values are checked: SQLite stores any value in any column, and DuckDB would
+# convert a wrong one silently (text '0x1A' into BIGINT 26, a date's time dropped).
+_CARRIERS: dict[str, Carry] = {
+    "integer": exact_integer,
+    "real": double_nan_as_text,
+    "text": exact_text,
+    "blob": exact_bytes,
+    "any": as_text,
+    "boolean": as_boolean,
+    "date": iso_date_or_infinite,
+    "time": iso_time,
+    "timestamp": instant_as_utc_or_infinite,
+    "timestamptz": utc_instant,
+    "interval": exact_text,
+    "numeric": as_double,
+    "decimal": exact_text,
+}
 
 
 def _driver() -> Any:
@@ -156,6 +180,8 @@ class DuckDBSink:
         self.path = os.fspath(path)
         self.table = table
         self._target = parse_table(table, default_schema="main")
+        catalog = os.path.splitext(os.path.basename(self.path))[0]  # DuckDB's name for the file
+        refuse_reserved_schema(self._target, {*_RESERVED_SCHEMAS, catalog}, engine="DuckDB")
         self._ledger = PendingLedger()
         self._checked: tuple[LoadPlan, set[str]] | None = None  # the last plan check_plan passed
         if self.path == ":memory:" or not self.path:

@@ -378,13 +378,27 @@ class SQLiteSource:
 # Kinds another engine's own SQLite reader (DuckDB's scanner, ClickHouse's sqlite()) reads
 # exactly as the row paths carry them; other kinds need ``ValueCarrying``, so a plan is refused.
 _PLAN_KINDS = frozenset({"integer", "real", "text", "blob", "boolean", "date", "timestamp"})
-# What such a reader would read differently, per kind: a SQL test of one stored value.
+_DATE = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]"
+_ISO_DATE = f"({{c}} GLOB '{_DATE}' AND date({{c}}) IS {{c}})"
+_ISO_TIMESTAMP = (  # YYYY-MM-DD[ T]HH:MM:SS[.f{1,6}], a real instant, no offset
+    f"({{c}} GLOB '{_DATE}[ T][0-9][0-9]:[0-9][0-9]:[0-9][0-9]*'"
+    " AND strftime('%Y-%m-%d %H:%M:%S', {c}) IS replace(substr({c}, 1, 19), 'T', ' ')"
+    " AND (length({c}) = 19 OR (substr({c}, 20, 1) = '.' AND length({c}) BETWEEN 21 AND 26"
+    " AND substr({c}, 21) NOT GLOB '*[^0-9]*')))"
+)
+# Per kind, a SQL test of one stored value that such a reader would read otherwise than the
+# row paths' carriers accept (SQLite keeps any value in any column): one read of the source.
 _PLAN_MISREAD = {
-    "boolean": "typeof({c}) NOT IN ('integer', 'null')",  # 'true' as text
-    "timestamp": (  # a text with an offset after its time: the reader drops the offset
-        "typeof({c}) = 'text' AND instr({c}, ':') > 0 AND (substr({c}, instr({c}, ':'))"
-        " GLOB '*[+-][0-9][0-9]*' OR {c} GLOB '*[Zz]')"
-    ),
+    "integer": "typeof({c}) NOT IN ('integer', 'null')",
+    "real": "typeof({c}) NOT IN ('real', 'integer', 'null')"
+    " OR (typeof({c}) = 'integer' AND abs({c}) > 9007199254740992)",
+    "text": "typeof({c}) NOT IN ('text', 'null')",
+    "blob": "typeof({c}) NOT IN ('blob', 'text', 'null')",
+    "boolean": "typeof({c}) NOT IN ('integer', 'null') OR {c} NOT IN (0, 1)",
+    "date": f"typeof({{c}}) NOT IN ('text', 'null')"
+    f" OR (typeof({{c}}) = 'text' AND NOT {_ISO_DATE})",
+    "timestamp": f"typeof({{c}}) NOT IN ('text', 'null') OR (typeof({{c}}) = 'text'"
+    f" AND NOT ({_ISO_DATE} OR {_ISO_TIMESTAMP}))",
 }
 
 
@@ -395,9 +409,10 @@ def refuse_inexact_plan(
 
     Refused: partition or cursor columns it would filter differently
     (``collated_columns``); columns of a kind outside what its SQLite reader
-    carries exactly; and boolean or timestamp columns holding a value it would
-    misread (a text boolean, a timestamp with an offset), found by one read of
-    the source. The message points at the paths where SQLite reads the rows.
+    carries exactly; and columns holding a value it would misread (a real in
+    an integer column, a text boolean, a date with a time, a timestamp with an
+    offset), found by one read of the source. The message points at the paths
+    where SQLite reads the rows.
     """
     collated = source.collated_columns()
     if collated:
@@ -415,10 +430,9 @@ def refuse_inexact_plan(
         if column.kind in _PLAN_MISREAD
     ]
     if tests and not inexact:
-        rows = _quote(source.table)
-        sql = ", ".join(f"EXISTS (SELECT 1 FROM {rows} WHERE {test})" for _, test in tests)
+        checks = ", ".join(f"coalesce(max({test}), 0)" for _, test in tests)
         with source._connect() as conn:
-            found = conn.execute(f"SELECT {sql}").fetchone()
+            found = conn.execute(f"SELECT {checks} FROM {_quote(source.table)}").fetchone()
         inexact = [name for (name, _), misread in zip(tests, found, strict=True) if misread]
     if inexact:
         raise ConfigInvalid(
@@ -440,9 +454,10 @@ class SQLiteSink:
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
         check_target_table(table)
         hint = 'a SQLite file is one schema; a name holding a dot is written quoted: "raw.t"'
-        refuse_schema(parse_table(table, default_schema="main"), engine="SQLite", hint=hint)
+        name = parse_table(table, default_schema="main")
+        refuse_schema(name, engine="SQLite", hint=hint)
         self.path = os.fspath(path)
-        self.table = table
+        self.table = name.name  # main.t is t; "raw.t" is the table raw.t
         self._ledger = PendingLedger()
 
     def __repr__(self) -> str:

@@ -41,7 +41,13 @@ from ...errors import ConfigInvalid, SourceInvalid
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query
 from ...payloads import Column, LoadPlan, RowChunks, bound_predicates
-from .._sql import TableName, check_target_table, difference, parse_table
+from .._sql import (
+    TableName,
+    check_target_table,
+    difference,
+    parse_table,
+    refuse_reserved_schema,
+)
 from ..contract import PendingLedger
 from ..sqlite import SQLiteSource, refuse_inexact_plan
 from .client import CHDB, ClickHouseClient, open_client, parse_location
@@ -88,6 +94,7 @@ class ClickHouseSink:
         # database.table; chDB's one database is "default", so default.t is t
         default = "default" if self._location.kind == CHDB else None
         self._target = parse_table(table, default_schema=default)
+        refuse_reserved_schema(self._target, ("system", "information_schema"), engine="ClickHouse")
         self.partition_by = partition_by
         self._ledger = PendingLedger()
 
