@@ -284,7 +284,8 @@ def connected(db: Path) -> Iterator[sqlite3.Connection | None]:
 
 
 def has_table(connection: sqlite3.Connection, table: str) -> bool:
-    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+    """As SQLite resolves a table name: ASCII case aside (the recovery respells it)."""
+    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ? COLLATE NOCASE"
     return connection.execute(sql, (table,)).fetchone() is not None
 
 

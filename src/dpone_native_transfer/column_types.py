@@ -26,6 +26,7 @@ from typing import Any
 from .errors import ValueUnsupported
 
 __all__ = [
+    "ENGINE_CARRIERS",
     "KINDS",
     "Carry",
     "as_boolean",
@@ -310,6 +311,26 @@ def utc_instant(value: Any) -> str:
         return value
     return instant_as_utc(value) + "+00:00"
 
+
+ENGINE_CARRIERS: dict[str, Carry] = {
+    "integer": exact_integer,
+    "real": as_double,
+    "text": exact_text,
+    "blob": exact_bytes,
+    "any": as_text,
+    "boolean": as_boolean,
+    "date": iso_date,
+    "time": iso_time,
+    "timestamp": instant_as_utc,
+    "timestamptz": instant_as_utc,
+    "interval": exact_text,
+    "numeric": as_double,
+    "decimal": exact_text,
+}
+"""A carrier for every kind, for engines that convert what they are given (DuckDB,
+ClickHouse): SQLite stores any value in any column, and such an engine would turn a wrong
+one into another value silently ('0x1A' into BIGINT 26, '' into Int64 0, a date's time
+dropped). Decimals with a precision take ``exact_decimal`` instead."""
 
 _REFUSED = (ValueError, TypeError, KeyError, OverflowError, decimal.InvalidOperation)
 

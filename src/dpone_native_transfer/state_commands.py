@@ -52,20 +52,13 @@ def add_state_command(commands: Any, common: argparse.ArgumentParser) -> None:
         description="Inspect and repair a route's state in the checkpoint store.",
     )
     actions = state.add_subparsers(title="actions", dest="action", metavar="ACTION", required=True)
-    restore = actions.add_parser(
+    restore = _operator_action(
+        actions,
+        common,
         "restore",
-        parents=[common],
         help="rebuild a lost or replaced store's view of a route from the target's ledger",
         description=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    restore.add_argument("route_file", metavar="ROUTE_FILE", help="the route file (TOML)")
-    restore.add_argument(
-        "--store", metavar="STORE", help="checkpoint store (default: the route file's)"
-    )
-    restore.add_argument("--reason", required=True, type=_text, metavar="TEXT", help="why")
-    restore.add_argument("--operator", required=True, type=_text, metavar="NAME", help="who")
-    restore.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     restore.add_argument(
         "--ignore-row-count",
         action="store_true",
@@ -74,20 +67,13 @@ def add_state_command(commands: Any, common: argparse.ArgumentParser) -> None:
         "recorded in the audit record",
     )
     restore.set_defaults(handler=_restore_command)
-    reset = actions.add_parser(
+    reset = _operator_action(
+        actions,
+        common,
         "reset",
-        parents=[common],
         help="start an append route afresh after its partition or cursor column changed",
         description=_RESET_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    reset.add_argument("route_file", metavar="ROUTE_FILE", help="the route file, as it is now")
-    reset.add_argument(
-        "--store", metavar="STORE", help="checkpoint store (default: the route file's)"
-    )
-    reset.add_argument("--reason", required=True, type=_text, metavar="TEXT", help="why")
-    reset.add_argument("--operator", required=True, type=_text, metavar="NAME", help="who")
-    reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     reset.add_argument(
         "--from-now",
         action="store_true",
@@ -95,6 +81,27 @@ def add_state_command(commands: Any, common: argparse.ArgumentParser) -> None:
         "of the (new) cursor column now (rows at or below it are taken as loaded)",
     )
     reset.set_defaults(handler=_reset_command)
+
+
+def _operator_action(
+    actions: Any, common: argparse.ArgumentParser, name: str, *, help: str, description: str
+) -> argparse.ArgumentParser:
+    """An audited operator action on one route: its route file, store, reason and operator."""
+    action = actions.add_parser(
+        name,
+        parents=[common],
+        help=help,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    action.add_argument("route_file", metavar="ROUTE_FILE", help="the route file (TOML)")
+    action.add_argument(
+        "--store", metavar="STORE", help="checkpoint store (default: the route file's)"
+    )
+    action.add_argument("--reason", required=True, type=_text, metavar="TEXT", help="why")
+    action.add_argument("--operator", required=True, type=_text, metavar="NAME", help="who")
+    action.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    return action
 
 
 _RESET_HELP = """Forget an append route's progress, audited, so that it starts afresh under its

@@ -22,18 +22,12 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..column_types import (
+    ENGINE_CARRIERS,
     Carry,
-    as_boolean,
-    as_double,
-    as_text,
     double_nan_as_text,
-    exact_bytes,
     exact_decimal,
-    exact_integer,
-    exact_text,
     instant_as_utc_or_infinite,
     iso_date_or_infinite,
-    iso_time,
     utc_instant,
 )
 from ..errors import ConfigInvalid, TargetUnavailable
@@ -109,22 +103,12 @@ def duckdb_carrier(column: Column) -> Carry | None:
     return _CARRIERS.get(column.kind)
 
 
-# Every kind's values are checked: SQLite stores any value in any column, and DuckDB would
-# convert a wrong one silently (text '0x1A' into BIGINT 26, a date's time dropped).
 _CARRIERS: dict[str, Carry] = {
-    "integer": exact_integer,
-    "real": double_nan_as_text,
-    "text": exact_text,
-    "blob": exact_bytes,
-    "any": as_text,
-    "boolean": as_boolean,
+    **ENGINE_CARRIERS,
+    "real": double_nan_as_text,  # its Python binding makes a bound NaN NULL
     "date": iso_date_or_infinite,
-    "time": iso_time,
     "timestamp": instant_as_utc_or_infinite,
-    "timestamptz": utc_instant,
-    "interval": exact_text,
-    "numeric": as_double,
-    "decimal": exact_text,
+    "timestamptz": utc_instant,  # never the worker's time zone
 }
 
 

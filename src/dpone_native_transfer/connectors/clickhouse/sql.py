@@ -17,19 +17,7 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from ...column_types import (
-    Carry,
-    as_boolean,
-    as_double,
-    as_text,
-    exact_bytes,
-    exact_decimal,
-    exact_integer,
-    exact_text,
-    instant_as_utc,
-    iso_date,
-    iso_time,
-)
+from ...column_types import ENGINE_CARRIERS, Carry, exact_decimal
 from ...errors import ConfigInvalid
 from ...payloads import UPTO_OR_NULL, Column, Predicate
 from .._sql import TableName
@@ -112,26 +100,7 @@ def column_carrier(column: Column) -> Carry | None:
     decimal = _decimal(column)
     if decimal is not None:
         return exact_decimal(*decimal)
-    return _CARRIERS.get(column.kind)
-
-
-# Every kind's values are checked: SQLite stores any value in any column, and ClickHouse
-# would convert a wrong one silently (text '' into Int64 0, an integer date into 9999-12-31).
-_CARRIERS: dict[str, Carry] = {
-    "integer": exact_integer,
-    "real": as_double,
-    "text": exact_text,
-    "blob": exact_bytes,
-    "any": as_text,
-    "boolean": as_boolean,
-    "date": iso_date,
-    "time": iso_time,
-    "timestamp": instant_as_utc,
-    "timestamptz": instant_as_utc,
-    "interval": exact_text,
-    "numeric": as_double,
-    "decimal": exact_text,
-}
+    return ENGINE_CARRIERS.get(column.kind)
 
 
 def structure(columns: Sequence[Column]) -> str:
