@@ -183,7 +183,7 @@ def plan_restore(
     in_ledger = {entry.batch_id for entry in entries}
     kept = {cp.partition_id for cp in restored}
     forgotten = [
-        _not_in_target(held, now)
+        forget_checkpoint(held, now, FailureCode.NOT_IN_TARGET)
         for held in latest.values()
         if held.partition_id not in kept
         and held.status is PartitionCheckpointStatus.COMMITTED
@@ -216,20 +216,21 @@ def plan_restore(
     )
 
 
-def _not_in_target(checkpoint: PartitionCheckpoint, now: datetime) -> PartitionCheckpoint:
-    """A committed checkpoint the target's ledger does not hold, marked for loading again.
+def forget_checkpoint(
+    checkpoint: PartitionCheckpoint, now: datetime, error: FailureCode
+) -> PartitionCheckpoint:
+    """A committed checkpoint that no longer counts as loaded (``error`` says why): the
+    target's ledger does not hold it (``not_in_target``), or an operator reset the route.
 
-    No guard: nothing is in flight; the ledger, not a guard, proves it.
+    No guard: nothing is in flight. Its ledger batch id, if any, is kept.
     """
+    batch = {k: v for k, v in checkpoint.diagnostics.items() if k == LEDGER_BATCH_KEY}
     return attrs.evolve(
         checkpoint,
         status=PartitionCheckpointStatus.FAILED,
         started_at=now,
         completed_at=now,
-        diagnostics={
-            LEDGER_BATCH_KEY: checkpoint.diagnostics[LEDGER_BATCH_KEY],
-            "error": FailureCode.NOT_IN_TARGET.value,
-        },
+        diagnostics={**batch, "error": error.value},
     )
 
 

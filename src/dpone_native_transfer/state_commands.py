@@ -21,8 +21,6 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-import attrs
-
 from .checkpoints import (
     LEDGER_BATCH_KEY,
     FailureCode,
@@ -36,7 +34,13 @@ from .latest import as_latest
 from .ledger import ledger_overrides
 from .planner import route_definition
 from .plugins import Hooks, make_plugin_manager
-from .recovery import check_not_leased, ledger_of, operator_lease, plan_restore
+from .recovery import (
+    check_not_leased,
+    forget_checkpoint,
+    ledger_of,
+    operator_lease,
+    plan_restore,
+)
 from .reporting import EXIT_FAILED, EXIT_OK, confirmed, plural
 from .stores import open_store
 
@@ -243,19 +247,7 @@ def _reset_command(args: argparse.Namespace) -> int:
             )
         committed = [cp for cp in latest if cp.status is COMMITTED]
         now = datetime.now(UTC)
-        forgotten = [
-            attrs.evolve(
-                cp,
-                status=PartitionCheckpointStatus.FAILED,
-                started_at=now,
-                completed_at=now,
-                diagnostics={
-                    **{k: v for k, v in cp.diagnostics.items() if k == LEDGER_BATCH_KEY},
-                    "error": FailureCode.RESET.value,
-                },
-            )
-            for cp in committed
-        ]
+        forgotten = [forget_checkpoint(cp, now, FailureCode.RESET) for cp in committed]
         previous = store.load_source_state(route)
         generation = (previous or {}).get("generation", 0)
         watermark = source.max_cursor() if args.from_now else None
