@@ -443,3 +443,18 @@ def test_lazy_plan_refuses_a_stored_value_its_engine_would_read_otherwise(
         db.commit()
     done = run(folder, 'path = "source.db"', "src", kind, "lazy-plan")
     assert done.returncode == 2 and "cannot read source column(s) p exactly" in done.stderr
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb"])
+def test_a_text_that_is_not_utf8_is_a_value_error_naming_the_table_never_the_text(
+    tmp_path: Path, kind: str
+) -> None:
+    """Invalid UTF-8 stored as TEXT was native_transfer_source_invalid, exit 1 (retry)."""
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
+        db.execute("CREATE TABLE src (id INTEGER PRIMARY KEY, p INTEGER, v TEXT)")
+        db.execute("INSERT INTO src VALUES (1, 0, CAST(x'41ff42' AS TEXT))")
+        db.commit()
+    done = run(tmp_path, 'path = "source.db"', "src", kind, "staged")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "native_transfer_value_unsupported" in done.stderr and "not valid UTF-8" in done.stderr
+    assert "\\xff" not in done.stderr and "A\ufffdB" not in done.stderr  # never the text

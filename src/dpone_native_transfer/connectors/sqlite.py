@@ -19,7 +19,13 @@ from typing import Any
 
 from ..checkpoints import sha256_digest
 from ..column_types import Carry, finite_double, sqlite_kind
-from ..errors import ConfigInvalid, SourceInvalid, SourceMissing, TargetUnavailable
+from ..errors import (
+    ConfigInvalid,
+    SourceInvalid,
+    SourceMissing,
+    TargetUnavailable,
+    ValueUnsupported,
+)
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
 from ..payloads import Column, LoadPlan, RowChunks, SourceShape
@@ -162,6 +168,16 @@ class SQLiteSource:
         try:
             with contextlib.closing(self._open()) as conn:
                 yield conn
+        except sqlite3.OperationalError as exc:
+            if str(exc).startswith("Could not decode to UTF-8"):  # the text holds the value
+                raise ValueUnsupported(
+                    f"source table {self.table!r} holds a text value that is not valid UTF-8; "
+                    "nothing was written",
+                    diagnostics={"table": self.table},
+                ) from None
+            raise _source_invalid(
+                f"source table {self.table!r} could not be read", table=self.table
+            ) from None
         except sqlite3.Error:
             raise _source_invalid(
                 f"source table {self.table!r} could not be read", table=self.table
