@@ -3,8 +3,12 @@ wrapped only where a test injects a fault."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import sqlite3
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import postgres_server
@@ -22,6 +26,26 @@ from dpone_native_transfer.testing import FaultyStore, RecordingSink, StepClock,
 pytest_plugins = ["pytester"]
 
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
+
+
+def run_cli(*args: object, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``dpone-transfer ARGS`` in this process (so coverage measures it), with ``env`` added to
+    the environment for the call; returns what a subprocess run would."""
+    from dpone_native_transfer import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = {key: os.environ.get(key) for key in env or {}}
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main([str(arg) for arg in args])
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 class Route:

@@ -9,14 +9,13 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from dpone_native_transfer.testing import build_sample_source
 
-SCRIPT = str(Path(sys.executable).parent / "dpone-transfer")
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
 
 ROUTE = """\
@@ -45,9 +44,7 @@ def route(folder: Path, *, kind="sqlite", strategy="incremental_append", path="s
 
 
 def run(route_file: Path, *, code: int = 0) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [SCRIPT, "run", str(route_file)], capture_output=True, text=True, timeout=180
-    )
+    done = run_cli("run", route_file)  # in this process: as the console script, measured
     assert done.returncode == code, done.stdout + done.stderr
     return done
 
@@ -97,11 +94,7 @@ def test_min_rows_fires_on_an_empty_source_before_the_target(tmp_path: Path, str
     assert "native_transfer_governance_gate_failed" in done.stderr
     assert '"gate": "min_rows"' in done.stderr and '"rows": 0' in done.stderr
     assert target_rows(tmp_path, "sqlite") == 30  # a full refresh did not empty the target
-    scan = subprocess.run(
-        [SCRIPT, "guard", "scan", "--store", str(tmp_path / "checkpoints.db")],
-        capture_output=True,
-        text=True,
-    )
+    scan = run_cli("guard", "scan", "--store", tmp_path / "checkpoints.db")
     assert scan.returncode == 0, scan.stdout + scan.stderr  # nothing blocks the route
 
 
@@ -249,11 +242,8 @@ def test_adding_a_cursor_column_to_a_cursorless_route_is_refused(tmp_path: Path)
 
 
 def state_reset(route_file: Path, *flags: str, code: int = 0) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [SCRIPT, "state", "reset", str(route_file), "--reason", "new cursor column",
-         "--operator", "ops", "--yes", *flags],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = run_cli("state", "reset", route_file, "--reason", "new cursor column",
+                   "--operator", "ops", "--yes", *flags)  # fmt: skip
     assert done.returncode == code, done.stdout + done.stderr
     return done
 
@@ -274,10 +264,7 @@ def test_state_reset_from_now_continues_a_changed_cursor_without_a_duplicate(
     build_sample_source(tmp_path / "source.db", rows=20, partitions=2, start_id=101)
     assert "loaded 20 rows" in run(route_file).stdout
     assert target_ids(tmp_path) == source_ids(tmp_path)
-    show = subprocess.run(
-        [SCRIPT, "guard", "show", str(route_file)],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    show = run_cli("guard", "show", route_file)
     assert "reset" in show.stdout and "new cursor column" in show.stdout
 
 

@@ -10,18 +10,16 @@ target is touched: no target table, nothing blocked, and the route retryable.
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from conftest import run_cli
 
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
-SCRIPT = str(Path(sys.executable).parent / "dpone-transfer")
 TARGET_FILES = {"sqlite": "target.db", "duckdb": "target.duckdb", "clickhouse": "chdata"}
 
 ROUTE = """\
@@ -46,14 +44,7 @@ def run(folder: Path, source: str, table: str, kind: str, path: str, *, env=None
     (folder / "route.toml").write_text(
         ROUTE.format(source=source, table=table, kind=kind, target=target, path=path)
     )
-    return subprocess.run(
-        [SCRIPT, "run", "route.toml", "--quiet"],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, **(env or {})},
-    )
+    return run_cli("run", folder / "route.toml", "--quiet", env=env)  # in this process
 
 
 def target_texts(folder: Path, kind: str, columns: list[str]) -> list[tuple]:
