@@ -506,6 +506,7 @@ def test_resolve_writes_guarded_checkpoints_and_a_complete_audit_record(route):
         assert new.diagnostics == {
             "target_commit_guard": {**old_guard, "phase": "checkpoint_committed"},
             "ledger_batch_id": old_guard["checkpoint_batch_id"],
+            "definition": old.diagnostics["definition"],  # the route's, kept as it was
         }, "the failure code goes when the rows are in the target"
         unchanged = attrs.evolve(
             new,

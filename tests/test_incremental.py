@@ -373,3 +373,101 @@ def test_a_frozen_schema_stops_on_a_new_column_before_the_target(tmp_path: Path,
     assert target_rows(tmp_path, kind) == 40
     route_file.write_text(text.replace('"freeze"', '"evolve"'))
     assert "loaded 1 row" in run(route_file).stdout
+
+
+# found by a hostile pass: ways around the definition check ---------------------------------------
+
+
+def rebuild_source(folder: Path, definition: str) -> None:
+    """The same rows under other declared types (SQLite cannot retype a column in place)."""
+    alter_source(
+        folder,
+        "ALTER TABLE orders RENAME TO orders_old",
+        f"CREATE TABLE orders ({definition})",
+        "INSERT INTO orders SELECT * FROM orders_old",
+        "DROP TABLE orders_old",
+    )
+
+
+@pytest.mark.parametrize(
+    ("definition", "changed"),
+    [
+        ("id INTEGER PRIMARY KEY, region TEXT, amount REAL, updated_at TEXT", "cursor_kind"),
+        ("id INTEGER PRIMARY KEY, region REAL, amount REAL, updated_at INTEGER", "partition_kind"),
+    ],
+)
+def test_retyping_the_partition_or_cursor_column_is_refused(
+    tmp_path: Path, definition: str, changed: str
+) -> None:
+    """Bounds compare values as stored: 1 and 1.0 and '1' are other bounds, so a retyped
+    partition column re-appended every committed partition (200 rows, 100 distinct)."""
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
+        db.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, region INTEGER, amount REAL,"
+                   " updated_at INTEGER)")  # fmt: skip
+        db.executemany("INSERT INTO orders VALUES (?, ?, ?, ?)",
+                       [(i, i % 5, 1.0, 1000 + i) for i in range(1, 101)])  # fmt: skip
+        db.commit()
+    route_file = route(tmp_path)
+    assert "loaded 100 rows" in run(route_file).stdout
+    rebuild_source(tmp_path, definition.replace("region TEXT", "region INTEGER"))
+    done = run(route_file, code=2)
+    assert "native_transfer_route_changed" in done.stderr and changed in done.stderr
+    assert target_ids(tmp_path) == source_ids(tmp_path)
+
+
+def test_a_restored_store_keeps_the_definition_and_refuses_another_cursor(
+    tmp_path: Path,
+) -> None:
+    """state restore wrote a source state without the definition: the next run took a new
+    cursor column with the old one's watermark and lost every new row, exit 0."""
+    build_sample_source(tmp_path / "source.db", rows=100, partitions=4)
+    route_file = route(tmp_path)
+    run(route_file)
+    (tmp_path / "checkpoints.db").unlink()  # the store is lost
+    route_file.write_text(route_file.read_text().replace('"updated_at"', '"id"'))
+    done = run_cli("state", "restore", route_file, "--reason", "lost", "--operator", "o", "--yes")
+    assert done.returncode == 2 and "native_transfer_route_changed" in done.stderr
+    route(tmp_path)  # the old cursor column back: the restore works and keeps it
+    done = run_cli("state", "restore", route_file, "--reason", "lost", "--operator", "o", "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    route_file.write_text(route_file.read_text().replace('"updated_at"', '"id"'))
+    run(route_file, code=2)  # native_transfer_route_changed: the definition was restored
+    route(tmp_path)
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=2, start_id=101)
+    assert "loaded 10 rows" in run(route_file).stdout
+    assert target_ids(tmp_path) == source_ids(tmp_path)
+
+
+def test_a_failed_first_window_under_another_cursor_column_is_refused_not_reused(
+    tmp_path: Path,
+) -> None:
+    """A first run failed before any state was written; then the cursor column changed: the
+    old column's window was taken over (its upto became the new watermark), and later rows
+    were never loaded, exit 0."""
+    build_sample_source(tmp_path / "source.db", rows=100, partitions=4)
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as db:
+        db.execute("CREATE TABLE orders_copy (id INTEGER, region TEXT, amount REAL,"
+                   " updated_at INTEGER, CHECK (id <> 50))")  # fmt: skip
+        db.commit()
+    route_file = route(tmp_path)
+    run(route_file, code=1)  # the check constraint fails inside the target call
+    with contextlib.closing(sqlite3.connect(tmp_path / "checkpoints.db")) as store:
+        (batch,) = store.execute("SELECT DISTINCT ledger_batch FROM checkpoint_latest").fetchone()
+    resolved = run_cli("guard", "resolve", route_file, "--batch", batch, "--from-target",
+                       "--reason", "not applied", "--operator", "o", "--yes")  # fmt: skip
+    assert resolved.returncode == 0, resolved.stdout + resolved.stderr
+    alter_source(tmp_path, "UPDATE orders SET amount = amount")  # nothing changes there
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as db:
+        db.execute("DROP TABLE orders_copy")
+        db.commit()
+    route_file.write_text(route_file.read_text().replace('"updated_at"', '"id"'))
+    done = run(route_file, code=2)
+    assert "native_transfer_route_changed" in done.stderr
+    assert target_ids_or_none(tmp_path) is None
+
+
+def target_ids_or_none(folder: Path) -> list[int] | None:
+    with contextlib.closing(sqlite3.connect(folder / "target.db")) as target:
+        if not target.execute("SELECT 1 FROM sqlite_master WHERE name = 'orders_copy'").fetchone():
+            return None
+    return target_ids(folder)

@@ -36,6 +36,7 @@ from .checkpoints import (
 )
 from .errors import CheckpointStoreCorrupt, ConfigInvalid, RouteDefinitionChanged
 from .latest import LatestCheckpoints, as_latest
+from .payloads import Column
 
 __all__ = ["ResumePlan", "SourceWindow", "plan_resume", "plan_window"]
 
@@ -88,24 +89,44 @@ def _source_state(route: RouteKey, state: Mapping[str, Any] | None) -> tuple[int
     return generation, watermark
 
 
-def route_definition(source: PartitionedSource) -> dict[str, Any]:
-    """What the meaning of an append route's stored state depends on; kept with the state."""
-    return {"partition_column": source.partition_column, "cursor_column": source.cursor_column}
+DEFINITION_KEY = "definition"  # in the source state and in every checkpoint's diagnostics
+
+
+def route_definition(source: PartitionedSource, columns: Sequence[Column]) -> dict[str, Any]:
+    """What the meaning of an append route's state and checkpoints depends on: its partition
+    and cursor columns and their kinds (a partition value 1 and 1.0 are other bounds)."""
+    kinds = {column.name: column.kind for column in columns}
+    return {
+        "partition_column": source.partition_column,
+        "cursor_column": source.cursor_column,
+        "partition_kind": kinds.get(source.partition_column),
+        "cursor_kind": None if source.cursor_column is None else kinds.get(source.cursor_column),
+    }
 
 
 def check_definition(
-    route: RouteKey, state: Mapping[str, Any] | None, definition: Mapping[str, Any]
+    route: RouteKey,
+    state: Mapping[str, Any] | None,
+    latest: Iterable[PartitionCheckpoint],
+    definition: Mapping[str, Any],
 ) -> None:
-    """Refuse an append route whose partition or cursor column changed since its state.
+    """Refuse an append route whose partition or cursor column (or its kind) changed.
 
     The watermark is a value of the old cursor column and committed partitions
     are values of the old partition column: under new ones a run would append
-    rows twice or skip them. State written before definitions were kept passes.
+    rows twice or skip them. The definition is read from the source state, or,
+    when the state keeps none (a first run that failed, a restored store), from
+    the route's checkpoints. Keys an older release did not record pass.
     """
-    stored = (state or {}).get("definition")
-    if route.strategy is not Strategy.INCREMENTAL_APPEND or not isinstance(stored, Mapping):
+    if route.strategy is not Strategy.INCREMENTAL_APPEND:
         return
-    changed = sorted(key for key in definition if stored.get(key) != definition[key])
+    stored = (state or {}).get(DEFINITION_KEY)
+    if not isinstance(stored, Mapping):
+        recorded = (cp.diagnostics.get(DEFINITION_KEY) for cp in latest if _counts(cp))
+        stored = next((d for d in recorded if isinstance(d, Mapping)), None)
+    if stored is None:
+        return
+    changed = sorted(k for k in definition if k in stored and stored[k] != definition[k])
     if changed:
         was = ", ".join(f"{key} {stored.get(key)!r} -> {definition[key]!r}" for key in changed)
         raise RouteDefinitionChanged(
@@ -115,6 +136,11 @@ def check_definition(
             "`dpone-transfer state reset` (see docs/incremental.md)",
             diagnostics={"route": route.as_dict(), "changed": changed},
         )
+
+
+def _counts(checkpoint: PartitionCheckpoint) -> bool:
+    """Whether a checkpoint still describes the route (an operator did not forget it)."""
+    return checkpoint.diagnostics.get("error") not in (FailureCode.NOT_IN_TARGET, FailureCode.RESET)
 
 
 def _plain(value: Any) -> bool:
@@ -131,9 +157,11 @@ def plan_window(
     source: PartitionedSource,
     state: Mapping[str, Any] | None,
     latest: Iterable[PartitionCheckpoint],
+    *,
+    definition: Mapping[str, Any] | None = None,
 ) -> tuple[SourceWindow, list[dict[str, Any]]]:
     """The current generation's window and the bounds of each of its partitions."""
-    window, bounds = _plan_window(route, source, state, latest)
+    window, bounds = _plan_window(route, source, state, latest, definition)
     for item in bounds:
         for key, value in item.items():
             if key in ("partition", "cursor_after", "cursor_upto"):
@@ -164,6 +192,7 @@ def _plan_window(
     source: PartitionedSource,
     state: Mapping[str, Any] | None,
     latest: Iterable[PartitionCheckpoint],
+    definition: Mapping[str, Any] | None,
 ) -> tuple[SourceWindow, list[dict[str, Any]]]:
     generation, watermark = _source_state(route, state)
     if route.strategy is Strategy.FULL_REFRESH:
@@ -187,7 +216,8 @@ def _plan_window(
         for cp in latest
         if "cursor_upto" in cp.partition_bounds
         and cp.partition_bounds.get("cursor_after") == watermark
-        and cp.diagnostics.get("error") not in (FailureCode.NOT_IN_TARGET, FailureCode.RESET)
+        and _counts(cp)
+        and (definition is None or cp.diagnostics.get(DEFINITION_KEY, definition) == definition)
     ]
     upto = max(pending) if pending else source.max_cursor(after=watermark)
     window = SourceWindow(
@@ -207,6 +237,8 @@ def candidate_checkpoints(
     query_hash: str,
     schema_hash: str,
     bounds: Iterable[Mapping[str, Any]],
+    *,
+    definition: Mapping[str, Any] | None = None,
 ) -> list[PartitionCheckpoint]:
     """This attempt's view of every partition in the window, before any resume decision."""
     return [
@@ -218,6 +250,7 @@ def candidate_checkpoints(
             query_hash=query_hash,
             schema_hash=schema_hash,
             partition_bounds=dict(item),
+            diagnostics={} if definition is None else {DEFINITION_KEY: dict(definition)},
         )
         for item in bounds
     ]

@@ -218,11 +218,11 @@ class TransferRuntime:
             generation = (state or {}).get("generation", 0)
             state = {"generation": generation, "watermark": refreshed.watermark}
             recorder.emit(EventName.STATE_REALIGNED, batch_id=refreshed.batch_id)
-        definition = route_definition(spec.source)
-        check_definition(route, state, definition)
-        window, bounds = plan_window(route, spec.source, state, latest)
+        definition = route_definition(spec.source, shape.columns)
+        check_definition(route, state, latest, definition)
+        window, bounds = plan_window(route, spec.source, state, latest, definition=definition)
         candidates = candidate_checkpoints(
-            route, spec.run_id, shape.query_hash, shape.schema_hash, bounds
+            route, spec.run_id, shape.query_hash, shape.schema_hash, bounds, definition=definition
         )
         plan = plan_resume(route, candidates, latest)
         if not candidates and spec.governance.enabled and not spec.source.partition_values():

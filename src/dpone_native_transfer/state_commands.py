@@ -29,7 +29,7 @@ from .checkpoints import (
     Strategy,
 )
 from .config import load_route_config
-from .errors import ConfigInvalid
+from .errors import ConfigInvalid, RouteDefinitionChanged
 from .latest import as_latest
 from .ledger import ledger_overrides
 from .planner import route_definition
@@ -153,6 +153,7 @@ def _restore_command(args: argparse.Namespace) -> int:
             excused=ledger_overrides(store, route),
             ignore_row_count=args.ignore_row_count,
         )
+        source_state = _with_definition(config, route, entries, plan.source_state)
         restored = len(plan.checkpoints) - plan.rolled_back
         print(
             f"route {route.label}: {plural(plan.entries, 'batch')} in the target's ledger; "
@@ -169,9 +170,9 @@ def _restore_command(args: argparse.Namespace) -> int:
             rows = f"{checkpoint.rows_exported:,} rows"
             status = "committed" if checkpoint.status is COMMITTED else "failed, not in target"
             print(f"  {checkpoint.partition_id}  {status}  {rows}  {bounds}")
-        if plan.source_state is not None:
-            print(f"  source state: {_state(plan.previous_state)} -> {_state(plan.source_state)}")
-        if not plan.checkpoints and plan.source_state is None:
+        if source_state is not None:
+            print(f"  source state: {_state(plan.previous_state)} -> {_state(source_state)}")
+        if not plan.checkpoints and source_state is None:
             print("the store already agrees with the target's ledger: nothing to write")
             return EXIT_OK
         question = f"Write {plural(len(plan.checkpoints), 'checkpoint')} and one audit record?"
@@ -198,7 +199,7 @@ def _restore_command(args: argparse.Namespace) -> int:
                 }
                 for cp in plan.checkpoints
             ],
-            "source_state": plan.source_state,
+            "source_state": source_state,
             "ignore_row_count": args.ignore_row_count,
         }
         if plan.overrides:
@@ -209,12 +210,36 @@ def _restore_command(args: argparse.Namespace) -> int:
                 plan.checkpoints,
                 audit,
                 expected=plan.replaced,
-                source_state=plan.source_state,
+                source_state=source_state,
             )
     finally:
         store.close()
     print(f"wrote {plural(len(plan.checkpoints), 'checkpoint')} and audit record #{audit_id}")
     return EXIT_OK
+
+
+def _with_definition(
+    config: Any, route: Any, entries: list[Any], state: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The restored source state, keeping the route file's definition; refused when the
+    target's last batch of the route was loaded under another cursor column (the restored
+    watermark would be a value of that column)."""
+    if state is None:
+        return None
+    mine = [entry for entry in entries if entry.of_route(route)]
+    cursor = config.source.cursor_column
+    if mine and route.strategy is Strategy.INCREMENTAL_APPEND and mine[-1].cursor_column != cursor:
+        raise RouteDefinitionChanged(
+            f"refusing to restore route {route.label}: the target's last batch of it was loaded "
+            f"with cursor column {mine[-1].cursor_column!r}, the route file names {cursor!r}; "
+            "put the old column back to restore, then `state reset` to change it; nothing was "
+            "written",
+            diagnostics={"route": route.as_dict(), "changed": ["cursor_column"]},
+        )
+    return {
+        **state,
+        "definition": route_definition(config.source, config.source.describe().columns),
+    }
 
 
 def _reset_command(args: argparse.Namespace) -> int:
@@ -254,7 +279,7 @@ def _reset_command(args: argparse.Namespace) -> int:
         state = {
             "generation": (generation if isinstance(generation, int) else 0) + 1,
             "watermark": watermark,
-            "definition": route_definition(source),
+            "definition": route_definition(source, source.describe().columns),
         }
         batches = sorted({b for cp in committed if (b := cp.diagnostics.get(LEDGER_BATCH_KEY))})
         print(
