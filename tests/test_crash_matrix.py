@@ -395,7 +395,12 @@ def test_hard_kill_then_automatic_retry_never_duplicates(
         assert state == {
             "generation": 1,
             "watermark": 1_000_000 + ROWS,
-            "definition": {"partition_column": "region", "cursor_column": "updated_at"},
+            "definition": {
+                "partition_column": "region",
+                "cursor_column": "updated_at",
+                "partition_kind": "text",
+                "cursor_kind": "integer",
+            },
         }
 
 
