@@ -34,11 +34,21 @@ __all__ = [
     "as_text",
     "carried_chunks",
     "declared_precision",
+    "double_nan_as_text",
+    "exact_bytes",
     "exact_decimal",
+    "exact_integer",
+    "exact_text",
     "finite_double",
     "instant_as_utc",
+    "instant_as_utc_or_infinite",
+    "iso_date",
+    "iso_date_or_infinite",
+    "iso_time",
+    "passing",
     "postgres_kind",
     "sqlite_kind",
+    "utc_instant",
 ]
 
 KINDS = frozenset(
