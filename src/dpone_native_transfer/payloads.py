@@ -52,10 +52,13 @@ class Column:
         default=attrs.Factory(_default_kind, takes_self=True), validator=_check_kind
     )
 
-    @property
-    def precision(self) -> tuple[int, int] | None:
-        """``(precision, scale)`` the declared type states, if any."""
-        return declared_precision(self.decltype) if isinstance(self.decltype, str) else None
+    def decimal(self, widest: int) -> tuple[int, int] | None:
+        """``(precision, scale)`` when this numeric or decimal column declares a precision
+        of at most ``widest`` digits (what a target's DECIMAL type can hold), else None."""
+        if self.kind not in ("numeric", "decimal") or not isinstance(self.decltype, str):
+            return None
+        declared = declared_precision(self.decltype)
+        return declared if declared is not None and declared[0] <= widest else None
 
 
 @attrs.frozen(kw_only=True)

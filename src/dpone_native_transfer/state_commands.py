@@ -256,7 +256,11 @@ def _reset_command(args: argparse.Namespace) -> int:
             diagnostics={"route": route.as_dict()},
         )
     given = args.store is not None
-    store = open_store(args.store if given else config.store_path, create=False, argument="--store")
+    store = open_store(
+        args.store if given else config.store_path,
+        create=False,
+        argument="--store" if given else "store.path",
+    )
     try:
         check_not_leased(store, route)
         latest = as_latest(store.list_latest(route))

@@ -81,15 +81,9 @@ _MAX_DECIMAL_WIDTH = 38
 _CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 
 
-def _decimal(column: Column) -> tuple[int, int] | None:
-    """``(precision, scale)`` when ``column`` is a decimal DuckDB can declare."""
-    precision = column.precision if column.kind in ("numeric", "decimal") else None
-    return precision if precision is not None and precision[0] <= _MAX_DECIMAL_WIDTH else None
-
-
 def duckdb_type(column: Column) -> str:
     """The DuckDB type a target column gets; built from fixed names, never from source text."""
-    decimal = _decimal(column)
+    decimal = column.decimal(_MAX_DECIMAL_WIDTH)
     if decimal is not None:
         return f"DECIMAL({decimal[0]},{decimal[1]})"
     return DUCKDB_TYPES[column.kind]
@@ -97,7 +91,7 @@ def duckdb_type(column: Column) -> str:
 
 def duckdb_carrier(column: Column) -> Carry | None:
     """How a value of ``column`` reaches DuckDB exactly (see ``ValueCarrying``)."""
-    decimal = _decimal(column)
+    decimal = column.decimal(_MAX_DECIMAL_WIDTH)
     if decimal is not None:
         return exact_decimal(*decimal)
     return _CARRIERS.get(column.kind)

@@ -515,7 +515,7 @@ class SQLiteSink:
         """``SchemaEvolving``: SQLite matches column names case-insensitively (ASCII)."""
         with self._reader() as conn:
             existing = [] if conn is None else _table_columns(conn, self.table)
-        return difference(existing and [c.name for c in existing], columns, fold=fold_ascii)
+        return difference([column.name for column in existing], columns, fold=fold_ascii)
 
     def add_columns(self, columns: Sequence[Column]) -> None:
         with self._connect() as conn, _transaction(conn):

@@ -70,12 +70,6 @@ def column_list(names: Sequence[str]) -> str:
     return ", ".join(quote(name) for name in names)
 
 
-def _decimal(column: Column) -> tuple[int, int] | None:
-    """``(precision, scale)`` when ``column`` is a decimal ClickHouse can declare."""
-    precision = column.precision if column.kind in ("numeric", "decimal") else None
-    return precision if precision is not None and precision[0] <= _MAX_DECIMAL_PRECISION else None
-
-
 def column_type(column: Column) -> str:
     """The Nullable ClickHouse type of a source column, from its kind.
 
@@ -89,7 +83,7 @@ def column_type(column: Column) -> str:
             f"column {column.name!r} has an unsupported declared type",
             diagnostics={"column": column.name},
         )
-    decimal = _decimal(column)
+    decimal = column.decimal(_MAX_DECIMAL_PRECISION)
     if decimal is not None:
         return f"Nullable(Decimal({decimal[0]}, {decimal[1]}))"
     return f"Nullable({_TYPES[column.kind]})"
@@ -97,7 +91,7 @@ def column_type(column: Column) -> str:
 
 def column_carrier(column: Column) -> Carry | None:
     """How a value of ``column`` reaches ClickHouse exactly (see ``ValueCarrying``)."""
-    decimal = _decimal(column)
+    decimal = column.decimal(_MAX_DECIMAL_PRECISION)
     if decimal is not None:
         return exact_decimal(*decimal)
     return ENGINE_CARRIERS.get(column.kind)
