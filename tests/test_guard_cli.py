@@ -507,6 +507,7 @@ def test_resolve_writes_guarded_checkpoints_and_a_complete_audit_record(route):
             "target_commit_guard": {**old_guard, "phase": "checkpoint_committed"},
             "ledger_batch_id": old_guard["checkpoint_batch_id"],
             "definition": old.diagnostics["definition"],  # the route's, kept as it was
+            "edge_rows": old.diagnostics["edge_rows"],
         }, "the failure code goes when the rows are in the target"
         unchanged = attrs.evolve(
             new,

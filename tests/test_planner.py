@@ -52,9 +52,11 @@ def assert_exactly_once(route) -> None:
 
 
 def state(route) -> dict | None:
-    """The route's progress (its stored definition aside: see test_incremental.py)."""
+    """The route's progress (its definition and cursor edge aside: see test_incremental.py and
+    test_cursor_edge.py)."""
     stored = route.real_store.load_source_state(route.spec("legacy").route)
-    return None if stored is None else {k: v for k, v in stored.items() if k != "definition"}
+    aside = ("definition", "edge")
+    return None if stored is None else {k: v for k, v in stored.items() if k not in aside}
 
 
 def evidence(route, strategy: str = "incremental_append") -> list[dict]:

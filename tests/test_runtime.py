@@ -35,9 +35,11 @@ PARTITION_ID = re.compile(r"p-[0-9a-f]{24}")
 
 
 def state(route) -> dict | None:
-    """The route's progress (its stored definition aside: see test_incremental.py)."""
+    """The route's progress (its definition and cursor edge aside: see test_incremental.py and
+    test_cursor_edge.py)."""
     stored = route.real_store.load_source_state(route.spec("legacy").route)
-    return None if stored is None else {k: v for k, v in stored.items() if k != "definition"}
+    aside = ("definition", "edge")
+    return None if stored is None else {k: v for k, v in stored.items() if k not in aside}
 
 
 def evidence_run_ids(route) -> list[str]:

@@ -25,6 +25,7 @@ import attrs
 
 from .checkpoints import RouteKey, Strategy
 from .connectors import SQLiteSink, SQLiteSource
+from .cursor_edge import NULL_CURSOR_POLICIES
 from .errors import ConfigInvalid
 from .identity import route_key
 from .lease import DEFAULT_LEASE_SECONDS
@@ -51,6 +52,8 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
             "table": ("name", _REQUIRED),
             "partition_column": ("name", _REQUIRED),
             "cursor_column": ("name", _OPTIONAL),
+            "lag": ("lag", _OPTIONAL),  # cursor units re-read for late rows (cursor_edge.py)
+            "on_null_cursor": ("on_null_cursor", _OPTIONAL),
         },
     ),
     "target": (
@@ -98,6 +101,7 @@ _ENUMS: Mapping[str, tuple[str, ...]] = {
     "source_kind": tuple(_SOURCE_KINDS),
     "target_kind": tuple(_TARGET_KINDS),
     "schema_contract": SCHEMA_CONTRACTS,
+    "on_null_cursor": NULL_CURSOR_POLICIES,
 }
 
 _TOML_TYPES = (
@@ -125,6 +129,8 @@ class RouteConfig:
     ledger: bool = True
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     schema_contract: str = "evolve"
+    lag: float = 0
+    on_null_cursor: str = "error"
 
     @property
     def label(self) -> str:
@@ -148,6 +154,8 @@ class RouteConfig:
             artifact_dir=self.artifact_dir,
             ledger=self.ledger,
             schema_contract=self.schema_contract,
+            lag=self.lag,
+            on_null_cursor=self.on_null_cursor,
         )
 
 
@@ -293,6 +301,12 @@ def _check_value(key: str, kind: str, value: Any) -> None:
         if not 0 < value < 7 * 24 * 3600:
             raise _invalid(key, "must be more than 0 and less than a week")
         return
+    if kind == "lag":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _invalid(key, f"must be a number of cursor units, not {_toml_type(value)}")
+        if not 0 <= value < float("inf"):
+            raise _invalid(key, "must be 0 or more (and finite)")
+        return
     if kind in ("positive", "count"):
         if not isinstance(value, int) or isinstance(value, bool):
             raise _invalid(key, f"must be an integer, not {_toml_type(value)}")
@@ -331,6 +345,8 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
         ledger=sections["target"].get("ledger", True),
         lease_seconds=float(sections["store"].get("lease_seconds", DEFAULT_LEASE_SECONDS)),
         schema_contract=transfer.get("schema_contract", "evolve"),
+        lag=sections["source"].get("lag", 0),
+        on_null_cursor=sections["source"].get("on_null_cursor", "error"),
     )
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "CheckpointStoreUnavailable",
     "ClockInvalid",
     "ConfigInvalid",
+    "CursorNull",
     "GovernanceGateFailed",
     "ArtifactInvalid",
     "ManualReconciliationRequired",
@@ -204,6 +205,13 @@ class SchemaChanged(ConfigInvalid):
     contract does not allow; refused before the target (exit 2)."""
 
     code = "native_transfer_schema_changed"
+
+
+class CursorNull(ConfigInvalid):
+    """An append route's cursor column holds NULLs that ``on_null_cursor = "error"`` refuses:
+    no window would ever load them. Refused before the target (exit 2)."""
+
+    code = "native_transfer_cursor_null"
 
 
 class ResolutionConflict(ConfigInvalid):

@@ -17,6 +17,7 @@ class EventName:
     ROUTE_SCANNED = "route_scanned"
     STATE_REALIGNED = "state_realigned"  # continued after another route's full refresh
     SCHEMA_EVOLVED = "schema_evolved"  # new source columns were added to the target table
+    CURSOR_EDGE_UNTRACKED = "cursor_edge_untracked"  # a part of the edge record was dropped
     PARTITION_EXTRACTED = "partition_extracted"
     PRE_TARGET_DONE = "pre_target_done"
     GUARD_ARMED = "guard_armed"

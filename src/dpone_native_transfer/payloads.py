@@ -110,7 +110,9 @@ def bound_predicates(
     ``bounds`` is ``{"partition": value, "cursor_after": a, "cursor_upto": b}``
     (cursor keys optional). A NULL partition value means ``IS NULL``. With
     ``"cursor_nulls": true`` (a full refresh's bounds) the upper bound also
-    keeps rows whose cursor is NULL: ``<= OR NULL``. Bounds without a partition,
+    keeps rows whose cursor is NULL: ``<= OR NULL``. An append's edge
+    partitions (``cursor_edge.py``) use ``"cursor_from"`` (``>=``) or
+    ``"cursor_null": true`` (the cursor ``IS NULL``). Bounds without a partition,
     or with a cursor window on a source without a cursor column, raise
     ``ConfigInvalid``.
     """
@@ -123,10 +125,11 @@ def bound_predicates(
         else Predicate(partition_column, "=", value)
     ]
     upto = UPTO_OR_NULL if bounds.get("cursor_nulls") is True else "<="
-    for key, op in (("cursor_after", ">"), ("cursor_upto", upto)):
-        if bounds.get(key) is None:
+    window = (("cursor_after", ">"), ("cursor_from", ">="), ("cursor_upto", upto))
+    for key, op in (*window, ("cursor_null", "IS NULL")):
+        if bounds.get(key) is None or bounds.get(key) is False:  # 0 is a cursor value
             continue
         if cursor_column is None:
             raise ConfigInvalid("a cursor window needs a source with a cursor column")
-        predicates.append(Predicate(cursor_column, op, bounds[key]))
+        predicates.append(Predicate(cursor_column, op, None if op == "IS NULL" else bounds[key]))
     return tuple(predicates)

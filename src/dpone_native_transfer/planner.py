@@ -7,7 +7,9 @@ skips what is durably committed:
 
 - incremental_append with a cursor: partitions cover the cursor window
   ``(watermark, upto]``; a retry reuses the pending window's ``upto`` so rows
-  that arrived meanwhile never change the ids of work already done;
+  that arrived meanwhile never change the ids of work already done. Edge
+  partitions add the rows at the watermark, within ``lag`` below it or with a
+  NULL cursor that the route has not loaded (``cursor_edge.py``);
 - incremental_append without a cursor: partitions are the partition values;
   a committed value is never reloaded (new values are new work);
 - full_refresh: bounds carry the generation, so each completed run starts a
@@ -34,6 +36,7 @@ from .checkpoints import (
     Strategy,
     partition_id_for,
 )
+from .cursor_edge import Edge, EdgeScan
 from .errors import CheckpointStoreCorrupt, ConfigInvalid, RouteDefinitionChanged
 from .latest import LatestCheckpoints, as_latest
 from .payloads import Column
@@ -159,12 +162,25 @@ def plan_window(
     latest: Iterable[PartitionCheckpoint],
     *,
     definition: Mapping[str, Any] | None = None,
+    edge: tuple[Edge, EdgeScan] | None = None,
 ) -> tuple[SourceWindow, list[dict[str, Any]]]:
-    """The current generation's window and the bounds of each of its partitions."""
+    """The current generation's window and the bounds of each of its partitions.
+
+    ``edge`` (an append with a cursor) adds the edge partitions: the partition
+    values with rows at the watermark, within the lag or with a NULL cursor that
+    the route has not loaded (``cursor_edge.py``). Their bounds carry the
+    generation, so a retry keeps their ids and a later generation gets new ones.
+    """
     window, bounds = _plan_window(route, source, state, latest, definition)
+    if edge is not None and route.strategy is Strategy.INCREMENTAL_APPEND:
+        record, scan = edge
+        g = window.generation
+        ranged = {"cursor_from": record.since, "cursor_upto": record.upto, "generation": g}
+        bounds += [{"partition": p, **ranged} for p in scan.ranged]
+        bounds += [{"partition": p, "cursor_null": True, "generation": g} for p in scan.nulled]
     for item in bounds:
         for key, value in item.items():
-            if key in ("partition", "cursor_after", "cursor_upto"):
+            if key in ("partition", "cursor_after", "cursor_from", "cursor_upto"):
                 _check_bound_value(source, key, value)
     return window, bounds
 

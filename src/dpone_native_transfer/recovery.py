@@ -24,6 +24,7 @@ from .checkpoints import (
     RouteKey,
 )
 from .connectors.contract import LedgerSink
+from .cursor_edge import unknown_edge
 from .errors import ConfigInvalid, NativeTransferError, RouteBusy, StoreTargetMismatch
 from .lease import Lease, LeaseStore, read_holder
 from .lease import lease_key as _lease_key
@@ -199,7 +200,11 @@ def plan_restore(
     generation = previous.get("generation") if isinstance(previous, dict) else None
     if mine:
         last = max(mine, key=lambda entry: entry.seq)
-        state: dict[str, Any] | None = {"generation": last.generation, "watermark": last.watermark}
+        state: dict[str, Any] | None = {
+            "generation": last.generation,
+            "watermark": last.watermark,
+            **unknown_edge(last.watermark),  # which edge rows the target holds is not recorded
+        }
     else:
         state = {"generation": generation if isinstance(generation, int) else 0, "watermark": None}
     if not forgotten and isinstance(generation, int) and generation >= state["generation"]:

@@ -103,6 +103,12 @@ def _progress_line(event: Event) -> str | None:
         )
     if event.name == EventName.TARGET_STARTED:
         return f"target: {fields['operation']}"
+    if event.name == EventName.CURSOR_EDGE_UNTRACKED:
+        what = "NULL-cursor rows" if fields["part"] == "nulls" else "rows at the watermark"
+        return (
+            f"warning: the cursor edge no longer tracks {what}: such rows written from now on "
+            "are not loaded (nothing is loaded twice; see docs/incremental.md)"
+        )
     return None
 
 

@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,20 @@ import attrs
 from .boundary import TargetBoundary
 from .checkpoints import LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey, Strategy, batch_id_for
 from .clock import Clock, read_clock, system_clock
-from .connectors.contract import LedgerSink
+from .connectors.contract import CursorEdgeReading, LedgerSink
+from .cursor_edge import (
+    EDGE_KEY,
+    NULL_CURSOR_POLICIES,
+    Edge,
+    EdgeScan,
+    EdgeTracker,
+    advanced_edge,
+    check_lag,
+    lag_since,
+    refuse_null_cursor,
+    scan_edge,
+    unknown_edge,
+)
 from .errors import ConfigInvalid, TargetCommitGuardUnhandled
 from .events import Event, EventName, EventRecorder
 from .identity import route_key
@@ -37,6 +50,7 @@ from .paths.file_artifact import file_artifact_path
 from .paths.lazy_plan import lazy_plan_path
 from .paths.legacy import legacy_path
 from .paths.staged import staged_path
+from .payloads import Column
 from .planner import (
     candidate_checkpoints,
     check_definition,
@@ -79,6 +93,22 @@ def _schema_contract(_instance: Any, _attribute: attrs.Attribute, value: Any) ->
         )
 
 
+def _lag(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and 0 <= value < float("inf")):
+        raise ConfigInvalid(
+            "lag must be a number of cursor units, 0 or more", diagnostics={"key": "source.lag"}
+        )
+
+
+def _null_policy(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
+    if value not in NULL_CURSOR_POLICIES:
+        raise ConfigInvalid(
+            f"on_null_cursor must be one of: {', '.join(NULL_CURSOR_POLICIES)}",
+            diagnostics={"key": "source.on_null_cursor"},
+        )
+
+
 def _strategy(value: Any) -> Strategy:
     if value not in Strategy._value2member_map_:
         known = ", ".join(s.value for s in Strategy)
@@ -100,6 +130,8 @@ class TransferSpec:
     artifact_dir: str | None = None
     ledger: bool = True
     schema_contract: str = attrs.field(default="evolve", validator=_schema_contract)
+    lag: float = attrs.field(default=0, validator=_lag)  # cursor units re-read for late rows
+    on_null_cursor: str = attrs.field(default="error", validator=_null_policy)
 
     @property
     def route(self) -> RouteKey:
@@ -216,11 +248,18 @@ class TransferRuntime:
         state = self.state_store.load_source_state(route)
         if refreshed is not None:  # another route's full refresh: continue where it ended
             generation = (state or {}).get("generation", 0)
-            state = {"generation": generation, "watermark": refreshed.watermark}
+            state = {
+                "generation": generation,
+                "watermark": refreshed.watermark,
+                **unknown_edge(refreshed.watermark),
+            }
             recorder.emit(EventName.STATE_REALIGNED, batch_id=refreshed.batch_id)
         definition = route_definition(spec.source, shape.columns)
         check_definition(route, state, latest, definition)
-        window, bounds = plan_window(route, spec.source, state, latest, definition=definition)
+        edge = _edge_scan(spec, route, state, shape.columns, definition)
+        window, bounds = plan_window(
+            route, spec.source, state, latest, definition=definition, edge=edge
+        )
         candidates = candidate_checkpoints(
             route, spec.run_id, shape.query_hash, shape.schema_hash, bounds, definition=definition
         )
@@ -229,7 +268,9 @@ class TransferRuntime:
             spec.governance.check(route, 0)  # an empty source is gated too, before the target
 
         committed: tuple[str, ...] = ()
-        rows_loaded, batch_id = 0, None
+        rows_loaded, batch_id, ctx = 0, None, None
+        upto = window.advanced_state()["watermark"]
+        top_since = None if edge is None else _top_since(spec, upto, definition)
         if plan.active:
             active = list(plan.active)
             entry = None
@@ -261,6 +302,15 @@ class TransferRuntime:
                     boundary=TargetBoundary(self.hooks, recorder),
                     ledger_entry=entry,
                     lease=lease,
+                    edge=None
+                    if edge is None
+                    else EdgeTracker(
+                        edge[0],
+                        shape.columns,
+                        spec.source.cursor_column,
+                        top_since=top_since,
+                        kind=definition["cursor_kind"],
+                    ),
                 )
                 rows_loaded = path(ctx)
             if ctx.mutation is None:
@@ -294,9 +344,29 @@ class TransferRuntime:
         }
         self.state_store.record_evidence(route, spec.run_id, evidence)
         recorder.emit(EventName.EVIDENCE_WRITTEN, run_id=spec.run_id)
-        self.state_store.save_source_state(
-            route, {**window.advanced_state(), "definition": definition}
-        )
+        state = {**window.advanced_state(), "definition": definition}
+        if edge is not None:
+            ran = []  # this attempt's committed partitions, with the rows it recorded
+            if ctx is not None and ctx.mutation is not None and ctx.edge is not None:
+                recorded = ctx.edge.diagnostics
+                ran = [
+                    attrs.evolve(cp, diagnostics={**cp.diagnostics, **recorded(cp.partition_id)})
+                    for cp in ctx.mutation.candidates
+                ]
+            earlier = latest.checkpoints(plan.skipped)
+            record, untracked = advanced_edge(
+                edge[0],
+                shape.columns,
+                upto=upto,
+                top_since=top_since,
+                kind=definition["cursor_kind"],
+                generation_checkpoints=[*ran, *earlier.values()],
+                lost=len(earlier) != len(plan.skipped),
+            )
+            state[EDGE_KEY] = record.as_state()
+            for part in untracked:
+                recorder.emit(EventName.CURSOR_EDGE_UNTRACKED, part=part)
+        self.state_store.save_source_state(route, state)
         recorder.emit(EventName.SOURCE_STATE_ADVANCED, generation=window.generation + 1)
         return TransferResult(
             committed_partition_ids=committed,
@@ -341,6 +411,46 @@ class TransferRuntime:
             "...]), or run unguarded on purpose with plugins=[] (CLI: run --unguarded)",
             diagnostics={"route": route.as_dict()},
         )
+
+
+def _edge_scan(
+    spec: TransferSpec,
+    route: RouteKey,
+    state: Mapping[str, Any] | None,
+    columns: Sequence[Column],
+    definition: Mapping[str, Any],
+) -> tuple[Edge, EdgeScan] | None:
+    """An append route's edge record and the edge rows it has not loaded (``cursor_edge.py``);
+    NULL-cursor rows that ``on_null_cursor = "error"`` refuses stop the run here."""
+    source = spec.source
+    cursor = source.cursor_column
+    if route.strategy is not Strategy.INCREMENTAL_APPEND or cursor is None:
+        return None
+    check_lag(spec.lag, definition["cursor_kind"])
+    if not isinstance(source, CursorEdgeReading):
+        return None
+    edge = Edge.of_state(route, state)
+    load_nulls = spec.on_null_cursor == "load_once"
+    scan = scan_edge(source, edge, columns, load_nulls=load_nulls, chunk_rows=spec.chunk_rows)
+    if not load_nulls:
+        refuse_null_cursor(route, cursor, scan.null_rows)
+        scan.nulled.clear()
+    return edge, scan
+
+
+def _top_since(spec: TransferSpec, upto: Any, definition: Mapping[str, Any]) -> Any:
+    """The lowest cursor value of the next edge record, or None when it is not tracked: a
+    cursor column SQLite compares with a collation (equal values Python tells apart)."""
+    collated = getattr(spec.source, "collated_columns", None)
+    if upto is None or (collated is not None and spec.source.cursor_column in collated()):
+        return None
+    try:
+        return lag_since(upto, spec.lag, definition["cursor_kind"])
+    except ValueError:
+        raise ConfigInvalid(
+            "source.lag: the cursor's highest value is not an ISO date or timestamp",
+            diagnostics={"key": "source.lag", "cursor_kind": definition["cursor_kind"]},
+        ) from None
 
 
 def _work_folder(

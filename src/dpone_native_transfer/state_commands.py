@@ -29,6 +29,7 @@ from .checkpoints import (
     Strategy,
 )
 from .config import load_route_config
+from .cursor_edge import EDGE_KEY, unknown_edge
 from .errors import ConfigInvalid, RouteDefinitionChanged
 from .latest import as_latest
 from .ledger import ledger_overrides
@@ -284,6 +285,7 @@ def _reset_command(args: argparse.Namespace) -> int:
             "generation": (generation if isinstance(generation, int) else 0) + 1,
             "watermark": watermark,
             "definition": route_definition(source, source.describe().columns),
+            **(unknown_edge(watermark) if args.from_now else {}),  # NULL-cursor rows: skipped
         }
         batches = sorted({b for cp in committed if (b := cp.diagnostics.get(LEDGER_BATCH_KEY))})
         print(
@@ -333,4 +335,17 @@ def _status(checkpoint: PartitionCheckpoint | None) -> str | None:
 
 
 def _state(state: dict[str, Any] | None) -> str:
-    return "none" if state is None else json.dumps(state, sort_keys=True)
+    """The state as JSON, its cursor edge summed up (the digests mean nothing to a reader)."""
+    if state is None:
+        return "none"
+    edge = state.get(EDGE_KEY)
+    if isinstance(edge, dict) and isinstance(edge.get("rows"), list):
+        state = {
+            **state,
+            EDGE_KEY: {
+                **edge,
+                "columns": len(edge.get("columns") or ()),
+                "rows": len(edge["rows"]),
+            },
+        }
+    return json.dumps(state, sort_keys=True)

@@ -22,6 +22,7 @@ __all__ = [
     "TableName",
     "bounds_where",
     "difference",
+    "edge_where",
     "parse_table",
     "quote",
     "refuse_reserved_schema",
@@ -165,7 +166,7 @@ def check_target_table(table: Any) -> None:
         )
 
 
-_COMPARISONS = frozenset({"=", ">", "<="})
+_COMPARISONS = frozenset({"=", ">", ">=", "<="})
 # The operators of a cursor window; the others select a partition value.
 WINDOW_OPERATORS = frozenset({">", "<=", UPTO_OR_NULL})
 
@@ -186,6 +187,20 @@ def bounds_where(
         bounds, partition_column=partition_column, cursor_column=cursor_column
     )
     return render_predicates(predicates, marker=marker, name=name)
+
+
+def edge_where(
+    cursor: str, marker: str, since: Any, upto: Any, nulls: bool
+) -> tuple[str, list[Any]]:
+    """The condition selecting a cursor edge's rows in every partition (``cursor_edge.py``):
+    a cursor in ``[since, upto]`` (when ``since`` is given), or NULL (when ``nulls``)."""
+    conditions, params = [], []
+    if since is not None and upto is not None:
+        conditions.append(f"({cursor} >= {marker} AND {cursor} <= {marker})")
+        params += [since, upto]
+    if nulls:
+        conditions.append(f"{cursor} IS NULL")
+    return " OR ".join(conditions), params
 
 
 def render_predicates(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import NativeTransferError
 
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ..payloads import Column
 
 __all__ = [
+    "CursorEdgeReading",
     "Identified",
     "LedgerNotWritten",
     "LedgerSink",
@@ -37,6 +38,21 @@ class Identified(Protocol):
 
     def identity(self) -> TableIdentity:
         """The engine kind, normalized location and canonical table name; never a credential."""
+
+
+@runtime_checkable
+class CursorEdgeReading(Protocol):
+    """A source that reads an append route's cursor edge (``cursor_edge.py``) across partitions.
+
+    Without it, an append route keeps the exclusive lower bound: a row written
+    later at the watermark value, or with a NULL cursor, is never loaded.
+    """
+
+    def edge_rows(
+        self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = 10_000
+    ) -> Iterator[list[tuple]]:
+        """Rows (all columns, ``describe()`` order) of every partition whose cursor is in
+        ``[since, upto]`` (none when ``since`` is None) or, when ``nulls``, NULL. Reads only."""
 
 
 @runtime_checkable

@@ -36,7 +36,7 @@ from ..identity import TableIdentity, server_location
 from ..payloads import Column, SourceShape
 from ..stores import POSTGRES_SCHEMES, resolve_env
 from ..stores.postgres import CONNECT_TIMEOUT_SECONDS
-from ._sql import bounds_where, quote
+from ._sql import bounds_where, edge_where, quote
 
 __all__ = ["PostgresSource"]
 
@@ -283,6 +283,17 @@ class PostgresSource:
         finally:
             conn.close()
             cursor.close()  # after the connection: nothing is left to send to the server
+
+    def edge_rows(
+        self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = 10_000
+    ) -> Iterator[list[tuple]]:
+        """Rows of every partition with a cursor in ``[since, upto]`` or, when ``nulls``, NULL."""
+        where, params = edge_where(_name(self.cursor_column), "%s", since, upto, nulls)
+        if not where:
+            return iter(())
+        select = ", ".join(_value(column) for column in self.describe().columns)
+        sql = f"SELECT {select} FROM {self._relation} WHERE {where}"
+        return self._chunks(sql, params, chunk_rows)
 
     def count(self, bounds: Mapping) -> int:
         where, params = self._where(bounds)

@@ -29,7 +29,14 @@ from ..errors import (
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
 from ..payloads import Column, LoadPlan, RowChunks, SourceShape
-from ._sql import bounds_where, check_target_table, difference, parse_table, refuse_schema
+from ._sql import (
+    bounds_where,
+    check_target_table,
+    difference,
+    edge_where,
+    parse_table,
+    refuse_schema,
+)
 from ._sql import quote as _quote
 from .contract import PendingLedger
 
@@ -383,6 +390,20 @@ class SQLiteSource:
                     yield chunk
             finally:
                 cursor.close()
+
+    def edge_rows(
+        self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = 10_000
+    ) -> Iterator[list[tuple]]:
+        """Rows of every partition with a cursor in ``[since, upto]`` or, when ``nulls``, NULL."""
+        where, params = edge_where(self._ref(self.cursor_column), "?", since, upto, nulls)
+        if not where:
+            return iter(())
+        columns = self.describe().columns
+        sql = (
+            f"SELECT {_column_list(columns, self.table)} FROM {_quote(self.table)}"
+            f" WHERE {where} ORDER BY rowid"
+        )
+        return self._chunks(sql, tuple(params), chunk_rows)
 
     def count(self, bounds: Mapping) -> int:
         where, params = self._where(bounds)

@@ -20,6 +20,7 @@ from ..checkpoints import PartitionCheckpoint, RouteKey, Strategy
 from ..clock import Clock
 from ..column_types import Carry, carried_chunks
 from ..connectors.contract import ValueCarrying
+from ..cursor_edge import EdgeTracker
 from ..errors import GovernanceGateFailed
 from ..events import EventName, EventRecorder
 from ..payloads import Column, RowChunks, SourceShape
@@ -76,6 +77,7 @@ class PathContext:
     mutation: TargetMutation | None = None
     ledger_entry: LedgerEntry | None = None  # the batch's ledger row, when the sink keeps one
     lease: Lease | None = None
+    edge: EdgeTracker | None = None  # an append route's cursor edge, when it is tracked
     _carriers: list[tuple[int, str, Carry]] | None = attrs.field(default=None, init=False)
 
     @property
@@ -94,9 +96,12 @@ class PathContext:
         """The partition's rows from the source, in bounded chunks, carried for the sink.
 
         Values pass through the sink's carriers (``ValueCarrying``), so every row
-        path spools, stages or exports exactly what the target will hold.
+        path spools, stages or exports exactly what the target will hold. An edge
+        partition's rows the route already loaded are left out (``cursor_edge.py``).
         """
         chunks = self.source.read(candidate.partition_bounds, chunk_rows=self.spec.chunk_rows)
+        if self.edge is not None:
+            chunks = self.edge.rows(candidate, chunks)
         if self._carriers is None:
             self._carriers = _carriers(self.sink, self.shape.columns)
         if not self._carriers:
@@ -110,6 +115,8 @@ class PathContext:
     def extracted(self, index: int, rows: int, **diagnostics: Any) -> None:
         """Record what extraction produced for ``candidates[index]``."""
         candidate = self.candidates[index]
+        if self.edge is not None:
+            diagnostics.update(self.edge.diagnostics(candidate.partition_id, persisted=True))
         self.candidates[index] = attrs.evolve(
             candidate, rows_exported=rows, diagnostics={**candidate.diagnostics, **diagnostics}
         )

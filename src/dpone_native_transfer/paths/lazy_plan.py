@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from ..cursor_edge import is_edge
 from ..payloads import LoadPlan
 from . import PathContext
+from .legacy import legacy_path
 
 __all__ = ["lazy_plan_path"]
 
 
 def lazy_plan_path(ctx: PathContext) -> int:
+    if any(is_edge(candidate.partition_bounds) for candidate in ctx.candidates):
+        # rows of an edge partition that the route already loaded must be left out, which
+        # only dpone can do: this attempt carries rows (the same one target call)
+        return legacy_path(ctx)
     if ctx.spec.governance.enabled:  # counting costs a source scan: only when a gate needs it
         counts = [ctx.source.count(candidate.partition_bounds) for candidate in ctx.candidates]
         for index, rows in enumerate(counts):
@@ -25,4 +31,14 @@ def lazy_plan_path(ctx: PathContext) -> int:
     check = getattr(ctx.sink, "check_plan", None)
     if check is not None:
         check(plan)
-    return ctx.mutate("load", lambda: ctx.sink.load(plan))
+    if ctx.edge is None or ctx.edge.top_since is None:
+        return ctx.mutate("load", lambda: ctx.sink.load(plan))
+    read = (ctx.source, ctx.candidates, ctx.spec.chunk_rows)
+    before = ctx.edge.top_rows(*read)  # the rows the next run must know were loaded
+    rows = ctx.mutate("load", lambda: ctx.sink.load(plan))
+    try:
+        after = ctx.edge.top_rows(*read)
+    except Exception:  # the target holds the rows; the edge is then only unknown
+        after = {}
+    ctx.edge.confirm_top(before, after)
+    return rows

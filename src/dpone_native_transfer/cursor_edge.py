@@ -1,0 +1,378 @@
+"""Cursor edges: which rows at and just below an append route's watermark it has loaded.
+
+An append route with a cursor loads the window ``(watermark, upto]``. A row
+written later *at* the watermark value (a tie), below it but within ``lag``
+(a late row), or with a NULL cursor (``on_null_cursor = "load_once"``) lies
+in no later window. The edge record, kept in the route's source state,
+holds a digest of each row the route loaded at the top of its window (cursor
+in ``[upto - lag, upto]``) and of each NULL-cursor row it loaded, so the next
+run loads exactly the rows there it has not: a multiset difference, so two
+identical rows are two rows.
+
+A part of the record that could not be kept exactly (over ``MAX_EDGE_ROWS``
+digests, a lazy plan whose rows dpone never sees, a crash between commit and
+state) is dropped: the route then falls back to the exclusive bound, which
+never loads a row twice but does not see later ties there. A state without a
+record (an older release) means the same for the range; such releases never
+loaded NULL-cursor rows, so those are all still to load.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import hashlib
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from .checkpoints import PartitionCheckpoint, RouteKey
+from .errors import CheckpointStoreCorrupt, ConfigInvalid, CursorNull
+from .payloads import Column
+
+__all__ = [
+    "EDGE_KEY",
+    "MAX_EDGE_ROWS",
+    "NULL_CURSOR_POLICIES",
+    "Edge",
+    "EdgeTracker",
+    "lag_since",
+    "row_digest",
+]
+
+EDGE_KEY = "edge"  # in the source state; ``EDGE_ROWS_KEY`` in each checkpoint's diagnostics
+EDGE_ROWS_KEY = "edge_rows"
+MAX_EDGE_ROWS = 10_000  # digests kept per part of the record (range, NULLs): ~0.5 MB of state
+NULL_CURSOR_POLICIES = ("error", "load_once")
+_LAG_KINDS = frozenset({"integer", "real", "date", "timestamp"})
+
+Seen = Counter  # (cursor value, row digest) -> how many such rows the route loaded
+
+
+def row_digest(row: Sequence[Any], indexes: Sequence[int]) -> str:
+    """A digest of the row's values at ``indexes``: equal rows, equal digests, across runs."""
+    values = tuple(bytes(row[i]) if isinstance(row[i], memoryview) else row[i] for i in indexes)
+    return hashlib.blake2b(repr(values).encode(), digest_size=12).hexdigest()
+
+
+def _key(value: Any, kind: str | None) -> Any:
+    """A cursor value as Python compares it like the source: a decimal's text as its number."""
+    if kind == "decimal" and isinstance(value, str):
+        try:
+            return decimal.Decimal(value)
+        except decimal.InvalidOperation:
+            return value
+    return value
+
+
+def _at_or_above(value: Any, since: Any, kind: str | None) -> bool:
+    """Whether a cursor value lies in the tracked top ``[since, ...]`` of a window; NULL never."""
+    if value is None or since is None:
+        return False
+    try:
+        return _key(value, kind) >= _key(since, kind)
+    except TypeError:  # one kind only reaches here (``max_cursor`` refuses two)
+        return False
+
+
+def lag_since(upto: Any, lag: float, kind: str | None) -> Any:
+    """The lowest cursor value ``lag`` below ``upto``: numbers, dates (days) and timestamps
+    (seconds, ISO text as SQLite and the PostgreSQL source give them)."""
+    if not lag:
+        return upto
+    if kind in ("integer", "real") and isinstance(upto, int | float):
+        return upto - lag
+    if kind == "date" and isinstance(upto, str):
+        return (datetime.date.fromisoformat(upto) - datetime.timedelta(days=lag)).isoformat()
+    if kind == "timestamp" and isinstance(upto, str) and len(upto) >= 19:
+        moment = datetime.datetime.fromisoformat(upto) - datetime.timedelta(seconds=lag)
+        return moment.isoformat(sep=upto[10], timespec="seconds")
+    raise ConfigInvalid(
+        "source.lag needs a number, date or timestamp cursor column",
+        diagnostics={"key": "source.lag", "cursor_kind": kind},
+    )
+
+
+def check_lag(lag: Any, kind: str | None) -> None:
+    """Refuse, before any read, a lag the cursor's kind cannot be moved back by."""
+    if lag and kind not in _LAG_KINDS:
+        raise ConfigInvalid(
+            f"source.lag needs a cursor column of kind {', '.join(sorted(_LAG_KINDS))} "
+            f"(this one is {kind})",
+            diagnostics={"key": "source.lag", "cursor_kind": kind},
+        )
+
+
+@attrs.frozen(kw_only=True)
+class Edge:
+    """What the route loaded at its watermark ``upto``.
+
+    Rows with a cursor in ``[since, upto]`` (``since`` None: not tracked) and,
+    when ``nulls``, rows with a NULL cursor, that are not in ``rows``, were not
+    loaded. ``columns`` are the columns the digests cover.
+    """
+
+    upto: Any = None
+    since: Any = None
+    nulls: bool = True
+    columns: tuple[str, ...] = ()
+    rows: Seen = attrs.field(factory=Counter)
+
+    @classmethod
+    def of_state(cls, route: RouteKey, state: Mapping[str, Any] | None) -> Edge:
+        if state is None:  # a new route: nothing loaded yet
+            return cls()
+        watermark = state.get("watermark")
+        record = state.get(EDGE_KEY)
+        if record is None:  # an older release: the exclusive bound; NULL rows never loaded
+            return cls(upto=watermark)
+        try:
+            rows: Seen = Counter()
+            for value, digest, count in record["rows"]:
+                if not (isinstance(digest, str) and isinstance(count, int) and count > 0):
+                    raise TypeError
+                rows[(value, digest)] += count
+            edge = cls(
+                upto=record["upto"],
+                since=record["since"],
+                nulls=record["nulls"] is True,
+                columns=tuple(str(name) for name in record["columns"]),
+                rows=rows,
+            )
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointStoreCorrupt(
+                "the stored source state of the route is malformed",
+                diagnostics={"route": route.as_dict(), "field": EDGE_KEY},
+            ) from None
+        if edge.upto != watermark:  # a state rewritten without it: nothing is known
+            return cls(upto=watermark, nulls=False)
+        return edge
+
+    def as_state(self) -> dict[str, Any]:
+        return {
+            "upto": self.upto,
+            "since": self.since,
+            "nulls": self.nulls,
+            "columns": list(self.columns),
+            "rows": [[value, digest, count] for (value, digest), count in self.rows.items()],
+        }
+
+    def digest_indexes(self, columns: Sequence[Column]) -> list[int] | None:
+        """Where the record's columns are in ``columns`` (all of them now, for a new record);
+        None when one was dropped: the recorded digests can no longer be matched."""
+        names = [column.name for column in columns]
+        if not self.columns:
+            return list(range(len(names)))
+        if not set(self.columns) <= set(names):
+            return None
+        return [names.index(name) for name in self.columns]
+
+
+def refuse_null_cursor(route: RouteKey, column: str, unloaded: int) -> None:
+    """Refuse NULL-cursor rows that no window will load, under ``on_null_cursor = "error"``."""
+    if unloaded:
+        raise CursorNull(
+            f"cursor column {column!r} is NULL in {unloaded:,} source row(s) that no window "
+            "would load; nothing was read into the target. Fill the column, or set "
+            '[source] on_null_cursor = "load_once" to load each such row once '
+            "(see docs/incremental.md)",
+            diagnostics={"route": route.as_dict(), "column": column, "rows": unloaded},
+        )
+
+
+@attrs.define(kw_only=True)
+class EdgeScan:
+    """The source's rows in the record's edge that the route has not loaded, by partition."""
+
+    ranged: list[Any] = attrs.field(factory=list)  # partition values with such rows
+    nulled: list[Any] = attrs.field(factory=list)
+    null_rows: int = 0
+
+
+def scan_edge(
+    source: Any,
+    edge: Edge,
+    columns: Sequence[Column],
+    *,
+    load_nulls: bool,
+    chunk_rows: int,
+) -> EdgeScan:
+    """Read the edge (``source.edge_rows``) and subtract the rows the record says are loaded."""
+    found = EdgeScan()
+    indexes = edge.digest_indexes(columns)
+    names = [column.name for column in columns]
+    cursor, partition = names.index(source.cursor_column), names.index(source.partition_column)
+    since = edge.since if indexes is not None and edge.upto is not None else None
+    nulls = edge.nulls or not load_nulls  # the error policy counts every unloaded NULL row
+    if since is None and not nulls:
+        return found
+    seen = Counter(edge.rows) if indexes is not None else Counter()
+    for chunk in source.edge_rows(since=since, upto=edge.upto, nulls=nulls, chunk_rows=chunk_rows):
+        for row in chunk:
+            value = row[cursor]
+            if indexes is not None:
+                key = (value, row_digest(row, indexes))
+                if seen[key] > 0:
+                    seen[key] -= 1
+                    continue
+            if value is None:
+                found.null_rows += 1
+                _add(found.nulled, row[partition])
+            else:
+                _add(found.ranged, row[partition])
+    return found
+
+
+def is_edge(bounds: Mapping[str, Any]) -> bool:
+    """Whether a partition is an edge partition (rows at or below the watermark, or NULL)."""
+    return "cursor_from" in bounds or bounds.get("cursor_null") is True
+
+
+def _add(values: list[Any], value: Any) -> None:
+    if value not in values:
+        values.append(value)
+
+
+class EdgeTracker:
+    """One attempt's view of the edge: filters loaded rows out of edge partitions, and records
+    the digests of the rows it passes that the next record must hold."""
+
+    def __init__(
+        self,
+        edge: Edge,
+        columns: Sequence[Column],
+        cursor_column: str,
+        *,
+        top_since: Any,
+        kind: str | None,
+    ) -> None:
+        self.indexes = edge.digest_indexes(columns) or []
+        self.cursor = [column.name for column in columns].index(cursor_column)
+        self.top_since, self.kind = top_since, kind
+        self._seen = Counter(edge.rows)
+        self.recorded: dict[str, Seen | None] = {}
+        self._unpersisted: set[str] = set()
+
+    def _kept(self, value: Any) -> bool:
+        return value is None or _at_or_above(value, self.top_since, self.kind)
+
+    def rows(self, candidate: PartitionCheckpoint, chunks: Iterable[list]) -> Iterator[list]:
+        """``chunks`` of ``candidate``: an edge partition's without the rows already loaded."""
+        edge = is_edge(candidate.partition_bounds)
+        recorded: Seen | None = Counter()
+        self.recorded[candidate.partition_id] = recorded
+        for chunk in chunks:
+            passed = []
+            for row in chunk:
+                value = row[self.cursor]
+                kept = self._kept(value)
+                if edge or kept:
+                    key = (value, row_digest(row, self.indexes))
+                    if edge and self._seen[key] > 0:
+                        self._seen[key] -= 1
+                        continue
+                    if kept and recorded is not None:
+                        recorded[key] += 1
+                        if len(recorded) > MAX_EDGE_ROWS:
+                            recorded = None
+                            self.recorded[candidate.partition_id] = None
+                passed.append(row)
+            if passed:
+                yield passed
+
+    def top_rows(
+        self, source: Any, candidates: Sequence[PartitionCheckpoint], chunk_rows: int
+    ) -> dict[str, Seen | None]:
+        """The rows at the top of each candidate's window as the source holds them now."""
+        found: dict[str, Seen | None] = {}
+        for candidate in candidates:
+            bounds = {**candidate.partition_bounds, "cursor_from": self.top_since}
+            for _ in self.rows(candidate, source.read(bounds, chunk_rows=chunk_rows)):
+                pass
+            found[candidate.partition_id] = self.recorded.pop(candidate.partition_id)
+        return found
+
+    def confirm_top(self, before: Mapping[str, Seen | None], after: Mapping[str, Seen | None]):
+        """Record a lazy plan's top rows: the engine read the source between the two reads,
+        so when they agree (rows are only added) it loaded exactly those. Kept in memory
+        only: a crash before the state leaves them unknown, never wrongly known."""
+        for partition_id, rows in before.items():
+            self.recorded[partition_id] = rows if after.get(partition_id) == rows else None
+            self._unpersisted.add(partition_id)
+
+    def diagnostics(self, partition_id: str, *, persisted: bool = False) -> dict[str, Any]:
+        """The partition's recorded rows (``persisted``: only those a checkpoint may keep)."""
+        if partition_id not in self.recorded or (persisted and partition_id in self._unpersisted):
+            return {}
+        rows = self.recorded[partition_id]
+        listed = None if rows is None else [[v, d, n] for (v, d), n in rows.items()]
+        return {EDGE_ROWS_KEY: listed}
+
+
+def advanced_edge(
+    edge: Edge,
+    columns: Sequence[Column],
+    *,
+    upto: Any,
+    top_since: Any,
+    kind: str | None,
+    generation_checkpoints: Sequence[PartitionCheckpoint],
+    lost: bool = False,
+) -> tuple[Edge, list[str]]:
+    """The record for the next generation, and the parts of it that could not be kept.
+
+    ``generation_checkpoints`` are this generation's committed partitions (run
+    now or by an earlier attempt); each must carry its recorded rows. ``lost``:
+    some were committed under other ids (an earlier schema), so their rows are unknown.
+    """
+    untracked: list[str] = []
+    indexes = edge.digest_indexes(columns)
+    recordings = [cp.diagnostics.get(EDGE_ROWS_KEY, "missing") for cp in generation_checkpoints]
+    complete = not lost and all(isinstance(rows, list) for rows in recordings)
+    old_range_known = indexes is not None and (
+        edge.upto is None
+        or (edge.since is not None and _at_or_above(top_since, edge.since, kind))
+        or (top_since is not None and not _at_or_above(edge.upto, top_since, kind))
+    )
+    since = top_since if complete else None
+    if since is not None and not old_range_known:  # only this generation's top is known
+        above = edge.upto is None or not _at_or_above(edge.upto, upto, kind)
+        since = upto if above else None
+    null_edges = [
+        rows
+        for cp, rows in zip(generation_checkpoints, recordings, strict=True)
+        if cp.partition_bounds.get("cursor_null") is True
+    ]
+    nulls = edge.nulls and indexes is not None and not lost
+    nulls = nulls and all(isinstance(rows, list) for rows in null_edges)
+    rows: Seen = Counter()
+
+    def kept(value: Any) -> bool:
+        return nulls if value is None else _at_or_above(value, since, kind)
+
+    if indexes is not None:
+        rows.update({key: n for key, n in edge.rows.items() if kept(key[0])})
+    for recorded in recordings:
+        for value, digest, count in recorded if isinstance(recorded, list) else ():
+            if kept(value):
+                rows[(value, digest)] += count
+    ranged = sum(1 for value, _ in rows if value is not None)
+    if since is not None and ranged > MAX_EDGE_ROWS:
+        since = None
+        rows = Counter({key: n for key, n in rows.items() if key[0] is None})
+    if since is None and top_since is not None:
+        untracked.append("range")
+    if len(rows) > MAX_EDGE_ROWS or (edge.nulls and not nulls):
+        nulls, rows = False, Counter({key: n for key, n in rows.items() if key[0] is not None})
+        untracked.append("nulls")
+    names = edge.columns if edge.columns and indexes is not None else ()
+    names = names or tuple(column.name for column in columns)
+    return Edge(upto=upto, since=since, nulls=nulls, columns=names, rows=rows), untracked
+
+
+def unknown_edge(watermark: Any) -> dict[str, Any]:
+    """The record of a state rewritten by an operator or a refresh: nothing known at the edge,
+    so no NULL-cursor row is loaded again and the range falls back to the exclusive bound."""
+    return {EDGE_KEY: Edge(upto=watermark, nulls=False).as_state()}
