@@ -25,7 +25,7 @@ import attrs
 from .boundary import TargetBoundary
 from .checkpoints import LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey, Strategy, batch_id_for
 from .clock import Clock, read_clock, system_clock
-from .connectors.contract import CursorEdgeReading, LedgerSink
+from .connectors.contract import CursorEdgeReading, LedgerSink, TargetChecking
 from .cursor_edge import (
     EDGE_KEY,
     NULL_CURSOR_POLICIES,
@@ -285,6 +285,8 @@ class TransferRuntime:
                     cursor_column=spec.source.cursor_column,
                     at=read_clock(self.clock, route=route, run_id=spec.run_id),
                 )
+            if isinstance(spec.sink, TargetChecking):
+                spec.sink.check_target()  # an unreachable target fails here, never blocked
             added = apply_schema_contract(route, spec.sink, shape.columns, spec.schema_contract)
             if added:
                 recorder.emit(EventName.SCHEMA_EVOLVED, columns=added)

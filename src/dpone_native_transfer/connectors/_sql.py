@@ -7,13 +7,14 @@ SQL text: a condition comes with its parameters.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from ..errors import ConfigInvalid
+from ..errors import ConfigInvalid, TargetUnavailable
 from ..identity import fold_ascii
 from ..payloads import UPTO_OR_NULL, Column, Predicate, bound_predicates
 
@@ -21,12 +22,14 @@ __all__ = [
     "WINDOW_OPERATORS",
     "TableName",
     "bounds_where",
+    "check_target_folder",
     "difference",
     "edge_where",
     "parse_table",
     "quote",
     "refuse_reserved_schema",
     "render_predicates",
+    "unavailable",
 ]
 
 
@@ -187,6 +190,24 @@ def bounds_where(
         bounds, partition_column=partition_column, cursor_column=cursor_column
     )
     return render_predicates(predicates, marker=marker, name=name)
+
+
+def check_target_folder(path: str, table: str) -> None:
+    """A file target's folder must exist: the target call would fail inside the armed window."""
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise ConfigInvalid(
+            f"folder of the target database for table {table!r} does not exist",
+            diagnostics={"table": table},
+        )
+
+
+def unavailable(table: str) -> TargetUnavailable:
+    """The error of a target that cannot be opened for writing now, found before the target."""
+    return TargetUnavailable(
+        f"the target database of table {table!r} cannot be opened for writing now (locked by "
+        "another process, read-only, damaged or not a database); nothing was written",
+        diagnostics={"table": table},
+    )
 
 
 def edge_where(

@@ -25,6 +25,7 @@ __all__ = [
     "LedgerSink",
     "PendingLedger",
     "SchemaEvolving",
+    "TargetChecking",
     "ValueCarrying",
 ]
 
@@ -92,6 +93,22 @@ class LedgerSink(Protocol):
         Every run asks it when the ledger records rows: a table dropped or
         emptied behind the ledger's back is refused, never silently skipped.
         """
+
+
+@runtime_checkable
+class TargetChecking(Protocol):
+    """A sink that opens its target before the target call (``check_target``).
+
+    The runtime calls it before the path, outside the armed window, so a target
+    that cannot be reached (a missing folder, a file that is not a database, a
+    lock another process holds, a server that does not answer) fails the attempt
+    before the target, retryable, instead of as a call of unknown outcome that
+    blocks the route. What changes after the check still fails inside the call.
+    """
+
+    def check_target(self) -> None:
+        """Open the target as the target call will and close it again; write no row.
+        ``ConfigInvalid`` when a retry cannot fix it, ``TargetUnavailable`` when it may."""
 
 
 @runtime_checkable

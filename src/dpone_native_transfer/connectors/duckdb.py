@@ -37,12 +37,14 @@ from ..payloads import Column, LoadPlan, Predicate, RowChunks, bound_predicates
 from ._sql import (
     WINDOW_OPERATORS,
     TableName,
+    check_target_folder,
     check_target_table,
     difference,
     parse_table,
     quote,
     refuse_reserved_schema,
     render_predicates,
+    unavailable,
 )
 from .contract import PendingLedger
 from .sqlite import SQLiteSource, refuse_inexact_plan
@@ -183,13 +185,20 @@ class DuckDBSink:
     def _stage(self) -> TableName:
         return self._target.sibling(_STAGE_PREFIX)
 
+    def check_target(self) -> None:
+        """Before the target call: the folder exists and an existing file is a database this
+        process can open for writing now (DuckDB locks the whole file per process)."""
+        check_target_folder(self.path, self.table)
+        if not os.path.isfile(self.path):
+            return
+        try:
+            _driver().connect(self.path, config=dict(_CONFIG)).close()
+        except _driver().Error:
+            raise unavailable(self.table) from None
+
     @contextlib.contextmanager
     def _connect(self) -> Iterator[Any]:
-        if not os.path.isdir(os.path.dirname(os.path.abspath(self.path))):
-            raise ConfigInvalid(
-                f"folder of the target database for table {self.table!r} does not exist",
-                diagnostics={"table": self.table},
-            )
+        check_target_folder(self.path, self.table)
         conn = _driver().connect(self.path, config=dict(_CONFIG))
         try:
             yield conn

@@ -31,11 +31,13 @@ from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_que
 from ..payloads import Column, LoadPlan, RowChunks, SourceShape
 from ._sql import (
     bounds_where,
+    check_target_folder,
     check_target_table,
     difference,
     edge_where,
     parse_table,
     refuse_schema,
+    unavailable,
 )
 from ._sql import quote as _quote
 from .contract import PendingLedger
@@ -511,14 +513,24 @@ class SQLiteSink:
     def _stage(self) -> str:
         return _STAGE_PREFIX + self.table
 
+    def check_target(self) -> None:
+        """Before the target call: the folder exists and an existing file is a database this
+        process can lock for writing now (``BEGIN IMMEDIATE``, rolled back)."""
+        check_target_folder(self.path, self.table)
+        if not os.path.isfile(self.path):
+            return
+        try:
+            with self._connect() as conn:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("PRAGMA schema_version").fetchone()
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            raise unavailable(self.table) from None
+
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
         """Autocommit connection with FULL sync; transactions are explicit."""
-        if not os.path.isdir(os.path.dirname(os.path.abspath(self.path))):
-            raise ConfigInvalid(
-                f"folder of the target database for table {self.table!r} does not exist",
-                diagnostics={"table": self.table},
-            )
+        check_target_folder(self.path, self.table)
         uri = _uri(self.path, read_only=False)
         with contextlib.closing(
             sqlite3.connect(uri, uri=True, timeout=_TIMEOUT, isolation_level=None)

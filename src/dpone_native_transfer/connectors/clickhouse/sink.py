@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ...column_types import Carry
-from ...errors import ConfigInvalid, SourceInvalid
+from ...errors import ConfigInvalid, NativeTransferError, SourceInvalid
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query
 from ...payloads import Column, LoadPlan, RowChunks, bound_predicates
@@ -47,6 +47,7 @@ from .._sql import (
     difference,
     parse_table,
     refuse_reserved_schema,
+    unavailable,
 )
 from ..contract import PendingLedger
 from ..sqlite import SQLiteSource, refuse_inexact_plan
@@ -139,6 +140,16 @@ class ClickHouseSink:
         finally:
             with contextlib.suppress(Exception):
                 client.close()
+
+    def check_target(self) -> None:
+        """Before the target call: the server answers (or chDB opens its data path)."""
+        try:
+            with self.client() as client:
+                client.query_rows("SELECT 1")
+        except NativeTransferError:
+            raise
+        except Exception:
+            raise unavailable(self.table) from None
 
     # --- loads ----------------------------------------------------------------------------
 

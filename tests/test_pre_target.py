@@ -1,0 +1,157 @@
+"""Issue 14.4: failures that provably wrote nothing never block the route.
+
+Each failure class x 4 paths x the targets it applies to, with the ledger on
+and off, through ``dpone-transfer run``: the run stops before the target with
+a stable code, no checkpoint is left in a guard phase (``guard scan`` exits
+0), and once the cause is gone the next run loads every source row once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from dpone_native_transfer import ClickHouseSink, DuckDBSink, SQLiteSink
+from dpone_native_transfer.testing import build_sample_source
+
+PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
+FILES = {"sqlite": "target.db", "duckdb": "target.duckdb", "clickhouse": "chdata"}
+SINKS = {"sqlite": SQLiteSink, "duckdb": DuckDBSink, "clickhouse": ClickHouseSink}
+
+
+def write_route(folder: Path, kind: str, path: str, target: str, ledger: bool) -> Path:
+    location = f'url = "{target}"' if target.startswith("http") else f'path = "{target}"'
+    (folder / "route.toml").write_text(
+        f"""[source]
+path = "source.db"
+table = "orders"
+partition_column = "region"
+cursor_column = "updated_at"
+[target]
+kind = "{kind}"
+{location}
+table = "orders_copy"
+ledger = {str(ledger).lower()}
+[transfer]
+strategy = "incremental_append"
+path = "{path}"
+[store]
+path = "checkpoints.db"
+"""
+    )
+    return folder / "route.toml"
+
+
+def assert_refused_before_the_target(folder: Path, route_file: Path, code: str, status: int):
+    done = run_cli("run", route_file)
+    assert done.returncode == status, done.stdout + done.stderr
+    assert code in done.stderr
+    assert "Traceback" not in done.stderr
+    scan = run_cli("guard", "scan", "--store", folder / "checkpoints.db")
+    assert scan.returncode == 0, scan.stdout + scan.stderr  # nothing armed, nothing blocked
+
+
+def assert_heals(folder: Path, route_file: Path, kind: str, target: str) -> None:
+    done = run_cli("run", route_file)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "loaded 40 rows" in done.stdout
+    assert SINKS[kind](folder / target, "orders_copy").row_count() == 40
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    build_sample_source(tmp_path / "source.db", rows=40, partitions=2)
+    return tmp_path
+
+
+@pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "no-ledger"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb", "clickhouse"])
+def test_a_missing_target_folder(folder: Path, kind: str, path: str, ledger: bool) -> None:
+    target = f"missing/{FILES[kind]}"
+    route_file = write_route(folder, kind, path, target, ledger)
+    assert_refused_before_the_target(folder, route_file, "native_transfer_config_invalid", 2)
+    (folder / "missing").mkdir()
+    assert_heals(folder, route_file, kind, target)
+
+
+@pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "no-ledger"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb"])
+def test_a_target_file_that_is_not_a_database(
+    folder: Path, kind: str, path: str, ledger: bool
+) -> None:
+    route_file = write_route(folder, kind, path, FILES[kind], ledger)
+    (folder / FILES[kind]).write_bytes(b"not a database " * 400)
+    assert_refused_before_the_target(folder, route_file, "native_transfer_target_unavailable", 1)
+    (folder / FILES[kind]).unlink()
+    assert_heals(folder, route_file, kind, FILES[kind])
+
+
+HOLD_SQLITE = (
+    "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None);"
+    " c.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(60)"
+)
+HOLD_DUCKDB = (
+    "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]);"
+    " print('held', flush=True); time.sleep(60)"
+)
+
+
+@pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "no-ledger"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb"])
+def test_a_target_locked_by_another_process(
+    folder: Path, kind: str, path: str, ledger: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("dpone_native_transfer.connectors.sqlite._TIMEOUT", 0.2)
+    route_file = write_route(folder, kind, path, FILES[kind], ledger)
+    if kind == "sqlite":
+        with contextlib.closing(sqlite3.connect(folder / FILES[kind])) as db:
+            db.execute("CREATE TABLE unrelated (a)")
+    code = HOLD_SQLITE if kind == "sqlite" else HOLD_DUCKDB
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(folder / FILES[kind])], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert_refused_before_the_target(
+            folder, route_file, "native_transfer_target_unavailable", 1
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    assert_heals(folder, route_file, kind, FILES[kind])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_unreachable_clickhouse_server(folder: Path, path: str) -> None:
+    route_file = write_route(folder, "clickhouse", path, "http://127.0.0.1:9", ledger=False)
+    assert_refused_before_the_target(folder, route_file, "native_transfer_target_unavailable", 1)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_ctrl_c_while_the_target_is_opened_exits_130_and_stays_retryable(
+    folder: Path, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    route_file = write_route(folder, "sqlite", path, FILES["sqlite"], ledger=True)
+    check = SQLiteSink.check_target
+
+    def interrupted(self: SQLiteSink) -> None:
+        check(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SQLiteSink, "check_target", interrupted)
+    done = run_cli("run", route_file)
+    assert done.returncode == 130, done.stdout + done.stderr
+    scan = run_cli("guard", "scan", "--store", folder / "checkpoints.db")
+    assert scan.returncode == 0, scan.stdout + scan.stderr
+    monkeypatch.setattr(SQLiteSink, "check_target", check)
+    assert_heals(folder, route_file, "sqlite", FILES["sqlite"])
