@@ -140,6 +140,8 @@ class CrashSource(SQLiteSource):
 
     def read(self, bounds: Mapping[str, Any], *, chunk_rows: int = 10_000) -> Iterator[list]:
         chunks = super().read(bounds, chunk_rows=chunk_rows)
+        if "cursor_from" in bounds:  # lazy-plan's reads of its windows' top rows, not extraction
+            return chunks
         self.partitions += 1
         return self._first_chunk_then_kill(chunks) if self.partitions == 2 else chunks
 
@@ -150,6 +152,8 @@ class CrashSource(SQLiteSource):
 
     def select_sql(self, bounds: Mapping[str, Any], **kwargs: Any) -> tuple[str, tuple]:
         """lazy-plan's extraction: the sink asks for each partition's query inside its call."""
+        if "cursor_from" in bounds:  # a read of a window's top rows (above), not extraction
+            return super().select_sql(bounds, **kwargs)
         self.partitions += 1
         if self.partitions == 2:
             self.killer.at("extraction")

@@ -57,7 +57,7 @@ def make_route(folder: Path, *, kind: str = "sqlite", path: str = "staged", sour
 
 def insert(folder: Path, *rows: tuple) -> None:
     with contextlib.closing(sqlite3.connect(folder / "source.db")) as db:
-        db.executemany("INSERT INTO events VALUES (?, ?, ?)", rows)
+        db.executemany("INSERT INTO events (region, ts, v) VALUES (?, ?, ?)", rows)
         db.commit()
 
 
@@ -244,7 +244,9 @@ def test_a_restored_store_loads_no_null_row_again(tmp_path: Path) -> None:
         "state", "restore", route_file, "--reason", "lost", "--operator", "me", "--yes"
     )
     assert restore.returncode == 0, restore.stdout + restore.stderr
-    assert "loaded 0 rows" in run(route_file).stdout
+    assert "loaded 0 rows" in run(route_file).stdout  # the NULL rows there now: taken as loaded
+    insert(tmp_path, ("c", None, "new"))
+    assert "loaded 1 row " in run(route_file).stdout  # and later ones load once, as before
     assert target_rows(tmp_path, "sqlite") == source_rows(tmp_path)
 
 
@@ -298,3 +300,83 @@ def test_cursor_edge_property(tmp_path_factory, batches, lag, path) -> None:
     assert SQLiteSink(folder / TARGETS["sqlite"], "events_copy").row_count() == sum(
         expected.values()
     )
+
+
+# what a hostile pass found --------------------------------------------------------------------
+
+
+def alter(folder: Path, *statements: str) -> None:
+    with contextlib.closing(sqlite3.connect(folder / "source.db")) as db:
+        for statement in statements:
+            db.execute(statement)
+        db.commit()
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("change", ["DROP COLUMN extra", "RENAME COLUMN extra TO Extra"])
+def test_a_dropped_or_renamed_column_never_reloads_the_edge(
+    tmp_path: Path, path: str, change: str
+) -> None:
+    """The digests covered the dropped column: they matched no row, so all loaded again."""
+    route_file = make_route(tmp_path, path=path, source='on_null_cursor = "load_once"')
+    alter(tmp_path, "ALTER TABLE events ADD COLUMN extra TEXT")
+    alter(tmp_path, "INSERT INTO events VALUES ('a', 1, 'x', 'e'), ('a', NULL, 'n', 'e')")
+    alter(tmp_path, "INSERT INTO events VALUES ('b', 5, 'y', 'e')")
+    run(route_file)
+    alter(tmp_path, f"ALTER TABLE events {change}")
+    assert "loaded 0 rows" in run(route_file).stdout
+    insert(tmp_path, ("a", 7, "z"), ("b", 7, "w"))
+    run(route_file)
+    assert "loaded 0 rows" in run(route_file).stdout
+    assert target_rows(tmp_path, "sqlite").total() == source_rows(tmp_path).total() == 5
+    insert(tmp_path, ("a", 7, "tie"), ("c", None, "m"))  # tracked again under the new columns
+    assert "loaded 2 rows" in run(route_file).stdout
+
+
+@pytest.mark.parametrize("path", ["staged", "lazy-plan"])
+def test_a_collated_partition_column_reads_each_edge_row_once(tmp_path: Path, path: str) -> None:
+    """'a' and 'A' were two edge partitions, and SQLite's NOCASE made each read both."""
+    make_route(tmp_path, path=path)
+    alter(tmp_path, "DROP TABLE events")
+    alter(tmp_path, "CREATE TABLE events (region TEXT COLLATE NOCASE, ts INTEGER, v TEXT)")
+    route_file = make_route(tmp_path, path=path)
+    insert(tmp_path, ("a", 1, "x"))
+    run(route_file)
+    insert(tmp_path, ("a", 1, "t1"), ("A", 1, "t2"))
+    assert "loaded 2 rows" in run(route_file).stdout
+    assert Counter(SQLiteSink(tmp_path / "target.db", "events_copy").rows()) == source_rows(
+        tmp_path
+    )
+
+
+def test_a_retry_with_a_larger_lag_keeps_the_lag_its_partitions_recorded(tmp_path: Path) -> None:
+    """The committed partitions recorded rows at 100 only; the retry's lag of 10 claimed
+    [90, 100] known, so the next run loaded 90..99 again."""
+    route_file = make_route(tmp_path)
+    insert(tmp_path, *(("a", ts, "x") for ts in range(90, 101)))
+    config = load_route_config(route_file)
+    store = FaultyStore(SQLiteCheckpointStore(config.store_path))
+    store.fail_state_write("source_state")
+    with pytest.raises(InjectedFault):
+        TransferRuntime(store).run(config.spec("run-1"))
+    route_file = make_route(tmp_path, source="lag = 10")
+    run(route_file)
+    assert "loaded 0 rows" in run(route_file).stdout
+    assert target_rows(tmp_path, "sqlite") == source_rows(tmp_path)
+
+
+@pytest.mark.parametrize("lag", ["1e20", "5"])
+def test_a_lag_past_the_calendar_is_a_configuration_error(tmp_path: Path, lag: str) -> None:
+    route_file = make_route(tmp_path, source=f"lag = {lag}")
+    alter(tmp_path, "DROP TABLE events", "CREATE TABLE events (region TEXT, ts DATE, v TEXT)")
+    alter(tmp_path, "INSERT INTO events VALUES ('a', '0001-01-02', 'x')")
+    done = run(route_file, code=2)
+    assert "native_transfer_config_invalid" in done.stderr and "source.lag" in done.stderr
+
+
+def test_a_decimal_nan_cursor_value_is_never_inside_the_edge() -> None:
+    """PostgreSQL orders numeric 'NaN' above every number; comparing it raised."""
+    from dpone_native_transfer.cursor_edge import _at_or_above
+
+    assert _at_or_above("NaN", "1.5", "decimal") is False
+    assert _at_or_above("2.50", "2.5", "decimal") is True

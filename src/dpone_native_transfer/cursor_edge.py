@@ -73,7 +73,7 @@ def _at_or_above(value: Any, since: Any, kind: str | None) -> bool:
         return False
     try:
         return _key(value, kind) >= _key(since, kind)
-    except TypeError:  # one kind only reaches here (``max_cursor`` refuses two)
+    except (TypeError, ArithmeticError):  # one kind only (``max_cursor``); a decimal NaN
         return False
 
 
@@ -159,14 +159,19 @@ class Edge:
             "rows": [[value, digest, count] for (value, digest), count in self.rows.items()],
         }
 
-    def digest_indexes(self, columns: Sequence[Column]) -> list[int] | None:
-        """Where the record's columns are in ``columns`` (all of them now, for a new record);
-        None when one was dropped: the recorded digests can no longer be matched."""
-        names = [column.name for column in columns]
+    def matching(self, columns: Sequence[Column]) -> Edge:
+        """The record as the source's ``columns`` can match it: a new one digests them all; one
+        whose digests cover a column the source no longer has (dropped, renamed) is unknown."""
+        names = tuple(column.name for column in columns)
         if not self.columns:
-            return list(range(len(names)))
-        if not set(self.columns) <= set(names):
-            return None
+            return attrs.evolve(self, columns=names)
+        if set(self.columns) <= set(names):
+            return self
+        return Edge(upto=self.upto, nulls=False, columns=names)
+
+    def digest_indexes(self, columns: Sequence[Column]) -> list[int]:
+        """Where the record's columns are in ``columns`` (a ``matching`` record's are there)."""
+        names = [column.name for column in columns]
         return [names.index(name) for name in self.columns]
 
 
@@ -198,31 +203,38 @@ def scan_edge(
     *,
     load_nulls: bool,
     chunk_rows: int,
-) -> EdgeScan:
-    """Read the edge (``source.edge_rows``) and subtract the rows the record says are loaded."""
+) -> tuple[Edge, EdgeScan]:
+    """Read the edge (``source.edge_rows``) and subtract the rows the record says are loaded.
+
+    ``edge`` must be ``matching``. Under ``load_once`` a record that does not know
+    which NULL-cursor rows were loaded (a restored or reset state, a dropped
+    column) takes those the source holds now as loaded, and tracks NULL rows from
+    here on; the returned record says so.
+    """
     found = EdgeScan()
     indexes = edge.digest_indexes(columns)
     names = [column.name for column in columns]
     cursor, partition = names.index(source.cursor_column), names.index(source.partition_column)
-    since = edge.since if indexes is not None and edge.upto is not None else None
-    nulls = edge.nulls or not load_nulls  # the error policy counts every unloaded NULL row
-    if since is None and not nulls:
-        return found
-    seen = Counter(edge.rows) if indexes is not None else Counter()
-    for chunk in source.edge_rows(since=since, upto=edge.upto, nulls=nulls, chunk_rows=chunk_rows):
+    since = None if edge.upto is None else edge.since
+    baseline: Seen | None = Counter() if load_nulls and not edge.nulls else None
+    seen = Counter(edge.rows)
+    # NULL rows always: the error policy counts every unloaded one, load_once loads them
+    for chunk in source.edge_rows(since=since, upto=edge.upto, nulls=True, chunk_rows=chunk_rows):
         for row in chunk:
             value = row[cursor]
-            if indexes is not None:
-                key = (value, row_digest(row, indexes))
-                if seen[key] > 0:
-                    seen[key] -= 1
-                    continue
-            if value is None:
+            key = (value, row_digest(row, indexes))
+            if value is None and baseline is not None:
+                baseline[key] += 1
+            elif seen[key] > 0:
+                seen[key] -= 1
+            elif value is None:
                 found.null_rows += 1
                 _add(found.nulled, row[partition])
             else:
                 _add(found.ranged, row[partition])
-    return found
+    if baseline is not None and len(baseline) <= MAX_EDGE_ROWS:
+        edge = attrs.evolve(edge, nulls=True, rows=edge.rows + baseline)
+    return edge, found
 
 
 def is_edge(bounds: Mapping[str, Any]) -> bool:
@@ -243,13 +255,15 @@ class EdgeTracker:
         self,
         edge: Edge,
         columns: Sequence[Column],
-        cursor_column: str,
+        source: Any,
         *,
         top_since: Any,
         kind: str | None,
     ) -> None:
-        self.indexes = edge.digest_indexes(columns) or []
-        self.cursor = [column.name for column in columns].index(cursor_column)
+        self.indexes = edge.digest_indexes(columns)
+        names = [column.name for column in columns]
+        self.cursor = names.index(source.cursor_column)
+        self.partition = names.index(source.partition_column)
         self.top_since, self.kind = top_since, kind
         self._seen = Counter(edge.rows)
         self.recorded: dict[str, Seen | None] = {}
@@ -261,12 +275,15 @@ class EdgeTracker:
     def rows(self, candidate: PartitionCheckpoint, chunks: Iterable[list]) -> Iterator[list]:
         """``chunks`` of ``candidate``: an edge partition's without the rows already loaded."""
         edge = is_edge(candidate.partition_bounds)
+        partition = candidate.partition_bounds.get("partition")
         recorded: Seen | None = Counter()
         self.recorded[candidate.partition_id] = recorded
         for chunk in chunks:
             passed = []
             for row in chunk:
                 value = row[self.cursor]
+                if edge and row[self.partition] != partition:
+                    continue  # a collation's other spelling: its own edge partition reads it
                 kept = self._kept(value)
                 if edge or kept:
                     key = (value, row_digest(row, self.indexes))
@@ -308,12 +325,13 @@ class EdgeTracker:
             return {}
         rows = self.recorded[partition_id]
         listed = None if rows is None else [[v, d, n] for (v, d), n in rows.items()]
-        return {EDGE_ROWS_KEY: listed}
+        return {
+            EDGE_ROWS_KEY: None if listed is None else {"since": self.top_since, "rows": listed}
+        }
 
 
 def advanced_edge(
     edge: Edge,
-    columns: Sequence[Column],
     *,
     upto: Any,
     top_since: Any,
@@ -328,10 +346,13 @@ def advanced_edge(
     some were committed under other ids (an earlier schema), so their rows are unknown.
     """
     untracked: list[str] = []
-    indexes = edge.digest_indexes(columns)
-    recordings = [cp.diagnostics.get(EDGE_ROWS_KEY, "missing") for cp in generation_checkpoints]
-    complete = not lost and all(isinstance(rows, list) for rows in recordings)
-    old_range_known = indexes is not None and (
+    recordings = [cp.diagnostics.get(EDGE_ROWS_KEY) for cp in generation_checkpoints]
+    complete = not lost and all(isinstance(rec, dict) for rec in recordings)
+    # every recording covers the rows at or above its attempt's ``since``: the highest holds
+    for rec in recordings if complete else ():
+        if top_since is None or _at_or_above(rec["since"], top_since, kind):
+            top_since = rec["since"]
+    old_range_known = (
         edge.upto is None
         or (edge.since is not None and _at_or_above(top_since, edge.since, kind))
         or (top_since is not None and not _at_or_above(edge.upto, top_since, kind))
@@ -341,21 +362,19 @@ def advanced_edge(
         above = edge.upto is None or not _at_or_above(edge.upto, upto, kind)
         since = upto if above else None
     null_edges = [
-        rows
-        for cp, rows in zip(generation_checkpoints, recordings, strict=True)
+        rec
+        for cp, rec in zip(generation_checkpoints, recordings, strict=True)
         if cp.partition_bounds.get("cursor_null") is True
     ]
-    nulls = edge.nulls and indexes is not None and not lost
-    nulls = nulls and all(isinstance(rows, list) for rows in null_edges)
+    nulls = edge.nulls and not lost and all(isinstance(rec, dict) for rec in null_edges)
     rows: Seen = Counter()
 
     def kept(value: Any) -> bool:
         return nulls if value is None else _at_or_above(value, since, kind)
 
-    if indexes is not None:
-        rows.update({key: n for key, n in edge.rows.items() if kept(key[0])})
-    for recorded in recordings:
-        for value, digest, count in recorded if isinstance(recorded, list) else ():
+    rows.update({key: n for key, n in edge.rows.items() if kept(key[0])})
+    for rec in recordings:
+        for value, digest, count in rec["rows"] if isinstance(rec, dict) else ():
             if kept(value):
                 rows[(value, digest)] += count
     ranged = sum(1 for value, _ in rows if value is not None)
@@ -367,12 +386,11 @@ def advanced_edge(
     if len(rows) > MAX_EDGE_ROWS or (edge.nulls and not nulls):
         nulls, rows = False, Counter({key: n for key, n in rows.items() if key[0] is not None})
         untracked.append("nulls")
-    names = edge.columns if edge.columns and indexes is not None else ()
-    names = names or tuple(column.name for column in columns)
-    return Edge(upto=upto, since=since, nulls=nulls, columns=names, rows=rows), untracked
+    return Edge(upto=upto, since=since, nulls=nulls, columns=edge.columns, rows=rows), untracked
 
 
 def unknown_edge(watermark: Any) -> dict[str, Any]:
     """The record of a state rewritten by an operator or a refresh: nothing known at the edge,
-    so no NULL-cursor row is loaded again and the range falls back to the exclusive bound."""
+    so the range falls back to the exclusive bound and, under ``load_once``, the NULL-cursor
+    rows the source holds at the next run are taken as loaded (``scan_edge``)."""
     return {EDGE_KEY: Edge(upto=watermark, nulls=False).as_state()}

@@ -309,7 +309,7 @@ class TransferRuntime:
                     else EdgeTracker(
                         edge[0],
                         shape.columns,
-                        spec.source.cursor_column,
+                        spec.source,
                         top_since=top_since,
                         kind=definition["cursor_kind"],
                     ),
@@ -358,7 +358,6 @@ class TransferRuntime:
             earlier = latest.checkpoints(plan.skipped)
             record, untracked = advanced_edge(
                 edge[0],
-                shape.columns,
                 upto=upto,
                 top_since=top_since,
                 kind=definition["cursor_kind"],
@@ -431,9 +430,9 @@ def _edge_scan(
     check_lag(spec.lag, definition["cursor_kind"])
     if not isinstance(source, CursorEdgeReading):
         return None
-    edge = Edge.of_state(route, state)
+    edge = Edge.of_state(route, state).matching(columns)
     load_nulls = spec.on_null_cursor == "load_once"
-    scan = scan_edge(source, edge, columns, load_nulls=load_nulls, chunk_rows=spec.chunk_rows)
+    edge, scan = scan_edge(source, edge, columns, load_nulls=load_nulls, chunk_rows=spec.chunk_rows)
     if not load_nulls:
         refuse_null_cursor(route, cursor, scan.null_rows)
         scan.nulled.clear()
@@ -448,9 +447,10 @@ def _top_since(spec: TransferSpec, upto: Any, definition: Mapping[str, Any]) -> 
         return None
     try:
         return lag_since(upto, spec.lag, definition["cursor_kind"])
-    except ValueError:
+    except (ValueError, OverflowError):
         raise ConfigInvalid(
-            "source.lag: the cursor's highest value is not an ISO date or timestamp",
+            "source.lag: the cursor's highest value is not an ISO date or timestamp, or the "
+            "lag reaches past the calendar",
             diagnostics={"key": "source.lag", "cursor_kind": definition["cursor_kind"]},
         ) from None
 
