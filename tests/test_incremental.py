@@ -357,6 +357,40 @@ def test_schema_evolution_adds_new_columns_before_the_target_and_loads_nulls_for
         assert last[name] is None  # a column the source no longer has loads NULL
 
 
+RETYPES = {  # a rebuilt source: the same rows, then one more under the new type
+    "integer to text": ("amount TEXT", "'12.5x'"),
+    "real to integer": ("amount INTEGER", "3"),
+    "real to blob": ("amount BLOB", "x'00ff'"),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb", "clickhouse"])
+@pytest.mark.parametrize("change", sorted(RETYPES))
+def test_a_retyped_column_the_target_cannot_take_is_refused_before_the_target(
+    tmp_path: Path, kind: str, path: str, change: str
+) -> None:
+    """A retyped column was silently converted by the engine (SQLite's affinity turned '12'
+    into 12), or failed inside the target call."""
+    declared, value = RETYPES[change]
+    build_sample_source(tmp_path / "source.db", rows=40, partitions=2)
+    route_file = route(tmp_path, kind=kind, path=path)
+    run(route_file)
+    rebuild_source(tmp_path, f"id INTEGER PRIMARY KEY, region TEXT, {declared}, updated_at INTEGER")
+    alter_source(tmp_path, f"INSERT INTO orders VALUES (41, 'region-000', {value}, 2000000)")
+    for contract in ("evolve", "freeze"):
+        route_file.write_text(route_file.read_text().replace(
+            "[store]", f'schema_contract = "{contract}"\n[store]', 1))  # fmt: skip
+        done = run(route_file, code=2)
+        assert "native_transfer_schema_changed" in done.stderr and "'amount'" not in done.stdout
+        assert '"columns": ["amount"]' in done.stderr and "12.5x" not in done.stderr
+        route_file.write_text(route_file.read_text().replace(
+            f'schema_contract = "{contract}"\n', ""))  # fmt: skip
+    assert target_rows(tmp_path, kind) == 40
+    scan = run_cli("guard", "scan", "--store", tmp_path / "checkpoints.db")
+    assert scan.returncode == 0, scan.stdout + scan.stderr  # refused before the target
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "duckdb", "clickhouse"])
 def test_a_frozen_schema_stops_on_a_new_column_before_the_target(tmp_path: Path, kind: str):
     build_sample_source(tmp_path / "source.db", rows=40, partitions=2)

@@ -150,6 +150,8 @@ def test_sqlite_to_sqlite_keeps_every_value_and_storage_class(tmp_path: Path, pa
     sqlite_source(tmp_path, SQLITE_COLUMNS)
     done = run(tmp_path, 'path = "source.db"', "src", "sqlite", path)
     assert done.returncode == 0, done.stderr
+    again = run(tmp_path, 'path = "source.db"', "src", "sqlite", path)  # the table it made
+    assert again.returncode == 0, again.stderr  # takes every column: no retype is seen
     names = ["id", *(c[0] for c in SQLITE_COLUMNS)]
     exprs = ", ".join(f'quote("{c}"), typeof("{c}")' for c in names)
     with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
@@ -169,6 +171,8 @@ def test_sqlite_to_engines_value_by_value(tmp_path: Path, kind: str, path: str) 
     sqlite_source(tmp_path, columns)
     done = run(tmp_path, 'path = "source.db"', "src", kind, path)
     assert done.returncode == 0, done.stderr
+    again = run(tmp_path, 'path = "source.db"', "src", kind, path)  # the table it made
+    assert again.returncode == 0, again.stderr  # takes every column: no retype is seen
     got = target_texts(tmp_path, kind, [c[0] for c in columns])
     by_column = list(zip(*got, strict=True))
     for (name, decl, *_), want, values in zip(columns, expected, by_column, strict=True):
@@ -356,6 +360,9 @@ def test_postgres_to_every_target_value_by_value(
     done = run(tmp_path, 'kind = "postgres"\ndsn = "env:MATRIX_DSN"', table, kind, path,
                env={"MATRIX_DSN": url})  # fmt: skip
     assert done.returncode == 0, done.stderr
+    again = run(tmp_path, 'kind = "postgres"\ndsn = "env:MATRIX_DSN"', table, kind, path,
+                env={"MATRIX_DSN": url})  # fmt: skip
+    assert again.returncode == 0, again.stderr  # the table it made takes every column
     got = target_texts(tmp_path, kind, [c[0] for c in columns])
     by_column = list(zip(*got, strict=True))
     for (name, pg_type, *_), want, values in zip(columns, expected, by_column, strict=True):

@@ -4,8 +4,10 @@ Checked before the target mutation, outside the armed window, so a
 difference never blocks a route. ``evolve`` (the default) adds a new source
 column to the target table, with the type the sink maps its kind to, and
 loads NULL into a target column the source no longer has; ``freeze`` stops the
-run on any difference. Modelled on dlt's schema contracts; the name leaves
-``schema`` free for the target's database schema.
+run on any difference. Under both, a column whose target type cannot hold the
+source's values (the source column was retyped) stops the run. Modelled on
+dlt's schema contracts; the name leaves ``schema`` free for the target's
+database schema.
 """
 
 from __future__ import annotations
@@ -34,11 +36,16 @@ def apply_schema_contract(
     if not isinstance(sink, SchemaEvolving):
         return []
     difference = sink.column_difference(columns)
-    if difference is None:
+    if not difference:
         return []
-    added, dropped = difference
-    if not added and not dropped:
-        return []
+    added, dropped, retyped = difference.added, difference.dropped, difference.retyped
+    if retyped:  # either contract: the engine would convert the values, or fail in the call
+        raise SchemaChanged(
+            f"route {route.label}: the target table's type of column(s) {_names(retyped)} "
+            "cannot hold the source's values now (the source column was retyped); nothing was "
+            "written. Alter or refresh the target table, or put the old type back",
+            diagnostics={"route": route.as_dict(), "columns": retyped, "contract": contract},
+        )
     if contract == "freeze":
         names = [column.name for column in added] + list(dropped)
         raise SchemaChanged(

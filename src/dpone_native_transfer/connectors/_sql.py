@@ -19,6 +19,7 @@ from ..identity import fold_ascii
 from ..payloads import UPTO_OR_NULL, Column, Predicate, bound_predicates
 
 __all__ = [
+    "ColumnDifference",
     "WINDOW_OPERATORS",
     "TableName",
     "bounds_where",
@@ -137,17 +138,41 @@ def refuse_schema(table: TableName, *, engine: str, hint: str) -> None:
         )
 
 
+@attrs.frozen
+class ColumnDifference:
+    """How the source's columns differ from the target table's (``SchemaEvolving``)."""
+
+    added: list[Column]  # source columns the target table lacks
+    dropped: list[str]  # target columns the source lacks
+    retyped: list[str] = attrs.field(factory=list)  # columns whose target type cannot take them
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.dropped or self.retyped)
+
+
 def difference(
-    existing: Sequence[str] | None, columns: Sequence[Column], *, fold: Callable[[str], str] = str
-) -> tuple[list[Column], list[str]] | None:
-    """``SchemaEvolving.column_difference`` from the target table's column names (None or
-    empty: no table), matching names after ``fold`` (the engine's own name matching)."""
+    existing: Sequence[tuple[str, str]] | None,
+    columns: Sequence[Column],
+    *,
+    fold: Callable[[str], str] = str,
+    takes: Callable[[Column, str], bool] = lambda column, target_type: True,
+) -> ColumnDifference | None:
+    """``SchemaEvolving.column_difference`` from the target table's (name, type) pairs (None or
+    empty: no table), matching names after ``fold`` (the engine's own name matching);
+    ``takes(column, target_type)`` says whether a target column can hold the source's."""
     if not existing:
         return None
-    have = {fold(name) for name in existing}
+    types = {fold(name): target_type for name, target_type in existing}
     wanted = {fold(column.name) for column in columns}
-    added = [column for column in columns if fold(column.name) not in have]
-    return added, [name for name in existing if fold(name) not in wanted]
+    return ColumnDifference(
+        added=[column for column in columns if fold(column.name) not in types],
+        dropped=[name for name, _ in existing if fold(name) not in wanted],
+        retyped=[
+            column.name
+            for column in columns
+            if fold(column.name) in types and not takes(column, types[fold(column.name)])
+        ],
+    )
 
 
 # The runtime's own tables in a target database (its ledger, staging tables) start so.

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ..identity import TableIdentity
     from ..ledger import LedgerEntry
     from ..payloads import Column
+    from ._sql import ColumnDifference
 
 __all__ = [
     "CursorEdgeReading",
@@ -135,9 +136,10 @@ class SchemaEvolving(Protocol):
     so a new source column never fails inside the armed target call.
     """
 
-    def column_difference(self, columns: Sequence[Column]) -> tuple[list[Column], list[str]] | None:
-        """(source columns the target table lacks, target columns the source lacks), by the
-        engine's own name matching; None when the table does not exist. Reads only."""
+    def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
+        """Source columns the target table lacks, target columns the source lacks, and
+        columns whose target type cannot hold the source's values, by the engine's own name
+        matching (``_sql.difference`` builds it); None when the table does not exist. Reads only."""
 
     def add_columns(self, columns: Sequence[Column]) -> None:
         """Add ``columns`` to the target table (nullable, typed by their kind), atomically."""

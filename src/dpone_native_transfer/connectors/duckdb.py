@@ -36,6 +36,7 @@ from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_que
 from ..payloads import Column, LoadPlan, Predicate, RowChunks, bound_predicates
 from ._sql import (
     WINDOW_OPERATORS,
+    ColumnDifference,
     TableName,
     check_target_folder,
     check_target_table,
@@ -225,13 +226,27 @@ class DuckDBSink:
     def carrier(self, column: Column) -> Carry | None:
         return duckdb_carrier(column)
 
-    def column_difference(self, columns: Sequence[Column]) -> tuple[list[Column], list[str]] | None:
-        """``SchemaEvolving``: DuckDB matches column names case-insensitively (ASCII)."""
+    def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
+        """``SchemaEvolving``: DuckDB matches column names case-insensitively (ASCII). A column of
+        a type dpone makes takes only a source column it would make that type for; a type made
+        by hand is left to DuckDB's own conversion."""
         with self._reader() as conn:
             if conn is None or not _table_exists(conn, self._target):
                 return None
-            existing = [row[0] for row in conn.execute(f"DESCRIBE {self._target.sql()}").fetchall()]
-        return difference(existing, columns, fold=fold_ascii)
+            described = conn.execute(f"DESCRIBE {self._target.sql()}").fetchall()
+            wanted = {duckdb_type(column) for column in columns} | set(DUCKDB_TYPES.values())
+            names = sorted(wanted)  # DuckDB's own spelling of each (TIMESTAMPTZ, ...)
+            casts = ", ".join(f"typeof(CAST(NULL AS {name}))" for name in names)
+            spelled = dict(zip(names, conn.execute(f"SELECT {casts}").fetchone(), strict=True))
+        made = {spelled[name] for name in DUCKDB_TYPES.values()}
+
+        def takes(column: Column, target_type: str) -> bool:
+            judged = target_type in made or target_type.startswith("DECIMAL(")
+            return not judged or spelled[duckdb_type(column)] == target_type
+
+        return difference(
+            [(row[0], row[1]) for row in described], columns, fold=fold_ascii, takes=takes
+        )
 
     def add_columns(self, columns: Sequence[Column]) -> None:
         with self._connect() as conn, _transaction(conn):

@@ -30,6 +30,7 @@ from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
 from ..payloads import Column, LoadPlan, RowChunks, SourceShape
 from ._sql import (
+    ColumnDifference,
     bounds_where,
     check_target_folder,
     check_target_table,
@@ -544,11 +545,19 @@ class SQLiteSink:
             return contextlib.nullcontext(None)
         return self._connect()
 
-    def column_difference(self, columns: Sequence[Column]) -> tuple[list[Column], list[str]] | None:
-        """``SchemaEvolving``: SQLite matches column names case-insensitively (ASCII)."""
+    def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
+        """``SchemaEvolving``: SQLite matches column names case-insensitively (ASCII). A column
+        takes a source column of its kind, or any value when it has no type (``any``): SQLite's
+        affinity would convert the others (``'12'`` into an INTEGER column becomes 12)."""
         with self._reader() as conn:
             existing = [] if conn is None else _table_columns(conn, self.table)
-        return difference([column.name for column in existing], columns, fold=fold_ascii)
+        pairs = [(column.name, column.decltype) for column in existing]
+
+        def takes(column: Column, declared: str) -> bool:
+            kind = sqlite_kind(declared)
+            return kind in (column.kind, "any") or parsed_type(declared) == sqlite_type(column)
+
+        return difference(pairs, columns, fold=fold_ascii, takes=takes)
 
     def add_columns(self, columns: Sequence[Column]) -> None:
         with self._connect() as conn, _transaction(conn):

@@ -42,6 +42,7 @@ from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query
 from ...payloads import Column, LoadPlan, RowChunks, bound_predicates
 from .._sql import (
+    ColumnDifference,
     TableName,
     check_target_table,
     difference,
@@ -54,6 +55,7 @@ from ..sqlite import SQLiteSource, refuse_inexact_plan
 from .client import CHDB, ClickHouseClient, open_client, parse_location
 from .sql import (
     DEDUPLICATION_WINDOW,
+    MADE_TYPES,
     column_carrier,
     column_list,
     column_type,
@@ -61,6 +63,7 @@ from .sql import (
     insert_settings,
     partition_id_literal,
     quote,
+    type_literal,
     where_sql,
 )
 
@@ -211,11 +214,24 @@ class ClickHouseSink:
     def carrier(self, column: Column) -> Carry | None:
         return column_carrier(column)
 
-    def column_difference(self, columns: Sequence[Column]) -> tuple[list[Column], list[str]] | None:
-        """``SchemaEvolving``: ClickHouse column names are case-sensitive."""
+    def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
+        """``SchemaEvolving``: ClickHouse column names are case-sensitive. A column of a type
+        dpone makes takes only a source column it would make that type for; a type made by
+        hand is left to ClickHouse's own conversion."""
         with self.client() as client:
-            existing = [name for name, _ in _columns(client, self._target)]
-        return difference(existing, columns)
+            existing = _columns(client, self._target)
+            if not existing:
+                return None
+            names = sorted({column_type(column) for column in columns} | set(MADE_TYPES))
+            casts = ", ".join(f"toTypeName(CAST(NULL, {type_literal(name)}))" for name in names)
+            spelled = dict(zip(names, client.query_rows(f"SELECT {casts}")[0], strict=True))
+        made = {spelled[name] for name in MADE_TYPES}
+
+        def takes(column: Column, target_type: str) -> bool:
+            judged = target_type in made or target_type.startswith("Nullable(Decimal(")
+            return not judged or spelled[column_type(column)] == target_type
+
+        return difference(existing, columns, takes=takes)
 
     def add_columns(self, columns: Sequence[Column]) -> None:
         """One ALTER for all of them; ClickHouse adds columns as a metadata change."""

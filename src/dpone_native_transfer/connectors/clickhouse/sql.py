@@ -89,6 +89,15 @@ def column_type(column: Column) -> str:
     return f"Nullable({_TYPES[column.kind]})"
 
 
+MADE_TYPES = tuple(sorted({f"Nullable({name})" for name in _TYPES.values()}))
+"""The column types this sink makes (besides ``Nullable(Decimal(P, S))``)."""
+
+
+def type_literal(name: str) -> str:
+    """One of this module's own type names as a ClickHouse string literal (never source text)."""
+    return "'" + name.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def column_carrier(column: Column) -> Carry | None:
     """How a value of ``column`` reaches ClickHouse exactly (see ``ValueCarrying``)."""
     decimal = column.decimal(_MAX_DECIMAL_PRECISION)
