@@ -505,3 +505,42 @@ def target_ids_or_none(folder: Path) -> list[int] | None:
         if not target.execute("SELECT 1 FROM sqlite_master WHERE name = 'orders_copy'").fetchone():
             return None
     return target_ids(folder)
+
+
+# a full refresh of the table, then an append route of the same source ----------------------------
+
+
+@pytest.mark.parametrize("append_ran_before", [True, False], ids=["append-ran", "append-new"])
+@pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "no-ledger"])
+@pytest.mark.parametrize("cursor", [True, False], ids=["cursor", "cursorless"])
+def test_refresh_then_append_never_duplicates(
+    tmp_path: Path, cursor: bool, ledger: bool, append_ran_before: bool
+) -> None:
+    """A new append route after a refresh loaded every row again (85 rows for 45), and without
+    the ledger an append continued from its own, older watermark (55 for 45)."""
+    build_sample_source(tmp_path / "source.db", rows=30, partitions=3)
+    files = {}
+    for name, strategy in (("refresh", "full_refresh"), ("append", "incremental_append")):
+        text = ROUTE.format(kind="sqlite", target="target.db", strategy=strategy, path="staged",
+                            extra="")  # fmt: skip
+        if not cursor:
+            text = text.replace('cursor_column = "updated_at"\n', "")
+        if not ledger:
+            text = text.replace(
+                'table = "orders_copy"\n', 'table = "orders_copy"\nledger = false\n'
+            )
+        files[name] = tmp_path / f"{name}.toml"
+        files[name].write_text(text)
+    if append_ran_before:
+        run(files["append"])
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=3, start_id=31)
+    run(files["refresh"])
+    build_sample_source(tmp_path / "source.db", rows=5, partitions=3, start_id=41)
+    if cursor:
+        run(files["append"])
+        assert "loaded 0 rows" in run(files["append"]).stdout
+        assert target_ids(tmp_path) == source_ids(tmp_path)
+    else:  # nothing tells which of its rows the refresh loaded: refused before the target
+        done = run(files["append"], code=3)
+        assert "replaced_by_another_route" in done.stderr
+        assert target_rows(tmp_path, "sqlite") == 40

@@ -327,7 +327,8 @@ def check_store_against_target(
     3. the table holds rows when its ledger records some since it was last replaced
        (``target_empty()``, asked only then; else it was dropped, renamed or emptied);
     4. no other route replaced the table after this route's last batch (a full
-       refresh, or a strategy switch), unless this route replaces it too. A full
+       refresh, or a strategy switch), unless this route replaces it too; for a
+       route with no batch yet, no refresh of its own source table did. A full
        refresh of the same source table that recorded how far it loaded this
        route's cursor column is returned instead: the route continues from its
        watermark (no row the target holds is appended again, none is skipped).
@@ -398,10 +399,12 @@ def check_store_against_target(
                 batch_ids=sorted(entry.batch_id for entry in claimed),
             )
     mine = [entry for entry in entries if entry.of_route(route)]
-    if route.strategy is Strategy.FULL_REFRESH or not mine:
+    if route.strategy is Strategy.FULL_REFRESH:
         return None
-    last = max(entry.seq for entry in mine)
+    last = max((entry.seq for entry in mine), default=-1)
     replaced = [e for e in entries if e.replace and e.seq > last and not e.of_route(route)]
+    if not mine:  # a new route: only a refresh of its own source table holds its rows
+        replaced = [e for e in replaced if _same_source(e, route)]
     if not replaced:
         return None
     by = replaced[-1]
@@ -417,6 +420,56 @@ def check_store_against_target(
         "same cursor column); keep loading the table with that route, or see what the "
         f"target holds with: {_VERIFY}",
         batch_ids=[by.batch_id],
+    )
+
+
+def refresh_in_store(
+    route: RouteKey, scope: Sequence[PartitionCheckpoint], cursor_column: str | None
+) -> LedgerEntry | None:
+    """Without a ledger, the store's own memory of a refresh: the latest committed full refresh
+    of ``route``'s source table into its target table, when it is newer than every committed
+    partition of ``route`` (an append route). Returned as a ledger entry carrying its watermark
+    (the highest ``cursor_upto`` it loaded), so the route continues where it ended; refused
+    as ``replaced_by_another_route`` when the route cannot continue from it (no cursor, or
+    another cursor column)."""
+    if route.strategy is Strategy.FULL_REFRESH:
+        return None
+    committed = [cp for cp in scope if cp.status is PartitionCheckpointStatus.COMMITTED]
+    mine = [cp.completed_at for cp in committed if cp.route == route and cp.completed_at]
+    refreshes = [
+        cp
+        for cp in committed
+        if cp.route.strategy is Strategy.FULL_REFRESH
+        and (cp.route.source_location, cp.route.source_table)
+        == (route.source_location, route.source_table)
+        and cp.completed_at is not None
+        and (not mine or cp.completed_at > max(mine))
+    ]
+    if not refreshes:
+        return None
+    newest = max(refreshes, key=lambda cp: cp.completed_at)
+    generation = newest.partition_bounds.get("generation")
+    loaded = [cp for cp in refreshes if cp.partition_bounds.get("generation") == generation]
+    definition = newest.diagnostics.get("definition") or {}
+    watermark = max((cp.partition_bounds.get("cursor_upto") for cp in loaded), default=None,
+                    key=lambda value: (value is not None, value))  # fmt: skip
+    if cursor_column is None or definition.get("cursor_column") != cursor_column:
+        raise _mismatch(
+            route,
+            "replaced_by_another_route",
+            f"a full refresh of the same source table ({newest.route.label}) replaced the target "
+            "table after this route's last partition, and this route cannot continue from it "
+            "(it has no cursor column, or another one): appending would load its rows twice; "
+            "keep loading the table with that route, or start this one afresh on purpose",
+        )
+    return LedgerEntry.for_batch(
+        newest.route,
+        newest.run_id,
+        loaded,
+        generation=generation if isinstance(generation, int) else 0,
+        watermark=watermark,
+        cursor_column=cursor_column,
+        at=newest.completed_at,
     )
 
 
@@ -436,7 +489,14 @@ def _continues(by: LedgerEntry, route: RouteKey, cursor_column: str | None) -> b
         cursor_column is not None
         and by.cursor_column == cursor_column
         and by.watermark is not None
-        and (by.source_location, by.source_table) == (route.source_location, route.source_table)
+        and _same_source(by, route)
+    )
+
+
+def _same_source(entry: LedgerEntry, route: RouteKey) -> bool:
+    return (entry.source_location, entry.source_table) == (
+        route.source_location,
+        route.source_table,
     )
 
 

@@ -44,7 +44,12 @@ from .events import Event, EventName, EventRecorder
 from .identity import route_key
 from .latest import LatestCheckpoints, as_latest
 from .lease import DEFAULT_LEASE_SECONDS, Lease, LeaseStore, lease_key
-from .ledger import LedgerEntry, check_store_against_target, ledger_overrides
+from .ledger import (
+    LedgerEntry,
+    check_store_against_target,
+    ledger_overrides,
+    refresh_in_store,
+)
 from .paths import Governance, PathContext, TransferPath
 from .paths.file_artifact import file_artifact_path
 from .paths.lazy_plan import lazy_plan_path
@@ -242,6 +247,8 @@ class TransferRuntime:
                 cursor_column=spec.source.cursor_column,
                 target_empty=ledger.is_empty,
             )
+        elif isinstance(self.store, TargetScopeStore):  # no ledger: the store remembers
+            refreshed = refresh_in_store(route, scope, spec.source.cursor_column)
         recorder.emit(EventName.ROUTE_SCANNED, route=route.as_dict(), checkpoints=len(latest))
 
         shape = spec.source.describe()
