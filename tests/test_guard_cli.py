@@ -31,7 +31,7 @@ from dpone_native_transfer import (
     cli,
 )
 from dpone_native_transfer.demo import DEMO_ROUTE
-from dpone_native_transfer.testing import InjectedFault, guard_phase
+from dpone_native_transfer.testing import InjectedFault, build_sample_source, guard_phase
 from dpone_native_transfer.testing import phase_batch as phase
 from dpone_target_commit_guard.payload import batch_id_for
 
@@ -262,8 +262,14 @@ def test_json_lines_carry_the_same_facts_as_the_table(route):
         assert datetime.fromisoformat(item["started_at"]).utcoffset() == timedelta(0)
 
 
+def rows_after_the_refresh(route) -> None:
+    """An append route continues after a refresh of its source table: give it rows to load."""
+    build_sample_source(route.source_path, rows=120, partitions=4, start_id=121)
+
+
 def test_scan_covers_every_route_and_route_limits_it(route):
     route.runtime().run(route.spec("legacy", strategy="full_refresh"))  # a clean second route
+    rows_after_the_refresh(route)
     make_target_outcome_unknown(route)
     everything = scan(route)
     assert everything.returncode == cli.EXIT_BLOCKED
@@ -323,6 +329,7 @@ def test_show_lists_every_latest_checkpoint_with_phase_bounds_and_no_audit(route
 def test_show_names_legacy_and_malformed_checkpoints(route):
     # unguarded first: once a guard is on the target table, an unguarded run refuses it
     route.runtime(plugins=[]).run(route.spec("legacy", strategy="full_refresh"))
+    rows_after_the_refresh(route)
     partition_id = make_malformed(route)
     done = show(route)
     assert f"{partition_id}  committed  malformed: status_phase_mismatch  -" in done.stdout
@@ -604,6 +611,7 @@ def test_a_partition_that_is_not_blocked_refuses_the_whole_command(route, which,
 
 def test_legacy_and_failed_before_target_partitions_are_not_blocked(route):
     route.runtime(plugins=[]).run(route.spec("legacy", strategy="full_refresh"))  # legacy
+    rows_after_the_refresh(route)
     route.store.fail_batch(phase("armed"), keep=2)  # -> failed_before_target
     with pytest.raises(InjectedFault):
         route.runtime().run(route.spec("legacy"))
