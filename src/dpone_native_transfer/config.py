@@ -25,6 +25,7 @@ import attrs
 
 from .checkpoints import RouteKey, Strategy
 from .connectors import SQLiteSink, SQLiteSource
+from .connectors.sqlite import integer_primary_key
 from .cursor_edge import NULL_CURSOR_POLICIES
 from .errors import ConfigInvalid
 from .identity import route_key
@@ -50,7 +51,9 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
             "path": ("file", _OPTIONAL),  # sqlite
             "dsn": ("secret", _OPTIONAL),  # postgres: a postgresql:// URL or env:NAME
             "table": ("name", _REQUIRED),
-            "partition_column": ("name", _REQUIRED),
+            "partition_column": ("name", _OPTIONAL),  # default: the integer primary key
+            "partition_by": ("partition_by", _OPTIONAL),  # "value" | "range"
+            "partition_rows": ("positive", _OPTIONAL),  # rows per range (default 100,000)
             "cursor_column": ("name", _OPTIONAL),
             "lag": ("lag", _OPTIONAL),  # cursor units re-read for late rows (cursor_edge.py)
             "on_null_cursor": ("on_null_cursor", _OPTIONAL),
@@ -102,7 +105,9 @@ _ENUMS: Mapping[str, tuple[str, ...]] = {
     "target_kind": tuple(_TARGET_KINDS),
     "schema_contract": SCHEMA_CONTRACTS,
     "on_null_cursor": NULL_CURSOR_POLICIES,
+    "partition_by": ("range", "value"),
 }
+DEFAULT_PARTITION_ROWS = 100_000
 
 _TOML_TYPES = (
     (bool, "a boolean"),
@@ -335,7 +340,11 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
     source = _source(sections["source"], folder)
     return RouteConfig(
         source=source,
-        sink=_sink(sections["target"], folder, source.partition_column),
+        sink=_sink(
+            sections["target"],
+            folder,
+            None if source.partition_rows else source.partition_column,  # ranges: no parts
+        ),
         strategy=Strategy(transfer["strategy"]),
         path=transfer["path"],
         governance=Governance(min_rows=gates.get("min_rows"), max_rows=gates.get("max_rows")),
@@ -351,15 +360,29 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
 
 
 def _source(table: Mapping[str, Any], folder: Path) -> Any:
-    names = (table["table"], table["partition_column"], table.get("cursor_column"))
-    if table.get("kind", "sqlite") == "postgres":
+    """The source connector. ``partition_by = "range"`` (the default without a partition
+    column) cuts the key into ranges of ``partition_rows``; a route without a cursor column
+    then windows by the key too, so each run loads the keys above the last one it loaded."""
+    postgres = table.get("kind", "sqlite") == "postgres"
+    location = table["dsn"] if postgres else _resolve(folder, table["path"])
+    by = table.get("partition_by", "value" if "partition_column" in table else "range")
+    if "partition_rows" in table and by != "range":
+        raise _invalid("source.partition_rows", 'needs partition_by = "range"')
+    key = table.get("partition_column")
+    if key is None:
+        if by != "range" or postgres:
+            raise _invalid("source.partition_column", "is required but missing")
+        key = integer_primary_key(location, table["table"])
+    rows = table.get("partition_rows", DEFAULT_PARTITION_ROWS) if by == "range" else None
+    cursor = table.get("cursor_column") or (key if by == "range" else None)
+    if postgres:
         from .connectors.postgres import PostgresSource
 
-        return PostgresSource(table["dsn"], *names)
-    return SQLiteSource(_resolve(folder, table["path"]), *names)
+        return PostgresSource(location, table["table"], key, cursor, partition_rows=rows)
+    return SQLiteSource(location, table["table"], key, cursor, partition_rows=rows)
 
 
-def _sink(table: Mapping[str, Any], folder: Path, partition_column: str) -> Any:
+def _sink(table: Mapping[str, Any], folder: Path, partition_column: str | None) -> Any:
     kind = table.get("kind", "sqlite")
     location = _resolve(folder, table["path"]) if "path" in table else table.get("url")
     if kind == "duckdb":

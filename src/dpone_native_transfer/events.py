@@ -18,6 +18,7 @@ class EventName:
     STATE_REALIGNED = "state_realigned"  # continued after another route's full refresh
     SCHEMA_EVOLVED = "schema_evolved"  # new source columns were added to the target table
     CURSOR_EDGE_UNTRACKED = "cursor_edge_untracked"  # a part of the edge record was dropped
+    MANY_PARTITIONS = "many_partitions"  # partitioning by value made very many partitions
     PARTITION_EXTRACTED = "partition_extracted"
     PRE_TARGET_DONE = "pre_target_done"
     GUARD_ARMED = "guard_armed"

@@ -95,7 +95,8 @@ UPTO_OR_NULL = "<= OR NULL"
 
 @attrs.frozen
 class Predicate:
-    """A condition of a partition's bounds: ``=``, ``IS NULL``, ``>``, ``<=`` or ``<= OR NULL``."""
+    """A condition of a partition's bounds: ``=``, ``IS NULL``, ``IS NOT NULL``, ``>``, ``>=``,
+    ``<``, ``<=`` or ``<= OR NULL``."""
 
     column: str
     op: str
@@ -112,18 +113,26 @@ def bound_predicates(
     ``"cursor_nulls": true`` (a full refresh's bounds) the upper bound also
     keeps rows whose cursor is NULL: ``<= OR NULL``. An append's edge
     partitions (``cursor_edge.py``) use ``"cursor_from"`` (``>=``) or
-    ``"cursor_null": true`` (the cursor ``IS NULL``). Bounds without a partition,
-    or with a cursor window on a source without a cursor column, raise
-    ``ConfigInvalid``.
+    ``"cursor_null": true`` (the cursor ``IS NULL``). A range partition
+    (``partition_by = "range"``) has ``"partition_from"`` (``>=``) and
+    ``"partition_below"`` (``<``) instead of ``"partition"``; None is unbounded.
+    Bounds without a partition, or with a cursor window on a source without a
+    cursor column, raise ``ConfigInvalid``.
     """
-    if not isinstance(bounds, Mapping) or "partition" not in bounds:
+    ranged = isinstance(bounds, Mapping) and "partition_from" in bounds
+    if not isinstance(bounds, Mapping) or ("partition" not in bounds and not ranged):
         raise ConfigInvalid("partition bounds must hold a 'partition' key")
-    value = bounds["partition"]
-    predicates = [
-        Predicate(partition_column, "IS NULL")
-        if value is None
-        else Predicate(partition_column, "=", value)
-    ]
+    if ranged:
+        limits = (("partition_from", ">="), ("partition_below", "<"))
+        predicates = [
+            Predicate(partition_column, op, bounds[key])
+            for key, op in limits
+            if bounds.get(key) is not None
+        ] or [Predicate(partition_column, "IS NOT NULL")]  # one range holds every key
+    elif bounds["partition"] is None:
+        predicates = [Predicate(partition_column, "IS NULL")]
+    else:
+        predicates = [Predicate(partition_column, "=", bounds["partition"])]
     upto = UPTO_OR_NULL if bounds.get("cursor_nulls") is True else "<="
     window = (("cursor_after", ">"), ("cursor_from", ">="), ("cursor_upto", upto))
     for key, op in (*window, ("cursor_null", "IS NULL")):

@@ -36,6 +36,7 @@ from .checkpoints import (
     Strategy,
     partition_id_for,
 )
+from .connectors.contract import RangePartitioned
 from .cursor_edge import Edge, EdgeScan
 from .errors import CheckpointStoreCorrupt, ConfigInvalid, RouteDefinitionChanged
 from .latest import LatestCheckpoints, as_latest
@@ -180,7 +181,7 @@ def plan_window(
         bounds += [{"partition": p, "cursor_null": True, "generation": g} for p in scan.nulled]
     for item in bounds:
         for key, value in item.items():
-            if key in ("partition", "cursor_after", "cursor_from", "cursor_upto"):
+            if key in (*_PART_KEYS, "cursor_after", "cursor_from", "cursor_upto"):
                 _check_bound_value(source, key, value)
     return window, bounds
 
@@ -192,7 +193,7 @@ def _check_bound_value(source: PartitionedSource, key: str, value: Any) -> None:
         return
     role, column = (
         ("partition", source.partition_column)
-        if key == "partition"
+        if key in _PART_KEYS
         else ("cursor", source.cursor_column)
     )
     kind = "BLOB" if isinstance(value, bytes | bytearray | memoryview) else type(value).__name__
@@ -214,37 +215,62 @@ def _plan_window(
     if route.strategy is Strategy.FULL_REFRESH:
         # an empty source is still refreshed: its one (NULL) partition reads no row, and the
         # replace empties the target in one transaction (a min_rows gate stops it first)
-        values = source.partition_values() or [None]
+        parts = _partitions(source) or [{"partition": None}]
         # every attempt reloads the whole table: it reads up to the cursor's highest value now
         upto = None if source.cursor_column is None else source.max_cursor()
         window = SourceWindow(generation=generation, watermark=watermark, cursor_upto=upto)
         bounded = {} if upto is None else {"cursor_upto": upto, "cursor_nulls": True}
-        return window, [
-            {"generation": generation, "partition": value, **bounded} for value in values
-        ]
+        return window, [{"generation": generation, **part, **bounded} for part in parts]
     if source.cursor_column is None:
         window = SourceWindow(generation=generation, watermark=watermark)
-        return window, [{"partition": value} for value in source.partition_values()]
+        return window, _partitions(source)
     # a window begun at this watermark is finished first, unless the target lost it (then the
     # window is planned afresh, up to the cursor's highest value now)
     pending = [
-        cp.partition_bounds["cursor_upto"]
+        cp.partition_bounds
         for cp in latest
         if "cursor_upto" in cp.partition_bounds
         and cp.partition_bounds.get("cursor_after") == watermark
         and _counts(cp)
         and (definition is None or cp.diagnostics.get(DEFINITION_KEY, definition) == definition)
     ]
-    upto = max(pending) if pending else source.max_cursor(after=watermark)
+    upto = (
+        max(bounds["cursor_upto"] for bounds in pending)
+        if pending
+        else source.max_cursor(after=watermark)
+    )
     window = SourceWindow(
         generation=generation, watermark=watermark, cursor_after=watermark, cursor_upto=upto
     )
     if upto is None:
         return window, []
-    values = source.partition_values(after=watermark, upto=upto)
-    return window, [
-        {"partition": value, "cursor_after": watermark, "cursor_upto": upto} for value in values
-    ]
+    ranges = [_part(bounds) for bounds in pending if "partition_from" in bounds]
+    # a pending window's ranges are kept: rows written into it meanwhile must not move the
+    # cuts, or the ranges committed by the earlier attempt would look new
+    parts = list({_key(part): part for part in ranges}.values()) or _partitions(
+        source, after=watermark, upto=upto
+    )
+    return window, [{**part, "cursor_after": watermark, "cursor_upto": upto} for part in parts]
+
+
+_PART_KEYS = ("partition", "partition_from", "partition_below")
+
+
+def _part(bounds: Mapping[str, Any]) -> dict[str, Any]:
+    """The partition fragment of a partition's bounds (its value, or its key range)."""
+    return {key: bounds[key] for key in _PART_KEYS if key in bounds}
+
+
+def _key(part: Mapping[str, Any]) -> tuple:
+    return tuple((key, repr(part.get(key))) for key in _PART_KEYS)
+
+
+def _partitions(source: Any, *, after: Any = None, upto: Any = None) -> list[dict[str, Any]]:
+    """The partitions of the rows with a cursor in ``(after, upto]``: key ranges of a
+    ``RangePartitioned`` source with ``partition_rows``, else one per partition value."""
+    if isinstance(source, RangePartitioned) and source.partition_rows:
+        return source.partition_ranges(after=after, upto=upto)
+    return [{"partition": value} for value in source.partition_values(after=after, upto=upto)]
 
 
 def candidate_checkpoints(

@@ -103,6 +103,12 @@ def _progress_line(event: Event) -> str | None:
         )
     if event.name == EventName.TARGET_STARTED:
         return f"target: {fields['operation']}"
+    if event.name == EventName.MANY_PARTITIONS:
+        return (
+            f"warning: {fields['partitions']:,} partitions by value of {fields['column']!r}: "
+            'each is a checkpoint and a query; partition_by = "range" cuts the key into '
+            "ranges of partition_rows rows (see docs/incremental.md)"
+        )
     if event.name == EventName.CURSOR_EDGE_UNTRACKED:
         what = "NULL-cursor rows" if fields["part"] == "nulls" else "rows at the watermark"
         return (

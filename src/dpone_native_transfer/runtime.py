@@ -77,6 +77,10 @@ BUILTIN_PATHS: Mapping[str, TransferPath] = {
 }
 
 
+# More partitions by value than this in one run: a warning suggests ranges (each partition is
+# a checkpoint and a query, so an id-like column makes one per row).
+MANY_PARTITIONS = 10_000
+
 # Rows held in memory per chunk at most: beyond it a chunk is no longer a bounded buffer
 # (and 2**63 overflowed the drivers).
 MAX_CHUNK_ROWS = 10_000_000
@@ -267,6 +271,9 @@ class TransferRuntime:
         window, bounds = plan_window(
             route, spec.source, state, latest, definition=definition, edge=edge
         )
+        if len(bounds) > MANY_PARTITIONS and not getattr(spec.source, "partition_rows", None):
+            column = spec.source.partition_column
+            recorder.emit(EventName.MANY_PARTITIONS, partitions=len(bounds), column=column)
         candidates = candidate_checkpoints(
             route, spec.run_id, shape.query_hash, shape.schema_hash, bounds, definition=definition
         )

@@ -28,6 +28,8 @@ __all__ = [
     "edge_where",
     "parse_table",
     "quote",
+    "range_cuts_sql",
+    "range_partitions",
     "refuse_reserved_schema",
     "render_predicates",
     "unavailable",
@@ -194,7 +196,7 @@ def check_target_table(table: Any) -> None:
         )
 
 
-_COMPARISONS = frozenset({"=", ">", ">=", "<="})
+_COMPARISONS = frozenset({"=", ">", ">=", "<", "<="})
 # The operators of a cursor window; the others select a partition value.
 WINDOW_OPERATORS = frozenset({">", "<=", UPTO_OR_NULL})
 
@@ -235,6 +237,26 @@ def unavailable(table: str) -> TargetUnavailable:
     )
 
 
+def range_cuts_sql(key: str, relation: str, window: Sequence[str], marker: str) -> str:
+    """The first key of every ``rows``-th row (``marker``) but the first, in key order, among
+    the rows with a key and in the cursor ``window``: where ranges of about ``rows`` rows cut."""
+    where = " AND ".join([f"{key} IS NOT NULL", *window])
+    return (
+        f"SELECT k FROM (SELECT {key} AS k, row_number() OVER (ORDER BY {key}) AS n"
+        f" FROM {relation} WHERE {where}) AS dpone_ranges WHERE n % {marker} = 1 AND n > 1"
+        " ORDER BY k"
+    )
+
+
+def range_partitions(cuts: Sequence[Any], *, keyed: bool, has_null: bool) -> list[dict[str, Any]]:
+    """Contiguous ranges ``[from, below)`` between ``cuts`` covering every key (the first and
+    last unbounded) when rows have a key, and the NULL key's partition when one has none."""
+    edges = [None, *dict.fromkeys(cuts), None]  # equal cuts of a repeated key: one edge
+    pairs = zip(edges, edges[1:], strict=False)
+    ranges = [{"partition_from": low, "partition_below": high} for low, high in pairs]
+    return ([{"partition": None}] if has_null else []) + (ranges if keyed else [])
+
+
 def edge_where(
     cursor: str, marker: str, since: Any, upto: Any, nulls: bool
 ) -> tuple[str, list[Any]]:
@@ -257,8 +279,8 @@ def render_predicates(
     params: list[Any] = []
     for predicate in predicates:
         column = name(predicate.column)
-        if predicate.op == "IS NULL":
-            conditions.append(f"{column} IS NULL")
+        if predicate.op in ("IS NULL", "IS NOT NULL"):
+            conditions.append(f"{column} {predicate.op}")
         elif predicate.op == UPTO_OR_NULL:
             conditions.append(f"({column} <= {marker} OR {column} IS NULL)")
             params.append(predicate.value)

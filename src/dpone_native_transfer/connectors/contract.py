@@ -25,6 +25,7 @@ __all__ = [
     "LedgerNotWritten",
     "LedgerSink",
     "PendingLedger",
+    "RangePartitioned",
     "SchemaEvolving",
     "TargetChecking",
     "ValueCarrying",
@@ -55,6 +56,23 @@ class CursorEdgeReading(Protocol):
     ) -> Iterator[list[tuple]]:
         """Rows (all columns, ``describe()`` order) of every partition whose cursor is in
         ``[since, upto]`` (none when ``since`` is None) or, when ``nulls``, NULL. Reads only."""
+
+
+@runtime_checkable
+class RangePartitioned(Protocol):
+    """A source that cuts its table into contiguous key ranges (``partition_by = "range"``).
+
+    With ``partition_rows`` set, the planner asks for ranges instead of partition
+    values: each range is one partition and one checkpoint, so a key with many
+    distinct values (an id) makes a few partitions of about that many rows.
+    """
+
+    partition_rows: int | None
+
+    def partition_ranges(self, *, after: Any = None, upto: Any = None) -> list[dict[str, Any]]:
+        """Bounds fragments ``{"partition_from": a, "partition_below": b}`` (None: unbounded)
+        covering every key of the rows with a cursor in ``(after, upto]``, ordered, plus
+        ``{"partition": None}`` when some have no key; ``[]`` when there is no such row."""
 
 
 @runtime_checkable

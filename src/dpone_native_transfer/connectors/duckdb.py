@@ -427,7 +427,11 @@ def _textual_columns(
     described = conn.execute("DESCRIBE SELECT * FROM sqlite_scan(?, ?)", _scan(source))
     types = {row[0]: row[1] for row in described.fetchall()}
     texts = {
-        source.partition_column: any(isinstance(b.get("partition"), str) for b in bounds),
+        source.partition_column: any(
+            isinstance(b.get(key), str)
+            for b in bounds
+            for key in ("partition", "partition_from", "partition_below")
+        ),
         source.cursor_column: any(
             isinstance(b.get(key), str) for b in bounds for key in ("cursor_after", "cursor_upto")
         ),
@@ -465,7 +469,7 @@ def _plan_conditions(
     partition = name(source.partition_column)
     conditions = []
     for window, items in windows.values():
-        values = [item["partition"] for item in items]
+        values = [item["partition"] for item in items if "partition" in item]
         known = [value for value in values if value is not None]
         matches, params = [], []
         if known:
@@ -473,6 +477,12 @@ def _plan_conditions(
             params.append(known)
         if len(known) < len(values):
             matches.append(f"{partition} IS NULL")
+        for item in items:
+            if "partition" not in item:  # a key range: its own condition
+                ranged = [p for p in bound_predicates(item, **columns) if p not in window]
+                where, range_params = render_predicates(ranged, marker="?", name=name)
+                matches.append(f"({where})")
+                params += range_params
         where, window_params = render_predicates(window, marker="?", name=name)
         match = "(" + " OR ".join(matches) + ")"
         condition = f"{match} AND {where}" if where else match

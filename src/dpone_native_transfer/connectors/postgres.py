@@ -36,7 +36,7 @@ from ..identity import TableIdentity, server_location
 from ..payloads import Column, SourceShape
 from ..stores import POSTGRES_SCHEMES, resolve_env
 from ..stores.postgres import CONNECT_TIMEOUT_SECONDS
-from ._sql import bounds_where, edge_where, quote
+from ._sql import bounds_where, edge_where, quote, range_cuts_sql, range_partitions
 
 __all__ = ["PostgresSource"]
 
@@ -99,6 +99,8 @@ class PostgresSource:
         table: str,
         partition_column: str,
         cursor_column: str | None = None,
+        *,
+        partition_rows: int | None = None,
     ) -> None:
         parts = tuple(table.split(".", 1)) if isinstance(table, str) else (table,)
         for name in (*parts, partition_column):
@@ -111,6 +113,7 @@ class PostgresSource:
         self.table = table
         self.partition_column = partition_column
         self.cursor_column = cursor_column
+        self.partition_rows = partition_rows  # ranges of about so many rows; None: by value
 
     def __repr__(self) -> str:
         return f"PostgresSource(table={self.table!r}, partition_column={self.partition_column!r})"
@@ -215,8 +218,12 @@ class PostgresSource:
 
     def _window(self, after: Any, upto: Any) -> tuple[str, list[Any]]:
         """`` WHERE`` clause of a cursor window ``(after, upto]``, or nothing."""
+        conditions, params = self._window_conditions(after, upto)
+        return (" WHERE " + " AND ".join(conditions) if conditions else ""), params
+
+    def _window_conditions(self, after: Any, upto: Any) -> tuple[list[str], list[Any]]:
         if after is None and upto is None:
-            return "", []
+            return [], []
         if self.cursor_column is None:
             raise ConfigInvalid(
                 f"source table {self.table!r} has no cursor column to window by",
@@ -225,7 +232,29 @@ class PostgresSource:
         cursor = _name(self.cursor_column)
         bounds = [(f"{cursor} > %s", after), (f"{cursor} <= %s", upto)]
         given = [(sql, value) for sql, value in bounds if value is not None]
-        return " WHERE " + " AND ".join(sql for sql, _ in given), [value for _, value in given]
+        return [sql for sql, _ in given], [value for _, value in given]
+
+    def partition_ranges(self, *, after: Any = None, upto: Any = None) -> list[dict[str, Any]]:
+        """``RangePartitioned``: ranges of about ``partition_rows`` rows of the partition column
+        with a cursor in ``(after, upto]``."""
+        window, params = self._window_conditions(after, upto)
+        key = _name(self.partition_column)
+
+        def ranges(conn: Any) -> list[dict[str, Any]]:
+            value = _value(Column("k", self._column(conn, self.partition_column).decltype))
+            cuts_sql = range_cuts_sql(key, self._relation, window, "%s")
+            sql = f"SELECT {value} FROM ({cuts_sql}) AS dpone_cuts"
+            cuts = [row[0] for row in conn.execute(sql, [*params, self.partition_rows])]
+
+            def exists(condition: str) -> bool:
+                found = f"SELECT EXISTS (SELECT 1 FROM {self._relation} WHERE {condition})"
+                return bool(conn.execute(found, params).fetchone()[0])
+
+            keyed = bool(cuts) or exists(" AND ".join([f"{key} IS NOT NULL", *window]))
+            has_null = exists(" AND ".join([f"{key} IS NULL", *window]))
+            return range_partitions(cuts, keyed=keyed, has_null=has_null)
+
+        return self._query(ranges)
 
     def partition_values(self, *, after: Any = None, upto: Any = None) -> list:
         """Partition values with a cursor in ``(after, upto]``; NULL first, then by value."""

@@ -37,6 +37,8 @@ from ._sql import (
     difference,
     edge_where,
     parse_table,
+    range_cuts_sql,
+    range_partitions,
     refuse_schema,
     unavailable,
 )
@@ -140,6 +142,22 @@ def _source_invalid(message: str, **diagnostics: Any) -> SourceInvalid:
     return SourceInvalid(message, diagnostics=diagnostics)
 
 
+def integer_primary_key(path: str, table: str) -> str:
+    """The column that is ``table``'s rowid (its ``INTEGER PRIMARY KEY``): the range key of a
+    route that names no partition column. ``ConfigInvalid`` when it has none."""
+    source = SQLiteSource(path, table, "rowid")
+    with source._connect() as conn:
+        rows = conn.execute("SELECT name, type, pk FROM pragma_table_info(?)", (table,)).fetchall()
+    keys = [(name, decltype) for name, decltype, pk in rows if pk]
+    if len(keys) == 1 and keys[0][1].strip().upper() == "INTEGER":
+        return keys[0][0]
+    raise ConfigInvalid(
+        f"source table {table!r} has no INTEGER PRIMARY KEY to cut into ranges: name a "
+        "partition_column (see docs/incremental.md#partitions-that-fit-the-table)",
+        diagnostics={"key": "source.partition_column", "table": table},
+    )
+
+
 class SQLiteSource:
     """Reads one table of a SQLite file in partitions, optionally windowed by a cursor column."""
 
@@ -149,6 +167,8 @@ class SQLiteSource:
         table: str,
         partition_column: str,
         cursor_column: str | None = None,
+        *,
+        partition_rows: int | None = None,
     ) -> None:
         _quote(table)
         _quote(partition_column)
@@ -158,6 +178,7 @@ class SQLiteSource:
         self.table = table
         self.partition_column = partition_column
         self.cursor_column = cursor_column
+        self.partition_rows = partition_rows  # ranges of about so many rows; None: by value
 
     def __repr__(self) -> str:
         return f"SQLiteSource(table={self.table!r}, partition_column={self.partition_column!r})"
@@ -286,6 +307,23 @@ class SQLiteSource:
         """Partition values with a cursor in ``(after, upto]``; NULL first, then by value."""
         with self._connect() as conn:
             return self._partition_values(conn, "main", after=after, upto=upto)
+
+    def partition_ranges(self, *, after: Any = None, upto: Any = None) -> list[dict[str, Any]]:
+        """``RangePartitioned``: ranges of about ``partition_rows`` rows of the partition column
+        with a cursor in ``(after, upto]`` (one sequential read of the key, by its index)."""
+        window, params = self._cursor_window(after, upto)
+        key, table = self._ref(self.partition_column), _quote(self.table)
+
+        def exists(condition: str) -> bool:
+            sql = f"SELECT EXISTS (SELECT 1 FROM {table} WHERE {condition})"
+            return bool(conn.execute(sql, params).fetchone()[0])
+
+        with self._connect() as conn:
+            sql = range_cuts_sql(key, table, window, "?")
+            cuts = [row[0] for row in conn.execute(sql, (*params, self.partition_rows))]
+            keyed = bool(cuts) or exists(" AND ".join([f"{key} IS NOT NULL", *window]))
+            has_null = exists(" AND ".join([f"{key} IS NULL", *window]))
+        return range_partitions(cuts, keyed=keyed, has_null=has_null)
 
     def _partition_values(
         self, conn: sqlite3.Connection, schema: str, *, after: Any = None, upto: Any = None

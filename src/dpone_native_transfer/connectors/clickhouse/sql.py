@@ -54,7 +54,7 @@ _TYPES = {
 _MAX_DECIMAL_PRECISION = 76
 _INT64 = (-(2**63), 2**63 - 1)
 PARTITION_ID = re.compile(r"-?[0-9A-Za-z_]+")
-_PREDICATE_OPS = frozenset({"=", ">", "<=", UPTO_OR_NULL})
+_PREDICATE_OPS = frozenset({"=", ">", ">=", "<", "<=", UPTO_OR_NULL})
 
 
 def quote(name: Any) -> str:
@@ -194,8 +194,8 @@ def where_sql(predicates: Sequence[Predicate], *, prefix: str) -> tuple[str, dic
     params: dict[str, Any] = {}
     for number, predicate in enumerate(predicates):
         column = quote(predicate.column)
-        if predicate.op == "IS NULL":
-            clauses.append(f"{column} IS NULL")
+        if predicate.op in ("IS NULL", "IS NOT NULL"):
+            clauses.append(f"{column} {predicate.op}")
             continue
         if predicate.op not in _PREDICATE_OPS:
             raise ConfigInvalid(
