@@ -275,14 +275,15 @@ class EdgeTracker:
     def rows(self, candidate: PartitionCheckpoint, chunks: Iterable[list]) -> Iterator[list]:
         """``chunks`` of ``candidate``: an edge partition's without the rows already loaded."""
         edge = is_edge(candidate.partition_bounds)
-        partition = candidate.partition_bounds.get("partition")
+        bounds = candidate.partition_bounds
+        by_value, partition = "partition" in bounds, bounds.get("partition")
         recorded: Seen | None = Counter()
         self.recorded[candidate.partition_id] = recorded
         for chunk in chunks:
             passed = []
             for row in chunk:
                 value = row[self.cursor]
-                if edge and row[self.partition] != partition:
+                if edge and by_value and row[self.partition] != partition:
                     continue  # a collation's other spelling: its own edge partition reads it
                 kept = self._kept(value)
                 if edge or kept:

@@ -36,6 +36,7 @@ from .checkpoints import (
     Strategy,
     partition_id_for,
 )
+from .connectors._sql import range_partitions
 from .connectors.contract import RangePartitioned
 from .cursor_edge import Edge, EdgeScan
 from .errors import CheckpointStoreCorrupt, ConfigInvalid, RouteDefinitionChanged
@@ -177,8 +178,9 @@ def plan_window(
         record, scan = edge
         g = window.generation
         ranged = {"cursor_from": record.since, "cursor_upto": record.upto, "generation": g}
-        bounds += [{"partition": p, **ranged} for p in scan.ranged]
-        bounds += [{"partition": p, "cursor_null": True, "generation": g} for p in scan.nulled]
+        bounds += [{**part, **ranged} for part in _edge_parts(source, scan.ranged)]
+        nulled = {"cursor_null": True, "generation": g}
+        bounds += [{**part, **nulled} for part in _edge_parts(source, scan.nulled)]
     for item in bounds:
         for key, value in item.items():
             if key in (*_PART_KEYS, "cursor_after", "cursor_from", "cursor_upto"):
@@ -263,6 +265,15 @@ def _part(bounds: Mapping[str, Any]) -> dict[str, Any]:
 
 def _key(part: Mapping[str, Any]) -> tuple:
     return tuple((key, repr(part.get(key))) for key in _PART_KEYS)
+
+
+def _edge_parts(source: Any, values: list[Any]) -> list[dict[str, Any]]:
+    """The partitions of an edge's rows of partition ``values``: one per value, or for a key
+    cut into ranges one range of every key (and the NULL key's), as the edge is small."""
+    if not (isinstance(source, RangePartitioned) and source.partition_rows):
+        return [{"partition": value} for value in values]
+    keyed = any(value is not None for value in values)
+    return range_partitions([], keyed=keyed, has_null=None in values)
 
 
 def _partitions(source: Any, *, after: Any = None, upto: Any = None) -> list[dict[str, Any]]:

@@ -237,14 +237,17 @@ def unavailable(table: str) -> TargetUnavailable:
     )
 
 
-def range_cuts_sql(key: str, relation: str, window: Sequence[str], marker: str) -> str:
+def range_cuts_sql(
+    key: str, relation: str, window: Sequence[str], marker: str, *, modulo: str = "%"
+) -> str:
     """The first key of every ``rows``-th row (``marker``) but the first, in key order, among
-    the rows with a key and in the cursor ``window``: where ranges of about ``rows`` rows cut."""
+    the rows with a key and in the cursor ``window``: where ranges of about ``rows`` rows cut.
+    ``modulo`` is the driver's spelling of ``%`` (psycopg: ``%%``)."""
     where = " AND ".join([f"{key} IS NOT NULL", *window])
     return (
         f"SELECT k FROM (SELECT {key} AS k, row_number() OVER (ORDER BY {key}) AS n"
-        f" FROM {relation} WHERE {where}) AS dpone_ranges WHERE n % {marker} = 1 AND n > 1"
-        " ORDER BY k"
+        f" FROM {relation} WHERE {where}) AS dpone_ranges"
+        f" WHERE n {modulo} {marker} = 1 AND n > 1 ORDER BY k"
     )
 
 

@@ -242,7 +242,7 @@ class PostgresSource:
 
         def ranges(conn: Any) -> list[dict[str, Any]]:
             value = _value(Column("k", self._column(conn, self.partition_column).decltype))
-            cuts_sql = range_cuts_sql(key, self._relation, window, "%s")
+            cuts_sql = range_cuts_sql(key, self._relation, window, "%s", modulo="%%")
             sql = f"SELECT {value} FROM ({cuts_sql}) AS dpone_cuts"
             cuts = [row[0] for row in conn.execute(sql, [*params, self.partition_rows])]
 

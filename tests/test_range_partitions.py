@@ -1,0 +1,200 @@
+"""Issue 14.6: partitions that fit the table, through ``dpone-transfer run``.
+
+Without a partition column (or with ``partition_by = "range"``) a route cuts
+its key into contiguous ranges of about ``partition_rows`` rows: each run
+loads every source row exactly once, with a handful of partitions instead of
+one per distinct value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from dpone_native_transfer import ClickHouseSink, DuckDBSink, SQLiteSink
+from dpone_native_transfer.config import load_route_config
+from dpone_native_transfer.runtime import TransferRuntime
+from dpone_native_transfer.stores.sqlite import SQLiteCheckpointStore
+from dpone_native_transfer.testing import FaultyStore, InjectedFault
+
+PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
+FILES = {"sqlite": "target.db", "duckdb": "target.duckdb", "clickhouse": "chdata"}
+SINKS = {"sqlite": SQLiteSink, "duckdb": DuckDBSink, "clickhouse": ClickHouseSink}
+STRATEGIES = {  # strategy, cursor column
+    "refresh": ("full_refresh", None),
+    "append-by-key": ("incremental_append", None),
+    "append-by-cursor": ("incremental_append", "ts"),
+}
+
+
+def write_route(folder: Path, *, kind="sqlite", path="staged", which="append-by-key", extra=""):
+    strategy, cursor = STRATEGIES[which]
+    cursor_line = "" if cursor is None else f'cursor_column = "{cursor}"'
+    (folder / "route.toml").write_text(
+        f"""[source]
+path = "source.db"
+table = "events"
+partition_rows = 1000
+{cursor_line}
+{extra}
+[target]
+kind = "{kind}"
+path = "{FILES[kind]}"
+table = "copy"
+[transfer]
+strategy = "{strategy}"
+path = "{path}"
+[store]
+path = "checkpoints.db"
+"""
+    )
+    return folder / "route.toml"
+
+
+def add_rows(folder: Path, count: int, *, ids: list[int] | None = None) -> None:
+    with contextlib.closing(sqlite3.connect(folder / "source.db")) as db:
+        db.execute("CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY, v TEXT, ts INTEGER)")
+        start = db.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
+        ids = ids or list(range(start + 1, start + count + 1))
+        db.executemany("INSERT INTO events VALUES (?, ?, ?)", [(i, f"v{i}", i // 10) for i in ids])
+        db.commit()
+
+
+def source_ids(folder: Path) -> list[int]:
+    with contextlib.closing(sqlite3.connect(folder / "source.db")) as db:
+        return sorted(row[0] for row in db.execute("SELECT id FROM events"))
+
+
+def target_ids(folder: Path, kind: str) -> list[int]:
+    return sorted(row[0] for row in SINKS[kind](folder / FILES[kind], "copy").rows())
+
+
+def run(route_file: Path, *, code: int = 0):
+    done = run_cli("run", route_file)
+    assert done.returncode == code, done.stdout + done.stderr
+    return done
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb", "clickhouse"])
+@pytest.mark.parametrize("which", sorted(STRATEGIES))
+def test_a_table_without_a_partition_column_is_cut_into_key_ranges(
+    tmp_path: Path, kind: str, path: str, which: str
+) -> None:
+    add_rows(tmp_path, 2500)
+    route_file = write_route(tmp_path, kind=kind, path=path, which=which)
+    assert "committed 3 partitions" in run(route_file).stdout  # ceil(2,500 / 1,000)
+    add_rows(tmp_path, 1500)
+    again = run(route_file).stdout
+    # a refresh cuts all 4,000 rows; an append the 1,500 new ones, and by cursor also loads
+    # the new rows at the old watermark (ts 250, ids 2501-2509) as one edge partition
+    new_ranges = {"refresh": 4, "append-by-key": 2, "append-by-cursor": 3}[which]
+    assert f"committed {new_ranges} partitions" in again
+    assert target_ids(tmp_path, kind) == source_ids(tmp_path)  # every row once
+    assert "loaded 0 rows" in run(route_file).stdout or which == "refresh"
+
+
+def test_the_checkpoints_record_the_ranges(tmp_path: Path) -> None:
+    add_rows(tmp_path, 5000)
+    route_file = write_route(tmp_path)
+    run(route_file)
+    config = load_route_config(route_file)
+    latest = SQLiteCheckpointStore(config.store_path).list_latest(config.route)
+    ranges = sorted(
+        ((cp.partition_bounds["partition_from"] or 0), cp.rows_exported) for cp in latest
+    )
+    assert ranges == [(0, 1000), (1001, 1000), (2001, 1000), (3001, 1000), (4001, 1000)]
+
+
+def test_a_retry_keeps_its_ranges_when_rows_moved_the_cuts(tmp_path: Path) -> None:
+    """Rows written into a pending window would move every cut: new ranges, new ids, and the
+    ranges the first attempt committed would load again."""
+    add_rows(tmp_path, 0, ids=list(range(2, 5001, 2)))  # even ids: cuts every 1,000 rows
+    route_file = write_route(tmp_path, which="append-by-cursor")
+    config = load_route_config(route_file)
+    store = FaultyStore(SQLiteCheckpointStore(config.store_path))
+    store.fail_state_write("source_state")
+    with pytest.raises(InjectedFault):  # committed, then the state write failed
+        TransferRuntime(store).run(config.spec("run-1"))
+    first = target_ids(tmp_path, "sqlite")
+    add_rows(tmp_path, 0, ids=list(range(1, 5000, 2)))  # odd ids inside the same window
+    retry = TransferRuntime(store).run(config.spec("run-1"))
+    assert retry.rows_loaded == 0 and len(retry.skipped_partition_ids) == 3
+    assert target_ids(tmp_path, "sqlite") == first  # nothing twice
+
+
+def test_no_integer_primary_key_and_no_partition_column_is_refused(tmp_path: Path) -> None:
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
+        db.execute("CREATE TABLE events (id TEXT PRIMARY KEY, v TEXT, ts INTEGER)")
+    done = run(write_route(tmp_path), code=2)
+    assert "native_transfer_config_invalid" in done.stderr
+    assert "partition_column" in done.stderr
+
+
+def test_partition_rows_needs_range_partitioning(tmp_path: Path) -> None:
+    add_rows(tmp_path, 10)
+    route_file = write_route(tmp_path, extra='partition_column = "v"\npartition_by = "value"')
+    done = run(route_file, code=2)
+    assert "source.partition_rows" in done.stderr and "range" in done.stderr
+
+
+def test_a_named_column_can_be_cut_into_ranges(tmp_path: Path) -> None:
+    add_rows(tmp_path, 2500)
+    route_file = write_route(tmp_path, extra='partition_column = "ts"\npartition_by = "range"')
+    assert "committed 3 partitions" in run(route_file).stdout  # ts repeats: cuts stay whole
+    assert target_ids(tmp_path, "sqlite") == source_ids(tmp_path)
+
+
+def test_very_many_partitions_by_value_warn(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr("dpone_native_transfer.runtime.MANY_PARTITIONS", 5)
+    add_rows(tmp_path, 8)
+    text = write_route(tmp_path).read_text().replace("partition_rows = 1000", "")
+    (tmp_path / "route.toml").write_text(
+        text.replace("[source]", '[source]\npartition_column = "v"')
+    )
+    done = run(tmp_path / "route.toml")
+    assert "warning: 8 partitions by value of 'v'" in done.stderr
+    assert 'partition_by = "range"' in done.stderr
+
+
+def test_a_postgres_table_is_cut_into_ranges_of_its_key(tmp_path: Path, postgres_schema) -> None:
+    import psycopg
+
+    schema = postgres_schema.schema
+    with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'CREATE TABLE "{schema}".events (id bigint PRIMARY KEY, v text)')
+        conn.execute(
+            f"INSERT INTO \"{schema}\".events SELECT i, 'v' || i FROM generate_series(1, 2500) i"
+        )
+    (tmp_path / "route.toml").write_text(
+        f"""[source]
+kind = "postgres"
+dsn = "env:RANGE_DSN"
+table = "{schema}.events"
+partition_column = "id"
+partition_by = "range"
+partition_rows = 1000
+[target]
+path = "target.db"
+table = "copy"
+[transfer]
+strategy = "incremental_append"
+path = "staged"
+[store]
+path = "checkpoints.db"
+"""
+    )
+    from test_connectors_postgres_source import _url
+
+    env = {"RANGE_DSN": _url(postgres_schema.dsn)}
+    done = run_cli("run", tmp_path / "route.toml", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "committed 3 partitions" in done.stdout
+    assert target_ids(tmp_path, "sqlite") == list(range(1, 2501))
+    again = run_cli("run", tmp_path / "route.toml", env=env)
+    assert "loaded 0 rows" in again.stdout, again.stdout + again.stderr
