@@ -16,7 +16,7 @@ from pathlib import Path
 
 import attrs
 
-from . import batch, memory, scan, transfer
+from . import batch, memory, partitioning, scan, transfer
 from ._common import FULL, QUICK, RESULTS, WORK, format_value, machine, print_table, verdict
 
 SECTIONS = {
@@ -24,6 +24,7 @@ SECTIONS = {
     "scan": scan.measure,  # 3 route scan scaling
     "batch": batch.measure,  # 4 batch writes
     "memory": memory.measure,  # 5 peak RSS
+    "partitioning": partitioning.measure,  # 6 range partitions against value partitions
 }
 
 

@@ -45,6 +45,8 @@ class Sizes:
     batch_partitions: tuple[int, ...]
     memory_rows: tuple[int, int]
     memory_partitions: int
+    partition_table_rows: int
+    partition_keys: int
 
 
 FULL = Sizes(
@@ -58,6 +60,8 @@ FULL = Sizes(
     batch_partitions=(10, 1_000, 10_000),
     memory_rows=(1_000_000, 10_000_000),
     memory_partitions=100,
+    partition_table_rows=1_000_000,
+    partition_keys=200_000,
 )
 
 QUICK = Sizes(
@@ -71,6 +75,8 @@ QUICK = Sizes(
     batch_partitions=(10, 100, 1_000),
     memory_rows=(20_000, 200_000),
     memory_partitions=10,
+    partition_table_rows=20_000,
+    partition_keys=4_000,
 )
 
 
