@@ -7,6 +7,7 @@ with a named code and the route still retryable.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -544,3 +545,88 @@ def test_refresh_then_append_never_duplicates(
         done = run(files["append"], code=3)
         assert "replaced_by_another_route" in done.stderr
         assert target_rows(tmp_path, "sqlite") == 40
+
+
+def test_a_ledgerless_refresh_then_an_append_with_the_ledger_never_duplicates(
+    tmp_path: Path,
+) -> None:
+    """The refresh kept no ledger entry, so the append's ledger check saw no refresh."""
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=2)
+    refresh = tmp_path / "refresh.toml"
+    refresh.write_text(route(tmp_path, strategy="full_refresh").read_text().replace(
+        'kind = "sqlite"\n', 'kind = "sqlite"\nledger = false\n'))  # fmt: skip
+    append = route(tmp_path)
+    run(refresh)
+    build_sample_source(tmp_path / "source.db", rows=3, partitions=2, start_id=11)
+    run(append)
+    assert target_ids(tmp_path) == source_ids(tmp_path)
+
+
+def test_without_a_ledger_a_refresh_of_another_source_refuses_the_append(tmp_path: Path) -> None:
+    """It replaced the table, so the append route's rows were silently gone."""
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=2)
+    build_sample_source(tmp_path / "other.db", rows=5, partitions=1, start_id=100)
+    ledgerless = (
+        route(tmp_path)
+        .read_text()
+        .replace('kind = "sqlite"\n', 'kind = "sqlite"\nledger = false\n')
+    )
+    append = tmp_path / "append.toml"
+    append.write_text(ledgerless.replace('path = "source.db"', 'path = "other.db"'))
+    refresh = tmp_path / "refresh.toml"
+    refresh.write_text(
+        ledgerless.replace('strategy = "incremental_append"', 'strategy = "full_refresh"')
+    )
+    run(append)
+    run(refresh)
+    build_sample_source(tmp_path / "other.db", rows=3, partitions=1, start_id=200)
+    done = run(append, code=3)
+    assert "replaced_by_another_route" in done.stderr
+
+
+HAND_MADE = {  # target engine: (a narrower column that is refused, wider ones that are taken)
+    "duckdb": ("INTEGER", ["HUGEINT", "DECIMAL(38,0)"]),
+    "clickhouse": ("Nullable(Int32)", ["Nullable(Int128)", "Nullable(Decimal(38, 0))"]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HAND_MADE))
+def test_a_hand_made_integer_column_must_hold_every_source_integer(
+    tmp_path: Path, kind: str
+) -> None:
+    """A narrower hand-made column wrapped 2**32 + 5 into 5 (ClickHouse, exit 0) or failed
+    inside the target call (DuckDB, blocked); wider ones were refused as retyped."""
+    narrow, wide = HAND_MADE[kind]
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
+        db.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, region TEXT, amount INTEGER,"
+                   " updated_at INTEGER)")  # fmt: skip
+        db.execute("INSERT INTO orders VALUES (1, 'r', 4294967301, 1)")
+        db.commit()
+    route_file = route(tmp_path, kind=kind)
+    for column_type, accepted in [(narrow, False), *((w, True) for w in wide)]:
+        make_target(tmp_path, kind, column_type)
+        done = run(route_file, code=0 if accepted else 2)
+        if accepted:
+            assert target_table(tmp_path, kind)[0]["amount"] == 4294967301
+        else:
+            assert "native_transfer_schema_changed" in done.stderr and "amount" in done.stderr
+        for leftover in ("checkpoints.db", TARGETS[kind]):
+            shutil.rmtree(tmp_path / leftover, ignore_errors=True)
+            (tmp_path / leftover).unlink(missing_ok=True)
+
+
+def make_target(folder: Path, kind: str, amount_type: str) -> None:
+    if kind == "duckdb":
+        import duckdb
+
+        with contextlib.closing(duckdb.connect(str(folder / TARGETS[kind]))) as db:
+            db.execute(f"CREATE TABLE orders_copy (id BIGINT, region VARCHAR, amount {amount_type},"
+                       " updated_at BIGINT)")  # fmt: skip
+        return
+    from dpone_native_transfer import ClickHouseSink
+
+    with ClickHouseSink(folder / TARGETS[kind], "orders_copy").client() as client:
+        client.command(
+            "CREATE TABLE orders_copy (id Nullable(Int64), region Nullable(String), amount"
+            f" {amount_type}, updated_at Nullable(Int64)) ENGINE = MergeTree ORDER BY tuple()"
+        )

@@ -155,3 +155,48 @@ def test_ctrl_c_while_the_target_is_opened_exits_130_and_stays_retryable(
     assert scan.returncode == 0, scan.stdout + scan.stderr
     monkeypatch.setattr(SQLiteSink, "check_target", check)
     assert_heals(folder, route_file, "sqlite", FILES["sqlite"])
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb"])
+def test_a_target_path_that_is_a_folder(folder: Path, kind: str, path: str) -> None:
+    """It was taken for a database not made yet, and the target call failed (blocked)."""
+    route_file = write_route(folder, kind, path, FILES[kind], ledger=False)
+    (folder / FILES[kind]).mkdir()
+    assert_refused_before_the_target(folder, route_file, "native_transfer_config_invalid", 2)
+    (folder / FILES[kind]).rmdir()
+    assert_heals(folder, route_file, kind, FILES[kind])
+
+
+HOLD_READ = (
+    "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None);"
+    " c.execute('BEGIN'); c.execute('SELECT * FROM unrelated').fetchall();"
+    " print('held', flush=True); time.sleep(60)"
+)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_sqlite_target_a_reader_holds_past_the_timeout(
+    folder: Path, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BEGIN IMMEDIATE passed beside a reader; the load's COMMIT then timed out (blocked)."""
+    monkeypatch.setattr("dpone_native_transfer.connectors.sqlite._TIMEOUT", 0.2)
+    route_file = write_route(folder, "sqlite", path, FILES["sqlite"], ledger=False)
+    with contextlib.closing(sqlite3.connect(folder / FILES["sqlite"])) as db:
+        db.execute("CREATE TABLE unrelated (a)")
+        db.commit()
+    reader = subprocess.Popen(
+        [sys.executable, "-c", HOLD_READ, str(folder / FILES["sqlite"])],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert reader.stdout.readline() == "held\n"
+        assert_refused_before_the_target(
+            folder, route_file, "native_transfer_target_unavailable", 1
+        )
+    finally:
+        reader.kill()
+        reader.wait()
+        reader.stdout.close()
+    assert_heals(folder, route_file, "sqlite", FILES["sqlite"])

@@ -198,3 +198,25 @@ path = "checkpoints.db"
     assert target_ids(tmp_path, "sqlite") == list(range(1, 2501))
     again = run_cli("run", tmp_path / "route.toml", env=env)
     assert "loaded 0 rows" in again.stdout, again.stdout + again.stderr
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_switching_to_ranges_in_a_pending_window_keeps_its_value_partitions(
+    tmp_path: Path, path: str
+) -> None:
+    """The retry cut the pending window into ranges: new ids, and all 30 rows loaded again."""
+    add_rows(tmp_path, 30)
+    route_file = write_route(tmp_path, path=path, which="append-by-cursor")
+    by_value = route_file.read_text().replace("partition_rows = 1000", 'partition_column = "v"')
+    route_file.write_text(by_value)
+    config = load_route_config(route_file)
+    store = FaultyStore(SQLiteCheckpointStore(config.store_path))
+    store.fail_state_write("source_state")
+    with pytest.raises(InjectedFault):
+        TransferRuntime(store).run(config.spec("run-1"))
+    ranges = 'partition_column = "v"\npartition_by = "range"'  # the same column, cut into ranges
+    write_route(tmp_path, path=path, which="append-by-cursor", extra=ranges)
+    add_rows(tmp_path, 0, ids=[40, 41, 42, 43])  # above the window (ts 4)
+    run(route_file)
+    run(route_file)
+    assert target_ids(tmp_path, "sqlite") == source_ids(tmp_path)

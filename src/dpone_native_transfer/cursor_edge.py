@@ -10,9 +10,10 @@ run loads exactly the rows there it has not: a multiset difference, so two
 identical rows are two rows.
 
 A part of the record that could not be kept exactly (over ``MAX_EDGE_ROWS``
-digests, a lazy plan whose rows dpone never sees, a crash between commit and
-state) is dropped: the route then falls back to the exclusive bound, which
-never loads a row twice but does not see later ties there. A state without a
+digests, a lazy plan whose top rows changed during its load, a crash between
+commit and state on a lazy plan, a dropped digest column) is dropped: the
+route then falls back to the exclusive bound, which never loads a row twice
+but does not see later ties there. A state without a
 record (an older release) means the same for the range; such releases never
 loaded NULL-cursor rows, so those are all still to load.
 """
@@ -34,12 +35,20 @@ from .payloads import Column
 
 __all__ = [
     "EDGE_KEY",
+    "EDGE_ROWS_KEY",
     "MAX_EDGE_ROWS",
     "NULL_CURSOR_POLICIES",
     "Edge",
+    "EdgeScan",
     "EdgeTracker",
+    "advanced_edge",
+    "check_lag",
+    "is_edge",
     "lag_since",
+    "refuse_null_cursor",
     "row_digest",
+    "scan_edge",
+    "unknown_edge",
 ]
 
 EDGE_KEY = "edge"  # in the source state; ``EDGE_ROWS_KEY`` in each checkpoint's diagnostics

@@ -424,14 +424,22 @@ def check_store_against_target(
 
 
 def refresh_in_store(
-    route: RouteKey, scope: Sequence[PartitionCheckpoint], cursor_column: str | None
+    route: RouteKey,
+    scope: Sequence[PartitionCheckpoint],
+    cursor_column: str | None,
+    *,
+    ledgered: bool,
 ) -> LedgerEntry | None:
-    """Without a ledger, the store's own memory of a refresh: the latest committed full refresh
-    of ``route``'s source table into its target table, when it is newer than every committed
-    partition of ``route`` (an append route). Returned as a ledger entry carrying its watermark
-    (the highest ``cursor_upto`` it loaded), so the route continues where it ended; refused
-    as ``replaced_by_another_route`` when the route cannot continue from it (no cursor, or
-    another cursor column)."""
+    """The store's own memory of a refresh that kept no ledger entry (``ledger = false``): the
+    latest committed full refresh into ``route``'s target table, newer (by the workers'
+    clocks) than every committed partition of ``route`` (an append route; a route with none
+    counts only a refresh of its own source table). With ``ledgered``, the ledger orders the
+    others, so only refreshes without a ledger batch count.
+
+    Returned as a ledger entry carrying its watermark (the highest ``cursor_upto`` it
+    loaded), so the route continues where it ended; refused as
+    ``replaced_by_another_route`` when it cannot continue from it (another source table, no
+    cursor column, or another one)."""
     if route.strategy is Strategy.FULL_REFRESH:
         return None
     committed = [cp for cp in scope if cp.status is PartitionCheckpointStatus.COMMITTED]
@@ -440,27 +448,32 @@ def refresh_in_store(
         cp
         for cp in committed
         if cp.route.strategy is Strategy.FULL_REFRESH
-        and (cp.route.source_location, cp.route.source_table)
-        == (route.source_location, route.source_table)
         and cp.completed_at is not None
-        and (not mine or cp.completed_at > max(mine))
+        and (cp.completed_at > max(mine) if mine else _same_source(cp.route, route))
+        and not (ledgered and cp.diagnostics.get(LEDGER_BATCH_KEY))
     ]
     if not refreshes:
         return None
     newest = max(refreshes, key=lambda cp: cp.completed_at)
+    refreshes = [cp for cp in refreshes if cp.route == newest.route]
     generation = newest.partition_bounds.get("generation")
     loaded = [cp for cp in refreshes if cp.partition_bounds.get("generation") == generation]
     definition = newest.diagnostics.get("definition") or {}
     watermark = max((cp.partition_bounds.get("cursor_upto") for cp in loaded), default=None,
                     key=lambda value: (value is not None, value))  # fmt: skip
-    if cursor_column is None or definition.get("cursor_column") != cursor_column:
+    if (
+        not _same_source(newest.route, route)
+        or cursor_column is None
+        or (definition.get("cursor_column") != cursor_column)
+    ):
         raise _mismatch(
             route,
             "replaced_by_another_route",
-            f"a full refresh of the same source table ({newest.route.label}) replaced the target "
-            "table after this route's last partition, and this route cannot continue from it "
-            "(it has no cursor column, or another one): appending would load its rows twice; "
-            "keep loading the table with that route, or start this one afresh on purpose",
+            f"a full refresh ({newest.route.label}) replaced the target table after this "
+            "route's last partition, and this route cannot continue from it (another source "
+            "table, no cursor column, or another one): its state no longer describes what the "
+            "target holds; keep loading the table with that route, or start this one afresh "
+            "on purpose",
         )
     return LedgerEntry.for_batch(
         newest.route,
@@ -493,7 +506,7 @@ def _continues(by: LedgerEntry, route: RouteKey, cursor_column: str | None) -> b
     )
 
 
-def _same_source(entry: LedgerEntry, route: RouteKey) -> bool:
+def _same_source(entry: LedgerEntry | RouteKey, route: RouteKey) -> bool:
     return (entry.source_location, entry.source_table) == (
         route.source_location,
         route.source_table,

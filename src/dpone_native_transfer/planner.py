@@ -246,12 +246,14 @@ def _plan_window(
     )
     if upto is None:
         return window, []
-    ranges = [_part(bounds) for bounds in pending if "partition_from" in bounds]
-    # a pending window's ranges are kept: rows written into it meanwhile must not move the
-    # cuts, or the ranges committed by the earlier attempt would look new
-    parts = list({_key(part): part for part in ranges}.values()) or _partitions(
-        source, after=watermark, upto=upto
-    )
+    # a pending window keeps its partitions when it was cut into ranges, or is cut so now:
+    # rows written into it meanwhile must not move a cut, and partitions by value must not
+    # become ranges (or back), or what the earlier attempt committed would look new
+    ranged = isinstance(source, RangePartitioned) and source.partition_rows
+    if pending and (ranged or any("partition_from" in bounds for bounds in pending)):
+        parts = list({_key(part): part for part in map(_part, pending)}.values())
+    else:
+        parts = _partitions(source, after=watermark, upto=upto)
     return window, [{**part, "cursor_after": watermark, "cursor_upto": upto} for part in parts]
 
 

@@ -251,8 +251,10 @@ class TransferRuntime:
                 cursor_column=spec.source.cursor_column,
                 target_empty=ledger.is_empty,
             )
-        elif isinstance(self.store, TargetScopeStore):  # no ledger: the store remembers
-            refreshed = refresh_in_store(route, scope, spec.source.cursor_column)
+        if refreshed is None and isinstance(self.store, TargetScopeStore):
+            # a refresh that kept no ledger entry (ledger = false): the store remembers it
+            cursor = spec.source.cursor_column
+            refreshed = refresh_in_store(route, scope, cursor, ledgered=ledger is not None)
         recorder.emit(EventName.ROUTE_SCANNED, route=route.as_dict(), checkpoints=len(latest))
 
         shape = spec.source.describe()

@@ -42,8 +42,9 @@ def apply_schema_contract(
     if retyped:  # either contract: the engine would convert the values, or fail in the call
         raise SchemaChanged(
             f"route {route.label}: the target table's type of column(s) {_names(retyped)} "
-            "cannot hold the source's values now (the source column was retyped); nothing was "
-            "written. Alter or refresh the target table, or put the old type back",
+            "cannot hold every value of the source column's type (the source column was "
+            "retyped, or the table was made with a narrower type); nothing was written. Alter "
+            "or refresh the target table, or put the old type back",
             diagnostics={"route": route.as_dict(), "columns": retyped, "contract": contract},
         )
     if contract == "freeze":

@@ -220,10 +220,16 @@ def bounds_where(
 
 
 def check_target_folder(path: str, table: str) -> None:
-    """A file target's folder must exist: the target call would fail inside the armed window."""
+    """A file target's folder must exist, and its path must not be a folder: the target call
+    would fail inside the armed window."""
     if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         raise ConfigInvalid(
             f"folder of the target database for table {table!r} does not exist",
+            diagnostics={"table": table},
+        )
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ConfigInvalid(
+            f"the target database path of table {table!r} is a folder, not a database file",
             diagnostics={"table": table},
         )
 

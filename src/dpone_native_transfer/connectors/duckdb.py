@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -82,6 +83,18 @@ _BATCH_ROWS = 10_000  # rows per INSERT: fewer statements for small chunks, memo
 _MAX_DECIMAL_WIDTH = 38
 # Never reach the network for an extension: the sqlite scanner comes from its wheel.
 _CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+
+
+# Integer types narrower than BIGINT (or unsigned): DuckDB fails or wraps on wider values.
+_NARROW_INTEGERS = frozenset(
+    {"TINYINT", "SMALLINT", "INTEGER", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
+)
+
+
+def _whole(target_type: str) -> bool:
+    """A ``DECIMAL(p,0)`` that holds every BIGINT (p >= 19)."""
+    found = re.fullmatch(r"DECIMAL\((\d+),0\)", target_type)
+    return found is not None and int(found.group(1)) >= 19
 
 
 def duckdb_type(column: Column) -> str:
@@ -238,11 +251,14 @@ class DuckDBSink:
             names = sorted(wanted)  # DuckDB's own spelling of each (TIMESTAMPTZ, ...)
             casts = ", ".join(f"typeof(CAST(NULL AS {name}))" for name in names)
             spelled = dict(zip(names, conn.execute(f"SELECT {casts}").fetchone(), strict=True))
-        made = {spelled[name] for name in DUCKDB_TYPES.values()}
+        made = {spelled[name] for name in DUCKDB_TYPES.values()} | _NARROW_INTEGERS
 
         def takes(column: Column, target_type: str) -> bool:
-            judged = target_type in made or target_type.startswith("DECIMAL(")
-            return not judged or spelled[duckdb_type(column)] == target_type
+            if spelled[duckdb_type(column)] == target_type:
+                return True
+            if column.kind == "integer" and (target_type == "HUGEINT" or _whole(target_type)):
+                return True  # wider: every BIGINT fits
+            return not (target_type in made or target_type.startswith("DECIMAL("))
 
         return difference(
             [(row[0], row[1]) for row in described], columns, fold=fold_ascii, takes=takes

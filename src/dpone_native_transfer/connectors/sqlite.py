@@ -554,13 +554,14 @@ class SQLiteSink:
 
     def check_target(self) -> None:
         """Before the target call: the folder exists and an existing file is a database this
-        process can lock for writing now (``BEGIN IMMEDIATE``, rolled back)."""
+        process can lock for writing now (``BEGIN EXCLUSIVE``, rolled back: a reader holding
+        the file longer than the timeout would make the load's commit fail)."""
         check_target_folder(self.path, self.table)
         if not os.path.isfile(self.path):
             return
         try:
             with self._connect() as conn:
-                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("BEGIN EXCLUSIVE")
                 conn.execute("PRAGMA schema_version").fetchone()
                 conn.execute("ROLLBACK")
         except sqlite3.Error:

@@ -56,10 +56,12 @@ from .client import CHDB, ClickHouseClient, open_client, parse_location
 from .sql import (
     DEDUPLICATION_WINDOW,
     MADE_TYPES,
+    NARROW_INTEGERS,
     column_carrier,
     column_list,
     column_type,
     create_table_sql,
+    holds_int64,
     insert_settings,
     partition_id_literal,
     quote,
@@ -225,11 +227,14 @@ class ClickHouseSink:
             names = sorted({column_type(column) for column in columns} | set(MADE_TYPES))
             casts = ", ".join(f"toTypeName(CAST(NULL, {type_literal(name)}))" for name in names)
             spelled = dict(zip(names, client.query_rows(f"SELECT {casts}")[0], strict=True))
-        made = {spelled[name] for name in MADE_TYPES}
+        made = {spelled[name] for name in MADE_TYPES} | NARROW_INTEGERS
 
         def takes(column: Column, target_type: str) -> bool:
-            judged = target_type in made or target_type.startswith("Nullable(Decimal(")
-            return not judged or spelled[column_type(column)] == target_type
+            if spelled[column_type(column)] == target_type:
+                return True
+            if column.kind == "integer" and holds_int64(target_type):
+                return True  # wider: every Int64 fits
+            return not (target_type in made or target_type.startswith("Nullable(Decimal("))
 
         return difference(existing, columns, takes=takes)
 

@@ -93,6 +93,21 @@ MADE_TYPES = tuple(sorted({f"Nullable({name})" for name in _TYPES.values()}))
 """The column types this sink makes (besides ``Nullable(Decimal(P, S))``)."""
 
 
+# Integer types that cannot hold every Int64 (ClickHouse wraps wider values silently).
+NARROW_INTEGERS = frozenset(
+    f"Nullable({name})"
+    for name in ("Int8", "Int16", "Int32", "UInt8", "UInt16", "UInt32", "UInt64")
+)
+
+
+def holds_int64(target_type: str) -> bool:
+    """A nullable Int128, Int256 or ``Decimal(P, 0)`` with P >= 19: every Int64 fits."""
+    if target_type in ("Nullable(Int128)", "Nullable(Int256)"):
+        return True
+    found = re.fullmatch(r"Nullable\(Decimal\((\d+), 0\)\)", target_type)
+    return found is not None and int(found.group(1)) >= 19
+
+
 def type_literal(name: str) -> str:
     """One of this module's own type names as a ClickHouse string literal (never source text)."""
     return "'" + name.replace("\\", "\\\\").replace("'", "\\'") + "'"
