@@ -200,3 +200,31 @@ def test_a_sqlite_target_a_reader_holds_past_the_timeout(
         reader.wait()
         reader.stdout.close()
     assert_heals(folder, route_file, "sqlite", FILES["sqlite"])
+
+
+HOLD_CHDB = (
+    "import sys, time; from chdb import session; s = session.Session(sys.argv[1]);"
+    " s.query('SELECT 1'); print('held', flush=True); time.sleep(60)"
+)
+
+
+@pytest.mark.parametrize("path", ["staged", "lazy-plan"])
+def test_a_chdb_folder_another_process_holds(folder: Path, path: str) -> None:
+    """It was a configuration error (exit 2), though a retry once the other process ends works."""
+    route_file = write_route(folder, "clickhouse", path, FILES["clickhouse"], ledger=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_CHDB, str(folder / FILES["clickhouse"])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert_refused_before_the_target(
+            folder, route_file, "native_transfer_target_unavailable", 1
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    assert_heals(folder, route_file, "clickhouse", FILES["clickhouse"])

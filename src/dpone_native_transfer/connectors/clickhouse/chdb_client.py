@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import datetime
 import decimal
+import fcntl
 import json
 import os
 import zoneinfo
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ...errors import ConfigInvalid
+from ...errors import ConfigInvalid, TargetUnavailable
 from .client import SETTINGS, import_engine
 from .sql import column_list, encode_json_rows, insert_settings
 
@@ -34,6 +35,24 @@ _OUTPUT_SETTINGS = {
 _READ_FORMAT = "JSONCompactEachRowWithNamesAndTypes"
 
 
+def _held_by_another(path: str) -> bool:
+    """Whether another chDB (ClickHouse) instance holds the data path's ``status`` lock: a
+    retry can succeed once it ends, so it is not a configuration error."""
+    try:
+        handle = os.open(os.path.join(path, "status"), os.O_RDONLY)
+    except OSError:
+        return False  # no data path yet, or no status file: nobody holds it
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(handle)  # releases the probe's lock, if it got one
+    return False
+
+
 class ChdbClient:
     """A chDB session on one data path; errors while opening hide the path and chDB's text."""
 
@@ -42,6 +61,11 @@ class ChdbClient:
         if not os.path.isdir(os.path.dirname(path)):
             raise ConfigInvalid(
                 "folder of the chDB data path does not exist", diagnostics={"key": "location"}
+            )
+        if _held_by_another(path):
+            raise TargetUnavailable(
+                "the chDB data path is in use by another process now; nothing was written",
+                diagnostics={"key": "location"},
             )
         try:
             self._session = session.Session(path)
