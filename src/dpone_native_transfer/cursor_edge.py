@@ -29,7 +29,8 @@ from typing import Any
 
 import attrs
 
-from .checkpoints import PartitionCheckpoint, RouteKey
+from .checkpoints import PartitionCheckpoint, RouteKey, Strategy
+from .connectors.contract import CursorEdgeReading
 from .errors import CheckpointStoreCorrupt, ConfigInvalid, CursorNull
 from .payloads import Column
 
@@ -45,9 +46,11 @@ __all__ = [
     "check_lag",
     "is_edge",
     "lag_since",
+    "plan_edge",
     "refuse_null_cursor",
     "row_digest",
     "scan_edge",
+    "top_of_window",
     "unknown_edge",
 ]
 
@@ -244,6 +247,50 @@ def scan_edge(
     if baseline is not None and len(baseline) <= MAX_EDGE_ROWS:
         edge = attrs.evolve(edge, nulls=True, rows=edge.rows + baseline)
     return edge, found
+
+
+def plan_edge(
+    route: RouteKey,
+    source: Any,
+    state: Mapping[str, Any] | None,
+    columns: Sequence[Column],
+    *,
+    kind: str | None,
+    lag: float,
+    on_null_cursor: str,
+    chunk_rows: int,
+) -> tuple[Edge, EdgeScan] | None:
+    """An append route's edge record and the edge rows it has not loaded; None for a route
+    without a cursor or a source that cannot read its edge. NULL-cursor rows that
+    ``on_null_cursor = "error"`` refuses stop the run here, before the target."""
+    if route.strategy is not Strategy.INCREMENTAL_APPEND or source.cursor_column is None:
+        return None
+    check_lag(lag, kind)
+    if not isinstance(source, CursorEdgeReading):
+        return None
+    edge = Edge.of_state(route, state).matching(columns)
+    load_nulls = on_null_cursor == "load_once"
+    edge, scan = scan_edge(source, edge, columns, load_nulls=load_nulls, chunk_rows=chunk_rows)
+    if not load_nulls:
+        refuse_null_cursor(route, source.cursor_column, scan.null_rows)
+        scan.nulled.clear()
+    return edge, scan
+
+
+def top_of_window(source: Any, upto: Any, lag: float, kind: str | None) -> Any:
+    """The lowest cursor value of the next edge record, or None when it is not tracked: a
+    cursor column SQLite compares with a collation (equal values Python tells apart)."""
+    collated = getattr(source, "collated_columns", None)
+    if upto is None or (collated is not None and source.cursor_column in collated()):
+        return None
+    try:
+        return lag_since(upto, lag, kind)
+    except (ValueError, OverflowError):
+        raise ConfigInvalid(
+            "source.lag: the cursor's highest value is not an ISO date or timestamp, or the "
+            "lag reaches past the calendar",
+            diagnostics={"key": "source.lag", "cursor_kind": kind},
+        ) from None
 
 
 def is_edge(bounds: Mapping[str, Any]) -> bool:

@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +25,14 @@ import attrs
 from .boundary import TargetBoundary
 from .checkpoints import LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey, Strategy, batch_id_for
 from .clock import Clock, read_clock, system_clock
-from .connectors.contract import CursorEdgeReading, LedgerSink, TargetChecking
+from .connectors.contract import LedgerSink, TargetChecking
 from .cursor_edge import (
     EDGE_KEY,
     NULL_CURSOR_POLICIES,
-    Edge,
-    EdgeScan,
     EdgeTracker,
     advanced_edge,
-    check_lag,
-    lag_since,
-    refuse_null_cursor,
-    scan_edge,
+    plan_edge,
+    top_of_window,
     unknown_edge,
 )
 from .errors import ConfigInvalid, TargetCommitGuardUnhandled
@@ -55,7 +51,6 @@ from .paths.file_artifact import file_artifact_path
 from .paths.lazy_plan import lazy_plan_path
 from .paths.legacy import legacy_path
 from .paths.staged import staged_path
-from .payloads import Column
 from .planner import (
     candidate_checkpoints,
     check_definition,
@@ -269,7 +264,16 @@ class TransferRuntime:
             recorder.emit(EventName.STATE_REALIGNED, batch_id=refreshed.batch_id)
         definition = route_definition(spec.source, shape.columns)
         check_definition(route, state, latest, definition)
-        edge = _edge_scan(spec, route, state, shape.columns, definition)
+        edge = plan_edge(
+            route,
+            spec.source,
+            state,
+            shape.columns,
+            kind=definition["cursor_kind"],
+            lag=spec.lag,
+            on_null_cursor=spec.on_null_cursor,
+            chunk_rows=spec.chunk_rows,
+        )
         window, bounds = plan_window(
             route, spec.source, state, latest, definition=definition, edge=edge
         )
@@ -286,7 +290,8 @@ class TransferRuntime:
         committed: tuple[str, ...] = ()
         rows_loaded, batch_id, ctx = 0, None, None
         upto = window.advanced_state()["watermark"]
-        top_since = None if edge is None else _top_since(spec, upto, definition)
+        kind = definition["cursor_kind"]
+        top_since = None if edge is None else top_of_window(spec.source, upto, spec.lag, kind)
         if plan.active:
             active = list(plan.active)
             entry = None
@@ -428,47 +433,6 @@ class TransferRuntime:
             "...]), or run unguarded on purpose with plugins=[] (CLI: run --unguarded)",
             diagnostics={"route": route.as_dict()},
         )
-
-
-def _edge_scan(
-    spec: TransferSpec,
-    route: RouteKey,
-    state: Mapping[str, Any] | None,
-    columns: Sequence[Column],
-    definition: Mapping[str, Any],
-) -> tuple[Edge, EdgeScan] | None:
-    """An append route's edge record and the edge rows it has not loaded (``cursor_edge.py``);
-    NULL-cursor rows that ``on_null_cursor = "error"`` refuses stop the run here."""
-    source = spec.source
-    cursor = source.cursor_column
-    if route.strategy is not Strategy.INCREMENTAL_APPEND or cursor is None:
-        return None
-    check_lag(spec.lag, definition["cursor_kind"])
-    if not isinstance(source, CursorEdgeReading):
-        return None
-    edge = Edge.of_state(route, state).matching(columns)
-    load_nulls = spec.on_null_cursor == "load_once"
-    edge, scan = scan_edge(source, edge, columns, load_nulls=load_nulls, chunk_rows=spec.chunk_rows)
-    if not load_nulls:
-        refuse_null_cursor(route, cursor, scan.null_rows)
-        scan.nulled.clear()
-    return edge, scan
-
-
-def _top_since(spec: TransferSpec, upto: Any, definition: Mapping[str, Any]) -> Any:
-    """The lowest cursor value of the next edge record, or None when it is not tracked: a
-    cursor column SQLite compares with a collation (equal values Python tells apart)."""
-    collated = getattr(spec.source, "collated_columns", None)
-    if upto is None or (collated is not None and spec.source.cursor_column in collated()):
-        return None
-    try:
-        return lag_since(upto, spec.lag, definition["cursor_kind"])
-    except (ValueError, OverflowError):
-        raise ConfigInvalid(
-            "source.lag: the cursor's highest value is not an ISO date or timestamp, or the "
-            "lag reaches past the calendar",
-            diagnostics={"key": "source.lag", "cursor_kind": definition["cursor_kind"]},
-        ) from None
 
 
 def _work_folder(
