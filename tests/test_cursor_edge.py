@@ -380,3 +380,56 @@ def test_a_decimal_nan_cursor_value_is_never_inside_the_edge() -> None:
 
     assert _at_or_above("NaN", "1.5", "decimal") is False
     assert _at_or_above("2.50", "2.5", "decimal") is True
+
+
+def test_a_postgres_source_loads_ties_late_rows_and_null_cursors_once(
+    tmp_path: Path, postgres_schema
+) -> None:
+    import psycopg
+    from test_connectors_postgres_source import _url
+
+    schema = postgres_schema.schema
+    table = f'"{schema}".events'
+
+    def sql(*statements: str) -> None:
+        with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as conn:
+            for statement in statements:
+                conn.execute(statement)
+
+    sql(f'CREATE SCHEMA "{schema}"', f"CREATE TABLE {table} (region text, ts bigint, v text)",
+        f"INSERT INTO {table} VALUES ('a', 1, 'x'), ('a', 5, 'y'), ('b', NULL, 'n')")  # fmt: skip
+    (tmp_path / "route.toml").write_text(
+        f"""[source]
+kind = "postgres"
+dsn = "env:EDGE_DSN"
+table = "{schema}.events"
+partition_column = "region"
+cursor_column = "ts"
+lag = 2
+on_null_cursor = "load_once"
+[target]
+path = "target.db"
+table = "events_copy"
+[transfer]
+strategy = "incremental_append"
+path = "staged"
+[store]
+path = "checkpoints.db"
+"""
+    )
+    env = {"EDGE_DSN": _url(postgres_schema.dsn)}
+
+    def run_pg() -> str:
+        done = run_cli("run", tmp_path / "route.toml", env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    assert "loaded 3 rows" in run_pg()
+    sql(f"INSERT INTO {table} VALUES ('a', 5, 'tie'), ('c', 4, 'late'), ('c', 2, 'too late'),"
+        " ('b', NULL, 'n')")  # fmt: skip
+    assert "loaded 3 rows" in run_pg()  # the tie, the late row within 2, the second NULL row
+    assert "loaded 0 rows" in run_pg()
+    with contextlib.closing(psycopg.connect(postgres_schema.dsn)) as conn:
+        rows = conn.execute(f"SELECT region, ts, v FROM {table}").fetchall()
+    expected = Counter(rows) - Counter([("c", 2, "too late")])
+    assert target_rows(tmp_path, "sqlite") == expected
