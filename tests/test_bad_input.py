@@ -1138,3 +1138,24 @@ def test_no_secret_reaches_errors_events_logs_cli_output_or_the_store(
     for table, text in texts:
         for word in SQL_WORDS:
             assert word not in text, f"SQL text ({word}) persisted in {table}"
+
+
+def test_a_without_rowid_source_table_is_refused_with_a_clear_error(tmp_path) -> None:
+    """It failed on every path as source_invalid "could not be read" (exit 1: retry)."""
+    import sqlite3
+
+    from conftest import run_cli
+
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
+        db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER) WITHOUT ROWID")
+        db.execute("INSERT INTO t VALUES ('a', 1)")
+        db.commit()
+    (tmp_path / "route.toml").write_text(
+        '[source]\npath = "source.db"\ntable = "t"\npartition_column = "k"\n'
+        '[target]\npath = "target.db"\ntable = "copy"\n'
+        '[transfer]\nstrategy = "full_refresh"\npath = "staged"\n'
+        '[store]\npath = "checkpoints.db"\n'
+    )
+    done = run_cli("run", tmp_path / "route.toml")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "native_transfer_config_invalid" in done.stderr and "WITHOUT ROWID" in done.stderr

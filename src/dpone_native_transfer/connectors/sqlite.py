@@ -243,6 +243,17 @@ class SQLiteSource:
         """Columns and hashes; raises ``SourceInvalid`` when the table or a named column is gone."""
         with self._connect() as conn:
             columns = _table_columns(conn, self.table)
+            try:  # every read orders by rowid: a WITHOUT ROWID table has none
+                conn.execute(f"SELECT rowid FROM {_quote(self.table)} LIMIT 0")
+                rowid = True
+            except sqlite3.OperationalError:  # or no such table: reported below
+                rowid = not columns
+        if not rowid:
+            raise ConfigInvalid(
+                f"source table {self.table!r} is a WITHOUT ROWID table, which this source "
+                "cannot read yet (its reads keep rowid order); copy it into a rowid table",
+                diagnostics={"table": self.table},
+            )
         if not columns:
             raise SourceMissing(
                 f"source table {self.table!r} does not exist", diagnostics={"table": self.table}
