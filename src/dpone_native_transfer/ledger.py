@@ -425,7 +425,7 @@ def check_store_against_target(
 
 def refresh_in_store(
     route: RouteKey,
-    scope: Sequence[PartitionCheckpoint],
+    scope: LatestCheckpoints,
     cursor_column: str | None,
     *,
     ledgered: bool,
@@ -442,6 +442,8 @@ def refresh_in_store(
     cursor column, or another one)."""
     if route.strategy is Strategy.FULL_REFRESH:
         return None
+    if ledgered and sum(map(sum, scope.ledger_batches().values())) == len(scope):
+        return None  # every checkpoint names its ledger batch: nothing to decode
     committed = [cp for cp in scope if cp.status is PartitionCheckpointStatus.COMMITTED]
     mine = [cp.completed_at for cp in committed if cp.route == route and cp.completed_at]
     refreshes = [
