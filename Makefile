@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 # package, but the suite runs them all and none may skip.
 EXTRAS := test,postgres,clickhouse,duckdb,airflow
 
-.PHONY: demo test clean soak
+.PHONY: demo test lint clean soak
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ demo: $(INSTALLED)
 test: $(INSTALLED)
 	$(BIN)/coverage run -m pytest
 	$(BIN)/coverage report
+
+# ruff (pinned in the test extra) and mypy with the checked-in config; CI runs it first.
+lint: $(INSTALLED)
+	$(BIN)/ruff check src plugins tests benchmarks
+	$(BIN)/ruff format --check src plugins tests benchmarks
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) demo-work .coverage .pytest_cache

@@ -59,9 +59,9 @@ _UNSAFE_RUN_ID = re.compile(r"[^A-Za-z0-9_.~:+-]+")
 class TaskLog(Protocol):
     """The part of a logger the task uses (Airflow's ``self.log``, or a stdlib logger)."""
 
-    def info(self, msg: str, *args: Any) -> None: ...
+    def info(self, msg: str, /, *args: Any) -> object: ...
 
-    def error(self, msg: str, *args: Any) -> None: ...
+    def error(self, msg: str, /, *args: Any) -> object: ...
 
 
 def route_argument(route: Any) -> str | dict[str, Any]:
@@ -109,7 +109,7 @@ def progress_logger(log: TaskLog) -> Callable[[Event], None]:
 class _LineWriter:
     """The minimal text stream ``print`` needs: each complete line goes to ``emit``."""
 
-    def __init__(self, emit: Callable[[str], None]) -> None:
+    def __init__(self, emit: Callable[[str], object]) -> None:
         self._emit = emit
         self._pending = ""
 

@@ -11,7 +11,7 @@ functions are stateless; per-attempt state lives on the ``TargetMutation``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -48,10 +48,10 @@ def resume_route_scan(route: RouteKey, checkpoints: Sequence[PartitionCheckpoint
     malformed = [
         {"partition_id": f.partition_id, "problem": f.problem} for f in findings if f.malformed
     ]
-    unresolved = [
+    unresolved: list[dict[str, Any]] = [
         {
             "partition_id": f.partition_id,
-            "phase": f.phase.value,
+            "phase": None if f.phase is None else f.phase.value,  # set unless malformed
             "batch_id": f.batch_id,
             "status": f.status.value,
         }
@@ -67,8 +67,8 @@ def resume_route_scan(route: RouteKey, checkpoints: Sequence[PartitionCheckpoint
             diagnostics={"route": route.as_dict(), "partitions": malformed, **where.diagnostics},
         )
     if unresolved:
-        phases = sorted({item["phase"] for item in unresolved})
-        batches = sorted({item["batch_id"] for item in unresolved})
+        phases = sorted({str(item["phase"]) for item in unresolved})
+        batches = sorted({str(item["batch_id"]) for item in unresolved})
         raise ManualReconciliationRequired(
             f"route {route.label} has {len(unresolved)} partition(s) whose target "
             f"outcome is unresolved{where.text} (phases: {', '.join(phases)}; partitions: "
@@ -109,7 +109,14 @@ def _blocking_routes(route: RouteKey, findings: Sequence[Finding]) -> _Where:
     )
 
 
-def _first_ids(items: list[dict[str, str]]) -> str:
+def _armed_batch(mutation: TargetMutation) -> str:
+    """The batch id the guard armed (after ``before_target_mutation``, always set)."""
+    if mutation.state.batch_id is None:
+        raise RuntimeError("a target hook ran before the guard armed the batch")  # a bug
+    return mutation.state.batch_id
+
+
+def _first_ids(items: Sequence[Mapping[str, Any]]) -> str:
     ids = [item["partition_id"] for item in items[:_SHOWN_IN_MESSAGE]]
     more = len(items) - len(ids)
     return ", ".join(ids) + (f" and {more} more" if more else "")
@@ -126,7 +133,7 @@ def _write_markers(
     if not partition_ids:
         return
     diagnostics = {
-        GUARD_DIAGNOSTICS_KEY: build_guard(phase, mutation.state.batch_id),
+        GUARD_DIAGNOSTICS_KEY: build_guard(phase, _armed_batch(mutation)),
         "error": code.value,
     }
     try:
@@ -177,7 +184,7 @@ def after_target_success(mutation: TargetMutation, result: Any) -> None:
         at=mutation.transition_time(),
         diagnostics={
             GUARD_DIAGNOSTICS_KEY: build_guard(
-                GuardPhase.CHECKPOINT_COMMITTED, mutation.state.batch_id
+                GuardPhase.CHECKPOINT_COMMITTED, _armed_batch(mutation)
             )
         },
     )

@@ -346,7 +346,7 @@ def checkpoint_from_payload(
         raise _invalid("diagnostics", f"{LEDGER_BATCH_KEY!r} must be a non-empty string", pid)
     dup = copy.deepcopy if copy_values else _same
     return PartitionCheckpoint(
-        partition_id=pid,
+        partition_id=str(pid),  # checked to be a non-empty string above
         route=route_key,
         status=payload["status"],
         run_id=payload["run_id"],

@@ -254,8 +254,9 @@ def exact_decimal(precision: int, scale: int) -> Carry:
             number = decimal.Decimal(repr(value))
         else:
             raise TypeError("not a number")
-        if not number.is_finite() or number.as_tuple().exponent < -scale or abs(number) >= limit:
-            raise ValueError("not exact in the declared precision")
+        exponent = number.as_tuple().exponent
+        if not isinstance(exponent, int) or exponent < -scale or abs(number) >= limit:
+            raise ValueError("not exact in the declared precision")  # or not finite
         return format(number, "f")
 
     return carry
@@ -361,7 +362,7 @@ def carried_chunks(
         if not chunk or not carriers:
             yield chunk
             continue
-        columns = list(zip(*chunk, strict=True))
+        columns: list[Sequence[Any]] = list(zip(*chunk, strict=True))
         changed = False
         for index, name, carry in carriers:
             values = columns[index]

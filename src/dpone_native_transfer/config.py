@@ -215,7 +215,7 @@ def _read_toml(path: Path, argument: str) -> dict[str, Any]:
     raise ConfigInvalid(f"the route file given as {argument} {problem}", diagnostics=where)
 
 
-def _toml_position(exc: tomllib.TOMLDecodeError) -> dict[str, int]:
+def _toml_position(exc: tomllib.TOMLDecodeError) -> dict[str, int | None]:
     """Line and column of a TOML error (attributes from Python 3.14, the message before)."""
     line, column = getattr(exc, "lineno", None), getattr(exc, "colno", None)
     if line is None and (match := _TOML_POSITION.search(str(exc))):
@@ -384,7 +384,7 @@ def _source(table: Mapping[str, Any], folder: Path) -> Any:
 
 def _sink(table: Mapping[str, Any], folder: Path, partition_column: str | None) -> Any:
     kind = table.get("kind", "sqlite")
-    location = _resolve(folder, table["path"]) if "path" in table else table.get("url")
+    location: str = _resolve(folder, table["path"]) if "path" in table else table["url"]
     if kind == "duckdb":
         from .connectors.duckdb import DuckDBSink
 

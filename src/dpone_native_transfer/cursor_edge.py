@@ -263,7 +263,8 @@ def plan_edge(
     """An append route's edge record and the edge rows it has not loaded; None for a route
     without a cursor or a source that cannot read its edge. NULL-cursor rows that
     ``on_null_cursor = "error"`` refuses stop the run here, before the target."""
-    if route.strategy is not Strategy.INCREMENTAL_APPEND or source.cursor_column is None:
+    cursor = source.cursor_column
+    if route.strategy is not Strategy.INCREMENTAL_APPEND or cursor is None:
         return None
     check_lag(lag, kind)
     if not isinstance(source, CursorEdgeReading):
@@ -272,7 +273,7 @@ def plan_edge(
     load_nulls = on_null_cursor == "load_once"
     edge, scan = scan_edge(source, edge, columns, load_nulls=load_nulls, chunk_rows=chunk_rows)
     if not load_nulls:
-        refuse_null_cursor(route, source.cursor_column, scan.null_rows)
+        refuse_null_cursor(route, cursor, scan.null_rows)
         scan.nulled.clear()
     return edge, scan
 
@@ -404,9 +405,10 @@ def advanced_edge(
     """
     untracked: list[str] = []
     recordings = [cp.diagnostics.get(EDGE_ROWS_KEY) for cp in generation_checkpoints]
-    complete = not lost and all(isinstance(rec, dict) for rec in recordings)
+    recorded: list[dict[str, Any]] = [rec for rec in recordings if isinstance(rec, dict)]
+    complete = not lost and len(recorded) == len(recordings)
     # every recording covers the rows at or above its attempt's ``since``: the highest holds
-    for rec in recordings if complete else ():
+    for rec in recorded if complete else ():
         if top_since is None or _at_or_above(rec["since"], top_since, kind):
             top_since = rec["since"]
     old_range_known = (
@@ -430,8 +432,8 @@ def advanced_edge(
         return nulls if value is None else _at_or_above(value, since, kind)
 
     rows.update({key: n for key, n in edge.rows.items() if kept(key[0])})
-    for rec in recordings:
-        for value, digest, count in rec["rows"] if isinstance(rec, dict) else ():
+    for rec in recorded:
+        for value, digest, count in rec["rows"]:
             if kept(value):
                 rows[(value, digest)] += count
     ranged = sum(1 for value, _ in rows if value is not None)

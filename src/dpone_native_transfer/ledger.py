@@ -444,20 +444,23 @@ def refresh_in_store(
         return None
     if ledgered and sum(map(sum, scope.ledger_batches().values())) == len(scope):
         return None  # every checkpoint names its ledger batch: nothing to decode
-    committed = [cp for cp in scope if cp.status is PartitionCheckpointStatus.COMMITTED]
-    mine = [cp.completed_at for cp in committed if cp.route == route and cp.completed_at]
-    refreshes = [
-        cp
-        for cp in committed
+    committed = [
+        (cp.completed_at, cp)
+        for cp in scope
+        if cp.status is PartitionCheckpointStatus.COMMITTED and cp.completed_at is not None
+    ]
+    mine = [at for at, cp in committed if cp.route == route]
+    dated = [
+        (at, cp)
+        for at, cp in committed
         if cp.route.strategy is Strategy.FULL_REFRESH
-        and cp.completed_at is not None
-        and (cp.completed_at > max(mine) if mine else _same_source(cp.route, route))
+        and (at > max(mine) if mine else _same_source(cp.route, route))
         and not (ledgered and cp.diagnostics.get(LEDGER_BATCH_KEY))
     ]
-    if not refreshes:
+    if not dated:
         return None
-    newest = max(refreshes, key=lambda cp: cp.completed_at)
-    refreshes = [cp for cp in refreshes if cp.route == newest.route]
+    at, newest = max(dated, key=lambda item: item[0])
+    refreshes = [cp for _, cp in dated if cp.route == newest.route]
     generation = newest.partition_bounds.get("generation")
     loaded = [cp for cp in refreshes if cp.partition_bounds.get("generation") == generation]
     definition = newest.diagnostics.get("definition") or {}
@@ -484,7 +487,7 @@ def refresh_in_store(
         generation=generation if isinstance(generation, int) else 0,
         watermark=watermark,
         cursor_column=cursor_column,
-        at=newest.completed_at,
+        at=at,
     )
 
 

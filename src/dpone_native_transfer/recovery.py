@@ -207,7 +207,7 @@ def plan_restore(
         }
     else:
         state = {"generation": generation if isinstance(generation, int) else 0, "watermark": None}
-    if not forgotten and isinstance(generation, int) and generation >= state["generation"]:
+    if not forgotten and isinstance(generation, int) and generation >= (state or {})["generation"]:
         state = previous
     writes = [*wanted, *forgotten]
     return RestorePlan(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .checkpoints import Strategy
 from .errors import (
@@ -83,7 +83,15 @@ def exit_code_for(error: BaseException) -> int:
     return EXIT_FAILED
 
 
-def progress_printer(stream: TextIO, *, indent: str = "") -> Callable[[Event], None]:
+class LineStream(Protocol):
+    """What the progress printer writes to: a text stream (``sys.stderr``, a log adapter)."""
+
+    def write(self, text: str, /) -> object: ...
+
+    def flush(self) -> object: ...
+
+
+def progress_printer(stream: LineStream, *, indent: str = "") -> Callable[[Event], None]:
     """Event listener printing one line per extracted partition and one at the target call."""
 
     def listener(event: Event) -> None:

@@ -179,12 +179,13 @@ class TransferRuntime:
         unguarded: bool = False,
     ) -> None:
         self.store = store
-        self.state_store = state_store if state_store is not None else store
-        if not isinstance(self.state_store, RouteStateStore):
+        states = state_store if state_store is not None else store
+        if not isinstance(states, RouteStateStore):
             raise ConfigInvalid(
                 "the store keeps no source state; pass state_store=",
                 diagnostics={"key": "state_store"},
             )
+        self.state_store: RouteStateStore = states
         self.clock = clock or system_clock
         plugins = None if plugins is None else list(plugins)
         self.unguarded = unguarded is True or plugins == []

@@ -313,6 +313,7 @@ class DuckDBSink:
         """DuckDB pulls the plan's partitions from the SQLite file with ``sqlite_scan``."""
         if self._checked is None or self._checked[0] is not plan:
             self.check_plan(plan)
+        assert self._checked is not None  # check_plan records it
         _, textual = self._checked
         source: SQLiteSource = plan.source
         names = _names(plan.columns)
@@ -475,10 +476,14 @@ def _plan_conditions(
     def name(column: str) -> str:
         return f"CAST({quote(column)} AS VARCHAR)" if column in textual else quote(column)
 
-    columns = {"partition_column": source.partition_column, "cursor_column": source.cursor_column}
+    def predicates_of(item: Mapping[str, Any]) -> tuple[Predicate, ...]:
+        return bound_predicates(
+            item, partition_column=source.partition_column, cursor_column=source.cursor_column
+        )
+
     windows: dict[tuple[Any, Any], tuple[list[Predicate], list[Mapping[str, Any]]]] = {}
     for item in bounds:
-        predicates = bound_predicates(item, **columns)  # bad bounds fail here, before the target
+        predicates = predicates_of(item)  # bad bounds fail here, before the target
         window = [predicate for predicate in predicates if predicate.op in WINDOW_OPERATORS]
         key = (item.get("cursor_after"), item.get("cursor_upto"))
         windows.setdefault(key, (window, []))[1].append(item)
@@ -495,7 +500,7 @@ def _plan_conditions(
             matches.append(f"{partition} IS NULL")
         for item in items:
             if "partition" not in item:  # a key range: its own condition
-                ranged = [p for p in bound_predicates(item, **columns) if p not in window]
+                ranged = [p for p in predicates_of(item) if p not in window]
                 where, range_params = render_predicates(ranged, marker="?", name=name)
                 matches.append(f"({where})")
                 params += range_params

@@ -271,17 +271,22 @@ class PostgresSource:
 
         return self._query(values)
 
-    def max_cursor(self, *, after: Any = None) -> Any:
-        """Highest cursor value above ``after``, or None when nothing is newer."""
+    def _cursor(self) -> str:
+        """The cursor column, which a windowed read needs."""
         if self.cursor_column is None:
             raise ConfigInvalid(
                 f"source table {self.table!r} has no cursor column",
                 diagnostics={"table": self.table},
             )
+        return self.cursor_column
+
+    def max_cursor(self, *, after: Any = None) -> Any:
+        """Highest cursor value above ``after``, or None when nothing is newer."""
+        cursor_column = self._cursor()
         window, params = self._window(after, None)
 
         def highest(conn: Any) -> Any:
-            cursor = self._column(conn, self.cursor_column)
+            cursor = self._column(conn, cursor_column)
             value = _value(Column("max", cursor.decltype))
             sql = f"SELECT max({_name(cursor.name)}) AS max FROM {self._relation}{window}"
             return conn.execute(f"SELECT {value} FROM ({sql}) AS m", params).fetchone()[0]
@@ -317,7 +322,7 @@ class PostgresSource:
         self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = 10_000
     ) -> Iterator[list[tuple]]:
         """Rows of every partition with a cursor in ``[since, upto]`` or, when ``nulls``, NULL."""
-        where, params = edge_where(_name(self.cursor_column), "%s", since, upto, nulls)
+        where, params = edge_where(_name(self._cursor()), "%s", since, upto, nulls)
         if not where:
             return iter(())
         select = ", ".join(_value(column) for column in self.describe().columns)

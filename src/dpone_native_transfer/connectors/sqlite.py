@@ -383,15 +383,20 @@ class SQLiteSource:
         table = f"{_quote(schema)}.{_quote(self.table)}"
         return f"SELECT {_column_list(columns, self.table)} FROM {table} ORDER BY rowid", ()
 
-    def max_cursor(self, *, after: Any = None) -> Any:
-        """Highest cursor value above ``after``, or None when nothing is newer."""
+    def _cursor(self) -> str:
+        """The cursor column, which a windowed read needs."""
         if self.cursor_column is None:
             raise ConfigInvalid(
                 f"source table {self.table!r} has no cursor column",
                 diagnostics={"table": self.table},
             )
+        return self.cursor_column
+
+    def max_cursor(self, *, after: Any = None) -> Any:
+        """Highest cursor value above ``after``, or None when nothing is newer."""
+        cursor_column = self._cursor()
         window, params = self._cursor_window(after, None)
-        cursor = self._ref(self.cursor_column)
+        cursor = self._ref(cursor_column)
         sql = f"SELECT MAX({cursor}) FROM {_quote(self.table)}"
         if window:
             sql += " WHERE " + " AND ".join(window)
@@ -447,7 +452,7 @@ class SQLiteSource:
         self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = 10_000
     ) -> Iterator[list[tuple]]:
         """Rows of every partition with a cursor in ``[since, upto]`` or, when ``nulls``, NULL."""
-        where, params = edge_where(self._ref(self.cursor_column), "?", since, upto, nulls)
+        where, params = edge_where(self._ref(self._cursor()), "?", since, upto, nulls)
         if not where:
             return iter(())
         columns = self.describe().columns

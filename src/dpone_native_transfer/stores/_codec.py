@@ -113,6 +113,7 @@ class _BatchEncoder:
             if not isinstance(key, str):
                 return None
             item = value[key]
+            text: str | None
             if type(item) is str:
                 text = _ENCODE_STRING(item)
             elif isinstance(item, (dict, list)):
@@ -172,7 +173,7 @@ def _timestamp_json(value: datetime | None) -> str | None:
     """A timestamp's JSON, or None when the reader would refuse it (not canonical, naive)."""
     if value is None:
         return "null"
-    raw = format_timestamp(value)
+    raw = format_timestamp(value) or ""
     return _ENCODE_STRING(raw) if _canonical_text(raw) else None
 
 

@@ -27,7 +27,7 @@ import tempfile
 import threading
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 from urllib.request import pathname2url
 
 from ..checkpoints import GUARD_DIAGNOSTICS_KEY, LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey
@@ -97,8 +97,8 @@ def _translated(action: str, *, writing: bool = False) -> Iterator[None]:
         raise
     except OSError as exc:  # making the file itself: a full, read-only or forbidden folder
         raise CheckpointStoreUnavailable(
-            f"the checkpoint store {_OS_PROBLEMS.get(exc.errno, 'cannot be created')}; a retry "
-            "may succeed once it is free",
+            f"the checkpoint store {_OS_PROBLEMS.get(exc.errno or 0, 'cannot be created')}; a "
+            "retry may succeed once it is free",
             diagnostics={"action": action, "error_type": type(exc).__name__},
         ) from None
     except sqlite3.DatabaseError as exc:
@@ -268,7 +268,7 @@ class SQLiteCheckpointStore(RecordReads):
         """Every route's latest checkpoints into ``route``'s target table (``TargetScopeStore``)."""
         self._connection()
         table = route.target_table
-        parts = [(TARGET_UNLOCATED, (table,))]
+        parts: list[tuple[str, tuple[Any, ...]]] = [(TARGET_UNLOCATED, (table,))]
         if route.target_location:
             parts.insert(0, (TARGET_LOCATED, (route.target_location, table, table)))
         return LatestCheckpoints(_LatestRows(self, parts))
@@ -361,10 +361,11 @@ class SQLiteCheckpointStore(RecordReads):
             _insert_checkpoints(conn, rows, list(checkpoints))
             if state is not None:
                 _save_state(conn, route, state)
-            return conn.execute(
+            inserted = conn.execute(
                 f"INSERT INTO audit ({ROUTE_KEY}, record) VALUES ({_ROUTE_VALUES}, ?)",
                 (*route_params(route), record),
-            ).lastrowid
+            )
+            return cast(int, inserted.lastrowid)  # an INSERT's rowid
 
     def lease_table(self) -> _LeaseTable:
         """Lease operations on a connection of their own (the heartbeat runs in a thread)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -274,7 +274,8 @@ class GuardConformance:
         )
         assert_one_timestamp_per_batch(batches, kit_route.clock.reads)
         armed_at, committed_at = batches[0][0].started_at, batches[1][0].started_at
-        expect("armed before committed", armed_at < committed_at, True)
+        ordered = armed_at is not None and committed_at is not None and armed_at < committed_at
+        expect("armed before committed", ordered, True)
 
     def test_rerun_after_success_calls_no_target(self, kit_route: ConformanceRoute) -> None:
         """Resume planning: a rerun with nothing new runs no path and loads nothing."""
@@ -367,7 +368,7 @@ def expect(what: str, actual: Any, expected: Any) -> None:
         raise AssertionError(f"{what}: expected {expected!r}, got {actual!r}")
 
 
-def expect_phases(route: ConformanceRoute, expected: list[str | None]) -> None:
+def expect_phases(route: ConformanceRoute, expected: Sequence[str | None]) -> None:
     actual = guard_phases(route.latest())
     expect("guard phases of the durable checkpoints", actual, sorted(expected, key=str))
 
