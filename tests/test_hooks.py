@@ -371,7 +371,9 @@ def test_a_misspelled_hook_fails_loudly(plugin):
     with pytest.raises(PluginLoadFailed) as info:
         make_plugin_manager([plugin])
     assert info.value.code == "native_transfer_plugin_load_failed"
-    assert set(info.value.diagnostics) == {"error_type"}
+    assert set(info.value.diagnostics) == {"plugin", "reason", "error_type"}
+    assert info.value.diagnostics["plugin"] == type(plugin).__name__  # which one, and why
+    assert type(plugin).__name__ in info.value.message
 
 
 def test_a_misspelled_hook_refuses_the_runtime_before_any_io(route):
@@ -386,6 +388,7 @@ def test_registering_the_same_plugin_object_twice_fails():
     with pytest.raises(PluginLoadFailed) as info:
         make_plugin_manager([recorder, recorder])
     assert info.value.code == "native_transfer_plugin_load_failed"
+    assert info.value.diagnostics["plugin"] == "Recorder"
 
 
 def test_registering_the_guard_next_to_its_entry_point_twice_fails():
@@ -692,3 +695,21 @@ def test_a_listener_raising_in_the_error_path_never_replaces_the_original(route,
         route.runtime(events=listener).run(route.spec("legacy"))
     assert info.value is route.sink.error
     assert {guard_phase(cp) for cp in route.latest()} == {"target_outcome_unknown"}
+
+
+def test_an_entry_point_that_cannot_be_imported_is_named(monkeypatch):
+    """PluginLoadFailed said only 'a plugin could not be loaded' and the exception's type."""
+    import importlib.metadata
+
+    broken = importlib.metadata.EntryPoint(
+        name="broken_plugin", value="no_such_module_for_dpone:plugin", group="dpone_native_transfer"
+    )
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [broken])
+    with pytest.raises(PluginLoadFailed) as info:
+        make_plugin_manager(None)
+    assert info.value.diagnostics == {
+        "plugin": "broken_plugin",
+        "reason": "cannot be imported",
+        "error_type": "ModuleNotFoundError",
+    }
+    assert "no_such_module_for_dpone" not in info.value.message  # never the exception's text

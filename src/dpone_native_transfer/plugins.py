@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+import importlib.metadata
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -34,18 +36,22 @@ def make_plugin_manager(plugins: Iterable[object] | None = None) -> pluggy.Plugi
     manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     manager.add_hookspecs(hookspecs)
     manager.register(UnguardedLifecycle(), name=LIFECYCLE_PLUGIN_NAME)
-    try:
-        if plugins is None:
-            manager.load_setuptools_entrypoints(hookspecs.PROJECT_NAME)
-        else:
-            for plugin in plugins:
+    if plugins is None:
+        for entry_point in importlib.metadata.entry_points(group=hookspecs.PROJECT_NAME):
+            if manager.is_blocked(entry_point.name) or manager.has_plugin(entry_point.name):
+                continue
+            with _loading(entry_point.name, "cannot be imported"):
+                manager.register(entry_point.load(), name=entry_point.name)
+    else:
+        for plugin in plugins:
+            reason = "cannot be registered (registered twice, or a hook's arguments differ)"
+            with _loading(_name_of(plugin), reason):
                 manager.register(plugin)
+    try:
         manager.check_pending()
-    except Exception as error:
-        raise PluginLoadFailed(
-            "a plugin could not be loaded or implements an unknown hook",
-            diagnostics={"error_type": type(error).__name__},
-        ) from None
+    except pluggy.PluginValidationError as error:
+        name = manager.get_name(error.plugin) if plugins is None else _name_of(error.plugin)
+        raise _load_failed(name, "implements an unknown hook", error) from None
     for name in EVERY_IMPLEMENTATION_RUNS:
         for impl in getattr(manager.hook, name).get_hookimpls():
             if impl.hookwrapper or impl.wrapper:
@@ -55,6 +61,26 @@ def make_plugin_manager(plugins: Iterable[object] | None = None) -> pluggy.Plugi
                     diagnostics={"hook": name},
                 )
     return manager
+
+
+@contextlib.contextmanager
+def _loading(plugin: str | None, reason: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as error:
+        raise _load_failed(plugin, reason, error) from None
+
+
+def _load_failed(plugin: str | None, reason: str, error: BaseException) -> PluginLoadFailed:
+    """Which plugin and why, by category: never the exception's text (it may carry paths)."""
+    return PluginLoadFailed(
+        f"plugin {plugin!r} {reason}; nothing was read or written",
+        diagnostics={"plugin": plugin, "reason": reason, "error_type": type(error).__name__},
+    )
+
+
+def _name_of(plugin: object) -> str:
+    return getattr(plugin, "__name__", None) or type(plugin).__name__
 
 
 def entry_point_plugins() -> list[object]:
