@@ -16,6 +16,7 @@ from dpone_native_transfer import (
     GovernanceGateFailed,
     ManualReconciliationRequired,
     PartitionCheckpointStatus,
+    PathContractBroken,
 )
 from dpone_native_transfer.artifacts import file_sha256
 from dpone_native_transfer.events import EventName
@@ -182,16 +183,17 @@ def test_an_unknown_path_name_is_a_config_error(route):
     assert route.store.batches == [] and route.sink.target_calls == 0
 
 
-def test_a_custom_path_that_never_reaches_the_boundary_is_a_config_error(route):
+def test_a_custom_path_that_never_reaches_the_boundary_is_a_broken_path(route):
     extracted = []
 
     def noop(ctx):
         extracted.extend(cp.partition_id for cp in ctx.candidates)
         return 0
 
-    with pytest.raises(ConfigInvalid) as info:
+    with pytest.raises(PathContractBroken) as info:  # a bug in the path, not the route file
         route.runtime(paths={"noop": noop}).run(route.spec("noop"))
-    assert info.value.diagnostics == {"key": "path"}
+    assert info.value.diagnostics["path"] == "noop"
+    assert not isinstance(info.value, ConfigInvalid)
     assert len(extracted) == 4, "the custom path was called"
     assert route.sink.target_calls == 0
     assert state(route) is None and evidence_run_ids(route) == []
@@ -203,7 +205,7 @@ def test_a_custom_path_may_reach_the_target_only_once(route):
         ctx.mutate("load", lambda: ctx.sink.load(ctx.row_chunks([])))
         return rows
 
-    with pytest.raises(RuntimeError, match="only once"):
+    with pytest.raises(PathContractBroken, match="twice"):
         route.runtime(paths={"twice": twice}).run(route.spec("twice"))
     assert route.sink.target_calls == 1
     assert route.target_ids() == route.source_ids()

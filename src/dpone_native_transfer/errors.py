@@ -27,6 +27,7 @@ __all__ = [
     "ArtifactInvalid",
     "ManualReconciliationRequired",
     "NativeTransferError",
+    "PathContractBroken",
     "PluginLoadFailed",
     "ResolutionConflict",
     "RouteDefinitionChanged",
@@ -212,6 +213,13 @@ class CursorNull(ConfigInvalid):
     no window would ever load them. Refused before the target (exit 2)."""
 
     code = "native_transfer_cursor_null"
+
+
+class PathContractBroken(NativeTransferError):
+    """A transfer path broke the boundary's contract: it returned without reaching the target,
+    or tried to reach it twice. A bug in the path, not in the route file (exit 1)."""
+
+    code = "native_transfer_path_contract_broken"
 
 
 class ResolutionConflict(ConfigInvalid):

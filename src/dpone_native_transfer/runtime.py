@@ -35,7 +35,7 @@ from .cursor_edge import (
     top_of_window,
     unknown_edge,
 )
-from .errors import ConfigInvalid, TargetCommitGuardUnhandled
+from .errors import ConfigInvalid, PathContractBroken, TargetCommitGuardUnhandled
 from .events import Event, EventName, EventRecorder
 from .identity import route_key
 from .latest import LatestCheckpoints, as_latest
@@ -338,9 +338,10 @@ class TransferRuntime:
                 )
                 rows_loaded = path(ctx)
             if ctx.mutation is None:
-                raise ConfigInvalid(
-                    f"path {spec.path!r} returned without reaching the target boundary",
-                    diagnostics={"key": "path"},
+                raise PathContractBroken(
+                    f"path {spec.path!r} returned without reaching the target boundary; "
+                    "nothing was written",
+                    diagnostics={"route": route.as_dict(), "path": spec.path},
                 )
             state_ids = ctx.mutation.state.committed_ids
             committed = tuple(pid for pid in ctx.mutation.partition_ids if pid in state_ids)

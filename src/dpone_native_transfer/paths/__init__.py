@@ -21,7 +21,7 @@ from ..clock import Clock
 from ..column_types import Carry, carried_chunks
 from ..connectors.contract import ValueCarrying
 from ..cursor_edge import EdgeTracker
-from ..errors import GovernanceGateFailed
+from ..errors import GovernanceGateFailed, PathContractBroken
 from ..events import EventName, EventRecorder
 from ..payloads import Column, RowChunks, SourceShape
 from ..stores import CheckpointStore
@@ -134,7 +134,11 @@ class PathContext:
     def mutate(self, operation: str, invoke: Callable[[], T]) -> T:
         """Reach the target once, through the boundary that fires the guard hooks."""
         if self.mutation is not None:
-            raise RuntimeError("a path may reach the target only once per attempt")
+            raise PathContractBroken(
+                f"path {self.spec.path!r} tried to reach the target twice in one attempt; the "
+                "second call was refused before the target",
+                diagnostics={"route": self.route.as_dict(), "path": self.spec.path},
+            )
         if self.lease is not None:
             self.lease.confirm()  # a worker paused past its lease stops here, before arming
         self.events.emit(EventName.PRE_TARGET_DONE, partitions=len(self.candidates))
