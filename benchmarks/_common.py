@@ -106,42 +106,50 @@ def log(message: str) -> None:
     print(f"  . {message}", file=sys.stderr, flush=True)
 
 
-def source_db(rows: int, partitions: int) -> Path:
-    """A cached SQLite source ``orders(id, region, amount, updated_at)``, built by SQLite itself.
-
-    Rows are clustered by partition (``region`` = ``region-000`` ... in id
-    order) and ``region`` is indexed, as a partitioned source table would be,
-    so each partition read is one index range and never a full scan.
-    """
-    path = WORK / "sources" / f"orders-{rows}-{partitions}.db"
+def cached_source(name: str, statements: list[str]) -> Path:
+    """``WORK/sources/NAME.db``, built once by SQLite itself from ``statements`` (in one
+    transaction) and reused by later runs; a build that was interrupted is started again."""
+    path = WORK / "sources" / f"{name}.db"
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     building = path.with_suffix(".building")
     building.unlink(missing_ok=True)
-    per_partition = -(-rows // partitions)
-    log(f"generating source: {rows:,} rows in {partitions} partitions")
+    log(f"generating source: {name}")
     conn = sqlite3.connect(building, isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode=OFF")
         conn.execute("PRAGMA synchronous=OFF")
         conn.execute("BEGIN")
-        conn.execute(
-            f"CREATE TABLE {SOURCE_TABLE} (id INTEGER PRIMARY KEY, region TEXT NOT NULL,"
-            " amount REAL, updated_at INTEGER)"
-        )
-        conn.execute(
-            f"INSERT INTO {SOURCE_TABLE} WITH RECURSIVE n(i) AS"
-            f" (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {rows})"
-            f" SELECT i, printf('region-%04d', (i - 1) / {per_partition}),"
-            " round(i * 1.25, 2), 1000000 + i FROM n"
-        )
-        conn.execute(f"CREATE INDEX {SOURCE_TABLE}_by_region ON {SOURCE_TABLE} (region)")
+        for statement in statements:
+            conn.execute(statement)
         conn.execute("COMMIT")
     finally:
         conn.close()
     os.replace(building, path)
     return path
+
+
+def source_db(rows: int, partitions: int) -> Path:
+    """A cached SQLite source ``orders(id, region, amount, updated_at)``.
+
+    Rows are clustered by partition (``region`` = ``region-000`` ... in id
+    order) and ``region`` is indexed, as a partitioned source table would be,
+    so each partition read is one index range and never a full scan.
+    """
+    per_partition = -(-rows // partitions)
+    return cached_source(
+        f"orders-{rows}-{partitions}",
+        [
+            f"CREATE TABLE {SOURCE_TABLE} (id INTEGER PRIMARY KEY, region TEXT NOT NULL,"
+            " amount REAL, updated_at INTEGER)",
+            f"INSERT INTO {SOURCE_TABLE} WITH RECURSIVE n(i) AS"
+            f" (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {rows})"
+            f" SELECT i, printf('region-%04d', (i - 1) / {per_partition}),"
+            " round(i * 1.25, 2), 1000000 + i FROM n",
+            f"CREATE INDEX {SOURCE_TABLE}_by_region ON {SOURCE_TABLE} (region)",
+        ],
+    )
 
 
 def _git(*args: str) -> str:

@@ -11,14 +11,12 @@ the case the ranges replace (270 s for 210,000 keys when it was found).
 
 from __future__ import annotations
 
-import os
-import sqlite3
 from pathlib import Path
 
 from dpone_native_transfer import SQLiteCheckpointStore, SQLiteSink, TransferRuntime, TransferSpec
 from dpone_native_transfer.connectors.sqlite import SQLiteSource
 
-from ._common import CHUNK_ROWS, TARGET_TABLE, WORK, Row, Sizes, log, median, scratch, timed
+from ._common import CHUNK_ROWS, TARGET_TABLE, Row, Sizes, cached_source, median, scratch, timed
 
 TABLE = "events"
 TIME_LIMIT = 1.5
@@ -28,34 +26,19 @@ STORE_LIMIT_PERCENT = 5.0
 def _source(rows: int, keys: int) -> Path:
     """A cached source ``events(id, account, region, amount)``: ``account`` has ``keys``
     distinct values in id order and is indexed; ``region`` has 100."""
-    path = WORK / "sources" / f"events-{rows}-{keys}.db"
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    building = path.with_suffix(".building")
-    building.unlink(missing_ok=True)
-    log(f"generating source: {rows:,} rows, {keys:,} keys")
-    conn = sqlite3.connect(building, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode=OFF")
-        conn.execute("BEGIN")
-        conn.execute(
+    return cached_source(
+        f"events-{rows}-{keys}",
+        [
             f"CREATE TABLE {TABLE} (id INTEGER PRIMARY KEY, account INTEGER NOT NULL,"
-            " region TEXT NOT NULL, amount REAL)"
-        )
-        conn.execute(
+            " region TEXT NOT NULL, amount REAL)",
             f"INSERT INTO {TABLE} WITH RECURSIVE n(i) AS"
             f" (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {rows})"
             f" SELECT i, (i - 1) * {keys} / {rows}, printf('region-%03d', (i - 1) * 100 / {rows}),"
-            " round(i * 1.25, 2) FROM n"
-        )
-        conn.execute(f"CREATE INDEX {TABLE}_by_account ON {TABLE} (account)")
-        conn.execute(f"CREATE INDEX {TABLE}_by_region ON {TABLE} (region)")
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
-    os.replace(building, path)
-    return path
+            " round(i * 1.25, 2) FROM n",
+            f"CREATE INDEX {TABLE}_by_account ON {TABLE} (account)",
+            f"CREATE INDEX {TABLE}_by_region ON {TABLE} (region)",
+        ],
+    )
 
 
 def _run(source: Path, column: str, partition_rows: int | None, rows: int) -> tuple[float, float]:

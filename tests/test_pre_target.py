@@ -12,6 +12,7 @@ import contextlib
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,24 @@ def test_a_target_file_that_is_not_a_database(
     assert_heals(folder, route_file, kind, FILES[kind])
 
 
+@contextlib.contextmanager
+def held(program: str, target: Path) -> Iterator[None]:
+    """``program`` holding ``target`` in another process until the block ends."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", program, str(target)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+
+
 HOLD_SQLITE = (
     "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None);"
     " c.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(60)"
@@ -115,19 +134,10 @@ def test_a_target_locked_by_another_process(
     if kind == "sqlite":
         with contextlib.closing(sqlite3.connect(folder / FILES[kind])) as db:
             db.execute("CREATE TABLE unrelated (a)")
-    code = HOLD_SQLITE if kind == "sqlite" else HOLD_DUCKDB
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code, str(folder / FILES[kind])], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with held(HOLD_SQLITE if kind == "sqlite" else HOLD_DUCKDB, folder / FILES[kind]):
         assert_refused_before_the_target(
             folder, route_file, "native_transfer_target_unavailable", 1
         )
-    finally:
-        holder.kill()
-        holder.wait()
-        holder.stdout.close()
     assert_heals(folder, route_file, kind, FILES[kind])
 
 
@@ -185,20 +195,10 @@ def test_a_sqlite_target_a_reader_holds_past_the_timeout(
     with contextlib.closing(sqlite3.connect(folder / FILES["sqlite"])) as db:
         db.execute("CREATE TABLE unrelated (a)")
         db.commit()
-    reader = subprocess.Popen(
-        [sys.executable, "-c", HOLD_READ, str(folder / FILES["sqlite"])],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert reader.stdout.readline() == "held\n"
+    with held(HOLD_READ, folder / FILES["sqlite"]):
         assert_refused_before_the_target(
             folder, route_file, "native_transfer_target_unavailable", 1
         )
-    finally:
-        reader.kill()
-        reader.wait()
-        reader.stdout.close()
     assert_heals(folder, route_file, "sqlite", FILES["sqlite"])
 
 
@@ -212,19 +212,8 @@ HOLD_CHDB = (
 def test_a_chdb_folder_another_process_holds(folder: Path, path: str) -> None:
     """It was a configuration error (exit 2), though a retry once the other process ends works."""
     route_file = write_route(folder, "clickhouse", path, FILES["clickhouse"], ledger=True)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_CHDB, str(folder / FILES["clickhouse"])],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with held(HOLD_CHDB, folder / FILES["clickhouse"]):
         assert_refused_before_the_target(
             folder, route_file, "native_transfer_target_unavailable", 1
         )
-    finally:
-        holder.kill()
-        holder.wait()
-        holder.stdout.close()
     assert_heals(folder, route_file, "clickhouse", FILES["clickhouse"])

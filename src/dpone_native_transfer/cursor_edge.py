@@ -203,8 +203,10 @@ def refuse_null_cursor(route: RouteKey, column: str, unloaded: int) -> None:
 class EdgeScan:
     """The source's rows in the record's edge that the route has not loaded, by partition."""
 
-    ranged: list[Any] = attrs.field(factory=list)  # partition values with such rows
-    nulled: list[Any] = attrs.field(factory=list)
+    # partition values with such rows, in the order found (a dict: a key range's edge may
+    # hold a distinct value per row)
+    ranged: dict[Any, None] = attrs.field(factory=dict)
+    nulled: dict[Any, None] = attrs.field(factory=dict)
     null_rows: int = 0
 
 
@@ -241,9 +243,9 @@ def scan_edge(
                 seen[key] -= 1
             elif value is None:
                 found.null_rows += 1
-                _add(found.nulled, row[partition])
+                found.nulled[row[partition]] = None
             else:
-                _add(found.ranged, row[partition])
+                found.ranged[row[partition]] = None
     if baseline is not None and len(baseline) <= MAX_EDGE_ROWS:
         edge = attrs.evolve(edge, nulls=True, rows=edge.rows + baseline)
     return edge, found
@@ -297,11 +299,6 @@ def top_of_window(source: Any, upto: Any, lag: float, kind: str | None) -> Any:
 def is_edge(bounds: Mapping[str, Any]) -> bool:
     """Whether a partition is an edge partition (rows at or below the watermark, or NULL)."""
     return "cursor_from" in bounds or bounds.get("cursor_null") is True
-
-
-def _add(values: list[Any], value: Any) -> None:
-    if value not in values:
-        values.append(value)
 
 
 class EdgeTracker:

@@ -178,9 +178,9 @@ def plan_window(
         record, scan = edge
         g = window.generation
         ranged = {"cursor_from": record.since, "cursor_upto": record.upto, "generation": g}
-        bounds += [{**part, **ranged} for part in _edge_parts(source, scan.ranged)]
+        bounds += [{**part, **ranged} for part in _edge_parts(source, list(scan.ranged))]
         nulled = {"cursor_null": True, "generation": g}
-        bounds += [{**part, **nulled} for part in _edge_parts(source, scan.nulled)]
+        bounds += [{**part, **nulled} for part in _edge_parts(source, list(scan.nulled))]
     for item in bounds:
         for key, value in item.items():
             if key in (*_PART_KEYS, "cursor_after", "cursor_from", "cursor_upto"):
