@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-generator = runpy.run_path(str(DOCS / "gen_hooks.py"))
+generator = runpy.run_path(str(DOCS / "gen_reference.py"))
 
 
 def test_every_hookspec_is_documented_with_its_exact_signature_and_docstring():
@@ -25,7 +25,7 @@ def test_every_hookspec_is_documented_with_its_exact_signature_and_docstring():
 
 
 def test_the_generated_hook_reference_is_up_to_date():
-    assert generator["main"](["--check"]) == 0, "run: python docs/gen_hooks.py"
+    assert generator["main"](["--check"]) == 0, "run: python docs/gen_reference.py"
 
 
 # -- the recovery runbook runs as written -----------------------------------

@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from .checkpoints import PartitionCheckpoint, RouteKey, Strategy
-from .connectors.contract import CursorEdgeReading
+from .connectors.contract import Collating, CursorEdgeReading, Source
 from .errors import CheckpointStoreCorrupt, ConfigInvalid, CursorNull
 from .payloads import Column
 
@@ -280,11 +280,11 @@ def plan_edge(
     return edge, scan
 
 
-def top_of_window(source: Any, upto: Any, lag: float, kind: str | None) -> Any:
+def top_of_window(source: Source, upto: Any, lag: float, kind: str | None) -> Any:
     """The lowest cursor value of the next edge record, or None when it is not tracked: a
     cursor column SQLite compares with a collation (equal values Python tells apart)."""
-    collated = getattr(source, "collated_columns", None)
-    if upto is None or (collated is not None and source.cursor_column in collated()):
+    collated = isinstance(source, Collating) and source.cursor_column in source.collated_columns()
+    if upto is None or collated:
         return None
     try:
         return lag_since(upto, lag, kind)

@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import attrs
 
 from .checkpoints import RouteKey, Strategy
+from .connectors.contract import Identified
+
+if TYPE_CHECKING:
+    from .connectors.contract import Sink, Source
 
 __all__ = ["TableIdentity", "file_location", "fold_ascii", "route_key", "server_location"]
 
@@ -98,15 +102,13 @@ def fold_ascii(name: str) -> str:
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
-def route_key(source: Any, sink: Any, strategy: Strategy | str) -> RouteKey:
+def route_key(source: Source, sink: Sink, strategy: Strategy | str) -> RouteKey:
     """The route of a source and a sink: located when both report ``identity()``.
 
     A connector without ``identity()`` (one written before identities) gives an
     unlocated key of the table names as configured, keyed as older releases did.
     """
-    source_identity = getattr(source, "identity", None)
-    sink_identity = getattr(sink, "identity", None)
-    if source_identity is None or sink_identity is None:
+    if not (isinstance(source, Identified) and isinstance(sink, Identified)):
         return RouteKey(source.table, sink.table, strategy)
-    read, written = source_identity(), sink_identity()
+    read, written = source.identity(), sink.identity()
     return RouteKey(read.table, written.table, strategy, read.location, written.location)

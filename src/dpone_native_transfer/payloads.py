@@ -7,12 +7,15 @@ same payloads.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .column_types import KINDS, declared_precision, sqlite_kind
 from .errors import ConfigInvalid
+
+if TYPE_CHECKING:
+    from .connectors.contract import Source
 
 __all__ = [
     "Column",
@@ -83,7 +86,7 @@ class RowChunks:
 class LoadPlan:
     """No rows: the sink pulls each partition's rows from ``source`` itself."""
 
-    source: Any
+    source: Source
     columns: tuple[Column, ...]
     bounds: tuple[Mapping[str, Any], ...]
     replace: bool = False

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 
@@ -37,22 +37,13 @@ from .checkpoints import (
     partition_id_for,
 )
 from .connectors._sql import range_partitions
-from .connectors.contract import RangePartitioned
+from .connectors.contract import RangePartitioned, Source
 from .cursor_edge import Edge, EdgeScan
 from .errors import CheckpointStoreCorrupt, ConfigInvalid, RouteDefinitionChanged
 from .latest import LatestCheckpoints, as_latest
 from .payloads import Column
 
 __all__ = ["ResumePlan", "SourceWindow", "plan_resume", "plan_window"]
-
-
-class PartitionedSource(Protocol):
-    partition_column: str
-    cursor_column: str | None
-
-    def partition_values(self, *, after: Any = None, upto: Any = None) -> list[Any]: ...
-
-    def max_cursor(self, *, after: Any = None) -> Any: ...
 
 
 @attrs.frozen(kw_only=True)
@@ -97,7 +88,7 @@ def _source_state(route: RouteKey, state: Mapping[str, Any] | None) -> tuple[int
 DEFINITION_KEY = "definition"  # in the source state and in every checkpoint's diagnostics
 
 
-def route_definition(source: PartitionedSource, columns: Sequence[Column]) -> dict[str, Any]:
+def route_definition(source: Source, columns: Sequence[Column]) -> dict[str, Any]:
     """What the meaning of an append route's state and checkpoints depends on: its partition
     and cursor columns and their kinds (a partition value 1 and 1.0 are other bounds)."""
     kinds = {column.name: column.kind for column in columns}
@@ -159,7 +150,7 @@ def _plain(value: Any) -> bool:
 
 def plan_window(
     route: RouteKey,
-    source: PartitionedSource,
+    source: Source,
     state: Mapping[str, Any] | None,
     latest: Iterable[PartitionCheckpoint],
     *,
@@ -188,7 +179,7 @@ def plan_window(
     return window, bounds
 
 
-def _check_bound_value(source: PartitionedSource, key: str, value: Any) -> None:
+def _check_bound_value(source: Source, key: str, value: Any) -> None:
     """Partition and cursor values are stored in checkpoints and compared by every engine:
     integers, finite reals, text or NULL only. A BLOB or NaN is refused, naming the column."""
     if _plain(value):
@@ -208,7 +199,7 @@ def _check_bound_value(source: PartitionedSource, key: str, value: Any) -> None:
 
 def _plan_window(
     route: RouteKey,
-    source: PartitionedSource,
+    source: Source,
     state: Mapping[str, Any] | None,
     latest: Iterable[PartitionCheckpoint],
     definition: Mapping[str, Any] | None,
@@ -269,7 +260,7 @@ def _key(part: Mapping[str, Any]) -> tuple:
     return tuple((key, repr(part.get(key))) for key in _PART_KEYS)
 
 
-def _edge_parts(source: Any, values: list[Any]) -> list[dict[str, Any]]:
+def _edge_parts(source: Source, values: list[Any]) -> list[dict[str, Any]]:
     """The partitions of an edge's rows of partition ``values``: one per value, or for a key
     cut into ranges one range of every key (and the NULL key's), as the edge is small."""
     if not (isinstance(source, RangePartitioned) and source.partition_rows):
@@ -278,7 +269,7 @@ def _edge_parts(source: Any, values: list[Any]) -> list[dict[str, Any]]:
     return range_partitions([], keyed=keyed, has_null=None in values)
 
 
-def _partitions(source: Any, *, after: Any = None, upto: Any = None) -> list[dict[str, Any]]:
+def _partitions(source: Source, *, after: Any = None, upto: Any = None) -> list[dict[str, Any]]:
     """The partitions of the rows with a cursor in ``(after, upto]``: key ranges of a
     ``RangePartitioned`` source with ``partition_rows``, else one per partition value."""
     if isinstance(source, RangePartitioned) and source.partition_rows:

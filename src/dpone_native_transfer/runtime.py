@@ -25,7 +25,7 @@ import attrs
 from .boundary import TargetBoundary
 from .checkpoints import LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey, Strategy, batch_id_for
 from .clock import Clock, read_clock, system_clock
-from .connectors.contract import LedgerSink, TargetChecking
+from .connectors.contract import LedgerSink, RangePartitioned, Sink, Source, TargetChecking
 from .cursor_edge import (
     EDGE_KEY,
     NULL_CURSOR_POLICIES,
@@ -124,8 +124,8 @@ def _strategy(value: Any) -> Strategy:
 class TransferSpec:
     """One route's transfer: which source, which sink, how, and under which run id."""
 
-    source: Any
-    sink: Any
+    source: Source
+    sink: Sink
     strategy: Strategy = attrs.field(converter=_strategy)
     path: str
     run_id: str
@@ -278,7 +278,8 @@ class TransferRuntime:
         window, bounds = plan_window(
             route, spec.source, state, latest, definition=definition, edge=edge
         )
-        if len(bounds) > MANY_PARTITIONS and not getattr(spec.source, "partition_rows", None):
+        ranged = isinstance(spec.source, RangePartitioned) and spec.source.partition_rows
+        if len(bounds) > MANY_PARTITIONS and not ranged:
             column = spec.source.partition_column
             recorder.emit(EventName.MANY_PARTITIONS, partitions=len(bounds), column=column)
         candidates = candidate_checkpoints(

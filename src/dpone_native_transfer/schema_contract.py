@@ -13,10 +13,9 @@ database schema.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from .checkpoints import RouteKey
-from .connectors.contract import SchemaEvolving
+from .connectors.contract import SchemaEvolving, Sink
 from .errors import SchemaChanged
 from .payloads import Column
 
@@ -26,7 +25,7 @@ SCHEMA_CONTRACTS = ("evolve", "freeze")
 
 
 def apply_schema_contract(
-    route: RouteKey, sink: Any, columns: Sequence[Column], contract: str
+    route: RouteKey, sink: Sink, columns: Sequence[Column], contract: str
 ) -> list[str]:
     """Make the target table take ``columns`` under ``contract``; returns the columns added.
 

@@ -1,35 +1,168 @@
-"""What the runtime asks of connectors beyond the basics: optional, typed capabilities.
+"""The connector contract: what the runtime asks of a source and of a sink.
 
-Each capability is a runtime-checkable Protocol; the runtime uses a
-capability when the connector has it and behaves as before when it does not.
+Every member is a runtime-checkable Protocol. ``Source`` and ``Sink`` are what
+every connector implements; each other Protocol is one optional capability:
+the runtime, a path or a command uses it when the connector has it and either
+behaves as before or refuses the route before the target when it does not.
+``docs/connectors.md`` is generated from these docstrings, and the conformance
+kit (``testing.contract_problems``) checks a connector against them.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import NativeTransferError
 
 if TYPE_CHECKING:
+    import sqlite3
+
     from ..column_types import Carry
     from ..identity import TableIdentity
     from ..ledger import LedgerEntry
-    from ..payloads import Column
+    from ..payloads import Column, LoadPlan, RowChunks, SourceShape
     from ._sql import ColumnDifference
 
 __all__ = [
+    "CAPABILITIES",
+    "Collating",
     "CursorEdgeReading",
     "Identified",
     "LedgerNotWritten",
     "LedgerSink",
     "PendingLedger",
+    "PlanPulling",
     "RangePartitioned",
+    "SQLiteFile",
     "SchemaEvolving",
+    "Sink",
+    "Source",
+    "Staging",
     "TargetChecking",
     "ValueCarrying",
 ]
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Where rows come from: one table, read in partitions, optionally windowed by a cursor.
+
+    A partition is named by its *bounds*, a mapping the runtime builds from what
+    the source reports (``{"partition": value}``, plus the cursor window's
+    ``cursor_after``/``cursor_upto``; ``payloads.bound_predicates`` says what
+    each key selects). Every method only reads.
+    """
+
+    table: str
+    partition_column: str
+    cursor_column: str | None
+
+    def describe(self) -> SourceShape:
+        """The table's columns, in the order ``read`` returns them, and their hashes."""
+
+    def partition_values(self, *, after: Any = None, upto: Any = None) -> list[Any]:
+        """The distinct partition values of the rows whose cursor is in ``(after, upto]``
+        (every row when both are None), sorted, None included when a row has no value."""
+
+    def max_cursor(self, *, after: Any = None) -> Any:
+        """The highest cursor value above ``after``, or None (no cursor, or no such row)."""
+
+    def read(self, bounds: Mapping[str, Any], *, chunk_rows: int = 10_000) -> Iterator[list[tuple]]:
+        """The rows of one partition, every column in ``describe()`` order, in chunks of at
+        most ``chunk_rows`` rows."""
+
+    def count(self, bounds: Mapping[str, Any]) -> int:
+        """How many rows ``read(bounds)`` returns (governance gates on lazy plans ask it)."""
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """The target table. ``load`` is the one target call of the legacy and file-artifact
+    paths; the runtime makes it through the target-mutation boundary, never directly.
+
+    A sink holds no guard code: the guard's hooks fire around its one call. What
+    it must promise is that ``load`` either applies all of the payload's rows in
+    one transaction or raises, and that it raises the original error untouched.
+    """
+
+    table: str
+
+    def load(self, payload: RowChunks) -> int:
+        """Append the rows (``payload.replace``: replace the table's rows) in one transaction
+        and return how many rows were written. Creates the table on first use."""
+
+
+@runtime_checkable
+class Staging(Protocol):
+    """A sink with a staging table (the ``staged`` path): rows are filled and counted there,
+    outside the target, and ``finalize_staged_load`` is the one target call."""
+
+    def stage(self, payload: RowChunks) -> int:
+        """Fill a fresh staging table with the rows; the target table is not touched."""
+
+    def staged_row_count(self) -> int:
+        """Rows in the staging table (the governance gate counts them)."""
+
+    def discard_stage(self) -> None:
+        """Drop the staging table; the target table is not touched."""
+
+    def finalize_staged_load(self, *, replace: bool = False) -> int:
+        """Move the staged rows into the target table in one transaction; the rows moved."""
+
+
+@runtime_checkable
+class PlanPulling(Protocol):
+    """A sink whose engine pulls the rows itself (the ``lazy-plan`` path): ``load`` takes a
+    ``LoadPlan`` (a source and partition bounds) and no row passes through dpone."""
+
+    def check_plan(self, plan: LoadPlan) -> None:
+        """Refuse (``ConfigInvalid``) a plan this engine cannot pull exactly, before the target
+        call: an unsupported source, a value the engine would read differently."""
+
+    def load(self, payload: RowChunks | LoadPlan) -> int:
+        """``Sink.load``, and for a plan: pull its partitions in one transaction."""
+
+
+@runtime_checkable
+class Collating(Protocol):
+    """A source whose engine compares some columns with a collation, so values Python
+    tells apart may be equal there: a cursor edge is not tracked on such a column."""
+
+    def collated_columns(self) -> list[str]:
+        """The names of those columns."""
+
+
+@runtime_checkable
+class SQLiteFile(Source, Collating, Protocol):
+    """A source whose table lives in a SQLite file an engine can attach and read itself:
+    what the built-in ``PlanPulling`` sinks pull from."""
+
+    path: str
+
+    def reader(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """A read-only connection to the file; its errors become ``SourceInvalid``."""
+
+    def select_sql(
+        self,
+        bounds: Mapping[str, Any],
+        *,
+        schema: str = "main",
+        columns: Sequence[Column] | None = None,
+    ) -> tuple[str, tuple]:
+        """SQLite text and parameters selecting one partition's ``columns`` from the file
+        attached as ``schema``."""
+
+    def table_sql(
+        self,
+        bounds: Sequence[Mapping[str, Any]],
+        *,
+        conn: sqlite3.Connection,
+        schema: str,
+        columns: Sequence[Column],
+    ) -> tuple[str, tuple] | None:
+        """One statement selecting every partition of ``bounds`` when that is cheaper, or None."""
 
 
 @runtime_checkable
@@ -200,3 +333,19 @@ class PendingLedger:
         """The handed row (None outside ``handed``), marked as written."""
         self._taken = self._entry is not None
         return self._entry
+
+
+# Every optional capability, for the conformance kit and docs/connectors.md, in that order.
+CAPABILITIES: tuple[type, ...] = (
+    Identified,
+    Staging,
+    PlanPulling,
+    SQLiteFile,
+    Collating,
+    RangePartitioned,
+    CursorEdgeReading,
+    TargetChecking,
+    ValueCarrying,
+    SchemaEvolving,
+    LedgerSink,
+)

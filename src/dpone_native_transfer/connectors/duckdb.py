@@ -48,8 +48,8 @@ from ._sql import (
     render_predicates,
     unavailable,
 )
-from .contract import PendingLedger
-from .sqlite import SQLiteSource, refuse_inexact_plan
+from .contract import PendingLedger, SQLiteFile
+from .sqlite import pulled_file, refuse_inexact_plan
 
 __all__ = ["DUCKDB_TYPES", "DuckDBSink", "duckdb_carrier", "duckdb_type"]
 
@@ -274,15 +274,8 @@ class DuckDBSink:
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan this sink cannot pull, before anything touches the target."""
-        if not isinstance(plan.source, SQLiteSource):
-            raise ConfigInvalid(
-                f"lazy-plan on DuckDB reads SQLite sources; target table {self.table!r} "
-                "cannot pull from this source: use legacy, staged or file-artifact",
-                diagnostics={"table": self.table, "path": "lazy-plan"},
-            )
-        # the source exists after this
-        refuse_inexact_plan(plan.source, plan.columns, engine="DuckDB", table=self.table)
-        source: SQLiteSource = plan.source
+        source = pulled_file(plan, engine="DuckDB", table=self.table)
+        refuse_inexact_plan(source, plan.columns, engine="DuckDB", table=self.table)
         _plan_conditions(source, plan.bounds)  # bad bounds fail here, before any connection
         with contextlib.closing(_driver().connect()) as scratch:  # never the target
             _load_scanner(scratch)
@@ -292,7 +285,7 @@ class DuckDBSink:
         self._checked = (plan, textual)  # the load of this very plan need not check it again
 
     def _check_text_matches(
-        self, conn: Any, source: SQLiteSource, bounds: Any, textual: set[str]
+        self, conn: Any, source: SQLiteFile, bounds: Any, textual: set[str]
     ) -> None:
         """A column DuckDB reads as a DATE or a number but SQLite holds as text is compared as
         text; refuse the plan unless DuckDB then selects exactly SQLite's rows."""
@@ -315,7 +308,7 @@ class DuckDBSink:
             self.check_plan(plan)
         assert self._checked is not None  # check_plan records it
         _, textual = self._checked
-        source: SQLiteSource = plan.source
+        source = pulled_file(plan, engine="DuckDB", table=self.table)
         names = _names(plan.columns)
         scan = _scan(source)
         statements = _plan_conditions(source, plan.bounds, textual)
@@ -423,7 +416,7 @@ def _transaction(conn: Any) -> Iterator[None]:
         raise
 
 
-def _scan(source: SQLiteSource) -> list[str]:
+def _scan(source: SQLiteFile) -> list[str]:
     return [os.path.abspath(source.path), source.table]
 
 
@@ -432,7 +425,7 @@ def _load_scanner(conn: Any) -> None:
 
 
 def _textual_columns(
-    conn: Any, source: SQLiteSource, bounds: Sequence[Mapping[str, Any]]
+    conn: Any, source: SQLiteFile, bounds: Sequence[Mapping[str, Any]]
 ) -> set[str]:
     """The partition and cursor columns to compare as text (``conn`` has the scanner).
 
@@ -461,7 +454,7 @@ def _textual_columns(
 
 
 def _plan_conditions(
-    source: SQLiteSource,
+    source: SQLiteFile,
     bounds: Sequence[Mapping[str, Any]],
     textual: Collection[str] = (),
 ) -> list[tuple[str, list[Any], list[Mapping[str, Any]]]]:

@@ -43,7 +43,7 @@ from ._sql import (
     unavailable,
 )
 from ._sql import quote as _quote
-from .contract import PendingLedger
+from .contract import PendingLedger, SQLiteFile
 
 __all__ = ["SQLiteSink", "SQLiteSource"]
 
@@ -146,7 +146,7 @@ def integer_primary_key(path: str, table: str) -> str:
     """The column that is ``table``'s rowid (its ``INTEGER PRIMARY KEY``): the range key of a
     route that names no partition column. ``ConfigInvalid`` when it has none."""
     source = SQLiteSource(path, table, "rowid")
-    with source._connect() as conn:
+    with source.reader() as conn:
         rows = conn.execute("SELECT name, type, pk FROM pragma_table_info(?)", (table,)).fetchall()
     keys = [(name, decltype) for name, decltype, pk in rows if pk]
     if len(keys) == 1 and keys[0][1].strip().upper() == "INTEGER":
@@ -188,8 +188,8 @@ class SQLiteSource:
         return TableIdentity(file_location("sqlite", self.path), fold_ascii(self.table))
 
     @contextlib.contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        """Read-only connection; sqlite errors become ``SourceInvalid`` without their text."""
+    def reader(self) -> Iterator[sqlite3.Connection]:
+        """A read-only connection; sqlite errors become ``SourceInvalid`` without their text."""
         if not os.path.isfile(self.path):
             raise SourceMissing(  # the resolved path: where the route file's path points
                 f"source database {os.path.abspath(self.path)} for table {self.table!r} does "
@@ -227,7 +227,7 @@ class SQLiteSource:
         collation from its first, empty, arm.
         """
         found = []
-        with self._connect() as conn:
+        with self.reader() as conn:
             for name in (self.partition_column, self.cursor_column):
                 if name is None:
                     continue
@@ -241,7 +241,7 @@ class SQLiteSource:
 
     def describe(self) -> SourceShape:
         """Columns and hashes; raises ``SourceInvalid`` when the table or a named column is gone."""
-        with self._connect() as conn:
+        with self.reader() as conn:
             columns = _table_columns(conn, self.table)
             try:  # every read orders by rowid: a WITHOUT ROWID table has none
                 conn.execute(f"SELECT rowid FROM {_quote(self.table)} LIMIT 0")
@@ -316,7 +316,7 @@ class SQLiteSource:
 
     def partition_values(self, *, after: Any = None, upto: Any = None) -> list:
         """Partition values with a cursor in ``(after, upto]``; NULL first, then by value."""
-        with self._connect() as conn:
+        with self.reader() as conn:
             return self._partition_values(conn, "main", after=after, upto=upto)
 
     def partition_ranges(self, *, after: Any = None, upto: Any = None) -> list[dict[str, Any]]:
@@ -329,7 +329,7 @@ class SQLiteSource:
             sql = f"SELECT EXISTS (SELECT 1 FROM {table} WHERE {condition})"
             return bool(conn.execute(sql, params).fetchone()[0])
 
-        with self._connect() as conn:
+        with self.reader() as conn:
             sql = range_cuts_sql(key, table, window, "?")
             cuts = [row[0] for row in conn.execute(sql, (*params, self.partition_rows))]
             keyed = bool(cuts) or exists(" AND ".join([f"{key} IS NOT NULL", *window]))
@@ -404,7 +404,7 @@ class SQLiteSource:
         # has them at its two ends (an index answers both). Such a cursor would stall the
         # route at a text value, so it is refused.
         ends = f"SELECT typeof(MIN({cursor})), typeof(MAX({cursor})) FROM {_quote(self.table)}"
-        with self._connect() as conn:
+        with self.reader() as conn:
             low, high = (_KINDS.get(kind, kind) for kind in conn.execute(ends).fetchone())
             if low != high:
                 raise ConfigInvalid(
@@ -440,7 +440,7 @@ class SQLiteSource:
         return self._chunks(sql, params, chunk_rows)
 
     def _chunks(self, sql: str, params: tuple, chunk_rows: int) -> Iterator[list[tuple]]:
-        with self._connect() as conn:
+        with self.reader() as conn:
             cursor = conn.execute(sql, params)
             try:
                 while chunk := cursor.fetchmany(chunk_rows):
@@ -464,7 +464,7 @@ class SQLiteSource:
 
     def count(self, bounds: Mapping) -> int:
         where, params = self._where(bounds)
-        with self._connect() as conn:
+        with self.reader() as conn:
             sql = f"SELECT COUNT(*) FROM {_quote(self.table)} WHERE {where}"
             return conn.execute(sql, params).fetchone()[0]
 
@@ -496,8 +496,19 @@ _PLAN_MISREAD = {
 }
 
 
+def pulled_file(plan: LoadPlan, *, engine: str, table: str) -> SQLiteFile:
+    """The plan's source, when ``engine`` can pull it: a table in a SQLite file."""
+    if not isinstance(plan.source, SQLiteFile):
+        raise ConfigInvalid(
+            f"lazy-plan on {engine} reads SQLite sources only; target table {table!r} cannot "
+            "pull from this source: use legacy, staged or file-artifact",
+            diagnostics={"table": table, "path": "lazy-plan"},
+        )
+    return plan.source
+
+
 def refuse_inexact_plan(
-    source: SQLiteSource, columns: Sequence[Column], *, engine: str, table: str
+    source: SQLiteFile, columns: Sequence[Column], *, engine: str, table: str
 ) -> None:
     """Refuse a lazy plan another engine would not read exactly as the other paths do.
 
@@ -525,7 +536,7 @@ def refuse_inexact_plan(
     ]
     if tests and not inexact:
         checks = ", ".join(f"coalesce(max({test}), 0)" for _, test in tests)
-        with source._connect() as conn:
+        with source.reader() as conn:
             found = conn.execute(f"SELECT {checks} FROM {_quote(source.table)}").fetchone()
         inexact = [name for (name, _), misread in zip(tests, found, strict=True) if misread]
     if inexact:
@@ -667,16 +678,10 @@ class SQLiteSink:
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan this sink cannot pull, before anything touches the target."""
-        if not isinstance(plan.source, SQLiteSource):
-            raise ConfigInvalid(
-                f"lazy-plan on SQLite reads SQLite sources; target table {self.table!r} "
-                "cannot pull from this source: use legacy, staged or file-artifact",
-                diagnostics={"table": self.table, "path": "lazy-plan"},
-            )
+        pulled_file(plan, engine="SQLite", table=self.table)
 
     def _load_plan(self, payload: LoadPlan) -> int:
-        self.check_plan(payload)
-        source = payload.source
+        source = pulled_file(payload, engine="SQLite", table=self.table)
         statements = [
             source.select_sql(bounds, schema="src", columns=payload.columns)
             for bounds in payload.bounds

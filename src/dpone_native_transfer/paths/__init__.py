@@ -19,9 +19,9 @@ from ..boundary import TargetBoundary, TargetMutation
 from ..checkpoints import PartitionCheckpoint, RouteKey, Strategy
 from ..clock import Clock
 from ..column_types import Carry, carried_chunks
-from ..connectors.contract import ValueCarrying
+from ..connectors.contract import LedgerSink, Sink, Source, ValueCarrying
 from ..cursor_edge import EdgeTracker
-from ..errors import GovernanceGateFailed, PathContractBroken
+from ..errors import ConfigInvalid, GovernanceGateFailed, PathContractBroken
 from ..events import EventName, EventRecorder
 from ..payloads import Column, RowChunks, SourceShape
 from ..stores import CheckpointStore
@@ -29,6 +29,7 @@ from ..stores import CheckpointStore
 if TYPE_CHECKING:
     from ..lease import Lease
     from ..ledger import LedgerEntry
+    from ..runtime import TransferSpec
 
 __all__ = ["Governance", "PathContext", "TransferPath"]
 
@@ -65,7 +66,7 @@ class Governance:
 class PathContext:
     """Everything one path needs for one attempt; the path changes only ``candidates``."""
 
-    spec: Any
+    spec: TransferSpec
     route: RouteKey
     shape: SourceShape
     candidates: list[PartitionCheckpoint]
@@ -81,11 +82,11 @@ class PathContext:
     _carriers: list[tuple[int, str, Carry]] | None = attrs.field(default=None, init=False)
 
     @property
-    def source(self) -> Any:
+    def source(self) -> Source:
         return self.spec.source
 
     @property
-    def sink(self) -> Any:
+    def sink(self) -> Sink:
         return self.spec.sink
 
     @property
@@ -128,6 +129,15 @@ class PathContext:
             of=len(self.candidates),
         )
 
+    def lacks(self, capability: str) -> ConfigInvalid:
+        """The error of a path whose sink lacks the capability it needs, raised before the
+        target (the route is not blocked): ``raise ctx.lacks("a staging table")``."""
+        return ConfigInvalid(
+            f"path {self.spec.path!r} needs {capability}, which the sink of target table "
+            f"{self.sink.table!r} does not have: use another path",
+            diagnostics={"route": self.route.as_dict(), "path": self.spec.path},
+        )
+
     def check_governance(self, rows: int) -> None:
         self.spec.governance.check(self.route, rows)
 
@@ -152,16 +162,17 @@ class PathContext:
             clock=self.clock,
         )
         if self.ledger_entry is not None:  # every path's target call records its batch
-            entry, call = self.ledger_entry.with_counts(self.candidates), invoke
+            entry, call, sink = self.ledger_entry.with_counts(self.candidates), invoke, self.sink
+            assert isinstance(sink, LedgerSink)  # the runtime makes an entry for one only
 
             def invoke() -> T:
-                with self.sink.ledger_batch(entry):
+                with sink.ledger_batch(entry):
                     return call()
 
         return self.boundary.run(self.mutation, invoke)
 
 
-def _carriers(sink: Any, columns: Sequence[Column]) -> list[tuple[int, str, Carry]]:
+def _carriers(sink: Sink, columns: Sequence[Column]) -> list[tuple[int, str, Carry]]:
     if not isinstance(sink, ValueCarrying):
         return []
     found = ((index, column, sink.carrier(column)) for index, column in enumerate(columns))

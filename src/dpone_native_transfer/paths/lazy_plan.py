@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..connectors.contract import PlanPulling
 from ..cursor_edge import is_edge
 from ..payloads import LoadPlan
 from . import PathContext
@@ -11,6 +12,9 @@ __all__ = ["lazy_plan_path"]
 
 
 def lazy_plan_path(ctx: PathContext) -> int:
+    sink = ctx.sink
+    if not isinstance(sink, PlanPulling):
+        raise ctx.lacks("an engine that pulls the rows itself")
     if any(is_edge(candidate.partition_bounds) for candidate in ctx.candidates):
         # rows of an edge partition that the route already loaded must be left out, which
         # only dpone can do: this attempt carries rows (the same one target call)
@@ -28,14 +32,12 @@ def lazy_plan_path(ctx: PathContext) -> int:
     )
     # Before the boundary: a plan the sink cannot pull is a configuration error, and must
     # not be recorded as a target call of unknown outcome (which blocks the route).
-    check = getattr(ctx.sink, "check_plan", None)
-    if check is not None:
-        check(plan)
+    sink.check_plan(plan)
     if ctx.edge is None or ctx.edge.top_since is None:
-        return ctx.mutate("load", lambda: ctx.sink.load(plan))
+        return ctx.mutate("load", lambda: sink.load(plan))
     read = (ctx.source, ctx.candidates, ctx.spec.chunk_rows)
     before = ctx.edge.top_rows(*read)  # the rows the next run must know were loaded
-    rows = ctx.mutate("load", lambda: ctx.sink.load(plan))
+    rows = ctx.mutate("load", lambda: sink.load(plan))
     try:
         after = ctx.edge.top_rows(*read)
     except Exception:  # the target holds the rows; the edge is then only unknown

@@ -20,6 +20,7 @@ from .assertions import (
     assert_rows_exactly_once,
     guard_phases,
 )
+from .contract import capabilities_of, contract_problems
 from .faults import (
     FaultyStore,
     InjectedFault,
@@ -44,6 +45,8 @@ __all__ = [
     "assert_raises_original",
     "assert_rows_exactly_once",
     "build_sample_source",
+    "capabilities_of",
+    "contract_problems",
     "guard_phase",
     "guard_phases",
     "phase_batch",

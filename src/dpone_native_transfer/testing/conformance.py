@@ -34,7 +34,7 @@ import pytest
 
 from ..checkpoints import PartitionCheckpoint
 from ..connectors import SQLiteSink, SQLiteSource
-from ..connectors.contract import LedgerSink
+from ..connectors.contract import LedgerSink, Sink, Source
 from ..errors import GovernanceGateFailed, StoreTargetMismatch
 from ..paths import Governance, PathContext, TransferPath
 from ..runtime import TransferResult, TransferRuntime, TransferSpec
@@ -50,6 +50,7 @@ from .assertions import (
     assert_rows_exactly_once,
     guard_phases,
 )
+from .contract import capabilities_of, contract_problems
 from .faults import FaultyStore, RecordingSink, StepClock, build_sample_source, phase_batch
 
 __all__ = ["ConformanceRoute", "GuardConformance"]
@@ -353,6 +354,20 @@ class GuardConformance:
         expect("mismatch", refused.value.diagnostics["mismatch"], "target_ahead_of_store")
         expect("target calls", kit_route.sink.target_calls, 1)
         assert_no_duplicate_rows(kit_route.source_ids(), kit_route.target_ids())
+
+    def test_the_connectors_meet_the_connector_contract(self, kit_route: ConformanceRoute) -> None:
+        """The source is a ``Source``, the sink a ``Sink``, and each meets every Protocol it
+        claims (``connectors/contract.py``) with the parameters the runtime passes."""
+        source, sink = kit_route.source, kit_route.sink.inner
+        expect("the source is a Source", isinstance(source, Source), True)
+        expect("the sink is a Sink", isinstance(sink, Sink), True)
+        problems = [
+            problem
+            for connector in (source, sink)
+            for protocol in capabilities_of(connector)
+            for problem in contract_problems(connector, protocol)
+        ]
+        expect("connector contract problems", problems, [])
 
 
 def _ledger_sink(route: ConformanceRoute) -> Any:

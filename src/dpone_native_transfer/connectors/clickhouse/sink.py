@@ -51,7 +51,7 @@ from .._sql import (
     unavailable,
 )
 from ..contract import PendingLedger
-from ..sqlite import SQLiteSource, refuse_inexact_plan
+from ..sqlite import pulled_file, refuse_inexact_plan
 from .client import CHDB, ClickHouseClient, open_client, parse_location
 from .sql import (
     DEDUPLICATION_WINDOW,
@@ -246,12 +246,7 @@ class ClickHouseSink:
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan the engine cannot pull, before anything touches the target."""
-        source = plan.source
-        if not isinstance(source, SQLiteSource):
-            raise ConfigInvalid(
-                "lazy-plan into ClickHouse reads SQLite sources only (the sqlite() table function)",
-                diagnostics={"table": self.table},
-            )
+        source = pulled_file(plan, engine="ClickHouse", table=self.table)
         columns = [column.name for column in plan.columns]
         for name in (source.table, source.partition_column, source.cursor_column, *columns):
             if name is not None and _SQLITE_FUNCTION_UNSAFE.search(name):
@@ -261,12 +256,12 @@ class ClickHouseSink:
                     "characters (use another path)",
                     diagnostics={"table": self.table, "identifier": name},
                 )
-        refuse_inexact_plan(plan.source, plan.columns, engine="ClickHouse", table=self.table)
+        refuse_inexact_plan(source, plan.columns, engine="ClickHouse", table=self.table)
 
     def _plan_fill(self, payload: LoadPlan) -> Fill:
         """The engine pulls each partition from the SQLite file with its sqlite() table function."""
         self.check_plan(payload)
-        source = payload.source
+        source = pulled_file(payload, engine="ClickHouse", table=self.table)
         columns = [column.name for column in payload.columns]
         names = column_list(columns)
         statements = []
