@@ -739,5 +739,5 @@ def test_missing_extra_names_the_install_command(monkeypatch, tmp_path, module, 
     monkeypatch.setitem(sys.modules, module, None)  # what an environment without the extra gives
     with pytest.raises(ConfigInvalid) as caught:
         open_client(parse_location(location))
-    assert "install dpone-native-transfer[clickhouse]" in str(caught.value)
+    assert "pip install 'dpone-native-transfer[clickhouse]'" in str(caught.value)
     assert "http://h" not in str(caught.value)

@@ -17,27 +17,26 @@ import importlib.util
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from .checkpoints import RouteKey, Strategy
-from .connectors import SQLiteSink, SQLiteSource
+from .connectors.contract import DEFAULT_CHUNK_ROWS, RangePartitioned, Sink, Source
 from .connectors.sqlite import integer_primary_key
 from .cursor_edge import NULL_CURSOR_POLICIES
+from .drivers import EXTRAS, POSTGRES_SCHEMES, install_hint, resolve_env
 from .errors import ConfigInvalid
 from .identity import route_key
 from .lease import DEFAULT_LEASE_SECONDS
 from .paths import Governance
 from .runtime import BUILTIN_PATHS, MAX_CHUNK_ROWS, TransferSpec
 from .schema_contract import SCHEMA_CONTRACTS
-from .stores import resolve_env
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "RouteConfig", "load_route_config", "route_config_from_mapping"]
 
-DEFAULT_CHUNK_ROWS = 10_000
 
 _REQUIRED, _OPTIONAL = True, False
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -86,15 +85,38 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
     "gates": (_OPTIONAL, {"min_rows": ("count", _OPTIONAL), "max_rows": ("count", _OPTIONAL)}),
 }
 
-# kind -> (the location keys it takes, the module its extra provides, the extra)
-_SOURCE_KINDS: Mapping[str, tuple[tuple[str, ...], str | None, str | None]] = {
-    "sqlite": (("path",), None, None),
-    "postgres": (("dsn",), "psycopg", "postgres"),
+
+@attrs.frozen
+class _Kind:
+    """One ``kind`` a route file may name: where it is, which extra it needs, its class."""
+
+    keys: tuple[str, ...]  # its location keys; a route gives exactly one
+    connector: str  # "module:Class", imported only when a route names the kind
+    driver: str | None = None  # the module its extra installs (``drivers.EXTRAS``)
+    range_key: Callable[[str, str], str] | None = None  # (location, table) -> key, if none named
+    partitioned: bool = False  # the sink is told the source's partition column
+
+    def make(self, location: str, table: str, *args: Any, **kwargs: Any) -> Any:
+        module, name = self.connector.split(":")
+        connector = getattr(importlib.import_module(module), name)
+        return connector(location, table, *args, **kwargs)
+
+
+DEFAULT_KIND = "sqlite"
+_CONNECTORS = "dpone_native_transfer.connectors"
+_SOURCE_KINDS: Mapping[str, _Kind] = {
+    "sqlite": _Kind(("path",), f"{_CONNECTORS}.sqlite:SQLiteSource", range_key=integer_primary_key),
+    "postgres": _Kind(("dsn",), f"{_CONNECTORS}.postgres:PostgresSource", driver="psycopg"),
 }
-_TARGET_KINDS: Mapping[str, tuple[tuple[str, ...], str | None, str | None]] = {
-    "sqlite": (("path",), None, None),
-    "duckdb": (("path",), "duckdb", "duckdb"),
-    "clickhouse": (("path", "url"), "clickhouse_connect", "clickhouse"),
+_TARGET_KINDS: Mapping[str, _Kind] = {
+    "sqlite": _Kind(("path",), f"{_CONNECTORS}.sqlite:SQLiteSink"),
+    "duckdb": _Kind(("path",), f"{_CONNECTORS}.duckdb:DuckDBSink", driver="duckdb"),
+    "clickhouse": _Kind(
+        ("path", "url"),
+        f"{_CONNECTORS}.clickhouse:ClickHouseSink",
+        driver="clickhouse_connect",
+        partitioned=True,
+    ),
 }
 _LOCATION_KEYS = {"source": ("path", "dsn"), "target": ("path", "url")}
 
@@ -123,7 +145,7 @@ _TOML_TYPES = (
 class RouteConfig:
     """A validated route: ready-made connectors plus how to run them and where to checkpoint."""
 
-    source: Any  # SQLiteSource or PostgresSource
+    source: Any  # the kind's class: SQLiteSource or PostgresSource
     sink: Any  # SQLiteSink, DuckDBSink or ClickHouseSink
     strategy: Strategy
     path: str
@@ -257,15 +279,26 @@ def _validated(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
             raise _invalid(name, f"must be a table ([{name}]), not {_toml_type(table)}")
         sections[name] = _validated_section(name, table, keys)
     _check_gates(sections.get("gates", {}))
-    _check_kind("source", sections["source"], _SOURCE_KINDS)
-    _check_kind("target", sections["target"], _TARGET_KINDS)
+    _check_kind("source", sections["source"], _SOURCE_KINDS[_kind_name(sections["source"])])
+    _check_kind("target", sections["target"], _TARGET_KINDS[_kind_name(sections["target"])])
     return sections
 
 
-def _check_kind(section: str, table: Mapping[str, Any], kinds: Mapping[str, Any]) -> None:
+def _kind_name(table: Mapping[str, Any]) -> str:
+    return table.get("kind", DEFAULT_KIND)
+
+
+def _location(table: Mapping[str, Any], folder: Path, section: str) -> str:
+    """A file relative to the route file's folder, or a URL (``env:NAME`` resolved)."""
+    if "path" in table:
+        return _resolve(folder, table["path"])
+    key = "dsn" if "dsn" in table else "url"
+    return resolve_env(table[key], argument=f"{section}.{key}")
+
+
+def _check_kind(section: str, table: Mapping[str, Any], spec: _Kind) -> None:
     """Exactly one location key the kind takes, and the kind's extra installed."""
-    kind = table.get("kind", "sqlite")
-    takes, module, extra = kinds[kind]
+    kind, takes, module = _kind_name(table), spec.keys, spec.driver
     for key in _LOCATION_KEYS[section]:
         if key in table and key not in takes:
             raise _invalid(f"{section}.{key}", f"is not used by {section}.kind = {kind!r}")
@@ -276,8 +309,7 @@ def _check_kind(section: str, table: Mapping[str, Any], kinds: Mapping[str, Any]
         raise _invalid(f"{section}.{takes[0]}", f"({keys}) {problem} for kind {kind!r}")
     if module is not None and importlib.util.find_spec(module) is None:
         raise _invalid(
-            f"{section}.kind",
-            f"= {kind!r} needs an optional extra: pip install 'dpone-native-transfer[{extra}]'",
+            f"{section}.kind", f"= {kind!r} needs an optional extra: {install_hint(EXTRAS[module])}"
         )
 
 
@@ -338,13 +370,10 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
     transfer, gates = sections["transfer"], sections.get("gates", {})
     artifact_dir = transfer.get("artifact_dir")
     source = _source(sections["source"], folder)
+    ranged = isinstance(source, RangePartitioned) and source.partition_rows
     return RouteConfig(
         source=source,
-        sink=_sink(
-            sections["target"],
-            folder,
-            None if source.partition_rows else source.partition_column,  # ranges: no parts
-        ),
+        sink=_sink(sections["target"], folder, None if ranged else source.partition_column),
         strategy=Strategy(transfer["strategy"]),
         path=transfer["path"],
         governance=Governance(min_rows=gates.get("min_rows"), max_rows=gates.get("max_rows")),
@@ -359,50 +388,36 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
     )
 
 
-def _source(table: Mapping[str, Any], folder: Path) -> Any:
+def _source(table: Mapping[str, Any], folder: Path) -> Source:
     """The source connector. ``partition_by = "range"`` (the default without a partition
     column) cuts the key into ranges of ``partition_rows``; a route without a cursor column
     then windows by the key too, so each run loads the keys above the last one it loaded."""
-    postgres = table.get("kind", "sqlite") == "postgres"
-    location = table["dsn"] if postgres else _resolve(folder, table["path"])
+    kind = _SOURCE_KINDS[_kind_name(table)]
+    location = _location(table, folder, "source")
     by = table.get("partition_by", "value" if "partition_column" in table else "range")
     if "partition_rows" in table and by != "range":
         raise _invalid("source.partition_rows", 'needs partition_by = "range"')
     key = table.get("partition_column")
     if key is None:
-        if by != "range" or postgres:
+        if by != "range" or kind.range_key is None:
             raise _invalid("source.partition_column", "is required but missing")
-        key = integer_primary_key(location, table["table"])
+        key = kind.range_key(location, table["table"])
     rows = table.get("partition_rows", DEFAULT_PARTITION_ROWS) if by == "range" else None
     cursor = table.get("cursor_column") or (key if by == "range" else None)
-    if postgres:
-        from .connectors.postgres import PostgresSource
-
-        return PostgresSource(location, table["table"], key, cursor, partition_rows=rows)
-    return SQLiteSource(location, table["table"], key, cursor, partition_rows=rows)
+    return kind.make(location, table["table"], key, cursor, partition_rows=rows)
 
 
-def _sink(table: Mapping[str, Any], folder: Path, partition_column: str | None) -> Any:
-    kind = table.get("kind", "sqlite")
-    location: str = _resolve(folder, table["path"]) if "path" in table else table["url"]
-    if kind == "duckdb":
-        from .connectors.duckdb import DuckDBSink
-
-        return DuckDBSink(location, table["table"])
-    if kind == "clickhouse":
-        from .connectors.clickhouse import ClickHouseSink
-
-        return ClickHouseSink(
-            resolve_env(location, argument="target.url"),
-            table["table"],
-            partition_by=partition_column,
-        )
-    return SQLiteSink(location, table["table"])
+def _sink(table: Mapping[str, Any], folder: Path, partition_column: str | None) -> Sink:
+    kind = _TARGET_KINDS[_kind_name(table)]
+    location = _location(table, folder, "target")
+    if kind.partitioned:
+        return kind.make(location, table["table"], partition_by=partition_column)
+    return kind.make(location, table["table"])
 
 
 def _store_location(folder: Path, value: str) -> str:
     """A store file resolves like any file; a DSN or an ``env:NAME`` reference is kept as is."""
-    if value.startswith(("env:", "postgresql://", "postgres://")):
+    if value.startswith(("env:", *POSTGRES_SCHEMES)):
         return value
     return _resolve(folder, value)
 

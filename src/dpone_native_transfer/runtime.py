@@ -25,7 +25,14 @@ import attrs
 from .boundary import TargetBoundary
 from .checkpoints import LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey, Strategy, batch_id_for
 from .clock import Clock, read_clock, system_clock
-from .connectors.contract import LedgerSink, RangePartitioned, Sink, Source, TargetChecking
+from .connectors.contract import (
+    DEFAULT_CHUNK_ROWS,
+    LedgerSink,
+    RangePartitioned,
+    Sink,
+    Source,
+    TargetChecking,
+)
 from .cursor_edge import (
     EDGE_KEY,
     NULL_CURSOR_POLICIES,
@@ -130,7 +137,7 @@ class TransferSpec:
     path: str
     run_id: str
     governance: Governance = attrs.field(factory=Governance)
-    chunk_rows: int = attrs.field(default=10_000, validator=_positive)
+    chunk_rows: int = attrs.field(default=DEFAULT_CHUNK_ROWS, validator=_positive)
     artifact_dir: str | None = None
     ledger: bool = True
     schema_contract: str = attrs.field(default="evolve", validator=_schema_contract)

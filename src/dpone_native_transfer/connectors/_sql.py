@@ -19,6 +19,8 @@ from ..identity import fold_ascii
 from ..payloads import UPTO_OR_NULL, Column, Predicate, bound_predicates
 
 __all__ = [
+    "RESERVED_PREFIX",
+    "STAGE_PREFIX",
     "ColumnDifference",
     "WINDOW_OPERATORS",
     "TableName",
@@ -26,6 +28,7 @@ __all__ = [
     "check_target_folder",
     "difference",
     "edge_where",
+    "identifier",
     "parse_table",
     "quote",
     "range_cuts_sql",
@@ -36,11 +39,16 @@ __all__ = [
 ]
 
 
-def quote(name: Any) -> str:
-    """Quote an identifier; NUL cannot be quoted, so it is a configuration error."""
+def identifier(name: Any) -> str:
+    """``name``, if a dialect can quote it: NUL cannot be quoted, so it is a configuration error."""
     if not isinstance(name, str) or not name or "\x00" in name:
         raise ConfigInvalid("identifier must be a non-empty string without NUL characters")
-    return '"' + name.replace('"', '""') + '"'
+    return name
+
+
+def quote(name: Any) -> str:
+    """An identifier in double quotes (SQLite, PostgreSQL, DuckDB)."""
+    return '"' + identifier(name).replace('"', '""') + '"'
 
 
 @attrs.frozen
@@ -177,8 +185,10 @@ def difference(
     )
 
 
-# The runtime's own tables in a target database (its ledger, staging tables) start so.
+# The runtime's own tables in a target database (its ledger, staging tables) start so;
+# the staging table of ``orders`` is ``_dpone_stage_orders``.
 RESERVED_PREFIX = "_dpone_"
+STAGE_PREFIX = RESERVED_PREFIX + "stage_"
 
 
 def check_target_table(table: Any) -> None:
@@ -281,21 +291,29 @@ def edge_where(
 
 
 def render_predicates(
-    predicates: Iterable[Predicate], *, marker: str, name: Callable[[str], str] = quote
+    predicates: Iterable[Predicate],
+    *,
+    marker: str | Callable[[Predicate], str],
+    name: Callable[[str], str] = quote,
 ) -> tuple[str, list[Any]]:
-    """``predicates`` joined by AND; ``name`` renders a column (a dialect may need more)."""
+    """``predicates`` joined by AND, and the value of each placeholder, in order.
+
+    ``name`` renders a column and ``marker`` a placeholder (a dialect may need
+    more: ClickHouse names and types each one, from the predicate).
+    """
     conditions: list[str] = []
     params: list[Any] = []
     for predicate in predicates:
         column = name(predicate.column)
         if predicate.op in ("IS NULL", "IS NOT NULL"):
             conditions.append(f"{column} {predicate.op}")
-        elif predicate.op == UPTO_OR_NULL:
-            conditions.append(f"({column} <= {marker} OR {column} IS NULL)")
-            params.append(predicate.value)
-        elif predicate.op in _COMPARISONS:
-            conditions.append(f"{column} {predicate.op} {marker}")
-            params.append(predicate.value)
-        else:
+            continue
+        if predicate.op != UPTO_OR_NULL and predicate.op not in _COMPARISONS:
             raise ConfigInvalid("a partition bound uses an operator this connector cannot render")
+        value = marker if isinstance(marker, str) else marker(predicate)
+        if predicate.op == UPTO_OR_NULL:
+            conditions.append(f"({column} <= {value} OR {column} IS NULL)")
+        else:
+            conditions.append(f"{column} {predicate.op} {value}")
+        params.append(predicate.value)
     return " AND ".join(conditions), params

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CAPABILITIES",
+    "DEFAULT_CHUNK_ROWS",
     "Collating",
     "CursorEdgeReading",
     "Identified",
@@ -43,6 +44,9 @@ __all__ = [
     "TargetChecking",
     "ValueCarrying",
 ]
+
+# Rows per chunk a source reads and a path holds in memory, unless the route says otherwise.
+DEFAULT_CHUNK_ROWS = 10_000
 
 
 @runtime_checkable
@@ -69,7 +73,9 @@ class Source(Protocol):
     def max_cursor(self, *, after: Any = None) -> Any:
         """The highest cursor value above ``after``, or None (no cursor, or no such row)."""
 
-    def read(self, bounds: Mapping[str, Any], *, chunk_rows: int = 10_000) -> Iterator[list[tuple]]:
+    def read(
+        self, bounds: Mapping[str, Any], *, chunk_rows: int = DEFAULT_CHUNK_ROWS
+    ) -> Iterator[list[tuple]]:
         """The rows of one partition, every column in ``describe()`` order, in chunks of at
         most ``chunk_rows`` rows."""
 
@@ -185,7 +191,7 @@ class CursorEdgeReading(Protocol):
     """
 
     def edge_rows(
-        self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = 10_000
+        self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = DEFAULT_CHUNK_ROWS
     ) -> Iterator[list[tuple]]:
         """Rows (all columns, ``describe()`` order) of every partition whose cursor is in
         ``[since, upto]`` (none when ``since`` is None) or, when ``nulls``, NULL. Reads only."""

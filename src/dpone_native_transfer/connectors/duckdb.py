@@ -31,11 +31,13 @@ from ..column_types import (
     iso_date_or_infinite,
     utc_instant,
 )
+from ..drivers import import_driver
 from ..errors import ConfigInvalid, TargetUnavailable
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
 from ..payloads import Column, LoadPlan, Predicate, RowChunks, bound_predicates
 from ._sql import (
+    STAGE_PREFIX,
     WINDOW_OPERATORS,
     ColumnDifference,
     TableName,
@@ -76,7 +78,6 @@ a SQLite number is a DOUBLE (an integer beyond 2**53 is refused) and an exact
 decimal stays its exact text.
 """
 
-_STAGE_PREFIX = "_dpone_stage_"
 _LEDGER = TableName(None, LEDGER_TABLE)
 _RESERVED_SCHEMAS = ("temp", "system", "information_schema", "pg_catalog")
 _BATCH_ROWS = 10_000  # rows per INSERT: fewer statements for small chunks, memory still bounded
@@ -123,14 +124,7 @@ _CARRIERS: dict[str, Carry] = {
 
 
 def _driver() -> Any:
-    try:
-        import duckdb
-    except ImportError:
-        raise ConfigInvalid(
-            "DuckDBSink needs the duckdb driver: pip install 'dpone-native-transfer[duckdb]'",
-            diagnostics={"key": "driver"},
-        ) from None
-    return duckdb
+    return import_driver("duckdb", needed_by="DuckDBSink")
 
 
 def _sqlite_extension(duckdb: Any) -> str:
@@ -197,7 +191,7 @@ class DuckDBSink:
 
     @property
     def _stage(self) -> TableName:
-        return self._target.sibling(_STAGE_PREFIX)
+        return self._target.sibling(STAGE_PREFIX)
 
     def check_target(self) -> None:
         """Before the target call: the folder exists and an existing file is a database this

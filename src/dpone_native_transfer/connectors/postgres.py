@@ -31,12 +31,12 @@ from typing import Any, TypeVar
 
 from ..checkpoints import sha256_digest
 from ..column_types import postgres_kind
+from ..drivers import POSTGRES_SCHEMES, import_driver, postgres_connect, resolve_env
 from ..errors import ConfigInvalid, SourceInvalid, SourceMissing
 from ..identity import TableIdentity, server_location
 from ..payloads import Column, SourceShape
-from ..stores import POSTGRES_SCHEMES, resolve_env
-from ..stores.postgres import CONNECT_TIMEOUT_SECONDS
 from ._sql import bounds_where, edge_where, quote, range_cuts_sql, range_partitions
+from .contract import DEFAULT_CHUNK_ROWS
 
 __all__ = ["PostgresSource"]
 
@@ -56,15 +56,7 @@ _SESSION = "SELECT set_config('TimeZone', 'UTC', true), set_config('DateStyle', 
 
 
 def _driver() -> Any:
-    try:
-        import psycopg
-    except ImportError:
-        raise ConfigInvalid(
-            "PostgresSource needs the psycopg driver: "
-            "pip install 'dpone-native-transfer[postgres]'",
-            diagnostics={"key": "driver"},
-        ) from None
-    return psycopg
+    return import_driver("psycopg", needed_by="PostgresSource")
 
 
 def _resolve_dsn(dsn: Any) -> str:
@@ -133,16 +125,7 @@ class PostgresSource:
     def _open(self, driver: Any) -> Any:
         """A read-only connection in UTC/ISO; a server that refuses is ``SourceInvalid``."""
         try:
-            params = driver.conninfo.conninfo_to_dict(self._dsn)
-        except driver.Error:
-            params = None
-        if params is None:  # the parser's message quotes the DSN
-            raise ConfigInvalid(
-                "the PostgreSQL source DSN cannot be parsed", diagnostics={"key": "dsn"}
-            )
-        extra = {} if "connect_timeout" in params else {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
-        try:
-            conn = driver.connect(self._dsn, autocommit=False, **extra)
+            conn = postgres_connect(driver, self._dsn, what="PostgreSQL source")
         except driver.Error:
             conn = None  # raised below, outside the handler, so the driver's text is not chained
         if conn is None:
@@ -293,7 +276,9 @@ class PostgresSource:
 
         return self._query(highest)
 
-    def read(self, bounds: Mapping, *, chunk_rows: int = 10_000) -> Iterator[list[tuple]]:
+    def read(
+        self, bounds: Mapping, *, chunk_rows: int = DEFAULT_CHUNK_ROWS
+    ) -> Iterator[list[tuple]]:
         """Rows of one partition in chunks of at most ``chunk_rows``; bad bounds fail on call."""
         if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ConfigInvalid("chunk_rows must be a positive integer")
@@ -319,7 +304,7 @@ class PostgresSource:
             cursor.close()  # after the connection: nothing is left to send to the server
 
     def edge_rows(
-        self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = 10_000
+        self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = DEFAULT_CHUNK_ROWS
     ) -> Iterator[list[tuple]]:
         """Rows of every partition with a cursor in ``[since, upto]`` or, when ``nulls``, NULL."""
         where, params = edge_where(_name(self._cursor()), "%s", since, upto, nulls)

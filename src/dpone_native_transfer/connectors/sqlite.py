@@ -30,6 +30,7 @@ from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
 from ..payloads import Column, LoadPlan, RowChunks, SourceShape
 from ._sql import (
+    STAGE_PREFIX,
     ColumnDifference,
     bounds_where,
     check_target_folder,
@@ -43,12 +44,11 @@ from ._sql import (
     unavailable,
 )
 from ._sql import quote as _quote
-from .contract import PendingLedger, SQLiteFile
+from .contract import DEFAULT_CHUNK_ROWS, PendingLedger, SQLiteFile
 
 __all__ = ["SQLiteSink", "SQLiteSource"]
 
 _TIMEOUT = 30
-_STAGE_PREFIX = "_dpone_stage_"
 _TYPE_TOKEN = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*|\(\s*[+-]?\d+\s*(?:,\s*[+-]?\d+\s*)?\))")
 # Words that end a type name and begin a column constraint (SQLite's grammar).
 _CONSTRAINT_WORDS = frozenset(
@@ -432,7 +432,9 @@ class SQLiteSource:
         )
         return sql, params
 
-    def read(self, bounds: Mapping, *, chunk_rows: int = 10_000) -> Iterator[list[tuple]]:
+    def read(
+        self, bounds: Mapping, *, chunk_rows: int = DEFAULT_CHUNK_ROWS
+    ) -> Iterator[list[tuple]]:
         """Rows of one partition in chunks of at most ``chunk_rows``; bad bounds fail on call."""
         if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ConfigInvalid("chunk_rows must be a positive integer")
@@ -449,7 +451,7 @@ class SQLiteSource:
                 cursor.close()
 
     def edge_rows(
-        self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = 10_000
+        self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = DEFAULT_CHUNK_ROWS
     ) -> Iterator[list[tuple]]:
         """Rows of every partition with a cursor in ``[since, upto]`` or, when ``nulls``, NULL."""
         where, params = edge_where(self._ref(self._cursor()), "?", since, upto, nulls)
@@ -577,7 +579,7 @@ class SQLiteSink:
 
     @property
     def _stage(self) -> str:
-        return _STAGE_PREFIX + self.table
+        return STAGE_PREFIX + self.table
 
     def check_target(self) -> None:
         """Before the target call: the folder exists and an existing file is a database this

@@ -13,16 +13,15 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..checkpoints import PartitionCheckpoint, RouteKey
+from ..drivers import POSTGRES_SCHEMES, resolve_env
 from ..errors import ConfigInvalid
 
 __all__ = [
-    "POSTGRES_SCHEMES",
     "CheckpointStore",
     "OperatorStore",
     "RouteStateStore",
     "TargetScopeStore",
     "open_store",
-    "resolve_env",
 ]
 
 
@@ -109,27 +108,6 @@ class OperatorStore(CheckpointStore, Protocol):
 
     def list_audit(self, route: RouteKey) -> list[dict[str, Any]]:
         """Audit records of ``route``, oldest first, each with its ``audit_id``."""
-
-
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-
-
-def resolve_env(location: str, *, argument: str) -> str:
-    """``location``, or the value of the environment variable it names as ``env:NAME``.
-
-    Errors name ``argument`` and the variable, never a value: it may hold a password.
-    """
-    if not location.startswith("env:"):
-        return location
-    variable = location.removeprefix("env:")
-    value = os.environ.get(variable, "")
-    if not value:
-        named = {"argument" if argument.startswith("-") else "key": argument}
-        raise ConfigInvalid(
-            f"{argument} names environment variable {variable!r}, which is not set",
-            diagnostics=named,
-        )
-    return value
 
 
 def open_store(location: str, *, create: bool, argument: str) -> Any:

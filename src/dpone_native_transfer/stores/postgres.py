@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from ..checkpoints import PartitionCheckpoint, RouteKey
+from ..drivers import import_driver, postgres_connect
 from ..errors import (
     CheckpointStoreCorrupt,
     CheckpointStoreUnavailable,
@@ -66,10 +67,9 @@ from ._records import (
     stored_route,
 )
 
-__all__ = ["CONNECT_TIMEOUT_SECONDS", "SCHEMA_VERSION", "PostgresCheckpointStore"]
+__all__ = ["SCHEMA_VERSION", "PostgresCheckpointStore"]
 
 SCHEMA_VERSION = 2
-CONNECT_TIMEOUT_SECONDS = 10  # used when the DSN sets no connect_timeout (libpq waits forever)
 
 _T = TypeVar("_T")
 
@@ -176,19 +176,6 @@ _COLUMNS = """SELECT table_name, concat_ws(' ', column_name, data_type, collatio
 _UNAVAILABLE_SQLSTATES = ("08", "28", "42501")
 
 
-def _driver() -> Any:
-    """psycopg, imported only when a PostgreSQL store is opened (it is an optional extra)."""
-    try:
-        import psycopg
-    except ImportError:
-        raise ConfigInvalid(
-            "PostgresCheckpointStore needs the psycopg driver: "
-            "pip install 'dpone-native-transfer[postgres]'",
-            diagnostics={"key": "driver"},
-        ) from None
-    return psycopg
-
-
 def _lock_key(*parts: str) -> int:
     """A signed 64-bit advisory-lock key; stable across processes, unlike ``hash``."""
     text = json.dumps(["dpone_native_transfer", *parts])
@@ -239,14 +226,7 @@ def _in_transaction(driver: Any, action: str, conn: Any, work: Callable[[Any], _
 def _connect(driver: Any, dsn: str) -> Any:
     if not isinstance(dsn, str):
         raise ConfigInvalid("the PostgreSQL DSN must be a string", diagnostics={"key": "dsn"})
-    try:
-        params = driver.conninfo.conninfo_to_dict(dsn)
-    except driver.Error:
-        params = None
-    if params is None:  # the parser's message quotes the DSN, so it is dropped
-        raise ConfigInvalid("the PostgreSQL DSN cannot be parsed", diagnostics={"key": "dsn"})
-    extra = {} if "connect_timeout" in params else {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
-    return _attempt(driver, "opened", lambda: driver.connect(dsn, autocommit=False, **extra))
+    return _attempt(driver, "opened", lambda: postgres_connect(driver, dsn, what="PostgreSQL"))
 
 
 def _table_corrupt(table: str) -> CheckpointStoreCorrupt:
@@ -325,7 +305,7 @@ class PostgresCheckpointStore(RecordReads):
                 "schema must be a lowercase PostgreSQL identifier (a-z, 0-9, _)",
                 diagnostics={"key": "schema"},
             )
-        self._driver = _driver()
+        self._driver = import_driver("psycopg", needed_by="PostgresCheckpointStore")
         self._dsn = dsn
         self._schema = schema
         self._s = f'"{schema}"'

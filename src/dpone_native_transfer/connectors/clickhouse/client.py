@@ -8,7 +8,6 @@ client is opened, so importing this module needs neither.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from types import ModuleType
@@ -17,6 +16,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from ...drivers import import_driver
 from ...errors import ConfigInvalid
 
 __all__ = [
@@ -121,14 +121,7 @@ def parse_location(location: Any) -> Location:
 
 def import_engine(module: str) -> ModuleType:
     """Import chDB or clickhouse-connect; missing, it is a ConfigInvalid naming the extra."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ConfigInvalid(
-            f"the ClickHouse sink needs the {module.split('.')[0]} package: "
-            "install dpone-native-transfer[clickhouse]",
-            diagnostics={"key": "location", "package": module.split(".")[0]},
-        ) from None
+    return import_driver(module, needed_by="the ClickHouse sink", key="location")
 
 
 def open_client(location: Location) -> ClickHouseClient:

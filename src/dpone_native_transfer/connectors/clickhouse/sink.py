@@ -42,6 +42,7 @@ from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query
 from ...payloads import Column, LoadPlan, RowChunks, bound_predicates
 from .._sql import (
+    STAGE_PREFIX,
     ColumnDifference,
     TableName,
     check_target_table,
@@ -71,7 +72,6 @@ from .sql import (
 
 __all__ = ["ClickHouseSink"]
 
-_STAGE_PREFIX = "_dpone_stage_"
 _FRESH_PREFIX = "_dpone_new_"
 # ClickHouse's sqlite() engine quotes SQLite identifiers its own way: a backslash or a double
 # quote in a name reads a wrong column (or its name as a string) or fails; checked on chDB 4.4.
@@ -130,7 +130,7 @@ class ClickHouseSink:
 
     @property
     def _stage(self) -> TableName:
-        return self._target.sibling(_STAGE_PREFIX)
+        return self._target.sibling(STAGE_PREFIX)
 
     @property
     def _fresh(self) -> TableName:

@@ -19,8 +19,8 @@ from typing import Any
 
 from ...column_types import ENGINE_CARRIERS, Carry, exact_decimal
 from ...errors import ConfigInvalid
-from ...payloads import UPTO_OR_NULL, Column, Predicate
-from .._sql import TableName
+from ...payloads import Column, Predicate
+from .._sql import TableName, identifier, render_predicates
 
 __all__ = [
     "PARTITION_ID",
@@ -54,14 +54,11 @@ _TYPES = {
 _MAX_DECIMAL_PRECISION = 76
 _INT64 = (-(2**63), 2**63 - 1)
 PARTITION_ID = re.compile(r"-?[0-9A-Za-z_]+")
-_PREDICATE_OPS = frozenset({"=", ">", ">=", "<", "<=", UPTO_OR_NULL})
 
 
 def quote(name: Any) -> str:
-    """Backtick-quote an identifier; NUL cannot be quoted, so it is a configuration error."""
-    if not isinstance(name, str) or not name or "\x00" in name:
-        raise ConfigInvalid("identifier must be a non-empty string without NUL characters")
-    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+    """An identifier in backticks, ClickHouse's quoting (a backslash escapes)."""
+    return "`" + identifier(name).replace("\\", "\\\\").replace("`", "\\`") + "`"
 
 
 def column_list(names: Sequence[str]) -> str:
@@ -205,28 +202,17 @@ def where_sql(predicates: Sequence[Predicate], *, prefix: str) -> tuple[str, dic
     Parameter names are ``prefix`` plus a counter, so several partitions'
     conditions can share one parameter mapping.
     """
-    clauses: list[str] = []
     params: dict[str, Any] = {}
-    for number, predicate in enumerate(predicates):
-        column = quote(predicate.column)
-        if predicate.op in ("IS NULL", "IS NOT NULL"):
-            clauses.append(f"{column} {predicate.op}")
-            continue
-        if predicate.op not in _PREDICATE_OPS:
-            raise ConfigInvalid(
-                f"unsupported bound operator on column {predicate.column!r}",
-                diagnostics={"column": predicate.column},
-            )
-        name = f"{prefix}{number}"
-        kind = _param_type(predicate.column, predicate.value)
-        if predicate.op == UPTO_OR_NULL:
-            clauses.append(f"({column} <= {{{name}:{kind}}} OR {column} IS NULL)")
-        else:
-            clauses.append(f"{column} {predicate.op} {{{name}:{kind}}}")
+
+    def marker(predicate: Predicate) -> str:
+        name = f"{prefix}{len(params)}"
         params[name] = predicate.value
-    if not clauses:
+        return f"{{{name}:{_param_type(predicate.column, predicate.value)}}}"
+
+    where, _ = render_predicates(predicates, marker=marker, name=quote)
+    if not where:
         raise ConfigInvalid("partition bounds select nothing")
-    return " AND ".join(clauses), params
+    return where, params
 
 
 def _json_default(value: object) -> str:
