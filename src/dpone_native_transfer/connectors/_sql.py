@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from ..errors import ConfigInvalid, TargetUnavailable
+from ..errors import ConfigInvalid, SourceMissing, TargetUnavailable
 from ..identity import fold_ascii
 from ..payloads import UPTO_OR_NULL, Column, Predicate, bound_predicates
 
@@ -24,7 +24,9 @@ __all__ = [
     "ColumnDifference",
     "WINDOW_OPERATORS",
     "TableName",
+    "TableSource",
     "bounds_where",
+    "check_chunk_rows",
     "check_target_folder",
     "difference",
     "edge_where",
@@ -317,3 +319,56 @@ def render_predicates(
             conditions.append(f"{column} {predicate.op} {value}")
         params.append(predicate.value)
     return " AND ".join(conditions), params
+
+
+class TableSource:
+    """What the SQL sources share: one table, its partition and cursor columns, and the checks
+    every read makes on them, with the same errors on every engine."""
+
+    def __init__(
+        self,
+        table: str,
+        partition_column: str,
+        cursor_column: str | None = None,
+        *,
+        partition_rows: int | None = None,
+    ) -> None:
+        self.table = table
+        self.partition_column = partition_column
+        self.cursor_column = cursor_column
+        self.partition_rows = partition_rows  # ranges of about so many rows; None: by value
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(table={self.table!r}, "
+            f"partition_column={self.partition_column!r})"
+        )
+
+    def _check_columns(self, columns: Sequence[Column]) -> None:
+        """``SourceMissing`` unless the table exists and has the route's columns."""
+        if not columns:
+            raise SourceMissing(
+                f"source table {self.table!r} does not exist", diagnostics={"table": self.table}
+            )
+        names = {column.name for column in columns}
+        for role, name in (("partition", self.partition_column), ("cursor", self.cursor_column)):
+            if name is not None and name not in names:
+                raise SourceMissing(
+                    f"{role} column {name!r} does not exist in source table {self.table!r}",
+                    diagnostics={"table": self.table, "column": name},
+                )
+
+    def _cursor(self, purpose: str = "") -> str:
+        """The cursor column, which a windowed read needs."""
+        if self.cursor_column is None:
+            raise ConfigInvalid(
+                f"source table {self.table!r} has no cursor column{purpose}",
+                diagnostics={"table": self.table},
+            )
+        return self.cursor_column
+
+
+def check_chunk_rows(chunk_rows: Any) -> int:
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise ConfigInvalid("chunk_rows must be a positive integer")
+    return chunk_rows

@@ -32,10 +32,18 @@ from typing import Any, TypeVar
 from ..checkpoints import sha256_digest
 from ..column_types import postgres_kind
 from ..drivers import POSTGRES_SCHEMES, import_driver, postgres_connect, resolve_env
-from ..errors import ConfigInvalid, SourceInvalid, SourceMissing
+from ..errors import ConfigInvalid, SourceInvalid
 from ..identity import TableIdentity, server_location
 from ..payloads import Column, SourceShape
-from ._sql import bounds_where, edge_where, quote, range_cuts_sql, range_partitions
+from ._sql import (
+    TableSource,
+    bounds_where,
+    check_chunk_rows,
+    edge_where,
+    quote,
+    range_cuts_sql,
+    range_partitions,
+)
 from .contract import DEFAULT_CHUNK_ROWS
 
 __all__ = ["PostgresSource"]
@@ -82,7 +90,7 @@ def _value(column: Column) -> str:
     return _name(column.name) if native else f"{_name(column.name)}::text"
 
 
-class PostgresSource:
+class PostgresSource(TableSource):
     """Reads one PostgreSQL table in partitions, optionally windowed by a cursor column."""
 
     def __init__(
@@ -102,13 +110,7 @@ class PostgresSource:
         self._dsn = _resolve_dsn(dsn)
         self._regclass = ".".join(quote(part) for part in parts)  # a value for to_regclass()
         self._relation = ".".join(_name(part) for part in parts)  # SQL text
-        self.table = table
-        self.partition_column = partition_column
-        self.cursor_column = cursor_column
-        self.partition_rows = partition_rows  # ranges of about so many rows; None: by value
-
-    def __repr__(self) -> str:
-        return f"PostgresSource(table={self.table!r}, partition_column={self.partition_column!r})"
+        super().__init__(table, partition_column, cursor_column, partition_rows=partition_rows)
 
     def identity(self) -> TableIdentity:
         """Host, port and database of the DSN (no user or password); ``public.`` implied.
@@ -157,17 +159,7 @@ class PostgresSource:
         """The table's columns; ``SourceInvalid`` when it or a named column does not exist."""
         rows = conn.execute(_COLUMNS, (self._regclass,)).fetchall()
         columns = tuple(Column(name, decltype, postgres_kind(decltype)) for name, decltype in rows)
-        if not columns:
-            raise SourceMissing(
-                f"source table {self.table!r} does not exist", diagnostics={"table": self.table}
-            )
-        names = {column.name for column in columns}
-        for role, name in (("partition", self.partition_column), ("cursor", self.cursor_column)):
-            if name is not None and name not in names:
-                raise SourceMissing(
-                    f"{role} column {name!r} does not exist in source table {self.table!r}",
-                    diagnostics={"table": self.table, "column": name},
-                )
+        self._check_columns(columns)
         return columns
 
     def _column(self, conn: Any, name: str) -> Column:
@@ -207,12 +199,7 @@ class PostgresSource:
     def _window_conditions(self, after: Any, upto: Any) -> tuple[list[str], list[Any]]:
         if after is None and upto is None:
             return [], []
-        if self.cursor_column is None:
-            raise ConfigInvalid(
-                f"source table {self.table!r} has no cursor column to window by",
-                diagnostics={"table": self.table},
-            )
-        cursor = _name(self.cursor_column)
+        cursor = _name(self._cursor(" to window by"))
         bounds = [(f"{cursor} > %s", after), (f"{cursor} <= %s", upto)]
         given = [(sql, value) for sql, value in bounds if value is not None]
         return [sql for sql, _ in given], [value for _, value in given]
@@ -254,15 +241,6 @@ class PostgresSource:
 
         return self._query(values)
 
-    def _cursor(self) -> str:
-        """The cursor column, which a windowed read needs."""
-        if self.cursor_column is None:
-            raise ConfigInvalid(
-                f"source table {self.table!r} has no cursor column",
-                diagnostics={"table": self.table},
-            )
-        return self.cursor_column
-
     def max_cursor(self, *, after: Any = None) -> Any:
         """Highest cursor value above ``after``, or None when nothing is newer."""
         cursor_column = self._cursor()
@@ -280,8 +258,7 @@ class PostgresSource:
         self, bounds: Mapping, *, chunk_rows: int = DEFAULT_CHUNK_ROWS
     ) -> Iterator[list[tuple]]:
         """Rows of one partition in chunks of at most ``chunk_rows``; bad bounds fail on call."""
-        if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
-            raise ConfigInvalid("chunk_rows must be a positive integer")
+        check_chunk_rows(chunk_rows)
         sql, params = self._select(self.describe().columns, bounds)
         return self._chunks(sql, params, chunk_rows)
 

@@ -32,7 +32,9 @@ from ..payloads import Column, LoadPlan, RowChunks, SourceShape
 from ._sql import (
     STAGE_PREFIX,
     ColumnDifference,
+    TableSource,
     bounds_where,
+    check_chunk_rows,
     check_target_folder,
     check_target_table,
     difference,
@@ -158,7 +160,7 @@ def integer_primary_key(path: str, table: str) -> str:
     )
 
 
-class SQLiteSource:
+class SQLiteSource(TableSource):
     """Reads one table of a SQLite file in partitions, optionally windowed by a cursor column."""
 
     def __init__(
@@ -175,13 +177,7 @@ class SQLiteSource:
         if cursor_column is not None:
             _quote(cursor_column)
         self.path = os.fspath(path)
-        self.table = table
-        self.partition_column = partition_column
-        self.cursor_column = cursor_column
-        self.partition_rows = partition_rows  # ranges of about so many rows; None: by value
-
-    def __repr__(self) -> str:
-        return f"SQLiteSource(table={self.table!r}, partition_column={self.partition_column!r})"
+        super().__init__(table, partition_column, cursor_column, partition_rows=partition_rows)
 
     def identity(self) -> TableIdentity:
         """The file's resolved path; SQLite matches table names case-insensitively (ASCII)."""
@@ -254,17 +250,7 @@ class SQLiteSource:
                 "cannot read yet (its reads keep rowid order); copy it into a rowid table",
                 diagnostics={"table": self.table},
             )
-        if not columns:
-            raise SourceMissing(
-                f"source table {self.table!r} does not exist", diagnostics={"table": self.table}
-            )
-        names = {column.name for column in columns}
-        for role, name in (("partition", self.partition_column), ("cursor", self.cursor_column)):
-            if name is not None and name not in names:
-                raise SourceMissing(
-                    f"{role} column {name!r} does not exist in source table {self.table!r}",
-                    diagnostics={"table": self.table, "column": name},
-                )
+        self._check_columns(columns)
         return SourceShape(
             columns=columns,
             query_hash=sha256_digest(self._template(columns)),
@@ -288,12 +274,7 @@ class SQLiteSource:
     def _cursor_window(self, after: Any, upto: Any) -> tuple[list[str], list[Any]]:
         if after is None and upto is None:
             return [], []
-        if self.cursor_column is None:
-            raise ConfigInvalid(
-                f"source table {self.table!r} has no cursor column to window by",
-                diagnostics={"table": self.table},
-            )
-        cursor = self._ref(self.cursor_column)
+        cursor = self._ref(self._cursor(" to window by"))
         predicates: list[str] = []
         params: list[Any] = []
         if after is not None:
@@ -383,15 +364,6 @@ class SQLiteSource:
         table = f"{_quote(schema)}.{_quote(self.table)}"
         return f"SELECT {_column_list(columns, self.table)} FROM {table} ORDER BY rowid", ()
 
-    def _cursor(self) -> str:
-        """The cursor column, which a windowed read needs."""
-        if self.cursor_column is None:
-            raise ConfigInvalid(
-                f"source table {self.table!r} has no cursor column",
-                diagnostics={"table": self.table},
-            )
-        return self.cursor_column
-
     def max_cursor(self, *, after: Any = None) -> Any:
         """Highest cursor value above ``after``, or None when nothing is newer."""
         cursor_column = self._cursor()
@@ -436,8 +408,7 @@ class SQLiteSource:
         self, bounds: Mapping, *, chunk_rows: int = DEFAULT_CHUNK_ROWS
     ) -> Iterator[list[tuple]]:
         """Rows of one partition in chunks of at most ``chunk_rows``; bad bounds fail on call."""
-        if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
-            raise ConfigInvalid("chunk_rows must be a positive integer")
+        check_chunk_rows(chunk_rows)
         sql, params = self.select_sql(bounds)
         return self._chunks(sql, params, chunk_rows)
 

@@ -33,8 +33,11 @@ class CheckpointStore(Protocol):
     def upsert_many(self, checkpoints: Sequence[PartitionCheckpoint]) -> None:
         """Record each checkpoint in order. May raise part-way: no atomicity is promised."""
 
-    def list_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
+    def list_latest(self, route: RouteKey) -> Sequence[PartitionCheckpoint]:
         """Latest checkpoint of every partition ever written for ``route``, sorted by partition id.
+
+        A sequence, read once: the built-in SQLite store returns a lazy view
+        (``latest.LatestCheckpoints``) that decodes a payload when it is used.
 
         Independent of query, schema, run or partition identity: the route scan relies on it.
         """

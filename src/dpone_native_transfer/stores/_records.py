@@ -5,6 +5,7 @@ Errors raised here never carry a file path, a DSN or a driver's message text.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -71,15 +72,23 @@ def decode_checkpoint(
 
 
 def adopted(
-    twin: RouteKey, route: RouteKey, rows: Sequence[Sequence[Any]], own: dict[str, int]
-) -> list[PartitionCheckpoint]:
-    """The unlocated ``twin``'s latest (partition_id, seq, payload) ``rows`` moved to ``route``:
-    those newer than ``route``'s own latest ``own`` seq of the same partition."""
-    return [
+    execute: Callable[[str, tuple[Any, ...]], Any], table: str, route_filter: str, route: RouteKey
+) -> tuple[int, list[PartitionCheckpoint]]:
+    """How many latest checkpoints ``route``'s unlocated twin has in ``table``, and those to move
+    to ``route``: the ones newer than ``route``'s own of the same partition. ``execute`` runs
+    a statement on the caller's connection, inside the caller's transaction."""
+    twin = route.unlocated()
+    select = f"FROM {table} WHERE {route_filter}"
+    rows = execute(f"SELECT partition_id, seq, payload {select}", route_params(twin)).fetchall()
+    if not rows:
+        return 0, []
+    own = dict(execute(f"SELECT partition_id, seq {select}", route_params(route)).fetchall())
+    moved = [
         attrs.evolve(decode_checkpoint(twin, *row), route=route)
         for row in rows
         if own.get(row[0], -1) < row[1]
     ]
+    return len(rows), moved
 
 
 def check_expected(
@@ -92,7 +101,7 @@ def check_expected(
         raise ResolutionConflict.changed(expected[0].route, changed)
 
 
-class RecordReads:
+class RecordReads(abc.ABC):
     """Evidence, audit records and the list of routes, read the same way by both SQL stores.
 
     The template a store class fills in: ``_read`` (one read), ``_table`` (a
@@ -100,13 +109,15 @@ class RecordReads:
     the five route key columns, in ``route_params`` order).
     """
 
-    _route_filter: str
+    _route_filter: str  # a class attribute of the store
 
+    @abc.abstractmethod
     def _read(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
+        """The rows of one read-only statement, on a connection of the store's own."""
 
+    @abc.abstractmethod
     def _table(self, name: str) -> str:
-        raise NotImplementedError
+        """``name`` as the store's SQL names it (PostgreSQL qualifies it with the schema)."""
 
     def list_evidence(self, route: RouteKey) -> list[dict[str, Any]]:
         records = self._records("evidence", "run_id", "seq", route)

@@ -417,18 +417,8 @@ class PostgresCheckpointStore(RecordReads):
 
         def adopt(conn: Any) -> int:
             self._lock_routes(conn, [route_params(route), route_params(twin)])
-            rows = conn.execute(
-                f"SELECT partition_id, seq, payload FROM {s}.checkpoint_latest WHERE {_ROUTE}",
-                route_params(twin),
-            ).fetchall()
-            if rows:
-                own = dict(
-                    conn.execute(
-                        f"SELECT partition_id, seq FROM {s}.checkpoint_latest WHERE {_ROUTE}",
-                        route_params(route),
-                    ).fetchall()
-                )
-                moved = adopted(twin, route, rows, own)
+            found, moved = adopted(conn.execute, f"{s}.checkpoint_latest", _ROUTE, route)
+            if found:
                 self._insert_checkpoints(conn, encode_batch(moved))
                 conn.execute(
                     f"DELETE FROM {s}.checkpoint_latest WHERE {_ROUTE}", route_params(twin)
@@ -440,7 +430,7 @@ class PostgresCheckpointStore(RecordReads):
                 (*route_params(route), *route_params(twin)),
             )
             conn.execute(f"DELETE FROM {s}.source_state WHERE {_ROUTE}", route_params(twin))
-            return len(rows)
+            return found
 
         return self._transaction("written", adopt)
 

@@ -283,18 +283,8 @@ class SQLiteCheckpointStore(RecordReads):
         if not route.located:
             return 0
         with self._transaction() as conn:
-            rows = conn.execute(
-                f"SELECT partition_id, seq, payload FROM checkpoint_latest WHERE {ROUTE}",
-                route_params(twin),
-            ).fetchall()
-            if rows:
-                own = dict(
-                    conn.execute(
-                        f"SELECT partition_id, seq FROM checkpoint_latest WHERE {ROUTE}",
-                        route_params(route),
-                    ).fetchall()
-                )
-                moved = adopted(twin, route, rows, own)
+            found, moved = adopted(conn.execute, "checkpoint_latest", ROUTE, route)
+            if found:
                 _insert_checkpoints(conn, encode_batch(moved), moved)
                 conn.execute(f"DELETE FROM checkpoint_latest WHERE {ROUTE}", route_params(twin))
             conn.execute(
@@ -303,7 +293,7 @@ class SQLiteCheckpointStore(RecordReads):
                 (*route_params(route), *route_params(twin)),
             )
             conn.execute(f"DELETE FROM source_state WHERE {ROUTE}", route_params(twin))
-            return len(rows)
+            return found
 
     def history(self, route: RouteKey) -> list[PartitionCheckpoint]:
         """Every checkpoint written for ``route``, oldest first."""
