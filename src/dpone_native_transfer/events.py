@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from enum import StrEnum
 from typing import Any
 
 import attrs
@@ -13,7 +14,9 @@ _log = logging.getLogger(__name__)
 __all__ = ["EVENT_ORDER", "Event", "EventName", "EventRecorder"]
 
 
-class EventName:
+class EventName(StrEnum):
+    """Every event a run emits; each is its own name as a string (``"route_scanned"``)."""
+
     ROUTE_SCANNED = "route_scanned"
     STATE_REALIGNED = "state_realigned"  # continued after another route's full refresh
     SCHEMA_EVOLVED = "schema_evolved"  # new source columns were added to the target table

@@ -1,0 +1,28 @@
+"""What the wheel ships beside the code: the license it declares, and the typing marker."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+
+def test_the_license_file_is_the_license_pyproject_declares():
+    assert PROJECT["license"] == "Apache-2.0"
+    assert PROJECT["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+
+
+def test_every_package_ships_py_typed():
+    for package in ("dpone_native_transfer", "dpone_target_commit_guard", "dpone_airflow"):
+        folder = ROOT / ("src" if package == "dpone_native_transfer" else "plugins") / package
+        assert (folder / "py.typed").is_file(), package
+
+
+def test_the_installed_distribution_declares_the_license():
+    assert metadata.metadata("dpone-native-transfer")["License-Expression"] == "Apache-2.0"
