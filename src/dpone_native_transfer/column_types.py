@@ -23,6 +23,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import attrs
+
 from .errors import ValueUnsupported
 
 __all__ = [
@@ -136,18 +138,25 @@ def declared_precision(decltype: str) -> tuple[int, int] | None:
 _NONE = type(None)
 
 
-def passing(*types: type) -> Callable[[Carry], Carry]:
-    """Mark a carrier: a column holding only values of ``types`` (and NULLs) passes unchanged."""
+@attrs.frozen
+class Passing:
+    """A carrier with a fast path: a column whose values ``unchanged`` accepts is left as it is."""
+
+    convert: Carry
+    unchanged: Callable[[Sequence[Any]], bool]
+
+    def __call__(self, value: Any) -> Any:
+        return self.convert(value)
+
+
+def passing(*types: type) -> Callable[[Carry], Passing]:
+    """Make a carrier ``Passing``: a column of only ``types`` values (and NULLs) is unchanged."""
     allowed = frozenset({*types, _NONE})
 
     def unchanged(values: Sequence[Any]) -> bool:
         return set(map(type, values)) <= allowed
 
-    def mark(carry: Carry) -> Carry:
-        carry.unchanged = unchanged  # type: ignore[attr-defined]
-        return carry
-
-    return mark
+    return lambda carry: Passing(carry, unchanged)
 
 
 def _no_nan(values: Sequence[Any]) -> bool:
@@ -155,15 +164,15 @@ def _no_nan(values: Sequence[Any]) -> bool:
     return doubles and not any(map(math.isnan, filter(None, values)))
 
 
-def double_nan_as_text(value: Any) -> Any:
-    """A double, NaN as the text ``'nan'`` (DuckDB's Python binding turns a NaN inside a bound
-    list into NULL; the text casts back to NaN); an integer a double holds exactly; else refused."""
+def _double_nan_as_text(value: Any) -> Any:
     if type(value) is float:
         return "nan" if value != value else value
     return as_double(value)
 
 
-double_nan_as_text.unchanged = _no_nan  # type: ignore[attr-defined]
+# A double, NaN as the text ``'nan'`` (DuckDB's Python binding turns a NaN inside a bound
+# list into NULL; the text casts back to NaN); an integer a double holds exactly; else refused.
+double_nan_as_text = Passing(_double_nan_as_text, _no_nan)
 
 
 @passing(int)
@@ -366,8 +375,7 @@ def carried_chunks(
         changed = False
         for index, name, carry in carriers:
             values = columns[index]
-            unchanged = getattr(carry, "unchanged", None)
-            if unchanged is not None and unchanged(values):
+            if isinstance(carry, Passing) and carry.unchanged(values):
                 continue
             try:
                 columns[index] = [None if v is None else carry(v) for v in values]
