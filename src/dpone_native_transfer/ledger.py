@@ -39,6 +39,7 @@ from .reporting import plural
 __all__ = [
     "LEDGER_FORMAT",
     "LEDGER_TABLE",
+    "ledger_table_sql",
     "LedgerEntry",
     "LedgerPartition",
     "Proof",
@@ -256,7 +257,16 @@ def _safe_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-LEDGER_COLUMNS = frozenset({"seq", "target_table", "batch_id", "rows", "entry", "partitions"})
+_LEDGER_ORDER = ("seq", "target_table", "batch_id", "rows", "entry", "partitions")
+LEDGER_COLUMNS = frozenset(_LEDGER_ORDER)
+
+
+def ledger_table_sql(table: str, *, seq: str, integer: str, text: str, tail: str = "") -> str:
+    """The CREATE of the ledger table ``table`` (quoted), in an engine's types: ``seq`` for
+    the entry number, ``integer`` for the row count and ``text`` for the others."""
+    types = {"seq": seq, "rows": integer}
+    columns = ", ".join(f"{name} {types.get(name, text)}" for name in _LEDGER_ORDER)
+    return f"CREATE TABLE IF NOT EXISTS {table} ({columns}){tail}"
 
 
 def check_ledger_columns(columns: set[str]) -> None:

@@ -28,7 +28,7 @@ from .checkpoints import (
     PartitionCheckpointStatus,
     Strategy,
 )
-from .config import load_route_config
+from .config import RouteConfig, load_route_config
 from .cursor_edge import EDGE_KEY, unknown_edge
 from .errors import ConfigInvalid, RouteDefinitionChanged
 from .latest import as_latest
@@ -125,6 +125,13 @@ def _text(value: str) -> str:
     return value
 
 
+def _store(args: argparse.Namespace, config: RouteConfig, *, create_own: bool) -> Any:
+    """``--store``, which must exist, or the route file's store (created if ``create_own``)."""
+    if args.store is not None:
+        return open_store(args.store, create=False, argument="--store")
+    return open_store(config.store_path, create=create_own, argument="store.path")
+
+
 def _restore_command(args: argparse.Namespace) -> int:
     config = load_route_config(args.route_file, argument="ROUTE_FILE")
     route = config.route
@@ -136,12 +143,7 @@ def _restore_command(args: argparse.Namespace) -> int:
         )
     # the route file's own store is created when lost (rebuilding it is the point); a
     # --store that does not exist is a mistake
-    given = args.store is not None
-    store = open_store(
-        args.store if given else config.store_path,
-        create=not given,
-        argument="--store" if given else "store.path",
-    )
+    store = _store(args, config, create_own=True)
     try:
         check_not_leased(store, route)
         now = datetime.now(UTC)
@@ -256,12 +258,7 @@ def _reset_command(args: argparse.Namespace) -> int:
             f"--from-now needs a cursor column; route {route.label} has none",
             diagnostics={"route": route.as_dict()},
         )
-    given = args.store is not None
-    store = open_store(
-        args.store if given else config.store_path,
-        create=False,
-        argument="--store" if given else "store.path",
-    )
+    store = _store(args, config, create_own=False)
     try:
         check_not_leased(store, route)
         latest = as_latest(store.list_latest(route))

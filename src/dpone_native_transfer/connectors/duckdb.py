@@ -34,7 +34,13 @@ from ..column_types import (
 from ..drivers import import_driver
 from ..errors import ConfigInvalid, TargetUnavailable
 from ..identity import TableIdentity, file_location, fold_ascii
-from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
+from ..ledger import (
+    LEDGER_TABLE,
+    LedgerEntry,
+    check_ledger_columns,
+    ledger_query,
+    ledger_table_sql,
+)
 from ..payloads import Column, LoadPlan, Predicate, RowChunks, bound_predicates
 from ._sql import (
     STAGE_PREFIX,
@@ -502,11 +508,8 @@ def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:
     """Write the batch's ledger row inside the load's transaction; returns ``rows``."""
     if ledger is not None:
         table = quote(LEDGER_TABLE)
-        conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {table} (seq BIGINT NOT NULL, target_table VARCHAR NOT"
-            " NULL, batch_id VARCHAR NOT NULL, rows BIGINT NOT NULL, entry VARCHAR NOT NULL,"
-            " partitions VARCHAR NOT NULL)"
-        )
+        integer = "BIGINT NOT NULL"
+        conn.execute(ledger_table_sql(table, seq=integer, integer=integer, text="VARCHAR NOT NULL"))
         conn.execute(
             f"INSERT INTO {table} SELECT COALESCE(MAX(seq), 0) + 1, ?, ?, ?, ?, ? FROM {table}",
             [*ledger.row()[:2], rows, *ledger.row()[2:]],

@@ -27,7 +27,13 @@ from ..errors import (
     ValueUnsupported,
 )
 from ..identity import TableIdentity, file_location, fold_ascii
-from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query
+from ..ledger import (
+    LEDGER_TABLE,
+    LedgerEntry,
+    check_ledger_columns,
+    ledger_query,
+    ledger_table_sql,
+)
 from ..payloads import Column, LoadPlan, RowChunks, SourceShape
 from ._sql import (
     STAGE_PREFIX,
@@ -815,9 +821,12 @@ def _record(conn: sqlite3.Connection, ledger: LedgerEntry | None, rows: int) -> 
     """Write the batch's ledger row inside the load's transaction; returns ``rows``."""
     if ledger is not None:
         conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {_quote(LEDGER_TABLE)} (seq INTEGER PRIMARY KEY,"
-            " target_table TEXT NOT NULL, batch_id TEXT NOT NULL, rows INTEGER NOT NULL,"
-            " entry TEXT NOT NULL, partitions TEXT NOT NULL)"
+            ledger_table_sql(
+                _quote(LEDGER_TABLE),
+                seq="INTEGER PRIMARY KEY",
+                integer="INTEGER NOT NULL",
+                text="TEXT NOT NULL",
+            )
         )
         target, batch, entry, partitions = ledger.row()
         conn.execute(

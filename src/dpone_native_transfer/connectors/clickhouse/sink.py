@@ -39,7 +39,7 @@ from typing import Any
 from ...column_types import Carry
 from ...errors import ConfigInvalid, NativeTransferError, SourceInvalid
 from ...identity import TableIdentity, file_location, server_location
-from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query
+from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query, ledger_table_sql
 from ...payloads import Column, LoadPlan, RowChunks, bound_predicates
 from .._sql import (
     STAGE_PREFIX,
@@ -407,10 +407,9 @@ def _record(client: ClickHouseClient, entry: LedgerEntry | None, rows: int) -> i
     """The batch's ledger row, after its rows (no transaction spans both); returns ``rows``."""
     if entry is not None:
         ledger = quote(LEDGER_TABLE)
+        order = " ENGINE = MergeTree ORDER BY (target_table, seq)"
         client.command(
-            f"CREATE TABLE IF NOT EXISTS {ledger} (seq UInt64, target_table String,"
-            " batch_id String, rows UInt64, entry String, partitions String)"
-            " ENGINE = MergeTree ORDER BY (target_table, seq)"
+            ledger_table_sql(ledger, seq="UInt64", integer="UInt64", text="String", tail=order)
         )
         target, batch, text, partitions = entry.row()
         client.command(
