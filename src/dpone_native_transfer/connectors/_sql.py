@@ -7,21 +7,28 @@ SQL text: a condition comes with its parameters.
 
 from __future__ import annotations
 
+import abc
+import contextlib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from ..errors import ConfigInvalid, SourceMissing, TargetUnavailable
 from ..identity import fold_ascii
 from ..payloads import UPTO_OR_NULL, Column, Predicate, bound_predicates
+from .contract import PendingLedger
+
+if TYPE_CHECKING:
+    from ..ledger import LedgerEntry
 
 __all__ = [
     "RESERVED_PREFIX",
     "STAGE_PREFIX",
     "ColumnDifference",
+    "FileTarget",
     "WINDOW_OPERATORS",
     "TableName",
     "TableSource",
@@ -372,3 +379,42 @@ def check_chunk_rows(chunk_rows: Any) -> int:
     if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
         raise ConfigInvalid("chunk_rows must be a positive integer")
     return chunk_rows
+
+
+class FileTarget(abc.ABC):
+    """What the file-backed sinks (SQLite, DuckDB) share: one target table in one file, whose
+    ledger row commits in the load's own transaction, and a file not there yet reads as an
+    empty target."""
+
+    ledger_atomic = True
+
+    def __init__(self, path: str | os.PathLike[str], table: str) -> None:
+        self.path = os.fspath(path)
+        self.table = table
+        self._ledger = PendingLedger()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(table={self.table!r})"
+
+    def ledger_batch(self, entry: LedgerEntry) -> contextlib.AbstractContextManager[None]:
+        return self._ledger.handed(entry)
+
+    @abc.abstractmethod
+    def _connect(self) -> contextlib.AbstractContextManager[Any]:
+        """A writing connection to the file, closed after the ``with`` block."""
+
+    @abc.abstractmethod
+    def _stage_sql(self) -> str:
+        """The staging table's name in the engine's SQL."""
+
+    def _reader(self) -> contextlib.AbstractContextManager[Any]:
+        """Connection for read-only helpers, or None when the file does not exist yet."""
+        if not os.path.isfile(self.path):
+            return contextlib.nullcontext(None)
+        return self._connect()
+
+    def discard_stage(self) -> None:
+        if not os.path.isfile(self.path):
+            return
+        with self._connect() as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {self._stage_sql()}")

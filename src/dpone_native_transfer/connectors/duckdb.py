@@ -46,6 +46,7 @@ from ._sql import (
     STAGE_PREFIX,
     WINDOW_OPERATORS,
     ColumnDifference,
+    FileTarget,
     TableName,
     check_target_folder,
     check_target_table,
@@ -56,7 +57,7 @@ from ._sql import (
     render_predicates,
     unavailable,
 )
-from .contract import PendingLedger, SQLiteFile
+from .contract import SQLiteFile
 from .sqlite import pulled_file, refuse_inexact_plan
 
 __all__ = ["DUCKDB_TYPES", "DuckDBSink", "duckdb_carrier", "duckdb_type"]
@@ -161,22 +162,18 @@ def _names(columns: Sequence[Column]) -> str:
     return ", ".join(quote(column.name) for column in columns)
 
 
-class DuckDBSink:
+class DuckDBSink(FileTarget):
     """Writes one target table of a DuckDB file, each load in a single transaction.
 
     Each load also writes its ledger row (``LedgerSink``) in that transaction.
     """
 
-    ledger_atomic = True
-
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
         check_target_table(table)
-        self.path = os.fspath(path)
-        self.table = table
+        super().__init__(path, table)
         self._target = parse_table(table, default_schema="main")
         catalog = os.path.splitext(os.path.basename(self.path))[0]  # DuckDB's name for the file
         refuse_reserved_schema(self._target, {*_RESERVED_SCHEMAS, catalog}, engine="DuckDB")
-        self._ledger = PendingLedger()
         self._checked: tuple[LoadPlan, set[str]] | None = None  # the last plan check_plan passed
         if self.path == ":memory:" or not self.path:
             raise ConfigInvalid(
@@ -185,12 +182,6 @@ class DuckDBSink:
                 diagnostics={"table": table},
             )
 
-    def __repr__(self) -> str:
-        return f"DuckDBSink(table={self.table!r})"
-
-    def ledger_batch(self, entry: LedgerEntry) -> contextlib.AbstractContextManager[None]:
-        return self._ledger.handed(entry)
-
     def identity(self) -> TableIdentity:
         """The file's resolved path; DuckDB matches table names case-insensitively."""
         return TableIdentity(file_location("duckdb", self.path), self._target.canonical())
@@ -198,6 +189,9 @@ class DuckDBSink:
     @property
     def _stage(self) -> TableName:
         return self._target.sibling(STAGE_PREFIX)
+
+    def _stage_sql(self) -> str:
+        return self._stage.sql()
 
     def check_target(self) -> None:
         """Before the target call: the folder exists and an existing file is a database this
@@ -218,12 +212,6 @@ class DuckDBSink:
             yield conn
         finally:
             conn.close()
-
-    def _reader(self) -> contextlib.AbstractContextManager[Any]:
-        """Connection for read-only helpers, or None when the file does not exist yet."""
-        if not os.path.isfile(self.path):
-            return contextlib.nullcontext(None)
-        return self._connect()
 
     def load(self, payload: RowChunks | LoadPlan) -> int:
         """Write the payload in one transaction and return the rows written."""
@@ -382,12 +370,6 @@ class DuckDBSink:
         finally:
             conn.close()
         return [LedgerEntry.from_row(*row) for row in rows]
-
-    def discard_stage(self) -> None:
-        if not os.path.isfile(self.path):
-            return
-        with self._connect() as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {self._stage.sql()}")
 
     def row_count(self) -> int:
         with self._reader() as conn:

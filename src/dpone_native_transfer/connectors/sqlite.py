@@ -38,6 +38,7 @@ from ..payloads import Column, LoadPlan, RowChunks, SourceShape
 from ._sql import (
     STAGE_PREFIX,
     ColumnDifference,
+    FileTarget,
     TableSource,
     bounds_where,
     check_chunk_rows,
@@ -52,7 +53,7 @@ from ._sql import (
     unavailable,
 )
 from ._sql import quote as _quote
-from .contract import DEFAULT_CHUNK_ROWS, PendingLedger, SQLiteFile
+from .contract import DEFAULT_CHUNK_ROWS, SQLiteFile
 
 __all__ = ["SQLiteSink", "SQLiteSource"]
 
@@ -527,28 +528,18 @@ def refuse_inexact_plan(
         )
 
 
-class SQLiteSink:
+class SQLiteSink(FileTarget):
     """Writes one target table of a SQLite file, each load in a single durable transaction.
 
     Each load also writes its ledger row (``LedgerSink``) in that transaction.
     """
-
-    ledger_atomic = True
 
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
         check_target_table(table)
         hint = 'a SQLite file is one schema; a name holding a dot is written quoted: "raw.t"'
         name = parse_table(table, default_schema="main")
         refuse_schema(name, engine="SQLite", hint=hint)
-        self.path = os.fspath(path)
-        self.table = name.name  # main.t is t; "raw.t" is the table raw.t
-        self._ledger = PendingLedger()
-
-    def __repr__(self) -> str:
-        return f"SQLiteSink(table={self.table!r})"
-
-    def ledger_batch(self, entry: LedgerEntry) -> contextlib.AbstractContextManager[None]:
-        return self._ledger.handed(entry)
+        super().__init__(path, name.name)  # main.t is t; "raw.t" is the table raw.t
 
     def identity(self) -> TableIdentity:
         """The file's resolved path; SQLite matches table names case-insensitively (ASCII)."""
@@ -557,6 +548,9 @@ class SQLiteSink:
     @property
     def _stage(self) -> str:
         return STAGE_PREFIX + self.table
+
+    def _stage_sql(self) -> str:
+        return _quote(self._stage)
 
     def check_target(self) -> None:
         """Before the target call: the folder exists and an existing file is a database this
@@ -583,12 +577,6 @@ class SQLiteSink:
         ) as conn:
             conn.execute("PRAGMA synchronous=FULL")
             yield conn
-
-    def _reader(self) -> contextlib.AbstractContextManager[sqlite3.Connection | None]:
-        """Connection for read-only helpers, or None when the file does not exist yet."""
-        if not os.path.isfile(self.path):
-            return contextlib.nullcontext(None)
-        return self._connect()
 
     def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
         """``SchemaEvolving``: SQLite matches column names case-insensitively (ASCII). A column
@@ -748,12 +736,6 @@ class SQLiteSink:
         if not replace or indexed:
             return False
         return tables[target] == f"CREATE TABLE {_quote(self.table)} ({definitions})"
-
-    def discard_stage(self) -> None:
-        if not os.path.isfile(self.path):
-            return
-        with self._connect() as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {_quote(self._stage)}")
 
     def row_count(self) -> int:
         with self._reader() as conn:
