@@ -1,0 +1,151 @@
+"""The module layers: what imports what, read from the source (AST) or from a fresh process.
+
+``cli.py`` is the console script and nothing imports it; running a route is
+``application.py`` and what is reported is ``reporting.py``, which the CLI, the
+demo and the Airflow adapter share. Imports under ``if TYPE_CHECKING:`` are not
+imports at run time and are left out.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import dpone_native_transfer
+from dpone_native_transfer.events import Event, EventName
+from dpone_native_transfer.reporting import progress_lines, progress_printer
+
+PACKAGE = "dpone_native_transfer"
+SRC = Path(dpone_native_transfer.__file__).parent
+PLUGINS = SRC.parents[1] / "plugins"
+
+
+def module_name(file: Path, root: Path) -> str:
+    parts = list(file.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+SRC_MODULES = {module_name(file, SRC.parent): file for file in sorted(SRC.rglob("*.py"))}
+PLUGIN_MODULES = {module_name(file, PLUGINS): file for file in sorted(PLUGINS.rglob("*.py"))}
+KNOWN_MODULES = {*SRC_MODULES, *PLUGIN_MODULES}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def import_nodes(
+    tree: ast.AST, *, in_functions: bool = True
+) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement run at some point; ``in_functions=False``: at import time only."""
+    for child in ast.iter_child_nodes(tree):
+        if isinstance(child, ast.If) and _is_type_checking(child):
+            continue
+        if not in_functions and isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        if isinstance(child, ast.Import | ast.ImportFrom):
+            yield child
+        yield from import_nodes(child, in_functions=in_functions)
+
+
+def imported_modules(module: str, file: Path, *, in_functions: bool = True) -> set[str]:
+    """The modules ``module`` imports; ``from . import x`` imports ``x`` if it is a module."""
+    package = module if file.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in import_nodes(
+        ast.parse(file.read_text(encoding="utf-8")), in_functions=in_functions
+    ):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            base = ".".join(anchor + ([node.module] if node.module else []))
+        for alias in node.names:  # a submodule by that name, else a name defined in ``base``
+            submodule = f"{base}.{alias.name}"
+            found.add(submodule if submodule in KNOWN_MODULES else base)
+    return found
+
+
+def src_graph(*, in_functions: bool) -> dict[str, set[str]]:
+    return {
+        module: imported_modules(module, file, in_functions=in_functions)
+        & set(SRC_MODULES) - {module}
+        for module, file in SRC_MODULES.items()
+    }
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found: list[list[str]] = []
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for target in sorted(graph[node]):
+            if state.get(target) == "open":
+                found.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_the_import_graph_finds_a_planted_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_package_modules_import_each_other_without_a_cycle_at_import_time():
+    graph = src_graph(in_functions=False)
+    assert graph[f"{PACKAGE}.cli"] >= {f"{PACKAGE}.application", f"{PACKAGE}.reporting"}
+    assert cycles(graph) == []
+
+
+def test_nothing_imports_the_command_line_module_not_even_on_use():
+    """The CLI is the top layer: the demo, the application, reporting and the plugins are below."""
+    files = {**SRC_MODULES, **PLUGIN_MODULES}
+    importers = sorted(
+        module
+        for module, file in files.items()
+        if f"{PACKAGE}.cli" in imported_modules(module, file) and module != f"{PACKAGE}.cli"
+    )
+    assert importers == []
+    assert f"{PACKAGE}.application" in imported_modules(
+        f"{PACKAGE}.demo", SRC_MODULES[f"{PACKAGE}.demo"]
+    )
+
+
+# -- one progress reporter, for a stream or for a logger ----------------------------------
+
+
+def _progress_events() -> list[Event]:
+    return [
+        Event(
+            EventName.PARTITION_EXTRACTED, {"done": 1, "of": 2, "partition_id": "p-1", "rows": 1200}
+        ),
+        Event(EventName.GUARD_ARMED, {}),
+        Event(EventName.TARGET_STARTED, {"operation": "load"}),
+    ]
+
+
+def test_progress_lines_hands_over_whole_lines_and_the_printer_prints_the_same_lines():
+    emitted: list[str] = []
+    listener = progress_lines(emitted.append)
+    for event in _progress_events():
+        listener(event)
+    assert emitted == ["[1/2] partition p-1 extracted 1,200 rows", "target: load"]
+    stream = io.StringIO()
+    printer = progress_printer(stream, indent="  ")
+    for event in _progress_events():
+        printer(event)
+    assert stream.getvalue() == "".join(f"  {line}\n" for line in emitted)
