@@ -9,9 +9,15 @@ imports at run time and are left out.
 from __future__ import annotations
 
 import ast
+import importlib
 import io
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 import dpone_native_transfer
 from dpone_native_transfer.events import Event, EventName
@@ -20,6 +26,7 @@ from dpone_native_transfer.reporting import progress_lines, progress_printer
 PACKAGE = "dpone_native_transfer"
 SRC = Path(dpone_native_transfer.__file__).parent
 PLUGINS = SRC.parents[1] / "plugins"
+CONNECTOR_NAMES = ("sqlite", "duckdb", "postgres", "clickhouse")
 
 
 def module_name(file: Path, root: Path) -> str:
@@ -149,3 +156,64 @@ def test_progress_lines_hands_over_whole_lines_and_the_printer_prints_the_same_l
     for event in _progress_events():
         printer(event)
     assert stream.getvalue() == "".join(f"  {line}\n" for line in emitted)
+
+
+# -- what an import loads, in a fresh interpreter -------------------------------------------
+
+CONNECTORS = tuple(f"{PACKAGE}.connectors.{name}" for name in CONNECTOR_NAMES)
+
+
+def loaded_after(statement: str) -> set[str]:
+    """The modules a fresh interpreter holds after ``statement`` (and nothing else)."""
+    script = f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))\n"
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    return set(json.loads(done.stdout))
+
+
+def test_importing_the_package_loads_none_of_its_modules():
+    loaded = loaded_after("import dpone_native_transfer")
+    assert sorted(m for m in loaded if m.startswith(PACKAGE)) == [PACKAGE]
+
+
+def test_the_guards_hook_implementations_load_no_cli_config_or_connector():
+    """What the entry point imports on every run: the hooks, the guard's policy, the records."""
+    loaded = loaded_after("import dpone_target_commit_guard.plugin")
+    assert f"{PACKAGE}.checkpoints" in loaded  # the control: the import did load the guard
+    unwanted = {"argparse", f"{PACKAGE}.cli", f"{PACKAGE}.config", *CONNECTORS}
+    assert sorted(unwanted & loaded) == []
+    assert sorted(m for m in loaded if m.startswith(f"{PACKAGE}.connectors")) == []
+
+
+# -- the lazy public API --------------------------------------------------------------------
+
+
+def _type_checking_imports() -> dict[str, str]:
+    """Name -> module of the imports ``__init__.py`` makes for type checkers."""
+    tree = ast.parse((SRC / "__init__.py").read_text(encoding="utf-8"))
+    block = next(n for n in tree.body if isinstance(n, ast.If) and _is_type_checking(n))
+    return {
+        alias.name: node.module or ""
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+def test_every_public_name_has_one_module_and_type_checkers_see_the_same_one():
+    exports = dpone_native_transfer._EXPORTS
+    assert sorted(exports) == sorted(dpone_native_transfer.__all__)
+    assert _type_checking_imports() == exports
+
+
+@pytest.mark.parametrize("name", sorted(dpone_native_transfer.__all__))
+def test_every_public_name_resolves_to_the_object_its_module_defines(name):
+    module = importlib.import_module(f"{PACKAGE}.{dpone_native_transfer._EXPORTS[name]}")
+    assert getattr(dpone_native_transfer, name) is getattr(module, name)
+    assert name in dir(dpone_native_transfer)
+
+
+def test_a_name_that_is_not_public_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'SQLiteSinkk'"):
+        _ = dpone_native_transfer.SQLiteSinkk
