@@ -217,3 +217,88 @@ def test_every_public_name_resolves_to_the_object_its_module_defines(name):
 def test_a_name_that_is_not_public_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'SQLiteSinkk'"):
         _ = dpone_native_transfer.SQLiteSinkk
+
+
+# -- one obvious module each: the hook contract, the boundary, the guard's policy -----------
+
+GUARD = PLUGINS / "dpone_target_commit_guard"
+TARGET_HOOKS = {"before_target_mutation", "after_target_success", "on_target_error"}
+
+
+def _trees() -> dict[str, ast.AST]:
+    """Every module of src/ and plugins/, by its path from there."""
+    files = [*sorted(SRC.rglob("*.py")), *sorted(PLUGINS.rglob("*.py"))]
+    return {
+        str(file.relative_to(SRC.parent if SRC in file.parents else PLUGINS)): ast.parse(
+            file.read_text(encoding="utf-8")
+        )
+        for file in files
+    }
+
+
+def _called(tree: ast.AST) -> set[str]:
+    """The names of what ``tree`` calls: ``f(...)`` and ``x.f(...)`` both give ``f``."""
+    return {
+        node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name | ast.Attribute)
+    }
+
+
+def _named(tree: ast.AST) -> set[str]:
+    """Every name and attribute ``tree`` mentions, imports included."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[-1])
+    return names
+
+
+def test_the_hook_contract_is_declared_in_hookspecs_only():
+    makers = {"HookspecMarker", "HookimplMarker"}
+    declaring = sorted(name for name, tree in _trees().items() if _called(tree) & makers)
+    assert declaring == ["dpone_native_transfer/hookspecs.py"]
+
+
+def test_the_target_hooks_are_fired_by_the_boundary_only():
+    """``plugins.py`` is the typed facade the boundary calls them through, nothing else."""
+    firing = sorted(name for name, tree in _trees().items() if _called(tree) & TARGET_HOOKS)
+    assert firing == ["dpone_native_transfer/boundary.py", "dpone_native_transfer/plugins.py"]
+
+
+def _guard_trees() -> dict[str, ast.AST]:
+    return {
+        file.name: ast.parse(file.read_text(encoding="utf-8"))
+        for file in sorted(GUARD.glob("*.py"))
+    }
+
+
+def test_what_blocks_a_route_is_decided_in_the_guards_policy_module_only():
+    trees = _guard_trees()
+    assert {"plugin.py", "policy.py", "payload.py", "commands.py"} <= set(trees)
+    refusals = {"ManualReconciliationRequired", "TargetCommitGuardInvalid"}
+    assert sorted(name for name, tree in trees.items() if _named(tree) & refusals) == ["policy.py"]
+    assert sorted(n for n, tree in trees.items() if "UNRESOLVED_PHASES" in _named(tree)) == [
+        "policy.py"
+    ]
+
+
+def test_the_guards_hooks_react_and_leave_every_failure_marker_to_the_policy():
+    """The hooks write ARMED before the target and CHECKPOINT_COMMITTED after it; which phase
+    and failure code a failed attempt leaves, and what a finding means, is ``policy.py``'s."""
+    plugin = _guard_trees()["plugin.py"]
+    phases = {
+        node.attr
+        for node in ast.walk(plugin)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "GuardPhase"
+    }
+    assert phases == {"ARMED", "CHECKPOINT_COMMITTED"}
+    named = _named(plugin)
+    assert "FailureCode" not in named
+    assert not named & {"malformed", "unresolved", "blocked", "problem", "blocked_partitions"}

@@ -34,7 +34,7 @@ from dpone_native_transfer.errors import (
 from dpone_native_transfer.events import Event
 from dpone_native_transfer.reporting import progress_lines, shortened, summary_line
 from dpone_native_transfer.runtime import TransferResult
-from dpone_target_commit_guard.operator import scan_hint
+from dpone_target_commit_guard.policy import scan_hint
 
 __all__ = [
     "RouteArgument",

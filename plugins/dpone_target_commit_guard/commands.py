@@ -2,7 +2,7 @@
 
 Found by the CLI through the ``dpone_native_transfer.commands`` entry point,
 so the runtime never imports the guard. Argument wiring and printing only:
-what blocks and how a repair is written is ``operator.py``; what the target's
+what blocks and how a repair is written is ``policy.py``; what the target's
 ledger proves is ``dpone_native_transfer.ledger`` and ``recovery``.
 
 Every action takes ``--store`` (with ``--route`` naming a route by its table
@@ -58,7 +58,7 @@ from dpone_native_transfer.reporting import (
 )
 from dpone_native_transfer.stores import open_store
 
-from .operator import (
+from .policy import (
     Finding,
     Resolution,
     audit_record,
