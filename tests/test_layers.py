@@ -302,3 +302,113 @@ def test_the_guards_hooks_react_and_leave_every_failure_marker_to_the_policy():
     named = _named(plugin)
     assert "FailureCode" not in named
     assert not named & {"malformed", "unresolved", "blocked", "problem", "blocked_partitions"}
+
+
+# -- the first-party plugins use the public API ---------------------------------------------
+
+# The rule: a plugin imports the names of ``dpone_native_transfer.__all__`` from the package
+# itself, and anything else only from a module listed here (with the plugin files allowed to
+# use it, or None for any). Each entry says why; a module nobody imports any more must leave.
+ANY_PLUGIN = None
+ALLOWED_MODULES: dict[str, frozenset[str] | None] = {
+    # Exit codes, PROG, progress and summary lines: how a command plugin (entry-point group
+    # dpone_native_transfer.commands) or a scheduler adapter reports like dpone-transfer.
+    f"{PACKAGE}.reporting": ANY_PLUGIN,
+    # Route files, and running one: what a scheduler adapter or an operator command starts from.
+    f"{PACKAGE}.config": ANY_PLUGIN,
+    f"{PACKAGE}.application": ANY_PLUGIN,
+    # The connectors' optional capabilities, documented for connector authors (connectors.md).
+    f"{PACKAGE}.connectors.contract": ANY_PLUGIN,
+    # Not public API: what the target's ledger proves, the operator lease and opening a store
+    # by its location, shared by the guard's operator commands and `dpone-transfer state`.
+    f"{PACKAGE}.ledger": frozenset({"dpone_target_commit_guard/commands.py"}),
+    f"{PACKAGE}.recovery": frozenset({"dpone_target_commit_guard/commands.py"}),
+    f"{PACKAGE}.stores": frozenset({"dpone_target_commit_guard/commands.py"}),
+}
+
+
+def package_imports(source: str) -> Iterator[tuple[str, str | None]]:
+    """(module, name) of every import from the package, even under TYPE_CHECKING or in a
+    function; ``import dpone_native_transfer.x`` gives (module, None)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == PACKAGE or node.module.startswith(f"{PACKAGE}."):
+                yield from ((node.module, alias.name) for alias in node.names)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == PACKAGE or alias.name.startswith(f"{PACKAGE}."):
+                    yield alias.name, None
+
+
+def off_the_public_api(plugin_file: str, source: str) -> list[str]:
+    public = set(dpone_native_transfer.__all__)
+    found = []
+    for module, name in package_imports(source):
+        if module == PACKAGE:
+            if name is not None and name not in public:
+                found.append(f"{name} is not in {PACKAGE}.__all__")
+        elif name in public:
+            found.append(f"{name} from {module}: import it from {PACKAGE}")
+        elif module not in ALLOWED_MODULES:
+            found.append(f"{module} is not a module plugins may import")
+        elif (files := ALLOWED_MODULES[module]) is not None and plugin_file not in files:
+            found.append(f"{module} is for {', '.join(sorted(files))} only")
+    return [f"{plugin_file}: {problem}" for problem in found]
+
+
+def _plugin_sources() -> dict[str, str]:
+    return {
+        str(file.relative_to(PLUGINS)): file.read_text(encoding="utf-8")
+        for file in sorted(PLUGINS.rglob("*.py"))
+    }
+
+
+def test_the_public_api_rule_catches_each_way_past_it():
+    rogue = (
+        "from dpone_native_transfer.latest import LatestCheckpoints\n"
+        "from dpone_native_transfer import lease_key\n"
+        "from dpone_native_transfer.planner import plan_window\n"
+        "import dpone_native_transfer.ledger\n"
+        "def f():\n    from dpone_native_transfer.reporting import PROG\n"
+    )
+    assert off_the_public_api("mine/plugin.py", rogue) == [
+        f"mine/plugin.py: LatestCheckpoints from {PACKAGE}.latest: import it from {PACKAGE}",
+        f"mine/plugin.py: lease_key is not in {PACKAGE}.__all__",
+        f"mine/plugin.py: {PACKAGE}.planner is not a module plugins may import",
+        f"mine/plugin.py: {PACKAGE}.ledger is for dpone_target_commit_guard/commands.py only",
+    ]
+
+
+def test_the_first_party_plugins_import_only_the_public_api_and_the_listed_modules():
+    sources = _plugin_sources()
+    assert [p for file, source in sources.items() for p in off_the_public_api(file, source)] == []
+    used = {module for source in sources.values() for module, _ in package_imports(source)}
+    assert sorted(set(ALLOWED_MODULES) - used) == [], "an allowed module no plugin imports"
+
+
+def test_the_guards_hook_modules_need_nothing_beyond_the_public_api_but_prog():
+    """What the route scan runs (hooks, policy, payload) is a plugin any author could write."""
+    sources = _plugin_sources()
+    hook_side = ("plugin.py", "policy.py", "payload.py")
+    beyond = {
+        (module, name)
+        for file in hook_side
+        for module, name in package_imports(sources[f"dpone_target_commit_guard/{file}"])
+        if module != PACKAGE
+    }
+    assert beyond == {(f"{PACKAGE}.reporting", "PROG")}  # the command named in a refusal
+
+
+def test_the_guard_and_the_facade_annotate_each_hook_argument_as_its_spec_does():
+    """``resume_route_scan`` is passed a ``LatestCheckpoints``, and says so everywhere."""
+    from dpone_native_transfer import hookspecs
+    from dpone_native_transfer.plugins import Hooks
+    from dpone_target_commit_guard import plugin as guard
+
+    for name in TARGET_HOOKS | {"resume_route_scan"}:
+        spec = getattr(hookspecs, name).__annotations__
+        for implementation in (getattr(guard, name), getattr(Hooks, name)):
+            annotations = dict(implementation.__annotations__)
+            annotations.pop("return")
+            assert annotations == {key: spec[key] for key in annotations}, (name, implementation)
+    assert hookspecs.resume_route_scan.__annotations__["checkpoints"] == "LatestCheckpoints"

@@ -14,10 +14,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from dpone_native_transfer import Event, TransferResult
 from dpone_native_transfer.application import transfer
 from dpone_native_transfer.config import RouteConfig
-from dpone_native_transfer.events import Event
-from dpone_native_transfer.runtime import TransferResult
 
 from .task import (
     RouteArgument,

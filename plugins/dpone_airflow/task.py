@@ -16,24 +16,24 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from dpone_native_transfer.checkpoints import RouteKey
+from dpone_native_transfer import (
+    ConfigInvalid,
+    Event,
+    ManualReconciliationRequired,
+    NativeTransferError,
+    RouteBusy,
+    RouteKey,
+    StoreTargetMismatch,
+    TargetCommitGuardInvalid,
+    TargetCommitGuardUnhandled,
+    TransferResult,
+)
 from dpone_native_transfer.config import (
     RouteConfig,
     load_route_config,
     route_config_from_mapping,
 )
-from dpone_native_transfer.errors import (
-    ConfigInvalid,
-    ManualReconciliationRequired,
-    NativeTransferError,
-    RouteBusy,
-    StoreTargetMismatch,
-    TargetCommitGuardInvalid,
-    TargetCommitGuardUnhandled,
-)
-from dpone_native_transfer.events import Event
 from dpone_native_transfer.reporting import progress_lines, shortened, summary_line
-from dpone_native_transfer.runtime import TransferResult
 from dpone_target_commit_guard.policy import scan_hint
 
 __all__ = [

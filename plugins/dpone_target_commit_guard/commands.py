@@ -26,17 +26,18 @@ from typing import Any
 
 import attrs
 
-from dpone_native_transfer.checkpoints import (
+from dpone_native_transfer import (
     LEDGER_BATCH_KEY,
+    ConfigInvalid,
     PartitionCheckpoint,
     RouteKey,
+    StoreTargetMismatch,
     Strategy,
+    as_latest,
     format_timestamp,
 )
 from dpone_native_transfer.config import RouteConfig, load_route_config
 from dpone_native_transfer.connectors.contract import LedgerSink
-from dpone_native_transfer.errors import ConfigInvalid, StoreTargetMismatch
-from dpone_native_transfer.latest import as_latest
 from dpone_native_transfer.ledger import (
     APPLIED,
     NOT_APPLIED,

@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from dpone_native_transfer.checkpoints import (
+from dpone_native_transfer import (
     GUARD_DIAGNOSTICS_KEY,
     PartitionCheckpoint,
     PartitionCheckpointStatus,

@@ -19,14 +19,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dpone_native_transfer.checkpoints import (
+from dpone_native_transfer import (
     GUARD_DIAGNOSTICS_KEY,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
     RouteKey,
+    as_latest,
+    hookimpl,
 )
-from dpone_native_transfer.hookspecs import hookimpl
-from dpone_native_transfer.latest import as_latest
 
 from .payload import GuardPhase, batch_id_for, build_guard
 from .policy import (
@@ -38,11 +38,11 @@ from .policy import (
 )
 
 if TYPE_CHECKING:
-    from dpone_native_transfer.boundary import TargetMutation
+    from dpone_native_transfer import LatestCheckpoints, TargetMutation
 
 
 @hookimpl
-def resume_route_scan(route: RouteKey, checkpoints: Sequence[PartitionCheckpoint]) -> bool:
+def resume_route_scan(route: RouteKey, checkpoints: LatestCheckpoints) -> bool:
     """Raise what ``policy.route_scan_refusal`` decides; else claim the route's guards.
 
     ``checkpoints`` are those of every route writing the target table.

@@ -19,21 +19,19 @@ from typing import Any
 
 import attrs
 
-from dpone_native_transfer.checkpoints import (
+from dpone_native_transfer import (
     GUARD_DIAGNOSTICS_KEY,
+    ConfigInvalid,
     FailureCode,
+    LatestCheckpoints,
+    ManualReconciliationRequired,
+    NativeTransferError,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
     RouteKey,
+    TargetCommitGuardInvalid,
     format_timestamp,
 )
-from dpone_native_transfer.errors import (
-    ConfigInvalid,
-    ManualReconciliationRequired,
-    NativeTransferError,
-    TargetCommitGuardInvalid,
-)
-from dpone_native_transfer.latest import LatestCheckpoints
 from dpone_native_transfer.reporting import PROG
 
 from .payload import (

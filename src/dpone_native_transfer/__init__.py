@@ -19,12 +19,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .boundary import AttemptState, TargetMutation
     from .checkpoints import (
+        GUARD_DIAGNOSTICS_KEY,
+        LEDGER_BATCH_KEY,
+        FailureCode,
         PartitionCheckpoint,
         PartitionCheckpointStatus,
         RouteKey,
         Strategy,
+        batch_id_for,
         checkpoint_from_payload,
         checkpoint_to_payload,
+        format_timestamp,
     )
     from .connectors import ClickHouseSink, DuckDBSink, PostgresSource, SQLiteSink, SQLiteSource
     from .errors import (
@@ -54,6 +59,7 @@ if TYPE_CHECKING:
     )
     from .events import Event, EventName
     from .hookspecs import hookimpl
+    from .latest import LatestCheckpoints, as_latest
     from .paths import Governance, PathContext
     from .payloads import Column, LoadPlan, RowChunks, SourceShape
     from .plugins import entry_point_plugins
@@ -73,6 +79,11 @@ _EXPORTS: dict[str, str] = {
     "Strategy": "checkpoints",
     "checkpoint_from_payload": "checkpoints",
     "checkpoint_to_payload": "checkpoints",
+    "GUARD_DIAGNOSTICS_KEY": "checkpoints",
+    "LEDGER_BATCH_KEY": "checkpoints",
+    "FailureCode": "checkpoints",
+    "batch_id_for": "checkpoints",
+    "format_timestamp": "checkpoints",
     "ClickHouseSink": "connectors",
     "DuckDBSink": "connectors",
     "PostgresSource": "connectors",
@@ -104,6 +115,8 @@ _EXPORTS: dict[str, str] = {
     "Event": "events",
     "EventName": "events",
     "hookimpl": "hookspecs",
+    "LatestCheckpoints": "latest",
+    "as_latest": "latest",
     "Governance": "paths",
     "PathContext": "paths",
     "Column": "payloads",
@@ -136,29 +149,33 @@ __all__ = [
     "DuckDBSink",
     "Event",
     "EventName",
+    "FailureCode",
+    "GUARD_DIAGNOSTICS_KEY",
     "Governance",
     "GovernanceGateFailed",
+    "LEDGER_BATCH_KEY",
+    "LatestCheckpoints",
     "LoadPlan",
     "ManualReconciliationRequired",
     "MemoryCheckpointStore",
     "NativeTransferError",
-    "PathContractBroken",
     "PartitionCheckpoint",
     "PartitionCheckpointStatus",
     "PathContext",
+    "PathContractBroken",
     "PluginLoadFailed",
     "PostgresCheckpointStore",
     "PostgresSource",
     "ResolutionConflict",
     "RouteBusy",
     "RouteDefinitionChanged",
-    "SchemaChanged",
     "RouteKey",
     "RouteStateStore",
     "RowChunks",
     "SQLiteCheckpointStore",
     "SQLiteSink",
     "SQLiteSource",
+    "SchemaChanged",
     "SourceInvalid",
     "SourceMissing",
     "SourceShape",
@@ -166,15 +183,18 @@ __all__ = [
     "Strategy",
     "TargetCommitGuardInvalid",
     "TargetCommitGuardUnhandled",
-    "TargetUnavailable",
     "TargetMutation",
+    "TargetUnavailable",
     "TransferResult",
     "TransferRuntime",
     "TransferSpec",
     "ValueUnsupported",
+    "as_latest",
+    "batch_id_for",
     "checkpoint_from_payload",
     "checkpoint_to_payload",
     "entry_point_plugins",
+    "format_timestamp",
     "hookimpl",
 ]
 
