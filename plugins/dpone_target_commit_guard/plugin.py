@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpone_native_transfer import (
     GUARD_DIAGNOSTICS_KEY,
+    InternalInvariantBroken,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
     RouteKey,
@@ -56,7 +57,7 @@ def resume_route_scan(route: RouteKey, checkpoints: LatestCheckpoints) -> bool:
 def _armed_batch(mutation: TargetMutation) -> str:
     """The batch id the guard armed (after ``before_target_mutation``, always set)."""
     if mutation.state.batch_id is None:
-        raise RuntimeError("a target hook ran before the guard armed the batch")  # a bug
+        raise InternalInvariantBroken("a target hook ran before the guard armed the batch")
     return mutation.state.batch_id
 
 
