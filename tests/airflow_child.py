@@ -29,7 +29,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowTaskTerminated, 
 
 from dpone_airflow.operator import NativeTransferOperator
 from dpone_native_transfer import SQLiteCheckpointStore
-from dpone_native_transfer.cli import transfer
+from dpone_native_transfer.application import transfer
 from dpone_native_transfer.errors import ConfigInvalid, ManualReconciliationRequired
 from dpone_native_transfer.testing import (
     FaultyStore,

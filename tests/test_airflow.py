@@ -39,7 +39,7 @@ from dpone_airflow.task import (
     task_run_id,
 )
 from dpone_native_transfer import PostgresCheckpointStore, RouteKey
-from dpone_native_transfer.cli import transfer
+from dpone_native_transfer.application import transfer
 from dpone_native_transfer.config import load_route_config
 from dpone_native_transfer.errors import (
     CheckpointStoreUnavailable,

@@ -57,7 +57,7 @@ from dpone_native_transfer.testing import (
     assert_rows_exactly_once,
     build_sample_source,
 )
-from dpone_target_commit_guard.operator import (
+from dpone_target_commit_guard.policy import (
     Finding,
     Resolution,
     audit_record,

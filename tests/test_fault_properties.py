@@ -86,7 +86,7 @@ from dpone_native_transfer.testing import (
     build_sample_source,
     phase_batch,
 )
-from dpone_target_commit_guard.operator import (
+from dpone_target_commit_guard.policy import (
     Resolution,
     audit_record,
     blocked_partitions,

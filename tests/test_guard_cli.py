@@ -874,7 +874,8 @@ def test_in_process_refusals_write_nothing(route, capsys):
 
 def test_operator_functions_are_the_runtime_scan(route):
     """The scan policy is one function: the plugin's hook and ``guard scan`` both call it."""
-    from dpone_target_commit_guard import operator, plugin
+    from dpone_target_commit_guard import plugin
+    from dpone_target_commit_guard import policy as operator
 
     make_checkpoint_incomplete(route)
     latest = route.latest()

@@ -41,8 +41,8 @@ from dpone_native_transfer.checkpoints import GUARD_DIAGNOSTICS_KEY
 from dpone_native_transfer.latest import LatestCheckpoints, as_latest
 from dpone_native_transfer.stores import sqlite as sqlite_store
 from dpone_native_transfer.testing import RecordingSink, StepClock, build_sample_source
-from dpone_target_commit_guard.operator import blocked_partitions
 from dpone_target_commit_guard.payload import GuardPhase, build_guard
+from dpone_target_commit_guard.policy import blocked_partitions
 
 ROUTE = RouteKey("orders", "orders_copy", "incremental_append")
 BATCH = "sha256:" + "ab" * 32

@@ -48,7 +48,7 @@ from dpone_native_transfer.testing import (
     guard_phases,
     phase_batch,
 )
-from dpone_target_commit_guard.operator import (
+from dpone_target_commit_guard.policy import (
     Resolution,
     audit_record,
     blocked_partitions,

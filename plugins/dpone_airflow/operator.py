@@ -14,10 +14,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from dpone_native_transfer.cli import transfer
+from dpone_native_transfer import Event, TransferResult
+from dpone_native_transfer.application import transfer
 from dpone_native_transfer.config import RouteConfig
-from dpone_native_transfer.events import Event
-from dpone_native_transfer.runtime import TransferResult
 
 from .task import (
     RouteArgument,
@@ -82,8 +81,8 @@ class NativeTransferOperator(BaseOperator):
         """The one call into the runtime (the CLI's ``run`` code path).
 
         The only seam for tests: a subclass may override it to wrap the store
-        or the sink (``dpone_native_transfer.cli.transfer`` takes ``wrap_store``
-        and ``sink``) and so inject faults or count target calls.
+        or the sink (``dpone_native_transfer.application.transfer`` takes
+        ``wrap_store`` and ``sink``) and so inject faults or count target calls.
         """
         return transfer(config, run_id, events=events)
 

@@ -16,26 +16,25 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from dpone_native_transfer.checkpoints import RouteKey
-from dpone_native_transfer.cli import progress_printer, summary_line
+from dpone_native_transfer import (
+    ConfigInvalid,
+    Event,
+    ManualReconciliationRequired,
+    NativeTransferError,
+    RouteBusy,
+    RouteKey,
+    StoreTargetMismatch,
+    TargetCommitGuardInvalid,
+    TargetCommitGuardUnhandled,
+    TransferResult,
+)
 from dpone_native_transfer.config import (
     RouteConfig,
     load_route_config,
     route_config_from_mapping,
 )
-from dpone_native_transfer.errors import (
-    ConfigInvalid,
-    ManualReconciliationRequired,
-    NativeTransferError,
-    RouteBusy,
-    StoreTargetMismatch,
-    TargetCommitGuardInvalid,
-    TargetCommitGuardUnhandled,
-)
-from dpone_native_transfer.events import Event
-from dpone_native_transfer.reporting import shortened
-from dpone_native_transfer.runtime import TransferResult
-from dpone_target_commit_guard.operator import scan_hint
+from dpone_native_transfer.reporting import progress_lines, shortened, summary_line
+from dpone_target_commit_guard.policy import scan_hint
 
 __all__ = [
     "RouteArgument",
@@ -103,24 +102,7 @@ def task_run_id(
 
 def progress_logger(log: TaskLog) -> Callable[[Event], None]:
     """The CLI's progress lines (one per extracted partition, one at the target), as log lines."""
-    return progress_printer(_LineWriter(lambda line: log.info("dpone: %s", line)))
-
-
-class _LineWriter:
-    """The minimal text stream ``print`` needs: each complete line goes to ``emit``."""
-
-    def __init__(self, emit: Callable[[str], object]) -> None:
-        self._emit = emit
-        self._pending = ""
-
-    def write(self, text: str) -> int:
-        *lines, self._pending = (self._pending + text).split("\n")
-        for line in lines:
-            self._emit(line)
-        return len(text)
-
-    def flush(self) -> None:
-        """Nothing is buffered beyond an unfinished line."""
+    return progress_lines(lambda line: log.info("dpone: %s", line))
 
 
 def run_summary(

@@ -2,7 +2,7 @@
 
 Found by the CLI through the ``dpone_native_transfer.commands`` entry point,
 so the runtime never imports the guard. Argument wiring and printing only:
-what blocks and how a repair is written is ``operator.py``; what the target's
+what blocks and how a repair is written is ``policy.py``; what the target's
 ledger proves is ``dpone_native_transfer.ledger`` and ``recovery``.
 
 Every action takes ``--store`` (with ``--route`` naming a route by its table
@@ -26,17 +26,18 @@ from typing import Any
 
 import attrs
 
-from dpone_native_transfer.checkpoints import (
+from dpone_native_transfer import (
     LEDGER_BATCH_KEY,
+    ConfigInvalid,
     PartitionCheckpoint,
     RouteKey,
+    StoreTargetMismatch,
     Strategy,
+    as_latest,
     format_timestamp,
 )
 from dpone_native_transfer.config import RouteConfig, load_route_config
 from dpone_native_transfer.connectors.contract import LedgerSink
-from dpone_native_transfer.errors import ConfigInvalid, StoreTargetMismatch
-from dpone_native_transfer.latest import as_latest
 from dpone_native_transfer.ledger import (
     APPLIED,
     NOT_APPLIED,
@@ -58,7 +59,7 @@ from dpone_native_transfer.reporting import (
 )
 from dpone_native_transfer.stores import open_store
 
-from .operator import (
+from .policy import (
     Finding,
     Resolution,
     audit_record,

@@ -2,7 +2,8 @@
 
 Reading is strict and fails closed: an unknown schema version, an extra or
 missing key, a wrong type, an unknown phase or a phase that contradicts the
-checkpoint status is *malformed*, never ignored.
+checkpoint status is *malformed*, never ignored. What a phase means for the
+route (whether it blocks) is ``policy.py``'s to say.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from dpone_native_transfer.checkpoints import (
+from dpone_native_transfer import (
     GUARD_DIAGNOSTICS_KEY,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
@@ -55,11 +56,6 @@ PHASE_STATUS = {
     GuardPhase.TARGET_OUTCOME_UNKNOWN: PartitionCheckpointStatus.FAILED,
 }
 
-# Phases after which the target's state cannot be inferred: retry must stop.
-UNRESOLVED_PHASES = frozenset(
-    {GuardPhase.ARMED, GuardPhase.CHECKPOINT_INCOMPLETE, GuardPhase.TARGET_OUTCOME_UNKNOWN}
-)
-
 
 class MalformedGuard(ValueError):
     """A guard that cannot be trusted; ``problem`` is a bounded code, safe to report."""
@@ -71,12 +67,10 @@ class MalformedGuard(ValueError):
 
 @attrs.frozen
 class GuardRecord:
+    """A well-formed guard: its phase and the batch id it was armed with."""
+
     phase: GuardPhase
     batch_id: str
-
-    @property
-    def unresolved(self) -> bool:
-        return self.phase in UNRESOLVED_PHASES
 
 
 def build_guard(phase: GuardPhase, batch_id: str) -> dict[str, str]:

@@ -2,55 +2,141 @@
 
 The public API is re-exported here; code outside the project imports from
 this module only.
+
+Each name is imported from its module on first use (PEP 562, ``__getattr__``
+below). Importing any module of the package imports this one first, and it
+imports nothing of its own, so ``import dpone_native_transfer.errors`` loads
+no connector, store or runtime. ``from dpone_native_transfer import X`` works
+as before; type checkers read the ``TYPE_CHECKING`` imports, and never see
+``__getattr__``, so a misspelt name is still an error to them.
 """
 
 from __future__ import annotations
 
-from .boundary import AttemptState, TargetMutation
-from .checkpoints import (
-    PartitionCheckpoint,
-    PartitionCheckpointStatus,
-    RouteKey,
-    Strategy,
-    checkpoint_from_payload,
-    checkpoint_to_payload,
-)
-from .connectors import ClickHouseSink, DuckDBSink, PostgresSource, SQLiteSink, SQLiteSource
-from .errors import (
-    ArtifactInvalid,
-    CheckpointPayloadInvalid,
-    CheckpointStoreCorrupt,
-    CheckpointStoreUnavailable,
-    ClockInvalid,
-    ConfigInvalid,
-    CursorNull,
-    GovernanceGateFailed,
-    ManualReconciliationRequired,
-    NativeTransferError,
-    PathContractBroken,
-    PluginLoadFailed,
-    ResolutionConflict,
-    RouteBusy,
-    RouteDefinitionChanged,
-    SchemaChanged,
-    SourceInvalid,
-    SourceMissing,
-    StoreTargetMismatch,
-    TargetCommitGuardInvalid,
-    TargetCommitGuardUnhandled,
-    TargetUnavailable,
-    ValueUnsupported,
-)
-from .events import Event, EventName
-from .hookspecs import hookimpl
-from .paths import Governance, PathContext
-from .payloads import Column, LoadPlan, RowChunks, SourceShape
-from .plugins import entry_point_plugins
-from .runtime import TransferResult, TransferRuntime, TransferSpec
-from .stores import CheckpointStore, RouteStateStore
-from .stores.memory import MemoryCheckpointStore
-from .stores.postgres import PostgresCheckpointStore
-from .stores.sqlite import SQLiteCheckpointStore
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .boundary import AttemptState, TargetMutation
+    from .checkpoints import (
+        GUARD_DIAGNOSTICS_KEY,
+        LEDGER_BATCH_KEY,
+        FailureCode,
+        PartitionCheckpoint,
+        PartitionCheckpointStatus,
+        RouteKey,
+        Strategy,
+        batch_id_for,
+        checkpoint_from_payload,
+        checkpoint_to_payload,
+        format_timestamp,
+    )
+    from .connectors import ClickHouseSink, DuckDBSink, PostgresSource, SQLiteSink, SQLiteSource
+    from .errors import (
+        ArtifactInvalid,
+        CheckpointPayloadInvalid,
+        CheckpointStoreCorrupt,
+        CheckpointStoreUnavailable,
+        ClockInvalid,
+        ConfigInvalid,
+        CursorNull,
+        GovernanceGateFailed,
+        InternalInvariantBroken,
+        ManualReconciliationRequired,
+        NativeTransferError,
+        PathContractBroken,
+        PluginLoadFailed,
+        ResolutionConflict,
+        RouteBusy,
+        RouteDefinitionChanged,
+        SchemaChanged,
+        SourceInvalid,
+        SourceMissing,
+        StoreClosed,
+        StoreTargetMismatch,
+        TargetCommitGuardInvalid,
+        TargetCommitGuardUnhandled,
+        TargetUnavailable,
+        ValueUnsupported,
+    )
+    from .events import Event, EventName
+    from .hookspecs import hookimpl
+    from .latest import LatestCheckpoints, as_latest
+    from .paths import Governance, PathContext
+    from .payloads import Column, LoadPlan, RowChunks, SourceShape
+    from .plugins import entry_point_plugins
+    from .runtime import TransferResult, TransferRuntime, TransferSpec
+    from .stores import CheckpointStore, RouteStateStore
+    from .stores.memory import MemoryCheckpointStore
+    from .stores.postgres import PostgresCheckpointStore
+    from .stores.sqlite import SQLiteCheckpointStore
+
+# Each public name and the module (relative to this package) that defines it.
+_EXPORTS: dict[str, str] = {
+    "AttemptState": "boundary",
+    "TargetMutation": "boundary",
+    "PartitionCheckpoint": "checkpoints",
+    "PartitionCheckpointStatus": "checkpoints",
+    "RouteKey": "checkpoints",
+    "Strategy": "checkpoints",
+    "checkpoint_from_payload": "checkpoints",
+    "checkpoint_to_payload": "checkpoints",
+    "GUARD_DIAGNOSTICS_KEY": "checkpoints",
+    "LEDGER_BATCH_KEY": "checkpoints",
+    "FailureCode": "checkpoints",
+    "batch_id_for": "checkpoints",
+    "format_timestamp": "checkpoints",
+    "ClickHouseSink": "connectors",
+    "DuckDBSink": "connectors",
+    "PostgresSource": "connectors",
+    "SQLiteSink": "connectors",
+    "SQLiteSource": "connectors",
+    "ArtifactInvalid": "errors",
+    "CheckpointPayloadInvalid": "errors",
+    "CheckpointStoreCorrupt": "errors",
+    "CheckpointStoreUnavailable": "errors",
+    "ClockInvalid": "errors",
+    "ConfigInvalid": "errors",
+    "CursorNull": "errors",
+    "GovernanceGateFailed": "errors",
+    "InternalInvariantBroken": "errors",
+    "ManualReconciliationRequired": "errors",
+    "NativeTransferError": "errors",
+    "PathContractBroken": "errors",
+    "PluginLoadFailed": "errors",
+    "ResolutionConflict": "errors",
+    "RouteBusy": "errors",
+    "RouteDefinitionChanged": "errors",
+    "SchemaChanged": "errors",
+    "SourceInvalid": "errors",
+    "SourceMissing": "errors",
+    "StoreClosed": "errors",
+    "StoreTargetMismatch": "errors",
+    "TargetCommitGuardInvalid": "errors",
+    "TargetCommitGuardUnhandled": "errors",
+    "TargetUnavailable": "errors",
+    "ValueUnsupported": "errors",
+    "Event": "events",
+    "EventName": "events",
+    "hookimpl": "hookspecs",
+    "LatestCheckpoints": "latest",
+    "as_latest": "latest",
+    "Governance": "paths",
+    "PathContext": "paths",
+    "Column": "payloads",
+    "LoadPlan": "payloads",
+    "RowChunks": "payloads",
+    "SourceShape": "payloads",
+    "entry_point_plugins": "plugins",
+    "TransferResult": "runtime",
+    "TransferRuntime": "runtime",
+    "TransferSpec": "runtime",
+    "CheckpointStore": "stores",
+    "RouteStateStore": "stores",
+    "MemoryCheckpointStore": "stores.memory",
+    "PostgresCheckpointStore": "stores.postgres",
+    "SQLiteCheckpointStore": "stores.sqlite",
+}
 
 __all__ = [
     "ArtifactInvalid",
@@ -67,44 +153,67 @@ __all__ = [
     "DuckDBSink",
     "Event",
     "EventName",
+    "FailureCode",
+    "GUARD_DIAGNOSTICS_KEY",
     "Governance",
     "GovernanceGateFailed",
+    "InternalInvariantBroken",
+    "LEDGER_BATCH_KEY",
+    "LatestCheckpoints",
     "LoadPlan",
     "ManualReconciliationRequired",
     "MemoryCheckpointStore",
     "NativeTransferError",
-    "PathContractBroken",
     "PartitionCheckpoint",
     "PartitionCheckpointStatus",
     "PathContext",
+    "PathContractBroken",
     "PluginLoadFailed",
     "PostgresCheckpointStore",
     "PostgresSource",
     "ResolutionConflict",
     "RouteBusy",
     "RouteDefinitionChanged",
-    "SchemaChanged",
     "RouteKey",
     "RouteStateStore",
     "RowChunks",
     "SQLiteCheckpointStore",
     "SQLiteSink",
     "SQLiteSource",
+    "SchemaChanged",
     "SourceInvalid",
     "SourceMissing",
     "SourceShape",
+    "StoreClosed",
     "StoreTargetMismatch",
     "Strategy",
     "TargetCommitGuardInvalid",
     "TargetCommitGuardUnhandled",
-    "TargetUnavailable",
     "TargetMutation",
+    "TargetUnavailable",
     "TransferResult",
     "TransferRuntime",
     "TransferSpec",
     "ValueUnsupported",
+    "as_latest",
+    "batch_id_for",
     "checkpoint_from_payload",
     "checkpoint_to_payload",
     "entry_point_plugins",
+    "format_timestamp",
     "hookimpl",
 ]
+
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value  # looked up once: later reads find the module attribute
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__})

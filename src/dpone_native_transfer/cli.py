@@ -9,6 +9,10 @@ Plugins add subcommands through the entry-point group
 ``dpone_native_transfer.commands`` (the guard's operator commands live there,
 because the runtime never imports the guard): each entry point is a function
 ``add(commands, common)`` shaped like ``_add_run_command`` below.
+
+Argument wiring only: running a route is ``application.py``, what is printed
+(exit codes, progress, summaries) is ``reporting.py``. No module of the
+package or of its plugins imports this one: it is the console script.
 """
 
 from __future__ import annotations
@@ -17,21 +21,17 @@ import argparse
 import contextlib
 import json
 import os
-import secrets
 import sys
-import time
 import traceback
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .config import RouteConfig, load_route_config
+from .application import new_run_id, transfer
+from .config import load_route_config
 from .errors import NativeTransferError, PluginLoadFailed
-from .events import Event
 from .reporting import (
-    BLOCKING_ERRORS,
     EXIT_BLOCKED,
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -40,17 +40,15 @@ from .reporting import (
     PROG,
     SHOWN_ITEMS,
     exit_code_for,
-    plural,
     progress_printer,
     shortened,
     summary_line,
 )
-from .runtime import TransferResult, TransferRuntime
 from .state_commands import add_state_command
-from .stores import open_store
 
+# The exit codes are the command's interface (see the epilog), so they are named here too;
+# they are defined, with the rest of what is printed, in ``reporting.py``.
 __all__ = [
-    "BLOCKING_ERRORS",
     "COMMANDS_GROUP",
     "EXIT_BLOCKED",
     "EXIT_CONFIG",
@@ -58,13 +56,7 @@ __all__ = [
     "EXIT_OK",
     "PROG",
     "build_parser",
-    "exit_code_for",
     "main",
-    "new_run_id",
-    "plural",
-    "progress_printer",
-    "summary_line",
-    "transfer",
 ]
 
 COMMANDS_GROUP = "dpone_native_transfer.commands"
@@ -84,6 +76,8 @@ class _OutputStream:
     After a broken pipe the rest of the output is dropped (the descriptor is
     pointed at /dev/null, so the interpreter's last flush does not fail either)
     and the command finishes as it would have, with its own exit status.
+    Only ``main`` installs it, on the console process's own streams: a library
+    caller or a scheduler owns its streams, so it lives here, not in ``reporting``.
     """
 
     def __init__(self, stream: Any) -> None:
@@ -251,39 +245,6 @@ def _report_failure(error: Exception, *, show_traceback: bool) -> int:
     return exit_code_for(error)
 
 
-def new_run_id() -> str:
-    return f"run-{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
-
-
-def transfer(
-    config: RouteConfig,
-    run_id: str,
-    *,
-    events: Callable[[Event], None] | None = None,
-    wrap_store: Callable[[Any], Any] | None = None,
-    sink: Any = None,
-    unguarded: bool = False,
-) -> tuple[TransferResult, float]:
-    """One run of a configured route; returns the result and its duration in seconds.
-
-    The guard comes from its entry point (``plugins=None``) unless ``unguarded``
-    (``plugins=[]``); the store is always closed.
-    """
-    started = time.perf_counter()
-    store = open_store(config.store_path, create=True, argument="store.path")
-    try:
-        runtime = TransferRuntime(
-            store if wrap_store is None else wrap_store(store),
-            events=events,
-            lease_seconds=config.lease_seconds,
-            plugins=[] if unguarded else None,
-        )
-        result = runtime.run(config.spec(run_id, sink=sink))
-    finally:
-        store.close()
-    return result, time.perf_counter() - started
-
-
 def _run_command(args: argparse.Namespace) -> int:
     config = load_route_config(args.route)
     run_id = args.run_id or new_run_id()
@@ -294,6 +255,6 @@ def _run_command(args: argparse.Namespace) -> int:
 
 
 def _demo_command(args: argparse.Namespace) -> int:
-    from .demo import run_demo  # on use: the demo builds on this module's run helpers
+    from .demo import run_demo  # on use only: the demo loads the testing helpers
 
     return run_demo(Path(args.workdir), sys.stdout)

@@ -2,8 +2,9 @@
 
 Self-checking, on local SQLite files: it exits 0 only if the guard stopped the
 retry before the target and every source row is in the target exactly once.
-Kept out of ``cli.py`` so the command module stays small; ``cli`` imports it
-only when the demo runs.
+It runs the route as ``dpone-transfer run`` does, through ``application.py``
+and the lines of ``reporting.py``; it never imports ``cli``, which imports
+this module only when the demo runs.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from collections import Counter
 from pathlib import Path
 from typing import TextIO
 
-from .cli import EXIT_FAILED, EXIT_OK, PROG, progress_printer, summary_line, transfer
+from .application import transfer
 from .config import RouteConfig, load_route_config
 from .errors import ManualReconciliationRequired, NativeTransferError
+from .reporting import EXIT_FAILED, EXIT_OK, PROG, progress_printer, summary_line
 from .stores.sqlite import SQLiteCheckpointStore
 from .testing import (
     FaultyStore,

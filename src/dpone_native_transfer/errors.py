@@ -25,6 +25,7 @@ __all__ = [
     "CursorNull",
     "GovernanceGateFailed",
     "ArtifactInvalid",
+    "InternalInvariantBroken",
     "ManualReconciliationRequired",
     "NativeTransferError",
     "PathContractBroken",
@@ -35,6 +36,7 @@ __all__ = [
     "RouteBusy",
     "SourceInvalid",
     "SourceMissing",
+    "StoreClosed",
     "StoreTargetMismatch",
     "TargetCommitGuardInvalid",
     "TargetCommitGuardUnhandled",
@@ -220,6 +222,29 @@ class PathContractBroken(NativeTransferError):
     or tried to reach it twice. A bug in the path, not in the route file (exit 1)."""
 
     code = "native_transfer_path_contract_broken"
+
+
+class StoreClosed(NativeTransferError, ValueError):
+    """A checkpoint store was used after ``close()``: a bug in the calling code, not in the
+    route file (exit 1). Nothing was read or written by that call. Still a ``ValueError``,
+    which is what a closed store raised before it had a code."""
+
+    code = "native_transfer_store_closed"
+
+    @classmethod
+    def used(cls, store: object) -> StoreClosed:
+        kind = type(store).__name__  # the class, never the location: a DSN holds credentials
+        return cls(
+            f"this {kind} is closed: it was used after close(); open the store again",
+            diagnostics={"store": kind},
+        )
+
+
+class InternalInvariantBroken(NativeTransferError):
+    """dpone (or a first-party plugin) found one of its own invariants broken: a bug, not a
+    problem of the route file or the data (exit 1). The message names the invariant."""
+
+    code = "native_transfer_internal_invariant_broken"
 
 
 class ResolutionConflict(ConfigInvalid):

@@ -17,14 +17,14 @@ by the runtime's one target-mutation boundary, in this order::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 if TYPE_CHECKING:
     from .boundary import TargetMutation
-    from .checkpoints import PartitionCheckpoint, RouteKey
+    from .checkpoints import RouteKey
+    from .latest import LatestCheckpoints
 
 __all__ = ["PROJECT_NAME", "hookimpl"]
 
@@ -35,7 +35,7 @@ _hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 
 
 @_hookspec
-def resume_route_scan(route: RouteKey, checkpoints: Sequence[PartitionCheckpoint]) -> bool | None:
+def resume_route_scan(route: RouteKey, checkpoints: LatestCheckpoints) -> bool | None:
     """Inspect every latest checkpoint of a route before any resume decision.
 
     Called once per run, after the route's lease is taken and before the
@@ -47,7 +47,7 @@ def resume_route_scan(route: RouteKey, checkpoints: Sequence[PartitionCheckpoint
     without locations whose target table has the same name (ignoring ASCII
     case): a superset of the route, so a guard left on the target table by
     any of them is seen. Each checkpoint's ``route`` says whose it is.
-    It is a :class:`~dpone_native_transfer.latest.LatestCheckpoints`: a
+    It is a :class:`~dpone_native_transfer.LatestCheckpoints`: a
     sequence whose iteration decodes every checkpoint, and whose
     ``guard_groups()`` / ``in_group()`` let a guard judge each distinct
     (status, guard) pair once and decode only the checkpoints it reports.

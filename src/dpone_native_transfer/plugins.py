@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -16,7 +16,8 @@ from .lifecycle import UnguardedLifecycle
 
 if TYPE_CHECKING:
     from .boundary import TargetMutation
-    from .checkpoints import PartitionCheckpoint, RouteKey
+    from .checkpoints import RouteKey
+    from .latest import LatestCheckpoints
 
 __all__ = ["Hooks", "entry_point_plugins", "make_plugin_manager", "scans_routes"]
 
@@ -105,9 +106,7 @@ class Hooks:
 
     manager: pluggy.PluginManager
 
-    def resume_route_scan(
-        self, route: RouteKey, checkpoints: Sequence[PartitionCheckpoint]
-    ) -> list[Any]:
+    def resume_route_scan(self, route: RouteKey, checkpoints: LatestCheckpoints) -> list[Any]:
         return self.manager.hook.resume_route_scan(route=route, checkpoints=checkpoints)
 
     def before_target_mutation(self, mutation: TargetMutation) -> None:

@@ -1,4 +1,4 @@
-"""What the command line and the Airflow adapter report: exit codes, progress, summaries, prompts.
+"""What the command line, the demo and the Airflow adapter report: exit codes, progress, summaries.
 
 Exit codes are the interface schedulers see: 0 success, 1 failure (a retry
 may succeed), 2 bad configuration or usage, 3 the route is blocked until an
@@ -38,6 +38,7 @@ __all__ = [
     "confirmed",
     "exit_code_for",
     "plural",
+    "progress_lines",
     "progress_printer",
     "shortened",
     "summary_line",
@@ -83,8 +84,23 @@ def exit_code_for(error: BaseException) -> int:
     return EXIT_FAILED
 
 
+def progress_lines(emit: Callable[[str], object]) -> Callable[[Event], None]:
+    """Event listener passing ``emit`` a line per extracted partition, at the target, per warning.
+
+    The lines have no newline: ``emit`` may print them (``progress_printer``) or
+    log them (the Airflow adapter gives each to the task log).
+    """
+
+    def listener(event: Event) -> None:
+        line = _progress_line(event)
+        if line is not None:
+            emit(line)
+
+    return listener
+
+
 class LineStream(Protocol):
-    """What the progress printer writes to: a text stream (``sys.stderr``, a log adapter)."""
+    """What the progress printer writes to: a text stream (``sys.stderr``, the demo's output)."""
 
     def write(self, text: str, /) -> object: ...
 
@@ -92,14 +108,8 @@ class LineStream(Protocol):
 
 
 def progress_printer(stream: LineStream, *, indent: str = "") -> Callable[[Event], None]:
-    """Event listener printing one line per extracted partition and one at the target call."""
-
-    def listener(event: Event) -> None:
-        line = _progress_line(event)
-        if line is not None:
-            print(indent + line, file=stream, flush=True)
-
-    return listener
+    """``progress_lines`` printed to ``stream``, each line after ``indent`` and flushed."""
+    return progress_lines(lambda line: print(indent + line, file=stream, flush=True))
 
 
 def _progress_line(event: Event) -> str | None:

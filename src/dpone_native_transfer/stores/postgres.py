@@ -49,6 +49,7 @@ from ..errors import (
     CheckpointStoreUnavailable,
     ConfigInvalid,
     NativeTransferError,
+    StoreClosed,
 )
 from ._codec import (
     ROUTE_NAMES,
@@ -333,7 +334,7 @@ class PostgresCheckpointStore(RecordReads):
     def _transaction(self, action: str, work: Callable[[Any], _T]) -> _T:
         """``work(conn)`` in one transaction, committed or rolled back as a whole."""
         if self._conn is None:
-            raise ValueError("checkpoint store is closed")
+            raise StoreClosed.used(self)
         return _in_transaction(self._driver, action, self._conn, work)
 
     def _table(self, name: str) -> str:
@@ -532,7 +533,7 @@ class PostgresCheckpointStore(RecordReads):
     def lease_table(self) -> _LeaseTable:
         """Lease operations on a connection of their own (the heartbeat runs in a thread)."""
         if self._conn is None:
-            raise ValueError("checkpoint store is closed")
+            raise StoreClosed.used(self)
         return _LeaseTable(self._driver, _connect(self._driver, self._dsn), self._s)
 
 

@@ -31,7 +31,7 @@ from typing import Any, cast
 from urllib.request import pathname2url
 
 from ..checkpoints import GUARD_DIAGNOSTICS_KEY, LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey
-from ..errors import CheckpointStoreCorrupt, CheckpointStoreUnavailable
+from ..errors import CheckpointStoreCorrupt, CheckpointStoreUnavailable, StoreClosed
 from ..latest import LatestCheckpoints, guard_json
 from ._codec import check_run_id, encode_batch, encode_object, encode_resolution, route_params
 from ._records import (
@@ -228,7 +228,7 @@ class SQLiteCheckpointStore(RecordReads):
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            raise ValueError("checkpoint store is closed")
+            raise StoreClosed.used(self)
         return self._conn
 
     @contextmanager

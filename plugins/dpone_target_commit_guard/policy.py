@@ -1,35 +1,41 @@
-"""Guard policy for operators: which partitions block a route, and how a repair is written.
+"""The guard's policy: what blocks a route, what the guard records when an attempt fails,
+and how an operator's repair is written.
 
-Pure functions over checkpoints, shared by the runtime's route scan and the
-``dpone-transfer guard`` commands, so what the operator is shown and what the
-runtime refuses can never disagree. Nothing here repairs anything on its own:
-every repair is an explicit, audited operator act (see ``commands.py``).
+The one home of these decisions. Pure functions over checkpoints, shared by
+the route scan (``plugin.py``, which only reacts to the hooks: it writes the
+markers decided here and raises the refusal decided here) and the
+``dpone-transfer guard`` commands (``commands.py``), so what the operator is
+shown and what the runtime refuses can never disagree. Nothing here repairs
+anything on its own: every repair is an explicit, audited operator act.
 """
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 import attrs
 
-from dpone_native_transfer.checkpoints import (
+from dpone_native_transfer import (
     GUARD_DIAGNOSTICS_KEY,
+    ConfigInvalid,
+    FailureCode,
+    LatestCheckpoints,
+    ManualReconciliationRequired,
+    NativeTransferError,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
     RouteKey,
+    TargetCommitGuardInvalid,
     format_timestamp,
 )
-from dpone_native_transfer.errors import ConfigInvalid
-from dpone_native_transfer.latest import LatestCheckpoints
 from dpone_native_transfer.reporting import PROG
 
 from .payload import (
     PHASE_STATUS,
-    UNRESOLVED_PHASES,
     GuardPhase,
     MalformedGuard,
     batch_id_for,
@@ -39,15 +45,27 @@ from .payload import (
 )
 
 __all__ = [
+    "INCOMPLETE_COMMIT",
+    "UNRESOLVED_PHASES",
     "Finding",
+    "Marker",
     "Resolution",
     "audit_record",
     "blocked_partitions",
+    "durably_committed",
     "inspect_checkpoint",
     "resolution_batch",
+    "route_scan_refusal",
     "scan_hint",
     "select_blocked",
+    "target_error_marker",
 ]
+
+# Phases after which the target's state cannot be inferred: every later run must stop.
+UNRESOLVED_PHASES = frozenset(
+    {GuardPhase.ARMED, GuardPhase.CHECKPOINT_INCOMPLETE, GuardPhase.TARGET_OUTCOME_UNKNOWN}
+)
+_SHOWN_IN_MESSAGE = 5
 
 
 class Resolution(StrEnum):
@@ -148,7 +166,7 @@ def blocked_partitions(checkpoints: Iterable[PartitionCheckpoint]) -> list[Findi
         except MalformedGuard as bad:
             findings.append(_finding(checkpoint, None, None, bad.problem))
             continue
-        if record is not None and record.unresolved:
+        if record is not None and record.phase in UNRESOLVED_PHASES:
             findings.append(_finding(checkpoint, record.phase, record.batch_id, None))
     return findings
 
@@ -159,7 +177,7 @@ def _group_clear(status: str, text: str) -> bool:
         record = judge_guard(PartitionCheckpointStatus(status), LatestCheckpoints.parse_guard(text))
     except ValueError:  # an unknown status, bad JSON, or a MalformedGuard
         return False
-    return not record.unresolved
+    return record.phase not in UNRESOLVED_PHASES
 
 
 def _finding(
@@ -178,6 +196,116 @@ def _finding(
         started_at=checkpoint.started_at,
         completed_at=checkpoint.completed_at,
     )
+
+
+def route_scan_refusal(
+    route: RouteKey, checkpoints: Iterable[PartitionCheckpoint]
+) -> NativeTransferError | None:
+    """What stops a run of ``route`` before the target, or None when nothing blocks it.
+
+    Any malformed guard refuses with ``TargetCommitGuardInvalid``, else any
+    unresolved one with ``ManualReconciliationRequired``: malformed wins.
+    ``checkpoints`` are those of every route writing the target table, so a guard
+    left by a route of another strategy, source or spelling blocks this one too.
+    The findings are ``blocked_partitions``, the ones ``guard scan`` shows.
+    """
+    findings = blocked_partitions(checkpoints)
+    malformed = [
+        {"partition_id": f.partition_id, "problem": f.problem} for f in findings if f.malformed
+    ]
+    unresolved: list[dict[str, Any]] = [
+        {
+            "partition_id": f.partition_id,
+            "phase": None if f.phase is None else f.phase.value,  # set unless malformed
+            "batch_id": f.batch_id,
+            "status": f.status.value,
+        }
+        for f in findings
+        if not f.malformed
+    ]
+    where = _blocking_routes(route, findings)
+    if malformed:
+        return TargetCommitGuardInvalid(
+            f"route {route.label} has {len(malformed)} partition(s) with a malformed "
+            f"target-commit guard{where.text} ({_first_ids(malformed)}); no target I/O was "
+            f"attempted; inspect it with: {scan_hint(where.first)}",
+            diagnostics={"route": route.as_dict(), "partitions": malformed, **where.diagnostics},
+        )
+    if unresolved:
+        phases = sorted({str(item["phase"]) for item in unresolved})
+        batches = sorted({str(item["batch_id"]) for item in unresolved})
+        return ManualReconciliationRequired(
+            f"route {route.label} has {len(unresolved)} partition(s) whose target "
+            f"outcome is unresolved{where.text} (phases: {', '.join(phases)}; partitions: "
+            f"{_first_ids(unresolved)}); the target was not called. Reconcile the target with "
+            "the checkpoints before the route can run again; "
+            f"inspect it with: {scan_hint(where.first)}",
+            diagnostics={
+                "route": route.as_dict(),
+                "phases": phases,
+                "batch_ids": batches,
+                "partitions": unresolved,
+                **where.diagnostics,
+            },
+        )
+    return None
+
+
+@attrs.frozen
+class _Where:
+    text: str
+    first: RouteKey
+    diagnostics: dict[str, Any]
+
+
+def _blocking_routes(route: RouteKey, findings: Sequence[Finding]) -> _Where:
+    """Say so when the blocking guards belong to other routes writing the same target table."""
+    others = sorted(
+        {f.route for f in findings if f.route.as_dict() != route.as_dict()},
+        key=lambda other: (other.source_table, str(other.strategy)),
+    )
+    if not others:
+        return _Where("", route, {})
+    names = ", ".join(other.label for other in others)
+    return _Where(
+        f" left by route(s) writing the same target table ({names})",
+        others[0],
+        {"blocking_routes": [other.as_dict() for other in others]},
+    )
+
+
+def _first_ids(items: Sequence[Mapping[str, Any]]) -> str:
+    ids = [item["partition_id"] for item in items[:_SHOWN_IN_MESSAGE]]
+    more = len(items) - len(ids)
+    return ", ".join(ids) + (f" and {more} more" if more else "")
+
+
+@attrs.frozen
+class Marker:
+    """What the guard records on the partitions of a failed attempt: a phase and a failure code."""
+
+    phase: GuardPhase
+    code: FailureCode
+
+
+def target_error_marker(*, target_started: bool) -> Marker:
+    """A target call that raised leaves its outcome unknown, which blocks; a veto does not."""
+    if target_started:
+        return Marker(GuardPhase.TARGET_OUTCOME_UNKNOWN, FailureCode.TARGET_CALL_FAILED)
+    return Marker(GuardPhase.FAILED_BEFORE_TARGET, FailureCode.TARGET_NOT_STARTED)
+
+
+# The target committed but the promotion to COMMITTED was written only in part: what is
+# not durable as committed blocks until an operator compares it with the target.
+INCOMPLETE_COMMIT = Marker(GuardPhase.CHECKPOINT_INCOMPLETE, FailureCode.CHECKPOINT_COMMIT_FAILED)
+
+
+def durably_committed(
+    committed: Sequence[PartitionCheckpoint], stored: Mapping[str, PartitionCheckpoint]
+) -> frozenset[str]:
+    """The partitions whose stored checkpoint is exactly the committed one built: only those
+    count as promoted after a partial write; any other stored state is not a commit."""
+    return frozenset(cp.partition_id for cp in committed if stored.get(cp.partition_id) == cp)
 
 
 def scan_hint(route: RouteKey) -> str:
