@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 import attrs
 
 from ..checkpoints import PartitionCheckpoint, RouteKey, checkpoint_from_payload, strict_json
-from ..errors import CheckpointPayloadInvalid, CheckpointStoreCorrupt, ResolutionConflict
+from ..errors import (
+    CheckpointPayloadInvalid,
+    CheckpointStoreCorrupt,
+    ResolutionConflict,
+    StoreClosed,
+)
 from ._codec import ROUTE_NAMES, route_from_params, route_params
 
 __all__ = [
+    "OwnConnection",
     "RecordReads",
     "adopted",
     "check_expected",
@@ -99,6 +105,29 @@ def check_expected(
     changed = [cp.partition_id for cp in expected if latest(cp) != cp]
     if changed:
         raise ResolutionConflict.changed(expected[0].route, changed)
+
+
+class OwnConnection:
+    """A store's one connection: ``close()`` (a context manager closes it too), and
+    ``_connection()``, which refuses a closed store with ``StoreClosed``."""
+
+    _conn: Any = None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _connection(self) -> Any:
+        if self._conn is None:
+            raise StoreClosed.used(self)
+        return self._conn
 
 
 class RecordReads(abc.ABC):

@@ -49,7 +49,6 @@ from ..errors import (
     CheckpointStoreUnavailable,
     ConfigInvalid,
     NativeTransferError,
-    StoreClosed,
 )
 from ._codec import (
     ROUTE_NAMES,
@@ -60,6 +59,7 @@ from ._codec import (
     route_params,
 )
 from ._records import (
+    OwnConnection,
     RecordReads,
     adopted,
     check_expected,
@@ -289,7 +289,7 @@ def _prepare_schema(conn: Any, schema: str, create: bool = True) -> None:
     _check_tables(found, _TABLES)
 
 
-class PostgresCheckpointStore(RecordReads):
+class PostgresCheckpointStore(OwnConnection, RecordReads):
     """Checkpoints (latest and history), source state, evidence, audit and leases in one schema.
 
     Behaves like ``SQLiteCheckpointStore``: ``upsert_many`` is one transaction,
@@ -320,22 +320,9 @@ class PostgresCheckpointStore(RecordReads):
             raise
         self._conn = conn
 
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def __enter__(self) -> PostgresCheckpointStore:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def _transaction(self, action: str, work: Callable[[Any], _T]) -> _T:
         """``work(conn)`` in one transaction, committed or rolled back as a whole."""
-        if self._conn is None:
-            raise StoreClosed.used(self)
-        return _in_transaction(self._driver, action, self._conn, work)
+        return _in_transaction(self._driver, action, self._connection(), work)
 
     def _table(self, name: str) -> str:
         return f"{self._s}.{name}"
@@ -532,8 +519,7 @@ class PostgresCheckpointStore(RecordReads):
 
     def lease_table(self) -> _LeaseTable:
         """Lease operations on a connection of their own (the heartbeat runs in a thread)."""
-        if self._conn is None:
-            raise StoreClosed.used(self)
+        self._connection()  # a closed store leases nothing
         return _LeaseTable(self._driver, _connect(self._driver, self._dsn), self._s)
 
 

@@ -31,10 +31,11 @@ from typing import Any, cast
 from urllib.request import pathname2url
 
 from ..checkpoints import GUARD_DIAGNOSTICS_KEY, LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey
-from ..errors import CheckpointStoreCorrupt, CheckpointStoreUnavailable, StoreClosed
+from ..errors import CheckpointStoreCorrupt, CheckpointStoreUnavailable
 from ..latest import LatestCheckpoints, guard_json
 from ._codec import check_run_id, encode_batch, encode_object, encode_resolution, route_params
 from ._records import (
+    OwnConnection,
     RecordReads,
     adopted,
     check_expected,
@@ -195,7 +196,7 @@ def _open(path: str) -> sqlite3.Connection:
     return conn
 
 
-class SQLiteCheckpointStore(RecordReads):
+class SQLiteCheckpointStore(OwnConnection, RecordReads):
     """Checkpoints (latest and full history), source state, evidence, audit and leases in one file.
 
     WAL journal and ``synchronous=FULL``: a returned write survives power loss, and
@@ -214,22 +215,6 @@ class SQLiteCheckpointStore(RecordReads):
             with _translated("created", writing=True):
                 _initialise(self._path)
         self._conn = _open(self._path)
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def __enter__(self) -> SQLiteCheckpointStore:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise StoreClosed.used(self)
-        return self._conn
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
