@@ -17,12 +17,16 @@ import pytest
 import dpone_native_transfer
 from dpone_native_transfer import (
     AttemptState,
+    ClickHouseSink,
     ConfigInvalid,
+    DuckDBSink,
     InternalInvariantBroken,
     NativeTransferError,
+    PathContractBroken,
     PostgresCheckpointStore,
     RouteKey,
     SQLiteCheckpointStore,
+    SQLiteSink,
     StoreClosed,
     errors,
 )
@@ -107,3 +111,20 @@ def test_a_guard_hook_before_the_batch_was_armed_is_an_internal_invariant():
     with pytest.raises(InternalInvariantBroken, match="before the guard armed the batch") as info:
         guard.after_target_success(mutation=never_armed, result=None)
     assert info.value.code == "native_transfer_internal_invariant_broken"
+
+
+def test_a_payload_no_sink_takes_is_the_paths_bug_on_every_shipped_sink(tmp_path):
+    """A path handing ``load`` something else breaks the path contract (exit 1), and the
+    sink writes nothing: not a route-file error."""
+    sinks = [
+        SQLiteSink(str(tmp_path / "t.db"), "orders_copy"),
+        DuckDBSink(str(tmp_path / "t.duckdb"), "orders_copy"),
+        ClickHouseSink(str(tmp_path / "chdb"), "orders_copy"),
+    ]
+    for sink in sinks:
+        with pytest.raises(PathContractBroken) as refused:
+            sink.load([("a", 1)])
+        assert not isinstance(refused.value, ConfigInvalid)
+        assert exit_code_for(refused.value) == EXIT_FAILED
+        assert refused.value.diagnostics == {"table": "orders_copy"}
+        assert sink.row_count() == 0

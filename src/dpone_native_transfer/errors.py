@@ -219,7 +219,8 @@ class CursorNull(ConfigInvalid):
 
 class PathContractBroken(NativeTransferError):
     """A transfer path broke the boundary's contract: it returned without reaching the target,
-    or tried to reach it twice. A bug in the path, not in the route file (exit 1)."""
+    tried to reach it twice, or handed the sink a payload it does not take. A bug in the
+    path, not in the route file (exit 1)."""
 
     code = "native_transfer_path_contract_broken"
 

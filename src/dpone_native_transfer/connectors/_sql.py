@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ..errors import ConfigInvalid, SourceMissing, TargetUnavailable
+from ..errors import (
+    ConfigInvalid,
+    InternalInvariantBroken,
+    PathContractBroken,
+    SourceMissing,
+    TargetUnavailable,
+)
 from ..identity import fold_ascii
 from ..payloads import UPTO_OR_NULL, Column, Predicate, bound_predicates
 from .contract import PendingLedger
@@ -39,6 +45,7 @@ __all__ = [
     "edge_where",
     "identifier",
     "parse_table",
+    "payload_refused",
     "quote",
     "range_cuts_sql",
     "range_partitions",
@@ -253,6 +260,15 @@ def check_target_folder(path: str, table: str) -> None:
         )
 
 
+def payload_refused(table: str) -> PathContractBroken:
+    """A path handed a sink something other than ``RowChunks`` or a ``LoadPlan``."""
+    return PathContractBroken(
+        f"a path handed the sink of target table {table!r} a payload that is neither RowChunks "
+        "nor a LoadPlan; nothing was written",
+        diagnostics={"table": table},
+    )
+
+
 def unavailable(table: str) -> TargetUnavailable:
     """The error of a target that cannot be opened for writing now, found before the target."""
     return TargetUnavailable(
@@ -318,7 +334,11 @@ def render_predicates(
             conditions.append(f"{column} {predicate.op}")
             continue
         if predicate.op != UPTO_OR_NULL and predicate.op not in _COMPARISONS:
-            raise ConfigInvalid("a partition bound uses an operator this connector cannot render")
+            raise InternalInvariantBroken(
+                f"a partition bound of column {predicate.column!r} uses an operator no "
+                "connector renders (bounds come from payloads.bound_predicates only)",
+                diagnostics={"column": predicate.column},
+            )
         value = marker if isinstance(marker, str) else marker(predicate)
         if predicate.op == UPTO_OR_NULL:
             conditions.append(f"({column} <= {value} OR {column} IS NULL)")

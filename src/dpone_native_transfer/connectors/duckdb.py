@@ -52,6 +52,7 @@ from ._sql import (
     check_target_table,
     difference,
     parse_table,
+    payload_refused,
     quote,
     refuse_reserved_schema,
     render_predicates,
@@ -222,7 +223,7 @@ class DuckDBSink(FileTarget):
                 return _record(conn, self._ledger.take(), rows)
         if isinstance(payload, LoadPlan):
             return self._load_plan(payload)
-        raise ConfigInvalid("sink payload must be RowChunks or LoadPlan")
+        raise payload_refused(self.table)
 
     def carrier(self, column: Column) -> Carry | None:
         return duckdb_carrier(column)

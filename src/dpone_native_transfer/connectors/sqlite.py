@@ -47,6 +47,7 @@ from ._sql import (
     difference,
     edge_where,
     parse_table,
+    payload_refused,
     range_cuts_sql,
     range_partitions,
     refuse_schema,
@@ -607,7 +608,7 @@ class SQLiteSink(FileTarget):
             return self._load_plan(payload)
         if isinstance(payload, RowChunks):
             return self._load_chunks(payload)
-        raise ConfigInvalid("sink payload must be RowChunks or LoadPlan")
+        raise payload_refused(self.table)
 
     def _load_chunks(self, payload: RowChunks) -> int:
         insert = _insert_values_sql(self.table, payload.columns)

@@ -48,6 +48,7 @@ from .._sql import (
     check_target_table,
     difference,
     parse_table,
+    payload_refused,
     refuse_reserved_schema,
     unavailable,
 )
@@ -166,7 +167,7 @@ class ClickHouseSink:
         elif isinstance(payload, LoadPlan):
             fill = self._plan_fill(payload)
         else:
-            raise ConfigInvalid("sink payload must be RowChunks or LoadPlan")
+            raise payload_refused(self.table)
         create = create_table_sql(self._target, payload.columns, self.partition_by)  # checks
         entry = self._ledger.take()
         tokens = _Tokens(entry)
