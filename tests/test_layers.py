@@ -118,6 +118,31 @@ def test_the_package_modules_import_each_other_without_a_cycle_at_import_time():
     assert cycles(graph) == []
 
 
+IMPLEMENTATIONS = {
+    *(f"{PACKAGE}.connectors.{name}" for name in CONNECTOR_NAMES),
+    *(f"{PACKAGE}.stores.{name}" for name in ("memory", "sqlite", "postgres")),
+}
+# The edges that may name an implementation: the implementations themselves, the lazy
+# package exports, the store opener, the demo and the test support. The route-file reader
+# names connectors by "module:Class" strings, imported only when a route uses the kind.
+EDGES = (f"{PACKAGE}.connectors.", f"{PACKAGE}.stores.", f"{PACKAGE}.testing")
+EDGE_MODULES = {PACKAGE, f"{PACKAGE}.connectors", f"{PACKAGE}.stores", f"{PACKAGE}.demo"}
+
+
+def test_below_the_edges_no_module_imports_a_connector_or_store_implementation():
+    """The runtime, paths, planner, guard and commands see connectors and stores only through
+    their ports (``connectors.contract``, ``stores``), not even inside a function."""
+    files = {**SRC_MODULES, **PLUGIN_MODULES}
+    reaching = sorted(
+        f"{module} -> {target}"
+        for module, file in files.items()
+        if module not in EDGE_MODULES and not module.startswith(EDGES)
+        for target in imported_modules(module, file) & IMPLEMENTATIONS
+    )
+    assert reaching == []
+    assert imported_modules(f"{PACKAGE}.demo", SRC_MODULES[f"{PACKAGE}.demo"]) & IMPLEMENTATIONS
+
+
 def test_nothing_imports_the_command_line_module_not_even_on_use():
     """The CLI is the top layer: the demo, the application, reporting and the plugins are below."""
     files = {**SRC_MODULES, **PLUGIN_MODULES}

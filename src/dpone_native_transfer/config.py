@@ -17,7 +17,7 @@ import importlib.util
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,6 @@ import attrs
 
 from .checkpoints import RouteKey, Strategy
 from .connectors.contract import DEFAULT_CHUNK_ROWS, RangePartitioned, Sink, Source
-from .connectors.sqlite import integer_primary_key
 from .cursor_edge import NULL_CURSOR_POLICIES
 from .drivers import EXTRAS, POSTGRES_SCHEMES, install_hint, resolve_env
 from .errors import ConfigInvalid
@@ -93,19 +92,26 @@ class _Kind:
     keys: tuple[str, ...]  # its location keys; a route gives exactly one
     connector: str  # "module:Class", imported only when a route names the kind
     driver: str | None = None  # the module its extra installs (``drivers.EXTRAS``)
-    range_key: Callable[[str, str], str] | None = None  # (location, table) -> key, if none named
+    range_key: str | None = None  # "module:function" (location, table) -> the key, if none named
     partitioned: bool = False  # the sink is told the source's partition column
 
     def make(self, location: str, table: str, *args: Any, **kwargs: Any) -> Any:
-        module, name = self.connector.split(":")
-        connector = getattr(importlib.import_module(module), name)
-        return connector(location, table, *args, **kwargs)
+        return _imported(self.connector)(location, table, *args, **kwargs)
+
+
+def _imported(reference: str) -> Any:
+    module, name = reference.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 DEFAULT_KIND = "sqlite"
 _CONNECTORS = "dpone_native_transfer.connectors"
 _SOURCE_KINDS: Mapping[str, _Kind] = {
-    "sqlite": _Kind(("path",), f"{_CONNECTORS}.sqlite:SQLiteSource", range_key=integer_primary_key),
+    "sqlite": _Kind(
+        ("path",),
+        f"{_CONNECTORS}.sqlite:SQLiteSource",
+        range_key=f"{_CONNECTORS}.sqlite:integer_primary_key",
+    ),
     "postgres": _Kind(("dsn",), f"{_CONNECTORS}.postgres:PostgresSource", driver="psycopg"),
 }
 _TARGET_KINDS: Mapping[str, _Kind] = {
@@ -401,7 +407,7 @@ def _source(table: Mapping[str, Any], folder: Path) -> Source:
     if key is None:
         if by != "range" or kind.range_key is None:
             raise _invalid("source.partition_column", "is required but missing")
-        key = kind.range_key(location, table["table"])
+        key = _imported(kind.range_key)(location, table["table"])
     rows = table.get("partition_rows", DEFAULT_PARTITION_ROWS) if by == "range" else None
     cursor = table.get("cursor_column") or (key if by == "range" else None)
     return kind.make(location, table["table"], key, cursor, partition_rows=rows)
