@@ -1144,7 +1144,7 @@ def test_a_without_rowid_source_table_is_refused_with_a_clear_error(tmp_path) ->
     """It failed on every path as source_invalid "could not be read" (exit 1: retry)."""
     import sqlite3
 
-    from conftest import run_cli
+    from helpers.cli import run_cli
 
     with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
         db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER) WITHOUT ROWID")

@@ -154,7 +154,7 @@ def test_the_documented_five_lines_pass_the_kit_on_the_example(pytester):
 
 def test_the_kit_catches_the_unguarded_variant(pytester):
     """With the ledger off, the guard's own scenarios catch it."""
-    reports = run_kit(pytester, TESTS / "unguarded_bulk_copy.py", skips=LEDGER_TESTS)
+    reports = run_kit(pytester, TESTS / "helpers" / "unguarded_bulk_copy.py", skips=LEDGER_TESTS)
     assert set(reports) == KIT_TESTS
     failed = {name for name, report in reports.items() if report.failed}
     assert failed == set(CAUGHT)
@@ -290,7 +290,7 @@ def test_with_the_ledger_on_the_unguarded_variant_also_fails_for_want_of_its_led
     pytester, tmp_path
 ):
     """Its fake target call writes no ledger row: every run that reaches it fails closed."""
-    text = (TESTS / "unguarded_bulk_copy.py").read_text(encoding="utf-8")
+    text = (TESTS / "helpers" / "unguarded_bulk_copy.py").read_text(encoding="utf-8")
     copy = tmp_path / "unguarded_bulk_copy.py"
     copy.write_text(text.replace("ledger = False", "ledger = True"), encoding="utf-8")
     reports = run_kit(pytester, copy)

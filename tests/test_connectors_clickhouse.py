@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 import pytest
-from conftest import PATHS, Route
+from helpers.routes import PATHS, Route
 
 from dpone_native_transfer import ManualReconciliationRequired, StoreTargetMismatch
 from dpone_native_transfer.column_types import postgres_kind
@@ -72,7 +72,7 @@ REGIONS = {f"region-{i:03d}" for i in range(4)}
 
 
 class ClickHouseRoute(Route):
-    """conftest's Route (SQLite source, SQLite checkpoint store) with a chDB target."""
+    """The tests' Route (SQLite source, SQLite checkpoint store) with a chDB target."""
 
     def __init__(self, tmp: Path, *, rows: int = 120) -> None:
         tmp.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import PATHS, Route
+from helpers.routes import PATHS, Route
 
 from dpone_native_transfer.connectors import SQLiteSource
 from dpone_native_transfer.connectors.duckdb import DuckDBSink, duckdb_type

@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers.cli import run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

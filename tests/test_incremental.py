@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers.cli import run_cli
 
 from dpone_native_transfer.testing import build_sample_source
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Route
-from postgres_server import PostgresLocation
+from helpers.postgres_server import PostgresLocation
+from helpers.routes import Route
 
 from dpone_native_transfer import (
     ManualReconciliationRequired,
@@ -65,7 +65,7 @@ def _open(location: PostgresLocation) -> PostgresCheckpointStore:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def store_route(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Route]:
-    """The conftest route, its checkpoints on SQLite or on PostgreSQL."""
+    """The tests' route (``helpers.routes.Route``), its checkpoints on SQLite or PostgreSQL."""
     route = Route(tmp_path)
     if request.param == "postgres":
         route.real_store.close()

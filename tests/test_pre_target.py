@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers.cli import run_cli
 
 from dpone_native_transfer import ClickHouseSink, DuckDBSink, SQLiteSink
 from dpone_native_transfer.testing import build_sample_source

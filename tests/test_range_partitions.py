@@ -13,7 +13,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers.cli import run_cli
 
 from dpone_native_transfer import ClickHouseSink, DuckDBSink, SQLiteSink
 from dpone_native_transfer.config import load_route_config

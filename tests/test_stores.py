@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import postgres_server
 import psycopg
 import pytest
-from postgres_server import PostgresLocation, free_port
+from helpers import postgres_server
+from helpers.postgres_server import PostgresLocation, free_port
 
 from dpone_native_transfer.checkpoints import (
     PartitionCheckpoint,

@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import run_cli
+from helpers.cli import run_cli
 
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
 TARGET_FILES = {"sqlite": "target.db", "duckdb": "target.duckdb", "clickhouse": "chdata"}

@@ -3,8 +3,8 @@
 A separate process because Airflow reads its configuration (AIRFLOW_HOME) and
 emits warnings at import, which the pytest process must not see. Usage::
 
-    python airflow_child.py dag REQUEST.json RESULT.json     # dag.test() on a DAG file
-    python airflow_child.py checks REQUEST.json RESULT.json  # the operator called directly
+    python tests/helpers/airflow_child.py dag REQUEST.json RESULT.json     # dag.test() on a DAG
+    python tests/helpers/airflow_child.py checks REQUEST.json RESULT.json  # the operator, directly
 
 ``dag`` runs ``dag.test()`` ``runs`` times on the DAG file: Airflow's own
 scheduling loop, so a failed try goes through Airflow's retry handling (state
