@@ -35,6 +35,7 @@ from typing import Any
 
 import attrs
 import pytest
+from helpers.routes import Route, write_route
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -48,7 +49,6 @@ from dpone_native_transfer import (
     RouteKey,
     SQLiteCheckpointStore,
     SQLiteSink,
-    SQLiteSource,
     TargetCommitGuardInvalid,
     TransferRuntime,
     TransferSpec,
@@ -457,22 +457,19 @@ def test_route_scan_decides_as_the_oracle_and_echoes_no_guard_text(case):
 # -- (b) end to end on a real SQLite store ---------------------------------------------------------
 
 
-class Site:
-    """A small real route: SQLite source, target and checkpoint store in one folder.
+class Site(Route):
+    """The small real route (``helpers.routes.Route``): SQLite source, target and checkpoint
+    store in one folder. ``store`` is the real store; each run wraps it afresh.
 
     ``build=False`` reuses the files already in the folder and leaves the
     store closed (it may be corrupt): ``reopened_attempt`` opens it.
     """
 
     def __init__(self, folder: Path, *, rows: int = 12, build: bool = True) -> None:
+        super().__init__(folder, rows=rows if build else None, partitions=3, open_store=build)
         self.folder = folder
-        self.source_path = folder / "source.db"
-        if build:
-            build_sample_source(self.source_path, rows=rows, partitions=3)
-        self.source = SQLiteSource(str(self.source_path), "orders", "region", "updated_at")
-        self.target = SQLiteSink(str(folder / "target.db"), "orders_copy")
-        self.store_path = folder / "checkpoints.db"
-        self.store = SQLiteCheckpointStore(self.store_path) if build else None
+        self.target = self.sink.inner
+        self.store = self.real_store
         self.next_id = max(self.source_ids(), default=0) + 1
 
     def close(self) -> None:
@@ -511,13 +508,6 @@ class Site:
         """A write by a foreign or broken writer, outside the store's own code."""
         with contextlib.closing(sqlite3.connect(self.store_path, isolation_level=None)) as db:
             db.execute(statement, params)
-
-    def source_ids(self) -> list[int]:
-        with contextlib.closing(sqlite3.connect(self.source_path)) as db:
-            return sorted(row[0] for row in db.execute("SELECT id FROM orders"))
-
-    def target_ids(self) -> list[int]:
-        return sorted(row[0] for row in self.target.rows())
 
 
 @contextlib.contextmanager
@@ -725,7 +715,7 @@ def test_a_corrupt_store_gives_its_stable_code_and_never_reaches_the_target(tmp_
         json.dumps(outcome.diagnostics)  # safe diagnostics are plain JSON
         s.close()
 
-        route_file = write_route_file(tmp_path)
+        route_file = write_route(tmp_path, path="legacy")
         assert cli.main(["run", str(route_file), "--quiet"]) == cli.EXIT_FAILED
         assert_clean_failure(capsys.readouterr(), expected.code)
         if case in SCAN_SEES:
@@ -738,32 +728,6 @@ def assert_clean_failure(captured, code: str) -> None:
     assert captured.out == ""
     assert f"error: {code}: " in captured.err
     assert "Traceback" not in captured.err
-
-
-ROUTE_TOML = """\
-[source]
-path = "source.db"
-table = "orders"
-partition_column = "region"
-cursor_column = "updated_at"
-
-[target]
-path = "target.db"
-table = "orders_copy"
-
-[transfer]
-strategy = "incremental_append"
-path = "{path}"
-
-[store]
-path = "checkpoints.db"
-"""
-
-
-def write_route_file(folder: Path, path: str = "legacy") -> Path:
-    route_file = folder / "route.toml"
-    route_file.write_text(ROUTE_TOML.format(path=path), encoding="utf-8")
-    return route_file
 
 
 def store_file_of_a_completed_route(folder: Path) -> bytes:
@@ -809,7 +773,7 @@ def test_a_truncated_store_file_is_refused_as_corrupt_before_any_target_call(tmp
 
 def test_a_truncated_or_garbage_store_fails_the_console_script_with_its_code(tmp_path):
     data = store_file_of_a_completed_route(tmp_path)
-    write_route_file(tmp_path)
+    write_route(tmp_path, path="legacy")
     cases = {
         "truncated": data[: len(data) // 2],
         "garbage": bytes(range(256)) * 64,
@@ -1012,7 +976,7 @@ class Story:
         build_sample_source(folder / "source.db", rows=30, partitions=3)
         self.next_id = 31
         self.plant_rows()
-        self.route_file = write_route_file(folder, path)
+        self.route_file = write_route(folder, path=path)
         self.config = load_route_config(self.route_file)
         self.seen = Outputs()
 

@@ -23,7 +23,6 @@ from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
 from dpone_native_transfer.payloads import Column, LoadPlan, RowChunks
 from dpone_native_transfer.testing import (
     InjectedFault,
-    RecordingSink,
     assert_blocked_before_target,
     assert_rows_exactly_once,
     build_sample_source,
@@ -460,15 +459,9 @@ def test_identifiers_with_spaces_quotes_and_question_marks(tmp_path):
 
 @pytest.fixture
 def duck_route(tmp_path: Path):
-    made = Route(tmp_path)
-    made.sink = RecordingSink(DuckDBSink(tmp_path / "target.duckdb", "orders_copy"))
+    made = Route(tmp_path, kind="duckdb")
     yield made
     made.real_store.close()
-
-
-def _source_rows(route: Route) -> list[tuple]:
-    with contextlib.closing(sqlite3.connect(route.source_path)) as conn:
-        return conn.execute("SELECT * FROM orders ORDER BY id").fetchall()
 
 
 @pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])
@@ -476,12 +469,12 @@ def _source_rows(route: Route) -> list[tuple]:
 def test_guarded_transfers_give_exactly_the_source_rows(duck_route, path, strategy):
     first = duck_route.runtime().run(duck_route.spec(path, strategy=strategy))
     assert first.rows_loaded == 120 and len(first.committed_partition_ids) == 4
-    assert sorted(duck_route.sink.inner.rows()) == _source_rows(duck_route)
+    assert sorted(duck_route.sink.inner.rows()) == duck_route.source_rows()
 
     build_sample_source(duck_route.source_path, rows=30, start_id=121)
     second = duck_route.runtime().run(duck_route.spec(path, run_id="run-2", strategy=strategy))
     assert second.rows_loaded == (30 if strategy == "incremental_append" else 150)
-    assert sorted(duck_route.sink.inner.rows()) == _source_rows(duck_route)
+    assert sorted(duck_route.sink.inner.rows()) == duck_route.source_rows()
     assert_rows_exactly_once(duck_route.source_ids(), duck_route.target_ids())
     assert duck_route.sink.target_calls == 2
     assert duck_route.sink.inner.staged_row_count() == 0

@@ -13,17 +13,16 @@ from typing import Any, NamedTuple
 
 import psycopg
 import pytest
+from helpers.routes import Route
 
-from dpone_native_transfer import SQLiteCheckpointStore, TransferRuntime, TransferSpec
+from dpone_native_transfer import TransferRuntime, TransferSpec
 from dpone_native_transfer.connectors import SQLiteSink
 from dpone_native_transfer.connectors.duckdb import DuckDBSink
 from dpone_native_transfer.connectors.postgres import PostgresSource
 from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
 from dpone_native_transfer.payloads import Column
 from dpone_native_transfer.testing import (
-    FaultyStore,
     InjectedFault,
-    RecordingSink,
     StepClock,
     assert_blocked_before_target,
     assert_rows_exactly_once,
@@ -331,13 +330,13 @@ def test_dsn_forms(table, monkeypatch):
 # --- guarded transfers into SQLite and DuckDB -------------------------------------------------
 
 
-class PgRoute:
+class PgRoute(Route):
+    """The tests' route (``helpers.routes.Route``) with a PostgreSQL source."""
+
     def __init__(self, tmp: Path, table: Table, sink: Any, strategy: str) -> None:
+        source = PostgresSource(table.url, table.name, "region", "updated_at")
+        super().__init__(tmp, source=source, sink=sink)
         self.table = table
-        self.source = PostgresSource(table.url, table.name, "region", "updated_at")
-        self.sink = RecordingSink(sink)
-        self.real_store = SQLiteCheckpointStore(str(tmp / "checkpoints.db"))
-        self.store = FaultyStore(self.real_store)
         self.strategy = strategy
 
     def run(self, path: str, run_id: str):

@@ -41,6 +41,7 @@ from helpers.crash_child import (
     sqlite_source,
     transfer_spec,
 )
+from helpers.routes import write_route
 
 from dpone_native_transfer import (
     ManualReconciliationRequired,
@@ -405,26 +406,6 @@ def test_hard_kill_then_automatic_retry_never_duplicates(
         }
 
 
-ROUTE_FILE = """\
-[source]
-path = "source.db"
-table = "orders"
-partition_column = "region"
-cursor_column = "updated_at"
-
-[target]
-path = "target.db"
-table = "orders_copy"
-
-[transfer]
-strategy = "incremental_append"
-path = "{path}"
-
-[store]
-path = "checkpoints.db"
-"""
-
-
 @pytest.mark.parametrize(
     ("kill_point", "verdict", "loaded"),
     [("target-after-commit", "applied", 0), ("target-before-commit", "not_applied", ROWS)],
@@ -437,8 +418,7 @@ def test_after_a_kill_verify_proves_the_batch_and_resolve_from_target_heals_it(
     build_sample_source(route.source_path, rows=ROWS, partitions=PARTITIONS)
     route.run_child(path, kill_point)
     time.sleep(LEASE_SECONDS * 1.5)  # the dead child's lease
-    route_file = tmp_path / "route.toml"
-    route_file.write_text(ROUTE_FILE.format(path=path), encoding="utf-8")
+    route_file = write_route(tmp_path, path=path)
     script = str(Path(sys.executable).parent / "dpone-transfer")
 
     def dpone(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,6 +1,7 @@
 """What the tests share that is not a fixture: builders, runners and child-process scripts.
 
-- ``routes``: the small real route the tests run on (``Route``), and ``PATHS``.
+- ``routes``: the small real route the tests run on: ``Route`` (its parts, in-process)
+  and ``write_route`` / ``route_text`` (its route file); ``PATHS``, the target kinds.
 - ``cli``: ``run_cli``, the console script run in this process.
 - ``postgres_server``: the PostgreSQL server of the store tests.
 - ``crash_child``, ``airflow_child``: scripts the tests start as child processes, by path.
