@@ -371,7 +371,7 @@ def test_a_postgres_source_loads_ties_late_rows_and_null_cursors_once(
     tmp_path: Path, postgres_schema
 ) -> None:
     import psycopg
-    from test_connectors_postgres_source import _url
+    from helpers.postgres_server import postgres_url
 
     schema = postgres_schema.schema
     table = f'"{schema}".events'
@@ -402,7 +402,7 @@ path = "staged"
 path = "checkpoints.db"
 """
     )
-    env = {"EDGE_DSN": _url(postgres_schema.dsn)}
+    env = {"EDGE_DSN": postgres_url(postgres_schema.dsn)}
 
     def run_pg() -> str:
         done = run_cli("run", tmp_path / "route.toml", env=env)

@@ -174,9 +174,9 @@ path = "staged"
 path = "checkpoints.db"
 """
     )
-    from test_connectors_postgres_source import _url
+    from helpers.postgres_server import postgres_url
 
-    env = {"RANGE_DSN": _url(postgres_schema.dsn)}
+    env = {"RANGE_DSN": postgres_url(postgres_schema.dsn)}
     done = run_cli("run", tmp_path / "route.toml", env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "committed 3 partitions" in done.stdout
