@@ -1,10 +1,11 @@
 """The fixtures of every test: a small real route (``helpers.routes.Route``), the path
-under test, and the PostgreSQL server of the store tests. What the tests share that is not
-a fixture lives in the ``helpers`` package."""
+under test, a SQLite store's path, and the PostgreSQL server of the store tests. What
+the tests share that is not a fixture lives in the ``helpers`` package."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,12 @@ def route(tmp_path):
 @pytest.fixture(params=PATHS)
 def path(request) -> str:
     return request.param
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    """A SQLite store's path in a folder (not created) whose name no store error may show."""
+    return tmp_path / "secret-location" / "checkpoints.sqlite3"
 
 
 @pytest.fixture(scope="session")
