@@ -1,4 +1,4 @@
-"""``dpone-transfer`` run in this process, so that coverage measures it."""
+"""``dpone-transfer`` run in this process, so that coverage measures it, and its path."""
 
 from __future__ import annotations
 
@@ -6,7 +6,11 @@ import contextlib
 import io
 import os
 import subprocess
+import sys
 from collections.abc import Mapping
+from pathlib import Path
+
+SCRIPT = str(Path(sys.executable).parent / "dpone-transfer")  # the installed console script
 
 
 def run_cli(*args: object, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
