@@ -21,7 +21,7 @@ Both stores run through the same functions, parametrised by a ``_Store``:
   database) each time the WAL passes 1000 pages.
 - PostgreSQL: a fresh schema per measurement on one server:
   ``DPONE_BENCH_POSTGRES_DSN`` if set, else the tests' server
-  (``tests/postgres_server.py``: ``DPONE_TEST_POSTGRES_DSN`` or a throwaway
+  (``tests/helpers/postgres_server.py``: ``DPONE_TEST_POSTGRES_DSN`` or a throwaway
   one, which runs with ``fsync=off`` and ``synchronous_commit=off``, so its
   commits do not wait for the disk). psycopg has no trace callback, so
   transactions are counted by wrapping the store's ``_transaction`` helper,
@@ -368,14 +368,14 @@ def _postgres(dsn: str, isolated_schema: Callable[[str], Any]) -> _Store:
 
 
 def _import_server_helper() -> tuple[Any, Any] | str:
-    """(tests' postgres_server module, psycopg), or why they cannot be imported."""
+    """(tests' helpers.postgres_server module, psycopg), or why they cannot be imported."""
     # The tests already know how to start a throwaway server (initdb + pg_ctl, as the
     # postgres user under root, on 127.0.0.1 and a free port): reuse that, do not copy it.
     tests = str(REPO / "tests")
     sys.path.insert(0, tests)
     try:
-        import postgres_server
         import psycopg
+        from helpers import postgres_server
     except ImportError as exc:
         return f"the server helper or the psycopg driver cannot be imported ({exc})"
     finally:
@@ -399,7 +399,7 @@ def _postgres_server() -> Iterator[tuple[_Store, dict[str, Any]] | str]:
                 source, dsn = POSTGRES_DSN_ENV, given
             else:
                 source = helper.ENV_DSN if os.environ.get(helper.ENV_DSN) else "throwaway server"
-                source += " (tests/postgres_server.py)"
+                source += " (tests/helpers/postgres_server.py)"
                 dsn = stack.enter_context(helper.server_dsn())
             with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
                 server = {

@@ -2,7 +2,7 @@
 
 Airflow is an optional extra (``airflow``), outside the default ``test``
 extra; these tests fail, never skip, when it is missing. Every real-Airflow
-scenario runs in a child process (``airflow_child.py``) with its own
+scenario runs in a child process (``helpers/airflow_child.py``) with its own
 AIRFLOW_HOME, because Airflow reads its configuration and emits warnings at
 import. The metadata database is migrated once per session and copied for
 each test. ``dag.test()`` drives Airflow's own scheduling loop, so failed
@@ -51,7 +51,7 @@ from dpone_native_transfer.testing import build_sample_source, guard_phase
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-CHILD = TESTS / "airflow_child.py"
+CHILD = TESTS / "helpers" / "airflow_child.py"
 DOC = ROOT / "docs" / "airflow.md"
 DOC_DAG = ROOT / "docs" / "examples" / "airflow" / "orders_copy_dag.py"
 DOC_ROUTE = ROOT / "docs" / "examples" / "airflow" / "routes" / "orders.toml"

@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from helpers import routes
 
 from dpone_native_transfer import (
     ConfigInvalid,
@@ -36,29 +37,11 @@ SCRIPT = str(Path(sys.executable).parent / "dpone-transfer")
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
 SECRET = "password=hunter2"
 
-ROUTE = """\
-[source]
-path = "source.db"
-table = "orders"
-partition_column = "region"
-{cursor}
-[target]
-path = "target.db"
-table = "orders_copy"
-
-[transfer]
-strategy = "incremental_append"
-path = "{path}"
-chunk_rows = 16
-artifact_dir = "artifacts"
-
-[store]
-path = "checkpoints.db"
-
-[gates]
-min_rows = 1
-max_rows = 5000000
-"""
+# The sample route (helpers.routes) with this module's transfer options and gates.
+CLI_SECTIONS = {
+    "transfer": {"chunk_rows": 16, "artifact_dir": "artifacts"},
+    "gates": {"min_rows": 1, "max_rows": 5000000},
+}
 
 
 def dpone(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -68,15 +51,13 @@ def dpone(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedPro
 
 
 def route_text(path: str = "staged", *, cursor: bool = True) -> str:
-    return ROUTE.format(path=path, cursor='cursor_column = "updated_at"\n' if cursor else "")
+    source = None if cursor else {"cursor_column": None}
+    return routes.route_text(path=path, source=source, sections=CLI_SECTIONS)
 
 
 def make_route(folder: Path, path: str = "staged", *, cursor: bool = True, rows: int = 120) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    build_sample_source(folder / "source.db", rows=rows, partitions=4)
-    route_file = folder / "route.toml"
-    route_file.write_text(route_text(path, cursor=cursor), encoding="utf-8")
-    return route_file
+    source = None if cursor else {"cursor_column": None}
+    return routes.write_route(folder, rows=rows, path=path, source=source, sections=CLI_SECTIONS)
 
 
 def query(path: Path, sql: str) -> list[tuple]:

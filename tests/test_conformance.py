@@ -13,11 +13,11 @@ from typing import ClassVar
 
 import attrs
 import pytest
+from helpers.routes import SINKS, TARGET_FILES, make_sink
 
+import dpone_native_transfer.connectors as connectors
 import dpone_native_transfer.testing as testing
 from dpone_native_transfer import (
-    ClickHouseSink,
-    DuckDBSink,
     ManualReconciliationRequired,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
@@ -83,34 +83,48 @@ class TestKitBulkCopy(GuardConformance):
         return bulk_copy.bulk_copy_path
 
 
+# Every path the engine sinks run the kit on: all the built-in ones.
+ENGINE_PATHS = sorted(BUILTIN_PATHS)
+
+
 class EngineSink(GuardConformance):
     """The kit with another engine's sink, through its ``make_sink`` seam, on every path."""
 
-    @pytest.fixture(params=sorted(BUILTIN_PATHS))
+    sink_kind: ClassVar[str]
+
+    @pytest.fixture(params=ENGINE_PATHS)
     def transfer_path(self, request):
         return BUILTIN_PATHS[request.param]
 
-
-class TestKitDuckDB(EngineSink):
-    path_name = "kit-duckdb"
-
     @pytest.fixture
     def make_sink(self, tmp_path):
-        return DuckDBSink(str(tmp_path / "target.duckdb"), "orders_copy")
+        return make_sink(self.sink_kind, tmp_path / TARGET_FILES[self.sink_kind])
+
+
+class TestKitDuckDB(EngineSink):
+    path_name, sink_kind = "kit-duckdb", "duckdb"
 
 
 class TestKitClickHouse(EngineSink):
-    path_name = "kit-chdb"
-
-    @pytest.fixture
-    def make_sink(self, tmp_path):
-        return ClickHouseSink(str(tmp_path / "chdb"), "orders_copy", partition_by="region")
+    path_name, sink_kind = "kit-chdb", "clickhouse"
 
 
 def test_every_builtin_path_has_a_kit_class():
     covered = {cls.builtin for cls in BuiltinPath.__subclasses__()}
     assert covered == set(BUILTIN_PATHS)
     assert not {cls.path_name for cls in BuiltinPath.__subclasses__()} & set(BUILTIN_PATHS)
+
+
+def test_the_kit_runs_on_every_shipped_sink_on_every_path():
+    """SQLite is the kit's default sink (the BuiltinPath classes, one per path); every other
+    sink the package ships has an EngineSink class, which runs every built-in path."""
+    shipped = {getattr(connectors, name) for name in connectors.__all__ if name.endswith("Sink")}
+    assert set(SINKS.values()) == shipped, "helpers.routes.SINKS must name every shipped sink"
+    engines = EngineSink.__subclasses__()
+    assert sorted(cls.sink_kind for cls in engines) == sorted(set(SINKS) - {"sqlite"})
+    assert all("transfer_path" not in vars(cls) for cls in engines), "every path, not some"
+    assert ENGINE_PATHS == sorted(BUILTIN_PATHS)
+    assert all("make_sink" not in vars(cls) for cls in BuiltinPath.__subclasses__())
 
 
 # -- the kit catches an unguarded path --------------------------------------
@@ -154,7 +168,7 @@ def test_the_documented_five_lines_pass_the_kit_on_the_example(pytester):
 
 def test_the_kit_catches_the_unguarded_variant(pytester):
     """With the ledger off, the guard's own scenarios catch it."""
-    reports = run_kit(pytester, TESTS / "unguarded_bulk_copy.py", skips=LEDGER_TESTS)
+    reports = run_kit(pytester, TESTS / "helpers" / "unguarded_bulk_copy.py", skips=LEDGER_TESTS)
     assert set(reports) == KIT_TESTS
     failed = {name for name, report in reports.items() if report.failed}
     assert failed == set(CAUGHT)
@@ -290,7 +304,7 @@ def test_with_the_ledger_on_the_unguarded_variant_also_fails_for_want_of_its_led
     pytester, tmp_path
 ):
     """Its fake target call writes no ledger row: every run that reaches it fails closed."""
-    text = (TESTS / "unguarded_bulk_copy.py").read_text(encoding="utf-8")
+    text = (TESTS / "helpers" / "unguarded_bulk_copy.py").read_text(encoding="utf-8")
     copy = tmp_path / "unguarded_bulk_copy.py"
     copy.write_text(text.replace("ledger = False", "ledger = True"), encoding="utf-8")
     reports = run_kit(pytester, copy)

@@ -5,6 +5,9 @@ per process at a time, so every sink call opens and closes its own session;
 a test that opens a session itself closes it before the next call.
 The clickhouse-connect server adapter cannot run without a server: only what
 needs none (locations, secrecy, the missing-extra error) is tested here.
+The guard's fault scenarios run on this sink in the conformance kit
+(``test_conformance.py::TestKitClickHouse``, every path); what is here is
+ClickHouse's own, and the unguarded and ledger-only contrast.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 
 import attrs
 import pytest
-from conftest import PATHS, Route
+from helpers.routes import PATHS, Route
 
 from dpone_native_transfer import ManualReconciliationRequired, StoreTargetMismatch
 from dpone_native_transfer.column_types import postgres_kind
@@ -72,35 +75,9 @@ STRATEGIES = ("incremental_append", "full_refresh")
 REGIONS = {f"region-{i:03d}" for i in range(4)}
 
 
-class ClickHouseRoute(Route):
-    """conftest's Route (SQLite source, SQLite checkpoint store) with a chDB target."""
-
-    def __init__(self, tmp: Path, *, rows: int = 120) -> None:
-        tmp.mkdir(parents=True, exist_ok=True)
-        super().__init__(tmp, rows=rows)
-        self.data_path = tmp / "chdata"
-        self.sink = RecordingSink(
-            ClickHouseSink(self.data_path, "orders_copy", partition_by="region")
-        )
-
-    def source_rows(self) -> list[tuple]:
-        with sqlite3.connect(self.source_path) as connection:
-            rows = connection.execute("SELECT * FROM orders ORDER BY id").fetchall()
-        connection.close()
-        return rows
-
-    def target_rows(self) -> list[tuple]:
-        return sorted(self.sink.inner.rows())
-
-    def add_rows(self, rows: int = 30) -> None:
-        """New source rows, with ids (and cursors) above every earlier one."""
-        start = max(row[0] for row in self.source_rows()) + 1
-        build_sample_source(self.source_path, rows=rows, partitions=4, start_id=start)
-
-
 @pytest.fixture
 def ch_route(tmp_path):
-    made = ClickHouseRoute(tmp_path)
+    made = Route(tmp_path, kind="clickhouse")
     yield made
     made.real_store.close()
 
@@ -158,9 +135,9 @@ def test_partial_commit_then_retry_duplicates_unguarded_and_is_blocked_guarded(t
     """Unguarded and without the ledger the retry appends every row again; the guard blocks it,
     and so does the ledger alone: its row proves the batch applied, the store says failed."""
     arms = {
-        "unguarded": (ClickHouseRoute(tmp_path / "unguarded"), [], False),
-        "ledger only": (ClickHouseRoute(tmp_path / "ledger"), [], True),
-        "guarded": (ClickHouseRoute(tmp_path / "guarded"), None, True),
+        "unguarded": (Route(tmp_path / "unguarded", kind="clickhouse"), [], False),
+        "ledger only": (Route(tmp_path / "ledger", kind="clickhouse"), [], True),
+        "guarded": (Route(tmp_path / "guarded", kind="clickhouse"), None, True),
     }
     try:
         outcomes = {}
@@ -195,7 +172,7 @@ def test_partial_commit_then_retry_duplicates_unguarded_and_is_blocked_guarded(t
 
 def test_the_ledger_row_follows_the_rows_and_a_repeated_batch_inserts_nothing(tmp_path, path):
     """What is proven on ClickHouse: a ledger row means applied; the same batch again is a no-op."""
-    route = ClickHouseRoute(tmp_path)
+    route = Route(tmp_path, kind="clickhouse")
     try:
         result = route.runtime().run(route.spec(path))
         sink = route.sink.inner
@@ -222,7 +199,7 @@ def test_the_ledger_row_follows_the_rows_and_a_repeated_batch_inserts_nothing(tm
         route.real_store.close()
 
 
-def _append_payload(route: ClickHouseRoute, path: str) -> Any:
+def _append_payload(route: Route, path: str) -> Any:
     """The same rows as the run's target call, as the path under test hands them."""
     columns = route.source.describe().columns
     bounds = tuple(cp.partition_bounds for cp in sorted(route.latest(), key=_in_batch_order))
@@ -240,13 +217,15 @@ def _in_batch_order(checkpoint: Any) -> Any:
 
 
 def test_two_routes_with_different_data_paths_run_one_after_the_other(tmp_path):
-    first = ClickHouseRoute(tmp_path / "one")
-    second = ClickHouseRoute(tmp_path / "two", rows=40)
+    first = Route(tmp_path / "one", kind="clickhouse")
+    second = Route(tmp_path / "two", rows=40, kind="clickhouse")
     try:
         first.runtime().run(first.spec("legacy"))
         second.runtime().run(second.spec("lazy-plan", strategy="full_refresh"))
-        assert first.data_path != second.data_path
-        assert (first.data_path / "metadata").is_dir() and (second.data_path / "metadata").is_dir()
+        assert first.target_path != second.target_path
+        assert (first.target_path / "metadata").is_dir() and (
+            second.target_path / "metadata"
+        ).is_dir()
         # each path reopened afterwards still holds its own rows
         assert first.target_rows() == first.source_rows() and len(first.source_rows()) == 120
         assert second.target_rows() == second.source_rows() and len(second.source_rows()) == 40
@@ -260,7 +239,7 @@ def test_two_routes_with_different_data_paths_run_one_after_the_other(tmp_path):
             " print(s.query('SELECT count() FROM orders_copy').bytes().decode().strip()); s.close()"
         )
         count = subprocess.run(
-            [sys.executable, "-c", script, str(first.data_path)],
+            [sys.executable, "-c", script, str(first.target_path)],
             capture_output=True, text=True, check=True, timeout=120,
         )  # fmt: skip
         assert count.stdout.strip() == "130"
@@ -563,7 +542,7 @@ class ConnectDrivenSink(ClickHouseSink):
 
 
 def test_server_adapter_runs_every_path_through_clickhouse_connect(tmp_path):
-    route = ClickHouseRoute(tmp_path)
+    route = Route(tmp_path, kind="clickhouse")
     sink = ConnectDrivenSink(tmp_path / "connect-data", "orders_copy", partition_by="region")
     route.sink = RecordingSink(sink)
     try:

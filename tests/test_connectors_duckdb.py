@@ -1,5 +1,8 @@
 """DuckDB sink against real DuckDB files: types, atomic loads, staging, lazy plans,
-and guarded transfers through the runtime on all four paths."""
+and guarded transfers through the runtime on all four paths.
+
+The guard's fault scenarios run on this sink in the conformance kit
+(``test_conformance.py::TestKitDuckDB``, every path); what is here is DuckDB's own."""
 
 from __future__ import annotations
 
@@ -15,19 +18,15 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import PATHS, Route
+from helpers.routes import PATHS, Route
 
 from dpone_native_transfer.connectors import SQLiteSource
 from dpone_native_transfer.connectors.duckdb import DuckDBSink, duckdb_type
 from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
 from dpone_native_transfer.payloads import Column, LoadPlan, RowChunks
 from dpone_native_transfer.testing import (
-    InjectedFault,
-    RecordingSink,
-    assert_blocked_before_target,
     assert_rows_exactly_once,
     build_sample_source,
-    phase_batch,
 )
 
 COLUMNS = (
@@ -460,15 +459,9 @@ def test_identifiers_with_spaces_quotes_and_question_marks(tmp_path):
 
 @pytest.fixture
 def duck_route(tmp_path: Path):
-    made = Route(tmp_path)
-    made.sink = RecordingSink(DuckDBSink(tmp_path / "target.duckdb", "orders_copy"))
+    made = Route(tmp_path, kind="duckdb")
     yield made
     made.real_store.close()
-
-
-def _source_rows(route: Route) -> list[tuple]:
-    with contextlib.closing(sqlite3.connect(route.source_path)) as conn:
-        return conn.execute("SELECT * FROM orders ORDER BY id").fetchall()
 
 
 @pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])
@@ -476,32 +469,15 @@ def _source_rows(route: Route) -> list[tuple]:
 def test_guarded_transfers_give_exactly_the_source_rows(duck_route, path, strategy):
     first = duck_route.runtime().run(duck_route.spec(path, strategy=strategy))
     assert first.rows_loaded == 120 and len(first.committed_partition_ids) == 4
-    assert sorted(duck_route.sink.inner.rows()) == _source_rows(duck_route)
+    assert sorted(duck_route.sink.inner.rows()) == duck_route.source_rows()
 
     build_sample_source(duck_route.source_path, rows=30, start_id=121)
     second = duck_route.runtime().run(duck_route.spec(path, run_id="run-2", strategy=strategy))
     assert second.rows_loaded == (30 if strategy == "incremental_append" else 150)
-    assert sorted(duck_route.sink.inner.rows()) == _source_rows(duck_route)
+    assert sorted(duck_route.sink.inner.rows()) == duck_route.source_rows()
     assert_rows_exactly_once(duck_route.source_ids(), duck_route.target_ids())
     assert duck_route.sink.target_calls == 2
     assert duck_route.sink.inner.staged_row_count() == 0
-
-
-@pytest.mark.parametrize("path", PATHS)
-def test_partial_commit_blocks_the_automatic_retry_without_duplicates(duck_route, path):
-    original = duck_route.store.fail_batch(phase_batch("checkpoint_committed"), keep=1)
-    with pytest.raises(InjectedFault) as caught:
-        duck_route.runtime().run(duck_route.spec(path))
-    assert caught.value is original
-    assert duck_route.sink.target_calls == 1
-    build_sample_source(duck_route.source_path, rows=10, start_id=121)  # new rows wait
-
-    retry = duck_route.spec(path, run_id="retry")
-    assert_blocked_before_target(lambda: duck_route.runtime().run(retry), duck_route.sink)
-    assert_blocked_before_target(lambda: duck_route.runtime().run(retry), duck_route.sink)
-    target = duck_route.target_ids()
-    assert_rows_exactly_once(list(range(1, 121)), target)
-    assert len(target) == 120
 
 
 def test_load_plan_selects_exactly_the_planned_partitions_of_each_window(tmp_path):

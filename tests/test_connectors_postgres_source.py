@@ -7,23 +7,22 @@ import contextlib
 import datetime
 import decimal
 import secrets
-import urllib.parse
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import psycopg
 import pytest
+from helpers.postgres_server import postgres_url
+from helpers.routes import Route
 
-from dpone_native_transfer import SQLiteCheckpointStore, TransferRuntime, TransferSpec
+from dpone_native_transfer import TransferRuntime, TransferSpec
 from dpone_native_transfer.connectors import SQLiteSink
 from dpone_native_transfer.connectors.duckdb import DuckDBSink
 from dpone_native_transfer.connectors.postgres import PostgresSource
 from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
 from dpone_native_transfer.payloads import Column
 from dpone_native_transfer.testing import (
-    FaultyStore,
     InjectedFault,
-    RecordingSink,
     StepClock,
     assert_blocked_before_target,
     assert_rows_exactly_once,
@@ -54,15 +53,6 @@ LATER = [
 ]
 
 
-def _url(dsn: str, **query: str) -> str:
-    """The server as a postgresql:// URL: the form PostgresSource takes."""
-    parts = psycopg.conninfo.conninfo_to_dict(dsn)
-    user = urllib.parse.quote(parts["user"], safe="")
-    password = urllib.parse.quote(parts.get("password") or "", safe="")
-    url = f"postgresql://{user}:{password}@{parts['host']}:{parts['port']}/{parts['dbname']}"
-    return url + ("?" + urllib.parse.urlencode(query) if query else "")
-
-
 class Table(NamedTuple):
     dsn: str  # the admin DSN (key=value), for the test's own statements
     url: str
@@ -83,7 +73,7 @@ class Table(NamedTuple):
 
 @pytest.fixture
 def table(postgres_schema) -> Table:
-    made = Table(postgres_schema.dsn, _url(postgres_schema.dsn), postgres_schema.schema,
+    made = Table(postgres_schema.dsn, postgres_url(postgres_schema.dsn), postgres_schema.schema,
                  f"{postgres_schema.schema}.orders")  # fmt: skip
     made.execute(f'CREATE SCHEMA "{made.schema}"')
     made.execute(
@@ -136,7 +126,7 @@ def test_describe_reports_postgres_type_names_and_stable_hashes(source, table):
 
 
 def test_an_unqualified_table_is_found_through_the_search_path(table):
-    url = _url(table.dsn, options=f"-csearch_path={table.schema}")
+    url = postgres_url(table.dsn, options=f"-csearch_path={table.schema}")
     source = PostgresSource(url, "orders", "region")
     assert source.describe().columns[0] == Column("id", "integer", "integer")
     assert source.count({"partition": "north"}) == 3
@@ -214,7 +204,7 @@ def test_read_uses_a_server_side_cursor_fetching_chunk_rows_at_a_time(table):
     """Memory stays bounded: the rows stay on the server until each FETCH of chunk_rows."""
     table.insert([(100 + i, "bulk", None, _ts(100 + i), None, None) for i in range(23)])
     tag = f"dpone-test-{secrets.token_hex(4)}"
-    source = PostgresSource(_url(table.dsn, application_name=tag), table.name, "region")
+    source = PostgresSource(postgres_url(table.dsn, application_name=tag), table.name, "region")
     chunks = source.read({"partition": "bulk"}, chunk_rows=5)
     first = next(chunks)
     assert len(first) == 5
@@ -234,7 +224,7 @@ def test_read_uses_a_server_side_cursor_fetching_chunk_rows_at_a_time(table):
 
 def test_a_read_closed_early_releases_its_connection(table):
     tag = f"dpone-test-{secrets.token_hex(4)}"
-    source = PostgresSource(_url(table.dsn, application_name=tag), table.name, "region")
+    source = PostgresSource(postgres_url(table.dsn, application_name=tag), table.name, "region")
     chunks = source.read({"partition": "north"}, chunk_rows=1)
     assert len(next(chunks)) == 1
     count = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
@@ -278,7 +268,7 @@ def _assert_safe(error: BaseException, *secrets_: str) -> None:
 
 
 def test_a_wrong_password_is_source_invalid_without_credentials(table):
-    url = _url(table.dsn).replace("@", "x-CANARY-PW@", 1)
+    url = postgres_url(table.dsn).replace("@", "x-CANARY-PW@", 1)
     source = PostgresSource(url, table.name, "region")
     with pytest.raises(SourceInvalid) as caught:
         source.describe()
@@ -331,13 +321,13 @@ def test_dsn_forms(table, monkeypatch):
 # --- guarded transfers into SQLite and DuckDB -------------------------------------------------
 
 
-class PgRoute:
+class PgRoute(Route):
+    """The tests' route (``helpers.routes.Route``) with a PostgreSQL source."""
+
     def __init__(self, tmp: Path, table: Table, sink: Any, strategy: str) -> None:
+        source = PostgresSource(table.url, table.name, "region", "updated_at")
+        super().__init__(tmp, source=source, sink=sink)
         self.table = table
-        self.source = PostgresSource(table.url, table.name, "region", "updated_at")
-        self.sink = RecordingSink(sink)
-        self.real_store = SQLiteCheckpointStore(str(tmp / "checkpoints.db"))
-        self.store = FaultyStore(self.real_store)
         self.strategy = strategy
 
     def run(self, path: str, run_id: str):

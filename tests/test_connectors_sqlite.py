@@ -864,3 +864,24 @@ def test_paths_that_look_like_uris_are_plain_files(tmp_path, monkeypatch):
     sink.load(plan)
     assert (tmp_path / "out%20put.db").exists()
     assert sink.row_count() == 2
+
+
+def test_a_without_rowid_source_table_is_refused_with_a_clear_error(tmp_path) -> None:
+    """It failed on every path as source_invalid "could not be read" (exit 1: retry)."""
+    import sqlite3
+
+    from helpers.cli import run_cli
+
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
+        db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER) WITHOUT ROWID")
+        db.execute("INSERT INTO t VALUES ('a', 1)")
+        db.commit()
+    (tmp_path / "route.toml").write_text(
+        '[source]\npath = "source.db"\ntable = "t"\npartition_column = "k"\n'
+        '[target]\npath = "target.db"\ntable = "copy"\n'
+        '[transfer]\nstrategy = "full_refresh"\npath = "staged"\n'
+        '[store]\npath = "checkpoints.db"\n'
+    )
+    done = run_cli("run", tmp_path / "route.toml")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "native_transfer_config_invalid" in done.stderr and "WITHOUT ROWID" in done.stderr

@@ -1,6 +1,6 @@
 """Hard-kill crash matrix: SIGKILL a real guarded transfer at every boundary, then recover.
 
-For each kill point x path x store, a child process (``tests/crash_child.py``)
+For each kill point x path x store, a child process (``tests/helpers/crash_child.py``)
 runs one transfer on real files and SIGKILLs itself at the kill point. This
 process then plays the scheduler: it runs the next attempt on the same files
 with a fresh runtime (guard from its entry point, target in a RecordingSink).
@@ -12,7 +12,7 @@ with the guard's operator API, and lets the scheduler retry.
 
 After the kill and after every attempt the target must hold no row twice;
 at the end it holds every source row exactly once. Zero duplicate rows is the
-only pass. The matrix is reported by ``tests/crash_report.py``.
+only pass. The matrix is reported by ``tests/helpers/crash_report.py``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import pytest
-from crash_child import (
+from helpers.crash_child import (
     KILL_POINTS,
     LEASE_SECONDS,
     SOURCE_TABLE,
@@ -41,6 +41,7 @@ from crash_child import (
     sqlite_source,
     transfer_spec,
 )
+from helpers.routes import write_route
 
 from dpone_native_transfer import (
     ManualReconciliationRequired,
@@ -69,11 +70,11 @@ from dpone_target_commit_guard.policy import (
 RESPELT_TARGET_TABLE = TARGET_TABLE.upper()  # the same SQLite table, spelt otherwise
 
 if TYPE_CHECKING:  # imported by pytest as a plugin, so that its asserts are rewritten
-    from crash_report import CrashMatrix, CrashRun
+    from helpers.crash_report import CrashMatrix, CrashRun
 
-pytest_plugins = ["crash_report"]
+pytest_plugins = ["helpers.crash_report"]
 
-CHILD = Path(__file__).with_name("crash_child.py")
+CHILD = Path(__file__).parent / "helpers" / "crash_child.py"
 ROWS, PARTITIONS = 2_000, 4
 STORES = ("sqlite", "postgres")
 MAX_ATTEMPTS = 3
@@ -405,26 +406,6 @@ def test_hard_kill_then_automatic_retry_never_duplicates(
         }
 
 
-ROUTE_FILE = """\
-[source]
-path = "source.db"
-table = "orders"
-partition_column = "region"
-cursor_column = "updated_at"
-
-[target]
-path = "target.db"
-table = "orders_copy"
-
-[transfer]
-strategy = "incremental_append"
-path = "{path}"
-
-[store]
-path = "checkpoints.db"
-"""
-
-
 @pytest.mark.parametrize(
     ("kill_point", "verdict", "loaded"),
     [("target-after-commit", "applied", 0), ("target-before-commit", "not_applied", ROWS)],
@@ -437,8 +418,7 @@ def test_after_a_kill_verify_proves_the_batch_and_resolve_from_target_heals_it(
     build_sample_source(route.source_path, rows=ROWS, partitions=PARTITIONS)
     route.run_child(path, kill_point)
     time.sleep(LEASE_SECONDS * 1.5)  # the dead child's lease
-    route_file = tmp_path / "route.toml"
-    route_file.write_text(ROUTE_FILE.format(path=path), encoding="utf-8")
+    route_file = write_route(tmp_path, path=path)
     script = str(Path(sys.executable).parent / "dpone-transfer")
 
     def dpone(*args: str) -> subprocess.CompletedProcess[str]:

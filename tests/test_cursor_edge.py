@@ -14,7 +14,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import routes
+from helpers.cli import run_cli
+from helpers.routes import PATHS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,34 +27,17 @@ from dpone_native_transfer.runtime import TransferRuntime
 from dpone_native_transfer.stores.sqlite import SQLiteCheckpointStore
 from dpone_native_transfer.testing import FaultyStore, InjectedFault
 
-PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
-TARGETS = {"sqlite": "target.db", "duckdb": "target.duckdb", "clickhouse": "chdata"}
-ROUTE = """\
-[source]
-path = "source.db"
-table = "events"
-partition_column = "region"
-cursor_column = "ts"
-{source}
-[target]
-kind = "{kind}"
-path = "{target}"
-table = "events_copy"
-[transfer]
-strategy = "incremental_append"
-path = "{path}"
-[store]
-path = "checkpoints.db"
-"""
+TARGETS = routes.TARGET_FILES
+# The sample route over this module's events table (region, ts, v).
+EVENTS = {"table": "events", "cursor_column": "ts"}
 
 
-def make_route(folder: Path, *, kind: str = "sqlite", path: str = "staged", source: str = ""):
+def make_route(folder: Path, *, kind: str = "sqlite", path: str = "staged", source=None):
     with contextlib.closing(sqlite3.connect(folder / "source.db")) as db:
         db.execute("CREATE TABLE IF NOT EXISTS events (region TEXT, ts INTEGER, v TEXT)")
         db.commit()
-    text = ROUTE.format(kind=kind, target=TARGETS[kind], path=path, source=source)
-    (folder / "route.toml").write_text(text)
-    return folder / "route.toml"
+    source = {**EVENTS, **(source or {})}
+    return routes.write_route(folder, kind=kind, path=path, table="events_copy", source=source)
 
 
 def insert(folder: Path, *rows: tuple) -> None:
@@ -109,7 +94,7 @@ def test_identical_rows_are_counted_as_a_multiset(tmp_path: Path, path: str) -> 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_lag_rereads_late_rows_and_loads_only_the_new_ones(tmp_path: Path, path: str) -> None:
-    route_file = make_route(tmp_path, path=path, source="lag = 10")
+    route_file = make_route(tmp_path, path=path, source={"lag": 10})
     insert(tmp_path, *(("a", ts, "x") for ts in range(0, 100, 5)))
     run(route_file)  # watermark 95: the edge is [85, 95]
     insert(tmp_path, ("a", 86, "late"), ("b", 95, "tie"), ("a", 84, "too late"))
@@ -124,7 +109,7 @@ def test_lag_rereads_late_rows_and_loads_only_the_new_ones(tmp_path: Path, path:
 
 
 def test_lag_on_a_text_cursor_is_refused_before_any_read(tmp_path: Path) -> None:
-    route_file = make_route(tmp_path, source='lag = 1\non_null_cursor = "load_once"')
+    route_file = make_route(tmp_path, source={"lag": 1, "on_null_cursor": "load_once"})
     with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
         db.execute("DROP TABLE events")
         db.execute("CREATE TABLE events (region TEXT, ts TEXT, v TEXT)")
@@ -137,7 +122,7 @@ def test_lag_on_a_text_cursor_is_refused_before_any_read(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("days", [0, 2])
 def test_lag_on_date_text_moves_back_by_days(tmp_path: Path, days: int) -> None:
-    route_file = make_route(tmp_path, source=f"lag = {days}")
+    route_file = make_route(tmp_path, source={"lag": days})
     with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
         db.execute("DROP TABLE events")
         db.execute("CREATE TABLE events (region TEXT, ts DATE, v TEXT)")
@@ -170,13 +155,13 @@ def test_null_cursors_are_refused_by_default_before_the_target(tmp_path: Path, p
     assert not (tmp_path / TARGETS["sqlite"]).exists()  # before the target
     scan = run_cli("guard", "scan", "--store", tmp_path / "checkpoints.db")
     assert scan.returncode == 0, scan.stdout + scan.stderr  # nothing blocks the route
-    make_route(tmp_path, path=path, source='on_null_cursor = "load_once"')
+    make_route(tmp_path, path=path, source={"on_null_cursor": "load_once"})
     assert "loaded 3 rows" in run(route_file).stdout
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_load_once_loads_each_null_cursor_row_once(tmp_path: Path, path: str) -> None:
-    route_file = make_route(tmp_path, path=path, source='on_null_cursor = "load_once"')
+    route_file = make_route(tmp_path, path=path, source={"on_null_cursor": "load_once"})
     insert(tmp_path, ("a", 1, "x"), ("a", None, "n"), ("a", None, "n"))
     assert "loaded 3 rows" in run(route_file).stdout
     assert "loaded 0 rows" in run(route_file).stdout
@@ -191,7 +176,7 @@ def test_load_once_loads_each_null_cursor_row_once(tmp_path: Path, path: str) ->
 
 def test_a_crash_between_commit_and_state_never_loads_the_edge_twice(tmp_path: Path) -> None:
     """The retry skips the committed partitions and rebuilds the record from their checkpoints."""
-    route_file = make_route(tmp_path, source='on_null_cursor = "load_once"')
+    route_file = make_route(tmp_path, source={"on_null_cursor": "load_once"})
     insert(tmp_path, ("a", 1, "x"), ("a", 2, "x"), ("b", None, "n"))
     config = load_route_config(route_file)
     store = FaultyStore(SQLiteCheckpointStore(config.store_path))
@@ -236,7 +221,7 @@ def test_a_lazy_plan_whose_top_rows_changed_during_the_load_forgets_them(tmp_pat
 
 
 def test_a_restored_store_loads_no_null_row_again(tmp_path: Path) -> None:
-    route_file = make_route(tmp_path, source='on_null_cursor = "load_once"')
+    route_file = make_route(tmp_path, source={"on_null_cursor": "load_once"})
     insert(tmp_path, ("a", 1, "x"), ("b", None, "n"))
     run(route_file)
     (tmp_path / "checkpoints.db").unlink()
@@ -281,7 +266,7 @@ batches = st.lists(
 @given(batches=batches, lag=st.sampled_from([0, 2]), path=st.sampled_from(PATHS))
 def test_cursor_edge_property(tmp_path_factory, batches, lag, path) -> None:
     folder = tmp_path_factory.mktemp("edge")
-    source = f'lag = {lag}\non_null_cursor = "load_once"'
+    source = {"lag": lag, "on_null_cursor": "load_once"}
     route_file = make_route(folder, path=path, source=source)
     expected: Counter = Counter()
     watermark = None
@@ -318,7 +303,7 @@ def test_a_dropped_or_renamed_column_never_reloads_the_edge(
     tmp_path: Path, path: str, change: str
 ) -> None:
     """The digests covered the dropped column: they matched no row, so all loaded again."""
-    route_file = make_route(tmp_path, path=path, source='on_null_cursor = "load_once"')
+    route_file = make_route(tmp_path, path=path, source={"on_null_cursor": "load_once"})
     alter(tmp_path, "ALTER TABLE events ADD COLUMN extra TEXT")
     alter(tmp_path, "INSERT INTO events VALUES ('a', 1, 'x', 'e'), ('a', NULL, 'n', 'e')")
     alter(tmp_path, "INSERT INTO events VALUES ('b', 5, 'y', 'e')")
@@ -359,7 +344,7 @@ def test_a_retry_with_a_larger_lag_keeps_the_lag_its_partitions_recorded(tmp_pat
     store.fail_state_write("source_state")
     with pytest.raises(InjectedFault):
         TransferRuntime(store).run(config.spec("run-1"))
-    route_file = make_route(tmp_path, source="lag = 10")
+    route_file = make_route(tmp_path, source={"lag": 10})
     run(route_file)
     assert "loaded 0 rows" in run(route_file).stdout
     assert target_rows(tmp_path, "sqlite") == source_rows(tmp_path)
@@ -367,7 +352,7 @@ def test_a_retry_with_a_larger_lag_keeps_the_lag_its_partitions_recorded(tmp_pat
 
 @pytest.mark.parametrize("lag", ["1e20", "5"])
 def test_a_lag_past_the_calendar_is_a_configuration_error(tmp_path: Path, lag: str) -> None:
-    route_file = make_route(tmp_path, source=f"lag = {lag}")
+    route_file = make_route(tmp_path, source={"lag": routes.Literal(lag)})
     alter(tmp_path, "DROP TABLE events", "CREATE TABLE events (region TEXT, ts DATE, v TEXT)")
     alter(tmp_path, "INSERT INTO events VALUES ('a', '0001-01-02', 'x')")
     done = run(route_file, code=2)
@@ -386,7 +371,7 @@ def test_a_postgres_source_loads_ties_late_rows_and_null_cursors_once(
     tmp_path: Path, postgres_schema
 ) -> None:
     import psycopg
-    from test_connectors_postgres_source import _url
+    from helpers.postgres_server import postgres_url
 
     schema = postgres_schema.schema
     table = f'"{schema}".events'
@@ -417,7 +402,7 @@ path = "staged"
 path = "checkpoints.db"
 """
     )
-    env = {"EDGE_DSN": _url(postgres_schema.dsn)}
+    env = {"EDGE_DSN": postgres_url(postgres_schema.dsn)}
 
     def run_pg() -> str:
         done = run_cli("run", tmp_path / "route.toml", env=env)

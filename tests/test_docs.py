@@ -1,8 +1,10 @@
-"""The docs match the code: the hook reference is the hookspec docstrings, and the
-recovery runbook's command lines still print what the runbook shows."""
+"""The docs match the code: the hook reference is the hookspec docstrings, the
+recovery runbook's command lines still print what the runbook shows, and every test
+the design-case table of docs/hooks.md names exists."""
 
 from __future__ import annotations
 
+import ast
 import re
 import runpy
 import shlex
@@ -11,7 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dpone_native_transfer.testing.conformance import GuardConformance
+
 DOCS = Path(__file__).resolve().parent.parent / "docs"
+KIT_TESTS = {name for name in dir(GuardConformance) if name.startswith("test_")}
 generator = runpy.run_path(str(DOCS / "gen_reference.py"))
 
 
@@ -111,3 +116,63 @@ def test_the_performance_table_is_the_committed_results_file():
     ).stdout.strip()
     assert table.count("\n") > 10
     assert table in (DOCS / "performance.md").read_text(encoding="utf-8")
+
+
+# -- the design-case table names tests that exist ----------------------------
+
+CASE_TABLE = "### Which test proves each required case"
+CASE_ROW = re.compile(r"^\| (\d+) \| [^|]+ \| ([^|]+) \|$", re.M)
+
+
+def design_case_rows(markdown: str) -> dict[int, list[str]]:
+    """Case number -> the tests its row of the hooks.md table names."""
+    table = markdown.split(CASE_TABLE, 1)[1]
+    return {int(n): re.findall(r"`([^`]+)`", tests) for n, tests in CASE_ROW.findall(table)}
+
+
+def defined_tests(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+    }
+
+
+def missing_tests(names: list[str]) -> list[str]:
+    """The names in ``names`` that are neither a kit test nor a test function of the file."""
+    missing = []
+    for name in names:
+        if name.startswith("GuardConformance."):
+            found = name.removeprefix("GuardConformance.") in KIT_TESTS
+        else:
+            file, _, function = name.partition("::")
+            path = DOCS.parent / file
+            found = file.startswith("tests/") and path.is_file() and function in defined_tests(path)
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def test_every_design_case_names_tests_that_exist():
+    rows = design_case_rows((DOCS / "hooks.md").read_text(encoding="utf-8"))
+    assert sorted(rows) == list(range(1, 12)), "one row per required case, 1 to 11"
+    assert all(rows.values()), "every case names at least one test"
+    assert missing_tests([name for names in rows.values() for name in names]) == []
+
+
+def test_the_case_table_check_catches_a_test_that_is_gone():
+    table = (
+        f"{CASE_TABLE}\n\n| # | Case | Tests |\n|---|---|---|\n"
+        "| 1 | a | `GuardConformance.test_happy_run_arms_before_the_one_target_call` |\n"
+        "| 2 | b | `GuardConformance.test_no_such_thing`, `tests/test_docs.py::test_gone` |\n"
+        "| 3 | c | `tests/no_such_file.py::test_x`, `docs/gen_reference.py::main` |\n"
+    )
+    rows = design_case_rows(table)
+    assert sorted(rows) == [1, 2, 3]
+    assert missing_tests([name for names in rows.values() for name in names]) == [
+        "GuardConformance.test_no_such_thing",
+        "tests/test_docs.py::test_gone",
+        "tests/no_such_file.py::test_x",
+        "docs/gen_reference.py::main",
+    ]

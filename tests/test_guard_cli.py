@@ -30,7 +30,6 @@ from dpone_native_transfer import (
     checkpoint_to_payload,
     cli,
 )
-from dpone_native_transfer.demo import DEMO_ROUTE
 from dpone_native_transfer.testing import InjectedFault, build_sample_source, guard_phase
 from dpone_native_transfer.testing import phase_batch as phase
 from dpone_target_commit_guard.payload import batch_id_for
@@ -97,13 +96,6 @@ def confirmed(store: Path, resolved_as: str, *selection: str) -> subprocess.Comp
 
 def json_lines(done: subprocess.CompletedProcess[str]) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines()]
-
-
-def write_route_file(route) -> Path:
-    """The route file of the ``route`` fixture's files, so ``dpone-transfer run`` can resume it."""
-    route_file = route.tmp / "route.toml"
-    route_file.write_text(DEMO_ROUTE, encoding="utf-8")  # the same file names as the fixture
-    return route_file
 
 
 def stored(opened: SQLiteCheckpointStore, route: RouteKey) -> list[RouteKey]:
@@ -407,7 +399,7 @@ def scan_store(store: Path) -> subprocess.CompletedProcess[str]:
 
 def test_resolved_as_failed_before_target_then_run_loads_the_rows_exactly_once(route):
     make_target_outcome_unknown(route)
-    route_file = write_route_file(route)
+    route_file = route.route_file()
     assert route.target_ids() == []
     blocked = dpone("run", route_file)
     assert blocked.returncode == cli.EXIT_BLOCKED
@@ -439,7 +431,7 @@ def test_run_proceeds_for_exactly_the_resolved_partitions(route):
     connection.close()
     store = store_of(route)
 
-    route_file = write_route_file(route)  # the store alone does not say where the target is
+    route_file = route.route_file()  # the store alone does not say where the target is
 
     def by_file(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
         who = ("--reason", "rows of two regions deleted", "--operator", "alice")
@@ -454,10 +446,10 @@ def test_run_proceeds_for_exactly_the_resolved_partitions(route):
     still = by_file(*missing, "--force", "--as", "failed_before_target", "--yes")
     assert still.returncode == 0, still.stderr
     assert "against the target's ledger (--force)" in still.stdout
-    partial = dpone("run", write_route_file(route))
+    partial = dpone("run", route.route_file())
     assert partial.returncode == cli.EXIT_BLOCKED, "two partitions are still unresolved"
     assert confirmed(store, "committed", *partition_args(by_region, kept)).returncode == 0
-    run = dpone("run", write_route_file(route), "--run-id", "after-resolve")
+    run = dpone("run", route.route_file(), "--run-id", "after-resolve")
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("committed 2 partitions, skipped 2, loaded 60 rows")
     assert route.target_ids() == route.source_ids()
@@ -755,7 +747,7 @@ def test_scan_show_and_resolve_never_print_row_values_or_exception_text(route):
         scan(route, "--json"),
         show(route),
         resolve(store, "--batch", batch_id, "--as", "failed_before_target"),
-        dpone("run", write_route_file(route)),
+        dpone("run", route.route_file()),
     ]
     for done in outputs:
         assert done.returncode in (cli.EXIT_BLOCKED, cli.EXIT_FAILED, 0)
@@ -861,7 +853,7 @@ def test_in_process_refusals_write_nothing(route, capsys):
     assert main(*base, "--partition", other, *who) == cli.EXIT_CONFIG
     assert f"{other} (committed, checkpoint_committed)" in capsys.readouterr().err
     assert snapshot(store) == untouched
-    with_file = ("guard", "resolve", write_route_file(route), "--as", "failed_before_target")
+    with_file = ("guard", "resolve", route.route_file(), "--as", "failed_before_target")
     assert main(*with_file, "--partition", partition_id, "--force-invalid", *who) == 2
     assert "the target's ledger proves 1 batch applied" in capsys.readouterr().err
     assert snapshot(store) == untouched

@@ -17,35 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import routes
 
 from dpone_native_transfer.testing import build_sample_source
 
 SCRIPT = str(Path(sys.executable).parent / "dpone-transfer")
 
-ROUTE = """\
-[source]
-path = "source.db"
-table = "orders"
-partition_column = "region"
-cursor_column = "updated_at"
-[target]
-kind = "{kind}"
-path = "{target}"
-table = "{table}"
-[transfer]
-strategy = "{strategy}"
-path = "{path}"
-[store]
-path = "checkpoints.db"
-"""
-
 
 def route(folder: Path, **values: Any) -> Path:
-    fields = {"kind": "sqlite", "target": "target.db", "table": "orders_copy"}
-    fields |= {"strategy": "incremental_append", "path": "staged", **values}
-    path = folder / "route.toml"
-    path.write_text(ROUTE.format(**fields), encoding="utf-8")
-    return path
+    """The sample route's file (``helpers.routes``), naming its target kind (sqlite by default)."""
+    return routes.write_route(folder, **{"kind": "sqlite", **values})
 
 
 def run(route_file: Path, *, code: int = 0) -> subprocess.CompletedProcess[str]:
@@ -677,14 +658,6 @@ def small_disk(folder: Path, size: str) -> Any:
         subprocess.run(["umount", "-l", folder], check=False)
 
 
-def store_route(folder: Path, store: Path) -> Path:
-    text = ROUTE.format(kind="sqlite", target="target.db", table="orders_copy",
-                        strategy="incremental_append", path="staged")  # fmt: skip
-    path = folder / "route.toml"
-    path.write_text(text.replace('path = "checkpoints.db"', f'path = "{store}"'))
-    return path
-
-
 def test_a_full_disk_under_the_store_is_unavailable_and_the_rerun_loads_every_row_once(
     tmp_path: Path,
 ) -> None:
@@ -693,7 +666,7 @@ def test_a_full_disk_under_the_store_is_unavailable_and_the_rerun_loads_every_ro
     raw OperationalError, leaving its half-made files behind."""
     build_sample_source(tmp_path / "source.db", rows=100, partitions=4)
     with small_disk(tmp_path / "disk", "1m") as disk:
-        route_file = store_route(tmp_path, disk / "checkpoints.db")
+        route_file = route(tmp_path, store=disk / "checkpoints.db")
         fill(disk / "ballast")
         done = run(route_file, code=1)  # the store cannot even be created
         assert "native_transfer_checkpoint_store_unavailable" in done.stderr
@@ -725,7 +698,7 @@ def test_a_read_only_store_is_unavailable_before_the_target_and_nothing_is_lost(
 ) -> None:
     build_sample_source(tmp_path / "source.db", rows=100, partitions=4)
     with small_disk(tmp_path / "disk", "4m") as disk:
-        route_file = store_route(tmp_path, disk / "checkpoints.db")
+        route_file = route(tmp_path, store=disk / "checkpoints.db")
         assert "loaded 100 rows" in run(route_file).stdout
         build_sample_source(tmp_path / "source.db", rows=50, partitions=4, start_id=101)
         subprocess.run(["mount", "-o", "remount,ro", disk], check=True)

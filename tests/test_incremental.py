@@ -13,35 +13,19 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import routes
+from helpers.cli import run_cli
+from helpers.routes import PATHS
 
 from dpone_native_transfer.testing import build_sample_source
 
-PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
-
-ROUTE = """\
-[source]
-path = "source.db"
-table = "orders"
-partition_column = "region"
-cursor_column = "updated_at"
-[target]
-kind = "{kind}"
-path = "{target}"
-table = "orders_copy"
-[transfer]
-strategy = "{strategy}"
-path = "{path}"
-[store]
-path = "checkpoints.db"
-{extra}"""
-TARGETS = {"sqlite": "target.db", "duckdb": "target.duckdb", "clickhouse": "chdata"}
+TARGETS = routes.TARGET_FILES
+CURSORLESS = {"cursor_column": None}  # the sample route's [source] without its cursor column
 
 
-def route(folder: Path, *, kind="sqlite", strategy="incremental_append", path="staged", extra=""):
-    text = ROUTE.format(kind=kind, target=TARGETS[kind], strategy=strategy, path=path, extra=extra)
-    (folder / "route.toml").write_text(text)
-    return folder / "route.toml"
+def route(folder: Path, *, kind="sqlite", **options):
+    """The sample route's file (``helpers.routes``), naming its target kind (``kind = ...``)."""
+    return routes.write_route(folder, kind=kind, **options)
 
 
 def run(route_file: Path, *, code: int = 0) -> subprocess.CompletedProcess[str]:
@@ -88,7 +72,7 @@ def test_a_full_refresh_of_an_emptied_source_empties_the_target_and_says_so(
 @pytest.mark.parametrize("strategy", ["full_refresh", "incremental_append"])
 def test_min_rows_fires_on_an_empty_source_before_the_target(tmp_path: Path, strategy: str) -> None:
     build_sample_source(tmp_path / "source.db", rows=30, partitions=3)
-    route_file = route(tmp_path, strategy=strategy, extra="[gates]\nmin_rows = 1\n")
+    route_file = route(tmp_path, strategy=strategy, sections={"gates": {"min_rows": 1}})
     run(route_file)
     empty_the_source(tmp_path)
     done = run(route_file, code=1)
@@ -102,7 +86,7 @@ def test_min_rows_fires_on_an_empty_source_before_the_target(tmp_path: Path, str
 def test_an_incremental_run_with_no_new_rows_is_not_a_gate_failure(tmp_path: Path) -> None:
     """An idle window of a source that holds rows passes; only an empty source is gated."""
     build_sample_source(tmp_path / "source.db", rows=30, partitions=3)
-    route_file = route(tmp_path, extra="[gates]\nmin_rows = 1\n")
+    route_file = route(tmp_path, sections={"gates": {"min_rows": 1}})
     assert "loaded 30 rows" in run(route_file).stdout
     assert "loaded 0 rows" in run(route_file).stdout
     build_sample_source(tmp_path / "source.db", rows=4, partitions=2, start_id=31)
@@ -130,9 +114,6 @@ def source_ids(folder: Path) -> list[int]:
         return sorted(row[0] for row in source.execute("SELECT id FROM orders"))
 
 
-CURSORLESS = ROUTE.replace('cursor_column = "updated_at"\n', "")
-
-
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     "change",
@@ -147,10 +128,7 @@ def test_a_cursorless_append_route_never_reappends_after_its_schema_changed(
     """A changed schema hash made every committed partition look new: 1,000 duplicates."""
     build_sample_source(tmp_path / "source.db", rows=200, partitions=4)
     route_file = tmp_path / "route.toml"
-    route_file.write_text(
-        CURSORLESS.format(kind="sqlite", target="target.db", strategy="incremental_append",
-                          path=path, extra="")
-    )  # fmt: skip
+    route_file.write_text(routes.route_text(kind="sqlite", path=path, source=CURSORLESS))
     assert "loaded 200 rows" in run(route_file).stdout
     alter_source(tmp_path, change)
     done = run(route_file)
@@ -232,9 +210,7 @@ def test_changing_the_cursor_or_partition_column_is_refused_before_the_target(
 def test_adding_a_cursor_column_to_a_cursorless_route_is_refused(tmp_path: Path) -> None:
     build_sample_source(tmp_path / "source.db", rows=100, partitions=4)
     route_file = tmp_path / "route.toml"
-    route_file.write_text(CURSORLESS.format(kind="sqlite", target="target.db",
-                                            strategy="incremental_append", path="staged",
-                                            extra=""))  # fmt: skip
+    route_file.write_text(routes.route_text(kind="sqlite", source=CURSORLESS))
     assert "loaded 100 rows" in run(route_file).stdout
     route(tmp_path)  # the same route, now with a cursor column
     done = run(route_file, code=2)
@@ -274,8 +250,7 @@ def test_state_reset_of_an_emptied_target_loads_every_row_again_under_the_new_pa
 ) -> None:
     build_sample_source(tmp_path / "source.db", rows=100, partitions=4)
     route_file = tmp_path / "route.toml"
-    text = CURSORLESS.format(kind="sqlite", target="target.db", strategy="incremental_append",
-                             path="staged", extra="")  # fmt: skip
+    text = routes.route_text(kind="sqlite", source=CURSORLESS)
     route_file.write_text(text)
     run(route_file)
     route_file.write_text(text.replace('partition_column = "region"', 'partition_column = "id"'))
@@ -395,7 +370,7 @@ def test_a_retyped_column_the_target_cannot_take_is_refused_before_the_target(
 @pytest.mark.parametrize("kind", ["sqlite", "duckdb", "clickhouse"])
 def test_a_frozen_schema_stops_on_a_new_column_before_the_target(tmp_path: Path, kind: str):
     build_sample_source(tmp_path / "source.db", rows=40, partitions=2)
-    route_file = route(tmp_path, kind=kind, extra="")
+    route_file = route(tmp_path, kind=kind)
     text = route_file.read_text().replace(
         'path = "staged"', 'path = "staged"\nschema_contract = "freeze"'
     )
@@ -522,8 +497,7 @@ def test_refresh_then_append_never_duplicates(
     build_sample_source(tmp_path / "source.db", rows=30, partitions=3)
     files = {}
     for name, strategy in (("refresh", "full_refresh"), ("append", "incremental_append")):
-        text = ROUTE.format(kind="sqlite", target="target.db", strategy=strategy, path="staged",
-                            extra="")  # fmt: skip
+        text = routes.route_text(kind="sqlite", strategy=strategy)
         if not cursor:
             text = text.replace('cursor_column = "updated_at"\n', "")
         if not ledger:

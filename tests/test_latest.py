@@ -18,10 +18,10 @@ from typing import Any
 
 import attrs
 import pytest
+from helpers.bad_input import GUARD_CASES
+from helpers.stores import make_version_1
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_bad_input import GUARD_CASES
-from test_stores import make_version_1
 
 from dpone_native_transfer import (
     CheckpointPayloadInvalid,

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Route
-from postgres_server import PostgresLocation
+from helpers.postgres_server import PostgresLocation
+from helpers.routes import Route
 
 from dpone_native_transfer import (
     ManualReconciliationRequired,
@@ -65,7 +65,7 @@ def _open(location: PostgresLocation) -> PostgresCheckpointStore:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def store_route(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Route]:
-    """The conftest route, its checkpoints on SQLite or on PostgreSQL."""
+    """The tests' route (``helpers.routes.Route``), its checkpoints on SQLite or PostgreSQL."""
     route = Route(tmp_path)
     if request.param == "postgres":
         route.real_store.close()
@@ -103,10 +103,10 @@ def test_guarded_transfer_on_the_postgres_store(tmp_path: Path, postgres_schema,
         assert route.sink.target_calls == 1
 
 
-# --- design cases on both durable stores ----------------------------------------------------
+# --- guard scenarios on both durable stores --------------------------------------------------
 
 
-# design case 3
+# a partial commit: every incremental_append retry stops before the target
 def test_retry_after_partial_commit_stops_before_the_target(store_route: Route, path) -> None:
     store_route.store.fail_batch(phase_batch("checkpoint_committed"), keep=2)
     with pytest.raises(InjectedFault):
@@ -121,7 +121,7 @@ def test_retry_after_partial_commit_stops_before_the_target(store_route: Route, 
     )
 
 
-# design case 4
+# a surviving armed record (its target_outcome_unknown write failed) blocks the retry
 def test_surviving_armed_record_blocks_retry(store_route: Route) -> None:
     store_route.sink.fail = "after"
     store_route.store.fail_batch(phase_batch("target_outcome_unknown"), error=OSError("down"))
@@ -133,7 +133,7 @@ def test_surviving_armed_record_blocks_retry(store_route: Route) -> None:
     assert_rows_exactly_once(store_route.source_ids(), store_route.target_ids())
 
 
-# design case 6
+# a partly written armed batch prevents the first target call
 def test_partial_guard_persistence_prevents_the_first_target_call(store_route: Route) -> None:
     store_route.store.fail_batch(phase_batch("armed"), keep=2)
     with pytest.raises(InjectedFault):

@@ -16,37 +16,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import routes
+from helpers.cli import run_cli
+from helpers.routes import PATHS
 
-from dpone_native_transfer import ClickHouseSink, DuckDBSink, SQLiteSink
+from dpone_native_transfer import SQLiteSink
 from dpone_native_transfer.testing import build_sample_source
 
-PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
-FILES = {"sqlite": "target.db", "duckdb": "target.duckdb", "clickhouse": "chdata"}
-SINKS = {"sqlite": SQLiteSink, "duckdb": DuckDBSink, "clickhouse": ClickHouseSink}
+FILES, SINKS = routes.TARGET_FILES, routes.SINKS
 
 
 def write_route(folder: Path, kind: str, path: str, target: str, ledger: bool) -> Path:
-    location = f'url = "{target}"' if target.startswith("http") else f'path = "{target}"'
-    (folder / "route.toml").write_text(
-        f"""[source]
-path = "source.db"
-table = "orders"
-partition_column = "region"
-cursor_column = "updated_at"
-[target]
-kind = "{kind}"
-{location}
-table = "orders_copy"
-ledger = {str(ledger).lower()}
-[transfer]
-strategy = "incremental_append"
-path = "{path}"
-[store]
-path = "checkpoints.db"
-"""
-    )
-    return folder / "route.toml"
+    """The sample route's file, its target at ``target`` (a URL or a path), ledger on or off."""
+    location = {"path": None, "url": target} if target.startswith("http") else {"path": target}
+    sections = {"target": {**location, "ledger": ledger}}
+    return routes.write_route(folder, kind=kind, path=path, sections=sections)
 
 
 def assert_refused_before_the_target(folder: Path, route_file: Path, code: str, status: int):

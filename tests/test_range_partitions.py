@@ -13,46 +13,31 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import routes
+from helpers.cli import run_cli
+from helpers.routes import PATHS
 
-from dpone_native_transfer import ClickHouseSink, DuckDBSink, SQLiteSink
 from dpone_native_transfer.config import load_route_config
 from dpone_native_transfer.runtime import TransferRuntime
 from dpone_native_transfer.stores.sqlite import SQLiteCheckpointStore
 from dpone_native_transfer.testing import FaultyStore, InjectedFault
 
-PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
-FILES = {"sqlite": "target.db", "duckdb": "target.duckdb", "clickhouse": "chdata"}
-SINKS = {"sqlite": SQLiteSink, "duckdb": DuckDBSink, "clickhouse": ClickHouseSink}
+FILES, SINKS = routes.TARGET_FILES, routes.SINKS
 STRATEGIES = {  # strategy, cursor column
     "refresh": ("full_refresh", None),
     "append-by-key": ("incremental_append", None),
     "append-by-cursor": ("incremental_append", "ts"),
 }
+# The sample route over this module's events table (id, v, ts), cut into ranges of its key.
+EVENTS = {"table": "events", "partition_column": None, "partition_rows": 1000}
 
 
-def write_route(folder: Path, *, kind="sqlite", path="staged", which="append-by-key", extra=""):
+def write_route(folder: Path, *, kind="sqlite", path="staged", which="append-by-key", source=None):
     strategy, cursor = STRATEGIES[which]
-    cursor_line = "" if cursor is None else f'cursor_column = "{cursor}"'
-    (folder / "route.toml").write_text(
-        f"""[source]
-path = "source.db"
-table = "events"
-partition_rows = 1000
-{cursor_line}
-{extra}
-[target]
-kind = "{kind}"
-path = "{FILES[kind]}"
-table = "copy"
-[transfer]
-strategy = "{strategy}"
-path = "{path}"
-[store]
-path = "checkpoints.db"
-"""
+    source = {**EVENTS, "cursor_column": cursor, **(source or {})}
+    return routes.write_route(
+        folder, kind=kind, path=path, strategy=strategy, table="copy", source=source
     )
-    return folder / "route.toml"
 
 
 def add_rows(folder: Path, count: int, *, ids: list[int] | None = None) -> None:
@@ -137,14 +122,14 @@ def test_no_integer_primary_key_and_no_partition_column_is_refused(tmp_path: Pat
 
 def test_partition_rows_needs_range_partitioning(tmp_path: Path) -> None:
     add_rows(tmp_path, 10)
-    route_file = write_route(tmp_path, extra='partition_column = "v"\npartition_by = "value"')
+    route_file = write_route(tmp_path, source={"partition_column": "v", "partition_by": "value"})
     done = run(route_file, code=2)
     assert "source.partition_rows" in done.stderr and "range" in done.stderr
 
 
 def test_a_named_column_can_be_cut_into_ranges(tmp_path: Path) -> None:
     add_rows(tmp_path, 2500)
-    route_file = write_route(tmp_path, extra='partition_column = "ts"\npartition_by = "range"')
+    route_file = write_route(tmp_path, source={"partition_column": "ts", "partition_by": "range"})
     assert "committed 3 partitions" in run(route_file).stdout  # ts repeats: cuts stay whole
     assert target_ids(tmp_path, "sqlite") == source_ids(tmp_path)
 
@@ -189,9 +174,9 @@ path = "staged"
 path = "checkpoints.db"
 """
     )
-    from test_connectors_postgres_source import _url
+    from helpers.postgres_server import postgres_url
 
-    env = {"RANGE_DSN": _url(postgres_schema.dsn)}
+    env = {"RANGE_DSN": postgres_url(postgres_schema.dsn)}
     done = run_cli("run", tmp_path / "route.toml", env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "committed 3 partitions" in done.stdout
@@ -214,8 +199,8 @@ def test_switching_to_ranges_in_a_pending_window_keeps_its_value_partitions(
     store.fail_state_write("source_state")
     with pytest.raises(InjectedFault):
         TransferRuntime(store).run(config.spec("run-1"))
-    ranges = 'partition_column = "v"\npartition_by = "range"'  # the same column, cut into ranges
-    write_route(tmp_path, path=path, which="append-by-cursor", extra=ranges)
+    ranges = {"partition_column": "v", "partition_by": "range"}  # the same column, in ranges
+    write_route(tmp_path, path=path, which="append-by-cursor", source=ranges)
     add_rows(tmp_path, 0, ids=[40, 41, 42, 43])  # above the window (ts 4)
     run(route_file)
     run(route_file)

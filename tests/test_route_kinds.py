@@ -14,7 +14,7 @@ from pathlib import Path
 import duckdb
 import psycopg
 import pytest
-from test_connectors_postgres_source import _url
+from helpers.postgres_server import postgres_url
 
 from dpone_native_transfer import ConfigInvalid
 from dpone_native_transfer.config import load_route_config, route_config_from_mapping
@@ -114,7 +114,7 @@ def test_a_postgres_source_route_reads_the_dsn_from_the_environment(tmp_path, po
         'table = "orders"', f'table = "{postgres_schema.schema}.orders"'
     )
     file.write_text(text)
-    url = _url(postgres_schema.dsn)
+    url = postgres_url(postgres_schema.dsn)
     env_done = subprocess.run(
         [SCRIPT, "run", str(file), "--quiet"],
         capture_output=True,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.routes import write_route
 
 from dpone_native_transfer import (
     SQLiteCheckpointStore,
@@ -39,26 +40,6 @@ SCRIPT = str(Path(sys.executable).parent / "dpone-transfer")
 MISMATCH, BUSY = "native_transfer_store_target_mismatch", "native_transfer_route_busy"
 BLOCKED = "native_transfer_manual_reconciliation_required"
 KINDS = ("sqlite", "duckdb")
-
-ROUTE = """\
-[source]
-path = "{source}"
-table = "{source_table}"
-partition_column = "region"
-{cursor}
-[target]
-kind = "{kind}"
-path = "{target}"
-table = "{table}"
-{ledger}
-[transfer]
-strategy = "{strategy}"
-path = "{path}"
-chunk_rows = 16
-
-[store]
-path = "{store}"
-"""
 
 
 def dpone(*args: Any, cwd: Path | None = None, stdin: str = "") -> subprocess.CompletedProcess[str]:
@@ -82,22 +63,34 @@ class Site:
         return self.folder / (f"{name}.db" if self.kind == "sqlite" else f"{name}.duckdb")
 
     def route(self, name: str = "route.toml", **values: Any) -> Path:
+        """A route file (``helpers.routes``) naming this folder's files; ``cursor=""`` has no
+        cursor column, ``ledger=False`` turns the target's ledger off."""
         fields = {
             "source": self.source,
             "source_table": "orders",
-            "cursor": 'cursor_column = "updated_at"',
+            "cursor": "updated_at",
             "kind": self.kind,
             "target": self.target_file(),
             "table": "orders_copy",
-            "ledger": "",
+            "ledger": None,
             "strategy": "incremental_append",
             "path": "legacy",
             "store": self.folder / "checkpoints.db",
             **values,
         }
-        path = self.folder / name
-        path.write_text(ROUTE.format(**fields), encoding="utf-8")
-        return path
+        source = {"path": fields["source"], "table": fields["source_table"]}
+        return write_route(
+            self.folder,
+            name=name,
+            kind=fields["kind"],
+            target=fields["target"],
+            table=fields["table"],
+            strategy=fields["strategy"],
+            path=fields["path"],
+            store=fields["store"],
+            source={**source, "cursor_column": fields["cursor"] or None},
+            sections={"target": {"ledger": fields["ledger"]}, "transfer": {"chunk_rows": 16}},
+        )
 
     def run(self, route: Path, *, code: int = 0) -> subprocess.CompletedProcess[str]:
         done = dpone("run", route, "--quiet")
@@ -564,7 +557,7 @@ def test_verify_proves_a_batch_that_never_reached_the_target_not_applied(site: S
 def test_ledger_false_keeps_no_ledger_and_behaves_as_before(sqlite_site: Site) -> None:
     """The documented trade-off: without the ledger, a lost store appends everything again."""
     site = sqlite_site
-    route = site.route(ledger="ledger = false")
+    route = site.route(ledger=False)
     site.run(route)
     with contextlib.closing(sqlite3.connect(site.target_file())) as db:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
@@ -717,7 +710,7 @@ def test_restore_refuses_a_ledger_that_was_off_for_a_while(sqlite_site: Site) ->
     site = sqlite_site
     site.run(site.route())
     site.add_rows()
-    site.run(site.route(ledger="ledger = false"))
+    site.run(site.route(ledger=False))
     site.add_rows()
     route = site.route()
     site.run(route)

@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import run_cli
+from helpers.cli import run_cli
 
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
 TARGET_FILES = {"sqlite": "target.db", "duckdb": "target.duckdb", "clickhouse": "chdata"}
@@ -330,7 +330,7 @@ PG_EXPECTED = {
 @pytest.fixture
 def pg_table(postgres_schema) -> tuple[str, str]:
     """A table of every common type in a schema of this test's own: (url, qualified name)."""
-    from test_connectors_postgres_source import _url
+    from helpers.postgres_server import postgres_url
 
     schema = postgres_schema.schema
     definitions = ", ".join(f"{name} {pg_type}" for name, pg_type, *_ in PG_COLUMNS)
@@ -343,7 +343,7 @@ def pg_table(postgres_schema) -> tuple[str, str]:
         conn.execute(f'CREATE SCHEMA "{schema}"')
         conn.execute(f'CREATE TABLE "{schema}".src (id integer, p integer, {definitions})')
         conn.execute(f'INSERT INTO "{schema}".src VALUES {", ".join(rows)}')
-    return _url(postgres_schema.dsn), f"{schema}.src"
+    return postgres_url(postgres_schema.dsn), f"{schema}.src"
 
 
 @pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])

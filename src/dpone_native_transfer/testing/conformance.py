@@ -10,13 +10,13 @@ returns its callable from the ``transfer_path`` fixture::
         def transfer_path(self):
             return bulk_copy_path
 
-Every ``test_*`` method then runs one scenario of the feature design on real
-parts: a SQLite source, the author's sink (a SQLite sink by default) wrapped
-in :class:`~.faults.RecordingSink`, a SQLite checkpoint store wrapped in
-:class:`~.faults.FaultyStore`, and a :class:`~.faults.StepClock`. The runtime
-gets the path through ``paths=`` and the guard through its entry point, as in
-production. Override ``make_sink`` (and ``target_ids``) to run the kit on a
-sink of your own database.
+Every ``test_*`` method then runs one guard scenario (its docstring says what
+it proves) on real parts: a SQLite source, the author's sink (a SQLite sink by
+default) wrapped in :class:`~.faults.RecordingSink`, a SQLite checkpoint store
+wrapped in :class:`~.faults.FaultyStore`, and a :class:`~.faults.StepClock`.
+The runtime gets the path through ``paths=`` and the guard through its entry
+point, as in production. Override ``make_sink`` (and ``target_ids``) to run the
+kit on a sink of your own database.
 
 This module imports pytest; the runtime never imports it.
 """
@@ -32,10 +32,10 @@ from typing import Any, ClassVar
 import attrs
 import pytest
 
-from ..checkpoints import PartitionCheckpoint
+from ..checkpoints import PartitionCheckpoint, PartitionCheckpointStatus
 from ..connectors import SQLiteSink, SQLiteSource
 from ..connectors.contract import LedgerSink, Sink, Source
-from ..errors import GovernanceGateFailed, StoreTargetMismatch
+from ..errors import GovernanceGateFailed, ManualReconciliationRequired, StoreTargetMismatch
 from ..paths import Governance, PathContext, TransferPath
 from ..runtime import TransferResult, TransferRuntime, TransferSpec
 from ..stores.memory import MemoryCheckpointStore
@@ -51,11 +51,21 @@ from .assertions import (
     guard_phases,
 )
 from .contract import capabilities_of, contract_problems
-from .faults import FaultyStore, RecordingSink, StepClock, build_sample_source, phase_batch
+from .faults import (
+    FaultyStore,
+    RecordingSink,
+    StepClock,
+    build_sample_source,
+    guard_phase,
+    phase_batch,
+)
 
 __all__ = ["ConformanceRoute", "GuardConformance"]
 
 APPEND, FULL_REFRESH = "incremental_append", "full_refresh"
+FAILED = PartitionCheckpointStatus.FAILED
+INCOMPLETE = ["checkpoint_incomplete"]
+MANUAL_RECONCILIATION = "native_transfer_manual_reconciliation_required"
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -118,7 +128,7 @@ class ConformanceRoute:
 
 
 class GuardConformance:
-    """The design's guard scenarios, run against the path returned by ``transfer_path``.
+    """The guard's scenarios, run against the path returned by ``transfer_path``.
 
     Subclass it as ``Test...``, set ``path_name`` to a name of your own and
     override the ``transfer_path`` fixture. The class attributes below size
@@ -180,11 +190,13 @@ class GuardConformance:
         real_store.close()
 
     def test_guard_plugin_comes_from_the_entry_point(self, kit_route: ConformanceRoute) -> None:
-        """Architecture, "an essential plugin cannot vanish": the guard is loaded, not assumed."""
+        """The guard is loaded from its entry point, not assumed: without it every other
+        scenario would test the unguarded lifecycle."""
         assert_guard_registered(kit_route.runtime())
 
     def test_happy_run_arms_before_the_one_target_call(self, kit_route: ConformanceRoute) -> None:
-        """Design case 10: guard-before-target ordering, one target call, every row once."""
+        """Guard before target: when the one target call starts, the armed batch (and only it)
+        is durable; the milestone events come in order; every source row lands once."""
         kit_route.sink.observe = kit_route.durable_batches_and_phases
         result = kit_route.run()
         expect("runs of the path under test", kit_route.path_runs, 1)
@@ -201,18 +213,43 @@ class GuardConformance:
     def test_partial_commit_reraises_original_and_blocks_retry(
         self, kit_route: ConformanceRoute
     ) -> None:
-        """Design case 3 and algorithm step 14: incremental_append retry stops before the sink."""
+        """A commit batch written only in part: the checkpoint store's own exception is re-raised
+        unchanged; the committed checkpoint stays committed (never downgraded); the others become
+        FAILED / checkpoint_incomplete in one marker batch stamped once; and every
+        incremental_append retry (three here, as an orchestrator's) stops before the target."""
         original = kit_route.store.fail_batch(phase_batch("checkpoint_committed"), keep=1)
-        incomplete = ["checkpoint_incomplete"] * (self.partitions - 1)
-        expect_failure_then_blocked_retry(
+        incomplete = INCOMPLETE * (self.partitions - 1)
+        blocked = expect_failure_then_blocked_retry(
             kit_route, original, "upsert_many", ["checkpoint_committed", *incomplete]
         )
+        expect("code of the blocked retry", blocked.code, MANUAL_RECONCILIATION)
+        expect("phases the blocked retry names", blocked.diagnostics["phases"], INCOMPLETE[:1])
+        for _ in range(2):
+            assert_blocked_before_target(lambda: kit_route.run("retry"), kit_route.sink)
+        latest = kit_route.latest()
+        expect(
+            "(status, guard phase) of the durable checkpoints",
+            sorted((cp.status.value, guard_phase(cp)) for cp in latest),
+            [("committed", "checkpoint_committed")]
+            + [("failed", "checkpoint_incomplete")] * (self.partitions - 1),
+        )
+        expect(
+            "error of the incomplete checkpoints",
+            {cp.diagnostics.get("error") for cp in latest if cp.status is FAILED},
+            {"checkpoint_commit_failed"},
+        )
+        markers = [b for b in kit_route.store.batches if guard_phases(b[:1]) == INCOMPLETE]
+        sizes = [len(batch) for batch in markers]
+        expect("sizes of the incomplete-marker batches", sizes, [len(incomplete)])
+        assert_one_timestamp_per_batch(markers, kit_route.clock.reads)
         assert_rows_exactly_once(kit_route.source_ids(), kit_route.target_ids())
 
     def test_partial_commit_with_failed_reconciliation_read_keeps_armed_guards(
         self, kit_route: ConformanceRoute
     ) -> None:
-        """Design cases 1 and 4: the original survives a failed read-back; armed guards block."""
+        """A commit batch written only in part, then the read that reconciles it fails: the
+        store's first exception is re-raised unchanged, the uncommitted partitions keep their
+        durable armed guards, and those block the retry before the target."""
         original = kit_route.store.fail_batch(phase_batch("checkpoint_committed"), keep=1)
         kit_route.store.fail_reads(skip=2)  # the route scan reads; the reconciliation read fails
         armed = ["armed"] * (self.partitions - 1)
@@ -224,25 +261,37 @@ class GuardConformance:
     def test_partial_commit_with_failed_incomplete_marker_keeps_armed_guards(
         self, kit_route: ConformanceRoute
     ) -> None:
-        """Design case 2: the original survives a failed incomplete-marker write; retry blocked."""
-        original = kit_route.store.fail_batch(phase_batch("checkpoint_committed"), keep=1)
+        """A commit batch written only in part (half of it), then the incomplete-marker write
+        fails too: the store's first exception is re-raised unchanged, not the marker's; the
+        uncommitted partitions keep their armed guards, which block the retry."""
+        half = self.partitions // 2
+        original = kit_route.store.fail_batch(phase_batch("checkpoint_committed"), keep=half)
         kit_route.store.fail_batch(phase_batch("checkpoint_incomplete"), error=OSError("marker"))
-        armed = ["armed"] * (self.partitions - 1)
+        armed = ["armed"] * (self.partitions - half)
         expect_failure_then_blocked_retry(
-            kit_route, original, "upsert_many", [*armed, "checkpoint_committed"]
+            kit_route, original, "upsert_many", [*armed, *["checkpoint_committed"] * half]
         )
+        assert_rows_exactly_once(kit_route.source_ids(), kit_route.target_ids())
 
     def test_target_raising_before_applying_marks_outcome_unknown(
         self, kit_route: ConformanceRoute
     ) -> None:
-        """Algorithm step 10: the target's own exception object, then target_outcome_unknown."""
+        """The target call raises: its own exception object is re-raised with its traceback, and
+        every partition becomes FAILED / target_outcome_unknown (error target_call_failed),
+        which blocks the retry, although nothing reached the target."""
         kit_route.sink.fail = "before"
         unknown = ["target_outcome_unknown"] * self.partitions
         expect_failure_then_blocked_retry(kit_route, kit_route.sink.error, "target_call", unknown)
+        expect(
+            "error of the target_outcome_unknown checkpoints",
+            {cp.diagnostics.get("error") for cp in kit_route.latest()},
+            {"target_call_failed"},
+        )
         expect("rows in the target", kit_route.target_ids(), [])
 
     def test_target_applying_then_raising_blocks_retry(self, kit_route: ConformanceRoute) -> None:
-        """Design case 4: the target committed but dpone cannot know it; no retry may append."""
+        """The target commits, then its call raises (dpone cannot know it committed): the
+        outcome is unknown, and no retry may append the rows a second time."""
         kit_route.sink.fail = "after"
         unknown = ["target_outcome_unknown"] * self.partitions
         expect_failure_then_blocked_retry(kit_route, kit_route.sink.error, "target_call", unknown)
@@ -251,11 +300,14 @@ class GuardConformance:
     def test_partial_arm_never_calls_the_target_and_retry_succeeds(
         self, kit_route: ConformanceRoute
     ) -> None:
-        """Design cases 6 and 7: a partly written guard batch stops the first target call."""
-        original = kit_route.store.fail_batch(phase_batch("armed"), keep=1)
+        """The armed batch is written only in part (half of it): the target is never called,
+        the store's exception is re-raised unchanged, every partition becomes
+        failed_before_target, and that is retryable: the retry loads every row once."""
+        original = kit_route.store.fail_batch(phase_batch("armed"), keep=self.partitions // 2)
         assert_raises_original(original, kit_route.run, raised_in="upsert_many")
         expect("target calls without a durable guard", kit_route.sink.target_calls, 0)
         expect_phases(kit_route, ["failed_before_target"] * self.partitions)
+        expect("rows in the target before the retry", kit_route.target_ids(), [])
         result = kit_route.run("retry")
         committed = len(result.committed_partition_ids)
         expect("partitions committed by the retry", committed, self.partitions)
@@ -265,7 +317,8 @@ class GuardConformance:
     def test_each_checkpoint_batch_has_one_injected_timestamp(
         self, kit_route: ConformanceRoute
     ) -> None:
-        """Design case 9: one injected transition time per batch; terminal started == completed."""
+        """Each checkpoint batch reads the injected clock once: one transition time for the whole
+        batch, armed before committed; a terminal checkpoint starts when it completes."""
         kit_route.run()
         batches = kit_route.store.batches
         expect(
@@ -277,6 +330,11 @@ class GuardConformance:
         armed_at, committed_at = batches[0][0].started_at, batches[1][0].started_at
         ordered = armed_at is not None and committed_at is not None and armed_at < committed_at
         expect("armed before committed", ordered, True)
+        expect(
+            "completed_at of the durable checkpoints",
+            {cp.completed_at for cp in kit_route.latest()},
+            {batches[1][0].completed_at},
+        )
 
     def test_rerun_after_success_calls_no_target(self, kit_route: ConformanceRoute) -> None:
         """Resume planning: a rerun with nothing new runs no path and loads nothing."""
@@ -300,7 +358,8 @@ class GuardConformance:
         assert_rows_exactly_once(kit_route.source_ids(), kit_route.target_ids())
 
     def test_governance_gate_stops_before_the_target(self, kit_route: ConformanceRoute) -> None:
-        """Algorithm step 3: pre-target governance refuses before the guard is armed."""
+        """A governance gate that refuses the attempt stops it before the guard is armed: no
+        checkpoint batch, no target call, no rows."""
         with pytest.raises(GovernanceGateFailed):
             kit_route.run(governance=Governance(max_rows=self.rows - 1))
         expect("target calls", kit_route.sink.target_calls, 0)
@@ -390,11 +449,14 @@ def expect_phases(route: ConformanceRoute, expected: Sequence[str | None]) -> No
 
 def expect_failure_then_blocked_retry(
     route: ConformanceRoute, original: BaseException, raised_in: str, phases: list[str]
-) -> None:
-    """The run re-raises ``original``, leaves ``phases`` durable, and a retry stops before the
-    target (with the injected target fault cleared, as after a restart), adding no rows."""
+) -> ManualReconciliationRequired:
+    """The run re-raises ``original`` after its one target call and leaves ``phases`` durable;
+    a retry (with the injected target fault cleared, as after a restart) stops before the
+    target, adding no rows. Returns the retry's error."""
     assert_raises_original(original, route.run, raised_in=raised_in)
     expect_phases(route, phases)
+    expect("target calls of the failed run", route.sink.target_calls, 1)
     route.sink.fail = None
-    assert_blocked_before_target(lambda: route.run("retry"), route.sink)
+    blocked = assert_blocked_before_target(lambda: route.run("retry"), route.sink)
     assert_no_duplicate_rows(route.source_ids(), route.target_ids())
+    return blocked

@@ -23,6 +23,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple, NoReturn
@@ -35,6 +36,7 @@ __all__ = [
     "find_binaries",
     "free_port",
     "isolated_schema",
+    "postgres_url",
     "server_dsn",
 ]
 
@@ -168,6 +170,17 @@ def server_dsn() -> Iterator[str]:
     with _throwaway_server() as dsn:
         _check_reachable(dsn)
         yield dsn
+
+
+def postgres_url(dsn: str, **query: str) -> str:
+    """The server as a postgresql:// URL: the form PostgresSource takes."""
+    import psycopg
+
+    parts = psycopg.conninfo.conninfo_to_dict(dsn)
+    user = urllib.parse.quote(parts["user"], safe="")
+    password = urllib.parse.quote(parts.get("password") or "", safe="")
+    url = f"postgresql://{user}:{password}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    return url + ("?" + urllib.parse.urlencode(query) if query else "")
 
 
 @contextlib.contextmanager

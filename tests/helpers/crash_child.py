@@ -2,7 +2,7 @@
 
 Run by ``tests/test_crash_matrix.py`` as::
 
-    python tests/crash_child.py --store sqlite:PATH|postgres:DSN:SCHEMA '<json>'
+    python tests/helpers/crash_child.py --store sqlite:PATH|postgres:DSN:SCHEMA '<json>'
 
 The JSON names the source and target files, the path, the run id, the kill
 point and a marker file. Every part is the real one: the checkpoint store, the

@@ -3,8 +3,8 @@
 A separate process because Airflow reads its configuration (AIRFLOW_HOME) and
 emits warnings at import, which the pytest process must not see. Usage::
 
-    python airflow_child.py dag REQUEST.json RESULT.json     # dag.test() on a DAG file
-    python airflow_child.py checks REQUEST.json RESULT.json  # the operator called directly
+    python tests/helpers/airflow_child.py dag REQUEST.json RESULT.json     # dag.test() on a DAG
+    python tests/helpers/airflow_child.py checks REQUEST.json RESULT.json  # the operator, directly
 
 ``dag`` runs ``dag.test()`` ``runs`` times on the DAG file: Airflow's own
 scheduling loop, so a failed try goes through Airflow's retry handling (state
@@ -26,6 +26,7 @@ from typing import Any
 import attrs
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowTaskTerminated, AirflowTaskTimeout
+from routes import write_route  # run as a script: its folder, tests/helpers, is sys.path[0]
 
 from dpone_airflow.operator import NativeTransferOperator
 from dpone_native_transfer import SQLiteCheckpointStore
@@ -213,13 +214,7 @@ def outcome(operator: Probe, try_number: int = 1) -> dict[str, Any]:
 
 
 def route_file(folder: Path, *, store: str = "checkpoints.db") -> Path:
-    route = folder / "route.toml"
-    route.write_text(
-        '[source]\npath = "source.db"\ntable = "orders"\npartition_column = "region"\n'
-        'cursor_column = "updated_at"\n[target]\npath = "target.db"\ntable = "orders_copy"\n'
-        f'[transfer]\nstrategy = "incremental_append"\npath = "staged"\n[store]\npath = "{store}"\n'
-    )
-    return route
+    return write_route(folder, store=store)
 
 
 def phases(folder: Path) -> list[str | None]:
