@@ -20,6 +20,7 @@ from helpers.cli import SCRIPT
 from helpers.routes import write_route
 
 from dpone_native_transfer import ManualReconciliationRequired, NativeTransferError, SQLiteSink, cli
+from dpone_native_transfer.application import transfer
 from dpone_native_transfer.config import load_route_config
 from dpone_native_transfer.testing import (
     FaultyStore,
@@ -168,9 +169,9 @@ class Story:
         self.next_id += count
 
     def api(self, run_id: str, *, wrap_store=None, sink=None):
-        """The Python API (``cli.transfer``: runtime, guard plugin, SQLite store, closed after)."""
+        """The Python API (``application.transfer``: runtime, guard, SQLite store, closed after)."""
         events = self.seen.events.append
-        return cli.transfer(self.config, run_id, events=events, wrap_store=wrap_store, sink=sink)
+        return transfer(self.config, run_id, events=events, wrap_store=wrap_store, sink=sink)
 
     def api_raises(self, run_id: str, expected: BaseException, **kwargs: Any) -> None:
         with pytest.raises(type(expected)) as info:
@@ -203,7 +204,8 @@ class Story:
 
 
 def failing_store(*, commit: BaseException | None = None, read: BaseException | None = None):
-    """A ``wrap_store`` for ``cli.transfer`` that fails the commit batch part-way, or the scan."""
+    """A ``wrap_store`` for ``application.transfer``: it fails the commit batch part-way,
+    or the scan."""
 
     def wrap(store):
         wrapped = FaultyStore(store)
