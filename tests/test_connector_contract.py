@@ -199,3 +199,42 @@ def test_no_sink_tests_for_the_shipped_source_class():
                 if "SQLiteSource" in names:
                     found.append(f"{module.name}:{node.lineno}")
     assert found == []
+
+
+def test_a_positional_only_parameter_where_the_runtime_passes_a_keyword_is_a_problem():
+    class PositionalOnly:
+        def stage(self, payload: Any) -> int:
+            return 0
+
+        def staged_row_count(self) -> int:
+            return 0
+
+        def discard_stage(self) -> None: ...
+
+        def finalize_staged_load(self, replace: bool = False, /) -> int:
+            return 0
+
+        def max_cursor(self, extra: Any, *, after: Any = None) -> Any:
+            return None
+
+    assert contract_problems(PositionalOnly(), contract.Staging) == [
+        "Staging.finalize_staged_load: takes no keyword argument 'replace'"
+    ]
+    assert "Source.max_cursor: requires 'extra', which the runtime never passes" in (
+        contract_problems(PositionalOnly(), contract.Source)
+    )
+
+
+def test_odd_members_are_reported_not_raised():
+    class Odd:
+        load = dict  # a builtin: no signature to read
+
+        @property
+        def table(self) -> str:
+            raise RuntimeError("a property that fails")
+
+    assert capabilities_of(Odd()) == []
+    assert contract_problems(Odd(), contract.Sink) == [
+        "Sink.table: raises RuntimeError when read",
+        "Sink.load: its signature cannot be read (a builtin?): wrap it in a function",
+    ]

@@ -244,6 +244,22 @@ def test_a_name_that_is_not_public_is_an_attribute_error():
         _ = dpone_native_transfer.SQLiteSinkk
 
 
+def test_submodules_stay_attributes_of_the_package_and_dir_lists_the_public_names():
+    """As when ``__init__`` imported them eagerly: ``dpone_native_transfer.runtime`` works."""
+    code = (
+        "import dpone_native_transfer as d; "
+        "print(d.runtime.__name__, d.testing.contract.__name__, dir(d) == sorted(d.__all__))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == [
+        f"{PACKAGE}.runtime",
+        f"{PACKAGE}.testing.contract",
+        "True",
+    ]
+    with pytest.raises(AttributeError):
+        _ = dpone_native_transfer._lazy_nothing
+
+
 # -- one obvious module each: the hook contract, the boundary, the guard's policy -----------
 
 GUARD = PLUGINS / "dpone_target_commit_guard"

@@ -14,6 +14,7 @@ as before; type checkers read the ``TYPE_CHECKING`` imports, and never see
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -209,11 +210,13 @@ if not TYPE_CHECKING:
 
     def __getattr__(name: str) -> Any:
         module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        if module is None:  # a submodule (``dpone_native_transfer.runtime``), imported on use
+            if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+                raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+            return importlib.import_module(f".{name}", __name__)
         value = getattr(importlib.import_module(f".{module}", __name__), name)
         globals()[name] = value  # looked up once: later reads find the module attribute
         return value
 
     def __dir__() -> list[str]:
-        return sorted({*globals(), *__all__})
+        return sorted(__all__)

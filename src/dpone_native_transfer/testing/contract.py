@@ -35,53 +35,71 @@ def protocol_members(protocol: type) -> dict[str, Any]:
 
 def capabilities_of(connector: object) -> list[type]:
     """The base Protocol (``Source`` or ``Sink``) and each optional capability it has."""
-    return [p for p in (Source, Sink, *CAPABILITIES) if isinstance(connector, p)]
+    return [p for p in (Source, Sink, *CAPABILITIES) if _claims(connector, p)]
+
+
+def _claims(connector: object, protocol: type) -> bool:
+    try:
+        return isinstance(connector, protocol)
+    except Exception:  # a member that raises when read: the checker reports it, never crashes
+        return False
 
 
 def contract_problems(connector: object, protocol: type) -> list[str]:
     """What ``connector`` lacks of ``protocol``, or declares differently; ``[]``: it meets it."""
     problems = []
     for name, declared in protocol_members(protocol).items():
-        if not hasattr(connector, name):
-            problems.append(f"{protocol.__name__}.{name}: missing")
-        elif declared is not None:
-            method = getattr(connector, name)
-            problems += [
-                f"{protocol.__name__}.{name}: {problem}"
-                for problem in _signature_problems(declared, method)
-            ]
+        where = f"{protocol.__name__}.{name}"
+        try:
+            member = getattr(connector, name)
+        except AttributeError:
+            problems.append(f"{where}: missing")
+            continue
+        except Exception as exc:
+            problems.append(f"{where}: raises {type(exc).__name__} when read")
+            continue
+        if declared is not None:
+            problems += [f"{where}: {problem}" for problem in _signature_problems(declared, member)]
     return problems
 
 
 def _signature_problems(declared: Any, method: Any) -> list[str]:
     if not callable(method):
         return ["not a method"]
+    try:
+        given = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return ["its signature cannot be read (a builtin?): wrap it in a function"]
     wanted = list(inspect.signature(declared).parameters.values())[1:]  # without self
-    given = inspect.signature(method).parameters
     takes_any_keyword = any(p.kind is p.VAR_KEYWORD for p in given.values())
+    takes_any_positional = any(p.kind is p.VAR_POSITIONAL for p in given.values())
     positional = [p for p in given.values() if p.kind in _POSITIONAL]
+    wanted_positional = [p for p in wanted if p.kind in _POSITIONAL]
     problems = []
-    for index, param in enumerate(wanted):
-        if param.kind in _POSITIONAL:
-            if index >= len(positional) and not any(
-                p.kind is p.VAR_POSITIONAL for p in given.values()
-            ):
-                problems.append(f"takes no positional argument {param.name!r}")
+    for index, param in enumerate(wanted_positional):
+        if index >= len(positional) and not takes_any_positional:
+            problems.append(f"takes no positional argument {param.name!r}")
+    for param in wanted:
+        if param.kind is not param.KEYWORD_ONLY:
             continue
         mine = given.get(param.name)
-        if mine is None or mine.kind not in (*_POSITIONAL, mine.KEYWORD_ONLY):
-            if not takes_any_keyword:
-                problems.append(f"takes no keyword argument {param.name!r}")
-        elif param.default is not param.empty and mine.default is mine.empty:
+        by_keyword = mine is not None and mine.kind in (
+            mine.POSITIONAL_OR_KEYWORD,
+            mine.KEYWORD_ONLY,
+        )
+        if not by_keyword and not takes_any_keyword:
+            problems.append(f"takes no keyword argument {param.name!r}")
+        elif mine is not None and param.default is not param.empty and mine.default is mine.empty:
             problems.append(f"requires {param.name!r}, which the runtime may leave out")
     names = {param.name for param in wanted}
+    covered = positional[: len(wanted_positional)]  # the runtime fills these by position
     extra = [
         p.name
-        for index, p in enumerate(given.values())
+        for p in given.values()
         if p.default is p.empty
         and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        and p.name not in names
-        and not (p.kind in _POSITIONAL and index < len(wanted))
+        and p not in covered
+        and not (p.name in names and p.kind is not p.POSITIONAL_ONLY)
     ]
     problems += [f"requires {name!r}, which the runtime never passes" for name in extra]
     return problems
