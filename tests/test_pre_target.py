@@ -125,10 +125,55 @@ def test_a_target_locked_by_another_process(
     assert_heals(folder, route_file, kind, FILES[kind])
 
 
+@pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "no-ledger"])
 @pytest.mark.parametrize("path", PATHS)
-def test_an_unreachable_clickhouse_server(folder: Path, path: str) -> None:
-    route_file = write_route(folder, "clickhouse", path, "http://127.0.0.1:9", ledger=False)
+def test_an_unreachable_clickhouse_server(folder: Path, path: str, ledger: bool) -> None:
+    """With the ledger on, the route scan reads the ledger first: that read fails the same way."""
+    route_file = write_route(folder, "clickhouse", path, "http://127.0.0.1:9", ledger=ledger)
     assert_refused_before_the_target(folder, route_file, "native_transfer_target_unavailable", 1)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_missing_duckdb_driver_is_found_before_the_target(
+    folder: Path, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the Python API (a route file checks the extra when it is read): the first
+    driver import is in ``check_target``, so the route is not blocked by it."""
+    from dpone_native_transfer import (
+        ConfigInvalid,
+        DuckDBSink,
+        SQLiteCheckpointStore,
+        SQLiteSource,
+        TransferRuntime,
+        TransferSpec,
+    )
+
+    source = SQLiteSource(str(folder / "source.db"), "orders", "region", "updated_at")
+    sink = DuckDBSink(str(folder / "target.duckdb"), "orders_copy")
+    store = SQLiteCheckpointStore(str(folder / "checkpoints.db"))
+
+    def run(run_id: str) -> int:
+        spec = TransferSpec(
+            source=source, sink=sink, strategy="incremental_append", path=path, run_id=run_id
+        )
+        return TransferRuntime(store).run(spec).rows_loaded
+
+    try:
+        with monkeypatch.context() as without:
+            without.setitem(sys.modules, "duckdb", None)
+            with pytest.raises(ConfigInvalid, match=r"dpone-native-transfer\[duckdb\]"):
+                run("run-1")
+        assert run("run-2") == 40  # not blocked: nothing was armed
+    finally:
+        store.close()
+
+
+def test_a_postgres_dsn_that_cannot_be_parsed_is_refused_when_the_source_is_made() -> None:
+    from dpone_native_transfer import ConfigInvalid, PostgresSource
+
+    with pytest.raises(ConfigInvalid, match="cannot be parsed") as refused:
+        PostgresSource("postgresql://bob:s3cret@[::1/db", "orders", "region")
+    assert "s3cret" not in str(refused.value) and refused.value.__cause__ is None
 
 
 @pytest.mark.parametrize("path", PATHS)

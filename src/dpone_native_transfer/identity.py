@@ -26,6 +26,7 @@ import attrs
 
 from .checkpoints import RouteKey, Strategy
 from .connectors.contract import Identified
+from .errors import ConfigInvalid
 
 if TYPE_CHECKING:
     from .connectors.contract import Sink, Source
@@ -60,7 +61,12 @@ def server_location(kind: str, url: str, *, default_port: int, default_database:
     with ``default_database=None`` is the user's own, as libpq has it), so the
     usual spellings of one server's database are one location.
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # the parser's message may quote the URL, password included
+        raise ConfigInvalid(
+            f"the {kind} server URL cannot be parsed", diagnostics={"engine": kind}
+        ) from None
     query = {name: value for name, value in parse_qsl(parts.query)}
     authority = parts.netloc.rpartition("@")[2]
     hosts = [_host_port(item) for item in authority.split(",")] if authority else []

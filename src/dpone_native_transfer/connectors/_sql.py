@@ -44,6 +44,7 @@ __all__ = [
     "difference",
     "edge_where",
     "identifier",
+    "ledger_unreadable",
     "parse_table",
     "payload_refused",
     "quote",
@@ -265,6 +266,15 @@ def payload_refused(table: str) -> PathContractBroken:
     return PathContractBroken(
         f"a path handed the sink of target table {table!r} a payload that is neither RowChunks "
         "nor a LoadPlan; nothing was written",
+        diagnostics={"table": table},
+    )
+
+
+def ledger_unreadable(table: str) -> TargetUnavailable:
+    """The error of a target whose ledger cannot be read now, found before the target."""
+    return TargetUnavailable(
+        f"the target database of table {table!r} or its ledger cannot be read now (locked, "
+        "unreachable, read-only or damaged); nothing was written",
         diagnostics={"table": table},
     )
 

@@ -196,13 +196,15 @@ class DuckDBSink(FileTarget):
 
     def check_target(self) -> None:
         """Before the target call: the folder exists and an existing file is a database this
-        process can open for writing now (DuckDB locks the whole file per process)."""
+        process can open for writing now (DuckDB locks the whole file per process). A missing
+        driver is found here too, not inside the target call."""
+        driver = _driver()
         check_target_folder(self.path, self.table)
         if not os.path.isfile(self.path):
             return
         try:
-            _driver().connect(self.path, config=dict(_CONFIG)).close()
-        except _driver().Error:
+            driver.connect(self.path, config=dict(_CONFIG)).close()
+        except driver.Error:
             raise unavailable(self.table) from None
 
     @contextlib.contextmanager

@@ -111,6 +111,7 @@ class PostgresSource(TableSource):
         self._regclass = ".".join(quote(part) for part in parts)  # a value for to_regclass()
         self._relation = ".".join(_name(part) for part in parts)  # SQL text
         super().__init__(table, partition_column, cursor_column, partition_rows=partition_rows)
+        self.identity()  # a DSN that cannot be parsed is refused now, before any run
 
     def identity(self) -> TableIdentity:
         """Host, port and database of the DSN (no user or password); ``public.`` implied.

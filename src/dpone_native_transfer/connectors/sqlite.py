@@ -23,7 +23,6 @@ from ..errors import (
     ConfigInvalid,
     SourceInvalid,
     SourceMissing,
-    TargetUnavailable,
     ValueUnsupported,
 )
 from ..identity import TableIdentity, file_location, fold_ascii
@@ -46,6 +45,7 @@ from ._sql import (
     check_target_table,
     difference,
     edge_where,
+    ledger_unreadable,
     parse_table,
     payload_refused,
     range_cuts_sql,
@@ -637,11 +637,7 @@ class SQLiteSink(FileTarget):
                     ledger_query("?", partitions=partitions), (self.identity().table,)
                 ).fetchall()
         except sqlite3.Error:
-            raise TargetUnavailable(
-                f"the target database of table {self.table!r} or its ledger cannot be read "
-                "now (locked, read-only or damaged); nothing was written",
-                diagnostics={"table": self.table},
-            ) from None
+            raise ledger_unreadable(self.table) from None
         return [LedgerEntry.from_row(*row) for row in rows]
 
     def check_plan(self, plan: LoadPlan) -> None:

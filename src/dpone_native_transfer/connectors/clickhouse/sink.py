@@ -47,6 +47,7 @@ from .._sql import (
     TableName,
     check_target_table,
     difference,
+    ledger_unreadable,
     parse_table,
     payload_refused,
     refuse_reserved_schema,
@@ -361,14 +362,20 @@ class ClickHouseSink:
             client.command(f"DROP TABLE IF EXISTS {_ref(self._stage)} SYNC")
 
     def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:
-        """The ledger entries of this target table, oldest first; ``[]`` without a ledger."""
-        with self.client() as client:
-            if not _exists(client, _LEDGER):
-                return []
-            rows = client.query_rows(
-                ledger_query("{table:String}", partitions=partitions),
-                {"table": self.identity().table},
-            )
+        """The ledger entries of this target table, oldest first; ``[]`` without a ledger.
+        A server that does not answer is ``TargetUnavailable`` (the route scan asks first)."""
+        try:
+            with self.client() as client:
+                if not _exists(client, _LEDGER):
+                    return []
+                rows = client.query_rows(
+                    ledger_query("{table:String}", partitions=partitions),
+                    {"table": self.identity().table},
+                )
+        except NativeTransferError:
+            raise
+        except Exception:  # the driver's text may hold the URL: it is not chained
+            raise ledger_unreadable(self.table) from None
         return [LedgerEntry.from_row(*row) for row in rows]
 
     # --- reading back -----------------------------------------------------------------------
