@@ -431,3 +431,12 @@ def test_optional_keys_have_defaults_and_absolute_paths_stay(tmp_path):
         "target_table": "orders_copy",
         "strategy": "incremental_append",
     }
+
+
+@pytest.mark.parametrize("module", ["dpone_native_transfer", "dpone_native_transfer.cli"])
+def test_python_dash_m_runs_the_command(module):
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--version"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("dpone-transfer ")

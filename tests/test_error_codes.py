@@ -128,3 +128,23 @@ def test_a_payload_no_sink_takes_is_the_paths_bug_on_every_shipped_sink(tmp_path
         assert exit_code_for(refused.value) == EXIT_FAILED
         assert refused.value.diagnostics == {"table": "orders_copy"}
         assert sink.row_count() == 0
+
+
+@pytest.mark.parametrize("name", errors.__all__)
+def test_every_error_survives_pickling_as_it_was_made(name):
+    """Errors cross process boundaries (a worker pool, a result backend): the code is printed
+    once however often the error is pickled, and its diagnostics and attributes are kept."""
+    import pickle
+
+    cls = getattr(errors, name)
+    error = Exception.__new__(cls)
+    NativeTransferError.__init__(error, "what happened", diagnostics={"route": "r"})
+    error.extra = ["kept"]
+    twice = pickle.loads(pickle.dumps(pickle.loads(pickle.dumps(error))))
+    assert type(twice) is cls
+    assert str(twice) == f"{cls.code}: what happened" == str(error)
+    assert (twice.message, twice.diagnostics, twice.extra) == (
+        "what happened",
+        {"route": "r"},
+        ["kept"],
+    )

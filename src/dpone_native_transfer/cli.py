@@ -258,3 +258,7 @@ def _demo_command(args: argparse.Namespace) -> int:
     from .demo import run_demo  # on use only: the demo loads the testing helpers
 
     return run_demo(Path(args.workdir), sys.stdout)
+
+
+if __name__ == "__main__":  # python -m dpone_native_transfer.cli
+    sys.exit(main())

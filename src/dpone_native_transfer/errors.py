@@ -55,6 +55,17 @@ class NativeTransferError(Exception):
         self.diagnostics: dict[str, Any] = dict(diagnostics or {})
         super().__init__(f"{self.code}: {message}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (to a worker process, a result backend) as made: the message once, the
+        diagnostics kept, whatever the subclass's constructor takes."""
+        return (_rebuilt, (type(self), self.message, self.diagnostics), self.__dict__)
+
+
+def _rebuilt(cls: type[NativeTransferError], message: str, diagnostics: dict[str, Any]) -> Any:
+    error = Exception.__new__(cls)
+    NativeTransferError.__init__(error, message, diagnostics=diagnostics)
+    return error
+
 
 class ManualReconciliationRequired(NativeTransferError):
     """A route carries an unresolved target-commit guard; an operator must reconcile it."""
