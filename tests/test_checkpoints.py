@@ -103,3 +103,16 @@ def test_partition_ids_and_digests_are_deterministic_and_sensitive():
     assert first != partition_id_for(route, "q", "s", {"partition": "apac"})
     assert sha256_digest(["a", ["x", "y"]]).startswith("sha256:")
     assert len(sha256_digest("a")) == len("sha256:") + 64
+
+
+def test_a_route_label_is_one_line_whatever_the_table_names_hold():
+    """Labels go into summary lines, task logs and messages: a newline or an escape sequence
+    in a table name is shown escaped, never written raw; printable names are unchanged."""
+    from dpone_native_transfer import RouteKey
+
+    odd = RouteKey("orders\nINFO forged", "copy\r\x1b[2J\u2028", "full_refresh")
+    assert odd.label == "orders\\nINFO forged -> copy\\r\\x1b[2J\\u2028 (full_refresh)"
+    assert odd.label.isprintable()
+    assert RouteKey("Bestellungen", "zakázky", "full_refresh").label == (
+        "Bestellungen -> zakázky (full_refresh)"
+    )

@@ -77,6 +77,12 @@ def _location(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise ValueError(f"{attribute.name} must be None or a non-empty string")
 
 
+def _one_line(name: str) -> str:
+    if name.isprintable():
+        return name
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in name)
+
+
 @attrs.frozen
 class RouteKey:
     """Identity of a route: one source table into one target table with one strategy.
@@ -101,8 +107,9 @@ class RouteKey:
 
     @property
     def label(self) -> str:
-        """How messages and operator output name the route."""
-        return f"{self.source_table} -> {self.target_table} ({self.strategy})"
+        """How messages and operator output name the route, on one line: a control character
+        in a table name is escaped (``\\n``), so it cannot split or forge a log line."""
+        return f"{_one_line(self.source_table)} -> {_one_line(self.target_table)} ({self.strategy})"
 
     @property
     def located(self) -> bool:
