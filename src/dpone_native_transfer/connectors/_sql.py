@@ -44,7 +44,6 @@ __all__ = [
     "difference",
     "edge_where",
     "identifier",
-    "ledger_unreadable",
     "parse_table",
     "payload_refused",
     "quote",
@@ -270,20 +269,11 @@ def payload_refused(table: str) -> PathContractBroken:
     )
 
 
-def ledger_unreadable(table: str) -> TargetUnavailable:
-    """The error of a target whose ledger cannot be read now, found before the target."""
+def unavailable(table: str, *, to: str = "be opened for writing") -> TargetUnavailable:
+    """The error of a target that cannot be opened now, found before the target call."""
     return TargetUnavailable(
-        f"the target database of table {table!r} or its ledger cannot be read now (locked, "
-        "unreachable, read-only or damaged); nothing was written",
-        diagnostics={"table": table},
-    )
-
-
-def unavailable(table: str) -> TargetUnavailable:
-    """The error of a target that cannot be opened for writing now, found before the target."""
-    return TargetUnavailable(
-        f"the target database of table {table!r} cannot be opened for writing now (locked by "
-        "another process, read-only, damaged or not a database); nothing was written",
+        f"the target database of table {table!r} cannot {to} now (locked by another process, "
+        "unreachable, read-only, damaged or not a database); nothing was written",
         diagnostics={"table": table},
     )
 

@@ -45,7 +45,6 @@ from ._sql import (
     check_target_table,
     difference,
     edge_where,
-    ledger_unreadable,
     parse_table,
     payload_refused,
     range_cuts_sql,
@@ -637,7 +636,7 @@ class SQLiteSink(FileTarget):
                     ledger_query("?", partitions=partitions), (self.identity().table,)
                 ).fetchall()
         except sqlite3.Error:
-            raise ledger_unreadable(self.table) from None
+            raise unavailable(self.table, to="have its ledger read") from None
         return [LedgerEntry.from_row(*row) for row in rows]
 
     def check_plan(self, plan: LoadPlan) -> None:

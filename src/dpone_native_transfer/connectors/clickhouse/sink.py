@@ -47,7 +47,6 @@ from .._sql import (
     TableName,
     check_target_table,
     difference,
-    ledger_unreadable,
     parse_table,
     payload_refused,
     refuse_reserved_schema,
@@ -375,7 +374,7 @@ class ClickHouseSink:
         except NativeTransferError:
             raise
         except Exception:  # the driver's text may hold the URL: it is not chained
-            raise ledger_unreadable(self.table) from None
+            raise unavailable(self.table, to="have its ledger read") from None
         return [LedgerEntry.from_row(*row) for row in rows]
 
     # --- reading back -----------------------------------------------------------------------
