@@ -13,7 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpone_native_transfer.connectors import SQLiteSink, SQLiteSource
-from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid, SourceMissing
+from dpone_native_transfer.errors import (
+    ConfigInvalid,
+    PathContractBroken,
+    SourceInvalid,
+    SourceMissing,
+)
 from dpone_native_transfer.payloads import Column, LoadPlan, RowChunks, SourceShape
 
 ORDERS = [
@@ -562,7 +567,7 @@ def test_sink_rejects_missing_parent_folder(tmp_path, source):
 
 
 def test_sink_rejects_unknown_payload(sink):
-    with pytest.raises(ConfigInvalid):
+    with pytest.raises(PathContractBroken):  # a path's bug, not the route file's
         sink.load([(1,)])  # type: ignore[arg-type]
 
 
