@@ -176,3 +176,23 @@ def test_the_case_table_check_catches_a_test_that_is_gone():
         "tests/no_such_file.py::test_x",
         "docs/gen_reference.py::main",
     ]
+
+
+def test_every_document_the_code_and_docs_point_to_exists():
+    """Code, README and docs name documents by path (``docs/x.md``) or link (``](x.md)``): a
+    doc that was merged or renamed leaves such a pointer dangling."""
+    root = DOCS.parent
+    texts = [
+        *(root / "src").rglob("*.py"),
+        *(root / "plugins").rglob("*.py"),
+        root / "README.md",
+        *DOCS.glob("*.md"),
+    ]
+    missing = []
+    for file in texts:
+        text = file.read_text(encoding="utf-8")
+        named = re.findall(r"\bdocs/[\w./-]+\.md\b", text)
+        if file.parent == DOCS:
+            named += [f"docs/{link}" for link in re.findall(r"\]\(([\w.-]+\.md)", text)]
+        missing += [f"{file.relative_to(root)} -> {n}" for n in named if not (root / n).is_file()]
+    assert missing == []

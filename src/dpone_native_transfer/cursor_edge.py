@@ -283,8 +283,9 @@ def plan_edge(
 def top_of_window(source: Source, upto: Any, lag: float, kind: str | None) -> Any:
     """The lowest cursor value of the next edge record, or None when it is not tracked: a
     cursor column SQLite compares with a collation (equal values Python tells apart)."""
-    collated = isinstance(source, Collating) and source.cursor_column in source.collated_columns()
-    if upto is None or collated:
+    if upto is None:
+        return None
+    if isinstance(source, Collating) and source.cursor_column in source.collated_columns():
         return None
     try:
         return lag_since(upto, lag, kind)

@@ -17,6 +17,7 @@ from typing import TextIO
 
 from .application import transfer
 from .config import RouteConfig, load_route_config
+from .connectors._sql import quote
 from .errors import ManualReconciliationRequired, NativeTransferError
 from .reporting import EXIT_FAILED, EXIT_OK, PROG, progress_printer, summary_line
 from .stores.sqlite import SQLiteCheckpointStore
@@ -159,7 +160,7 @@ def _demo_retry(config: RouteConfig, out: TextIO) -> list[str]:
 
 def _demo_counts(config: RouteConfig, out: TextIO) -> list[str]:
     print("5. compare the target with the source", file=out)
-    source, target = _quoted(config.source.table), _quoted(config.sink.table)
+    source, target = quote(config.source.table), quote(config.sink.table)
     source_rows = _scalar(config.source.path, f"SELECT COUNT(*) FROM {source}")
     target_rows = _scalar(config.sink.path, f"SELECT COUNT(*) FROM {target}")
     duplicates = _scalar(config.sink.path, f"SELECT COUNT(*) - COUNT(DISTINCT id) FROM {target}")
@@ -173,10 +174,6 @@ def _demo_counts(config: RouteConfig, out: TextIO) -> list[str]:
     if target_rows != source_rows:
         problems.append(f"the target holds {target_rows:,} rows, the source {source_rows:,}")
     return problems
-
-
-def _quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _scalar(path: str, sql: str) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from ..checkpoints import GUARD_DIAGNOSTICS_KEY, PartitionCheckpoint, RouteKey
+from ..connectors._sql import quote
 
 __all__ = [
     "FaultyStore",
@@ -223,7 +224,7 @@ def build_sample_source(
     ``id`` so it works as an incremental cursor. Calling it again with a
     higher ``start_id`` appends new rows, as a live source would.
     """
-    quoted = '"' + table.replace('"', '""') + '"'
+    quoted = quote(table)
     with sqlite3.connect(path) as connection:
         connection.execute(
             f"CREATE TABLE IF NOT EXISTS {quoted} "

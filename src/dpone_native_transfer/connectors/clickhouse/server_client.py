@@ -1,6 +1,7 @@
 """Server adapter: a ClickHouse server through clickhouse-connect (HTTP interface).
 
-UNVERIFIED: no test runs against a real server (see docs/connectors-clickhouse.md).
+UNVERIFIED: no test runs against a real server (docs/connectors.md, "The server route is
+UNVERIFIED").
 The driver's automatic query retries are turned off, so an INSERT is never
 re-sent behind the guard's back.
 """
