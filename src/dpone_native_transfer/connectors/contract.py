@@ -33,6 +33,7 @@ __all__ = [
     "Identified",
     "LedgerNotWritten",
     "LedgerSink",
+    "OnePassReading",
     "PendingLedger",
     "PlanPulling",
     "RangePartitioned",
@@ -198,6 +199,23 @@ class CursorEdgeReading(Protocol):
 
 
 @runtime_checkable
+class OnePassReading(Protocol):
+    """A source that reads several partitions in one scan, where reading each on its own would
+    scan the table each time (a partition column without an index to seek).
+
+    The runtime asks it once per attempt, before the first partition is read;
+    without it, or when it answers None, every partition is read on its own.
+    """
+
+    def read_partitions(
+        self, bounds: Sequence[Mapping[str, Any]], *, chunk_rows: int = DEFAULT_CHUNK_ROWS
+    ) -> Iterator[tuple[int, list[tuple]]] | None:
+        """One scan: ``(i, rows)`` chunks, ``rows`` of the partition ``bounds[i]``, each of them
+        exactly the rows ``read(bounds[i])`` gives, in its order. None when reading each
+        partition is as cheap, or one scan cannot tell the partitions apart exactly. Reads only."""
+
+
+@runtime_checkable
 class RangePartitioned(Protocol):
     """A source that cuts its table into contiguous key ranges (``partition_by = "range"``).
 
@@ -348,6 +366,7 @@ CAPABILITIES: tuple[type, ...] = (
     PlanPulling,
     SQLiteFile,
     Collating,
+    OnePassReading,
     RangePartitioned,
     CursorEdgeReading,
     TargetChecking,

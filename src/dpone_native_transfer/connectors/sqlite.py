@@ -13,7 +13,7 @@ import contextlib
 import os
 import re
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from ..ledger import (
     ledger_query,
     ledger_table_sql,
 )
-from ..payloads import Column, LoadPlan, RowChunks, SourceShape
+from ..payloads import Column, LoadPlan, RowChunks, SourceShape, bound_predicates
 from ._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -50,6 +50,7 @@ from ._sql import (
     range_cuts_sql,
     range_partitions,
     refuse_schema,
+    render_predicates,
     unavailable,
 )
 from ._sql import quote as _quote
@@ -428,6 +429,44 @@ class SQLiteSource(TableSource):
             finally:
                 cursor.close()
 
+    def read_partitions(
+        self, bounds: Sequence[Mapping[str, Any]], *, chunk_rows: int = DEFAULT_CHUNK_ROWS
+    ) -> Iterator[tuple[int, list[tuple]]] | None:
+        """``OnePassReading``: partitions of one value each, all in the same cursor window, in
+        one ``rowid``-ordered scan, when the partition column has no index to seek and compares
+        byte by byte. Each row goes to the partition whose value it equals as SQLite's ``=``
+        would match it: the values pass through a column of the partition column's declared
+        type first, so they get the same affinity conversion a bound parameter gets."""
+        check_chunk_rows(chunk_rows)
+        predicates = [
+            bound_predicates(
+                b, partition_column=self.partition_column, cursor_column=self.cursor_column
+            )
+            for b in bounds
+        ]
+        window = predicates[0][1:] if predicates else ()
+        one_value = all(p[0].op in ("=", "IS NULL") and p[1:] == window for p in predicates)
+        if len(bounds) < 2 or not one_value:  # a key range, an edge partition, mixed windows
+            return None
+        key, table = self._ref(self.partition_column), _quote(self.table)
+        columns = self.describe().columns
+        with self.reader() as conn:
+            if _index_seeks(conn, f"SELECT 1 FROM {table} WHERE {key} = ?"):
+                return None
+            if self.partition_column in self.collated_columns():
+                return None
+            position = [column.name for column in columns].index(self.partition_column)
+            declared = parsed_type(columns[position].decltype)
+            values = _as_stored(conn, declared, [p[0].value for p in predicates])
+        route: dict[Any, int] = {}
+        for index, value in enumerate(values):
+            if route.setdefault(value, index) != index:
+                return None  # two bounds name one partition: leave it to the reads
+        where, params = render_predicates(window, marker="?", name=self._ref)
+        sql = f"SELECT {_column_list(columns, self.table)} FROM {table}"
+        sql += f" WHERE {where} ORDER BY rowid" if where else " ORDER BY rowid"
+        return _routed(self._chunks(sql, tuple(params), chunk_rows), position, route)
+
     def edge_rows(
         self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = DEFAULT_CHUNK_ROWS
     ) -> Iterator[list[tuple]]:
@@ -751,6 +790,33 @@ class SQLiteSink(FileTarget):
 
 
 _SEEK_LIMIT = 1_000  # past this many partitions, reading the rest of the index is cheaper
+
+
+def _as_stored(conn: sqlite3.Connection, declared: str, values: Sequence[Any]) -> list[Any]:
+    """``values`` as a column declared ``declared`` stores them (its affinity converts
+    ``'5'`` into 5 in an INTEGER column), through a temporary table of this connection."""
+    conn.execute(f"CREATE TEMP TABLE dpone_values (value {declared})")
+    try:
+        conn.executemany("INSERT INTO temp.dpone_values VALUES (?)", [(v,) for v in values])
+        return [
+            row[0] for row in conn.execute("SELECT value FROM temp.dpone_values ORDER BY rowid")
+        ]
+    finally:
+        conn.execute("DROP TABLE temp.dpone_values")
+
+
+def _routed(
+    chunks: Iterable[list[tuple]], position: int, route: Mapping[Any, int]
+) -> Iterator[tuple[int, list[tuple]]]:
+    """Each chunk's rows, grouped by the partition their value at ``position`` belongs to (in
+    scan order within each partition); rows of no listed partition are left out."""
+    for chunk in chunks:
+        groups: dict[int, list[tuple]] = {}
+        for row in chunk:
+            index = route.get(row[position])
+            if index is not None:
+                groups.setdefault(index, []).append(row)
+        yield from groups.items()
 
 
 def _index_seeks(conn: sqlite3.Connection, sql: str) -> bool:

@@ -25,6 +25,7 @@ from ..errors import ConfigInvalid, GovernanceGateFailed, PathContractBroken
 from ..events import EventName, EventRecorder
 from ..payloads import Column, RowChunks, SourceShape
 from ..stores import CheckpointStore
+from ._one_pass import spool_partitions, spooled_chunks
 
 if TYPE_CHECKING:
     from ..lease import Lease
@@ -80,6 +81,7 @@ class PathContext:
     lease: Lease | None = None
     edge: EdgeTracker | None = None  # an append route's cursor edge, when it is tracked
     _carriers: list[tuple[int, str, Carry]] | None = attrs.field(default=None, init=False)
+    _spooled: dict[str, Path] | None = attrs.field(default=None, init=False)  # one-pass scan
 
     @property
     def source(self) -> Source:
@@ -98,9 +100,18 @@ class PathContext:
 
         Values pass through the sink's carriers (``ValueCarrying``), so every row
         path spools, stages or exports exactly what the target will hold. An edge
-        partition's rows the route already loaded are left out (``cursor_edge.py``).
+        partition's rows the route already loaded are left out (``cursor_edge.py``). A source
+        that reads every partition of the attempt in one scan does so at the first read
+        (``OnePassReading``, ``_one_pass.py``).
         """
-        chunks = self.source.read(candidate.partition_bounds, chunk_rows=self.spec.chunk_rows)
+        rows = self.spec.chunk_rows
+        if self._spooled is None:
+            self._spooled = spool_partitions(self.source, self.candidates, self.work_dir, rows)
+        spooled = self._spooled.get(candidate.partition_id)
+        if spooled is not None:
+            chunks: Iterable[list[tuple]] = spooled_chunks(spooled, rows)
+        else:
+            chunks = self.source.read(candidate.partition_bounds, chunk_rows=rows)
         if self.edge is not None:
             chunks = self.edge.rows(candidate, chunks)
         if self._carriers is None:

@@ -1,0 +1,53 @@
+"""One scan of the source for all of an attempt's partitions (``OnePassReading``).
+
+Without an index on the partition column, reading each partition on its own
+scans the whole table once per partition. When the source can split one scan
+exactly, the rows are spooled to one private file per partition in the run's
+work folder as they arrive (memory stays one chunk), and each partition is then
+read back from its file, in the order and chunk size a read of its own gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from ..artifacts import create_private, read_chunks, write_chunks
+from ..checkpoints import PartitionCheckpoint
+from ..connectors.contract import OnePassReading, Source
+
+__all__ = ["MAX_SPOOLED_PARTITIONS", "spool_partitions", "spooled_chunks"]
+
+# One open file per partition while the scan runs: beyond this, each partition is read on its own.
+MAX_SPOOLED_PARTITIONS = 256
+
+
+def spool_partitions(
+    source: Source, candidates: Sequence[PartitionCheckpoint], work_dir: Path, chunk_rows: int
+) -> dict[str, Path]:
+    """Each candidate's spool file, after one scan; ``{}`` when the source reads them apart."""
+    if not (isinstance(source, OnePassReading) and 2 <= len(candidates) <= MAX_SPOOLED_PARTITIONS):
+        return {}
+    bounds = [candidate.partition_bounds for candidate in candidates]
+    scan = source.read_partitions(bounds, chunk_rows=chunk_rows)
+    if scan is None:
+        return {}
+    files = [work_dir / f"{candidate.partition_id}.scan" for candidate in candidates]
+    with contextlib.ExitStack() as stack:
+        handles = [stack.enter_context(create_private(path)) for path in files]
+        for index, rows in scan:
+            write_chunks(handles[index], [rows])
+    return {candidate.partition_id: path for candidate, path in zip(candidates, files, strict=True)}
+
+
+def spooled_chunks(path: Path, chunk_rows: int) -> Iterator[list[tuple]]:
+    """The spooled rows in chunks of ``chunk_rows`` (the last may be shorter), as a read gives."""
+    pending: list[tuple] = []
+    for block in read_chunks(path):
+        pending.extend(block)
+        while len(pending) >= chunk_rows:
+            yield pending[:chunk_rows]
+            pending = pending[chunk_rows:]
+    if pending:
+        yield pending

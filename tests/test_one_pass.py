@@ -1,0 +1,214 @@
+"""One scan for all partitions of an attempt (``OnePassReading``, ``paths/_one_pass.py``).
+
+Without an index on the partition column, reading each partition on its own scans the
+table once per partition. A SQLite source splits one scan instead; every partition must
+get exactly the rows, in exactly the order, that its own read gives.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dpone_native_transfer import (
+    SQLiteCheckpointStore,
+    SQLiteSink,
+    SQLiteSource,
+    TransferRuntime,
+    TransferSpec,
+)
+from dpone_native_transfer.paths._one_pass import spooled_chunks
+from dpone_native_transfer.testing import InjectedFault, RecordingSink
+
+ROW_PATHS = ["legacy", "staged", "file-artifact"]
+
+
+def make_table(path: Path, declared: str, rows: list[tuple[Any, Any]], *, index: bool) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"CREATE TABLE t (id INTEGER PRIMARY KEY, part {declared}, cur INTEGER)")
+        conn.executemany("INSERT INTO t (part, cur) VALUES (?, ?)", rows)
+        if index:
+            conn.execute("CREATE INDEX t_part ON t (part)")
+    conn.close()
+
+
+def split(source: SQLiteSource, bounds: list[dict[str, Any]]) -> dict[int, list[tuple]] | None:
+    scan = source.read_partitions(bounds, chunk_rows=7)
+    if scan is None:
+        return None
+    got: dict[int, list[tuple]] = {}
+    for index, rows in scan:
+        assert 0 < len(rows) <= 7
+        got.setdefault(index, []).extend(rows)
+    return got
+
+
+def each_read(source: SQLiteSource, bounds: list[dict[str, Any]]) -> dict[int, list[tuple]]:
+    reads = {
+        i: [r for chunk in source.read(b, chunk_rows=7) for r in chunk]
+        for i, b in enumerate(bounds)
+    }
+    return {i: rows for i, rows in reads.items() if rows}
+
+
+VALUES = st.one_of(
+    st.none(),
+    st.integers(-3, 3),
+    st.sampled_from([0.5, -0.0, 2.0, 1e300]),
+    st.sampled_from(["a", "A", "a ", "", "1", "01", "2.0", "é"]),
+    st.sampled_from([b"a", b"\x00", b""]),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    declared=st.sampled_from(["INTEGER", "TEXT", "REAL", "NUMERIC", "", "BLOB", "VARCHAR(3)"]),
+    rows=st.lists(st.tuples(VALUES, st.integers(0, 9)), min_size=1, max_size=60),
+    as_text=st.booleans(),
+    window=st.sampled_from([None, (2, 7)]),
+)
+def test_one_scan_gives_each_partition_exactly_its_own_reads_rows(
+    tmp_path_factory, declared, rows, as_text, window
+):
+    """Any declared type (so any affinity), mixed stored types, and bound values spelled as
+    text (a retry's bounds come back from JSON): SQLite's ``=`` decides, not Python's."""
+    path = tmp_path_factory.mktemp("one") / "s.db"
+    make_table(path, declared, rows, index=False)
+    source = SQLiteSource(str(path), "t", "part", "cur")
+    cursor = {} if window is None else {"cursor_after": window[0], "cursor_upto": window[1]}
+    values = source.partition_values()
+    if as_text:
+        values = [v if v is None or isinstance(v, bytes) else str(v) for v in values]
+    bounds = [{"partition": value, **cursor} for value in dict.fromkeys(values)]
+    got = split(source, bounds)
+    if got is None:  # one value twice after the affinity conversion, or a single partition
+        return
+    assert got == each_read(source, bounds)
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> SQLiteSource:
+    rows = [(f"r{i % 5}" if i % 9 else None, i) for i in range(100)]
+    make_table(tmp_path / "s.db", "TEXT", rows, index=False)
+    return SQLiteSource(str(tmp_path / "s.db"), "t", "part", "cur")
+
+
+def test_the_split_is_refused_where_reads_are_as_cheap_or_cannot_be_told_apart(tmp_path, source):
+    values = [{"partition": v} for v in source.partition_values()]
+    assert split(source, values) is not None
+    assert split(source, values[:1]) is None  # one partition: one read is one scan
+    assert split(source, [*values, {"partition": "r1"}]) is None  # a partition twice
+    mixed = [{**values[0], "cursor_after": 3, "cursor_upto": 9}, *values[1:]]
+    assert split(source, mixed) is None  # two cursor windows
+    ranges = [{"partition_from": None, "partition_below": "r2"}, {"partition_from": "r2"}]
+    assert split(source, ranges) is None
+    edge = [{**v, "cursor_from": 3} for v in values]
+    assert split(source, edge) == each_read(source, edge)  # one window for all: still exact
+    make_table(tmp_path / "i.db", "TEXT", [("a", 1), ("b", 2)], index=True)
+    indexed = SQLiteSource(str(tmp_path / "i.db"), "t", "part", "cur")
+    assert split(indexed, [{"partition": "a"}, {"partition": "b"}]) is None  # seeks are cheap
+    make_table(tmp_path / "c.db", "TEXT COLLATE NOCASE", [("a", 1), ("A", 2)], index=False)
+    nocase = SQLiteSource(str(tmp_path / "c.db"), "t", "part", "cur")
+    assert split(nocase, [{"partition": "a"}, {"partition": "b"}]) is None
+
+
+def test_spooled_chunks_are_read_back_at_the_chunk_size(tmp_path):
+    from dpone_native_transfer.artifacts import create_private, write_chunks
+
+    with create_private(tmp_path / "p.scan") as handle:
+        for block in ([(1,)], [(2,), (3,), (4,)], [(5,)], [(6,), (7,)]):
+            write_chunks(handle, [block])
+    assert list(spooled_chunks(tmp_path / "p.scan", 3)) == [
+        [(1,), (2,), (3,)],
+        [(4,), (5,), (6,)],
+        [(7,)],
+    ]
+
+
+class CountingSource(SQLiteSource):
+    """The real source, counting the extraction queries it runs (``... ORDER BY rowid``)."""
+
+    scans = 0
+
+    def _open(self) -> sqlite3.Connection:
+        conn = super()._open()
+
+        def seen(sql: str) -> None:
+            if re.match(r'SELECT .* FROM ("main"\.)?"t" .*ORDER BY rowid$', sql):
+                type(self).scans += 1
+
+        conn.set_trace_callback(seen)
+        return conn
+
+
+def run(tmp_path: Path, path: str, *, index: bool, sink: Any = None) -> tuple[int, Any]:
+    rows = [(i % 20 if i % 13 else None, i) for i in range(2000)]
+    make_table(tmp_path / "s.db", "INTEGER", rows, index=index)
+    CountingSource.scans = 0
+    source = CountingSource(str(tmp_path / "s.db"), "t", "part", "cur")
+    sink = sink or SQLiteSink(str(tmp_path / "target.db"), "t_copy")
+    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
+    try:
+        spec = TransferSpec(
+            source=source, sink=sink, strategy="full_refresh", path=path, run_id="r"
+        )
+        result = TransferRuntime(store).run(spec)
+    finally:
+        store.close()
+    return result.rows_loaded, CountingSource.scans
+
+
+@pytest.mark.parametrize("path", ROW_PATHS)
+def test_an_unindexed_partition_column_is_scanned_once_and_every_row_lands_once(tmp_path, path):
+    loaded, scans = run(tmp_path, path, index=False)
+    assert (loaded, scans) == (2000, 1)
+    with sqlite3.connect(tmp_path / "s.db") as src, sqlite3.connect(tmp_path / "target.db") as dst:
+        assert sorted(dst.execute("SELECT * FROM t_copy")) == sorted(src.execute("SELECT * FROM t"))
+
+
+@pytest.mark.parametrize("path", ROW_PATHS)
+def test_an_indexed_partition_column_keeps_one_seek_per_partition(tmp_path, path):
+    loaded, scans = run(tmp_path, path, index=True)
+    assert (loaded, scans) == (2000, 21)  # 20 values and NULL
+
+
+class FailingScan(CountingSource):
+    def read_partitions(self, bounds: Any, *, chunk_rows: int = 10_000) -> Iterator[Any] | None:
+        scan = super().read_partitions(bounds, chunk_rows=chunk_rows)
+        assert scan is not None
+
+        def failing() -> Iterator[Any]:
+            yield next(scan)
+            raise InjectedFault("the source failed in the middle of the scan")
+
+        return failing()
+
+
+def test_a_scan_that_fails_midway_fails_before_the_target_and_the_retry_loads_once(tmp_path):
+    make_table(tmp_path / "s.db", "INTEGER", [(i % 4, i) for i in range(400)], index=False)
+    sink = RecordingSink(SQLiteSink(str(tmp_path / "target.db"), "t_copy"))
+    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
+
+    def attempt(source: SQLiteSource, run_id: str) -> int:
+        spec = TransferSpec(
+            source=source, sink=sink, strategy="incremental_append", path="legacy", run_id=run_id
+        )
+        return TransferRuntime(store).run(spec).rows_loaded
+
+    try:
+        with pytest.raises(InjectedFault):
+            attempt(FailingScan(str(tmp_path / "s.db"), "t", "part", "cur"), "r1")
+        assert sink.target_calls == 0
+        assert attempt(SQLiteSource(str(tmp_path / "s.db"), "t", "part", "cur"), "r2") == 400
+        assert sink.target_calls == 1 and sink.inner.row_count() == 400
+    finally:
+        store.close()
