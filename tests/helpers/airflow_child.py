@@ -57,6 +57,9 @@ class FlakySource:
     def read(self, *args: Any, **kwargs: Any) -> Any:
         raise InjectedFault(CANARY)
 
+    def read_partitions(self, *args: Any, **kwargs: Any) -> Any:
+        raise InjectedFault(CANARY)  # one scan of every partition fails the same way
+
 
 def instrument(fault: str | None) -> list[dict[str, Any]]:
     """Replace the operator's seam: count target calls per try, inject ``fault`` on the first."""

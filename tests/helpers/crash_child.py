@@ -145,6 +145,19 @@ class CrashSource(SQLiteSource):
         self.partitions += 1
         return self._first_chunk_then_kill(chunks) if self.partitions == 2 else chunks
 
+    def read_partitions(self, bounds: Any, *, chunk_rows: int = 10_000) -> Iterator[Any] | None:
+        """One scan for every partition (an unindexed column): dies once rows of a 2nd one came."""
+        scan = super().read_partitions(bounds, chunk_rows=chunk_rows)
+        return None if scan is None else self._second_partition_then_kill(scan)
+
+    def _second_partition_then_kill(self, scan: Iterator[Any]) -> Iterator[Any]:
+        seen: set[int] = set()
+        for index, rows in scan:
+            yield index, rows
+            seen.add(index)
+            if len(seen) == 2:
+                self.killer.at("extraction")
+
     def _first_chunk_then_kill(self, chunks: Iterator[list]) -> Iterator[list]:
         yield next(chunks)
         self.killer.at("extraction")  # the path has taken the first chunk and asks for more
