@@ -236,11 +236,15 @@ def as_double(value: Any) -> float:
     raise ValueError("not exact as a double")
 
 
-def finite_double(value: Any) -> Any:
-    """Refuse NaN (SQLite would store NULL); anything else passes unchanged."""
+def _finite_double(value: Any) -> Any:
     if isinstance(value, float) and math.isnan(value):
         raise ValueError("NaN")
     return value
+
+
+# Refuse NaN (SQLite would store NULL); anything else passes unchanged. A column of doubles
+# without a NaN is left as it is without a call per value.
+finite_double = Passing(_finite_double, _no_nan)
 
 
 _DECIMAL_TEXT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
