@@ -564,7 +564,8 @@ def test_server_adapter_runs_every_path_through_clickhouse_connect(tmp_path):
         assert _partitions(sink) == REGIONS
         adapter = sink.adapter
         adapter.command("CREATE TABLE b (s Nullable(String)) ENGINE = MergeTree ORDER BY tuple()")
-        assert adapter.insert_rows("b", ["s"], [[(b"\x00\xff\xfe",), ("\u00e9",)]]) == 2
+        blob = [Column("s", "BLOB")]
+        assert adapter.insert_rows("b", blob, [[(b"\x00\xff\xfe",), ("\u00e9".encode(),)]]) == 2
         assert adapter.query_rows("SELECT hex(s) FROM b ORDER BY s") == [("00FFFE",), ("C3A9",)]
         for value in ("tab\there", "a\\b", "line\nbreak", "'\"`", "\x00", "{x:String}"):
             assert adapter.query_rows("SELECT {p:String}", {"p": value}) == [(value,)]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from dpone_native_transfer import Column, ConfigInvalid, ValueUnsupported
+from dpone_native_transfer import Column, ConfigInvalid, PathContractBroken, ValueUnsupported
 from dpone_native_transfer.column_types import (
     as_boolean,
     as_double,
@@ -27,6 +29,7 @@ from dpone_native_transfer.column_types import (
     utc_instant,
 )
 from dpone_native_transfer.config import route_config_from_mapping
+from dpone_native_transfer.connectors.sqlite import SQLiteSource, refuse_inexact_plan
 from dpone_native_transfer.payloads import bound_predicates
 
 
@@ -189,3 +192,35 @@ def test_a_route_mapping_is_validated_like_a_route_file(tmp_path: Path, document
     assert info.value.diagnostics.get("key") == key
     with pytest.raises(ConfigInvalid):
         route_config_from_mapping(["not", "a", "mapping"])  # type: ignore[arg-type]
+
+
+def test_carried_chunks_refuse_rows_of_different_lengths():
+    """A ragged chunk from a source is a coded error, never zip's ValueError or cut rows."""
+    chunks = carried_chunks([[(1, "a"), (2,)]], [(0, "id", exact_integer)], target="DuckDB")
+    with pytest.raises(PathContractBroken) as caught:
+        list(chunks)
+    assert caught.value.diagnostics == {"target": "DuckDB"}
+
+
+@pytest.mark.parametrize(
+    ("stored", "refused"),
+    [
+        ([1.5, 2, -(2**53), 2**53 + 1], False),  # REAL affinity stores each as a double
+        ([1.5, "x"], True),  # text in a REAL column
+        ([None, b"\x00"], True),
+    ],
+)
+def test_a_lazy_plan_is_refused_for_a_value_its_engine_reads_otherwise(tmp_path, stored, refused):
+    path = tmp_path / "src.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, r REAL)")
+        db.executemany("INSERT INTO t (r) VALUES (?)", [(value,) for value in stored])
+        db.commit()
+    source = SQLiteSource(path, "t", "id")
+    columns = source.describe().columns
+    if not refused:
+        refuse_inexact_plan(source, columns, engine="DuckDB", table="copy")
+        return
+    with pytest.raises(ConfigInvalid) as caught:
+        refuse_inexact_plan(source, columns, engine="DuckDB", table="copy")
+    assert caught.value.diagnostics["columns"] == ["r"]

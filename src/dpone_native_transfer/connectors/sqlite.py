@@ -503,8 +503,8 @@ _ISO_TIMESTAMP = (  # YYYY-MM-DD[ T]HH:MM:SS[.f{1,6}], a real instant, no offset
 # row paths' carriers accept (SQLite keeps any value in any column): one read of the source.
 _PLAN_MISREAD = {
     "integer": "typeof({c}) NOT IN ('integer', 'null')",
-    "real": "typeof({c}) NOT IN ('real', 'integer', 'null')"
-    " OR (typeof({c}) = 'integer' AND abs({c}) > 9007199254740992)",
+    "real": "typeof({c}) NOT IN ('real', 'null')"  # a real passes at the first test
+    " AND (typeof({c}) <> 'integer' OR abs({c}) > 9007199254740992)",
     "text": "typeof({c}) NOT IN ('text', 'null')",
     "blob": "typeof({c}) NOT IN ('blob', 'text', 'null')",
     "boolean": "typeof({c}) NOT IN ('integer', 'null') OR {c} NOT IN (0, 1)",
@@ -554,10 +554,14 @@ def refuse_inexact_plan(
         if column.kind in _PLAN_MISREAD
     ]
     if tests and not inexact:
-        checks = ", ".join(f"coalesce(max({test}), 0)" for _, test in tests)
-        with source.reader() as conn:
-            found = conn.execute(f"SELECT {checks} FROM {_quote(source.table)}").fetchone()
-        inexact = [name for (name, _), misread in zip(tests, found, strict=True) if misread]
+        table = _quote(source.table)
+        with source.reader() as conn:  # one scan that stops at the first misread value
+            anything = " OR ".join(f"({test})" for _, test in tests)
+            exists = f"SELECT EXISTS (SELECT 1 FROM {table} WHERE {anything})"
+            if conn.execute(exists).fetchone()[0]:
+                checks = ", ".join(f"coalesce(max({test}), 0)" for _, test in tests)
+                found = conn.execute(f"SELECT {checks} FROM {table}").fetchone()
+                inexact = [name for (name, _), misread in zip(tests, found, strict=True) if misread]
     if inexact:
         raise ConfigInvalid(
             f"lazy-plan into {engine} cannot read source column(s) {', '.join(inexact)} exactly "

@@ -12,15 +12,24 @@ import contextlib
 import datetime
 import decimal
 import fcntl
+import itertools
 import json
 import os
+import tempfile
 import zoneinfo
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ...errors import ConfigInvalid, TargetUnavailable
+from ...payloads import Column
 from .client import SETTINGS, import_engine
-from .sql import column_list, encode_json_rows, insert_settings
+from .sql import (
+    column_list,
+    encode_json_rows,
+    insert_settings,
+    read_arrow_stream,
+    write_arrow_stream,
+)
 
 __all__ = ["ChdbClient"]
 
@@ -105,15 +114,31 @@ class ChdbClient:
     def insert_rows(
         self,
         table: str,
-        names: Sequence[str],
+        columns: Sequence[Column],
         chunks: Iterable[Sequence[tuple]],
         *,
         token: str | None = None,
     ) -> int:
-        inserter = self._session.send_insert(
-            f"INSERT INTO {table} ({column_list(names)}){insert_settings(token)}",
-            "JSONCompactEachRow",
-        )
+        """The rows go to a private Arrow stream file that one INSERT then reads natively
+        (``file(..., 'ArrowStream')``): a tenth of the time of JSON. Rows Arrow cannot hold
+        as the columns' types are all sent as JSON instead, in the same one INSERT."""
+        names = column_list([column.name for column in columns])
+        insert = f"INSERT INTO {table} ({names}){insert_settings(token)}"
+        with tempfile.TemporaryDirectory(prefix="dpone-chdb-") as folder:
+            path = os.path.join(folder, "rows.arrows")
+            rows, rest = write_arrow_stream(path, columns, chunks, table=table)
+            if rest is not None:
+                return self._insert_json(insert, itertools.chain(read_arrow_stream(path), rest))
+            if rows:
+                self.command(
+                    f"{insert} SELECT * FROM file({{rows_file:String}}, 'ArrowStream')"
+                    " SETTINGS max_threads = 1",  # the file's batches become blocks in order
+                    {"rows_file": path},
+                )
+        return rows
+
+    def _insert_json(self, insert: str, chunks: Iterable[Sequence[tuple]]) -> int:
+        inserter = self._session.send_insert(insert, "JSONCompactEachRow")
         rows = 0
         try:
             for chunk in chunks:

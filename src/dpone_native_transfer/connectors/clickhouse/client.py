@@ -18,6 +18,7 @@ import attrs
 
 from ...drivers import import_driver
 from ...errors import ConfigInvalid
+from ...payloads import Column
 
 __all__ = [
     "CHDB",
@@ -55,12 +56,13 @@ class ClickHouseClient(Protocol):
     def insert_rows(
         self,
         table: str,
-        names: Sequence[str],
+        columns: Sequence[Column],
         chunks: Iterable[Sequence[tuple]],
         *,
         token: str | None = None,
     ) -> int:
-        """Stream row chunks into ``table`` (a quoted reference) as one INSERT; return the rows.
+        """Write row chunks of ``columns`` into ``table`` (a quoted reference) as one INSERT;
+        return the rows.
 
         ``token`` is the insert's deduplication token: repeated, the INSERT is a no-op.
         """

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from ...payloads import Column
 from .client import SETTINGS, import_engine
 from .sql import dedup_token, encode_json_rows, quote
 
@@ -36,7 +37,7 @@ class ServerClient:
     def insert_rows(
         self,
         table: str,
-        names: Sequence[str],
+        columns: Sequence[Column],
         chunks: Iterable[Sequence[tuple]],
         *,
         token: str | None = None,
@@ -51,7 +52,7 @@ class ServerClient:
 
         self._client.raw_insert(
             table,
-            [quote(name) for name in names],
+            [quote(column.name) for column in columns],
             blocks(),
             settings=_deduplicated(token),
             fmt="JSONCompactEachRow",

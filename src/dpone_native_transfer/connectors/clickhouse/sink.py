@@ -76,6 +76,9 @@ __all__ = ["ClickHouseSink"]
 _FRESH_PREFIX = "_dpone_new_"
 # ClickHouse's sqlite() engine quotes SQLite identifiers its own way: a backslash or a double
 # quote in a name reads a wrong column (or its name as a string) or fails; checked on chDB 4.4.
+# A lazy plan's partitions per INSERT ... SELECT: without an index, each statement reads the
+# whole SQLite file, and 256 OR-ed conditions stay far below ClickHouse's max_query_size.
+_PLAN_BOUNDS_PER_INSERT = 256
 _SQLITE_FUNCTION_UNSAFE = re.compile(r'[\\"\x00-\x1f\x7f]')
 
 Fill = Callable[[ClickHouseClient, TableName, "_Tokens"], int]
@@ -104,6 +107,7 @@ class ClickHouseSink:
         refuse_reserved_schema(self._target, ("system", "information_schema"), engine="ClickHouse")
         self.partition_by = partition_by
         self._ledger = PendingLedger()
+        self._checked: LoadPlan | None = None  # the last plan check_plan passed
 
     def ledger_batch(self, entry: LedgerEntry) -> contextlib.AbstractContextManager[None]:
         return self._ledger.handed(entry)
@@ -184,9 +188,8 @@ class ClickHouseSink:
 
     @staticmethod
     def _rows_fill(payload: RowChunks) -> Fill:
-        names = [column.name for column in payload.columns]
         return lambda client, table, tokens: client.insert_rows(
-            _ref(table), names, payload.chunks, token=tokens.next()
+            _ref(table), payload.columns, payload.chunks, token=tokens.next()
         )
 
     def _replace(
@@ -258,23 +261,31 @@ class ClickHouseSink:
                     diagnostics={"table": self.table, "identifier": name},
                 )
         refuse_inexact_plan(source, plan.columns, engine="ClickHouse", table=self.table)
+        self._checked = plan  # the load of this very plan need not check it again
 
     def _plan_fill(self, payload: LoadPlan) -> Fill:
-        """The engine pulls each partition from the SQLite file with its sqlite() table function."""
-        self.check_plan(payload)
+        """The engine pulls the partitions from the SQLite file with its sqlite() table function,
+        up to ``_PLAN_BOUNDS_PER_INSERT`` partitions per INSERT: it reads the whole file for
+        each statement when the partition column has no index."""
+        if self._checked is not payload:
+            self.check_plan(payload)
         source = pulled_file(payload, engine="ClickHouse", table=self.table)
         columns = [column.name for column in payload.columns]
         names = column_list(columns)
         statements = []
-        for number, bounds in enumerate(payload.bounds):
-            predicates = bound_predicates(
-                bounds,
-                partition_column=source.partition_column,
-                cursor_column=source.cursor_column,
-            )
-            where, params = where_sql(predicates, prefix=f"b{number}_")
+        for first in range(0, len(payload.bounds), _PLAN_BOUNDS_PER_INSERT):
+            conditions, params = [], {}
+            for number in range(first, min(first + _PLAN_BOUNDS_PER_INSERT, len(payload.bounds))):
+                predicates = bound_predicates(
+                    payload.bounds[number],
+                    partition_column=source.partition_column,
+                    cursor_column=source.cursor_column,
+                )
+                where, own = where_sql(predicates, prefix=f"b{number}_")
+                conditions.append(f"({where})")
+                params.update(own)
             params.update(src_path=os.path.abspath(source.path), src_table=source.table)
-            statements.append((where, params))
+            statements.append((" OR ".join(conditions), params))
         if not os.path.isfile(source.path):
             raise SourceInvalid(
                 f"source database for table {source.table!r} does not exist",
@@ -301,7 +312,6 @@ class ClickHouseSink:
         if not isinstance(payload, RowChunks):
             raise ConfigInvalid("a staged load takes RowChunks")
         create = create_table_sql(self._stage, payload.columns, self.partition_by)
-        names = [column.name for column in payload.columns]
         stage = _ref(self._stage)
         with self.client() as client:
             client.command(f"DROP TABLE IF EXISTS {stage} SYNC")
@@ -310,7 +320,7 @@ class ClickHouseSink:
             else:
                 _create(client, self._stage, create)
             try:
-                return client.insert_rows(stage, names, payload.chunks, token=None)
+                return client.insert_rows(stage, payload.columns, payload.chunks, token=None)
             except BaseException:
                 with contextlib.suppress(Exception):
                     client.command(f"DROP TABLE IF EXISTS {stage} SYNC")

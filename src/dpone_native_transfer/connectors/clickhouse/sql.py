@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import itertools
 import json
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ...column_types import ENGINE_CARRIERS, Carry, exact_decimal
 from ...errors import ConfigInvalid
 from ...payloads import Column, Predicate
+from .._arrow import arrow, check_widths, row_batch, row_type
 from .._sql import TableName, identifier, render_predicates
 
 __all__ = [
@@ -33,6 +35,8 @@ __all__ = [
     "quote",
     "structure",
     "where_sql",
+    "read_arrow_stream",
+    "write_arrow_stream",
 ]
 
 # A column kind (column_types.py) -> the ClickHouse type, always wrapped in Nullable().
@@ -243,3 +247,56 @@ def encode_json_rows(chunk: Sequence[Sequence[Any]]) -> bytes:
         return text.encode("utf-8", "surrogateescape")
     except (TypeError, ValueError):
         raise ConfigInvalid("a row holds a value the ClickHouse sink cannot encode") from None
+
+
+# ClickHouse type -> Arrow type; a blob column is bytes, every other column text, which
+# ClickHouse parses into its type (Date32, DateTime64, Decimal) as it parses JSON text.
+_ARROW_TYPES = {"Int64": "int64", "Float64": "float64", "Bool": "bool_"}
+
+
+def _arrow_type(column: Column) -> str:
+    if column.kind == "blob":
+        return "large_binary"
+    base = column_type(column).removeprefix("Nullable(").removesuffix(")")
+    return _ARROW_TYPES.get(base, "large_string")
+
+
+def write_arrow_stream(
+    path: str, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]], *, table: str
+) -> tuple[int, Iterator[Sequence[tuple]] | None]:
+    """Write the chunks to ``path`` as one Arrow IPC stream: the rows written, and ``None``,
+    or the rows not written once a block would not convert (a date or a ``Decimal`` object,
+    an integer beyond 64 bits): the caller then sends everything as JSON instead.
+
+    ClickHouse makes a block of each record batch and deduplicates a repeated INSERT block
+    by block; so the batches are ``_ARROW_BLOCK_ROWS`` rows each, whatever the chunks were,
+    and a retry that reads the same rows in other chunks is deduplicated too.
+    """
+    pa = arrow("the ClickHouse sink")
+    struct = row_type(pa, [(column.name, _arrow_type(column)) for column in columns])
+    rows, pending, remaining = 0, list[tuple](), iter(chunks)
+    with pa.OSFile(path, "wb") as file, pa.ipc.new_stream(file, pa.schema(struct)) as stream:
+        for chunk in itertools.chain(remaining, [[]]):  # the empty chunk flushes the rest
+            if chunk:
+                check_widths(chunk, len(columns), table)
+                pending.extend(chunk)
+            while pending and (len(pending) >= _ARROW_BLOCK_ROWS or not chunk):
+                block = pending[:_ARROW_BLOCK_ROWS]
+                batch = row_batch(pa, struct, block)
+                if batch is None:
+                    return rows, itertools.chain([pending], remaining)
+                stream.write_batch(batch)
+                rows += len(block)
+                del pending[:_ARROW_BLOCK_ROWS]
+    return rows, None
+
+
+def read_arrow_stream(path: str) -> Iterator[list[tuple]]:
+    """The rows of an Arrow stream file ``write_arrow_stream`` wrote, one list per batch."""
+    pa = arrow("the ClickHouse sink")
+    with pa.OSFile(path, "rb") as file:
+        for batch in pa.ipc.open_stream(file):
+            yield list(zip(*(column.to_pylist() for column in batch.columns), strict=True))
+
+
+_ARROW_BLOCK_ROWS = 65_536

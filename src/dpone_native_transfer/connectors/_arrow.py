@@ -1,0 +1,47 @@
+"""Row chunks as Arrow record batches: the bulk format DuckDB and chDB read natively.
+
+``pyarrow`` comes with the ``duckdb`` and ``clickhouse`` extras and is imported
+on first use. A batch is built in C from the row tuples (one struct array), not
+value by value in Python; a value Arrow cannot hold exactly as the column's
+type (an integer beyond 64 bits, text in a number column) makes the batch
+``None``, and the sink takes its slower exact route for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..drivers import import_driver
+from ..errors import ConfigInvalid
+
+__all__ = ["arrow", "check_widths", "row_batch", "row_type"]
+
+
+def arrow(needed_by: str) -> Any:
+    return import_driver("pyarrow", needed_by=needed_by)
+
+
+def row_type(pa: Any, columns: Sequence[tuple[str, str]]) -> Any:
+    """The struct type of one row from ``(name, type)`` pairs; a type is a pyarrow type
+    factory's name (``"int64"``). Engines that match a file's fields by name see the
+    columns' own names."""
+    return pa.struct((name, getattr(pa, kind)()) for name, kind in columns)
+
+
+def row_batch(pa: Any, struct: Any, rows: Sequence[tuple]) -> Any | None:
+    """``rows`` as one record batch of ``struct``, or ``None`` when a value does not convert
+    exactly (pyarrow refuses rather than truncates for every type this package asks for)."""
+    try:
+        return pa.RecordBatch.from_struct_array(pa.array(rows, type=struct))
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):  # UnicodeError is one
+        return None
+
+
+def check_widths(rows: Sequence[tuple], columns: int, table: str) -> None:
+    """Every row has one value per column: a ragged chunk is refused, never padded or cut."""
+    if len(set(map(len, rows))) != 1 or len(rows[0]) != columns:
+        raise ConfigInvalid(
+            f"rows for table {table!r} do not have one value per column",
+            diagnostics={"table": table, "columns": columns},
+        )
