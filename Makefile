@@ -36,8 +36,15 @@ clean:
 # The benchmark suite (benchmarks/, docs/performance.md): prints a table and writes
 # benchmarks/results/latest.json. Never part of `make test`. Quick smoke run:
 # $(BIN)/python -m benchmarks --quick
+# Section 7 compares with dlt, pinned, in a venv of its own (never a dependency of ours).
+# When it cannot be installed (no package index), the section prints why and skips dlt.
+DLT_VENV := benchmarks/work/dlt-venv
+DLT_PIN := 'dlt[duckdb,sql_database]==1.31.0' pyarrow==26.0.1 sqlalchemy==2.1.9
 .PHONY: bench
 bench: $(INSTALLED)
+	@test -x $(DLT_VENV)/bin/python || { $(PYTHON) -m venv $(DLT_VENV) && \
+		$(DLT_VENV)/bin/python -m pip install --quiet $(DLT_PIN); } || \
+		{ echo "dlt could not be installed: section 7 skips it"; rm -rf $(DLT_VENV); }
 	$(BIN)/python -m benchmarks
 
 # Long randomised fault-injection soak (about 12 minutes); not part of `make test` or CI.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import attrs
 
-from . import batch, memory, partitioning, scan, transfer
+from . import batch, memory, partitioning, peers, scan, transfer
 from ._common import FULL, QUICK, RESULTS, WORK, format_value, machine, print_table, verdict
 
 SECTIONS = {
@@ -25,6 +25,7 @@ SECTIONS = {
     "batch": batch.measure,  # 4 batch writes
     "memory": memory.measure,  # 5 peak RSS
     "partitioning": partitioning.measure,  # 6 range partitions against value partitions
+    "peers": peers.measure,  # 2b an unindexed source; 7 DuckDB and chDB, their own copy, dlt
 }
 
 

@@ -152,6 +152,23 @@ def source_db(rows: int, partitions: int) -> Path:
     )
 
 
+def unindexed_source_db(rows: int, partitions: int) -> Path:
+    """A cached source shaped like ``source_db``'s, but as real tables often are: the
+    partition column has no index and its values are spread over the table
+    (``region-%04d`` of ``id % partitions``), so a read of one partition scans it all."""
+    return cached_source(
+        f"orders-unindexed-{rows}-{partitions}",
+        [
+            f"CREATE TABLE {SOURCE_TABLE} (id INTEGER PRIMARY KEY, region TEXT NOT NULL,"
+            " amount REAL, updated_at INTEGER)",
+            f"INSERT INTO {SOURCE_TABLE} WITH RECURSIVE n(i) AS"
+            f" (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {rows})"
+            f" SELECT i, printf('region-%04d', i % {partitions}),"
+            " round(i * 1.25, 2), 1000000 + i FROM n",
+        ],
+    )
+
+
 def _git(*args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=REPO, capture_output=True, text=True, check=True

@@ -9,7 +9,7 @@ boundary give every path the same guard behaviour.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -25,7 +25,7 @@ from ..errors import ConfigInvalid, GovernanceGateFailed, PathContractBroken
 from ..events import EventName, EventRecorder
 from ..payloads import Column, RowChunks, SourceShape
 from ..stores import CheckpointStore
-from ._one_pass import spool_partitions, spooled_chunks
+from ._one_pass import one_pass, spool_partitions, spooled_chunks
 
 if TYPE_CHECKING:
     from ..lease import Lease
@@ -114,12 +114,52 @@ class PathContext:
             chunks = self.source.read(candidate.partition_bounds, chunk_rows=rows)
         if self.edge is not None:
             chunks = self.edge.rows(candidate, chunks)
+        return self._carry(chunks)
+
+    def _carry(self, chunks: Iterable[Sequence[tuple]]) -> Iterable[Sequence[tuple]]:
         if self._carriers is None:
             self._carriers = _carriers(self.sink, self.shape.columns)
         if not self._carriers:
             return chunks
         target = type(self.sink).__name__.removesuffix("Sink")
         return carried_chunks(chunks, self._carriers, target=target)
+
+    def extract(self) -> Iterator[Sequence[tuple]]:
+        """Every candidate's rows, carried for the sink, recording each one's count
+        (``extracted``) once its rows have all passed.
+
+        From a source that reads the attempt in one scan (``OnePassReading``), the
+        chunks come straight from that scan, partitions interleaved in scan order,
+        and nothing is spooled; otherwise partition by partition, as ``read`` gives
+        them. An append route whose cursor edge is tracked reads partition by partition.
+        """
+        scan = None
+        if self.edge is None:
+            scan = one_pass(self.source, self.candidates, self.spec.chunk_rows)
+        if scan is None:
+            for index, candidate in enumerate(self.candidates):
+                rows = 0
+                for chunk in self.read(candidate):
+                    rows += len(chunk)
+                    yield chunk
+                self.extracted(index, rows)
+            return
+        counts = [0] * len(self.candidates)
+
+        def chunks() -> Iterator[list[tuple]]:  # the scan's small groups, joined again
+            pending: list[tuple] = []
+            for index, rows in scan:
+                counts[index] += len(rows)
+                pending.extend(rows)
+                if len(pending) >= self.spec.chunk_rows:
+                    yield pending
+                    pending = []
+            if pending:
+                yield pending
+
+        yield from self._carry(chunks())
+        for index, rows in enumerate(counts):
+            self.extracted(index, rows)
 
     def row_chunks(self, chunks: Iterable[Sequence[tuple]]) -> RowChunks:
         return RowChunks(columns=self.shape.columns, chunks=chunks, replace=self.replace)

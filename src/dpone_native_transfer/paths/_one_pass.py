@@ -17,20 +17,27 @@ from ..artifacts import create_private, read_chunks, write_chunks
 from ..checkpoints import PartitionCheckpoint
 from ..connectors.contract import OnePassReading, Source
 
-__all__ = ["MAX_SPOOLED_PARTITIONS", "spool_partitions", "spooled_chunks"]
+__all__ = ["MAX_SPOOLED_PARTITIONS", "one_pass", "spool_partitions", "spooled_chunks"]
 
 # One open file per partition while the scan runs: beyond this, each partition is read on its own.
 MAX_SPOOLED_PARTITIONS = 256
+
+
+def one_pass(
+    source: Source, candidates: Sequence[PartitionCheckpoint], chunk_rows: int
+) -> Iterator[tuple[int, list[tuple]]] | None:
+    """The source's one scan of the candidates, ``(candidate index, rows)``, or None."""
+    if not (isinstance(source, OnePassReading) and 2 <= len(candidates) <= MAX_SPOOLED_PARTITIONS):
+        return None
+    bounds = [candidate.partition_bounds for candidate in candidates]
+    return source.read_partitions(bounds, chunk_rows=chunk_rows)
 
 
 def spool_partitions(
     source: Source, candidates: Sequence[PartitionCheckpoint], work_dir: Path, chunk_rows: int
 ) -> dict[str, Path]:
     """Each candidate's spool file, after one scan; ``{}`` when the source reads them apart."""
-    if not (isinstance(source, OnePassReading) and 2 <= len(candidates) <= MAX_SPOOLED_PARTITIONS):
-        return {}
-    bounds = [candidate.partition_bounds for candidate in candidates]
-    scan = source.read_partitions(bounds, chunk_rows=chunk_rows)
+    scan = one_pass(source, candidates, chunk_rows)
     if scan is None:
         return {}
     files = [work_dir / f"{candidate.partition_id}.scan" for candidate in candidates]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-
 from ..connectors.contract import Staging
 from . import PathContext
 
@@ -15,15 +13,7 @@ def staged_path(ctx: PathContext) -> int:
     if not isinstance(sink, Staging):
         raise ctx.lacks("a staging table")
 
-    def counted_chunks() -> Iterator[Sequence[tuple]]:
-        for index, candidate in enumerate(ctx.candidates):
-            rows = 0
-            for chunk in ctx.read(candidate):
-                rows += len(chunk)
-                yield chunk
-            ctx.extracted(index, rows)
-
-    sink.stage(ctx.row_chunks(counted_chunks()))
+    sink.stage(ctx.row_chunks(ctx.extract()))
     try:
         ctx.check_governance(sink.staged_row_count())
     except BaseException:

@@ -1,0 +1,234 @@
+"""Sections 2b and 7: an unindexed source, and the analytical engines against their peers.
+
+The source is ``unindexed_source_db``: 1,000,000 rows whose 100 partitions are
+spread over the table with no index on the partition column.
+
+- **2b** SQLite -> SQLite: legacy, staged and file-artifact against the bare
+  ``fetchmany``/``executemany`` copy, lazy-plan against the bare ``ATTACH`` +
+  ``INSERT ... SELECT`` (section 2's baselines, on this source).
+- **7** SQLite -> DuckDB and SQLite -> chDB: each path against the engine's own
+  copy of the file (DuckDB ``CREATE TABLE AS SELECT * FROM sqlite_scan``, chDB
+  ``INSERT ... SELECT FROM sqlite()``), and on DuckDB against dlt's
+  ``sql_database`` with its pyarrow backend, run by ``_dlt_child.py`` in a
+  venv of its own (``make bench`` makes it; dlt is never our dependency).
+
+Every case runs once per round, rounds alternate the cases (A B C ... A B C),
+and each ratio is the median of the per-round ratios. Transfers are guarded,
+with the target ledger on (the default), into fresh files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from dpone_native_transfer import SQLiteCheckpointStore, SQLiteSource, TransferRuntime, TransferSpec
+from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
+from dpone_native_transfer.connectors.duckdb import DuckDBSink, _sqlite_extension
+
+from ._common import (
+    CHUNK_ROWS,
+    PARTITION_COLUMN,
+    PATHS,
+    REPO,
+    SOURCE_TABLE,
+    TARGET_TABLE,
+    WORK,
+    Row,
+    Sizes,
+    log,
+    median,
+    scratch,
+    timed,
+    unindexed_source_db,
+)
+from .transfer import RUNTIME_LIMITS, bare_attach, bare_copy, run_transfer
+
+ENGINE_LIMITS = {
+    "duckdb": {"lazy-plan": 1.25, "other": 2.0},
+    "chdb": {"lazy-plan": 1.25, "other": 2.5},
+}
+OWN_COPY = {
+    "duckdb": "CREATE TABLE AS SELECT FROM sqlite_scan",
+    "chdb": "INSERT ... SELECT FROM sqlite()",
+}
+DLT_SHARE = 0.25  # every path at least 4x faster than dlt
+DLT_PYTHON = Path(os.environ.get("DPONE_BENCH_DLT_PYTHON", WORK / "dlt-venv" / "bin" / "python"))
+
+
+def _engine_transfer(source: Path, engine: str, path: str, rows: int) -> float:
+    """One guarded transfer into a fresh DuckDB file or chDB data path."""
+    with scratch(f"peers-{engine}-{path}") as folder:
+        store = SQLiteCheckpointStore(folder / "checkpoints.db")
+        sink = (
+            DuckDBSink(folder / "target.duckdb", TARGET_TABLE)
+            if engine == "duckdb"
+            else ClickHouseSink(folder / "chdb", TARGET_TABLE)
+        )
+        try:
+            spec = TransferSpec(
+                source=SQLiteSource(source, SOURCE_TABLE, PARTITION_COLUMN),
+                sink=sink,
+                strategy="full_refresh",
+                path=path,
+                run_id="bench-run",
+                chunk_rows=CHUNK_ROWS,
+            )
+            runtime = TransferRuntime(store)
+            seconds, result = timed(lambda: runtime.run(spec))
+        finally:
+            store.close()
+    if result.rows_loaded != rows:
+        raise AssertionError(f"{engine} {path}: loaded {result.rows_loaded} rows, not {rows}")
+    return seconds
+
+
+def _duckdb_native(source: Path, rows: int) -> float:
+    import duckdb
+
+    with scratch("peers-duckdb-native") as folder:
+        conn = duckdb.connect(str(folder / "target.duckdb"))
+        try:
+            conn.execute("LOAD '" + _sqlite_extension(duckdb) + "'")
+            scan = f"sqlite_scan('{source}', '{SOURCE_TABLE}')"
+            seconds, _ = timed(lambda: conn.execute(f"CREATE TABLE t AS SELECT * FROM {scan}"))
+            copied = conn.execute("SELECT count(*) FROM t").fetchone()[0]
+        finally:
+            conn.close()
+    if copied != rows:
+        raise AssertionError(f"DuckDB's own copy: {copied} rows, not {rows}")
+    return seconds
+
+
+def _chdb_native(source: Path, rows: int) -> float:
+    from chdb import session
+
+    with scratch("peers-chdb-native") as folder:
+        chdb = session.Session(str(folder / "chdb"))
+        try:
+            chdb.query(
+                "CREATE TABLE t (id Nullable(Int64), region Nullable(String),"
+                " amount Nullable(Float64), updated_at Nullable(Int64))"
+                " ENGINE = MergeTree ORDER BY tuple()"
+            )
+            insert = f"INSERT INTO t SELECT * FROM sqlite('{source}', '{SOURCE_TABLE}')"
+            seconds, _ = timed(lambda: chdb.query(insert))
+            copied = int(chdb.query("SELECT count() FROM t", "CSV").bytes())
+        finally:
+            chdb.close()
+    if copied != rows:
+        raise AssertionError(f"chDB's own copy: {copied} rows, not {rows}")
+    return seconds
+
+
+def _dlt(source: Path, rows: int) -> float:
+    with scratch("peers-dlt") as folder:
+        done = subprocess.run(
+            [str(DLT_PYTHON), str(REPO / "benchmarks" / "_dlt_child.py"), str(source),
+             SOURCE_TABLE, str(folder / "target.duckdb"), str(folder / "dlt")],
+            capture_output=True, text=True, check=True, timeout=600,
+        )  # fmt: skip
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if result["rows"] != rows:
+        raise AssertionError(f"dlt: {result['rows']} rows, not {rows}")
+    return result["seconds"]
+
+
+def _dlt_missing() -> str | None:
+    """Why dlt cannot run here, or None."""
+    if not DLT_PYTHON.exists():
+        return "no dlt venv: make bench creates it (or set DPONE_BENCH_DLT_PYTHON)"
+    return None
+
+
+def _rounds(cases: dict[str, Callable[[], float]], runs: int) -> dict[str, list[float]]:
+    """Each case once per round, ``runs`` rounds after one warm-up round that is dropped."""
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for round_number in range(runs + 1):
+        for name, case in cases.items():
+            seconds = case()
+            if round_number:
+                times[name].append(seconds)
+        log(f"peers: round {round_number} of {runs} done")
+    return times
+
+
+def _ratio(times: dict[str, list[float]], case: str, baseline: str) -> float:
+    return median([a / b for a, b in zip(times[case], times[baseline], strict=True)])
+
+
+def measure(sizes: Sizes) -> tuple[list[Row], dict]:
+    rows_total, partitions = sizes.transfer_rows, sizes.transfer_partitions
+    source = unindexed_source_db(rows_total, partitions)
+    size = f"{rows_total:,} rows / {partitions} unindexed partitions"
+    rows: list[Row] = []
+    raw: dict = {"source_rows": rows_total, "partitions": partitions}
+
+    sqlite_cases: dict[str, Callable[[], float]] = {
+        "bare-copy": lambda: bare_copy(source, rows=rows_total),
+        "bare-attach": lambda: bare_attach(source, rows=rows_total),
+        **{
+            path: (lambda path=path: run_transfer(source, path, guarded=True, rows=rows_total)[0])
+            for path in PATHS
+        },
+    }
+    sqlite_times = _rounds(sqlite_cases, sizes.runs)
+    raw["sqlite"] = sqlite_times
+    for path in PATHS:
+        baseline = "bare-attach" if path == "lazy-plan" else "bare-copy"
+        ratio, limit = _ratio(sqlite_times, path, baseline), RUNTIME_LIMITS[path]
+        rows.append(
+            Row("2b unindexed source", f"{path} (guarded) vs {baseline} ({size})",
+                median(sqlite_times[path]), "s", median(sqlite_times[baseline]), ratio,
+                f"<= {limit}", ratio <= limit)
+        )  # fmt: skip
+
+    dlt_missing = _dlt_missing()
+    raw["dlt_skipped"] = dlt_missing
+    for engine, native in (("duckdb", _duckdb_native), ("chdb", _chdb_native)):
+        cases: dict[str, Callable[[], float]] = {
+            "native": lambda native=native: native(source, rows_total)
+        }
+        for path in PATHS:
+            cases[path] = lambda path=path, engine=engine: _engine_transfer(
+                source, engine, path, rows_total
+            )
+        if engine == "duckdb" and dlt_missing is None:
+            cases["dlt"] = lambda: _dlt(source, rows_total)
+        times = _rounds(cases, sizes.runs)
+        raw[engine] = times
+        name = {"duckdb": "DuckDB", "chdb": "chDB"}[engine]
+        own = OWN_COPY[engine]
+        for path in PATHS:
+            limit = ENGINE_LIMITS[engine]["lazy-plan" if path == "lazy-plan" else "other"]
+            ratio = _ratio(times, path, "native")
+            rows.append(
+                Row(f"7 peers ({name})", f"{path} (guarded, ledger) vs {name}'s own {own}",
+                    median(times[path]), "s", median(times["native"]), ratio,
+                    f"<= {limit}", ratio <= limit)
+            )  # fmt: skip
+        if engine == "duckdb":
+            if dlt_missing is not None:
+                print(f"section 7: dlt rows skipped: {dlt_missing}", flush=True)
+                continue
+            version = _dlt_version()
+            raw["dlt_version"] = version
+            for path in PATHS:
+                ratio = _ratio(times, path, "dlt")
+                rows.append(
+                    Row("7 peers (DuckDB)", f"{path} vs dlt {version} sql_database (pyarrow)",
+                        median(times[path]), "s", median(times["dlt"]), ratio,
+                        f"<= {DLT_SHARE}", ratio <= DLT_SHARE)
+                )  # fmt: skip
+    return rows, raw
+
+
+def _dlt_version() -> str:
+    done = subprocess.run(
+        [str(DLT_PYTHON), "-c", "import dlt; print(dlt.__version__)"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
