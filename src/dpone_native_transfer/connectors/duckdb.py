@@ -5,10 +5,11 @@ before returning (DuckDB lets one process at a time write a file), and every
 load is one transaction. ``duckdb`` is the optional ``duckdb`` extra, imported
 on first use.
 
-Rows reach DuckDB without ``executemany`` (a statement per row, about 2,000
-rows/s): each batch of rows goes in as one ``INSERT ... SELECT UNNEST($1),
-UNNEST($2), ...`` with one list per column, each value carried exactly by its
-column's kind (:func:`duckdb_carrier`). A lazy plan over a SQLite source is
+Rows reach DuckDB in bulk, never by ``executemany`` (a statement per row,
+about 2,000 rows/s): each batch of rows is one Arrow record batch DuckDB reads
+itself, or, when Arrow cannot hold a value of it exactly, one ``INSERT ...
+SELECT UNNEST($1), UNNEST($2), ...`` with one list per column; each value is
+carried exactly by its column's kind (:func:`duckdb_carrier`). A lazy plan over a SQLite source is
 pulled by the ``sqlite_scanner`` extension, loaded from the ``duckdb-extension-sqlite-scanner``
 wheel's file, never downloaded. Errors raised here on purpose name tables
 only, never a file path, SQL or a DuckDB message.

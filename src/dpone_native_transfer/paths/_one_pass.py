@@ -2,9 +2,11 @@
 
 Without an index on the partition column, reading each partition on its own
 scans the whole table once per partition. When the source can split one scan
-exactly, the rows are spooled to one private file per partition in the run's
-work folder as they arrive (memory stays one chunk), and each partition is then
-read back from its file, in the order and chunk size a read of its own gives.
+exactly, a path that takes the rows in any order takes the scan as it comes
+(``PathContext.extract``); for a path that reads partition by partition, the
+rows are spooled to one private file per partition in the run's work folder as
+they arrive (memory stays one chunk), and each partition is then read back from
+its file, in the order and chunk size a read of its own gives.
 """
 
 from __future__ import annotations
