@@ -239,6 +239,16 @@ def test_rows_of_the_wrong_width_are_refused(sink):
     assert sink.row_count() == 0
 
 
+@pytest.mark.parametrize("table", ["__dpone_rows", "__dpone_rows_0", "main.__dpone_rows"])
+def test_a_target_named_like_the_bulk_batch_loads_on_every_row_call(tmp_path, table):
+    """Each Arrow batch is registered under a name of its own, never one a table can have."""
+    sink = DuckDBSink(tmp_path / "target.duckdb", table)
+    assert sink.load(_chunks()) == len(ROWS)
+    assert sink.stage(_chunks()) == len(ROWS)
+    assert sink.finalize_staged_load(replace=True) == len(ROWS)
+    assert sink.rows() == list(ROWS)
+
+
 # --- configuration errors ---------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -541,16 +542,16 @@ def _insert_rows(
         if batch is None:
             written += _unnest_batch(conn, table, names, rows)
             continue
-        conn.register(_ARROW_VIEW, batch)
+        view = f"__dpone_rows_{secrets.token_hex(8)}"  # never the name of a table of the file
+        conn.register(view, batch)
         try:
-            sql = f"INSERT INTO {table.sql()} ({names}) SELECT * FROM {_ARROW_VIEW}"
+            sql = f"INSERT INTO {table.sql()} ({names}) SELECT * FROM {quote(view)}"
             written += conn.execute(sql).fetchone()[0]
         finally:
-            conn.unregister(_ARROW_VIEW)
+            conn.unregister(view)
     return written
 
 
-_ARROW_VIEW = "__dpone_rows"
 _ARROW_TYPES = {"BIGINT": "int64", "DOUBLE": "float64", "BOOLEAN": "bool_", "BLOB": "large_binary"}
 
 
