@@ -74,11 +74,11 @@ from .sql import (
 __all__ = ["ClickHouseSink"]
 
 _FRESH_PREFIX = "_dpone_new_"
-# ClickHouse's sqlite() engine quotes SQLite identifiers its own way: a backslash or a double
-# quote in a name reads a wrong column (or its name as a string) or fails; checked on chDB 4.4.
 # A lazy plan's partitions per INSERT ... SELECT: without an index, each statement reads the
 # whole SQLite file, and 256 OR-ed conditions stay far below ClickHouse's max_query_size.
 _PLAN_BOUNDS_PER_INSERT = 256
+# ClickHouse's sqlite() engine quotes SQLite identifiers its own way: a backslash or a double
+# quote in a name reads a wrong column (or its name as a string) or fails; checked on chDB 4.4.
 _SQLITE_FUNCTION_UNSAFE = re.compile(r'[\\"\x00-\x1f\x7f]')
 
 Fill = Callable[[ClickHouseClient, TableName, "_Tokens"], int]

@@ -252,6 +252,7 @@ def encode_json_rows(chunk: Sequence[Sequence[Any]]) -> bytes:
 # ClickHouse type -> Arrow type; a blob column is bytes, every other column text, which
 # ClickHouse parses into its type (Date32, DateTime64, Decimal) as it parses JSON text.
 _ARROW_TYPES = {"Int64": "int64", "Float64": "float64", "Bool": "bool_"}
+_ARROW_BLOCK_ROWS = 65_536  # rows per record batch, so per block (write_arrow_stream)
 
 
 def _arrow_type(column: Column) -> str:
@@ -297,6 +298,3 @@ def read_arrow_stream(path: str) -> Iterator[list[tuple]]:
     with pa.OSFile(path, "rb") as file:
         for batch in pa.ipc.open_stream(file):
             yield list(zip(*(column.to_pylist() for column in batch.columns), strict=True))
-
-
-_ARROW_BLOCK_ROWS = 65_536
