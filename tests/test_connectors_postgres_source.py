@@ -15,7 +15,7 @@ import pytest
 from helpers.postgres_server import postgres_url
 from helpers.routes import Route
 
-from dpone_native_transfer import TransferRuntime, TransferSpec
+from dpone_native_transfer import SQLiteCheckpointStore, TransferRuntime, TransferSpec
 from dpone_native_transfer.connectors import SQLiteSink
 from dpone_native_transfer.connectors.duckdb import DuckDBSink
 from dpone_native_transfer.connectors.postgres import PostgresSource
@@ -347,6 +347,119 @@ def _sqlite_value(row: tuple) -> tuple:
 
 def _expected(sink_kind: str, rows: list[tuple]) -> list[tuple]:
     return sorted(rows if sink_kind == "duckdb" else [_sqlite_value(row) for row in rows])
+
+
+# --- one scan of every partition (OnePassReading) -----------------------------------------
+
+
+def _split(source: PostgresSource, bounds: list[dict[str, Any]]) -> dict[int, list] | None:
+    scan = source.read_partitions(bounds, chunk_rows=2)
+    if scan is None:
+        return None
+    got: dict[int, list] = {}
+    for index, rows in scan:
+        assert 0 < len(rows) <= 2
+        got.setdefault(index, []).extend(rows)
+    return {i: sorted(rows, key=repr) for i, rows in got.items()}
+
+
+def _each_read(source: PostgresSource, bounds: list[dict[str, Any]]) -> dict[int, list]:
+    reads = {i: [r for c in source.read(b) for r in c] for i, b in enumerate(bounds)}
+    return {i: sorted(rows, key=repr) for i, rows in reads.items() if rows}
+
+
+@pytest.mark.parametrize(
+    ("declared", "stored", "bounds"),
+    [
+        ("text", ["a", "A", "a ", "", None, "é"], ["a", "A", "a ", "", None, "é", "zz"]),
+        ('text COLLATE "C"', ["b", "B", None], ["b", "B"]),
+        ("numeric(6,2)", ["1.00", "2.5", None], ["1.0", "2.50", None]),  # equal on the server
+        ("integer", [1, 2, 3, None], ["1", 2, "03"]),  # text bounds: a retry's JSON
+        ("date", ["2024-01-01", "2024-02-29"], ["2024-01-01", "2024-02-29"]),
+        ("boolean", [True, False, None], [True, False, None]),
+    ],
+)
+def test_one_scan_gives_each_partition_exactly_its_own_reads_rows(table, declared, stored, bounds):
+    """The server's own ``=`` routes every row, so spellings Python would not match (``'1.0'``
+    and ``1.00``, ``'03'`` and 3) land where each partition's own read puts them."""
+    table.execute(f'CREATE TABLE "{table.schema}".p (id serial, part {declared}, cur integer)')
+    for cur, value in enumerate(stored * 3):
+        table.execute(f'INSERT INTO "{table.schema}".p (part, cur) VALUES (%s, %s)', (value, cur))
+    source = PostgresSource(table.url, f"{table.schema}.p", "part", "cur")
+    for window in ({}, {"cursor_after": 2, "cursor_upto": 12}):
+        partitions = [{"partition": value, **window} for value in bounds]
+        got = _split(source, partitions)
+        assert got is not None and got == _each_read(source, partitions)
+
+
+def test_the_planner_chooses_one_scan_unless_the_reads_are_cheaper_or_cannot_be_told_apart(
+    table,
+):
+    table.execute(
+        f'CREATE TABLE "{table.schema}".big AS SELECT i AS id, i % 1000 AS part'
+        " FROM generate_series(1, 20000) AS i"
+    )
+    table.execute(f'ANALYZE "{table.schema}".big')
+    source = PostgresSource(table.url, f"{table.schema}.big", "part")
+    few = [{"partition": 3}, {"partition": 7}]
+    assert _split(source, few) == _each_read(source, few)  # no index: one scan
+    table.execute(f'CREATE INDEX ON "{table.schema}".big (part)')
+    table.execute(f'ANALYZE "{table.schema}".big')
+    assert _split(source, few) == _each_read(source, few)  # one scan of the index (BitmapOr)
+    assert source.read_partitions([{"partition": 3}, {"partition": 3}]) is None  # one twice
+    assert source.read_partitions([{"partition": 3}]) is None
+    ranges = [{"partition_from": None, "partition_below": 5}, {"partition_from": 5}]
+    assert source.read_partitions(ranges) is None
+
+    table.execute(
+        f'CREATE TABLE "{table.schema}".split (id integer, part integer) PARTITION BY LIST (part)'
+    )
+    for value in (3, 7):
+        table.execute(
+            f'CREATE TABLE "{table.schema}".split_{value} PARTITION OF "{table.schema}".split'
+            f" FOR VALUES IN ({value})"
+        )
+    table.execute(
+        f'INSERT INTO "{table.schema}".split SELECT i, 3 + 4 * (i % 2)'
+        " FROM generate_series(1, 20000) AS i"
+    )
+    table.execute(f'ANALYZE "{table.schema}".split')
+    split_source = PostgresSource(table.url, f"{table.schema}.split", "part")
+    assert split_source.read_partitions(few) is None  # each read prunes to its own table
+
+
+class CountingPostgresSource(PostgresSource):
+    """The real source, counting the partitions it reads on their own."""
+
+    reads = 0
+
+    def read(self, bounds: Any, *, chunk_rows: int = 10_000) -> Any:
+        type(self).reads += 1
+        return super().read(bounds, chunk_rows=chunk_rows)
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+def test_an_unindexed_postgres_source_is_scanned_once_and_every_row_lands_once(
+    tmp_path, table, path
+):
+    table.execute(
+        f"INSERT INTO \"{table.schema}\".orders (id, region) SELECT i, (ARRAY['a', 'b',"
+        " NULL])[1 + i % 3] FROM generate_series(100, 2099) AS i"
+    )
+    CountingPostgresSource.reads = 0
+    source = CountingPostgresSource(table.url, table.name, "region")
+    sink = SQLiteSink(tmp_path / "target.db", "orders_copy")
+    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
+    try:
+        spec = TransferSpec(
+            source=source, sink=sink, strategy="full_refresh", path=path, run_id="r"
+        )
+        result = TransferRuntime(store).run(spec)
+    finally:
+        store.close()
+    ids = [row[0] for row in table.execute(f'SELECT id FROM "{table.schema}".orders')]
+    assert (result.rows_loaded, CountingPostgresSource.reads) == (len(ids), 0)
+    assert_rows_exactly_once(ids, [row[0] for row in sink.rows()])
 
 
 @pytest.fixture(params=["sqlite", "duckdb"])

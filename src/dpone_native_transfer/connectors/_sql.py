@@ -44,6 +44,7 @@ __all__ = [
     "difference",
     "edge_where",
     "identifier",
+    "one_value_partitions",
     "parse_table",
     "payload_refused",
     "quote",
@@ -313,6 +314,24 @@ def edge_where(
     if nulls:
         conditions.append(f"{cursor} IS NULL")
     return " OR ".join(conditions), params
+
+
+def one_value_partitions(
+    bounds: Sequence[Mapping[str, Any]], *, partition_column: str, cursor_column: str | None
+) -> tuple[list[Predicate], tuple[Predicate, ...]] | None:
+    """Each bound's partition predicate and the cursor window they share, when one scan can
+    split them (``OnePassReading``): two or more bounds, each one partition value (``=`` or
+    ``IS NULL``), all in the same window. None for key ranges, mixed windows, or one bound."""
+    predicates = [
+        bound_predicates(b, partition_column=partition_column, cursor_column=cursor_column)
+        for b in bounds
+    ]
+    window = predicates[0][1:] if predicates else ()
+    if len(bounds) < 2 or not all(
+        p[0].op in ("=", "IS NULL") and p[1:] == window for p in predicates
+    ):
+        return None
+    return [p[0] for p in predicates], window
 
 
 def render_predicates(

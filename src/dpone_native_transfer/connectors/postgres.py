@@ -26,7 +26,7 @@ connection or SQL failure is ``SourceInvalid`` naming the table only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..checkpoints import sha256_digest
@@ -40,9 +40,11 @@ from ._sql import (
     bounds_where,
     check_chunk_rows,
     edge_where,
+    one_value_partitions,
     quote,
     range_cuts_sql,
     range_partitions,
+    render_predicates,
 )
 from .contract import DEFAULT_CHUNK_ROWS
 
@@ -281,6 +283,48 @@ class PostgresSource(TableSource):
             conn.close()
             cursor.close()  # after the connection: nothing is left to send to the server
 
+    def read_partitions(
+        self, bounds: Sequence[Mapping[str, Any]], *, chunk_rows: int = DEFAULT_CHUNK_ROWS
+    ) -> Iterator[tuple[int, list[tuple]]] | None:
+        """``OnePassReading``: partitions of one value each, all in the same cursor window, in
+        one scan, when the server's planner costs that scan below the partitions' own reads
+        together (``EXPLAIN``: an index to seek, or a table partitioned on the column, keeps
+        the reads). The server decides each row's
+        partition with the very conditions each read uses (``CASE WHEN k = $1 THEN 0 ...``),
+        so its own ``=``, types and collation route the rows, never Python's."""
+        check_chunk_rows(chunk_rows)
+        split = one_value_partitions(
+            bounds, partition_column=self.partition_column, cursor_column=self.cursor_column
+        )
+        if split is None:
+            return None
+        partitions, window = split
+        values = [p.value for p in partitions]
+        if len({(type(v), v) for v in values}) < len(values):
+            return None  # a partition twice: leave it to the reads
+        columns = self.describe().columns
+        tests = [self._render([p]) for p in partitions]
+        route = " ".join(f"WHEN {sql} THEN {i}" for i, (sql, _) in enumerate(tests))
+        within, window_params = self._render(window)
+        any_partition = " OR ".join(sql for sql, _ in tests)
+        sql = (
+            f"SELECT {', '.join(_value(column) for column in columns)}, CASE {route} END"
+            f" FROM {self._relation} WHERE {within + ' AND ' if within else ''}({any_partition})"
+        )
+        test_params = [value for _, test in tests for value in test]
+        params = [*test_params, *window_params, *test_params]
+
+        def cheaper(conn: Any) -> bool:
+            reads = sum(_cost(conn, *self._select(columns, b)) for b in bounds)
+            return _cost(conn, sql, params) < reads
+
+        if not self._query(cheaper):
+            return None
+        return _routed(self._chunks(sql, params, chunk_rows))
+
+    def _render(self, predicates: Iterable[Any]) -> tuple[str, list[Any]]:
+        return render_predicates(predicates, marker="%s", name=_name)
+
     def edge_rows(
         self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = DEFAULT_CHUNK_ROWS
     ) -> Iterator[list[tuple]]:
@@ -296,6 +340,21 @@ class PostgresSource(TableSource):
         where, params = self._where(bounds)
         sql = f"SELECT count(*) FROM {self._relation} WHERE {where}"
         return self._query(lambda conn: conn.execute(sql, params).fetchone()[0])
+
+
+def _cost(conn: Any, sql: str, params: Sequence[Any]) -> float:
+    """The planner's total cost of ``sql`` (``EXPLAIN``; nothing runs)."""
+    plan = conn.execute(f"EXPLAIN (FORMAT JSON) {sql}", params).fetchone()[0]
+    return float(plan[0]["Plan"]["Total Cost"])
+
+
+def _routed(chunks: Iterable[list[tuple]]) -> Iterator[tuple[int, list[tuple]]]:
+    """Each chunk's rows grouped by the partition index the server put last in every row."""
+    for chunk in chunks:
+        groups: dict[int, list[tuple]] = {}
+        for row in chunk:
+            groups.setdefault(row[-1], []).append(row[:-1])
+        yield from groups.items()
 
 
 def _session(conn: Any) -> Any:

@@ -33,7 +33,7 @@ from ..ledger import (
     ledger_query,
     ledger_table_sql,
 )
-from ..payloads import Column, LoadPlan, RowChunks, SourceShape, bound_predicates
+from ..payloads import Column, LoadPlan, RowChunks, SourceShape
 from ._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -45,6 +45,7 @@ from ._sql import (
     check_target_table,
     difference,
     edge_where,
+    one_value_partitions,
     parse_table,
     payload_refused,
     range_cuts_sql,
@@ -438,16 +439,12 @@ class SQLiteSource(TableSource):
         would match it: the values pass through a column of the partition column's declared
         type first, so they get the same affinity conversion a bound parameter gets."""
         check_chunk_rows(chunk_rows)
-        predicates = [
-            bound_predicates(
-                b, partition_column=self.partition_column, cursor_column=self.cursor_column
-            )
-            for b in bounds
-        ]
-        window = predicates[0][1:] if predicates else ()
-        one_value = all(p[0].op in ("=", "IS NULL") and p[1:] == window for p in predicates)
-        if len(bounds) < 2 or not one_value:  # a key range, an edge partition, mixed windows
+        split = one_value_partitions(
+            bounds, partition_column=self.partition_column, cursor_column=self.cursor_column
+        )
+        if split is None:
             return None
+        partitions, window = split
         key, table = self._ref(self.partition_column), _quote(self.table)
         columns = self.describe().columns
         with self.reader() as conn:
@@ -457,7 +454,7 @@ class SQLiteSource(TableSource):
                 return None
             position = [column.name for column in columns].index(self.partition_column)
             declared = parsed_type(columns[position].decltype)
-            values = _as_stored(conn, declared, [p[0].value for p in predicates])
+            values = _as_stored(conn, declared, [p.value for p in partitions])
         route: dict[Any, int] = {}
         for index, value in enumerate(values):
             if route.setdefault(value, index) != index:
