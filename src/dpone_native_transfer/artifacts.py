@@ -26,7 +26,14 @@ from typing import Any, BinaryIO
 
 from .errors import ArtifactInvalid
 
-__all__ = ["create_private", "file_sha256", "read_chunks", "write_chunks"]
+__all__ = [
+    "DigestReader",
+    "check_digest",
+    "create_private",
+    "file_sha256",
+    "read_chunks",
+    "write_chunks",
+]
 
 _READ_BLOCK = 1 << 20
 _LENGTH = struct.Struct(">Q")
@@ -87,16 +94,60 @@ def read_chunks(path: Path, sha256: str | None = None) -> Iterator[list[tuple]]:
             offset += _LENGTH.size + size
             yield chunk
     if sha256 is not None and "sha256:" + digest.hexdigest() != sha256:
-        raise ArtifactInvalid(
-            "a spool or artifact file changed after it was written (its digest differs)",
-            diagnostics={"file": path.name},
-        )
+        raise _changed(path)
+
+
+class DigestReader:
+    """A file read by a reader of another format (pyarrow), hashing every byte it takes:
+    ``verify()`` after the last read hashes what is left and raises ``ArtifactInvalid`` when
+    the file differs from ``sha256``, so the digest covers exactly what was loaded."""
+
+    def __init__(self, path: Path, sha256: str) -> None:
+        self._handle = open(path, "rb")  # noqa: SIM115 - closed by close() / the with block
+        self._path, self._sha256, self._digest = path, sha256, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._handle.read(size)
+        self._digest.update(data)
+        return data
+
+    def verify(self) -> None:
+        while self.read(_READ_BLOCK):  # what the reader left, trailing bytes included
+            pass
+        if "sha256:" + self._digest.hexdigest() != self._sha256:
+            raise _changed(self._path)
+
+    @property
+    def closed(self) -> bool:
+        return self._handle.closed
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> DigestReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def create_private(path: Path) -> BinaryIO:
     """Open a new file for writing: never an existing one, never through a symlink."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     return os.fdopen(os.open(path, flags, 0o600), "wb")
+
+
+def check_digest(path: Path, sha256: str) -> None:
+    """``ArtifactInvalid`` unless the whole file has the digest ``sha256``."""
+    if file_sha256(path) != sha256:
+        raise _changed(path)
+
+
+def _changed(path: Path) -> ArtifactInvalid:
+    return ArtifactInvalid(
+        "a spool or artifact file changed after it was written (its digest differs)",
+        diagnostics={"file": path.name},
+    )
 
 
 def _truncated(path: Path, offset: int, expected: int, got: int, part: str) -> ArtifactInvalid:

@@ -7,6 +7,7 @@ same payloads.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Column",
+    "LoadFile",
+    "LoadFiles",
     "LoadPlan",
     "Predicate",
     "RowChunks",
@@ -90,6 +93,29 @@ class LoadPlan:
     columns: tuple[Column, ...]
     bounds: tuple[Mapping[str, Any], ...]
     replace: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class LoadFile:
+    """One file of rows a path wrote before the target call, and the digest of its bytes.
+
+    ``native``: the sink's own format (``NativeFiles.write_load_file``), which its
+    engine reads itself; otherwise the runtime's spool format (``artifacts.read_chunks``).
+    """
+
+    path: Path
+    rows: int
+    sha256: str
+    native: bool
+
+
+@attrs.frozen(kw_only=True)
+class LoadFiles(RowChunks):
+    """Rows already in files a path wrote before the target call. A ``NativeFiles`` sink loads
+    the files themselves, so the call only reads them; any other sink takes ``chunks``, the
+    spool files' rows (only a ``NativeFiles`` sink is ever given native files)."""
+
+    files: tuple[LoadFile, ...]
 
 
 # A full refresh's upper cursor bound: at most the value, or NULL.

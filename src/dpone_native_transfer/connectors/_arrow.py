@@ -9,13 +9,16 @@ type (an integer beyond 64 bits, text in a number column) makes the batch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
+from ..artifacts import create_private
 from ..drivers import import_driver
 from ..errors import ConfigInvalid
 
-__all__ = ["arrow", "check_widths", "row_batch", "row_type"]
+__all__ = ["arrow", "check_widths", "read_stream", "row_batch", "row_type", "write_stream"]
 
 
 def arrow(needed_by: str) -> Any:
@@ -45,3 +48,40 @@ def check_widths(rows: Sequence[tuple], columns: int, table: str) -> None:
             f"rows for table {table!r} do not have one value per column",
             diagnostics={"table": table, "columns": columns},
         )
+
+
+def write_stream(
+    pa: Any,
+    path: Path,
+    struct: Any,
+    chunks: Iterable[Sequence[tuple]],
+    *,
+    batch_rows: int,
+    table: str,
+) -> tuple[int, Iterator[Sequence[tuple]] | None]:
+    """Write the chunks to the new private file ``path`` as one Arrow IPC stream of
+    ``batch_rows``-row batches, whatever the chunks were: the rows written and None; or,
+    once a batch does not convert, 0 and every row (those written, read back, then the rest)."""
+    rows, pending, remaining = 0, list[tuple](), iter(chunks)
+    with create_private(path) as handle, pa.ipc.new_stream(handle, pa.schema(struct)) as stream:
+        for chunk in itertools.chain(remaining, [[]]):  # the empty chunk flushes the rest
+            if chunk:
+                check_widths(chunk, struct.num_fields, table)
+                pending.extend(chunk)
+            while pending and (len(pending) >= batch_rows or not chunk):
+                block = pending[:batch_rows]
+                batch = row_batch(pa, struct, block)
+                if batch is None:
+                    rest = itertools.chain([pending], remaining)
+                    return 0, itertools.chain(read_stream(pa, path), rest)
+                stream.write_batch(batch)
+                rows += len(block)
+                del pending[:batch_rows]
+    return rows, None
+
+
+def read_stream(pa: Any, path: Path) -> Iterator[list[tuple]]:
+    """The rows of an Arrow stream file ``write_stream`` wrote, one list per batch."""
+    with open(path, "rb") as handle:
+        for batch in pa.ipc.open_stream(handle):
+            yield list(zip(*(column.to_pylist() for column in batch.columns), strict=True))

@@ -11,13 +11,14 @@ kit (``testing.contract_problems``) checks a connector against them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import NativeTransferError
 
 if TYPE_CHECKING:
     import sqlite3
+    from pathlib import Path
 
     from ..column_types import Carry
     from ..identity import TableIdentity
@@ -33,6 +34,7 @@ __all__ = [
     "Identified",
     "LedgerNotWritten",
     "LedgerSink",
+    "NativeFiles",
     "OnePassReading",
     "PendingLedger",
     "PlanPulling",
@@ -117,6 +119,26 @@ class Staging(Protocol):
 
     def finalize_staged_load(self, *, replace: bool = False) -> int:
         """Move the staged rows into the target table in one transaction; the rows moved."""
+
+
+@runtime_checkable
+class NativeFiles(Protocol):
+    """A sink whose engine reads a file of rows itself (an Arrow IPC stream): legacy and
+    file-artifact write their rows in that format before the target call, and the call only
+    reads the files (``LoadFiles``), so nothing is converted inside it."""
+
+    def write_load_file(
+        self, path: Path, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
+    ) -> tuple[int, Iterator[Sequence[tuple]] | None]:
+        """Write the (carried) chunks to the new private file ``path`` in the engine's format:
+        the rows written and None; or, once a value cannot be held exactly in that format, 0
+        and every row as chunks (read back, then the rest), for the caller to keep in its own
+        format. Touches nothing but the file."""
+
+    def load(self, payload: RowChunks) -> int:
+        """``Sink.load``; for ``LoadFiles``, the files in order, in one transaction: native ones
+        read by the engine, each file's digest checked as it is read (or, where the engine
+        reads the file itself, just before)."""
 
 
 @runtime_checkable
@@ -364,6 +386,7 @@ CAPABILITIES: tuple[type, ...] = (
     Identified,
     Staging,
     PlanPulling,
+    NativeFiles,
     SQLiteFile,
     Collating,
     OnePassReading,

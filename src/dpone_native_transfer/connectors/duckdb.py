@@ -22,8 +22,10 @@ import os
 import re
 import secrets
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from ..artifacts import DigestReader, read_chunks
 from ..column_types import (
     ENGINE_CARRIERS,
     Carry,
@@ -43,8 +45,16 @@ from ..ledger import (
     ledger_query,
     ledger_table_sql,
 )
-from ..payloads import Column, LoadPlan, Predicate, RowChunks, bound_predicates
-from ._arrow import arrow, check_widths, row_batch, row_type
+from ..payloads import (
+    Column,
+    LoadFile,
+    LoadFiles,
+    LoadPlan,
+    Predicate,
+    RowChunks,
+    bound_predicates,
+)
+from ._arrow import arrow, check_widths, row_batch, row_type, write_stream
 from ._sql import (
     STAGE_PREFIX,
     WINDOW_OPERATORS,
@@ -222,13 +232,25 @@ class DuckDBSink(FileTarget):
     def load(self, payload: RowChunks | LoadPlan) -> int:
         """Write the payload in one transaction and return the rows written."""
         if isinstance(payload, RowChunks):
+            table, columns = self._target, payload.columns
             with self._connect() as conn, _transaction(conn):
-                _prepare_target(conn, self._target, payload.columns, replace=payload.replace)
-                rows = _insert_rows(conn, self._target, payload.columns, payload.chunks)
+                _prepare_target(conn, table, columns, replace=payload.replace)
+                if isinstance(payload, LoadFiles):
+                    rows = sum(_insert_file(conn, table, columns, file) for file in payload.files)
+                else:
+                    rows = _insert_rows(conn, table, columns, payload.chunks)
                 return _record(conn, self._ledger.take(), rows)
         if isinstance(payload, LoadPlan):
             return self._load_plan(payload)
         raise payload_refused(self.table)
+
+    def write_load_file(
+        self, path: Path, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
+    ) -> tuple[int, Iterator[Sequence[tuple]] | None]:
+        """``NativeFiles``: the Arrow batches ``load`` would insert, as one IPC stream file."""
+        pa = arrow("DuckDBSink")
+        struct = _arrow_row(pa, columns)
+        return write_stream(pa, path, struct, chunks, batch_rows=_BATCH_ROWS, table=self.table)
 
     def carrier(self, column: Column) -> Carry | None:
         return duckdb_carrier(column)
@@ -532,24 +554,46 @@ def _insert_rows(
     for a batch Arrow cannot hold exactly, one list per column (``_unnest_batch``)."""
     names = _names(columns)
     pa = arrow("DuckDBSink")
-    # DuckDB casts text to every other type on insert, as it casts the carriers' text.
-    types = [_ARROW_TYPES.get(duckdb_type(column), "large_string") for column in columns]
-    struct = row_type(pa, [(f"c{index}", kind) for index, kind in enumerate(types)])
+    struct = _arrow_row(pa, columns)
     written = 0
     for rows in _batches(chunks):
         check_widths(rows, len(columns), table.name)
         batch = row_batch(pa, struct, rows)
         if batch is None:
             written += _unnest_batch(conn, table, names, rows)
-            continue
-        view = f"__dpone_rows_{secrets.token_hex(8)}"  # never the name of a table of the file
-        conn.register(view, batch)
-        try:
-            sql = f"INSERT INTO {table.sql()} ({names}) SELECT * FROM {quote(view)}"
-            written += conn.execute(sql).fetchone()[0]
-        finally:
-            conn.unregister(view)
+        else:
+            written += _insert_arrow(conn, table, names, batch)
     return written
+
+
+def _insert_file(conn: Any, table: TableName, columns: Sequence[Column], file: LoadFile) -> int:
+    """A native file's batches straight from the file, hashed as DuckDB reads them (the
+    digest is checked before the transaction commits); a spool file's rows as chunks."""
+    if not file.native:
+        return _insert_rows(conn, table, columns, read_chunks(file.path, file.sha256))
+    pa = arrow("DuckDBSink")
+    with DigestReader(file.path, file.sha256) as reader:
+        written = _insert_arrow(conn, table, _names(columns), pa.ipc.open_stream(reader))
+        reader.verify()
+    return written
+
+
+def _insert_arrow(conn: Any, table: TableName, names: str, data: Any) -> int:
+    """``INSERT ... SELECT * FROM`` an Arrow batch or stream reader DuckDB scans in bulk."""
+    view = f"__dpone_rows_{secrets.token_hex(8)}"  # never the name of a table of the file
+    conn.register(view, data)
+    try:
+        sql = f"INSERT INTO {table.sql()} ({names}) SELECT * FROM {quote(view)}"
+        return conn.execute(sql).fetchone()[0]
+    finally:
+        conn.unregister(view)
+
+
+def _arrow_row(pa: Any, columns: Sequence[Column]) -> Any:
+    """The Arrow struct of one row; DuckDB casts text to every other type on insert, as it
+    casts the carriers' text."""
+    types = [_ARROW_TYPES.get(duckdb_type(column), "large_string") for column in columns]
+    return row_type(pa, [(f"c{index}", kind) for index, kind in enumerate(types)])
 
 
 _ARROW_TYPES = {"BIGINT": "int64", "DOUBLE": "float64", "BOOLEAN": "bool_", "BLOB": "large_binary"}

@@ -15,15 +15,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
+from ..artifacts import create_private, file_sha256, read_chunks, write_chunks
 from ..boundary import TargetBoundary, TargetMutation
 from ..checkpoints import PartitionCheckpoint, RouteKey, Strategy
 from ..clock import Clock
 from ..column_types import Carry, carried_chunks
-from ..connectors.contract import LedgerSink, Sink, Source, ValueCarrying
+from ..connectors.contract import LedgerSink, NativeFiles, Sink, Source, ValueCarrying
 from ..cursor_edge import EdgeTracker
 from ..errors import ConfigInvalid, GovernanceGateFailed, PathContractBroken
 from ..events import EventName, EventRecorder
-from ..payloads import Column, RowChunks, SourceShape
+from ..payloads import Column, LoadFile, LoadFiles, RowChunks, SourceShape
 from ..stores import CheckpointStore
 from ._one_pass import one_pass, spool_partitions, spooled_chunks
 
@@ -164,6 +165,31 @@ class PathContext:
     def row_chunks(self, chunks: Iterable[Sequence[tuple]]) -> RowChunks:
         return RowChunks(columns=self.shape.columns, chunks=chunks, replace=self.replace)
 
+    def write_load_file(self, name: str, chunks: Iterable[Sequence[tuple]]) -> LoadFile:
+        """``chunks`` in a new private file of the work folder, before the target call: in the
+        format the sink's engine reads itself (``NativeFiles``) when every value fits it,
+        otherwise in the runtime's spool format (``artifacts.py``)."""
+        sink = self.sink
+        if isinstance(sink, NativeFiles):
+            native = self.work_dir / f"{name}.arrows"
+            rows, every_row = sink.write_load_file(native, self.shape.columns, chunks)
+            if every_row is None:
+                return LoadFile(path=native, rows=rows, sha256=file_sha256(native), native=True)
+            chunks = every_row  # read back from ``native`` as the spool is written
+        spool = self.work_dir / f"{name}.rows"
+        with create_private(spool) as handle:
+            rows, digest = write_chunks(handle, chunks)
+        if isinstance(sink, NativeFiles):
+            native.unlink()
+        return LoadFile(path=spool, rows=rows, sha256=digest, native=False)
+
+    def load_files(self, files: Sequence[LoadFile]) -> LoadFiles:
+        """The payload of files ``write_load_file`` wrote: a ``NativeFiles`` sink loads the
+        files, any other their rows (each spool file's digest checked as it is read)."""
+        chunks = _spooled_rows(files)
+        columns, replace = self.shape.columns, self.replace
+        return LoadFiles(columns=columns, chunks=chunks, replace=replace, files=tuple(files))
+
     def extracted(self, index: int, rows: int, **diagnostics: Any) -> None:
         """Record what extraction produced for ``candidates[index]``."""
         candidate = self.candidates[index]
@@ -221,6 +247,16 @@ class PathContext:
                     return call()
 
         return self.boundary.run(self.mutation, invoke)
+
+
+def _spooled_rows(files: Sequence[LoadFile]) -> Iterator[list[tuple]]:
+    for file in files:
+        if file.native:  # written for a NativeFiles sink only, which reads the file itself
+            raise PathContractBroken(
+                "a file in a sink's own format reached a sink that reads rows",
+                diagnostics={"file": file.path.name},
+            )
+        yield from read_chunks(file.path, file.sha256)
 
 
 def _carriers(sink: Sink, columns: Sequence[Column]) -> list[tuple[int, str, Carry]]:

@@ -1,17 +1,15 @@
 """file-artifact: one verified file per partition, then one ``sink.load()`` from the files.
 
-The files are the runtime's own spool format (``artifacts.py``), which keeps
-every value exact (bytes, NaN, decimals' text, timestamps' text). Each file's
-digest is checked before the target call, and again over exactly the bytes the
-sink reads, as it reads them.
+The files are in the format the sink's engine reads itself when it has one
+(``NativeFiles``: an Arrow IPC stream for DuckDB and ClickHouse), and otherwise
+in the runtime's own spool format (``artifacts.py``); either keeps every value
+exact. Each file's digest is checked before the target call, and again as the
+sink reads it (chDB reads its files itself: just before it does).
 """
 
 from __future__ import annotations
 
-import itertools
-from pathlib import Path
-
-from ..artifacts import create_private, file_sha256, read_chunks, write_chunks
+from ..artifacts import file_sha256
 from ..errors import ArtifactInvalid
 from . import PathContext
 
@@ -20,24 +18,17 @@ __all__ = ["file_artifact_path"]
 
 def file_artifact_path(ctx: PathContext) -> int:
     """Files in the run's private work folder (``artifact_dir`` says where it is made)."""
-    files: list[Path] = []
+    files = []
     for index, candidate in enumerate(ctx.candidates):
-        path = ctx.work_dir / f"{candidate.partition_id}.rows"
-        with create_private(path) as handle:
-            rows, digest = write_chunks(handle, ctx.read(candidate))
-        ctx.extracted(index, rows, artifact_sha256=digest)
-        files.append(path)
-    digests = [candidate.diagnostics["artifact_sha256"] for candidate in ctx.candidates]
-    for candidate, path, digest in zip(ctx.candidates, files, digests, strict=True):
-        if file_sha256(path) != digest:
+        file = ctx.write_load_file(candidate.partition_id, ctx.read(candidate))
+        ctx.extracted(index, file.rows, artifact_sha256=file.sha256)
+        files.append(file)
+    for candidate, file in zip(ctx.candidates, files, strict=True):
+        if file_sha256(file.path) != candidate.diagnostics["artifact_sha256"]:
             raise ArtifactInvalid(
                 "an exported artifact does not match its recorded digest",
                 diagnostics={"route": ctx.route.as_dict(), "partition_id": candidate.partition_id},
             )
-    ctx.check_governance(sum(candidate.rows_exported for candidate in ctx.candidates))
-    payload = ctx.row_chunks(
-        itertools.chain.from_iterable(
-            read_chunks(path, digest) for path, digest in zip(files, digests, strict=True)
-        )
-    )
+    ctx.check_governance(sum(file.rows for file in files))
+    payload = ctx.load_files(files)
     return ctx.mutate("load", lambda: ctx.sink.load(payload))

@@ -12,12 +12,12 @@ import contextlib
 import datetime
 import decimal
 import fcntl
-import itertools
 import json
 import os
 import tempfile
 import zoneinfo
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigInvalid, TargetUnavailable
@@ -27,7 +27,6 @@ from .sql import (
     column_list,
     encode_json_rows,
     insert_settings,
-    read_arrow_stream,
     write_arrow_stream,
 )
 
@@ -122,20 +121,27 @@ class ChdbClient:
         """The rows go to a private Arrow stream file that one INSERT then reads natively
         (``file(..., 'ArrowStream')``): a tenth of the time of JSON. Rows Arrow cannot hold
         as the columns' types are all sent as JSON instead, in the same one INSERT."""
-        names = column_list([column.name for column in columns])
-        insert = f"INSERT INTO {table} ({names}){insert_settings(token)}"
+        insert = f"INSERT INTO {table} ({column_list([c.name for c in columns])})"
         with tempfile.TemporaryDirectory(prefix="dpone-chdb-") as folder:
-            path = os.path.join(folder, "rows.arrows")
-            rows, rest = write_arrow_stream(path, columns, chunks, table=table)
-            if rest is not None:
-                return self._insert_json(insert, itertools.chain(read_arrow_stream(path), rest))
+            path = Path(folder, "rows.arrows")
+            rows, every_row = write_arrow_stream(path, columns, chunks, table=table)
+            if every_row is not None:
+                return self._insert_json(f"{insert}{insert_settings(token)}", every_row)
             if rows:
-                self.command(
-                    f"{insert} SELECT * FROM file({{rows_file:String}}, 'ArrowStream')"
-                    " SETTINGS max_threads = 1",  # the file's batches become blocks in order
-                    {"rows_file": path},
-                )
+                self.insert_file(table, columns, path, token=token)
         return rows
+
+    def insert_file(
+        self, table: str, columns: Sequence[Column], path: Path, *, token: str | None = None
+    ) -> None:
+        """One ``INSERT ... SELECT FROM file(..., 'ArrowStream')``: the engine reads the file."""
+        names = column_list([column.name for column in columns])
+        self.command(
+            f"INSERT INTO {table} ({names}){insert_settings(token)}"
+            " SELECT * FROM file({rows_file:String}, 'ArrowStream')"
+            " SETTINGS max_threads = 1",  # the file's batches become blocks in order
+            {"rows_file": str(path)},
+        )
 
     def _insert_json(self, insert: str, chunks: Iterable[Sequence[tuple]]) -> int:
         inserter = self._session.send_insert(insert, "JSONCompactEachRow")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -66,6 +67,12 @@ class ClickHouseClient(Protocol):
 
         ``token`` is the insert's deduplication token: repeated, the INSERT is a no-op.
         """
+
+    def insert_file(
+        self, table: str, columns: Sequence[Column], path: Path, *, token: str | None = None
+    ) -> None:
+        """``insert_rows`` of the rows of an Arrow stream file ``sql.write_arrow_stream``
+        wrote, whose digest the caller has checked."""
 
     def close(self) -> None:
         """Release the client; for chDB, the process's hold on the data path."""

@@ -33,14 +33,16 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
+from ...artifacts import check_digest, read_chunks
 from ...column_types import Carry
 from ...errors import ConfigInvalid, NativeTransferError, SourceInvalid
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query, ledger_table_sql
-from ...payloads import Column, LoadPlan, RowChunks, bound_predicates
+from ...payloads import Column, LoadFiles, LoadPlan, RowChunks, bound_predicates
 from .._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -69,6 +71,7 @@ from .sql import (
     quote,
     type_literal,
     where_sql,
+    write_arrow_stream,
 )
 
 __all__ = ["ClickHouseSink"]
@@ -166,7 +169,9 @@ class ClickHouseSink:
     def load(self, payload: RowChunks | LoadPlan) -> int:
         """Write the payload into the target and return the rows written."""
         fill: Fill
-        if isinstance(payload, RowChunks):
+        if isinstance(payload, LoadFiles):
+            fill = self._files_fill(payload)
+        elif isinstance(payload, RowChunks):
             fill = self._rows_fill(payload)
         elif isinstance(payload, LoadPlan):
             fill = self._plan_fill(payload)
@@ -191,6 +196,33 @@ class ClickHouseSink:
         return lambda client, table, tokens: client.insert_rows(
             _ref(table), payload.columns, payload.chunks, token=tokens.next()
         )
+
+    def write_load_file(
+        self, path: Path, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
+    ) -> tuple[int, Iterator[Sequence[tuple]] | None]:
+        """``NativeFiles``: the Arrow stream ``insert_rows`` writes, in fixed-size batches."""
+        return write_arrow_stream(path, columns, chunks, table=self.table)
+
+    @staticmethod
+    def _files_fill(payload: LoadFiles) -> Fill:
+        """One INSERT per file, each with its own deduplication token. chDB reads a native
+        file itself, so every native file's digest is checked before the first INSERT (the
+        loads are not one transaction), not as the engine reads it."""
+
+        def fill(client: ClickHouseClient, table: TableName, tokens: _Tokens) -> int:
+            for file in payload.files:
+                if file.native:
+                    check_digest(file.path, file.sha256)
+            for file in payload.files:
+                token = tokens.next()
+                if file.native:
+                    client.insert_file(_ref(table), payload.columns, file.path, token=token)
+                else:
+                    chunks = read_chunks(file.path, file.sha256)
+                    client.insert_rows(_ref(table), payload.columns, chunks, token=token)
+            return sum(file.rows for file in payload.files)
+
+        return fill
 
     def _replace(
         self, client: ClickHouseClient, columns: Sequence[Column], fill: Fill, tokens: _Tokens

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import itertools
 import json
 import re
 import secrets
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from ...column_types import ENGINE_CARRIERS, Carry, exact_decimal
 from ...errors import ConfigInvalid
 from ...payloads import Column, Predicate
-from .._arrow import arrow, check_widths, row_batch, row_type
+from .._arrow import arrow, read_stream, row_type, write_stream
 from .._sql import TableName, identifier, render_predicates
 
 __all__ = [
@@ -263,38 +263,22 @@ def _arrow_type(column: Column) -> str:
 
 
 def write_arrow_stream(
-    path: str, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]], *, table: str
+    path: Path, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]], *, table: str
 ) -> tuple[int, Iterator[Sequence[tuple]] | None]:
-    """Write the chunks to ``path`` as one Arrow IPC stream: the rows written, and ``None``,
-    or the rows not written once a block would not convert (a date or a ``Decimal`` object,
-    an integer beyond 64 bits): the caller then sends everything as JSON instead.
+    """Write the chunks to the new private file ``path`` as one Arrow IPC stream
+    (``_arrow.write_stream``): the rows written and None, or every row once a block would
+    not convert (a date or a ``Decimal`` object, an integer beyond 64 bits).
 
     ClickHouse makes a block of each record batch and deduplicates a repeated INSERT block
     by block; so the batches are ``_ARROW_BLOCK_ROWS`` rows each, whatever the chunks were,
-    and a retry that reads the same rows in other chunks is deduplicated too.
+    and a retry that reads the same rows in other chunks is deduplicated too. The fields
+    carry the columns' names: ``file()`` matches them by name.
     """
     pa = arrow("the ClickHouse sink")
     struct = row_type(pa, [(column.name, _arrow_type(column)) for column in columns])
-    rows, pending, remaining = 0, list[tuple](), iter(chunks)
-    with pa.OSFile(path, "wb") as file, pa.ipc.new_stream(file, pa.schema(struct)) as stream:
-        for chunk in itertools.chain(remaining, [[]]):  # the empty chunk flushes the rest
-            if chunk:
-                check_widths(chunk, len(columns), table)
-                pending.extend(chunk)
-            while pending and (len(pending) >= _ARROW_BLOCK_ROWS or not chunk):
-                block = pending[:_ARROW_BLOCK_ROWS]
-                batch = row_batch(pa, struct, block)
-                if batch is None:
-                    return rows, itertools.chain([pending], remaining)
-                stream.write_batch(batch)
-                rows += len(block)
-                del pending[:_ARROW_BLOCK_ROWS]
-    return rows, None
+    return write_stream(pa, path, struct, chunks, batch_rows=_ARROW_BLOCK_ROWS, table=table)
 
 
-def read_arrow_stream(path: str) -> Iterator[list[tuple]]:
+def read_arrow_stream(path: Path) -> Iterator[list[tuple]]:
     """The rows of an Arrow stream file ``write_arrow_stream`` wrote, one list per batch."""
-    pa = arrow("the ClickHouse sink")
-    with pa.OSFile(path, "rb") as file:
-        for batch in pa.ipc.open_stream(file):
-            yield list(zip(*(column.to_pylist() for column in batch.columns), strict=True))
+    return read_stream(arrow("the ClickHouse sink"), path)
