@@ -747,6 +747,77 @@ def test_lineage_names_the_tables_read_and_written_as_openlineage_does(checks):
     assert lineage["postgres_default_schema"] == [server, "shop.public.orders"]
 
 
+NO_OPENLINEAGE = textwrap.dedent(
+    """
+    import importlib.abc, json, sys
+    from types import SimpleNamespace
+
+    BLOCKED = ("openlineage", "airflow.providers.openlineage",
+               "airflow.providers.common.compat.openlineage")
+
+    class NoOpenLineage(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.startswith(BLOCKED):
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+
+    from dpone_airflow.operator import NativeTransferOperator
+    from dpone_native_transfer.testing import build_sample_source
+
+    # Airflow's own provider discovery has loaded it: from here on it is as if uninstalled.
+    for name in [m for m in sys.modules if m.startswith(BLOCKED)]:
+        del sys.modules[name]
+    sys.meta_path.insert(0, NoOpenLineage())
+
+    build_sample_source("source.db", rows=20, partitions=2)
+    sections = {
+        "source": {"path": "source.db", "table": "orders", "partition_column": "region"},
+        "target": {"path": "target.db", "table": "orders_copy"},
+        "transfer": {"strategy": "incremental_append", "path": "staged"},
+        "store": {"path": "checkpoints.db"},
+    }
+    operator = NativeTransferOperator(task_id="copy", route=sections, run_id="nightly 7")
+    ti = SimpleNamespace(dag_id="d", run_id="manual", task_id="copy", try_number=1, map_index=-1)
+    summary = operator.execute({"ti": ti})
+    print(json.dumps({
+        "rows_loaded": summary["rows_loaded"],
+        "run_id": summary["run_id"],
+        "facets": operator.get_openlineage_facets_on_complete(None),
+        "loaded": sorted(m for m in sys.modules if "openlineage" in m),
+        "template_fields": list(operator.template_fields),
+    }))
+    """
+)
+
+
+def test_without_the_openlineage_provider_the_operator_runs_and_reports_no_lineage(airflow):
+    airflow.env["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"  # execute() outside the task runner
+    done = subprocess.run(
+        [sys.executable, "-c", NO_OPENLINEAGE],
+        env=airflow.env,
+        cwd=airflow.root,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["rows_loaded"] == 20
+    assert report["run_id"] == "d/nightly_7/copy/try-1"  # the given run id, shell-safe
+    assert report["facets"] is None
+    assert report["loaded"] == []
+    # and the operator module imports the provider only in that method, never at import
+    top_level = ast.parse((ROOT / "plugins" / "dpone_airflow" / "operator.py").read_text())
+    imported = {
+        node.module for node in top_level.body if isinstance(node, ast.ImportFrom) and node.module
+    } | {
+        node.module
+        for block in top_level.body if isinstance(block, ast.Try)
+        for node in block.body if isinstance(node, ast.ImportFrom) and node.module
+    }  # fmt: skip
+    assert [module for module in imported if "openlineage" in module] == []
+    assert {"route", "run_id", "source_conn_id", "store_conn_id"} <= set(report["template_fields"])
+
+
 # -- docs/airflow.md ------------------------------------------------------------------------
 
 
