@@ -824,6 +824,11 @@ def test_without_the_openlineage_provider_the_operator_runs_and_reports_no_linea
 def test_the_airflow_doc_shows_the_tested_dag_and_route_files():
     doc = DOC.read_text()
     assert DOC_DAG.read_text().strip() in doc
+    assert SHOP_DAG.read_text().strip() in doc
+    customers = tomllib.loads((DOC_ROUTE.parent / "customers.toml").read_text())
+    orders = tomllib.loads(DOC_ROUTE.read_text())
+    orders["source"]["table"], orders["target"]["table"] = "customers", "customers_copy"
+    assert customers == orders  # "laid out like orders.toml", as the doc says
     (route,) = re.findall(r"```toml\n(.*?)```", doc, flags=re.DOTALL)
     assert tomllib.loads(route) == tomllib.loads(DOC_ROUTE.read_text())
     assert "pip install 'dpone-native-transfer[airflow]'" in doc

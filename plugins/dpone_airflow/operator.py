@@ -16,10 +16,9 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dpone_native_transfer import Event, NativeTransferError, TransferResult
+from dpone_native_transfer import ConfigInvalid, Event, NativeTransferError, TransferResult
 from dpone_native_transfer.application import transfer
 from dpone_native_transfer.config import RouteConfig
-from dpone_native_transfer.errors import ConfigInvalid
 
 from .task import (
     CONNECTION_ARGUMENTS,
