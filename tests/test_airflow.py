@@ -55,6 +55,7 @@ CHILD = TESTS / "helpers" / "airflow_child.py"
 DOC = ROOT / "docs" / "airflow.md"
 DOC_DAG = ROOT / "docs" / "examples" / "airflow" / "orders_copy_dag.py"
 DOC_ROUTE = ROOT / "docs" / "examples" / "airflow" / "routes" / "orders.toml"
+SHOP_DAG = ROOT / "docs" / "examples" / "airflow" / "shop_copy_dag.py"
 MAPPING_DAG = TESTS / "airflow_dags" / "orders_mapping_dag.py"
 CLI = str(Path(sys.executable).parent / "dpone-transfer")
 CODE = "native_transfer_manual_reconciliation_required"
@@ -262,8 +263,9 @@ def test_other_failures_log_only_their_code_or_type(task_log, caplog):
         "dpone: diagnostics: {}",
     ]
     assert lines[3] == (
-        "dpone: native_transfer_config_invalid: the route configuration is invalid; "
-        "a retry will fail the same way"
+        "dpone: native_transfer_config_invalid: the route cannot run as configured (route, "
+        "connection, table or column); a retry would fail the same way, so the task fails "
+        "without retries"
     )
     assert lines[4] == 'dpone: diagnostics: {"key": "route"}'
     assert "no target-commit guard plugin" in lines[5]
@@ -555,6 +557,98 @@ def test_airflow_retries_still_heal_a_failure_before_the_target(airflow, postgre
     assert not [line for line in _task_lines(log) if "CANARY" in line]
 
 
+def _connection(**fields: Any) -> str:
+    """An Airflow connection in the JSON form its ``AIRFLOW_CONN_<ID>`` variable takes."""
+    return json.dumps(fields)
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_the_documented_mapped_dag_runs_each_route_on_the_connections_databases(
+    airflow, postgres_store_url
+):
+    """docs/examples/airflow/shop_copy_dag.py as written: its route files name /srv/data, which
+    does not exist here; the connections name this test's files and the PostgreSQL store."""
+    data = airflow.root / "data"
+    data.mkdir()
+    build_sample_source(data / "shop.db", rows=200, partitions=4)
+    build_sample_source(data / "shop.db", table="customers", rows=60, partitions=3)
+    dag_file = airflow.dags / SHOP_DAG.name
+    shutil.copy(SHOP_DAG, dag_file)
+    shutil.copytree(DOC_ROUTE.parent, airflow.dags / "routes")
+    store = psycopg.conninfo.conninfo_to_dict(postgres_store_url)
+    airflow.env.update(
+        AIRFLOW_CONN_SHOP_DB=_connection(conn_type="sqlite", host=str(data / "shop.db")),
+        AIRFLOW_CONN_WAREHOUSE_DB=_connection(
+            conn_type="sqlite", extra={"path": str(data / "warehouse.db")}
+        ),
+        AIRFLOW_CONN_DPONE_STORE=_connection(
+            conn_type="postgres",
+            host=store["host"],
+            port=int(store["port"]),
+            login=store["user"],
+            password=store["password"],
+            schema=store["dbname"],
+        ),
+        AIRFLOW__OPENLINEAGE__TRANSPORT=json.dumps(
+            {"type": "file", "log_file_path": str(airflow.root / "lineage.jsonl"), "append": True}
+        ),
+    )
+
+    result, log = airflow.run("dag", dag_file=str(dag_file))
+    (run,) = result["runs"]
+    assert run["state"] == "success"
+    assert run["task_instances"] == [
+        {"task_id": "copy", "try_number": 1, "state": "success", "map_index": index}
+        for index in (0, 1)
+    ]
+    assert sorted(a["run_id"] for a in run["attempts"]) == [
+        f"shop_copy/{run['run_id']}/copy/map-{index}/try-1" for index in (0, 1)
+    ]
+    assert sorted(x["rows_loaded"] for x in run["xcom"]) == [60, 200]
+    for table in ("orders", "customers"):
+        assert _ids(data / "shop.db", table) == _ids(data / "warehouse.db", f"{table}_copy")
+    assert not Path("/srv/data").exists()  # the route files' own locations were never used
+    with contextlib.closing(PostgresCheckpointStore(postgres_store_url)) as checkpoints:
+        targets = sorted(route.target_table for route in checkpoints.list_routes())
+    assert targets == ["customers_copy", "orders_copy"]
+    assert store["password"] not in log
+
+    # OpenLineage: each try's COMPLETE event names the table it read and the table it wrote.
+    lineage = (airflow.root / "lineage.jsonl").read_text()
+    assert store["password"] not in lineage
+    complete = [
+        event
+        for event in _events(airflow.root / "lineage.jsonl")
+        if event["eventType"] == "COMPLETE" and event["job"]["name"] == "shop_copy.copy"
+    ]
+    datasets = sorted(
+        ([(d["namespace"], d["name"]) for d in event["inputs"]],
+         [(d["namespace"], d["name"]) for d in event["outputs"]])
+        for event in complete
+    )  # fmt: skip
+    assert datasets == [
+        ([("file", f"{data}/shop.db/{table}")], [("file", f"{data}/warehouse.db/{table}_copy")])
+        for table in ("customers", "orders")
+    ]
+
+    # A route naming a table the source lacks fails at once: Airflow does not retry it.
+    customers = airflow.dags / "routes" / "customers.toml"
+    customers.write_text(customers.read_text().replace('"customers"', '"no_such_table"'))
+    result, log = airflow.run("dag", dag_file=str(dag_file))
+    (run,) = result["runs"]
+    assert run["state"] == "failed"
+    assert run["task_instances"] == [
+        {"task_id": "copy", "try_number": 1, "state": "success", "map_index": 0},
+        {"task_id": "copy", "try_number": 1, "state": "failed", "map_index": 1},
+    ]
+    assert "new_state=up_for_retry" not in log
+    assert "AirflowFailException: native_transfer_source_invalid" in log
+    assert store["password"] not in log
+
+
 # -- the operator called directly, with Airflow imported ------------------------------------
 
 
@@ -613,8 +707,13 @@ def test_airflow_timeouts_and_terminations_pass_through_untouched_after_the_mark
 
 def test_a_bad_route_fails_with_its_code_and_never_logs_the_path(checks):
     missing = checks["missing_route"]
-    assert missing["raised"] == "ConfigInvalid"
-    assert missing["code"] == "native_transfer_config_invalid"
+    assert missing["raised"] == "AirflowFailException"  # Airflow does not retry it
+    assert (missing["cause"], missing["cause_code"]) == (
+        "ConfigInvalid",
+        "native_transfer_config_invalid",
+    )
+    assert missing["message"].startswith("native_transfer_config_invalid: ")
+    assert "CANARY" not in missing["message"]
     assert missing["lines"][1] == 'dpone: diagnostics: {"argument": "route"}'
     assert not [line for line in missing["lines"] if "CANARY" in line]
     assert checks["bad_route_type"] == {
@@ -623,12 +722,113 @@ def test_a_bad_route_fails_with_its_code_and_never_logs_the_path(checks):
     }
 
 
+def test_connections_that_cannot_locate_the_route_fail_without_retries_or_secrets(checks):
+    unknown, wrong = checks["unknown_connection"], checks["wrong_connection_type"]
+    for failed in (unknown, wrong):
+        assert failed["raised"] == "AirflowFailException"
+        assert failed["cause_code"] == "native_transfer_config_invalid"
+        assert not [line for line in failed["lines"] if "CANARY" in line]
+        assert "CANARY" not in failed["message"]
+    assert unknown["lines"][1] == 'dpone: diagnostics: {"argument": "source_conn_id"}'
+    assert wrong["lines"][1] == (
+        'dpone: diagnostics: {"argument": "store_conn_id", "conn_type": "http"}'
+    )
+    assert checks["postgres_url"] == {"fields": True, "store": True}
+
+
+def test_lineage_names_the_tables_read_and_written_as_openlineage_does(checks):
+    lineage = checks["lineage"]
+    assert lineage["before"] == [0, 0]  # nothing is reported before a try succeeded
+    folder = Path(checks["workdir"]) / "lineage"
+    assert lineage["inputs"] == [["file", f"{folder}/source.db/orders"]]
+    assert lineage["outputs"] == [["file", f"{folder}/target.db/orders_copy"]]
+    server = "postgres://db.example:6543"
+    assert lineage["postgres"] == [server, "shop.sales.orders"]
+    assert lineage["postgres_default_schema"] == [server, "shop.public.orders"]
+
+
+NO_OPENLINEAGE = textwrap.dedent(
+    """
+    import importlib.abc, json, sys
+    from types import SimpleNamespace
+
+    BLOCKED = ("openlineage", "airflow.providers.openlineage",
+               "airflow.providers.common.compat.openlineage")
+
+    class NoOpenLineage(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.startswith(BLOCKED):
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+
+    from dpone_airflow.operator import NativeTransferOperator
+    from dpone_native_transfer.testing import build_sample_source
+
+    # Airflow's own provider discovery has loaded it: from here on it is as if uninstalled.
+    for name in [m for m in sys.modules if m.startswith(BLOCKED)]:
+        del sys.modules[name]
+    sys.meta_path.insert(0, NoOpenLineage())
+
+    build_sample_source("source.db", rows=20, partitions=2)
+    sections = {
+        "source": {"path": "source.db", "table": "orders", "partition_column": "region"},
+        "target": {"path": "target.db", "table": "orders_copy"},
+        "transfer": {"strategy": "incremental_append", "path": "staged"},
+        "store": {"path": "checkpoints.db"},
+    }
+    operator = NativeTransferOperator(task_id="copy", route=sections, run_id="nightly 7")
+    ti = SimpleNamespace(dag_id="d", run_id="manual", task_id="copy", try_number=1, map_index=-1)
+    summary = operator.execute({"ti": ti})
+    print(json.dumps({
+        "rows_loaded": summary["rows_loaded"],
+        "run_id": summary["run_id"],
+        "facets": operator.get_openlineage_facets_on_complete(None),
+        "loaded": sorted(m for m in sys.modules if "openlineage" in m),
+        "template_fields": list(operator.template_fields),
+    }))
+    """
+)
+
+
+def test_without_the_openlineage_provider_the_operator_runs_and_reports_no_lineage(airflow):
+    airflow.env["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"  # execute() outside the task runner
+    done = subprocess.run(
+        [sys.executable, "-c", NO_OPENLINEAGE],
+        env=airflow.env,
+        cwd=airflow.root,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["rows_loaded"] == 20
+    assert report["run_id"] == "d/nightly_7/copy/try-1"  # the given run id, shell-safe
+    assert report["facets"] is None
+    assert report["loaded"] == []
+    # and the operator module imports the provider only in that method, never at import
+    top_level = ast.parse((ROOT / "plugins" / "dpone_airflow" / "operator.py").read_text())
+    imported = {
+        node.module for node in top_level.body if isinstance(node, ast.ImportFrom) and node.module
+    } | {
+        node.module
+        for block in top_level.body if isinstance(block, ast.Try)
+        for node in block.body if isinstance(node, ast.ImportFrom) and node.module
+    }  # fmt: skip
+    assert [module for module in imported if "openlineage" in module] == []
+    assert {"route", "run_id", "source_conn_id", "store_conn_id"} <= set(report["template_fields"])
+
+
 # -- docs/airflow.md ------------------------------------------------------------------------
 
 
 def test_the_airflow_doc_shows_the_tested_dag_and_route_files():
     doc = DOC.read_text()
     assert DOC_DAG.read_text().strip() in doc
+    assert SHOP_DAG.read_text().strip() in doc
+    customers = tomllib.loads((DOC_ROUTE.parent / "customers.toml").read_text())
+    orders = tomllib.loads(DOC_ROUTE.read_text())
+    orders["source"]["table"], orders["target"]["table"] = "customers", "customers_copy"
+    assert customers == orders  # "laid out like orders.toml", as the doc says
     (route,) = re.findall(r"```toml\n(.*?)```", doc, flags=re.DOTALL)
     assert tomllib.loads(route) == tomllib.loads(DOC_ROUTE.read_text())
     assert "pip install 'dpone-native-transfer[airflow]'" in doc

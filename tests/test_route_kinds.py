@@ -197,3 +197,48 @@ def test_a_clickhouse_url_from_an_unset_variable_is_refused_by_name(tmp_path, mo
         load_route_config(file)
     assert info.value.diagnostics == {"key": "target.url"}
     assert json.dumps(info.value.diagnostics)
+
+
+# -- locations given by the caller (Airflow's connections) take precedence over the file ------
+
+
+def test_given_locations_replace_the_files_own_and_stay_out_of_the_repr(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    build_sample_source(tmp_path / "elsewhere" / "shop.db", rows=10, partitions=2)
+    file = route_file(tmp_path, target='path = "t.db"', path="legacy")
+    store = "postgresql://u:secret@127.0.0.1:1/dpone"
+    config = load_route_config(
+        file,
+        locations={
+            "source": {"path": str(tmp_path / "elsewhere" / "shop.db")},
+            "target": {"path": "w.db"},  # relative: to the route file's folder, as in the file
+            "store": {"path": store},
+        },
+    )
+    assert config.source.path == config.source_location == str(tmp_path / "elsewhere" / "shop.db")
+    assert config.sink.path == config.target_location == str(tmp_path / "w.db")
+    assert config.store_path == store
+    assert "secret" not in repr(config)
+    # A mapping without a [store] section gets one from the given location.
+    sections = {
+        "source": {"path": "s.db", "table": "orders", "partition_column": "region"},
+        "target": {"path": "t.db", "table": "orders_copy"},
+        "transfer": {"strategy": "full_refresh", "path": "legacy"},
+    }
+    mapped = route_config_from_mapping(
+        sections, base_dir=tmp_path, locations={"store": {"path": "c.db"}}
+    )
+    assert mapped.store_path == str(tmp_path / "c.db")
+    assert "store" not in sections
+    with pytest.raises(ConfigInvalid) as info:
+        route_config_from_mapping(sections, locations={"gates": {"path": "x"}})
+    assert info.value.diagnostics == {"key": "gates"}
+
+
+def test_a_location_given_for_a_kind_that_takes_another_key_is_refused_by_that_key(tmp_path):
+    file = route_file(tmp_path, target='path = "t.db"', path="legacy")
+    with pytest.raises(ConfigInvalid) as info:
+        load_route_config(file, locations={"source": {"dsn": "postgresql://u:CANARY@h/db"}})
+    assert info.value.diagnostics == {"key": "source.dsn"}
+    assert "is not used by source.kind = 'sqlite'" in info.value.message
+    assert "CANARY" not in str(info.value)

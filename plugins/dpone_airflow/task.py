@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
+from urllib.parse import quote, unquote, urlencode, urlsplit
 
 from dpone_native_transfer import (
     ConfigInvalid,
@@ -33,12 +34,22 @@ from dpone_native_transfer.config import (
     load_route_config,
     route_config_from_mapping,
 )
-from dpone_native_transfer.reporting import progress_lines, shortened, summary_line
+from dpone_native_transfer.reporting import (
+    EXIT_CONFIG,
+    exit_code_for,
+    progress_lines,
+    shortened,
+    summary_line,
+)
 from dpone_target_commit_guard.policy import scan_hint
 
 __all__ = [
+    "CONNECTION_ARGUMENTS",
     "RouteArgument",
     "TaskLog",
+    "connection_location",
+    "is_config_error",
+    "lineage_datasets",
     "load_route",
     "progress_logger",
     "report_failure",
@@ -82,11 +93,143 @@ def route_argument(route: Any) -> str | dict[str, Any]:
     )
 
 
-def load_route(route: RouteArgument, *, base_dir: str | None = None) -> RouteConfig:
-    """The validated route; relative files in a mapping resolve against ``base_dir``."""
+def load_route(
+    route: RouteArgument,
+    *,
+    base_dir: str | None = None,
+    locations: Mapping[str, Mapping[str, str]] | None = None,
+) -> RouteConfig:
+    """The validated route; relative files in a mapping resolve against ``base_dir``.
+
+    ``locations`` (from Airflow connections) replace the route's own location keys.
+    """
     if isinstance(route, Mapping):
-        return route_config_from_mapping(route, base_dir=base_dir)
-    return load_route_config(route, argument="route")
+        return route_config_from_mapping(route, base_dir=base_dir, locations=locations)
+    return load_route_config(route, argument="route", locations=locations)
+
+
+def is_config_error(error: BaseException) -> bool:
+    """The CLI's exit-2 class (bad route, missing table or column): no retry can heal it."""
+    return exit_code_for(error) == EXIT_CONFIG
+
+
+# -- Airflow connections as route locations ---------------------------------------------------
+
+# The operator's connection arguments and the route section each one locates.
+CONNECTION_ARGUMENTS = {
+    "source_conn_id": "source",
+    "target_conn_id": "target",
+    "store_conn_id": "store",
+}
+# (section, connection type) -> the route key the connection's location goes to
+_CONNECTION_KEYS = {
+    ("source", "postgres"): "dsn",
+    ("source", "sqlite"): "path",
+    ("target", "sqlite"): "path",
+    ("target", "duckdb"): "path",
+    ("target", "chdb"): "path",
+    ("target", "clickhouse"): "url",
+    ("store", "postgres"): "path",
+    ("store", "sqlite"): "path",
+}
+_FILE_TYPES = ("sqlite", "duckdb", "chdb")
+# Connection extras passed on as URL query parameters: libpq's, which the store and source use.
+_POSTGRES_OPTIONS = (
+    "sslmode",
+    "sslcert",
+    "sslkey",
+    "sslrootcert",
+    "sslcrl",
+    "connect_timeout",
+    "application_name",
+    "options",
+    "target_session_attrs",
+)
+
+
+def connection_location(argument: str, connection: Any) -> dict[str, str]:
+    """The route location keys that an Airflow connection stands for, in ``argument``'s section.
+
+    postgres: a ``postgresql://`` URL from host, port, schema (the database),
+    login and password, with libpq's extras (``sslmode``...) as its query;
+    clickhouse: a ``clickhouse://`` URL from the same fields; sqlite, duckdb,
+    chdb: a file (chDB: a data folder), extra ``path`` or else host. Errors
+    name the argument and the connection's type, never a field's value.
+    """
+    section = CONNECTION_ARGUMENTS[argument]
+    kind = str(getattr(connection, "conn_type", None) or "")
+    key = _CONNECTION_KEYS.get((section, kind))
+    if key is None:
+        takes = sorted(k for s, k in _CONNECTION_KEYS if s == section)
+        raise ConfigInvalid(
+            f"{argument} names a connection of type {kind!r}, which the route's {section} "
+            f"cannot use; it takes: {', '.join(takes)}",
+            diagnostics={"argument": argument, "conn_type": kind},
+        )
+    extra = getattr(connection, "extra_dejson", None) or {}
+    if kind in _FILE_TYPES:
+        location = str(extra.get("path") or connection.host or "")
+    else:
+        location = "" if not connection.host else _server_url(kind, connection, extra)
+    if not location:
+        what = "no file (extra path, or host)" if kind in _FILE_TYPES else "no host"
+        raise ConfigInvalid(
+            f"{argument} names a connection of type {kind!r} with {what}",
+            diagnostics={"argument": argument, "conn_type": kind},
+        )
+    return {key: location}
+
+
+def _server_url(kind: str, connection: Any, extra: Mapping[str, Any]) -> str:
+    auth = ""
+    if connection.login:
+        auth = quote(str(connection.login), safe="")
+        if connection.password:
+            auth += ":" + quote(str(connection.password), safe="")
+        auth += "@"
+    port = f":{connection.port}" if connection.port else ""
+    database = f"/{quote(str(connection.schema), safe='')}" if connection.schema else ""
+    scheme = "postgresql" if kind == "postgres" else kind
+    options = _POSTGRES_OPTIONS if kind == "postgres" else ()
+    query = urlencode({k: str(extra[k]) for k in options if extra.get(k) not in (None, "")})
+    return f"{scheme}://{auth}{connection.host}{port}{database}" + (f"?{query}" if query else "")
+
+
+# -- OpenLineage datasets ---------------------------------------------------------------------
+
+
+def lineage_datasets(config: RouteConfig) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The (namespace, name) of the table read and of the table written, as OpenLineage names
+    datasets: a server by host and port (never a user or a password), a file by its path."""
+    read = _dataset(config.source_location, config.source.table)
+    written = _dataset(config.target_location, config.sink.table)
+    return ([read] if read else []), ([written] if written else [])
+
+
+def _dataset(location: str, table: str) -> tuple[str, str] | None:
+    if not location:
+        return None
+    if "://" not in location:  # a file (SQLite, DuckDB) or a folder (chDB)
+        return "file", f"{location}/{table}"
+    try:
+        parts = urlsplit(location)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "localhost").lower()
+    database = unquote(parts.path.lstrip("/"))
+    if scheme in ("postgres", "postgresql"):
+        user = unquote(parts.username or "")
+        schema, _, name = table.rpartition(".")
+        return (
+            f"postgres://{host}:{port or 5432}",
+            f"{database or user or 'postgres'}.{schema or 'public'}.{name}",
+        )
+    if scheme in ("clickhouse", "http", "https"):
+        named = table if "." in table else f"{database or 'default'}.{table}"
+        return f"clickhouse://{host}:{port or 8123}", named
+    return None
 
 
 def task_run_id(
@@ -167,8 +310,11 @@ def _consequence(error: NativeTransferError) -> str:
         )
     if isinstance(error, RouteBusy):
         return ": another attempt is writing the target table; a later retry may succeed"
-    if isinstance(error, ConfigInvalid):
-        return ": the route configuration is invalid; a retry will fail the same way"
+    if is_config_error(error):
+        return (
+            ": the route cannot run as configured (route, connection, table or column); "
+            "a retry would fail the same way, so the task fails without retries"
+        )
     return ""
 
 

@@ -125,6 +125,8 @@ _TARGET_KINDS: Mapping[str, _Kind] = {
     ),
 }
 _LOCATION_KEYS = {"source": ("path", "dsn"), "target": ("path", "url")}
+# The keys a caller's ``locations`` replace (a scheduler's connections: see _with_locations).
+_OVERRIDABLE = {**_LOCATION_KEYS, "store": ("path",)}
 
 _ENUMS: Mapping[str, tuple[str, ...]] = {
     "strategy": tuple(sorted(str(strategy) for strategy in Strategy)),
@@ -158,12 +160,15 @@ class RouteConfig:
     governance: Governance
     chunk_rows: int
     artifact_dir: str | None
-    store_path: str
+    store_path: str = attrs.field(repr=False)  # a DSN may hold a password
     ledger: bool = True
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     schema_contract: str = "evolve"
     lag: float = 0
     on_null_cursor: str = "error"
+    # Where the source and target are, resolved (a DSN may hold a password: never log them).
+    source_location: str = attrs.field(default="", repr=False)
+    target_location: str = attrs.field(default="", repr=False)
 
     @property
     def label(self) -> str:
@@ -192,29 +197,62 @@ class RouteConfig:
         )
 
 
-def load_route_config(path: str | os.PathLike[str], *, argument: str = "ROUTE") -> RouteConfig:
-    """Read and validate a route file; ``argument`` names it in errors instead of its path."""
-    document = _read_toml(Path(path), argument)
+def load_route_config(
+    path: str | os.PathLike[str],
+    *,
+    argument: str = "ROUTE",
+    locations: Mapping[str, Mapping[str, str]] | None = None,
+) -> RouteConfig:
+    """Read and validate a route file; ``argument`` names it in errors instead of its path.
+
+    ``locations`` (``{"source": {"dsn": ...}}``) replace the file's location keys.
+    """
+    document = _with_locations(_read_toml(Path(path), argument), locations)
     sections = _validated(document)
     folder = Path(os.path.abspath(path)).parent
     return _build(sections, folder)
 
 
 def route_config_from_mapping(
-    document: Mapping[str, Any], *, base_dir: str | os.PathLike[str] | None = None
+    document: Mapping[str, Any],
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    locations: Mapping[str, Mapping[str, str]] | None = None,
 ) -> RouteConfig:
     """Validate a route given as a mapping with the route file's layout (e.g. from a DAG).
 
-    Relative files resolve against ``base_dir`` (default: the working directory).
+    Relative files resolve against ``base_dir`` (default: the working directory);
+    ``locations`` replace location keys, as for :func:`load_route_config`.
     """
     if not isinstance(document, Mapping):
         raise ConfigInvalid("a route must be a mapping of sections", diagnostics={})
-    sections = _validated({name: _plain(table) for name, table in document.items()})
+    plain = {name: _plain(table) for name, table in document.items()}
+    sections = _validated(_with_locations(plain, locations))
     return _build(sections, Path(os.path.abspath(base_dir or os.getcwd())))
 
 
 def _plain(table: Any) -> Any:
     return dict(table) if isinstance(table, Mapping) else table
+
+
+def _with_locations(
+    document: dict[str, Any], locations: Mapping[str, Mapping[str, str]] | None
+) -> dict[str, Any]:
+    """The document with each section's location keys replaced by ``locations``' ones.
+
+    How a scheduler's connections take precedence over the file: the section's
+    own ``path``/``dsn``/``url`` go, the given keys come in, and the result is
+    validated like the file (a section missing from the file is made).
+    """
+    merged = dict(document)
+    for section, keys in (locations or {}).items():
+        if section not in _OVERRIDABLE:
+            raise _invalid(_dotted(section), "is not a section whose location can be given")
+        table = merged.get(section, {})
+        if isinstance(table, dict):
+            kept = {k: v for k, v in table.items() if k not in _OVERRIDABLE[section]}
+            merged[section] = {**kept, **keys}
+    return merged
 
 
 def _read_toml(path: Path, argument: str) -> dict[str, Any]:
@@ -378,6 +416,8 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
     source = _source(sections["source"], folder)
     ranged = isinstance(source, RangePartitioned) and source.partition_rows
     return RouteConfig(
+        source_location=_location(sections["source"], folder, "source"),
+        target_location=_location(sections["target"], folder, "target"),
         source=source,
         sink=_sink(sections["target"], folder, None if ranged else source.partition_column),
         strategy=Strategy(transfer["strategy"]),

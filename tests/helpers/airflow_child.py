@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import attrs
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, Connection
 from airflow.sdk.exceptions import AirflowFailException, AirflowTaskTerminated, AirflowTaskTimeout
 from routes import write_route  # run as a script: its folder, tests/helpers, is sys.path[0]
 
 from dpone_airflow.operator import NativeTransferOperator
+from dpone_airflow.task import _dataset, connection_location
 from dpone_native_transfer import SQLiteCheckpointStore
 from dpone_native_transfer.application import transfer
 from dpone_native_transfer.errors import ConfigInvalid, ManualReconciliationRequired
@@ -129,7 +131,10 @@ def run_dag(request: dict[str, Any]) -> dict[str, Any]:
             ).all()
             instances = [
                 {"task_id": ti.task_id, "try_number": ti.try_number, "state": str(ti.state)}
-                for ti in dag_run.get_task_instances(session=session)
+                | ({"map_index": ti.map_index} if ti.map_index >= 0 else {})
+                for ti in sorted(
+                    dag_run.get_task_instances(session=session), key=lambda ti: ti.map_index
+                )
             ]
         runs.append(
             {
@@ -211,13 +216,16 @@ def outcome(operator: Probe, try_number: int = 1) -> dict[str, Any]:
             "code": getattr(error, "code", None),
             "same_object": error is operator.raised,
             "is_fail_exception": isinstance(error, AirflowFailException),
+            "cause": type(error.__cause__).__name__ if error.__cause__ else None,
+            "cause_code": getattr(error.__cause__, "code", None),
+            "message": str(error),
             "lines": operator.lines,
         }
     return {"returned": value, "json": json.loads(json.dumps(value)), "lines": operator.lines}
 
 
-def route_file(folder: Path, *, store: str = "checkpoints.db") -> Path:
-    return write_route(folder, store=store)
+def route_file(folder: Path, *, store: str = "checkpoints.db", rows: int | None = None) -> Path:
+    return write_route(folder, store=store, rows=rows)
 
 
 def phases(folder: Path) -> list[str | None]:
@@ -279,10 +287,54 @@ def checks(request: dict[str, Any]) -> dict[str, Any]:
     results["missing_route"] = outcome(
         Probe(task_id="copy_orders", route=folder / f"{CANARY}.toml")
     )
+    # Connections: one Airflow does not have, one of a type the section cannot use, and
+    # what a PostgreSQL connection becomes (a URL libpq reads back field by field).
+    results["unknown_connection"] = outcome(
+        Probe(task_id="copy_orders", route=route, source_conn_id="no_such_conn")
+    )
+    os.environ["AIRFLOW_CONN_DPONE_HTTP"] = json.dumps(
+        {"conn_type": "http", "host": "example.invalid", "password": CANARY}
+    )
+    results["wrong_connection_type"] = outcome(
+        Probe(task_id="copy_orders", route=route, store_conn_id="dpone_http")
+    )
+    password = f"p@ss:w/rd {CANARY}"
+    postgres = Connection(
+        conn_id="pg", conn_type="postgres", host="db.example", port=6543, login="dpone",
+        password=password, schema="shop", extra=json.dumps({"sslmode": "require", "x": "1"}),
+    )  # fmt: skip
+    dsn = connection_location("source_conn_id", postgres)["dsn"]
+    import psycopg
+
+    results["postgres_url"] = {
+        "fields": psycopg.conninfo.conninfo_to_dict(dsn)
+        == {
+            "host": "db.example",
+            "port": "6543",
+            "user": "dpone",
+            "password": password,
+            "dbname": "shop",
+            "sslmode": "require",
+        },  # fmt: skip
+        "store": connection_location("store_conn_id", postgres) == {"path": dsn},
+    }
+    # Lineage of the successful run above, and of a PostgreSQL source (never its password).
+    lineage = Probe(task_id="copy_orders", route=route_file(folder / "lineage", rows=20))
+    before = lineage.get_openlineage_facets_on_complete(None)
+    outcome(lineage)
+    facets = lineage.get_openlineage_facets_on_complete(None)
+    results["lineage"] = {
+        "before": [len(before.inputs), len(before.outputs)],
+        "inputs": [[d.namespace, d.name] for d in facets.inputs],
+        "outputs": [[d.namespace, d.name] for d in facets.outputs],
+        "postgres": list(_dataset(dsn, "sales.orders")),
+        "postgres_default_schema": list(_dataset(dsn, "orders")),
+    }
     try:
         Probe(task_id="bad", route=42)
     except ConfigInvalid as error:
         results["bad_route_type"] = {"code": error.code, "diagnostics": error.diagnostics}
+    results["workdir"] = str(folder)
     results["manual_reconciliation_is_plain"] = not issubclass(
         ManualReconciliationRequired, AirflowFailException
     )
