@@ -15,7 +15,7 @@ EXTRAS := test,postgres,clickhouse,duckdb,airflow
 DEMO_VENV := .venv-demo
 DEMO_INSTALLED := $(DEMO_VENV)/.installed
 
-.PHONY: demo test lint clean soak
+.PHONY: demo test lint clean soak wheel-check
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ lint: $(INSTALLED)
 	$(BIN)/ruff check src plugins tests benchmarks
 	$(BIN)/ruff format --check src plugins tests benchmarks
 	$(BIN)/mypy
+
+# Builds the sdist and the wheel, installs the wheel with its extras into a fresh venv
+# outside the checkout and runs guarded transfers from it; CI runs it after the tests.
+wheel-check: $(INSTALLED)
+	PYTHON=$(PYTHON) BUILD_PYTHON=$(BIN)/python .ci/wheel-check
 
 clean:
 	rm -rf $(VENV) $(DEMO_VENV) demo-work .coverage .pytest_cache

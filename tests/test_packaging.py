@@ -47,3 +47,9 @@ def test_no_module_writes_the_version_a_second_time():
         if literal.search(path.read_text(encoding="utf-8"))
     ]
     assert written == []
+
+
+def test_the_readme_installs_the_wheel_python_m_build_names_for_this_version():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    named = re.findall(r"dist/(dpone_native_transfer-[^-]+-py3-none-any\.whl)", readme)
+    assert named == [f"dpone_native_transfer-{PROJECT['version']}-py3-none-any.whl"]
