@@ -1,5 +1,6 @@
 # The two set-up commands of the README: `make demo` and `make test`.
-# Both create the virtual environment from pyproject.toml on first use.
+# Each creates its own virtual environment from pyproject.toml on first use: the demo
+# needs only the core (pluggy, attrs), the tests need every optional engine.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -9,7 +10,12 @@ INSTALLED := $(VENV)/.installed
 # package, but the suite runs them all and none may skip.
 EXTRAS := test,postgres,clickhouse,duckdb,airflow
 
-.PHONY: demo test lint clean soak
+# The demo's own environment: the package alone, no extra (a few MB, seconds to create),
+# so that a first `make demo` does not build the test environment.
+DEMO_VENV := .venv-demo
+DEMO_INSTALLED := $(DEMO_VENV)/.installed
+
+.PHONY: demo test lint clean soak wheel-check
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +23,13 @@ $(INSTALLED): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
 	touch $(INSTALLED)
 
-demo: $(INSTALLED)
-	$(BIN)/dpone-transfer demo --workdir demo-work
+$(DEMO_INSTALLED): pyproject.toml
+	$(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/python -m pip install --quiet -e .
+	touch $(DEMO_INSTALLED)
+
+demo: $(DEMO_INSTALLED)
+	$(DEMO_VENV)/bin/dpone-transfer demo --workdir demo-work
 
 test: $(INSTALLED)
 	$(BIN)/coverage run -m pytest
@@ -30,8 +41,13 @@ lint: $(INSTALLED)
 	$(BIN)/ruff format --check src plugins tests benchmarks
 	$(BIN)/mypy
 
+# Builds the sdist and the wheel, installs the wheel with its extras into a fresh venv
+# outside the checkout and runs guarded transfers from it; CI runs it after the tests.
+wheel-check: $(INSTALLED)
+	PYTHON=$(PYTHON) BUILD_PYTHON=$(BIN)/python .ci/wheel-check
+
 clean:
-	rm -rf $(VENV) demo-work .coverage .pytest_cache
+	rm -rf $(VENV) $(DEMO_VENV) demo-work .coverage .pytest_cache
 
 # The benchmark suite (benchmarks/, docs/performance.md): prints a table and writes
 # benchmarks/results/latest.json. Never part of `make test`. Quick smoke run:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from helpers import routes
 
+import dpone_native_transfer
 from dpone_native_transfer import (
     ConfigInvalid,
     GovernanceGateFailed,
@@ -270,7 +271,8 @@ def test_exit_codes(error, code):
 def test_version_and_usage_errors(capsys):
     version = dpone("--version")
     assert version.returncode == 0
-    assert version.stdout.strip() == f"dpone-transfer {metadata.version('dpone-native-transfer')}"
+    assert version.stdout.strip() == f"dpone-transfer {dpone_native_transfer.__version__}"
+    assert dpone_native_transfer.__version__ == metadata.version("dpone-native-transfer")
     assert dpone().returncode == 2
     assert cli.main(["run"]) == 2
     assert cli.main(["run", "x.toml", "--run-id", " "]) == 2

@@ -196,3 +196,112 @@ def test_every_document_the_code_and_docs_point_to_exists():
             named += [f"docs/{link}" for link in re.findall(r"\]\(([\w.-]+\.md)", text)]
         missing += [f"{file.relative_to(root)} -> {n}" for n in named if not (root / n).is_file()]
     assert missing == []
+
+
+# -- every dpone-transfer command line the docs name exists --------------------------
+
+DOC_FILES = [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def named_command_lines(markdown: str) -> list[str]:
+    """What follows ``dpone-transfer`` in each inline code span and each code-block line."""
+    blocks = re.findall(r"```[^\n]*\n(.*?)```", markdown, flags=re.S)
+    prose = re.sub(r"```[^\n]*\n.*?```", "", markdown, flags=re.S)
+    pieces = [*re.findall(r"`([^`\n]+)`", prose), *"\n".join(blocks).splitlines()]
+    return [rest for piece in pieces for rest in re.findall(r"dpone-transfer\b([^`]*)", piece)]
+
+
+def command_problem(line: str) -> str | None:
+    """Why ``dpone-transfer <line>`` is not a command of the parser, or None.
+
+    Words are followed down the subcommands (``scan/show`` names each of them); every
+    ``--option`` must then be one the command takes. A ``...`` stands for anything: the
+    check stops there."""
+    from dpone_native_transfer.cli import build_parser
+
+    parser = build_parser()
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        words = line.split()
+    for word in words:
+        if word == "...":
+            return None
+        choices = next((a.choices for a in parser._actions if a.nargs == "A..."), None)
+        if choices is not None and not word.startswith("-"):
+            names = re.split(r"[/|]", word)
+            if missing := [name for name in names if name not in choices]:
+                return f"no command {missing[0]!r}"
+            parser = choices[names[0]]
+        elif word.lstrip("[(").startswith("--"):
+            option = word.lstrip("[(").rstrip("])").split("=")[0]
+            if option not in parser._option_string_actions:
+                return f"{parser.prog} takes no {option}"
+    return None
+
+
+def test_every_command_line_the_docs_name_exists():
+    problems = [
+        f"{path.name}: dpone-transfer{line} -> {problem}"
+        for path in DOC_FILES
+        for line in named_command_lines(path.read_text(encoding="utf-8"))
+        if (problem := command_problem(line))
+    ]
+    assert problems == []
+
+
+def test_the_command_check_catches_invented_commands_and_options():
+    text = (
+        "Run `dpone-transfer pipeline drop` or `dpone-transfer state reset r.toml --all`;\n"
+        "```sh\ndpone-transfer guard scan --store s.db --json\n"
+        "dpone-transfer state reset r.toml [--from-now] --reason x --operator y\n"
+        "dpone-transfer guard ... --anything\n"
+        "dpone-transfer guard scan/shows\n```\n"
+    )
+    lines = named_command_lines(text)
+    assert [command_problem(line) for line in lines] == [
+        "no command 'pipeline'",
+        "dpone-transfer state reset takes no --all",
+        None,
+        None,
+        None,
+        "no command 'shows'",
+    ]
+
+
+# -- every route-file key the docs name exists ---------------------------------------
+
+
+def route_key_problems(markdown: str) -> list[str]:
+    """``[section] key`` (and ``= "value"``) in inline code that the route file refuses."""
+    from dpone_native_transfer import config
+
+    problems = []
+    for section, key, value in re.findall(r"`\[(\w+)\] (\w+)(?: = \"([^\"]*)\")?", markdown):
+        keys = config._SCHEMA.get(section, (False, {}))[1]
+        if key not in keys:
+            problems.append(f"[{section}] {key}")
+        elif value and value not in config._ENUMS.get(keys[key][0], (value,)):
+            problems.append(f'[{section}] {key} = "{value}"')
+    return problems
+
+
+def test_every_route_key_the_docs_name_exists():
+    problems = [
+        f"{path.name}: {problem}"
+        for path in DOC_FILES
+        for problem in route_key_problems(path.read_text(encoding="utf-8"))
+    ]
+    assert problems == []
+
+
+def test_the_route_key_check_catches_invented_keys_and_values():
+    text = (
+        '`[transfer] schema = "evolve"`, `[transfer] strategy = "merge"`, `[sink] path`,\n'
+        '`[transfer] schema_contract = "freeze"`, `[target] kind = "duckdb"`, `[store] path`'
+    )
+    assert route_key_problems(text) == [
+        "[transfer] schema",
+        '[transfer] strategy = "merge"',
+        "[sink] path",
+    ]

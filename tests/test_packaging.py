@@ -1,10 +1,14 @@
-"""What the wheel ships beside the code: the license it declares, and the typing marker."""
+"""What the wheel ships beside the code: the license it declares, the typing marker, and the
+version, written once (pyproject.toml) and read back from the installed metadata."""
 
 from __future__ import annotations
 
+import re
 import tomllib
 from importlib import metadata
 from pathlib import Path
+
+import dpone_native_transfer
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
@@ -26,3 +30,26 @@ def test_every_package_ships_py_typed():
 
 def test_the_installed_distribution_declares_the_license():
     assert metadata.metadata("dpone-native-transfer")["License-Expression"] == "Apache-2.0"
+
+
+def test_the_version_is_pyprojects_as_installed():
+    """A stale install (pyproject changed, venv not rebuilt) or a second source both fail."""
+    assert dpone_native_transfer.__version__ == PROJECT["version"]
+    assert metadata.version("dpone-native-transfer") == PROJECT["version"]
+
+
+def test_no_module_writes_the_version_a_second_time():
+    literal = re.compile(rf"""["']{re.escape(PROJECT["version"])}["']""")
+    written = [
+        str(path.relative_to(ROOT))
+        for folder in ("src", "plugins")
+        for path in (ROOT / folder).rglob("*.py")
+        if literal.search(path.read_text(encoding="utf-8"))
+    ]
+    assert written == []
+
+
+def test_the_readme_installs_the_wheel_python_m_build_names_for_this_version():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    named = re.findall(r"dist/(dpone_native_transfer-[^-]+-py3-none-any\.whl)", readme)
+    assert named == [f"dpone_native_transfer-{PROJECT['version']}-py3-none-any.whl"]

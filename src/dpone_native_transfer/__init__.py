@@ -18,6 +18,8 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    __version__: str
+
     from .boundary import AttemptState, TargetMutation
     from .checkpoints import (
         GUARD_DIAGNOSTICS_KEY,
@@ -209,6 +211,13 @@ __all__ = [
 if not TYPE_CHECKING:
 
     def __getattr__(name: str) -> Any:
+        if name == "__version__":  # pyproject's version, as installed: its one source
+            from importlib import metadata
+
+            try:
+                return metadata.version("dpone-native-transfer")
+            except metadata.PackageNotFoundError:  # imported from a source tree, not installed
+                return "unknown"
         module = _EXPORTS.get(name)
         if module is None:  # a submodule (``dpone_native_transfer.runtime``), imported on use
             if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:

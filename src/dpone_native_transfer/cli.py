@@ -28,6 +28,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from . import __version__
 from .application import new_run_id, transfer
 from .config import load_route_config
 from .errors import NativeTransferError, PluginLoadFailed
@@ -142,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(
         title="commands", dest="command", metavar="COMMAND", required=True
     )
@@ -212,13 +213,6 @@ def _run_id(value: str) -> str:
     if not value.strip():
         raise argparse.ArgumentTypeError("the run id must not be empty")
     return value
-
-
-def _version() -> str:
-    try:
-        return metadata.version("dpone-native-transfer")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _report_failure(error: Exception, *, show_traceback: bool) -> int:
