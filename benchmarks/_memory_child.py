@@ -1,7 +1,8 @@
 """One guarded transfer in a fresh process; prints its peak RSS as JSON (see memory.py).
 
-Usage: python -m benchmarks._memory_child PATH SOURCE_DB WORK_FOLDER ROWS
-PATH ``idle`` only imports the runtime and the guard.
+Usage: python -m benchmarks._memory_child PATH SOURCE_DB WORK_FOLDER ROWS [TARGET]
+PATH ``idle`` only imports the runtime and the guard; TARGET is sqlite (default),
+duckdb or chdb.
 """
 
 from __future__ import annotations
@@ -22,13 +23,19 @@ def peak_rss_kib() -> int:
 
 def main(argv: list[str]) -> int:
     path, source, folder, rows = argv[0], Path(argv[1]), Path(argv[2]), int(argv[3])
+    target = argv[4] if len(argv) > 4 else "sqlite"
     from dpone_native_transfer import (
+        ClickHouseSink,
+        DuckDBSink,
         SQLiteCheckpointStore,
         SQLiteSink,
         SQLiteSource,
         TransferRuntime,
         TransferSpec,
     )
+
+    sinks = {"sqlite": SQLiteSink, "duckdb": DuckDBSink, "chdb": ClickHouseSink}
+    files = {"sqlite": "target.db", "duckdb": "target.duckdb", "chdb": "chdb"}
 
     importlib.metadata.entry_points(group="dpone_native_transfer")["target_commit_guard"].load()
     seconds = 0.0
@@ -37,7 +44,7 @@ def main(argv: list[str]) -> int:
             runtime = TransferRuntime(store)
             spec = TransferSpec(
                 source=SQLiteSource(source, "orders", "region"),
-                sink=SQLiteSink(folder / "target.db", "orders_copy"),
+                sink=sinks[target](folder / files[target], "orders_copy"),
                 strategy="incremental_append",
                 path=path,
                 run_id="bench-memory",

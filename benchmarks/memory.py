@@ -1,4 +1,5 @@
-"""Section 5: peak RSS of the legacy and file-artifact paths at two row counts.
+"""Section 5: peak RSS of the legacy and file-artifact paths at two row counts, into SQLite,
+DuckDB and chDB.
 
 Each measurement is a fresh child process (``python -m benchmarks._memory_child``)
 that runs one guarded transfer into a fresh target and store and prints its
@@ -17,10 +18,11 @@ import sys
 from ._common import REPO, Row, Sizes, log, median, scratch, source_db
 
 MEMORY_PATHS = ("legacy", "file-artifact")
+MEMORY_TARGETS = ("sqlite", "duckdb", "chdb")
 FLAT_LIMIT = 1.2
 
 
-def child(path: str, rows: int, partitions: int) -> dict:
+def child(path: str, rows: int, partitions: int, target: str = "sqlite") -> dict:
     source = source_db(rows, partitions) if path != "idle" else REPO
     with scratch(f"memory-{path}") as folder:
         completed = subprocess.run(
@@ -32,6 +34,7 @@ def child(path: str, rows: int, partitions: int) -> dict:
                 str(source),
                 str(folder),
                 str(rows),
+                target,
             ],
             cwd=REPO,
             capture_output=True,
@@ -51,29 +54,34 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
     idle = [child("idle", 0, partitions)["vmhwm_kib"] / 1024 for _ in range(sizes.runs)]
     rows_out: list[Row] = []
     raw: dict = {"runs": sizes.runs, "partitions": partitions, "idle_mib": idle, "paths": {}}
-    for path in MEMORY_PATHS:
-        samples: dict[int, list[dict]] = {small: [], large: []}
-        for run in range(sizes.runs):
-            log(f"memory: {path} run {run + 1}/{sizes.runs}")
-            order = (small, large) if run % 2 == 0 else (large, small)
-            for rows in order:
-                samples[rows].append(child(path, rows, partitions))
-        peak = {n: [s["vmhwm_kib"] / 1024 for s in samples[n]] for n in samples}
-        seconds = {n: [s["seconds"] for s in samples[n]] for n in samples}
-        ratio = median([b / a for a, b in zip(peak[small], peak[large], strict=True)])
-        rows_out.append(
-            Row(
-                section="5 memory",
-                case=f"{path}: peak RSS at {large:,} rows vs {small:,} rows"
-                f" (transfer {median(seconds[large]):.1f} s vs {median(seconds[small]):.1f} s;"
-                f" interpreter alone {median(idle):.1f} MiB)",
-                value=median(peak[large]),
-                unit="MiB",
-                baseline=median(peak[small]),
-                ratio=ratio,
-                target=f"<= {FLAT_LIMIT}",
-                met=ratio <= FLAT_LIMIT,
+    for target in MEMORY_TARGETS:
+        for path in MEMORY_PATHS:
+            samples: dict[int, list[dict]] = {small: [], large: []}
+            for run in range(sizes.runs):
+                log(f"memory: {target} {path} run {run + 1}/{sizes.runs}")
+                order = (small, large) if run % 2 == 0 else (large, small)
+                for rows in order:
+                    samples[rows].append(child(path, rows, partitions, target))
+            peak = {n: [s["vmhwm_kib"] / 1024 for s in samples[n]] for n in samples}
+            seconds = {n: [s["seconds"] for s in samples[n]] for n in samples}
+            ratio = median([b / a for a, b in zip(peak[small], peak[large], strict=True)])
+            into = "" if target == "sqlite" else f" into {target}"
+            rows_out.append(
+                Row(
+                    section="5 memory",
+                    case=f"{path}{into}: peak RSS at {large:,} rows vs {small:,} rows"
+                    f" (transfer {median(seconds[large]):.1f} s vs {median(seconds[small]):.1f} s;"
+                    f" interpreter alone {median(idle):.1f} MiB)",
+                    value=median(peak[large]),
+                    unit="MiB",
+                    baseline=median(peak[small]),
+                    ratio=ratio,
+                    target=f"<= {FLAT_LIMIT}",
+                    met=ratio <= FLAT_LIMIT,
+                )
             )
-        )
-        raw["paths"][path] = {str(n): {"peak_mib": peak[n], "seconds": seconds[n]} for n in samples}
+            key = path if target == "sqlite" else f"{target} {path}"
+            raw["paths"][key] = {
+                str(n): {"peak_mib": peak[n], "seconds": seconds[n]} for n in samples
+            }
     return rows_out, raw

@@ -6,7 +6,8 @@ spread over the table with no index on the partition column.
 - **2b** SQLite -> SQLite: legacy, staged and file-artifact against the bare
   ``fetchmany``/``executemany`` copy, lazy-plan against the bare ``ATTACH`` +
   ``INSERT ... SELECT`` (section 2's baselines, on this source).
-- **7** SQLite -> DuckDB and SQLite -> chDB: each path against the engine's own
+- **7** SQLite -> DuckDB and SQLite -> chDB: each path guarded against the same path
+  with ``plugins=[]`` (the guard's overhead on these targets), and against the engine's own
   copy of the file (DuckDB ``CREATE TABLE AS SELECT * FROM sqlite_scan``, chDB
   ``INSERT ... SELECT FROM sqlite()``), and on DuckDB against dlt's
   ``sql_database`` with its pyarrow backend, run by ``_dlt_child.py`` in a
@@ -45,7 +46,7 @@ from ._common import (
     timed,
     unindexed_source_db,
 )
-from .transfer import RUNTIME_LIMITS, bare_attach, bare_copy, run_transfer
+from .transfer import GUARD_LIMIT, RUNTIME_LIMITS, bare_attach, bare_copy, run_transfer
 
 ENGINE_LIMITS = {
     "duckdb": {"lazy-plan": 1.25, "other": 2.0},
@@ -59,8 +60,10 @@ DLT_SHARE = 0.25  # every path at least 4x faster than dlt
 DLT_PYTHON = Path(os.environ.get("DPONE_BENCH_DLT_PYTHON", WORK / "dlt-venv" / "bin" / "python"))
 
 
-def _engine_transfer(source: Path, engine: str, path: str, rows: int) -> float:
-    """One guarded transfer into a fresh DuckDB file or chDB data path."""
+def _engine_transfer(
+    source: Path, engine: str, path: str, rows: int, *, guarded: bool = True
+) -> float:
+    """One transfer into a fresh DuckDB file or chDB data path; ``guarded=False``: plugins=[]."""
     with scratch(f"peers-{engine}-{path}") as folder:
         store = SQLiteCheckpointStore(folder / "checkpoints.db")
         sink = (
@@ -77,7 +80,7 @@ def _engine_transfer(source: Path, engine: str, path: str, rows: int) -> float:
                 run_id="bench-run",
                 chunk_rows=CHUNK_ROWS,
             )
-            runtime = TransferRuntime(store)
+            runtime = TransferRuntime(store, plugins=None if guarded else [])
             seconds, result = timed(lambda: runtime.run(spec))
         finally:
             store.close()
@@ -196,6 +199,9 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
             cases[path] = lambda path=path, engine=engine: _engine_transfer(
                 source, engine, path, rows_total
             )
+            cases[f"{path} unguarded"] = lambda path=path, engine=engine: _engine_transfer(
+                source, engine, path, rows_total, guarded=False
+            )
         if engine == "duckdb" and dlt_missing is None:
             cases["dlt"] = lambda: _dlt(source, rows_total)
         times = _rounds(cases, sizes.runs)
@@ -209,6 +215,12 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
                 Row(f"7 peers ({name})", f"{path} (guarded, ledger) vs {name}'s own {own}",
                     median(times[path]), "s", median(times["native"]), ratio,
                     f"<= {limit}", ratio <= limit)
+            )  # fmt: skip
+            overhead = _ratio(times, path, f"{path} unguarded")
+            rows.append(
+                Row(f"7 peers ({name})", f"{path}: guarded vs plugins=[] (guard overhead)",
+                    median(times[path]), "s", median(times[f"{path} unguarded"]), overhead,
+                    f"<= {GUARD_LIMIT}", overhead <= GUARD_LIMIT)
             )  # fmt: skip
         if engine == "duckdb":
             if dlt_missing is not None:
