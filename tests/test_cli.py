@@ -154,7 +154,7 @@ def test_run_copies_every_row_once_and_a_rerun_skips_everything(tmp_path, path):
     )
     progress = done.stderr.splitlines()
     assert [line[:5] for line in progress[:4]] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
-    assert progress[0].endswith(" extracted 30 rows")
+    assert " extracted 30 rows (30 rows so far, " in progress[0]
     assert progress[4] == ("target: finalize_staged_load" if path == "staged" else "target: load")
     assert ids(data / "target.db", "orders_copy") == source_ids
     if path == "file-artifact":  # made under artifact_dir, and removed with the run
@@ -194,7 +194,7 @@ def test_run_in_process_prints_the_summary(tmp_path, capsys):
     assert cli.main(["run", str(route_file), "--run-id", "in-process"]) == 0
     captured = capsys.readouterr()
     assert captured.out.startswith("committed 4 partitions, skipped 0, loaded 120 rows")
-    assert "[4/4] partition p-" in captured.err
+    assert "[4/4] partition region=region-003 (p-" in captured.err
 
 
 # failures ----------------------------------------------------------------------------

@@ -882,3 +882,25 @@ def test_operator_functions_are_the_runtime_scan(route):
     ]
     with pytest.raises(ConfigInvalid, match="name the partitions to resolve"):
         operator.select_blocked(latest)
+
+
+def test_show_blocked_limit_and_json_select_what_it_prints(route):
+    make_checkpoint_incomplete(route)  # 4 partitions, 3 blocked
+    blocked = json_lines(dpone("guard", "show", "--store", store_of(route), *ROUTE_ARGS,
+                               "--blocked", "--json"))  # fmt: skip
+    latest = {cp.partition_id: cp for cp in route.latest()}
+    assert len(blocked) == 3 and {line["phase"] for line in blocked} == {"checkpoint_incomplete"}
+    for line in blocked:
+        checkpoint = latest[line["partition_id"]]
+        assert line["partition_bounds"] == checkpoint.partition_bounds
+        assert line["rows"] == checkpoint.rows_exported and line["status"] == "failed"
+    every = json_lines(dpone("guard", "show", "--store", store_of(route), *ROUTE_ARGS, "--json"))
+    assert sorted(line["partition_id"] for line in every) == sorted(latest)
+    limited = dpone("guard", "show", "--store", store_of(route), *ROUTE_ARGS, "--blocked",
+                    "--limit", "2")  # fmt: skip
+    title, _, _, *rows, more, audit = limited.stdout.splitlines()
+    assert title.endswith("4 partitions, 3 blocked") and len(rows) == 2
+    assert [row.split()[0] for row in rows] == sorted(line["partition_id"] for line in blocked)[:2]
+    assert more == "(1 more not shown: --limit 2)" and audit == "audit: 0 records"
+    bad = dpone("guard", "show", "--store", store_of(route), *ROUTE_ARGS, "--limit", "0")
+    assert bad.returncode == 2 and "--limit: must be a whole number" in bad.stderr

@@ -164,7 +164,8 @@ def test_nothing_imports_the_command_line_module_not_even_on_use():
 def _progress_events() -> list[Event]:
     return [
         Event(
-            EventName.PARTITION_EXTRACTED, {"done": 1, "of": 2, "partition_id": "p-1", "rows": 1200}
+            EventName.PARTITION_EXTRACTED,
+            {"done": 1, "of": 2, "partition_id": "p-1", "partition": "region=eu", "rows": 1200},
         ),
         Event(EventName.GUARD_ARMED, {}),
         Event(EventName.TARGET_STARTED, {"operation": "load"}),
@@ -173,15 +174,20 @@ def _progress_events() -> list[Event]:
 
 def test_progress_lines_hands_over_whole_lines_and_the_printer_prints_the_same_lines():
     emitted: list[str] = []
-    listener = progress_lines(emitted.append)
+    listener = progress_lines(emitted.append, clock=iter([0.0, 2.0]).__next__)
     for event in _progress_events():
         listener(event)
-    assert emitted == ["[1/2] partition p-1 extracted 1,200 rows", "target: load"]
+    assert emitted == [
+        "[1/2] partition region=eu (p-1) extracted 1,200 rows (1,200 rows so far, 600 rows/s)",
+        "target: load",
+    ]
     stream = io.StringIO()
     printer = progress_printer(stream, indent="  ")
     for event in _progress_events():
         printer(event)
-    assert stream.getvalue() == "".join(f"  {line}\n" for line in emitted)
+    printed = stream.getvalue().splitlines()
+    assert printed[0].startswith("  [1/2] partition region=eu (p-1) extracted 1,200 rows (")
+    assert printed[1:] == ["  target: load"]
 
 
 # -- what an import loads, in a fresh interpreter -------------------------------------------

@@ -38,6 +38,7 @@ from dpone_native_transfer.reporting import (
     EXIT_CONFIG,
     exit_code_for,
     progress_lines,
+    run_summary,
     shortened,
     summary_line,
 )
@@ -246,22 +247,6 @@ def task_run_id(
 def progress_logger(log: TaskLog) -> Callable[[Event], None]:
     """The CLI's progress lines (one per extracted partition, one at the target), as log lines."""
     return progress_lines(lambda line: log.info("dpone: %s", line))
-
-
-def run_summary(
-    config: RouteConfig, run_id: str, result: TransferResult, seconds: float
-) -> dict[str, Any]:
-    """The task's return value (Airflow pushes it as an XCom): small and JSON-safe."""
-    return {
-        "route": config.route.as_dict(),
-        "path": config.path,
-        "run_id": run_id,
-        "committed_partitions": len(result.committed_partition_ids),
-        "skipped_partitions": len(result.skipped_partition_ids),
-        "rows_loaded": result.rows_loaded,
-        "batch_id": result.batch_id,
-        "seconds": round(seconds, 3),
-    }
 
 
 def report_success(

@@ -189,7 +189,16 @@ def _add_scan(actions: Any, common: argparse.ArgumentParser) -> None:
 
 def _add_show(actions: Any, common: argparse.ArgumentParser) -> None:
     help = "the latest checkpoint of every partition of a route, and its audit records"
-    _action(actions, common, "show", _show_command, help=help, description=_SHOW)
+    show = _action(actions, common, "show", _show_command, help=help, description=_SHOW)
+    show.add_argument("--blocked", action="store_true", help="only the blocked partitions")
+    show.add_argument(
+        "--limit", type=_limit, metavar="N", help="at most N partitions (the first, by id)"
+    )
+    show.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per partition and line, then one per audit record",
+    )
 
 
 def _add_verify(actions: Any, common: argparse.ArgumentParser) -> None:
@@ -358,14 +367,38 @@ def _show_command(args: argparse.Namespace) -> int:
     for route, latest, audit in shown:
         findings = [inspect_checkpoint(cp) for cp in latest]
         blocked = sum(f.blocked for f in findings)
+        pairs = [
+            (cp, f) for cp, f in zip(latest, findings, strict=True) if f.blocked or not args.blocked
+        ]
+        listed = pairs[: args.limit] if args.limit is not None else pairs
+        if args.json:
+            for checkpoint, finding in listed:
+                bounds = {"partition_bounds": checkpoint.partition_bounds}
+                print(
+                    json.dumps(
+                        {**finding.as_dict(), **bounds, "rows": checkpoint.rows_exported},
+                        sort_keys=True,
+                        default=str,
+                    )
+                )
+            for record in audit:
+                print(json.dumps({"audit": record}, sort_keys=True, default=str))
+            continue
         print(f"route {route.label}: {plural(len(latest), 'partition')}, {blocked} blocked")
         print(f"  {_where(route)}")
-        rows = [_show_row(cp, f) for cp, f in zip(latest, findings, strict=True)]
-        _print_table(_SHOW_HEADERS, rows)
+        _print_table(_SHOW_HEADERS, [_show_row(cp, f) for cp, f in listed])
+        if len(listed) < len(pairs):
+            print(f"({len(pairs) - len(listed):,} more not shown: --limit {args.limit})")
         print(f"audit: {plural(len(audit), 'record')}")
         for record in audit:
             _print_audit(record)
     return EXIT_OK
+
+
+def _limit(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError("must be a whole number of at least 1")
+    return int(value)
 
 
 def _where(route: RouteKey) -> str:

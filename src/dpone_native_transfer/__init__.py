@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 from typing import TYPE_CHECKING, Any
+
+# A library logs; its application decides what is shown (the command line: --log-level).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
     __version__: str

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import sys
 import traceback
@@ -41,10 +42,12 @@ from .reporting import (
     PROG,
     SHOWN_ITEMS,
     exit_code_for,
-    progress_printer,
+    progress_logger,
+    run_summary,
     shortened,
     summary_line,
 )
+from .route_status import add_routes_command
 from .state_commands import add_state_command
 
 # The exit codes are the command's interface (see the epilog), so they are named here too;
@@ -123,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as stop:
         return stop.code if isinstance(stop.code, int) else int(stop.code is not None)
     try:
-        return args.handler(args)
+        with _logging_to_stderr("warning" if getattr(args, "quiet", False) else args.log_level):
+            return args.handler(args)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -153,7 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the full traceback of a failure (it may contain SQL or data)",
     )
-    for add_command in (_add_run_command, _add_demo_command, add_state_command):
+    common.add_argument(
+        "--log-level",
+        choices=_LOG_LEVELS,
+        default="info",
+        help="what the package logs to stderr (default: info, with progress lines)",
+    )
+    built_in = (_add_run_command, _add_demo_command, add_routes_command, add_state_command)
+    for add_command in built_in:
         add_command(commands, common)
     for entry_point in sorted(metadata.entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
         try:
@@ -182,7 +193,12 @@ def _add_run_command(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="ID",
         help="run id recorded in checkpoints and evidence (default: run-<UTC time>-<random>)",
     )
-    run.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    run.add_argument(
+        "--quiet", action="store_true", help="no progress lines on stderr (--log-level warning)"
+    )
+    run.add_argument(
+        "--json", action="store_true", help="print the closing summary as one JSON object"
+    )
     run.add_argument(
         "--unguarded",
         action="store_true",
@@ -242,10 +258,36 @@ def _report_failure(error: Exception, *, show_traceback: bool) -> int:
 def _run_command(args: argparse.Namespace) -> int:
     config = load_route_config(args.route)
     run_id = args.run_id or new_run_id()
-    events = None if args.quiet else progress_printer(sys.stderr)
-    result, seconds = transfer(config, run_id, events=events, unguarded=args.unguarded)
-    print(summary_line(config, run_id, result, seconds))
+    result, seconds = transfer(config, run_id, events=progress_logger(), unguarded=args.unguarded)
+    if args.json:
+        print(json.dumps(run_summary(config, run_id, result, seconds), sort_keys=True))
+    else:
+        print(summary_line(config, run_id, result, seconds))
     return EXIT_OK
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+_LOGGERS = ("dpone_native_transfer", "dpone_target_commit_guard")
+
+
+@contextlib.contextmanager
+def _logging_to_stderr(level: str) -> Any:
+    """The package's log records, at ``level`` and up, as plain lines on stderr, while a
+    command runs: the command owns the console, so it adds the handler a library leaves to
+    its application, and takes it away again (``main`` may run in-process more than once)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    loggers = [logging.getLogger(name) for name in _LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(level.upper())
+    try:
+        yield
+    finally:
+        for logger, old in zip(loggers, levels, strict=True):
+            logger.removeHandler(handler)
+            logger.setLevel(old)
 
 
 def _demo_command(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ class EventName(StrEnum):
     CURSOR_EDGE_UNTRACKED = "cursor_edge_untracked"  # a part of the edge record was dropped
     MANY_PARTITIONS = "many_partitions"  # partitioning by value made very many partitions
     PARTITION_EXTRACTED = "partition_extracted"
+    PARTITION_PLANNED = "partition_planned"  # lazy-plan: a partition the engine will pull
     PRE_TARGET_DONE = "pre_target_done"
     GUARD_ARMED = "guard_armed"
     TARGET_VETOED = "target_vetoed"

@@ -28,6 +28,7 @@ __all__ = [
     "SourceShape",
     "UPTO_OR_NULL",
     "bound_predicates",
+    "bounds_label",
 ]
 
 
@@ -171,3 +172,25 @@ def bound_predicates(
             raise ConfigInvalid("a cursor window needs a source with a cursor column")
         predicates.append(Predicate(cursor_column, op, None if op == "IS NULL" else bounds[key]))
     return tuple(predicates)
+
+
+_LABEL_VALUE = 40  # characters of a value a progress line shows
+
+
+def bounds_label(bounds: Mapping[str, Any], partition_column: str) -> str:
+    """A partition as people name it in progress lines: ``region=eu``, ``region IS NULL``,
+    ``id in [100, 200)``; long values are cut. For reading only, never parsed back."""
+
+    def shown(value: Any) -> str:
+        text = str(value)
+        return text if len(text) <= _LABEL_VALUE else text[: _LABEL_VALUE - 1] + "…"
+
+    if "partition" in bounds:
+        value = bounds["partition"]
+        return (
+            f"{partition_column} IS NULL" if value is None else f"{partition_column}={shown(value)}"
+        )
+    low, high = bounds.get("partition_from"), bounds.get("partition_below")
+    low_text = "-inf" if low is None else shown(low)
+    high_text = "+inf" if high is None else shown(high)
+    return f"{partition_column} in [{low_text}, {high_text})"

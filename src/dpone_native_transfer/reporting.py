@@ -7,7 +7,9 @@ operator acts (retrying will not help).
 
 from __future__ import annotations
 
+import logging
 import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,7 +41,9 @@ __all__ = [
     "exit_code_for",
     "plural",
     "progress_lines",
+    "progress_logger",
     "progress_printer",
+    "run_summary",
     "shortened",
     "summary_line",
 ]
@@ -84,19 +88,39 @@ def exit_code_for(error: BaseException) -> int:
     return EXIT_FAILED
 
 
-def progress_lines(emit: Callable[[str], object]) -> Callable[[Event], None]:
-    """Event listener passing ``emit`` a line per extracted partition, at the target, per warning.
+def progress_lines(
+    emit: Callable[[str], object], *, clock: Callable[[], float] = time.monotonic
+) -> Callable[[Event], None]:
+    """Event listener passing ``emit`` a line per extracted or planned partition, at the
+    target, per warning. A partition is named by its value (``region=eu``) and its id; the
+    rows so far come with their rate since the listener was made (the run's start).
 
     The lines have no newline: ``emit`` may print them (``progress_printer``) or
-    log them (the Airflow adapter gives each to the task log).
+    log them (``progress_logger``; the Airflow adapter gives each to the task log).
     """
+    start, rows = clock(), [0]
 
     def listener(event: Event) -> None:
-        line = _progress_line(event)
+        if event.name == EventName.PARTITION_EXTRACTED:
+            rows[0] += event.fields["rows"]
+            elapsed = max(clock() - start, 1e-9)
+            rate = f"{rows[0]:,} rows so far, {rows[0] / elapsed:,.0f} rows/s"
+            extracted = plural(event.fields["rows"], "row")
+            line: str | None = f"{_partition(event)} extracted {extracted} ({rate})"
+        elif event.name == EventName.PARTITION_PLANNED:
+            line = f"{_partition(event)} planned: the target engine reads its rows itself"
+        else:
+            line = _progress_line(event)
         if line is not None:
             emit(line)
 
     return listener
+
+
+def _partition(event: Event) -> str:
+    fields = event.fields
+    where = f"[{fields['done']}/{fields['of']}]"
+    return f"{where} partition {fields['partition']} ({fields['partition_id']})"
 
 
 class LineStream(Protocol):
@@ -112,13 +136,15 @@ def progress_printer(stream: LineStream, *, indent: str = "") -> Callable[[Event
     return progress_lines(lambda line: print(indent + line, file=stream, flush=True))
 
 
+def progress_logger(logger: logging.Logger | None = None) -> Callable[[Event], None]:
+    """``progress_lines`` logged at INFO, by default to the ``dpone_native_transfer.progress``
+    logger (the package's loggers have no handler: an application decides what is shown)."""
+    target = logger or logging.getLogger("dpone_native_transfer.progress")
+    return progress_lines(target.info)
+
+
 def _progress_line(event: Event) -> str | None:
     fields = event.fields
-    if event.name == EventName.PARTITION_EXTRACTED:
-        return (
-            f"[{fields['done']}/{fields['of']}] partition {fields['partition_id']} "
-            f"extracted {fields['rows']:,} rows"
-        )
     if event.name == EventName.TARGET_STARTED:
         return f"target: {fields['operation']}"
     if event.name == EventName.MANY_PARTITIONS:
@@ -144,15 +170,35 @@ def plural(count: int, word: str) -> str:
 def summary_line(config: RouteConfig, run_id: str, result: TransferResult, seconds: float) -> str:
     refreshed = config.strategy is Strategy.FULL_REFRESH and result.committed_partition_ids
     emptied = "the source is empty, so the target was emptied; " if refreshed else ""
+    rate = f", {result.rows_loaded / seconds:,.0f} rows/s" if result.rows_loaded and seconds else ""
     return (
         (emptied if not result.rows_loaded else "")
         + f"committed {plural(len(result.committed_partition_ids), 'partition')}, "
         f"skipped {len(result.skipped_partition_ids):,}, "
-        f"loaded {plural(result.rows_loaded, 'row')} in {seconds:.2f} s "
+        f"loaded {plural(result.rows_loaded, 'row')} in {seconds:.2f} s{rate} "
         f"(route {config.label}, {config.strategy}, path {config.path}, run {run_id}"
         + ("" if result.guarded else ", UNGUARDED")
         + ")"
     )
+
+
+def run_summary(
+    config: RouteConfig, run_id: str, result: TransferResult, seconds: float
+) -> dict[str, Any]:
+    """A run's closing summary as one small JSON-safe object (``run --json``, Airflow's XCom);
+    the route by its identity, never a location."""
+    return {
+        "route": config.route.as_dict(),
+        "path": config.path,
+        "run_id": run_id,
+        "committed_partitions": len(result.committed_partition_ids),
+        "skipped_partitions": len(result.skipped_partition_ids),
+        "rows_loaded": result.rows_loaded,
+        "batch_id": result.batch_id,
+        "guarded": result.guarded,
+        "seconds": round(seconds, 3),
+        "rows_per_second": round(result.rows_loaded / seconds) if seconds > 0 else None,
+    }
 
 
 def confirmed(question: str) -> bool:

@@ -43,6 +43,7 @@ from .recovery import (
     plan_restore,
 )
 from .reporting import EXIT_FAILED, EXIT_OK, confirmed, plural
+from .route_status import add_state_show
 from .stores import open_store
 
 __all__ = ["add_state_command"]
@@ -53,10 +54,11 @@ COMMITTED = PartitionCheckpointStatus.COMMITTED
 def add_state_command(commands: Any, common: argparse.ArgumentParser) -> None:
     state = commands.add_parser(
         "state",
-        help="a route's state in the checkpoint store, rebuilt from the target (operators)",
+        help="a route's state in the checkpoint store: show it, or rebuild it from the target",
         description="Inspect and repair a route's state in the checkpoint store.",
     )
     actions = state.add_subparsers(title="actions", dest="action", metavar="ACTION", required=True)
+    add_state_show(actions, common)
     restore = _operator_action(
         actions,
         common,

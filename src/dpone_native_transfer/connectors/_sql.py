@@ -44,7 +44,6 @@ __all__ = [
     "difference",
     "edge_where",
     "identifier",
-    "one_value_partitions",
     "parse_table",
     "payload_refused",
     "quote",
@@ -316,24 +315,6 @@ def edge_where(
     return " OR ".join(conditions), params
 
 
-def one_value_partitions(
-    bounds: Sequence[Mapping[str, Any]], *, partition_column: str, cursor_column: str | None
-) -> tuple[list[Predicate], tuple[Predicate, ...]] | None:
-    """Each bound's partition predicate and the cursor window they share, when one scan can
-    split them (``OnePassReading``): two or more bounds, each one partition value (``=`` or
-    ``IS NULL``), all in the same window. None for key ranges, mixed windows, or one bound."""
-    predicates = [
-        bound_predicates(b, partition_column=partition_column, cursor_column=cursor_column)
-        for b in bounds
-    ]
-    window = predicates[0][1:] if predicates else ()
-    if len(bounds) < 2 or not all(
-        p[0].op in ("=", "IS NULL") and p[1:] == window for p in predicates
-    ):
-        return None
-    return [p[0] for p in predicates], window
-
-
 def render_predicates(
     predicates: Iterable[Predicate],
     *,
@@ -403,6 +384,27 @@ class TableSource:
                     f"{role} column {name!r} does not exist in source table {self.table!r}",
                     diagnostics={"table": self.table, "column": name},
                 )
+
+    def _single_values(
+        self, bounds: Sequence[Mapping[str, Any]], chunk_rows: Any
+    ) -> tuple[list[Predicate], tuple[Predicate, ...]] | None:
+        """Each bound's partition predicate and the cursor window they share, when one scan
+        can split them (``OnePassReading``): two or more bounds, each one partition value
+        (``=`` or ``IS NULL``), all in the same window. None for key ranges, mixed windows,
+        or one bound. A bad ``chunk_rows`` is refused first, as a read refuses it."""
+        check_chunk_rows(chunk_rows)
+        predicates = [
+            bound_predicates(
+                b, partition_column=self.partition_column, cursor_column=self.cursor_column
+            )
+            for b in bounds
+        ]
+        window = predicates[0][1:] if predicates else ()
+        if len(bounds) < 2 or not all(
+            p[0].op in ("=", "IS NULL") and p[1:] == window for p in predicates
+        ):
+            return None
+        return [p[0] for p in predicates], window
 
     def _cursor(self, purpose: str = "") -> str:
         """The cursor column, which a windowed read needs."""

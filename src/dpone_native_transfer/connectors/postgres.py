@@ -40,7 +40,6 @@ from ._sql import (
     bounds_where,
     check_chunk_rows,
     edge_where,
-    one_value_partitions,
     quote,
     range_cuts_sql,
     range_partitions,
@@ -289,13 +288,9 @@ class PostgresSource(TableSource):
         """``OnePassReading``: partitions of one value each, all in the same cursor window, in
         one scan, when the server's planner costs that scan below the partitions' own reads
         together (``EXPLAIN``: an index to seek, or a table partitioned on the column, keeps
-        the reads). The server decides each row's
-        partition with the very conditions each read uses (``CASE WHEN k = $1 THEN 0 ...``),
-        so its own ``=``, types and collation route the rows, never Python's."""
-        check_chunk_rows(chunk_rows)
-        split = one_value_partitions(
-            bounds, partition_column=self.partition_column, cursor_column=self.cursor_column
-        )
+        the reads). The server routes each row with the very conditions each read uses
+        (``CASE WHEN k = $1 THEN 0 ...``), so its ``=``, types and collations decide."""
+        split = self._single_values(bounds, chunk_rows)
         if split is None:
             return None
         partitions, window = split

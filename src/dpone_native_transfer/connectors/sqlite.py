@@ -45,7 +45,6 @@ from ._sql import (
     check_target_table,
     difference,
     edge_where,
-    one_value_partitions,
     parse_table,
     payload_refused,
     range_cuts_sql,
@@ -438,10 +437,7 @@ class SQLiteSource(TableSource):
         byte by byte. Each row goes to the partition whose value it equals as SQLite's ``=``
         would match it: the values pass through a column of the partition column's declared
         type first, so they get the same affinity conversion a bound parameter gets."""
-        check_chunk_rows(chunk_rows)
-        split = one_value_partitions(
-            bounds, partition_column=self.partition_column, cursor_column=self.cursor_column
-        )
+        split = self._single_values(bounds, chunk_rows)
         if split is None:
             return None
         partitions, window = split

@@ -24,7 +24,7 @@ from ..connectors.contract import LedgerSink, NativeFiles, Sink, Source, ValueCa
 from ..cursor_edge import EdgeTracker
 from ..errors import ConfigInvalid, GovernanceGateFailed, PathContractBroken
 from ..events import EventName, EventRecorder
-from ..payloads import Column, LoadFile, LoadFiles, RowChunks, SourceShape
+from ..payloads import Column, LoadFile, LoadFiles, RowChunks, SourceShape, bounds_label
 from ..stores import CheckpointStore
 from ._one_pass import one_pass, spool_partitions, spooled_chunks
 
@@ -201,10 +201,22 @@ class PathContext:
         self.events.emit(
             EventName.PARTITION_EXTRACTED,
             partition_id=candidate.partition_id,
+            partition=bounds_label(candidate.partition_bounds, self.source.partition_column),
             rows=rows,
             done=index + 1,
             of=len(self.candidates),
         )
+
+    def planned(self) -> None:
+        """Report each candidate as planned for the engine to pull (lazy-plan: no rows pass)."""
+        for index, candidate in enumerate(self.candidates):
+            self.events.emit(
+                EventName.PARTITION_PLANNED,
+                partition_id=candidate.partition_id,
+                partition=bounds_label(candidate.partition_bounds, self.source.partition_column),
+                done=index + 1,
+                of=len(self.candidates),
+            )
 
     def lacks(self, capability: str) -> ConfigInvalid:
         """The error of a path whose sink lacks the capability it needs, raised before the

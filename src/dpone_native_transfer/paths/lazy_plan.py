@@ -24,6 +24,8 @@ def lazy_plan_path(ctx: PathContext) -> int:
         for index, rows in enumerate(counts):
             ctx.extracted(index, rows)
         ctx.check_governance(sum(counts))
+    else:
+        ctx.planned()
     plan = LoadPlan(
         source=ctx.source,
         columns=ctx.shape.columns,

@@ -1,0 +1,173 @@
+"""``dpone-transfer routes`` and ``state show``: what a store knows of each route. Reads only.
+
+A route is shown by its identity (tables, strategy, and the credential-free
+locations its connectors report), its last successful run (the evidence
+record), the latest outcome, its watermark and generation, whether the route
+scan hooks (the guard) would block it now, and who holds its lease.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+from .checkpoints import RouteKey
+from .config import load_route_config
+from .latest import as_latest
+from .lease import LeaseStore, lease_key, read_holder
+from .plugins import Hooks, make_plugin_manager
+from .reporting import BLOCKING_ERRORS, EXIT_OK, plural
+from .stores import open_store
+
+__all__ = ["add_routes_command", "add_state_show", "route_status"]
+
+
+def route_status(store: Any, route: RouteKey, hooks: Hooks) -> dict[str, Any]:
+    """One route's status as a JSON-safe object (the ``--json`` lines)."""
+    latest = as_latest(store.list_latest(route))
+    checkpoints = list(latest)
+    blocked_by = None
+    try:
+        hooks.resume_route_scan(route, latest)
+    except BLOCKING_ERRORS as refusal:
+        blocked_by = refusal.code
+    evidence = store.list_evidence(route)
+    last = evidence[-1] if evidence else None
+    state = store.load_source_state(route) or {}
+    newest = max(checkpoints, key=_when, default=None)
+    if blocked_by is not None:
+        outcome = "blocked"
+    elif newest is None:
+        outcome = "never run"
+    elif last is not None and newest.run_id == last.get("run_id"):
+        outcome = "succeeded"
+    else:
+        outcome = "failed"
+    return {
+        "route": route.as_dict(),
+        "source_location": route.source_location,
+        "target_location": route.target_location,
+        "outcome": outcome,
+        "blocked_by": blocked_by,
+        "last_success": None if last is None else _run(last),
+        "latest_run_id": None if newest is None else newest.run_id,
+        "partitions": dict(sorted(Counter(str(cp.status) for cp in checkpoints).items())),
+        "watermark": state.get("watermark"),
+        "generation": state.get("generation"),
+        "lease": _holder(store, route),
+    }
+
+
+def _when(checkpoint: Any) -> datetime:
+    return checkpoint.completed_at or checkpoint.started_at or datetime.min.replace(tzinfo=UTC)
+
+
+def _run(evidence: dict[str, Any]) -> dict[str, Any]:
+    keys = ("run_id", "path", "batch_id", "rows_loaded", "completed_at")
+    return {key: evidence.get(key) for key in keys}
+
+
+def _holder(store: Any, route: RouteKey) -> dict[str, Any] | None:
+    if not isinstance(store, LeaseStore):
+        return None
+    table = store.lease_table()
+    try:
+        record = table.holder(lease_key(route), datetime.now(UTC).timestamp())
+    finally:
+        table.close()
+    holder = read_holder(record)
+    return None if holder is None else holder.as_dict()
+
+
+def _line(status: dict[str, Any]) -> str:
+    """One route for people: outcome first, then what the next run starts from."""
+    route = RouteKey(**status["route"])
+    parts = [f"{route.label}: {status['outcome']}"]
+    if status["blocked_by"]:
+        parts.append(f"blocked by {status['blocked_by']} (guard scan shows what blocks it)")
+    last = status["last_success"]
+    if last is not None:
+        parts.append(
+            f"last success {last['run_id']} at {last['completed_at']}, "
+            f"{plural(last['rows_loaded'] or 0, 'row')}"
+        )
+    counts = ", ".join(f"{count:,} {name}" for name, count in status["partitions"].items())
+    parts.append(f"partitions: {counts or 'none'}")
+    if status["watermark"] is not None or status["generation"] is not None:
+        parts.append(f"watermark {status['watermark']!r}, generation {status['generation']}")
+    if status["lease"] is not None:
+        lease = status["lease"]
+        parts.append(f"lease held by {lease['owner']} (run {lease['run_id']})")
+    return "; ".join(parts)
+
+
+def _print(statuses: list[dict[str, Any]], as_json: bool) -> None:
+    for status in statuses:
+        print(json.dumps(status, sort_keys=True, default=str) if as_json else _line(status))
+
+
+def add_routes_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    routes = commands.add_parser(
+        "routes",
+        parents=[common],
+        help="every route in a checkpoint store: last run, outcome, watermark, lease (reads only)",
+        description="List every route the checkpoint store holds, with its identity (no "
+        "credentials), last successful run, latest outcome, watermark and generation, whether "
+        "the guard blocks it, and who holds its lease.",
+    )
+    routes.add_argument(
+        "--store",
+        required=True,
+        metavar="STORE",
+        help="checkpoint store: a SQLite file, a postgresql:// DSN, or env:NAME",
+    )
+    routes.add_argument("--json", action="store_true", help="one JSON object per route and line")
+    routes.set_defaults(handler=_routes_command)
+
+
+def add_state_show(actions: Any, common: argparse.ArgumentParser) -> None:
+    show = actions.add_parser(
+        "show",
+        parents=[common],
+        help="a route's state in the checkpoint store (reads only)",
+        description="Show what the checkpoint store knows of the route of ROUTE_FILE: as "
+        "`routes` shows it, plus the route's source state.",
+    )
+    show.add_argument("route_file", metavar="ROUTE_FILE", help="the route file (TOML)")
+    show.add_argument(
+        "--store", metavar="STORE", help="checkpoint store (default: the route file's)"
+    )
+    show.add_argument("--json", action="store_true", help="one JSON object")
+    show.set_defaults(handler=_state_show_command)
+
+
+def _routes_command(args: argparse.Namespace) -> int:
+    store = open_store(args.store, create=False, argument="--store")
+    try:
+        hooks = Hooks(make_plugin_manager(None))
+        _print([route_status(store, route, hooks) for route in store.list_routes()], args.json)
+    finally:
+        store.close()
+    return EXIT_OK
+
+
+def _state_show_command(args: argparse.Namespace) -> int:
+    config = load_route_config(args.route_file, argument="ROUTE_FILE")
+    location, argument = (
+        (args.store, "--store") if args.store else (config.store_path, "store.path")
+    )
+    store = open_store(location, create=False, argument=argument)
+    try:
+        status = route_status(store, config.route, Hooks(make_plugin_manager(None)))
+        state = store.load_source_state(config.route)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps({**status, "source_state": state}, sort_keys=True, default=str))
+    else:
+        print(_line(status))
+        print(f"source state: {json.dumps(state, sort_keys=True, default=str)}")
+    return EXIT_OK

@@ -1,0 +1,125 @@
+"""The commands people reach for: ``routes``, ``state show``, ``run --json``, log levels and the
+progress lines, on real SQLite routes run in this process (``helpers.cli.run_cli``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import attrs
+import pytest
+from helpers.cli import run_cli
+from helpers.routes import write_route
+
+from dpone_native_transfer import SQLiteCheckpointStore
+from dpone_native_transfer.config import load_route_config
+from dpone_native_transfer.testing import build_sample_source
+
+
+@pytest.fixture
+def route_file(tmp_path):
+    return write_route(tmp_path, rows=120, path="legacy")
+
+
+def test_run_json_prints_the_summary_as_one_object(route_file):
+    done = run_cli("run", route_file, "--run-id", "r1", "--json", "--quiet")
+    assert done.returncode == 0 and done.stderr == ""
+    [line] = done.stdout.splitlines()
+    summary = json.loads(line)
+    assert summary["route"] == {
+        "source_table": "orders", "target_table": "orders_copy", "strategy": "incremental_append"
+    }  # fmt: skip
+    assert (summary["run_id"], summary["path"], summary["rows_loaded"]) == ("r1", "legacy", 120)
+    assert (summary["committed_partitions"], summary["skipped_partitions"]) == (4, 0)
+    assert summary["batch_id"].startswith("sha256:") and summary["guarded"] is True
+    assert summary["rows_per_second"] > 0 and summary["seconds"] > 0
+    again = json.loads(run_cli("run", route_file, "--json", "--quiet").stdout)
+    assert (again["rows_loaded"], again["skipped_partitions"], again["batch_id"]) == (0, 0, None)
+
+
+def test_progress_names_each_partition_by_value_with_rows_so_far_and_a_rate(route_file):
+    done = run_cli("run", route_file)
+    lines = done.stderr.splitlines()
+    extracted = [line for line in lines if " extracted " in line]
+    assert len(extracted) == 4
+    assert extracted[0].startswith("[1/4] partition region=region-000 (p-")
+    assert "extracted 30 rows (30 rows so far, " in extracted[0]
+    assert extracted[3].endswith(" rows/s)") and "(120 rows so far, " in extracted[3]
+    assert "rows/s" in done.stdout
+
+
+def test_lazy_plan_reports_each_partition_it_plans(tmp_path):
+    done = run_cli("run", write_route(tmp_path, rows=120, path="lazy-plan"))
+    planned = [line for line in done.stderr.splitlines() if " planned" in line]
+    assert [line[:5] for line in planned] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+    assert "partition region=region-000 (p-" in planned[0]
+
+
+def test_log_level_warning_hides_progress_and_a_bad_level_is_a_usage_error(route_file):
+    quiet = run_cli("run", route_file, "--log-level", "warning")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    bad = run_cli("run", route_file, "--log-level", "loud")
+    assert bad.returncode == 2
+
+
+def test_the_library_logs_nothing_unless_its_application_says_so(tmp_path):
+    """A listener that raises is logged as a warning; a library caller that configured no
+    logging sees nothing on stderr (the package's logger has a NullHandler)."""
+    build_sample_source(tmp_path / "s.db", rows=10, partitions=2)
+    code = f"""
+from dpone_native_transfer import *
+store = SQLiteCheckpointStore({str(tmp_path / "c.db")!r})
+def boom(event): raise RuntimeError("listener")
+spec = TransferSpec(source=SQLiteSource({str(tmp_path / "s.db")!r}, "orders", "region"),
+    sink=SQLiteSink({str(tmp_path / "t.db")!r}, "t"), strategy="full_refresh", path="legacy",
+    run_id="r")
+print(TransferRuntime(store, events=boom).run(spec).rows_loaded)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "10\n", "")
+
+
+def test_routes_lists_every_route_of_the_store_with_its_outcome(tmp_path, route_file):
+    store = tmp_path / "checkpoints.db"
+    assert run_cli("run", route_file, "--run-id", "first", "--quiet").returncode == 0
+    done = run_cli("routes", "--store", store, "--json")
+    assert done.returncode == 0, done.stderr
+    [status] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert status["route"]["target_table"] == "orders_copy"
+    assert (status["outcome"], status["blocked_by"], status["lease"]) == ("succeeded", None, None)
+    assert status["partitions"] == {"committed": 4}
+    assert status["last_success"]["run_id"] == "first"
+    assert status["last_success"]["rows_loaded"] == 120
+    assert (status["watermark"], status["generation"]) == (1_000_120, 1)  # the highest cursor
+    assert str(tmp_path) not in done.stdout  # locations are digests, never paths
+    text = run_cli("routes", "--store", store).stdout
+    assert text.startswith("orders -> orders_copy (incremental_append): succeeded; last success")
+    assert "partitions: 4 committed" in text
+
+
+def test_routes_shows_a_blocked_route_and_state_show_its_source_state(tmp_path, route_file):
+    assert run_cli("run", route_file, "--quiet").returncode == 0
+    config = load_route_config(route_file)
+    with SQLiteCheckpointStore(config.store_path) as store:  # a guard that contradicts itself
+        [first, *_] = store.list_latest(config.route)
+        guard = {**first.diagnostics["target_commit_guard"], "phase": "armed"}
+        store.upsert(attrs.evolve(first, diagnostics={"target_commit_guard": guard}))
+    status = json.loads(run_cli("routes", "--store", config.store_path, "--json").stdout)
+    assert status["outcome"] == "blocked"
+    assert status["blocked_by"] == "native_transfer_target_commit_guard_invalid"
+    shown = run_cli("state", "show", route_file, "--json")
+    assert shown.returncode == 0, shown.stderr
+    state = json.loads(shown.stdout)
+    assert state["outcome"] == "blocked" and state["source_state"]["generation"] == 1
+    assert state["source_state"]["watermark"] == state["watermark"]
+    text = run_cli("state", "show", route_file).stdout.splitlines()
+    assert "blocked by native_transfer_target_commit_guard_invalid" in text[0]
+    assert text[1].startswith("source state: {")
+
+
+def test_routes_and_state_show_refuse_a_store_that_does_not_exist(tmp_path, route_file):
+    missing = run_cli("routes", "--store", tmp_path / "nope.db")
+    assert missing.returncode == 2 and str(tmp_path) not in missing.stderr
+    never_run = run_cli("state", "show", route_file)
+    assert never_run.returncode == 2 and "store" in never_run.stderr
