@@ -267,7 +267,7 @@ def _run_command(args: argparse.Namespace) -> int:
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
-_LOGGERS = ("dpone_native_transfer", "dpone_target_commit_guard")
+_LOGGERS = ("dpone_native_transfer",)  # plugins log under it, as the runtime's own modules
 
 
 @contextlib.contextmanager
