@@ -34,7 +34,14 @@ if TYPE_CHECKING:
         checkpoint_to_payload,
         format_timestamp,
     )
-    from .connectors import ClickHouseSink, DuckDBSink, PostgresSource, SQLiteSink, SQLiteSource
+    from .connectors import (
+        ClickHouseSink,
+        DuckDBSink,
+        PostgresSink,
+        PostgresSource,
+        SQLiteSink,
+        SQLiteSource,
+    )
     from .errors import (
         ArtifactInvalid,
         CheckpointPayloadInvalid,
@@ -91,6 +98,7 @@ _EXPORTS: dict[str, str] = {
     "format_timestamp": "checkpoints",
     "ClickHouseSink": "connectors",
     "DuckDBSink": "connectors",
+    "PostgresSink": "connectors",
     "PostgresSource": "connectors",
     "SQLiteSink": "connectors",
     "SQLiteSource": "connectors",
@@ -173,6 +181,7 @@ __all__ = [
     "PathContractBroken",
     "PluginLoadFailed",
     "PostgresCheckpointStore",
+    "PostgresSink",
     "PostgresSource",
     "ResolutionConflict",
     "RouteBusy",
