@@ -528,3 +528,25 @@ def test_a_route_file_with_a_postgres_target_runs(tmp_path, location):
     sink = PostgresSink(env["PG_TARGET_FOR_TEST"], f"{location.schema}.orders_copy")
     assert sink.row_count() == 40 and len(sink.read_ledger()) == 1
     assert env["PG_TARGET_FOR_TEST"] not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("target", "key", "says"),
+    [
+        ({"path": "target.db"}, "target.path", "is not used by target.kind = 'postgres'"),
+        ({}, "target.dsn", "is required"),
+        ({"dsn": "env:DPONE_TEST_UNSET_TARGET_DSN"}, "target.dsn", "is not set"),
+    ],
+)
+def test_a_postgres_target_needs_its_dsn_alone(target, key, says):
+    from dpone_native_transfer.config import route_config_from_mapping
+
+    route = {
+        "source": {"path": "source.db", "table": "orders", "partition_column": "region"},
+        "target": {"kind": "postgres", "table": "orders_copy", **target},
+        "transfer": {"strategy": "incremental_append", "path": "legacy"},
+        "store": {"path": "checkpoints.db"},
+    }
+    with pytest.raises(ConfigInvalid, match=says) as refused:
+        route_config_from_mapping(route)
+    assert refused.value.diagnostics["key"] == key
