@@ -270,17 +270,8 @@ class PostgresSink:
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan this server cannot pull, before anything touches the target: a source
         that is not a PostgreSQL table of this database, one the target's login may not read,
-        the target table itself, or a ``character(n)`` column (the server's conversion drops
-        the padding the other paths keep)."""
+        or the target table itself."""
         source = self._pulled(plan)
-        padded = [column.name for column in plan.columns if _base(column.decltype) == "character"]
-        if padded:
-            raise ConfigInvalid(
-                f"lazy-plan into PostgreSQL cannot copy source column(s) {', '.join(padded)} "
-                "exactly (character(n): the server drops their padding); use legacy, staged or "
-                "file-artifact",
-                diagnostics={"table": self.table, "columns": padded, "path": "lazy-plan"},
-            )
         for bounds in plan.bounds:  # bad bounds fail here, before any connection
             source.select_sql(bounds, columns=plan.columns)
         relation = source.regclass
@@ -520,9 +511,12 @@ def _copy_rows(
 
 
 def _pulled_value(alias: str, column: Column) -> str:
-    """A lazy plan's value of one column, cast to the target type. A ``real`` goes through
-    its text, as the driver reads it on the other paths (``0.1``, not 0.100000001490116)."""
-    value = f"{alias}::text" if _base(column.decltype) == "real" else alias
+    """A lazy plan's value of one column, cast to the target type, as the driver reads it on
+    the other paths: a ``real`` through its text (``0.1``, not 0.100000001490116), a
+    ``character(n)`` through its output text (``concat``: a cast would drop the padding)."""
+    base = _base(column.decltype)
+    padded = f"CASE WHEN {alias} IS NULL THEN NULL ELSE concat({alias}) END"  # concat(NULL): ''
+    value = {"real": f"{alias}::text", "character": padded}.get(base, alias)
     return f"CAST({value} AS {postgres_type(column)})"
 
 
