@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import attrs
 import pytest
+from helpers.postgres_server import postgres_url
 from helpers.routes import SINKS, TARGET_FILES, make_sink
 
 import dpone_native_transfer.connectors as connectors
@@ -109,6 +110,24 @@ class TestKitClickHouse(EngineSink):
     path_name, sink_kind = "kit-chdb", "clickhouse"
 
 
+# Sinks whose lazy-plan cannot pull the kit's SQLite source: they run every row path here, and
+# their lazy-plan from their own engine in their own tests.
+ROW_PATHS_ONLY = {"postgres": "test_connectors_postgres_sink.py"}
+
+
+class TestKitPostgres(EngineSink):
+    path_name, sink_kind = "kit-postgres", "postgres"
+
+    @pytest.fixture(params=[path for path in ENGINE_PATHS if path != "lazy-plan"])
+    def transfer_path(self, request):
+        return BUILTIN_PATHS[request.param]
+
+    @pytest.fixture
+    def make_sink(self, postgres_schema):
+        table = f"{postgres_schema.schema}.orders_copy"
+        return make_sink("postgres", postgres_url(postgres_schema.dsn), table)
+
+
 def test_every_builtin_path_has_a_kit_class():
     covered = {cls.builtin for cls in BuiltinPath.__subclasses__()}
     assert covered == set(BUILTIN_PATHS)
@@ -117,12 +136,15 @@ def test_every_builtin_path_has_a_kit_class():
 
 def test_the_kit_runs_on_every_shipped_sink_on_every_path():
     """SQLite is the kit's default sink (the BuiltinPath classes, one per path); every other
-    sink the package ships has an EngineSink class, which runs every built-in path."""
+    sink the package ships has an EngineSink class, which runs every built-in path (but
+    lazy-plan for a sink that pulls only from its own engine: ROW_PATHS_ONLY)."""
     shipped = {getattr(connectors, name) for name in connectors.__all__ if name.endswith("Sink")}
     assert set(SINKS.values()) == shipped, "helpers.routes.SINKS must name every shipped sink"
     engines = EngineSink.__subclasses__()
     assert sorted(cls.sink_kind for cls in engines) == sorted(set(SINKS) - {"sqlite"})
-    assert all("transfer_path" not in vars(cls) for cls in engines), "every path, not some"
+    every_path = {cls.sink_kind: "transfer_path" not in vars(cls) for cls in engines}
+    assert every_path == {kind: kind not in ROW_PATHS_ONLY for kind in every_path}
+    assert all((TESTS / test).is_file() for test in ROW_PATHS_ONLY.values())
     assert ENGINE_PATHS == sorted(BUILTIN_PATHS)
     assert all("make_sink" not in vars(cls) for cls in BuiltinPath.__subclasses__())
 

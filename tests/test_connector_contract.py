@@ -15,6 +15,7 @@ from dpone_native_transfer import (
     ClickHouseSink,
     ConfigInvalid,
     DuckDBSink,
+    PostgresSink,
     PostgresSource,
     SQLiteCheckpointStore,
     SQLiteSink,
@@ -38,6 +39,7 @@ def shipped_connectors(tmp_path: Path) -> list[Any]:
         SQLiteSink(str(tmp_path / "t.db"), "orders_copy"),
         DuckDBSink(str(tmp_path / "t.duckdb"), "orders_copy"),
         ClickHouseSink(str(tmp_path / "chdb"), "orders_copy"),
+        PostgresSink("postgresql://u@127.0.0.1:1/db", "orders_copy"),
     ]
 
 

@@ -26,7 +26,7 @@ from dpone_native_transfer.reporting import progress_lines, progress_printer
 PACKAGE = "dpone_native_transfer"
 SRC = Path(dpone_native_transfer.__file__).parent
 PLUGINS = SRC.parents[1] / "plugins"
-CONNECTOR_NAMES = ("sqlite", "duckdb", "postgres", "clickhouse")
+CONNECTOR_NAMES = ("sqlite", "duckdb", "postgres", "postgres_sink", "clickhouse")
 
 
 def module_name(file: Path, root: Path) -> str:

@@ -1,7 +1,7 @@
 """Issue 13, items 6 and 7: exact values on every target and path, or a refusal before the target.
 
-Each source type is loaded through ``dpone-transfer run`` into SQLite, DuckDB
-and ClickHouse (chDB) on every path the source allows, and every value is
+Each source type is loaded through ``dpone-transfer run`` into SQLite, DuckDB,
+ClickHouse (chDB) and PostgreSQL on every path the source allows, and every value is
 compared after the round trip, as the target engine itself renders it as text.
 A value a target cannot hold exactly must stop the run with exit 2 before the
 target is touched: no target table, nothing blocked, and the route retryable.
@@ -29,8 +29,7 @@ table = "{table}"
 partition_column = "p"
 [target]
 kind = "{kind}"
-path = "{target}"
-table = "copy"
+{target}
 [transfer]
 strategy = "full_refresh"
 path = "{path}"
@@ -39,8 +38,9 @@ path = "checkpoints.db"
 """
 
 
-def run(folder: Path, source: str, table: str, kind: str, path: str, *, env=None):
-    target = TARGET_FILES[kind]
+def run(folder: Path, source: str, table: str, kind: str, path: str, *, env=None, target=None):
+    """One run; ``target``: the ``[target]`` location and table lines (default: the file)."""
+    target = target or f'path = "{TARGET_FILES.get(kind)}"\ntable = "copy"'
     (folder / "route.toml").write_text(
         ROUTE.format(source=source, table=table, kind=kind, target=target, path=path)
     )
@@ -456,3 +456,139 @@ def test_a_text_that_is_not_utf8_is_a_value_error_naming_the_table_never_the_tex
     assert done.returncode == 2, done.stdout + done.stderr
     assert "native_transfer_value_unsupported" in done.stderr and "not valid UTF-8" in done.stderr
     assert "\\xff" not in done.stderr and "A\ufffdB" not in done.stderr  # never the text
+
+
+# --- PostgreSQL target: both sources, and lazy-plan from PostgreSQL itself (issue 17) ---------
+
+TARGET_ENV = "MATRIX_TARGET_DSN"
+
+# PostgreSQL -> PostgreSQL: every value as it was, on every path (lazy-plan included).
+PG_TO_POSTGRES = [
+    ("2147483647", "-1"),
+    ("9223372036854775807", "0"),
+    ("12345678901234567890.123456789", "-0.5"),
+    ("9999999999.99", "1.10"),
+    ("NaN", "1.5"),
+    ("-Infinity", "Infinity"),
+    ("é\t", ""),
+    ("\\xff00", "\\x"),
+    ("true", "false"),
+    ("2024-02-29", "1900-01-01"),
+    ("23:59:59.5", "00:00:00"),
+    ("2024-01-05 10:00:00.123456", "1999-12-31 23:59:59"),
+    ("2024-01-05 08:00:00+00", "2024-01-05 11:30:00.5+00"),
+    ("1 day 02:00:00", "1 year 2 mons"),
+    ("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "00000000-0000-0000-0000-0000000000ff"),
+    ('{"a": 1.50}', "5"),
+    ('{"b": [1, 2]}', "1.50"),
+    ("{1,2}", "{}"),
+]
+
+SQLITE_TO_POSTGRES = [
+    ("4611686018427387904", "-1"),
+    ("Infinity", "0.1"),
+    ("é\t\"x'", ""),
+    ("\\xff00", "\\x"),
+    ("3.5", "x"),
+    ("1.10", "-7.00"),
+    ("12", "2.5"),
+    ("true", "false"),
+    ("2024-02-29", "1900-01-01"),
+    ("2024-01-05 08:00:00", "2024-01-05 10:00:00.123456"),
+    ("23:59:59.5", "00:00:00"),
+    ("2024-01-05 08:00:00+00", "2024-01-05 10:00:00+00"),
+]
+
+
+def postgres_target(location) -> tuple[str, dict[str, str]]:
+    """The ``[target]`` lines of table ``copy`` in the test's schema, and the env they read."""
+    from helpers.postgres_server import postgres_url
+
+    lines = f'dsn = "env:{TARGET_ENV}"\ntable = "{location.schema}.copy"'
+    return lines, {TARGET_ENV: postgres_url(location.dsn)}
+
+
+def postgres_texts(location, columns: list[str]) -> list[tuple]:
+    """Every row of the PostgreSQL target, ordered by id, each value as its text in UTC."""
+    exprs = ", ".join(f'"{c}"::text' for c in columns)
+    with contextlib.closing(psycopg.connect(location.dsn, autocommit=True)) as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        sql = f'SELECT {exprs} FROM "{location.schema}".copy ORDER BY id'
+        return conn.execute(sql).fetchall()
+
+
+def assert_each_value(got: list[tuple], columns: list[tuple], expected: list[tuple]) -> None:
+    by_column = list(zip(*got, strict=True))
+    for (name, declared, *_), want, values in zip(columns, expected, by_column, strict=True):
+        assert values == (*want, None), f"{name} {declared}"
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_postgres_to_postgres_value_by_value(
+    tmp_path: Path, postgres_schema, pg_table: tuple[str, str], path: str
+) -> None:
+    url, table = pg_table
+    target, env = postgres_target(postgres_schema)
+    source = 'kind = "postgres"\ndsn = "env:MATRIX_DSN"'
+    for _ in range(2):  # the second run loads into the table the first made: no retype
+        done = run(tmp_path, source, table, "postgres", path, target=target,
+                   env={"MATRIX_DSN": url, **env})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    got = postgres_texts(postgres_schema, [c[0] for c in PG_COLUMNS])
+    assert_each_value(got, PG_COLUMNS, PG_TO_POSTGRES)
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+def test_sqlite_to_postgres_value_by_value(tmp_path: Path, postgres_schema, path: str) -> None:
+    sqlite_source(tmp_path, SQLITE_COLUMNS)
+    target, env = postgres_target(postgres_schema)
+    for _ in range(2):
+        done = run(tmp_path, 'path = "source.db"', "src", "postgres", path, target=target, env=env)
+        assert done.returncode == 0, done.stderr
+    got = postgres_texts(postgres_schema, [c[0] for c in SQLITE_COLUMNS])
+    assert_each_value(got, SQLITE_COLUMNS, SQLITE_TO_POSTGRES)
+
+
+def test_lazy_plan_from_sqlite_into_postgres_is_refused_before_the_target(
+    tmp_path: Path, postgres_schema
+) -> None:
+    sqlite_source(tmp_path, SQLITE_COLUMNS)
+    target, env = postgres_target(postgres_schema)
+    done = run(tmp_path, 'path = "source.db"', "src", "postgres", "lazy-plan", target=target,
+               env=env)  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "lazy-plan on PostgreSQL reads PostgreSQL sources" in done.stderr
+    assert "target_outcome_unknown" not in done.stdout + done.stderr
+    with contextlib.closing(sqlite3.connect(tmp_path / "checkpoints.db")) as store:
+        guarded = "SELECT count(*) FROM checkpoint_latest WHERE guard IS NOT NULL"
+        assert store.execute(guarded).fetchone() == (0,)  # nothing blocks a rerun
+
+
+# Every value the other engines refuse, and what only PostgreSQL refuses: NUL in a text.
+POSTGRES_MISFITS = [
+    *MISFITS,
+    *((decl, value) for _, decl, value, _ in SQLITE_REFUSED),
+    ("TEXT", "a\x00b"),
+    ("", "a\x00b"),
+]
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+def test_a_value_postgres_cannot_hold_is_refused_before_the_target(
+    tmp_path: Path, postgres_schema, path: str
+) -> None:
+    """Every misfit on legacy; the NUL texts on every row path (carriers are path-blind)."""
+    from dpone_native_transfer import PostgresSink
+
+    target, env = postgres_target(postgres_schema)
+    misfits = POSTGRES_MISFITS if path == "legacy" else POSTGRES_MISFITS[-2:]
+    for number, (decl, value) in enumerate(misfits):
+        folder = tmp_path / str(number)
+        folder.mkdir()
+        sqlite_source(folder, [("v", decl, value, None)])
+        done = run(folder, 'path = "source.db"', "src", "postgres", path, target=target, env=env)
+        assert done.returncode == 2, (decl, value, done.stdout + done.stderr)
+        assert "native_transfer_value_unsupported" in done.stderr and "column 'v'" in done.stderr
+        assert "target_outcome_unknown" not in done.stdout + done.stderr
+    sink = PostgresSink(env[TARGET_ENV], f"{postgres_schema.schema}.copy")
+    assert sink.row_count() == 0 and sink.read_ledger() == []

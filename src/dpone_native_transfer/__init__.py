@@ -38,7 +38,14 @@ if TYPE_CHECKING:
         checkpoint_to_payload,
         format_timestamp,
     )
-    from .connectors import ClickHouseSink, DuckDBSink, PostgresSource, SQLiteSink, SQLiteSource
+    from .connectors import (
+        ClickHouseSink,
+        DuckDBSink,
+        PostgresSink,
+        PostgresSource,
+        SQLiteSink,
+        SQLiteSource,
+    )
     from .errors import (
         ArtifactInvalid,
         CheckpointPayloadInvalid,
@@ -95,6 +102,7 @@ _EXPORTS: dict[str, str] = {
     "format_timestamp": "checkpoints",
     "ClickHouseSink": "connectors",
     "DuckDBSink": "connectors",
+    "PostgresSink": "connectors",
     "PostgresSource": "connectors",
     "SQLiteSink": "connectors",
     "SQLiteSource": "connectors",
@@ -177,6 +185,7 @@ __all__ = [
     "PathContractBroken",
     "PluginLoadFailed",
     "PostgresCheckpointStore",
+    "PostgresSink",
     "PostgresSource",
     "ResolutionConflict",
     "RouteBusy",

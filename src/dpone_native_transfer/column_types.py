@@ -36,6 +36,7 @@ __all__ = [
     "as_text",
     "carried_chunks",
     "declared_precision",
+    "decimal_text",
     "double_nan_as_text",
     "exact_bytes",
     "exact_decimal",
@@ -51,6 +52,7 @@ __all__ = [
     "postgres_kind",
     "sqlite_kind",
     "utc_instant",
+    "without_nul",
 ]
 
 KINDS = frozenset(
@@ -273,6 +275,34 @@ def exact_decimal(precision: int, scale: int) -> Carry:
         return format(number, "f")
 
     return carry
+
+
+_NUMERIC_WORDS = frozenset({"NaN", "Infinity", "-Infinity"})  # PostgreSQL numeric's own
+
+
+def decimal_text(value: Any) -> str:
+    """The text of an exact decimal of any precision: a plain ASCII decimal, or PostgreSQL
+    numeric's ``NaN``, ``Infinity`` and ``-Infinity``; other text is refused."""
+    if type(value) is str and (value in _NUMERIC_WORDS or _DECIMAL_TEXT.fullmatch(value)):
+        return value
+    raise ValueError("not a decimal text")
+
+
+def without_nul(carry: Carry) -> Passing:
+    """``carry``, refusing a text holding NUL, which PostgreSQL text cannot store; a column
+    ``carry`` leaves unchanged stays unchanged when none of its texts holds one."""
+
+    def convert(value: Any) -> Any:
+        carried = carry(value)
+        if isinstance(carried, str) and "\x00" in carried:
+            raise ValueError("NUL in text")
+        return carried
+
+    def unchanged(values: Sequence[Any]) -> bool:
+        kept = isinstance(carry, Passing) and carry.unchanged(values)
+        return kept and not any("\x00" in value for value in values if value is not None)
+
+    return Passing(convert, unchanged)
 
 
 _FRACTION = re.compile(r"\.(\d+)")

@@ -1,7 +1,7 @@
 """Route configuration files: one TOML file describes one route.
 
 ``[source] kind`` is ``sqlite`` (default) or ``postgres``; ``[target] kind``
-is ``sqlite`` (default), ``duckdb`` or ``clickhouse``. The engines other than
+is ``sqlite`` (default), ``duckdb``, ``clickhouse`` or ``postgres``. The engines other than
 SQLite are optional extras: a route naming one that is not installed is
 refused when the file is loaded, with the ``pip install`` line to run.
 
@@ -63,6 +63,7 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
             "kind": ("target_kind", _OPTIONAL),
             "path": ("file", _OPTIONAL),  # sqlite, duckdb; clickhouse: the chDB data folder
             "url": ("secret", _OPTIONAL),  # clickhouse server: clickhouse:// or http(s)://
+            "dsn": ("secret", _OPTIONAL),  # postgres: a postgresql:// URL or env:NAME
             "table": ("name", _REQUIRED),
             "ledger": ("bool", _OPTIONAL),  # the target's batch ledger (default on)
         },
@@ -123,8 +124,9 @@ _TARGET_KINDS: Mapping[str, _Kind] = {
         driver="clickhouse_connect",
         partitioned=True,
     ),
+    "postgres": _Kind(("dsn",), f"{_CONNECTORS}.postgres_sink:PostgresSink", driver="psycopg"),
 }
-_LOCATION_KEYS = {"source": ("path", "dsn"), "target": ("path", "url")}
+_LOCATION_KEYS = {"source": ("path", "dsn"), "target": ("path", "url", "dsn")}
 # The keys a caller's ``locations`` replace (a scheduler's connections: see _with_locations).
 _OVERRIDABLE = {**_LOCATION_KEYS, "store": ("path",)}
 
@@ -154,7 +156,7 @@ class RouteConfig:
     """A validated route: ready-made connectors plus how to run them and where to checkpoint."""
 
     source: Any  # the kind's class: SQLiteSource or PostgresSource
-    sink: Any  # SQLiteSink, DuckDBSink or ClickHouseSink
+    sink: Any  # SQLiteSink, DuckDBSink, ClickHouseSink or PostgresSink
     strategy: Strategy
     path: str
     governance: Governance

@@ -279,14 +279,15 @@ def check_ledger_columns(columns: set[str]) -> None:
         )
 
 
-def ledger_query(table_marker: str, *, partitions: bool) -> str:
+def ledger_query(table_marker: str, *, partitions: bool, ledger: str = f'"{LEDGER_TABLE}"') -> str:
     """The SELECT a sink's ``read_ledger`` runs: the rows ``LedgerEntry.from_row`` reads.
 
-    ``table_marker`` is the engine's placeholder for the target table's name.
+    ``table_marker`` is the engine's placeholder for the target table's name;
+    ``ledger`` the ledger table's reference (qualified where it lives in a schema).
     """
     listed = "partitions" if partitions else "NULL"
     return (
-        f'SELECT seq, target_table, batch_id, rows, entry, {listed} FROM "{LEDGER_TABLE}"'
+        f"SELECT seq, target_table, batch_id, rows, entry, {listed} FROM {ledger}"
         f" WHERE target_table = {table_marker} ORDER BY seq"
     )
 

@@ -19,6 +19,7 @@ from typing import Any
 from dpone_native_transfer import (
     ClickHouseSink,
     DuckDBSink,
+    PostgresSink,
     SQLiteCheckpointStore,
     SQLiteSink,
     SQLiteSource,
@@ -29,7 +30,14 @@ from dpone_native_transfer.testing import FaultyStore, RecordingSink, StepClock,
 
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
 TARGET_FILES = {"sqlite": "target.db", "duckdb": "target.duckdb", "clickhouse": "chdata"}
-SINKS = {"sqlite": SQLiteSink, "duckdb": DuckDBSink, "clickhouse": ClickHouseSink}
+# Every shipped sink. A PostgreSQL target is a server (a URL, not a file): see
+# test_connectors_postgres_sink.py for its routes.
+SINKS = {
+    "sqlite": SQLiteSink,
+    "duckdb": DuckDBSink,
+    "clickhouse": ClickHouseSink,
+    "postgres": PostgresSink,
+}
 ROUTE_FILE = "route.toml"
 
 # The route file's sections, in the order they are written; a value of None leaves the key out.
@@ -51,7 +59,8 @@ class Literal(str):
 
 
 def make_sink(kind: str, location: str | Path, table: str = "orders_copy") -> Any:
-    """The real sink of target ``kind`` (ClickHouse partitioned by ``region``)."""
+    """The real sink of target ``kind`` (ClickHouse partitioned by ``region``); ``location``
+    is a file or folder, or a PostgreSQL URL."""
     options = {"partition_by": "region"} if kind == "clickhouse" else {}
     return SINKS[kind](str(location), table, **options)
 

@@ -16,14 +16,23 @@ if TYPE_CHECKING:
     from .clickhouse import ClickHouseSink
     from .duckdb import DuckDBSink
     from .postgres import PostgresSource
+    from .postgres_sink import PostgresSink
     from .sqlite import SQLiteSink, SQLiteSource
 
-__all__ = ["ClickHouseSink", "DuckDBSink", "PostgresSource", "SQLiteSink", "SQLiteSource"]
+__all__ = [
+    "ClickHouseSink",
+    "DuckDBSink",
+    "PostgresSink",
+    "PostgresSource",
+    "SQLiteSink",
+    "SQLiteSource",
+]
 
 # Imported on first use, so ``connectors.contract`` (what the runtime needs) loads no connector.
 _MODULES = {
     "ClickHouseSink": ".clickhouse",
     "DuckDBSink": ".duckdb",
+    "PostgresSink": ".postgres_sink",
     "PostgresSource": ".postgres",
     "SQLiteSink": ".sqlite",
     "SQLiteSource": ".sqlite",

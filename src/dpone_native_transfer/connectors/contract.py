@@ -166,7 +166,7 @@ class Collating(Protocol):
 @runtime_checkable
 class SQLiteFile(Source, Collating, Protocol):
     """A source whose table lives in a SQLite file an engine can attach and read itself:
-    what the built-in ``PlanPulling`` sinks pull from."""
+    what the built-in ``PlanPulling`` sinks pull from (PostgreSQL's pulls a ``PostgresSource``)."""
 
     path: str
 

@@ -68,13 +68,13 @@ def _driver() -> Any:
     return import_driver("psycopg", needed_by="PostgresSource")
 
 
-def _resolve_dsn(dsn: Any) -> str:
+def _resolve_dsn(dsn: Any, *, role: str = "source") -> str:
     """The URL ``dsn`` names; errors name the key, never the value (it holds a password)."""
     if isinstance(dsn, str):
         dsn = resolve_env(dsn, argument="dsn")
     if not isinstance(dsn, str) or not dsn.startswith(POSTGRES_SCHEMES):
         raise ConfigInvalid(
-            "give a PostgreSQL source as a postgresql:// URL or env:NAME",
+            f"give a PostgreSQL {role} as a postgresql:// URL or env:NAME",
             diagnostics={"key": "dsn"},
         )
     return dsn
@@ -113,6 +113,11 @@ class PostgresSource(TableSource):
         self._relation = ".".join(_name(part) for part in parts)  # SQL text
         super().__init__(table, partition_column, cursor_column, partition_rows=partition_rows)
         self.identity()  # a DSN that cannot be parsed is refused now, before any run
+
+    @property
+    def regclass(self) -> str:
+        """The table as ``to_regclass()`` reads it (a value, never SQL text)."""
+        return self._regclass
 
     def identity(self) -> TableIdentity:
         """Host, port and database of the DSN (no user or password); ``public.`` implied.
@@ -192,6 +197,13 @@ class PostgresSource(TableSource):
         where, params = self._where(bounds)
         select = ", ".join(_value(column) for column in columns)
         return f"SELECT {select} FROM {self._relation} WHERE {where}", params
+
+    def select_sql(
+        self, bounds: Mapping[str, Any], *, columns: Sequence[Column]
+    ) -> tuple[str, list[Any]]:
+        """The ``SELECT`` of one partition's ``columns`` (as ``read`` gives them) with ``%s``
+        placeholders, and its values: what ``PostgresSink`` pulls on lazy-plan."""
+        return self._select(columns, bounds)
 
     def _window(self, after: Any, upto: Any) -> tuple[str, list[Any]]:
         """`` WHERE`` clause of a cursor window ``(after, upto]``, or nothing."""

@@ -1,0 +1,548 @@
+"""PostgreSQL sink: one table of a PostgreSQL database, loaded on all four transfer paths.
+
+``dsn`` takes the forms ``PostgresSource`` takes (a ``postgresql://`` URL or
+``env:NAME``). ``table`` is ``name`` or ``schema.name`` (``_sql.parse_table``:
+a part holding a dot is quoted); a name without a schema is in ``public``,
+never looked up through ``search_path``, so the route identity names the
+table that is written. Names are case-sensitive: they are always quoted.
+
+Every call opens its own connection and closes it before returning; every
+load is one transaction, in a UTC, ISO session, and writes its ledger row
+(``_dpone_ledger``, in the target's schema) in that same transaction. Rows
+arrive by ``COPY ... FROM STDIN`` (psycopg's ``write_row``), each value
+carried exactly by its column's kind (:func:`postgres_carrier`). A lazy plan
+is pulled by the server itself (``INSERT ... SELECT``) from a PostgreSQL
+source in the same database; any other plan is refused before the target.
+
+Errors raised here name tables only, never the DSN, a password, SQL or the
+driver's text. Driver errors inside the target call (``load``,
+``finalize_staged_load``) propagate unchanged, as the Sink contract asks;
+outside it they become ``TargetUnavailable`` with nothing chained.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from ..column_types import (
+    ENGINE_CARRIERS,
+    Carry,
+    as_text,
+    decimal_text,
+    exact_decimal,
+    exact_text,
+    instant_as_utc_or_infinite,
+    iso_date_or_infinite,
+    utc_instant,
+    without_nul,
+)
+from ..drivers import import_driver, postgres_connect
+from ..errors import ConfigInvalid
+from ..identity import TableIdentity, server_location
+from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query, ledger_table_sql
+from ..payloads import Column, LoadPlan, RowChunks
+from ._arrow import check_widths
+from ._sql import (
+    STAGE_PREFIX,
+    ColumnDifference,
+    TableName,
+    check_target_table,
+    difference,
+    parse_table,
+    payload_refused,
+    quote,
+    refuse_reserved_schema,
+    unavailable,
+)
+from .contract import PendingLedger
+from .postgres import PostgresSource, _name, _resolve_dsn, _session
+
+__all__ = ["POSTGRES_TYPES", "PostgresSink", "postgres_carrier", "postgres_type"]
+
+_T = TypeVar("_T")
+
+POSTGRES_TYPES = {
+    "integer": "bigint",
+    "real": "double precision",
+    "text": "text",
+    "blob": "bytea",
+    "any": "text",
+    "boolean": "boolean",
+    "date": "date",
+    "time": "time without time zone",
+    "timestamp": "timestamp without time zone",
+    "timestamptz": "timestamp with time zone",
+    "interval": "interval",
+    "numeric": "double precision",
+    "decimal": "numeric",
+}
+"""The PostgreSQL type of each column kind (``column_types.py``), spelled as ``format_type()``
+spells it. ``numeric`` and ``decimal`` become ``numeric(p,s)`` when the source declares a
+precision (at most 1000): see :func:`postgres_type`."""
+
+DEFAULT_SCHEMA = "public"
+_RESERVED_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast", "pg_temp")
+_MAX_DECIMAL_WIDTH = 1000
+_MAX_NAME_BYTES = 63  # PostgreSQL cuts a longer identifier silently (NAMEDATALEN - 1)
+# Types narrower than the ones dpone makes: a target column of one cannot take every value.
+_NARROW = frozenset({"smallint", "integer", "real"})
+
+_CARRIERS: dict[str, Carry] = {
+    **ENGINE_CARRIERS,
+    "text": without_nul(exact_text),
+    "any": without_nul(as_text),
+    "interval": without_nul(exact_text),
+    "decimal": decimal_text,
+    "date": iso_date_or_infinite,
+    "timestamp": instant_as_utc_or_infinite,
+    "timestamptz": utc_instant,  # never the worker's time zone
+}
+
+# A table's columns by its exact schema and name (never to_regclass(), which fails in a
+# schema the login may not use: such a table reads as missing, and check_target says why).
+_COLUMNS = """SELECT a.attname, format_type(a.atttypid, a.atttypmod)
+    FROM pg_catalog.pg_attribute a
+    JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
+    ORDER BY a.attnum"""
+# Whether the login may write a table: INSERT on it, or CREATE where it would be created.
+# USAGE on its schema is asked first: to_regclass() fails in a schema the login cannot use.
+_WRITABLE = """SELECT CASE
+    WHEN to_regnamespace(%(schema)s) IS NULL
+        THEN has_database_privilege(current_database(), 'CREATE')
+    WHEN NOT has_schema_privilege(to_regnamespace(%(schema)s), 'USAGE') THEN false
+    WHEN to_regclass(%(table)s) IS NOT NULL
+        THEN has_table_privilege(to_regclass(%(table)s), 'INSERT')
+    ELSE has_schema_privilege(to_regnamespace(%(schema)s), 'CREATE') END"""
+# Whether the login may read a lazy plan's source table, and whether that is the target itself.
+_PULLABLE = """SELECT coalesce(has_table_privilege(to_regclass(%s), 'SELECT'), false),
+    coalesce(to_regclass(%s) = to_regclass(%s), false)"""
+
+
+def postgres_type(column: Column) -> str:
+    """The PostgreSQL type a target column gets; built from fixed names, never from source text."""
+    decimal = column.decimal(_MAX_DECIMAL_WIDTH)
+    if decimal is not None:
+        return f"numeric({decimal[0]},{decimal[1]})"
+    return POSTGRES_TYPES[column.kind]
+
+
+def postgres_carrier(column: Column) -> Carry | None:
+    """How a value of ``column`` reaches PostgreSQL exactly (see ``ValueCarrying``)."""
+    decimal = column.decimal(_MAX_DECIMAL_WIDTH)
+    if decimal is not None:
+        return exact_decimal(*decimal)
+    return _CARRIERS.get(column.kind)
+
+
+def _driver() -> Any:
+    return import_driver("psycopg", needed_by="PostgresSink")
+
+
+def _whole(target_type: str) -> bool:
+    """A ``numeric(p,0)`` that holds every bigint (p >= 19)."""
+    found = re.fullmatch(r"numeric\((\d+),0\)", target_type)
+    return found is not None and int(found.group(1)) >= 19
+
+
+def _base(decltype: Any) -> str:
+    return decltype.split("(")[0].strip() if isinstance(decltype, str) else ""
+
+
+class PostgresSink:
+    """Writes one target table of a PostgreSQL database, each load in a single transaction.
+
+    Each load also writes its ledger row (``LedgerSink``) in that transaction.
+    """
+
+    ledger_atomic = True
+
+    def __init__(self, dsn: str, table: str) -> None:
+        check_target_table(table)
+        parsed = parse_table(table)
+        self._target = TableName(parsed.schema or DEFAULT_SCHEMA, parsed.name)
+        refuse_reserved_schema(self._target, _RESERVED_SCHEMAS, engine="PostgreSQL")
+        parts = (self._target.schema or "", self._stage.name)
+        if max(len(part.encode("utf-8")) for part in parts) > _MAX_NAME_BYTES:
+            raise ConfigInvalid(
+                f"target table {table!r} or its staging table {self._stage.name!r} has a name "
+                f"longer than PostgreSQL keeps ({_MAX_NAME_BYTES} bytes); choose a shorter name",
+                diagnostics={"key": "target.table"},
+            )
+        self._dsn = _resolve_dsn(dsn, role="target")
+        self.table = table
+        self._ledger = PendingLedger()
+        self._checked: LoadPlan | None = None  # the last plan check_plan passed
+        self.identity()  # a DSN that cannot be parsed is refused now, before any run
+
+    def __repr__(self) -> str:
+        return f"PostgresSink(table={self.table!r})"
+
+    def identity(self) -> TableIdentity:
+        """Host, port and database of the DSN (no user or password); names case-sensitive."""
+        location = server_location("postgres", self._dsn, default_port=5432, default_database=None)
+        return TableIdentity(location, self._target.canonical(fold=False))
+
+    @property
+    def _stage(self) -> TableName:
+        return self._target.sibling(STAGE_PREFIX)
+
+    @property
+    def _ledger_table(self) -> TableName:
+        return TableName(self._target.schema, LEDGER_TABLE)
+
+    def ledger_batch(self, entry: LedgerEntry) -> contextlib.AbstractContextManager[None]:
+        return self._ledger.handed(entry)
+
+    # --- connections ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _transaction(self, *, read_only: bool = False) -> Iterator[Any]:
+        """A connection in one transaction (UTC, ISO dates), committed when the block ends;
+        any exception, even a BaseException, rolls it back and is re-raised unchanged."""
+        driver = _driver()
+        try:
+            conn = postgres_connect(driver, self._dsn, what="PostgreSQL target")
+        except driver.Error:
+            conn = None  # raised below, outside the handler, so the driver's text is not chained
+        if conn is None:
+            raise unavailable(self.table, to="be reached (or it refused the login)")
+        try:
+            conn.read_only = read_only
+            _session(conn)
+            yield conn
+            conn.commit()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                conn.rollback()
+            raise
+        finally:
+            conn.close()
+
+    def _outside_call(
+        self, work: Callable[[Any], _T], *, read_only: bool = True, to: str = "be read"
+    ) -> _T:
+        """``work(conn)`` in a transaction of its own, outside the target call: a driver error
+        becomes ``TargetUnavailable``, with nothing chained (its text may hold SQL or values)."""
+        driver = _driver()
+        try:
+            with self._transaction(read_only=read_only) as conn:
+                return work(conn)
+        except driver.Error:
+            pass
+        raise unavailable(self.table, to=to)
+
+    def check_target(self) -> None:
+        """Before the target call: the server answers, the login is accepted, and it may write
+        the target table (INSERT on it, or CREATE where it will be created)."""
+
+        def writable(conn: Any) -> bool:
+            names = {"table": self._target.sql(), "schema": quote(self._target.schema)}
+            return bool(conn.execute(_WRITABLE, names).fetchone()[0])
+
+        if not self._outside_call(writable, to="be reached"):
+            raise ConfigInvalid(
+                f"the login of target table {self.table!r} may not write it (it needs INSERT on "
+                "the table, or CREATE on the schema to create it); nothing was written",
+                diagnostics={"table": self.table},
+            )
+
+    # --- loads ------------------------------------------------------------------------------
+
+    def load(self, payload: RowChunks | LoadPlan) -> int:
+        """Write the payload in one transaction and return the rows written."""
+        if isinstance(payload, RowChunks):  # LoadFiles too: their chunks are the spool's rows
+            with self._transaction() as conn:
+                _prepare_target(conn, self._target, payload.columns, replace=payload.replace)
+                rows = _copy_rows(conn, self._target, payload.columns, payload.chunks)
+                return _record(conn, self._ledger_table, self._ledger.take(), rows)
+        if isinstance(payload, LoadPlan):
+            return self._load_plan(payload)
+        raise payload_refused(self.table)
+
+    def carrier(self, column: Column) -> Carry | None:
+        return postgres_carrier(column)
+
+    def check_plan(self, plan: LoadPlan) -> None:
+        """Refuse a plan this server cannot pull, before anything touches the target: a source
+        that is not a PostgreSQL table of this database, one the target's login may not read,
+        or the target table itself."""
+        source = self._pulled(plan)
+        for bounds in plan.bounds:  # bad bounds fail here, before any connection
+            source.select_sql(bounds, columns=plan.columns)
+        relation = source.regclass
+
+        def pullable(conn: Any) -> tuple[bool, bool]:
+            params = [relation, relation, self._target.sql()]
+            readable, itself = conn.execute(_PULLABLE, params).fetchone()
+            return bool(readable), bool(itself)
+
+        readable, itself = self._outside_call(pullable)
+        if itself or not readable:
+            problem = "is the target table itself" if itself else "may not be read by its login"
+            raise ConfigInvalid(
+                f"lazy-plan into target table {self.table!r} cannot pull its source: the source "
+                f"table {problem}; use legacy, staged or file-artifact",
+                diagnostics={"table": self.table, "path": "lazy-plan"},
+            )
+        self._checked = plan  # the load of this very plan need not check it again
+
+    def _pulled(self, plan: LoadPlan) -> PostgresSource:
+        """The plan's source, when this server can pull it: a table of the same database."""
+        source = plan.source
+        if isinstance(source, PostgresSource):
+            if source.identity().location == self.identity().location:
+                return source
+        raise ConfigInvalid(
+            "lazy-plan on PostgreSQL reads PostgreSQL sources of the target's own database only; "
+            f"target table {self.table!r} cannot pull from this source: use legacy, staged or "
+            "file-artifact",
+            diagnostics={"table": self.table, "path": "lazy-plan"},
+        )
+
+    def _load_plan(self, plan: LoadPlan) -> int:
+        """The server copies each planned partition with ``INSERT ... SELECT``: the source's own
+        select (its values as ``read`` gives them), cast to the target's types."""
+        if self._checked is not plan:
+            self.check_plan(plan)
+        source = self._pulled(plan)
+        names = ", ".join(_name(column.name) for column in plan.columns)
+        aliases = ", ".join(f"c{index}" for index in range(len(plan.columns)))
+        values = ", ".join(_pulled_value(f"c{i}", column) for i, column in enumerate(plan.columns))
+        insert = f"INSERT INTO {self._target.sql(_name)} ({names}) SELECT {values} FROM"
+        statements = [source.select_sql(bounds, columns=plan.columns) for bounds in plan.bounds]
+        with self._transaction() as conn:
+            _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
+            rows = 0
+            for select, params in statements:
+                rows += _run(conn, f"{insert} ({select}) AS dpone_rows ({aliases})", *params)
+            return _record(conn, self._ledger_table, self._ledger.take(), rows)
+
+    # --- staging ----------------------------------------------------------------------------
+
+    def stage(self, payload: RowChunks) -> int:
+        """Fill a fresh staging table beside the target; the target is not touched."""
+
+        def fill(conn: Any) -> int:
+            _run(conn, f"DROP TABLE IF EXISTS {self._stage.sql(_name)}")
+            _create_table(conn, self._stage, payload.columns)
+            return _copy_rows(conn, self._stage, payload.columns, payload.chunks)
+
+        return self._outside_call(fill, read_only=False, to="be written")
+
+    def staged_row_count(self) -> int:
+        return self._outside_call(lambda conn: _row_count(conn, self._stage))
+
+    def discard_stage(self) -> None:
+        drop = f"DROP TABLE IF EXISTS {self._stage.sql(_name)}"
+        self._outside_call(lambda conn: _run(conn, drop), read_only=False, to="be written")
+
+    def finalize_staged_load(self, *, replace: bool = False) -> int:
+        """Move staged rows into the target (by column name) and drop the staging table, at once.
+
+        A missing target is created with the staging table's columns and types.
+        """
+        stage, target = self._stage.sql(_name), self._target.sql(_name)
+        with self._transaction() as conn:
+            staged = [name for name, _ in _columns(conn, self._stage)]
+            if not staged:
+                raise ConfigInvalid(
+                    f"no staged load exists for target table {self.table!r}",
+                    diagnostics={"table": self.table},
+                )
+            if not _columns(conn, self._target):  # the stage's schema is the target's
+                _run(conn, f"CREATE TABLE {target} (LIKE {stage})")
+            if replace:
+                _run(conn, f"DELETE FROM {target}")
+            names = ", ".join(_name(name) for name in staged)
+            moved = _run(conn, f"INSERT INTO {target} ({names}) SELECT {names} FROM {stage}")
+            _run(conn, f"DROP TABLE {stage}")
+            return _record(conn, self._ledger_table, self._ledger.take(), moved)
+
+    # --- schema evolution -------------------------------------------------------------------
+
+    def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
+        """``SchemaEvolving``: names match exactly (always quoted). A column of a type dpone
+        makes takes only a source column it would make that type for (or a wider numeric);
+        a type made by hand is left to PostgreSQL's own conversion."""
+        _refuse_long_names(columns, self.table)  # before the target call: the runtime asks here
+        existing = self._outside_call(lambda conn: _columns(conn, self._target))
+        made = set(POSTGRES_TYPES.values()) | _NARROW
+
+        def takes(column: Column, target_type: str) -> bool:
+            if target_type == postgres_type(column):
+                return True
+            if column.kind in ("integer", "decimal") and target_type == "numeric":
+                return True  # wider: every value fits
+            if column.kind == "integer" and _whole(target_type):
+                return True
+            return not (target_type in made or target_type.startswith("numeric("))
+
+        return difference(existing, columns, takes=takes)
+
+    def add_columns(self, columns: Sequence[Column]) -> None:
+        def add(conn: Any) -> None:
+            for column in columns:
+                _run(
+                    conn,
+                    f"ALTER TABLE {self._target.sql(_name)} ADD COLUMN {_name(column.name)}"
+                    f" {postgres_type(column)}",
+                )
+
+        self._outside_call(add, read_only=False, to="be altered")
+
+    # --- ledger and reads -------------------------------------------------------------------
+
+    def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:
+        """The ledger entries of this target table, oldest first (a read-only transaction)."""
+        ledger = self._ledger_table
+
+        def read(conn: Any) -> list[tuple]:
+            columns = _columns(conn, ledger)
+            if not columns:
+                return []
+            check_ledger_columns({name for name, _ in columns})
+            query = ledger_query("%s", partitions=partitions, ledger=ledger.sql(_name))
+            return conn.execute(query, [self.identity().table]).fetchall()
+
+        return [LedgerEntry.from_row(*row) for row in self._outside_call(read)]
+
+    def row_count(self) -> int:
+        return self._outside_call(lambda conn: _row_count(conn, self._target))
+
+    def is_empty(self) -> bool:
+        def empty(conn: Any) -> bool:
+            if not _columns(conn, self._target):
+                return True
+            found = _run_query(conn, f"SELECT EXISTS (SELECT 1 FROM {self._target.sql(_name)})")
+            return not found[0][0]
+
+        return self._outside_call(empty)
+
+    def rows(self) -> list[tuple]:
+        """Every row of the target table, in no particular order (tests and operators)."""
+
+        def every(conn: Any) -> list[tuple]:
+            if not _columns(conn, self._target):
+                return []
+            return _run_query(conn, f"SELECT * FROM {self._target.sql(_name)}")
+
+        return self._outside_call(every)
+
+
+# Statements always pass a parameter list, so psycopg reads ``%%`` in a quoted name (``_name``)
+# as ``%``; COPY takes no parameters and uses ``quote``.
+
+
+def _run(conn: Any, sql: str, *params: Any) -> int:
+    """Execute one statement; the rows it affected."""
+    return conn.execute(sql, list(params)).rowcount
+
+
+def _run_query(conn: Any, sql: str, *params: Any) -> list[tuple]:
+    return conn.execute(sql, list(params)).fetchall()
+
+
+def _columns(conn: Any, table: TableName) -> list[tuple[str, str]]:
+    """The table's (name, ``format_type``) pairs in order; ``[]`` when it does not exist."""
+    return [(name, kind) for name, kind in _run_query(conn, _COLUMNS, table.schema, table.name)]
+
+
+def _create_schema(conn: Any, table: TableName) -> None:
+    """Create the table's schema unless it exists (CREATE SCHEMA IF NOT EXISTS would need the
+    CREATE privilege on the database even then)."""
+    exists = "SELECT to_regnamespace(%s) IS NOT NULL"
+    if table.schema is not None and not _run_query(conn, exists, quote(table.schema))[0][0]:
+        _run(conn, f"CREATE SCHEMA {_name(table.schema)}")
+
+
+def _create_table(conn: Any, table: TableName, columns: Sequence[Column]) -> None:
+    """Create the table unless it exists (checked first: CREATE TABLE IF NOT EXISTS would need
+    the CREATE privilege on the schema even then)."""
+    if not columns:
+        raise ConfigInvalid("at least one column is required")
+    _refuse_long_names(columns, table.name)
+    if _columns(conn, table):
+        return
+    _create_schema(conn, table)
+    definitions = ", ".join(f"{_name(column.name)} {postgres_type(column)}" for column in columns)
+    _run(conn, f"CREATE TABLE {table.sql(_name)} ({definitions})")
+
+
+def _refuse_long_names(columns: Sequence[Column], table: str) -> None:
+    """Column names PostgreSQL would cut (more than 63 bytes) are a configuration error: two
+    could become one name, or a cut name miss the column the route means."""
+    long = [c.name for c in columns if len(c.name.encode("utf-8")) > _MAX_NAME_BYTES]
+    if long:
+        raise ConfigInvalid(
+            f"column(s) {', '.join(long)} of target table {table!r} have names longer than "
+            f"PostgreSQL keeps ({_MAX_NAME_BYTES} bytes); rename them in the source",
+            diagnostics={"table": table, "columns": long},
+        )
+
+
+def _prepare_target(
+    conn: Any, table: TableName, columns: Sequence[Column], *, replace: bool
+) -> None:
+    _create_table(conn, table, columns)
+    if replace:  # DELETE, not TRUNCATE: readers with an older snapshot keep seeing the old rows
+        _run(conn, f"DELETE FROM {table.sql(_name)}")
+
+
+def _copy_rows(
+    conn: Any, table: TableName, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
+) -> int:
+    """Every row of ``chunks`` through one ``COPY ... FROM STDIN``; the rows written."""
+    names = ", ".join(quote(column.name) for column in columns)
+    written = 0
+    with conn.cursor() as cursor, cursor.copy(f"COPY {table.sql()} ({names}) FROM STDIN") as copy:
+        for chunk in chunks:
+            if not chunk:
+                continue
+            check_widths(chunk, len(columns), table.name)
+            for row in chunk:
+                copy.write_row(row)
+            written += len(chunk)
+    return written
+
+
+def _pulled_value(alias: str, column: Column) -> str:
+    """A lazy plan's value of one column, cast to the target type, as the driver reads it on
+    the other paths: a ``real`` through its text (``0.1``, not 0.100000001490116), a
+    ``character(n)`` through its output text (``concat``: a cast would drop the padding)."""
+    base = _base(column.decltype)
+    padded = f"CASE WHEN {alias} IS NULL THEN NULL ELSE concat({alias}) END"  # concat(NULL): ''
+    value = {"real": f"{alias}::text", "character": padded}.get(base, alias)
+    return f"CAST({value} AS {postgres_type(column)})"
+
+
+def _record(conn: Any, ledger: TableName, entry: LedgerEntry | None, rows: int) -> int:
+    """Write the batch's ledger row inside the load's transaction; returns ``rows``.
+
+    A transaction lock on the ledger serializes its creation and its ``seq`` between loads
+    of different tables of the schema (one table's loads hold the route's lease)."""
+    if entry is not None:
+        table = ledger.sql(_name)
+        _run(conn, "SELECT pg_advisory_xact_lock(hashtext(%s))", ledger.sql())
+        if not _columns(conn, ledger):
+            _create_schema(conn, ledger)
+            integer = "bigint NOT NULL"
+            _run(conn, ledger_table_sql(table, seq=integer, integer=integer, text="text NOT NULL"))
+        target, batch, fields, partitions = entry.row()
+        _run(
+            conn,
+            f"INSERT INTO {table} (seq, target_table, batch_id, rows, entry, partitions)"
+            f" VALUES ((SELECT COALESCE(MAX(seq), 0) + 1 FROM {table}), %s, %s, %s, %s, %s)",
+            target, batch, rows, fields, partitions,
+        )  # fmt: skip
+    return rows
+
+
+def _row_count(conn: Any, table: TableName) -> int:
+    if not _columns(conn, table):
+        return 0
+    return _run_query(conn, f"SELECT count(*) FROM {table.sql(_name)}")[0][0]

@@ -1,0 +1,554 @@
+"""PostgreSQL target (issue 17) against the suite's real server: every path and strategy,
+lazy-plan from PostgreSQL, the guard's retries, the ledger in the load's transaction, schema
+evolution, names, privileges and safe errors. Exact values per type: tests/test_type_matrix.py;
+the conformance kit on every row path: tests/test_conformance.py (TestKitPostgres)."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from helpers.postgres_server import postgres_url
+from helpers.routes import Route
+
+from dpone_native_transfer import PostgresSink, PostgresSource, SQLiteSource
+from dpone_native_transfer.errors import (
+    ConfigInvalid,
+    SchemaChanged,
+    TargetUnavailable,
+    ValueUnsupported,
+)
+from dpone_native_transfer.payloads import Column, LoadPlan
+from dpone_native_transfer.testing import (
+    InjectedFault,
+    assert_blocked_before_target,
+    assert_rows_exactly_once,
+    build_sample_source,
+    phase_batch,
+)
+
+ROW_PATHS = ("legacy", "staged", "file-artifact")
+PATHS = (*ROW_PATHS, "lazy-plan")
+STRATEGIES = ("incremental_append", "full_refresh")
+
+
+def admin(location: Any, sql: str, params: Any = None) -> list[tuple]:
+    """One statement as the server's superuser, outside any route."""
+    with contextlib.closing(psycopg.connect(location.dsn, autocommit=True)) as conn:
+        cursor = conn.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+class SinkRoute(Route):
+    """The tests' route into ``schema.orders_copy`` on the server. On lazy-plan the source is
+    a PostgreSQL copy of the sample table in the same schema (what the server can pull);
+    otherwise the sample SQLite source."""
+
+    def __init__(self, tmp: Path, location: Any, path: str, *, url: str | None = None) -> None:
+        self.location, self.path = location, path
+        self.url = url or postgres_url(location.dsn)
+        sink = PostgresSink(self.url, f"{location.schema}.orders_copy")
+        self.pg_source = path == "lazy-plan"
+        if not self.pg_source:
+            super().__init__(tmp, sink=sink)
+            return
+        admin(location, f'CREATE SCHEMA IF NOT EXISTS "{location.schema}"')
+        admin(
+            location,
+            f'CREATE TABLE "{location.schema}".orders (id integer PRIMARY KEY, region text'
+            " NOT NULL, amount double precision, updated_at bigint)",
+        )
+        source = PostgresSource(self.url, f"{location.schema}.orders", "region", "updated_at")
+        super().__init__(tmp, source=source, sink=sink)
+        self._copy_sample(tmp, rows=120, start_id=1)
+
+    def _copy_sample(self, tmp: Path, *, rows: int, start_id: int) -> None:
+        """The sample rows ``build_sample_source`` makes, inserted into the PostgreSQL source."""
+        scratch = tmp / f"sample-{start_id}.db"
+        build_sample_source(scratch, rows=rows, partitions=4, start_id=start_id)
+        with contextlib.closing(sqlite3.connect(scratch)) as db:
+            sample = db.execute("SELECT * FROM orders").fetchall()
+        with contextlib.closing(psycopg.connect(self.location.dsn, autocommit=True)) as conn:
+            conn.cursor().executemany(
+                f'INSERT INTO "{self.location.schema}".orders VALUES (%s, %s, %s, %s)', sample
+            )
+
+    def source_rows(self) -> list[tuple]:
+        if not self.pg_source:
+            return super().source_rows()
+        return admin(self.location, f'SELECT * FROM "{self.location.schema}".orders ORDER BY id')
+
+    def source_ids(self) -> list[int]:
+        return [row[0] for row in self.source_rows()]
+
+    def add_rows(self, rows: int = 30) -> None:
+        if not self.pg_source:
+            super().add_rows(rows)
+            return
+        self._copy_sample(self.tmp, rows=rows, start_id=max(self.source_ids()) + 1)
+
+    def run(self, run_id: str = "run-1", *, strategy: str = "incremental_append", **kwargs):
+        return self.runtime(**kwargs).run(self.spec(self.path, run_id, strategy=strategy))
+
+
+@pytest.fixture
+def location(postgres_schema):
+    return postgres_schema
+
+
+@pytest.fixture(params=PATHS)
+def route(request, tmp_path, location):
+    made = SinkRoute(tmp_path, location, request.param)
+    yield made
+    made.real_store.close()
+
+
+# --- every path, both strategies ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_path_and_strategy_loads_each_row_exactly_once(route, strategy):
+    """Row paths from SQLite, lazy-plan from PostgreSQL: three runs, new rows before the second;
+    every value comes back as the source holds it, and the ledger holds one row per batch."""
+    results = [route.run("run-1", strategy=strategy)]
+    assert route.target_rows() == route.source_rows()
+    route.add_rows(30)
+    results.append(route.run("run-2", strategy=strategy))
+    results.append(route.run("run-3", strategy=strategy))  # nothing new
+    assert route.target_rows() == route.source_rows()
+    assert_rows_exactly_once(route.source_ids(), route.target_ids())
+    loaded = [result.rows_loaded for result in results]
+    assert loaded == ([120, 30, 0] if strategy == "incremental_append" else [120, 150, 150])
+    entries = route.sink.inner.read_ledger(partitions=True)
+    assert [e.batch_id for e in entries] == [r.batch_id for r in results if r.batch_id]
+    assert [e.rows for e in entries] == [rows for rows in loaded if rows]
+    assert route.sink.inner.row_count() == 150 and not route.sink.inner.is_empty()
+    call = "finalize_staged_load" if route.path == "staged" else "load"
+    assert route.sink.calls == [call] * len(entries)
+
+
+def test_a_lazy_plan_is_pulled_by_the_server_not_through_dpone(tmp_path, location):
+    """The load is given a plan (no rows): the server copies the source's rows itself."""
+    route = SinkRoute(tmp_path, location, "lazy-plan")
+    payloads: list[Any] = []
+    inner_load = route.sink.inner.load
+    route.sink.inner.load = lambda payload: payloads.append(payload) or inner_load(payload)
+    try:
+        assert route.run().rows_loaded == 120
+    finally:
+        route.real_store.close()
+    assert [type(payload) for payload in payloads] == [LoadPlan]
+    assert route.target_rows() == route.source_rows()
+
+
+def test_lazy_plan_gives_the_values_the_row_paths_give(tmp_path, location):
+    """A ``real`` 0.1 read by the driver is the double 0.1; cast on the server it would be
+    0.100000001490116. A ``character(4)`` keeps its padding, which a cast drops. Both paths
+    load the same rows into their own tables."""
+    schema = location.schema
+    admin(location, f'CREATE SCHEMA "{schema}"')
+    admin(
+        location,
+        f'CREATE TABLE "{schema}".src (id integer, p integer, r real, v varchar(5), c char(4))',
+    )
+    rows = "(1, 0, 0.1, 'ab', 'ab'), (2, 1, 3.4e38, NULL, NULL)"
+    admin(location, f'INSERT INTO "{schema}".src VALUES {rows}')
+    url = postgres_url(location.dsn)
+    source = PostgresSource(url, f"{schema}.src", "p")
+    loaded = {}
+    for path in ("legacy", "lazy-plan"):
+        sink = PostgresSink(url, f"{schema}.copy_{path.replace('-', '_')}")
+        route = Route(tmp_path / path, source=source, sink=sink)
+        try:
+            route.runtime().run(route.spec(path, strategy="full_refresh"))
+        finally:
+            route.real_store.close()
+        loaded[path] = sorted(sink.rows())
+    expected = [(1, 0, 0.1, "ab", "ab  "), (2, 1, 3.4e38, None, None)]
+    assert loaded["lazy-plan"] == loaded["legacy"] == expected
+
+
+# --- lazy-plan is refused before the target unless the server can pull the source -----------
+
+
+def test_lazy_plan_from_a_sqlite_source_is_refused_before_arming(tmp_path, location):
+    route = Route(tmp_path, sink=PostgresSink(postgres_url(location.dsn), "orders_copy"))
+    try:
+        with pytest.raises(ConfigInvalid, match="lazy-plan on PostgreSQL reads PostgreSQL sources"):
+            route.runtime().run(route.spec("lazy-plan"))
+        assert route.sink.target_calls == 0
+        assert route.store.batches == []  # nothing armed: the route is not blocked
+    finally:
+        route.real_store.close()
+
+
+def _plan(source: Any, *columns: Column) -> LoadPlan:
+    columns = columns or (Column("id", "integer", "integer"),)
+    return LoadPlan(source=source, columns=columns, bounds=({"partition": "a"},))
+
+
+def test_lazy_plan_from_another_database_is_refused_without_connecting(location):
+    url = postgres_url(location.dsn)
+    elsewhere = url.rsplit("/", 1)[0] + "/another_database"
+    sink = PostgresSink(url, f"{location.schema}.orders_copy")
+    with pytest.raises(ConfigInvalid, match="of the target's own database only"):
+        sink.check_plan(_plan(PostgresSource(elsewhere, "orders", "region")))
+    other_server = PostgresSink("postgresql://u:p@127.0.0.1:1/x", "orders_copy")  # unreachable
+    with pytest.raises(ConfigInvalid, match="of the target's own database only"):
+        other_server.check_plan(_plan(PostgresSource(url, "orders", "region")))
+
+
+def test_lazy_plan_refuses_the_target_itself_and_bad_bounds(tmp_path, location):
+    route = SinkRoute(tmp_path, location, "lazy-plan")
+    try:
+        route.run()
+        schema, url = location.schema, route.url
+        itself = PostgresSource(url, f"{schema}.orders_copy", "region")
+        with pytest.raises(ConfigInvalid, match="is the target table itself"):
+            route.sink.inner.check_plan(_plan(itself))
+        bad_bounds = LoadPlan(source=route.source, columns=_plan(None).columns, bounds=({},))
+        with pytest.raises(ConfigInvalid, match="partition bounds"):
+            route.sink.inner.check_plan(bad_bounds)
+    finally:
+        route.real_store.close()
+
+
+# --- the guard: a partial commit blocks the retry; without the guard it duplicates -----------
+
+
+def test_a_partial_commit_blocks_every_retry_before_the_target(route):
+    original = route.store.fail_batch(phase_batch("checkpoint_committed"), keep=1)
+    with pytest.raises(InjectedFault) as caught:
+        route.run()
+    assert caught.value is original
+    route.add_rows(30)
+    for run_id in ("retry-1", "retry-2"):
+        assert_blocked_before_target(lambda run_id=run_id: route.run(run_id), route.sink)
+    assert route.sink.target_calls == 1
+    assert_rows_exactly_once(route.source_ids()[:120], route.target_ids())
+    assert len(route.sink.inner.read_ledger()) == 1  # the batch the target holds, once
+
+
+def test_without_the_guard_the_same_retry_loads_rows_twice(route):
+    """The difference the guard makes, on the same fault: ``plugins=[]``."""
+    route.store.fail_batch(phase_batch(None), keep=1)
+    with pytest.raises(InjectedFault):
+        route.run(plugins=[])
+    route.run("retry", plugins=[])
+    ids = route.target_ids()
+    assert route.sink.target_calls == 2
+    assert set(ids) == set(route.source_ids())
+    duplicated = len(ids) - len(set(ids))
+    assert 0 < duplicated < 120  # the partitions the store lost: loaded again
+
+
+# --- the ledger commits with the rows; a failed full refresh keeps the old rows -------------
+
+
+def _refuse_at_commit(location: Any) -> None:
+    """A deferred trigger that fails at COMMIT: rows and ledger row are both written, then the
+    commit fails, so neither may remain."""
+    schema = location.schema
+    admin(
+        location,
+        f'CREATE FUNCTION "{schema}".refuse() RETURNS trigger LANGUAGE plpgsql AS'
+        " $$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$",
+    )
+    admin(
+        location,
+        f'CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON "{schema}".orders_copy'
+        f' DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION "{schema}".refuse()',
+    )
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_load_failing_at_commit_leaves_neither_rows_nor_a_ledger_row(route, strategy):
+    first = route.run(strategy=strategy)
+    before = route.target_rows()
+    _refuse_at_commit(route.location)
+    route.add_rows(30)
+    with pytest.raises(psycopg.Error):  # the driver's own error, unchanged
+        route.run("run-2", strategy=strategy)
+    assert route.sink.target_calls == 2
+    assert route.target_rows() == before  # a full refresh keeps the old rows
+    assert [e.batch_id for e in route.sink.inner.read_ledger()] == [first.batch_id]
+    if strategy == "incremental_append":  # an unknown outcome blocks the append's retry
+        assert_blocked_before_target(lambda: route.run("run-3"), route.sink)
+
+
+def test_a_failed_stage_leaves_the_target_untouched(tmp_path, location):
+    route = SinkRoute(tmp_path, location, "staged")
+    try:
+        route.run()
+        with contextlib.closing(sqlite3.connect(route.source_path)) as db:
+            db.execute("INSERT INTO orders VALUES (999, 'region-000', 'not a number', 2000000)")
+            db.commit()
+        with pytest.raises(ValueUnsupported):
+            route.run("run-2")
+        assert route.sink.target_calls == 1 and len(route.target_ids()) == 120
+        assert route.sink.inner.staged_row_count() == 0
+    finally:
+        route.real_store.close()
+
+
+# --- schema evolution -----------------------------------------------------------------------
+
+
+def test_a_new_source_column_is_added_to_the_target(tmp_path, location):
+    route = SinkRoute(tmp_path, location, "legacy")
+    try:
+        route.run()
+        with contextlib.closing(sqlite3.connect(route.source_path)) as db:
+            db.execute('ALTER TABLE orders ADD COLUMN "a note %s" TEXT')
+            db.execute("INSERT INTO orders VALUES (500, 'region-000', 1.5, 2000000, 'new')")
+            db.commit()
+        route.run("run-2")
+        columns = admin(
+            location,
+            "SELECT column_name, data_type FROM information_schema.columns"
+            " WHERE table_schema = %s AND table_name = 'orders_copy' ORDER BY ordinal_position",
+            [location.schema],
+        )
+        assert columns[-1] == ("a note %s", "text")
+        assert (500, "region-000", 1.5, 2000000, "new") in route.target_rows()
+        source_columns = route.source.describe().columns
+        assert not route.sink.inner.column_difference(source_columns)
+    finally:
+        route.real_store.close()
+
+
+def test_a_narrower_hand_made_column_stops_the_run_before_the_target(tmp_path, location):
+    schema = location.schema
+    admin(location, f'CREATE SCHEMA "{schema}"')
+    admin(
+        location,
+        f'CREATE TABLE "{schema}".orders_copy (id integer, region varchar(40), amount real,'
+        " updated_at numeric(20,0))",
+    )
+    route = SinkRoute(tmp_path, location, "legacy")
+    try:
+        difference = route.sink.inner.column_difference(route.source.describe().columns)
+        assert difference.retyped == ["id", "amount"]  # varchar and a wide numeric take theirs
+        with pytest.raises(SchemaChanged):
+            route.run()
+        assert route.sink.target_calls == 0
+    finally:
+        route.real_store.close()
+
+
+# --- names: schemas, case, awkward identifiers ------------------------------------------------
+
+
+def test_awkward_schema_table_and_column_names(tmp_path, location):
+    """Quotes, dots, percent signs (psycopg's placeholders) and case, on every row path."""
+    weird_schema = f'{location.schema}"x%s'
+    quoted_schema = '"' + weird_schema.replace('"', '""') + '"'
+    source = tmp_path / "source.db"
+    with contextlib.closing(sqlite3.connect(source)) as db:
+        db.execute(
+            'CREATE TABLE src ("the id" INTEGER PRIMARY KEY, "part %(p)s" TEXT, "v""%" REAL)'
+        )
+        db.executemany("INSERT INTO src VALUES (?, ?, ?)", [(1, "a", 0.5), (2, 'b"%', None)])
+        db.commit()
+    url = postgres_url(location.dsn)
+    tables = []
+    try:
+        for path in ROW_PATHS:
+            tables.append(f'Odd.%(t)s "T" {path}')
+            sink = PostgresSink(url, f'{quoted_schema}."Odd.%(t)s ""T"" {path}"')
+            sqlite = SQLiteSource(str(source), "src", "part %(p)s")
+            route = Route(tmp_path / path, source=sqlite, sink=sink)
+            try:
+                for run_id in ("run-1", "run-2"):  # the second replaces the first's rows
+                    route.runtime().run(route.spec(path, run_id, strategy="full_refresh"))
+            finally:
+                route.real_store.close()
+            assert sorted(sink.rows()) == [(1, "a", 0.5), (2, 'b"%', None)]
+            assert [entry.rows for entry in sink.read_ledger()] == [2, 2]
+        relations = admin(
+            location,
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s",
+            [weird_schema],
+        )
+        assert sorted(row[0] for row in relations) == sorted([*tables, "_dpone_ledger"])
+    finally:
+        admin(location, f"DROP SCHEMA IF EXISTS {quoted_schema} CASCADE")
+
+
+def test_identity_names_host_port_database_and_the_table_case_sensitively(location):
+    url = postgres_url(location.dsn)
+    parts = psycopg.conninfo.conninfo_to_dict(location.dsn)
+    other_login = f"postgresql://someone:CANARY@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    plain, public = PostgresSink(url, "orders"), PostgresSink(url, "public.orders")
+    assert plain.identity() == public.identity()
+    assert PostgresSink(other_login, "orders").identity() == plain.identity()
+    assert PostgresSink(url, "Orders").identity() != plain.identity()
+    assert "CANARY" not in repr(PostgresSink(other_login, "orders"))
+    assert "CANARY" not in str(PostgresSink(other_login, "orders").identity())
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ("pg_catalog.t", "keeps for itself"),
+        ("_dpone_stage_t", "reserved"),
+        ("a.b.c", "not a table name"),
+        ("t" * 60, "longer than PostgreSQL keeps"),
+    ],
+)
+def test_tables_it_cannot_write_are_refused_when_made(location, table, says):
+    with pytest.raises(ConfigInvalid, match=says):
+        PostgresSink(postgres_url(location.dsn), table)
+
+
+def test_a_column_name_postgres_would_cut_is_refused_before_the_target(tmp_path, location):
+    long = "c" * 64
+    source = tmp_path / "source.db"
+    with contextlib.closing(sqlite3.connect(source)) as db:
+        db.execute(f'CREATE TABLE src (id INTEGER PRIMARY KEY, p TEXT, "{long}" TEXT)')
+        db.execute("INSERT INTO src VALUES (1, 'a', 'x')")
+        db.commit()
+    sink = PostgresSink(postgres_url(location.dsn), f"{location.schema}.copy")
+    route = Route(tmp_path / "route", source=SQLiteSource(str(source), "src", "p"), sink=sink)
+    try:
+        with pytest.raises(ConfigInvalid, match="longer than PostgreSQL keeps") as refused:
+            route.runtime().run(route.spec("legacy"))
+        assert refused.value.diagnostics["columns"] == [long]
+        assert route.sink.target_calls == 0 and route.store.batches == []
+    finally:
+        route.real_store.close()
+
+
+# --- privileges and errors: found before the target, never holding credentials ----------------
+
+
+@pytest.fixture
+def login(location):
+    """A login of this test's own, with no privilege but what a test grants: (role, URL)."""
+    role, password = f"dpone_{secrets.token_hex(6)}", secrets.token_hex(12)
+    admin(location, f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    admin(location, f'CREATE SCHEMA IF NOT EXISTS "{location.schema}"')
+    parts = psycopg.conninfo.conninfo_to_dict(location.dsn)
+    yield role, f"postgresql://{role}:{password}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    admin(location, f"DROP OWNED BY {role}")
+    admin(location, f"DROP ROLE {role}")
+
+
+def _assert_safe(error: BaseException, *secrets_: str) -> None:
+    text = f"{error} {error!r} {getattr(error, 'diagnostics', '')}"
+    for secret in secrets_:
+        assert secret not in text
+    assert error.__context__ is None and error.__cause__ is None
+
+
+def test_a_login_that_may_not_write_is_refused_before_the_target(tmp_path, location, login):
+    role, url = login
+    schema = location.schema
+    route = SinkRoute(tmp_path, location, "legacy", url=url)
+    try:
+        with pytest.raises(ConfigInvalid, match="may not write it") as refused:
+            route.run()
+        _assert_safe(refused.value, url.split("@")[0], "SELECT", "has_")
+        assert route.sink.target_calls == 0 and route.store.batches == []
+        admin(location, f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO {role}')
+        assert route.run("run-2").rows_loaded == 120  # the same route, once it may
+    finally:
+        route.real_store.close()
+
+
+def test_lazy_plan_refuses_a_source_its_login_may_not_read(tmp_path, location, login):
+    role, url = login
+    route = SinkRoute(tmp_path, location, "lazy-plan", url=url)  # the source as the superuser
+    admin(location, f'GRANT USAGE, CREATE ON SCHEMA "{location.schema}" TO {role}')
+    superuser = postgres_url(location.dsn)
+    route.source = PostgresSource(superuser, route.source.table, "region", "updated_at")
+    try:
+        with pytest.raises(ConfigInvalid, match="may not be read by its login"):
+            route.run()
+        assert route.sink.target_calls == 0 and route.store.batches == []
+        admin(location, f'GRANT SELECT ON "{location.schema}".orders TO {role}')
+        assert route.run("run-2").rows_loaded == 120
+    finally:
+        route.real_store.close()
+
+
+def test_a_wrong_password_or_no_server_is_target_unavailable_without_credentials(location):
+    url = postgres_url(location.dsn).replace("@", "x-CANARY-PW@", 1)
+    table = f"{location.schema}.orders_copy"
+    nowhere = "postgresql://u:CANARY-PW@127.0.0.1:1/x"
+    for sink in (PostgresSink(url, table), PostgresSink(nowhere, table)):
+        for call in (sink.check_target, sink.read_ledger, sink.row_count, sink.is_empty):
+            with pytest.raises(TargetUnavailable) as caught:
+                call()
+            _assert_safe(caught.value, "CANARY", "postgresql://", "password", "127.0.0.1")
+            assert caught.value.diagnostics == {"table": table}
+
+
+def test_dsn_forms(location, monkeypatch):
+    with pytest.raises(ConfigInvalid, match="PostgreSQL target as a postgresql:// URL") as caught:
+        PostgresSink("host=127.0.0.1 dbname=x user=u password=CANARY-PW", "t")
+    _assert_safe(caught.value, "CANARY")
+    with pytest.raises(ConfigInvalid, match="DPONE_TEST_UNSET_TARGET"):
+        PostgresSink("env:DPONE_TEST_UNSET_TARGET", "t")
+    monkeypatch.setenv("DPONE_TEST_TARGET", postgres_url(location.dsn))
+    from_env = PostgresSink("env:DPONE_TEST_TARGET", f"{location.schema}.t")
+    direct = PostgresSink(postgres_url(location.dsn), f"{location.schema}.t")
+    assert from_env.identity() == direct.identity()
+    from_env.check_target()  # the server answers; the schema does not exist yet: it may create it
+
+
+def test_a_failing_read_is_target_unavailable_without_sql_or_driver_text(location):
+    schema = location.schema
+    admin(location, f'CREATE SCHEMA "{schema}"')
+    admin(location, f'CREATE VIEW "{schema}".orders_copy AS SELECT 1 / 0 AS broken')
+    sink = PostgresSink(postgres_url(location.dsn), f"{schema}.orders_copy")
+    with pytest.raises(TargetUnavailable) as caught:
+        sink.rows()
+    _assert_safe(caught.value, "division", "SELECT", 'orders_copy"')
+
+
+# --- the route file ---------------------------------------------------------------------------
+
+
+def test_a_route_file_with_a_postgres_target_runs(tmp_path, location):
+    from helpers.cli import run_cli
+    from helpers.routes import write_route
+
+    route_file = write_route(tmp_path, rows=40, path="file-artifact", kind="postgres",
+                             target="unused", table=f"{location.schema}.orders_copy")  # fmt: skip
+    text = route_file.read_text().replace('path = "unused"', 'dsn = "env:PG_TARGET_FOR_TEST"')
+    route_file.write_text(text)
+    env = {"PG_TARGET_FOR_TEST": postgres_url(location.dsn)}
+    done = run_cli("run", route_file, "--quiet", env=env)
+    assert done.returncode == 0, done.stderr
+    sink = PostgresSink(env["PG_TARGET_FOR_TEST"], f"{location.schema}.orders_copy")
+    assert sink.row_count() == 40 and len(sink.read_ledger()) == 1
+    assert env["PG_TARGET_FOR_TEST"] not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("target", "key", "says"),
+    [
+        ({"path": "target.db"}, "target.path", "is not used by target.kind = 'postgres'"),
+        ({}, "target.dsn", "is required"),
+        ({"dsn": "env:DPONE_TEST_UNSET_TARGET_DSN"}, "target.dsn", "is not set"),
+    ],
+)
+def test_a_postgres_target_needs_its_dsn_alone(target, key, says):
+    from dpone_native_transfer.config import route_config_from_mapping
+
+    route = {
+        "source": {"path": "source.db", "table": "orders", "partition_column": "region"},
+        "target": {"kind": "postgres", "table": "orders_copy", **target},
+        "transfer": {"strategy": "incremental_append", "path": "legacy"},
+        "store": {"path": "checkpoints.db"},
+    }
+    with pytest.raises(ConfigInvalid, match=says) as refused:
+        route_config_from_mapping(route)
+    assert refused.value.diagnostics["key"] == key
