@@ -28,6 +28,7 @@ from .errors import ArtifactInvalid
 
 __all__ = [
     "DigestReader",
+    "DigestWriter",
     "check_digest",
     "create_private",
     "file_sha256",
@@ -129,6 +130,29 @@ class DigestReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class DigestWriter:
+    """A file written by a writer of another format (pyarrow), hashing every byte it writes,
+    so the digest needs no second read of the file."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self._handle, self._digest = handle, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self._digest.update(data)
+        return self._handle.write(data)
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+    @property
+    def closed(self) -> bool:
+        return self._handle.closed
+
+    @property
+    def sha256(self) -> str:
+        return "sha256:" + self._digest.hexdigest()
 
 
 def create_private(path: Path) -> BinaryIO:

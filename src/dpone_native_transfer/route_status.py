@@ -15,14 +15,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .checkpoints import RouteKey
-from .config import load_route_config
 from .latest import as_latest
 from .lease import LeaseStore, lease_key, read_holder
 from .plugins import Hooks, make_plugin_manager
 from .reporting import BLOCKING_ERRORS, EXIT_OK, plural
 from .stores import open_store
 
-__all__ = ["add_routes_command", "add_state_show", "route_status"]
+__all__ = ["add_routes_command", "route_status", "status_line"]
 
 
 def route_status(store: Any, route: RouteKey, hooks: Hooks) -> dict[str, Any]:
@@ -82,7 +81,7 @@ def _holder(store: Any, route: RouteKey) -> dict[str, Any] | None:
     return None if holder is None else holder.as_dict()
 
 
-def _line(status: dict[str, Any]) -> str:
+def status_line(status: dict[str, Any]) -> str:
     """One route for people: outcome first, then what the next run starts from."""
     route = RouteKey(**status["route"])
     parts = [f"{route.label}: {status['outcome']}"]
@@ -106,7 +105,7 @@ def _line(status: dict[str, Any]) -> str:
 
 def _print(statuses: list[dict[str, Any]], as_json: bool) -> None:
     for status in statuses:
-        print(json.dumps(status, sort_keys=True, default=str) if as_json else _line(status))
+        print(json.dumps(status, sort_keys=True, default=str) if as_json else status_line(status))
 
 
 def add_routes_command(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -128,22 +127,6 @@ def add_routes_command(commands: Any, common: argparse.ArgumentParser) -> None:
     routes.set_defaults(handler=_routes_command)
 
 
-def add_state_show(actions: Any, common: argparse.ArgumentParser) -> None:
-    show = actions.add_parser(
-        "show",
-        parents=[common],
-        help="a route's state in the checkpoint store (reads only)",
-        description="Show what the checkpoint store knows of the route of ROUTE_FILE: as "
-        "`routes` shows it, plus the route's source state.",
-    )
-    show.add_argument("route_file", metavar="ROUTE_FILE", help="the route file (TOML)")
-    show.add_argument(
-        "--store", metavar="STORE", help="checkpoint store (default: the route file's)"
-    )
-    show.add_argument("--json", action="store_true", help="one JSON object")
-    show.set_defaults(handler=_state_show_command)
-
-
 def _routes_command(args: argparse.Namespace) -> int:
     store = open_store(args.store, create=False, argument="--store")
     try:
@@ -151,23 +134,4 @@ def _routes_command(args: argparse.Namespace) -> int:
         _print([route_status(store, route, hooks) for route in store.list_routes()], args.json)
     finally:
         store.close()
-    return EXIT_OK
-
-
-def _state_show_command(args: argparse.Namespace) -> int:
-    config = load_route_config(args.route_file, argument="ROUTE_FILE")
-    location, argument = (
-        (args.store, "--store") if args.store else (config.store_path, "store.path")
-    )
-    store = open_store(location, create=False, argument=argument)
-    try:
-        status = route_status(store, config.route, Hooks(make_plugin_manager(None)))
-        state = store.load_source_state(config.route)
-    finally:
-        store.close()
-    if args.json:
-        print(json.dumps({**status, "source_state": state}, sort_keys=True, default=str))
-    else:
-        print(_line(status))
-        print(f"source state: {json.dumps(state, sort_keys=True, default=str)}")
     return EXIT_OK

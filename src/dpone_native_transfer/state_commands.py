@@ -43,7 +43,7 @@ from .recovery import (
     plan_restore,
 )
 from .reporting import EXIT_FAILED, EXIT_OK, confirmed, plural
-from .route_status import add_state_show
+from .route_status import route_status, status_line
 from .stores import open_store
 
 __all__ = ["add_state_command"]
@@ -58,7 +58,7 @@ def add_state_command(commands: Any, common: argparse.ArgumentParser) -> None:
         description="Inspect and repair a route's state in the checkpoint store.",
     )
     actions = state.add_subparsers(title="actions", dest="action", metavar="ACTION", required=True)
-    add_state_show(actions, common)
+    _add_show(actions, common)
     restore = _operator_action(
         actions,
         common,
@@ -119,6 +119,38 @@ would then load every row again, a target table that holds rows is refused:
 empty or refresh it first, or pass --from-now (a route with a cursor column),
 which continues after the source's current highest cursor value instead. A
 blocked route is refused: resolve it first (guard scan)."""
+
+
+def _add_show(actions: Any, common: argparse.ArgumentParser) -> None:
+    show = actions.add_parser(
+        "show",
+        parents=[common],
+        help="a route's state in the checkpoint store (reads only)",
+        description="Show what the checkpoint store knows of the route of ROUTE_FILE: as "
+        "`routes` shows it, plus the route's source state.",
+    )
+    show.add_argument("route_file", metavar="ROUTE_FILE", help="the route file (TOML)")
+    show.add_argument(
+        "--store", metavar="STORE", help="checkpoint store (default: the route file's)"
+    )
+    show.add_argument("--json", action="store_true", help="one JSON object")
+    show.set_defaults(handler=_state_show_command)
+
+
+def _state_show_command(args: argparse.Namespace) -> int:
+    config = load_route_config(args.route_file, argument="ROUTE_FILE")
+    store = _store(args, config, create_own=False)
+    try:
+        status = route_status(store, config.route, Hooks(make_plugin_manager(None)))
+        state = store.load_source_state(config.route)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps({**status, "source_state": state}, sort_keys=True, default=str))
+    else:
+        print(status_line(status))
+        print(f"source state: {json.dumps(state, sort_keys=True, default=str)}")
+    return EXIT_OK
 
 
 def _text(value: str) -> str:

@@ -14,9 +14,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import create_private
+from ..artifacts import DigestWriter, create_private
 from ..drivers import import_driver
 from ..errors import ConfigInvalid
+from ..payloads import LoadFile
 
 __all__ = ["arrow", "check_widths", "read_stream", "row_batch", "row_type", "write_stream"]
 
@@ -58,26 +59,29 @@ def write_stream(
     *,
     batch_rows: int,
     table: str,
-) -> tuple[int, Iterator[Sequence[tuple]] | None]:
+) -> LoadFile | Iterator[Sequence[tuple]]:
     """Write the chunks to the new private file ``path`` as one Arrow IPC stream of
-    ``batch_rows``-row batches, whatever the chunks were: the rows written and None; or,
-    once a batch does not convert, 0 and every row (those written, read back, then the rest)."""
+    ``batch_rows``-row batches, whatever the chunks were: the file written (its digest taken
+    as it is written); or, once a batch does not convert, every row (those written, read
+    back, then the rest)."""
     rows, pending, remaining = 0, list[tuple](), iter(chunks)
-    with create_private(path) as handle, pa.ipc.new_stream(handle, pa.schema(struct)) as stream:
-        for chunk in itertools.chain(remaining, [[]]):  # the empty chunk flushes the rest
-            if chunk:
-                check_widths(chunk, struct.num_fields, table)
-                pending.extend(chunk)
-            while pending and (len(pending) >= batch_rows or not chunk):
-                block = pending[:batch_rows]
-                batch = row_batch(pa, struct, block)
-                if batch is None:
-                    rest = itertools.chain([pending], remaining)
-                    return 0, itertools.chain(read_stream(pa, path), rest)
-                stream.write_batch(batch)
-                rows += len(block)
-                del pending[:batch_rows]
-    return rows, None
+    with create_private(path) as handle:
+        written = DigestWriter(handle)
+        with pa.ipc.new_stream(written, pa.schema(struct)) as stream:
+            for chunk in itertools.chain(remaining, [[]]):  # the empty chunk flushes the rest
+                if chunk:
+                    check_widths(chunk, struct.num_fields, table)
+                    pending.extend(chunk)
+                while pending and (len(pending) >= batch_rows or not chunk):
+                    block = pending[:batch_rows]
+                    batch = row_batch(pa, struct, block)
+                    if batch is None:
+                        rest = itertools.chain([pending], remaining)
+                        return itertools.chain(read_stream(pa, path), rest)
+                    stream.write_batch(batch)
+                    rows += len(block)
+                    del pending[:batch_rows]
+    return LoadFile(path=path, rows=rows, sha256=written.sha256, native=True)
 
 
 def read_stream(pa: Any, path: Path) -> Iterator[list[tuple]]:

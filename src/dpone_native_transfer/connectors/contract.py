@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..column_types import Carry
     from ..identity import TableIdentity
     from ..ledger import LedgerEntry
-    from ..payloads import Column, LoadPlan, RowChunks, SourceShape
+    from ..payloads import Column, LoadFile, LoadPlan, RowChunks, SourceShape
     from ._sql import ColumnDifference
 
 __all__ = [
@@ -129,11 +129,11 @@ class NativeFiles(Protocol):
 
     def write_load_file(
         self, path: Path, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
-    ) -> tuple[int, Iterator[Sequence[tuple]] | None]:
+    ) -> LoadFile | Iterator[Sequence[tuple]]:
         """Write the (carried) chunks to the new private file ``path`` in the engine's format:
-        the rows written and None; or, once a value cannot be held exactly in that format, 0
-        and every row as chunks (read back, then the rest), for the caller to keep in its own
-        format. Touches nothing but the file."""
+        the file written (``native``, its rows and the digest of its bytes); or, once a value
+        cannot be held exactly in that format, every row as chunks (read back, then the
+        rest), for the caller to keep in its own format. Touches nothing but the file."""
 
     def load(self, payload: RowChunks) -> int:
         """``Sink.load``; for ``LoadFiles``, the files in order, in one transaction: native ones

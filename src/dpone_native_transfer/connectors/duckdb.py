@@ -246,7 +246,7 @@ class DuckDBSink(FileTarget):
 
     def write_load_file(
         self, path: Path, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
-    ) -> tuple[int, Iterator[Sequence[tuple]] | None]:
+    ) -> LoadFile | Iterator[Sequence[tuple]]:
         """``NativeFiles``: the Arrow batches ``load`` would insert, as one IPC stream file."""
         pa = arrow("DuckDBSink")
         struct = _arrow_row(pa, columns)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
-from ..artifacts import create_private, file_sha256, read_chunks, write_chunks
+from ..artifacts import create_private, read_chunks, write_chunks
 from ..boundary import TargetBoundary, TargetMutation
 from ..checkpoints import PartitionCheckpoint, RouteKey, Strategy
 from ..clock import Clock
@@ -172,10 +172,10 @@ class PathContext:
         sink = self.sink
         if isinstance(sink, NativeFiles):
             native = self.work_dir / f"{name}.arrows"
-            rows, every_row = sink.write_load_file(native, self.shape.columns, chunks)
-            if every_row is None:
-                return LoadFile(path=native, rows=rows, sha256=file_sha256(native), native=True)
-            chunks = every_row  # read back from ``native`` as the spool is written
+            written = sink.write_load_file(native, self.shape.columns, chunks)
+            if isinstance(written, LoadFile):
+                return written
+            chunks = written  # every row, read back from ``native`` as the spool is written
         spool = self.work_dir / f"{name}.rows"
         with create_private(spool) as handle:
             rows, digest = write_chunks(handle, chunks)

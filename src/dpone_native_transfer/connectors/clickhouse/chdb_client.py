@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigInvalid, TargetUnavailable
-from ...payloads import Column
+from ...payloads import Column, LoadFile
 from .client import SETTINGS, import_engine
 from .sql import (
     column_list,
@@ -124,12 +124,12 @@ class ChdbClient:
         insert = f"INSERT INTO {table} ({column_list([c.name for c in columns])})"
         with tempfile.TemporaryDirectory(prefix="dpone-chdb-") as folder:
             path = Path(folder, "rows.arrows")
-            rows, every_row = write_arrow_stream(path, columns, chunks, table=table)
-            if every_row is not None:
-                return self._insert_json(f"{insert}{insert_settings(token)}", every_row)
-            if rows:
+            written = write_arrow_stream(path, columns, chunks, table=table)
+            if not isinstance(written, LoadFile):  # every row, for JSON
+                return self._insert_json(f"{insert}{insert_settings(token)}", written)
+            if written.rows:
                 self.insert_file(table, columns, path, token=token)
-        return rows
+        return written.rows
 
     def insert_file(
         self, table: str, columns: Sequence[Column], path: Path, *, token: str | None = None

@@ -42,7 +42,7 @@ from ...column_types import Carry
 from ...errors import ConfigInvalid, NativeTransferError, SourceInvalid
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query, ledger_table_sql
-from ...payloads import Column, LoadFiles, LoadPlan, RowChunks, bound_predicates
+from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, RowChunks, bound_predicates
 from .._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -199,7 +199,7 @@ class ClickHouseSink:
 
     def write_load_file(
         self, path: Path, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
-    ) -> tuple[int, Iterator[Sequence[tuple]] | None]:
+    ) -> LoadFile | Iterator[Sequence[tuple]]:
         """``NativeFiles``: the Arrow stream ``insert_rows`` writes, in fixed-size batches."""
         return write_arrow_stream(path, columns, chunks, table=self.table)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from ...column_types import ENGINE_CARRIERS, Carry, exact_decimal
 from ...errors import ConfigInvalid
-from ...payloads import Column, Predicate
+from ...payloads import Column, LoadFile, Predicate
 from .._arrow import arrow, read_stream, row_type, write_stream
 from .._sql import TableName, identifier, render_predicates
 
@@ -264,9 +264,9 @@ def _arrow_type(column: Column) -> str:
 
 def write_arrow_stream(
     path: Path, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]], *, table: str
-) -> tuple[int, Iterator[Sequence[tuple]] | None]:
+) -> LoadFile | Iterator[Sequence[tuple]]:
     """Write the chunks to the new private file ``path`` as one Arrow IPC stream
-    (``_arrow.write_stream``): the rows written and None, or every row once a block would
+    (``_arrow.write_stream``): the file written, or every row once a block would
     not convert (a date or a ``Decimal`` object, an integer beyond 64 bits).
 
     ClickHouse makes a block of each record batch and deduplicates a repeated INSERT block
