@@ -685,10 +685,17 @@ def _plan(source: SQLiteSource, after=None, upto=None) -> LoadPlan:
     return LoadPlan(source=source, columns=source.describe().columns, bounds=bounds)
 
 
+@pytest.fixture
+def indexed_source(source_db: Path) -> SQLiteSource:
+    _execute(source_db, "CREATE INDEX orders_by_region ON orders (region)")
+    return SQLiteSource(source_db, "orders", "region", "updated_at")
+
+
 @pytest.mark.parametrize("window", [(None, None), (10, 60)])
 def test_load_plan_copies_the_whole_table_once_when_it_holds_exactly_the_planned_partitions(
-    source, sink, monkeypatch, window
+    indexed_source, sink, monkeypatch, window
 ):
+    source = indexed_source
     returned = _spy_table_sql(monkeypatch)
     plan = _plan(source, *window)
     expected = sorted(row for b in plan.bounds for chunk in source.read(b) for row in chunk)
@@ -697,13 +704,15 @@ def test_load_plan_copies_the_whole_table_once_when_it_holds_exactly_the_planned
     assert sorted(sink.rows()) == expected
     # a windowed plan keeps its per-partition queries (an index bounds them to the window)
     assert len(returned) == 1 and (returned[0] is None) == (window != (None, None))
+    if returned[0] is not None:
+        assert " IN (" not in returned[0][0]  # the whole table, checked: no filter at all
 
 
 def test_load_plan_skips_a_partition_that_appeared_after_planning(
-    source, sink, source_db, monkeypatch
+    indexed_source, sink, source_db, monkeypatch
 ):
     returned = _spy_table_sql(monkeypatch)
-    plan = _plan(source)
+    plan = _plan(indexed_source)
     _execute(source_db, "INSERT INTO orders VALUES (8, 'east', 80, 'h')")
     assert sink.load(plan) == 7
     assert sorted(sink.rows(), key=lambda row: row[0]) == ORDERS
@@ -711,14 +720,65 @@ def test_load_plan_skips_a_partition_that_appeared_after_planning(
 
 
 def test_load_plan_handles_a_partition_that_vanished_after_planning(
-    source, sink, source_db, monkeypatch
+    indexed_source, sink, source_db, monkeypatch
 ):
     returned = _spy_table_sql(monkeypatch)
-    plan = _plan(source)
+    plan = _plan(indexed_source)
     _execute(source_db, "DELETE FROM orders WHERE region = 'south'")
     assert sink.load(plan) == 5
     assert sorted(sink.rows(), key=lambda row: row[0]) == [r for r in ORDERS if r[1] != "south"]
     assert returned == [None]
+
+
+@pytest.mark.parametrize("window", [(None, None), (10, 60)])
+def test_load_plan_of_an_unindexed_table_is_one_scan_of_the_planned_values(
+    source, sink, source_db, monkeypatch, window
+):
+    """Without an index each partition's query would scan the table: the plan is one scan
+    that keeps the planned values, windowed or not; a partition that appeared after planning
+    is left out, as its own query would leave it out."""
+    returned = _spy_table_sql(monkeypatch)
+    plan = _plan(source, *window)
+    expected = sorted(row for b in plan.bounds for chunk in source.read(b) for row in chunk)
+    _execute(source_db, "INSERT INTO orders VALUES (8, 'east', 50, 'h')")
+    statements = _traced_statements(monkeypatch)
+    assert sink.load(plan) == len(expected) == (7 if window == (None, None) else 5)
+    assert sorted(sink.rows()) == expected
+    assert len(returned) == 1 and " IN (" in returned[0][0]
+    copies = [sql for sql in statements if sql.startswith('INSERT INTO "orders_copy"')]
+    assert len(copies) == 1
+    assert not any("DISTINCT" in sql for sql in statements)  # no second listing of the values
+
+
+@pytest.mark.parametrize(
+    ("declared", "stored", "bounds"),
+    [
+        ("INTEGER", [5, "5x", 6, None, 5.5], [{"partition": "5"}, {"partition": None}]),
+        ("TEXT", ["5", "6", "O'Brien"], [{"partition": 5}, {"partition": "O'Brien"}]),
+        ("NUMERIC", [1, 2.5, "x"], [{"partition": "1.0"}, {"partition": 2.5}]),
+        ("BLOB", [b"\x00", "a", 1], [{"partition": b"\x00"}, {"partition": 1}]),
+    ],
+)
+def test_load_plan_scan_matches_the_partition_queries_as_sqlite_compares(
+    tmp_path, sink, monkeypatch, declared, stored, bounds
+):
+    """Bounds whose type is not the stored one match as ``=`` matches them (affinity)."""
+    path = tmp_path / "odd.db"
+    _execute(
+        path,
+        f"CREATE TABLE t (id INTEGER PRIMARY KEY, p {declared}, updated_at INTEGER)",
+        params=["INSERT INTO t (p, updated_at) VALUES (?, 1)", [(v,) for v in stored * 3]],
+    )
+    source = SQLiteSource(path, "t", "p", "updated_at")
+    returned = _spy_table_sql(monkeypatch)
+    plan = LoadPlan(source=source, columns=source.describe().columns, bounds=tuple(bounds))
+    expected = sorted(
+        (row for b in plan.bounds for chunk in source.read(b) for row in chunk), key=repr
+    )
+    assert expected  # the case would prove nothing if no bound matched a row
+    assert sink.load(plan) == len(expected)
+    assert sorted(sink.rows(), key=repr) == expected
+    assert returned[0] is not None and " IN (" in returned[0][0]
 
 
 def test_load_plan_with_partitions_in_different_windows_runs_per_partition(

@@ -33,7 +33,7 @@ from ..ledger import (
     ledger_query,
     ledger_table_sql,
 )
-from ..payloads import Column, LoadPlan, RowChunks, SourceShape
+from ..payloads import Column, LoadPlan, Predicate, RowChunks, SourceShape
 from ._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -59,6 +59,8 @@ from .contract import DEFAULT_CHUNK_ROWS, SQLiteFile
 __all__ = ["SQLiteSink", "SQLiteSource"]
 
 _TIMEOUT = 30
+# A plan of more partitions than this is not one IN list (a statement's parameters are limited).
+_PLAN_SCAN_VALUES = 500
 _TYPE_TOKEN = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*|\(\s*[+-]?\d+\s*(?:,\s*[+-]?\d+\s*)?\))")
 # Words that end a type name and begin a column constraint (SQLite's grammar).
 _CONSTRAINT_WORDS = frozenset(
@@ -349,15 +351,22 @@ class SQLiteSource(TableSource):
         schema: str,
         columns: Sequence[Column],
     ) -> tuple[str, tuple] | None:
-        """One query for a plan that covers the whole table, or None.
+        """One query for the whole plan, or None (then one query per partition).
 
-        When no bound has a cursor window and ``conn`` sees exactly the planned
-        partition values, the union of the partition queries is the table: one
-        sequential read instead of one index range per partition. A windowed plan
-        keeps its partition queries, which an index bounds to the rows it needs. The
-        caller runs this inside its transaction, so the check and the copy see the same
-        rows; a partition that appeared after planning fails the check, and is not loaded.
+        Without an index on the partition column, each partition's query scans the
+        table: a plan of single values in one cursor window is one scan that keeps
+        the rows whose value is one of the plan's (``IN``, values as the column stores
+        them, so it matches what ``=`` would). Otherwise, when no bound has a cursor
+        window and ``conn`` sees exactly the planned partition values, the union of the
+        partition queries is the table: one sequential read instead of one index range
+        per partition. A windowed plan keeps its partition queries, which an index
+        bounds to the rows it needs. The caller runs this inside its transaction, so the
+        check and the copy see the same rows; a partition that appeared after planning
+        fails the check, and is not loaded.
         """
+        scan = self._plan_scan(bounds, conn=conn, schema=schema, columns=columns)
+        if scan is not None:
+            return scan
         if any(
             b.get("cursor_after") is not None or b.get("cursor_upto") is not None for b in bounds
         ):
@@ -441,24 +450,72 @@ class SQLiteSource(TableSource):
         if split is None:
             return None
         partitions, window = split
-        key, table = self._ref(self.partition_column), _quote(self.table)
         columns = self.describe().columns
         with self.reader() as conn:
-            if _index_seeks(conn, f"SELECT 1 FROM {table} WHERE {key} = ?"):
-                return None
-            if self.partition_column in self.collated_columns():
-                return None
-            position = [column.name for column in columns].index(self.partition_column)
-            declared = parsed_type(columns[position].decltype)
-            values = _as_stored(conn, declared, [p.value for p in partitions])
-        route: dict[Any, int] = {}
-        for index, value in enumerate(values):
-            if route.setdefault(value, index) != index:
-                return None  # two bounds name one partition: leave it to the reads
+            values = self._scan_values(conn, "main", partitions, columns)
+        if values is None:
+            return None
+        route = {value: index for index, value in enumerate(values)}
         where, params = render_predicates(window, marker="?", name=self._ref)
-        sql = f"SELECT {_column_list(columns, self.table)} FROM {table}"
+        sql = f"SELECT {_column_list(columns, self.table)} FROM {_quote(self.table)}"
         sql += f" WHERE {where} ORDER BY rowid" if where else " ORDER BY rowid"
+        position = [column.name for column in columns].index(self.partition_column)
         return _routed(self._chunks(sql, tuple(params), chunk_rows), position, route)
+
+    def _scan_values(
+        self,
+        conn: sqlite3.Connection,
+        schema: str,
+        partitions: Sequence[Predicate],
+        columns: Sequence[Column],
+    ) -> list[Any] | None:
+        """The partitions' values as the column stores them (its affinity converts ``'5'``
+        into 5 in an INTEGER column, as it converts a bound parameter), when one scan of the
+        table in ``schema`` tells them apart exactly; otherwise None. Not when the partition
+        column has an index to seek (each partition's own read is cheaper), compares other
+        than byte by byte, or two bounds name one value."""
+        key, table = self._ref(self.partition_column), f"{_quote(schema)}.{_quote(self.table)}"
+        names = [column.name for column in columns]
+        if self.partition_column not in names:
+            return None
+        if _index_seeks(conn, f"SELECT 1 FROM {table} WHERE {key} = ?"):
+            return None
+        if self.partition_column in self.collated_columns():
+            return None
+        declared = parsed_type(columns[names.index(self.partition_column)].decltype)
+        values = _as_stored(conn, declared, [p.value for p in partitions])
+        return values if len(set(values)) == len(values) else None
+
+    def _plan_scan(
+        self,
+        bounds: Sequence[Mapping],
+        *,
+        conn: sqlite3.Connection,
+        schema: str,
+        columns: Sequence[Column],
+    ) -> tuple[str, tuple] | None:
+        """The plan as one scan of an unindexed table (``table_sql``), or None."""
+        split = self._single_values(bounds, DEFAULT_CHUNK_ROWS)
+        if split is None or len(bounds) > _PLAN_SCAN_VALUES:
+            return None
+        partitions, window = split
+        values = self._scan_values(conn, schema, partitions, columns)
+        if values is None:
+            return None
+        key = self._ref(self.partition_column)
+        known = [value for value, p in zip(values, partitions, strict=True) if p.op == "="]
+        matches = [f"{key} IN ({', '.join('?' * len(known))})"] if known else []
+        if len(known) < len(values):
+            matches.append(f"{key} IS NULL")
+        where, params = render_predicates(window, marker="?", name=self._ref)
+        condition = " OR ".join(matches)
+        if where:
+            condition = f"({condition}) AND {where}"
+        sql = (
+            f"SELECT {_column_list(columns, self.table)} FROM {_quote(schema)}.{_quote(self.table)}"
+            f" WHERE {condition} ORDER BY rowid"
+        )
+        return sql, (*known, *params)
 
     def edge_rows(
         self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = DEFAULT_CHUNK_ROWS
