@@ -13,8 +13,9 @@ spread over the table with no index on the partition column.
   ``sql_database`` with its pyarrow backend, run by ``_dlt_child.py`` in a
   venv of its own (``make bench`` makes it; dlt is never our dependency).
 
-Every case runs once per round, rounds alternate the cases (A B C ... A B C),
-and each ratio is the median of the per-round ratios. Transfers are guarded,
+Every case runs once per round, in reverse order every other round (A B C, C B A),
+each guarded transfer beside its ``plugins=[]`` twin (lazy-plan's pair several
+times), and each ratio is the median of the per-run ratios. Transfers are guarded,
 with the target ledger on (the default), into fresh files.
 """
 
@@ -46,7 +47,14 @@ from ._common import (
     timed,
     unindexed_source_db,
 )
-from .transfer import GUARD_LIMIT, RUNTIME_LIMITS, bare_attach, bare_copy, run_transfer
+from .transfer import (
+    GUARD_LIMIT,
+    PAIRS_PER_ROUND,
+    RUNTIME_LIMITS,
+    bare_attach,
+    bare_copy,
+    run_transfer,
+)
 
 ENGINE_LIMITS = {
     "duckdb": {"lazy-plan": 1.25, "other": 2.0},
@@ -147,12 +155,33 @@ def _dlt_missing() -> str | None:
     return None
 
 
-def _rounds(cases: dict[str, Callable[[], float]], runs: int) -> dict[str, list[float]]:
-    """Each case once per round, ``runs`` rounds after one warm-up round that is dropped."""
+def _rounds(
+    cases: dict[str, Callable[[], float]], runs: int, pairs: dict[str, str] | None = None
+) -> dict[str, list[float]]:
+    """Each case once per round, ``runs`` rounds after one warm-up round that is dropped.
+
+    Odd rounds run the cases in reverse order, so no case always follows the same
+    one. A case in ``pairs`` runs back to back with its partner (``{guarded:
+    unguarded}``), which goes first every other time; lazy-plan's pair repeats
+    ``PAIRS_PER_ROUND`` times, as in section 1, since its transfer is short.
+    """
+    pairs = pairs or {}
+    partners = set(pairs.values())
     times: dict[str, list[float]] = {name: [] for name in cases}
     for round_number in range(runs + 1):
-        for name, case in cases.items():
-            seconds = case()
+        schedule: list[str] = []
+        for name in cases:
+            if name in partners:
+                continue
+            if name not in pairs:
+                schedule.append(name)
+                continue
+            repeats = PAIRS_PER_ROUND.get(name, 1)
+            for repeat in range(repeats):
+                pair = [name, pairs[name]]
+                schedule.extend(pair if (round_number + repeat) % 2 else pair[::-1])
+        for name in schedule[::-1] if round_number % 2 else schedule:
+            seconds = cases[name]()
             if round_number:
                 times[name].append(seconds)
         log(f"peers: round {round_number} of {runs} done")
@@ -160,6 +189,9 @@ def _rounds(cases: dict[str, Callable[[], float]], runs: int) -> dict[str, list[
 
 
 def _ratio(times: dict[str, list[float]], case: str, baseline: str) -> float:
+    """The median of the per-run ratios; of the medians when one repeats within a round."""
+    if len(times[case]) != len(times[baseline]):
+        return median(times[case]) / median(times[baseline])
     return median([a / b for a, b in zip(times[case], times[baseline], strict=True)])
 
 
@@ -204,7 +236,7 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
             )
         if engine == "duckdb" and dlt_missing is None:
             cases["dlt"] = lambda: _dlt(source, rows_total)
-        times = _rounds(cases, sizes.runs)
+        times = _rounds(cases, sizes.runs, {path: f"{path} unguarded" for path in PATHS})
         raw[engine] = times
         name = {"duckdb": "DuckDB", "chdb": "chDB"}[engine]
         own = OWN_COPY[engine]
