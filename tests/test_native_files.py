@@ -1,11 +1,14 @@
 """legacy and file-artifact into DuckDB and chDB: the rows are written, before the target call,
 in the format the engine reads itself (an Arrow IPC stream, ``NativeFiles``), and the target
-call only reads those files. Real engines; the wrappers only watch or inject a fault."""
+call only reads those files. DuckDB writes them itself from a SQLite source it reads exactly
+(``FilePulling``); otherwise the runtime writes the rows it read. Real engines; the wrappers
+only watch, hide a capability or inject a fault."""
 
 from __future__ import annotations
 
 import errno
 import math
+import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,8 +17,10 @@ import pyarrow as pa
 import pytest
 from helpers.routes import Route, make_sink
 
-from dpone_native_transfer import SQLiteSource
+from dpone_native_transfer import SQLiteSource, artifacts
 from dpone_native_transfer.artifacts import file_sha256
+from dpone_native_transfer.connectors import duckdb as duckdb_sink
+from dpone_native_transfer.connectors.contract import FilePulling
 from dpone_native_transfer.errors import ArtifactInvalid
 from dpone_native_transfer.payloads import LoadFiles
 from dpone_native_transfer.testing import assert_rows_exactly_once
@@ -38,8 +43,20 @@ class Watching:
         return getattr(self.inner, name)
 
 
-def _route(tmp_path: Path, kind: str, before_load: Callable[[Any], None]) -> Route:
-    sink = Watching(make_sink(kind, tmp_path / f"target-{kind}"), before_load)
+class NotPulling(Watching):
+    """The real sink without ``FilePulling``: the runtime writes its load files."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "pull_load_files":
+            raise AttributeError(name)
+        return super().__getattr__(name)
+
+
+def _route(
+    tmp_path: Path, kind: str, before_load: Callable[[Any], None], *, pulling: bool = True
+) -> Route:
+    wrapper = Watching if pulling else NotPulling
+    sink = wrapper(make_sink(kind, tmp_path / f"target-{kind}"), before_load)
     return Route(tmp_path, kind=kind, sink=sink)
 
 
@@ -86,7 +103,7 @@ def test_a_value_arrow_cannot_hold_keeps_its_file_in_the_runtime_format(tmp_path
     """DuckDB gets a NaN as the text ``'nan'`` (its binding would make a float NaN NULL), which
     an Arrow double cannot hold: that partition's file is a spool file, the others Arrow."""
     seen: list[LoadFiles] = []
-    route = _route(tmp_path, "duckdb", seen.append)
+    route = _route(tmp_path, "duckdb", seen.append, pulling=False)  # DuckDB would read the file
     route.source = NaNSource(str(route.source_path), "orders", "region", "updated_at")
     try:
         assert route.runtime().run(route.spec("file-artifact")).rows_loaded == 120
@@ -126,38 +143,215 @@ def test_an_artifact_changed_before_the_engine_reads_it_loads_nothing(tmp_path, 
         route.real_store.close()
 
 
-class FullDisk:
-    """The real sink, whose native file write fails half way with ENOSPC."""
+@pytest.fixture
+def full_disk(monkeypatch):
+    """Every Arrow load file write fails with ENOSPC once 1 KiB is written, the runtime's and
+    DuckDB's own alike (both write through ``DigestWriter``); ``space()`` ends it."""
+    real = artifacts.DigestWriter.write
+    written = [0]
+    full = [True]
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def write_load_file(self, path: Path, columns: Any, chunks: Any) -> Any:
-        def half() -> Iterator[Any]:
-            iterator = iter(chunks)
-            yield next(iterator)
+    def write(self, data: bytes) -> int:
+        written[0] += len(data)
+        if full[0] and written[0] > 1024:
             raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
 
-        return self.inner.write_load_file(path, columns, half())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+    monkeypatch.setattr(artifacts.DigestWriter, "write", write)
+    return lambda: full.__setitem__(0, False)
 
 
 @pytest.mark.parametrize("path", FILE_PATHS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_full_disk_fails_before_the_target_and_the_retry_loads_once(tmp_path, kind, path):
-    """The load file is written before the target call, so a full disk never blocks the route."""
-    real = make_sink(kind, tmp_path / f"target-{kind}")
-    route = Route(tmp_path, kind=kind, sink=FullDisk(real))
+def test_a_full_disk_fails_before_the_target_and_the_retry_loads_once(
+    tmp_path, kind, path, full_disk
+):
+    """The load file is written before the target call, so a full disk never blocks the route;
+    a pulled file that fails leaves no file behind, and the runtime then writes its own."""
+    route = Route(tmp_path, kind=kind, sink=make_sink(kind, tmp_path / f"target-{kind}"))
     try:
         with pytest.raises(OSError) as caught:
             route.runtime().run(route.spec(path, run_id="r1"))
         assert caught.value.errno == errno.ENOSPC
         assert route.sink.target_calls == 0
-        route.sink.inner = real  # space again
+        full_disk()  # space again
         assert route.runtime().run(route.spec(path, run_id="r2")).rows_loaded == 120
         assert route.sink.target_calls == 1
         assert_rows_exactly_once(route.source_ids(), route.target_ids())
     finally:
         route.real_store.close()
+
+
+# --- DuckDB writes the load files itself (FilePulling) ---------------------------------------
+
+
+class Unread(SQLiteSource):
+    """The real source; a partition read through Python fails the test. The rows at the top of
+    the cursor edge are read (before and after the engine's own read, as for lazy-plan)."""
+
+    def read(self, bounds: Any, *, chunk_rows: int = 10_000) -> Iterator[list[tuple]]:
+        if "cursor_from" in bounds:
+            return super().read(bounds, chunk_rows=chunk_rows)
+        raise AssertionError("a row was read through Python")
+
+    def read_partitions(self, bounds: Any, *, chunk_rows: int = 10_000) -> None:
+        raise AssertionError("a row was read through Python")
+
+
+def _unread_route(tmp_path: Path, seen: list) -> Route:
+    route = _route(tmp_path, "duckdb", seen.append)
+    route.source = Unread(str(route.source_path), "orders", "region", "updated_at")
+    return route
+
+
+@pytest.mark.parametrize("path", FILE_PATHS)
+def test_duckdb_writes_the_load_files_from_sqlite_without_a_row_in_python(tmp_path, path):
+    seen: list[LoadFiles] = []
+    route = _unread_route(tmp_path, seen)
+    assert isinstance(route.sink, FilePulling)
+    try:
+        result = route.runtime().run(route.spec(path, run_id="r1"))
+        assert result.rows_loaded == 120
+        assert_rows_exactly_once(route.source_ids(), route.target_ids())
+        with sqlite3.connect(route.source_path) as db:
+            counts = dict(db.execute("SELECT region, count(*) FROM orders GROUP BY region"))
+        latest = route.latest()
+        assert {cp.partition_bounds["partition"]: cp.rows_exported for cp in latest} == counts
+        [payload] = seen
+        assert all(file.native for file in payload.files)
+        if path == "file-artifact":
+            by_id = {cp.partition_id: cp for cp in latest}
+            for file in payload.files:
+                checkpoint = by_id[file.path.stem]
+                assert file.sha256 == checkpoint.diagnostics["artifact_sha256"]
+                assert file.rows == checkpoint.rows_exported
+        else:
+            assert len(payload.files) == 1
+        route.add_rows(40)  # the next window (the cursor edge is tracked) loads only the new
+        assert route.runtime().run(route.spec(path, run_id="r2")).rows_loaded == 40
+        assert_rows_exactly_once(route.source_ids(), route.target_ids())
+    finally:
+        route.real_store.close()
+
+
+def test_a_partition_that_appears_after_planning_is_not_pulled(tmp_path):
+    """Rows of a value no bound names are left out, as each partition's own read would."""
+    seen: list[LoadFiles] = []
+    route = _unread_route(tmp_path, seen)
+    real = route.sink.inner.pull_load_files
+
+    def pull_after_a_new_partition(plan: Any, paths: Any) -> Any:
+        with sqlite3.connect(route.source_path) as db:
+            db.execute("INSERT INTO orders VALUES (999, 'region-new', 1.0, 1)")
+        return real(plan, paths)
+
+    route.sink.inner.pull_load_files = pull_after_a_new_partition
+    try:
+        assert route.runtime().run(route.spec("legacy")).rows_loaded == 120
+        assert 999 not in route.target_ids()
+    finally:
+        route.real_store.close()
+
+
+@pytest.mark.parametrize("path", FILE_PATHS)
+def test_a_column_duckdb_would_misread_is_read_through_python(tmp_path, path):
+    """A real stored in an INTEGER column: DuckDB's scanner would not read it as the row paths
+    carry it, so the pull declines, and the runtime reads the rows (and refuses that value)."""
+    pulled: list[Any] = []
+    route = _route(tmp_path, "duckdb", lambda payload: None)
+    real = route.sink.inner.pull_load_files
+    route.sink.inner.pull_load_files = lambda plan, paths: pulled.append(real(plan, paths))
+    with sqlite3.connect(route.source_path) as db:
+        db.execute("UPDATE orders SET updated_at = 1.5 WHERE id = 1")
+    try:
+        with pytest.raises(Exception) as caught:
+            route.runtime().run(route.spec(path))
+        assert pulled == [None]
+        assert getattr(caught.value, "code", "") == "native_transfer_value_unsupported"
+        assert route.sink.target_calls == 0
+    finally:
+        route.real_store.close()
+
+
+@pytest.mark.parametrize("path", FILE_PATHS)
+def test_a_pull_that_fails_midway_leaves_no_file_and_python_reads_the_rows(
+    tmp_path, path, monkeypatch
+):
+    """DuckDB fails after its first batch: its files are removed (the runtime's own would
+    collide with one left behind), and the run loads every row once."""
+    monkeypatch.setattr(duckdb_sink, "_BATCH_ROWS", 16)
+    real = duckdb_sink._write_tagged
+    failed = [False]
+
+    def fail_after_a_batch(driver: Any, pa: Any, *args: Any) -> Any:
+        writers: list = []
+        original = pa.ipc.new_stream
+
+        class Failing:
+            def __init__(self, sink: Any, schema: Any) -> None:
+                self.inner = original(sink, schema)
+                writers.append(self)
+
+            def write_batch(self, batch: Any) -> None:
+                self.inner.write_batch(batch)
+                failed[0] = True
+                raise driver.Error("injected scan failure")
+
+            def __enter__(self) -> Any:
+                return self
+
+            def __exit__(self, *exc: Any) -> None:
+                self.inner.close()
+
+        monkeypatch.setattr(pa.ipc, "new_stream", Failing)
+        try:
+            return real(driver, pa, *args)
+        finally:
+            monkeypatch.setattr(pa.ipc, "new_stream", original)
+
+    monkeypatch.setattr(duckdb_sink, "_write_tagged", fail_after_a_batch)
+    route = _route(tmp_path, "duckdb", lambda payload: None)
+    try:
+        assert route.runtime().run(route.spec(path)).rows_loaded == 120
+        assert failed[0] and route.sink.target_calls == 1
+        assert_rows_exactly_once(route.source_ids(), route.target_ids())
+    finally:
+        route.real_store.close()
+
+
+@pytest.mark.parametrize("path", FILE_PATHS)
+@pytest.mark.parametrize("third", ["c d", "__DPONE_BOUND"])
+def test_pulled_files_keep_odd_names_and_values_exact(tmp_path, path, third):
+    """Quotes, spaces and unicode in column names; NULL, empty and awkward values, a NULL
+    partition: the pulled files load what the runtime's would. A column named as the pull's
+    own tag is read through Python instead."""
+    source_path = tmp_path / "odd.db"
+    columns = f'"id" INTEGER PRIMARY KEY, "p q" TEXT, "{third}" TEXT, "é""x" REAL, b BLOB'
+    rows = [
+        (1, "a'b", "x", 1.5, b"\x00\xff"),
+        (2, None, "", -0.0, b""),
+        (3, "a'b", None, float("inf"), None),
+        (4, "ü", "y", 2.0**53, b"z"),
+    ]
+    with sqlite3.connect(source_path) as db:
+        db.execute(f"CREATE TABLE t ({columns})")
+        db.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?)", rows)
+    results, pulled = {}, []
+    for pulling in (True, False):
+        folder = tmp_path / ("pulled" if pulling else "python")
+        folder.mkdir()
+        route = _route(folder, "duckdb", lambda payload: None, pulling=pulling)
+        if pulling:
+            real = route.sink.inner.pull_load_files
+            route.sink.inner.pull_load_files = lambda *args, real=real: (
+                pulled.append(real(*args)) or pulled[-1]
+            )
+        route.source = SQLiteSource(str(source_path), "t", "p q")
+        try:
+            assert route.runtime().run(route.spec(path)).rows_loaded == 4
+            results[pulling] = route.target_rows()
+        finally:
+            route.real_store.close()
+    assert [result is not None for result in pulled] == [third != "__DPONE_BOUND"]
+    assert results[True] == results[False]
+    assert [row[0] for row in results[True]] == [1, 2, 3, 4]

@@ -30,6 +30,7 @@ __all__ = [
     "CAPABILITIES",
     "DEFAULT_CHUNK_ROWS",
     "Collating",
+    "FilePulling",
     "CursorEdgeReading",
     "Identified",
     "LedgerNotWritten",
@@ -139,6 +140,22 @@ class NativeFiles(Protocol):
         """``Sink.load``; for ``LoadFiles``, the files in order, in one transaction: native ones
         read by the engine, each file's digest checked as it is read (or, where the engine
         reads the file itself, just before)."""
+
+
+@runtime_checkable
+class FilePulling(Protocol):
+    """A ``NativeFiles`` sink whose engine can also write the load files itself, from a source it
+    pulls exactly (``PlanPulling.check_plan``): legacy and file-artifact then take the rows of
+    the attempt's partitions without one passing through Python."""
+
+    def pull_load_files(
+        self, plan: LoadPlan, paths: Sequence[Path]
+    ) -> tuple[list[LoadFile], list[int]] | None:
+        """The plan's rows in new private files at ``paths``, in the format ``load`` reads:
+        every partition in one file (one path) or one file per bound (a path each); and each
+        bound's row count. None when the engine cannot read the plan exactly, or its read
+        failed (no file is left): the runtime then reads the rows itself. Reads the source
+        only, never the target."""
 
 
 @runtime_checkable
@@ -387,6 +404,7 @@ CAPABILITIES: tuple[type, ...] = (
     Staging,
     PlanPulling,
     NativeFiles,
+    FilePulling,
     SQLiteFile,
     Collating,
     OnePassReading,

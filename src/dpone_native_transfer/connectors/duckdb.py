@@ -18,6 +18,7 @@ only, never a file path, SQL or a DuckDB message.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import secrets
@@ -25,7 +26,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import DigestReader, read_chunks
+from ..artifacts import DigestReader, DigestWriter, create_private, read_chunks
 from ..column_types import (
     ENGINE_CARRIERS,
     Carry,
@@ -36,7 +37,7 @@ from ..column_types import (
     utc_instant,
 )
 from ..drivers import import_driver
-from ..errors import ConfigInvalid, TargetUnavailable
+from ..errors import ArtifactInvalid, ConfigInvalid, TargetUnavailable
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import (
     LEDGER_TABLE,
@@ -101,6 +102,8 @@ decimal stays its exact text.
 
 _LEDGER = TableName(None, LEDGER_TABLE)
 _RESERVED_SCHEMAS = ("temp", "system", "information_schema", "pg_catalog")
+_BOUND_TAG = "__dpone_bound"  # the column of a pulled scan naming each row's bound
+_PULLED_FILES = 256  # file-artifact: one open Arrow stream per partition while the scan runs
 _BATCH_ROWS = 50_000  # rows per INSERT: Arrow batches this size load 2x faster than 10,000
 _MAX_DECIMAL_WIDTH = 38
 # Never reach the network for an extension: the sqlite scanner comes from its wheel.
@@ -236,7 +239,7 @@ class DuckDBSink(FileTarget):
             with self._connect() as conn, _transaction(conn):
                 _prepare_target(conn, table, columns, replace=payload.replace)
                 if isinstance(payload, LoadFiles):
-                    rows = sum(_insert_file(conn, table, columns, file) for file in payload.files)
+                    rows = _insert_files(conn, table, columns, payload.files)
                 else:
                     rows = _insert_rows(conn, table, columns, payload.chunks)
                 return _record(conn, self._ledger.take(), rows)
@@ -251,6 +254,33 @@ class DuckDBSink(FileTarget):
         pa = arrow("DuckDBSink")
         struct = _arrow_row(pa, columns)
         return write_stream(pa, path, struct, chunks, batch_rows=_BATCH_ROWS, table=self.table)
+
+    def pull_load_files(
+        self, plan: LoadPlan, paths: Sequence[Path]
+    ) -> tuple[list[LoadFile], list[int]] | None:
+        """``FilePulling``: one ``sqlite_scan`` of the plan's partitions in a scratch in-memory
+        database (never the target), each row tagged with its bound's index (the conditions of
+        lazy-plan, so the same rows), its batches written as they come: to one file, or split
+        by bound (a stable sort of each batch) to one file each. Memory stays one batch."""
+        if len(paths) not in (1, len(plan.bounds)) or len(paths) > _PULLED_FILES:
+            return None
+        try:
+            self.check_plan(plan)
+        except ConfigInvalid:
+            return None
+        assert self._checked is not None  # check_plan records it
+        source, textual = pulled_file(plan, engine="DuckDB", table=self.table), self._checked[1]
+        if _BOUND_TAG in {column.name.lower() for column in plan.columns}:
+            return None
+        sql, params = _tagged_scan(source, plan, textual)
+        driver, pa = _driver(), arrow("DuckDBSink")
+        try:
+            return _write_tagged(driver, pa, sql, params, paths, len(plan.bounds))
+        except (driver.Error, pa.ArrowException, OSError):
+            for path in paths:  # a read that failed leaves nothing behind
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            return None
 
     def carrier(self, column: Column) -> Carry | None:
         return duckdb_carrier(column)
@@ -517,6 +547,89 @@ def _plan_conditions(
     return conditions
 
 
+def _tagged_scan(source: SQLiteFile, plan: LoadPlan, textual: Collection[str]) -> tuple[str, list]:
+    """The plan's rows with the index of the bound each belongs to (``_BOUND_TAG``); rows of
+    no bound (a partition that appeared after planning) are left out. Partitions of one value
+    each in one cursor window are tagged by a hash join on their values (a 100-way ``CASE``
+    costs three times as much); other bounds by their own conditions."""
+
+    def name(column: str) -> str:
+        ref = f"s.{quote(column)}"
+        return f"CAST({ref} AS VARCHAR)" if column in textual else ref
+
+    predicates = [
+        bound_predicates(
+            bounds, partition_column=source.partition_column, cursor_column=source.cursor_column
+        )
+        for bounds in plan.bounds
+    ]
+    window = predicates[0][1:]
+    values = [p[0].value for p in predicates]
+    tag, names = quote(_BOUND_TAG), ", ".join(f"s.{quote(c.name)}" for c in plan.columns)
+    if all(p[0].op in ("=", "IS NULL") and p[1:] == window for p in predicates) and len(
+        {(type(value), value) for value in values}
+    ) == len(values):
+        where, params = render_predicates(window, marker="?", name=name)
+        sql = (
+            f"SELECT {names}, b.{tag} FROM sqlite_scan(?, ?) AS s JOIN (SELECT UNNEST(?) AS v,"
+            f" UNNEST(range(?)) AS {tag}) AS b ON {name(source.partition_column)}"
+            " IS NOT DISTINCT FROM b.v"
+        )
+        return sql + (f" WHERE {where}" if where else ""), [
+            *_scan(source),
+            values,
+            len(values),
+            *params,
+        ]
+    cases, params = [], []
+    for index, bound in enumerate(predicates):
+        where, bound_params = render_predicates(bound, marker="?", name=name)
+        cases.append(f"WHEN {where or 'TRUE'} THEN {index}")
+        params += bound_params
+    sql = (
+        f"SELECT * FROM (SELECT {names}, CASE {' '.join(cases)} END AS {tag}"
+        f" FROM sqlite_scan(?, ?) AS s) WHERE {tag} IS NOT NULL"
+    )
+    return sql, [*params, *_scan(source)]
+
+
+def _write_tagged(
+    driver: Any, pa: Any, sql: str, params: list, paths: Sequence[Path], bounds: int
+) -> tuple[list[LoadFile], list[int]]:
+    """Run ``_tagged_scan``'s query and write its batches without the tag: all to one file,
+    or each bound's rows to its own file (``paths[index]``)."""
+    pc: Any = import_driver("pyarrow.compute", needed_by="DuckDBSink")
+    counts = [0] * bounds
+    with contextlib.ExitStack() as stack:
+        conn = stack.enter_context(contextlib.closing(driver.connect()))
+        _load_scanner(conn)
+        reader = conn.execute(sql, params).to_arrow_reader(_BATCH_ROWS)
+        width = reader.schema.get_field_index(_BOUND_TAG)
+        schema = reader.schema.remove(width)
+        writers = [DigestWriter(stack.enter_context(create_private(path))) for path in paths]
+        streams = [stack.enter_context(pa.ipc.new_stream(w, schema)) for w in writers]
+        for batch in reader:
+            tags, data = batch.column(width), batch.select(range(width))
+            if len(streams) > 1:
+                order = pc.sort_indices(tags)  # stable: each bound keeps the scan's order
+                tags, data = tags.take(order), data.take(order)
+            offset = 0
+            for entry in pc.value_counts(tags).to_pylist():  # sorted tags: in ascending order
+                index, rows = entry["values"], entry["counts"]
+                counts[index] += rows
+                if len(streams) > 1:
+                    streams[index].write_batch(data.slice(offset, rows))
+                offset += rows
+            if len(streams) == 1:
+                streams[0].write_batch(data)
+    totals = [sum(counts)] if len(paths) == 1 else counts
+    files = [
+        LoadFile(path=path, rows=rows, sha256=writer.sha256, native=True)
+        for path, rows, writer in zip(paths, totals, writers, strict=True)
+    ]
+    return files, counts
+
+
 def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:
     """Write the batch's ledger row inside the load's transaction; returns ``rows``."""
     if ledger is not None:
@@ -566,15 +679,47 @@ def _insert_rows(
     return written
 
 
-def _insert_file(conn: Any, table: TableName, columns: Sequence[Column], file: LoadFile) -> int:
-    """A native file's batches straight from the file, hashed as DuckDB reads them (the
-    digest is checked before the transaction commits); a spool file's rows as chunks."""
-    if not file.native:
-        return _insert_rows(conn, table, columns, read_chunks(file.path, file.sha256))
+def _insert_files(
+    conn: Any, table: TableName, columns: Sequence[Column], files: Sequence[LoadFile]
+) -> int:
+    """Each run of native files in one INSERT, their batches straight from the files; a spool
+    file's rows as chunks. One INSERT per file would cost a statement each (file-artifact:
+    a file per partition)."""
+    rows = 0
+    for native, run in itertools.groupby(files, key=lambda file: file.native):
+        if native:
+            rows += _insert_native(conn, table, columns, list(run))
+        else:
+            for file in run:
+                chunks = read_chunks(file.path, file.sha256)
+                rows += _insert_rows(conn, table, columns, chunks)
+    return rows
+
+
+def _insert_native(
+    conn: Any, table: TableName, columns: Sequence[Column], files: Sequence[LoadFile]
+) -> int:
+    """The files' batches as one Arrow stream, each file hashed as DuckDB reads it and opened
+    only when reached; a file whose digest differs fails the load before it commits."""
     pa = arrow("DuckDBSink")
-    with DigestReader(file.path, file.sha256) as reader:
-        written = _insert_arrow(conn, table, _names(columns), pa.ipc.open_stream(reader))
-        reader.verify()
+    changed: list[ArtifactInvalid] = []
+
+    def batches(file: LoadFile) -> Iterator[Any]:
+        with DigestReader(file.path, file.sha256) as reader:
+            yield from pa.ipc.open_stream(reader)
+            try:
+                reader.verify()
+            except ArtifactInvalid as error:  # raised here, DuckDB would wrap it
+                changed.append(error)
+
+    with open(files[0].path, "rb") as first:
+        schema = pa.ipc.open_stream(first).schema
+    stream = pa.RecordBatchReader.from_batches(
+        schema, itertools.chain.from_iterable(batches(file) for file in files)
+    )
+    written = _insert_arrow(conn, table, _names(columns), stream)
+    if changed:
+        raise changed[0]
     return written
 
 

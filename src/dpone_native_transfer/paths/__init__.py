@@ -20,11 +20,26 @@ from ..boundary import TargetBoundary, TargetMutation
 from ..checkpoints import PartitionCheckpoint, RouteKey, Strategy
 from ..clock import Clock
 from ..column_types import Carry, carried_chunks
-from ..connectors.contract import LedgerSink, NativeFiles, Sink, Source, ValueCarrying
-from ..cursor_edge import EdgeTracker
+from ..connectors.contract import (
+    FilePulling,
+    LedgerSink,
+    NativeFiles,
+    Sink,
+    Source,
+    ValueCarrying,
+)
+from ..cursor_edge import EdgeTracker, is_edge
 from ..errors import ConfigInvalid, GovernanceGateFailed, PathContractBroken
 from ..events import EventName, EventRecorder
-from ..payloads import Column, LoadFile, LoadFiles, RowChunks, SourceShape, bounds_label
+from ..payloads import (
+    Column,
+    LoadFile,
+    LoadFiles,
+    LoadPlan,
+    RowChunks,
+    SourceShape,
+    bounds_label,
+)
 from ..stores import CheckpointStore
 from ._one_pass import one_pass, spool_partitions, spooled_chunks
 
@@ -182,6 +197,53 @@ class PathContext:
         if isinstance(sink, NativeFiles):
             native.unlink()
         return LoadFile(path=spool, rows=rows, sha256=digest, native=False)
+
+    def pulled_files(self, *, per_partition: bool) -> list[LoadFile] | None:
+        """The candidates' rows in load files the sink's engine writes from the source itself
+        (``FilePulling``): one file, or one per candidate; each candidate's count recorded
+        (``extracted``, with its file's digest when it has one). None when the engine cannot
+        read them exactly, or an edge partition's loaded rows must be left out (only dpone
+        can): the path then reads the rows itself."""
+        sink = self.sink
+        if not isinstance(sink, FilePulling):
+            return None
+        if any(is_edge(candidate.partition_bounds) for candidate in self.candidates):
+            return None
+        plan = LoadPlan(
+            source=self.source,
+            columns=self.shape.columns,
+            bounds=tuple(candidate.partition_bounds for candidate in self.candidates),
+            replace=self.replace,
+        )
+        names = [c.partition_id for c in self.candidates] if per_partition else ["load"]
+        paths = [self.work_dir / f"{name}.arrows" for name in names]
+        pulled = self.read_by_engine(lambda: sink.pull_load_files(plan, paths))
+        if pulled is None:
+            return None
+        files, counts = pulled
+        for index, rows in enumerate(counts):
+            digest = {"artifact_sha256": files[index].sha256} if per_partition else {}
+            self.extracted(index, rows, **digest)
+        return files
+
+    def read_by_engine(self, read: Callable[[], T]) -> T:
+        """``read()``, in which the engine reads the source itself, between two reads of the
+        rows at the top of the cursor edge: when they agree (rows are only added), the engine
+        read exactly those (``EdgeTracker.confirm_top``). A ``read`` that gives None read
+        nothing, and records nothing."""
+        if self.edge is None or self.edge.top_since is None:
+            return read()
+        window = (self.source, self.candidates, self.spec.chunk_rows)
+        before = self.edge.top_rows(*window)
+        result = read()
+        if result is None:
+            return result
+        try:
+            after = self.edge.top_rows(*window)
+        except Exception:  # what the engine read is then only unknown
+            after = {}
+        self.edge.confirm_top(before, after)
+        return result
 
     def load_files(self, files: Sequence[LoadFile]) -> LoadFiles:
         """The payload of files ``write_load_file`` wrote: a ``NativeFiles`` sink loads the

@@ -18,11 +18,13 @@ __all__ = ["file_artifact_path"]
 
 def file_artifact_path(ctx: PathContext) -> int:
     """Files in the run's private work folder (``artifact_dir`` says where it is made)."""
-    files = []
-    for index, candidate in enumerate(ctx.candidates):
-        file = ctx.write_load_file(candidate.partition_id, ctx.read(candidate))
-        ctx.extracted(index, file.rows, artifact_sha256=file.sha256)
-        files.append(file)
+    files = ctx.pulled_files(per_partition=True)
+    if files is None:
+        files = []
+        for index, candidate in enumerate(ctx.candidates):
+            file = ctx.write_load_file(candidate.partition_id, ctx.read(candidate))
+            ctx.extracted(index, file.rows, artifact_sha256=file.sha256)
+            files.append(file)
     for candidate, file in zip(ctx.candidates, files, strict=True):
         if file_sha256(file.path) != candidate.diagnostics["artifact_sha256"]:
             raise ArtifactInvalid(

@@ -35,14 +35,4 @@ def lazy_plan_path(ctx: PathContext) -> int:
     # Before the boundary: a plan the sink cannot pull is a configuration error, and must
     # not be recorded as a target call of unknown outcome (which blocks the route).
     sink.check_plan(plan)
-    if ctx.edge is None or ctx.edge.top_since is None:
-        return ctx.mutate("load", lambda: sink.load(plan))
-    read = (ctx.source, ctx.candidates, ctx.spec.chunk_rows)
-    before = ctx.edge.top_rows(*read)  # the rows the next run must know were loaded
-    rows = ctx.mutate("load", lambda: sink.load(plan))
-    try:
-        after = ctx.edge.top_rows(*read)
-    except Exception:  # the target holds the rows; the edge is then only unknown
-        after = {}
-    ctx.edge.confirm_top(before, after)
-    return rows
+    return ctx.read_by_engine(lambda: ctx.mutate("load", lambda: sink.load(plan)))

@@ -8,7 +8,9 @@ __all__ = ["legacy_path"]
 
 
 def legacy_path(ctx: PathContext) -> int:
-    file = ctx.write_load_file("legacy", ctx.extract())
-    ctx.check_governance(file.rows)
-    payload = ctx.load_files([file])
+    files = ctx.pulled_files(per_partition=False)
+    if files is None:
+        files = [ctx.write_load_file("legacy", ctx.extract())]
+    ctx.check_governance(sum(file.rows for file in files))
+    payload = ctx.load_files(files)
     return ctx.mutate("load", lambda: ctx.sink.load(payload))
