@@ -544,7 +544,12 @@ def test_ctrl_c_exits_130_saying_interrupted_and_the_rerun_loads_every_row_once(
 ) -> None:
     import signal
 
-    build_sample_source(tmp_path / "source.db", rows=40_000, partitions=40)
+    # Indexed: each partition is read on its own, so its progress line comes as it is read and
+    # most of the run is still ahead (one scan would report them all at the end, just before
+    # a short load: the run could finish before the signal is sent).
+    build_sample_source(tmp_path / "source.db", rows=200_000, partitions=40)
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
+        db.execute("CREATE INDEX orders_by_region ON orders (region)")
     route_file = route(tmp_path, path="legacy")
     worker = subprocess.Popen(
         [SCRIPT, "run", str(route_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -561,7 +566,7 @@ def test_ctrl_c_exits_130_saying_interrupted_and_the_rerun_loads_every_row_once(
     run(route_file)
     with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
         counts = target.execute("SELECT count(*), count(DISTINCT id) FROM orders_copy").fetchone()
-    assert counts == (40_000, 40_000)
+    assert counts == (200_000, 200_000)
 
 
 # schema-qualified target tables mean schema.table on every engine, never a dotted name ----------
