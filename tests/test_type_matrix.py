@@ -179,6 +179,38 @@ def test_sqlite_to_engines_value_by_value(tmp_path: Path, kind: str, path: str) 
         assert values == (*want, None), f"{name} {decl}"
 
 
+@pytest.mark.parametrize("path", ["legacy", "file-artifact"])
+def test_sqlite_to_duckdb_files_duckdb_writes_itself_value_by_value(
+    tmp_path: Path, path: str, monkeypatch
+) -> None:
+    """With only kinds DuckDB's scanner reads exactly, DuckDB writes the load files itself
+    (``FilePulling``): every value is still the one the other paths load."""
+    from dpone_native_transfer import DuckDBSink
+
+    pulled: list[bool] = []
+    real = DuckDBSink.pull_load_files
+
+    def spy(self, plan, paths):
+        files = real(self, plan, paths)
+        pulled.append(files is not None)
+        return files
+
+    monkeypatch.setattr(DuckDBSink, "pull_load_files", spy)
+    keep = [index for index, c in enumerate(SQLITE_COLUMNS) if c[0] not in LAZY_REFUSED]
+    columns = [SQLITE_COLUMNS[i] for i in keep]
+    expected = [SQLITE_EXPECTED["duckdb"][i] for i in keep]
+    sqlite_source(tmp_path, columns)
+    for _ in range(2):  # the second run loads into the table the first made
+        done = run(tmp_path, 'path = "source.db"', "src", "duckdb", path)
+        assert done.returncode == 0, done.stderr
+    assert pulled == [True, True]
+    got = target_texts(tmp_path, "duckdb", [c[0] for c in columns])
+    for (name, decl, *_), want, values in zip(
+        columns, expected, zip(*got, strict=True), strict=True
+    ):
+        assert values == (*want, None), f"{name} {decl}"
+
+
 @pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
 @pytest.mark.parametrize("column", sorted(LAZY_REFUSED))
 def test_lazy_plan_refuses_what_its_engine_would_read_otherwise(
