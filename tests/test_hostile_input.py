@@ -551,9 +551,12 @@ def test_ctrl_c_exits_130_saying_interrupted_and_the_rerun_loads_every_row_once(
     with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
         db.execute("CREATE INDEX orders_by_region ON orders (region)")
     route_file = route(tmp_path, path="legacy")
+    # A shell starts a background job with SIGINT ignored, and Python then installs no
+    # KeyboardInterrupt handler: a worker inheriting that would finish with exit 0. A console
+    # user's Ctrl-C reaches a process with the default disposition; so does this worker.
     worker = subprocess.Popen(
         [SCRIPT, "run", str(route_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
+        text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     assert worker.stderr is not None
     first = worker.stderr.readline()  # the first partition's progress line: mid-extraction
