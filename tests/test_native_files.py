@@ -355,3 +355,36 @@ def test_pulled_files_keep_odd_names_and_values_exact(tmp_path, path, third):
     assert [result is not None for result in pulled] == [third != "__DPONE_BOUND"]
     assert results[True] == results[False]
     assert [row[0] for row in results[True]] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("path", FILE_PATHS)
+def test_duckdb_loads_the_files_in_inserts_of_bounded_size(tmp_path, path, monkeypatch):
+    """Load files go in INSERTs of at most ``_INSERT_ROWS`` rows (one INSERT of everything
+    holds twice the memory): every row still once, and a file changed after it was written
+    still fails the load before it commits."""
+    monkeypatch.setattr(duckdb_sink, "_BATCH_ROWS", 5)  # batches of 5, INSERTs of up to 3 of them
+    monkeypatch.setattr(duckdb_sink, "_INSERT_ROWS", 16)
+    inserts: list[int] = []
+    real = duckdb_sink._insert_arrow
+    monkeypatch.setattr(
+        duckdb_sink, "_insert_arrow", lambda *args: inserts.append(real(*args)) or inserts[-1]
+    )
+    tampering = [False]
+
+    def tamper(payload: Any) -> None:
+        if tampering[0]:
+            with open(payload.files[0].path, "ab") as handle:
+                handle.write(b"\0" * 8)
+
+    route = _route(tmp_path, "duckdb", tamper)
+    try:
+        assert route.runtime().run(route.spec(path, run_id="r1")).rows_loaded == 120
+        assert len(inserts) > 1 and max(inserts) <= 16 and sum(inserts) == 120
+        assert_rows_exactly_once(route.source_ids(), route.target_ids())
+        route.add_rows(40)
+        tampering[0] = True
+        with pytest.raises(ArtifactInvalid):
+            route.runtime().run(route.spec(path, run_id="r2"))
+        assert len(route.target_ids()) == 120
+    finally:
+        route.real_store.close()
