@@ -253,14 +253,31 @@ def test_a_partition_that_appears_after_planning_is_not_pulled(tmp_path):
         route.real_store.close()
 
 
+def _watch_pulls(sink: Any, pulled: list) -> None:
+    """Append to ``pulled`` what each pull gave: its files, or None when the sink declined
+    (``can_pull``) or its read failed."""
+    can_pull, pull = sink.can_pull, sink.pull_load_files
+
+    def asked(plan: Any, files: int) -> bool:
+        accepted = can_pull(plan, files)
+        if not accepted:
+            pulled.append(None)
+        return accepted
+
+    def pulling(plan: Any, paths: Any) -> Any:
+        pulled.append(pull(plan, paths))
+        return pulled[-1]
+
+    sink.can_pull, sink.pull_load_files = asked, pulling
+
+
 @pytest.mark.parametrize("path", FILE_PATHS)
 def test_a_column_duckdb_would_misread_is_read_through_python(tmp_path, path):
     """A real stored in an INTEGER column: DuckDB's scanner would not read it as the row paths
     carry it, so the pull declines, and the runtime reads the rows (and refuses that value)."""
     pulled: list[Any] = []
     route = _route(tmp_path, "duckdb", lambda payload: None)
-    real = route.sink.inner.pull_load_files
-    route.sink.inner.pull_load_files = lambda plan, paths: pulled.append(real(plan, paths))
+    _watch_pulls(route.sink.inner, pulled)
     with sqlite3.connect(route.source_path) as db:
         db.execute("UPDATE orders SET updated_at = 1.5 WHERE id = 1")
     try:
@@ -342,10 +359,7 @@ def test_pulled_files_keep_odd_names_and_values_exact(tmp_path, path, third):
         folder.mkdir()
         route = _route(folder, "duckdb", lambda payload: None, pulling=pulling)
         if pulling:
-            real = route.sink.inner.pull_load_files
-            route.sink.inner.pull_load_files = lambda *args, real=real: (
-                pulled.append(real(*args)) or pulled[-1]
-            )
+            _watch_pulls(route.sink.inner, pulled)
         route.source = SQLiteSource(str(source_path), "t", "p q")
         try:
             assert route.runtime().run(route.spec(path)).rows_loaded == 4

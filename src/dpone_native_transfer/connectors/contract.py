@@ -148,14 +148,18 @@ class FilePulling(Protocol):
     pulls exactly (``PlanPulling.check_plan``): legacy and file-artifact then take the rows of
     the attempt's partitions without one passing through Python."""
 
+    def can_pull(self, plan: LoadPlan, files: int) -> bool:
+        """Whether the engine reads the plan exactly into ``files`` files (one, or one per
+        bound), asked before anything else reads the rows. Reads the source only."""
+
     def pull_load_files(
         self, plan: LoadPlan, paths: Sequence[Path]
     ) -> tuple[list[LoadFile], list[int]] | None:
-        """The plan's rows in new private files at ``paths``, in the format ``load`` reads:
-        every partition in one file (one path) or one file per bound (a path each); and each
-        bound's row count. None when the engine cannot read the plan exactly, or its read
-        failed (no file is left): the runtime then reads the rows itself. Reads the source
-        only, never the target."""
+        """The rows of a plan ``can_pull`` accepted in new private files at ``paths``, in the
+        format ``load`` reads: every partition in one file (one path) or one file per bound (a
+        path each); and each bound's row count. None when the engine's read failed (no file
+        is left): the runtime then reads the rows itself. Reads the source only, never the
+        target."""
 
 
 @runtime_checkable

@@ -37,7 +37,7 @@ from ..column_types import (
     utc_instant,
 )
 from ..drivers import import_driver
-from ..errors import ArtifactInvalid, ConfigInvalid, TargetUnavailable
+from ..errors import ArtifactInvalid, ConfigInvalid, InternalInvariantBroken, TargetUnavailable
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import (
     LEDGER_TABLE,
@@ -256,6 +256,19 @@ class DuckDBSink(FileTarget):
         struct = _arrow_row(pa, columns)
         return write_stream(pa, path, struct, chunks, batch_rows=_BATCH_ROWS, table=self.table)
 
+    def can_pull(self, plan: LoadPlan, files: int) -> bool:
+        """``FilePulling``: lazy-plan's ``check_plan`` accepts the plan, at most
+        ``_PULLED_FILES`` files, and no source column is named as the pull's tag."""
+        if files not in (1, len(plan.bounds)) or files > _PULLED_FILES:
+            return False
+        if _BOUND_TAG in {column.name.lower() for column in plan.columns}:
+            return False
+        try:
+            self.check_plan(plan)
+        except ConfigInvalid:
+            return False
+        return True
+
     def pull_load_files(
         self, plan: LoadPlan, paths: Sequence[Path]
     ) -> tuple[list[LoadFile], list[int]] | None:
@@ -263,16 +276,12 @@ class DuckDBSink(FileTarget):
         database (never the target), each row tagged with its bound's index (the conditions of
         lazy-plan, so the same rows), its batches written as they come: to one file, or split
         by bound (a stable sort of each batch) to one file each. Memory stays one batch."""
-        if len(paths) not in (1, len(plan.bounds)) or len(paths) > _PULLED_FILES:
-            return None
-        try:
-            self.check_plan(plan)
-        except ConfigInvalid:
-            return None
-        assert self._checked is not None  # check_plan records it
+        if self._checked is None or self._checked[0] is not plan:
+            raise InternalInvariantBroken(
+                "DuckDBSink.pull_load_files was given a plan can_pull did not accept",
+                diagnostics={"table": self.table},
+            )
         source, textual = pulled_file(plan, engine="DuckDB", table=self.table), self._checked[1]
-        if _BOUND_TAG in {column.name.lower() for column in plan.columns}:
-            return None
         sql, params = _tagged_scan(source, plan, textual)
         driver, pa = _driver(), arrow("DuckDBSink")
         try:

@@ -216,6 +216,8 @@ class PathContext:
             replace=self.replace,
         )
         names = [c.partition_id for c in self.candidates] if per_partition else ["load"]
+        if not sink.can_pull(plan, len(names)):  # before the edge's rows are read for it
+            return None
         paths = [self.work_dir / f"{name}.arrows" for name in names]
         pulled = self.read_by_engine(lambda: sink.pull_load_files(plan, paths))
         if pulled is None:
