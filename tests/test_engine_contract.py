@@ -29,7 +29,11 @@ from dpone_native_transfer.column_types import (
     utc_instant,
 )
 from dpone_native_transfer.config import route_config_from_mapping
-from dpone_native_transfer.connectors.sqlite import SQLiteSource, refuse_inexact_plan
+from dpone_native_transfer.connectors.sqlite import (
+    SQLiteSource,
+    _held_as_declared,
+    refuse_inexact_plan,
+)
 from dpone_native_transfer.payloads import bound_predicates
 
 
@@ -224,3 +228,78 @@ def test_a_lazy_plan_is_refused_for_a_value_its_engine_reads_otherwise(tmp_path,
     with pytest.raises(ConfigInvalid) as caught:
         refuse_inexact_plan(source, columns, engine="DuckDB", table="copy")
     assert caught.value.diagnostics["columns"] == ["r"]
+
+
+class Traced(SQLiteSource):
+    """The real source; every statement its connections run is kept in ``statements``."""
+
+    statements: list[str]
+
+    def _open(self) -> sqlite3.Connection:
+        conn = super()._open()
+        conn.set_trace_callback(self.statements.append)
+        return conn
+
+
+@pytest.mark.parametrize(
+    ("script", "held"),
+    [
+        ("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER, w TEXT)", {"id"}),
+        ("CREATE TABLE t (id integer, v INTEGER, PRIMARY KEY (id DESC))", {"id"}),
+        # SQLite's quirk: this key is an ordinary column with an index, not the rowid
+        ("CREATE TABLE t (id INTEGER PRIMARY KEY DESC, v INTEGER)", set()),
+        ("CREATE TABLE t (id INT PRIMARY KEY, v INTEGER)", set()),
+        ("CREATE TABLE t (id INTEGER, v TEXT, PRIMARY KEY (id, v))", set()),
+        (
+            "CREATE TABLE t (id INTEGER, v TEXT, w ANY, x REAL, y BLOB) STRICT",
+            {"id", "v", "x", "y"},
+        ),
+        ("CREATE TABLE b (id INTEGER PRIMARY KEY); CREATE VIEW t AS SELECT id FROM b", None),
+        ("CREATE VIRTUAL TABLE t USING fts5(v)", None),
+    ],
+    ids=[
+        "rowid",
+        "rowid-desc-constraint",
+        "desc-quirk",
+        "int",
+        "composite",
+        "strict",
+        "view",
+        "virtual",
+    ],
+)
+def test_held_as_declared_names_what_sqlite_itself_keeps_to_its_type(tmp_path, script, held):
+    with contextlib.closing(sqlite3.connect(tmp_path / "src.db")) as db:
+        db.executescript(script)
+        assert _held_as_declared(db, "t") == held
+
+
+@pytest.mark.parametrize(
+    ("script", "refuses", "scans"),
+    [
+        ("CREATE TABLE t (id INTEGER PRIMARY KEY, r REAL)", (), True),
+        ("CREATE TABLE t (id INTEGER PRIMARY KEY, r REAL) STRICT", (), False),
+        ("CREATE TABLE t (id INTEGER PRIMARY KEY, r REAL)", ("r",), False),
+        ("CREATE TABLE t (id INTEGER PRIMARY KEY DESC, r REAL)", ("r",), True),
+        (
+            "CREATE TABLE b (id INTEGER PRIMARY KEY, r REAL);CREATE VIEW t AS SELECT id, r FROM b",
+            ("id", "r"),
+            True,
+        ),
+    ],
+    ids=["table", "strict", "refused-by-reader", "desc-quirk", "view"],
+)
+def test_the_misread_read_skips_what_sqlite_or_the_reader_keeps_exact(
+    tmp_path, script, refuses, scans
+):
+    """No read of the rows when every column is held to its type by SQLite or refused by the
+    engine's reader when misread; a view's columns are always read."""
+    path = tmp_path / "src.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.executescript(script)
+    source = Traced(path, "t", "id")
+    source.statements = []
+    columns = source.describe().columns
+    source.statements = []
+    refuse_inexact_plan(source, columns, engine="DuckDB", table="copy", reader_refuses=refuses)
+    assert any("SELECT EXISTS" in sql for sql in source.statements) == scans

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 import pytest
 from helpers.routes import Route, make_sink
@@ -253,15 +254,18 @@ def test_a_partition_that_appears_after_planning_is_not_pulled(tmp_path):
         route.real_store.close()
 
 
+DECLINED = "declined"
+
+
 def _watch_pulls(sink: Any, pulled: list) -> None:
-    """Append to ``pulled`` what each pull gave: its files, or None when the sink declined
-    (``can_pull``) or its read failed."""
+    """Append to ``pulled`` what each pull gave: its files and counts, None when its read
+    failed, or ``DECLINED`` when the sink declined it (``can_pull``)."""
     can_pull, pull = sink.can_pull, sink.pull_load_files
 
     def asked(plan: Any, files: int) -> bool:
         accepted = can_pull(plan, files)
         if not accepted:
-            pulled.append(None)
+            pulled.append(DECLINED)
         return accepted
 
     def pulling(plan: Any, paths: Any) -> Any:
@@ -273,8 +277,8 @@ def _watch_pulls(sink: Any, pulled: list) -> None:
 
 @pytest.mark.parametrize("path", FILE_PATHS)
 def test_a_column_duckdb_would_misread_is_read_through_python(tmp_path, path):
-    """A real stored in an INTEGER column: DuckDB's scanner would not read it as the row paths
-    carry it, so the pull declines, and the runtime reads the rows (and refuses that value)."""
+    """A real stored in an INTEGER column: DuckDB's scanner refuses it, so the pull fails, and
+    the runtime reads the rows (and refuses that value)."""
     pulled: list[Any] = []
     route = _route(tmp_path, "duckdb", lambda payload: None)
     _watch_pulls(route.sink.inner, pulled)
@@ -283,11 +287,76 @@ def test_a_column_duckdb_would_misread_is_read_through_python(tmp_path, path):
     try:
         with pytest.raises(Exception) as caught:
             route.runtime().run(route.spec(path))
-        assert pulled == [None]
+        assert pulled == [None]  # tried: the scanner refuses the value itself
         assert getattr(caught.value, "code", "") == "native_transfer_value_unsupported"
         assert route.sink.target_calls == 0
     finally:
         route.real_store.close()
+
+
+def _pulled_and_read(tmp_path: Path, path: str, script: str) -> tuple:
+    """The same source (``script`` makes it: table or view ``t``, partitioned by ``p``) through
+    the pulling DuckDB sink and through one that cannot pull: each run's outcome (rows loaded
+    and the target's rows, or the error code), and what each pull gave (``_watch_pulls``)."""
+    tmp_path.mkdir(exist_ok=True)
+    source_path = tmp_path / "src.db"
+    with sqlite3.connect(source_path) as db:
+        db.executescript(script)
+    outcomes, pulled = {}, []
+    for pulling in (True, False):
+        folder = tmp_path / ("pulled" if pulling else "python")
+        folder.mkdir()
+        route = _route(folder, "duckdb", lambda payload: None, pulling=pulling)
+        if pulling:
+            _watch_pulls(route.sink.inner, pulled)
+        route.source = SQLiteSource(str(source_path), "t", "p")
+        try:
+            loaded = route.runtime().run(route.spec(path)).rows_loaded
+            outcomes[pulling] = loaded, route.target_rows()
+        except Exception as error:
+            outcomes[pulling] = getattr(error, "code", type(error).__name__)
+            assert route.sink.target_calls == 0
+        finally:
+            route.real_store.close()
+    return outcomes[True], outcomes[False], pulled
+
+
+# A value of another storage class than its table column's: DuckDB's scanner refuses it (the
+# pull fails, before the target, and Python reads), so no read looks for it first.
+SCANNER_REFUSES = [
+    ("INTEGER", "1.5"),
+    ("INTEGER", "'abc'"),
+    ("INTEGER", "x'01'"),
+    ("TEXT", "x'01'"),
+    ("REAL", "'abc'"),
+    ("REAL", "x'01'"),
+]
+PLAIN = {"INTEGER": "7", "TEXT": "'x'", "REAL": "2.5"}
+
+
+@pytest.mark.parametrize("path", FILE_PATHS)
+@pytest.mark.parametrize(("declared", "odd"), SCANNER_REFUSES)
+def test_a_value_the_scanner_refuses_fails_the_pull_and_python_reads(tmp_path, path, declared, odd):
+    """Each such value against the same rows read by Python: the same outcome, and the pull
+    was tried (not declined by a read of the source first) and gave nothing. Without the
+    value, the pull loads."""
+    create = f"CREATE TABLE t (id INTEGER PRIMARY KEY, p TEXT, v {declared});"
+    for value, folder in ((odd, "odd"), (PLAIN[declared], "plain")):
+        script = create + f"INSERT INTO t VALUES (1, 'a', {value}), (2, 'b', {PLAIN[declared]});"
+        pulled_run, read_run, pulled = _pulled_and_read(tmp_path / folder, path, script)
+        assert pulled_run == read_run
+        assert pulled == [None] if value == odd else isinstance(pulled[0], tuple)
+
+
+def test_a_value_the_scanner_would_misread_is_looked_for_before_the_pull(tmp_path):
+    """The scanner reads a BOOLEAN column as the integer it holds, 2 included: the pull is
+    declined by the read that finds it, and Python reads (the same outcome)."""
+    script = (
+        "CREATE TABLE t (id INTEGER PRIMARY KEY, p TEXT, v BOOLEAN);"
+        "INSERT INTO t VALUES (1, 'a', 1), (2, 'b', 2);"
+    )
+    pulled_run, read_run, pulled = _pulled_and_read(tmp_path, "legacy", script)
+    assert pulled == [DECLINED] and pulled_run == read_run
 
 
 @pytest.mark.parametrize("path", FILE_PATHS)
@@ -300,7 +369,7 @@ def test_a_pull_that_fails_midway_leaves_no_file_and_python_reads_the_rows(
     real = duckdb_sink._write_tagged
     failed = [False]
 
-    def fail_after_a_batch(driver: Any, pa: Any, *args: Any) -> Any:
+    def fail_after_a_batch(conn: Any, pa: Any, *args: Any) -> Any:
         writers: list = []
         original = pa.ipc.new_stream
 
@@ -312,7 +381,7 @@ def test_a_pull_that_fails_midway_leaves_no_file_and_python_reads_the_rows(
             def write_batch(self, batch: Any) -> None:
                 self.inner.write_batch(batch)
                 failed[0] = True
-                raise driver.Error("injected scan failure")
+                raise duckdb.Error("injected scan failure")
 
             def __enter__(self) -> Any:
                 return self
@@ -322,7 +391,7 @@ def test_a_pull_that_fails_midway_leaves_no_file_and_python_reads_the_rows(
 
         monkeypatch.setattr(pa.ipc, "new_stream", Failing)
         try:
-            return real(driver, pa, *args)
+            return real(conn, pa, *args)
         finally:
             monkeypatch.setattr(pa.ipc, "new_stream", original)
 
@@ -366,7 +435,7 @@ def test_pulled_files_keep_odd_names_and_values_exact(tmp_path, path, third):
             results[pulling] = route.target_rows()
         finally:
             route.real_store.close()
-    assert [result is not None for result in pulled] == [third != "__DPONE_BOUND"]
+    assert [result != DECLINED for result in pulled] == [third != "__DPONE_BOUND"]
     assert results[True] == results[False]
     assert [row[0] for row in results[True]] == [1, 2, 3, 4]
 

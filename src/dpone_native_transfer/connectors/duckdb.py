@@ -26,6 +26,8 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from ..artifacts import DigestReader, DigestWriter, create_private, read_chunks
 from ..column_types import (
     ENGINE_CARRIERS,
@@ -107,6 +109,9 @@ _PULLED_FILES = 256  # file-artifact: one open Arrow stream per partition while 
 _INSERT_ROWS = 1_000_000  # rows per INSERT of load files (see _insert_native)
 _BATCH_ROWS = 50_000  # rows per INSERT: Arrow batches this size load 2x faster than 10,000
 _MAX_DECIMAL_WIDTH = 38
+# The scanner's type of a column whose every value of another storage class it refuses with an
+# error (a real in an INTEGER column, a blob in a TEXT one) instead of misreading it.
+_REFUSING_TYPES = {"integer": "BIGINT", "real": "DOUBLE", "text": "VARCHAR"}
 # Never reach the network for an extension: the sqlite scanner comes from its wheel.
 _CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 
@@ -192,7 +197,7 @@ class DuckDBSink(FileTarget):
         self._target = parse_table(table, default_schema="main")
         catalog = os.path.splitext(os.path.basename(self.path))[0]  # DuckDB's name for the file
         refuse_reserved_schema(self._target, {*_RESERVED_SCHEMAS, catalog}, engine="DuckDB")
-        self._checked: tuple[LoadPlan, set[str]] | None = None  # the last plan check_plan passed
+        self._checked: _Checked | None = None  # the last plan checked
         if self.path == ":memory:" or not self.path:
             raise ConfigInvalid(
                 f"target table {table!r} needs a DuckDB file: an in-memory database "
@@ -257,15 +262,16 @@ class DuckDBSink(FileTarget):
         return write_stream(pa, path, struct, chunks, batch_rows=_BATCH_ROWS, table=self.table)
 
     def can_pull(self, plan: LoadPlan, files: int) -> bool:
-        """``FilePulling``: lazy-plan's ``check_plan`` accepts the plan, at most
-        ``_PULLED_FILES`` files, and no source column is named as the pull's tag."""
+        """``FilePulling``: lazy-plan's checks accept the plan, at most ``_PULLED_FILES`` files,
+        and no source column is named as the pull's tag. A value the scanner refuses itself is
+        not looked for first: the pull then fails, before the target, and Python reads."""
         if files not in (1, len(plan.bounds)) or files > _PULLED_FILES:
             return False
         if _BOUND_TAG in {column.name.lower() for column in plan.columns}:
             return False
         try:
-            self.check_plan(plan)
-        except ConfigInvalid:
+            self._check(plan, pulling=True)
+        except (ConfigInvalid, _driver().Error):
             return False
         return True
 
@@ -276,16 +282,18 @@ class DuckDBSink(FileTarget):
         database (never the target), each row tagged with its bound's index (the conditions of
         lazy-plan, so the same rows), its batches written as they come: to one file, or split
         by bound (a stable sort of each batch) to one file each. Memory stays one batch."""
-        if self._checked is None or self._checked[0] is not plan:
+        checked, self._checked = self._checked, None
+        if checked is None or checked.plan is not plan or checked.scratch is None:
             raise InternalInvariantBroken(
                 "DuckDBSink.pull_load_files was given a plan can_pull did not accept",
                 diagnostics={"table": self.table},
             )
-        source, textual = pulled_file(plan, engine="DuckDB", table=self.table), self._checked[1]
-        sql, params = _tagged_scan(source, plan, textual)
+        source = pulled_file(plan, engine="DuckDB", table=self.table)
+        sql, params = _tagged_scan(source, plan, checked.textual)
         driver, pa = _driver(), arrow("DuckDBSink")
         try:
-            return _write_tagged(driver, pa, sql, params, paths, len(plan.bounds))
+            with contextlib.closing(checked.scratch):
+                return _write_tagged(checked.scratch, pa, sql, params, paths, len(plan.bounds))
         except (driver.Error, pa.ArrowException, OSError):
             for path in paths:  # a read that failed leaves nothing behind
                 with contextlib.suppress(FileNotFoundError):
@@ -330,17 +338,46 @@ class DuckDBSink(FileTarget):
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan this sink cannot pull, before anything touches the target."""
+        self._check(plan, pulling=False)
+
+    def _check(self, plan: LoadPlan, *, pulling: bool) -> None:
+        """Refuse a plan the scanner would not read exactly; remember the one accepted, so that
+        the load of this very plan need not check it again. A pull's check keeps its scratch
+        database (the scanner loaded, never the target) for the pull, and leaves to the
+        scanner the values it refuses itself (``_REFUSING_TYPES``)."""
+        if self._checked is not None:
+            self._checked.close()
+            self._checked = None
         source = pulled_file(plan, engine="DuckDB", table=self.table)
-        refuse_inexact_plan(source, plan.columns, engine="DuckDB", table=self.table)
-        _plan_conditions(source, plan.bounds)  # bad bounds fail here, before any connection
-        textual: set[str] = set()
-        if _text_bound_columns(source, plan.bounds):  # else nothing is compared as text
-            with contextlib.closing(_driver().connect()) as scratch:  # never the target
-                _load_scanner(scratch)
-                textual = _textual_columns(scratch, source, plan.bounds)
-                if textual:
-                    self._check_text_matches(scratch, source, plan.bounds, textual)
-        self._checked = (plan, textual)  # the load of this very plan need not check it again
+        scratch = None
+        if pulling or _text_bound_columns(source, plan.bounds):
+            scratch = _driver().connect()
+            _load_scanner(scratch)
+        try:
+            types = _scan_types(scratch, source) if scratch is not None else {}
+            refusing = [  # lazy-plan's read is the target call: everything is looked for
+                c.name
+                for c in plan.columns
+                if pulling and types.get(c.name) == _REFUSING_TYPES.get(c.kind)
+            ]
+            refuse_inexact_plan(
+                source, plan.columns, engine="DuckDB", table=self.table, reader_refuses=refusing
+            )
+            _plan_conditions(source, plan.bounds)  # bad bounds fail here, before any connection
+            textual = {
+                c for c in _text_bound_columns(source, plan.bounds) if types.get(c) != "VARCHAR"
+            }
+            if textual:
+                assert scratch is not None  # a text bound loaded the scanner
+                self._check_text_matches(scratch, source, plan.bounds, textual)
+        except BaseException:
+            if scratch is not None:
+                scratch.close()
+            raise
+        if scratch is not None and not pulling:
+            scratch.close()
+            scratch = None
+        self._checked = _Checked(plan=plan, textual=textual, scratch=scratch)
 
     def _check_text_matches(
         self, conn: Any, source: SQLiteFile, bounds: Any, textual: set[str]
@@ -362,10 +399,12 @@ class DuckDBSink(FileTarget):
 
     def _load_plan(self, plan: LoadPlan) -> int:
         """DuckDB pulls the plan's partitions from the SQLite file with ``sqlite_scan``."""
-        if self._checked is None or self._checked[0] is not plan:
-            self.check_plan(plan)
-        assert self._checked is not None  # check_plan records it
-        _, textual = self._checked
+        checked = self._checked
+        if checked is None or checked.plan is not plan or checked.scratch is not None:
+            self.check_plan(plan)  # a pull's check is not lazy-plan's
+            checked = self._checked
+        assert checked is not None  # check_plan records it
+        textual = checked.textual
         source = pulled_file(plan, engine="DuckDB", table=self.table)
         names = _names(plan.columns)
         scan = _scan(source)
@@ -476,21 +515,31 @@ def _load_scanner(conn: Any) -> None:
     conn.execute("LOAD '" + _sqlite_extension(_driver()).replace("'", "''") + "'")
 
 
-def _textual_columns(
-    conn: Any, source: SQLiteFile, bounds: Sequence[Mapping[str, Any]]
-) -> set[str]:
-    """The partition and cursor columns to compare as text (``conn`` has the scanner).
+@attrs.define(kw_only=True)
+class _Checked:
+    """A plan ``_check`` accepted. ``textual``: its partition and cursor columns compared as
+    text. DuckDB types a column by its declared type (``DATE``, ``TIMESTAMP``, ...), while
+    SQLite's partition values are what it stores, often text: comparing a DATE with text
+    fails, so such a column is compared as text (``CAST ... AS VARCHAR``), and ``_check``
+    proves that this selects exactly SQLite's rows. ``scratch``: a pull's database."""
 
-    DuckDB types a column by its declared type (``DATE``, ``TIMESTAMP``, ...),
-    while SQLite's partition values are what it stores, often text: comparing a
-    DATE with text fails. Such a column is compared as text (``CAST ... AS
-    VARCHAR``), and ``check_plan`` proves that this selects exactly SQLite's rows.
-    """
-    described = conn.execute("DESCRIBE SELECT * FROM sqlite_scan(?, ?)", _scan(source))
-    types = {row[0]: row[1] for row in described.fetchall()}
-    return {
-        column for column in _text_bound_columns(source, bounds) if types.get(column) != "VARCHAR"
-    }
+    plan: LoadPlan
+    textual: set[str]
+    scratch: Any = None
+
+    def close(self) -> None:
+        if self.scratch is not None:
+            self.scratch.close()
+
+
+def _scan_types(conn: Any, source: SQLiteFile) -> dict[str, str]:
+    """Each source column's type as the scanner reads it (``conn`` has the scanner); none when
+    it cannot read the file (SQLite's own read then says why, as a ``SourceInvalid``)."""
+    try:
+        described = conn.execute("DESCRIBE SELECT * FROM sqlite_scan(?, ?)", _scan(source))
+    except _driver().Error:
+        return {}
+    return {row[0]: row[1] for row in described.fetchall()}
 
 
 def _text_bound_columns(source: SQLiteFile, bounds: Sequence[Mapping[str, Any]]) -> set[str]:
@@ -604,15 +653,13 @@ def _tagged_scan(source: SQLiteFile, plan: LoadPlan, textual: Collection[str]) -
 
 
 def _write_tagged(
-    driver: Any, pa: Any, sql: str, params: list, paths: Sequence[Path], bounds: int
+    conn: Any, pa: Any, sql: str, params: list, paths: Sequence[Path], bounds: int
 ) -> tuple[list[LoadFile], list[int]]:
-    """Run ``_tagged_scan``'s query and write its batches without the tag: all to one file,
-    or each bound's rows to its own file (``paths[index]``)."""
+    """Run ``_tagged_scan``'s query on ``conn`` (the scanner loaded) and write its batches
+    without the tag: all to one file, or each bound's rows to its own file (``paths[index]``)."""
     pc: Any = import_driver("pyarrow.compute", needed_by="DuckDBSink")
     counts = [0] * bounds
     with contextlib.ExitStack() as stack:
-        conn = stack.enter_context(contextlib.closing(driver.connect()))
-        _load_scanner(conn)
         reader = conn.execute(sql, params).to_arrow_reader(_BATCH_ROWS)
         width = reader.schema.get_field_index(_BOUND_TAG)
         schema = reader.schema.remove(width)

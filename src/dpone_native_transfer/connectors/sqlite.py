@@ -13,7 +13,7 @@ import contextlib
 import os
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -577,7 +577,12 @@ def pulled_file(plan: LoadPlan, *, engine: str, table: str) -> SQLiteFile:
 
 
 def refuse_inexact_plan(
-    source: SQLiteFile, columns: Sequence[Column], *, engine: str, table: str
+    source: SQLiteFile,
+    columns: Sequence[Column],
+    *,
+    engine: str,
+    table: str,
+    reader_refuses: Collection[str] = (),
 ) -> None:
     """Refuse a lazy plan another engine would not read exactly as the other paths do.
 
@@ -587,6 +592,13 @@ def refuse_inexact_plan(
     an integer column, a text boolean, a date with a time, a timestamp with an
     offset), found by one read of the source. The message points at the paths
     where SQLite reads the rows.
+
+    The read skips the columns of a table that SQLite itself keeps free of such
+    values (``_held_as_declared``), and, in an ordinary table, the columns named
+    in ``reader_refuses``: those whose every misread value the engine's reader
+    refuses with an error (a REAL column's affinity keeps integers out of it).
+    Only a caller whose failed read costs nothing (a pull before the target
+    call, ``FilePulling``) may name any.
     """
     collated = source.collated_columns()
     if collated:
@@ -598,20 +610,9 @@ def refuse_inexact_plan(
             diagnostics={"table": table, "columns": collated, "path": "lazy-plan"},
         )
     inexact = [column.name for column in columns if column.kind not in _PLAN_KINDS]
-    tests = [
-        (column.name, _PLAN_MISREAD[column.kind].format(c=_quote(column.name)))
-        for column in columns
-        if column.kind in _PLAN_MISREAD
-    ]
-    if tests and not inexact:
-        table = _quote(source.table)
-        with source.reader() as conn:  # one scan that stops at the first misread value
-            anything = " OR ".join(f"({test})" for _, test in tests)
-            exists = f"SELECT EXISTS (SELECT 1 FROM {table} WHERE {anything})"
-            if conn.execute(exists).fetchone()[0]:
-                checks = ", ".join(f"coalesce(max({test}), 0)" for _, test in tests)
-                found = conn.execute(f"SELECT {checks} FROM {table}").fetchone()
-                inexact = [name for (name, _), misread in zip(tests, found, strict=True) if misread]
+    if not inexact:
+        with source.reader() as conn:
+            inexact = _misread_columns(conn, source.table, columns, reader_refuses)
     if inexact:
         raise ConfigInvalid(
             f"lazy-plan into {engine} cannot read source column(s) {', '.join(inexact)} exactly "
@@ -619,6 +620,62 @@ def refuse_inexact_plan(
             "paths carry); use legacy, staged or file-artifact",
             diagnostics={"table": table, "columns": inexact, "path": "lazy-plan"},
         )
+
+
+def _misread_columns(
+    conn: sqlite3.Connection,
+    table: str,
+    columns: Sequence[Column],
+    reader_refuses: Collection[str],
+) -> list[str]:
+    """The columns holding a value ``_PLAN_MISREAD`` finds, in one scan that stops at the first
+    (``refuse_inexact_plan``)."""
+    held = _held_as_declared(conn, table)
+    if held is None:  # a view or a virtual table: any value in any column
+        held, reader_refuses = set(), ()
+    tests = [
+        (column.name, _PLAN_MISREAD[column.kind].format(c=_quote(column.name)))
+        for column in columns
+        if column.kind in _PLAN_MISREAD
+        and column.name not in held
+        and column.name not in reader_refuses
+    ]
+    if not tests:
+        return []
+    anything = " OR ".join(f"({test})" for _, test in tests)
+    if not conn.execute(
+        f"SELECT EXISTS (SELECT 1 FROM {_quote(table)} WHERE {anything})"
+    ).fetchone()[0]:
+        return []
+    checks = ", ".join(f"coalesce(max({test}), 0)" for _, test in tests)
+    found = conn.execute(f"SELECT {checks} FROM {_quote(table)}").fetchone()
+    return [name for (name, _), misread in zip(tests, found, strict=True) if misread]
+
+
+def _held_as_declared(conn: sqlite3.Connection, table: str) -> set[str] | None:
+    """The columns of an ordinary table that SQLite itself keeps to their declared storage
+    class: its rowid (an ``INTEGER PRIMARY KEY`` without its own index), and every typed
+    column of a ``STRICT`` table. None for a view or a virtual table, whose declared types
+    bind no value (a view's column can hold what any arm of a ``UNION`` gives)."""
+    try:
+        listed = conn.execute(
+            "SELECT type, wr, strict FROM pragma_table_list WHERE schema = 'main' AND name = ?",
+            (table,),
+        ).fetchone()
+    except sqlite3.OperationalError:  # before SQLite 3.37: no table_list
+        return None
+    if listed is None or listed[0] != "table":
+        return None
+    _, without_rowid, strict = listed
+    info = conn.execute("SELECT name, type, pk FROM pragma_table_info(?)", (table,)).fetchall()
+    held = {name for name, declared, _ in info if strict and declared.upper() != "ANY"}
+    keys = [(name, declared) for name, declared, pk in info if pk]
+    indexed_key = conn.execute(
+        "SELECT 1 FROM pragma_index_list(?) WHERE origin = 'pk'", (table,)
+    ).fetchone()
+    if len(keys) == 1 and keys[0][1].upper() == "INTEGER" and not without_rowid and not indexed_key:
+        held.add(keys[0][0])  # the rowid (``INTEGER PRIMARY KEY DESC`` gets an index: not it)
+    return held
 
 
 class SQLiteSink(FileTarget):
