@@ -490,6 +490,31 @@ def test_a_text_that_is_not_utf8_is_a_value_error_naming_the_table_never_the_tex
     assert "\\xff" not in done.stderr and "A\ufffdB" not in done.stderr  # never the text
 
 
+@pytest.mark.parametrize("strict", ["", " STRICT"], ids=["table", "strict"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
+def test_a_text_that_is_not_utf8_is_refused_before_the_engine_reads_it(
+    tmp_path: Path, kind: str, path: str, strict: str
+) -> None:
+    """DuckDB's scanner read such a text into its load file or its lazy plan, and the target
+    call failed on it (InvalidInputException, the route blocked); chDB's lazy plan copied its
+    bytes. Now every path refuses it before the target, and the route runs once it is fixed."""
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
+        db.execute(f"CREATE TABLE src (id INTEGER PRIMARY KEY, p INTEGER, v TEXT){strict}")
+        db.execute("INSERT INTO src VALUES (1, 0, 'é'), (2, 0, CAST(x'41ff42' AS TEXT))")
+        db.commit()
+    done = run(tmp_path, 'path = "source.db"', "src", kind, path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "target_outcome_unknown" not in done.stdout + done.stderr
+    assert "\\xff" not in done.stderr and "A\ufffdB" not in done.stderr  # never the text
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
+        db.execute("UPDATE src SET v = 'AB' WHERE id = 2")
+        db.commit()
+    again = run(tmp_path, 'path = "source.db"', "src", kind, path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert target_texts(tmp_path, kind, ["id", "v"]) == [("1", "é"), ("2", "AB")]
+
+
 # --- PostgreSQL target: both sources, and lazy-plan from PostgreSQL itself (issue 17) ---------
 
 TARGET_ENV = "MATRIX_TARGET_DSN"

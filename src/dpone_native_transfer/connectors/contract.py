@@ -110,7 +110,8 @@ class Staging(Protocol):
     outside the target, and ``finalize_staged_load`` is the one target call."""
 
     def stage(self, payload: RowChunks) -> int:
-        """Fill a fresh staging table with the rows; the target table is not touched."""
+        """Fill a fresh staging table with the rows; the target table is not touched. A sink
+        that is also ``FilePulling`` gets the files it pulled (``LoadFiles``), as ``load`` does."""
 
     def staged_row_count(self) -> int:
         """Rows in the staging table (the governance gate counts them)."""

@@ -39,7 +39,13 @@ from ..column_types import (
     utc_instant,
 )
 from ..drivers import import_driver
-from ..errors import ArtifactInvalid, ConfigInvalid, InternalInvariantBroken, TargetUnavailable
+from ..errors import (
+    ArtifactInvalid,
+    ConfigInvalid,
+    InternalInvariantBroken,
+    NativeTransferError,
+    TargetUnavailable,
+)
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import (
     LEDGER_TABLE,
@@ -271,7 +277,11 @@ class DuckDBSink(FileTarget):
             return False
         try:
             self._check(plan, pulling=True)
-        except (ConfigInvalid, _driver().Error):
+        except ConfigInvalid:
+            return False
+        except NativeTransferError:  # the source's own: Python's read would meet it too
+            raise
+        except Exception:  # DuckDB's, of any type (a message it cannot decode raises Unicode...)
             return False
         return True
 
@@ -290,11 +300,11 @@ class DuckDBSink(FileTarget):
             )
         source = pulled_file(plan, engine="DuckDB", table=self.table)
         sql, params = _tagged_scan(source, plan, checked.textual)
-        driver, pa = _driver(), arrow("DuckDBSink")
         try:
             with contextlib.closing(checked.scratch):
+                pa = arrow("DuckDBSink")
                 return _write_tagged(checked.scratch, pa, sql, params, paths, len(plan.bounds))
-        except (driver.Error, pa.ArrowException, OSError):
+        except Exception:  # of any type: DuckDB's message of a value it refuses may not decode
             for path in paths:  # a read that failed leaves nothing behind
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
@@ -424,11 +434,15 @@ class DuckDBSink(FileTarget):
                 return _record(conn, self._ledger.take(), rows)
 
     def stage(self, payload: RowChunks) -> int:
-        """Fill a fresh staging table beside the target; the target is not touched."""
+        """Fill a fresh staging table beside the target, from rows or from load files (as
+        ``load``); the target is not touched."""
+        stage, columns = self._stage, payload.columns
         with self._connect() as conn, _transaction(conn):
-            conn.execute(f"DROP TABLE IF EXISTS {self._stage.sql()}")
-            _create_table(conn, self._stage, payload.columns)
-            return _insert_rows(conn, self._stage, payload.columns, payload.chunks)
+            conn.execute(f"DROP TABLE IF EXISTS {stage.sql()}")
+            _create_table(conn, stage, columns)
+            if isinstance(payload, LoadFiles):
+                return _insert_files(conn, stage, columns, payload.files)
+            return _insert_rows(conn, stage, columns, payload.chunks)
 
     def staged_row_count(self) -> int:
         with self._reader() as conn:
@@ -437,7 +451,8 @@ class DuckDBSink(FileTarget):
     def finalize_staged_load(self, *, replace: bool = False) -> int:
         """Move staged rows into the target (by column name) and drop the staging table, at once.
 
-        A missing target is created with the staging table's columns and types.
+        A missing target is the staging table, renamed: it has the columns and types the
+        target would be created with, and its rows are not copied again.
         """
         stage, target = self._stage.sql(), self._target.sql()
         with self._connect() as conn, _transaction(conn):
@@ -446,7 +461,9 @@ class DuckDBSink(FileTarget):
                     f"no staged load exists for target table {self.table!r}",
                     diagnostics={"table": self.table},
                 )
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {target} AS FROM {stage} LIMIT 0")
+            if not _table_exists(conn, self._target):
+                conn.execute(f"ALTER TABLE {stage} RENAME TO {quote(self._target.name)}")
+                return _record(conn, self._ledger.take(), _row_count(conn, self._target))
             if replace:
                 conn.execute(f"DELETE FROM {target}")
             moved = conn.execute(f"INSERT INTO {target} BY NAME FROM {stage}").fetchone()[0]
@@ -666,6 +683,7 @@ def _write_tagged(
         writers = [DigestWriter(stack.enter_context(create_private(path))) for path in paths]
         streams = [stack.enter_context(pa.ipc.new_stream(w, schema)) for w in writers]
         for batch in reader:
+            batch.validate(full=True)  # a SQLite text that is not UTF-8: DuckDB reads its bytes
             tags, data = batch.column(width), batch.select(range(width))
             if len(streams) > 1:
                 order = pc.sort_indices(tags)  # stable: each bound keeps the scan's order

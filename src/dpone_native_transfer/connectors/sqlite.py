@@ -549,6 +549,14 @@ _ISO_TIMESTAMP = (  # YYYY-MM-DD[ T]HH:MM:SS[.f{1,6}], a real instant, no offset
     " AND (length({c}) = 19 OR (substr({c}, 20, 1) = '.' AND length({c}) BETWEEN 21 AND 26"
     " AND substr({c}, 21) NOT GLOB '*[^0-9]*')))"
 )
+# A text that is not valid UTF-8, which the row paths refuse (``ValueUnsupported``) and an
+# engine would copy or fail on inside the target call. Only a text holding a byte above 0x7f
+# (GLOB reads each as a character above it) or a NUL (``length`` stops there, GLOB too) is
+# passed to Python (``_utf8``).
+_NOT_UTF8 = (
+    "(typeof({c}) = 'text' AND ({c} GLOB '*[^\x01-\x7f]*'"
+    " OR length({c}) <> length(CAST({c} AS BLOB))) AND NOT dpone_utf8(CAST({c} AS BLOB)))"
+)
 # Per kind, a SQL test of one stored value that such a reader would read otherwise than the
 # row paths' carriers accept (SQLite keeps any value in any column): one read of the source.
 _PLAN_MISREAD = {
@@ -633,15 +641,20 @@ def _misread_columns(
     held = _held_as_declared(conn, table)
     if held is None:  # a view or a virtual table: any value in any column
         held, reader_refuses = set(), ()
-    tests = [
-        (column.name, _PLAN_MISREAD[column.kind].format(c=_quote(column.name)))
-        for column in columns
-        if column.kind in _PLAN_MISREAD
-        and column.name not in held
-        and column.name not in reader_refuses
-    ]
+    tests = []
+    for column in columns:
+        name, found = _quote(column.name), []
+        if column.name in reader_refuses or column.kind not in _PLAN_MISREAD:
+            continue
+        if column.name not in held:
+            found.append(_PLAN_MISREAD[column.kind].format(c=name))
+        if column.kind in ("text", "blob"):  # a STRICT table holds any bytes as text too
+            found.append(_NOT_UTF8.format(c=name))
+        if found:
+            tests.append((column.name, " OR ".join(found)))
     if not tests:
         return []
+    conn.create_function("dpone_utf8", 1, _utf8, deterministic=True)
     anything = " OR ".join(f"({test})" for _, test in tests)
     if not conn.execute(
         f"SELECT EXISTS (SELECT 1 FROM {_quote(table)} WHERE {anything})"
@@ -650,6 +663,15 @@ def _misread_columns(
     checks = ", ".join(f"coalesce(max({test}), 0)" for _, test in tests)
     found = conn.execute(f"SELECT {checks} FROM {_quote(table)}").fetchone()
     return [name for (name, _), misread in zip(tests, found, strict=True) if misread]
+
+
+def _utf8(data: bytes | None) -> bool:
+    """``dpone_utf8(blob)``: SQLite may call it for any value of the column, NULL included."""
+    try:
+        bytes(data or b"").decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _held_as_declared(conn: sqlite3.Connection, table: str) -> set[str] | None:

@@ -1,4 +1,8 @@
-"""staged: fill the sink's staging table, govern the staged rows, then finalize the load."""
+"""staged: fill the sink's staging table, govern the staged rows, then finalize the load.
+
+The stage is filled from the rows the runtime reads, or, where the sink's engine writes the
+load file itself (``FilePulling``), from that file: no row then passes through Python.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,8 @@ def staged_path(ctx: PathContext) -> int:
     if not isinstance(sink, Staging):
         raise ctx.lacks("a staging table")
 
-    sink.stage(ctx.row_chunks(ctx.extract()))
+    files = ctx.pulled_files(per_partition=False)
+    sink.stage(ctx.row_chunks(ctx.extract()) if files is None else ctx.load_files(files))
     try:
         ctx.check_governance(sink.staged_row_count())
     except BaseException:
