@@ -31,7 +31,7 @@ FILE_PATHS = ["legacy", "file-artifact"]
 
 
 class Watching:
-    """The real sink; ``before_load(payload)`` runs at the start of every load."""
+    """The real sink; ``before_load(payload)`` runs at the start of every load and stage."""
 
     def __init__(self, inner: Any, before_load: Callable[[Any], None]) -> None:
         self.inner, self.before_load = inner, before_load
@@ -39,6 +39,10 @@ class Watching:
     def load(self, payload: Any) -> int:
         self.before_load(payload)
         return self.inner.load(payload)
+
+    def stage(self, payload: Any) -> int:
+        self.before_load(payload)
+        return self.inner.stage(payload)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -118,8 +122,9 @@ def test_a_value_arrow_cannot_hold_keeps_its_file_in_the_runtime_format(tmp_path
         route.real_store.close()
 
 
-@pytest.mark.parametrize("path", FILE_PATHS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("kind", "path"), [(k, p) for k in KINDS for p in FILE_PATHS] + [("sqlite", "legacy")]
+)
 def test_an_artifact_changed_before_the_engine_reads_it_loads_nothing(tmp_path, kind, path):
     """Bytes appended after the stream's end: the engine would read the same rows, yet the
     digest differs. DuckDB hashes what it reads; chDB's files are checked just before."""
@@ -138,7 +143,9 @@ def test_an_artifact_changed_before_the_engine_reads_it_loads_nothing(tmp_path, 
         with pytest.raises(ArtifactInvalid) as caught:
             route.runtime().run(route.spec(path, run_id="r2"))
         assert set(caught.value.diagnostics) == {"file"}
-        assert caught.value.diagnostics["file"].endswith(".arrows")
+        assert caught.value.diagnostics["file"].endswith(
+            ".sqlite" if kind == "sqlite" else ".arrows"
+        )
         assert len(route.target_ids()) == 120  # nothing of the second load
     finally:
         route.real_store.close()
@@ -199,17 +206,34 @@ class Unread(SQLiteSource):
         raise AssertionError("a row was read through Python")
 
 
-def _unread_route(tmp_path: Path, seen: list) -> Route:
-    route = _route(tmp_path, "duckdb", seen.append)
+def _unread_route(tmp_path: Path, seen: list, kind: str = "duckdb") -> Route:
+    route = _route(tmp_path, kind, seen.append)
     route.source = Unread(str(route.source_path), "orders", "region", "updated_at")
     return route
 
 
-@pytest.mark.parametrize("path", FILE_PATHS)
-def test_duckdb_writes_the_load_files_from_sqlite_without_a_row_in_python(tmp_path, path):
+# (target, path) where the engine writes the load files itself: DuckDB one per partition too,
+# SQLite one file (a load attaches its files, and SQLite attaches at most ten).
+PULLED = [
+    ("duckdb", "legacy"),
+    ("duckdb", "staged"),
+    ("duckdb", "file-artifact"),
+    ("sqlite", "legacy"),
+    ("sqlite", "staged"),
+]
+
+
+@pytest.mark.parametrize(("kind", "path"), PULLED)
+@pytest.mark.parametrize("index", [False, True], ids=["unindexed", "indexed"])
+def test_the_engine_writes_the_load_files_from_sqlite_without_a_row_in_python(
+    tmp_path, kind, path, index
+):
     seen: list[LoadFiles] = []
-    route = _unread_route(tmp_path, seen)
+    route = _unread_route(tmp_path, seen, kind)
     assert isinstance(route.sink, FilePulling)
+    if index:  # each partition's own read seeks it; else one scan reads them all
+        with sqlite3.connect(route.source_path) as db:
+            db.execute("CREATE INDEX orders_region ON orders (region)")
     try:
         result = route.runtime().run(route.spec(path, run_id="r1"))
         assert result.rows_loaded == 120
@@ -220,6 +244,7 @@ def test_duckdb_writes_the_load_files_from_sqlite_without_a_row_in_python(tmp_pa
         assert {cp.partition_bounds["partition"]: cp.rows_exported for cp in latest} == counts
         [payload] = seen
         assert all(file.native for file in payload.files)
+        assert {file.path.suffix for file in payload.files} == {route.sink.pulled_suffix}
         if path == "file-artifact":
             by_id = {cp.partition_id: cp for cp in latest}
             for file in payload.files:
@@ -235,10 +260,11 @@ def test_duckdb_writes_the_load_files_from_sqlite_without_a_row_in_python(tmp_pa
         route.real_store.close()
 
 
-def test_a_partition_that_appears_after_planning_is_not_pulled(tmp_path):
+@pytest.mark.parametrize("kind", ["duckdb", "sqlite"])
+def test_a_partition_that_appears_after_planning_is_not_pulled(tmp_path, kind):
     """Rows of a value no bound names are left out, as each partition's own read would."""
     seen: list[LoadFiles] = []
-    route = _unread_route(tmp_path, seen)
+    route = _unread_route(tmp_path, seen, kind)
     real = route.sink.inner.pull_load_files
 
     def pull_after_a_new_partition(plan: Any, paths: Any) -> Any:
@@ -405,12 +431,12 @@ def test_a_pull_that_fails_midway_leaves_no_file_and_python_reads_the_rows(
         route.real_store.close()
 
 
-@pytest.mark.parametrize("path", FILE_PATHS)
+@pytest.mark.parametrize(("kind", "path"), PULLED)
 @pytest.mark.parametrize("third", ["c d", "__DPONE_BOUND"])
-def test_pulled_files_keep_odd_names_and_values_exact(tmp_path, path, third):
+def test_pulled_files_keep_odd_names_and_values_exact(tmp_path, kind, path, third):
     """Quotes, spaces and unicode in column names; NULL, empty and awkward values, a NULL
-    partition: the pulled files load what the runtime's would. A column named as the pull's
-    own tag is read through Python instead."""
+    partition: the pulled files load what the runtime's would. A column named as DuckDB's
+    pull's own tag is read through Python instead."""
     source_path = tmp_path / "odd.db"
     columns = f'"id" INTEGER PRIMARY KEY, "p q" TEXT, "{third}" TEXT, "é""x" REAL, b BLOB'
     rows = [
@@ -426,7 +452,7 @@ def test_pulled_files_keep_odd_names_and_values_exact(tmp_path, path, third):
     for pulling in (True, False):
         folder = tmp_path / ("pulled" if pulling else "python")
         folder.mkdir()
-        route = _route(folder, "duckdb", lambda payload: None, pulling=pulling)
+        route = _route(folder, kind, lambda payload: None, pulling=pulling)
         if pulling:
             _watch_pulls(route.sink.inner, pulled)
         route.source = SQLiteSource(str(source_path), "t", "p q")
@@ -435,7 +461,8 @@ def test_pulled_files_keep_odd_names_and_values_exact(tmp_path, path, third):
             results[pulling] = route.target_rows()
         finally:
             route.real_store.close()
-    assert [result != DECLINED for result in pulled] == [third != "__DPONE_BOUND"]
+    declined = kind == "duckdb" and third == "__DPONE_BOUND"
+    assert [result != DECLINED for result in pulled] == [not declined]
     assert results[True] == results[False]
     assert [row[0] for row in results[True]] == [1, 2, 3, 4]
 
@@ -469,5 +496,25 @@ def test_duckdb_loads_the_files_in_inserts_of_bounded_size(tmp_path, path, monke
         with pytest.raises(ArtifactInvalid):
             route.runtime().run(route.spec(path, run_id="r2"))
         assert len(route.target_ids()) == 120
+    finally:
+        route.real_store.close()
+
+
+def test_a_sqlite_pull_that_fails_leaves_no_file_and_python_reads_the_rows(tmp_path, monkeypatch):
+    """SQLite fails after copying the rows (counting them): the file is removed, and the run
+    reads the rows through Python and loads each once."""
+    from dpone_native_transfer.connectors import sqlite as sqlite_sink
+
+    def failing(*args: Any) -> Any:
+        raise sqlite3.OperationalError("injected failure")
+
+    monkeypatch.setattr(sqlite_sink, "_counted", failing)
+    pulled: list[Any] = []
+    route = _route(tmp_path, "sqlite", lambda payload: None)
+    _watch_pulls(route.sink.inner, pulled)
+    try:
+        assert route.runtime().run(route.spec("legacy")).rows_loaded == 120
+        assert pulled == [None] and route.sink.target_calls == 1
+        assert_rows_exactly_once(route.source_ids(), route.target_ids())
     finally:
         route.real_store.close()

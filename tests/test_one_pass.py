@@ -2,7 +2,9 @@
 
 Without an index on the partition column, reading each partition on its own scans the
 table once per partition. A SQLite source splits one scan instead; every partition must
-get exactly the rows, in exactly the order, that its own read gives.
+get exactly the rows, in exactly the order, that its own read gives. Into SQLite, legacy
+and staged let SQLite copy the rows itself (``FilePulling``, ``test_native_files.py``): the
+sinks here cannot pull, so the runtime reads.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.routes import NotPulling
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -155,7 +158,7 @@ def run(tmp_path: Path, path: str, *, index: bool, sink: Any = None) -> tuple[in
     make_table(tmp_path / "s.db", "INTEGER", rows, index=index)
     CountingSource.scans = 0
     source = CountingSource(str(tmp_path / "s.db"), "t", "part", "cur")
-    sink = sink or SQLiteSink(str(tmp_path / "target.db"), "t_copy")
+    sink = sink or NotPulling(SQLiteSink(str(tmp_path / "target.db"), "t_copy"))
     store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
     try:
         spec = TransferSpec(
@@ -195,7 +198,7 @@ class FailingScan(CountingSource):
 
 def test_a_scan_that_fails_midway_fails_before_the_target_and_the_retry_loads_once(tmp_path):
     make_table(tmp_path / "s.db", "INTEGER", [(i % 4, i) for i in range(400)], index=False)
-    sink = RecordingSink(SQLiteSink(str(tmp_path / "target.db"), "t_copy"))
+    sink = RecordingSink(NotPulling(SQLiteSink(str(tmp_path / "target.db"), "t_copy")))
     store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
 
     def attempt(source: SQLiteSource, run_id: str) -> int:

@@ -367,13 +367,22 @@ class EdgeTracker:
             found[candidate.partition_id] = self.recorded.pop(candidate.partition_id)
         return found
 
-    def confirm_top(self, before: Mapping[str, Seen | None], after: Mapping[str, Seen | None]):
-        """Record a lazy plan's top rows: the engine read the source between the two reads,
-        so when they agree (rows are only added) it loaded exactly those. Kept in memory
-        only: a crash before the state leaves them unknown, never wrongly known."""
+    def confirm_top(
+        self,
+        before: Mapping[str, Seen | None],
+        after: Mapping[str, Seen | None],
+        *,
+        persisted: bool = False,
+    ):
+        """Record the top rows of an engine's own read: it read the source between the two
+        reads, so when they agree (rows are only added) it read exactly those. A lazy plan's
+        read is the target call, after the checkpoints are armed: its rows are kept in memory
+        only (a crash before the state leaves them unknown, never wrongly known); a pull's,
+        done before, may be ``persisted`` in the checkpoints, as rows read by Python are."""
         for partition_id, rows in before.items():
             self.recorded[partition_id] = rows if after.get(partition_id) == rows else None
-            self._unpersisted.add(partition_id)
+            if not persisted:
+                self._unpersisted.add(partition_id)
 
     def diagnostics(self, partition_id: str, *, persisted: bool = False) -> dict[str, Any]:
         """The partition's recorded rows (``persisted``: only those a checkpoint may keep)."""

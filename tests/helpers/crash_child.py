@@ -163,8 +163,17 @@ class CrashSource(SQLiteSource):
         self.killer.at("extraction")  # the path has taken the first chunk and asks for more
         yield from chunks
 
+    def table_sql(self, bounds: Any, *, conn: Any, **kwargs: Any) -> tuple[str, tuple] | None:
+        """A pull's one statement for every partition (legacy and staged into SQLite): dies
+        partway through it, SQLite's progress handler calling as the statement runs."""
+        whole = super().table_sql(bounds, conn=conn, **kwargs)
+        if whole is not None:
+            conn.set_progress_handler(lambda: self.killer.at("extraction"), 1_000)
+        return whole
+
     def select_sql(self, bounds: Mapping[str, Any], **kwargs: Any) -> tuple[str, tuple]:
-        """lazy-plan's extraction: the sink asks for each partition's query inside its call."""
+        """lazy-plan's extraction: the sink asks for each partition's query inside its call;
+        a pull of one statement per partition, before the target call."""
         if "cursor_from" in bounds:  # a read of a window's top rows (above), not extraction
             return super().select_sql(bounds, **kwargs)
         self.partitions += 1

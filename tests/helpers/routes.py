@@ -65,6 +65,19 @@ def make_sink(kind: str, location: str | Path, table: str = "orders_copy") -> An
     return SINKS[kind](str(location), table, **options)
 
 
+class NotPulling:
+    """The real sink without ``FilePulling``: the runtime reads the rows itself, as it does
+    from a source the engine cannot read (a test of the row paths' own reading)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("can_pull", "pull_load_files", "pulled_suffix"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
 class Route:
     """One route on real files: source table -> target table, with a real checkpoint store.
 

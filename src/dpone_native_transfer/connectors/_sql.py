@@ -24,7 +24,7 @@ from ..errors import (
     TargetUnavailable,
 )
 from ..identity import fold_ascii
-from ..payloads import UPTO_OR_NULL, Column, Predicate, bound_predicates
+from ..payloads import UPTO_OR_NULL, Column, Predicate, SourceShape, bound_predicates
 from .contract import PendingLedger
 
 if TYPE_CHECKING:
@@ -364,6 +364,7 @@ class TableSource:
         self.partition_column = partition_column
         self.cursor_column = cursor_column
         self.partition_rows = partition_rows  # ranges of about so many rows; None: by value
+        self._described: tuple[Column, ...] | None = None  # by ``_described_columns``
 
     def __repr__(self) -> str:
         return (
@@ -371,8 +372,21 @@ class TableSource:
             f"partition_column={self.partition_column!r})"
         )
 
+    def describe(self) -> SourceShape:
+        """Each engine's source describes its table (and calls ``_check_columns``)."""
+        raise NotImplementedError
+
+    def _described_columns(self) -> tuple[Column, ...]:
+        """The columns of the last ``describe()``: the runtime's, at the start of each run, so
+        that every read of the run takes the columns its shape and hashes name, and none
+        describes the table again (a connection and a catalog query per partition)."""
+        if self._described is None:
+            self._described = tuple(self.describe().columns)
+        return self._described
+
     def _check_columns(self, columns: Sequence[Column]) -> None:
-        """``SourceMissing`` unless the table exists and has the route's columns."""
+        """``SourceMissing`` unless the table exists and has the route's columns; remembers them
+        (``_described_columns``)."""
         if not columns:
             raise SourceMissing(
                 f"source table {self.table!r} does not exist", diagnostics={"table": self.table}
@@ -384,6 +398,7 @@ class TableSource:
                     f"{role} column {name!r} does not exist in source table {self.table!r}",
                     diagnostics={"table": self.table, "column": name},
                 )
+        self._described = tuple(columns)
 
     def _single_values(
         self, bounds: Sequence[Mapping[str, Any]], chunk_rows: Any

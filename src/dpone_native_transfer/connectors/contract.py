@@ -145,9 +145,12 @@ class NativeFiles(Protocol):
 
 @runtime_checkable
 class FilePulling(Protocol):
-    """A ``NativeFiles`` sink whose engine can also write the load files itself, from a source it
-    pulls exactly (``PlanPulling.check_plan``): legacy and file-artifact then take the rows of
-    the attempt's partitions without one passing through Python."""
+    """A sink whose engine can write the load files itself, from a source it reads exactly
+    (DuckDB: an Arrow stream, as ``NativeFiles``; SQLite: a SQLite file): legacy, staged and
+    file-artifact then take the rows of the attempt's partitions without one passing through
+    Python. ``pulled_suffix`` names the files' format (``.arrows``, ``.sqlite``)."""
+
+    pulled_suffix: str
 
     def can_pull(self, plan: LoadPlan, files: int) -> bool:
         """Whether the engine reads the plan exactly into ``files`` files (one, or one per

@@ -197,6 +197,8 @@ class DuckDBSink(FileTarget):
     Each load also writes its ledger row (``LedgerSink``) in that transaction.
     """
 
+    pulled_suffix = ".arrows"  # FilePulling: an Arrow IPC stream
+
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
         check_target_table(table)
         super().__init__(path, table)

@@ -273,7 +273,7 @@ class PostgresSource(TableSource):
     ) -> Iterator[list[tuple]]:
         """Rows of one partition in chunks of at most ``chunk_rows``; bad bounds fail on call."""
         check_chunk_rows(chunk_rows)
-        sql, params = self._select(self.describe().columns, bounds)
+        sql, params = self._select(self._described_columns(), bounds)
         return self._chunks(sql, params, chunk_rows)
 
     def _chunks(self, sql: str, params: list[Any], chunk_rows: int) -> Iterator[list[tuple]]:
@@ -309,7 +309,7 @@ class PostgresSource(TableSource):
         values = [p.value for p in partitions]
         if len({(type(v), v) for v in values}) < len(values):
             return None  # a partition twice: leave it to the reads
-        columns = self.describe().columns
+        columns = self._described_columns()
         tests = [self._render([p]) for p in partitions]
         route = " ".join(f"WHEN {sql} THEN {i}" for i, (sql, _) in enumerate(tests))
         within, window_params = self._render(window)
@@ -339,7 +339,7 @@ class PostgresSource(TableSource):
         where, params = edge_where(_name(self._cursor()), "%s", since, upto, nulls)
         if not where:
             return iter(())
-        select = ", ".join(_value(column) for column in self.describe().columns)
+        select = ", ".join(_value(column) for column in self._described_columns())
         sql = f"SELECT {select} FROM {self._relation} WHERE {where}"
         return self._chunks(sql, params, chunk_rows)
 

@@ -17,6 +17,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import check_digest, create_private, file_sha256, read_chunks
 from ..checkpoints import sha256_digest
 from ..column_types import Carry, finite_double, sqlite_kind
 from ..errors import (
@@ -33,7 +34,7 @@ from ..ledger import (
     ledger_query,
     ledger_table_sql,
 )
-from ..payloads import Column, LoadPlan, Predicate, RowChunks, SourceShape
+from ..payloads import Column, LoadFile, LoadFiles, LoadPlan, Predicate, RowChunks, SourceShape
 from ._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -413,7 +414,7 @@ class SQLiteSource(TableSource):
     ) -> tuple[str, tuple]:
         """The extraction query of one partition; ``columns`` defaults to the described ones."""
         if columns is None:
-            columns = self.describe().columns
+            columns = self._described_columns()
         where, params = self._where(bounds)
         sql = (
             f"SELECT {_column_list(columns, self.table)} FROM {_quote(schema)}.{_quote(self.table)}"
@@ -450,7 +451,7 @@ class SQLiteSource(TableSource):
         if split is None:
             return None
         partitions, window = split
-        columns = self.describe().columns
+        columns = self._described_columns()
         with self.reader() as conn:
             values = self._scan_values(conn, "main", partitions, columns)
         if values is None:
@@ -524,7 +525,7 @@ class SQLiteSource(TableSource):
         where, params = edge_where(self._ref(self._cursor()), "?", since, upto, nulls)
         if not where:
             return iter(())
-        columns = self.describe().columns
+        columns = self._described_columns()
         sql = (
             f"SELECT {_column_list(columns, self.table)} FROM {_quote(self.table)}"
             f" WHERE {where} ORDER BY rowid"
@@ -654,7 +655,7 @@ def _misread_columns(
             tests.append((column.name, " OR ".join(found)))
     if not tests:
         return []
-    conn.create_function("dpone_utf8", 1, _utf8, deterministic=True)
+    conn.create_function("dpone_utf8", 1, _utf8, deterministic=True)  # _NOT_UTF8's
     anything = " OR ".join(f"({test})" for _, test in tests)
     if not conn.execute(
         f"SELECT EXISTS (SELECT 1 FROM {_quote(table)} WHERE {anything})"
@@ -705,6 +706,8 @@ class SQLiteSink(FileTarget):
 
     Each load also writes its ledger row (``LedgerSink``) in that transaction.
     """
+
+    pulled_suffix = ".sqlite"  # FilePulling: a SQLite file of one table
 
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
         check_target_table(table)
@@ -778,15 +781,37 @@ class SQLiteSink(FileTarget):
         if isinstance(payload, LoadPlan):
             return self._load_plan(payload)
         if isinstance(payload, RowChunks):
-            return self._load_chunks(payload)
+            with self._connect() as conn, _transaction(conn):
+                _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
+                rows = _insert(conn, self.table, payload)
+                return _record(conn, self._ledger.take(), rows)
         raise payload_refused(self.table)
 
-    def _load_chunks(self, payload: RowChunks) -> int:
-        insert = _insert_values_sql(self.table, payload.columns)
-        with self._connect() as conn, _transaction(conn):
-            _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
-            rows = sum(conn.executemany(insert, chunk).rowcount for chunk in payload.chunks)
-            return _record(conn, self._ledger.take(), rows)
+    def can_pull(self, plan: LoadPlan, files: int) -> bool:
+        """``FilePulling``: from a SQLite source, into one load file (legacy, staged). SQLite
+        copies each value as it stores it, so nothing is misread. Not one file per partition:
+        a load attaches its files, and SQLite attaches at most ten databases."""
+        return files == 1 and isinstance(plan.source, SQLiteFile)
+
+    def pull_load_files(
+        self, plan: LoadPlan, paths: Sequence[Path]
+    ) -> tuple[list[LoadFile], list[int]] | None:
+        """``FilePulling``: SQLite copies the plan's partitions from the source into a new SQLite
+        file (``_pull``), with each bound's count; None when that fails. Each value is copied as
+        SQLite stores it, as lazy-plan copies it: a text that is not UTF-8 too, which the paths
+        that read through Python refuse."""
+        [path] = paths
+        try:
+            counts = _pull(plan, path)
+        except (sqlite3.Error, OSError):
+            counts = None
+        if counts is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return None
+        return [
+            LoadFile(path=path, rows=sum(counts), sha256=file_sha256(path), native=True)
+        ], counts
 
     def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:
         """The ledger entries of this target table, oldest first.
@@ -843,12 +868,12 @@ class SQLiteSink(FileTarget):
                     conn.execute("DETACH DATABASE src")
 
     def stage(self, payload: RowChunks) -> int:
-        """Fill a fresh staging table beside the target; the target is not touched."""
-        insert = _insert_values_sql(self._stage, payload.columns)
+        """Fill a fresh staging table beside the target, from rows or from load files (as
+        ``load``); the target is not touched."""
         with self._connect() as conn, _transaction(conn):
             conn.execute(f"DROP TABLE IF EXISTS {_quote(self._stage)}")
             _create_table(conn, self._stage, payload.columns)
-            return sum(conn.executemany(insert, chunk).rowcount for chunk in payload.chunks)
+            return _insert(conn, self._stage, payload)
 
     def staged_row_count(self) -> int:
         with self._reader() as conn:
@@ -1029,9 +1054,101 @@ def _prepare_target(
         conn.execute(f"DELETE FROM {_quote(table)}")
 
 
-def _insert_values_sql(table: str, columns: Sequence[Column]) -> str:
-    placeholders = ", ".join("?" for _ in columns)
-    return f"INSERT INTO {_quote(table)} ({_column_list(columns)}) VALUES ({placeholders})"
+def _insert(conn: sqlite3.Connection, table: str, payload: RowChunks) -> int:
+    """Insert the payload's rows, in this connection's transaction: a pulled SQLite file
+    (``LoadFile.native``) by one ``INSERT ... SELECT`` from it, attached read-only, its digest
+    checked before SQLite reads it and again after, before the load commits (a file changed
+    in between fails the load); other rows as chunks."""
+    names = _column_list(payload.columns)
+    marks = ", ".join("?" * len(payload.columns))
+    insert = f"INSERT INTO {_quote(table)} ({names}) VALUES ({marks})"
+    if not isinstance(payload, LoadFiles) or not any(file.native for file in payload.files):
+        return sum(conn.executemany(insert, chunk).rowcount for chunk in payload.chunks)
+    rows = 0
+    for number, file in enumerate(payload.files):
+        if not file.native:
+            chunks = read_chunks(file.path, file.sha256)
+            rows += sum(conn.executemany(insert, chunk).rowcount for chunk in chunks)
+            continue
+        check_digest(file.path, file.sha256)
+        schema = f"dpone_load_{number}"
+        try:
+            conn.execute(f"ATTACH DATABASE ? AS {schema}", (_uri(str(file.path), read_only=True),))
+            rows += conn.execute(
+                f"INSERT INTO {_quote(table)} ({names}) SELECT {names} FROM {schema}.{_PULLED}"
+                " ORDER BY rowid"
+            ).rowcount
+        except sqlite3.DatabaseError:
+            check_digest(file.path, file.sha256)  # a file changed while it was read says so
+            raise
+        check_digest(file.path, file.sha256)
+    return rows
+
+
+_PULLED = '"rows"'  # the one table of a pulled SQLite load file
+
+
+def _pull(plan: LoadPlan, path: Path) -> list[int] | None:
+    """The plan's partitions in a new SQLite file at ``path``, each value as the source stores
+    it (untyped columns), in one read transaction of the source; each bound's count, or None
+    when they cannot be counted (``_counted``).
+
+    The rows are those each partition's own read selects (``select_sql``), or, where the
+    source reads the plan in one statement (``table_sql``: one scan of an unindexed table,
+    or the whole table), that statement's, counted by partition value afterwards."""
+    source = plan.source
+    assert isinstance(source, SQLiteFile)  # can_pull
+    create_private(path).close()
+    columns = plan.columns
+    with contextlib.closing(sqlite3.connect(":memory:", isolation_level=None)) as conn:
+        conn.execute("ATTACH DATABASE ? AS src", (_uri(source.path, read_only=True),))
+        conn.execute("ATTACH DATABASE ? AS out", (_uri(os.fspath(path), read_only=False),))
+        conn.execute("PRAGMA out.journal_mode = OFF")  # a new file: a failure removes it
+        conn.execute("PRAGMA out.synchronous = OFF")  # its digest is taken after it is closed
+        names = _column_list(columns)
+        conn.execute(f"CREATE TABLE out.{_PULLED} ({names})")
+        insert = f"INSERT INTO out.{_PULLED} ({names}) "
+        conn.execute("BEGIN")
+        whole = source.table_sql(plan.bounds, conn=conn, schema="src", columns=columns)
+        counts: list[int] | None
+        if whole is None:
+            counts = [
+                conn.execute(insert + sql, params).rowcount
+                for sql, params in (
+                    source.select_sql(bounds, schema="src", columns=columns)
+                    for bounds in plan.bounds
+                )
+            ]
+        else:
+            conn.execute(insert + whole[0], whole[1])
+            counts = _counted(conn, source, plan, columns)
+        if counts is None:
+            conn.execute("ROLLBACK")
+            return None
+        conn.execute("COMMIT")
+    return counts
+
+
+def _counted(
+    conn: sqlite3.Connection, source: SQLiteFile, plan: LoadPlan, columns: Sequence[Column]
+) -> list[int] | None:
+    """Each bound's rows in the pulled file, counted by partition value (``table_sql`` plans
+    of one value per bound only, as the column stores them); None for any other plan."""
+    if any("partition" not in bounds for bounds in plan.bounds):
+        return None
+    names = [column.name for column in columns]
+    declared = parsed_type(columns[names.index(source.partition_column)].decltype)
+    stored = _as_stored(conn, declared, [bounds["partition"] for bounds in plan.bounds])
+    index = {value: number for number, value in enumerate(stored)}
+    if len(index) != len(stored):
+        return None
+    counts = [0] * len(stored)
+    key = _quote(source.partition_column)
+    for value, rows in conn.execute(f"SELECT {key}, count(*) FROM out.{_PULLED} GROUP BY {key}"):
+        if value not in index:
+            return None
+        counts[index[value]] += rows
+    return counts
 
 
 def _row_count(conn: sqlite3.Connection, table: str) -> int:

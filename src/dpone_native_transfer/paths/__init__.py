@@ -218,8 +218,8 @@ class PathContext:
         names = [c.partition_id for c in self.candidates] if per_partition else ["load"]
         if not sink.can_pull(plan, len(names)):  # before the edge's rows are read for it
             return None
-        paths = [self.work_dir / f"{name}.arrows" for name in names]
-        pulled = self.read_by_engine(lambda: sink.pull_load_files(plan, paths))
+        paths = [self.work_dir / f"{name}{sink.pulled_suffix}" for name in names]
+        pulled = self.read_by_engine(lambda: sink.pull_load_files(plan, paths), before_target=True)
         if pulled is None:
             return None
         files, counts = pulled
@@ -228,11 +228,12 @@ class PathContext:
             self.extracted(index, rows, **digest)
         return files
 
-    def read_by_engine(self, read: Callable[[], T]) -> T:
+    def read_by_engine(self, read: Callable[[], T], *, before_target: bool = False) -> T:
         """``read()``, in which the engine reads the source itself, between two reads of the
         rows at the top of the cursor edge: when they agree (rows are only added), the engine
         read exactly those (``EdgeTracker.confirm_top``). A ``read`` that gives None read
-        nothing, and records nothing."""
+        nothing, and records nothing. A read done ``before_target`` (a pull) is known before
+        the checkpoints are armed, which may then keep its rows, as a read through Python's."""
         if self.edge is None or self.edge.top_since is None:
             return read()
         window = (self.source, self.candidates, self.spec.chunk_rows)
@@ -244,7 +245,7 @@ class PathContext:
             after = self.edge.top_rows(*window)
         except Exception:  # what the engine read is then only unknown
             after = {}
-        self.edge.confirm_top(before, after)
+        self.edge.confirm_top(before, after, persisted=before_target)
         return result
 
     def load_files(self, files: Sequence[LoadFile]) -> LoadFiles:
