@@ -231,6 +231,15 @@ def test_the_engine_writes_the_load_files_from_sqlite_without_a_row_in_python(
     seen: list[LoadFiles] = []
     route = _unread_route(tmp_path, seen, kind)
     assert isinstance(route.sink, FilePulling)
+    batches: list[int] = []  # of each Arrow file, counted as the load begins
+
+    def watch(payload: Any) -> None:
+        seen.append(payload)
+        for file in payload.files if kind == "duckdb" else ():
+            with pa.OSFile(str(file.path)) as handle:
+                batches.append(len(list(pa.ipc.open_stream(handle))))
+
+    route.sink.inner.before_load = watch
     if index:  # each partition's own read seeks it; else one scan reads them all
         with sqlite3.connect(route.source_path) as db:
             db.execute("CREATE INDEX orders_region ON orders (region)")
@@ -251,6 +260,7 @@ def test_the_engine_writes_the_load_files_from_sqlite_without_a_row_in_python(
                 checkpoint = by_id[file.path.stem]
                 assert file.sha256 == checkpoint.diagnostics["artifact_sha256"]
                 assert file.rows == checkpoint.rows_exported
+            assert batches == [1] * 4  # gathered: one batch per file, not a slice per scan batch
         else:
             assert len(payload.files) == 1
         route.add_rows(40)  # the next window (the cursor edge is tracked) loads only the new
@@ -392,6 +402,7 @@ def test_a_pull_that_fails_midway_leaves_no_file_and_python_reads_the_rows(
     """DuckDB fails after its first batch: its files are removed (the runtime's own would
     collide with one left behind), and the run loads every row once."""
     monkeypatch.setattr(duckdb_sink, "_BATCH_ROWS", 16)
+    monkeypatch.setattr(duckdb_sink, "_GATHERED_ROWS", 16)  # files written as the scan goes
     real = duckdb_sink._write_tagged
     failed = [False]
 
@@ -473,6 +484,7 @@ def test_duckdb_loads_the_files_in_inserts_of_bounded_size(tmp_path, path, monke
     holds twice the memory): every row still once, and a file changed after it was written
     still fails the load before it commits."""
     monkeypatch.setattr(duckdb_sink, "_BATCH_ROWS", 5)  # batches of 5, INSERTs of up to 3 of them
+    monkeypatch.setattr(duckdb_sink, "_GATHERED_ROWS", 5)  # a pull's files too
     monkeypatch.setattr(duckdb_sink, "_INSERT_ROWS", 16)
     inserts: list[int] = []
     real = duckdb_sink._insert_arrow

@@ -114,6 +114,7 @@ _BOUND_TAG = "__dpone_bound"  # the column of a pulled scan naming each row's bo
 _PULLED_FILES = 256  # file-artifact: one open Arrow stream per partition while the scan runs
 _INSERT_ROWS = 1_000_000  # rows per INSERT of load files (see _insert_native)
 _BATCH_ROWS = 50_000  # rows per INSERT: Arrow batches this size load 2x faster than 10,000
+_GATHERED_ROWS = 250_000  # a pull's rows held for its files' batches (see _Gathered)
 _MAX_DECIMAL_WIDTH = 38
 # The scanner's type of a column whose every value of another storage class it refuses with an
 # error (a real in an INTEGER column, a blob in a TEXT one) instead of misreading it.
@@ -675,7 +676,8 @@ def _write_tagged(
     conn: Any, pa: Any, sql: str, params: list, paths: Sequence[Path], bounds: int
 ) -> tuple[list[LoadFile], list[int]]:
     """Run ``_tagged_scan``'s query on ``conn`` (the scanner loaded) and write its batches
-    without the tag: all to one file, or each bound's rows to its own file (``paths[index]``)."""
+    without the tag: all to one file, or each bound's rows to its own file (``paths[index]``),
+    gathered into batches of its own (``_Gathered``)."""
     pc: Any = import_driver("pyarrow.compute", needed_by="DuckDBSink")
     counts = [0] * bounds
     with contextlib.ExitStack() as stack:
@@ -684,6 +686,7 @@ def _write_tagged(
         schema = reader.schema.remove(width)
         writers = [DigestWriter(stack.enter_context(create_private(path))) for path in paths]
         streams = [stack.enter_context(pa.ipc.new_stream(w, schema)) for w in writers]
+        gathered = _Gathered(pa, streams)
         for batch in reader:
             batch.validate(full=True)  # a SQLite text that is not UTF-8: DuckDB reads its bytes
             tags, data = batch.column(width), batch.select(range(width))
@@ -695,16 +698,41 @@ def _write_tagged(
                 index, rows = entry["values"], entry["counts"]
                 counts[index] += rows
                 if len(streams) > 1:
-                    streams[index].write_batch(data.slice(offset, rows))
+                    gathered.add(index, data.slice(offset, rows))
                 offset += rows
             if len(streams) == 1:
                 streams[0].write_batch(data)
+        gathered.flush()
     totals = [sum(counts)] if len(paths) == 1 else counts
     files = [
         LoadFile(path=path, rows=rows, sha256=writer.sha256, native=True)
         for path, rows, writer in zip(paths, totals, writers, strict=True)
     ]
     return files, counts
+
+
+class _Gathered:
+    """Each file's rows of a scan, held until ``_GATHERED_ROWS`` rows of all files wait, then
+    written as one batch per file: a scan's batch spread over 100 files gave batches of 500
+    rows, and DuckDB loads many small batches slowly. Memory stays about that many rows."""
+
+    def __init__(self, pa: Any, streams: Sequence[Any]) -> None:
+        self.pa, self.streams = pa, streams
+        self.waiting: dict[int, list[Any]] = {}
+        self.rows = 0
+
+    def add(self, index: int, rows: Any) -> None:
+        self.waiting.setdefault(index, []).append(rows)
+        self.rows += rows.num_rows
+        if self.rows >= _GATHERED_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        for index, parts in sorted(self.waiting.items()):
+            table = self.pa.Table.from_batches(parts).combine_chunks()
+            for batch in table.to_batches():  # one, after combine_chunks
+                self.streams[index].write_batch(batch)
+        self.waiting, self.rows = {}, 0
 
 
 def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:

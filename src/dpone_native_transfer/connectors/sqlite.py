@@ -1100,7 +1100,8 @@ def _pull(plan: LoadPlan, path: Path) -> list[int] | None:
     assert isinstance(source, SQLiteFile)  # can_pull
     create_private(path).close()
     columns = plan.columns
-    with contextlib.closing(sqlite3.connect(":memory:", isolation_level=None)) as conn:
+    scratch = sqlite3.connect(":memory:", timeout=_TIMEOUT, isolation_level=None)
+    with contextlib.closing(scratch) as conn:
         conn.execute("ATTACH DATABASE ? AS src", (_uri(source.path, read_only=True),))
         conn.execute("ATTACH DATABASE ? AS out", (_uri(os.fspath(path), read_only=False),))
         conn.execute("PRAGMA out.journal_mode = OFF")  # a new file: a failure removes it
