@@ -374,7 +374,12 @@ class DuckDBSink(FileTarget):
                 if pulling and types.get(c.name) == _REFUSING_TYPES.get(c.kind)
             ]
             refuse_inexact_plan(
-                source, plan.columns, engine="DuckDB", table=self.table, reader_refuses=refusing
+                source,
+                plan.columns,
+                engine="DuckDB",
+                table=self.table,
+                reader_refuses=refusing,
+                utf8=True,  # a VARCHAR is UTF-8: the load would fail on it in the target call
             )
             _plan_conditions(source, plan.bounds)  # bad bounds fail here, before any connection
             textual = {

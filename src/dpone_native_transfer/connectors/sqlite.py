@@ -592,6 +592,7 @@ def refuse_inexact_plan(
     engine: str,
     table: str,
     reader_refuses: Collection[str] = (),
+    utf8: bool = False,
 ) -> None:
     """Refuse a lazy plan another engine would not read exactly as the other paths do.
 
@@ -599,8 +600,10 @@ def refuse_inexact_plan(
     (``collated_columns``); columns of a kind outside what its SQLite reader
     carries exactly; and columns holding a value it would misread (a real in
     an integer column, a text boolean, a date with a time, a timestamp with an
-    offset), found by one read of the source. The message points at the paths
-    where SQLite reads the rows.
+    offset; with ``utf8``, for an engine whose text must be UTF-8, a text that is
+    not), found by one read of the source. The message points at the paths where
+    SQLite reads the rows. An engine whose text holds any bytes (ClickHouse's
+    String) copies such a text as SQLite stores it, as SQLite's own copies do.
 
     The read skips the columns of a table that SQLite itself keeps free of such
     values (``_held_as_declared``), and, in an ordinary table, the columns named
@@ -621,7 +624,7 @@ def refuse_inexact_plan(
     inexact = [column.name for column in columns if column.kind not in _PLAN_KINDS]
     if not inexact:
         with source.reader() as conn:
-            inexact = _misread_columns(conn, source.table, columns, reader_refuses)
+            inexact = _misread_columns(conn, source.table, columns, reader_refuses, utf8)
     if inexact:
         raise ConfigInvalid(
             f"lazy-plan into {engine} cannot read source column(s) {', '.join(inexact)} exactly "
@@ -636,6 +639,7 @@ def _misread_columns(
     table: str,
     columns: Sequence[Column],
     reader_refuses: Collection[str],
+    utf8: bool,
 ) -> list[str]:
     """The columns holding a value ``_PLAN_MISREAD`` finds, in one scan that stops at the first
     (``refuse_inexact_plan``)."""
@@ -649,7 +653,7 @@ def _misread_columns(
             continue
         if column.name not in held:
             found.append(_PLAN_MISREAD[column.kind].format(c=name))
-        if column.kind in ("text", "blob"):  # a STRICT table holds any bytes as text too
+        if utf8 and column.kind in ("text", "blob"):  # a STRICT table holds any bytes too
             found.append(_NOT_UTF8.format(c=name))
         if found:
             tests.append((column.name, " OR ".join(found)))
