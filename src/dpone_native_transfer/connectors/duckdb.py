@@ -293,8 +293,9 @@ class DuckDBSink(FileTarget):
     ) -> tuple[list[LoadFile], list[int]] | None:
         """``FilePulling``: one ``sqlite_scan`` of the plan's partitions in a scratch in-memory
         database (never the target), each row tagged with its bound's index (the conditions of
-        lazy-plan, so the same rows), its batches written as they come: to one file, or split
-        by bound (a stable sort of each batch) to one file each. Memory stays one batch."""
+        lazy-plan, so the same rows), its batches validated and written: to one file as they
+        come, or split by bound (a stable sort of each batch) and gathered into batches of each
+        bound's own file (``_Gathered``). Memory stays about ``_GATHERED_ROWS`` rows."""
         checked, self._checked = self._checked, None
         if checked is None or checked.plan is not plan or checked.scratch is None:
             raise InternalInvariantBroken(

@@ -792,9 +792,10 @@ class SQLiteSink(FileTarget):
         raise payload_refused(self.table)
 
     def can_pull(self, plan: LoadPlan, files: int) -> bool:
-        """``FilePulling``: from a SQLite source, into one load file (legacy, staged). SQLite
-        copies each value as it stores it, so nothing is misread. Not one file per partition:
-        a load attaches its files, and SQLite attaches at most ten databases."""
+        """``FilePulling``: from a SQLite source, into one load file (legacy, staged, and
+        file-artifact of one partition). SQLite copies each value as it stores it, so nothing
+        is misread. Not several files: a load attaches its files, and SQLite attaches at most
+        ten databases."""
         return files == 1 and isinstance(plan.source, SQLiteFile)
 
     def pull_load_files(
