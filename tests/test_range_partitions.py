@@ -18,6 +18,7 @@ from helpers.cli import run_cli
 from helpers.routes import PATHS
 
 from dpone_native_transfer.config import load_route_config
+from dpone_native_transfer.connectors.sqlite import SQLiteSource
 from dpone_native_transfer.runtime import TransferRuntime
 from dpone_native_transfer.stores.sqlite import SQLiteCheckpointStore
 from dpone_native_transfer.testing import FaultyStore, InjectedFault
@@ -205,3 +206,55 @@ def test_switching_to_ranges_in_a_pending_window_keeps_its_value_partitions(
     run(route_file)
     run(route_file)
     assert target_ids(tmp_path, "sqlite") == source_ids(tmp_path)
+
+
+def _keyed_source(path: Path) -> SQLiteSource:
+    """``t`` keyed by ``k`` (indexed, some rows without a key), in ranges of about 300 rows;
+    ``id`` is its cursor."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, k INTEGER, v TEXT)")
+        rows = [(i, None if i % 97 == 0 else (i * 7919) % 1000, f"v{i}") for i in range(1, 1201)]
+        db.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+        db.execute("CREATE INDEX t_k ON t (k)")
+        db.commit()
+    return SQLiteSource(str(path), "t", "k", "id", partition_rows=300)
+
+
+def test_key_ranges_from_the_lowest_key_to_the_highest_are_the_whole_table(tmp_path):
+    """table_sql reads such a plan in one statement; a gap, a missing NULL partition or a
+    cursor window keeps each range's own read."""
+    source = _keyed_source(tmp_path / "s.db")
+    columns = source.describe().columns
+    ranges = source.partition_ranges()
+    null, keyed = ranges[0], ranges[1:]
+    assert null == {"partition": None} and len(keyed) > 2
+
+    def whole(bounds: list) -> bool:
+        with source.reader() as conn:
+            return source.table_sql(bounds, conn=conn, schema="main", columns=columns) is not None
+
+    assert whole(ranges)
+    assert not whole(keyed)  # rows without a key would be copied by no range
+    assert not whole([null, *keyed[:1], *keyed[2:]])  # a gap
+    assert not whole([null, *keyed[:-1]])  # the highest keys
+    assert not whole([{**b, "cursor_upto": 5} for b in ranges])
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "lazy-plan"])
+def test_key_ranges_copied_whole_load_every_row_once_with_each_range_counted(tmp_path, path):
+    from dpone_native_transfer import SQLiteSink, TransferSpec
+
+    source = _keyed_source(tmp_path / "s.db")
+    sink = SQLiteSink(str(tmp_path / "target.db"), "copy")
+    spec = TransferSpec(source=source, sink=sink, strategy="full_refresh", path=path, run_id="r")
+    with SQLiteCheckpointStore(str(tmp_path / "checkpoints.db")) as store:
+        assert TransferRuntime(store).run(spec).rows_loaded == 1200
+    with SQLiteCheckpointStore(str(tmp_path / "checkpoints.db")) as store:
+        latest = list(store.list_latest(spec.route))
+    with contextlib.closing(sqlite3.connect(tmp_path / "s.db")) as db:
+        expected = db.execute("SELECT * FROM t ORDER BY id").fetchall()
+    assert sorted(sink.rows()) == expected
+    if path != "lazy-plan":  # the engine counts nothing there
+        counted = {cp.partition_id: cp.rows_exported for cp in latest}
+        own = {cp.partition_id: source.count(cp.partition_bounds) for cp in latest}
+        assert counted == own and sum(own.values()) == 1200

@@ -208,6 +208,10 @@ class SQLiteFile(Source, Collating, Protocol):
         """SQLite text and parameters selecting one partition's ``columns`` from the file
         attached as ``schema``."""
 
+    def count_sql(self, bounds: Mapping[str, Any], *, schema: str = "main") -> tuple[str, tuple]:
+        """SQLite text and parameters counting one partition's rows in the file attached as
+        ``schema`` (what ``count`` runs)."""
+
     def table_sql(
         self,
         bounds: Sequence[Mapping[str, Any]],

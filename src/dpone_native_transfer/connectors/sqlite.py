@@ -363,7 +363,10 @@ class SQLiteSource(TableSource):
         per partition. A windowed plan keeps its partition queries, which an index
         bounds to the rows it needs. The caller runs this inside its transaction, so the
         check and the copy see the same rows; a partition that appeared after planning
-        fails the check, and is not loaded.
+        fails the check, and is not loaded. Key ranges (``partition_by = "range"``) without
+        a window are the table when they run on from the lowest key to the highest, each
+        starting where the one before ends, with the NULL key's partition exactly when a
+        row has no key (``_covers_table``).
         """
         scan = self._plan_scan(bounds, conn=conn, schema=schema, columns=columns)
         if scan is not None:
@@ -372,15 +375,37 @@ class SQLiteSource(TableSource):
             b.get("cursor_after") is not None or b.get("cursor_upto") is not None for b in bounds
         ):
             return None
-        planned = [b.get("partition") for b in bounds]
-        found = self._partition_values(conn, schema)
-        try:
-            if len(found) != len(planned) or set(found) != set(planned):
-                return None
-        except TypeError:  # an unhashable bound: leave it to the partition queries
+        if not self._covers_table(bounds, conn=conn, schema=schema):
             return None
         table = f"{_quote(schema)}.{_quote(self.table)}"
         return f"SELECT {_column_list(columns, self.table)} FROM {table} ORDER BY rowid", ()
+
+    def _covers_table(
+        self, bounds: Sequence[Mapping], *, conn: sqlite3.Connection, schema: str
+    ) -> bool:
+        """Whether bounds without a cursor window select every row of the table: exactly its
+        partition values, or contiguous key ranges (``range_partitions``) from the lowest key
+        to the highest, and the NULL key's partition when a row has no key."""
+        values = [b["partition"] for b in bounds if "partition" in b]
+        ranges = [b for b in bounds if "partition" not in b]
+        if not ranges:
+            found = self._partition_values(conn, schema)
+            try:
+                return len(found) == len(values) and set(found) == set(values)
+            except TypeError:  # an unhashable bound: leave it to the partition queries
+                return False
+        edges = [
+            None,
+            *(edge for b in ranges for edge in (b.get("partition_from"), b.get("partition_below"))),
+            None,
+        ]
+        if any(edges[i] != edges[i + 1] for i in range(0, len(edges), 2)):
+            return False  # not contiguous from the lowest key to the highest
+        if values not in ([], [None]):
+            return False
+        key, table = self._ref(self.partition_column), f"{_quote(schema)}.{_quote(self.table)}"
+        sql = f"SELECT EXISTS (SELECT 1 FROM {table} WHERE {key} IS NULL)"
+        return bool(conn.execute(sql).fetchone()[0]) == bool(values)
 
     def max_cursor(self, *, after: Any = None) -> Any:
         """Highest cursor value above ``after``, or None when nothing is newer."""
@@ -533,10 +558,13 @@ class SQLiteSource(TableSource):
         return self._chunks(sql, tuple(params), chunk_rows)
 
     def count(self, bounds: Mapping) -> int:
-        where, params = self._where(bounds)
+        sql, params = self.count_sql(bounds)
         with self.reader() as conn:
-            sql = f"SELECT COUNT(*) FROM {_quote(self.table)} WHERE {where}"
             return conn.execute(sql, params).fetchone()[0]
+
+    def count_sql(self, bounds: Mapping, *, schema: str = "main") -> tuple[str, tuple]:
+        where, params = self._where(bounds)
+        return f"SELECT COUNT(*) FROM {_quote(schema)}.{_quote(self.table)} WHERE {where}", params
 
 
 # Kinds another engine's own SQLite reader (DuckDB's scanner, ClickHouse's sqlite()) reads
@@ -549,14 +577,6 @@ _ISO_TIMESTAMP = (  # YYYY-MM-DD[ T]HH:MM:SS[.f{1,6}], a real instant, no offset
     " AND strftime('%Y-%m-%d %H:%M:%S', {c}) IS replace(substr({c}, 1, 19), 'T', ' ')"
     " AND (length({c}) = 19 OR (substr({c}, 20, 1) = '.' AND length({c}) BETWEEN 21 AND 26"
     " AND substr({c}, 21) NOT GLOB '*[^0-9]*')))"
-)
-# A text that is not valid UTF-8, which the row paths refuse (``ValueUnsupported``) and an
-# engine would copy or fail on inside the target call. Only a text holding a byte above 0x7f
-# (GLOB reads each as a character above it) or a NUL (``length`` stops there, GLOB too) is
-# passed to Python (``_utf8``).
-_NOT_UTF8 = (
-    "(typeof({c}) = 'text' AND ({c} GLOB '*[^\x01-\x7f]*'"
-    " OR length({c}) <> length(CAST({c} AS BLOB))) AND NOT dpone_utf8(CAST({c} AS BLOB)))"
 )
 # Per kind, a SQL test of one stored value that such a reader would read otherwise than the
 # row paths' carriers accept (SQLite keeps any value in any column): one read of the source.
@@ -592,7 +612,6 @@ def refuse_inexact_plan(
     engine: str,
     table: str,
     reader_refuses: Collection[str] = (),
-    utf8: bool = False,
 ) -> None:
     """Refuse a lazy plan another engine would not read exactly as the other paths do.
 
@@ -600,10 +619,8 @@ def refuse_inexact_plan(
     (``collated_columns``); columns of a kind outside what its SQLite reader
     carries exactly; and columns holding a value it would misread (a real in
     an integer column, a text boolean, a date with a time, a timestamp with an
-    offset; with ``utf8``, for an engine whose text must be UTF-8, a text that is
-    not), found by one read of the source. The message points at the paths where
-    SQLite reads the rows. An engine whose text holds any bytes (ClickHouse's
-    String) copies such a text as SQLite stores it, as SQLite's own copies do.
+    offset), found by one read of the source. The message points at the paths
+    where SQLite reads the rows.
 
     The read skips the columns of a table that SQLite itself keeps free of such
     values (``_held_as_declared``), and, in an ordinary table, the columns named
@@ -624,14 +641,19 @@ def refuse_inexact_plan(
     inexact = [column.name for column in columns if column.kind not in _PLAN_KINDS]
     if not inexact:
         with source.reader() as conn:
-            inexact = _misread_columns(conn, source.table, columns, reader_refuses, utf8)
+            inexact = _misread_columns(conn, source.table, columns, reader_refuses)
     if inexact:
-        raise ConfigInvalid(
-            f"lazy-plan into {engine} cannot read source column(s) {', '.join(inexact)} exactly "
-            f"({engine} reads them by their declared type, which differs from what the other "
-            "paths carry); use legacy, staged or file-artifact",
-            diagnostics={"table": table, "columns": inexact, "path": "lazy-plan"},
-        )
+        raise inexact_plan(engine, table, inexact)
+
+
+def inexact_plan(engine: str, table: str, columns: Sequence[str]) -> ConfigInvalid:
+    """The refusal of a lazy plan whose ``columns`` the engine would not read exactly."""
+    return ConfigInvalid(
+        f"lazy-plan into {engine} cannot read source column(s) {', '.join(columns)} exactly "
+        f"({engine} reads them by their declared type, which differs from what the other "
+        "paths carry); use legacy, staged or file-artifact",
+        diagnostics={"table": table, "columns": list(columns), "path": "lazy-plan"},
+    )
 
 
 def _misread_columns(
@@ -639,27 +661,21 @@ def _misread_columns(
     table: str,
     columns: Sequence[Column],
     reader_refuses: Collection[str],
-    utf8: bool,
 ) -> list[str]:
     """The columns holding a value ``_PLAN_MISREAD`` finds, in one scan that stops at the first
     (``refuse_inexact_plan``)."""
     held = _held_as_declared(conn, table)
     if held is None:  # a view or a virtual table: any value in any column
         held, reader_refuses = set(), ()
-    tests = []
-    for column in columns:
-        name, found = _quote(column.name), []
-        if column.name in reader_refuses or column.kind not in _PLAN_MISREAD:
-            continue
-        if column.name not in held:
-            found.append(_PLAN_MISREAD[column.kind].format(c=name))
-        if utf8 and column.kind in ("text", "blob"):  # a STRICT table holds any bytes too
-            found.append(_NOT_UTF8.format(c=name))
-        if found:
-            tests.append((column.name, " OR ".join(found)))
+    tests = [
+        (column.name, _PLAN_MISREAD[column.kind].format(c=_quote(column.name)))
+        for column in columns
+        if column.kind in _PLAN_MISREAD
+        and column.name not in held
+        and column.name not in reader_refuses
+    ]
     if not tests:
         return []
-    conn.create_function("dpone_utf8", 1, _utf8, deterministic=True)  # _NOT_UTF8's
     anything = " OR ".join(f"({test})" for _, test in tests)
     if not conn.execute(
         f"SELECT EXISTS (SELECT 1 FROM {_quote(table)} WHERE {anything})"
@@ -668,15 +684,6 @@ def _misread_columns(
     checks = ", ".join(f"coalesce(max({test}), 0)" for _, test in tests)
     found = conn.execute(f"SELECT {checks} FROM {_quote(table)}").fetchone()
     return [name for (name, _), misread in zip(tests, found, strict=True) if misread]
-
-
-def _utf8(data: bytes | None) -> bool:
-    """``dpone_utf8(blob)``: SQLite may call it for any value of the column, NULL included."""
-    try:
-        bytes(data or b"").decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _held_as_declared(conn: sqlite3.Connection, table: str) -> set[str] | None:
@@ -1126,8 +1133,10 @@ def _pull(plan: LoadPlan, path: Path) -> list[int] | None:
                 )
             ]
         else:
-            conn.execute(insert + whole[0], whole[1])
+            copied = conn.execute(insert + whole[0], whole[1]).rowcount
             counts = _counted(conn, source, plan, columns)
+            if counts is not None and sum(counts) != copied:
+                counts = None  # a row of no bound, or of two
         if counts is None:
             conn.execute("ROLLBACK")
             return None
@@ -1138,10 +1147,13 @@ def _pull(plan: LoadPlan, path: Path) -> list[int] | None:
 def _counted(
     conn: sqlite3.Connection, source: SQLiteFile, plan: LoadPlan, columns: Sequence[Column]
 ) -> list[int] | None:
-    """Each bound's rows in the pulled file, counted by partition value (``table_sql`` plans
-    of one value per bound only, as the column stores them); None for any other plan."""
+    """Each bound's rows of a ``table_sql`` plan: a plan of key ranges (then the whole
+    table) each by its own count of the source, in the pull's read transaction (an index
+    the ranges seek counts them); a plan of one value per bound by partition value in the
+    pulled file, as the column stores them. None when a row belongs to no bound."""
     if any("partition" not in bounds for bounds in plan.bounds):
-        return None
+        statements = (source.count_sql(bounds, schema="src") for bounds in plan.bounds)
+        return [conn.execute(sql, params).fetchone()[0] for sql, params in statements]
     names = [column.name for column in columns]
     declared = parsed_type(columns[names.index(source.partition_column)].decltype)
     stored = _as_stored(conn, declared, [bounds["partition"] for bounds in plan.bounds])
