@@ -212,15 +212,9 @@ def _unread_route(tmp_path: Path, seen: list, kind: str = "duckdb") -> Route:
     return route
 
 
-# (target, path) where the engine writes the load files itself: DuckDB one per partition too,
-# SQLite one file (a load attaches its files, and SQLite attaches at most ten).
-PULLED = [
-    ("duckdb", "legacy"),
-    ("duckdb", "staged"),
-    ("duckdb", "file-artifact"),
-    ("sqlite", "legacy"),
-    ("sqlite", "staged"),
-]
+# (target, path) where the engine writes the load files itself, one per partition for
+# file-artifact.
+PULLED = [(k, p) for k in ("duckdb", "sqlite") for p in ("legacy", "staged", "file-artifact")]
 
 
 @pytest.mark.parametrize(("kind", "path"), PULLED)
@@ -260,7 +254,8 @@ def test_the_engine_writes_the_load_files_from_sqlite_without_a_row_in_python(
                 checkpoint = by_id[file.path.stem]
                 assert file.sha256 == checkpoint.diagnostics["artifact_sha256"]
                 assert file.rows == checkpoint.rows_exported
-            assert batches == [1] * 4  # gathered: one batch per file, not a slice per scan batch
+            if kind == "duckdb":  # gathered: one batch per file, not a slice per scan batch
+                assert batches == [1] * 4
         else:
             assert len(payload.files) == 1
         route.add_rows(40)  # the next window (the cursor edge is tracked) loads only the new
@@ -512,21 +507,83 @@ def test_duckdb_loads_the_files_in_inserts_of_bounded_size(tmp_path, path, monke
         route.real_store.close()
 
 
-def test_a_sqlite_pull_that_fails_leaves_no_file_and_python_reads_the_rows(tmp_path, monkeypatch):
-    """SQLite fails after copying the rows (counting them): the file is removed, and the run
-    reads the rows through Python and loads each once."""
+@pytest.mark.parametrize("path", ["legacy", "file-artifact"])
+def test_a_sqlite_pull_that_fails_leaves_no_file_and_python_reads_the_rows(
+    tmp_path, path, monkeypatch
+):
+    """SQLite fails after copying the rows (counting them by value): its files, the work file
+    of a sorted scan too, are removed, and the run reads the rows through Python and loads
+    each once."""
     from dpone_native_transfer.connectors import sqlite as sqlite_sink
 
     def failing(*args: Any) -> Any:
         raise sqlite3.OperationalError("injected failure")
 
-    monkeypatch.setattr(sqlite_sink, "_counted", failing)
+    monkeypatch.setattr(sqlite_sink, "_stored_values", failing)
     pulled: list[Any] = []
-    route = _route(tmp_path, "sqlite", lambda payload: None)
+    left: list[str] = []  # pulled files in the work folder as the load begins
+
+    def watch(payload: Any) -> None:
+        left.extend(p.name for p in payload.files[0].path.parent.glob("*.sqlite"))
+
+    route = _route(tmp_path, "sqlite", watch)
     _watch_pulls(route.sink.inner, pulled)
     try:
-        assert route.runtime().run(route.spec("legacy")).rows_loaded == 120
-        assert pulled == [None] and route.sink.target_calls == 1
+        assert route.runtime().run(route.spec(path)).rows_loaded == 120
+        assert pulled == [None] and route.sink.target_calls == 1 and left == []
         assert_rows_exactly_once(route.source_ids(), route.target_ids())
+    finally:
+        route.real_store.close()
+
+
+# Partition values SQLite keeps apart in an untyped column (5, '5' and 5.5 are three), and
+# more of them than SQLite attaches at once: a load reads the files past the limit through
+# Python. A text that is not UTF-8 is kept, as SQLite's own copy keeps it.
+MIXED_PARTITIONS = ["1", "2", "3", "4", "6", "7", "8", "9", "10", "11", "5", "'5'", "5.5", "NULL"]
+ODD_VALUES = ["CAST(x'ff41' AS TEXT)", "x'00ff'", "-0.0", "9223372036854775807", "'ü'", "NULL"]
+
+
+@pytest.mark.parametrize("odd_text", [False, True], ids=["utf8", "not-utf8"])
+@pytest.mark.parametrize("index", [False, True], ids=["unindexed", "indexed"])
+def test_sqlite_file_artifact_pulls_a_file_per_partition_and_loads_them_exactly(
+    tmp_path, index, odd_text
+):
+    """One pulled file per partition (an unindexed source is read in one sorted scan, an
+    indexed one a partition at a time), 14 of them: each value as the source stores it, each
+    row once, no row read through Python, and no work file left behind."""
+    source_path = tmp_path / "mixed.db"
+    values = [v for v in ODD_VALUES if odd_text or not v.startswith("CAST")]
+    with sqlite3.connect(source_path) as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p, v)")
+        for name, listed in (("parts", MIXED_PARTITIONS), ("odd", values)):
+            rows = "), (".join(listed)
+            db.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM (VALUES ({rows}))")
+        db.execute(
+            "INSERT INTO t SELECT NULL, parts.column1, odd.column1 FROM odd, parts, odd AS twice"
+        )  # rows of each partition spread over the table
+        if index:
+            db.execute("CREATE INDEX t_p ON t (p)")
+    pulled: list[Any] = []
+    work: list[str] = []  # the files in the work folder as the load begins
+    route = _route(
+        tmp_path,
+        "sqlite",
+        lambda payload: work.extend(path.name for path in payload.files[0].path.parent.iterdir()),
+    )
+    route.source = Unread(str(source_path), "t", "p")
+    _watch_pulls(route.sink.inner, pulled)
+    exact = "SELECT id, typeof(p), quote(p), typeof(v), hex(v) FROM {} ORDER BY id"
+    try:
+        result = route.runtime().run(route.spec("file-artifact"))
+        [(files, counts)] = pulled
+        assert len(files) == 14 and all(file.native for file in files)
+        with sqlite3.connect(source_path) as db:
+            source_rows = db.execute(exact.format("t")).fetchall()
+            per_value = db.execute("SELECT quote(p), count(*) FROM t GROUP BY p").fetchall()
+        with sqlite3.connect(tmp_path / "target-sqlite") as db:
+            assert db.execute(exact.format("orders_copy")).fetchall() == source_rows
+        assert result.rows_loaded == len(source_rows) == 14 * len(values) ** 2
+        assert sorted(counts) == sorted(rows for _, rows in per_value)
+        assert sorted(work) == sorted(file.path.name for file in files)
     finally:
         route.real_store.close()

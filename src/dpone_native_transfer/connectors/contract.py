@@ -219,8 +219,11 @@ class SQLiteFile(Source, Collating, Protocol):
         conn: sqlite3.Connection,
         schema: str,
         columns: Sequence[Column],
+        by_partition: bool = False,
     ) -> tuple[str, tuple] | None:
-        """One statement selecting every partition of ``bounds`` when that is cheaper, or None."""
+        """One statement selecting every partition of ``bounds`` when that is cheaper, or None.
+        ``by_partition``: only when it is one scan of the table, its rows ordered by
+        partition value (then as they are read)."""
 
 
 @runtime_checkable

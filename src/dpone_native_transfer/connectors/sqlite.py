@@ -9,6 +9,7 @@ The payloads they take are the connector-neutral ones of ``payloads``.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import re
@@ -351,6 +352,7 @@ class SQLiteSource(TableSource):
         conn: sqlite3.Connection,
         schema: str,
         columns: Sequence[Column],
+        by_partition: bool = False,
     ) -> tuple[str, tuple] | None:
         """One query for the whole plan, or None (then one query per partition).
 
@@ -366,10 +368,13 @@ class SQLiteSource(TableSource):
         fails the check, and is not loaded. Key ranges (``partition_by = "range"``) without
         a window are the table when they run on from the lowest key to the highest, each
         starting where the one before ends, with the NULL key's partition exactly when a
-        row has no key (``_covers_table``).
+        row has no key (``_covers_table``). ``by_partition`` asks for the scan only, its rows
+        ordered by partition value, then rowid: None when an index reads each partition.
         """
-        scan = self._plan_scan(bounds, conn=conn, schema=schema, columns=columns)
-        if scan is not None:
+        scan = self._plan_scan(
+            bounds, conn=conn, schema=schema, columns=columns, by_partition=by_partition
+        )
+        if scan is not None or by_partition:
             return scan
         if any(
             b.get("cursor_after") is not None or b.get("cursor_upto") is not None for b in bounds
@@ -519,6 +524,7 @@ class SQLiteSource(TableSource):
         conn: sqlite3.Connection,
         schema: str,
         columns: Sequence[Column],
+        by_partition: bool = False,
     ) -> tuple[str, tuple] | None:
         """The plan as one scan of an unindexed table (``table_sql``), or None."""
         split = self._single_values(bounds, DEFAULT_CHUNK_ROWS)
@@ -537,9 +543,10 @@ class SQLiteSource(TableSource):
         condition = " OR ".join(matches)
         if where:
             condition = f"({condition}) AND {where}"
+        order = f"{key}, rowid" if by_partition else "rowid"  # the column's own collation: BINARY
         sql = (
             f"SELECT {_column_list(columns, self.table)} FROM {_quote(schema)}.{_quote(self.table)}"
-            f" WHERE {condition} ORDER BY rowid"
+            f" WHERE {condition} ORDER BY {order}"
         )
         return sql, (*known, *params)
 
@@ -799,31 +806,33 @@ class SQLiteSink(FileTarget):
         raise payload_refused(self.table)
 
     def can_pull(self, plan: LoadPlan, files: int) -> bool:
-        """``FilePulling``: from a SQLite source, into one load file (legacy, staged, and
-        file-artifact of one partition). SQLite copies each value as it stores it, so nothing
-        is misread. Not several files: a load attaches its files, and SQLite attaches at most
-        ten databases."""
-        return files == 1 and isinstance(plan.source, SQLiteFile)
+        """``FilePulling``: from a SQLite source, into one load file (legacy, staged) or one
+        per partition (file-artifact). SQLite copies each value as it stores it, so nothing
+        is misread."""
+        return isinstance(plan.source, SQLiteFile)
 
     def pull_load_files(
         self, plan: LoadPlan, paths: Sequence[Path]
     ) -> tuple[list[LoadFile], list[int]] | None:
-        """``FilePulling``: SQLite copies the plan's partitions from the source into a new SQLite
-        file (``_pull``), with each bound's count; None when that fails. Each value is copied as
-        SQLite stores it, as lazy-plan copies it: a text that is not UTF-8 too, which the paths
-        that read through Python refuse."""
-        [path] = paths
+        """``FilePulling``: SQLite copies the plan's partitions from the source into new SQLite
+        files (``_pull``, ``_pull_each``), with each bound's count; None when that fails. Each
+        value is copied as SQLite stores it, as lazy-plan copies it: a text that is not UTF-8
+        too, which the paths that read through Python refuse."""
         try:
-            counts = _pull(plan, path)
+            counts = _pull(plan, paths[0]) if len(paths) == 1 else _pull_each(plan, paths)
         except (sqlite3.Error, OSError):
             counts = None
         if counts is None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
             return None
-        return [
-            LoadFile(path=path, rows=sum(counts), sha256=file_sha256(path), native=True)
-        ], counts
+        rows = [sum(counts)] if len(paths) == 1 else counts
+        files = [
+            LoadFile(path=path, rows=count, sha256=file_sha256(path), native=True)
+            for path, count in zip(paths, rows, strict=True)
+        ]
+        return files, counts
 
     def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:
         """The ledger entries of this target table, oldest first.
@@ -1068,15 +1077,16 @@ def _prepare_target(
 
 def _insert(conn: sqlite3.Connection, table: str, payload: RowChunks) -> int:
     """Insert the payload's rows, in this connection's transaction: a pulled SQLite file
-    (``LoadFile.native``) by one ``INSERT ... SELECT`` from it, attached read-only, its digest
-    checked before SQLite reads it and again after, before the load commits (a file changed
-    in between fails the load); other rows as chunks."""
+    (``LoadFile.native``) by one ``INSERT ... SELECT`` from it, attached read-only, or, past
+    the files SQLite attaches at once, read through a connection of its own (``_streamed``),
+    its digest checked before SQLite reads it and again after, before the load commits (a
+    file changed in between fails the load); other rows as chunks."""
     names = _column_list(payload.columns)
     marks = ", ".join("?" * len(payload.columns))
     insert = f"INSERT INTO {_quote(table)} ({names}) VALUES ({marks})"
     if not isinstance(payload, LoadFiles) or not any(file.native for file in payload.files):
         return sum(conn.executemany(insert, chunk).rowcount for chunk in payload.chunks)
-    rows = 0
+    rows, attachable = 0, conn.getlimit(sqlite3.SQLITE_LIMIT_ATTACHED)
     for number, file in enumerate(payload.files):
         if not file.native:
             chunks = read_chunks(file.path, file.sha256)
@@ -1085,11 +1095,15 @@ def _insert(conn: sqlite3.Connection, table: str, payload: RowChunks) -> int:
         check_digest(file.path, file.sha256)
         schema = f"dpone_load_{number}"
         try:
-            conn.execute(f"ATTACH DATABASE ? AS {schema}", (_uri(str(file.path), read_only=True),))
-            rows += conn.execute(
-                f"INSERT INTO {_quote(table)} ({names}) SELECT {names} FROM {schema}.{_PULLED}"
-                " ORDER BY rowid"
-            ).rowcount
+            if number < attachable:
+                uri = _uri(str(file.path), read_only=True)
+                conn.execute(f"ATTACH DATABASE ? AS {schema}", (uri,))
+                rows += conn.execute(
+                    f"INSERT INTO {_quote(table)} ({names}) SELECT {names}"
+                    f" FROM {schema}.{_PULLED} ORDER BY rowid"
+                ).rowcount
+            else:
+                rows += _streamed(conn, table, payload.columns, file.path)
         except sqlite3.DatabaseError:
             check_digest(file.path, file.sha256)  # a file changed while it was read says so
             raise
@@ -1097,7 +1111,69 @@ def _insert(conn: sqlite3.Connection, table: str, payload: RowChunks) -> int:
     return rows
 
 
+def _streamed(conn: sqlite3.Connection, table: str, columns: Sequence[Column], path: Path) -> int:
+    """A pulled file's rows inserted through Python, in chunks: each text decoded, or, when
+    a read fails (a text that is not UTF-8, which SQLite's copy kept), the file again with
+    every text carried as its bytes and cast back, as SQLite's own ``INSERT ... SELECT``
+    copies it (a read that fails then raises)."""
+    names, quoted = _column_list(columns), [_quote(column.name) for column in columns]
+    insert = f"INSERT INTO {_quote(table)} ({names}) VALUES"
+    reader = sqlite3.connect(_uri(os.fspath(path), read_only=True), uri=True, timeout=_TIMEOUT)
+    with contextlib.closing(reader):
+        conn.execute("SAVEPOINT dpone_streamed")
+        try:
+            cursor = reader.execute(f"SELECT {names} FROM {_PULLED} ORDER BY rowid")
+            rows = _insert_chunks(conn, f"{insert} ({', '.join('?' * len(columns))})", cursor)
+        except _ReadFailed:
+            conn.execute("ROLLBACK TO dpone_streamed")
+            reader.text_factory = bytes
+            texts = ", ".join(f"{name}, typeof({name}) = 'text'" for name in quoted)
+            cursor = reader.execute(f"SELECT {texts} FROM {_PULLED} ORDER BY rowid")
+            values = ", ".join(
+                f"CASE WHEN ?{2 * n + 2} THEN CAST(?{2 * n + 1} AS TEXT) ELSE ?{2 * n + 1} END"
+                for n in range(len(columns))
+            )
+            rows = conn.executemany(f"{insert} ({values})", cursor).rowcount
+        conn.execute("RELEASE dpone_streamed")
+    return rows
+
+
+class _ReadFailed(Exception):
+    """A read of a pulled file failed (``_streamed``); the cause is the reader's error."""
+
+
+def _insert_chunks(conn: sqlite3.Connection, insert: str, cursor: sqlite3.Cursor) -> int:
+    """Every row ``cursor`` gives, inserted by ``insert``; a failed read raises ``_ReadFailed``."""
+    rows = 0
+    while True:
+        try:
+            chunk = cursor.fetchmany(DEFAULT_CHUNK_ROWS)
+        except sqlite3.Error as error:
+            raise _ReadFailed from error
+        if not chunk:
+            return rows
+        rows += conn.executemany(insert, chunk).rowcount
+
+
 _PULLED = '"rows"'  # the one table of a pulled SQLite load file
+
+
+@contextlib.contextmanager
+def _pulling(source: SQLiteFile) -> Iterator[sqlite3.Connection]:
+    """A scratch connection with ``source``'s file attached read-only as ``src``."""
+    scratch = sqlite3.connect(":memory:", timeout=_TIMEOUT, isolation_level=None)
+    with contextlib.closing(scratch) as conn:
+        conn.execute("ATTACH DATABASE ? AS src", (_uri(source.path, read_only=True),))
+        yield conn
+
+
+def _create_pulled(conn: sqlite3.Connection, path: Path, schema: str, names: str) -> None:
+    """A new private SQLite file at ``path`` of one untyped table, attached as ``schema``."""
+    create_private(path).close()
+    conn.execute(f"ATTACH DATABASE ? AS {schema}", (_uri(os.fspath(path), read_only=False),))
+    conn.execute(f"PRAGMA {schema}.journal_mode = OFF")  # a new file: a failure removes it
+    conn.execute(f"PRAGMA {schema}.synchronous = OFF")  # its digest is taken after it is closed
+    conn.execute(f"CREATE TABLE {schema}.{_PULLED} ({names})")
 
 
 def _pull(plan: LoadPlan, path: Path) -> list[int] | None:
@@ -1110,16 +1186,9 @@ def _pull(plan: LoadPlan, path: Path) -> list[int] | None:
     or the whole table), that statement's, counted by partition value afterwards."""
     source = plan.source
     assert isinstance(source, SQLiteFile)  # can_pull
-    create_private(path).close()
-    columns = plan.columns
-    scratch = sqlite3.connect(":memory:", timeout=_TIMEOUT, isolation_level=None)
-    with contextlib.closing(scratch) as conn:
-        conn.execute("ATTACH DATABASE ? AS src", (_uri(source.path, read_only=True),))
-        conn.execute("ATTACH DATABASE ? AS out", (_uri(os.fspath(path), read_only=False),))
-        conn.execute("PRAGMA out.journal_mode = OFF")  # a new file: a failure removes it
-        conn.execute("PRAGMA out.synchronous = OFF")  # its digest is taken after it is closed
-        names = _column_list(columns)
-        conn.execute(f"CREATE TABLE out.{_PULLED} ({names})")
+    columns, names = plan.columns, _column_list(plan.columns)
+    with _pulling(source) as conn:
+        _create_pulled(conn, path, "out", names)
         insert = f"INSERT INTO out.{_PULLED} ({names}) "
         conn.execute("BEGIN")
         whole = source.table_sql(plan.bounds, conn=conn, schema="src", columns=columns)
@@ -1134,7 +1203,7 @@ def _pull(plan: LoadPlan, path: Path) -> list[int] | None:
             ]
         else:
             copied = conn.execute(insert + whole[0], whole[1]).rowcount
-            counts = _counted(conn, source, plan, columns)
+            counts = _counted(conn, source, plan)
             if counts is not None and sum(counts) != copied:
                 counts = None  # a row of no bound, or of two
         if counts is None:
@@ -1144,9 +1213,94 @@ def _pull(plan: LoadPlan, path: Path) -> list[int] | None:
     return counts
 
 
-def _counted(
-    conn: sqlite3.Connection, source: SQLiteFile, plan: LoadPlan, columns: Sequence[Column]
-) -> list[int] | None:
+def _pull_each(plan: LoadPlan, paths: Sequence[Path]) -> list[int] | None:
+    """Each bound's partition in a new SQLite file of its own (file-artifact), as ``_pull``
+    writes one; each bound's count, or None.
+
+    Where the source reads the plan in one scan (``table_sql(by_partition=True)``: an
+    unindexed table), that scan is copied once into a work file in partition order, then
+    each partition's run of it into its file (``_sorted_runs``); otherwise each file takes
+    its partition's own read, one read transaction each (an index seeks it)."""
+    source = plan.source
+    assert isinstance(source, SQLiteFile)  # can_pull
+    columns, names = plan.columns, _column_list(plan.columns)
+    work = paths[0].with_name("sorted.sqlite")  # partition files are named p-<hex>
+    try:
+        with _pulling(source) as conn:
+            scan = source.table_sql(
+                plan.bounds, conn=conn, schema="src", columns=columns, by_partition=True
+            )
+            runs: list[tuple[int, int, Any]] | None = None
+            if scan is None:
+                reads = [source.select_sql(b, schema="src", columns=columns) for b in plan.bounds]
+            else:
+                runs = _sorted_runs(conn, source, plan, work, scan)
+                if runs is None:
+                    return None
+                key = _quote(source.partition_column)
+                run = f"SELECT {names} FROM sorted.{_PULLED} WHERE rowid BETWEEN ? AND ?"
+                reads = [(f"{run} AND {key} IS ? ORDER BY rowid", r) for r in runs]
+            counts = []
+            for path, (sql, params) in zip(paths, reads, strict=True):
+                _create_pulled(conn, path, "out", names)
+                conn.execute("BEGIN")
+                counts.append(
+                    conn.execute(f"INSERT INTO out.{_PULLED} ({names}) {sql}", params).rowcount
+                )
+                conn.execute("COMMIT")
+                conn.execute("DETACH DATABASE out")
+        if runs is not None and counts != [last - first + 1 for first, last, _ in runs]:
+            return None  # a row of the run held another value: the runs were not sorted
+        return counts
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(work)
+
+
+def _sorted_runs(
+    conn: sqlite3.Connection,
+    source: SQLiteFile,
+    plan: LoadPlan,
+    path: Path,
+    scan: tuple[str, tuple],
+) -> list[tuple[int, int, Any]] | None:
+    """``scan`` (rows in partition order) copied into a new work file at ``path``, attached as
+    ``sorted``; per bound, the rowid range its value should hold there, and the value as the
+    column stores it. The ranges are found by bisection, in SQLite's order of the values;
+    the caller checks each (every row of it holds its value). None when two bounds name one
+    stored value, or a row looked at holds no bound's."""
+    names = _column_list(plan.columns)
+    _create_pulled(conn, path, "sorted", names)
+    conn.execute("BEGIN")
+    copied = conn.execute(f"INSERT INTO sorted.{_PULLED} ({names}) {scan[0]}", scan[1]).rowcount
+    conn.execute("COMMIT")
+    stored = _stored_values(conn, source, plan)
+    pairs = ", ".join("(?, ?)" for _ in stored)
+    ordered = conn.execute(
+        f"SELECT column2 FROM (VALUES {pairs}) ORDER BY column1",
+        [item for number, value in enumerate(stored) for item in (value, number)],
+    ).fetchall()
+    rank = {stored[number]: position for position, (number,) in enumerate(ordered)}
+    if len(rank) != len(stored):
+        return None
+    probe = f"SELECT {_quote(source.partition_column)} FROM sorted.{_PULLED} WHERE rowid = ?"
+
+    def rank_of(rowid: int) -> int:
+        value = conn.execute(probe, (rowid,)).fetchone()[0]
+        return rank.get(value, -1)
+
+    rowids = range(1, copied + 1)  # a new table: rowids 1..copied, in the scan's order
+    starts = [
+        bisect.bisect_left(rowids, position, key=rank_of) + 1 for position in range(len(stored))
+    ]
+    ends = [*(start - 1 for start in starts[1:]), copied]
+    runs = [(0, 0, None)] * len(stored)
+    for position, (number,) in enumerate(ordered):
+        runs[number] = (starts[position], ends[position], stored[number])
+    return runs
+
+
+def _counted(conn: sqlite3.Connection, source: SQLiteFile, plan: LoadPlan) -> list[int] | None:
     """Each bound's rows of a ``table_sql`` plan: a plan of key ranges (then the whole
     table) each by its own count of the source, in the pull's read transaction (an index
     the ranges seek counts them); a plan of one value per bound by partition value in the
@@ -1154,9 +1308,7 @@ def _counted(
     if any("partition" not in bounds for bounds in plan.bounds):
         statements = (source.count_sql(bounds, schema="src") for bounds in plan.bounds)
         return [conn.execute(sql, params).fetchone()[0] for sql, params in statements]
-    names = [column.name for column in columns]
-    declared = parsed_type(columns[names.index(source.partition_column)].decltype)
-    stored = _as_stored(conn, declared, [bounds["partition"] for bounds in plan.bounds])
+    stored = _stored_values(conn, source, plan)
     index = {value: number for number, value in enumerate(stored)}
     if len(index) != len(stored):
         return None
@@ -1167,6 +1319,12 @@ def _counted(
             return None
         counts[index[value]] += rows
     return counts
+
+
+def _stored_values(conn: sqlite3.Connection, source: SQLiteFile, plan: LoadPlan) -> list[Any]:
+    """The plan's partition values (one per bound) as the partition column stores them."""
+    column = next(c for c in plan.columns if c.name == source.partition_column)
+    return _as_stored(conn, parsed_type(column.decltype), [b["partition"] for b in plan.bounds])
 
 
 def _row_count(conn: sqlite3.Connection, table: str) -> int:
