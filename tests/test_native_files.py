@@ -537,10 +537,31 @@ def test_a_sqlite_pull_that_fails_leaves_no_file_and_python_reads_the_rows(
 
 
 # Partition values SQLite keeps apart in an untyped column (5, '5' and 5.5 are three), and
-# more of them than SQLite attaches at once: a load reads the files past the limit through
-# Python. A text that is not UTF-8 is kept, as SQLite's own copy keeps it.
+# more of them than SQLite attaches at once: a load merges the files first. A text that is not
+# UTF-8 is kept, as SQLite's own copy keeps it.
 MIXED_PARTITIONS = ["1", "2", "3", "4", "6", "7", "8", "9", "10", "11", "5", "'5'", "5.5", "NULL"]
 ODD_VALUES = ["CAST(x'ff41' AS TEXT)", "x'00ff'", "-0.0", "9223372036854775807", "'ü'", "NULL"]
+EXACT = "SELECT id, typeof(p), quote(p), typeof(v), hex(v) FROM {} ORDER BY id"
+
+
+def _mixed_route(tmp_path: Path, values: list[str], index: bool, before_load: Any) -> Route:
+    """A SQLite target, and a source ``t(id, p, v)`` of 14 partitions (``MIXED_PARTITIONS``)
+    whose rows are spread over the table, ``len(values) ** 2`` rows each; a read of a
+    partition through Python fails the test."""
+    source_path = tmp_path / "mixed.db"
+    with sqlite3.connect(source_path) as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p, v)")
+        for name, listed in (("parts", MIXED_PARTITIONS), ("odd", values)):
+            rows = "), (".join(listed)
+            db.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM (VALUES ({rows}))")
+        db.execute(
+            "INSERT INTO t SELECT NULL, parts.column1, odd.column1 FROM odd, parts, odd AS twice"
+        )
+        if index:
+            db.execute("CREATE INDEX t_p ON t (p)")
+    route = _route(tmp_path, "sqlite", before_load)
+    route.source = Unread(str(source_path), "t", "p")
+    return route
 
 
 @pytest.mark.parametrize("odd_text", [False, True], ids=["utf8", "not-utf8"])
@@ -551,39 +572,51 @@ def test_sqlite_file_artifact_pulls_a_file_per_partition_and_loads_them_exactly(
     """One pulled file per partition (an unindexed source is read in one sorted scan, an
     indexed one a partition at a time), 14 of them: each value as the source stores it, each
     row once, no row read through Python, and no work file left behind."""
-    source_path = tmp_path / "mixed.db"
     values = [v for v in ODD_VALUES if odd_text or not v.startswith("CAST")]
-    with sqlite3.connect(source_path) as db:
-        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p, v)")
-        for name, listed in (("parts", MIXED_PARTITIONS), ("odd", values)):
-            rows = "), (".join(listed)
-            db.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM (VALUES ({rows}))")
-        db.execute(
-            "INSERT INTO t SELECT NULL, parts.column1, odd.column1 FROM odd, parts, odd AS twice"
-        )  # rows of each partition spread over the table
-        if index:
-            db.execute("CREATE INDEX t_p ON t (p)")
     pulled: list[Any] = []
     work: list[str] = []  # the files in the work folder as the load begins
-    route = _route(
-        tmp_path,
-        "sqlite",
-        lambda payload: work.extend(path.name for path in payload.files[0].path.parent.iterdir()),
-    )
-    route.source = Unread(str(source_path), "t", "p")
+
+    def watch(payload: Any) -> None:
+        work.extend(path.name for path in payload.files[0].path.parent.iterdir())
+
+    route = _mixed_route(tmp_path, values, index, watch)
     _watch_pulls(route.sink.inner, pulled)
-    exact = "SELECT id, typeof(p), quote(p), typeof(v), hex(v) FROM {} ORDER BY id"
     try:
         result = route.runtime().run(route.spec("file-artifact"))
         [(files, counts)] = pulled
         assert len(files) == 14 and all(file.native for file in files)
-        with sqlite3.connect(source_path) as db:
-            source_rows = db.execute(exact.format("t")).fetchall()
+        with sqlite3.connect(tmp_path / "mixed.db") as db:
+            source_rows = db.execute(EXACT.format("t")).fetchall()
             per_value = db.execute("SELECT quote(p), count(*) FROM t GROUP BY p").fetchall()
         with sqlite3.connect(tmp_path / "target-sqlite") as db:
-            assert db.execute(exact.format("orders_copy")).fetchall() == source_rows
+            assert db.execute(EXACT.format("orders_copy")).fetchall() == source_rows
         assert result.rows_loaded == len(source_rows) == 14 * len(values) ** 2
         assert sorted(counts) == sorted(rows for _, rows in per_value)
         assert sorted(work) == sorted(file.path.name for file in files)
+    finally:
+        route.real_store.close()
+
+
+@pytest.mark.parametrize("changed", [0, 13])
+def test_a_changed_partition_file_fails_the_merged_load_and_loads_nothing(tmp_path, changed):
+    """Bytes appended to one of 14 pulled files after its digest was taken: SQLite would read
+    the same rows, yet the merge refuses the file, and the target is not touched."""
+    names: list[str] = []
+
+    def tamper(payload: Any) -> None:
+        if not names:  # the first run's files only
+            names.append(payload.files[changed].path.name)
+            with open(payload.files[changed].path, "ab") as handle:
+                handle.write(b"\0" * 8)
+
+    route = _mixed_route(tmp_path, ["1", "2"], False, tamper)
+    try:
+        with pytest.raises(ArtifactInvalid) as caught:
+            route.runtime().run(route.spec("file-artifact"))
+        assert set(caught.value.diagnostics) == {"file"}
+        assert caught.value.diagnostics == {"file": names[0]}
+        with sqlite3.connect(tmp_path / "target-sqlite") as db:
+            tables = db.execute("SELECT name FROM sqlite_master WHERE name = 'orders_copy'")
+            assert tables.fetchall() == []
     finally:
         route.real_store.close()

@@ -18,6 +18,8 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from ..artifacts import check_digest, create_private, file_sha256, read_chunks
 from ..checkpoints import sha256_digest
 from ..column_types import Carry, finite_double, sqlite_kind
@@ -799,7 +801,7 @@ class SQLiteSink(FileTarget):
         if isinstance(payload, LoadPlan):
             return self._load_plan(payload)
         if isinstance(payload, RowChunks):
-            with self._connect() as conn, _transaction(conn):
+            with self._connect() as conn, _attachable(conn, payload) as payload, _transaction(conn):
                 _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
                 rows = _insert(conn, self.table, payload)
                 return _record(conn, self._ledger.take(), rows)
@@ -891,7 +893,7 @@ class SQLiteSink(FileTarget):
     def stage(self, payload: RowChunks) -> int:
         """Fill a fresh staging table beside the target, from rows or from load files (as
         ``load``); the target is not touched."""
-        with self._connect() as conn, _transaction(conn):
+        with self._connect() as conn, _attachable(conn, payload) as payload, _transaction(conn):
             conn.execute(f"DROP TABLE IF EXISTS {_quote(self._stage)}")
             _create_table(conn, self._stage, payload.columns)
             return _insert(conn, self._stage, payload)
@@ -1077,16 +1079,16 @@ def _prepare_target(
 
 def _insert(conn: sqlite3.Connection, table: str, payload: RowChunks) -> int:
     """Insert the payload's rows, in this connection's transaction: a pulled SQLite file
-    (``LoadFile.native``) by one ``INSERT ... SELECT`` from it, attached read-only, or, past
-    the files SQLite attaches at once, read through a connection of its own (``_streamed``),
-    its digest checked before SQLite reads it and again after, before the load commits (a
-    file changed in between fails the load); other rows as chunks."""
+    (``LoadFile.native``) by one ``INSERT ... SELECT`` from it, attached read-only, its digest
+    checked before SQLite reads it and again after, before the load commits (a file changed
+    in between fails the load); other rows as chunks. More pulled files than SQLite attaches
+    at once are merged first (``_attachable``)."""
     names = _column_list(payload.columns)
     marks = ", ".join("?" * len(payload.columns))
     insert = f"INSERT INTO {_quote(table)} ({names}) VALUES ({marks})"
     if not isinstance(payload, LoadFiles) or not any(file.native for file in payload.files):
         return sum(conn.executemany(insert, chunk).rowcount for chunk in payload.chunks)
-    rows, attachable = 0, conn.getlimit(sqlite3.SQLITE_LIMIT_ATTACHED)
+    rows = 0
     for number, file in enumerate(payload.files):
         if not file.native:
             chunks = read_chunks(file.path, file.sha256)
@@ -1095,15 +1097,11 @@ def _insert(conn: sqlite3.Connection, table: str, payload: RowChunks) -> int:
         check_digest(file.path, file.sha256)
         schema = f"dpone_load_{number}"
         try:
-            if number < attachable:
-                uri = _uri(str(file.path), read_only=True)
-                conn.execute(f"ATTACH DATABASE ? AS {schema}", (uri,))
-                rows += conn.execute(
-                    f"INSERT INTO {_quote(table)} ({names}) SELECT {names}"
-                    f" FROM {schema}.{_PULLED} ORDER BY rowid"
-                ).rowcount
-            else:
-                rows += _streamed(conn, table, payload.columns, file.path)
+            conn.execute(f"ATTACH DATABASE ? AS {schema}", (_uri(str(file.path), read_only=True),))
+            rows += conn.execute(
+                f"INSERT INTO {_quote(table)} ({names}) SELECT {names} FROM {schema}.{_PULLED}"
+                " ORDER BY rowid"
+            ).rowcount
         except sqlite3.DatabaseError:
             check_digest(file.path, file.sha256)  # a file changed while it was read says so
             raise
@@ -1111,48 +1109,46 @@ def _insert(conn: sqlite3.Connection, table: str, payload: RowChunks) -> int:
     return rows
 
 
-def _streamed(conn: sqlite3.Connection, table: str, columns: Sequence[Column], path: Path) -> int:
-    """A pulled file's rows inserted through Python, in chunks: each text decoded, or, when
-    a read fails (a text that is not UTF-8, which SQLite's copy kept), the file again with
-    every text carried as its bytes and cast back, as SQLite's own ``INSERT ... SELECT``
-    copies it (a read that fails then raises)."""
-    names, quoted = _column_list(columns), [_quote(column.name) for column in columns]
-    insert = f"INSERT INTO {_quote(table)} ({names}) VALUES"
-    reader = sqlite3.connect(_uri(os.fspath(path), read_only=True), uri=True, timeout=_TIMEOUT)
-    with contextlib.closing(reader):
-        conn.execute("SAVEPOINT dpone_streamed")
-        try:
-            cursor = reader.execute(f"SELECT {names} FROM {_PULLED} ORDER BY rowid")
-            rows = _insert_chunks(conn, f"{insert} ({', '.join('?' * len(columns))})", cursor)
-        except _ReadFailed:
-            conn.execute("ROLLBACK TO dpone_streamed")
-            reader.text_factory = bytes
-            texts = ", ".join(f"{name}, typeof({name}) = 'text'" for name in quoted)
-            cursor = reader.execute(f"SELECT {texts} FROM {_PULLED} ORDER BY rowid")
-            values = ", ".join(
-                f"CASE WHEN ?{2 * n + 2} THEN CAST(?{2 * n + 1} AS TEXT) ELSE ?{2 * n + 1} END"
-                for n in range(len(columns))
-            )
-            rows = conn.executemany(f"{insert} ({values})", cursor).rowcount
-        conn.execute("RELEASE dpone_streamed")
-    return rows
-
-
-class _ReadFailed(Exception):
-    """A read of a pulled file failed (``_streamed``); the cause is the reader's error."""
-
-
-def _insert_chunks(conn: sqlite3.Connection, insert: str, cursor: sqlite3.Cursor) -> int:
-    """Every row ``cursor`` gives, inserted by ``insert``; a failed read raises ``_ReadFailed``."""
-    rows = 0
-    while True:
-        try:
-            chunk = cursor.fetchmany(DEFAULT_CHUNK_ROWS)
-        except sqlite3.Error as error:
-            raise _ReadFailed from error
-        if not chunk:
-            return rows
-        rows += conn.executemany(insert, chunk).rowcount
+@contextlib.contextmanager
+def _attachable(conn: sqlite3.Connection, payload: RowChunks) -> Iterator[RowChunks]:
+    """The payload, with its pulled files merged into one new file beside them when there
+    are more than ``conn`` attaches at once (file-artifact's, one per partition; SQLite
+    attaches ten): SQLite copies each file, its digest checked before and after, in file
+    order, through a connection of its own. Done before the load's transaction begins;
+    the merged file, digested as it is closed, is removed after the load."""
+    native = (
+        [file for file in payload.files if file.native] if isinstance(payload, LoadFiles) else []
+    )
+    if len(native) <= conn.getlimit(sqlite3.SQLITE_LIMIT_ATTACHED):
+        yield payload
+        return
+    assert isinstance(payload, LoadFiles)
+    path = native[0].path.with_name("merged.sqlite")  # partition files are named p-<hex>
+    try:
+        names = _column_list(payload.columns)
+        with contextlib.closing(sqlite3.connect(":memory:", isolation_level=None)) as merging:
+            _create_pulled(merging, path, "out", names)
+            for file in native:
+                check_digest(file.path, file.sha256)
+                merging.execute(
+                    "ATTACH DATABASE ? AS part", (_uri(str(file.path), read_only=True),)
+                )
+                merging.execute("BEGIN")
+                merging.execute(
+                    f"INSERT INTO out.{_PULLED} ({names}) SELECT {names} FROM part.{_PULLED}"
+                    " ORDER BY rowid"
+                )
+                merging.execute("COMMIT")
+                merging.execute("DETACH DATABASE part")
+                check_digest(file.path, file.sha256)
+        merged = LoadFile(
+            path=path, rows=sum(f.rows for f in native), sha256=file_sha256(path), native=True
+        )
+        others = tuple(file for file in payload.files if not file.native)
+        yield attrs.evolve(payload, files=(*others, merged))
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 _PULLED = '"rows"'  # the one table of a pulled SQLite load file
