@@ -574,10 +574,11 @@ def test_sqlite_file_artifact_pulls_a_file_per_partition_and_loads_them_exactly(
     row once, no row read through Python, and no work file left behind."""
     values = [v for v in ODD_VALUES if odd_text or not v.startswith("CAST")]
     pulled: list[Any] = []
-    work: list[str] = []  # the files in the work folder as the load begins
+    loaded: list[Any] = []  # the load's files, and the files in the work folder, as it begins
 
     def watch(payload: Any) -> None:
-        work.extend(path.name for path in payload.files[0].path.parent.iterdir())
+        folder = payload.files[0].path.parent
+        loaded.append(([file.path.name for file in payload.files], sorted(folder.iterdir())))
 
     route = _mixed_route(tmp_path, values, index, watch)
     _watch_pulls(route.sink.inner, pulled)
@@ -592,29 +593,54 @@ def test_sqlite_file_artifact_pulls_a_file_per_partition_and_loads_them_exactly(
             assert db.execute(EXACT.format("orders_copy")).fetchall() == source_rows
         assert result.rows_loaded == len(source_rows) == 14 * len(values) ** 2
         assert sorted(counts) == sorted(rows for _, rows in per_value)
-        assert sorted(work) == sorted(file.path.name for file in files)
+        [(names, work)] = loaded  # merged before the target call, the sorted scan's file gone
+        assert names == ["merged.sqlite"]
+        assert [p.name for p in work] == sorted([*(f.path.name for f in files), "merged.sqlite"])
     finally:
         route.real_store.close()
 
 
 @pytest.mark.parametrize("changed", [0, 13])
-def test_a_changed_partition_file_fails_the_merged_load_and_loads_nothing(tmp_path, changed):
-    """Bytes appended to one of 14 pulled files after its digest was taken: SQLite would read
-    the same rows, yet the merge refuses the file, and the target is not touched."""
+def test_a_partition_file_changed_before_the_merge_fails_before_the_target(tmp_path, changed):
+    """Bytes appended to one of 14 pulled files after its digest was checked, before the merge:
+    SQLite would read the same rows, yet the merge refuses the file before the target call, so
+    the route is not blocked, and the next run loads every row once."""
     names: list[str] = []
 
-    def tamper(payload: Any) -> None:
+    def tamper(payload: Any, folder: Path) -> Any:
         if not names:  # the first run's files only
             names.append(payload.files[changed].path.name)
             with open(payload.files[changed].path, "ab") as handle:
                 handle.write(b"\0" * 8)
+        return merge(payload, folder)
+
+    route = _mixed_route(tmp_path, ["1", "2"], False, lambda payload: None)
+    merge = route.sink.inner.inner.merge_load_files
+    route.sink.inner.merge_load_files = tamper
+    try:
+        with pytest.raises(ArtifactInvalid) as caught:
+            route.runtime().run(route.spec("file-artifact", run_id="r1"))
+        assert caught.value.diagnostics == {"file": names[0]}
+        assert route.sink.target_calls == 0
+        assert route.runtime().run(route.spec("file-artifact", run_id="r2")).rows_loaded == 56
+        with sqlite3.connect(tmp_path / "target-sqlite") as db:
+            assert db.execute("SELECT count(*) FROM orders_copy").fetchone() == (56,)
+    finally:
+        route.real_store.close()
+
+
+def test_a_merged_file_changed_before_the_load_reads_it_loads_nothing(tmp_path):
+    """The merged file itself, changed inside the target call: the load refuses it."""
+
+    def tamper(payload: Any) -> None:
+        with open(payload.files[0].path, "ab") as handle:
+            handle.write(b"\0" * 8)
 
     route = _mixed_route(tmp_path, ["1", "2"], False, tamper)
     try:
         with pytest.raises(ArtifactInvalid) as caught:
             route.runtime().run(route.spec("file-artifact"))
-        assert set(caught.value.diagnostics) == {"file"}
-        assert caught.value.diagnostics == {"file": names[0]}
+        assert caught.value.diagnostics == {"file": "merged.sqlite"}
         with sqlite3.connect(tmp_path / "target-sqlite") as db:
             tables = db.execute("SELECT name FROM sqlite_master WHERE name = 'orders_copy'")
             assert tables.fetchall() == []

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..column_types import Carry
     from ..identity import TableIdentity
     from ..ledger import LedgerEntry
-    from ..payloads import Column, LoadFile, LoadPlan, RowChunks, SourceShape
+    from ..payloads import Column, LoadFile, LoadFiles, LoadPlan, RowChunks, SourceShape
     from ._sql import ColumnDifference
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "Identified",
     "LedgerNotWritten",
     "LedgerSink",
+    "MergingLoadFiles",
     "NativeFiles",
     "OnePassReading",
     "PendingLedger",
@@ -164,6 +165,17 @@ class FilePulling(Protocol):
         path each); and each bound's row count. None when the engine's read failed (no file
         is left): the runtime then reads the rows itself. Reads the source only, never the
         target."""
+
+
+@runtime_checkable
+class MergingLoadFiles(Protocol):
+    """A ``FilePulling`` sink whose load reads only so many of its pulled files at once
+    (SQLite attaches ten databases): more are merged into one before the target call."""
+
+    def merge_load_files(self, payload: LoadFiles, folder: Path) -> LoadFiles:
+        """``payload`` as the load reads it: itself, or with its pulled files merged into one
+        new file in ``folder`` (each file's digest checked before and after it is read), the
+        other files kept. Runs before the target call, and reads only the files."""
 
 
 @runtime_checkable
@@ -420,6 +432,7 @@ CAPABILITIES: tuple[type, ...] = (
     PlanPulling,
     NativeFiles,
     FilePulling,
+    MergingLoadFiles,
     SQLiteFile,
     Collating,
     OnePassReading,

@@ -801,7 +801,7 @@ class SQLiteSink(FileTarget):
         if isinstance(payload, LoadPlan):
             return self._load_plan(payload)
         if isinstance(payload, RowChunks):
-            with self._connect() as conn, _attachable(conn, payload) as payload, _transaction(conn):
+            with self._connect() as conn, _transaction(conn):
                 _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
                 rows = _insert(conn, self.table, payload)
                 return _record(conn, self._ledger.take(), rows)
@@ -835,6 +835,33 @@ class SQLiteSink(FileTarget):
             for path, count in zip(paths, rows, strict=True)
         ]
         return files, counts
+
+    def merge_load_files(self, payload: LoadFiles, folder: Path) -> LoadFiles:
+        """``MergingLoadFiles``: more pulled files than SQLite attaches at once (file-artifact's,
+        one per partition) are copied, in order, into one new ``merged.sqlite`` in ``folder``
+        by a connection of their own, each file's digest checked before SQLite reads it and
+        after; the merged file is digested once closed, and loaded as any pulled file."""
+        native = [file for file in payload.files if file.native]
+        with contextlib.closing(sqlite3.connect(":memory:", isolation_level=None)) as conn:
+            if len(native) <= conn.getlimit(sqlite3.SQLITE_LIMIT_ATTACHED):
+                return payload
+            path, names = folder / "merged.sqlite", _column_list(payload.columns)
+            _create_pulled(conn, path, "out", names)
+            for file in native:
+                check_digest(file.path, file.sha256)
+                conn.execute("ATTACH DATABASE ? AS part", (_uri(str(file.path), read_only=True),))
+                conn.execute("BEGIN")
+                conn.execute(
+                    f"INSERT INTO out.{_PULLED} ({names}) SELECT {names} FROM part.{_PULLED}"
+                    " ORDER BY rowid"
+                )
+                conn.execute("COMMIT")
+                conn.execute("DETACH DATABASE part")
+                check_digest(file.path, file.sha256)
+        rows = sum(file.rows for file in native)
+        merged = LoadFile(path=path, rows=rows, sha256=file_sha256(path), native=True)
+        others = tuple(file for file in payload.files if not file.native)
+        return attrs.evolve(payload, files=(*others, merged))
 
     def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:
         """The ledger entries of this target table, oldest first.
@@ -893,7 +920,7 @@ class SQLiteSink(FileTarget):
     def stage(self, payload: RowChunks) -> int:
         """Fill a fresh staging table beside the target, from rows or from load files (as
         ``load``); the target is not touched."""
-        with self._connect() as conn, _attachable(conn, payload) as payload, _transaction(conn):
+        with self._connect() as conn, _transaction(conn):
             conn.execute(f"DROP TABLE IF EXISTS {_quote(self._stage)}")
             _create_table(conn, self._stage, payload.columns)
             return _insert(conn, self._stage, payload)
@@ -1082,7 +1109,7 @@ def _insert(conn: sqlite3.Connection, table: str, payload: RowChunks) -> int:
     (``LoadFile.native``) by one ``INSERT ... SELECT`` from it, attached read-only, its digest
     checked before SQLite reads it and again after, before the load commits (a file changed
     in between fails the load); other rows as chunks. More pulled files than SQLite attaches
-    at once are merged first (``_attachable``)."""
+    at once were merged before the target call (``merge_load_files``)."""
     names = _column_list(payload.columns)
     marks = ", ".join("?" * len(payload.columns))
     insert = f"INSERT INTO {_quote(table)} ({names}) VALUES ({marks})"
@@ -1107,48 +1134,6 @@ def _insert(conn: sqlite3.Connection, table: str, payload: RowChunks) -> int:
             raise
         check_digest(file.path, file.sha256)
     return rows
-
-
-@contextlib.contextmanager
-def _attachable(conn: sqlite3.Connection, payload: RowChunks) -> Iterator[RowChunks]:
-    """The payload, with its pulled files merged into one new file beside them when there
-    are more than ``conn`` attaches at once (file-artifact's, one per partition; SQLite
-    attaches ten): SQLite copies each file, its digest checked before and after, in file
-    order, through a connection of its own. Done before the load's transaction begins;
-    the merged file, digested as it is closed, is removed after the load."""
-    native = (
-        [file for file in payload.files if file.native] if isinstance(payload, LoadFiles) else []
-    )
-    if len(native) <= conn.getlimit(sqlite3.SQLITE_LIMIT_ATTACHED):
-        yield payload
-        return
-    assert isinstance(payload, LoadFiles)
-    path = native[0].path.with_name("merged.sqlite")  # partition files are named p-<hex>
-    try:
-        names = _column_list(payload.columns)
-        with contextlib.closing(sqlite3.connect(":memory:", isolation_level=None)) as merging:
-            _create_pulled(merging, path, "out", names)
-            for file in native:
-                check_digest(file.path, file.sha256)
-                merging.execute(
-                    "ATTACH DATABASE ? AS part", (_uri(str(file.path), read_only=True),)
-                )
-                merging.execute("BEGIN")
-                merging.execute(
-                    f"INSERT INTO out.{_PULLED} ({names}) SELECT {names} FROM part.{_PULLED}"
-                    " ORDER BY rowid"
-                )
-                merging.execute("COMMIT")
-                merging.execute("DETACH DATABASE part")
-                check_digest(file.path, file.sha256)
-        merged = LoadFile(
-            path=path, rows=sum(f.rows for f in native), sha256=file_sha256(path), native=True
-        )
-        others = tuple(file for file in payload.files if not file.native)
-        yield attrs.evolve(payload, files=(*others, merged))
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
 
 
 _PULLED = '"rows"'  # the one table of a pulled SQLite load file

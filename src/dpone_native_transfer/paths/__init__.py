@@ -23,6 +23,7 @@ from ..column_types import Carry, carried_chunks
 from ..connectors.contract import (
     FilePulling,
     LedgerSink,
+    MergingLoadFiles,
     NativeFiles,
     Sink,
     Source,
@@ -249,11 +250,16 @@ class PathContext:
         return result
 
     def load_files(self, files: Sequence[LoadFile]) -> LoadFiles:
-        """The payload of files ``write_load_file`` wrote: a ``NativeFiles`` sink loads the
-        files, any other their rows (each spool file's digest checked as it is read)."""
+        """The payload of files ``write_load_file`` wrote or the sink pulled: a ``NativeFiles``
+        sink loads the files, any other their rows (each spool file's digest checked as it is
+        read). A sink that reads only so many of its files at once merges them here, before
+        the target call (``MergingLoadFiles``)."""
         chunks = _spooled_rows(files)
         columns, replace = self.shape.columns, self.replace
-        return LoadFiles(columns=columns, chunks=chunks, replace=replace, files=tuple(files))
+        payload = LoadFiles(columns=columns, chunks=chunks, replace=replace, files=tuple(files))
+        if isinstance(self.sink, MergingLoadFiles):
+            return self.sink.merge_load_files(payload, self.work_dir)
+        return payload
 
     def extracted(self, index: int, rows: int, **diagnostics: Any) -> None:
         """Record what extraction produced for ``candidates[index]``."""
