@@ -646,3 +646,31 @@ def test_a_merged_file_changed_before_the_load_reads_it_loads_nothing(tmp_path):
             assert tables.fetchall() == []
     finally:
         route.real_store.close()
+
+
+def test_a_merge_that_fails_fails_before_the_target_and_the_next_run_loads_once(
+    tmp_path, monkeypatch
+):
+    """The disk fills as the pulled files are merged: the attempt fails before the target
+    call, so the route is not blocked, and the next run loads every row once."""
+    from dpone_native_transfer.connectors import sqlite as sqlite_sink
+
+    real, failing = sqlite_sink._create_pulled, [True]
+
+    def create(conn: Any, path: Path, *args: Any) -> None:
+        if path.name == "merged.sqlite" and failing[0]:
+            raise sqlite3.OperationalError("database or disk is full")
+        real(conn, path, *args)
+
+    monkeypatch.setattr(sqlite_sink, "_create_pulled", create)
+    route = _mixed_route(tmp_path, ["1", "2"], False, lambda payload: None)
+    try:
+        with pytest.raises(sqlite3.OperationalError):
+            route.runtime().run(route.spec("file-artifact", run_id="r1"))
+        assert route.sink.target_calls == 0
+        failing[0] = False
+        assert route.runtime().run(route.spec("file-artifact", run_id="r2")).rows_loaded == 56
+        with sqlite3.connect(tmp_path / "target-sqlite") as db:
+            assert db.execute("SELECT count(*) FROM orders_copy").fetchone() == (56,)
+    finally:
+        route.real_store.close()

@@ -117,7 +117,7 @@ def test_file_artifact_checkpoints_carry_the_digest_of_each_artifact(route):
     """The digests are those of the files the sink reads; the files go with the run."""
     folder = route.tmp / "artifacts"
     route.sink.observe = lambda: {
-        path.stem: file_sha256(path) for path in folder.glob("dpone-transfer-*/p-*.rows")
+        path.stem: file_sha256(path) for path in folder.glob("dpone-transfer-*/p-*")
     }
     route.runtime().run(route.spec("file-artifact", artifact_dir=str(folder)))
     (seen,) = route.sink.observations

@@ -475,13 +475,12 @@ def test_lazy_plan_refuses_a_stored_value_its_engine_would_read_otherwise(
     assert done.returncode == 2 and "cannot read source column(s) p exactly" in done.stderr
 
 
-@pytest.mark.parametrize(("kind", "path"), [("sqlite", "file-artifact"), ("duckdb", "staged")])
+@pytest.mark.parametrize(("kind", "path"), [("clickhouse", "file-artifact"), ("duckdb", "staged")])
 def test_a_text_that_is_not_utf8_is_a_value_error_naming_the_table_never_the_text(
     tmp_path: Path, kind: str, path: str
 ) -> None:
     """Invalid UTF-8 stored as TEXT was native_transfer_source_invalid, exit 1 (retry). A path
-    that reads the rows through Python refuses it (SQLite copies one file per partition
-    itself only for one partition: a load attaches at most ten)."""
+    that reads the rows through Python refuses it (chDB's), and so does DuckDB's pull."""
     with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
         db.execute("CREATE TABLE src (id INTEGER PRIMARY KEY, p INTEGER, v TEXT)")
         db.execute("INSERT INTO src VALUES (1, 0, CAST(x'41ff42' AS TEXT)), (2, 1, 'x')")
@@ -492,7 +491,7 @@ def test_a_text_that_is_not_utf8_is_a_value_error_naming_the_table_never_the_tex
     assert "\\xff" not in done.stderr and "A\ufffdB" not in done.stderr  # never the text
 
 
-@pytest.mark.parametrize("path", ["legacy", "staged", "lazy-plan"])
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact", "lazy-plan"])
 def test_sqlite_copies_a_text_that_is_not_utf8_as_it_stores_it(tmp_path: Path, path: str) -> None:
     """SQLite to SQLite, the paths where SQLite copies the rows itself keep its bytes."""
     with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
