@@ -265,22 +265,43 @@ def test_the_engine_writes_the_load_files_from_sqlite_without_a_row_in_python(
         route.real_store.close()
 
 
+@pytest.mark.parametrize("path", ["legacy", "file-artifact"])
 @pytest.mark.parametrize("kind", ["duckdb", "sqlite"])
-def test_a_partition_that_appears_after_planning_is_not_pulled(tmp_path, kind):
-    """Rows of a value no bound names are left out, as each partition's own read would."""
+def test_rows_that_change_after_planning_are_pulled_as_each_partition_reads_them(
+    tmp_path, kind, path
+):
+    """Between planning and the pull, a new partition appears (left out, as each partition's
+    own read would), one partition is emptied, and a row moves to another: each count is what
+    the engine copied, and the target holds exactly the planned partitions' rows."""
     seen: list[LoadFiles] = []
     route = _unread_route(tmp_path, seen, kind)
     real = route.sink.inner.pull_load_files
 
-    def pull_after_a_new_partition(plan: Any, paths: Any) -> Any:
+    def pull_after_changes(plan: Any, paths: Any) -> Any:
         with sqlite3.connect(route.source_path) as db:
             db.execute("INSERT INTO orders VALUES (999, 'region-new', 1.0, 1)")
+            db.execute("DELETE FROM orders WHERE region = 'region-002'")
+            db.execute(
+                "UPDATE orders SET region = 'region-001'"
+                " WHERE id = (SELECT min(id) FROM orders WHERE region = 'region-000')"
+            )
         return real(plan, paths)
 
-    route.sink.inner.pull_load_files = pull_after_a_new_partition
+    route.sink.inner.pull_load_files = pull_after_changes
     try:
-        assert route.runtime().run(route.spec("legacy")).rows_loaded == 120
-        assert 999 not in route.target_ids()
+        loaded = route.runtime().run(route.spec(path)).rows_loaded
+        with sqlite3.connect(route.source_path) as db:
+            planned = db.execute("SELECT id FROM orders WHERE region <> 'region-new'").fetchall()
+            counts = dict(db.execute("SELECT region, count(*) FROM orders GROUP BY region"))
+        assert loaded == len(planned) and sorted(route.target_ids()) == sorted(
+            i for (i,) in planned
+        )
+        exported = {cp.partition_bounds["partition"]: cp.rows_exported for cp in route.latest()}
+        assert exported == {
+            **{r: n for r, n in counts.items() if r != "region-new"},
+            "region-002": 0,
+        }
+        assert exported["region-001"] == exported["region-000"] + 2  # one row moved over
     finally:
         route.real_store.close()
 
