@@ -695,3 +695,37 @@ def test_a_merge_that_fails_fails_before_the_target_and_the_next_run_loads_once(
             assert db.execute("SELECT count(*) FROM orders_copy").fetchone() == (56,)
     finally:
         route.real_store.close()
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_a_sorted_run_holding_a_value_of_no_partition_fails_the_pull(tmp_path, where, monkeypatch):
+    """A row of the sorted scan whose value no bound names (a partition that appeared after
+    planning, which the scan's own filter keeps out; here the scan is widened to let it in):
+    wherever it sorts, the runs that would leave it out or hold it fail the pull, and Python
+    reads the planned rows."""
+    from dpone_native_transfer.connectors import sqlite as sqlite_sink
+
+    odd = {"first": "0", "middle": "region-001x", "last": "zz"}[where]
+    pulled: list[Any] = []
+    route = _route(tmp_path, "sqlite", lambda payload: None)
+    _watch_pulls(route.sink.inner, pulled)
+    real_pull, real_runs = route.sink.inner.pull_load_files, sqlite_sink._sorted_runs
+
+    def pull_after_a_new_partition(plan: Any, paths: Any) -> Any:
+        with sqlite3.connect(route.source_path) as db:
+            db.execute("INSERT INTO orders VALUES (999, ?, 1.0, 1)", (odd,))
+        return real_pull(plan, paths)
+
+    def widened(conn: Any, source: Any, plan: Any, path: Path, scan: tuple) -> Any:
+        sql, params = scan
+        return real_runs(
+            conn, source, plan, path, (sql.replace(" WHERE ", " WHERE 1 OR ", 1), params)
+        )
+
+    route.sink.inner.pull_load_files = pull_after_a_new_partition
+    monkeypatch.setattr(sqlite_sink, "_sorted_runs", widened)
+    try:
+        assert route.runtime().run(route.spec("file-artifact")).rows_loaded == 120
+        assert pulled == [None] and 999 not in route.target_ids()
+    finally:
+        route.real_store.close()

@@ -1247,9 +1247,10 @@ def _sorted_runs(
 ) -> list[tuple[int, int, Any]] | None:
     """``scan`` (rows in partition order) copied into a new work file at ``path``, attached as
     ``sorted``; per bound, the rowid range its value should hold there, and the value as the
-    column stores it. The ranges are found by bisection, in SQLite's order of the values;
-    the caller checks each (every row of it holds its value). None when two bounds name one
-    stored value, or a row looked at holds no bound's."""
+    column stores it. The ranges are found by bisection, in SQLite's order of the values,
+    and run on from rowid 1 to the last, each starting where the one before ends; the caller
+    checks each (every row of it holds its value; a range that runs backwards fails that).
+    None when two bounds name one stored value, or the first range would not start at 1."""
     names = _column_list(plan.columns)
     _create_pulled(conn, path, "sorted", names)
     conn.execute("BEGIN")
@@ -1274,7 +1275,9 @@ def _sorted_runs(
     starts = [
         bisect.bisect_left(rowids, position, key=rank_of) + 1 for position in range(len(stored))
     ]
-    ends = [*(start - 1 for start in starts[1:]), copied]
+    if starts[0] != 1:  # a value of no bound sorted in: bisection is off, rows would be lost
+        return None
+    ends = [*(start - 1 for start in starts[1:]), copied]  # so the runs cover every row once
     runs = [(0, 0, None)] * len(stored)
     for position, (number,) in enumerate(ordered):
         runs[number] = (starts[position], ends[position], stored[number])
