@@ -21,6 +21,7 @@ import pytest
 from helpers.routes import PATHS, Route
 
 from dpone_native_transfer.connectors import SQLiteSource
+from dpone_native_transfer.connectors import duckdb as duckdb_module
 from dpone_native_transfer.connectors.duckdb import DuckDBSink, duckdb_type
 from dpone_native_transfer.errors import ConfigInvalid, PathContractBroken, SourceInvalid
 from dpone_native_transfer.payloads import Column, LoadPlan, RowChunks
@@ -436,6 +437,27 @@ def test_the_sqlite_scanner_loads_offline_in_a_fresh_process(tmp_path, source):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "2 [(1, 'north', 1.5, 101), (4, 'north', 4.5, 104)]"
     assert not (home / ".duckdb").exists()
+
+
+def test_only_connections_reading_sqlite_skip_the_extension_signature_check(tmp_path, sink):
+    """The scanner loads without DuckDB's signature check (75 ms a connection), so nothing
+    else may load there: autoloading and autoinstalling stay off. A connection that only
+    writes the target keeps the check."""
+    settings = (
+        "SELECT current_setting('allow_unsigned_extensions'),"
+        " current_setting('autoload_known_extensions'),"
+        " current_setting('autoinstall_known_extensions')"
+    )
+    reading = duckdb_module._scanner_connection(str(tmp_path / "reading.duckdb"))
+    try:
+        assert reading.execute(settings).fetchone() == (True, False, False)
+        assert reading.execute(
+            "SELECT loaded FROM duckdb_extensions() WHERE extension_name = 'sqlite_scanner'"
+        ).fetchone() == (True,)
+    finally:
+        reading.close()
+    with sink._connect() as writing:
+        assert writing.execute(settings).fetchone() == (False, False, False)
 
 
 # --- awkward identifiers ----------------------------------------------------------------------
