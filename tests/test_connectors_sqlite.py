@@ -165,7 +165,6 @@ def test_describe_schema_hash_changes_when_a_type_changes(tmp_path):
     assert one.query_hash == two.query_hash
 
 
-
 def test_generated_columns_are_not_read_but_a_view_of_them_is(tmp_path):
     """docs/connectors.md: a generated column is left out of the source's columns, on every
     path; a view that selects it makes it an ordinary column of the view."""
@@ -181,6 +180,7 @@ def test_generated_columns_are_not_read_but_a_view_of_them_is(tmp_path):
     assert [column.name for column in table.describe().columns] == ["p", "a"]
     assert [column.name for column in view.describe().columns] == ["p", "a", "b", "c"]
     assert [list(chunk) for chunk in view.read({"partition": "x"})] == [[("x", 1, 2, 3)]]
+
 
 def test_query_hash_changes_with_cursor_and_partition_column(source_db):
     with_cursor = SQLiteSource(source_db, "orders", "region", "updated_at").describe()
