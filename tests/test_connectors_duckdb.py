@@ -409,6 +409,38 @@ def test_load_plan_with_missing_source_file_is_source_invalid(source, sink):
     assert not Path(sink.path).exists()
 
 
+def test_a_scanner_read_failing_before_the_target_refuses_the_plan(source, sink, monkeypatch):
+    """The check's probe reads with the scanner what the load will read; when that read fails
+    although SQLite finds no misread value, the plan is refused, naming the columns read,
+    and the target is never opened (a fault double wraps the real scanner connection)."""
+    real = duckdb_module._scanner_connection
+
+    class FailingProbe:
+        def __init__(self, conn):
+            self._conn = conn
+
+        def execute(self, sql, *args):
+            if "count(" in sql or "decode(" in sql:
+                raise duckdb.IOException("injected: the scanner cannot read the file")
+            return self._conn.execute(sql, *args)
+
+        def __getattr__(self, name):
+            return getattr(self._conn, name)
+
+    monkeypatch.setattr(duckdb_module, "_scanner_connection", lambda p: FailingProbe(real(p)))
+    plan = LoadPlan(
+        source=source, columns=source.describe().columns, bounds=({"partition": "north"},)
+    )
+    with pytest.raises(ConfigInvalid) as refused:
+        sink.check_plan(plan)
+    assert refused.value.code == "native_transfer_config_invalid"
+    assert refused.value.diagnostics["columns"] == ["region", "id", "amount", "updated_at"]
+    assert "injected" not in str(refused.value)
+    assert not Path(sink.path).exists()
+    monkeypatch.setattr(duckdb_module, "_scanner_connection", real)
+    sink.check_plan(plan)  # the real scanner reads it
+
+
 def test_load_plan_with_bad_bounds_fails_before_the_target(source, sink):
     plan = LoadPlan(source=source, columns=COLUMNS, bounds=({"cursor_after": 1},))
     with pytest.raises(ConfigInvalid):
