@@ -134,12 +134,15 @@ class ChdbClient:
     def insert_file(
         self, table: str, columns: Sequence[Column], path: Path, *, token: str | None = None
     ) -> None:
-        """One ``INSERT ... SELECT FROM file(..., 'ArrowStream')``: the engine reads the file."""
+        """One ``INSERT ... SELECT FROM file(..., 'ArrowStream')``: the engine reads the file,
+        with ``pread``: by default it maps the whole file into memory, and the peak of a
+        10,000,000-row load was 974 MiB instead of 559 MiB (1,000,000 rows: 421 either way)."""
         names = column_list([column.name for column in columns])
         self.command(
             f"INSERT INTO {table} ({names}){insert_settings(token)}"
             " SELECT * FROM file({rows_file:String}, 'ArrowStream')"
-            " SETTINGS max_threads = 1",  # the file's batches become blocks in order
+            " SETTINGS max_threads = 1,"  # the file's batches become blocks in order
+            " storage_file_read_method = 'pread'",
             {"rows_file": str(path)},
         )
 
