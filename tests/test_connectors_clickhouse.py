@@ -58,6 +58,7 @@ from dpone_native_transfer.errors import (
 from dpone_native_transfer.ledger import prove
 from dpone_native_transfer.payloads import (
     Column,
+    LoadFiles,
     LoadPlan,
     Predicate,
     RowChunks,
@@ -215,6 +216,64 @@ def _in_batch_order(checkpoint: Any) -> Any:
 
 
 # --- chDB: one data path per process at a time -------------------------------------------------
+
+
+@pytest.mark.parametrize("files", [1, 4])
+def test_a_pull_is_cut_into_the_blocks_python_writes_and_repeated_inserts_nothing(
+    tmp_path, monkeypatch, files
+):
+    """chDB's pulled files are rewritten in the ``ARROW_BLOCK_ROWS``-row batches the runtime
+    writes (a retried INSERT deduplicates by block number): a partition's pulled file holds
+    the batches of the file written from its read through Python; and the same pulled load of
+    the run's batch again inserts nothing, while under another batch it inserts every row."""
+    from dpone_native_transfer.connectors.clickhouse import sink as ch_sink
+    from dpone_native_transfer.connectors.clickhouse import sql as ch_sql
+
+    monkeypatch.setattr(ch_sql, "ARROW_BLOCK_ROWS", 7)
+    monkeypatch.setattr(ch_sink, "ARROW_BLOCK_ROWS", 7)
+    route = Route(tmp_path, kind="clickhouse")
+    try:
+        result = route.runtime().run(route.spec("legacy" if files == 1 else "file-artifact"))
+        sink, columns = route.sink.inner, route.source.describe().columns
+        bounds = tuple(cp.partition_bounds for cp in sorted(route.latest(), key=_in_batch_order))
+        plan = LoadPlan(source=route.source, columns=columns, bounds=bounds)
+        assert sink.can_pull(plan, files)
+        paths = [tmp_path / f"pulled-{index}.arrows" for index in range(files)]
+        pulled, counts = sink.pull_load_files(plan, paths)
+        assert counts == [30, 30, 30, 30] and sum(file.rows for file in pulled) == 120
+        for index, file in enumerate(pulled):
+            batches = _batches(file.path)
+            assert [len(batch) for batch in batches] == [7] * (file.rows // 7) + (
+                [file.rows % 7] if file.rows % 7 else []
+            )
+            if files > 1:  # one partition's rows, as Python reads and writes them
+                written = ch_sql.write_arrow_stream(
+                    tmp_path / f"written-{index}.arrows",
+                    columns,
+                    route.source.read(bounds[index]),
+                    table="t",
+                )
+                assert batches == _batches(written.path)
+        [entry] = sink.read_ledger(partitions=True)
+        payload = LoadFiles(columns=columns, chunks=(), replace=False, files=tuple(pulled))
+        if files > 1:
+            payload = sink.merge_load_files(payload, tmp_path)
+        with sink.ledger_batch(attrs.evolve(entry, seq=0, rows=0)):
+            assert sink.load(payload) == 120
+        assert len(route.target_rows()) == 120 == result.rows_loaded, "deduplicated"
+        another = attrs.evolve(entry, seq=0, rows=0, batch_id="sha256:" + "0" * 64)
+        with sink.ledger_batch(another):
+            sink.load(payload)
+        assert len(route.target_rows()) == 240
+    finally:
+        route.real_store.close()
+
+
+def _batches(path: Path) -> list[list[dict]]:
+    import pyarrow as pa
+
+    with pa.OSFile(str(path)) as handle:
+        return [batch.to_pylist() for batch in pa.ipc.open_stream(handle)]
 
 
 def test_two_routes_with_different_data_paths_run_one_after_the_other(tmp_path):

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 from helpers.routes import Route, make_sink
 
-from dpone_native_transfer import SQLiteSource, artifacts
+from dpone_native_transfer import ClickHouseSink, SQLiteSource, artifacts
 from dpone_native_transfer.artifacts import file_sha256
 from dpone_native_transfer.connectors import duckdb as duckdb_sink
 from dpone_native_transfer.connectors.contract import FilePulling
@@ -70,6 +70,8 @@ def _route(
 def test_the_target_call_reads_arrow_files_written_before_it(tmp_path, kind, path):
     seen: list[LoadFiles] = []
 
+    artifacts: list[dict[str, tuple[str, int]]] = []
+
     def check(payload: Any) -> None:
         assert isinstance(payload, LoadFiles) and payload.files
         for file in payload.files:  # every file is already whole, in the engine's format
@@ -78,6 +80,7 @@ def test_the_target_call_reads_arrow_files_written_before_it(tmp_path, kind, pat
                 assert pa.ipc.open_stream(handle).read_all().num_rows == file.rows
             assert file_sha256(file.path) == file.sha256
         seen.append(payload)
+        artifacts.append(_partition_files(payload))
 
     route = _route(tmp_path, kind, check)
     try:
@@ -86,11 +89,30 @@ def test_the_target_call_reads_arrow_files_written_before_it(tmp_path, kind, pat
         assert result.rows_loaded == sum(file.rows for file in payload.files) == 120
         assert_rows_exactly_once(route.source_ids(), route.target_ids())
         if path == "file-artifact":  # one file per partition, its digest in its checkpoint
-            recorded = {cp.diagnostics["artifact_sha256"] for cp in route.latest()}
-            assert recorded == {file.sha256 for file in payload.files}
-            assert len(payload.files) == 4
+            recorded = {
+                cp.partition_id: (cp.diagnostics["artifact_sha256"], cp.rows_exported)
+                for cp in route.latest()
+            }
+            assert artifacts == [recorded] and len(recorded) == 4
+            merged = kind == "clickhouse"  # chDB loads them merged into one file, in one INSERT
+            assert sorted(f.path.stem for f in payload.files) == (
+                ["merged"] if merged else sorted(recorded)
+            )
     finally:
         route.real_store.close()
+
+
+def _partition_files(payload: LoadFiles) -> dict[str, tuple[str, int]]:
+    """Digest and rows of each Arrow file in the load's work folder but a merged one, by name."""
+    found = {}
+    for path in payload.files[0].path.parent.glob("*.arrows"):
+        if path.stem != "merged":
+            with pa.OSFile(str(path)) as handle:
+                found[path.stem] = (
+                    file_sha256(path),
+                    pa.ipc.open_stream(handle).read_all().num_rows,
+                )
+    return found
 
 
 class NaNSource(SQLiteSource):
@@ -214,7 +236,11 @@ def _unread_route(tmp_path: Path, seen: list, kind: str = "duckdb") -> Route:
 
 # (target, path) where the engine writes the load files itself, one per partition for
 # file-artifact.
-PULLED = [(k, p) for k in ("duckdb", "sqlite") for p in ("legacy", "staged", "file-artifact")]
+PULLED = [
+    (k, p)
+    for k in ("duckdb", "sqlite", "clickhouse")
+    for p in ("legacy", "staged", "file-artifact")
+]
 
 
 @pytest.mark.parametrize(("kind", "path"), PULLED)
@@ -226,9 +252,12 @@ def test_the_engine_writes_the_load_files_from_sqlite_without_a_row_in_python(
     route = _unread_route(tmp_path, seen, kind)
     assert isinstance(route.sink, FilePulling)
     batches: list[int] = []  # of each Arrow file, counted as the load begins
+    artifacts: list[dict[str, tuple[str, int]]] = []
 
     def watch(payload: Any) -> None:
         seen.append(payload)
+        if kind == "clickhouse":
+            artifacts.append(_partition_files(payload))
         for file in payload.files if kind == "duckdb" else ():
             with pa.OSFile(str(file.path)) as handle:
                 batches.append(len(list(pa.ipc.open_stream(handle))))
@@ -250,10 +279,15 @@ def test_the_engine_writes_the_load_files_from_sqlite_without_a_row_in_python(
         assert {file.path.suffix for file in payload.files} == {route.sink.pulled_suffix}
         if path == "file-artifact":
             by_id = {cp.partition_id: cp for cp in latest}
-            for file in payload.files:
-                checkpoint = by_id[file.path.stem]
-                assert file.sha256 == checkpoint.diagnostics["artifact_sha256"]
-                assert file.rows == checkpoint.rows_exported
+            files = {file.path.stem: (file.sha256, file.rows) for file in payload.files}
+            if kind == "clickhouse":  # merged into one file, each checked as it was copied
+                assert [*files] == ["merged"] and files["merged"][1] == 120
+                [files] = artifacts
+            for stem, (sha256, rows) in files.items():
+                checkpoint = by_id[stem]
+                assert sha256 == checkpoint.diagnostics["artifact_sha256"]
+                assert rows == checkpoint.rows_exported
+            assert len(files) == 4
             if kind == "duckdb":  # gathered: one batch per file, not a slice per scan batch
                 assert batches == [1] * 4
         else:
@@ -266,7 +300,7 @@ def test_the_engine_writes_the_load_files_from_sqlite_without_a_row_in_python(
 
 
 @pytest.mark.parametrize("path", ["legacy", "file-artifact"])
-@pytest.mark.parametrize("kind", ["duckdb", "sqlite"])
+@pytest.mark.parametrize("kind", ["duckdb", "sqlite", "clickhouse"])
 def test_rows_that_change_after_planning_are_pulled_as_each_partition_reads_them(
     tmp_path, kind, path
 ):
@@ -462,10 +496,12 @@ def test_a_pull_that_fails_midway_leaves_no_file_and_python_reads_the_rows(
 @pytest.mark.parametrize("third", ["c d", "__DPONE_BOUND"])
 def test_pulled_files_keep_odd_names_and_values_exact(tmp_path, kind, path, third):
     """Quotes, spaces and unicode in column names; NULL, empty and awkward values, a NULL
-    partition: the pulled files load what the runtime's would. A column named as DuckDB's
-    pull's own tag is read through Python instead."""
+    partition: the pulled files load what the runtime's would. A column named as the pull's
+    own tag is read through Python instead (as is a double quote in a name, into chDB: its
+    sqlite() misreads it)."""
     source_path = tmp_path / "odd.db"
-    columns = f'"id" INTEGER PRIMARY KEY, "p q" TEXT, "{third}" TEXT, "é""x" REAL, b BLOB'
+    quoted = "é'x" if kind == "clickhouse" else 'é""x'
+    columns = f'"id" INTEGER PRIMARY KEY, "p q" TEXT, "{third}" TEXT, "{quoted}" REAL, b BLOB'
     rows = [
         (1, "a'b", "x", 1.5, b"\x00\xff"),
         (2, None, "", -0.0, b""),
@@ -480,6 +516,9 @@ def test_pulled_files_keep_odd_names_and_values_exact(tmp_path, kind, path, thir
         folder = tmp_path / ("pulled" if pulling else "python")
         folder.mkdir()
         route = _route(folder, kind, lambda payload: None, pulling=pulling)
+        if kind == "clickhouse":  # partitioned by the source's partition column
+            real = ClickHouseSink(folder / "target-chdb", "orders_copy", partition_by="p q")
+            route.sink.inner.inner = real
         if pulling:
             _watch_pulls(route.sink.inner, pulled)
         route.source = SQLiteSource(str(source_path), "t", "p q")
@@ -488,8 +527,8 @@ def test_pulled_files_keep_odd_names_and_values_exact(tmp_path, kind, path, thir
             results[pulling] = route.target_rows()
         finally:
             route.real_store.close()
-    declined = kind == "duckdb" and third == "__DPONE_BOUND"
-    assert [result != DECLINED for result in pulled] == [not declined]
+    declined = kind != "sqlite" and third == "__DPONE_BOUND"
+    assert pulled == [DECLINED] if declined else isinstance(pulled[0], tuple)
     assert results[True] == results[False]
     assert [row[0] for row in results[True]] == [1, 2, 3, 4]
 

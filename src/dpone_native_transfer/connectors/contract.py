@@ -169,8 +169,9 @@ class FilePulling(Protocol):
 
 @runtime_checkable
 class MergingLoadFiles(Protocol):
-    """A ``FilePulling`` sink whose load reads only so many of its pulled files at once
-    (SQLite attaches ten databases): more are merged into one before the target call."""
+    """A ``NativeFiles`` or ``FilePulling`` sink whose load takes many files worse than one
+    (SQLite attaches ten databases; chDB pays for each INSERT): they are merged into one
+    before the target call."""
 
     def merge_load_files(self, payload: LoadFiles, folder: Path) -> LoadFiles:
         """``payload`` as the load reads it: itself, or with its pulled files merged into one

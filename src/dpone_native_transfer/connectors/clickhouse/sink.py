@@ -33,16 +33,21 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...artifacts import check_digest, read_chunks
+import attrs
+
+from ...artifacts import DigestReader, DigestWriter, check_digest, create_private, read_chunks
 from ...column_types import Carry
-from ...errors import ConfigInvalid, NativeTransferError, SourceInvalid
+from ...drivers import import_driver
+from ...errors import ConfigInvalid, InternalInvariantBroken, NativeTransferError, SourceInvalid
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query, ledger_table_sql
 from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, RowChunks, bound_predicates
+from .._arrow import arrow
 from .._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -54,10 +59,11 @@ from .._sql import (
     refuse_reserved_schema,
     unavailable,
 )
-from ..contract import PendingLedger
+from ..contract import PendingLedger, SQLiteFile
 from ..sqlite import pulled_file, refuse_inexact_plan
 from .client import CHDB, ClickHouseClient, open_client, parse_location
 from .sql import (
+    ARROW_BLOCK_ROWS,
     DEDUPLICATION_WINDOW,
     MADE_TYPES,
     NARROW_INTEGERS,
@@ -77,6 +83,8 @@ from .sql import (
 __all__ = ["ClickHouseSink"]
 
 _FRESH_PREFIX = "_dpone_new_"
+_BOUND_TAG = "__dpone_bound"  # the column of a pulled file naming each row's bound
+_PULLED_FILES = 256  # file-artifact: chDB keeps a writer open per partition while it pulls
 # A lazy plan's partitions per INSERT ... SELECT: without an index, each statement reads the
 # whole SQLite file, and 256 OR-ed conditions stay far below ClickHouse's max_query_size.
 _PLAN_BOUNDS_PER_INSERT = 256
@@ -97,6 +105,7 @@ class ClickHouseSink:
     """
 
     ledger_atomic = False  # the ledger row follows the rows; its absence proves nothing
+    pulled_suffix = ".arrows"  # FilePulling: an Arrow IPC stream, as write_load_file writes
 
     def __init__(self, location: Any, table: str, *, partition_by: str | None = None) -> None:
         check_target_table(table)
@@ -203,6 +212,31 @@ class ClickHouseSink:
         """``NativeFiles``: the Arrow stream ``insert_rows`` writes, in fixed-size batches."""
         return write_arrow_stream(path, columns, chunks, table=self.table)
 
+    def merge_load_files(self, payload: LoadFiles, folder: Path) -> LoadFiles:
+        """``MergingLoadFiles``: Arrow files (file-artifact's, one per partition) are copied in
+        order, batch for batch, into one new ``merged.arrows`` in ``folder``, each file's digest
+        checked as it is read. An INSERT costs chDB about 15 ms whatever its size: one per
+        partition was most of file-artifact's time. Each batch stays a block of its own, so a
+        retried load deduplicates as before. Files in the runtime's format are kept."""
+        native = [file for file in payload.files if file.native]
+        if len(native) < 2:
+            return payload
+        pa, path = arrow("the ClickHouse sink"), folder / "merged.arrows"
+        with open(native[0].path, "rb") as first:
+            schema = pa.ipc.open_stream(first).schema
+        with contextlib.ExitStack() as stack:
+            writer = DigestWriter(stack.enter_context(create_private(path)))
+            stream = stack.enter_context(pa.ipc.new_stream(writer, schema))
+            for file in native:
+                with DigestReader(file.path, file.sha256) as reader:
+                    for batch in pa.ipc.open_stream(reader):
+                        stream.write_batch(batch)
+                    reader.verify()
+        rows = sum(file.rows for file in native)
+        merged = LoadFile(path=path, rows=rows, sha256=writer.sha256, native=True)
+        others = tuple(file for file in payload.files if not file.native)
+        return attrs.evolve(payload, files=(*others, merged))
+
     @staticmethod
     def _files_fill(payload: LoadFiles) -> Fill:
         """One INSERT per file, each with its own deduplication token. chDB reads a native
@@ -302,45 +336,84 @@ class ClickHouseSink:
         if self._checked is not payload:
             self.check_plan(payload)
         source = pulled_file(payload, engine="ClickHouse", table=self.table)
-        columns = [column.name for column in payload.columns]
-        names = column_list(columns)
-        statements = []
-        for first in range(0, len(payload.bounds), _PLAN_BOUNDS_PER_INSERT):
-            conditions, params = [], {}
-            for number in range(first, min(first + _PLAN_BOUNDS_PER_INSERT, len(payload.bounds))):
-                predicates = bound_predicates(
-                    payload.bounds[number],
-                    partition_column=source.partition_column,
-                    cursor_column=source.cursor_column,
-                )
-                where, own = where_sql(predicates, prefix=f"b{number}_")
-                conditions.append(f"({where})")
-                params.update(own)
-            params.update(src_path=os.path.abspath(source.path), src_table=source.table)
-            statements.append((" OR ".join(conditions), params))
-        if not os.path.isfile(source.path):
-            raise SourceInvalid(
-                f"source database for table {source.table!r} does not exist",
-                diagnostics={"table": source.table},
-            )
+        names = column_list([column.name for column in payload.columns])
+        bounds = _PlanSQL(payload, source)
+        count = len(payload.bounds)
+        wheres = [
+            bounds.where(range(first, min(first + _PLAN_BOUNDS_PER_INSERT, count)))
+            for first in range(0, count, _PLAN_BOUNDS_PER_INSERT)
+        ]
 
         def fill(client: ClickHouseClient, table: TableName, tokens: _Tokens) -> int:
             before = _count(client, table)
-            for where, params in statements:
+            for where in wheres:
                 client.command(
                     f"INSERT INTO {_ref(table)} ({names}){insert_settings(tokens.next())}"
-                    f" SELECT {names} FROM sqlite({{src_path:String}}, {{src_table:String}})"
-                    f" WHERE {where}",
-                    params,
+                    f" SELECT {names} FROM {_SQLITE_READ} WHERE {where}",
+                    bounds.params,
                 )
             return _written(client, table, before)
 
         return fill
 
+    def can_pull(self, plan: LoadPlan, files: int) -> bool:
+        """``FilePulling``, on chDB (a server cannot write the client's files): lazy-plan's
+        checks accept the plan, so the engine reads every value as the row paths carry it; at
+        most ``_PULLED_FILES`` files; and no source column is named as the pull's tag."""
+        if self._location.kind != CHDB or files not in (1, len(plan.bounds)):
+            return False
+        if files > _PULLED_FILES or _BOUND_TAG in {c.name.lower() for c in plan.columns}:
+            return False
+        try:
+            self.check_plan(plan)
+        except ConfigInvalid:
+            return False
+        return True
+
+    def pull_load_files(
+        self, plan: LoadPlan, paths: Sequence[Path]
+    ) -> tuple[list[LoadFile], list[int]] | None:
+        """``FilePulling``: one ``INSERT INTO FUNCTION file(..., 'ArrowStream') SELECT ... FROM
+        sqlite()`` of the plan's partitions (lazy-plan's conditions and read, so the same rows
+        and values), each row tagged with its bound's index, into a scratch folder: one file,
+        or one per bound (``PARTITION BY`` the tag). Each is rewritten at its path without the
+        tag, in the batches ``write_load_file`` writes (``_recut``), so a retried INSERT
+        deduplicates block by block. None when chDB's read failed; no file is left."""
+        if self._checked is not plan or self._location.kind != CHDB:
+            raise InternalInvariantBroken(
+                "ClickHouseSink.pull_load_files was given a plan can_pull did not accept",
+                diagnostics={"table": self.table},
+            )
+        source = pulled_file(plan, engine="ClickHouse", table=self.table)
+        bounds = _PlanSQL(plan, source)
+        where, params = bounds.where(range(len(plan.bounds))), dict(bounds.params)
+        names, tag = column_list([column.name for column in plan.columns]), quote(_BOUND_TAG)
+        split = f" PARTITION BY {tag}" if len(paths) > 1 else ""
+        try:
+            with tempfile.TemporaryDirectory(prefix=".dpone-pull-", dir=paths[0].parent) as folder:
+                raws = [Path(folder, f"{index}.arrows") for index in range(len(paths))]
+                params["pull_file"] = str(
+                    Path(folder, "{_partition_id}.arrows" if split else "0.arrows")
+                )
+                with self.client() as client:
+                    client.command(
+                        f"INSERT INTO FUNCTION file({{pull_file:String}}, 'ArrowStream'){split}"
+                        f" SELECT {names}, toInt32({bounds.index()}) AS {tag}"
+                        f" FROM {_SQLITE_READ} WHERE {where} SETTINGS max_threads = 1",
+                        params,
+                    )
+                return _recut(raws, paths, len(plan.bounds), table=self.table)
+        except Exception:  # of any type: chDB's own, or a file it wrote that does not read
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            return None
+
     # --- staging ----------------------------------------------------------------------------
 
     def stage(self, payload: RowChunks) -> int:
-        """Fill a fresh staging table shaped like the target; the target is not touched."""
+        """Fill a fresh staging table shaped like the target; the target is not touched. Load
+        files (``LoadFiles``, pulled by chDB) are read as ``load`` reads them."""
         if not isinstance(payload, RowChunks):
             raise ConfigInvalid("a staged load takes RowChunks")
         create = create_table_sql(self._stage, payload.columns, self.partition_by)
@@ -352,6 +425,8 @@ class ClickHouseSink:
             else:
                 _create(client, self._stage, create)
             try:
+                if isinstance(payload, LoadFiles):
+                    return self._files_fill(payload)(client, self._stage, _Tokens(None))
                 return client.insert_rows(stage, payload.columns, payload.chunks, token=None)
             except BaseException:
                 with contextlib.suppress(Exception):
@@ -467,6 +542,139 @@ def _record(client: ClickHouseClient, entry: LedgerEntry | None, rows: int) -> i
             {"t": target, "b": batch, "r": rows, "e": text, "p": partitions},
         )
     return rows
+
+
+_SQLITE_READ = "sqlite({src_path:String}, {src_table:String})"
+
+
+class _PlanSQL:
+    """A lazy plan's bounds as conditions on ``sqlite()``'s columns, and their parameters.
+
+    When each bound is one value of the partition column, all texts or all integers, in one
+    cursor window, a row's bound is found by a lookup (``IN``, ``transform``): testing 100
+    bounds in turn took 0.25 s more of 1,000,000 rows than chDB's whole copy. Otherwise each
+    bound's own condition, OR-ed, and the first that holds (``multiIf``).
+    """
+
+    def __init__(self, plan: LoadPlan, source: SQLiteFile) -> None:
+        if not os.path.isfile(source.path):
+            raise SourceInvalid(
+                f"source database for table {source.table!r} does not exist",
+                diagnostics={"table": source.table},
+            )
+        self.params: dict[str, Any] = {
+            "src_path": os.path.abspath(source.path),
+            "src_table": source.table,
+        }
+        found = [
+            bound_predicates(
+                bounds, partition_column=source.partition_column, cursor_column=source.cursor_column
+            )
+            for bounds in plan.bounds
+        ]
+        self.conditions = []
+        for number, predicates in enumerate(found):
+            where, own = where_sql(predicates, prefix=f"b{number}_")
+            self.conditions.append(f"({where})")
+            self.params.update(own)
+        values = [predicates[0].value for predicates in found]
+        kinds = {type(value) for value in values}
+        self.lookup: str | None = None  # the values' parameter type, when a lookup finds them
+        if (
+            all(p[0].op == "=" and p[1:] == found[0][1:] for p in found)
+            and kinds in ({str}, {int})
+            and len(set(values)) == len(values)
+        ):
+            self.lookup = "String" if kinds == {str} else "Int64"
+            self.column = quote(source.partition_column)
+            self.params.update((f"v{number}", value) for number, value in enumerate(values))
+            self.window = None
+            if found[0][1:]:
+                self.window, own = where_sql(found[0][1:], prefix="w")
+                self.params.update(own)
+
+    def _values(self, numbers: range) -> str:
+        return ", ".join(f"{{v{number}:{self.lookup}}}" for number in numbers)
+
+    def where(self, numbers: range) -> str:
+        """The condition that selects the rows of the bounds ``numbers``."""
+        if self.lookup is None:
+            return " OR ".join(self.conditions[number] for number in numbers)
+        where = f"{self.column} IN ({self._values(numbers)})"
+        return where if self.window is None else f"{where} AND ({self.window})"
+
+    def index(self) -> str:
+        """The index of the bound a row belongs to; -1 for none."""
+        count = len(self.conditions)
+        if self.lookup is None:
+            tests = ", ".join(f"{condition}, {n}" for n, condition in enumerate(self.conditions))
+            return f"multiIf({tests}, -1)"
+        return f"transform({self.column}, [{self._values(range(count))}], range({count}), -1)"
+
+
+def _recut(
+    raws: Sequence[Path], paths: Sequence[Path], bounds: int, *, table: str
+) -> tuple[list[LoadFile], list[int]]:
+    """Each pulled file (``raws``; a bound chDB found no row of has none) rewritten at its
+    path as ``write_arrow_stream`` writes rows: without the tag, in ``ARROW_BLOCK_ROWS``-row
+    batches, digested as written; and each bound's row count, from the tags."""
+    pa = arrow("the ClickHouse sink")
+    pc: Any = import_driver("pyarrow.compute", needed_by="the ClickHouse sink")
+    found = [raw for raw in raws if raw.exists()]
+    if not found:
+        raise FileNotFoundError("chDB wrote no file")  # no row: Python reads, cheaply
+    with pa.OSFile(str(found[0])) as handle:
+        schema = pa.ipc.open_stream(handle).schema
+    width = schema.get_field_index(_BOUND_TAG)
+    schema, counts, files = schema.remove(width), [0] * bounds, []
+    for raw, path in zip(raws, paths, strict=True):
+        with contextlib.ExitStack() as stack:
+            writer = DigestWriter(stack.enter_context(create_private(path)))
+            stream = stack.enter_context(pa.ipc.new_stream(writer, schema))
+            cut = _Cut(pa, stream)
+            if raw.exists():
+                for batch in pa.ipc.open_stream(stack.enter_context(pa.OSFile(str(raw)))):
+                    for entry in pc.value_counts(batch.column(width)).to_pylist():
+                        if not 0 <= entry["values"] < bounds:  # -1: a row of no bound
+                            raise InternalInvariantBroken(
+                                "a pulled row has no bound", diagnostics={"table": table}
+                            )
+                        counts[entry["values"]] += entry["counts"]
+                    cut.add(batch.select(range(width)))
+            cut.flush()
+        files.append(LoadFile(path=path, rows=cut.rows, sha256=writer.sha256, native=True))
+    if len(paths) > 1 and [file.rows for file in files] != counts:
+        raise InternalInvariantBroken(
+            "a pulled file holds another bound's rows", diagnostics={"table": table}
+        )
+    return files, counts
+
+
+class _Cut:
+    """Batches written to ``stream`` in ``ARROW_BLOCK_ROWS``-row batches, whatever they came in:
+    ClickHouse makes a block of each, and deduplicates a retried INSERT block by block."""
+
+    def __init__(self, pa: Any, stream: Any) -> None:
+        self.pa, self.stream = pa, stream
+        self.pending: list[Any] = []
+        self.waiting = self.rows = 0
+
+    def add(self, batch: Any) -> None:
+        self.pending.append(batch)
+        self.waiting += batch.num_rows
+        while self.waiting >= ARROW_BLOCK_ROWS:
+            self._write(ARROW_BLOCK_ROWS)
+
+    def flush(self) -> None:
+        if self.waiting:
+            self._write(self.waiting)
+
+    def _write(self, rows: int) -> None:
+        table = self.pa.Table.from_batches(self.pending)
+        self.stream.write_batch(table.slice(0, rows).combine_chunks().to_batches()[0])
+        self.pending = table.slice(rows).to_batches()
+        self.waiting -= rows
+        self.rows += rows
 
 
 def _ref(table: TableName) -> str:

@@ -25,6 +25,7 @@ from .._arrow import arrow, read_stream, row_type, write_stream
 from .._sql import TableName, identifier, render_predicates
 
 __all__ = [
+    "ARROW_BLOCK_ROWS",
     "PARTITION_ID",
     "column_carrier",
     "column_list",
@@ -252,7 +253,7 @@ def encode_json_rows(chunk: Sequence[Sequence[Any]]) -> bytes:
 # ClickHouse type -> Arrow type; a blob column is bytes, every other column text, which
 # ClickHouse parses into its type (Date32, DateTime64, Decimal) as it parses JSON text.
 _ARROW_TYPES = {"Int64": "int64", "Float64": "float64", "Bool": "bool_"}
-_ARROW_BLOCK_ROWS = 65_536  # rows per record batch, so per block (write_arrow_stream)
+ARROW_BLOCK_ROWS = 65_536  # rows per record batch, so per block (write_arrow_stream)
 
 
 def _arrow_type(column: Column) -> str:
@@ -270,13 +271,13 @@ def write_arrow_stream(
     not convert (a date or a ``Decimal`` object, an integer beyond 64 bits).
 
     ClickHouse makes a block of each record batch and deduplicates a repeated INSERT block
-    by block; so the batches are ``_ARROW_BLOCK_ROWS`` rows each, whatever the chunks were,
+    by block; so the batches are ``ARROW_BLOCK_ROWS`` rows each, whatever the chunks were,
     and a retry that reads the same rows in other chunks is deduplicated too. The fields
     carry the columns' names: ``file()`` matches them by name.
     """
     pa = arrow("the ClickHouse sink")
     struct = row_type(pa, [(column.name, _arrow_type(column)) for column in columns])
-    return write_stream(pa, path, struct, chunks, batch_rows=_ARROW_BLOCK_ROWS, table=table)
+    return write_stream(pa, path, struct, chunks, batch_rows=ARROW_BLOCK_ROWS, table=table)
 
 
 def read_arrow_stream(path: Path) -> Iterator[list[tuple]]:
