@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import math
 import sqlite3
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -766,5 +767,28 @@ def test_a_sorted_run_holding_a_value_of_no_partition_fails_the_pull(tmp_path, w
     try:
         assert route.runtime().run(route.spec("file-artifact")).rows_loaded == 120
         assert pulled == [None] and 999 not in route.target_ids()
+    finally:
+        route.real_store.close()
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+@pytest.mark.parametrize("folder", ["a*b", "a?b", "x{1,2}y"])
+@pytest.mark.parametrize("made_by", ["artifact_dir", "TMPDIR"])
+def test_chdb_loads_from_a_work_folder_whose_name_is_a_glob(
+    tmp_path, path, folder, made_by, monkeypatch
+):
+    """chDB's file() reads a path with ``*``, ``?`` or ``{a,b}`` as a pattern: ``x{1,2}y``
+    loaded nothing and reported every row (exit 0). Such a folder's rows now reach chDB as
+    rows (JSON), in the artifact folder and in the system's temp folder alike."""
+    route = Route(tmp_path, kind="clickhouse")
+    options = {}
+    if made_by == "TMPDIR":
+        (tmp_path / folder).mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / folder))
+    else:
+        options["artifact_dir"] = str(tmp_path / folder)
+    try:
+        assert route.runtime().run(route.spec(path, **options)).rows_loaded == 120
+        assert_rows_exactly_once(route.source_ids(), route.target_ids())
     finally:
         route.real_store.close()

@@ -135,8 +135,9 @@ class NativeFiles(Protocol):
     ) -> LoadFile | Iterator[Sequence[tuple]]:
         """Write the (carried) chunks to the new private file ``path`` in the engine's format:
         the file written (``native``, its rows and the digest of its bytes); or, once a value
-        cannot be held exactly in that format, every row as chunks (read back, then the
-        rest), for the caller to keep in its own format. Touches nothing but the file."""
+        cannot be held exactly in that format (or the engine cannot read a file at ``path``),
+        every row as chunks (read back, then the rest), for the caller to keep in its own
+        format. Touches nothing but the file."""
 
     def load(self, payload: RowChunks) -> int:
         """``Sink.load``; for ``LoadFiles``, the files in order, in one transaction: native ones

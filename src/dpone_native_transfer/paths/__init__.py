@@ -196,7 +196,7 @@ class PathContext:
         with create_private(spool) as handle:
             rows, digest = write_chunks(handle, chunks)
         if isinstance(sink, NativeFiles):
-            native.unlink()
+            native.unlink(missing_ok=True)  # a sink may give the rows without writing it
         return LoadFile(path=spool, rows=rows, sha256=digest, native=False)
 
     def pulled_files(self, *, per_partition: bool) -> list[LoadFile] | None:

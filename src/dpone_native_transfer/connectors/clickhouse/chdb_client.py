@@ -20,12 +20,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigInvalid, TargetUnavailable
+from ...errors import ConfigInvalid, InternalInvariantBroken, TargetUnavailable
 from ...payloads import Column, LoadFile
 from .client import SETTINGS, import_engine
 from .sql import (
     column_list,
     encode_json_rows,
+    file_pattern,
     insert_settings,
     write_arrow_stream,
 )
@@ -123,6 +124,8 @@ class ChdbClient:
         as the columns' types are all sent as JSON instead, in the same one INSERT."""
         insert = f"INSERT INTO {table} ({column_list([c.name for c in columns])})"
         with tempfile.TemporaryDirectory(prefix="dpone-chdb-") as folder:
+            if file_pattern(folder):  # TMPDIR names a pattern: file() would read other files
+                return self._insert_json(f"{insert}{insert_settings(token)}", chunks)
             path = Path(folder, "rows.arrows")
             written = write_arrow_stream(path, columns, chunks, table=table)
             if not isinstance(written, LoadFile):  # every row, for JSON
@@ -137,6 +140,8 @@ class ChdbClient:
         """One ``INSERT ... SELECT FROM file(..., 'ArrowStream')``: the engine reads the file,
         with ``pread``: by default it maps the whole file into memory, and the peak of a
         10,000,000-row load was 974 MiB instead of 559 MiB (1,000,000 rows: 421 either way)."""
+        if file_pattern(path):  # write_load_file and the pulls never make one
+            raise InternalInvariantBroken("a load file's path reads as a pattern in file()")
         names = column_list([column.name for column in columns])
         self.command(
             f"INSERT INTO {table} ({names}){insert_settings(token)}"

@@ -71,6 +71,7 @@ from .sql import (
     column_list,
     column_type,
     create_table_sql,
+    file_pattern,
     holds_int64,
     insert_settings,
     partition_id_literal,
@@ -209,7 +210,10 @@ class ClickHouseSink:
     def write_load_file(
         self, path: Path, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
     ) -> LoadFile | Iterator[Sequence[tuple]]:
-        """``NativeFiles``: the Arrow stream ``insert_rows`` writes, in fixed-size batches."""
+        """``NativeFiles``: the Arrow stream ``insert_rows`` writes, in fixed-size batches; the
+        rows themselves when ``file()`` would read the path as a pattern."""
+        if file_pattern(path):
+            return iter(chunks)
         return write_arrow_stream(path, columns, chunks, table=self.table)
 
     def merge_load_files(self, payload: LoadFiles, folder: Path) -> LoadFiles:
@@ -384,6 +388,8 @@ class ClickHouseSink:
                 "ClickHouseSink.pull_load_files was given a plan can_pull did not accept",
                 diagnostics={"table": self.table},
             )
+        if file_pattern(paths[0].parent):  # file() would write elsewhere: Python reads
+            return None
         source = pulled_file(plan, engine="ClickHouse", table=self.table)
         bounds = _PlanSQL(plan, source)
         where, params = bounds.where(range(len(plan.bounds))), dict(bounds.params)

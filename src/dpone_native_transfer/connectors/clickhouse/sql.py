@@ -26,6 +26,7 @@ from .._sql import TableName, identifier, render_predicates
 
 __all__ = [
     "ARROW_BLOCK_ROWS",
+    "file_pattern",
     "PARTITION_ID",
     "column_carrier",
     "column_list",
@@ -261,6 +262,16 @@ def _arrow_type(column: Column) -> str:
         return "large_binary"
     base = column_type(column).removeprefix("Nullable(").removesuffix(")")
     return _ARROW_TYPES.get(base, "large_string")
+
+
+_FILE_PATTERN = re.compile(r"[*?{}]")
+
+
+def file_pattern(path: Path | str) -> bool:
+    """Whether ClickHouse's ``file()`` would read ``path`` as a pattern (``*``, ``?``,
+    ``{a,b}``): it then reads other files, or none and inserts nothing without an error, so
+    such a path is never handed to it (checked on chDB 4.4)."""
+    return bool(_FILE_PATTERN.search(str(path)))
 
 
 def write_arrow_stream(
