@@ -363,18 +363,20 @@ def _watch_pulls(sink: Any, pulled: list) -> None:
 
 
 @pytest.mark.parametrize("path", FILE_PATHS)
-def test_a_column_duckdb_would_misread_is_read_through_python(tmp_path, path):
-    """A real stored in an INTEGER column: DuckDB's scanner refuses it, so the pull fails, and
-    the runtime reads the rows (and refuses that value)."""
+@pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
+def test_a_column_the_engine_would_misread_is_read_through_python(tmp_path, kind, path):
+    """A real stored in an INTEGER column: DuckDB's scanner refuses it, so the pull fails;
+    chDB's sqlite() would read 1, so lazy-plan's check declines the pull. The runtime then
+    reads the rows (and refuses that value)."""
     pulled: list[Any] = []
-    route = _route(tmp_path, "duckdb", lambda payload: None)
+    route = _route(tmp_path, kind, lambda payload: None)
     _watch_pulls(route.sink.inner, pulled)
     with sqlite3.connect(route.source_path) as db:
         db.execute("UPDATE orders SET updated_at = 1.5 WHERE id = 1")
     try:
         with pytest.raises(Exception) as caught:
             route.runtime().run(route.spec(path))
-        assert pulled == [None]  # tried: the scanner refuses the value itself
+        assert pulled == [None if kind == "duckdb" else DECLINED]
         assert getattr(caught.value, "code", "") == "native_transfer_value_unsupported"
         assert route.sink.target_calls == 0
     finally:
@@ -489,6 +491,58 @@ def test_a_pull_that_fails_midway_leaves_no_file_and_python_reads_the_rows(
         assert route.runtime().run(route.spec(path)).rows_loaded == 120
         assert failed[0] and route.sink.target_calls == 1
         assert_rows_exactly_once(route.source_ids(), route.target_ids())
+    finally:
+        route.real_store.close()
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+@pytest.mark.parametrize("fails", ["chdb", "rewrite"])
+def test_a_chdb_pull_that_fails_leaves_no_file_and_python_reads_the_rows(
+    tmp_path, path, fails, monkeypatch
+):
+    """chDB's INSERT INTO FUNCTION file() fails, or rewriting its files does after the first
+    batch: no pulled file is left in the work folder, and the run reads the rows through
+    Python and loads each once."""
+    from dpone_native_transfer.connectors.clickhouse import chdb_client
+    from dpone_native_transfer.connectors.clickhouse import sink as ch_sink
+
+    monkeypatch.setattr(ch_sink, "ARROW_BLOCK_ROWS", 7)  # the rewrite writes several batches
+    if fails == "chdb":
+        real_command = chdb_client.ChdbClient.command
+
+        def command(self: Any, sql: str, params: Any = None) -> None:
+            if sql.startswith("INSERT INTO FUNCTION file("):
+                raise RuntimeError("injected chDB failure")
+            return real_command(self, sql, params)
+
+        monkeypatch.setattr(chdb_client.ChdbClient, "command", command)
+    else:
+        real_write = ch_sink._Cut._write
+
+        def write(self: Any, rows: int) -> None:
+            real_write(self, rows)
+            raise OSError(errno.EIO, "injected write failure")
+
+        monkeypatch.setattr(ch_sink._Cut, "_write", write)
+    pulled: list[Any] = []
+    left: list[list[str]] = []  # the work folder as the load begins
+
+    def watch(payload: Any) -> None:
+        if isinstance(payload, LoadFiles):
+            left.append(sorted(p.name for p in payload.files[0].path.parent.iterdir()))
+        else:
+            left.append([])
+
+    route = _route(tmp_path, "clickhouse", watch)
+    _watch_pulls(route.sink.inner, pulled)
+    try:
+        assert route.runtime().run(route.spec(path)).rows_loaded == 120
+        assert pulled == [None] and route.sink.target_calls == 1
+        assert_rows_exactly_once(route.source_ids(), route.target_ids())
+        [names] = left  # no scratch folder; a pulled file left would collide with Python's
+        assert not any(name.startswith(".dpone-pull-") for name in names)
+        if path == "legacy":
+            assert [name for name in names if name.endswith(".arrows")] == ["legacy.arrows"]
     finally:
         route.real_store.close()
 
