@@ -148,9 +148,10 @@ class NativeFiles(Protocol):
 @runtime_checkable
 class FilePulling(Protocol):
     """A sink whose engine can write the load files itself, from a source it reads exactly
-    (DuckDB: an Arrow stream, as ``NativeFiles``; SQLite: a SQLite file): legacy, staged and
-    file-artifact then take the rows of the attempt's partitions without one passing through
-    Python. ``pulled_suffix`` names the files' format (``.arrows``, ``.sqlite``)."""
+    (DuckDB and chDB: an Arrow stream, as ``NativeFiles``; SQLite: a SQLite file): legacy,
+    staged and file-artifact then take the rows of the attempt's partitions without one
+    passing through Python. ``pulled_suffix`` names the files' format (``.arrows``,
+    ``.sqlite``)."""
 
     pulled_suffix: str
 
@@ -175,8 +176,8 @@ class MergingLoadFiles(Protocol):
     before the target call."""
 
     def merge_load_files(self, payload: LoadFiles, folder: Path) -> LoadFiles:
-        """``payload`` as the load reads it: itself, or with its pulled files merged into one
-        new file in ``folder`` (each file's digest checked before and after it is read), the
+        """``payload`` as the load reads it: itself, or with its files in the engine's format
+        merged into one new file in ``folder`` (each file's digest checked as it is read), the
         other files kept. Runs before the target call, and reads only the files."""
 
 
