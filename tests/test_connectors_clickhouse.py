@@ -269,6 +269,21 @@ def test_a_pull_is_cut_into_the_blocks_python_writes_and_repeated_inserts_nothin
         route.real_store.close()
 
 
+def test_a_pull_of_more_partitions_than_one_statement_takes_is_declined(tmp_path):
+    """A pull reads its partitions in one statement: more than 256 are read through Python
+    (lazy-plan cuts them into statements of 256), so no query outgrows ClickHouse's limits."""
+    source_path = tmp_path / "many.db"
+    with sqlite3.connect(source_path) as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p INTEGER)")
+        db.executemany("INSERT INTO t VALUES (?, ?)", [(i, i) for i in range(257)])
+    source = SQLiteSource(str(source_path), "t", "p")
+    sink = ClickHouseSink(tmp_path / "chdata", "t", partition_by="p")
+    columns = source.describe().columns
+    bounds = tuple({"partition": i} for i in range(257))
+    assert not sink.can_pull(LoadPlan(source=source, columns=columns, bounds=bounds), 1)
+    assert sink.can_pull(LoadPlan(source=source, columns=columns, bounds=bounds[:256]), 256)
+
+
 def _batches(path: Path) -> list[list[dict]]:
     import pyarrow as pa
 

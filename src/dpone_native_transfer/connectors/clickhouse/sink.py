@@ -85,9 +85,10 @@ __all__ = ["ClickHouseSink"]
 
 _FRESH_PREFIX = "_dpone_new_"
 _BOUND_TAG = "__dpone_bound"  # the column of a pulled file naming each row's bound
-_PULLED_FILES = 256  # file-artifact: chDB keeps a writer open per partition while it pulls
 # A lazy plan's partitions per INSERT ... SELECT: without an index, each statement reads the
 # whole SQLite file, and 256 OR-ed conditions stay far below ClickHouse's max_query_size.
+# A pull reads all its partitions in one statement, so it takes at most as many (and keeps
+# a file writer open for each, for file-artifact).
 _PLAN_BOUNDS_PER_INSERT = 256
 # ClickHouse's sqlite() engine quotes SQLite identifiers its own way: a backslash or a double
 # quote in a name reads a wrong column (or its name as a string) or fails; checked on chDB 4.4.
@@ -363,10 +364,13 @@ class ClickHouseSink:
     def can_pull(self, plan: LoadPlan, files: int) -> bool:
         """``FilePulling``, on chDB (a server cannot write the client's files): lazy-plan's
         checks accept the plan, so the engine reads every value as the row paths carry it; at
-        most ``_PULLED_FILES`` files; and no source column is named as the pull's tag."""
+        most ``_PLAN_BOUNDS_PER_INSERT`` partitions (one statement); and no source column is
+        named as the pull's tag."""
         if self._location.kind != CHDB or files not in (1, len(plan.bounds)):
             return False
-        if files > _PULLED_FILES or _BOUND_TAG in {c.name.lower() for c in plan.columns}:
+        if len(plan.bounds) > _PLAN_BOUNDS_PER_INSERT:
+            return False
+        if _BOUND_TAG in {column.name.lower() for column in plan.columns}:
             return False
         try:
             self.check_plan(plan)
