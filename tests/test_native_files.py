@@ -225,7 +225,9 @@ class Unread(SQLiteSource):
             return super().read(bounds, chunk_rows=chunk_rows)
         raise AssertionError("a row was read through Python")
 
-    def read_partitions(self, bounds: Any, *, chunk_rows: int = 10_000) -> None:
+    def read_partitions(self, bounds: Any, *, chunk_rows: int = 10_000) -> Any:
+        if all("cursor_from" in b for b in bounds):  # the top of the edge, in one scan
+            return super().read_partitions(bounds, chunk_rows=chunk_rows)
         raise AssertionError("a row was read through Python")
 
 
@@ -295,6 +297,46 @@ def test_the_engine_writes_the_load_files_from_sqlite_without_a_row_in_python(
             assert len(payload.files) == 1
         route.add_rows(40)  # the next window (the cursor edge is tracked) loads only the new
         assert route.runtime().run(route.spec(path, run_id="r2")).rows_loaded == 40
+        assert_rows_exactly_once(route.source_ids(), route.target_ids())
+    finally:
+        route.real_store.close()
+
+
+class CountingReads(SQLiteSource):
+    """The real source, counting its reads of single partitions and of several in one scan."""
+
+    reads = scans = 0
+
+    def read(self, bounds: Any, *, chunk_rows: int = 10_000) -> Iterator[list[tuple]]:
+        CountingReads.reads += 1
+        return super().read(bounds, chunk_rows=chunk_rows)
+
+    def read_partitions(self, bounds: Any, *, chunk_rows: int = 10_000) -> Any:
+        scan = super().read_partitions(bounds, chunk_rows=chunk_rows)
+        CountingReads.scans += scan is not None
+        return scan
+
+
+@pytest.mark.parametrize("kind", ["duckdb", "sqlite", "clickhouse"])
+def test_the_rows_at_the_top_of_the_edge_are_read_in_one_scan_around_a_pull(
+    tmp_path, kind, monkeypatch
+):
+    """An append whose cursor edge is tracked reads the rows at the top of its window before
+    and after the engine's pull. From an unindexed source that was a scan per partition each
+    time (15.6 s of a 19 s append of 300,000 rows in 100 partitions); it is one scan each
+    time, and the next window still loads exactly the new rows."""
+    seen: list[Any] = []
+    route = _route(tmp_path, kind, seen.append)
+    route.source = CountingReads(str(route.source_path), "orders", "region", "updated_at")
+    monkeypatch.setattr(CountingReads, "reads", 0)
+    monkeypatch.setattr(CountingReads, "scans", 0)
+    try:
+        assert route.runtime().run(route.spec("legacy", run_id="r1")).rows_loaded == 120
+        route.add_rows(40)
+        before = CountingReads.reads, CountingReads.scans
+        assert route.runtime().run(route.spec("legacy", run_id="r2")).rows_loaded == 40
+        assert (CountingReads.reads - before[0], CountingReads.scans - before[1]) == (0, 2)
+        assert all(file.native for file in seen[-1].files)  # pulled: no row read through Python
         assert_rows_exactly_once(route.source_ids(), route.target_ids())
     finally:
         route.real_store.close()

@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from .checkpoints import PartitionCheckpoint, RouteKey, Strategy
-from .connectors.contract import Collating, CursorEdgeReading, Source
+from .connectors.contract import Collating, CursorEdgeReading, OnePassReading, Source
 from .errors import CheckpointStoreCorrupt, ConfigInvalid, CursorNull
 from .payloads import Column
 
@@ -329,43 +329,59 @@ class EdgeTracker:
 
     def rows(self, candidate: PartitionCheckpoint, chunks: Iterable[list]) -> Iterator[list]:
         """``chunks`` of ``candidate``: an edge partition's without the rows already loaded."""
+        self.recorded[candidate.partition_id] = Counter()
+        for chunk in chunks:
+            passed = self._passed(candidate, chunk)
+            if passed:
+                yield passed
+
+    def _passed(self, candidate: PartitionCheckpoint, chunk: list) -> list:
+        """The rows of ``chunk`` that pass (``rows``), those at the top recorded."""
         edge = is_edge(candidate.partition_bounds)
         bounds = candidate.partition_bounds
         by_value, partition = "partition" in bounds, bounds.get("partition")
-        recorded: Seen | None = Counter()
-        self.recorded[candidate.partition_id] = recorded
-        for chunk in chunks:
-            passed = []
-            for row in chunk:
-                value = row[self.cursor]
-                if edge and by_value and row[self.partition] != partition:
-                    continue  # a collation's other spelling: its own edge partition reads it
-                kept = self._kept(value)
-                if edge or kept:
-                    key = (value, row_digest(row, self.indexes))
-                    if edge and self._seen[key] > 0:
-                        self._seen[key] -= 1
-                        continue
-                    if kept and recorded is not None:
-                        recorded[key] += 1
-                        if len(recorded) > MAX_EDGE_ROWS:
-                            recorded = None
-                            self.recorded[candidate.partition_id] = None
-                passed.append(row)
-            if passed:
-                yield passed
+        recorded = self.recorded[candidate.partition_id]
+        passed = []
+        for row in chunk:
+            value = row[self.cursor]
+            if edge and by_value and row[self.partition] != partition:
+                continue  # a collation's other spelling: its own edge partition reads it
+            kept = self._kept(value)
+            if edge or kept:
+                key = (value, row_digest(row, self.indexes))
+                if edge and self._seen[key] > 0:
+                    self._seen[key] -= 1
+                    continue
+                if kept and recorded is not None:
+                    recorded[key] += 1
+                    if len(recorded) > MAX_EDGE_ROWS:
+                        recorded = None
+                        self.recorded[candidate.partition_id] = None
+            passed.append(row)
+        return passed
 
     def top_rows(
         self, source: Any, candidates: Sequence[PartitionCheckpoint], chunk_rows: int
     ) -> dict[str, Seen | None]:
-        """The rows at the top of each candidate's window as the source holds them now."""
-        found: dict[str, Seen | None] = {}
+        """The rows at the top of each candidate's window as the source holds them now: in one
+        scan when the source reads several partitions so (``OnePassReading``), else a read
+        each. Without an index, a read each scanned the table twice per partition around an
+        engine's read: 15.6 s of a 19 s append of 300,000 rows in 100 partitions."""
+        windows = [{**c.partition_bounds, "cursor_from": self.top_since} for c in candidates]
+        scan = None
+        if isinstance(source, OnePassReading) and len(candidates) > 1:
+            scan = source.read_partitions(windows, chunk_rows=chunk_rows)
+        if scan is None:
+            scan = (
+                (index, chunk)
+                for index, bounds in enumerate(windows)
+                for chunk in source.read(bounds, chunk_rows=chunk_rows)
+            )
         for candidate in candidates:
-            bounds = {**candidate.partition_bounds, "cursor_from": self.top_since}
-            for _ in self.rows(candidate, source.read(bounds, chunk_rows=chunk_rows)):
-                pass
-            found[candidate.partition_id] = self.recorded.pop(candidate.partition_id)
-        return found
+            self.recorded[candidate.partition_id] = Counter()
+        for index, chunk in scan:
+            self._passed(candidates[index], chunk)
+        return {c.partition_id: self.recorded.pop(c.partition_id) for c in candidates}
 
     def confirm_top(
         self,
