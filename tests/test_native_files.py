@@ -425,10 +425,13 @@ def test_a_column_the_engine_would_misread_is_read_through_python(tmp_path, kind
         route.real_store.close()
 
 
-def _pulled_and_read(tmp_path: Path, path: str, script: str) -> tuple:
-    """The same source (``script`` makes it: table or view ``t``, partitioned by ``p``) through
-    the pulling DuckDB sink and through one that cannot pull: each run's outcome (rows loaded
-    and the target's rows, or the error code), and what each pull gave (``_watch_pulls``)."""
+def _pulled_and_read(
+    tmp_path: Path, path: str, script: str, kind: str = "duckdb", partition_rows: int | None = None
+) -> tuple:
+    """The same source (``script`` makes it: table or view ``t``, partitioned by ``p``, in
+    ranges of ``partition_rows`` when given) through the pulling sink of ``kind`` and through
+    one that cannot pull: each run's outcome (rows loaded and the target's rows, or the error
+    code, and each partition's rows), and what each pull gave (``_watch_pulls``)."""
     tmp_path.mkdir(exist_ok=True)
     source_path = tmp_path / "src.db"
     with sqlite3.connect(source_path) as db:
@@ -437,13 +440,16 @@ def _pulled_and_read(tmp_path: Path, path: str, script: str) -> tuple:
     for pulling in (True, False):
         folder = tmp_path / ("pulled" if pulling else "python")
         folder.mkdir()
-        route = _route(folder, "duckdb", lambda payload: None, pulling=pulling)
+        route = _route(folder, kind, lambda payload: None, pulling=pulling)
+        if kind == "clickhouse":  # not partitioned: a REAL key cannot be a partition key
+            route.sink.inner.inner = ClickHouseSink(folder / "target-chdb", "orders_copy")
         if pulling:
             _watch_pulls(route.sink.inner, pulled)
-        route.source = SQLiteSource(str(source_path), "t", "p")
+        route.source = SQLiteSource(str(source_path), "t", "p", partition_rows=partition_rows)
         try:
             loaded = route.runtime().run(route.spec(path)).rows_loaded
-            outcomes[pulling] = loaded, route.target_rows()
+            exported = {cp.partition_id: cp.rows_exported for cp in route.latest()}
+            outcomes[pulling] = loaded, route.target_rows(), exported
         except Exception as error:
             outcomes[pulling] = getattr(error, "code", type(error).__name__)
             assert route.sink.target_calls == 0
@@ -488,6 +494,61 @@ def test_a_value_the_scanner_would_misread_is_looked_for_before_the_pull(tmp_pat
     )
     pulled_run, read_run, pulled = _pulled_and_read(tmp_path, "legacy", script)
     assert pulled == [DECLINED] and pulled_run == read_run
+
+
+# Partitions a chDB pull tags with ``multiIf`` (not one text or integer value each): a row's
+# bound is the first whose conditions hold, each condition as lazy-plan's.
+MULTI_IF_SOURCES = {
+    "integer ranges and a NULL key": (
+        "CREATE TABLE t (id INTEGER PRIMARY KEY, p INTEGER, v TEXT);"
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 40)"
+        " INSERT INTO t SELECT i, CASE WHEN i % 9 = 0 THEN NULL ELSE (i * 7) % 23 - 5 END,"
+        " 'v' || i FROM n;",
+        4,
+    ),
+    "real values": (
+        "CREATE TABLE t (id INTEGER PRIMARY KEY, p REAL, v TEXT);"
+        "INSERT INTO t VALUES (1, 1.5, 'a'), (2, -0.25, 'b'), (3, 1.5, 'c'), (4, 1e300, 'd'),"
+        " (5, NULL, 'e'), (6, 2.0, 'f'), (7, -0.25, 'g');",
+        None,
+    ),
+    "text ranges": (
+        "CREATE TABLE t (id INTEGER PRIMARY KEY, p TEXT, v REAL);"
+        "INSERT INTO t VALUES (1, 'b', 1.0), (2, 'a''b', 2.0), (3, 'z', 3.0), (4, '', 4.0),"
+        " (5, 'ü', 5.0), (6, 'b', 6.0), (7, NULL, 7.0), (8, 'B', 8.0);",
+        2,
+    ),
+}
+
+
+@pytest.mark.parametrize("path", FILE_PATHS)
+@pytest.mark.parametrize("shape", MULTI_IF_SOURCES)
+def test_a_chdb_pull_tags_other_partitions_by_their_conditions_exactly(
+    tmp_path, path, shape, monkeypatch
+):
+    """Ranges, reals, a NULL key: chDB's pull tags each row with the first bound whose
+    condition holds (``multiIf``); it loads what Python's read loads, and counts each
+    partition's rows as Python's read counts them."""
+    from dpone_native_transfer.connectors.clickhouse import chdb_client
+
+    statements: list[str] = []
+    real_command = chdb_client.ChdbClient.command
+
+    def command(self: Any, sql: str, params: Any = None) -> None:
+        statements.append(sql)
+        real_command(self, sql, params)
+
+    monkeypatch.setattr(chdb_client.ChdbClient, "command", command)
+    script, partition_rows = MULTI_IF_SOURCES[shape]
+    pulled_run, read_run, pulled = _pulled_and_read(
+        tmp_path, path, script, "clickhouse", partition_rows
+    )
+    assert isinstance(pulled_run, tuple) and pulled_run == read_run
+    [(files, counts)] = pulled
+    assert sum(counts) == pulled_run[0] == sum(file.rows for file in files)
+    assert len(counts) > 2
+    pulls = [sql for sql in statements if sql.startswith("INSERT INTO FUNCTION file(")]
+    assert len(pulls) == 1 and "multiIf(" in pulls[0]
 
 
 @pytest.mark.parametrize("path", FILE_PATHS)
