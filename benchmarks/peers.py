@@ -178,8 +178,8 @@ def _rounds(
                 continue
             repeats = PAIRS_PER_ROUND.get(name, 1)
             for repeat in range(repeats):
-                pair = [name, pairs[name]]
-                schedule.extend(pair if (round_number + repeat) % 2 else pair[::-1])
+                pair = [name, pairs[name]]  # reversed with the schedule on odd rounds
+                schedule.extend(pair if repeat % 2 else pair[::-1])
         for name in schedule[::-1] if round_number % 2 else schedule:
             seconds = cases[name]()
             if round_number:
