@@ -342,6 +342,54 @@ def test_the_rows_at_the_top_of_the_edge_are_read_in_one_scan_around_a_pull(
         route.real_store.close()
 
 
+@pytest.mark.parametrize("written", ["before the engine reads", "after it read"])
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+@pytest.mark.parametrize("kind", ["duckdb", "sqlite", "clickhouse"])
+def test_rows_written_at_the_top_of_the_window_during_a_pull_are_never_lost(
+    tmp_path, kind, path, written
+):
+    """Rows written at the window's highest cursor value while the engine pulls: which of
+    them it read is unknown, so the pull is discarded (its files deleted: Python's own take
+    their names) and Python reads the rows, tracking each; the next run loads the rest.
+    Keeping the pull lost them for good, with exit 0 and a warning (a hostile run found it)."""
+    pulled: list[Any] = []
+    route = _route(tmp_path, kind, lambda payload: None)
+    route.source = SQLiteSource(str(route.source_path), "orders", "region", "updated_at")
+    sink = route.sink.inner
+    _watch_pulls(sink, pulled)
+    watched = sink.pull_load_files
+
+    def tie(rows: int) -> None:
+        with sqlite3.connect(route.source_path) as db:
+            db.executemany(
+                "INSERT INTO orders SELECT max(id) + 1, 'region-001', 2.5, max(updated_at)"
+                " FROM orders WHERE ? >= 0",
+                [(n,) for n in range(rows)],
+            )
+
+    def pull_while_writing(plan: Any, paths: Any) -> Any:
+        if written.startswith("before"):
+            tie(3)
+        files = watched(plan, paths)
+        if written.startswith("after"):
+            tie(3)
+        return files
+
+    try:
+        assert route.runtime().run(route.spec(path, run_id="r1")).rows_loaded == 120
+        route.add_rows(40)
+        sink.pull_load_files = pull_while_writing
+        loaded = route.runtime().run(route.spec(path, run_id="r2")).rows_loaded
+        assert isinstance(pulled[-1], tuple), "the pull itself succeeded"
+        assert loaded == 43, "Python read the window, the rows written after the pull too"
+        sink.pull_load_files = watched
+        route.runtime().run(route.spec(path, run_id="r3"))
+        assert_rows_exactly_once(route.source_ids(), route.target_ids())
+        assert len(route.target_ids()) == 163
+    finally:
+        route.real_store.close()
+
+
 @pytest.mark.parametrize("path", ["legacy", "file-artifact"])
 @pytest.mark.parametrize("kind", ["duckdb", "sqlite", "clickhouse"])
 def test_rows_that_change_after_planning_are_pulled_as_each_partition_reads_them(

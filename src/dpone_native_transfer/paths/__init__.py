@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import attrs
 
@@ -220,7 +220,12 @@ class PathContext:
         if not sink.can_pull(plan, len(names)):  # before the edge's rows are read for it
             return None
         paths = [self.work_dir / f"{name}{sink.pulled_suffix}" for name in names]
-        pulled = self.read_by_engine(lambda: sink.pull_load_files(plan, paths), before_target=True)
+
+        def discard(pulled: tuple[list[LoadFile], list[int]]) -> None:
+            for file in pulled[0]:  # Python's own files may take the same names
+                file.path.unlink(missing_ok=True)
+
+        pulled = self.read_by_engine(lambda: sink.pull_load_files(plan, paths), discard=discard)
         if pulled is None:
             return None
         files, counts = pulled
@@ -229,12 +234,28 @@ class PathContext:
             self.extracted(index, rows, **digest)
         return files
 
-    def read_by_engine(self, read: Callable[[], T], *, before_target: bool = False) -> T:
+    @overload
+    def read_by_engine(self, read: Callable[[], T]) -> T: ...
+
+    @overload
+    def read_by_engine(
+        self, read: Callable[[], T | None], *, discard: Callable[[T], None]
+    ) -> T | None: ...
+
+    def read_by_engine(
+        self, read: Callable[[], T | None], *, discard: Callable[[T], None] | None = None
+    ) -> T | None:
         """``read()``, in which the engine reads the source itself, between two reads of the
-        rows at the top of the cursor edge: when they agree (rows are only added), the engine
-        read exactly those (``EdgeTracker.confirm_top``). A ``read`` that gives None read
-        nothing, and records nothing. A read done ``before_target`` (a pull) is known before
-        the checkpoints are armed, which may then keep its rows, as a read through Python's."""
+        rows at the top of the cursor edge: when they agree, the engine read exactly those
+        (``EdgeTracker.confirm_top``). A ``read`` that gives None read nothing, and records
+        nothing.
+
+        When they differ (rows were written at the top meanwhile), which of them the engine
+        read is unknown. A read done before the target call (a pull) is then ``discard``ed
+        and None returned, so that Python reads the rows, each one tracked: keeping it lost
+        the rows written at the top for good. Lazy-plan's read is the target call itself:
+        its top rows become unknown (``docs/incremental.md``). A pull that is kept is known
+        before the checkpoints are armed, which may then keep its rows, as Python's."""
         if self.edge is None or self.edge.top_since is None:
             return read()
         window = (self.source, self.candidates, self.spec.chunk_rows)
@@ -246,7 +267,10 @@ class PathContext:
             after = self.edge.top_rows(*window)
         except Exception:  # what the engine read is then only unknown
             after = {}
-        self.edge.confirm_top(before, after, persisted=before_target)
+        if discard is not None and after != before:
+            discard(result)
+            return None
+        self.edge.confirm_top(before, after, persisted=discard is not None)
         return result
 
     def load_files(self, files: Sequence[LoadFile]) -> LoadFiles:
