@@ -123,3 +123,42 @@ def test_routes_and_state_show_refuse_a_store_that_does_not_exist(tmp_path, rout
     assert missing.returncode == 2 and str(tmp_path) not in missing.stderr
     never_run = run_cli("state", "show", route_file)
     assert never_run.returncode == 2 and "store" in never_run.stderr
+
+
+def test_a_run_with_nothing_to_load_succeeds_and_a_run_that_failed_since_shows(
+    tmp_path, route_file
+):
+    """A run that finds nothing new writes its evidence but no checkpoint: the route still
+    shows ``succeeded`` (it showed ``failed``, its run id not the newest checkpoint's). A run
+    that wrote checkpoints after the last success and failed shows ``failed``."""
+    from dpone_native_transfer import TransferRuntime, entry_point_plugins, hookimpl
+
+    store = tmp_path / "checkpoints.db"
+
+    def status() -> dict:
+        done = run_cli("routes", "--store", store, "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    assert run_cli("run", route_file, "--run-id", "first", "--quiet").returncode == 0
+    assert run_cli("run", route_file, "--run-id", "nothing-new", "--quiet").returncode == 0
+    shown = status()
+    assert (shown["outcome"], shown["last_success"]["run_id"]) == ("succeeded", "nothing-new")
+    assert shown["latest_run_id"] == "first"
+
+    class Veto:  # after the guard armed: the batch is marked failed before the target
+        @hookimpl(trylast=True)
+        def before_target_mutation(self, mutation):
+            raise RuntimeError("vetoed")
+
+    build_sample_source(tmp_path / "source.db", rows=20, partitions=4, start_id=1000)
+    config = load_route_config(route_file)
+    with SQLiteCheckpointStore(store) as opened:
+        runtime = TransferRuntime(opened, plugins=[*entry_point_plugins(), Veto()])
+        with pytest.raises(RuntimeError):
+            runtime.run(config.spec("vetoed"))
+    shown = status()
+    assert (shown["outcome"], shown["latest_run_id"]) == ("failed", "vetoed")
+    assert shown["last_success"]["run_id"] == "nothing-new"
+    assert run_cli("run", route_file, "--run-id", "again", "--quiet").returncode == 0
+    assert status()["outcome"] == "succeeded"

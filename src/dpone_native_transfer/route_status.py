@@ -39,10 +39,10 @@ def route_status(store: Any, route: RouteKey, hooks: Hooks) -> dict[str, Any]:
     newest = max(checkpoints, key=_when, default=None)
     if blocked_by is not None:
         outcome = "blocked"
-    elif newest is None:
+    elif newest is None and last is None:
         outcome = "never run"
-    elif last is not None and newest.run_id == last.get("run_id"):
-        outcome = "succeeded"
+    elif newest is None or (last is not None and _succeeded_since(newest, last)):
+        outcome = "succeeded"  # a run with nothing to load writes evidence, no checkpoint
     else:
         outcome = "failed"
     return {
@@ -62,6 +62,16 @@ def route_status(store: Any, route: RouteKey, hooks: Hooks) -> dict[str, Any]:
 
 def _when(checkpoint: Any) -> datetime:
     return checkpoint.completed_at or checkpoint.started_at or datetime.min.replace(tzinfo=UTC)
+
+
+def _succeeded_since(newest: Any, evidence: dict[str, Any]) -> bool:
+    """Whether the last success came after the newest checkpoint: a checkpoint written after it
+    is a run that failed since (or runs now)."""
+    try:
+        completed = datetime.fromisoformat(str(evidence.get("completed_at")))
+        return _when(newest) <= completed
+    except (ValueError, TypeError):  # no time, or one without a zone: the run ids tell
+        return newest.run_id == evidence.get("run_id")
 
 
 def _run(evidence: dict[str, Any]) -> dict[str, Any]:
