@@ -162,3 +162,43 @@ def test_a_run_with_nothing_to_load_succeeds_and_a_run_that_failed_since_shows(
     assert shown["last_success"]["run_id"] == "nothing-new"
     assert run_cli("run", route_file, "--run-id", "again", "--quiet").returncode == 0
     assert status()["outcome"] == "succeeded"
+
+
+def test_state_show_compares_the_store_with_the_target_as_a_run_would(tmp_path, route_file):
+    """``routes`` reads the store alone; ``state show`` also reads the target's ledger, so a
+    restored or lost store shows as blocked, as every run then exits 3 (it showed
+    ``succeeded``, or ``never run``)."""
+    import shutil
+
+    store = tmp_path / "checkpoints.db"
+
+    def shown() -> dict:
+        done = run_cli("state", "show", route_file, "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    assert run_cli("run", route_file, "--run-id", "first", "--quiet").returncode == 0
+    status = shown()
+    assert (status["outcome"], status["target"]) == (
+        "succeeded",
+        "agrees with the checkpoint store",
+    )
+    shutil.copy(store, tmp_path / "old.db")
+    build_sample_source(tmp_path / "source.db", rows=20, partitions=4, start_id=1000)
+    assert run_cli("run", route_file, "--run-id", "second", "--quiet").returncode == 0
+    shutil.copy(tmp_path / "old.db", store)  # an older backup of the store, restored
+    assert run_cli("run", route_file, "--run-id", "third", "--quiet").returncode == 3
+    status = shown()
+    assert status["outcome"] == "blocked"
+    assert status["blocked_by"] == "native_transfer_store_target_mismatch"
+    assert status["target"].startswith("disagrees: ")
+    assert str(tmp_path) not in json.dumps(status)
+    text = run_cli("state", "show", route_file).stdout.splitlines()
+    assert "the target line says why" in text[0] and text[2].startswith("target: disagrees")
+    store.unlink()  # the store lost: the next run makes an empty one, and refuses
+    assert run_cli("run", route_file, "--run-id", "fourth", "--quiet").returncode == 3
+    status = shown()
+    assert (status["outcome"], status["blocked_by"]) == (
+        "blocked",
+        "native_transfer_store_target_mismatch",
+    )

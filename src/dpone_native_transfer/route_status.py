@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .checkpoints import RouteKey
+from .errors import StoreTargetMismatch
 from .latest import as_latest
 from .lease import LeaseStore, lease_key, read_holder
 from .plugins import Hooks, make_plugin_manager
@@ -95,7 +96,9 @@ def status_line(status: dict[str, Any]) -> str:
     """One route for people: outcome first, then what the next run starts from."""
     route = RouteKey(**status["route"])
     parts = [f"{route.label}: {status['outcome']}"]
-    if status["blocked_by"]:
+    if status["blocked_by"] == StoreTargetMismatch.code:
+        parts.append(f"blocked by {status['blocked_by']} (the target line says why)")
+    elif status["blocked_by"]:
         parts.append(f"blocked by {status['blocked_by']} (guard scan shows what blocks it)")
     last = status["last_success"]
     if last is not None:

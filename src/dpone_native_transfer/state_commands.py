@@ -30,9 +30,14 @@ from .checkpoints import (
 )
 from .config import RouteConfig, load_route_config
 from .cursor_edge import EDGE_KEY, unknown_edge
-from .errors import ConfigInvalid, RouteDefinitionChanged
+from .errors import (
+    ConfigInvalid,
+    NativeTransferError,
+    RouteDefinitionChanged,
+    StoreTargetMismatch,
+)
 from .latest import as_latest
-from .ledger import ledger_overrides
+from .ledger import check_store_against_target, ledger_overrides
 from .planner import route_definition
 from .plugins import Hooks, make_plugin_manager
 from .recovery import (
@@ -44,7 +49,7 @@ from .recovery import (
 )
 from .reporting import EXIT_FAILED, EXIT_OK, confirmed, plural
 from .route_status import route_status, status_line
-from .stores import open_store
+from .stores import TargetScopeStore, open_store
 
 __all__ = ["add_state_command"]
 
@@ -143,14 +148,52 @@ def _state_show_command(args: argparse.Namespace) -> int:
     try:
         status = route_status(store, config.route, Hooks(make_plugin_manager(None)))
         state = store.load_source_state(config.route)
+        target = _compared_with_target(store, config)
     finally:
         store.close()
+    if isinstance(target, StoreTargetMismatch) and status["outcome"] != "blocked":
+        status = {**status, "outcome": "blocked", "blocked_by": target.code}
+    said = target if isinstance(target, str) else f"disagrees: {target}"
     if args.json:
-        print(json.dumps({**status, "source_state": state}, sort_keys=True, default=str))
+        print(
+            json.dumps(
+                {**status, "source_state": state, "target": said}, sort_keys=True, default=str
+            )
+        )
     else:
         print(status_line(status))
         print(f"source state: {json.dumps(state, sort_keys=True, default=str)}")
+        print(f"target: {said}")
     return EXIT_OK
+
+
+def _compared_with_target(store: Any, config: RouteConfig) -> str | StoreTargetMismatch:
+    """What a run's first check would find, read only: whether the store's checkpoints and the
+    target's ledger agree (``check_store_against_target``), the refusal when they do not, or
+    why they were not compared. ``routes`` reads the store alone: only this sees a lost or
+    restored store, or a replaced target."""
+    route = config.route
+    if not (config.ledger and route.located and isinstance(store, TargetScopeStore)):
+        return "not compared (the route keeps no target ledger)"
+    try:
+        entries, reason = ledger_of(config.sink)
+        if entries is None:
+            return f"not compared ({reason})"
+        check_store_against_target(
+            route,
+            as_latest(store.list_target_latest(route)),
+            entries,
+            overridden=lambda: ledger_overrides(store, route),
+            cursor_column=config.source.cursor_column,
+            target_empty=config.sink.is_empty,
+        )
+    except StoreTargetMismatch as refusal:
+        return refusal
+    except NativeTransferError as error:
+        return f"not compared ({error.code})"
+    except Exception as error:  # a driver's own error: its text may hold secrets
+        return f"not compared (the target cannot be reached: {type(error).__name__})"
+    return "agrees with the checkpoint store"
 
 
 def _text(value: str) -> str:
