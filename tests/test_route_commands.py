@@ -195,6 +195,14 @@ def test_state_show_compares_the_store_with_the_target_as_a_run_would(tmp_path, 
     assert str(tmp_path) not in json.dumps(status)
     text = run_cli("state", "show", route_file).stdout.splitlines()
     assert "the target line says why" in text[0] and text[2].startswith("target: disagrees")
+    from dpone_native_transfer.lease import Lease
+
+    config = load_route_config(route_file)
+    with SQLiteCheckpointStore(store) as opened:  # a run under way: its ledger may lead
+        with Lease(opened.lease_table(), config.route, run_id="under-way", seconds=60):
+            status = shown()
+    assert status["target"].startswith("not compared (a run holds the route's lease")
+    assert status["lease"]["run_id"] == "under-way"
     store.unlink()  # the store lost: the next run makes an empty one, and refuses
     assert run_cli("run", route_file, "--run-id", "fourth", "--quiet").returncode == 3
     status = shown()

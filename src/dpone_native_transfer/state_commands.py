@@ -148,7 +148,11 @@ def _state_show_command(args: argparse.Namespace) -> int:
     try:
         status = route_status(store, config.route, Hooks(make_plugin_manager(None)))
         state = store.load_source_state(config.route)
-        target = _compared_with_target(store, config)
+        target = (
+            "not compared (a run holds the route's lease: its target call may be under way)"
+            if status["lease"] is not None
+            else _compared_with_target(store, config)
+        )
     finally:
         store.close()
     if isinstance(target, StoreTargetMismatch) and status["outcome"] != "blocked":
@@ -173,8 +177,10 @@ def _compared_with_target(store: Any, config: RouteConfig) -> str | StoreTargetM
     why they were not compared. ``routes`` reads the store alone: only this sees a lost or
     restored store, or a replaced target."""
     route = config.route
-    if not (config.ledger and route.located and isinstance(store, TargetScopeStore)):
-        return "not compared (the route keeps no target ledger)"
+    if not config.ledger:
+        return "not compared (the route keeps no target ledger: ledger = false)"
+    if not (route.located and isinstance(store, TargetScopeStore)):
+        return "not compared (the store or the target cannot say where the target is)"
     try:
         entries, reason = ledger_of(config.sink)
         if entries is None:
