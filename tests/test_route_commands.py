@@ -3,6 +3,7 @@ progress lines, on real SQLite routes run in this process (``helpers.cli.run_cli
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -134,12 +135,7 @@ def test_a_run_with_nothing_to_load_succeeds_and_a_run_that_failed_since_shows(
     from dpone_native_transfer import TransferRuntime, entry_point_plugins, hookimpl
 
     store = tmp_path / "checkpoints.db"
-
-    def status() -> dict:
-        done = run_cli("routes", "--store", store, "--json")
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
+    status = functools.partial(_shown_json, "routes", "--store", store)
     assert run_cli("run", route_file, "--run-id", "first", "--quiet").returncode == 0
     assert run_cli("run", route_file, "--run-id", "nothing-new", "--quiet").returncode == 0
     shown = status()
@@ -171,12 +167,7 @@ def test_state_show_compares_the_store_with_the_target_as_a_run_would(tmp_path, 
     import shutil
 
     store = tmp_path / "checkpoints.db"
-
-    def shown() -> dict:
-        done = run_cli("state", "show", route_file, "--json")
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
+    shown = functools.partial(_shown_json, "state", "show", route_file)
     assert run_cli("run", route_file, "--run-id", "first", "--quiet").returncode == 0
     status = shown()
     assert (status["outcome"], status["target"]) == (
@@ -210,3 +201,10 @@ def test_state_show_compares_the_store_with_the_target_as_a_run_would(tmp_path, 
         "blocked",
         "native_transfer_store_target_mismatch",
     )
+
+
+def _shown_json(*command: object) -> dict:
+    """``dpone-transfer COMMAND --json``'s one object; the command must succeed."""
+    done = run_cli(*command, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
