@@ -83,7 +83,9 @@ KILL_POINTS = (
 SOURCE_TABLE, TARGET_TABLE = "orders", "orders_copy"
 CHUNK_ROWS = 100  # several chunks per partition, so a kill can fall between two of them
 NOT_REACHED = 3  # exit status of a child that finished without reaching its kill point
-LEASE_SECONDS = 0.3  # the killed child's lease on the target table expires this soon
+LEASE_SECONDS = 1.0  # the killed child's lease on the target table expires this soon: its
+# heartbeat leaves at least 5/6 of it, which the busy check right after the kill must not
+# outlast (0.3 s did, once, with another job on both cores)
 
 _ARMED, _COMMITTED = phase_batch("armed"), phase_batch("checkpoint_committed")
 
