@@ -1,8 +1,9 @@
 """ClickHouse target on real chDB (persistent data paths under tmp_path): every path, the guard.
 
 No mocks: the engine is chDB 4.4 in this process. chDB serves one data path
-per process at a time, so every sink call opens and closes its own session;
-a test that opens a session itself closes it before the next call.
+per process at a time, so a sink holds a session only for one call, or for
+one run's attempt; a test that opens a session itself closes it before the
+next call.
 The clickhouse-connect server adapter cannot run without a server: only what
 needs none (locations, secrecy, the missing-extra error) is tested here.
 The guard's fault scenarios run on this sink in the conformance kit
@@ -321,6 +322,54 @@ def test_two_routes_with_different_data_paths_run_one_after_the_other(tmp_path):
     finally:
         first.real_store.close()
         second.real_store.close()
+
+
+def _count_sessions(monkeypatch: pytest.MonkeyPatch) -> Counter:
+    """Counts of chDB sessions opened and closed by the sink's client, from now on."""
+    from dpone_native_transfer.connectors.clickhouse import chdb_client
+
+    counts: Counter = Counter()
+    real_init, real_close = chdb_client.ChdbClient.__init__, chdb_client.ChdbClient.close
+
+    def init(self: Any, path: str) -> None:
+        real_init(self, path)
+        counts["opened"] += 1
+
+    def close(self: Any) -> None:
+        if getattr(self, "_session", None) is not None:
+            counts["closed"] += 1
+        real_close(self)
+
+    monkeypatch.setattr(chdb_client.ChdbClient, "__init__", init)
+    monkeypatch.setattr(chdb_client.ChdbClient, "close", close)
+    return counts
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_run_holds_one_chdb_session_and_closes_it_even_when_it_fails(tmp_path, path, monkeypatch):
+    """Every call of an attempt shares one session (``ConnectionHolding``), closed when the
+    run ends, failed or not: another data path then opens in this process. Calls outside a
+    run open their own."""
+    from chdb import session
+
+    route = Route(tmp_path, kind="clickhouse")
+    try:
+        counts = _count_sessions(monkeypatch)
+        route.runtime().run(route.spec(path))
+        assert counts == Counter(opened=1, closed=1)
+        assert route.target_rows() == route.source_rows()
+        route.add_rows(5)
+        route.sink.fail = "after"  # the rows land, then the call raises
+        counts.clear()
+        with pytest.raises(Exception, match="injected"):
+            route.runtime().run(route.spec(path, run_id="run-2"))
+        assert counts == Counter(opened=1, closed=1)
+        other = session.Session(str(tmp_path / "another-path"))  # none is left open
+        other.close()
+        assert route.sink.row_count() == 125  # its own session, opened and closed
+        assert counts == Counter(opened=2, closed=2)
+    finally:
+        route.real_store.close()
 
 
 def test_a_session_held_on_another_path_is_a_safe_config_error(tmp_path):

@@ -456,8 +456,8 @@ def _watch_pulls(sink: Any, pulled: list) -> None:
 @pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
 def test_a_column_the_engine_would_misread_is_read_through_python(tmp_path, kind, path):
     """A real stored in an INTEGER column: DuckDB's scanner refuses it, so the pull fails;
-    chDB's sqlite() would read 1, so lazy-plan's check declines the pull. The runtime then
-    reads the rows (and refuses that value)."""
+    chDB's sqlite() would read 1, so lazy-plan's check, run beside the pull, throws the pull
+    away. The runtime then reads the rows (and refuses that value)."""
     pulled: list[Any] = []
     route = _route(tmp_path, kind, lambda payload: None)
     _watch_pulls(route.sink.inner, pulled)
@@ -466,7 +466,7 @@ def test_a_column_the_engine_would_misread_is_read_through_python(tmp_path, kind
     try:
         with pytest.raises(Exception) as caught:
             route.runtime().run(route.spec(path))
-        assert pulled == [None if kind == "duckdb" else DECLINED]
+        assert pulled == [None]
         assert getattr(caught.value, "code", "") == "native_transfer_value_unsupported"
         assert route.sink.target_calls == 0
     finally:
@@ -995,5 +995,79 @@ def test_chdb_loads_from_a_work_folder_whose_name_is_a_glob(
     try:
         assert route.runtime().run(route.spec(path, **options)).rows_loaded == 120
         assert_rows_exactly_once(route.source_ids(), route.target_ids())
+    finally:
+        route.real_store.close()
+
+
+# Values chDB's sqlite() would read otherwise than the row paths carry them: lazy-plan's check
+# finds them while chDB pulls, and the pull is thrown away.
+CHDB_MISREADS = {
+    "a blob in a TEXT column": ("TEXT", "x'41'", "'x'"),
+    "a text boolean": ("BOOLEAN", "'true'", "1"),
+    "a boolean of 2": ("BOOLEAN", "2", "0"),
+    "a date with a time": ("DATE", "'2024-01-01 10:00:00'", "'2024-01-02'"),
+}
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+@pytest.mark.parametrize("misread", CHDB_MISREADS)
+def test_a_chdb_pull_of_a_value_it_misreads_is_thrown_away_and_python_reads(
+    tmp_path, path, misread
+):
+    """The check runs beside the pull, so the pull is tried (not declined) and gives nothing:
+    the same outcome as Python's read, no pulled file left in Python's way. Without the value,
+    the pull is kept."""
+    declared, odd, plain = CHDB_MISREADS[misread]
+    create = f"CREATE TABLE t (id INTEGER PRIMARY KEY, p TEXT, v {declared});"
+    for value, folder in ((odd, "odd"), (plain, "plain")):
+        script = create + f"INSERT INTO t VALUES (1, 'a', {value}), (2, 'b', {plain});"
+        pulled_run, read_run, pulled = _pulled_and_read(
+            tmp_path / folder, path, script, kind="clickhouse"
+        )
+        assert pulled_run == read_run
+        assert pulled == [None] if value == odd else isinstance(pulled[0], tuple)
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+def test_a_source_error_in_the_check_beside_a_chdb_pull_fails_before_the_target(
+    tmp_path, path, monkeypatch
+):
+    """The check's own failure (the source unreadable as it reads) is raised as it was, once
+    chDB's pull ends: the run fails before the target, and the pulled files are gone."""
+    from dpone_native_transfer.connectors.clickhouse import sink as ch_sink
+    from dpone_native_transfer.errors import SourceInvalid
+
+    error = SourceInvalid("source table 'orders' could not be read")
+    written: list[bool] = []  # the pull's files, as chDB's pull ended
+    left: list[bool] = []  # and as pull_load_files raised
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise error
+
+    real_pull, real_pull_files = (
+        ch_sink.ClickHouseSink._pull,
+        ch_sink.ClickHouseSink.pull_load_files,
+    )
+
+    def pull(self: Any, plan: Any, paths: Any) -> Any:
+        pulled = real_pull(self, plan, paths)
+        written.append(all(p.exists() for p in paths))
+        return pulled
+
+    def pull_files(self: Any, plan: Any, paths: Any) -> Any:
+        try:
+            return real_pull_files(self, plan, paths)
+        finally:
+            left.append(any(p.exists() for p in paths))
+
+    monkeypatch.setattr(ch_sink, "refuse_inexact_plan", refuse)
+    monkeypatch.setattr(ch_sink.ClickHouseSink, "_pull", pull)
+    monkeypatch.setattr(ch_sink.ClickHouseSink, "pull_load_files", pull_files)
+    route = _route(tmp_path, "clickhouse", lambda payload: None)
+    try:
+        with pytest.raises(SourceInvalid) as caught:
+            route.runtime().run(route.spec(path))
+        assert caught.value is error and route.sink.target_calls == 0
+        assert written == [True] and left == [False]
     finally:
         route.real_store.close()

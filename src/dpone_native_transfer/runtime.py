@@ -27,6 +27,7 @@ from .checkpoints import LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey, Strate
 from .clock import Clock, read_clock, system_clock
 from .connectors.contract import (
     DEFAULT_CHUNK_ROWS,
+    ConnectionHolding,
     LedgerSink,
     RangePartitioned,
     Sink,
@@ -218,7 +219,7 @@ class TransferRuntime:
         route = spec.route if isinstance(self.store, TargetScopeStore) else spec.route.unlocated()
         if not (self.unguarded or scans_routes(self.plugin_manager)):
             raise self._no_guard(route)
-        with self._leased(route, spec.run_id) as lease:
+        with self._leased(route, spec.run_id) as lease, _held(spec.sink):
             return self._attempt(spec, path, route, lease)
 
     @contextlib.contextmanager
@@ -443,6 +444,15 @@ class TransferRuntime:
             "...]), or run unguarded on purpose with plugins=[] (CLI: run --unguarded)",
             diagnostics={"route": route.as_dict()},
         )
+
+
+def _held(sink: Sink) -> contextlib.AbstractContextManager[None]:
+    """One connection for the attempt, when the sink can hold one (``ConnectionHolding``)."""
+    return (
+        sink.holding_connection()
+        if isinstance(sink, ConnectionHolding)
+        else contextlib.nullcontext()
+    )
 
 
 def _work_folder(
