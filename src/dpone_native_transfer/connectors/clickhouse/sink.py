@@ -347,7 +347,7 @@ class ClickHouseSink:
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan the engine cannot pull, before anything touches the target."""
-        source = _sqlite_read(plan, table=self.table)
+        source = _with_safe_names(plan, table=self.table)
         refuse_inexact_plan(source, plan.columns, engine="ClickHouse", table=self.table)
         self._checked = plan  # the load of this very plan need not check it again
 
@@ -392,10 +392,10 @@ class ClickHouseSink:
         if _BOUND_TAG in {column.name.lower() for column in plan.columns}:
             return False
         try:
-            _PlanSQL(plan, _sqlite_read(plan, table=self.table))
+            _PlanSQL(plan, _with_safe_names(plan, table=self.table))
         except ConfigInvalid:  # a bound value ClickHouse parameters do not take, too
             return False
-        self._checking = (plan, in_background(lambda: self.check_plan(plan)))
+        self._checking = (plan, _in_background(lambda: self.check_plan(plan)))
         return True
 
     def pull_load_files(
@@ -711,7 +711,7 @@ class _Cut:
         self.rows += rows
 
 
-def _sqlite_read(plan: LoadPlan, *, table: str) -> SQLiteFile:
+def _with_safe_names(plan: LoadPlan, *, table: str) -> SQLiteFile:
     """The plan's source, when ``sqlite()`` can name its table and columns: it mis-quotes
     backslashes, double quotes and control characters. No read of the source."""
     source = pulled_file(plan, engine="ClickHouse", table=table)
@@ -727,7 +727,7 @@ def _sqlite_read(plan: LoadPlan, *, table: str) -> SQLiteFile:
     return source
 
 
-def in_background(call: Callable[[], None]) -> Future[None]:
+def _in_background(call: Callable[[], None]) -> Future[None]:
     """``call()`` started in a daemon thread; the future holds its outcome (its exception
     untouched). Daemon: a run that fails before waiting for it does not wait at exit."""
     future: Future[None] = Future()
