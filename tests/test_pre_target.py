@@ -246,3 +246,25 @@ def test_a_chdb_folder_another_process_holds(folder: Path, path: str) -> None:
             folder, route_file, "native_transfer_target_unavailable", 1
         )
     assert_heals(folder, route_file, "clickhouse", FILES["clickhouse"])
+
+
+def test_a_chdb_folder_taken_between_the_probe_and_the_open(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs started at once into one new data path: the probe found no lock (no folder
+    yet), the other process took the path before this one opened it. A retry can work, so it
+    is unavailable, not a configuration error."""
+    from dpone_native_transfer.connectors.clickhouse import chdb_client
+    from dpone_native_transfer.errors import TargetUnavailable
+
+    real_probe, probes = chdb_client._held_by_another, []
+
+    def probe(path: str) -> bool:
+        probes.append(path)
+        return False if len(probes) == 1 else real_probe(path)
+
+    monkeypatch.setattr(chdb_client, "_held_by_another", probe)
+    data = folder / FILES["clickhouse"]
+    with held(HOLD_CHDB, data), pytest.raises(TargetUnavailable) as caught:
+        chdb_client.ChdbClient(str(data))
+    assert len(probes) == 2 and str(data) not in str(caught.value)

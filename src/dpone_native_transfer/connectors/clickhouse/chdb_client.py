@@ -62,6 +62,13 @@ def _held_by_another(path: str) -> bool:
     return False
 
 
+def _in_use() -> TargetUnavailable:
+    return TargetUnavailable(
+        "the chDB data path is in use by another process now; nothing was written",
+        diagnostics={"key": "location"},
+    )
+
+
 class ChdbClient:
     """A chDB session on one data path; errors while opening hide the path and chDB's text."""
 
@@ -72,13 +79,12 @@ class ChdbClient:
                 "folder of the chDB data path does not exist", diagnostics={"key": "location"}
             )
         if _held_by_another(path):
-            raise TargetUnavailable(
-                "the chDB data path is in use by another process now; nothing was written",
-                diagnostics={"key": "location"},
-            )
+            raise _in_use()
         try:
             self._session = session.Session(path)
         except Exception:
+            if _held_by_another(path):  # taken since the probe: two runs started at once
+                raise _in_use() from None
             raise ConfigInvalid(
                 "chDB could not open the data path; chDB serves one data path per process "
                 "at a time, so close other chDB sessions first",
