@@ -372,6 +372,39 @@ def test_a_run_holds_one_chdb_session_and_closes_it_even_when_it_fails(tmp_path,
         route.real_store.close()
 
 
+def test_another_process_cannot_take_the_data_path_between_a_runs_calls(tmp_path):
+    """As the target call begins (its own client not yet asked for), the run still holds the
+    session its earlier calls opened: another process trying to open the data path then is
+    told it is in use, where with a session per call it got the path and could hold it
+    through the load."""
+    script = (
+        "import sys\n"
+        "from dpone_native_transfer.connectors.clickhouse.chdb_client import ChdbClient\n"
+        "try:\n"
+        "    ChdbClient(sys.argv[1]).close()\n"
+        "    print('opened')\n"
+        "except Exception as error:\n"
+        "    print(getattr(error, 'code', type(error).__name__))\n"
+    )
+    route = Route(tmp_path, kind="clickhouse")
+
+    def other_process() -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(route.target_path)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        return done.stdout.strip()
+
+    route.sink.observe = other_process
+    try:
+        route.runtime().run(route.spec("legacy"))
+        assert route.sink.observations == ["native_transfer_target_unavailable"]
+        assert other_process() == "opened"  # released when the run ended
+        assert route.target_rows() == route.source_rows()
+    finally:
+        route.real_store.close()
+
+
 def test_a_session_held_on_another_path_is_a_safe_config_error(tmp_path):
     from chdb import session
 
