@@ -6,10 +6,13 @@ only watch, hide a capability or inject a fault."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import itertools
 import math
 import sqlite3
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from helpers.routes import Route, make_sink
 from dpone_native_transfer import ClickHouseSink, SQLiteSource, artifacts
 from dpone_native_transfer.artifacts import file_sha256
 from dpone_native_transfer.connectors import duckdb as duckdb_sink
+from dpone_native_transfer.connectors._arrow import read_ahead
 from dpone_native_transfer.connectors.contract import FilePulling
 from dpone_native_transfer.errors import ArtifactInvalid
 from dpone_native_transfer.payloads import LoadFiles
@@ -170,6 +174,7 @@ def test_an_artifact_changed_before_the_engine_reads_it_loads_nothing(tmp_path, 
             ".sqlite" if kind == "sqlite" else ".arrows"
         )
         assert len(route.target_ids()) == 120  # nothing of the second load
+        assert not _reading_ahead()
     finally:
         route.real_store.close()
 
@@ -642,6 +647,7 @@ def test_a_pull_that_fails_midway_leaves_no_file_and_python_reads_the_rows(
         assert route.runtime().run(route.spec(path)).rows_loaded == 120
         assert failed[0] and route.sink.target_calls == 1
         assert_rows_exactly_once(route.source_ids(), route.target_ids())
+        assert not _reading_ahead()  # the pull's scan stopped before its connection closed
     finally:
         route.real_store.close()
 
@@ -1071,3 +1077,49 @@ def test_a_source_error_in_the_check_beside_a_chdb_pull_fails_before_the_target(
         assert written == [True] and left == [False]
     finally:
         route.real_store.close()
+
+
+def _reading_ahead() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "dpone-read-ahead"]
+
+
+@pytest.mark.parametrize("depth", [1, 2, 5])
+@pytest.mark.parametrize("count", [0, 1, 7, 200])
+def test_read_ahead_hands_over_every_item_in_order_then_the_reads_own_error(depth, count):
+    """What DuckDB's pull and load read in a thread reaches them whole: every batch in order,
+    then the read's error as it was raised (the pull then fails and Python reads)."""
+    failure = ValueError("the read failed")
+
+    def items(fails: bool) -> Iterator[int]:
+        yield from range(count)
+        if fails:
+            raise failure
+
+    with read_ahead(items(False), depth) as taken:
+        assert list(taken) == list(range(count))
+    got: list[int] = []
+    with pytest.raises(ValueError) as caught, read_ahead(items(True), depth) as taken:
+        got.extend(taken)
+    assert got == list(range(count)) and caught.value is failure
+    assert not _reading_ahead()
+
+
+@pytest.mark.parametrize("leaving", ["break", "error"])
+def test_leaving_read_ahead_early_stops_its_read_before_the_caller_goes_on(leaving):
+    """A pull that fails while writing closes its DuckDB connection next: the thread reading
+    it must have ended by then, and it reads at most ``depth`` + 1 items past the caller."""
+    produced: list[int] = []
+
+    def endless() -> Iterator[int]:
+        for number in itertools.count():
+            produced.append(number)
+            yield number
+
+    with contextlib.suppress(RuntimeError), read_ahead(endless(), 2) as taken:
+        for number in taken:
+            if number == 3:
+                if leaving == "error":
+                    raise RuntimeError("the write failed")
+                break
+    assert not _reading_ahead()
+    assert 4 <= len(produced) <= 4 + 2 + 1

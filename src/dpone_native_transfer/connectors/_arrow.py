@@ -9,17 +9,30 @@ type (an integer beyond 64 bits, text in a number column) makes the batch
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import queue
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..artifacts import DigestWriter, create_private
 from ..drivers import import_driver
 from ..errors import ConfigInvalid
 from ..payloads import LoadFile
 
-__all__ = ["arrow", "check_widths", "read_stream", "row_batch", "row_type", "write_stream"]
+__all__ = [
+    "arrow",
+    "check_widths",
+    "read_ahead",
+    "read_stream",
+    "row_batch",
+    "row_type",
+    "write_stream",
+]
+
+_T = TypeVar("_T")
 
 
 def arrow(needed_by: str) -> Any:
@@ -89,3 +102,44 @@ def read_stream(pa: Any, path: Path) -> Iterator[list[tuple]]:
     with open(path, "rb") as handle:
         for batch in pa.ipc.open_stream(handle):
             yield list(zip(*(column.to_pylist() for column in batch.columns), strict=True))
+
+
+@contextlib.contextmanager
+def read_ahead(items: Iterable[_T], depth: int = 2) -> Iterator[Iterator[_T]]:
+    """``items``, read by a thread up to ``depth`` ahead of the caller: an engine's scan then
+    runs while the caller writes the batch before (both release the GIL). An error of the
+    read reaches the caller as it was raised. On exit the thread is stopped and joined, so
+    the caller may close what the items come from."""
+    ready: queue.Queue[tuple[bool, Any]] = queue.Queue(depth)
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            for item in items:
+                ready.put((True, item))
+                if stop.is_set():
+                    return
+            ready.put((False, None))
+        except BaseException as error:  # handed to the caller, as it was raised
+            ready.put((False, error))
+
+    def taken() -> Iterator[_T]:
+        while True:
+            more, item = ready.get()
+            if not more:
+                if item is not None:
+                    raise item
+                return
+            yield item
+
+    reader = threading.Thread(target=read, name="dpone-read-ahead", daemon=True)
+    reader.start()
+    try:
+        yield taken()
+    finally:
+        stop.set()
+        while reader.is_alive():  # a put waiting for room ends, and the read sees stop
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    ready.get_nowait()
+            reader.join(0.01)

@@ -63,7 +63,7 @@ from ..payloads import (
     RowChunks,
     bound_predicates,
 )
-from ._arrow import arrow, check_widths, row_batch, row_type, write_stream
+from ._arrow import arrow, check_widths, read_ahead, row_batch, row_type, write_stream
 from ._sql import (
     STAGE_PREFIX,
     WINDOW_OPERATORS,
@@ -741,7 +741,7 @@ def _write_tagged(
         writers = [DigestWriter(stack.enter_context(create_private(path))) for path in paths]
         streams = [stack.enter_context(pa.ipc.new_stream(w, schema)) for w in writers]
         gathered = _Gathered(pa, streams)
-        for batch in reader:
+        for batch in stack.enter_context(read_ahead(reader)):
             batch.validate(full=True)  # a SQLite text that is not UTF-8: DuckDB reads its bytes
             tags, data = batch.column(width), batch.select(range(width))
             if len(streams) > 1:
@@ -876,21 +876,23 @@ def _insert_native(
 
     with open(files[0].path, "rb") as first:
         schema = pa.ipc.open_stream(first).schema
-    stream = itertools.chain.from_iterable(batches(file) for file in files)
-    pending = [next(stream, None)]
-
-    def up_to_limit() -> Iterator[Any]:
-        rows = 0
-        while pending[0] is not None and (not rows or rows + pending[0].num_rows <= _INSERT_ROWS):
-            batch = pending[0]
-            rows += batch.num_rows
-            yield batch
-            pending[0] = next(stream, None)
-
     written = 0
-    while pending[0] is not None:
-        part = pa.RecordBatchReader.from_batches(schema, up_to_limit())
-        written += _insert_arrow(conn, table, _names(columns), part)
+    with read_ahead(itertools.chain.from_iterable(batches(file) for file in files)) as stream:
+        pending = [next(stream, None)]
+
+        def up_to_limit() -> Iterator[Any]:
+            rows = 0
+            while pending[0] is not None and (
+                not rows or rows + pending[0].num_rows <= _INSERT_ROWS
+            ):
+                batch = pending[0]
+                rows += batch.num_rows
+                yield batch
+                pending[0] = next(stream, None)
+
+        while pending[0] is not None:
+            part = pa.RecordBatchReader.from_batches(schema, up_to_limit())
+            written += _insert_arrow(conn, table, _names(columns), part)
     if changed:
         raise changed[0]
     return written
