@@ -1,8 +1,9 @@
 """One guarded transfer in a fresh process; prints its peak RSS as JSON (see memory.py).
 
 Usage: python -m benchmarks._memory_child PATH SOURCE_DB WORK_FOLDER ROWS [TARGET]
-PATH ``idle`` only imports the runtime and the guard; TARGET is sqlite (default),
-duckdb or chdb.
+PATH ``idle`` only imports the runtime and the guard; PATH ``native`` runs the engine's
+own copy instead of a transfer (DuckDB or chDB); TARGET is sqlite (default), duckdb or
+chdb.
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ def main(argv: list[str]) -> int:
 
     importlib.metadata.entry_points(group="dpone_native_transfer")["target_commit_guard"].load()
     seconds = 0.0
-    if path != "idle":
+    if path == "native":  # the engine's own copy, into a fresh target in ``folder``
+        from benchmarks.peers import _chdb_native, _duckdb_native
+
+        seconds = {"duckdb": _duckdb_native, "chdb": _chdb_native}[target](source, rows)
+    elif path != "idle":
         with SQLiteCheckpointStore(folder / "checkpoints.db") as store:
             runtime = TransferRuntime(store)
             spec = TransferSpec(
