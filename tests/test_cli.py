@@ -442,3 +442,33 @@ def test_python_dash_m_runs_the_command(module):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("dpone-transfer ")
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_sigterm_exits_143_even_when_an_engine_wrapped_it_in_its_own_error(
+    monkeypatch, capsys, wrapped
+):
+    """A SIGTERM that lands in Python code an engine runs (DuckDB reading a batch from dpone)
+    comes back as the engine's own error: the command still says it was terminated. The
+    process's own SIGTERM handler is put back after the command."""
+    import argparse
+    import signal
+    import time
+
+    def command(args: argparse.Namespace) -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises here
+        except BaseException:
+            if wrapped:
+                raise RuntimeError("the engine's own error") from None
+            raise
+        return 0
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(handler=command, log_level="warning", traceback=False)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main([]) == 143
+    assert "error: terminated (SIGTERM)" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -572,6 +572,47 @@ def test_ctrl_c_exits_130_saying_interrupted_and_the_rerun_loads_every_row_once(
     assert counts == (200_000, 200_000)
 
 
+@pytest.mark.parametrize("ignored", [False, True])
+def test_sigterm_ends_a_run_as_ctrl_c_does_leaving_no_rows_in_tmp_and_no_lease(
+    tmp_path: Path, ignored: bool
+) -> None:
+    """What a scheduler, ``timeout`` or Kubernetes sends. It used to kill the worker where it
+    stood: its work folder of source rows stayed in the temp folder, and its lease held the
+    table until it expired. Now: exit 143, the folder removed, and a rerun at once loads every
+    row exactly once. A worker started with SIGTERM ignored still ignores it."""
+    import signal
+
+    build_sample_source(tmp_path / "source.db", rows=200_000, partitions=40)
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
+        db.execute("CREATE INDEX orders_by_region ON orders (region)")  # see the Ctrl-C test
+    route_file = route(tmp_path, path="legacy")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    disposition = signal.SIG_IGN if ignored else signal.SIG_DFL
+    worker = subprocess.Popen(
+        [SCRIPT, "run", str(route_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "TMPDIR": str(temp)},
+        preexec_fn=lambda: signal.signal(signal.SIGTERM, disposition),
+    )  # fmt: skip
+    assert worker.stderr is not None
+    first = worker.stderr.readline()  # the first partition's progress line: mid-extraction
+    assert first.startswith("[1/40]"), first
+    assert [folder.name[:15] for folder in temp.iterdir()] == ["dpone-transfer-"]
+    worker.send_signal(signal.SIGTERM)
+    _, rest = worker.communicate(timeout=120)
+    assert "Traceback" not in rest
+    if ignored:
+        assert worker.returncode == 0, rest
+    else:
+        assert worker.returncode == 143, rest
+        assert "error: terminated (SIGTERM)" in rest
+        assert list(temp.iterdir()) == []
+        run(route_file)  # at once: the lease was released
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
+        counts = target.execute("SELECT count(*), count(DISTINCT id) FROM orders_copy").fetchone()
+    assert counts == (200_000, 200_000)
+
+
 # schema-qualified target tables mean schema.table on every engine, never a dotted name ----------
 
 

@@ -22,7 +22,9 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from importlib import metadata
@@ -39,6 +41,7 @@ from .reporting import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_TERMINATED,
     PROG,
     SHOWN_ITEMS,
     exit_code_for,
@@ -125,14 +128,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:
         return stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    terminated = threading.Event()
     try:
-        with _logging_to_stderr("warning" if getattr(args, "quiet", False) else args.log_level):
+        with (
+            _terminated_on_sigterm(terminated),
+            _logging_to_stderr("warning" if getattr(args, "quiet", False) else args.log_level),
+        ):
             return args.handler(args)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as error:
-        return _report_failure(error, show_traceback=args.traceback)
+    except (_Terminated, Exception) as error:
+        if isinstance(error, Exception) and not terminated.is_set():
+            return _report_failure(error, show_traceback=args.traceback)
+        # an engine that ran Python code (a batch reader) may have wrapped it in its own error
+        print("error: terminated (SIGTERM)", file=sys.stderr)
+        return EXIT_TERMINATED
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt."""
+
+
+@contextlib.contextmanager
+def _terminated_on_sigterm(terminated: threading.Event) -> Any:
+    """SIGTERM (what schedulers, ``timeout`` and Kubernetes send) ends the command as Ctrl-C
+    does: the attempt cleans up (its work folder of source rows, its lease) instead of dying
+    where it stands. A second SIGTERM kills at once. Only the main thread can take signals,
+    and a SIGTERM the process was started to ignore stays ignored. ``terminated`` is set
+    when one arrived."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    ):
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        terminated.set()
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def build_parser() -> argparse.ArgumentParser:

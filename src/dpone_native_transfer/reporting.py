@@ -36,6 +36,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "EXIT_TERMINATED",
     "PROG",
     "confirmed",
     "exit_code_for",
@@ -51,6 +52,7 @@ __all__ = [
 PROG = "dpone-transfer"
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_BLOCKED = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell reports for a process it ended
 BLOCKING_ERRORS = (
     ManualReconciliationRequired,
     StoreTargetMismatch,
