@@ -1123,3 +1123,34 @@ def test_leaving_read_ahead_early_stops_its_read_before_the_caller_goes_on(leavi
                 break
     assert not _reading_ahead()
     assert 4 <= len(produced) <= 4 + 2 + 1
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+@pytest.mark.parametrize("written", [False, True])
+def test_a_duckdb_pull_during_which_the_source_is_written_is_thrown_away(
+    tmp_path, path, written, monkeypatch
+):
+    """DuckDB's scanner reads in several statements: a row another connection moved to a new
+    rowid meanwhile could be read at neither place, and the run loaded one row less with exit
+    0. A commit to the source during the pull now throws it away, and Python reads every row
+    once; an untouched source keeps its pull."""
+    real = duckdb_sink._write_tagged
+
+    def moving_a_row(*args: Any) -> Any:
+        if written:  # as a writer would between the scanner's statements
+            with contextlib.closing(sqlite3.connect(route.source_path)) as db, db:
+                db.execute(
+                    "UPDATE orders SET id = id + 1000000 WHERE id = (SELECT min(id) FROM orders)"
+                )
+        return real(*args)
+
+    monkeypatch.setattr(duckdb_sink, "_write_tagged", moving_a_row)
+    route = _route(tmp_path, "duckdb", lambda payload: None)
+    pulled: list = []
+    _watch_pulls(route.sink.inner, pulled)
+    try:
+        assert route.runtime().run(route.spec(path)).rows_loaded == 120
+        assert len(pulled) == 1 and (pulled[0] is None) == written
+        assert_rows_exactly_once(route.source_ids(), route.target_ids())
+    finally:
+        route.real_store.close()

@@ -316,9 +316,13 @@ class DuckDBSink(FileTarget):
         source = pulled_file(plan, engine="DuckDB", table=self.table)
         sql, params = _tagged_scan(source, plan, checked.textual)
         try:
-            with contextlib.closing(checked.scratch):
+            with contextlib.closing(checked.scratch), source.reader() as watch:
+                version = _data_version(watch)
                 pa = arrow("DuckDBSink")
-                return _write_tagged(checked.scratch, pa, sql, params, paths, len(plan.bounds))
+                pulled = _write_tagged(checked.scratch, pa, sql, params, paths, len(plan.bounds))
+                if _data_version(watch) != version:
+                    raise _SourceWritten
+                return pulled
         except Exception:  # of any type: DuckDB's message of a value it refuses may not decode
             for path in paths:  # a read that failed leaves nothing behind
                 with contextlib.suppress(FileNotFoundError):
@@ -724,6 +728,19 @@ def _tagged_scan(source: SQLiteFile, plan: LoadPlan, textual: Collection[str]) -
         f" FROM sqlite_scan(?, ?) AS s) WHERE {tag} IS NOT NULL"
     )
     return sql, [*params, *_scan(source)]
+
+
+class _SourceWritten(Exception):
+    """Another connection committed to the source while DuckDB pulled from it."""
+
+
+def _data_version(conn: Any) -> int:
+    """SQLite's ``data_version`` on ``conn``: it changes when another connection commits.
+    DuckDB's scanner reads a table in several statements, not in one SQLite snapshot, so a
+    row moved to a new rowid while it reads can be read at neither place (connectors.md,
+    "DuckDB target"); a pull during which the source was written is thrown away, and
+    Python reads the rows in one statement."""
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
 
 
 def _write_tagged(
