@@ -81,7 +81,7 @@ from ._sql import (
     unavailable,
 )
 from .contract import SQLiteFile
-from .sqlite import inexact_plan, pulled_file, refuse_inexact_plan
+from .sqlite import data_version, inexact_plan, pulled_file, refuse_inexact_plan
 
 __all__ = ["DUCKDB_TYPES", "DuckDBSink", "duckdb_carrier", "duckdb_type"]
 
@@ -317,10 +317,10 @@ class DuckDBSink(FileTarget):
         sql, params = _tagged_scan(source, plan, checked.textual)
         try:
             with contextlib.closing(checked.scratch), source.reader() as watch:
-                version = _data_version(watch)
+                version = data_version(watch)
                 pa = arrow("DuckDBSink")
                 pulled = _write_tagged(checked.scratch, pa, sql, params, paths, len(plan.bounds))
-                if _data_version(watch) != version:
+                if data_version(watch) != version:
                     raise _SourceWritten
                 return pulled
         except Exception:  # of any type: DuckDB's message of a value it refuses may not decode
@@ -732,15 +732,6 @@ def _tagged_scan(source: SQLiteFile, plan: LoadPlan, textual: Collection[str]) -
 
 class _SourceWritten(Exception):
     """Another connection committed to the source while DuckDB pulled from it."""
-
-
-def _data_version(conn: Any) -> int:
-    """SQLite's ``data_version`` on ``conn``: it changes when another connection commits.
-    DuckDB's scanner reads a table in several statements, not in one SQLite snapshot, so a
-    row moved to a new rowid while it reads can be read at neither place (connectors.md,
-    "DuckDB target"); a pull during which the source was written is thrown away, and
-    Python reads the rows in one statement."""
-    return int(conn.execute("PRAGMA data_version").fetchone()[0])
 
 
 def _write_tagged(

@@ -609,6 +609,15 @@ def _misread_test(column: Column) -> str:
     return f"{name} IS NOT NULL AND ({_PLAN_MISREAD[column.kind].format(c=name)})"
 
 
+def data_version(conn: sqlite3.Connection) -> int:
+    """SQLite's ``data_version`` on ``conn``: it changes when another connection commits.
+    An engine's read of the source is not one SQLite snapshot: DuckDB's scanner reads a
+    table in several statements, and chDB's ``sqlite()`` read rows moved to a new rowid
+    twice. Read before and after an engine's pull, a change throws the pull away, and the
+    runtime reads the rows itself (connectors.md, "Load files")."""
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+
 def pulled_file(plan: LoadPlan, *, engine: str, table: str) -> SQLiteFile:
     """The plan's source, when ``engine`` can pull it: a table in a SQLite file."""
     if not isinstance(plan.source, SQLiteFile):

@@ -62,7 +62,7 @@ from .._sql import (
     unavailable,
 )
 from ..contract import PendingLedger, SQLiteFile
-from ..sqlite import pulled_file, refuse_inexact_plan
+from ..sqlite import data_version, pulled_file, refuse_inexact_plan
 from .client import CHDB, ClickHouseClient, open_client, parse_location
 from .sql import (
     ARROW_BLOCK_ROWS,
@@ -415,11 +415,15 @@ class ClickHouseSink:
             )
         kept = None
         try:
-            pulled = self._pull(plan, paths)
-            try:
-                checking[1].result()  # the source's own errors propagate, as from a read
-            except ConfigInvalid:  # a value chDB misreads: the pull is thrown away
-                return None
+            with pulled_file(plan, engine="ClickHouse", table=self.table).reader() as watch:
+                version = data_version(watch)
+                pulled = self._pull(plan, paths)
+                try:
+                    checking[1].result()  # the source's own errors propagate, as from a read
+                except ConfigInvalid:  # a value chDB misreads: the pull is thrown away
+                    return None
+                if data_version(watch) != version:  # written meanwhile: see data_version
+                    return None
             kept = pulled
             return kept
         finally:
