@@ -154,13 +154,11 @@ class _Terminated(BaseException):
 def _terminated_on_sigterm(terminated: threading.Event) -> Any:
     """SIGTERM (what schedulers, ``timeout`` and Kubernetes send) ends the command as Ctrl-C
     does: the attempt cleans up (its work folder of source rows, its lease) instead of dying
-    where it stands. A second SIGTERM kills at once. Only the main thread can take signals,
-    and a SIGTERM the process was started to ignore stays ignored. ``terminated`` is set
-    when one arrived."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
-    ):
+    where it stands. A second SIGTERM kills at once. Only the main thread can take signals;
+    a SIGTERM the process ignores, or that a host program handles outside Python, is left
+    alone. ``terminated`` is set when one arrived."""
+    left_alone = signal.getsignal(signal.SIGTERM) in (signal.SIG_IGN, None)
+    if left_alone or threading.current_thread() is not threading.main_thread():
         yield
         return
 
