@@ -81,7 +81,7 @@ from ._sql import (
     unavailable,
 )
 from .contract import SQLiteFile
-from .sqlite import data_version, inexact_plan, pulled_file, refuse_inexact_plan
+from .sqlite import inexact_plan, pulled_file, refuse_inexact_plan, watching_writes
 
 __all__ = ["DUCKDB_TYPES", "DuckDBSink", "duckdb_carrier", "duckdb_type"]
 
@@ -306,7 +306,8 @@ class DuckDBSink(FileTarget):
         database (never the target), each row tagged with its bound's index (the conditions of
         lazy-plan, so the same rows), its batches validated and written: to one file as they
         come, or split by bound (a stable sort of each batch) and gathered into batches of each
-        bound's own file (``_Gathered``). Memory stays about ``_GATHERED_ROWS`` rows."""
+        bound's own file (``_Gathered``). Memory stays about ``_GATHERED_ROWS`` rows. None
+        when the read failed or the source was written meanwhile (``watching_writes``)."""
         checked, self._checked = self._checked, None
         if checked is None or checked.plan is not plan or checked.scratch is None:
             raise InternalInvariantBroken(
@@ -316,11 +317,10 @@ class DuckDBSink(FileTarget):
         source = pulled_file(plan, engine="DuckDB", table=self.table)
         sql, params = _tagged_scan(source, plan, checked.textual)
         try:
-            with contextlib.closing(checked.scratch), source.reader() as watch:
-                version = data_version(watch)
+            with contextlib.closing(checked.scratch), watching_writes(source) as written:
                 pa = arrow("DuckDBSink")
                 pulled = _write_tagged(checked.scratch, pa, sql, params, paths, len(plan.bounds))
-                if data_version(watch) != version:
+                if written():
                     raise _SourceWritten
                 return pulled
         except Exception:  # of any type: DuckDB's message of a value it refuses may not decode

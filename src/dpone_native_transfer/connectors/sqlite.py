@@ -14,7 +14,7 @@ import contextlib
 import os
 import re
 import sqlite3
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -609,13 +609,20 @@ def _misread_test(column: Column) -> str:
     return f"{name} IS NOT NULL AND ({_PLAN_MISREAD[column.kind].format(c=name)})"
 
 
-def data_version(conn: sqlite3.Connection) -> int:
-    """SQLite's ``data_version`` on ``conn``: it changes when another connection commits.
-    An engine's read of the source is not one SQLite snapshot: DuckDB's scanner reads a
-    table in several statements, and chDB's ``sqlite()`` read rows moved to a new rowid
-    twice. Read before and after an engine's pull, a change throws the pull away, and the
-    runtime reads the rows itself (connectors.md, "Load files")."""
-    return int(conn.execute("PRAGMA data_version").fetchone()[0])
+@contextlib.contextmanager
+def watching_writes(source: SQLiteFile) -> Iterator[Callable[[], bool]]:
+    """A check whether another connection committed to ``source`` since entering: SQLite's
+    ``data_version``, read on a connection of its own. An engine's read of the source is not
+    one SQLite snapshot (DuckDB's scanner missed a row moved to a new rowid meanwhile, chDB's
+    ``sqlite()`` read it twice), so a pull during which the source was written is thrown
+    away and the runtime reads the rows itself (connectors.md, "DuckDB target")."""
+
+    def version() -> int:
+        return int(watch.execute("PRAGMA data_version").fetchone()[0])
+
+    with source.reader() as watch:
+        before = version()
+        yield lambda: version() != before
 
 
 def pulled_file(plan: LoadPlan, *, engine: str, table: str) -> SQLiteFile:

@@ -62,7 +62,7 @@ from .._sql import (
     unavailable,
 )
 from ..contract import PendingLedger, SQLiteFile
-from ..sqlite import data_version, pulled_file, refuse_inexact_plan
+from ..sqlite import pulled_file, refuse_inexact_plan, watching_writes
 from .client import CHDB, ClickHouseClient, open_client, parse_location
 from .sql import (
     ARROW_BLOCK_ROWS,
@@ -406,23 +406,23 @@ class ClickHouseSink:
         and values), each row tagged with its bound's index, into a scratch folder: one file,
         or one per bound (``PARTITION BY`` the tag). Each is rewritten at its path without the
         tag, in the batches ``write_load_file`` writes (``_recut``), so a retried INSERT
-        deduplicates block by block. None when chDB's read failed; no file is left."""
+        deduplicates block by block. None when chDB's read failed or the source was written
+        meanwhile (``watching_writes``); no file is left."""
         checking, self._checking = self._checking, None
         if checking is None or checking[0] is not plan or self._location.kind != CHDB:
             raise InternalInvariantBroken(
                 "ClickHouseSink.pull_load_files was given a plan can_pull did not accept",
                 diagnostics={"table": self.table},
             )
-        kept = None
+        source, kept = pulled_file(plan, engine="ClickHouse", table=self.table), None
         try:
-            with pulled_file(plan, engine="ClickHouse", table=self.table).reader() as watch:
-                version = data_version(watch)
+            with watching_writes(source) as written:
                 pulled = self._pull(plan, paths)
                 try:
                     checking[1].result()  # the source's own errors propagate, as from a read
                 except ConfigInvalid:  # a value chDB misreads: the pull is thrown away
                     return None
-                if data_version(watch) != version:  # written meanwhile: see data_version
+                if written():
                     return None
             kept = pulled
             return kept
