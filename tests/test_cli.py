@@ -445,19 +445,23 @@ def test_python_dash_m_runs_the_command(module):
 
 
 @pytest.mark.parametrize("wrapped", [False, True])
-def test_sigterm_exits_143_even_when_an_engine_wrapped_it_in_its_own_error(
-    monkeypatch, capsys, wrapped
+@pytest.mark.parametrize("sent", ["SIGTERM", "SIGINT"])
+def test_a_signal_is_reported_as_itself_even_when_an_engine_wrapped_it_in_its_own_error(
+    monkeypatch, capsys, wrapped, sent
 ):
-    """A SIGTERM that lands in Python code an engine runs (DuckDB reading a batch from dpone)
-    comes back as the engine's own error: the command still says it was terminated. The
-    process's own SIGTERM handler is put back after the command."""
+    """A SIGTERM or Ctrl-C that lands in an engine's query or in Python code it runs comes
+    back as the engine's own error (DuckDB raises RuntimeError "Query interrupted"): the
+    command still says it was terminated (143) or interrupted (130). The process's own
+    handlers are put back after the command."""
     import argparse
     import signal
     import time
 
+    signum = getattr(signal, sent)
+
     def command(args: argparse.Namespace) -> int:
         try:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
             time.sleep(5)  # the handler raises here
         except BaseException:
             if wrapped:
@@ -468,7 +472,8 @@ def test_sigterm_exits_143_even_when_an_engine_wrapped_it_in_its_own_error(
     parser = argparse.ArgumentParser()
     parser.set_defaults(handler=command, log_level="warning", traceback=False)
     monkeypatch.setattr(cli, "build_parser", lambda: parser)
-    before = signal.getsignal(signal.SIGTERM)
-    assert cli.main([]) == 143
-    assert "error: terminated (SIGTERM)" in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGTERM) is before
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    code, said = (143, "terminated (SIGTERM)") if sent == "SIGTERM" else (130, "interrupted")
+    assert cli.main([]) == code
+    assert f"error: {said}\n" in capsys.readouterr().err
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before

@@ -10,9 +10,14 @@ import contextlib
 import errno
 import itertools
 import math
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,9 +32,11 @@ from dpone_native_transfer.artifacts import file_sha256
 from dpone_native_transfer.connectors import duckdb as duckdb_sink
 from dpone_native_transfer.connectors._arrow import read_ahead
 from dpone_native_transfer.connectors.contract import FilePulling
+from dpone_native_transfer.connectors.sqlite import watching_writes
 from dpone_native_transfer.errors import ArtifactInvalid
 from dpone_native_transfer.payloads import LoadFiles
 from dpone_native_transfer.testing import assert_rows_exactly_once
+from dpone_native_transfer.testing.faults import build_sample_source
 
 KINDS = ["duckdb", "clickhouse"]
 FILE_PATHS = ["legacy", "file-artifact"]
@@ -1149,11 +1156,159 @@ def test_an_engine_pull_during_which_the_source_is_written_is_thrown_away(
 
     monkeypatch.setattr(owner, name, moving_a_row)
     route = _route(tmp_path, kind, lambda payload: None)
+    _write_ahead_log(route.source_path)  # a writer waits out a rollback journal's readers
     pulled: list = []
     _watch_pulls(route.sink.inner, pulled)
     try:
         assert route.runtime().run(route.spec(path)).rows_loaded == 120
         assert len(pulled) == 1 and (pulled[0] is None) == written
+        assert_rows_exactly_once(route.source_ids(), route.target_ids())
+    finally:
+        route.real_store.close()
+
+
+_MOVE_A_ROW = "UPDATE orders SET id = id + 1000000 WHERE id = (SELECT min(id) FROM orders)"
+_WRITER = (
+    "import sqlite3, sys\n"
+    "with sqlite3.connect(sys.argv[1], timeout=20) as db:\n"
+    f"    db.execute({_MOVE_A_ROW!r})\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("meanwhile", "indexed", "strategy"),
+    [
+        ("nothing", False, "incremental_append"),
+        ("moved", False, "incremental_append"),
+        ("moved", True, "incremental_append"),
+        ("moved", False, "full_refresh"),
+        ("locked", False, "incremental_append"),
+    ],
+)
+def test_a_duckdb_lazy_plan_copy_the_source_moved_under_loads_dpones_read(
+    tmp_path, meanwhile, indexed, strategy, monkeypatch
+):
+    """DuckDB's scanner reads the source in rowid ranges: a row moved past the last range
+    during lazy-plan's copy was lost, with exit 0 (1-2 of 2,000,000 rows in every run). A
+    commit to the source during the copy now rolls it back, and the same target call loads
+    the rows as dpone reads them (in one scan, or one read per partition with an index):
+    here a row moved after the copy, before its commit, is in the target as it is now.
+
+    ``locked``: a writer in another process waiting for the lock of a rollback-journal
+    source makes the scanner, which waits for no lock, fail (the route was blocked); dpone's
+    read waits for the writer, and loads the row it moved."""
+    real_watch, real_rows = duckdb_sink.watching_writes, duckdb_sink.plan_rows
+    reads: list[int] = []
+
+    @contextlib.contextmanager
+    def watching(source: Any) -> Iterator[Callable[[], bool]]:
+        with real_watch(source) as real_written:
+            if meanwhile == "locked":  # another process's writer waits for the watch's lock
+                writers.append(subprocess.Popen([sys.executable, "-c", _WRITER, route.source_path]))
+                time.sleep(0.5)
+
+            def written() -> bool:  # after the copy: as a writer would while DuckDB reads
+                if meanwhile == "moved" and not reads:
+                    with contextlib.closing(sqlite3.connect(route.source_path)) as db, db:
+                        db.execute(_MOVE_A_ROW)
+                return real_written()
+
+            yield written
+
+    def reading(*args: Any) -> Any:
+        reads.append(1)
+        return real_rows(*args)
+
+    writers: list[subprocess.Popen] = []
+    monkeypatch.setattr(duckdb_sink, "watching_writes", watching)
+    monkeypatch.setattr(duckdb_sink, "plan_rows", reading)
+    route = _route(tmp_path, "duckdb", lambda payload: None)
+    if meanwhile != "locked":
+        _write_ahead_log(route.source_path)  # a writer waits out a rollback journal's readers
+    if indexed:
+        with contextlib.closing(sqlite3.connect(route.source_path)) as db:
+            db.execute("CREATE INDEX orders_region ON orders (region)")
+    try:
+        assert route.runtime().run(route.spec("lazy-plan", strategy=strategy)).rows_loaded == 120
+        assert len(reads) == (meanwhile != "nothing")
+        assert_rows_exactly_once(route.source_ids(), route.target_ids())
+        assert sorted(route.sink.inner.rows()) == sorted(route.source_rows())
+        assert (min(route.target_ids()) > 1) == (meanwhile != "nothing")
+    finally:
+        for writer in writers:
+            assert writer.wait(timeout=30) == 0
+        route.real_store.close()
+
+
+def _write_ahead_log(path: Path) -> None:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA journal_mode = wal").fetchone()[0] == "wal"
+
+
+@pytest.mark.parametrize("journal", ["delete", "wal"])
+def test_watching_writes_holds_a_read_lock_on_the_source_until_its_check(tmp_path, journal):
+    """The engine that reads the source is a second copy of SQLite in the process, and POSIX
+    locks belong to the process: a close of any of dpone's connections to the file while the
+    engine read dropped the engine's locks, and chDB then read rows a writer moved twice (274
+    and 278 of 2,000,000 in 2 of 4 reads with connections opened and closed beside it; 0 in
+    4 with a read transaction held; connectors.md). The watch's read transaction makes
+    Python's SQLite defer those closes; it ends at the check, which still sees a commit
+    made meanwhile."""
+    path = tmp_path / "source.db"
+    build_sample_source(path, rows=10)
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute(f"PRAGMA journal_mode = {journal}")
+    source = SQLiteSource(path, "orders", "region")
+    writer = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        with watching_writes(source) as written:
+            if journal == "delete":  # a writer cannot commit under a reader's lock
+                with pytest.raises(sqlite3.OperationalError, match="locked"):
+                    writer.execute("BEGIN EXCLUSIVE")
+            else:  # a checkpoint cannot pass the reader's snapshot
+                writer.execute("UPDATE orders SET amount = 0 WHERE id = 1")
+                busy, log, done = writer.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                assert busy == 1 and done < log
+            assert written() == (journal == "wal")
+            writer.execute("UPDATE orders SET amount = 1 WHERE id = 2")  # the lock is gone
+            assert written()
+    finally:
+        writer.close()
+
+
+class _InterruptedQuery:
+    """A DuckDB connection whose next query is a real long one that a Ctrl-C interrupts."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def execute(self, *args: Any) -> Any:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        return self.conn.execute("SELECT count(*) FROM range(1000000000000) t(i) WHERE i % 7 = 3")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+@pytest.mark.parametrize(
+    ("path", "read"), [("legacy", "_write_tagged"), ("lazy-plan", "_probe_plan_read")]
+)
+def test_a_ctrl_c_during_a_duckdb_read_of_the_source_stops_the_run(
+    tmp_path, monkeypatch, path, read
+):
+    """DuckDB turns what a signal's handler raised during its query into RuntimeError("Query
+    interrupted"). The pull took that for a failed read and read the rows again in Python:
+    a SIGTERM'd run finished with exit 0. Lazy-plan's check took it for a value DuckDB
+    cannot read (exit 2). Both now stop the run with it, before the target is touched."""
+    real = getattr(duckdb_sink, read)
+    monkeypatch.setattr(duckdb_sink, read, lambda conn, *rest: real(_InterruptedQuery(conn), *rest))
+    route = _route(tmp_path, "duckdb", lambda payload: None)
+    try:
+        with pytest.raises(RuntimeError, match="^Query interrupted$"):
+            route.runtime().run(route.spec(path))
+        assert route.target_ids() == []
+        monkeypatch.setattr(duckdb_sink, read, real)
+        assert route.runtime().run(route.spec(path, run_id="run-2")).rows_loaded == 120
         assert_rows_exactly_once(route.source_ids(), route.target_ids())
     finally:
         route.real_store.close()

@@ -128,22 +128,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:
         return stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-    terminated = threading.Event()
+    arrived: set[int] = set()
     try:
         with (
-            _terminated_on_sigterm(terminated),
+            _signals_raised(arrived),
             _logging_to_stderr("warning" if getattr(args, "quiet", False) else args.log_level),
         ):
             return args.handler(args)
-    except KeyboardInterrupt:
+    except (_Terminated, KeyboardInterrupt, Exception) as error:
+        if isinstance(error, Exception) and not arrived:
+            return _report_failure(error, show_traceback=args.traceback)
+        # an engine may have wrapped it in its own error: DuckDB's query raises RuntimeError
+        if isinstance(error, _Terminated) or signal.SIGTERM in arrived:
+            print("error: terminated (SIGTERM)", file=sys.stderr)
+            return EXIT_TERMINATED
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (_Terminated, Exception) as error:
-        if isinstance(error, Exception) and not terminated.is_set():
-            return _report_failure(error, show_traceback=args.traceback)
-        # an engine that ran Python code (a batch reader) may have wrapped it in its own error
-        print("error: terminated (SIGTERM)", file=sys.stderr)
-        return EXIT_TERMINATED
 
 
 class _Terminated(BaseException):
@@ -151,27 +151,35 @@ class _Terminated(BaseException):
 
 
 @contextlib.contextmanager
-def _terminated_on_sigterm(terminated: threading.Event) -> Any:
+def _signals_raised(arrived: set[int]) -> Any:
     """SIGTERM (what schedulers, ``timeout`` and Kubernetes send) ends the command as Ctrl-C
     does: the attempt cleans up (its work folder of source rows, its lease) instead of dying
-    where it stands. A second SIGTERM kills at once. Only the main thread can take signals;
-    a SIGTERM the process ignores, or that a host program handles outside Python, is left
-    alone. ``terminated`` is set when one arrived."""
-    left_alone = signal.getsignal(signal.SIGTERM) in (signal.SIG_IGN, None)
-    if left_alone or threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    where it stands. A second SIGTERM kills at once. Each of the two that arrives is added to
+    ``arrived``, so that one an engine wrapped in its own error is still reported as itself.
+    Only the main thread can take signals; a signal the process ignores, or that a host
+    program handles outside Python (or in its own Python handler, for SIGINT), is left alone."""
 
     def terminate(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        terminated.set()
+        arrived.add(signum)
         raise _Terminated
 
-    previous = signal.signal(signal.SIGTERM, terminate)
+    def interrupt(signum: int, frame: Any) -> None:
+        arrived.add(signum)
+        raise KeyboardInterrupt
+
+    ours: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, None):
+            ours[signal.SIGTERM] = terminate
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            ours[signal.SIGINT] = interrupt
+    previous = {signum: signal.signal(signum, handler) for signum, handler in ours.items()}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,11 +21,14 @@ import decimal
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .errors import PathContractBroken, ValueUnsupported
+
+if TYPE_CHECKING:
+    from .payloads import Column
 
 __all__ = [
     "ENGINE_CARRIERS",
@@ -35,6 +38,7 @@ __all__ = [
     "as_double",
     "as_text",
     "carried_chunks",
+    "column_carriers",
     "declared_precision",
     "decimal_text",
     "double_nan_as_text",
@@ -387,6 +391,14 @@ one into another value silently ('0x1A' into BIGINT 26, '' into Int64 0, a date'
 dropped). Decimals with a precision take ``exact_decimal`` instead."""
 
 _REFUSED = (ValueError, TypeError, KeyError, OverflowError, decimal.InvalidOperation)
+
+
+def column_carriers(
+    columns: Sequence[Column], carrier: Callable[[Column], Carry | None]
+) -> list[tuple[int, str, Carry]]:
+    """The ``(index, column, carry)`` of each of ``columns`` that ``carrier`` gives one."""
+    found = ((index, column, carrier(column)) for index, column in enumerate(columns))
+    return [(index, column.name, carry) for index, column, carry in found if carry is not None]
 
 
 def carried_chunks(

@@ -32,6 +32,8 @@ from ..artifacts import DigestReader, DigestWriter, create_private, read_chunks
 from ..column_types import (
     ENGINE_CARRIERS,
     Carry,
+    carried_chunks,
+    column_carriers,
     double_nan_as_text,
     exact_decimal,
     instant_as_utc_or_infinite,
@@ -81,7 +83,13 @@ from ._sql import (
     unavailable,
 )
 from .contract import SQLiteFile
-from .sqlite import inexact_plan, pulled_file, refuse_inexact_plan, watching_writes
+from .sqlite import (
+    inexact_plan,
+    plan_rows,
+    pulled_file,
+    refuse_inexact_plan,
+    watching_writes,
+)
 
 __all__ = ["DUCKDB_TYPES", "DuckDBSink", "duckdb_carrier", "duckdb_type"]
 
@@ -295,7 +303,8 @@ class DuckDBSink(FileTarget):
             return False
         except NativeTransferError:  # the source's own: Python's read would meet it too
             raise
-        except Exception:  # DuckDB's, of any type (a message it cannot decode raises Unicode...)
+        except Exception as error:  # DuckDB's, of any type (a message it cannot decode...)
+            _reraise_interrupt(error)
             return False
         return True
 
@@ -321,9 +330,10 @@ class DuckDBSink(FileTarget):
                 pa = arrow("DuckDBSink")
                 pulled = _write_tagged(checked.scratch, pa, sql, params, paths, len(plan.bounds))
                 if written():
-                    raise _SourceWritten
+                    raise _ReadThrownAway
                 return pulled
-        except Exception:  # of any type: DuckDB's message of a value it refuses may not decode
+        except Exception as error:  # of any type: DuckDB's message of a value may not decode
+            _reraise_interrupt(error)
             for path in paths:  # a read that failed leaves nothing behind
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
@@ -428,7 +438,12 @@ class DuckDBSink(FileTarget):
                 )
 
     def _load_plan(self, plan: LoadPlan) -> int:
-        """DuckDB pulls the plan's partitions from the SQLite file with ``sqlite_scan``."""
+        """DuckDB pulls the plan's partitions from the SQLite file with ``sqlite_scan``. Its
+        scanner reads the file in rowid ranges, not in one snapshot: a row moved past the
+        last range meanwhile was lost, with exit 0. So when another connection committed to
+        the source during the copy (``watching_writes``), or the copy failed (the scanner
+        waits for no lock: a writer's failed it), the copy is rolled back and the same target
+        call loads the rows dpone reads itself (``plan_rows``), as legacy does."""
         checked = self._checked
         if checked is None or checked.plan is not plan or checked.scratch is not None:
             self.check_plan(plan)  # a pull's check is not lazy-plan's
@@ -440,16 +455,30 @@ class DuckDBSink(FileTarget):
         scan = _scan(source)
         statements = _plan_conditions(source, plan.bounds, textual)
         with self._connect(scanner=True) as conn:
+            try:
+                with watching_writes(source) as written, _transaction(conn):
+                    _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
+                    try:
+                        rows = sum(
+                            conn.execute(
+                                f"INSERT INTO {self._target.sql()} ({names}) SELECT {names}"
+                                f" FROM sqlite_scan(?, ?) WHERE {where}",
+                                [*scan, *params],
+                            ).fetchone()[0]
+                            for where, params, _ in statements
+                        )
+                    except _driver().Error:
+                        raise _ReadThrownAway from None
+                    if written():
+                        raise _ReadThrownAway
+                    return _record(conn, self._ledger.take(), rows)
+            except _ReadThrownAway:  # the copy was rolled back
+                pass
+            carriers = column_carriers(plan.columns, duckdb_carrier)
+            chunks = carried_chunks(plan_rows(source, plan.bounds), carriers, target="DuckDB")
             with _transaction(conn):
                 _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
-                rows = sum(
-                    conn.execute(
-                        f"INSERT INTO {self._target.sql()} ({names}) SELECT {names}"
-                        f" FROM sqlite_scan(?, ?) WHERE {where}",
-                        [*scan, *params],
-                    ).fetchone()[0]
-                    for where, params, _ in statements
-                )
+                rows = _insert_rows(conn, self._target, plan.columns, chunks)
                 return _record(conn, self._ledger.take(), rows)
 
     def stage(self, payload: RowChunks) -> int:
@@ -603,7 +632,8 @@ def _probe_plan_read(
     try:
         found = conn.execute(f"SELECT {', '.join(tests)} FROM sqlite_scan(?, ?)", _scan(source))
         failing = [name for name, bad in zip(texts, found.fetchone(), strict=False) if bad]
-    except Exception:  # DuckDB's, of any type (a message it cannot decode raises Unicode...)
+    except Exception as error:  # DuckDB's, of any type (a message it cannot decode...)
+        _reraise_interrupt(error)
         refuse_inexact_plan(source, columns, engine="DuckDB", table=table)
         failing = [*texts, *counted]  # SQLite found nothing: the scanner cannot read them
     if failing:
@@ -730,8 +760,18 @@ def _tagged_scan(source: SQLiteFile, plan: LoadPlan, textual: Collection[str]) -
     return sql, [*params, *_scan(source)]
 
 
-class _SourceWritten(Exception):
-    """Another connection committed to the source while DuckDB pulled from it."""
+def _reraise_interrupt(error: Exception) -> None:
+    """Re-raise what DuckDB made of a signal during its query: the exception the signal's
+    handler raised (Ctrl-C's KeyboardInterrupt, the CLI's SIGTERM, a scheduler's own) becomes
+    RuntimeError("Query interrupted"). That is no failed read to fall back from: the pull
+    that took it for one read the rows again in Python, and a SIGTERM'd run ended with 0."""
+    if type(error) is RuntimeError and str(error) == "Query interrupted":
+        raise error
+
+
+class _ReadThrownAway(Exception):
+    """DuckDB's read of the source cannot be kept: it failed, or another connection committed
+    to the source meanwhile."""
 
 
 def _write_tagged(

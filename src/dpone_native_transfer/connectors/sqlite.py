@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import os
 import re
 import sqlite3
@@ -58,7 +59,7 @@ from ._sql import (
     unavailable,
 )
 from ._sql import quote as _quote
-from .contract import DEFAULT_CHUNK_ROWS, SQLiteFile
+from .contract import DEFAULT_CHUNK_ROWS, OnePassReading, SQLiteFile
 
 __all__ = ["SQLiteSink", "SQLiteSource"]
 
@@ -613,16 +614,40 @@ def _misread_test(column: Column) -> str:
 def watching_writes(source: SQLiteFile) -> Iterator[Callable[[], bool]]:
     """A check whether another connection committed to ``source`` since entering: SQLite's
     ``data_version``, read on a connection of its own. An engine's read of the source is not
-    one SQLite snapshot (DuckDB's scanner missed a row moved to a new rowid meanwhile, chDB's
-    ``sqlite()`` read it twice), so a pull during which the source was written is thrown
-    away and the runtime reads the rows itself (connectors.md, "DuckDB target")."""
+    one SQLite snapshot (DuckDB's scanner missed a row moved to a new rowid meanwhile), so a
+    read during which the source was written is thrown away and dpone reads the rows itself
+    (connectors.md, "DuckDB target").
+
+    Until the check, that connection holds a read transaction. The engine's SQLite is a
+    second copy of SQLite in this process, and POSIX locks belong to the process: closing any
+    of dpone's connections to the file dropped the engine's locks, and chDB then read rows a
+    writer moved twice (SQLite's "multiple copies of SQLite" hazard). While one of its
+    connections holds a lock, Python's SQLite defers such a close."""
 
     def version() -> int:
         return int(watch.execute("PRAGMA data_version").fetchone()[0])
 
+    def written() -> bool:
+        if watch.in_transaction:
+            watch.execute("COMMIT")
+        return version() != before
+
     with source.reader() as watch:
         before = version()
-        yield lambda: version() != before
+        watch.execute("BEGIN")
+        watch.execute("SELECT count(*) FROM sqlite_master").fetchone()  # takes the read lock
+        yield written
+
+
+def plan_rows(source: SQLiteFile, bounds: Sequence[Mapping[str, Any]]) -> Iterable[list[tuple]]:
+    """The rows of a plan's ``bounds`` as the row paths read them, for a sink that threw its
+    engine's read of the source away (``watching_writes``): in one scan when the source
+    splits one (``OnePassReading``), otherwise one statement per bound."""
+    if isinstance(source, OnePassReading) and len(bounds) >= 2:
+        scan = source.read_partitions(bounds)
+        if scan is not None:
+            return (rows for _, rows in scan)
+    return itertools.chain.from_iterable(source.read(each) for each in bounds)
 
 
 def pulled_file(plan: LoadPlan, *, engine: str, table: str) -> SQLiteFile:

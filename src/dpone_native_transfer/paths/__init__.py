@@ -19,7 +19,7 @@ from ..artifacts import create_private, read_chunks, write_chunks
 from ..boundary import TargetBoundary, TargetMutation
 from ..checkpoints import PartitionCheckpoint, RouteKey, Strategy
 from ..clock import Clock
-from ..column_types import Carry, carried_chunks
+from ..column_types import Carry, carried_chunks, column_carriers
 from ..connectors.contract import (
     FilePulling,
     LedgerSink,
@@ -367,10 +367,7 @@ def _spooled_rows(files: Sequence[LoadFile]) -> Iterator[list[tuple]]:
 
 
 def _carriers(sink: Sink, columns: Sequence[Column]) -> list[tuple[int, str, Carry]]:
-    if not isinstance(sink, ValueCarrying):
-        return []
-    found = ((index, column, sink.carrier(column)) for index, column in enumerate(columns))
-    return [(index, column.name, carry) for index, column, carry in found if carry is not None]
+    return column_carriers(columns, sink.carrier) if isinstance(sink, ValueCarrying) else []
 
 
 TransferPath = Callable[[PathContext], int]
