@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import duckdb
 import pyarrow as pa
@@ -1277,17 +1277,42 @@ def test_watching_writes_holds_a_read_lock_on_the_source_until_its_check(tmp_pat
 
 
 class _InterruptedQuery:
-    """A DuckDB connection whose next query is a real long one that a Ctrl-C interrupts."""
+    """A DuckDB connection whose next query is a real one of about 2 s that Ctrl-C
+    interrupts. The SIGINT is sent every 0.2 s until the query ends: one that lands while
+    DuckDB is not looking for it is lost, as a Ctrl-C would be. ``armed`` says whether the
+    test's handler (``_ctrl_c``) raises; it stops before the sender does, so none lands
+    elsewhere. The query is not endless: closing the connection after an interrupt waited,
+    at times, for DuckDB's threads to finish it."""
+
+    armed: ClassVar[list[bool]] = [False]
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
 
     def execute(self, *args: Any) -> Any:
-        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
-        return self.conn.execute("SELECT count(*) FROM range(1000000000000) t(i) WHERE i % 7 = 3")
+        stop = threading.Event()
+
+        def send() -> None:
+            while not stop.wait(0.2):
+                os.kill(os.getpid(), signal.SIGINT)
+
+        sender = threading.Thread(target=send)
+        self.armed[0] = True
+        sender.start()
+        try:
+            return self.conn.execute("SELECT count(*) FROM range(400000000) t(i) WHERE i % 7")
+        finally:
+            self.armed[0] = False
+            stop.set()
+            sender.join()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.conn, name)
+
+
+def _ctrl_c(signum: int, frame: Any) -> None:
+    if _InterruptedQuery.armed[0]:
+        raise KeyboardInterrupt
 
 
 @pytest.mark.parametrize(
@@ -1303,6 +1328,7 @@ def test_a_ctrl_c_during_a_duckdb_read_of_the_source_stops_the_run(
     real = getattr(duckdb_sink, read)
     monkeypatch.setattr(duckdb_sink, read, lambda conn, *rest: real(_InterruptedQuery(conn), *rest))
     route = _route(tmp_path, "duckdb", lambda payload: None)
+    previous = signal.signal(signal.SIGINT, _ctrl_c)
     try:
         with pytest.raises(RuntimeError, match="^Query interrupted$"):
             route.runtime().run(route.spec(path))
@@ -1311,4 +1337,5 @@ def test_a_ctrl_c_during_a_duckdb_read_of_the_source_stops_the_run(
         assert route.runtime().run(route.spec(path, run_id="run-2")).rows_loaded == 120
         assert_rows_exactly_once(route.source_ids(), route.target_ids())
     finally:
+        signal.signal(signal.SIGINT, previous)
         route.real_store.close()
