@@ -474,8 +474,9 @@ class DuckDBSink(FileTarget):
                     return _record(conn, self._ledger.take(), rows)
             except _ReadThrownAway:  # the copy was rolled back
                 pass
+            read = plan_rows(source, plan.bounds, plan.columns)
             carriers = column_carriers(plan.columns, duckdb_carrier)
-            chunks = carried_chunks(plan_rows(source, plan.bounds), carriers, target="DuckDB")
+            chunks = carried_chunks(read, carriers, target="DuckDB")
             with _transaction(conn):
                 _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
                 rows = _insert_rows(conn, self._target, plan.columns, chunks)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import itertools
 import os
 import re
 import sqlite3
@@ -639,15 +638,25 @@ def watching_writes(source: SQLiteFile) -> Iterator[Callable[[], bool]]:
         yield written
 
 
-def plan_rows(source: SQLiteFile, bounds: Sequence[Mapping[str, Any]]) -> Iterable[list[tuple]]:
-    """The rows of a plan's ``bounds`` as the row paths read them, for a sink that threw its
-    engine's read of the source away (``watching_writes``): in one scan when the source
-    splits one (``OnePassReading``), otherwise one statement per bound."""
+def plan_rows(
+    source: SQLiteFile, bounds: Sequence[Mapping[str, Any]], columns: Sequence[Column]
+) -> Iterator[list[tuple]]:
+    """The ``columns`` of a plan's ``bounds`` as the row paths read them, for a sink that
+    threw its engine's read of the source away (``watching_writes``): in one scan when the
+    source splits one (``OnePassReading``, which reads the described columns), otherwise
+    one statement per bound."""
     if isinstance(source, OnePassReading) and len(bounds) >= 2:
-        scan = source.read_partitions(bounds)
-        if scan is not None:
-            return (rows for _, rows in scan)
-    return itertools.chain.from_iterable(source.read(each) for each in bounds)
+        if [c.name for c in columns] == [c.name for c in source.describe().columns]:
+            scan = source.read_partitions(bounds)
+            if scan is not None:
+                yield from (rows for _, rows in scan)
+                return
+    for each in bounds:
+        sql, params = source.select_sql(each, columns=columns)
+        with source.reader() as conn:
+            cursor = conn.execute(sql, params)
+            while chunk := cursor.fetchmany(DEFAULT_CHUNK_ROWS):
+                yield chunk
 
 
 def pulled_file(plan: LoadPlan, *, engine: str, table: str) -> SQLiteFile:
