@@ -285,6 +285,64 @@ def test_a_pull_of_more_partitions_than_one_statement_takes_is_declined(tmp_path
     assert sink.can_pull(LoadPlan(source=source, columns=columns, bounds=bounds[:256]), 256)
 
 
+# A refresh's source: rows of values outside the plan, NULL keys, cursors above the window's top
+# and NULL cursors (which a refresh's window keeps).
+_REFRESH_SOURCE = (
+    "CREATE TABLE t (id INTEGER PRIMARY KEY, p {kind}, c INTEGER);"
+    "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 60)"
+    " INSERT INTO t SELECT i, CASE WHEN i % 11 = 0 THEN NULL ELSE {value} END,"
+    " CASE WHEN i % 7 = 0 THEN NULL ELSE i END FROM n;"
+)
+
+
+@pytest.mark.parametrize("kind", ["TEXT", "INTEGER"])
+@pytest.mark.parametrize("window", [False, True])
+@pytest.mark.parametrize("replace", [False, True])
+def test_chdb_reads_of_a_plan_keep_its_rows_by_lookup_or_by_condition_alike(
+    tmp_path, monkeypatch, kind, window, replace
+):
+    """A full refresh's plan (``replace``) is every partition listed, so chDB keeps its rows by
+    a lookup of each row's value instead of pushing the plan's conditions down to SQLite:
+    both ways, lazy-plan's load and the pull keep exactly the rows SQLite's read of each
+    bound selects (not a value outside the plan, a NULL key, or a cursor above the window),
+    and the pull counts each bound's rows as that read does."""
+    from dpone_native_transfer.connectors.clickhouse import chdb_client
+
+    statements: list[str] = []
+    real_command = chdb_client.ChdbClient.command
+
+    def command(self: Any, sql: str, params: Any = None) -> None:
+        statements.append(sql)
+        real_command(self, sql, params)
+
+    monkeypatch.setattr(chdb_client.ChdbClient, "command", command)
+    value = "'k' || (i % 5)" if kind == "TEXT" else "i % 5 - 2"
+    with sqlite3.connect(tmp_path / "source.db") as db:
+        db.executescript(_REFRESH_SOURCE.format(kind=kind, value=value))
+    source = SQLiteSource(
+        str(tmp_path / "source.db"), "t", "p", cursor_column="c" if window else None
+    )
+    values = ["k1", "k3", "k4"] if kind == "TEXT" else [-2, 0, 2]
+    top = {"cursor_upto": 45, "cursor_nulls": True} if window else {}
+    bounds = tuple({"partition": v, **top} for v in values)
+    plan = LoadPlan(
+        source=source, columns=source.describe().columns, bounds=bounds, replace=replace
+    )
+    expected = [[row for chunk in source.read(bound) for row in chunk] for bound in bounds]
+    wanted = sorted(row for rows in expected for row in rows)
+    assert 0 < len(wanted) < 50, "the source has rows outside the plan"
+    sink = ClickHouseSink(tmp_path / "chdata", "t")
+    assert sink.load(plan) == len(wanted)
+    assert sink.rows() == wanted
+    assert sink.can_pull(plan, 1)
+    [pulled], counts = sink.pull_load_files(plan, [tmp_path / "pulled.arrows"])
+    assert counts == [len(rows) for rows in expected]
+    assert sorted(tuple(row.values()) for batch in _batches(pulled.path) for row in batch) == wanted
+    reads = [sql for sql in statements if "FROM sqlite(" in sql]
+    assert len(reads) == 2
+    assert all(("!= -1" in sql) is replace for sql in reads), "a lookup only for a refresh"
+
+
 def _batches(path: Path) -> list[list[dict]]:
     import pyarrow as pa
 
