@@ -316,13 +316,15 @@ def test_chdb_reads_of_a_plan_keep_its_rows_by_lookup_or_by_condition_alike(
         real_command(self, sql, params)
 
     monkeypatch.setattr(chdb_client.ChdbClient, "command", command)
-    value = "'k' || (i % 5)" if kind == "TEXT" else "i % 5 - 2"
+    texts = "CASE i % 5 WHEN 0 THEN 'a''b' WHEN 1 THEN '' WHEN 2 THEN 'ü' WHEN 3 THEN 'x\\y'"
+    texts += " ELSE 'k' END"
+    value = texts if kind == "TEXT" else "i % 5 - 2"
     with sqlite3.connect(tmp_path / "source.db") as db:
         db.executescript(_REFRESH_SOURCE.format(kind=kind, value=value))
     source = SQLiteSource(
         str(tmp_path / "source.db"), "t", "p", cursor_column="c" if window else None
     )
-    values = ["k1", "k3", "k4"] if kind == "TEXT" else [-2, 0, 2]
+    values = ["a'b", "", "x\\y"] if kind == "TEXT" else [-2, 0, 2]
     top = {"cursor_upto": 45, "cursor_nulls": True} if window else {}
     bounds = tuple({"partition": v, **top} for v in values)
     plan = LoadPlan(
