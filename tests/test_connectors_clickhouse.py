@@ -298,14 +298,15 @@ _REFRESH_SOURCE = (
 @pytest.mark.parametrize("kind", ["TEXT", "INTEGER"])
 @pytest.mark.parametrize("window", [False, True])
 @pytest.mark.parametrize("replace", [False, True])
+@pytest.mark.parametrize("null_key", [False, True])
 def test_chdb_reads_of_a_plan_keep_its_rows_by_lookup_or_by_condition_alike(
-    tmp_path, monkeypatch, kind, window, replace
+    tmp_path, monkeypatch, kind, window, replace, null_key
 ):
     """A full refresh's plan (``replace``) is every partition listed, so chDB keeps its rows by
     a lookup of each row's value instead of pushing the plan's conditions down to SQLite:
     both ways, lazy-plan's load and the pull keep exactly the rows SQLite's read of each
-    bound selects (not a value outside the plan, a NULL key, or a cursor above the window),
-    and the pull counts each bound's rows as that read does."""
+    bound selects (not a value outside the plan, a NULL key unless planned, or a cursor above
+    the window), and the pull counts each bound's rows as that read does."""
     from dpone_native_transfer.connectors.clickhouse import chdb_client
 
     statements: list[str] = []
@@ -326,7 +327,7 @@ def test_chdb_reads_of_a_plan_keep_its_rows_by_lookup_or_by_condition_alike(
     )
     values = ["a'b", "", "x\\y"] if kind == "TEXT" else [-2, 0, 2]
     top = {"cursor_upto": 45, "cursor_nulls": True} if window else {}
-    bounds = tuple({"partition": v, **top} for v in values)
+    bounds = tuple({"partition": v, **top} for v in [*([None] if null_key else []), *values])
     plan = LoadPlan(
         source=source, columns=source.describe().columns, bounds=bounds, replace=replace
     )
@@ -343,6 +344,7 @@ def test_chdb_reads_of_a_plan_keep_its_rows_by_lookup_or_by_condition_alike(
     reads = [sql for sql in statements if "FROM sqlite(" in sql]
     assert len(reads) == 2
     assert all(("!= -1" in sql) is replace for sql in reads), "a lookup only for a refresh"
+    assert "multiIf(" not in reads[1], "the pull tags each row by the lookup, a NULL key too"
 
 
 def _batches(path: Path) -> list[list[dict]]:

@@ -622,20 +622,25 @@ class _PlanSQL:
             where, own = where_sql(predicates, prefix=f"b{number}_")
             self.conditions.append(f"({where})")
             self.params.update(own)
-        # One value each, all texts or all integers, in one cursor window: a row's bound is
-        # then found by a lookup of its value (``index``).
-        values = [predicates[0].value for predicates in found]
+        # One value each, all texts or all integers, and at most one NULL key, in one cursor
+        # window: a row's bound is then found by a lookup of its value (``index``).
+        self.keyed = [n for n, predicates in enumerate(found) if predicates[0].op == "="]
+        nulls = [n for n, predicates in enumerate(found) if predicates[0].op == "IS NULL"]
+        values = [found[number][0].value for number in self.keyed]
         kinds = {type(value) for value in values}
         self.lookup: str | None = None  # the values' parameter type
         self.window: str | None = None  # with a lookup: the cursor window all bounds share
+        self.null_bound = nulls[0] if len(nulls) == 1 else None
         if (
-            all(p[0].op == "=" and p[1:] == found[0][1:] for p in found)
+            len(self.keyed) + len(nulls) == len(found)
+            and len(nulls) <= 1
+            and all(predicates[1:] == found[0][1:] for predicates in found)
             and kinds in ({str}, {int})
             and len(set(values)) == len(values)
         ):
             self.lookup = "String" if kinds == {str} else "Int64"
             self.column = quote(source.partition_column)
-            self.params.update((f"v{number}", value) for number, value in enumerate(values))
+            self.params.update((f"v{number}", found[number][0].value) for number in self.keyed)
             if found[0][1:]:
                 self.window, own = where_sql(found[0][1:], prefix="w_")
                 self.params.update(own)
@@ -657,12 +662,15 @@ class _PlanSQL:
         value (``transform``) when ``lookup``, else the first bound whose condition holds
         (``multiIf``, which took 0.15 s more of 1,000,000 rows in 100 bounds). The ``where``
         of the same bounds leaves out every row of none."""
-        count = len(self.conditions)
         if self.lookup is None:
             tests = ", ".join(f"{condition}, {n}" for n, condition in enumerate(self.conditions))
             return f"multiIf({tests}, -1)"
-        values = ", ".join(f"{{v{number}:{self.lookup}}}" for number in range(count))
-        return f"transform({self.column}, [{values}], range({count}), -1)"
+        values = ", ".join(f"{{v{number}:{self.lookup}}}" for number in self.keyed)
+        numbers = ", ".join(str(number) for number in self.keyed)
+        lookup = f"transform({self.column}, [{values}], [{numbers}], -1)"
+        if self.null_bound is None:
+            return lookup  # a NULL key: NULL, which no condition keeps
+        return f"if(isNull({self.column}), {self.null_bound}, {lookup})"
 
 
 def _recut(
