@@ -302,11 +302,12 @@ _REFRESH_SOURCE = (
 def test_chdb_reads_of_a_plan_keep_its_rows_by_lookup_or_by_condition_alike(
     tmp_path, monkeypatch, kind, window, replace, null_key
 ):
-    """A full refresh's plan (``replace``) is every partition listed, so chDB keeps its rows by
-    a lookup of each row's value instead of pushing the plan's conditions down to SQLite:
-    both ways, lazy-plan's load and the pull keep exactly the rows SQLite's read of each
-    bound selects (not a value outside the plan, a NULL key unless planned, or a cursor above
-    the window), and the pull counts each bound's rows as that read does."""
+    """A full refresh's plan (``replace``) is every partition listed, and an append's in a
+    cursor window every partition listed in it, so chDB keeps their rows by a lookup of each
+    row's value instead of pushing the plan's conditions down to SQLite. Both ways,
+    lazy-plan's load and the pull keep exactly the rows SQLite's read of each bound selects
+    (not a value outside the plan, a NULL key unless planned, or a cursor outside the
+    window), and the pull counts each bound's rows as that read does."""
     from dpone_native_transfer.connectors.clickhouse import chdb_client
 
     statements: list[str] = []
@@ -326,7 +327,8 @@ def test_chdb_reads_of_a_plan_keep_its_rows_by_lookup_or_by_condition_alike(
         str(tmp_path / "source.db"), "t", "p", cursor_column="c" if window else None
     )
     values = ["a'b", "", "x\\y"] if kind == "TEXT" else [-2, 0, 2]
-    top = {"cursor_upto": 45, "cursor_nulls": True} if window else {}
+    refresh_top = {"cursor_upto": 45, "cursor_nulls": True}  # NULL cursors kept
+    top = (refresh_top if replace else {"cursor_after": 10, "cursor_upto": 45}) if window else {}
     bounds = tuple({"partition": v, **top} for v in [*([None] if null_key else []), *values])
     plan = LoadPlan(
         source=source, columns=source.describe().columns, bounds=bounds, replace=replace
@@ -343,7 +345,8 @@ def test_chdb_reads_of_a_plan_keep_its_rows_by_lookup_or_by_condition_alike(
     assert sorted(tuple(row.values()) for batch in _batches(pulled.path) for row in batch) == wanted
     reads = [sql for sql in statements if "FROM sqlite(" in sql]
     assert len(reads) == 2
-    assert all(("!= -1" in sql) is replace for sql in reads), "a lookup only for a refresh"
+    looked_up = replace or window  # a refresh's plan, or one cursor window's
+    assert all(("!= -1" in sql) is looked_up for sql in reads)
     assert "multiIf(" not in reads[1], "the pull tags each row by the lookup, a NULL key too"
 
 
