@@ -295,7 +295,7 @@ _REFRESH_SOURCE = (
 )
 
 
-@pytest.mark.parametrize("kind", ["TEXT", "INTEGER"])
+@pytest.mark.parametrize("kind", ["TEXT", "INTEGER", "ranges"])
 @pytest.mark.parametrize("window", [False, True])
 @pytest.mark.parametrize("replace", [False, True])
 @pytest.mark.parametrize("null_key", [False, True])
@@ -320,16 +320,24 @@ def test_chdb_reads_of_a_plan_keep_its_rows_by_lookup_or_by_condition_alike(
     monkeypatch.setattr(chdb_client.ChdbClient, "command", command)
     texts = "CASE i % 5 WHEN 0 THEN 'a''b' WHEN 1 THEN '' WHEN 2 THEN 'ü' WHEN 3 THEN 'x\\y'"
     texts += " ELSE 'k' END"
-    value = texts if kind == "TEXT" else "i % 5 - 2"
+    value = {"TEXT": texts, "INTEGER": "i % 5 - 2", "ranges": "i * 3 - 20"}[kind]
     with sqlite3.connect(tmp_path / "source.db") as db:
-        db.executescript(_REFRESH_SOURCE.format(kind=kind, value=value))
+        db.executescript(
+            _REFRESH_SOURCE.format(kind="TEXT" if kind == "TEXT" else "INTEGER", value=value)
+        )
     source = SQLiteSource(
         str(tmp_path / "source.db"), "t", "p", cursor_column="c" if window else None
     )
-    values = ["a'b", "", "x\\y"] if kind == "TEXT" else [-2, 0, 2]
+    parts: list[dict[str, Any]] = [
+        {"partition": v} for v in {"TEXT": ["a'b", "", "x\\y"], "INTEGER": [-2, 0, 2]}.get(kind, [])
+    ]
+    if kind == "ranges":  # contiguous, given out of order; keys from 100 on are outside them
+        cuts = [(7, 40), (None, 7), (40, 100)]
+        parts = [{"partition_from": low, "partition_below": high} for low, high in cuts]
     refresh_top = {"cursor_upto": 45, "cursor_nulls": True}  # NULL cursors kept
     top = (refresh_top if replace else {"cursor_after": 10, "cursor_upto": 45}) if window else {}
-    bounds = tuple({"partition": v, **top} for v in [*([None] if null_key else []), *values])
+    keys = [*([{"partition": None}] if null_key else []), *parts]
+    bounds = tuple({**key, **top} for key in keys)
     plan = LoadPlan(
         source=source, columns=source.describe().columns, bounds=bounds, replace=replace
     )

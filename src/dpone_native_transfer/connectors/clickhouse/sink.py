@@ -35,7 +35,7 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -622,28 +622,49 @@ class _PlanSQL:
             where, own = where_sql(predicates, prefix=f"b{number}_")
             self.conditions.append(f"({where})")
             self.params.update(own)
-        # One value each, all texts or all integers, and at most one NULL key, in one cursor
-        # window: a row's bound is then found by a lookup of its value (``index``).
-        self.keyed = [n for n, predicates in enumerate(found) if predicates[0].op == "="]
-        nulls = [n for n, predicates in enumerate(found) if predicates[0].op == "IS NULL"]
-        values = [found[number][0].value for number in self.keyed]
-        kinds = {type(value) for value in values}
-        self.lookup: str | None = None  # the values' parameter type
-        self.window: str | None = None  # with a lookup: the cursor window all bounds share
+        # In one cursor window, at most one NULL key and either one value each (all texts or
+        # all integers) or contiguous integer key ranges: a row's bound is then found by a
+        # lookup of its value, or of the start of its range (``index``).
+        windows = [
+            predicates[_key_predicates(b) :]
+            for b, predicates in zip(plan.bounds, found, strict=True)
+        ]
+        nulls = [
+            n for n, b in enumerate(plan.bounds) if "partition" in b and b["partition"] is None
+        ]
+        self.keyed = [n for n in range(len(found)) if n not in nulls]
         self.null_bound = nulls[0] if len(nulls) == 1 else None
-        if (
-            len(self.keyed) + len(nulls) == len(found)
-            and len(nulls) <= 1
-            and all(predicates[1:] == found[0][1:] for predicates in found)
-            and kinds in ({str}, {int})
-            and len(set(values)) == len(values)
-        ):
+        self.lookup: str | None = None  # the values' parameter type, or "range"
+        self.window: str | None = None  # with a lookup: the cursor window all bounds share
+        self.envelope = ""  # with ranges: the keys from the first range's start to the last's end
+        if len(nulls) > 1 or not self.keyed or any(w != windows[0] for w in windows):
+            return
+        self.column = quote(source.partition_column)
+        keyed = [plan.bounds[number] for number in self.keyed]
+        values = [bounds.get("partition") for bounds in keyed]
+        kinds = {type(value) for value in values}
+        ranges = _contiguous_ranges(keyed)
+        if ranges is not None:
+            self.lookup, (starts, below) = "range", ranges
+            self.params.update(
+                (f"r{number}", start) for number, start in zip(self.keyed, starts, strict=True)
+            )
+            self.params["r_from"] = min(starts)
+            limits = [f"{self.column} >= {{r_from:Int64}}"]  # a key below every range
+            if below is not None:
+                self.params["r_below"] = below
+                limits.append(f"{self.column} < {{r_below:Int64}}")
+            self.envelope = " AND ".join(limits)
+        elif kinds in ({str}, {int}) and len(set(values)) == len(values):
             self.lookup = "String" if kinds == {str} else "Int64"
-            self.column = quote(source.partition_column)
-            self.params.update((f"v{number}", found[number][0].value) for number in self.keyed)
-            if found[0][1:]:
-                self.window, own = where_sql(found[0][1:], prefix="w_")
-                self.params.update(own)
+            self.params.update(
+                (f"v{number}", value) for number, value in zip(self.keyed, values, strict=True)
+            )
+        else:
+            return
+        if windows[0]:
+            self.window, own = where_sql(windows[0], prefix="w_")
+            self.params.update(own)
 
     def where(self, numbers: range, *, listed: bool = False) -> str:
         """The condition that selects the rows of the bounds ``numbers``, which chDB pushes down
@@ -669,12 +690,47 @@ class _PlanSQL:
         if self.lookup is None:
             tests = ", ".join(f"{condition}, {n}" for n, condition in enumerate(self.conditions))
             return f"multiIf({tests}, -1)"
-        values = ", ".join(f"{{v{number}:{self.lookup}}}" for number in self.keyed)
         numbers = ", ".join(str(number) for number in self.keyed)
-        lookup = f"transform({self.column}, [{values}], [{numbers}], -1)"
+        if self.lookup == "range":  # the start of the range the key is in, if any is
+            starts = "[" + ", ".join(f"{{r{number}:Int64}}" for number in self.keyed) + "]"
+            lookup = f"transform(roundDown({self.column}, {starts}), {starts}, [{numbers}], -1)"
+            if self.envelope:
+                lookup = f"if({self.envelope}, {lookup}, -1)"
+        else:
+            values = ", ".join(f"{{v{number}:{self.lookup}}}" for number in self.keyed)
+            lookup = f"transform({self.column}, [{values}], [{numbers}], -1)"
         if self.null_bound is None:
-            return lookup  # a NULL key: NULL, which no condition keeps
+            return lookup  # a NULL key: -1
         return f"if(isNull({self.column}), {self.null_bound}, {lookup})"
+
+
+def _key_predicates(bounds: Mapping[str, Any]) -> int:
+    """How many of ``bound_predicates(bounds)`` select the partition (they come first)."""
+    if "partition" in bounds:
+        return 1
+    edges = ("partition_from", "partition_below")
+    return sum(bounds.get(edge) is not None for edge in edges) or 1
+
+
+def _contiguous_ranges(ranges: Sequence[Mapping[str, Any]]) -> tuple[list[int], int | None] | None:
+    """Each range's first key (Int64's lowest for one open below), and the last range's end,
+    when ``ranges`` are integer key ranges that, in order, each start where the one before
+    ends; else None. ``roundDown`` of a key to these starts then finds its range."""
+    edges = [(r.get("partition_from"), r.get("partition_below")) for r in ranges]
+    if any("partition" in r for r in ranges) or any(
+        edge is not None and type(edge) is not int for pair in edges for edge in pair
+    ):
+        return None
+    lowest = -(2**63)
+    ordered = sorted(edges, key=lambda pair: lowest if pair[0] is None else pair[0])
+    if any(
+        ordered[n][1] is None or ordered[n][1] != ordered[n + 1][0] for n in range(len(ordered) - 1)
+    ):
+        return None  # a gap, an overlap or an inner range open at one end
+    starts = [lowest if low is None else low for low, _ in edges]
+    if len(set(starts)) < len(starts):
+        return None
+    return starts, ordered[-1][1]
 
 
 def _recut(
