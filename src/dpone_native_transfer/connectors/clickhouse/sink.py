@@ -636,7 +636,7 @@ class _PlanSQL:
         self.null_bound = nulls[0] if len(nulls) == 1 else None
         self.lookup: str | None = None  # the values' parameter type, or "range"
         self.window: str | None = None  # with a lookup: the cursor window all bounds share
-        self.envelope = ""  # with ranges: the keys from the first range's start to the last's end
+        self.envelope = ""  # with ranges: their keys, from the first one's start to the last's end
         if len(nulls) > 1 or not self.keyed or any(w != windows[0] for w in windows):
             return
         self.column = quote(source.partition_column)
@@ -650,7 +650,7 @@ class _PlanSQL:
                 (f"r{number}", start) for number, start in zip(self.keyed, starts, strict=True)
             )
             self.params["r_from"] = min(starts)
-            limits = [f"{self.column} >= {{r_from:Int64}}"]  # a key below every range
+            limits = [f"{self.column} >= {{r_from:Int64}}"]  # roundDown lifts a lower key
             if below is not None:
                 self.params["r_below"] = below
                 limits.append(f"{self.column} < {{r_below:Int64}}")
@@ -693,9 +693,8 @@ class _PlanSQL:
         numbers = ", ".join(str(number) for number in self.keyed)
         if self.lookup == "range":  # the start of the range the key is in, if any is
             starts = "[" + ", ".join(f"{{r{number}:Int64}}" for number in self.keyed) + "]"
-            lookup = f"transform(roundDown({self.column}, {starts}), {starts}, [{numbers}], -1)"
-            if self.envelope:
-                lookup = f"if({self.envelope}, {lookup}, -1)"
+            found = f"transform(roundDown({self.column}, {starts}), {starts}, [{numbers}], -1)"
+            lookup = f"if({self.envelope}, {found}, -1)"
         else:
             values = ", ".join(f"{{v{number}:{self.lookup}}}" for number in self.keyed)
             lookup = f"transform({self.column}, [{values}], [{numbers}], -1)"
