@@ -1,11 +1,13 @@
 """The fixtures of every test: a small real route (``helpers.routes.Route``), the path
-under test, a SQLite store's path, and the PostgreSQL server of the store tests. What
+under test, a SQLite store's path, the statements chDB is given, and the PostgreSQL
+server of the store tests. What
 the tests share that is not a fixture lives in the ``helpers`` package."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +35,22 @@ def path(request) -> str:
 def db_path(tmp_path: Path) -> Path:
     """A SQLite store's path in a folder (not created) whose name no store error may show."""
     return tmp_path / "secret-location" / "checkpoints.sqlite3"
+
+
+@pytest.fixture
+def chdb_statements(monkeypatch) -> list[str]:
+    """Every statement chDB's client runs (``command``), in order; each still runs."""
+    from dpone_native_transfer.connectors.clickhouse import chdb_client
+
+    statements: list[str] = []
+    real_command = chdb_client.ChdbClient.command
+
+    def command(self: Any, sql: str, params: Any = None) -> None:
+        statements.append(sql)
+        real_command(self, sql, params)
+
+    monkeypatch.setattr(chdb_client.ChdbClient, "command", command)
+    return statements
 
 
 @pytest.fixture(scope="session")

@@ -300,7 +300,7 @@ _REFRESH_SOURCE = (
 @pytest.mark.parametrize("replace", [False, True])
 @pytest.mark.parametrize("null_key", [False, True])
 def test_chdb_reads_of_a_plan_keep_its_rows_by_lookup_or_by_condition_alike(
-    tmp_path, monkeypatch, kind, window, replace, null_key
+    tmp_path, chdb_statements, kind, window, replace, null_key
 ):
     """A full refresh's plan (``replace``) is every partition listed, and an append's in a
     cursor window every partition listed in it, so chDB keeps their rows by a lookup of each
@@ -308,16 +308,6 @@ def test_chdb_reads_of_a_plan_keep_its_rows_by_lookup_or_by_condition_alike(
     lazy-plan's load and the pull keep exactly the rows SQLite's read of each bound selects
     (not a value outside the plan, a NULL key unless planned, or a cursor outside the
     window), and the pull counts each bound's rows as that read does."""
-    from dpone_native_transfer.connectors.clickhouse import chdb_client
-
-    statements: list[str] = []
-    real_command = chdb_client.ChdbClient.command
-
-    def command(self: Any, sql: str, params: Any = None) -> None:
-        statements.append(sql)
-        real_command(self, sql, params)
-
-    monkeypatch.setattr(chdb_client.ChdbClient, "command", command)
     texts = "CASE i % 5 WHEN 0 THEN 'a''b' WHEN 1 THEN '' WHEN 2 THEN 'ü' WHEN 3 THEN 'x\\y'"
     texts += " ELSE 'k' END"
     value = {"TEXT": texts, "INTEGER": "i % 5 - 2", "ranges": "i * 3 - 20"}[kind]
@@ -351,7 +341,7 @@ def test_chdb_reads_of_a_plan_keep_its_rows_by_lookup_or_by_condition_alike(
     [pulled], counts = sink.pull_load_files(plan, [tmp_path / "pulled.arrows"])
     assert counts == [len(rows) for rows in expected]
     assert sorted(tuple(row.values()) for batch in _batches(pulled.path) for row in batch) == wanted
-    reads = [sql for sql in statements if "FROM sqlite(" in sql]
+    reads = [sql for sql in chdb_statements if "FROM sqlite(" in sql]
     assert len(reads) == 2
     looked_up = replace or window  # a refresh's plan, or one cursor window's
     assert all(("!= -1" in sql) is looked_up for sql in reads)

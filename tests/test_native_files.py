@@ -584,22 +584,12 @@ MULTI_IF_SOURCES = {
 @pytest.mark.parametrize("path", FILE_PATHS)
 @pytest.mark.parametrize("shape", MULTI_IF_SOURCES)
 def test_a_chdb_pull_tags_other_partitions_by_their_conditions_exactly(
-    tmp_path, path, shape, monkeypatch
+    tmp_path, path, shape, chdb_statements
 ):
     """Ranges, reals, a NULL key: chDB's pull tags each row with the first bound whose
     condition holds (``multiIf``), or, for integer ranges, with the range its key rounds down
     to (``roundDown``); it loads what Python's read loads, and counts each partition's rows
     as Python's read counts them."""
-    from dpone_native_transfer.connectors.clickhouse import chdb_client
-
-    statements: list[str] = []
-    real_command = chdb_client.ChdbClient.command
-
-    def command(self: Any, sql: str, params: Any = None) -> None:
-        statements.append(sql)
-        real_command(self, sql, params)
-
-    monkeypatch.setattr(chdb_client.ChdbClient, "command", command)
     script, partition_rows = MULTI_IF_SOURCES[shape]
     pulled_run, read_run, pulled = _pulled_and_read(
         tmp_path, path, script, "clickhouse", partition_rows
@@ -608,7 +598,7 @@ def test_a_chdb_pull_tags_other_partitions_by_their_conditions_exactly(
     [(files, counts)] = pulled
     assert sum(counts) == pulled_run[0] == sum(file.rows for file in files)
     assert len(counts) > 2
-    pulls = [sql for sql in statements if sql.startswith("INSERT INTO FUNCTION file(")]
+    pulls = [sql for sql in chdb_statements if sql.startswith("INSERT INTO FUNCTION file(")]
     looked_up = "roundDown(" if shape == "integer ranges and a NULL key" else "multiIf("
     assert len(pulls) == 1 and looked_up in pulls[0]
 
