@@ -270,6 +270,39 @@ def test_a_pull_is_cut_into_the_blocks_python_writes_and_repeated_inserts_nothin
         route.real_store.close()
 
 
+def test_a_full_refresh_keeps_each_pulled_file_as_written_an_empty_one_too(tmp_path):
+    """A full refresh's pulled files are kept as chDB wrote them, tag included: one per
+    bound, a bound of no row an empty stream; each file's rows and digest are what it holds,
+    and the files, merged, load each row once into the table they replace."""
+    import pyarrow as pa
+
+    from dpone_native_transfer.artifacts import file_sha256
+
+    source_path = tmp_path / "source.db"
+    with sqlite3.connect(source_path) as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p TEXT)")
+        db.executemany("INSERT INTO t VALUES (?, ?)", [(i, "ab"[i % 2]) for i in range(50)])
+    db.close()
+    source = SQLiteSource(str(source_path), "t", "p")
+    columns = source.describe().columns
+    bounds = ({"partition": "b"}, {"partition": "none"}, {"partition": "a"})
+    plan = LoadPlan(source=source, columns=columns, bounds=bounds, replace=True)
+    sink = ClickHouseSink(tmp_path / "chdata", "t")
+    assert sink.can_pull(plan, 3)
+    paths = [tmp_path / f"{index}.arrows" for index in range(3)]
+    files, counts = sink.pull_load_files(plan, paths)
+    assert counts == [file.rows for file in files] == [25, 0, 25]
+    for file, wanted in zip(files, ("b", None, "a"), strict=True):
+        assert file_sha256(file.path) == file.sha256 and file.path.stat().st_mode & 0o077 == 0
+        with pa.OSFile(str(file.path)) as handle:
+            table = pa.ipc.open_stream(handle).read_all()
+        assert "__dpone_bound" in table.column_names
+        assert set(table.column("p").to_pylist()) == {wanted} - {None}
+    payload = LoadFiles(columns=columns, chunks=(), replace=True, files=tuple(files))
+    assert sink.load(sink.merge_load_files(payload, tmp_path)) == 50
+    assert sink.rows() == [(i, "ab"[i % 2]) for i in range(50)]
+
+
 def test_a_pull_of_more_partitions_than_one_statement_takes_is_declined(tmp_path):
     """A pull reads its partitions in one statement: more than 256 are read through Python
     (lazy-plan cuts them into statements of 256), so no query outgrows ClickHouse's limits."""
@@ -340,7 +373,11 @@ def test_chdb_reads_of_a_plan_keep_its_rows_by_lookup_or_by_condition_alike(
     assert sink.can_pull(plan, 1)
     [pulled], counts = sink.pull_load_files(plan, [tmp_path / "pulled.arrows"])
     assert counts == [len(rows) for rows in expected]
-    assert sorted(tuple(row.values()) for batch in _batches(pulled.path) for row in batch) == wanted
+    batches, names = _batches(pulled.path), [column.name for column in plan.columns]
+    read = sorted(tuple(row[name] for name in names) for batch in batches for row in batch)
+    assert read == wanted
+    # a refresh's one file is kept as chDB wrote it, tag included; an append's is rewritten
+    assert all(("__dpone_bound" in row) is replace for batch in batches for row in batch)
     reads = [sql for sql in chdb_statements if "FROM sqlite(" in sql]
     assert len(reads) == 2
     looked_up = replace or window  # a refresh's plan, or one cursor window's

@@ -34,7 +34,7 @@ from dpone_native_transfer.connectors._arrow import read_ahead
 from dpone_native_transfer.connectors.contract import FilePulling
 from dpone_native_transfer.connectors.sqlite import watching_writes
 from dpone_native_transfer.errors import ArtifactInvalid
-from dpone_native_transfer.payloads import LoadFiles
+from dpone_native_transfer.payloads import LoadFile, LoadFiles
 from dpone_native_transfer.testing import assert_rows_exactly_once
 from dpone_native_transfer.testing.faults import build_sample_source
 
@@ -110,6 +110,46 @@ def test_the_target_call_reads_arrow_files_written_before_it(tmp_path, kind, pat
             assert sorted(f.path.stem for f in payload.files) == (
                 ["merged"] if merged else sorted(recorded)
             )
+    finally:
+        route.real_store.close()
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+def test_a_chdb_full_refresh_loads_its_pulled_files_as_chdb_wrote_them(tmp_path, path):
+    """A full refresh fills a fresh table (or a stage), where no INSERT is retried: its
+    pulled files (file-artifact's merged into one) are loaded as chDB wrote them, each row's
+    tag included, and read only for their digests and each partition's count. Twice, the
+    source changed between: the target holds the source's rows exactly, each partition's
+    checkpoint its count."""
+    seen: list[tuple[LoadFile, Any]] = []
+
+    def read(payload: Any) -> None:
+        [file] = payload.files
+        with pa.OSFile(str(file.path)) as handle:
+            seen.append((file, pa.ipc.open_stream(handle).read_all()))
+
+    route = _route(tmp_path, "clickhouse", read)
+    try:
+        for run in ("run-1", "run-2"):
+            spec = route.spec(path, run, strategy="full_refresh")
+            result = route.runtime().run(spec)
+            file, table = seen.pop()
+            assert "__dpone_bound" in table.column_names and file.native
+            assert result.rows_loaded == file.rows == table.num_rows == len(route.source_ids())
+            assert route.target_rows() == route.source_rows()
+            with sqlite3.connect(route.source_path) as db:
+                counts = dict(db.execute("SELECT region, count(*) FROM orders GROUP BY 1"))
+            db.close()
+            recorded = {
+                cp.partition_bounds["partition"]: cp.rows_exported
+                for cp in route.real_store.list_latest(spec.route)
+                if cp.run_id == run
+            }
+            assert recorded == counts
+            with sqlite3.connect(route.source_path) as db:  # one partition fewer, one new
+                db.execute("DELETE FROM orders WHERE region = (SELECT min(region) FROM orders)")
+                db.execute("UPDATE orders SET region = 'new' WHERE id % 9 = 0")
+            db.close()
     finally:
         route.real_store.close()
 
@@ -651,14 +691,23 @@ def test_a_pull_that_fails_midway_leaves_no_file_and_python_reads_the_rows(
         route.real_store.close()
 
 
-@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
-@pytest.mark.parametrize("fails", ["chdb", "rewrite"])
+_FAULTS = ("chdb", "rewrite")
+
+
+@pytest.mark.parametrize(
+    ("path", "fails"),
+    [
+        *((path, fails) for path in ("legacy", "staged", "file-artifact") for fails in _FAULTS),
+        *((path, "keep") for path in ("legacy", "staged", "file-artifact")),
+    ],
+)
 def test_a_chdb_pull_that_fails_leaves_no_file_and_python_reads_the_rows(
     tmp_path, path, fails, monkeypatch
 ):
     """chDB's INSERT INTO FUNCTION file() fails, or rewriting its files does after the first
-    batch: no pulled file is left in the work folder, and the run reads the rows through
-    Python and loads each once."""
+    batch, or keeping a full refresh's files does once they are linked at their paths: no
+    pulled file is left in the work folder, and the run reads the rows through Python and
+    loads each once."""
     from dpone_native_transfer.connectors.clickhouse import chdb_client
     from dpone_native_transfer.connectors.clickhouse import sink as ch_sink
 
@@ -672,6 +721,15 @@ def test_a_chdb_pull_that_fails_leaves_no_file_and_python_reads_the_rows(
             return real_command(self, sql, params)
 
         monkeypatch.setattr(chdb_client.ChdbClient, "command", command)
+    elif fails == "keep":
+        real_keep = ch_sink._kept
+
+        def keep(raws: list[Path], paths: list[Path], bounds: int, *, table: str) -> Any:
+            real_keep(raws, paths, bounds, table=table)
+            assert all(path.exists() for path in paths)
+            raise OSError(errno.EIO, "injected failure once kept")
+
+        monkeypatch.setattr(ch_sink, "_kept", keep)
     else:
         real_write = ch_sink._Cut._write
 
@@ -692,7 +750,8 @@ def test_a_chdb_pull_that_fails_leaves_no_file_and_python_reads_the_rows(
     route = _route(tmp_path, "clickhouse", watch)
     _watch_pulls(route.sink.inner, pulled)
     try:
-        assert route.runtime().run(route.spec(path)).rows_loaded == 120
+        strategy = "full_refresh" if fails == "keep" else "incremental_append"
+        assert route.runtime().run(route.spec(path, strategy=strategy)).rows_loaded == 120
         assert pulled == [None] and route.sink.target_calls == 1
         assert_rows_exactly_once(route.source_ids(), route.target_ids())
         [names] = left  # no scratch folder; a pulled file left would collide with Python's

@@ -101,9 +101,10 @@ def read_chunks(path: Path, sha256: str | None = None) -> Iterator[list[tuple]]:
 class DigestReader:
     """A file read by a reader of another format (pyarrow), hashing every byte it takes:
     ``verify()`` after the last read hashes what is left and raises ``ArtifactInvalid`` when
-    the file differs from ``sha256``, so the digest covers exactly what was loaded."""
+    the file differs from ``sha256``, so the digest covers exactly what was loaded;
+    ``digest()`` gives the digest of what was read, for a file no digest was known of."""
 
-    def __init__(self, path: Path, sha256: str) -> None:
+    def __init__(self, path: Path, sha256: str | None = None) -> None:
         self._handle = open(path, "rb")  # noqa: SIM115 - closed by close() / the with block
         self._path, self._sha256, self._digest = path, sha256, hashlib.sha256()
 
@@ -112,10 +113,14 @@ class DigestReader:
         self._digest.update(data)
         return data
 
-    def verify(self) -> None:
+    def digest(self) -> str:
+        """``sha256:`` of the whole file: what the reader took and what it left."""
         while self.read(_READ_BLOCK):  # what the reader left, trailing bytes included
             pass
-        if "sha256:" + self._digest.hexdigest() != self._sha256:
+        return "sha256:" + self._digest.hexdigest()
+
+    def verify(self) -> None:
+        if self.digest() != self._sha256:
             raise _changed(self._path)
 
     @property

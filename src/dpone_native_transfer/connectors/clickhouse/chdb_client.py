@@ -145,13 +145,14 @@ class ChdbClient:
     ) -> None:
         """One ``INSERT ... SELECT FROM file(..., 'ArrowStream')``: the engine reads the file,
         with ``pread``: by default it maps the whole file into memory, and the peak of a
-        10,000,000-row load was 974 MiB instead of 559 MiB (1,000,000 rows: 421 either way)."""
+        10,000,000-row load was 974 MiB instead of 559 MiB (1,000,000 rows: 421 either way).
+        The columns are read by name: a file chDB pulled may hold one more, its tag."""
         if file_pattern(path):  # write_load_file and the pulls never make one
             raise InternalInvariantBroken("a load file's path reads as a pattern in file()")
         names = column_list([column.name for column in columns])
         self.command(
             f"INSERT INTO {table} ({names}){insert_settings(token)}"
-            " SELECT * FROM file({rows_file:String}, 'ArrowStream')"
+            f" SELECT {names} FROM file({{rows_file:String}}, 'ArrowStream')"
             " SETTINGS max_threads = 1,"  # the file's batches become blocks in order
             " storage_file_read_method = 'pread'",
             {"rows_file": str(path)},

@@ -72,7 +72,8 @@ class ClickHouseClient(Protocol):
         self, table: str, columns: Sequence[Column], path: Path, *, token: str | None = None
     ) -> None:
         """``insert_rows`` of the rows of an Arrow stream file ``sql.write_arrow_stream``
-        wrote, whose digest the caller has checked."""
+        wrote, or chDB pulled (with one more column, its tag), whose digest the caller has
+        checked."""
 
     def close(self) -> None:
         """Release the client; for chDB, the process's hold on the data path."""
