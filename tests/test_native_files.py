@@ -31,7 +31,7 @@ from dpone_native_transfer import ClickHouseSink, SQLiteSource, artifacts
 from dpone_native_transfer.artifacts import file_sha256
 from dpone_native_transfer.connectors import duckdb as duckdb_sink
 from dpone_native_transfer.connectors._arrow import read_ahead
-from dpone_native_transfer.connectors.contract import FilePulling
+from dpone_native_transfer.connectors.contract import FilePulling, StagePulling
 from dpone_native_transfer.connectors.sqlite import watching_writes
 from dpone_native_transfer.errors import ArtifactInvalid
 from dpone_native_transfer.payloads import LoadFile, LoadFiles
@@ -115,13 +115,14 @@ def test_the_target_call_reads_arrow_files_written_before_it(tmp_path, kind, pat
 
 
 @pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
-def test_a_chdb_full_refresh_loads_its_pulled_files_as_chdb_wrote_them(tmp_path, path):
-    """A full refresh fills a fresh table (or a stage), where no INSERT is retried: its
-    pulled files (file-artifact's merged into one) are loaded as chDB wrote them, each row's
-    tag included, and read only for their digests and each partition's count. Twice, the
-    source changed between: the target holds the source's rows exactly, each partition's
-    checkpoint its count."""
+def test_a_chdb_full_refresh_loads_what_chdb_read_without_a_rewrite(tmp_path, path):
+    """A full refresh fills a fresh table, where no INSERT is retried: its pulled files
+    (file-artifact's merged into one) are loaded as chDB wrote them, each row's tag included,
+    and read only for their digests and each partition's count; staged has chDB fill its
+    stage from the source, and writes no file. Twice, the source changed between: the
+    target holds the source's rows exactly, each partition's checkpoint its count."""
     seen: list[tuple[LoadFile, Any]] = []
+    pulled: list[Any] = []
 
     def read(payload: Any) -> None:
         [file] = payload.files
@@ -129,13 +130,18 @@ def test_a_chdb_full_refresh_loads_its_pulled_files_as_chdb_wrote_them(tmp_path,
             seen.append((file, pa.ipc.open_stream(handle).read_all()))
 
     route = _route(tmp_path, "clickhouse", read)
+    _watch_pulls(route.sink.inner, pulled)
     try:
         for run in ("run-1", "run-2"):
             spec = route.spec(path, run, strategy="full_refresh")
             result = route.runtime().run(spec)
-            file, table = seen.pop()
-            assert "__dpone_bound" in table.column_names and file.native
-            assert result.rows_loaded == file.rows == table.num_rows == len(route.source_ids())
+            if path == "staged":
+                assert seen == [] and isinstance(pulled.pop(), list)
+            else:
+                file, table = seen.pop()
+                assert "__dpone_bound" in table.column_names and file.native
+                assert result.rows_loaded == file.rows == table.num_rows
+            assert result.rows_loaded == len(route.source_ids())
             assert route.target_rows() == route.source_rows()
             with sqlite3.connect(route.source_path) as db:
                 counts = dict(db.execute("SELECT region, count(*) FROM orders GROUP BY 1"))
@@ -150,6 +156,40 @@ def test_a_chdb_full_refresh_loads_its_pulled_files_as_chdb_wrote_them(tmp_path,
                 db.execute("DELETE FROM orders WHERE region = (SELECT min(region) FROM orders)")
                 db.execute("UPDATE orders SET region = 'new' WHERE id % 9 = 0")
             db.close()
+    finally:
+        route.real_store.close()
+
+
+@pytest.mark.parametrize("altered", [False, True])
+def test_chdb_stages_the_rows_itself_only_where_its_tag_reads_the_source_type(tmp_path, altered):
+    """staged into chDB: chDB fills the stage from the source and counts each partition by
+    the pull's tag over the staged rows. That holds only where the stage keeps the key as
+    chDB reads it: a target whose partition column was made Float32 (two REAL keys become
+    one, and the tag would count both rows as the first's) is staged by Python instead, and
+    each partition's count is still its own."""
+    source_path = tmp_path / "source.db"
+    with sqlite3.connect(source_path) as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p REAL)")
+        keys = [1.5, 1.50000001, 2.5]  # the first two are one Float32
+        db.executemany("INSERT INTO t VALUES (?, ?)", [(i, keys[i % 3]) for i in range(30)])
+    db.close()
+    pulled: list[Any] = []
+    route = _route(tmp_path, "clickhouse", lambda payload: None)
+    route.source = SQLiteSource(str(source_path), "t", "p")
+    route.sink.inner.inner = ClickHouseSink(tmp_path / "chdata", "orders_copy")
+    _watch_pulls(route.sink.inner, pulled)
+    try:
+        if altered:
+            with route.sink.inner.client() as client:
+                client.command("CREATE TABLE orders_copy (id Nullable(Int64), p Nullable(Float32))"
+                               " ENGINE = MergeTree ORDER BY tuple()")  # fmt: skip
+        spec = route.spec("staged", strategy="full_refresh")
+        assert route.runtime().run(spec).rows_loaded == 30
+        assert pulled == ([None] if altered else [[10, 10, 10]])
+        counts = {cp.partition_bounds["partition"]: cp.rows_exported
+                  for cp in route.real_store.list_latest(spec.route)}  # fmt: skip
+        assert counts == dict.fromkeys(keys, 10)
+        assert sorted(row[0] for row in route.sink.inner.rows()) == list(range(30))
     finally:
         route.real_store.close()
 
@@ -329,24 +369,27 @@ def test_the_engine_writes_the_load_files_from_sqlite_without_a_row_in_python(
             counts = dict(db.execute("SELECT region, count(*) FROM orders GROUP BY region"))
         latest = route.latest()
         assert {cp.partition_bounds["partition"]: cp.rows_exported for cp in latest} == counts
-        [payload] = seen
-        assert all(file.native for file in payload.files)
-        assert {file.path.suffix for file in payload.files} == {route.sink.pulled_suffix}
-        if path == "file-artifact":
-            by_id = {cp.partition_id: cp for cp in latest}
-            files = {file.path.stem: (file.sha256, file.rows) for file in payload.files}
-            if kind == "clickhouse":  # merged into one file, each checked as it was copied
-                assert [*files] == ["merged"] and files["merged"][1] == 120
-                [files] = artifacts
-            for stem, (sha256, rows) in files.items():
-                checkpoint = by_id[stem]
-                assert sha256 == checkpoint.diagnostics["artifact_sha256"]
-                assert rows == checkpoint.rows_exported
-            assert len(files) == 4
-            if kind == "duckdb":  # gathered: one batch per file, not a slice per scan batch
-                assert batches == [1] * 4
+        if kind == "clickhouse" and path == "staged":  # chDB stages them itself: no file
+            assert seen == []
         else:
-            assert len(payload.files) == 1
+            [payload] = seen
+            assert all(file.native for file in payload.files)
+            assert {file.path.suffix for file in payload.files} == {route.sink.pulled_suffix}
+            if path == "file-artifact":
+                by_id = {cp.partition_id: cp for cp in latest}
+                files = {file.path.stem: (file.sha256, file.rows) for file in payload.files}
+                if kind == "clickhouse":  # merged into one file, each checked as it was copied
+                    assert [*files] == ["merged"] and files["merged"][1] == 120
+                    [files] = artifacts
+                for stem, (sha256, rows) in files.items():
+                    checkpoint = by_id[stem]
+                    assert sha256 == checkpoint.diagnostics["artifact_sha256"]
+                    assert rows == checkpoint.rows_exported
+                assert len(files) == 4
+                if kind == "duckdb":  # gathered: one batch per file, not a slice per scan batch
+                    assert batches == [1] * 4
+            else:
+                assert len(payload.files) == 1
         route.add_rows(40)  # the next window (the cursor edge is tracked) loads only the new
         assert route.runtime().run(route.spec(path, run_id="r2")).rows_loaded == 40
         assert_rows_exactly_once(route.source_ids(), route.target_ids())
@@ -409,7 +452,9 @@ def test_rows_written_at_the_top_of_the_window_during_a_pull_are_never_lost(
     route.source = SQLiteSource(str(route.source_path), "orders", "region", "updated_at")
     sink = route.sink.inner
     _watch_pulls(sink, pulled)
-    watched = sink.pull_load_files
+    staging = path == "staged" and isinstance(sink, StagePulling)
+    pull = "pull_stage" if staging else "pull_load_files"  # the engine's read of the window
+    watched = getattr(sink, pull)
 
     def tie(rows: int) -> None:
         with sqlite3.connect(route.source_path) as db:
@@ -419,22 +464,22 @@ def test_rows_written_at_the_top_of_the_window_during_a_pull_are_never_lost(
                 [(n,) for n in range(rows)],
             )
 
-    def pull_while_writing(plan: Any, paths: Any) -> Any:
+    def pull_while_writing(*args: Any) -> Any:
         if written.startswith("before"):
             tie(3)
-        files = watched(plan, paths)
+        pulled = watched(*args)
         if written.startswith("after"):
             tie(3)
-        return files
+        return pulled
 
     try:
         assert route.runtime().run(route.spec(path, run_id="r1")).rows_loaded == 120
         route.add_rows(40)
-        sink.pull_load_files = pull_while_writing
+        setattr(sink, pull, pull_while_writing)
         loaded = route.runtime().run(route.spec(path, run_id="r2")).rows_loaded
-        assert isinstance(pulled[-1], tuple), "the pull itself succeeded"
+        assert _succeeded(pulled[-1]), "the pull itself succeeded"
         assert loaded == 43, "Python read the window, the rows written after the pull too"
-        sink.pull_load_files = watched
+        setattr(sink, pull, watched)
         route.runtime().run(route.spec(path, run_id="r3"))
         assert_rows_exactly_once(route.source_ids(), route.target_ids())
         assert len(route.target_ids()) == 163
@@ -486,10 +531,23 @@ def test_rows_that_change_after_planning_are_pulled_as_each_partition_reads_them
 DECLINED = "declined"
 
 
+def _succeeded(pull: Any) -> bool:
+    """Whether a pull ``_watch_pulls`` recorded was kept: files and counts, or counts."""
+    return isinstance(pull, (tuple, list))
+
+
 def _watch_pulls(sink: Any, pulled: list) -> None:
-    """Append to ``pulled`` what each pull gave: its files and counts, None when its read
-    failed, or ``DECLINED`` when the sink declined it (``can_pull``)."""
+    """Append to ``pulled`` what each pull gave: its files and counts (a staged pull's counts),
+    None when its read failed, or ``DECLINED`` when the sink declined it (``can_pull``)."""
     can_pull, pull = sink.can_pull, sink.pull_load_files
+    if isinstance(sink, StagePulling):
+        stage = sink.pull_stage
+
+        def staging(plan: Any) -> Any:
+            pulled.append(stage(plan))
+            return pulled[-1]
+
+        sink.pull_stage = staging
 
     def asked(plan: Any, files: int) -> bool:
         accepted = can_pull(plan, files)
@@ -582,7 +640,7 @@ def test_a_value_the_scanner_refuses_fails_the_pull_and_python_reads(tmp_path, p
         script = create + f"INSERT INTO t VALUES (1, 'a', {value}), (2, 'b', {PLAIN[declared]});"
         pulled_run, read_run, pulled = _pulled_and_read(tmp_path / folder, path, script)
         assert pulled_run == read_run
-        assert pulled == [None] if value == odd else isinstance(pulled[0], tuple)
+        assert pulled == [None] if value == odd else _succeeded(pulled[0])
 
 
 def test_a_value_the_scanner_would_misread_is_looked_for_before_the_pull(tmp_path):
@@ -691,23 +749,20 @@ def test_a_pull_that_fails_midway_leaves_no_file_and_python_reads_the_rows(
         route.real_store.close()
 
 
-_FAULTS = ("chdb", "rewrite")
-
-
 @pytest.mark.parametrize(
     ("path", "fails"),
     [
-        *((path, fails) for path in ("legacy", "staged", "file-artifact") for fails in _FAULTS),
-        *((path, "keep") for path in ("legacy", "staged", "file-artifact")),
+        *((path, "chdb") for path in ("legacy", "staged", "file-artifact")),
+        *((path, fails) for path in ("legacy", "file-artifact") for fails in ("rewrite", "keep")),
     ],
 )
 def test_a_chdb_pull_that_fails_leaves_no_file_and_python_reads_the_rows(
     tmp_path, path, fails, monkeypatch
 ):
-    """chDB's INSERT INTO FUNCTION file() fails, or rewriting its files does after the first
-    batch, or keeping a full refresh's files does once they are linked at their paths: no
-    pulled file is left in the work folder, and the run reads the rows through Python and
-    loads each once."""
+    """chDB's read of the source fails (into a file, or staged's into its stage), or
+    rewriting its files does after the first batch, or keeping a full refresh's files does
+    once they are linked at their paths: no pulled file is left in the work folder, and the
+    run reads the rows through Python and loads each once."""
     from dpone_native_transfer.connectors.clickhouse import chdb_client
     from dpone_native_transfer.connectors.clickhouse import sink as ch_sink
 
@@ -716,7 +771,7 @@ def test_a_chdb_pull_that_fails_leaves_no_file_and_python_reads_the_rows(
         real_command = chdb_client.ChdbClient.command
 
         def command(self: Any, sql: str, params: Any = None) -> None:
-            if sql.startswith("INSERT INTO FUNCTION file("):
+            if sql.startswith("INSERT INTO") and " FROM sqlite(" in sql:
                 raise RuntimeError("injected chDB failure")
             return real_command(self, sql, params)
 
@@ -798,7 +853,7 @@ def test_pulled_files_keep_odd_names_and_values_exact(tmp_path, kind, path, thir
         finally:
             route.real_store.close()
     declined = kind != "sqlite" and third == "__DPONE_BOUND"
-    assert pulled == [DECLINED] if declined else isinstance(pulled[0], tuple)
+    assert pulled == [DECLINED] if declined else _succeeded(pulled[0])
     assert results[True] == results[False]
     assert [row[0] for row in results[True]] == [1, 2, 3, 4]
 
@@ -1089,7 +1144,7 @@ def test_a_chdb_pull_of_a_value_it_misreads_is_thrown_away_and_python_reads(
             tmp_path / folder, path, script, kind="clickhouse"
         )
         assert pulled_run == read_run
-        assert pulled == [None] if value == odd else isinstance(pulled[0], tuple)
+        assert pulled == [None] if value == odd else _succeeded(pulled[0])
 
 
 @pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
@@ -1097,36 +1152,44 @@ def test_a_source_error_in_the_check_beside_a_chdb_pull_fails_before_the_target(
     tmp_path, path, monkeypatch
 ):
     """The check's own failure (the source unreadable as it reads) is raised as it was, once
-    chDB's pull ends: the run fails before the target, and the pulled files are gone."""
+    chDB's pull ends: the run fails before the target, and the pulled files (or the stage
+    chDB filled, for staged) are gone."""
     from dpone_native_transfer.connectors.clickhouse import sink as ch_sink
     from dpone_native_transfer.errors import SourceInvalid
 
     error = SourceInvalid("source table 'orders' could not be read")
-    written: list[bool] = []  # the pull's files, as chDB's pull ended
-    left: list[bool] = []  # and as pull_load_files raised
+    written: list[bool] = []  # the pull's files or stage, as chDB's pull ended
+    left: list[bool] = []  # and as the pull raised
+    sink_class = ch_sink.ClickHouseSink
+    staged = path == "staged"  # chDB fills the stage itself
 
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise error
 
-    real_pull, real_pull_files = (
-        ch_sink.ClickHouseSink._pull,
-        ch_sink.ClickHouseSink.pull_load_files,
+    def stage_exists(sink: Any) -> bool:
+        with sink.client() as client:
+            return ch_sink._exists(client, sink._stage)
+
+    real_pull, real_outer = (
+        (sink_class._fill_stage, sink_class.pull_stage)
+        if staged
+        else (sink_class._pull, sink_class.pull_load_files)
     )
 
-    def pull(self: Any, plan: Any, paths: Any) -> Any:
-        pulled = real_pull(self, plan, paths)
-        written.append(all(p.exists() for p in paths))
+    def pull(self: Any, plan: Any, *paths: Any) -> Any:
+        pulled = real_pull(self, plan, *paths)
+        written.append(stage_exists(self) if staged else all(p.exists() for p in paths[0]))
         return pulled
 
-    def pull_files(self: Any, plan: Any, paths: Any) -> Any:
+    def outer(self: Any, plan: Any, *paths: Any) -> Any:
         try:
-            return real_pull_files(self, plan, paths)
+            return real_outer(self, plan, *paths)
         finally:
-            left.append(any(p.exists() for p in paths))
+            left.append(stage_exists(self) if staged else any(p.exists() for p in paths[0]))
 
     monkeypatch.setattr(ch_sink, "refuse_inexact_plan", refuse)
-    monkeypatch.setattr(ch_sink.ClickHouseSink, "_pull", pull)
-    monkeypatch.setattr(ch_sink.ClickHouseSink, "pull_load_files", pull_files)
+    monkeypatch.setattr(sink_class, "_fill_stage" if staged else "_pull", pull)
+    monkeypatch.setattr(sink_class, "pull_stage" if staged else "pull_load_files", outer)
     route = _route(tmp_path, "clickhouse", lambda payload: None)
     try:
         with pytest.raises(SourceInvalid) as caught:
@@ -1195,6 +1258,8 @@ def test_an_engine_pull_during_which_the_source_is_written_is_thrown_away(
     throws it away, and the runtime reads every row once; an untouched source keeps its
     pull."""
     owner, name = (duckdb_sink, "_write_tagged") if kind == "duckdb" else (ClickHouseSink, "_pull")
+    if kind == "clickhouse" and path == "staged":  # chDB stages the rows itself
+        name = "_fill_stage"
     real = getattr(owner, name)
 
     def moving_a_row(*args: Any) -> Any:

@@ -46,6 +46,7 @@ __all__ = [
     "SchemaEvolving",
     "Sink",
     "Source",
+    "StagePulling",
     "Staging",
     "TargetChecking",
     "ValueCarrying",
@@ -168,6 +169,18 @@ class FilePulling(Protocol):
         path each); and each bound's row count. None when the engine's read failed (no file
         is left): the runtime then reads the rows itself. Reads the source only, never the
         target."""
+
+
+@runtime_checkable
+class StagePulling(Staging, FilePulling, Protocol):
+    """A ``Staging`` and ``FilePulling`` sink whose engine fills the stage from the source
+    itself (chDB): staged then writes no load file."""
+
+    def pull_stage(self, plan: LoadPlan) -> list[int] | None:
+        """Fill a fresh staging table with the rows of a plan ``can_pull(plan, 1)`` accepted;
+        each bound's row count. None when the engine's read failed or may differ from the one
+        ``pull_load_files`` makes (no stage is left): the runtime then reads the rows itself.
+        The staged path asks this instead of ``pull_load_files``. Never touches the target."""
 
 
 @runtime_checkable
@@ -452,6 +465,7 @@ CAPABILITIES: tuple[type, ...] = (
     PlanPulling,
     NativeFiles,
     FilePulling,
+    StagePulling,
     MergingLoadFiles,
     SQLiteFile,
     Collating,

@@ -27,6 +27,7 @@ from ..connectors.contract import (
     NativeFiles,
     Sink,
     Source,
+    StagePulling,
     ValueCarrying,
 )
 from ..cursor_edge import EdgeTracker, is_edge
@@ -206,18 +207,9 @@ class PathContext:
         read them exactly, or an edge partition's loaded rows must be left out (only dpone
         can): the path then reads the rows itself."""
         sink = self.sink
-        if not isinstance(sink, FilePulling):
-            return None
-        if any(is_edge(candidate.partition_bounds) for candidate in self.candidates):
-            return None
-        plan = LoadPlan(
-            source=self.source,
-            columns=self.shape.columns,
-            bounds=tuple(candidate.partition_bounds for candidate in self.candidates),
-            replace=self.replace,
-        )
         names = [c.partition_id for c in self.candidates] if per_partition else ["load"]
-        if not sink.can_pull(plan, len(names)):  # before the edge's rows are read for it
+        plan = self._pull_plan(len(names))
+        if plan is None or not isinstance(sink, FilePulling):
             return None
         paths = [self.work_dir / f"{name}{sink.pulled_suffix}" for name in names]
 
@@ -233,6 +225,41 @@ class PathContext:
             digest = {"artifact_sha256": files[index].sha256} if per_partition else {}
             self.extracted(index, rows, **digest)
         return files
+
+    def pulled_stage(self) -> bool:
+        """Whether the sink's engine staged the candidates' rows from the source itself
+        (``StagePulling``), each candidate's count recorded; False when it could not, as
+        ``pulled_files`` gives None: the path then stages the rows the runtime reads."""
+        sink = self.sink
+        if not isinstance(sink, StagePulling):
+            return False
+        plan = self._pull_plan(1)
+        if plan is None:
+            return False
+        counts = self.read_by_engine(
+            lambda: sink.pull_stage(plan), discard=lambda _: sink.discard_stage()
+        )
+        if counts is None:
+            return False
+        for index, rows in enumerate(counts):
+            self.extracted(index, rows)
+        return True
+
+    def _pull_plan(self, files: int) -> LoadPlan | None:
+        """The plan of the candidates, when the sink's engine can pull it (``FilePulling``)
+        into ``files`` files; asked before the cursor edge's rows are read for it."""
+        sink = self.sink
+        if not isinstance(sink, FilePulling):
+            return None
+        if any(is_edge(candidate.partition_bounds) for candidate in self.candidates):
+            return None
+        plan = LoadPlan(
+            source=self.source,
+            columns=self.shape.columns,
+            bounds=tuple(candidate.partition_bounds for candidate in self.candidates),
+            replace=self.replace,
+        )
+        return plan if sink.can_pull(plan, files) else None
 
     @overload
     def read_by_engine(self, read: Callable[[], T]) -> T: ...

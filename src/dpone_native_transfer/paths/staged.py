@@ -1,12 +1,13 @@
 """staged: fill the sink's staging table, govern the staged rows, then finalize the load.
 
-The stage is filled from the rows the runtime reads, or, where the sink's engine writes the
-load file itself (``FilePulling``), from that file: no row then passes through Python.
+The stage is filled by the sink's engine from the source itself (``StagePulling``), or from
+the load file the engine writes (``FilePulling``); otherwise, or when the engine could not
+read the rows exactly, from the rows the runtime reads.
 """
 
 from __future__ import annotations
 
-from ..connectors.contract import Staging
+from ..connectors.contract import StagePulling, Staging
 from . import PathContext
 
 __all__ = ["staged_path"]
@@ -17,8 +18,12 @@ def staged_path(ctx: PathContext) -> int:
     if not isinstance(sink, Staging):
         raise ctx.lacks("a staging table")
 
-    files = ctx.pulled_files(per_partition=False)
-    sink.stage(ctx.row_chunks(ctx.extract()) if files is None else ctx.load_files(files))
+    if isinstance(sink, StagePulling):  # the engine stages the rows itself, or Python reads
+        if not ctx.pulled_stage():
+            sink.stage(ctx.row_chunks(ctx.extract()))
+    else:
+        files = ctx.pulled_files(per_partition=False)
+        sink.stage(ctx.row_chunks(ctx.extract()) if files is None else ctx.load_files(files))
     try:
         ctx.check_governance(sink.staged_row_count())
     except BaseException:

@@ -38,7 +38,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -86,6 +86,8 @@ from .sql import (
 __all__ = ["ClickHouseSink"]
 
 _FRESH_PREFIX = "_dpone_new_"
+T = TypeVar("T")
+
 _BOUND_TAG = "__dpone_bound"  # the column of a pulled file naming each row's bound
 # A lazy plan's partitions per INSERT ... SELECT: without an index, each statement reads the
 # whole SQLite file, and 256 OR-ed conditions stay far below ClickHouse's max_query_size.
@@ -411,27 +413,83 @@ class ClickHouseSink:
         deduplicates block by block; a full refresh's files are kept as written
         (``_kept``). None when chDB's read failed or the source was written meanwhile
         (``watching_writes``); no file is left."""
+        return self._read_checked(plan, lambda: self._pull(plan, paths), lambda: _unlink(paths))
+
+    def pull_stage(self, plan: LoadPlan) -> list[int] | None:
+        """``StagePulling``: one ``INSERT INTO`` the fresh stage ``SELECT ... FROM sqlite()`` of
+        the plan's partitions (the pull's conditions and read), then each bound's count by
+        the pull's tag over the staged rows; no file is written or read. None, and no stage
+        left, when chDB's read failed, the source was written meanwhile, or the stage holds
+        a partition or cursor column in a type other than chDB reads it as (the tag could
+        then differ from the pull's). A 1M-row staged load into chDB: 0.1 s less."""
+
+        def drop() -> None:
+            with contextlib.suppress(Exception):
+                self.discard_stage()
+
+        return self._read_checked(plan, lambda: self._fill_stage(plan), drop)
+
+    def _read_checked(
+        self, plan: LoadPlan, read: Callable[[], T | None], undo: Callable[[], None]
+    ) -> T | None:
+        """``read()`` of a plan ``can_pull`` accepted, kept (else ``undo()``) when lazy-plan's
+        checks, started by ``can_pull``, accept the plan and the source was not written
+        while chDB read it."""
         checking, self._checking = self._checking, None
         if checking is None or checking[0] is not plan or self._location.kind != CHDB:
             raise InternalInvariantBroken(
-                "ClickHouseSink.pull_load_files was given a plan can_pull did not accept",
+                "ClickHouseSink was asked to pull a plan can_pull did not accept",
                 diagnostics={"table": self.table},
             )
         source, kept = pulled_file(plan, engine="ClickHouse", table=self.table), None
         try:
             with watching_writes(source) as written:
-                pulled = self._pull(plan, paths)
+                result = read()
                 try:
                     checking[1].result()  # the source's own errors propagate, as from a read
-                except ConfigInvalid:  # a value chDB misreads: the pull is thrown away
+                except ConfigInvalid:  # a value chDB misreads: the read is thrown away
                     return None
                 if written():
                     return None
-            kept = pulled
+            kept = result
             return kept
         finally:
             if kept is None:
-                _unlink(paths)
+                undo()
+
+    def _fill_stage(self, plan: LoadPlan) -> list[int] | None:
+        source = pulled_file(plan, engine="ClickHouse", table=self.table)
+        bounds, stage = _PlanSQL(plan, source), _ref(self._stage)
+        where = bounds.where(range(len(plan.bounds)), listed=plan.replace)
+        names = column_list([column.name for column in plan.columns])
+        keys = {source.partition_column, source.cursor_column} - {None}
+        try:
+            with self.client() as client:
+                described = client.query_rows(f"DESCRIBE TABLE {_SQLITE_READ}", bounds.params)
+                self._new_stage(client, plan.columns)
+                staged = dict(_columns(client, self._stage))
+                read = {name.lower(): (name, type_) for name, type_, *_ in described}
+                for key in keys:  # SQLite matches names case-insensitively
+                    name, type_ = read.get(key.lower(), (key, None))
+                    if type_ is None or staged.get(name) not in (type_, f"Nullable({type_})"):
+                        return None  # NOT NULL in SQLite: T, where dpone makes Nullable(T)
+                client.command(
+                    f"INSERT INTO {stage} ({names}) SELECT {names} FROM {_SQLITE_READ}"
+                    f" WHERE {where} SETTINGS max_threads = 1",
+                    bounds.params,
+                )
+                tagged = client.query_rows(
+                    f"SELECT toInt32({bounds.index()}) AS i, count() FROM {stage} GROUP BY i",
+                    bounds.params,
+                )
+        except Exception:  # of any type: chDB's own
+            return None
+        counts = [0] * len(plan.bounds)
+        for index, rows in tagged:
+            if not 0 <= index < len(counts):  # a staged row of no bound: the stage is not read
+                return None
+            counts[index] += rows
+        return counts
 
     def _pull(
         self, plan: LoadPlan, paths: Sequence[Path]
@@ -469,14 +527,9 @@ class ClickHouseSink:
         files (``LoadFiles``, pulled by chDB) are read as ``load`` reads them."""
         if not isinstance(payload, RowChunks):
             raise ConfigInvalid("a staged load takes RowChunks")
-        create = create_table_sql(self._stage, payload.columns, self.partition_by)
         stage = _ref(self._stage)
         with self.client() as client:
-            client.command(f"DROP TABLE IF EXISTS {stage} SYNC")
-            if _exists(client, self._target):
-                client.command(f"CREATE TABLE {stage} AS {_ref(self._target)}")
-            else:
-                _create(client, self._stage, create)
+            self._new_stage(client, payload.columns)
             try:
                 if isinstance(payload, LoadFiles):
                     return self._files_fill(payload)(client, self._stage, _Tokens(None))
@@ -485,6 +538,16 @@ class ClickHouseSink:
                 with contextlib.suppress(Exception):
                     client.command(f"DROP TABLE IF EXISTS {stage} SYNC")
                 raise
+
+    def _new_stage(self, client: ClickHouseClient, columns: Sequence[Column]) -> None:
+        """A fresh, empty staging table shaped like the target (made from ``columns`` when
+        there is no target yet)."""
+        create = create_table_sql(self._stage, columns, self.partition_by)  # checks
+        client.command(f"DROP TABLE IF EXISTS {_ref(self._stage)} SYNC")
+        if _exists(client, self._target):
+            client.command(f"CREATE TABLE {_ref(self._stage)} AS {_ref(self._target)}")
+        else:
+            _create(client, self._stage, create)
 
     def staged_row_count(self) -> int:
         with self.client() as client:
