@@ -462,7 +462,7 @@ class ClickHouseSink:
         bounds, stage = _PlanSQL(plan, source), _ref(self._stage)
         where = bounds.where(range(len(plan.bounds)), listed=plan.replace)
         names = column_list([column.name for column in plan.columns])
-        keys = {source.partition_column, source.cursor_column} - {None}
+        keys = [key for key in (source.partition_column, source.cursor_column) if key is not None]
         try:
             with self.client() as client:
                 described = client.query_rows(f"DESCRIBE TABLE {_SQLITE_READ}", bounds.params)
