@@ -824,9 +824,9 @@ def _kept(
     raws: Sequence[Path], paths: Sequence[Path], bounds: int, *, table: str
 ) -> tuple[list[LoadFile], list[int]]:
     """A full refresh's pulled files, kept as chDB wrote them, tag and batches: its load
-    fills a fresh table (or a stage), where no INSERT is retried, and reads the columns by
-    name. Each file is read once, for its bounds' counts and the digest of those same bytes,
-    and linked at its path (never over a file there); a bound chDB found no row of gets an
+    fills a fresh table, where no INSERT is retried, and reads the columns by name. Each
+    file is read once, for its bounds' counts and the digest of those same bytes, and
+    linked at its path (never over a file there); a bound chDB found no row of gets an
     empty stream. The rewrite ``_recut`` makes cost a 1M-row pull 0.05-0.1 s."""
     pa, schema = arrow("the ClickHouse sink"), _pulled_schema(raws)
     counts, files = [0] * bounds, []
