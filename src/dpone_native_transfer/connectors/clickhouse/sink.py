@@ -434,7 +434,9 @@ class ClickHouseSink:
     ) -> T | None:
         """``read()`` of a plan ``can_pull`` accepted, kept (else ``undo()``) when lazy-plan's
         checks, started by ``can_pull``, accept the plan and the source was not written
-        while chDB read it."""
+        while chDB read it. A write comes first: chDB's SQLite closing the file drops the
+        check's lock, and SQLite then found the file "malformed" under a writer, which failed
+        runs that Python's own read then completes."""
         checking, self._checking = self._checking, None
         if checking is None or checking[0] is not plan or self._location.kind != CHDB:
             raise InternalInvariantBroken(
@@ -445,12 +447,11 @@ class ClickHouseSink:
         try:
             with watching_writes(source) as written:
                 result = read()
-                try:
-                    checking[1].result()  # the source's own errors propagate, as from a read
-                except ConfigInvalid:  # a value chDB misreads: the read is thrown away
+                error = checking[1].exception()  # waits for the check to end
+                if written() or isinstance(error, ConfigInvalid):  # a value chDB misreads
                     return None
-                if written():
-                    return None
+                if error is not None:  # the source's own, as a read would raise it
+                    raise error
             kept = result
             return kept
         finally:
