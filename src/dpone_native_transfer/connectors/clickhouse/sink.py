@@ -85,9 +85,9 @@ from .sql import (
 
 __all__ = ["ClickHouseSink"]
 
-_FRESH_PREFIX = "_dpone_new_"
 T = TypeVar("T")
 
+_FRESH_PREFIX = "_dpone_new_"
 _BOUND_TAG = "__dpone_bound"  # the column of a pulled file naming each row's bound
 # A lazy plan's partitions per INSERT ... SELECT: without an index, each statement reads the
 # whole SQLite file, and 256 OR-ed conditions stay far below ClickHouse's max_query_size.
@@ -421,7 +421,8 @@ class ClickHouseSink:
         the pull's tag over the staged rows; no file is written or read. None, and no stage
         left, when chDB's read failed, the source was written meanwhile, or the stage holds
         a partition or cursor column in a type other than chDB reads it as (the tag could
-        then differ from the pull's). A 1M-row staged load into chDB: 0.1 s less."""
+        then differ from the pull's). A 1M-row staged full refresh into chDB: 0.57 s against
+        0.74 s through the pulled file."""
 
         def drop() -> None:
             with contextlib.suppress(Exception):
