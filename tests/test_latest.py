@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import pytest
 from helpers.bad_input import GUARD_CASES
-from helpers.stores import make_version_1
+from helpers.stores import make_version_1, make_version_3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +37,7 @@ from dpone_native_transfer import (
     TransferSpec,
     checkpoint_to_payload,
 )
-from dpone_native_transfer.checkpoints import GUARD_DIAGNOSTICS_KEY
+from dpone_native_transfer.checkpoints import GUARD_DIAGNOSTICS_KEY, LEDGER_BATCH_KEY, strict_json
 from dpone_native_transfer.latest import LatestCheckpoints, as_latest
 from dpone_native_transfer.stores import sqlite as sqlite_store
 from dpone_native_transfer.testing import RecordingSink, StepClock, build_sample_source
@@ -301,7 +301,8 @@ def test_a_run_on_an_old_store_is_blocked_by_its_armed_guard(tmp_path):
 @pytest.mark.parametrize(
     "damage",
     [
-        "DROP TRIGGER checkpoint_latest_summary_on_insert",
+        "DROP TRIGGER checkpoint_latest_upkeep_on_insert",
+        "DROP TRIGGER checkpoint_latest_upkeep_on_update",
         "DROP INDEX checkpoint_latest_by_target",
         "DROP INDEX checkpoint_latest_by_batch",
     ],
@@ -313,6 +314,82 @@ def test_a_store_missing_what_keeps_the_summary_right_is_corrupt(tmp_path, damag
         db.execute(damage)
     with pytest.raises(CheckpointStoreCorrupt):
         SQLiteCheckpointStore(path)
+
+
+# The keys the summary reads, each of which a payload could hold twice: SQLite reads the first,
+# Python the last. Each is given a second ``null``, which schema version 3 missed.
+KEY_TWICE = (
+    "status", "query_hash", "schema_hash", "diagnostics", GUARD_DIAGNOSTICS_KEY, LEDGER_BATCH_KEY
+)  # fmt: skip
+
+
+def key_twice(payload: str, key: str) -> str:
+    """``payload`` with ``key`` given a second time, as ``null``."""
+    if key in (GUARD_DIAGNOSTICS_KEY, LEDGER_BATCH_KEY):
+        assert payload.count('"diagnostics": {}') == 1
+        return payload.replace(
+            '"diagnostics": {}', f'"diagnostics": {{"{key}": "x", "{key}": null}}'
+        )
+    assert payload.endswith("}")
+    return payload[:-1] + f', "{key}": null}}'
+
+
+@pytest.mark.parametrize("where", KEY_TWICE)
+def test_a_payload_holding_a_summary_key_twice_is_refused_a_second_null_too(tmp_path, where):
+    path = tmp_path / "c.db"
+    with SQLiteCheckpointStore(path) as store:
+        store.upsert(checkpoint("p-a"))
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        before = db.execute("SELECT * FROM checkpoint_latest").fetchall()
+        (payload,) = db.execute("SELECT payload FROM checkpoint_latest").fetchone()
+        forged = key_twice(payload, where)
+        with pytest.raises(ValueError, match="holds a key twice"):
+            strict_json(forged)
+        for statement in (
+            "UPDATE checkpoint_latest SET payload = ?",
+            f"INSERT INTO checkpoint_latest ({OLD_COLUMNS}) VALUES ('orders', 'b', 'full_refresh',"
+            " 'p-b', 2, ?)",
+        ):
+            with pytest.raises(sqlite3.IntegrityError, match="holds a key twice"):
+                db.execute(statement, (forged,))
+        assert db.execute("SELECT * FROM checkpoint_latest").fetchall() == before
+
+
+def test_a_version_3_store_is_migrated_and_a_payload_with_a_second_null_key_blocks(tmp_path):
+    """Version 3 let ``"status": "committed", "status": null`` in: migrating blocks it."""
+    path = tmp_path / "c.db"
+    with SQLiteCheckpointStore(path) as store:
+        store.upsert_many([checkpoint("p-a"), checkpoint("p-b")])
+        history = store.history(ROUTE)
+    make_version_3(path)
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        (payload,) = db.execute(
+            "SELECT payload FROM checkpoint_latest WHERE partition_id = 'p-b'"
+        ).fetchone()
+        db.execute(  # version 3 accepts it, and reads the summary from the first key
+            "UPDATE checkpoint_latest SET payload = ? WHERE partition_id = 'p-b'",
+            (key_twice(payload, "status"),),
+        )
+        assert db.execute("SELECT DISTINCT status, guard FROM checkpoint_latest").fetchall() == [
+            ("committed", None)
+        ]
+    with SQLiteCheckpointStore(path) as store:
+        assert store._conn.execute("PRAGMA user_version").fetchone()[0] == 4
+        triggers = store._conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name"
+        ).fetchall()
+        assert triggers == [
+            ("checkpoint_latest_upkeep_on_insert",),
+            ("checkpoint_latest_upkeep_on_update",),
+        ]
+        assert store.history(ROUTE) == history
+        latest = store.list_latest(ROUTE)
+        assert latest.get("p-a") == checkpoint("p-a")
+        assert latest.guarded_ids() == ["p-b"]  # a guard no reader accepts: the route blocks
+        with pytest.raises(CheckpointStoreCorrupt, match="holds a key twice"):
+            latest.get("p-b")
+        store.upsert(checkpoint("p-b", "failed"))  # a resolution replaces the payload
+        assert store.list_latest(ROUTE).guarded_ids() == []
 
 
 def test_a_version_1_store_with_a_payload_sqlite_cannot_read_is_left_as_it_was(tmp_path):

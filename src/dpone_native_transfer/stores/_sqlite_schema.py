@@ -1,10 +1,12 @@
-"""The SQLite store's schema (version 3), its checks, and the migrations from versions 1 and 2.
+"""The SQLite store's schema (version 4), its checks, and the migrations from versions 1 to 3.
 
 Version 1 has the tables; version 2 adds summary columns to
 ``checkpoint_latest`` (ADR-0023); version 3 keys every record by the route's
 locations too (``source_location``, ``target_location``: ``""`` for a route
 written without them), adds the ``ledger_batch`` summary, the route-scan index
-over a target table, and the ``lease`` table. Opening an older file migrates
+over a target table, and the ``lease`` table; version 4 keeps the summary with
+one trigger per event instead of two, which also finds a key given twice whose
+second value is ``null``. Opening an older file migrates
 it in one write transaction per version, re-reading the version inside it
 (another process may have migrated first); payloads and history are never
 rewritten. Older releases refuse a newer file ("unknown schema version").
@@ -33,7 +35,7 @@ __all__ = [
     "migrate",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _NAMES = "source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT NOT NULL"
 # Appended last, as ALTER TABLE ADD COLUMN leaves them in a migrated file.
@@ -64,31 +66,6 @@ def _summary_of(payload: str, names: tuple[str, ...] = SUMMARY_NAMES) -> list[st
     return [sql.format(p=payload) for name, sql in _SUMMARY if name in names]
 
 
-def _summary_triggers(names: tuple[str, ...]) -> tuple[str, ...]:
-    """Keep every row's summary what SQLite reads from its payload, whoever writes the row.
-
-    The store's writer sets the summary from each checkpoint, and then these
-    triggers find it right and do nothing. Any other write (a row inserted or
-    restored by hand, an upsert with a new ``seq`` and a stale or no summary, a
-    summary edited alone) is corrected at once: the route scan, which reads only
-    the summary, can never see other than the payload. (The guard is compared as
-    JSON, so the writer's spacing does not count as a difference.)
-    """
-    derived = dict(zip(names, _summary_of("NEW.payload", names), strict=True))
-
-    def current(column: str) -> str:
-        return f"json(NEW.{column})" if column == "guard" else f"NEW.{column}"
-
-    differs = " OR ".join(f"{current(c)} IS NOT ({derived[c]})" for c in names)
-    assign = ", ".join(f"{column} = {sql}" for column, sql in derived.items())
-    return tuple(
-        f"""CREATE TRIGGER checkpoint_latest_summary_{name} AFTER {event} ON checkpoint_latest
-        WHEN {differs}
-        BEGIN UPDATE checkpoint_latest SET {assign} WHERE rowid = NEW.rowid; END"""
-        for name, event in (("on_insert", "INSERT"), ("on_update", "UPDATE"))
-    )
-
-
 # Where the summary reads the payload (``_SUMMARY``), as JSON paths.
 _SUMMARY_PATHS = (
     "$.status",
@@ -103,33 +80,53 @@ def _holds_a_key_twice(payload: str) -> str:
     """SQL: true when ``payload`` holds a key the summary reads twice, where it reads it.
 
     ``json_remove`` drops the first of equal keys, so a key still found after it
-    was there twice (about 4 us a row; scanning the text for each key costs 15).
-    A ``diagnostics`` object given twice is found the same way. Other duplicated
-    keys are refused by the readers (``strict_json``).
+    (``json_type``: a second ``null`` too) was there twice. A ``diagnostics``
+    object given twice is found the same way. Other duplicated keys are refused
+    by the readers (``strict_json``).
     """
     paths = ", ".join(f"'{path}'" for path in _SUMMARY_PATHS)
-    nothing_left = "[" + ",".join(["null"] * len(_SUMMARY_PATHS)) + "]"
+    left = " OR ".join(f"json_type(x, '{path}') IS NOT NULL" for path in _SUMMARY_PATHS)
     return (
-        f"(json_extract(json_remove({payload}, {paths}), {paths}) IS NOT '{nothing_left}'"
-        f" OR json_type(json_remove({payload}, '$.diagnostics'), '$.diagnostics') IS NOT NULL)"
+        f"(SELECT {left} OR json_type(json_remove(x, '$.diagnostics'), '$.diagnostics')"
+        f" IS NOT NULL FROM (SELECT json_remove({payload}, {paths}) AS x))"
     )
 
 
-def _unique_keys_triggers() -> tuple[str, ...]:
-    """Refuse a payload with a key twice at its top level or in its diagnostics.
+def _upkeep_triggers() -> tuple[str, ...]:
+    """Keep every row's summary what SQLite reads from its payload, whoever writes the row.
 
-    SQLite's JSON reads the first of two equal keys and Python's the last, so
-    such a payload could show the route scan one guard and the run another.
+    The store's writer sets the summary from each checkpoint, and then these
+    triggers find it right and do nothing. Any other write (a row inserted or
+    restored by hand, an upsert with a new ``seq`` and a stale or no summary, a
+    summary edited alone) is corrected at once: the route scan, which reads only
+    the summary, can never see other than the payload. (The guard is compared as
+    JSON, so the writer's spacing does not count as a difference.)
+
+    A payload holding a key the summary reads twice is refused: SQLite's JSON
+    reads the first of two equal keys and Python's the last, so such a payload
+    could show the route scan one guard and the run another. One trigger per
+    event does both, since each trigger a row fires costs about as much as its
+    checks (schema version 4; version 3 had two).
     """
+    payload = "NEW.payload"
+    derived = dict(zip(SUMMARY_NAMES, _summary_of(payload), strict=True))
+
+    def current(column: str) -> str:
+        return f"json(NEW.{column})" if column == "guard" else f"NEW.{column}"
+
+    differs = " OR ".join(f"{current(c)} IS NOT ({derived[c]})" for c in SUMMARY_NAMES)
+    twice = _holds_a_key_twice(payload)
+    assign = ", ".join(f"{column} = {sql}" for column, sql in derived.items())
     return tuple(
-        f"""CREATE TRIGGER checkpoint_latest_unique_keys_{name} BEFORE {event} ON checkpoint_latest
-        WHEN {_holds_a_key_twice("NEW.payload")}
-        BEGIN SELECT RAISE(ABORT, 'checkpoint payload holds a key twice'); END"""
-        for name, event in (("on_insert", "INSERT"), ("on_update", "UPDATE OF payload"))
+        f"""CREATE TRIGGER checkpoint_latest_upkeep_{name} AFTER {event} ON checkpoint_latest
+        WHEN {differs} OR {twice}
+        BEGIN SELECT RAISE(ABORT, 'checkpoint payload holds a key twice') WHERE {twice};
+        UPDATE checkpoint_latest SET {assign} WHERE rowid = NEW.rowid; END"""
+        for name, event in (("on_insert", "INSERT"), ("on_update", "UPDATE"))
     )
 
 
-_LATEST_UPKEEP = (
+_LATEST_INDEXES = (
     "CREATE UNIQUE INDEX checkpoint_latest_by_partition"
     f" ON checkpoint_latest ({ROUTE_KEY}, partition_id)",
     # the route scan's index: guard groups of one target table, without the rows
@@ -138,9 +135,8 @@ _LATEST_UPKEEP = (
     # the store/target cross-check: the ledger batches of one target table, and their statuses
     "CREATE INDEX checkpoint_latest_by_batch ON checkpoint_latest"
     " (target_location, target_table COLLATE NOCASE, ledger_batch, status)",
-    *_summary_triggers(SUMMARY_NAMES),
-    *_unique_keys_triggers(),
 )
+_UPKEEP_TRIGGERS = _upkeep_triggers()
 _LEASE_TABLE = """CREATE TABLE lease (
     lease_key TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at REAL NOT NULL,
     record TEXT NOT NULL) WITHOUT ROWID"""
@@ -173,7 +169,8 @@ SCHEMA = (
         {_LOCATIONS})""",
     _LEASE_TABLE,
     *_INDEXES,
-    *_LATEST_UPKEEP,
+    *_LATEST_INDEXES,
+    *_UPKEEP_TRIGGERS,
 )
 
 _V1_NAMES = ROUTE_NAMES[:3]
@@ -235,7 +232,7 @@ def _version(conn: sqlite3.Connection) -> int:
 
 
 def check_schema(conn: sqlite3.Connection) -> None:
-    """The file is a version-3 store: its version, every table's columns, every index."""
+    """The file is a version-4 store: its version, every table's columns, index and trigger."""
     version = _version(conn)
     if version == 0:
         names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
@@ -253,7 +250,8 @@ def check_schema(conn: sqlite3.Connection) -> None:
         )
     _check_tables(conn, TABLES)
     names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-    if not {_made_by(statement) for statement in (*_INDEXES, *_LATEST_UPKEEP)} <= names:
+    made = {_made_by(statement) for statement in (*_INDEXES, *_LATEST_INDEXES, *_UPKEEP_TRIGGERS)}
+    if not made <= names:
         raise table_corrupt("checkpoint_latest")
 
 
@@ -264,8 +262,8 @@ def _made_by(statement: str) -> str:
 
 
 def migrate(conn: sqlite3.Connection) -> None:
-    """Bring a version-1 or version-2 file to version 3; newer or foreign files are left alone."""
-    for version, step in ((1, _version_1_to_2), (2, _version_2_to_3)):
+    """Bring a file of version 1 to 3 to version 4; newer or foreign files are left alone."""
+    for version, step in ((1, _version_1_to_2), (2, _version_2_to_3), (3, _version_3_to_4)):
         if _version(conn) != version:
             continue
         with immediate(conn):
@@ -312,14 +310,10 @@ def _version_2_to_3(conn: sqlite3.Connection) -> None:
         for name in _LOCATION_NAMES:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} TEXT NOT NULL DEFAULT ''")
     conn.execute("ALTER TABLE checkpoint_latest ADD COLUMN ledger_batch TEXT")
-    # every summary from its payload (an older writer's could be stale); a payload with a key
-    # twice gets a guard no reader accepts, so its route blocks until it is resolved
+    # every summary from its payload (an older writer's could be stale)
     summary = zip(SUMMARY_NAMES, _summary_of("payload"), strict=True)
     conn.execute("UPDATE checkpoint_latest SET " + ", ".join(f"{c} = {sql}" for c, sql in summary))
-    conn.execute(
-        "UPDATE checkpoint_latest SET guard = '\"payload holds a key twice\"'"
-        f" WHERE {_holds_a_key_twice('payload')}"
-    )
+    _block_keys_twice(conn)
     for table, create in (("source_state", _SOURCE_STATE), ("evidence", _EVIDENCE)):
         names = ", ".join(_V2_TABLES[table])
         conn.execute(f"ALTER TABLE {table} RENAME TO {table}_v2")
@@ -327,5 +321,28 @@ def _version_2_to_3(conn: sqlite3.Connection) -> None:
         conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {table}_v2")
         conn.execute(f"DROP TABLE {table}_v2")
     conn.execute(_LEASE_TABLE)
-    for statement in (*_INDEXES, *_LATEST_UPKEEP):
+    for statement in (*_INDEXES, *_LATEST_INDEXES, *_UPKEEP_TRIGGERS):
         conn.execute(statement)
+
+
+def _version_3_to_4(conn: sqlite3.Connection) -> None:
+    """One upkeep trigger per event; a payload with a key twice, even a ``null``, now blocks."""
+    _check_tables(conn, TABLES)
+    for (name,) in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'checkpoint_latest'"
+    ).fetchall():
+        conn.execute(f'DROP TRIGGER "{name}"')
+    _block_keys_twice(conn)
+    for statement in _UPKEEP_TRIGGERS:
+        conn.execute(statement)
+
+
+def _block_keys_twice(conn: sqlite3.Connection) -> None:
+    """Give a payload holding a key twice a guard no reader accepts: its route blocks.
+
+    Run with no upkeep trigger in place, which would refuse the update.
+    """
+    conn.execute(
+        "UPDATE checkpoint_latest SET guard = '\"payload holds a key twice\"'"
+        f" WHERE {_holds_a_key_twice('payload')}"
+    )
