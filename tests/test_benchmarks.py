@@ -14,7 +14,8 @@ def test_each_guarded_transfer_and_its_twin_take_turns_going_first(monkeypatch):
     from benchmarks import peers
 
     monkeypatch.setattr(peers, "log", lambda *args: None)
-    monkeypatch.setitem(peers.PAIRS_PER_ROUND, "lazy-plan", 3)
+    monkeypatch.setitem(peers.GUARD_PAIRS_PER_ROUND, "legacy", 1)
+    monkeypatch.setitem(peers.GUARD_PAIRS_PER_ROUND, "lazy-plan", 3)
     ran: list[str] = []
     names = ["native", "legacy", "legacy twin", "lazy-plan", "lazy-plan twin"]
     cases = {name: (lambda name=name: ran.append(name) or 0.0) for name in names}
