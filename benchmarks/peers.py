@@ -173,7 +173,7 @@ def _dlt(source: Path, rows: int) -> float:
 
 
 # Guarded/unguarded pairs per round: one run of these transfers varies by about 10% on this
-# VM, so the 7 pairs of a round each resolved a 5% overhead only roughly (1.07 for a guard
+# VM, so one pair a round (7 in all) resolved a 5% overhead only roughly (1.07 for a guard
 # costing 1%); lazy-plan's short transfer repeats as in section 1. Odd counts, so a round
 # and the next, reversed, each start pairs both ways.
 GUARD_PAIRS_PER_ROUND = {path: 3 for path in PATHS} | PAIRS_PER_ROUND
