@@ -39,6 +39,7 @@ from dpone_native_transfer import (
 )
 from dpone_native_transfer.checkpoints import GUARD_DIAGNOSTICS_KEY, LEDGER_BATCH_KEY, strict_json
 from dpone_native_transfer.latest import LatestCheckpoints, as_latest
+from dpone_native_transfer.stores import _sqlite_schema
 from dpone_native_transfer.stores import sqlite as sqlite_store
 from dpone_native_transfer.testing import RecordingSink, StepClock, build_sample_source
 from dpone_target_commit_guard.payload import GuardPhase, build_guard
@@ -390,6 +391,32 @@ def test_a_version_3_store_is_migrated_and_a_payload_with_a_second_null_key_bloc
             latest.get("p-b")
         store.upsert(checkpoint("p-b", "failed"))  # a resolution replaces the payload
         assert store.list_latest(ROUTE).guarded_ids() == []
+
+
+def test_a_migration_stopped_between_two_versions_resumes_at_the_next_open(tmp_path, monkeypatch):
+    """Each version's step is its own transaction: a process killed in the last leaves the
+    file at the version before, complete, and the next open finishes the migration."""
+    path = tmp_path / "c.db"
+    items = [checkpoint("p-a"), guarded("p-b", GuardPhase.TARGET_OUTCOME_UNKNOWN, "failed")]
+    with SQLiteCheckpointStore(path) as store:
+        store.upsert_many(items)
+        history = store.history(ROUTE)
+    make_version_1(path)
+
+    def killed(conn: sqlite3.Connection) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_sqlite_schema, "_version_3_to_4", killed)
+    with pytest.raises(KeyboardInterrupt):
+        SQLiteCheckpointStore(path)
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+    monkeypatch.undo()
+    with SQLiteCheckpointStore(path) as store:
+        assert store._conn.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert store.list_latest(ROUTE) == items
+        assert store.history(ROUTE) == history
+        assert store.list_latest(ROUTE).guarded_ids() == ["p-b"]
 
 
 def test_a_version_1_store_with_a_payload_sqlite_cannot_read_is_left_as_it_was(tmp_path):
