@@ -238,13 +238,19 @@ def latest_columns(path) -> list[str]:
         return [row[1] for row in db.execute("PRAGMA table_info(checkpoint_latest)")][6:]
 
 
-def test_an_old_store_is_migrated_on_open_without_losing_a_checkpoint(tmp_path):
-    path = tmp_path / "c.db"
+def version_1_store(path):
+    """A version-1 store of a healthy and a blocked partition: (latest, history) as written."""
     items = [checkpoint("p-a"), guarded("p-b", GuardPhase.TARGET_OUTCOME_UNKNOWN, "failed")]
     with SQLiteCheckpointStore(path) as store:
         store.upsert_many(items)
         history = store.history(ROUTE)
     make_version_1(path)
+    return items, history
+
+
+def test_an_old_store_is_migrated_on_open_without_losing_a_checkpoint(tmp_path):
+    path = tmp_path / "c.db"
+    items, history = version_1_store(path)
     assert latest_columns(path) == []
     with SQLiteCheckpointStore(path) as store:
         assert store.list_latest(ROUTE) == items
@@ -397,11 +403,7 @@ def test_a_migration_stopped_between_two_versions_resumes_at_the_next_open(tmp_p
     """Each version's step is its own transaction: a process killed in the last leaves the
     file at the version before, complete, and the next open finishes the migration."""
     path = tmp_path / "c.db"
-    items = [checkpoint("p-a"), guarded("p-b", GuardPhase.TARGET_OUTCOME_UNKNOWN, "failed")]
-    with SQLiteCheckpointStore(path) as store:
-        store.upsert_many(items)
-        history = store.history(ROUTE)
-    make_version_1(path)
+    items, history = version_1_store(path)
 
     def killed(conn: sqlite3.Connection) -> None:
         raise KeyboardInterrupt

@@ -116,48 +116,33 @@ def make_version_1(path: Path) -> None:
         db.execute("COMMIT")
 
 
-# The four triggers of schema version 3 (releases before version 4), verbatim.
+# The four triggers of schema version 3 (releases before version 4), verbatim: one summary
+# trigger and one key-twice trigger for each of INSERT and UPDATE.
+_V3_SUMMARY = (
+    "CREATE TRIGGER checkpoint_latest_summary_on_{name} AFTER {event} ON checkpoint_latest WHEN "
+    "NEW.status IS NOT (NEW.payload ->> '$.status') OR NEW.query_hash IS NOT (NEW.payload ->> "
+    "'$.query_hash') OR NEW.schema_hash IS NOT (NEW.payload ->> '$.schema_hash') OR "
+    "json(NEW.guard) IS NOT (NEW.payload -> '$.diagnostics.target_commit_guard') OR "
+    "NEW.ledger_batch IS NOT (NEW.payload ->> '$.diagnostics.ledger_batch_id') BEGIN UPDATE "
+    "checkpoint_latest SET status = NEW.payload ->> '$.status', query_hash = NEW.payload ->> "
+    "'$.query_hash', schema_hash = NEW.payload ->> '$.schema_hash', guard = NEW.payload -> "
+    "'$.diagnostics.target_commit_guard', ledger_batch = NEW.payload ->> "
+    "'$.diagnostics.ledger_batch_id' WHERE rowid = NEW.rowid; END"
+)
+_V3_UNIQUE_KEYS = (
+    "CREATE TRIGGER checkpoint_latest_unique_keys_on_{name} BEFORE {event} ON checkpoint_latest "
+    "WHEN (json_extract(json_remove(NEW.payload, '$.status', '$.query_hash', '$.schema_hash', "
+    "'$.diagnostics.target_commit_guard', '$.diagnostics.ledger_batch_id'), '$.status', "
+    "'$.query_hash', '$.schema_hash', '$.diagnostics.target_commit_guard', "
+    "'$.diagnostics.ledger_batch_id') IS NOT '[null,null,null,null,null]' OR "
+    "json_type(json_remove(NEW.payload, '$.diagnostics'), '$.diagnostics') IS NOT NULL) BEGIN "
+    "SELECT RAISE(ABORT, 'checkpoint payload holds a key twice'); END"
+)
 VERSION_3_TRIGGERS = (
-    (
-        "CREATE TRIGGER checkpoint_latest_summary_on_insert AFTER INSERT ON checkpoint_latest WHEN "
-        "NEW.status IS NOT (NEW.payload ->> '$.status') OR NEW.query_hash IS NOT (NEW.payload ->> "
-        "'$.query_hash') OR NEW.schema_hash IS NOT (NEW.payload ->> '$.schema_hash') OR "
-        "json(NEW.guard) IS NOT (NEW.payload -> '$.diagnostics.target_commit_guard') OR "
-        "NEW.ledger_batch IS NOT (NEW.payload ->> '$.diagnostics.ledger_batch_id') BEGIN UPDATE "
-        "checkpoint_latest SET status = NEW.payload ->> '$.status', query_hash = NEW.payload ->> "
-        "'$.query_hash', schema_hash = NEW.payload ->> '$.schema_hash', guard = NEW.payload -> "
-        "'$.diagnostics.target_commit_guard', ledger_batch = NEW.payload ->> "
-        "'$.diagnostics.ledger_batch_id' WHERE rowid = NEW.rowid; END"
-    ),
-    (
-        "CREATE TRIGGER checkpoint_latest_summary_on_update AFTER UPDATE ON checkpoint_latest WHEN "
-        "NEW.status IS NOT (NEW.payload ->> '$.status') OR NEW.query_hash IS NOT (NEW.payload ->> "
-        "'$.query_hash') OR NEW.schema_hash IS NOT (NEW.payload ->> '$.schema_hash') OR "
-        "json(NEW.guard) IS NOT (NEW.payload -> '$.diagnostics.target_commit_guard') OR "
-        "NEW.ledger_batch IS NOT (NEW.payload ->> '$.diagnostics.ledger_batch_id') BEGIN UPDATE "
-        "checkpoint_latest SET status = NEW.payload ->> '$.status', query_hash = NEW.payload ->> "
-        "'$.query_hash', schema_hash = NEW.payload ->> '$.schema_hash', guard = NEW.payload -> "
-        "'$.diagnostics.target_commit_guard', ledger_batch = NEW.payload ->> "
-        "'$.diagnostics.ledger_batch_id' WHERE rowid = NEW.rowid; END"
-    ),
-    (
-        "CREATE TRIGGER checkpoint_latest_unique_keys_on_insert BEFORE INSERT ON checkpoint_latest "
-        "WHEN (json_extract(json_remove(NEW.payload, '$.status', '$.query_hash', '$.schema_hash', "
-        "'$.diagnostics.target_commit_guard', '$.diagnostics.ledger_batch_id'), '$.status', "
-        "'$.query_hash', '$.schema_hash', '$.diagnostics.target_commit_guard', "
-        "'$.diagnostics.ledger_batch_id') IS NOT '[null,null,null,null,null]' OR "
-        "json_type(json_remove(NEW.payload, '$.diagnostics'), '$.diagnostics') IS NOT NULL) BEGIN "
-        "SELECT RAISE(ABORT, 'checkpoint payload holds a key twice'); END"
-    ),
-    (
-        "CREATE TRIGGER checkpoint_latest_unique_keys_on_update BEFORE UPDATE OF payload ON "
-        "checkpoint_latest WHEN (json_extract(json_remove(NEW.payload, '$.status', '$.query_hash', "
-        "'$.schema_hash', '$.diagnostics.target_commit_guard', '$.diagnostics.ledger_batch_id'), "
-        "'$.status', '$.query_hash', '$.schema_hash', '$.diagnostics.target_commit_guard', "
-        "'$.diagnostics.ledger_batch_id') IS NOT '[null,null,null,null,null]' OR "
-        "json_type(json_remove(NEW.payload, '$.diagnostics'), '$.diagnostics') IS NOT NULL) BEGIN "
-        "SELECT RAISE(ABORT, 'checkpoint payload holds a key twice'); END"
-    ),
+    _V3_SUMMARY.format(name="insert", event="INSERT"),
+    _V3_SUMMARY.format(name="update", event="UPDATE"),
+    _V3_UNIQUE_KEYS.format(name="insert", event="INSERT"),
+    _V3_UNIQUE_KEYS.format(name="update", event="UPDATE OF payload"),
 )
 
 
