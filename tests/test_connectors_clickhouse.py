@@ -50,6 +50,7 @@ from dpone_native_transfer.connectors.clickhouse.sql import (
 )
 from dpone_native_transfer.connectors.sqlite import SQLiteSource
 from dpone_native_transfer.errors import (
+    ArtifactInvalid,
     ConfigInvalid,
     InternalInvariantBroken,
     NativeTransferError,
@@ -301,6 +302,76 @@ def test_a_full_refresh_keeps_each_pulled_file_as_written_an_empty_one_too(tmp_p
     payload = LoadFiles(columns=columns, chunks=(), replace=True, files=tuple(files))
     assert sink.load(sink.merge_load_files(payload, tmp_path)) == 50
     assert sink.rows() == [(i, "ab"[i % 2]) for i in range(50)]
+
+
+def _messages(path: Path) -> list[bytes]:
+    """An Arrow stream file's IPC messages, as bytes: its schema, then its batches."""
+    import pyarrow as pa
+
+    with pa.OSFile(str(path)) as handle:
+        messages = pa.ipc.MessageReader.open_stream(handle)
+        return [message.serialize().to_pybytes() for message in messages]
+
+
+def test_a_merge_copies_each_pulled_batch_as_written_and_refuses_what_does_not_concatenate(
+    tmp_path,
+):
+    """file-artifact's files are merged message by message: the merged file is the first
+    file's schema, then every file's batches byte for byte (chDB's compression kept), in
+    order, and it loads each row once. A file of another schema, or of dictionary batches,
+    is refused as a broken invariant; a file changed after its digest was taken (longer, cut
+    or emptied) as changed. Nothing is loaded."""
+    import pyarrow as pa
+
+    from dpone_native_transfer.artifacts import file_sha256
+    from dpone_native_transfer.payloads import LoadFile
+
+    source_path = tmp_path / "source.db"
+    with sqlite3.connect(source_path) as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p TEXT)")
+        db.executemany("INSERT INTO t VALUES (?, ?)", [(i, "abc"[i % 3]) for i in range(60)])
+    db.close()
+    source = SQLiteSource(str(source_path), "t", "p")
+    columns = source.describe().columns
+    bounds = ({"partition": "c"}, {"partition": "a"}, {"partition": "b"})
+    plan = LoadPlan(source=source, columns=columns, bounds=bounds, replace=True)
+    sink = ClickHouseSink(tmp_path / "chdata", "t")
+    assert sink.can_pull(plan, 3)
+    files, _ = sink.pull_load_files(plan, [tmp_path / f"{index}.arrows" for index in range(3)])
+    payload = LoadFiles(columns=columns, chunks=(), replace=True, files=tuple(files))
+
+    def folder(name: str) -> Path:
+        (tmp_path / name).mkdir()
+        return tmp_path / name
+
+    [merged] = sink.merge_load_files(payload, folder("merged")).files
+    pulled = [_messages(file.path) for file in files]
+    assert _messages(merged.path) == pulled[0][:1] + [m for each in pulled for m in each[1:]]
+    assert merged.rows == 60 and file_sha256(merged.path) == merged.sha256
+    with pa.OSFile(str(files[0].path)) as handle:
+        schema = pa.ipc.open_stream(handle).schema
+
+    def refused(index: int, table: Any) -> LoadFiles:
+        path = tmp_path / f"other-{index}.arrows"
+        with pa.OSFile(str(path), "wb") as handle, pa.ipc.new_stream(handle, table.schema) as out:
+            out.write_table(table)
+        other = LoadFile(path=path, rows=table.num_rows, sha256=file_sha256(path), native=True)
+        return attrs.evolve(payload, files=(*files[:index], other, *files[index + 1 :]))
+
+    rows = pa.table({name: [None] for name in schema.names}, schema=schema)
+    renamed = rows.rename_columns([*schema.names[:-1], "other"])
+    encoded = rows.set_column(1, schema.names[1], pa.array(["a"]).dictionary_encode())
+    for index, table in ((1, renamed), (0, encoded)):  # the first file's schema is the merge's
+        with pytest.raises(InternalInvariantBroken) as caught:
+            sink.merge_load_files(refused(index, table), folder(f"refused-{index}"))
+        assert caught.value.diagnostics == {"table": "t"}
+    whole = files[1].path.read_bytes()
+    for number, changed in enumerate((whole + b"\0" * 8, whole[:-20], b"")):
+        files[1].path.write_bytes(changed)  # after its digest was taken: longer, or cut
+        with pytest.raises(ArtifactInvalid) as caught:
+            sink.merge_load_files(payload, folder(f"changed-{number}"))
+        assert caught.value.diagnostics == {"file": files[1].path.name}
+    assert not sink.rows()
 
 
 def test_a_pull_of_more_partitions_than_one_statement_takes_is_declined(tmp_path):

@@ -88,6 +88,7 @@ __all__ = ["ClickHouseSink"]
 T = TypeVar("T")
 
 _FRESH_PREFIX = "_dpone_new_"
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # an Arrow IPC stream's last 8 bytes
 _BOUND_TAG = "__dpone_bound"  # the column of a pulled file naming each row's bound
 # A lazy plan's partitions per INSERT ... SELECT: without an index, each statement reads the
 # whole SQLite file, and 256 OR-ed conditions stay far below ClickHouse's max_query_size.
@@ -247,24 +248,27 @@ class ClickHouseSink:
 
     def merge_load_files(self, payload: LoadFiles, folder: Path) -> LoadFiles:
         """``MergingLoadFiles``: Arrow files (file-artifact's, one per partition) are copied in
-        order, batch for batch, into one new ``merged.arrows`` in ``folder``, each file's digest
-        checked as it is read. An INSERT costs chDB about 15 ms whatever its size: one per
-        partition was most of file-artifact's time. Each batch stays a block of its own, so a
-        retried load deduplicates as before. Files in the runtime's format are kept."""
+        order into one new ``merged.arrows`` in ``folder``, each file's digest checked as it is
+        read. An INSERT costs chDB about 15 ms whatever its size: one per partition was most
+        of file-artifact's time. The record batches are copied as IPC messages, bytes as
+        written (``_copy_messages``), so each stays a block of its own and a retried load
+        deduplicates as before. Files in the runtime's format are kept."""
         native = [file for file in payload.files if file.native]
         if len(native) < 2:
             return payload
         pa, path = arrow("the ClickHouse sink"), folder / "merged.arrows"
-        with open(native[0].path, "rb") as first:
-            schema = pa.ipc.open_stream(first).schema
         with contextlib.ExitStack() as stack:
             writer = DigestWriter(stack.enter_context(create_private(path)))
-            stream = stack.enter_context(pa.ipc.new_stream(writer, schema))
+            schema = None
             for file in native:
                 with DigestReader(file.path, file.sha256) as reader:
-                    for batch in pa.ipc.open_stream(reader):
-                        stream.write_batch(batch)
+                    try:
+                        schema = _copy_messages(pa, reader, writer, schema, table=self.table)
+                    except Exception:  # of a cut file too: told as changed, when it is
+                        reader.verify()
+                        raise
                     reader.verify()
+            writer.write(_END_OF_STREAM)
         rows = sum(file.rows for file in native)
         merged = LoadFile(path=path, rows=rows, sha256=writer.sha256, native=True)
         others = tuple(file for file in payload.files if not file.native)
@@ -829,22 +833,54 @@ def _kept(
     fills a fresh table, where no INSERT is retried, and reads the columns by name. Each
     file is read once, for its bounds' counts and the digest of those same bytes, and
     linked at its path (never over a file there); a bound chDB found no row of gets an
-    empty stream. The rewrite ``_recut`` makes cost a 1M-row pull 0.05-0.1 s."""
+    empty stream. The rewrite ``_recut`` makes cost a 1M-row pull 0.05-0.1 s. Only the tag
+    column is decoded (and decompressed): 0.022-0.024 s for a 1M-row file, against
+    0.055-0.068 s decoding all its columns."""
     pa, schema = arrow("the ClickHouse sink"), _pulled_schema(raws)
     counts, files = [0] * bounds, []
+    tag_only = pa.ipc.IpcReadOptions(included_fields=[schema.get_field_index(_BOUND_TAG)])
     for raw, path in zip(raws, paths, strict=True):
         if not raw.exists():
             with create_private(raw) as handle, pa.ipc.new_stream(handle, schema):
                 pass
         before = sum(counts)
         with DigestReader(raw) as reader:
-            for batch in pa.ipc.open_stream(reader):
+            for batch in pa.ipc.open_stream(reader, options=tag_only):
                 _count_tags(batch, counts, table=table)
             sha256 = reader.digest()
         os.link(raw, path)
         os.chmod(path, 0o600)
         files.append(LoadFile(path=path, rows=sum(counts) - before, sha256=sha256, native=True))
     return _split_checked(files, counts, table=table)
+
+
+def _copy_messages(
+    pa: Any, reader: DigestReader, writer: DigestWriter, schema: Any, *, table: str
+) -> Any:
+    """Copy the Arrow IPC stream ``reader`` reads into ``writer``, message for message, without
+    its end-of-stream marker; its schema message too when ``schema`` is None (the first file),
+    else only checked equal to ``schema``. The schema it read is returned. Batches are not
+    decoded or re-encoded (nor decompressed and compressed again): merging chDB's 100 files
+    of 1,000,000 rows in all took 0.11-0.12 s that way, 0.04 s this way. A stream of
+    dictionary batches, which no writer of load files makes, cannot be concatenated so."""
+    messages = iter(pa.ipc.MessageReader.open_stream(reader))
+    first = next(messages, None)
+    if first is None:
+        raise InternalInvariantBroken("a load file to merge is empty", diagnostics={"table": table})
+    own = pa.ipc.read_schema(first)
+    if schema is None:
+        writer.write(first.serialize())
+    elif not own.equals(schema):
+        raise InternalInvariantBroken(
+            "load files to merge differ in schema", diagnostics={"table": table}
+        )
+    for message in messages:
+        if message.type != "record batch":
+            raise InternalInvariantBroken(
+                "a load file to merge holds a dictionary batch", diagnostics={"table": table}
+            )
+        writer.write(message.serialize())
+    return own
 
 
 def _pulled_schema(raws: Sequence[Path]) -> Any:
