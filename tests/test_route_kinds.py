@@ -82,6 +82,47 @@ def test_a_duckdb_route_runs_from_its_route_file(tmp_path, path):
     assert duckdb_ids(tmp_path / "target.duckdb") == source_ids(tmp_path)
 
 
+# ``dpone-transfer run`` in a process where importing pandas sends the process SIGTERM.
+SIGTERM_WHILE_PANDAS_IMPORTS = """
+import importlib.abc, importlib.util, os, signal, sys, time
+
+class SignalledImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, self) if name == "pandas" else None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the handler raises here
+
+sys.meta_path.insert(0, SignalledImport())
+from dpone_native_transfer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("path", ["legacy", "lazy-plan"])
+def test_a_sigterm_while_pandas_imports_for_duckdb_stops_the_run(tmp_path, path):
+    """DuckDB imports pandas (when installed) at its first query with parameters, inside its
+    own code, which swallowed what a signal's handler raised meanwhile: the run went on and
+    ended with exit 0. dpone imports pandas first, so the SIGTERM ends the run (143) before
+    the target call, and the next run loads every row once."""
+    build_sample_source(tmp_path / "source.db", rows=300, partitions=3)
+    file = route_file(tmp_path, target='kind = "duckdb"\npath = "target.duckdb"', path=path)
+    stopped = subprocess.run(
+        [sys.executable, "-c", SIGTERM_WHILE_PANDAS_IMPORTS, "run", str(file), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (stopped.returncode, stopped.stderr) == (143, "error: terminated (SIGTERM)\n")
+    done = run(file)
+    assert done.returncode == 0, done.stderr
+    assert duckdb_ids(tmp_path / "target.duckdb") == source_ids(tmp_path)
+
+
 def test_a_clickhouse_route_on_chdb_runs_from_its_route_file(tmp_path):
     build_sample_source(tmp_path / "source.db", rows=300, partitions=3)
     file = route_file(tmp_path, target='kind = "clickhouse"\npath = "chdata"', path="staged")

@@ -18,6 +18,8 @@ only, never a file path, SQL or a DuckDB message.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import itertools
 import os
 import re
@@ -175,7 +177,19 @@ _CARRIERS: dict[str, Carry] = {
 
 
 def _driver() -> Any:
-    return import_driver("duckdb", needed_by="DuckDBSink")
+    duckdb = import_driver("duckdb", needed_by="DuckDBSink")
+    _import_pandas()
+    return duckdb
+
+
+@functools.cache  # an import that a signal stopped raised, and is tried again
+def _import_pandas() -> None:
+    """DuckDB imports pandas, when it is installed, at its first query with parameters in a
+    process (about 0.3 s), from its own code, which swallows what a signal's handler raises
+    meanwhile: a SIGTERM or Ctrl-C then was lost, and the run went on. Imported here first,
+    in Python, the signal stops the run; the time is spent either way."""
+    with contextlib.suppress(Exception):  # not installed, or broken: DuckDB does without
+        importlib.import_module("pandas")
 
 
 def _sqlite_extension(duckdb: Any) -> str:
