@@ -271,6 +271,25 @@ def test_a_pull_is_cut_into_the_blocks_python_writes_and_repeated_inserts_nothin
         route.real_store.close()
 
 
+def _refresh_pull(tmp_path: Path, rows: int, values: str, bounds: tuple) -> tuple:
+    """chDB's pull of a full refresh's ``bounds`` from a new ``t(id, p)`` of ``rows`` rows whose
+    ``p`` cycles through ``values``, one file per bound: the sink, the columns and the pull."""
+    source_path = tmp_path / "source.db"
+    with sqlite3.connect(source_path) as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p TEXT)")
+        db.executemany(
+            "INSERT INTO t VALUES (?, ?)", [(i, values[i % len(values)]) for i in range(rows)]
+        )
+    db.close()
+    source = SQLiteSource(str(source_path), "t", "p")
+    columns = source.describe().columns
+    plan = LoadPlan(source=source, columns=columns, bounds=bounds, replace=True)
+    sink = ClickHouseSink(tmp_path / "chdata", "t")
+    assert sink.can_pull(plan, len(bounds))
+    paths = [tmp_path / f"{index}.arrows" for index in range(len(bounds))]
+    return sink, columns, sink.pull_load_files(plan, paths)
+
+
 def test_a_full_refresh_keeps_each_pulled_file_as_written_an_empty_one_too(tmp_path):
     """A full refresh's pulled files are kept as chDB wrote them, tag included: one per
     bound, a bound of no row an empty stream; each file's rows and digest are what it holds,
@@ -279,19 +298,8 @@ def test_a_full_refresh_keeps_each_pulled_file_as_written_an_empty_one_too(tmp_p
 
     from dpone_native_transfer.artifacts import file_sha256
 
-    source_path = tmp_path / "source.db"
-    with sqlite3.connect(source_path) as db:
-        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p TEXT)")
-        db.executemany("INSERT INTO t VALUES (?, ?)", [(i, "ab"[i % 2]) for i in range(50)])
-    db.close()
-    source = SQLiteSource(str(source_path), "t", "p")
-    columns = source.describe().columns
     bounds = ({"partition": "b"}, {"partition": "none"}, {"partition": "a"})
-    plan = LoadPlan(source=source, columns=columns, bounds=bounds, replace=True)
-    sink = ClickHouseSink(tmp_path / "chdata", "t")
-    assert sink.can_pull(plan, 3)
-    paths = [tmp_path / f"{index}.arrows" for index in range(3)]
-    files, counts = sink.pull_load_files(plan, paths)
+    sink, columns, (files, counts) = _refresh_pull(tmp_path, 50, "ab", bounds)
     assert counts == [file.rows for file in files] == [25, 0, 25]
     for file, wanted in zip(files, ("b", None, "a"), strict=True):
         assert file_sha256(file.path) == file.sha256 and file.path.stat().st_mode & 0o077 == 0
@@ -318,7 +326,7 @@ def test_a_merge_copies_each_pulled_batch_as_written_and_refuses_what_does_not_c
 ):
     """file-artifact's files are merged message by message: the merged file is the first
     file's schema, then every file's batches byte for byte (chDB's compression kept), in
-    order, and it loads each row once. A file of another schema, or of dictionary batches,
+    order, holding every row. A file of another schema, or of dictionary batches,
     is refused as a broken invariant; a file changed after its digest was taken (longer, cut
     or emptied) as changed. Nothing is loaded."""
     import pyarrow as pa
@@ -326,18 +334,8 @@ def test_a_merge_copies_each_pulled_batch_as_written_and_refuses_what_does_not_c
     from dpone_native_transfer.artifacts import file_sha256
     from dpone_native_transfer.payloads import LoadFile
 
-    source_path = tmp_path / "source.db"
-    with sqlite3.connect(source_path) as db:
-        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p TEXT)")
-        db.executemany("INSERT INTO t VALUES (?, ?)", [(i, "abc"[i % 3]) for i in range(60)])
-    db.close()
-    source = SQLiteSource(str(source_path), "t", "p")
-    columns = source.describe().columns
     bounds = ({"partition": "c"}, {"partition": "a"}, {"partition": "b"})
-    plan = LoadPlan(source=source, columns=columns, bounds=bounds, replace=True)
-    sink = ClickHouseSink(tmp_path / "chdata", "t")
-    assert sink.can_pull(plan, 3)
-    files, _ = sink.pull_load_files(plan, [tmp_path / f"{index}.arrows" for index in range(3)])
+    sink, columns, (files, _) = _refresh_pull(tmp_path, 60, "abc", bounds)
     payload = LoadFiles(columns=columns, chunks=(), replace=True, files=tuple(files))
 
     def folder(name: str) -> Path:

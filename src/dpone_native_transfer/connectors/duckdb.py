@@ -182,7 +182,7 @@ def _driver() -> Any:
     return duckdb
 
 
-@functools.cache  # an import that a signal stopped raised, and is tried again
+@functools.cache  # once per process; an import a signal stopped raised, so is not kept
 def _import_pandas() -> None:
     """DuckDB imports pandas, when it is installed, at its first query with parameters in a
     process (about 0.3 s), from its own code, which swallows what a signal's handler raises
