@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime
 
+import attrs
 import pytest
 
 from dpone_native_transfer import (
     CheckpointPayloadInvalid,
+    PartitionCheckpoint,
+    PartitionCheckpointStatus,
     RouteKey,
+    TargetMutation,
     checkpoint_from_payload,
     checkpoint_to_payload,
 )
@@ -116,3 +121,51 @@ def test_a_route_label_is_one_line_whatever_the_table_names_hold():
     assert RouteKey("Bestellungen", "zakázky", "full_refresh").label == (
         "Bestellungen -> zakázky (full_refresh)"
     )
+
+
+@pytest.mark.parametrize("status", list(PartitionCheckpointStatus))
+def test_a_mutation_batch_is_attrs_evolve_of_each_candidate_field_by_field(status):
+    """``TargetMutation.batch`` spells ``attrs.evolve`` out: a field it forgot fails here."""
+    at = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
+    candidate = PartitionCheckpoint(
+        partition_id="p-7",
+        route=RouteKey("orders", "copy", "incremental_append", "src", "tgt"),
+        status="exported",
+        run_id="run-7",
+        query_hash="sha256:" + "1" * 64,
+        schema_hash="sha256:" + "2" * 64,
+        partition_bounds={"partition": "region-7"},
+        started_at=datetime(2025, 1, 1, tzinfo=UTC),
+        completed_at=datetime(2025, 1, 2, tzinfo=UTC),
+        rows_exported=7,
+        diagnostics={"artifact_sha256": "sha256:" + "3" * 64, "shared": "candidate"},
+    )
+    defaults = PartitionCheckpoint(
+        partition_id="x", route=candidate.route, status="failed", run_id="x", query_hash="",
+        schema_hash="",
+    )  # fmt: skip
+    untouched = {"route", "query_hash", "schema_hash"}  # required, so a dropped one cannot pass
+    for field in attrs.fields(PartitionCheckpoint):
+        if field.name not in untouched:  # the candidate tells a dropped field from its default
+            assert getattr(candidate, field.name) != getattr(defaults, field.name), field.name
+    mutation = TargetMutation(
+        route=candidate.route,
+        run_id="run-7",
+        path="staged",
+        operation="load",
+        candidates=(candidate,),
+        store=None,
+        clock=lambda: at,
+    )
+    extra = {"shared": "batch", "guard": {"phase": "armed"}}
+    (built,) = mutation.batch(status, at=at, diagnostics=extra)
+    expected = attrs.evolve(
+        candidate,
+        status=status,
+        started_at=at,
+        completed_at=None if status is PartitionCheckpointStatus.EXPORTED else at,
+        diagnostics={**candidate.diagnostics, **extra},
+    )
+    for field in attrs.fields(PartitionCheckpoint):
+        assert getattr(built, field.name) == getattr(expected, field.name), field.name
+    assert candidate.diagnostics["shared"] == "candidate"  # the candidate is not changed

@@ -410,6 +410,8 @@ def test_the_planner_chooses_one_scan_unless_the_reads_are_cheaper_or_cannot_be_
     assert source.read_partitions([{"partition": 3}]) is None
     ranges = [{"partition_from": None, "partition_below": 5}, {"partition_from": 5}]
     assert source.read_partitions(ranges) is None
+    many = [{"partition": value} for value in range(32_768)]  # 65,536 parameters: one too many
+    assert source.read_partitions(many) is None
 
     table.execute(
         f'CREATE TABLE "{table.schema}".split (id integer, part integer) PARTITION BY LIST (part)'

@@ -7,6 +7,7 @@ import os
 import sqlite3
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -745,6 +746,32 @@ def test_load_plan_handles_a_partition_that_vanished_after_planning(
     assert sink.load(plan) == 5
     assert sorted(sink.rows(), key=lambda row: row[0]) == [r for r in ORDERS if r[1] != "south"]
     assert returned == [None]
+
+
+def test_an_unindexed_plan_is_one_scan_while_its_values_fit_one_statement(tmp_path):
+    """600 partitions of one value (a plan of 500 at most was one scan before): one sorted
+    scan whose ``IN`` list holds every value, while they fit the statement's parameters."""
+    with sqlite3.connect(tmp_path / "many.db") as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p TEXT)")
+        db.executemany("INSERT INTO t VALUES (?, ?)", [(i, f"v{i % 600:03d}") for i in range(1200)])
+    db.close()
+    source = SQLiteSource(str(tmp_path / "many.db"), "t", "p")
+    bounds = [{"partition": f"v{k:03d}"} for k in range(600)]
+    with contextlib.closing(sqlite3.connect(":memory:")) as conn:
+        conn.execute("ATTACH DATABASE ? AS src", (str(tmp_path / "many.db"),))
+        columns = source.describe().columns
+
+        def scan() -> Any:
+            return source.table_sql(
+                bounds, conn=conn, schema="src", columns=columns, by_partition=True
+            )
+
+        conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 599)
+        assert scan() is None  # each partition is then read on its own
+        conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 600)
+        sql, params = scan()
+        rows = conn.execute(sql, params).fetchall()
+    assert rows == sorted(((i, f"v{i % 600:03d}") for i in range(1200)), key=lambda r: (r[1], r[0]))
 
 
 @pytest.mark.parametrize("window", [(None, None), (10, 60)])

@@ -27,6 +27,7 @@ from dpone_native_transfer import (
     TransferRuntime,
     TransferSpec,
 )
+from dpone_native_transfer.paths import _one_pass
 from dpone_native_transfer.paths._one_pass import spooled_chunks
 from dpone_native_transfer.testing import InjectedFault, RecordingSink
 
@@ -153,8 +154,10 @@ class CountingSource(SQLiteSource):
         return conn
 
 
-def run(tmp_path: Path, path: str, *, index: bool, sink: Any = None) -> tuple[int, Any]:
-    rows = [(i % 20 if i % 13 else None, i) for i in range(2000)]
+def run(
+    tmp_path: Path, path: str, *, index: bool, sink: Any = None, values: int = 20
+) -> tuple[int, Any]:
+    rows = [(i % values if i % 13 else None, i) for i in range(2000)]
     make_table(tmp_path / "s.db", "INTEGER", rows, index=index)
     CountingSource.scans = 0
     source = CountingSource(str(tmp_path / "s.db"), "t", "part", "cur")
@@ -182,6 +185,23 @@ def test_an_unindexed_partition_column_is_scanned_once_and_every_row_lands_once(
 def test_an_indexed_partition_column_keeps_one_seek_per_partition(tmp_path, path):
     loaded, scans = run(tmp_path, path, index=True)
     assert (loaded, scans) == (2000, 21)  # 20 values and NULL
+
+
+@pytest.mark.parametrize("path", ROW_PATHS)
+@pytest.mark.parametrize("open_files", [1000, 100])
+def test_hundreds_of_partitions_are_one_scan_and_spooled_within_the_open_file_limit(
+    tmp_path, path, open_files, monkeypatch
+):
+    """301 partitions (300 values and NULL): a path that takes the scan as it comes takes
+    it whatever the count; spooling holds a file open per partition, so past
+    ``open_files_allowed()`` file-artifact reads each partition on its own. Before, any
+    path past 256 partitions read each on its own: a scan each without an index."""
+    monkeypatch.setattr(_one_pass, "open_files_allowed", lambda: open_files)
+    loaded, scans = run(tmp_path, path, index=False, values=300)
+    spooling = path == "file-artifact"
+    assert (loaded, scans) == (2000, 301 if spooling and open_files < 301 else 1)
+    with sqlite3.connect(tmp_path / "s.db") as src, sqlite3.connect(tmp_path / "target.db") as dst:
+        assert sorted(dst.execute("SELECT * FROM t_copy")) == sorted(src.execute("SELECT * FROM t"))
 
 
 class FailingScan(CountingSource):

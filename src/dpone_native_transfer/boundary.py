@@ -69,15 +69,26 @@ class TargetMutation:
         at: datetime,
         diagnostics: Mapping[str, Any] | None = None,
     ) -> tuple[PartitionCheckpoint, ...]:
-        """One checkpoint per candidate, all stamped ``at``; terminal ones end ``at`` too."""
+        """One checkpoint per candidate, all stamped ``at``; terminal ones end ``at`` too.
+
+        Each is ``attrs.evolve(candidate, ...)`` spelled out: evolve looks every
+        field up by name, which cost 10,000 partitions 17 ms a batch. A test
+        holds the two equal, field by field.
+        """
         completed_at = None if status is PartitionCheckpointStatus.EXPORTED else at
         extra = dict(diagnostics or {})
         return tuple(
-            attrs.evolve(
-                candidate,
+            PartitionCheckpoint(
+                partition_id=candidate.partition_id,
+                route=candidate.route,
                 status=status,
+                run_id=candidate.run_id,
+                query_hash=candidate.query_hash,
+                schema_hash=candidate.schema_hash,
+                partition_bounds=candidate.partition_bounds,
                 started_at=at,
                 completed_at=completed_at,
+                rows_exported=candidate.rows_exported,
                 diagnostics={**candidate.diagnostics, **extra},
             )
             for candidate in self.candidates

@@ -30,7 +30,7 @@ from typing import Any
 
 import attrs
 
-from ..artifacts import DigestReader, DigestWriter, create_private, read_chunks
+from ..artifacts import DigestReader, DigestWriter, create_private, open_files_allowed, read_chunks
 from ..column_types import (
     ENGINE_CARRIERS,
     Carry,
@@ -121,7 +121,6 @@ decimal stays its exact text.
 _LEDGER = TableName(None, LEDGER_TABLE)
 _RESERVED_SCHEMAS = ("temp", "system", "information_schema", "pg_catalog")
 _BOUND_TAG = "__dpone_bound"  # the column of a pulled scan naming each row's bound
-_PULLED_FILES = 256  # file-artifact: one open Arrow stream per partition while the scan runs
 _INSERT_ROWS = 1_000_000  # rows per INSERT of load files (see _insert_native)
 _BATCH_ROWS = 50_000  # rows per INSERT: Arrow batches this size load 2x faster than 10,000
 _GATHERED_ROWS = 250_000  # a pull's rows held for its files' batches (see _Gathered)
@@ -304,10 +303,11 @@ class DuckDBSink(FileTarget):
         return write_stream(pa, path, struct, chunks, batch_rows=_BATCH_ROWS, table=self.table)
 
     def can_pull(self, plan: LoadPlan, files: int) -> bool:
-        """``FilePulling``: lazy-plan's checks accept the plan, at most ``_PULLED_FILES`` files,
-        and no source column is named as the pull's tag. A value the scanner refuses itself is
-        not looked for first: the pull then fails, before the target, and Python reads."""
-        if files not in (1, len(plan.bounds)) or files > _PULLED_FILES:
+        """``FilePulling``: lazy-plan's checks accept the plan, at most ``open_files_allowed()``
+        files (file-artifact's stay open while the scan runs), and no source column is named
+        as the pull's tag. A value the scanner refuses itself is not looked for first: the
+        pull then fails, before the target, and Python reads."""
+        if files not in (1, len(plan.bounds)) or 1 < files > open_files_allowed():
             return False
         if _BOUND_TAG in {column.name.lower() for column in plan.columns}:
             return False

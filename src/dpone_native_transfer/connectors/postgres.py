@@ -52,6 +52,7 @@ __all__ = ["PostgresSource"]
 _T = TypeVar("_T")
 
 _CURSOR = "dpone_read"
+_MOST_PARAMETERS = 65_535  # one statement's parameters: the protocol counts them in 16 bits
 # format_type() names whose values the driver returns as int, float, bool, bytes or str.
 _NATIVE = frozenset(
     {"smallint", "integer", "bigint", "real", "double precision", "boolean", "bytea"}
@@ -301,7 +302,8 @@ class PostgresSource(TableSource):
         one scan, when the server's planner costs that scan below the partitions' own reads
         together (``EXPLAIN``: an index to seek, or a table partitioned on the column, keeps
         the reads). The server routes each row with the very conditions each read uses
-        (``CASE WHEN k = $1 THEN 0 ...``), so its ``=``, types and collations decide."""
+        (``CASE WHEN k = $1 THEN 0 ...``), so its ``=``, types and collations decide. Not
+        for more partitions than one statement's parameters can name (``_MOST_PARAMETERS``)."""
         split = self._single_values(bounds, chunk_rows)
         if split is None:
             return None
@@ -320,6 +322,8 @@ class PostgresSource(TableSource):
         )
         test_params = [value for _, test in tests for value in test]
         params = [*test_params, *window_params, *test_params]
+        if len(params) > _MOST_PARAMETERS:
+            return None
 
         def cheaper(conn: Any) -> bool:
             reads = sum(_cost(conn, *self._select(columns, b)) for b in bounds)

@@ -63,8 +63,6 @@ from .contract import DEFAULT_CHUNK_ROWS, OnePassReading, SQLiteFile
 __all__ = ["SQLiteSink", "SQLiteSource"]
 
 _TIMEOUT = 30
-# A plan of more partitions than this is not one IN list (a statement's parameters are limited).
-_PLAN_SCAN_VALUES = 500
 _TYPE_TOKEN = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*|\(\s*[+-]?\d+\s*(?:,\s*[+-]?\d+\s*)?\))")
 # Words that end a type name and begin a column constraint (SQLite's grammar).
 _CONSTRAINT_WORDS = frozenset(
@@ -530,9 +528,12 @@ class SQLiteSource(TableSource):
     ) -> tuple[str, tuple] | None:
         """The plan as one scan of an unindexed table (``table_sql``), or None."""
         split = self._single_values(bounds, DEFAULT_CHUNK_ROWS)
-        if split is None or len(bounds) > _PLAN_SCAN_VALUES:
+        if split is None:
             return None
         partitions, window = split
+        where, params = render_predicates(window, marker="?", name=self._ref)
+        if len(partitions) + len(params) > conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER):
+            return None  # the IN list's values are parameters of one statement
         values = self._scan_values(conn, schema, partitions, columns)
         if values is None:
             return None
@@ -541,7 +542,6 @@ class SQLiteSource(TableSource):
         matches = [f"{key} IN ({', '.join('?' * len(known))})"] if known else []
         if len(known) < len(values):
             matches.append(f"{key} IS NULL")
-        where, params = render_predicates(window, marker="?", name=self._ref)
         condition = " OR ".join(matches)
         if where:
             condition = f"({condition}) AND {where}"

@@ -6,7 +6,9 @@ exactly, a path that takes the rows in any order takes the scan as it comes
 (``PathContext.extract``); for a path that reads partition by partition, the
 rows are spooled to one private file per partition in the run's work folder as
 they arrive (memory stays one chunk), and each partition is then read back from
-its file, in the order and chunk size a read of its own gives.
+its file, in the order and chunk size a read of its own gives. Spooling holds
+one file open per partition, so it takes at most ``open_files_allowed()``
+partitions; a scan taken as it comes has no such bound.
 """
 
 from __future__ import annotations
@@ -15,21 +17,18 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ..artifacts import create_private, read_chunks, write_chunks
+from ..artifacts import create_private, open_files_allowed, read_chunks, write_chunks
 from ..checkpoints import PartitionCheckpoint
 from ..connectors.contract import OnePassReading, Source
 
-__all__ = ["MAX_SPOOLED_PARTITIONS", "one_pass", "spool_partitions", "spooled_chunks"]
-
-# One open file per partition while the scan runs: beyond this, each partition is read on its own.
-MAX_SPOOLED_PARTITIONS = 256
+__all__ = ["one_pass", "spool_partitions", "spooled_chunks"]
 
 
 def one_pass(
     source: Source, candidates: Sequence[PartitionCheckpoint], chunk_rows: int
 ) -> Iterator[tuple[int, list[tuple]]] | None:
     """The source's one scan of the candidates, ``(candidate index, rows)``, or None."""
-    if not (isinstance(source, OnePassReading) and 2 <= len(candidates) <= MAX_SPOOLED_PARTITIONS):
+    if not (isinstance(source, OnePassReading) and len(candidates) >= 2):
         return None
     bounds = [candidate.partition_bounds for candidate in candidates]
     return source.read_partitions(bounds, chunk_rows=chunk_rows)
@@ -38,7 +37,10 @@ def one_pass(
 def spool_partitions(
     source: Source, candidates: Sequence[PartitionCheckpoint], work_dir: Path, chunk_rows: int
 ) -> dict[str, Path]:
-    """Each candidate's spool file, after one scan; ``{}`` when the source reads them apart."""
+    """Each candidate's spool file, after one scan; ``{}`` when the source reads them apart,
+    or when one file per partition would hold too many open (each is then read on its own)."""
+    if len(candidates) > open_files_allowed():
+        return {}
     scan = one_pass(source, candidates, chunk_rows)
     if scan is None:
         return {}
