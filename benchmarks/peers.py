@@ -33,7 +33,13 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from dpone_native_transfer import SQLiteCheckpointStore, SQLiteSource, TransferRuntime, TransferSpec
+from dpone_native_transfer import (
+    SQLiteCheckpointStore,
+    SQLiteSink,
+    SQLiteSource,
+    TransferRuntime,
+    TransferSpec,
+)
 from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
 from dpone_native_transfer.connectors.duckdb import DuckDBSink, _sqlite_extension
 
@@ -74,17 +80,18 @@ DLT_SHARE = 0.25  # every path at least 4x faster than dlt
 DLT_PYTHON = Path(os.environ.get("DPONE_BENCH_DLT_PYTHON", WORK / "dlt-venv" / "bin" / "python"))
 
 
-def _engine_transfer(
+def engine_transfer(
     source: Path, engine: str, path: str, rows: int, *, guarded: bool = True
 ) -> float:
-    """One transfer into a fresh DuckDB file or chDB data path; ``guarded=False``: plugins=[]."""
+    """One full refresh into a fresh SQLite or DuckDB file or chDB data path;
+    ``guarded=False``: plugins=[]."""
     with scratch(f"peers-{engine}-{path}") as folder:
         store = SQLiteCheckpointStore(folder / "checkpoints.db")
-        sink = (
-            DuckDBSink(folder / "target.duckdb", TARGET_TABLE)
-            if engine == "duckdb"
-            else ClickHouseSink(folder / "chdb", TARGET_TABLE)
-        )
+        sink = {
+            "sqlite": lambda: SQLiteSink(folder / "target.db", TARGET_TABLE),
+            "duckdb": lambda: DuckDBSink(folder / "target.duckdb", TARGET_TABLE),
+            "chdb": lambda: ClickHouseSink(folder / "chdb", TARGET_TABLE),
+        }[engine]()
         try:
             spec = TransferSpec(
                 source=SQLiteSource(source, SOURCE_TABLE, PARTITION_COLUMN),
@@ -186,8 +193,12 @@ def _dlt_missing() -> str | None:
     return None
 
 
-def _rounds(
-    cases: dict[str, Callable[[], float]], runs: int, pairs: dict[str, str] | None = None
+def rounds(
+    cases: dict[str, Callable[[], float]],
+    runs: int,
+    pairs: dict[str, str] | None = None,
+    *,
+    label: str = "peers",
 ) -> dict[str, list[float]]:
     """Each case once per round, ``runs`` rounds after one warm-up round that is dropped.
 
@@ -214,7 +225,7 @@ def _rounds(
             seconds = cases[name]()
             if round_number:
                 times[name].append(seconds)
-        log(f"peers: round {round_number} of {runs} done")
+        log(f"{label}: round {round_number} of {runs} done")
     return times
 
 
@@ -242,7 +253,7 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
             for path in PATHS
         },
     }
-    sqlite_times = _rounds(sqlite_cases, sizes.runs)
+    sqlite_times = rounds(sqlite_cases, sizes.runs)
     raw["sqlite"] = sqlite_times
     for path in PATHS:
         baseline = "bare-attach" if path == "lazy-plan" else "bare-copy"
@@ -262,15 +273,15 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
             "native": lambda native=native: native(source, rows_total),
         }
         for path in PATHS:
-            cases[path] = lambda path=path, engine=engine: _engine_transfer(
+            cases[path] = lambda path=path, engine=engine: engine_transfer(
                 source, engine, path, rows_total
             )
-            cases[f"{path} unguarded"] = lambda path=path, engine=engine: _engine_transfer(
+            cases[f"{path} unguarded"] = lambda path=path, engine=engine: engine_transfer(
                 source, engine, path, rows_total, guarded=False
             )
         if engine == "duckdb" and dlt_missing is None:
             cases["dlt"] = lambda: _dlt(source, rows_total)
-        times = _rounds(cases, sizes.runs, {path: f"{path} unguarded" for path in PATHS})
+        times = rounds(cases, sizes.runs, {path: f"{path} unguarded" for path in PATHS})
         raw[engine] = times
         name = {"duckdb": "DuckDB", "chdb": "chDB"}[engine]
         own = OWN_COPY[engine]

@@ -20,7 +20,7 @@ def test_each_guarded_transfer_and_its_twin_take_turns_going_first(monkeypatch):
     names = ["native", "legacy", "legacy twin", "lazy-plan", "lazy-plan twin"]
     cases = {name: (lambda name=name: ran.append(name) or 0.0) for name in names}
     runs = 6
-    times = peers._rounds(cases, runs, {"legacy": "legacy twin", "lazy-plan": "lazy-plan twin"})
+    times = peers.rounds(cases, runs, {"legacy": "legacy twin", "lazy-plan": "lazy-plan twin"})
     assert {name: len(seconds) for name, seconds in times.items()} == {
         "native": runs, "legacy": runs, "legacy twin": runs,
         "lazy-plan": 3 * runs, "lazy-plan twin": 3 * runs,

@@ -295,7 +295,8 @@ class OnePassReading(Protocol):
     ) -> Iterator[tuple[int, list[tuple]]] | None:
         """One scan: ``(i, rows)`` chunks, ``rows`` of the partition ``bounds[i]``, each of them
         exactly the rows ``read(bounds[i])`` gives, in its order. None when reading each
-        partition is as cheap, or one scan cannot tell the partitions apart exactly. Reads only."""
+        partition is as cheap, one scan cannot tell the partitions apart exactly, or its
+        statement cannot name that many (the runtime asks however many there are). Reads only."""
 
 
 @runtime_checkable

@@ -400,7 +400,7 @@ class ClickHouseSink:
         pull only when they accept the plan."""
         if self._location.kind != CHDB or files not in (1, len(plan.bounds)):
             return False
-        if 1 < files > open_files_allowed():
+        if files > max(1, open_files_allowed()):
             return False
         if _BOUND_TAG in {column.name.lower() for column in plan.columns}:
             return False
