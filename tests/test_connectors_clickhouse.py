@@ -417,6 +417,45 @@ def test_a_plan_takes_as_few_statements_as_its_conditions_allow(
         chdb_statements.clear()
 
 
+def test_lazy_plan_statements_stay_within_what_chdb_parses_or_fail_before_the_target(
+    tmp_path, chdb_statements
+):
+    """OR-ed conditions are cut by their length as well as their count: with a partition
+    column named in 1,000 characters, 256 conditions made a statement longer than chDB's
+    max_query_size, which failed inside the target call and blocked the route. A statement
+    that cannot be made short enough (a column name of 100,000 characters) is refused
+    before the target call, and the route is not blocked."""
+    long = "p" + "x" * 999
+    source_path = tmp_path / "long.db"
+    with sqlite3.connect(source_path) as db:
+        db.execute(f'CREATE TABLE t (id INTEGER PRIMARY KEY, "{long}" INTEGER)')
+        db.executemany("INSERT INTO t VALUES (?, ?)", [(i, i % 300) for i in range(600)])
+    source = SQLiteSource(str(source_path), "t", long)
+    columns = source.describe().columns
+    bounds = tuple({"partition": i} for i in range(300))  # an append's: OR-ed, not looked up
+    sink = ClickHouseSink(tmp_path / "chdata", "t")
+    assert sink.load(LoadPlan(source=source, columns=columns, bounds=bounds)) == 600
+    assert sink.rows() == sorted((i, i % 300) for i in range(600))
+    reads = [sql for sql in chdb_statements if "FROM sqlite(" in sql]
+    assert len(reads) > 2 and all(len(sql.encode()) < 262_144 for sql in reads)
+
+    huge = "q" * 100_000
+    with sqlite3.connect(source_path) as db:
+        db.execute(f'CREATE TABLE h (id INTEGER PRIMARY KEY, "{huge}" INTEGER)')
+        db.executemany("INSERT INTO h VALUES (?, ?)", [(i, i % 3) for i in range(6)])
+    route = Route(tmp_path / "route", kind="clickhouse", sink=ClickHouseSink(tmp_path / "h", "h"))
+    route.source = SQLiteSource(str(source_path), "h", huge)
+    try:
+        for run_id in ("r1", "r2"):  # the same refusal again: nothing was left unresolved
+            with pytest.raises(ConfigInvalid) as caught:
+                route.runtime().run(route.spec("lazy-plan", run_id=run_id))
+            assert caught.value.diagnostics == {"table": "h"}
+            assert huge not in str(caught.value)
+        assert route.sink.rows() == []
+    finally:
+        route.real_store.close()
+
+
 # A refresh's source: rows of values outside the plan, NULL keys, cursors above the window's top
 # and NULL cursors (which a refresh's window keeps).
 _REFRESH_SOURCE = (

@@ -307,7 +307,7 @@ class DuckDBSink(FileTarget):
         files (file-artifact's stay open while the scan runs), and no source column is named
         as the pull's tag. A value the scanner refuses itself is not looked for first: the
         pull then fails, before the target, and Python reads."""
-        if files not in (1, len(plan.bounds)) or files > max(1, open_files_allowed()):
+        if files not in (1, len(plan.bounds)) or files > open_files_allowed():
             return False
         if _BOUND_TAG in {column.name.lower() for column in plan.columns}:
             return False

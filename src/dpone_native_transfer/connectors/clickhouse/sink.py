@@ -98,12 +98,16 @@ _FRESH_PREFIX = "_dpone_new_"
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # an Arrow IPC stream's last 8 bytes
 _BOUND_TAG = "__dpone_bound"  # the column of a pulled file naming each row's bound
 # A lazy plan's partitions per INSERT ... SELECT: without an index, each statement reads the
-# whole SQLite file, and 256 OR-ed conditions stay far below ClickHouse's max_query_size.
-# Partitions a lookup finds (_PlanSQL.lookup) take one statement up to _LOOKUP_BOUNDS: their
-# values' placeholders stay below max_query_size too. A pull reads all its partitions in one
+# whole SQLite file, so as few statements as chDB parses: at most 256 OR-ed conditions, and at
+# most _CONDITION_BYTES of them, each (long column names make long conditions). Partitions a
+# lookup finds (_PlanSQL.lookup) take one statement up to _LOOKUP_BOUNDS: their values'
+# placeholders stay below max_query_size (262,144 bytes) too. A statement longer than
+# _STATEMENT_BYTES is refused before the target call. A pull reads all its partitions in one
 # statement (and keeps a file writer open for each, for file-artifact).
 _PLAN_BOUNDS_PER_INSERT = 256
+_CONDITION_BYTES = 100_000
 _LOOKUP_BOUNDS = 2048
+_STATEMENT_BYTES = 200_000
 # ClickHouse's sqlite() engine quotes SQLite identifiers its own way: a backslash or a double
 # quote in a name reads a wrong column (or its name as a string) or fails; checked on chDB 4.4.
 _SQLITE_FUNCTION_UNSAFE = re.compile(r'[\\"\x00-\x1f\x7f]')
@@ -364,6 +368,7 @@ class ClickHouseSink:
         """Refuse a plan the engine cannot pull, before anything touches the target."""
         source = _with_safe_names(plan, table=self.table)
         refuse_inexact_plan(source, plan.columns, engine="ClickHouse", table=self.table)
+        _plan_inserts(plan, source, table=self.table)
         self._checked = plan  # the load of this very plan need not check it again
 
     def _plan_fill(self, payload: LoadPlan) -> Fill:
@@ -373,10 +378,7 @@ class ClickHouseSink:
         if self._checked is not payload:
             self.check_plan(payload)
         source = pulled_file(payload, engine="ClickHouse", table=self.table)
-        names = column_list([column.name for column in payload.columns])
-        bounds = _PlanSQL(payload, source)
-        listed = payload.replace
-        wheres = [bounds.where(part, listed=listed) for part in bounds.statements(listed=listed)]
+        bounds, names, wheres = _plan_inserts(payload, source, table=self.table)
 
         def fill(client: ClickHouseClient, table: TableName, tokens: _Tokens) -> int:
             before = _count(client, table)
@@ -400,7 +402,7 @@ class ClickHouseSink:
         pull only when they accept the plan."""
         if self._location.kind != CHDB or files not in (1, len(plan.bounds)):
             return False
-        if files > max(1, open_files_allowed()):
+        if files > open_files_allowed():
             return False
         if _BOUND_TAG in {column.name.lower() for column in plan.columns}:
             return False
@@ -746,15 +748,23 @@ class _PlanSQL:
 
     def statements(self, *, listed: bool) -> list[range]:
         """The bounds each statement reads: all in one when ``where`` finds them by the lookup
-        (``listed`` as there) and there are at most ``_LOOKUP_BOUNDS``; otherwise at most
-        ``_PLAN_BOUNDS_PER_INSERT`` OR-ed conditions each. 1,000 partitions of 1,000,000 rows
-        into chDB, legacy: 1.3 s in one statement, 52 s read by Python when pulls took 256."""
+        (``listed`` as there) and there are at most ``_LOOKUP_BOUNDS``; otherwise OR-ed
+        conditions, at most ``_PLAN_BOUNDS_PER_INSERT`` and ``_CONDITION_BYTES`` of them each
+        (a condition longer than that alone). 1,000 partitions of 1,000,000 rows into chDB,
+        legacy: 1.3 s in one statement, 52 s read by Python when pulls took 256."""
         count = len(self.conditions)
-        if self.lookup is not None and (listed or self.window is not None):
-            if count <= _LOOKUP_BOUNDS:
-                return [range(count)]
-        step = _PLAN_BOUNDS_PER_INSERT
-        return [range(first, min(first + step, count)) for first in range(0, count, step)]
+        looked_up = self.lookup is not None and (listed or self.window is not None)
+        if looked_up and count <= _LOOKUP_BOUNDS:
+            return [range(count)]
+        parts, first, size = [], 0, 0
+        for number, condition in enumerate(self.conditions):
+            length = len(condition.encode())
+            full = number - first == _PLAN_BOUNDS_PER_INSERT or size + length > _CONDITION_BYTES
+            if number > first and full:
+                parts.append(range(first, number))
+                first, size = number, 0
+            size += length
+        return [*parts, range(first, count)] if count else []
 
     def where(self, numbers: range, *, listed: bool = False) -> str:
         """The condition that selects the rows of the bounds ``numbers``, which chDB pushes down
@@ -957,6 +967,26 @@ class _Cut:
         self.pending = table.slice(rows).to_batches()
         self.waiting -= rows
         self.rows += rows
+
+
+def _plan_inserts(
+    plan: LoadPlan, source: SQLiteFile, *, table: str
+) -> tuple[_PlanSQL, str, list[str]]:
+    """lazy-plan's INSERTs: the plan's conditions, the column list and each statement's
+    ``WHERE``; ``ConfigInvalid`` when a statement would be longer than chDB parses (long
+    column names or bound values), before the target call: it would fail inside it."""
+    bounds = _PlanSQL(plan, source)
+    names = column_list([column.name for column in plan.columns])
+    listed = plan.replace
+    wheres = [bounds.where(part, listed=listed) for part in bounds.statements(listed=listed)]
+    if any(len(where.encode()) + 2 * len(names.encode()) > _STATEMENT_BYTES for where in wheres):
+        raise ConfigInvalid(
+            f"lazy-plan into ClickHouse table {table!r} cannot name these partitions in a "
+            "statement chDB parses (its column names or partition conditions are too long): "
+            "use the legacy, staged or file-artifact path",
+            diagnostics={"table": table},
+        )
+    return bounds, names, wheres
 
 
 def _with_safe_names(plan: LoadPlan, *, table: str) -> SQLiteFile:
