@@ -208,21 +208,23 @@ def test_switching_to_ranges_in_a_pending_window_keeps_its_value_partitions(
     assert target_ids(tmp_path, "sqlite") == source_ids(tmp_path)
 
 
-def _keyed_source(path: Path) -> SQLiteSource:
+def _keyed_source(path: Path, *, index: bool = True) -> SQLiteSource:
     """``t`` keyed by ``k`` (indexed, some rows without a key), in ranges of about 300 rows;
     ``id`` is its cursor."""
     with contextlib.closing(sqlite3.connect(path)) as db:
         db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, k INTEGER, v TEXT)")
         rows = [(i, None if i % 97 == 0 else (i * 7919) % 1000, f"v{i}") for i in range(1, 1201)]
         db.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
-        db.execute("CREATE INDEX t_k ON t (k)")
+        if index:
+            db.execute("CREATE INDEX t_k ON t (k)")
         db.commit()
     return SQLiteSource(str(path), "t", "k", "id", partition_rows=300)
 
 
-def test_key_ranges_from_the_lowest_key_to_the_highest_are_the_whole_table(tmp_path):
-    """table_sql reads such a plan in one statement; a gap, a missing NULL partition or a
-    cursor window keeps each range's own read."""
+def test_key_ranges_from_the_lowest_key_to_the_highest_are_one_statement(tmp_path):
+    """table_sql reads such a plan in one statement, which selects exactly the rows of the
+    ranges' own reads, in a cursor window or not, with the NULL key's rows only when its
+    partition is planned; a gap or a missing end keeps each range's own read."""
     source = _keyed_source(tmp_path / "s.db")
     columns = source.describe().columns
     ranges = source.partition_ranges()
@@ -231,22 +233,39 @@ def test_key_ranges_from_the_lowest_key_to_the_highest_are_the_whole_table(tmp_p
 
     def whole(bounds: list) -> bool:
         with source.reader() as conn:
-            return source.table_sql(bounds, conn=conn, schema="main", columns=columns) is not None
+            sql = source.table_sql(bounds, conn=conn, schema="main", columns=columns)
+            if sql is None:
+                return False
+            own = [
+                row
+                for b in bounds
+                for row in conn.execute(*source.select_sql(b, schema="main", columns=columns))
+            ]
+            assert sorted(conn.execute(*sql).fetchall()) == sorted(own)
+            return True
 
     assert whole(ranges)
-    assert not whole(keyed)  # rows without a key would be copied by no range
+    assert whole(keyed)  # the rows without a key are left out
+    assert whole([{**b, "cursor_upto": 500} for b in ranges])  # in a cursor window
+    assert whole([{**b, "cursor_after": 100, "cursor_upto": 500} for b in keyed])
     assert not whole([null, *keyed[:1], *keyed[2:]])  # a gap
     assert not whole([null, *keyed[:-1]])  # the highest keys
-    assert not whole([{**b, "cursor_upto": 5} for b in ranges])
+    assert not whole([{**ranges[0], "cursor_upto": 5}, *ranges[1:]])  # two windows
 
 
+@pytest.mark.parametrize("strategy", ["full_refresh", "incremental_append"])
+@pytest.mark.parametrize("index", [True, False])
 @pytest.mark.parametrize("path", ["legacy", "staged", "lazy-plan"])
-def test_key_ranges_copied_whole_load_every_row_once_with_each_range_counted(tmp_path, path):
+def test_key_ranges_copied_whole_load_every_row_once_with_each_range_counted(
+    tmp_path, path, index, strategy
+):
+    """Each range's count: by an index count each, or without an index by one read of the
+    pulled keys, each given to the range SQLite's ``>=`` and ``<`` put it in."""
     from dpone_native_transfer import SQLiteSink, TransferSpec
 
-    source = _keyed_source(tmp_path / "s.db")
+    source = _keyed_source(tmp_path / "s.db", index=index)
     sink = SQLiteSink(str(tmp_path / "target.db"), "copy")
-    spec = TransferSpec(source=source, sink=sink, strategy="full_refresh", path=path, run_id="r")
+    spec = TransferSpec(source=source, sink=sink, strategy=strategy, path=path, run_id="r")
     with SQLiteCheckpointStore(str(tmp_path / "checkpoints.db")) as store:
         assert TransferRuntime(store).run(spec).rows_loaded == 1200
     with SQLiteCheckpointStore(str(tmp_path / "checkpoints.db")) as store:
