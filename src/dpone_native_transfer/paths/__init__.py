@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import attrs
 
-from ..artifacts import create_private, read_chunks, write_chunks
+from ..artifacts import create_private, open_files_allowed, read_chunks, write_chunks
 from ..boundary import TargetBoundary, TargetMutation
 from ..checkpoints import PartitionCheckpoint, RouteKey, Strategy
 from ..clock import Clock
@@ -205,19 +205,45 @@ class PathContext:
         (``FilePulling``): one file, or one per candidate; each candidate's count recorded
         (``extracted``, with its file's digest when it has one). None when the engine cannot
         read them exactly, or an edge partition's loaded rows must be left out (only dpone
-        can): the path then reads the rows itself."""
+        can): the path then reads the rows itself. A file per candidate is pulled in groups
+        of at most ``open_files_allowed()`` (an engine holds each group's files open), all
+        between the same two reads of the cursor's top rows."""
         sink = self.sink
-        names = [c.partition_id for c in self.candidates] if per_partition else ["load"]
-        plan = self._pull_plan(len(names))
-        if plan is None or not isinstance(sink, FilePulling):
+        count = len(self.candidates)
+        step = open_files_allowed() if per_partition else max(1, count)
+        groups = [range(at, min(at + step, count)) for at in range(0, count, step)] or [range(0)]
+
+        def plan_of(group: range) -> LoadPlan | None:  # a sink checks one plan at a time
+            return self._pull_plan(len(group) if per_partition else 1, group)
+
+        first = plan_of(groups[0])
+        if first is None or not isinstance(sink, FilePulling):
             return None
+        names = [c.partition_id for c in self.candidates] if per_partition else ["load"]
         paths = [self.work_dir / f"{name}{sink.pulled_suffix}" for name in names]
 
         def discard(pulled: tuple[list[LoadFile], list[int]]) -> None:
             for file in pulled[0]:  # Python's own files may take the same names
                 file.path.unlink(missing_ok=True)
 
-        pulled = self.read_by_engine(lambda: sink.pull_load_files(plan, paths), discard=discard)
+        def pull() -> tuple[list[LoadFile], list[int]] | None:
+            files: list[LoadFile] = []
+            counts: list[int] = []
+            for number, group in enumerate(groups):
+                plan = first if number == 0 else plan_of(group)
+                if plan is None:
+                    discard((files, counts))
+                    return None
+                group_paths = paths[group.start : group.stop] if per_partition else paths
+                pulled = sink.pull_load_files(plan, group_paths)
+                if pulled is None:
+                    discard((files, counts))
+                    return None
+                files += pulled[0]
+                counts += pulled[1]
+            return files, counts
+
+        pulled = self.read_by_engine(pull, discard=discard)
         if pulled is None:
             return None
         files, counts = pulled
@@ -245,18 +271,22 @@ class PathContext:
             self.extracted(index, rows)
         return True
 
-    def _pull_plan(self, files: int) -> LoadPlan | None:
-        """The plan of the candidates, when the sink's engine can pull it (``FilePulling``)
-        into ``files`` files; asked before the cursor edge's rows are read for it."""
+    def _pull_plan(self, files: int, numbers: range | None = None) -> LoadPlan | None:
+        """The plan of the candidates (those ``numbers``, or all), when the sink's engine can
+        pull it (``FilePulling``) into ``files`` files; asked before the cursor edge's rows
+        are read for it."""
         sink = self.sink
         if not isinstance(sink, FilePulling):
             return None
+        candidates = (
+            self.candidates if numbers is None else self.candidates[numbers.start : numbers.stop]
+        )
         if any(is_edge(candidate.partition_bounds) for candidate in self.candidates):
             return None
         plan = LoadPlan(
             source=self.source,
             columns=self.shape.columns,
-            bounds=tuple(candidate.partition_bounds for candidate in self.candidates),
+            bounds=tuple(candidate.partition_bounds for candidate in candidates),
             replace=self.replace,
         )
         return plan if sink.can_pull(plan, files) else None
