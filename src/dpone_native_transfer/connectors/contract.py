@@ -11,7 +11,7 @@ kit (``testing.contract_problems``) checks a connector against them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import NativeTransferError
@@ -253,6 +253,13 @@ class SQLiteFile(Source, Collating, Protocol):
         """One statement selecting every partition of ``bounds`` when that is cheaper, or None.
         ``by_partition``: only when it is one scan of the table, its rows ordered by
         partition value (then as they are read)."""
+
+    def range_route(
+        self, conn: sqlite3.Connection, schema: str, bounds: Sequence[Mapping[str, Any]]
+    ) -> Callable[[Any], int | None] | None:
+        """Which of ``bounds`` (key ranges and the NULL key's partition) holds a key value, as
+        SQLite's ``>=`` and ``<`` on the file attached as ``schema`` decide; None when each
+        range's own count is cheaper (an index seeks it) or Python cannot tell."""
 
 
 @runtime_checkable

@@ -1497,9 +1497,7 @@ def _counted(conn: sqlite3.Connection, source: SQLiteFile, plan: LoadPlan) -> li
     to no bound."""
     key = _quote(source.partition_column)
     if any("partition" not in bounds for bounds in plan.bounds):
-        route = None
-        if isinstance(source, SQLiteSource):  # another SQLiteFile's keys: by its own counts
-            route = source.range_route(conn, "src", plan.bounds)
+        route = source.range_route(conn, "src", plan.bounds)
         if route is None:
             statements = (source.count_sql(bounds, schema="src") for bounds in plan.bounds)
             return [conn.execute(sql, params).fetchone()[0] for sql, params in statements]
