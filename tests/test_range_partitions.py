@@ -251,11 +251,31 @@ def test_key_ranges_from_the_lowest_key_to_the_highest_are_one_statement(tmp_pat
     assert not whole([null, *keyed[:1], *keyed[2:]])  # a gap
     assert not whole([null, *keyed[:-1]])  # the highest keys
     assert not whole([{**ranges[0], "cursor_upto": 5}, *ranges[1:]])  # two windows
+    with source.reader() as conn:  # an index reads each range: no scan sorted by range
+        assert (
+            source.table_sql(ranges, conn=conn, schema="main", columns=columns, by_partition=True)
+            is None
+        )
+
+
+@pytest.mark.parametrize("window", [{}, {"cursor_after": 100, "cursor_upto": 900}])
+def test_an_unindexed_keys_ranges_are_one_scan_sorted_by_range(tmp_path, window):
+    """``by_partition``: each range's rows together, in the bounds' order, each run exactly
+    the range's own read (file-artifact's pull into SQLite cuts the runs into its files)."""
+    source = _keyed_source(tmp_path / "s.db", index=False)
+    columns = source.describe().columns
+    bounds = [{**b, **window} for b in source.partition_ranges()]
+    with source.reader() as conn:
+        sql = source.table_sql(bounds, conn=conn, schema="main", columns=columns, by_partition=True)
+        assert sql is not None
+        rows = conn.execute(*sql).fetchall()
+        own = [list(conn.execute(*source.select_sql(b, columns=columns))) for b in bounds]
+    assert rows == [row for run in own for row in run] and all(own)
 
 
 @pytest.mark.parametrize("strategy", ["full_refresh", "incremental_append"])
 @pytest.mark.parametrize("index", [True, False])
-@pytest.mark.parametrize("path", ["legacy", "staged", "lazy-plan"])
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact", "lazy-plan"])
 def test_key_ranges_copied_whole_load_every_row_once_with_each_range_counted(
     tmp_path, path, index, strategy
 ):

@@ -378,28 +378,37 @@ class SQLiteSource(TableSource):
         range per partition. A windowed plan of values keeps its partition queries, which
         an index bounds to the rows it needs. The caller runs this inside its transaction,
         so the check and the copy see the same rows; a partition that appeared after
-        planning fails the check, and is not loaded. ``by_partition`` asks for the scan of
-        values only, its rows ordered by partition value, then rowid: None when an index
-        reads each partition, or for ranges.
+        planning fails the check, and is not loaded. ``by_partition`` asks for one scan only,
+        its rows ordered by partition value (ranges: by bound, through ``range_route``),
+        then rowid: None when an index reads each partition.
         """
         scan = self._plan_scan(
             bounds, conn=conn, schema=schema, columns=columns, by_partition=by_partition
         )
-        if scan is not None or by_partition:
+        if scan is not None:
             return scan
-        table = f"{_quote(schema)}.{_quote(self.table)}"
+        table, key = f"{_quote(schema)}.{_quote(self.table)}", self._ref(self.partition_column)
         ranges = _one_window_ranges(bounds)
         if ranges is not None and _run_on([bounds[i] for i in ranges[0]]):
+            order = "rowid"
+            if by_partition:  # in the bounds' order, by the route ``range_route`` gives
+                route = self.range_route(conn, schema, bounds)
+                if route is None:
+                    return None
+                conn.create_function(_RANGE_FUNCTION, 1, route, deterministic=True)
+                order = f"{_RANGE_FUNCTION}({key}), rowid"
             window = bound_predicates(
                 bounds[0], partition_column=self.partition_column, cursor_column=self.cursor_column
             )[_partition_predicates(bounds[0]) :]
             where, params = render_predicates(window, marker="?", name=self._ref)
             conditions = [where] if where else []
             if ranges[1] is None:  # no partition holds the NULL key's rows
-                conditions.append(f"{self._ref(self.partition_column)} IS NOT NULL")
+                conditions.append(f"{key} IS NOT NULL")
             sql = f"SELECT {_column_list(columns, self.table)} FROM {table}"
             sql += f" WHERE {' AND '.join(conditions)}" if conditions else ""
-            return f"{sql} ORDER BY rowid", tuple(params)
+            return f"{sql} ORDER BY {order}", tuple(params)
+        if by_partition:
+            return None
         if any(
             "partition" not in b
             or b.get("cursor_after") is not None
@@ -1142,6 +1151,7 @@ def _routed(
 
 
 _RANGE_EDGES = ("partition_from", "partition_below")
+_RANGE_FUNCTION = "dpone_range"  # a key's bound number (``range_route``), for ``table_sql``
 
 
 def _partition_predicates(bounds: Mapping[str, Any]) -> int:
@@ -1420,12 +1430,16 @@ def _pull_each(plan: LoadPlan, paths: Sequence[Path]) -> list[int] | None:
             if scan is None:
                 reads = [source.select_sql(b, schema="src", columns=columns) for b in plan.bounds]
             else:
-                runs = _sorted_runs(conn, source, plan, work, scan)
+                ranged = any("partition" not in bounds for bounds in plan.bounds)
+                runs = (_range_runs if ranged else _sorted_runs)(conn, source, plan, work, scan)
                 if runs is None:
                     return None
-                key = _quote(source.partition_column)
                 run = f"SELECT {names} FROM sorted.{_PULLED} WHERE rowid BETWEEN ? AND ?"
-                reads = [(f"{run} AND {key} IS ? ORDER BY rowid", r) for r in runs]
+                if ranged:  # each row of a range's run was given to it (``_range_runs``)
+                    reads = [(f"{run} ORDER BY rowid", r[:2]) for r in runs]
+                else:
+                    key = _quote(source.partition_column)
+                    reads = [(f"{run} AND {key} IS ? ORDER BY rowid", r) for r in runs]
             counts = []
             for path, (sql, params) in zip(paths, reads, strict=True):
                 _create_pulled(conn, path, "out", names)
@@ -1456,11 +1470,7 @@ def _sorted_runs(
     and run on from rowid 1 to the last, each starting where the one before ends; the caller
     checks each (every row of it holds its value; a range that runs backwards fails that).
     None when two bounds name one stored value, or the first range would not start at 1."""
-    names = _column_list(plan.columns)
-    _create_pulled(conn, path, "sorted", names)
-    conn.execute("BEGIN")
-    copied = conn.execute(f"INSERT INTO sorted.{_PULLED} ({names}) {scan[0]}", scan[1]).rowcount
-    conn.execute("COMMIT")
+    copied = _copy_scan(conn, plan, path, scan)
     stored = _stored_values(conn, source, plan)
     pairs = ", ".join("(?, ?)" for _ in stored)
     ordered = conn.execute(
@@ -1487,6 +1497,45 @@ def _sorted_runs(
     for position, (number,) in enumerate(ordered):
         runs[number] = (starts[position], ends[position], stored[number])
     return runs
+
+
+def _copy_scan(
+    conn: sqlite3.Connection, plan: LoadPlan, path: Path, scan: tuple[str, tuple]
+) -> int:
+    """``scan``'s rows copied, in its order, into a new work file at ``path``, attached as
+    ``sorted``: rowids 1 to the count returned."""
+    names = _column_list(plan.columns)
+    _create_pulled(conn, path, "sorted", names)
+    conn.execute("BEGIN")
+    copied = conn.execute(f"INSERT INTO sorted.{_PULLED} ({names}) {scan[0]}", scan[1]).rowcount
+    conn.execute("COMMIT")
+    return copied
+
+
+def _range_runs(
+    conn: sqlite3.Connection,
+    source: SQLiteFile,
+    plan: LoadPlan,
+    path: Path,
+    scan: tuple[str, tuple],
+) -> list[tuple[int, int, Any]] | None:
+    """``_sorted_runs`` of key ranges: ``scan`` (rows in bound order) copied into a work file,
+    then each row's bound found by ``range_route`` in one read of the copied keys. None when
+    a row belongs to no bound, or a bound's rows are not one run."""
+    _copy_scan(conn, plan, path, scan)
+    route = source.range_route(conn, "src", plan.bounds)
+    if route is None:
+        return None
+    runs: dict[int, list[int]] = {}
+    previous = None
+    key = _quote(source.partition_column)
+    for rowid, value in conn.execute(f"SELECT rowid, {key} FROM sorted.{_PULLED} ORDER BY rowid"):
+        number = route(value)
+        if number is None or (number != previous and number in runs):
+            return None
+        runs.setdefault(number, [rowid, rowid])[1] = rowid
+        previous = number
+    return [(*runs.get(number, (1, 0)), None) for number in range(len(plan.bounds))]
 
 
 def _counted(conn: sqlite3.Connection, source: SQLiteFile, plan: LoadPlan) -> list[int] | None:
