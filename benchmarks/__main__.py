@@ -16,7 +16,7 @@ from pathlib import Path
 
 import attrs
 
-from . import batch, many, memory, partitioning, peers, pg_source, scan, transfer
+from . import batch, many, memory, partitioning, peers, pg_source, ranges, scan, transfer
 from ._common import FULL, QUICK, RESULTS, WORK, format_value, machine, print_table, verdict
 
 SECTIONS = {
@@ -28,6 +28,7 @@ SECTIONS = {
     "peers": peers.measure,  # 2b an unindexed source; 7 DuckDB and chDB, their own copy, dlt
     "pg-source": pg_source.measure,  # 2c a PostgreSQL source: the plan EXPLAIN picks
     "many": many.measure,  # 8 ten times the partitions of the same unindexed rows
+    "ranges": ranges.measure,  # 9 key ranges of an unindexed key against value partitions
 }
 
 

@@ -169,6 +169,23 @@ def unindexed_source_db(rows: int, partitions: int) -> Path:
     )
 
 
+def unindexed_key_source_db(rows: int) -> Path:
+    """``unindexed_source_db``'s table with one more column, ``k``: a key with as many
+    distinct values as rows, spread over the table (``id * 7919 % rows``) and without an
+    index, for key ranges (``partition_by = "range"``) a range's read would scan for."""
+    return cached_source(
+        f"orders-unindexed-key-{rows}",
+        [
+            f"CREATE TABLE {SOURCE_TABLE} (id INTEGER PRIMARY KEY, k INTEGER NOT NULL,"
+            " region TEXT NOT NULL, amount REAL, updated_at INTEGER)",
+            f"INSERT INTO {SOURCE_TABLE} WITH RECURSIVE n(i) AS"
+            f" (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {rows})"
+            f" SELECT i, i * 7919 % {rows}, printf('region-%04d', i % 100),"
+            " round(i * 1.25, 2), 1000000 + i FROM n",
+        ],
+    )
+
+
 def _git(*args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=REPO, capture_output=True, text=True, check=True

@@ -81,10 +81,18 @@ DLT_PYTHON = Path(os.environ.get("DPONE_BENCH_DLT_PYTHON", WORK / "dlt-venv" / "
 
 
 def engine_transfer(
-    source: Path, engine: str, path: str, rows: int, *, guarded: bool = True
+    source: Path,
+    engine: str,
+    path: str,
+    rows: int,
+    *,
+    guarded: bool = True,
+    read: Callable[[Path], SQLiteSource] | None = None,
+    strategy: str = "full_refresh",
 ) -> float:
-    """One full refresh into a fresh SQLite or DuckDB file or chDB data path;
-    ``guarded=False``: plugins=[]."""
+    """One transfer (a full refresh by default) into a fresh SQLite or DuckDB file or chDB
+    data path, from ``read(source)`` (default: partitioned by ``region``); ``guarded=False``:
+    plugins=[]."""
     with scratch(f"peers-{engine}-{path}") as folder:
         store = SQLiteCheckpointStore(folder / "checkpoints.db")
         sink = {
@@ -94,9 +102,9 @@ def engine_transfer(
         }[engine]()
         try:
             spec = TransferSpec(
-                source=SQLiteSource(source, SOURCE_TABLE, PARTITION_COLUMN),
+                source=(read or _by_region)(source),
                 sink=sink,
-                strategy="full_refresh",
+                strategy=strategy,
                 path=path,
                 run_id="bench-run",
                 chunk_rows=CHUNK_ROWS,
@@ -108,6 +116,10 @@ def engine_transfer(
     if result.rows_loaded != rows:
         raise AssertionError(f"{engine} {path}: loaded {result.rows_loaded} rows, not {rows}")
     return seconds
+
+
+def _by_region(source: Path) -> SQLiteSource:
+    return SQLiteSource(source, SOURCE_TABLE, PARTITION_COLUMN)
 
 
 def _listing(source: Path, partitions: int) -> float:
