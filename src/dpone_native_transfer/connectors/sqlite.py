@@ -397,10 +397,7 @@ class SQLiteSource(TableSource):
                     return None
                 conn.create_function(_RANGE_FUNCTION, 1, route, deterministic=True)
                 order = f"{_RANGE_FUNCTION}({key}), rowid"
-            window = bound_predicates(
-                bounds[0], partition_column=self.partition_column, cursor_column=self.cursor_column
-            )[_partition_predicates(bounds[0]) :]
-            where, params = render_predicates(window, marker="?", name=self._ref)
+            where, params = render_predicates(self._window(bounds[0]), marker="?", name=self._ref)
             conditions = [where] if where else []
             if ranges[1] is None:  # no partition holds the NULL key's rows
                 conditions.append(f"{key} IS NOT NULL")
@@ -554,10 +551,18 @@ class SQLiteSource(TableSource):
             route = self.range_route(conn, "main", bounds)
         if route is None:
             return None
-        window = bound_predicates(
-            bounds[0], partition_column=self.partition_column, cursor_column=self.cursor_column
-        )[_partition_predicates(bounds[0]) :]
-        return self._routed_scan(window, self._described_columns(), route, chunk_rows)
+        return self._routed_scan(
+            self._window(bounds[0]), self._described_columns(), route, chunk_rows
+        )
+
+    def _window(self, bounds: Mapping[str, Any]) -> tuple[Predicate, ...]:
+        """The cursor window of one partition's ``bounds``: its predicates but the partition's."""
+        predicates = bound_predicates(
+            bounds, partition_column=self.partition_column, cursor_column=self.cursor_column
+        )
+        if "partition_from" not in bounds:
+            return predicates[1:]
+        return predicates[max(1, sum(bounds.get(edge) is not None for edge in _RANGE_EDGES)) :]
 
     def _scan_values(
         self,
@@ -1152,13 +1157,6 @@ def _routed(
 
 _RANGE_EDGES = ("partition_from", "partition_below")
 _RANGE_FUNCTION = "dpone_range"  # a key's bound number (``range_route``), for ``table_sql``
-
-
-def _partition_predicates(bounds: Mapping[str, Any]) -> int:
-    """How many of ``bound_predicates(bounds)`` select the partition; the window's follow."""
-    if "partition_from" not in bounds:
-        return 1
-    return max(1, sum(bounds.get(edge) is not None for edge in _RANGE_EDGES))
 
 
 def _run_on(ranges: Sequence[Mapping[str, Any]]) -> bool:
