@@ -276,24 +276,42 @@ def test_an_unindexed_keys_ranges_are_one_scan_sorted_by_range(tmp_path, window)
 @pytest.mark.parametrize("strategy", ["full_refresh", "incremental_append"])
 @pytest.mark.parametrize("index", [True, False])
 @pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact", "lazy-plan"])
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb", "clickhouse"])
 def test_key_ranges_copied_whole_load_every_row_once_with_each_range_counted(
-    tmp_path, path, index, strategy
+    tmp_path, kind, path, index, strategy
 ):
     """Each range's count: by an index count each, or without an index by one read of the
-    pulled keys, each given to the range SQLite's ``>=`` and ``<`` put it in."""
-    from dpone_native_transfer import SQLiteSink, TransferSpec
+    pulled keys, each given to the range SQLite's ``>=`` and ``<`` put it in (DuckDB: an
+    ``ASOF`` join on the ranges' starts; chDB: ``roundDown`` to them). An append's next run,
+    after rows at the cuts, below and above every key and without a key, loads just those."""
+    from dpone_native_transfer import TransferSpec
 
     source = _keyed_source(tmp_path / "s.db", index=index)
-    sink = SQLiteSink(str(tmp_path / "target.db"), "copy")
-    spec = TransferSpec(source=source, sink=sink, strategy=strategy, path=path, run_id="r")
-    with SQLiteCheckpointStore(str(tmp_path / "checkpoints.db")) as store:
-        assert TransferRuntime(store).run(spec).rows_loaded == 1200
-    with SQLiteCheckpointStore(str(tmp_path / "checkpoints.db")) as store:
-        latest = list(store.list_latest(spec.route))
+    if kind == "clickhouse":
+        sink = routes.SINKS[kind](str(tmp_path / "target"), "copy")
+    else:
+        sink = routes.make_sink(kind, tmp_path / f"target.{kind}", "copy")
     with contextlib.closing(sqlite3.connect(tmp_path / "s.db")) as db:
         expected = db.execute("SELECT * FROM t ORDER BY id").fetchall()
-    assert sorted(sink.rows()) == expected
-    if path != "lazy-plan":  # the engine counts nothing there
-        counted = {cp.partition_id: cp.rows_exported for cp in latest}
-        own = {cp.partition_id: source.count(cp.partition_bounds) for cp in latest}
-        assert counted == own and sum(own.values()) == 1200
+    runs = [expected]
+    if strategy == "incremental_append":
+        cuts = sorted(
+            b["partition_from"] for b in source.partition_ranges() if b.get("partition_from")
+        )
+        added = [(1201 + n, key, f"new{n}") for n, key in enumerate([*cuts, -5, 10**6, None])]
+        runs.append(expected + added)
+    for number, rows in enumerate(runs):
+        with contextlib.closing(sqlite3.connect(tmp_path / "s.db")) as db:
+            db.executemany("INSERT OR IGNORE INTO t VALUES (?, ?, ?)", rows)
+            db.commit()
+        spec = TransferSpec(
+            source=source, sink=sink, strategy=strategy, path=path, run_id=f"r{number}"
+        )
+        with SQLiteCheckpointStore(str(tmp_path / "checkpoints.db")) as store:
+            loaded = TransferRuntime(store).run(spec).rows_loaded
+            latest = list(store.list_latest(spec.route))
+        assert loaded == len(rows) - (len(runs[number - 1]) if number else 0)
+        assert sorted(sink.rows()) == rows
+        if path != "lazy-plan":  # the engine counts nothing there
+            own = {cp.partition_id: source.count(cp.partition_bounds) for cp in latest}
+            assert {cp.partition_id: cp.rows_exported for cp in latest} == own

@@ -35,6 +35,7 @@ __all__ = [
     "STAGE_PREFIX",
     "ColumnDifference",
     "FileTarget",
+    "RANGE_EDGES",
     "WINDOW_OPERATORS",
     "TableName",
     "TableSource",
@@ -44,11 +45,14 @@ __all__ = [
     "difference",
     "edge_where",
     "identifier",
+    "integer_range_starts",
     "parse_table",
+    "partition_predicate_count",
     "payload_refused",
     "quote",
     "range_cuts_sql",
     "range_partitions",
+    "ranges_run_on",
     "refuse_reserved_schema",
     "render_predicates",
     "unavailable",
@@ -299,6 +303,47 @@ def range_partitions(cuts: Sequence[Any], *, keyed: bool, has_null: bool) -> lis
     pairs = zip(edges, edges[1:], strict=False)
     ranges = [{"partition_from": low, "partition_below": high} for low, high in pairs]
     return ([{"partition": None}] if has_null else []) + (ranges if keyed else [])
+
+
+RANGE_EDGES = ("partition_from", "partition_below")
+
+
+def partition_predicate_count(bounds: Mapping[str, Any]) -> int:
+    """How many of ``bound_predicates(bounds)`` select the partition; the cursor window's
+    predicates follow them."""
+    if "partition" in bounds:
+        return 1
+    return sum(bounds.get(edge) is not None for edge in RANGE_EDGES) or 1
+
+
+def ranges_run_on(ranges: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether key ranges, in order, run from the lowest key to the highest, each starting
+    where the one before ends: together they hold every key (``range_partitions``)."""
+    edges = [None, *(edge for b in ranges for edge in (b.get(e) for e in RANGE_EDGES)), None]
+    return all(edges[i] == edges[i + 1] for i in range(0, len(edges), 2))
+
+
+def integer_range_starts(
+    ranges: Sequence[Mapping[str, Any]],
+) -> tuple[list[int], int | None] | None:
+    """Each range's first key (Int64's lowest for one open below), and the last range's end,
+    when ``ranges`` are integer key ranges that, in order, each start where the one before
+    ends; else None. A key's range is then the one of the greatest start at or below it."""
+    edges = [(r.get("partition_from"), r.get("partition_below")) for r in ranges]
+    if any("partition" in r for r in ranges) or any(
+        edge is not None and type(edge) is not int for pair in edges for edge in pair
+    ):
+        return None
+    lowest = -(2**63)
+    ordered = sorted(edges, key=lambda pair: lowest if pair[0] is None else pair[0])
+    if any(
+        ordered[n][1] is None or ordered[n][1] != ordered[n + 1][0] for n in range(len(ordered) - 1)
+    ):
+        return None  # a gap, an overlap or an inner range open at one end
+    starts = [lowest if low is None else low for low, _ in edges]
+    if len(set(starts)) < len(starts):
+        return None
+    return starts, ordered[-1][1]
 
 
 def edge_where(

@@ -24,7 +24,7 @@ import itertools
 import os
 import re
 import secrets
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,7 @@ from ..payloads import (
 )
 from ._arrow import arrow, check_widths, read_ahead, row_batch, row_type, write_stream
 from ._sql import (
+    RANGE_EDGES,
     STAGE_PREFIX,
     WINDOW_OPERATORS,
     ColumnDifference,
@@ -77,9 +78,12 @@ from ._sql import (
     check_target_folder,
     check_target_table,
     difference,
+    integer_range_starts,
     parse_table,
+    partition_predicate_count,
     payload_refused,
     quote,
+    ranges_run_on,
     refuse_reserved_schema,
     render_predicates,
     unavailable,
@@ -716,12 +720,15 @@ def _plan_conditions(
             params.append(known)
         if len(known) < len(values):
             matches.append(f"{partition} IS NULL")
-        for item in items:
-            if "partition" not in item:  # a key range: its own condition
-                ranged = [p for p in predicates_of(item) if p not in window]
-                where, range_params = render_predicates(ranged, marker="?", name=name)
-                matches.append(f"({where})")
-                params += range_params
+        ranges = [item for item in items if "partition" not in item]
+        if ranges and not known and ranges_run_on(ranges):  # every key: 1,000 ORs took 3 s
+            matches.append(f"{partition} IS NOT NULL")
+            ranges = []
+        for item in ranges:  # a key range: its own condition
+            ranged = [p for p in predicates_of(item) if p not in window]
+            where, range_params = render_predicates(ranged, marker="?", name=name)
+            matches.append(f"({where})")
+            params += range_params
         where, window_params = render_predicates(window, marker="?", name=name)
         match = "(" + " OR ".join(matches) + ")"
         condition = f"{match} AND {where}" if where else match
@@ -763,6 +770,9 @@ def _tagged_scan(source: SQLiteFile, plan: LoadPlan, textual: Collection[str]) -
             len(values),
             *params,
         ]
+    ranged = _integer_ranges(source, plan, textual, name)
+    if ranged is not None:
+        return ranged
     cases, params = [], []
     for index, bound in enumerate(predicates):
         where, bound_params = render_predicates(bound, marker="?", name=name)
@@ -773,6 +783,54 @@ def _tagged_scan(source: SQLiteFile, plan: LoadPlan, textual: Collection[str]) -
         f" FROM sqlite_scan(?, ?) AS s) WHERE {tag} IS NOT NULL"
     )
     return sql, [*params, *_scan(source)]
+
+
+def _integer_ranges(
+    source: SQLiteFile, plan: LoadPlan, textual: Collection[str], name: Callable[[str], str]
+) -> tuple[str, list] | None:
+    """``_tagged_scan`` of integer key ranges that run on (``integer_range_starts``), and the
+    NULL key's partition, in one cursor window: each row tagged by an ``ASOF`` join on the
+    ranges' starts, where a ``CASE`` of each range's condition took 9 s for 1,000 ranges of
+    1,000,000 rows. None for other plans, or a key DuckDB does not read as integers."""
+    key_column = source.partition_column
+    kinds = {column.name: column.kind for column in plan.columns}
+    if kinds.get(key_column) != "integer" or key_column in textual:
+        return None
+    nulls = [n for n, b in enumerate(plan.bounds) if "partition" in b]
+    if len(nulls) > 1 or any(plan.bounds[n]["partition"] is not None for n in nulls):
+        return None
+    numbers = [n for n in range(len(plan.bounds)) if n not in nulls]
+    found = integer_range_starts([plan.bounds[n] for n in numbers])
+    limits = ("partition", *RANGE_EDGES)
+    windows = [{k: v for k, v in b.items() if k not in limits} for b in plan.bounds]
+    if found is None or any(window != windows[0] for window in windows):
+        return None
+    starts, below = found
+    first = plan.bounds[numbers[0]]
+    window = bound_predicates(
+        first, partition_column=key_column, cursor_column=source.cursor_column
+    )[partition_predicate_count(first) :]
+    where, params = render_predicates(window, marker="?", name=name)
+    key, tag = name(key_column), quote(_BOUND_TAG)
+    keyed = f"{key} >= ?" + (f" AND {key} < ?" if below is not None else "")
+    keys = f"({keyed} OR {key} IS NULL)" if nulls else keyed
+    conditions = [keys, *([where] if where else [])]
+    names = ", ".join(f"s.{quote(c.name)}" for c in plan.columns)
+    null_tag = nulls[0] if nulls else "NULL"
+    sql = (
+        f"SELECT {names}, CASE WHEN {key} IS NULL THEN {null_tag} ELSE b.{tag} END AS {tag}"
+        f" FROM sqlite_scan(?, ?) AS s ASOF LEFT JOIN (SELECT UNNEST(?::BIGINT[]) AS start,"
+        f" UNNEST(?::INTEGER[]) AS {tag}) AS b ON {key} >= b.start"
+        f" WHERE {' AND '.join(conditions)}"
+    )
+    return sql, [
+        *_scan(source),
+        starts,
+        numbers,
+        min(starts),
+        *([below] if below is not None else []),
+        *params,
+    ]
 
 
 def _reraise_interrupt(error: Exception) -> None:

@@ -35,7 +35,7 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,7 +63,9 @@ from .._sql import (
     TableName,
     check_target_table,
     difference,
+    integer_range_starts,
     parse_table,
+    partition_predicate_count,
     payload_refused,
     refuse_reserved_schema,
     unavailable,
@@ -706,7 +708,7 @@ class _PlanSQL:
         # all integers) or contiguous integer key ranges: a row's bound is then found by a
         # lookup of its value, or of the start of its range (``index``).
         windows = [
-            predicates[_key_predicates(b) :]
+            predicates[partition_predicate_count(b) :]
             for b, predicates in zip(plan.bounds, found, strict=True)
         ]
         nulls = [
@@ -723,7 +725,7 @@ class _PlanSQL:
         keyed = [plan.bounds[number] for number in self.keyed]
         values = [bounds.get("partition") for bounds in keyed]
         kinds = {type(value) for value in values}
-        ranges = _contiguous_ranges(keyed)
+        ranges = integer_range_starts(keyed)
         if ranges is not None:
             self.lookup, (starts, below) = "range", ranges
             self.params.update(
@@ -801,35 +803,6 @@ class _PlanSQL:
         if self.null_bound is None:
             return lookup  # a NULL key: -1
         return f"if(isNull({self.column}), {self.null_bound}, {lookup})"
-
-
-def _key_predicates(bounds: Mapping[str, Any]) -> int:
-    """How many of ``bound_predicates(bounds)`` select the partition (they come first)."""
-    if "partition" in bounds:
-        return 1
-    edges = ("partition_from", "partition_below")
-    return sum(bounds.get(edge) is not None for edge in edges) or 1
-
-
-def _contiguous_ranges(ranges: Sequence[Mapping[str, Any]]) -> tuple[list[int], int | None] | None:
-    """Each range's first key (Int64's lowest for one open below), and the last range's end,
-    when ``ranges`` are integer key ranges that, in order, each start where the one before
-    ends; else None. ``roundDown`` of a key to these starts then finds its range."""
-    edges = [(r.get("partition_from"), r.get("partition_below")) for r in ranges]
-    if any("partition" in r for r in ranges) or any(
-        edge is not None and type(edge) is not int for pair in edges for edge in pair
-    ):
-        return None
-    lowest = -(2**63)
-    ordered = sorted(edges, key=lambda pair: lowest if pair[0] is None else pair[0])
-    if any(
-        ordered[n][1] is None or ordered[n][1] != ordered[n + 1][0] for n in range(len(ordered) - 1)
-    ):
-        return None  # a gap, an overlap or an inner range open at one end
-    starts = [lowest if low is None else low for low, _ in edges]
-    if len(set(starts)) < len(starts):
-        return None
-    return starts, ordered[-1][1]
 
 
 def _recut(
