@@ -752,7 +752,8 @@ def refuse_inexact_plan(
 ) -> None:
     """Refuse a lazy plan another engine would not read exactly as the other paths do.
 
-    Refused: partition or cursor columns it would filter differently
+    Refused: a source whose text is UTF-16 (SQLite orders it otherwise than by code
+    point); partition or cursor columns it would filter differently
     (``collated_columns``); columns of a kind outside what its SQLite reader
     carries exactly; and columns holding a value it would misread (a real in
     an integer column, a text boolean, a date with a time, a timestamp with an
@@ -767,6 +768,16 @@ def refuse_inexact_plan(
     target call (``FilePulling``), or a check that has the reader read those
     columns itself before it (DuckDB's ``_probe_plan_read``).
     """
+    with source.reader() as conn:
+        utf16 = conn.execute("PRAGMA encoding").fetchone()[0] != "UTF-8"
+    if utf16:  # a grouped pull of text key ranges loaded some rows twice and lost others
+        raise ConfigInvalid(
+            f"lazy-plan into {engine} cannot filter the source's text as SQLite does: the "
+            "source database's text is UTF-16, which SQLite orders by its bytes, not by code "
+            f"point as {engine} does; use legacy, staged or file-artifact (read by SQLite "
+            "itself)",
+            diagnostics={"table": table, "path": "lazy-plan"},
+        )
     collated = source.collated_columns()
     if collated:
         raise ConfigInvalid(
@@ -1016,8 +1027,24 @@ class SQLiteSink(FileTarget):
         return [LedgerEntry.from_row(*row) for row in rows]
 
     def check_plan(self, plan: LoadPlan) -> None:
-        """Refuse a plan this sink cannot pull, before anything touches the target."""
-        pulled_file(plan, engine="SQLite", table=self.table)
+        """Refuse a plan this sink cannot pull, before anything touches the target: SQLite
+        attaches only a source whose text encoding is the target's (a UTF-16 source failed
+        inside the target call, with SQLite's own error)."""
+        source = pulled_file(plan, engine="SQLite", table=self.table)
+        with source.reader() as conn:
+            encoding = conn.execute("PRAGMA encoding").fetchone()[0]
+        try:
+            with self._reader() as conn:
+                target = "UTF-8" if conn is None else conn.execute("PRAGMA encoding").fetchone()[0]
+        except sqlite3.Error:  # the load reports what is wrong with the target
+            return
+        if encoding != target:
+            raise ConfigInvalid(
+                f"lazy-plan into SQLite table {self.table!r} cannot attach the source database: "
+                f"its text is {encoding} and the target's {target}; use legacy, staged or "
+                "file-artifact",
+                diagnostics={"table": self.table, "path": "lazy-plan"},
+            )
 
     def _load_plan(self, payload: LoadPlan) -> int:
         source = pulled_file(payload, engine="SQLite", table=self.table)
