@@ -297,6 +297,45 @@ def top_of_window(source: Source, upto: Any, lag: float, kind: str | None) -> An
         ) from None
 
 
+_PARTITION_KEYS = ("partition", "partition_from", "partition_below")
+
+
+def scan_by_window(
+    source: Source, bounds: Sequence[Mapping[str, Any]], chunk_rows: int
+) -> Iterator[tuple[int, list]] | None:
+    """``(index, rows)`` of ``bounds`` in one scan per cursor window (``OnePassReading``); a
+    window's bounds the source reads apart, or a window of one bound, are read bound by
+    bound. None when no window was split. An edge partition beside 1,000 key ranges (a
+    NULL cursor kept, or rows late at the top) made the whole attempt a read per range:
+    10 s instead of 0.8 for 200,000 rows."""
+    if not isinstance(source, OnePassReading) or len(bounds) < 2:
+        return None
+    windows: dict[str, list[int]] = {}
+    for index, item in enumerate(bounds):
+        window = sorted((key, value) for key, value in item.items() if key not in _PARTITION_KEYS)
+        windows.setdefault(repr(window), []).append(index)
+    if len(windows) == 1:
+        return source.read_partitions(bounds, chunk_rows=chunk_rows)
+    scans = [
+        (numbers, source.read_partitions([bounds[n] for n in numbers], chunk_rows=chunk_rows))
+        for numbers in windows.values()
+        if len(numbers) > 1
+    ]
+    if all(scan is None for _, scan in scans):
+        return None
+    split = {n for numbers, scan in scans if scan is not None for n in numbers}
+
+    def chained() -> Iterator[tuple[int, list]]:
+        for numbers, scan in scans:
+            if scan is not None:
+                yield from ((numbers[index], rows) for index, rows in scan)
+        for number in (n for n in range(len(bounds)) if n not in split):
+            for chunk in source.read(bounds[number], chunk_rows=chunk_rows):
+                yield number, chunk
+
+    return chained()
+
+
 def is_edge(bounds: Mapping[str, Any]) -> bool:
     """Whether a partition is an edge partition (rows at or below the watermark, or NULL)."""
     return "cursor_from" in bounds or bounds.get("cursor_null") is True
@@ -368,9 +407,7 @@ class EdgeTracker:
         each. Without an index, a read each scanned the table twice per partition around an
         engine's read: 15.6 s of a 19 s append of 300,000 rows in 100 partitions."""
         windows = [{**c.partition_bounds, "cursor_from": self.top_since} for c in candidates]
-        scan = None
-        if isinstance(source, OnePassReading) and len(candidates) > 1:
-            scan = source.read_partitions(windows, chunk_rows=chunk_rows)
+        scan = scan_by_window(source, windows, chunk_rows)
         if scan is None:
             scan = (
                 (index, chunk)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from ..artifacts import create_private, open_files_allowed, read_chunks, write_chunks
 from ..checkpoints import PartitionCheckpoint
-from ..connectors.contract import OnePassReading, Source
+from ..connectors.contract import Source
+from ..cursor_edge import scan_by_window
 
 __all__ = ["one_pass", "spool_partitions", "spooled_chunks"]
 
@@ -27,11 +28,10 @@ __all__ = ["one_pass", "spool_partitions", "spooled_chunks"]
 def one_pass(
     source: Source, candidates: Sequence[PartitionCheckpoint], chunk_rows: int
 ) -> Iterator[tuple[int, list[tuple]]] | None:
-    """The source's one scan of the candidates, ``(candidate index, rows)``, or None."""
-    if not (isinstance(source, OnePassReading) and len(candidates) >= 2):
-        return None
+    """The source's scan of the candidates, one per cursor window (``scan_by_window``),
+    ``(candidate index, rows)``, or None."""
     bounds = [candidate.partition_bounds for candidate in candidates]
-    return source.read_partitions(bounds, chunk_rows=chunk_rows)
+    return scan_by_window(source, bounds, chunk_rows)
 
 
 def spool_partitions(
