@@ -36,14 +36,30 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
         for count in (many, few)
     }
     times = rounds(cases, min(sizes.runs, RUNS), label="many partitions")
+    rows = paired_rows(
+        "8 many partitions",
+        times,
+        (many, few),
+        lambda path, name: (
+            f"{path} into {name}: {many:,} vs {few} partitions ({total:,} unindexed rows)"
+        ),
+    )
+    return rows, {"rows": total, "partitions": [few, many], "seconds": times}
+
+
+def paired_rows(
+    section: str,
+    times: dict[str, list[float]],
+    pair: tuple[object, object],
+    case: Callable[[str, str], str],
+) -> list[Row]:
+    """A row per path and engine: cases ``"{engine} {path} {pair[0]}"`` against the same
+    with ``pair[1]``, the ratio the median of the rounds' ratios."""
     rows = []
     for engine, name in ENGINES.items():
         for path in PATHS:
-            mine, base = times[f"{engine} {path} {many}"], times[f"{engine} {path} {few}"]
-            rows.append(
-                Row("8 many partitions",
-                    f"{path} into {name}: {many:,} vs {few} partitions ({total:,} unindexed rows)",
-                    median(mine), "s", median(base),
-                    median([a / b for a, b in zip(mine, base, strict=True)]))
-            )  # fmt: skip
-    return rows, {"rows": total, "partitions": [few, many], "seconds": times}
+            mine = times[f"{engine} {path} {pair[0]}"]
+            base = times[f"{engine} {path} {pair[1]}"]
+            ratio = median([a / b for a, b in zip(mine, base, strict=True)])
+            rows.append(Row(section, case(path, name), median(mine), "s", median(base), ratio))
+    return rows

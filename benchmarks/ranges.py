@@ -16,8 +16,8 @@ from pathlib import Path
 
 from dpone_native_transfer import SQLiteSource
 
-from ._common import PATHS, SOURCE_TABLE, Row, Sizes, median, unindexed_key_source_db
-from .many import ENGINES, RUNS
+from ._common import PATHS, SOURCE_TABLE, Row, Sizes, unindexed_key_source_db
+from .many import ENGINES, RUNS, paired_rows
 from .peers import engine_transfer, rounds
 
 RANGES = 1000
@@ -40,15 +40,13 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
                 source, engine, path, total
             )
     times = rounds(cases, min(sizes.runs, RUNS), label="key ranges")
-    rows = []
-    for engine, name in ENGINES.items():
-        for path in PATHS:
-            mine, base = times[f"{engine} {path} ranges"], times[f"{engine} {path} values"]
-            rows.append(
-                Row("9 unindexed key ranges",
-                    f"{path} into {name}: first append in {RANGES:,} key ranges vs a full"
-                    f" refresh in 100 partitions ({total:,} unindexed rows)",
-                    median(mine), "s", median(base),
-                    median([a / b for a, b in zip(mine, base, strict=True)]))
-            )  # fmt: skip
+    rows = paired_rows(
+        "9 unindexed key ranges",
+        times,
+        ("ranges", "values"),
+        lambda path, name: (
+            f"{path} into {name}: first append in {RANGES:,} key ranges vs a"
+            f" full refresh in 100 partitions ({total:,} unindexed rows)"
+        ),
+    )
     return rows, {"rows": total, "ranges": RANGES, "seconds": times}

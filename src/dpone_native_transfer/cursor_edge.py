@@ -32,7 +32,7 @@ import attrs
 from .checkpoints import PartitionCheckpoint, RouteKey, Strategy
 from .connectors.contract import Collating, CursorEdgeReading, OnePassReading, Source
 from .errors import CheckpointStoreCorrupt, ConfigInvalid, CursorNull
-from .payloads import Column
+from .payloads import Column, cursor_window
 
 __all__ = [
     "EDGE_KEY",
@@ -297,9 +297,6 @@ def top_of_window(source: Source, upto: Any, lag: float, kind: str | None) -> An
         ) from None
 
 
-_PARTITION_KEYS = ("partition", "partition_from", "partition_below")
-
-
 def scan_by_window(
     source: Source, bounds: Sequence[Mapping[str, Any]], chunk_rows: int
 ) -> Iterator[tuple[int, list]] | None:
@@ -312,8 +309,7 @@ def scan_by_window(
         return None
     windows: dict[str, list[int]] = {}
     for index, item in enumerate(bounds):
-        window = sorted((key, value) for key, value in item.items() if key not in _PARTITION_KEYS)
-        windows.setdefault(repr(window), []).append(index)
+        windows.setdefault(repr(sorted(cursor_window(item).items())), []).append(index)
     if len(windows) == 1:
         return source.read_partitions(bounds, chunk_rows=chunk_rows)
     scans = [

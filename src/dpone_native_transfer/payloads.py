@@ -26,10 +26,21 @@ __all__ = [
     "Predicate",
     "RowChunks",
     "SourceShape",
+    "RANGE_EDGES",
     "UPTO_OR_NULL",
     "bound_predicates",
     "bounds_label",
+    "cursor_window",
 ]
+
+RANGE_EDGES = ("partition_from", "partition_below")  # a key range's bounds keys
+_PARTITION_KEYS = ("partition", *RANGE_EDGES)
+
+
+def cursor_window(bounds: Mapping[str, Any]) -> dict[str, Any]:
+    """A partition's cursor window: its bounds without the partition's own keys. Partitions
+    with equal windows are read by one scan (``OnePassReading``)."""
+    return {key: value for key, value in bounds.items() if key not in _PARTITION_KEYS}
 
 
 def _check_kind(column: Column, attribute: Any, kind: Any) -> None:

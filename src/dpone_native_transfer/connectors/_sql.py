@@ -24,7 +24,14 @@ from ..errors import (
     TargetUnavailable,
 )
 from ..identity import fold_ascii
-from ..payloads import UPTO_OR_NULL, Column, Predicate, SourceShape, bound_predicates
+from ..payloads import (
+    RANGE_EDGES,
+    UPTO_OR_NULL,
+    Column,
+    Predicate,
+    SourceShape,
+    bound_predicates,
+)
 from .contract import PendingLedger
 
 if TYPE_CHECKING:
@@ -303,9 +310,6 @@ def range_partitions(cuts: Sequence[Any], *, keyed: bool, has_null: bool) -> lis
     pairs = zip(edges, edges[1:], strict=False)
     ranges = [{"partition_from": low, "partition_below": high} for low, high in pairs]
     return ([{"partition": None}] if has_null else []) + (ranges if keyed else [])
-
-
-RANGE_EDGES = ("partition_from", "partition_below")
 
 
 def partition_predicate_count(bounds: Mapping[str, Any]) -> int:

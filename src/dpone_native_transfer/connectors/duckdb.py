@@ -66,10 +66,10 @@ from ..payloads import (
     Predicate,
     RowChunks,
     bound_predicates,
+    cursor_window,
 )
 from ._arrow import arrow, check_widths, read_ahead, row_batch, row_type, write_stream
 from ._sql import (
-    RANGE_EDGES,
     STAGE_PREFIX,
     WINDOW_OPERATORS,
     ColumnDifference,
@@ -801,8 +801,7 @@ def _integer_ranges(
         return None
     numbers = [n for n in range(len(plan.bounds)) if n not in nulls]
     found = integer_range_starts([plan.bounds[n] for n in numbers])
-    limits = ("partition", *RANGE_EDGES)
-    windows = [{k: v for k, v in b.items() if k not in limits} for b in plan.bounds]
+    windows = [cursor_window(b) for b in plan.bounds]
     if found is None or any(window != windows[0] for window in windows):
         return None
     starts, below = found

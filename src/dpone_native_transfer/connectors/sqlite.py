@@ -47,6 +47,7 @@ from ..payloads import (
     RowChunks,
     SourceShape,
     bound_predicates,
+    cursor_window,
 )
 from ._sql import (
     RANGE_EDGES,
@@ -1195,8 +1196,7 @@ def _one_window_ranges(bounds: Sequence[Mapping[str, Any]]) -> tuple[list[int], 
         return None
     if any(bounds[i].get("partition", 0) is not None for i in others):
         return None
-    keys = ("partition", *RANGE_EDGES)
-    windows = [{k: v for k, v in b.items() if k not in keys} for b in bounds]
+    windows = [cursor_window(b) for b in bounds]
     if any(window != windows[0] for window in windows):
         return None
     return ranges, (others[0] if others else None)
