@@ -8,6 +8,8 @@ ways per round: with the plan the source picks (``read_partitions`` asks the
 server's planner whether one scan costs less than the partitions' own reads),
 forced to read each partition on its own, and forced to take the one scan. The
 picked plan should cost no more than the other: the row says which one it was.
+A third case reads ``spread`` in 100 key ranges of its unindexed ``updated_at``
+(``partition_rows``): the one scan routes them with ``width_bucket``.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ from ._common import CHUNK_ROWS, Row, Sizes, log, median, scratch, timed
 from .batch import _import_server_helper
 
 CHOICE_LIMIT = 1.1  # the picked plan against the other one
-TABLES = {
-    "spread": "unindexed, values spread over the table",
-    "clustered": "indexed, rows clustered by partition",
+RANGES = 100  # key ranges of the "ranges" case
+# case: (table, description, partition column, key ranges or None for values)
+CASES: dict[str, tuple[str, str, str, int | None]] = {
+    "spread": ("spread", "unindexed, values spread over the table", "region", None),
+    "clustered": ("clustered", "indexed, rows clustered by partition", "region", None),
+    "ranges": ("spread", f"{RANGES} ranges of an unindexed key", "updated_at", RANGES),
 }
 
 
@@ -59,7 +64,9 @@ def _forced(plan: str) -> Iterator[None]:
     if plan == "reads":
         PostgresSource.read_partitions = lambda self, bounds, **kwargs: None  # type: ignore[method-assign]
     elif plan == "scan":
-        postgres._cost = lambda conn, sql, params: 0.0 if " CASE " in sql else 1.0
+        postgres._cost = lambda conn, sql, params: (
+            0.0 if " CASE " in sql or "width_bucket(" in sql else 1.0
+        )
     try:
         yield
     finally:
@@ -67,9 +74,17 @@ def _forced(plan: str) -> Iterator[None]:
         postgres._cost = real_cost
 
 
+def _source(dsn: str, table: str, column: str, ranges: int | None, rows: int) -> PostgresSource:
+    rows_per_range = None if ranges is None else -(-rows // ranges)
+    return PostgresSource(dsn, table, column, partition_rows=rows_per_range)
+
+
 def _picked_scan(source: PostgresSource) -> bool:
     """Whether the source, as shipped, takes the one scan for this table's partitions."""
-    bounds = [{"partition": value} for value in source.partition_values()]
+    if source.partition_rows is None:
+        bounds = [{"partition": value} for value in source.partition_values()]
+    else:
+        bounds = source.partition_ranges()
     scan = source.read_partitions(bounds, chunk_rows=CHUNK_ROWS)
     if scan is None:
         return False
@@ -77,12 +92,12 @@ def _picked_scan(source: PostgresSource) -> bool:
     return True
 
 
-def _transfer(dsn: str, table: str, rows: int, plan: str) -> float:
+def _transfer(dsn: str, case: str, table: str, rows: int, plan: str) -> float:
     with scratch(f"pg-source-{plan}") as folder, _forced(plan):
         store = SQLiteCheckpointStore(folder / "checkpoints.db")
         try:
             spec = TransferSpec(
-                source=PostgresSource(dsn, table, "region"),
+                source=_source(dsn, table, *CASES[case][2:], rows),
                 sink=SQLiteSink(folder / "target.db", "orders"),
                 strategy="incremental_append",
                 path="legacy",
@@ -93,7 +108,7 @@ def _transfer(dsn: str, table: str, rows: int, plan: str) -> float:
         finally:
             store.close()
     if result.rows_loaded != rows:
-        raise AssertionError(f"{table} ({plan}): loaded {result.rows_loaded}, expected {rows}")
+        raise AssertionError(f"{case} ({plan}): loaded {result.rows_loaded}, expected {rows}")
     return seconds
 
 
@@ -109,12 +124,14 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
     with helper.server_dsn() as dsn, helper.isolated_schema(dsn) as location:
         _build(dsn, location.schema, rows, partitions, psycopg)
         url = helper.postgres_url(dsn)
-        for table, label in TABLES.items():
+        for case, (table, label, column, ranges) in CASES.items():
             name = f"{location.schema}.{table}"
-            picked_scan = _picked_scan(PostgresSource(url, name, "region"))
+            picked_scan = _picked_scan(_source(url, name, column, ranges, rows))
             other = "reads" if picked_scan else "scan"
             cases: dict[str, Callable[[], float]] = {
-                plan: (lambda plan=plan, name=name: _transfer(url, name, rows, plan))
+                plan: (
+                    lambda plan=plan, case=case, name=name: _transfer(url, case, name, rows, plan)
+                )
                 for plan in ("picked", other)
             }
             times: dict[str, list[float]] = {plan: [] for plan in cases}
@@ -124,17 +141,17 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
                     seconds = cases[plan]()
                     if round_number:
                         times[plan].append(seconds)
-                log(f"postgres source {table}: round {round_number} of {sizes.runs} done")
+                log(f"postgres source {case}: round {round_number} of {sizes.runs} done")
             ratio = median([a / b for a, b in zip(times["picked"], times[other], strict=True)])
             picked = "one scan" if picked_scan else "a read per partition"
             results.append(
                 Row("2c PostgreSQL source",
-                    f"{table} ({label}): picked {picked} vs forced"
+                    f"{case} ({label}): picked {picked} vs forced"
                     f" {'reads per partition' if other == 'reads' else 'one scan'}"
-                    f" ({rows:,} rows / {partitions} partitions, legacy into SQLite)",
+                    f" ({rows:,} rows / {ranges or partitions} partitions, legacy into SQLite)",
                     median(times["picked"]), "s", median(times[other]), ratio,
                     f"<= {CHOICE_LIMIT}", ratio <= CHOICE_LIMIT,
                     extra={"picked_one_scan": picked_scan})
             )  # fmt: skip
-            raw[table] = {"picked_one_scan": picked_scan, "seconds": times}
+            raw[case] = {"picked_one_scan": picked_scan, "seconds": times}
     return results, raw

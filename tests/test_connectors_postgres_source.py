@@ -10,6 +10,7 @@ import secrets
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import attrs
 import psycopg
 import pytest
 from helpers.postgres_server import postgres_url
@@ -408,8 +409,6 @@ def test_the_planner_chooses_one_scan_unless_the_reads_are_cheaper_or_cannot_be_
     assert _split(source, few) == _each_read(source, few)  # one scan of the index (BitmapOr)
     assert source.read_partitions([{"partition": 3}, {"partition": 3}]) is None  # one twice
     assert source.read_partitions([{"partition": 3}]) is None
-    ranges = [{"partition_from": None, "partition_below": 5}, {"partition_from": 5}]
-    assert source.read_partitions(ranges) is None
     many = [{"partition": value} for value in range(32_768)]  # 65,536 parameters: one too many
     assert source.read_partitions(many) is None
 
@@ -428,6 +427,102 @@ def test_the_planner_chooses_one_scan_unless_the_reads_are_cheaper_or_cannot_be_
     table.execute(f'ANALYZE "{table.schema}".split')
     split_source = PostgresSource(table.url, f"{table.schema}.split", "part")
     assert split_source.read_partitions(few) is None  # each read prunes to its own table
+
+
+def _ranges(cuts: list[Any], *, null: bool, window: dict[str, Any]) -> list[dict[str, Any]]:
+    edges = [None, *cuts, None]
+    ranges = [
+        {"partition_from": low, "partition_below": high, **window}
+        for low, high in zip(edges, edges[1:], strict=False)
+    ]
+    return ([{"partition": None, **window}] if null else []) + ranges
+
+
+@pytest.mark.parametrize(
+    ("declared", "stored", "cuts"),
+    [
+        ("integer", list(range(-5, 40, 3)), ["03", "10", "17", "30"]),  # edges as text
+        ("bigint", [-(2**63), -1, 0, 1, 2**63 - 1], [-1, 0, 2**62]),
+        ("numeric(6,2)", ["1.00", "2.5", "2.50", "9.99", "-3"], ["1.0", "2.50", "9"]),
+        ("double precision", ["-Infinity", "-0.5", "0", "1e300", "NaN"], [-0.5, 1.0, float("nan")]),
+        ("text", ["a", "A", "a ", "", "é", "zz", "b"], ["A", "a", "b"]),  # the default: C here
+        ("date", ["2024-01-01", "2024-02-29", "2023-12-31"], ["2024-01-01", "2024-02-29"]),
+        (
+            "timestamp",
+            ["2024-01-01 00:00:00", "2024-01-01 00:00:00.5", "2024-01-02", "2024-03-01 12:00"],
+            ["2024-01-01 00:00:00.5", "2024-01-02", "2024-02-01"],
+        ),
+    ],
+)
+def test_one_scan_gives_each_key_range_exactly_its_own_reads_rows(table, declared, stored, cuts):
+    """Key ranges in any order, one left out, the NULL key's partition, inside cursor windows:
+    one scan gives each exactly what its own read (``>=`` and ``<`` on the server) selects, in
+    the server's types and order (text edges, ``NaN`` above every number)."""
+    table.execute(f'CREATE TABLE "{table.schema}".p (id serial, part {declared}, cur integer)')
+    for cur, value in enumerate([*stored, None] * 3):
+        table.execute(f'INSERT INTO "{table.schema}".p (part, cur) VALUES (%s, %s)', (value, cur))
+    source = PostgresSource(table.url, f"{table.schema}.p", "part", "cur")
+    for window in ({}, {"cursor_after": 2, "cursor_upto": 20}):
+        every = _ranges(cuts, null=True, window=window)
+        for bounds in (every, every[::-1], every[1:], every[:2] + every[3:]):
+            got = _split(source, bounds)
+            want = _each_read(source, bounds)
+            assert got is not None and repr(sorted(got.items())) == repr(sorted(want.items()))
+
+
+def test_key_ranges_that_overlap_or_collate_otherwise_are_left_to_their_reads(table):
+    table.execute(
+        f'CREATE TABLE "{table.schema}".r AS SELECT i AS id, i % 1000 AS part,'
+        ' (i % 1000)::text COLLATE "POSIX" AS word FROM generate_series(1, 20000) AS i'
+    )
+    table.execute(f'ANALYZE "{table.schema}".r')
+    source = PostgresSource(table.url, f"{table.schema}.r", "part")
+    cut = [{"partition_from": None, "partition_below": 500}, {"partition_from": 500}]
+    assert _split(source, cut) == _each_read(source, cut)  # no index: one scan
+    overlapping = [{"partition_from": 0, "partition_below": 600}, {"partition_from": 500}]
+    assert source.read_partitions(overlapping) is None
+    twice = [{"partition_from": 5, "partition_below": 9}, {"partition_from": 5}]
+    assert source.read_partitions(twice) is None
+    mixed = [{"partition_from": None, "partition_below": "5"}, {"partition_from": 5}]
+    assert source.read_partitions(mixed) is None  # one array cannot take both kinds
+    open_inside = [{"partition_from": None}, {"partition_from": 500, "partition_below": 600}]
+    assert source.read_partitions(open_inside) is None
+    collated = PostgresSource(table.url, f"{table.schema}.r", "word")
+    words = [{"partition_from": None, "partition_below": "5"}, {"partition_from": "5"}]
+    assert collated.read_partitions(words) is None  # the edges would be sorted in another
+
+
+@pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+def test_key_ranges_of_a_postgres_source_are_one_scan_and_every_row_lands_once(
+    tmp_path, table, path, strategy
+):
+    """200 ranges: one scan (no range read on its own), every row once, in two runs."""
+    table.execute(
+        f'INSERT INTO "{table.schema}".orders (id, region, updated_at) SELECT i,'
+        " CASE WHEN i %% 97 = 0 THEN NULL ELSE lpad(((i * 7919) %% 4000)::text, 4, '0') END,"
+        f" %s FROM generate_series(100, 4099) AS i",
+        (TS,),
+    )
+    CountingPostgresSource.reads = 0
+    source = CountingPostgresSource(
+        table.url, table.name, "region", "updated_at", partition_rows=20
+    )
+    sink = SQLiteSink(tmp_path / "target.db", "orders_copy")
+    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
+    try:
+        runtime = TransferRuntime(store)
+        spec = TransferSpec(source=source, sink=sink, strategy=strategy, path=path, run_id="r1")
+        first = runtime.run(spec)
+        assert len(first.committed_partition_ids) > 150
+        table.insert(LATER)
+        second = runtime.run(attrs.evolve(spec, run_id="r2"))
+    finally:
+        store.close()
+    ids = [row[0] for row in table.execute(f'SELECT id FROM "{table.schema}".orders')]
+    assert CountingPostgresSource.reads == 0
+    assert second.rows_loaded == (len(LATER) if strategy == "incremental_append" else len(ids))
+    assert_rows_exactly_once(ids, [row[0] for row in sink.rows()])
 
 
 class CountingPostgresSource(PostgresSource):

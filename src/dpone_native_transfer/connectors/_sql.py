@@ -31,6 +31,7 @@ from ..payloads import (
     Predicate,
     SourceShape,
     bound_predicates,
+    cursor_window,
 )
 from .contract import PendingLedger
 
@@ -53,6 +54,7 @@ __all__ = [
     "edge_where",
     "identifier",
     "integer_range_starts",
+    "one_window_ranges",
     "parse_table",
     "partition_predicate_count",
     "payload_refused",
@@ -325,6 +327,23 @@ def ranges_run_on(ranges: Sequence[Mapping[str, Any]]) -> bool:
     where the one before ends: together they hold every key (``range_partitions``)."""
     edges = [None, *(edge for b in ranges for edge in (b.get(e) for e in RANGE_EDGES)), None]
     return all(edges[i] == edges[i + 1] for i in range(0, len(edges), 2))
+
+
+def one_window_ranges(
+    bounds: Sequence[Mapping[str, Any]],
+) -> tuple[list[int], int | None] | None:
+    """The indexes of the key ranges in ``bounds``, and of the NULL key's partition (or None),
+    when there are two or more bounds, all in the same cursor window, none other than these."""
+    ranges = [i for i, b in enumerate(bounds) if "partition_from" in b]
+    others = [i for i, b in enumerate(bounds) if "partition_from" not in b]
+    if len(bounds) < 2 or not ranges or len(others) > 1:
+        return None
+    if any(bounds[i].get("partition", 0) is not None for i in others):
+        return None
+    windows = [cursor_window(b) for b in bounds]
+    if any(window != windows[0] for window in windows):
+        return None
+    return ranges, (others[0] if others else None)
 
 
 def integer_range_starts(

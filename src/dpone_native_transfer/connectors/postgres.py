@@ -34,12 +34,15 @@ from ..column_types import postgres_kind
 from ..drivers import POSTGRES_SCHEMES, import_driver, postgres_connect, resolve_env
 from ..errors import ConfigInvalid, SourceInvalid
 from ..identity import TableIdentity, server_location
-from ..payloads import Column, SourceShape
+from ..payloads import Column, Predicate, SourceShape, bound_predicates
 from ._sql import (
+    RANGE_EDGES,
     TableSource,
     bounds_where,
     check_chunk_rows,
     edge_where,
+    one_window_ranges,
+    partition_predicate_count,
     quote,
     range_cuts_sql,
     range_partitions,
@@ -303,10 +306,11 @@ class PostgresSource(TableSource):
         together (``EXPLAIN``: an index to seek, or a table partitioned on the column, keeps
         the reads). The server routes each row with the very conditions each read uses
         (``CASE WHEN k = $1 THEN 0 ...``), so its ``=``, types and collations decide. Not
-        for more partitions than one statement's parameters can name (``_MOST_PARAMETERS``)."""
+        for more partitions than one statement's parameters can name (``_MOST_PARAMETERS``).
+        Key ranges: ``_read_ranges``."""
         split = self._single_values(bounds, chunk_rows)
         if split is None:
-            return None
+            return self._read_ranges(bounds, chunk_rows)
         partitions, window = split
         values = [p.value for p in partitions]
         if len({(type(v), v) for v in values}) < len(values):
@@ -325,13 +329,113 @@ class PostgresSource(TableSource):
         if len(params) > _MOST_PARAMETERS:
             return None
 
-        def cheaper(conn: Any) -> bool:
-            reads = sum(_cost(conn, *self._select(columns, b)) for b in bounds)
-            return _cost(conn, sql, params) < reads
-
-        if not self._query(cheaper):
+        if not self._query(lambda conn: self._scan_cheaper(conn, sql, params, bounds)):
             return None
         return _routed(self._chunks(sql, params, chunk_rows))
+
+    def _read_ranges(
+        self, bounds: Sequence[Mapping[str, Any]], chunk_rows: int
+    ) -> Iterator[tuple[int, list[tuple]]] | None:
+        """``read_partitions`` of key ranges (``partition_by = "range"``) and the NULL key's
+        partition, in one scan when the planner costs it below the ranges' own reads. The
+        server sorts the ranges' edges and gives each row the place ``width_bucket`` finds for
+        its key among them: its own ``>=`` and ``<``, types and order, as each range's read.
+        Rows between ranges are dropped here. Not for a key of a collation other than the
+        database's default (the edges are sorted in that), nor ranges that overlap. Read a
+        range at a time, 1,000 ranges of 200,000 rows took 20 s without an index, 10 s with
+        one (a connection per read)."""
+        split = one_window_ranges(bounds)
+        if split is None:
+            return None
+        ranges, null_partition = split
+        edges = [bounds[i].get(edge) for i in ranges for edge in RANGE_EDGES]
+        given = [(n, edge) for n, edge in enumerate(edges) if edge is not None]
+        if len({type(edge) for _, edge in given}) > 1:
+            return None  # one array takes the edges: the driver types it by their kind
+        columns = self._described_columns()
+        key = next(column for column in columns if column.name == self.partition_column)
+        array = f"%s::{key.decltype}[]"  # format_type()'s name, from the server's catalog
+        first = bounds[ranges[0]]
+        predicates = bound_predicates(
+            first, partition_column=self.partition_column, cursor_column=self.cursor_column
+        )
+        window = list(predicates[partition_predicate_count(first) :])
+        if null_partition is None:
+            window.append(Predicate(self.partition_column, "IS NOT NULL"))
+        where, params = self._render(window)
+
+        def plan(conn: Any) -> tuple[str, list[Any], list[int | None]] | None:
+            if not self._default_collation(conn):
+                return None
+            sort = (
+                "SELECT n, dense_rank() OVER (ORDER BY v)"
+                f" FROM unnest({array}) WITH ORDINALITY AS u(v, n)"
+            )
+            ranks = {
+                given[n - 1][0]: rank for n, rank in conn.execute(sort, [[e for _, e in given]])
+            }
+            points = [None] * len(set(ranks.values()))  # the distinct edges, in the server's order
+            for n, rank in ranks.items():
+                points[rank - 1] = edges[n]
+            places: list[int | None] = [None] * (len(points) + 1)  # width_bucket's 0..len
+            for number, partition in enumerate(ranges):
+                low, high = ranks.get(2 * number, 0), ranks.get(2 * number + 1, len(places))
+                for place in range(low, high):
+                    if places[place] is not None:
+                        return None  # ranges that overlap: a row would belong to two
+                    places[place] = partition
+            name = _name(key.name)
+            sql = (
+                f"SELECT {', '.join(_value(column) for column in columns)},"
+                f" width_bucket({name}, {array}) FROM {self._relation}"
+                f"{' WHERE ' + where if where else ''}"
+            )
+            scan_params = [points, *params]
+            return (
+                (sql, scan_params, places)
+                if self._scan_cheaper(conn, sql, scan_params, bounds)
+                else None
+            )
+
+        def planned(conn: Any) -> tuple[str, list[Any], list[int | None]] | None:
+            try:
+                return plan(conn)
+            except _driver().Error:  # an edge or a type the server cannot compare so
+                return None
+
+        found = self._query(planned)
+        if found is None:
+            return None
+        sql, all_params, places = found
+        return (
+            (index, rows)
+            for place, rows in _routed(self._chunks(sql, all_params, chunk_rows))
+            if (index := null_partition if place is None else places[place]) is not None
+        )
+
+    def _scan_cheaper(
+        self, conn: Any, sql: str, params: Sequence[Any], bounds: Sequence[Mapping[str, Any]]
+    ) -> bool:
+        """Whether the planner costs ``sql``, one scan, below the reads of ``bounds`` together
+        (``EXPLAIN``; the reads are costed until their sum passes the scan's: 1,000 took
+        0.3 s)."""
+        scan, reads = _cost(conn, sql, params), 0.0
+        columns = self._described_columns()
+        for each in bounds:
+            reads += _cost(conn, *self._select(columns, each))
+            if reads > scan:
+                return True
+        return False
+
+    def _default_collation(self, conn: Any) -> bool:
+        """Whether the partition column compares in the database's default collation, or in
+        none (a type that has no collation)."""
+        sql = (
+            "SELECT attcollation IN (0, 100) FROM pg_catalog.pg_attribute"
+            " WHERE attrelid = to_regclass(%s) AND attname = %s"
+        )
+        found = conn.execute(sql, (self._regclass, self.partition_column)).fetchone()
+        return bool(found and found[0])
 
     def _render(self, predicates: Iterable[Any]) -> tuple[str, list[Any]]:
         return render_predicates(predicates, marker="%s", name=_name)

@@ -47,7 +47,6 @@ from ..payloads import (
     RowChunks,
     SourceShape,
     bound_predicates,
-    cursor_window,
 )
 from ._sql import (
     RANGE_EDGES,
@@ -61,6 +60,7 @@ from ._sql import (
     check_target_table,
     difference,
     edge_where,
+    one_window_ranges,
     parse_table,
     partition_predicate_count,
     payload_refused,
@@ -392,7 +392,7 @@ class SQLiteSource(TableSource):
         if scan is not None:
             return scan
         table, key = f"{_quote(schema)}.{_quote(self.table)}", self._ref(self.partition_column)
-        ranges = _one_window_ranges(bounds)
+        ranges = one_window_ranges(bounds)
         if ranges is not None and ranges_run_on([bounds[i] for i in ranges[0]]):
             order = "rowid"
             if by_partition:  # in the bounds' order, by the route ``range_route`` gives
@@ -429,12 +429,12 @@ class SQLiteSource(TableSource):
     def range_route(
         self, conn: sqlite3.Connection, schema: str, bounds: Sequence[Mapping[str, Any]]
     ) -> _RangeRoute | None:
-        """Which of ``bounds`` (key ranges and the NULL key's partition, ``_one_window_ranges``)
+        """Which of ``bounds`` (key ranges and the NULL key's partition, ``one_window_ranges``)
         holds a key, decided in Python as SQLite's ``>=`` and ``<`` would; None when the key
         has an index to seek (each range's own read or count is then cheaper), or Python
         cannot tell: a collation other than ``BINARY``, a database not in UTF-8 (``BINARY``
         then compares UTF-16 bytes, not code points), ranges that overlap."""
-        split = _one_window_ranges(bounds)
+        split = one_window_ranges(bounds)
         if split is None:
             return None
         columns = self._described_columns()
@@ -1185,21 +1185,6 @@ def _routed(
 
 
 _RANGE_FUNCTION = "dpone_range"  # a key's bound number (``range_route``), for ``table_sql``
-
-
-def _one_window_ranges(bounds: Sequence[Mapping[str, Any]]) -> tuple[list[int], int | None] | None:
-    """The indexes of the key ranges in ``bounds``, and of the NULL key's partition (or None),
-    when there are two or more bounds, all in the same cursor window, none other than these."""
-    ranges = [i for i, b in enumerate(bounds) if "partition_from" in b]
-    others = [i for i, b in enumerate(bounds) if "partition_from" not in b]
-    if len(bounds) < 2 or not ranges or len(others) > 1:
-        return None
-    if any(bounds[i].get("partition", 0) is not None for i in others):
-        return None
-    windows = [cursor_window(b) for b in bounds]
-    if any(window != windows[0] for window in windows):
-        return None
-    return ranges, (others[0] if others else None)
 
 
 def _sqlite_order(value: Any) -> tuple:
