@@ -443,7 +443,8 @@ def _ranges(cuts: list[Any], *, null: bool, window: dict[str, Any]) -> list[dict
     [
         ("integer", list(range(-5, 40, 3)), ["03", "10", "17", "30"]),  # edges as text
         ("bigint", [-(2**63), -1, 0, 1, 2**63 - 1], [-1, 0, 2**62]),
-        ("numeric(6,2)", ["1.00", "2.5", "2.50", "9.99", "-3"], ["1.0", "2.50", "9"]),
+        ("numeric(6,2)", ["1.00", "2.5", "2.51", "9.99", "-3"], ["1.0", "2.501", "9"]),  # unrounded
+        ("character(3)", ["ab", "abc", "b", "B"], ["abc", "b"]),  # not cut to one character
         ("double precision", ["-Infinity", "-0.5", "0", "1e300", "NaN"], [-0.5, 1.0, float("nan")]),
         ("text", ["a", "A", "a ", "", "é", "zz", "b"], ["A", "a", "b"]),  # the default: C here
         ("date", ["2024-01-01", "2024-02-29", "2023-12-31"], ["2024-01-01", "2024-02-29"]),

@@ -353,8 +353,6 @@ class PostgresSource(TableSource):
         if len({type(edge) for _, edge in given}) > 1:
             return None  # one array takes the edges: the driver types it by their kind
         columns = self._described_columns()
-        key = next(column for column in columns if column.name == self.partition_column)
-        array = f"%s::{key.decltype}[]"  # format_type()'s name, from the server's catalog
         first = bounds[ranges[0]]
         predicates = bound_predicates(
             first, partition_column=self.partition_column, cursor_column=self.cursor_column
@@ -365,8 +363,10 @@ class PostgresSource(TableSource):
         where, params = self._render(window)
 
         def plan(conn: Any) -> tuple[str, list[Any], list[int | None]] | None:
-            if not self._default_collation(conn):
+            key_type = self._range_key_type(conn)
+            if key_type is None:
                 return None
+            array = f"%s::{key_type}[]"
             sort = (
                 "SELECT n, dense_rank() OVER (ORDER BY v)"
                 f" FROM unnest({array}) WITH ORDINALITY AS u(v, n)"
@@ -384,7 +384,7 @@ class PostgresSource(TableSource):
                     if places[place] is not None:
                         return None  # ranges that overlap: a row would belong to two
                     places[place] = partition
-            name = _name(key.name)
+            name = _name(self.partition_column)
             sql = (
                 f"SELECT {', '.join(_value(column) for column in columns)},"
                 f" width_bucket({name}, {array}) FROM {self._relation}"
@@ -427,15 +427,19 @@ class PostgresSource(TableSource):
                 return True
         return False
 
-    def _default_collation(self, conn: Any) -> bool:
-        """Whether the partition column compares in the database's default collation, or in
-        none (a type that has no collation)."""
+    def _range_key_type(self, conn: Any) -> str | None:
+        """The partition column's type as SQL text, by its catalog name (``pg_catalog.numeric``:
+        no type modifier, so an edge is not rounded or cut as ``numeric(6,2)`` or ``character``
+        would), when the column compares in the database's default collation or in none."""
         sql = (
-            "SELECT attcollation IN (0, 100) FROM pg_catalog.pg_attribute"
-            " WHERE attrelid = to_regclass(%s) AND attname = %s"
+            "SELECT quote_ident(n.nspname) || '.' || quote_ident(t.typname),"
+            " a.attcollation IN (0, 100) FROM pg_catalog.pg_attribute a"
+            " JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace"
+            " WHERE a.attrelid = to_regclass(%s) AND a.attname = %s"
         )
         found = conn.execute(sql, (self._regclass, self.partition_column)).fetchone()
-        return bool(found and found[0])
+        return found[0].replace("%", "%%") if found and found[1] else None
 
     def _render(self, predicates: Iterable[Any]) -> tuple[str, list[Any]]:
         return render_predicates(predicates, marker="%s", name=_name)
