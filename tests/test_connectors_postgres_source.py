@@ -471,10 +471,11 @@ def test_one_scan_gives_each_key_range_exactly_its_own_reads_rows(table, declare
             assert got is not None and repr(sorted(got.items())) == repr(sorted(want.items()))
 
 
-def test_key_ranges_that_overlap_or_collate_otherwise_are_left_to_their_reads(table):
+def test_key_ranges_the_server_could_place_otherwise_are_left_to_their_reads(table):
     table.execute(
         f'CREATE TABLE "{table.schema}".r AS SELECT i AS id, i % 1000 AS part,'
-        ' (i % 1000)::text COLLATE "POSIX" AS word FROM generate_series(1, 20000) AS i'
+        ' (i % 1000)::text COLLATE "POSIX" AS word, (i % 1000 / 7.0)::real AS ratio'
+        " FROM generate_series(1, 20000) AS i"
     )
     table.execute(f'ANALYZE "{table.schema}".r')
     source = PostgresSource(table.url, f"{table.schema}.r", "part")
@@ -486,6 +487,16 @@ def test_key_ranges_that_overlap_or_collate_otherwise_are_left_to_their_reads(ta
     assert source.read_partitions(twice) is None
     mixed = [{"partition_from": None, "partition_below": "5"}, {"partition_from": 5}]
     assert source.read_partitions(mixed) is None  # one array cannot take both kinds
+    for other in (2.5, decimal.Decimal("1.4")):  # ">=" compares them otherwise than an array
+        assert source.read_partitions([{"partition_from": None, "partition_below": other},
+                                       {"partition_from": other}]) is None  # fmt: skip
+    windows = [{**cut[0], "cursor_after": 0}, {**cut[1], "cursor_after": False}]
+    assert (
+        PostgresSource(table.url, f"{table.schema}.r", "part", "id").read_partitions(windows)
+        is None
+    )  # equal in Python, not in SQL: False adds no condition
+    real = PostgresSource(table.url, f"{table.schema}.r", "ratio", partition_rows=2000)
+    assert real.read_partitions(real.partition_ranges()) is None  # doubles of a real key
     open_inside = [{"partition_from": None}, {"partition_from": 500, "partition_below": 600}]
     assert source.read_partitions(open_inside) is None
     collated = PostgresSource(table.url, f"{table.schema}.r", "word")

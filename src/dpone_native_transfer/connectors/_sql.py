@@ -340,9 +340,9 @@ def one_window_ranges(
         return None
     if any(bounds[i].get("partition", 0) is not None for i in others):
         return None
-    windows = [cursor_window(b) for b in bounds]
+    windows = [repr(sorted(cursor_window(b).items())) for b in bounds]
     if any(window != windows[0] for window in windows):
-        return None
+        return None  # by repr: 0 and False, or 1 and True, are not the same bound
     return ranges, (others[0] if others else None)
 
 

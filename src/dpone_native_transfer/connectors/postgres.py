@@ -65,6 +65,8 @@ _COLUMNS = """SELECT a.attname, format_type(a.atttypid, a.atttypmod)
     FROM pg_catalog.pg_attribute a
     WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
     ORDER BY a.attnum"""
+_INTEGERS = frozenset({20, 21, 23})  # int8, int2, int4: compared exactly with each other
+_NUMERIC = 1700
 _SESSION = "SELECT set_config('TimeZone', 'UTC', true), set_config('DateStyle', 'ISO, YMD', true)"
 
 
@@ -363,10 +365,16 @@ class PostgresSource(TableSource):
         where, params = self._render(window)
 
         def plan(conn: Any) -> tuple[str, list[Any], list[int | None]] | None:
-            key_type = self._range_key_type(conn)
-            if key_type is None:
+            key = self._range_key_type(conn)
+            if key is None:
                 return None
-            array = f"%s::{key_type}[]"
+            key_type, key_oid = key
+            if not given or isinstance(given[0][1], str):  # "unknown" takes the key's type
+                array = f"%s::{key_type}[]"
+            elif _compared_as_key(conn, [edge for _, edge in given], key_oid):
+                array = "%s"
+            else:
+                return None
             sort = (
                 "SELECT n, dense_rank() OVER (ORDER BY v)"
                 f" FROM unnest({array}) WITH ORDINALITY AS u(v, n)"
@@ -427,19 +435,19 @@ class PostgresSource(TableSource):
                 return True
         return False
 
-    def _range_key_type(self, conn: Any) -> str | None:
-        """The partition column's type as SQL text, by its catalog name (``pg_catalog.numeric``:
+    def _range_key_type(self, conn: Any) -> tuple[str, int] | None:
+        """The partition column's type as SQL text by its catalog name (``pg_catalog.numeric``:
         no type modifier, so an edge is not rounded or cut as ``numeric(6,2)`` or ``character``
-        would), when the column compares in the database's default collation or in none."""
+        would) and its oid, when it compares in the database's default collation or in none."""
         sql = (
-            "SELECT quote_ident(n.nspname) || '.' || quote_ident(t.typname),"
+            "SELECT quote_ident(n.nspname) || '.' || quote_ident(t.typname), t.oid,"
             " a.attcollation IN (0, 100) FROM pg_catalog.pg_attribute a"
             " JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
             " JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace"
             " WHERE a.attrelid = to_regclass(%s) AND a.attname = %s"
         )
         found = conn.execute(sql, (self._regclass, self.partition_column)).fetchone()
-        return found[0].replace("%", "%%") if found and found[1] else None
+        return (found[0].replace("%", "%%"), found[1]) if found and found[2] else None
 
     def _render(self, predicates: Iterable[Any]) -> tuple[str, list[Any]]:
         return render_predicates(predicates, marker="%s", name=_name)
@@ -459,6 +467,16 @@ class PostgresSource(TableSource):
         where, params = self._where(bounds)
         sql = f"SELECT count(*) FROM {self._relation} WHERE {where}"
         return self._query(lambda conn: conn.execute(sql, params).fetchone()[0])
+
+
+def _compared_as_key(conn: Any, edges: list[Any], key_oid: int) -> bool:
+    """Whether the driver's array of ``edges`` holds the key's own type, or integers with an
+    integer or numeric key: where ``>=`` and ``width_bucket`` compare an edge alike. (A double
+    edge of a ``real`` key, or an integer one: ``>=`` and ``width_bucket`` compare in
+    different types, and 16777217 or 0.9 fell in another range.)"""
+    sql = "SELECT typelem FROM pg_catalog.pg_type WHERE oid = pg_typeof(%s)::oid"
+    edge = conn.execute(sql, [edges]).fetchone()[0]
+    return bool(edge == key_oid or (edge in _INTEGERS and key_oid in _INTEGERS | {_NUMERIC}))
 
 
 def _cost(conn: Any, sql: str, params: Sequence[Any]) -> float:
