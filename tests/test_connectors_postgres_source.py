@@ -370,27 +370,41 @@ def _each_read(source: PostgresSource, bounds: list[dict[str, Any]]) -> dict[int
 
 
 @pytest.mark.parametrize(
-    ("declared", "stored", "bounds"),
+    ("declared", "stored", "bounds", "placed"),
     [
-        ("text", ["a", "A", "a ", "", None, "é"], ["a", "A", "a ", "", None, "é", "zz"]),
-        ('text COLLATE "C"', ["b", "B", None], ["b", "B"]),
-        ("numeric(6,2)", ["1.00", "2.5", None], ["1.0", "2.50", None]),  # equal on the server
-        ("integer", [1, 2, 3, None], ["1", 2, "03"]),  # text bounds: a retry's JSON
-        ("date", ["2024-01-01", "2024-02-29"], ["2024-01-01", "2024-02-29"]),
-        ("boolean", [True, False, None], [True, False, None]),
+        ("text", ["a", "A", "a ", "", None, "é"], ["a", "A", "a ", "", None, "é", "zz"], True),
+        ('text COLLATE "C"', ["b", "B", None], ["b", "B"], False),  # not the default collation
+        ("numeric(6,2)", ["1.00", "2.5", None], ["1.0", "2.50", None], True),  # equal on the server
+        ("integer", [1, 2, 3, None], ["1", 2, "03"], False),  # mixed kinds: a retry's JSON
+        ("integer", [1, 2, 3, None], [1, 2, 3, None], True),
+        ("date", ["2024-01-01", "2024-02-29"], ["2024-01-01", "2024-02-29"], True),
+        ("boolean", [True, False, None], [True, False, None], True),
     ],
 )
-def test_one_scan_gives_each_partition_exactly_its_own_reads_rows(table, declared, stored, bounds):
+def test_one_scan_gives_each_partition_exactly_its_own_reads_rows(
+    table, monkeypatch, declared, stored, bounds, placed
+):
     """The server's own ``=`` routes every row, so spellings Python would not match (``'1.0'``
-    and ``1.00``, ``'03'`` and 3) land where each partition's own read puts them."""
+    and ``1.00``, ``'03'`` and 3) land where each partition's own read puts them: placed by
+    ``width_bucket`` among the sorted values, or, where the values' kinds are mixed or the
+    key collated otherwise, by a ``CASE`` of each partition's own condition."""
     table.execute(f'CREATE TABLE "{table.schema}".p (id serial, part {declared}, cur integer)')
     for cur, value in enumerate(stored * 3):
         table.execute(f'INSERT INTO "{table.schema}".p (part, cur) VALUES (%s, %s)', (value, cur))
     source = PostgresSource(table.url, f"{table.schema}.p", "part", "cur")
+    scans: list[str] = []
+    real_chunks = PostgresSource._chunks
+    monkeypatch.setattr(
+        PostgresSource,
+        "_chunks",
+        lambda self, sql, *a: scans.append(sql) or real_chunks(self, sql, *a),
+    )
     for window in ({}, {"cursor_after": 2, "cursor_upto": 12}):
         partitions = [{"partition": value, **window} for value in bounds]
+        scans.clear()
         got = _split(source, partitions)
         assert got is not None and got == _each_read(source, partitions)
+        assert ("width_bucket(" in scans[0], " CASE " in scans[0]) == (placed, not placed)
 
 
 def test_the_planner_chooses_one_scan_unless_the_reads_are_cheaper_or_cannot_be_told_apart(
@@ -409,8 +423,11 @@ def test_the_planner_chooses_one_scan_unless_the_reads_are_cheaper_or_cannot_be_
     assert _split(source, few) == _each_read(source, few)  # one scan of the index (BitmapOr)
     assert source.read_partitions([{"partition": 3}, {"partition": 3}]) is None  # one twice
     assert source.read_partitions([{"partition": 3}]) is None
-    many = [{"partition": value} for value in range(32_768)]  # 65,536 parameters: one too many
-    assert source.read_partitions(many) is None
+    many = [{"partition": value} for value in range(32_768)]
+    scan = source.read_partitions(many)  # one array of values, not two parameters each
+    assert scan is not None and sum(len(rows) for _, rows in scan) == 20_000
+    mixed = [*many[:-1], {"partition": "32767"}]  # mixed kinds: a CASE of 65,536 parameters
+    assert source.read_partitions(mixed) is None
 
     table.execute(
         f'CREATE TABLE "{table.schema}".split (id integer, part integer) PARTITION BY LIST (part)'
