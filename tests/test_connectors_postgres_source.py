@@ -588,6 +588,55 @@ def test_an_unindexed_postgres_source_is_scanned_once_and_every_row_lands_once(
     assert_rows_exactly_once(ids, [row[0] for row in sink.rows()])
 
 
+class MovingPostgresSource(PostgresSource):
+    """The real source, read a partition at a time; after its first read another connection
+    moves a row of each partition still to read into the one read, and one back."""
+
+    admin: Table
+    moved = False
+
+    def read_partitions(self, bounds: Any, **kwargs: Any) -> Any:
+        return None
+
+    def read(self, bounds: Any, *, chunk_rows: int = 10_000) -> Any:
+        yield from super().read(bounds, chunk_rows=chunk_rows)
+        if not self.moved:
+            type(self).moved = True
+            done, name = bounds["partition"], self.admin.name.replace(".", '"."')
+            self.admin.execute(
+                f'UPDATE "{name}" SET region = %s WHERE id IN (SELECT min(id) FROM "{name}"'
+                " WHERE region IS DISTINCT FROM %s GROUP BY region)",
+                (done, done),
+            )
+            self.admin.execute(
+                f'UPDATE "{name}" SET region = %s WHERE id = (SELECT min(id) FROM "{name}"'
+                " WHERE region IS NOT DISTINCT FROM %s)",
+                ("south" if done != "south" else "north", done),
+            )
+
+
+@pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+def test_rows_moved_between_partitions_during_an_attempt_are_read_as_they_were(
+    tmp_path, table, path, strategy
+):
+    """The attempt reads one snapshot (``Snapshotting``): rows a writer moves from a partition
+    not yet read into one already read, and back, are neither lost nor loaded twice."""
+    table.insert(LATER)
+    start = sorted(row[0] for row in table.execute(f'SELECT id FROM "{table.schema}".orders'))
+    MovingPostgresSource.admin, MovingPostgresSource.moved = table, False
+    source = MovingPostgresSource(table.url, table.name, "region", "updated_at")
+    sink = SQLiteSink(tmp_path / "target.db", "orders_copy")
+    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
+    try:
+        spec = TransferSpec(source=source, sink=sink, strategy=strategy, path=path, run_id="r")
+        result = TransferRuntime(store).run(spec)
+    finally:
+        store.close()
+    assert MovingPostgresSource.moved and result.rows_loaded == len(start)
+    assert_rows_exactly_once(start, [row[0] for row in sink.rows()])
+
+
 @pytest.fixture(params=["sqlite", "duckdb"])
 def sink_kind(request) -> str:
     return request.param

@@ -31,6 +31,7 @@ from .connectors.contract import (
     LedgerSink,
     RangePartitioned,
     Sink,
+    Snapshotting,
     Source,
     TargetChecking,
 )
@@ -219,7 +220,7 @@ class TransferRuntime:
         route = spec.route if isinstance(self.store, TargetScopeStore) else spec.route.unlocated()
         if not (self.unguarded or scans_routes(self.plugin_manager)):
             raise self._no_guard(route)
-        with self._leased(route, spec.run_id) as lease, _held(spec.sink):
+        with self._leased(route, spec.run_id) as lease, _held(spec.sink), _one_snapshot(spec):
             return self._attempt(spec, path, route, lease)
 
     @contextlib.contextmanager
@@ -453,6 +454,12 @@ def _held(sink: Sink) -> contextlib.AbstractContextManager[None]:
         if isinstance(sink, ConnectionHolding)
         else contextlib.nullcontext()
     )
+
+
+def _one_snapshot(spec: TransferSpec) -> contextlib.AbstractContextManager[None]:
+    """One snapshot of the source for the attempt, when it can hold one (``Snapshotting``)."""
+    source = spec.source
+    return source.snapshot() if isinstance(source, Snapshotting) else contextlib.nullcontext()
 
 
 def _work_folder(

@@ -44,6 +44,7 @@ __all__ = [
     "RangePartitioned",
     "SQLiteFile",
     "SchemaEvolving",
+    "Snapshotting",
     "Sink",
     "Source",
     "StagePulling",
@@ -395,6 +396,23 @@ class ConnectionHolding(Protocol):
 
 
 @runtime_checkable
+class Snapshotting(Protocol):
+    """A source that can read one snapshot of its table for a whole attempt.
+
+    The runtime enters ``snapshot`` under the route's lease, around the attempt: the
+    planning, the counts and every read it makes itself. Read in more than one statement
+    (a read per partition, an index seek each), a writer that moves a row from one
+    partition to another meanwhile could have it loaded twice or not at all. It does not
+    promise that an engine's own read of the source (a target pulling it) sees that
+    snapshot, nor reads made in another thread, nor that holding it is free: the source
+    keeps a transaction open for the attempt (PostgreSQL's vacuum waits for it).
+    """
+
+    def snapshot(self) -> contextlib.AbstractContextManager[None]:
+        """The runtime's reads within see the table as it was on entering; on exit, as now."""
+
+
+@runtime_checkable
 class ValueCarrying(Protocol):
     """A sink that says how each column's values reach it exactly (``column_types.py``).
 
@@ -478,6 +496,7 @@ CAPABILITIES: tuple[type, ...] = (
     SQLiteFile,
     Collating,
     OnePassReading,
+    Snapshotting,
     RangePartitioned,
     CursorEdgeReading,
     TargetChecking,

@@ -6,9 +6,10 @@ through the server's ``search_path``) or ``schema.name``, split at the first
 dot, so a schema name cannot hold a dot.
 
 Every call opens its own connection, in a read-only transaction, and closes
-it before returning. ``read`` declares a named (server-side) cursor and
-fetches ``chunk_rows`` rows at a time, so a partition is never held in
-memory whole.
+it before returning; within an attempt (``snapshot``) each transaction imports
+the snapshot one held connection exported, so the attempt reads one state.
+``read`` declares a named (server-side) cursor and fetches ``chunk_rows``
+rows at a time, so a partition is never held in memory whole.
 
 Values come out as the types the transfer paths carry everywhere (the spool
 format, SQLite parameters): int, float, str, bool, bytes, None; each column's
@@ -26,6 +27,8 @@ connection or SQL failure is ``SourceInvalid`` naming the table only.
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -67,6 +70,7 @@ _COLUMNS = """SELECT a.attname, format_type(a.atttypid, a.atttypmod)
     ORDER BY a.attnum"""
 _INTEGERS = frozenset({20, 21, 23})  # int8, int2, int4: compared exactly with each other
 _NUMERIC = 1700
+_SNAPSHOT_ID = re.compile(r"[0-9A-F]+-[0-9A-F]+(-[0-9]+)?")  # pg_export_snapshot()'s
 _SESSION = "SELECT set_config('TimeZone', 'UTC', true), set_config('DateStyle', 'ISO, YMD', true)"
 
 
@@ -118,6 +122,7 @@ class PostgresSource(TableSource):
         self._regclass = ".".join(quote(part) for part in parts)  # a value for to_regclass()
         self._relation = ".".join(_name(part) for part in parts)  # SQL text
         super().__init__(table, partition_column, cursor_column, partition_rows=partition_rows)
+        self._snapshot: str | None = None  # the attempt's exported snapshot (``snapshot``)
         self.identity()  # a DSN that cannot be parsed is refused now, before any run
 
     @property
@@ -149,7 +154,40 @@ class PostgresSource(TableSource):
                 "or refused the login"
             )
         conn.read_only = True
+        if self._snapshot is not None:  # importing a snapshot takes a repeatable read
+            conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
         return conn
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """``Snapshotting``: a connection holds a repeatable-read transaction for the attempt
+        and exports its snapshot (``pg_export_snapshot``); each read within imports it on its
+        own connection (``SET TRANSACTION SNAPSHOT``), as a parallel ``pg_dump`` does."""
+        if self._snapshot is not None:  # held already: its holder ends it
+            yield
+            return
+        driver = _driver()
+        conn = self._open(driver)
+        try:
+            conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
+            exported = self._attempt(
+                driver, lambda: conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
+            )
+            if not isinstance(exported, str) or not _SNAPSHOT_ID.fullmatch(exported):
+                raise self._invalid(f"source table {self.table!r} could not be read")
+            self._snapshot = exported
+            try:
+                yield
+            finally:
+                self._snapshot = None
+        finally:
+            conn.close()
+
+    def _begin(self, conn: Any) -> Any:
+        """Start the transaction, in the attempt's snapshot when one is held (``snapshot``)."""
+        if self._snapshot is not None:  # an id _SNAPSHOT_ID matched: no quote inside
+            conn.execute(f"SET TRANSACTION SNAPSHOT '{self._snapshot}'")
+        return _session(conn)
 
     def _attempt(self, driver: Any, work: Callable[[], _T]) -> _T:
         """``work()``; a driver error becomes ``SourceInvalid``, raised with nothing chained."""
@@ -164,7 +202,7 @@ class PostgresSource(TableSource):
         driver = _driver()
         conn = self._open(driver)
         try:
-            return self._attempt(driver, lambda: work(_session(conn)))
+            return self._attempt(driver, lambda: work(self._begin(conn)))
         finally:
             conn.close()
 
@@ -289,7 +327,7 @@ class PostgresSource(TableSource):
         cursor = conn.cursor(name=_CURSOR)
 
         def declare() -> None:
-            _session(conn)
+            self._begin(conn)
             cursor.execute(sql, params)
 
         try:
