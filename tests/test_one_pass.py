@@ -357,3 +357,61 @@ def test_a_scan_that_fails_midway_fails_before_the_target_and_the_retry_loads_on
         assert sink.target_calls == 1 and sink.inner.row_count() == 400
     finally:
         store.close()
+
+
+class MovingSource(SQLiteSource):
+    """The real source, read a partition at a time; after its first read another connection
+    moves a row of each partition still to read into the one read, and one of it out."""
+
+    moved = False
+
+    def read_partitions(self, bounds: Any, **kwargs: Any) -> Any:
+        return None
+
+    def read(self, bounds: Any, *, chunk_rows: int = 10_000) -> Any:
+        yield from super().read(bounds, chunk_rows=chunk_rows)
+        if not self.moved:
+            self.moved = True
+            done = bounds["partition"]
+            writer = sqlite3.connect(self.path, timeout=0, isolation_level=None)  # never waits
+            try:
+                writer.execute(
+                    "UPDATE t SET part = ? WHERE id IN (SELECT min(id) FROM t"
+                    " WHERE part IS NOT ? GROUP BY part)",
+                    (done, done),
+                )
+                writer.execute(
+                    "UPDATE t SET part = 99 WHERE id = (SELECT min(id) FROM t WHERE part IS ?)",
+                    (done,),
+                )
+            finally:
+                writer.close()
+
+
+@pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])
+@pytest.mark.parametrize("path", ROW_PATHS)
+@pytest.mark.parametrize("journal", ["wal", "delete"])
+def test_rows_moved_between_partitions_during_an_attempt_are_read_as_they_were(
+    tmp_path, path, strategy, journal
+):
+    """In WAL mode the attempt reads one snapshot (``Snapshotting``): rows a writer moves from
+    a partition not yet read into one already read, and out of it, are neither lost nor
+    loaded twice. In rollback-journal mode no read lock is held between reads: the writer,
+    which never waits, still writes."""
+    db = tmp_path / "source.db"
+    make_table(db, "INTEGER", [(i % 4 if i % 9 else None, i) for i in range(40)], index=True)
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"PRAGMA journal_mode = {journal}")
+    conn.close()
+    source = MovingSource(str(db), "t", "part", "cur")
+    sink = NotPulling(SQLiteSink(str(tmp_path / "target.db"), "t_copy"))
+    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
+    try:
+        spec = TransferSpec(source=source, sink=sink, strategy=strategy, path=path, run_id="r")
+        result = TransferRuntime(store).run(spec)
+    finally:
+        store.close()
+    assert source.moved
+    if journal == "wal":
+        assert result.rows_loaded == 40
+        assert sorted(row[0] for row in sink.inner.rows()) == list(range(1, 41))

@@ -483,8 +483,11 @@ class TableSource:
             for b in bounds
         ]
         window = predicates[0][1:] if predicates else ()
-        if len(bounds) < 2 or not all(
-            p[0].op in ("=", "IS NULL") and p[1:] == window for p in predicates
+        if (
+            len(bounds) < 2
+            or not all(  # by repr: 2**53 and 2.0**53 differ in SQL
+                p[0].op in ("=", "IS NULL") and repr(p[1:]) == repr(window) for p in predicates
+            )
         ):
             return None
         return [p[0] for p in predicates], window

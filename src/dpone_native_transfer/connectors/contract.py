@@ -225,8 +225,12 @@ class SQLiteFile(Source, Collating, Protocol):
 
     path: str
 
-    def reader(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        """A read-only connection to the file; its errors become ``SourceInvalid``."""
+    def reader(
+        self, *, live: bool = False
+    ) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """A read-only connection to the file; its errors become ``SourceInvalid``. Within a
+        ``Snapshotting`` source's snapshot, the snapshot's, unless ``live``: one that sees
+        what others commit (``watching_writes``)."""
 
     def select_sql(
         self,

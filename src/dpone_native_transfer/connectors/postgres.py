@@ -32,6 +32,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+import attrs
+
 from ..checkpoints import sha256_digest
 from ..column_types import postgres_kind
 from ..drivers import POSTGRES_SCHEMES, import_driver, postgres_connect, resolve_env
@@ -371,7 +373,21 @@ class PostgresSource(TableSource):
         if len(params) > _MOST_PARAMETERS:
             return None
 
-        if not self._query(lambda conn: self._scan_cheaper(conn, sql, params, bounds)):
+        def cheaper(conn: Any) -> bool:  # and no row of two partitions: CASE takes the first
+            key = self._key_type(conn)
+            given = [value for value in values if value is not None]
+            listed = ", ".join(f"(%s::{key.name})" for _ in given)
+            distinct = f"SELECT count(DISTINCT v) FROM (VALUES {listed}) AS u(v)"
+            try:
+                if not key.deterministic or (
+                    given and conn.execute(distinct, given).fetchone()[0] < len(given)
+                ):
+                    return False  # '1.0' and '1.00', 1 and '1', 'a' and 'A' under citext
+            except _driver().Error:  # a value the key's type does not take
+                return False
+            return self._scan_cheaper(conn, sql, params, bounds)
+
+        if not self._query(cheaper):
             return None
         return _routed(self._chunks(sql, params, chunk_rows))
 
@@ -416,13 +432,12 @@ class PostgresSource(TableSource):
         name = _name(self.partition_column)
 
         def plan(conn: Any) -> tuple[str, list[Any], list[int | None]] | None:
-            key = self._range_key_type(conn)
-            if key is None:
+            key = self._key_type(conn)
+            if not key.placeable:
                 return None
-            key_type, key_oid = key
             if not given or isinstance(given[0][1], str):  # "unknown" takes the key's type
-                array = f"%s::{key_type}[]"
-            elif _compared_as_key(conn, [edge for _, edge in given], key_oid):
+                array = f"%s::{key.name}[]"
+            elif _compared_as_key(conn, [edge for _, edge in given], key.oid):
                 array = "%s"
             else:
                 return None
@@ -492,19 +507,12 @@ class PostgresSource(TableSource):
                 return True
         return False
 
-    def _range_key_type(self, conn: Any) -> tuple[str, int] | None:
-        """The partition column's type as SQL text by its catalog name (``pg_catalog.numeric``:
-        no type modifier, so an edge is not rounded or cut as ``numeric(6,2)`` or ``character``
-        would) and its oid, when it compares in the database's default collation or in none."""
-        sql = (
-            "SELECT quote_ident(n.nspname) || '.' || quote_ident(t.typname), t.oid,"
-            " a.attcollation IN (0, 100) FROM pg_catalog.pg_attribute a"
-            " JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
-            " JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace"
-            " WHERE a.attrelid = to_regclass(%s) AND a.attname = %s"
-        )
-        found = conn.execute(sql, (self._regclass, self.partition_column)).fetchone()
-        return (found[0].replace("%", "%%"), found[1]) if found and found[2] else None
+    def _key_type(self, conn: Any) -> _KeyType:
+        """The partition column's type (``_KeyType``), from the catalog."""
+        found = conn.execute(_KEY_TYPE, (self._regclass, self.partition_column)).fetchone()
+        if found is None:
+            return _KeyType("", 0, placeable=False, deterministic=False)
+        return _KeyType(found[0].replace("%", "%%"), found[1], found[2], found[3])
 
     def _render(self, predicates: Iterable[Any]) -> tuple[str, list[Any]]:
         return render_predicates(predicates, marker="%s", name=_name)
@@ -524,6 +532,33 @@ class PostgresSource(TableSource):
         where, params = self._where(bounds)
         sql = f"SELECT count(*) FROM {self._relation} WHERE {where}"
         return self._query(lambda conn: conn.execute(sql, params).fetchone()[0])
+
+
+@attrs.frozen
+class _KeyType:
+    """The partition column's type: ``name`` as SQL text by its catalog name (no type modifier,
+    so an edge is not rounded or cut as ``numeric(6,2)`` or ``character`` would), ``oid``;
+    ``placeable`` when ``width_bucket`` places it as ``>=`` and ``=`` compare it (the column
+    and its type in the database's default collation or in none, and a fixed length its
+    alignment divides: ``width_bucket`` steps a ``timetz`` or ``macaddr`` array by the length,
+    misplacing rows); ``deterministic`` when values it holds equal are equal byte for byte."""
+
+    name: str
+    oid: int
+    placeable: bool
+    deterministic: bool
+
+
+_KEY_TYPE = """SELECT quote_ident(n.nspname) || '.' || quote_ident(t.typname), t.oid,
+        a.attcollation IN (0, 100) AND t.typcollation IN (0, 100) AND (t.typlen < 0
+            OR t.typlen %% CASE t.typalign WHEN 'd' THEN 8 WHEN 'i' THEN 4 WHEN 's' THEN 2
+                ELSE 1 END = 0),
+        coalesce(c.collisdeterministic, true)
+    FROM pg_catalog.pg_attribute a
+    JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+    JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
+    LEFT JOIN pg_catalog.pg_collation c ON c.oid = a.attcollation
+    WHERE a.attrelid = to_regclass(%s) AND a.attname = %s"""
 
 
 def _compared_as_key(conn: Any, edges: list[Any], key_oid: int) -> bool:

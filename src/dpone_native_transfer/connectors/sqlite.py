@@ -15,6 +15,7 @@ import itertools
 import os
 import re
 import sqlite3
+import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -204,23 +205,68 @@ class SQLiteSource(TableSource):
             _quote(cursor_column)
         self.path = os.fspath(path)
         super().__init__(table, partition_column, cursor_column, partition_rows=partition_rows)
+        self._held: tuple[sqlite3.Connection, int] | None = None  # ``snapshot``'s, and its thread
 
     def identity(self) -> TableIdentity:
         """The file's resolved path; SQLite matches table names case-insensitively (ASCII)."""
         return TableIdentity(file_location("sqlite", self.path), fold_ascii(self.table))
 
     @contextlib.contextmanager
-    def reader(self) -> Iterator[sqlite3.Connection]:
-        """A read-only connection; sqlite errors become ``SourceInvalid`` without their text."""
+    def reader(self, *, live: bool = False) -> Iterator[sqlite3.Connection]:
+        """A read-only connection; sqlite errors become ``SourceInvalid`` without their text.
+        Within ``snapshot``, in its thread, the attempt's connection, unless ``live``."""
+        held = self._held
+        if held is not None and not live and held[1] == threading.get_ident():
+            with self._source_errors():
+                yield held[0]
+            return
+        self._check_file()
+        with self._source_errors(), contextlib.closing(self._open()) as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """``Snapshotting``, for a file in WAL mode: one connection holds a read transaction
+        for the attempt, and this thread's reads use it (``reader``). A file in rollback-
+        journal mode is read a transaction per statement, as without it: holding its read
+        lock would stop every writer for the whole attempt."""
+        if self._held is not None or not os.path.isfile(self.path):
+            yield  # held already, or each read reports the missing file
+            return
+        with self._source_errors():
+            conn = self._open()
+            try:
+                wal = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal"
+                if wal:
+                    conn.execute("BEGIN")
+                    conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the snapshot
+            except BaseException:
+                conn.close()
+                raise
+        if not wal:
+            conn.close()
+            yield
+            return
+        self._held = (conn, threading.get_ident())
+        try:
+            yield
+        finally:
+            self._held = None
+            conn.close()
+
+    def _check_file(self) -> None:
         if not os.path.isfile(self.path):
             raise SourceMissing(  # the resolved path: where the route file's path points
                 f"source database {os.path.abspath(self.path)} for table {self.table!r} does "
                 "not exist (or is not a file)",
                 diagnostics={"table": self.table},
             )
+
+    @contextlib.contextmanager
+    def _source_errors(self) -> Iterator[None]:
+        """sqlite errors as ``SourceInvalid`` (or ``ValueUnsupported``), without their text."""
         try:
-            with contextlib.closing(self._open()) as conn:
-                yield conn
+            yield
         except sqlite3.OperationalError as exc:
             if str(exc).startswith("Could not decode to UTF-8"):  # the text holds the value
                 raise ValueUnsupported(
@@ -704,7 +750,7 @@ def watching_writes(source: SQLiteFile) -> Iterator[Callable[[], bool]]:
             watch.execute("COMMIT")
         return version() != before
 
-    with source.reader() as watch:
+    with source.reader(live=True) as watch:
         before = version()
         watch.execute("BEGIN")
         watch.execute("SELECT count(*) FROM sqlite_master").fetchone()  # takes the read lock
