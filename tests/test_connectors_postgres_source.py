@@ -684,6 +684,33 @@ def test_rows_moved_between_partitions_during_an_attempt_are_read_as_they_were(
     assert_rows_exactly_once(start, [row[0] for row in sink.rows()])
 
 
+def test_a_login_allowed_one_connection_reads_on_without_the_snapshot(tmp_path, table):
+    """The snapshot's holder and each read's own connection take two: a login limited to
+    one (``CONNECTION LIMIT 1``) failed every run. The attempt now ends the snapshot at the
+    first read it cannot open, and reads on as it did before (a transaction per read)."""
+    role = f"one_{secrets.token_hex(4)}"
+    table.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw' CONNECTION LIMIT 1")
+    try:
+        table.execute(f'GRANT USAGE ON SCHEMA "{table.schema}" TO {role}')
+        table.execute(f'GRANT SELECT ON "{table.schema}".orders TO {role}')
+        parts = psycopg.conninfo.conninfo_to_dict(table.dsn)
+        login = psycopg.conninfo.make_conninfo(**{**parts, "user": role, "password": "pw"})
+        source = PostgresSource(postgres_url(login), table.name, "region", "updated_at")
+        sink = SQLiteSink(tmp_path / "target.db", "orders_copy")
+        store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
+        try:
+            spec = TransferSpec(source=source, sink=sink, strategy="full_refresh",
+                                path="legacy", run_id="r")  # fmt: skip
+            assert TransferRuntime(store).run(spec).rows_loaded == len(ORDERS)
+        finally:
+            store.close()
+        assert sorted(row[0] for row in sink.rows()) == [row[0] for row in ORDERS]
+    finally:
+        table.execute(f'REVOKE ALL ON "{table.schema}".orders FROM {role}')
+        table.execute(f'REVOKE ALL ON SCHEMA "{table.schema}" FROM {role}')
+        table.execute(f"DROP ROLE {role}")
+
+
 @pytest.fixture(params=["sqlite", "duckdb"])
 def sink_kind(request) -> str:
     return request.param

@@ -415,3 +415,52 @@ def test_rows_moved_between_partitions_during_an_attempt_are_read_as_they_were(
     if journal == "wal":
         assert result.rows_loaded == 40
         assert sorted(row[0] for row in sink.inner.rows()) == list(range(1, 41))
+
+
+class TieWritingSink(SQLiteSink):
+    """The real sink; a writer commits a row at the top of the cursor as it is asked to pull,
+    after the attempt's snapshot began and before the engine reads the source."""
+
+    source_path = ""
+    written = False
+
+    def can_pull(self, plan: Any, files: int) -> bool:
+        if not TieWritingSink.written:
+            TieWritingSink.written = True
+            with sqlite3.connect(self.source_path) as writer:
+                writer.execute("INSERT INTO t (part, cur) VALUES (1, 9)")  # cur == the top
+            writer.close()
+        return super().can_pull(plan, files)
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact", "lazy-plan"])
+def test_a_row_written_at_the_top_before_an_engine_reads_the_source_is_loaded_once(tmp_path, path):
+    """An engine reads the source as it is now: the snapshot ends before the reads of the top
+    rows around the engine's (``read_by_engine``). Read from the snapshot, both agreed and the
+    row written at the top was loaded, not recorded, and loaded again by the next run."""
+    db = tmp_path / "source.db"
+    make_table(db, "INTEGER", [(i % 3, i) for i in range(10)], index=False)
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA journal_mode = wal")
+    conn.close()
+    TieWritingSink.source_path, TieWritingSink.written = str(db), False
+    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
+    target = str(tmp_path / "target.db")
+    if path == "lazy-plan":  # the target call reads the source: the write comes before it
+        TieWritingSink.check_plan = lambda self, plan: self.can_pull(plan, 1) and None  # type: ignore[method-assign]
+    try:
+        for run, sink in (
+            ("r1", TieWritingSink(target, "t_copy")),
+            ("r2", SQLiteSink(target, "t_copy")),
+        ):
+            spec = TransferSpec(
+                source=SQLiteSource(str(db), "t", "part", "cur"), sink=sink,
+                strategy="incremental_append", path=path, run_id=run,
+            )  # fmt: skip
+            TransferRuntime(store).run(spec)
+    finally:
+        store.close()
+        if path == "lazy-plan":
+            del TieWritingSink.check_plan
+    assert TieWritingSink.written
+    assert sorted(row[0] for row in SQLiteSink(target, "t_copy").rows()) == list(range(1, 12))

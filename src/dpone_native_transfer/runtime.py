@@ -220,8 +220,13 @@ class TransferRuntime:
         route = spec.route if isinstance(self.store, TargetScopeStore) else spec.route.unlocated()
         if not (self.unguarded or scans_routes(self.plugin_manager)):
             raise self._no_guard(route)
-        with self._leased(route, spec.run_id) as lease, _held(spec.sink), _one_snapshot(spec):
-            return self._attempt(spec, path, route, lease)
+        with (
+            self._leased(route, spec.run_id) as lease,
+            _held(spec.sink),
+            contextlib.ExitStack() as snapshot,
+        ):
+            snapshot.enter_context(_one_snapshot(spec))
+            return self._attempt(spec, path, route, lease, snapshot.close)
 
     @contextlib.contextmanager
     def _leased(self, route: RouteKey, run_id: str) -> Iterator[Lease | None]:
@@ -234,7 +239,12 @@ class TransferRuntime:
             yield lease
 
     def _attempt(
-        self, spec: TransferSpec, path: TransferPath, route: RouteKey, lease: Lease | None
+        self,
+        spec: TransferSpec,
+        path: TransferPath,
+        route: RouteKey,
+        lease: Lease | None,
+        end_snapshot: Callable[[], None],
     ) -> TransferResult:
         recorder = EventRecorder(self._listener)
         if isinstance(self.store, TargetScopeStore):
@@ -336,6 +346,7 @@ class TransferRuntime:
                     boundary=TargetBoundary(self.hooks, recorder),
                     ledger_entry=entry,
                     lease=lease,
+                    end_snapshot=end_snapshot,
                     edge=None
                     if edge is None
                     else EdgeTracker(

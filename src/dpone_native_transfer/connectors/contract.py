@@ -406,10 +406,11 @@ class Snapshotting(Protocol):
     The runtime enters ``snapshot`` under the route's lease, around the attempt: the
     planning, the counts and every read it makes itself. Read in more than one statement
     (a read per partition, an index seek each), a writer that moves a row from one
-    partition to another meanwhile could have it loaded twice or not at all. It does not
-    promise that an engine's own read of the source (a target pulling it) sees that
-    snapshot, nor reads made in another thread, nor that holding it is free: the source
-    keeps a transaction open for the attempt (PostgreSQL's vacuum waits for it).
+    partition to another meanwhile could have it loaded twice or not at all. The runtime
+    ends it before an engine reads the source itself (a target pulling it, lazy-plan's
+    copy: ``PathContext.read_by_engine``), which reads it as it is then; its reads from
+    there on do too. It does not promise reads made in another thread, nor that holding it
+    is free: the source keeps a transaction open (PostgreSQL's vacuum waits for it).
     """
 
     def snapshot(self) -> contextlib.AbstractContextManager[None]:

@@ -125,6 +125,7 @@ class PostgresSource(TableSource):
         self._relation = ".".join(_name(part) for part in parts)  # SQL text
         super().__init__(table, partition_column, cursor_column, partition_rows=partition_rows)
         self._snapshot: str | None = None  # the attempt's exported snapshot (``snapshot``)
+        self._holder: Any = None  # and the connection that holds it
         self.identity()  # a DSN that cannot be parsed is refused now, before any run
 
     @property
@@ -150,6 +151,12 @@ class PostgresSource(TableSource):
             conn = postgres_connect(driver, self._dsn, what="PostgreSQL source")
         except driver.Error:
             conn = None  # raised below, outside the handler, so the driver's text is not chained
+        if conn is None and self._holder is not None:
+            # A login allowed one connection (or the server no more): the snapshot's holder
+            # takes it, so the attempt reads on without the snapshot, as it did before it.
+            self._holder.close()
+            self._holder = self._snapshot = None
+            return self._open(driver)
         if conn is None:
             raise self._invalid(
                 f"the database of source table {self.table!r} cannot be reached "
@@ -177,11 +184,11 @@ class PostgresSource(TableSource):
             )
             if not isinstance(exported, str) or not _SNAPSHOT_ID.fullmatch(exported):
                 raise self._invalid(f"source table {self.table!r} could not be read")
-            self._snapshot = exported
+            self._holder, self._snapshot = conn, exported
             try:
                 yield
             finally:
-                self._snapshot = None
+                self._holder = self._snapshot = None
         finally:
             conn.close()
 

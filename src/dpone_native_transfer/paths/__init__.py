@@ -98,6 +98,8 @@ class PathContext:
     ledger_entry: LedgerEntry | None = None  # the batch's ledger row, when the sink keeps one
     lease: Lease | None = None
     edge: EdgeTracker | None = None  # an append route's cursor edge, when it is tracked
+    # Ends the source's snapshot (``Snapshotting``): an engine reads the source as it is now.
+    end_snapshot: Callable[[], None] = attrs.field(default=lambda: None)
     _carriers: list[tuple[int, str, Carry]] | None = attrs.field(default=None, init=False)
     _spooled: dict[str, Path] | None = attrs.field(default=None, init=False)  # one-pass scan
 
@@ -312,7 +314,14 @@ class PathContext:
         and None returned, so that Python reads the rows, each one tracked: keeping it lost
         the rows written at the top for good. Lazy-plan's read is the target call itself:
         its top rows become unknown (``docs/incremental.md``). A pull that is kept is known
-        before the checkpoints are armed, which may then keep its rows, as Python's."""
+        before the checkpoints are armed, which may then keep its rows, as Python's.
+
+        The engine reads the source as it is now, not as the attempt's snapshot holds it, so
+        the snapshot ends first (``end_snapshot``): the reads of the top rows around the
+        engine's must see what it read (a row written at the top after the snapshot was
+        loaded, not recorded, and loaded again by the next run), and so must every read
+        after it."""
+        self.end_snapshot()
         if self.edge is None or self.edge.top_since is None:
             return read()
         window = (self.source, self.candidates, self.spec.chunk_rows)
