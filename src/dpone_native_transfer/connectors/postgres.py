@@ -409,9 +409,11 @@ class PostgresSource(TableSource):
         read; rows between ranges are dropped here. A ``CASE`` of 1,000 values took 22.6 s
         for 1,000,000 rows (4.4 s for 100); a read per range, 65 s for 1,000 ranges.
 
-        None for a key of a collation other than the database's default (the edges are
-        sorted in that), edges of mixed kinds or compared in another type than the key's
-        (``_compared_as_key``), values equal on the server, and overlapping ranges."""
+        None for a key ``width_bucket`` cannot place as its reads compare it
+        (``_KeyType.placeable``: a collation other than the database's default, in which
+        the edges are sorted, or an array it steps through wrongly), edges of mixed kinds or
+        compared in another type than the key's (``_compared_as_key``), values equal on the
+        server, and overlapping ranges."""
         singles = self._single_values(bounds, chunk_rows)
         if singles is not None:
             predicates, window = singles
