@@ -14,7 +14,7 @@ import attrs
 import psycopg
 import pytest
 from helpers.postgres_server import postgres_url
-from helpers.routes import Route
+from helpers.routes import MovingRows, Route, transfer_once
 
 from dpone_native_transfer import SQLiteCheckpointStore, TransferRuntime, TransferSpec
 from dpone_native_transfer.connectors import SQLiteSink
@@ -635,31 +635,23 @@ def test_an_unindexed_postgres_source_is_scanned_once_and_every_row_lands_once(
     assert_rows_exactly_once(ids, [row[0] for row in sink.rows()])
 
 
-class MovingPostgresSource(PostgresSource):
-    """The real source, read a partition at a time; after its first read another connection
-    moves a row of each partition still to read into the one read, and one back."""
+class MovingPostgresSource(MovingRows, PostgresSource):
+    """Moves a row of each partition still to read into the one read, and one back."""
 
     admin: Table
-    moved = False
 
-    def read_partitions(self, bounds: Any, **kwargs: Any) -> Any:
-        return None
-
-    def read(self, bounds: Any, *, chunk_rows: int = 10_000) -> Any:
-        yield from super().read(bounds, chunk_rows=chunk_rows)
-        if not self.moved:
-            type(self).moved = True
-            done, name = bounds["partition"], self.admin.name.replace(".", '"."')
-            self.admin.execute(
-                f'UPDATE "{name}" SET region = %s WHERE id IN (SELECT min(id) FROM "{name}"'
-                " WHERE region IS DISTINCT FROM %s GROUP BY region)",
-                (done, done),
-            )
-            self.admin.execute(
-                f'UPDATE "{name}" SET region = %s WHERE id = (SELECT min(id) FROM "{name}"'
-                " WHERE region IS NOT DISTINCT FROM %s)",
-                ("south" if done != "south" else "north", done),
-            )
+    def move(self, done: Any) -> None:
+        name = self.admin.name.replace(".", '"."')
+        self.admin.execute(
+            f'UPDATE "{name}" SET region = %s WHERE id IN (SELECT min(id) FROM "{name}"'
+            " WHERE region IS DISTINCT FROM %s GROUP BY region)",
+            (done, done),
+        )
+        self.admin.execute(
+            f'UPDATE "{name}" SET region = %s WHERE id = (SELECT min(id) FROM "{name}"'
+            " WHERE region IS NOT DISTINCT FROM %s)",
+            ("south" if done != "south" else "north", done),
+        )
 
 
 @pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])
@@ -671,16 +663,11 @@ def test_rows_moved_between_partitions_during_an_attempt_are_read_as_they_were(
     not yet read into one already read, and back, are neither lost nor loaded twice."""
     table.insert(LATER)
     start = sorted(row[0] for row in table.execute(f'SELECT id FROM "{table.schema}".orders'))
-    MovingPostgresSource.admin, MovingPostgresSource.moved = table, False
+    MovingPostgresSource.admin = table
     source = MovingPostgresSource(table.url, table.name, "region", "updated_at")
     sink = SQLiteSink(tmp_path / "target.db", "orders_copy")
-    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
-    try:
-        spec = TransferSpec(source=source, sink=sink, strategy=strategy, path=path, run_id="r")
-        result = TransferRuntime(store).run(spec)
-    finally:
-        store.close()
-    assert MovingPostgresSource.moved and result.rows_loaded == len(start)
+    result = transfer_once(tmp_path, source, sink, path=path, strategy=strategy)
+    assert source.moved and result.rows_loaded == len(start)
     assert_rows_exactly_once(start, [row[0] for row in sink.rows()])
 
 
@@ -697,13 +684,8 @@ def test_a_login_allowed_one_connection_reads_on_without_the_snapshot(tmp_path, 
         login = psycopg.conninfo.make_conninfo(**{**parts, "user": role, "password": "pw"})
         source = PostgresSource(postgres_url(login), table.name, "region", "updated_at")
         sink = SQLiteSink(tmp_path / "target.db", "orders_copy")
-        store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
-        try:
-            spec = TransferSpec(source=source, sink=sink, strategy="full_refresh",
-                                path="legacy", run_id="r")  # fmt: skip
-            assert TransferRuntime(store).run(spec).rows_loaded == len(ORDERS)
-        finally:
-            store.close()
+        result = transfer_once(tmp_path, source, sink, path="legacy", strategy="full_refresh")
+        assert result.rows_loaded == len(ORDERS)
         assert sorted(row[0] for row in sink.rows()) == [row[0] for row in ORDERS]
     finally:
         table.execute(f'REVOKE ALL ON "{table.schema}".orders FROM {role}')

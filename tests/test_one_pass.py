@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.routes import NotPulling
+from helpers.routes import MovingRows, NotPulling, transfer_once
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -223,12 +223,7 @@ def run(
         str(tmp_path / "s.db"), "t", "part", "cur", partition_rows=partition_rows
     )
     sink = sink or NotPulling(SQLiteSink(str(tmp_path / "target.db"), "t_copy"))
-    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
-    try:
-        spec = TransferSpec(source=source, sink=sink, strategy=strategy, path=path, run_id="r")
-        result = TransferRuntime(store).run(spec)
-    finally:
-        store.close()
+    result = transfer_once(tmp_path, source, sink, path=path, strategy=strategy)
     return result.rows_loaded, CountingSource.scans
 
 
@@ -359,33 +354,23 @@ def test_a_scan_that_fails_midway_fails_before_the_target_and_the_retry_loads_on
         store.close()
 
 
-class MovingSource(SQLiteSource):
-    """The real source, read a partition at a time; after its first read another connection
-    moves a row of each partition still to read into the one read, and one of it out."""
+class MovingSource(MovingRows, SQLiteSource):
+    """Moves a row of each partition still to read into the one read, and one of it out."""
 
-    moved = False
-
-    def read_partitions(self, bounds: Any, **kwargs: Any) -> Any:
-        return None
-
-    def read(self, bounds: Any, *, chunk_rows: int = 10_000) -> Any:
-        yield from super().read(bounds, chunk_rows=chunk_rows)
-        if not self.moved:
-            self.moved = True
-            done = bounds["partition"]
-            writer = sqlite3.connect(self.path, timeout=0, isolation_level=None)  # never waits
-            try:
-                writer.execute(
-                    "UPDATE t SET part = ? WHERE id IN (SELECT min(id) FROM t"
-                    " WHERE part IS NOT ? GROUP BY part)",
-                    (done, done),
-                )
-                writer.execute(
-                    "UPDATE t SET part = 99 WHERE id = (SELECT min(id) FROM t WHERE part IS ?)",
-                    (done,),
-                )
-            finally:
-                writer.close()
+    def move(self, done: Any) -> None:
+        writer = sqlite3.connect(self.path, timeout=0, isolation_level=None)  # never waits
+        try:
+            writer.execute(
+                "UPDATE t SET part = ? WHERE id IN (SELECT min(id) FROM t"
+                " WHERE part IS NOT ? GROUP BY part)",
+                (done, done),
+            )
+            writer.execute(
+                "UPDATE t SET part = 99 WHERE id = (SELECT min(id) FROM t WHERE part IS ?)",
+                (done,),
+            )
+        finally:
+            writer.close()
 
 
 @pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])
@@ -405,12 +390,7 @@ def test_rows_moved_between_partitions_during_an_attempt_are_read_as_they_were(
     conn.close()
     source = MovingSource(str(db), "t", "part", "cur")
     sink = NotPulling(SQLiteSink(str(tmp_path / "target.db"), "t_copy"))
-    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
-    try:
-        spec = TransferSpec(source=source, sink=sink, strategy=strategy, path=path, run_id="r")
-        result = TransferRuntime(store).run(spec)
-    finally:
-        store.close()
+    result = transfer_once(tmp_path, source, sink, path=path, strategy=strategy)
     assert source.moved
     if journal == "wal":
         assert result.rows_loaded == 40

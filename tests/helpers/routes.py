@@ -217,3 +217,34 @@ def _toml(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     return f'"{value}"'
+
+
+def transfer_once(
+    folder: Path, source: Any, sink: Any, *, path: str, strategy: str, run_id: str = "r"
+) -> Any:
+    """One guarded run of ``source`` into ``sink``, its checkpoints in ``folder``."""
+    store = SQLiteCheckpointStore(str(folder / "checkpoints.db"))
+    try:
+        spec = TransferSpec(source=source, sink=sink, strategy=strategy, path=path, run_id=run_id)
+        return TransferRuntime(store).run(spec)
+    finally:
+        store.close()
+
+
+class MovingRows:
+    """Mixed in before a real source: it reads a partition at a time, and after its first
+    read ``move(value)`` (another connection writing the source) runs once."""
+
+    moved = False
+
+    def move(self, done: Any) -> None:
+        raise NotImplementedError
+
+    def read_partitions(self, bounds: Any, **kwargs: Any) -> Any:
+        return None
+
+    def read(self, bounds: Any, *, chunk_rows: int = 10_000) -> Any:
+        yield from super().read(bounds, chunk_rows=chunk_rows)  # type: ignore[misc]
+        if not self.moved:
+            self.moved = True
+            self.move(bounds["partition"])
