@@ -409,14 +409,16 @@ def test_hundreds_of_partitions_are_pulled_by_the_engine_not_read_one_by_one(
     partition at a time, a scan of the table each: 1,000 partitions of 1,000,000 rows took
     50-60 s instead of 1-5 s. file-artifact's engine holds a file open per partition: past
     ``open_files_allowed()`` it pulls them in groups (before 2026-12-04, Python read them
-    one by one: 6,000 partitions took 75-80 s into DuckDB and chDB)."""
+    one by one: 6,000 partitions took 75-80 s into DuckDB and chDB). SQLite, which writes
+    one file at a time, pulls them all in one read of the source."""
     if open_files is not None:
         from dpone_native_transfer import paths
         from dpone_native_transfer.connectors.clickhouse import sink as clickhouse_sink
 
         for module in (paths, duckdb_sink, clickhouse_sink):
             monkeypatch.setattr(module, "open_files_allowed", lambda: open_files)
-    groups = 3 if open_files is not None and path == "file-artifact" else 1
+    grouped = open_files is not None and path == "file-artifact" and kind != "sqlite"
+    groups = 3 if grouped else 1
     source_path = tmp_path / "many.db"
     with sqlite3.connect(source_path) as db:
         db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p TEXT, v REAL)")
@@ -440,8 +442,9 @@ def test_hundreds_of_partitions_are_pulled_by_the_engine_not_read_one_by_one(
     try:
         spec = route.spec(path, strategy="full_refresh")
         result = route.runtime().run(spec)
-        assert result.rows_loaded == 1800 and len(pulled) == groups
-        assert all(_succeeded(pull) for pull in pulled)
+        assert result.rows_loaded == 1800 and len(pulled) == groups + grouped
+        assert pulled[:grouped] == [DECLINED] * grouped  # more files than it holds open
+        assert all(_succeeded(pull) for pull in pulled[grouped:])
         assert all(scan is not None for scan in scans) and (kind == "sqlite") == bool(scans)
         assert sorted(route.sink.inner.rows()) == rows
         latest = route.real_store.list_latest(spec.route)

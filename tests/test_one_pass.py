@@ -9,6 +9,7 @@ sinks here cannot pull, so the runtime reads.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -395,6 +396,81 @@ def test_rows_moved_between_partitions_during_an_attempt_are_read_as_they_were(
     if journal == "wal":
         assert result.rows_loaded == 40
         assert sorted(row[0] for row in sink.inner.rows()) == list(range(1, 41))
+
+
+class MovingPulls(SQLiteSink):
+    """The real sink, its pulls recorded (``MovingConnection`` moves rows as they read)."""
+
+    pulls: list[bool]
+
+    def pull_load_files(self, plan: Any, paths: Any) -> Any:
+        pulled = super().pull_load_files(plan, paths)
+        self.pulls.append(pulled is not None)
+        return pulled
+
+
+class MovingConnection:
+    """A pull's connection: after its first copy from the source, a writer moves every odd
+    row to the next partition."""
+
+    moved = False
+
+    def __init__(self, conn: sqlite3.Connection, source: str) -> None:
+        self.conn, self.source = conn, source
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+    def execute(self, sql: str, *params: Any) -> Any:
+        result = self.conn.execute(sql, *params)
+        if sql.startswith("INSERT INTO") and not MovingConnection.moved:
+            MovingConnection.moved = True
+            writer = sqlite3.connect(self.source, timeout=0, isolation_level=None)
+            try:
+                writer.execute(  # NULL -> 0 -> 1 -> 2 -> 3 -> NULL: every partition moves
+                    "UPDATE t SET part = CASE WHEN part IS NULL THEN 0 WHEN part = 3 THEN NULL"
+                    " ELSE part + 1 END WHERE id % 2 = 1"
+                )
+            finally:
+                writer.close()
+        return result
+
+
+@pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])
+@pytest.mark.parametrize("index", [True, False], ids=["indexed", "unindexed"])
+@pytest.mark.parametrize("path", ROW_PATHS)
+def test_rows_moved_while_sqlite_pulls_the_partitions_are_copied_as_they_were(
+    tmp_path, monkeypatch, path, index, strategy
+):
+    """SQLite's pull (``FilePulling``) reads the source in one read transaction: file-artifact's
+    file per partition too, and more partitions than ``open_files_allowed()`` in one pull.
+    Each indexed partition copied in a transaction of its own, or a group of them in a pull
+    of its own, lost and doubled the rows a writer moved between them meanwhile."""
+    from dpone_native_transfer import paths as runtime_paths
+    from dpone_native_transfer.connectors import sqlite as sqlite_sink
+
+    db = tmp_path / "source.db"
+    make_table(db, "INTEGER", [(i % 4 if i % 9 else None, i) for i in range(40)], index=index)
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA journal_mode = wal")
+    conn.close()
+    real_pulling = sqlite_sink._pulling
+
+    @contextlib.contextmanager
+    def moving_pulling(source: Any) -> Iterator[Any]:
+        with real_pulling(source) as conn:
+            yield MovingConnection(conn, str(db))
+
+    monkeypatch.setattr(sqlite_sink, "_pulling", moving_pulling)
+    monkeypatch.setattr(runtime_paths, "open_files_allowed", lambda: 2)  # 5 partitions
+    MovingConnection.moved = False
+    sink = MovingPulls(str(tmp_path / "target.db"), "t_copy")
+    sink.pulls = []
+    source = SQLiteSource(str(db), "t", "part", "cur")
+    result = transfer_once(tmp_path, source, sink, path=path, strategy=strategy)
+    assert MovingConnection.moved and all(sink.pulls)
+    assert sorted(row[0] for row in sink.rows()) == list(range(1, 41))
+    assert result.rows_loaded == 40 and len(sink.pulls) == 1
 
 
 class TieWritingSink(SQLiteSink):

@@ -1477,10 +1477,14 @@ def _pull_each(plan: LoadPlan, paths: Sequence[Path]) -> list[int] | None:
     """Each bound's partition in a new SQLite file of its own (file-artifact), as ``_pull``
     writes one; each bound's count, or None.
 
-    Where the source reads the plan in one scan (``table_sql(by_partition=True)``: an
-    unindexed table), that scan is copied once into a work file in partition order, then
-    each partition's run of it into its file (``_sorted_runs``); otherwise each file takes
-    its partition's own read, one read transaction each (an index seeks it)."""
+    The source is read in one read transaction, as ``_pull`` reads it, into a work file:
+    a writer moving a row between partitions meanwhile neither loses nor doubles it. An
+    attached file's transaction cannot span an ``ATTACH``, so the partition files are cut
+    from the work file afterwards, a rowid run each. Where the source reads the plan in one
+    scan (``table_sql(by_partition=True)``: an unindexed table), that scan is the copy, in
+    partition order, and its runs are found in it (``_sorted_runs``, ``_range_runs``);
+    otherwise each partition's own read is copied in turn (an index seeks it), its run
+    where the one before ends."""
     source = plan.source
     assert isinstance(source, SQLiteFile)  # can_pull
     columns, names = plan.columns, _column_list(plan.columns)
@@ -1490,20 +1494,23 @@ def _pull_each(plan: LoadPlan, paths: Sequence[Path]) -> list[int] | None:
             scan = source.table_sql(
                 plan.bounds, conn=conn, schema="src", columns=columns, by_partition=True
             )
-            runs: list[tuple[int, int, Any]] | None = None
+            run = f"SELECT {names} FROM sorted.{_PULLED} WHERE rowid BETWEEN ? AND ?"
+            ranged = scan is None or any("partition" not in bounds for bounds in plan.bounds)
+            runs: list[tuple[int, int, Any]] | None
             if scan is None:
                 reads = [source.select_sql(b, schema="src", columns=columns) for b in plan.bounds]
+                copied = _copy_scan(conn, plan, work, reads)
+                ends = list(itertools.accumulate(copied))
+                runs = [(end - rows + 1, end, None) for rows, end in zip(copied, ends, strict=True)]
             else:
-                ranged = any("partition" not in bounds for bounds in plan.bounds)
                 runs = (_range_runs if ranged else _sorted_runs)(conn, source, plan, work, scan)
                 if runs is None:
                     return None
-                run = f"SELECT {names} FROM sorted.{_PULLED} WHERE rowid BETWEEN ? AND ?"
-                if ranged:  # each row of a range's run was given to it (``_range_runs``)
-                    reads = [(f"{run} ORDER BY rowid", r[:2]) for r in runs]
-                else:
-                    key = _quote(source.partition_column)
-                    reads = [(f"{run} AND {key} IS ? ORDER BY rowid", r) for r in runs]
+            if ranged:  # each row of the run is its bound's (copied as such, or routed to it)
+                reads = [(f"{run} ORDER BY rowid", r[:2]) for r in runs]
+            else:
+                key = _quote(source.partition_column)
+                reads = [(f"{run} AND {key} IS ? ORDER BY rowid", r) for r in runs]
             counts = []
             for path, (sql, params) in zip(paths, reads, strict=True):
                 _create_pulled(conn, path, "out", names)
@@ -1513,7 +1520,7 @@ def _pull_each(plan: LoadPlan, paths: Sequence[Path]) -> list[int] | None:
                 )
                 conn.execute("COMMIT")
                 conn.execute("DETACH DATABASE out")
-        if runs is not None and counts != [last - first + 1 for first, last, _ in runs]:
+        if counts != [last - first + 1 for first, last, _ in runs]:
             return None  # a row of the run held another value: the runs were not sorted
         return counts
     finally:
@@ -1534,7 +1541,7 @@ def _sorted_runs(
     and run on from rowid 1 to the last, each starting where the one before ends; the caller
     checks each (every row of it holds its value; a range that runs backwards fails that).
     None when two bounds name one stored value, or the first range would not start at 1."""
-    copied = _copy_scan(conn, plan, path, scan)
+    (copied,) = _copy_scan(conn, plan, path, [scan])
     stored = _stored_values(conn, source, plan)
     pairs = ", ".join("(?, ?)" for _ in stored)
     ordered = conn.execute(
@@ -1564,14 +1571,15 @@ def _sorted_runs(
 
 
 def _copy_scan(
-    conn: sqlite3.Connection, plan: LoadPlan, path: Path, scan: tuple[str, tuple]
-) -> int:
-    """``scan``'s rows copied, in its order, into a new work file at ``path``, attached as
-    ``sorted``: rowids 1 to the count returned."""
-    names = _column_list(plan.columns)
-    _create_pulled(conn, path, "sorted", names)
+    conn: sqlite3.Connection, plan: LoadPlan, path: Path, scans: Sequence[tuple[str, tuple]]
+) -> list[int]:
+    """The ``scans``' rows copied, in turn and each in its order, into a new work file at
+    ``path``, attached as ``sorted``, in one read transaction of the source: rowids 1 on,
+    each scan's after the one before; each scan's count."""
+    insert = f"INSERT INTO sorted.{_PULLED} ({_column_list(plan.columns)}) "
+    _create_pulled(conn, path, "sorted", _column_list(plan.columns))
     conn.execute("BEGIN")
-    copied = conn.execute(f"INSERT INTO sorted.{_PULLED} ({names}) {scan[0]}", scan[1]).rowcount
+    copied = [conn.execute(insert + sql, params).rowcount for sql, params in scans]
     conn.execute("COMMIT")
     return copied
 
@@ -1586,7 +1594,7 @@ def _range_runs(
     """``_sorted_runs`` of key ranges: ``scan`` (rows in bound order) copied into a work file,
     then each row's bound found by ``range_route`` in one read of the copied keys. None when
     a row belongs to no bound, or a bound's rows are not one run."""
-    _copy_scan(conn, plan, path, scan)
+    _copy_scan(conn, plan, path, [scan])
     route = source.range_route(conn, "src", plan.bounds)
     if route is None:
         return None

@@ -207,18 +207,22 @@ class PathContext:
         (``FilePulling``): one file, or one per candidate; each candidate's count recorded
         (``extracted``, with its file's digest when it has one). None when the engine cannot
         read them exactly, or an edge partition's loaded rows must be left out (only dpone
-        can): the path then reads the rows itself. A file per candidate is pulled in groups
-        of at most ``open_files_allowed()`` (an engine holds each group's files open), all
+        can): the path then reads the rows itself. A file per candidate is pulled in one
+        read when the sink takes them all (SQLite writes one at a time), else in groups of
+        at most ``open_files_allowed()`` (an engine holds each group's files open), all
         between the same two reads of the cursor's top rows."""
         sink = self.sink
         count = len(self.candidates)
-        step = open_files_allowed() if per_partition else max(1, count)
-        groups = [range(at, min(at + step, count)) for at in range(0, count, step)] or [range(0)]
 
         def plan_of(group: range) -> LoadPlan | None:  # a sink checks one plan at a time
             return self._pull_plan(len(group) if per_partition else 1, group)
 
+        groups = [range(count)]
         first = plan_of(groups[0])
+        step = open_files_allowed()
+        if first is None and per_partition and count > step:
+            groups = [range(at, min(at + step, count)) for at in range(0, count, step)]
+            first = plan_of(groups[0])
         if first is None or not isinstance(sink, FilePulling):
             return None
         names = [c.partition_id for c in self.candidates] if per_partition else ["load"]
