@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import duckdb
 import pyarrow as pa
 import pytest
-from helpers.routes import Route, make_sink
+from helpers.routes import Route, make_sink, transfer_once
 
 from dpone_native_transfer import ClickHouseSink, SQLiteSource, artifacts
 from dpone_native_transfer.artifacts import file_sha256
@@ -453,6 +453,49 @@ def test_hundreds_of_partitions_are_pulled_by_the_engine_not_read_one_by_one(
         }
     finally:
         route.real_store.close()
+
+
+@pytest.mark.parametrize("journal", ["wal", "delete"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_moved_between_two_groups_of_a_pull_is_neither_lost_nor_loaded_twice(
+    tmp_path, kind, journal, monkeypatch
+):
+    """Past ``open_files_allowed()`` file-artifact's engine pulls in groups, a read of the
+    source each; the whole pull is kept only when the source was not written meanwhile
+    (``WriteWatching``). A writer that moved rows after the first group's pull had a row
+    moved into a pulled partition lost and one moved out of it loaded twice. The writer is
+    another process, as a writer is: two copies of SQLite in one (chDB's) drop each other's
+    locks."""
+    from dpone_native_transfer import paths
+    from dpone_native_transfer.connectors.clickhouse import sink as clickhouse_sink
+
+    for module in (paths, duckdb_sink, clickhouse_sink):
+        monkeypatch.setattr(module, "open_files_allowed", lambda: 2)  # 6 partitions: 3 groups
+    source_path = tmp_path / "source.db"
+    with contextlib.closing(sqlite3.connect(source_path)) as db:
+        db.execute(f"PRAGMA journal_mode = {journal}")
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p INTEGER, v TEXT)")
+        db.executemany("INSERT INTO t VALUES (?, ?, ?)", [(i, i % 6, f"v{i}") for i in range(60)])
+        db.commit()
+    location = tmp_path / f"target-{kind}"
+    sink = ClickHouseSink(str(location), "t_copy") if kind == "clickhouse" else None
+    sink = sink or make_sink(kind, location, "t_copy")
+    real_pull, pulls = sink.pull_load_files, []
+
+    def pull_then_move(plan: Any, paths: Any) -> Any:
+        pulls.append(real_pull(plan, paths))
+        if len(pulls) == 1:  # every odd row to the next partition, the first group's too
+            move = "UPDATE t SET p = (p + 1) % 6 WHERE id % 2 = 1"
+            write = f"import sqlite3; sqlite3.connect({str(source_path)!r}).execute({move!r})"
+            subprocess.run([sys.executable, "-c", write + ".connection.commit()"], check=True)
+        return pulls[-1]
+
+    sink.pull_load_files = pull_then_move
+    source = SQLiteSource(str(source_path), "t", "p")
+    result = transfer_once(tmp_path, source, sink, path="file-artifact", strategy="full_refresh")
+    assert len(pulls) == 3 and all(_succeeded(pull) for pull in pulls)
+    assert sorted(row[0] for row in sink.rows()) == list(range(60))
+    assert result.rows_loaded == 60
 
 
 class CountingReads(SQLiteSource):

@@ -473,6 +473,34 @@ def test_rows_moved_while_sqlite_pulls_the_partitions_are_copied_as_they_were(
     assert result.rows_loaded == 40 and len(sink.pulls) == 1
 
 
+class FailingPulls(SQLiteSink):
+    """The real sink, whose engine's pulls all fail (read, then thrown away): dpone reads."""
+
+    def pull_load_files(self, plan: Any, paths: Any) -> Any:
+        for file in super().pull_load_files(plan, paths)[0]:
+            file.path.unlink()
+        return None
+
+
+@pytest.mark.parametrize("path", ROW_PATHS)
+def test_rows_moved_while_dpone_reads_after_a_failed_pull_are_read_as_they_were(tmp_path, path):
+    """The snapshot ends before an engine reads the source (``read_by_engine``). When that
+    read fails or is thrown away, dpone reads the rows itself in a snapshot begun again: it
+    read them live, and a row a writer moved between two partitions' reads was lost or
+    loaded twice."""
+    db = tmp_path / "source.db"
+    make_table(db, "INTEGER", [(i % 4 if i % 9 else None, i) for i in range(40)], index=True)
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA journal_mode = wal")
+    conn.close()
+    source = MovingSource(str(db), "t", "part", "cur")
+    sink = FailingPulls(str(tmp_path / "target.db"), "t_copy")
+    result = transfer_once(tmp_path, source, sink, path=path, strategy="full_refresh")
+    assert source.moved
+    assert sorted(row[0] for row in sink.rows()) == list(range(1, 41))
+    assert result.rows_loaded == 40
+
+
 class TieWritingSink(SQLiteSink):
     """The real sink; a writer commits a row at the top of the cursor as it is asked to pull,
     after the attempt's snapshot began and before the engine reads the source."""

@@ -31,7 +31,6 @@ from .connectors.contract import (
     LedgerSink,
     RangePartitioned,
     Sink,
-    Snapshotting,
     Source,
     TargetChecking,
 )
@@ -55,7 +54,7 @@ from .ledger import (
     ledger_overrides,
     refresh_in_store,
 )
-from .paths import Governance, PathContext, TransferPath
+from .paths import Governance, PathContext, SourceSnapshot, TransferPath
 from .paths.file_artifact import file_artifact_path
 from .paths.lazy_plan import lazy_plan_path
 from .paths.legacy import legacy_path
@@ -223,10 +222,9 @@ class TransferRuntime:
         with (
             self._leased(route, spec.run_id) as lease,
             _held(spec.sink),
-            contextlib.ExitStack() as snapshot,
+            SourceSnapshot(spec.source) as snapshot,
         ):
-            snapshot.enter_context(_one_snapshot(spec))
-            return self._attempt(spec, path, route, lease, snapshot.close)
+            return self._attempt(spec, path, route, lease, snapshot)
 
     @contextlib.contextmanager
     def _leased(self, route: RouteKey, run_id: str) -> Iterator[Lease | None]:
@@ -244,7 +242,7 @@ class TransferRuntime:
         path: TransferPath,
         route: RouteKey,
         lease: Lease | None,
-        end_snapshot: Callable[[], None],
+        snapshot: SourceSnapshot,
     ) -> TransferResult:
         recorder = EventRecorder(self._listener)
         if isinstance(self.store, TargetScopeStore):
@@ -346,7 +344,7 @@ class TransferRuntime:
                     boundary=TargetBoundary(self.hooks, recorder),
                     ledger_entry=entry,
                     lease=lease,
-                    end_snapshot=end_snapshot,
+                    snapshot=snapshot,
                     edge=None
                     if edge is None
                     else EdgeTracker(
@@ -465,12 +463,6 @@ def _held(sink: Sink) -> contextlib.AbstractContextManager[None]:
         if isinstance(sink, ConnectionHolding)
         else contextlib.nullcontext()
     )
-
-
-def _one_snapshot(spec: TransferSpec) -> contextlib.AbstractContextManager[None]:
-    """One snapshot of the source for the attempt, when it can hold one (``Snapshotting``)."""
-    source = spec.source
-    return source.snapshot() if isinstance(source, Snapshotting) else contextlib.nullcontext()
 
 
 def _work_folder(

@@ -51,6 +51,7 @@ __all__ = [
     "Staging",
     "TargetChecking",
     "ValueCarrying",
+    "WriteWatching",
 ]
 
 # Rows per chunk a source reads and a path holds in memory, unless the route says otherwise.
@@ -408,13 +409,30 @@ class Snapshotting(Protocol):
     (a read per partition, an index seek each), a writer that moves a row from one
     partition to another meanwhile could have it loaded twice or not at all. The runtime
     ends it before an engine reads the source itself (a target pulling it, lazy-plan's
-    copy: ``PathContext.read_by_engine``), which reads it as it is then; its reads from
-    there on do too. It does not promise reads made in another thread, nor that holding it
-    is free: the source keeps a transaction open (PostgreSQL's vacuum waits for it).
+    copy: ``PathContext.read_by_engine``), which reads it as it is then; its reads after
+    an engine's read it keeps do too, and after one it throws away it enters a new one for
+    its own. It does not promise reads made in another thread, nor that holding it is
+    free: the source keeps a transaction open (PostgreSQL's vacuum waits for it).
     """
 
     def snapshot(self) -> contextlib.AbstractContextManager[None]:
         """The runtime's reads within see the table as it was on entering; on exit, as now."""
+
+
+@runtime_checkable
+class WriteWatching(Protocol):
+    """A source that tells whether another connection wrote it meanwhile.
+
+    An engine that holds a file open per partition pulls more partitions than it may hold
+    open in groups (``open_files_allowed()``), a read of the source each: a row moved from
+    a partition not yet pulled into one already pulled would be lost, or the other way
+    loaded twice. The runtime keeps such a pull only when the source says no write came
+    while it ran, and pulls in groups only from such a source; else dpone reads the rows.
+    It does not promise that a write it reports changed a row (dpone then reads them all
+    the same), nor that watching is free (SQLite's watch holds a read transaction)."""
+
+    def watching_writes(self) -> contextlib.AbstractContextManager[Callable[[], bool]]:
+        """Within, a check whether the source was written since entering; asked once."""
 
 
 @runtime_checkable
@@ -502,6 +520,7 @@ CAPABILITIES: tuple[type, ...] = (
     Collating,
     OnePassReading,
     Snapshotting,
+    WriteWatching,
     RangePartitioned,
     CursorEdgeReading,
     TargetChecking,

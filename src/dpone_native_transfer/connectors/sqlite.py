@@ -254,6 +254,17 @@ class SQLiteSource(TableSource):
             self._held = None
             conn.close()
 
+    @contextlib.contextmanager
+    def watching_writes(self) -> Iterator[Callable[[], bool]]:
+        """``WriteWatching``: SQLite's ``data_version`` (the module's ``watching_writes``), or a
+        change to the file or its WAL. An engine's own copy of SQLite in this process may
+        delete the WAL and its index under the watch (chDB, closing the file after a read,
+        takes the locks of this process's connections for none), and ``data_version`` is then
+        blind to later writes: that deletion counts as a write too."""
+        before = _file_marks(self.path)
+        with watching_writes(self) as written:
+            yield lambda: written() | (_file_marks(self.path) != before)
+
     def _check_file(self) -> None:
         if not os.path.isfile(self.path):
             raise SourceMissing(  # the resolved path: where the route file's path points
@@ -755,6 +766,20 @@ def watching_writes(source: SQLiteFile) -> Iterator[Callable[[], bool]]:
         watch.execute("BEGIN")
         watch.execute("SELECT count(*) FROM sqlite_master").fetchone()  # takes the read lock
         yield written
+
+
+def _file_marks(path: str) -> list[tuple[int, int, int] | None]:
+    """The file's and its WAL's inode, size and modification time (None: no such file): a
+    commit appends to the WAL, a checkpoint writes the file, a rollback journal's commit too."""
+    marks: list[tuple[int, int, int] | None] = []
+    for name in (path, f"{path}-wal"):
+        try:
+            found = os.stat(name)
+        except FileNotFoundError:
+            marks.append(None)
+        else:
+            marks.append((found.st_ino, found.st_size, found.st_mtime_ns))
+    return marks
 
 
 def plan_rows(

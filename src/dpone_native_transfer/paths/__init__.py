@@ -9,6 +9,7 @@ boundary give every path the same guard behaviour.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -26,9 +27,11 @@ from ..connectors.contract import (
     MergingLoadFiles,
     NativeFiles,
     Sink,
+    Snapshotting,
     Source,
     StagePulling,
     ValueCarrying,
+    WriteWatching,
 )
 from ..cursor_edge import EdgeTracker, is_edge
 from ..errors import ConfigInvalid, GovernanceGateFailed, PathContractBroken
@@ -50,7 +53,7 @@ if TYPE_CHECKING:
     from ..ledger import LedgerEntry
     from ..runtime import TransferSpec
 
-__all__ = ["Governance", "PathContext", "TransferPath"]
+__all__ = ["Governance", "PathContext", "SourceSnapshot", "TransferPath"]
 
 T = TypeVar("T")
 
@@ -81,6 +84,30 @@ class Governance:
             )
 
 
+class SourceSnapshot:
+    """The attempt's snapshot of its source, when the source can hold one (``Snapshotting``):
+    begun on entering, ended before an engine reads the source (``read_by_engine``), and
+    begun again for the reads dpone makes after an engine's read it threw away."""
+
+    def __init__(self, source: Source | None) -> None:
+        self._source = source
+        self._held = contextlib.ExitStack()
+
+    def begin(self) -> None:
+        if isinstance(self._source, Snapshotting):
+            self._held.enter_context(self._source.snapshot())
+
+    def end(self) -> None:
+        self._held.close()
+
+    def __enter__(self) -> SourceSnapshot:
+        self.begin()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end()
+
+
 @attrs.define(eq=False, kw_only=True)
 class PathContext:
     """Everything one path needs for one attempt; the path changes only ``candidates``."""
@@ -98,8 +125,7 @@ class PathContext:
     ledger_entry: LedgerEntry | None = None  # the batch's ledger row, when the sink keeps one
     lease: Lease | None = None
     edge: EdgeTracker | None = None  # an append route's cursor edge, when it is tracked
-    # Ends the source's snapshot (``Snapshotting``): an engine reads the source as it is now.
-    end_snapshot: Callable[[], None] = attrs.field(default=lambda: None)
+    snapshot: SourceSnapshot = attrs.field(factory=lambda: SourceSnapshot(None))
     _carriers: list[tuple[int, str, Carry]] | None = attrs.field(default=None, init=False)
     _spooled: dict[str, Path] | None = attrs.field(default=None, init=False)  # one-pass scan
 
@@ -208,9 +234,10 @@ class PathContext:
         (``extracted``, with its file's digest when it has one). None when the engine cannot
         read them exactly, or an edge partition's loaded rows must be left out (only dpone
         can): the path then reads the rows itself. A file per candidate is pulled in one
-        read when the sink takes them all (SQLite writes one at a time), else in groups of
-        at most ``open_files_allowed()`` (an engine holds each group's files open), all
-        between the same two reads of the cursor's top rows."""
+        read when the sink takes them all (SQLite writes one at a time). Else, from a source
+        that watches its writes (``WriteWatching``), in groups of at most
+        ``open_files_allowed()`` (an engine holds each group's files open), kept only when
+        no write came meanwhile. All between the same two reads of the cursor's top rows."""
         sink = self.sink
         count = len(self.candidates)
 
@@ -219,8 +246,8 @@ class PathContext:
 
         groups = [range(count)]
         first = plan_of(groups[0])
-        step = open_files_allowed()
-        if first is None and per_partition and count > step:
+        step, source = open_files_allowed(), self.source
+        if first is None and per_partition and count > step and isinstance(source, WriteWatching):
             groups = [range(at, min(at + step, count)) for at in range(0, count, step)]
             first = plan_of(groups[0])
         if first is None or not isinstance(sink, FilePulling):
@@ -232,22 +259,29 @@ class PathContext:
             for file in pulled[0]:  # Python's own files may take the same names
                 file.path.unlink(missing_ok=True)
 
-        def pull() -> tuple[list[LoadFile], list[int]] | None:
+        def pull_groups() -> tuple[list[LoadFile], list[int]] | None:
             files: list[LoadFile] = []
             counts: list[int] = []
             for number, group in enumerate(groups):
                 plan = first if number == 0 else plan_of(group)
-                if plan is None:
-                    discard((files, counts))
-                    return None
                 group_paths = paths[group.start : group.stop] if per_partition else paths
-                pulled = sink.pull_load_files(plan, group_paths)
+                pulled = None if plan is None else sink.pull_load_files(plan, group_paths)
                 if pulled is None:
                     discard((files, counts))
                     return None
                 files += pulled[0]
                 counts += pulled[1]
             return files, counts
+
+        def pull() -> tuple[list[LoadFile], list[int]] | None:
+            if len(groups) == 1 or not isinstance(source, WriteWatching):
+                return pull_groups()
+            with source.watching_writes() as written:
+                pulled = pull_groups()
+                if pulled is not None and written():  # a row may have moved between groups
+                    discard(pulled)
+                    return None
+                return pulled
 
         pulled = self.read_by_engine(pull, discard=discard)
         if pulled is None:
@@ -321,11 +355,20 @@ class PathContext:
         before the checkpoints are armed, which may then keep its rows, as Python's.
 
         The engine reads the source as it is now, not as the attempt's snapshot holds it, so
-        the snapshot ends first (``end_snapshot``): the reads of the top rows around the
+        the snapshot ends first (``SourceSnapshot``): the reads of the top rows around the
         engine's must see what it read (a row written at the top after the snapshot was
         loaded, not recorded, and loaded again by the next run), and so must every read
-        after it."""
-        self.end_snapshot()
+        after a read kept. When None is returned, dpone reads the rows itself, in a snapshot
+        begun again: read live, a row moved between two of its reads was lost or doubled."""
+        self.snapshot.end()
+        result = self._between_top_reads(read, discard)
+        if result is None:
+            self.snapshot.begin()
+        return result
+
+    def _between_top_reads(
+        self, read: Callable[[], T | None], discard: Callable[[T], None] | None
+    ) -> T | None:
         if self.edge is None or self.edge.top_since is None:
             return read()
         window = (self.source, self.candidates, self.spec.chunk_rows)
