@@ -10,8 +10,10 @@ sinks here cannot pull, so the runtime reads.
 from __future__ import annotations
 
 import contextlib
+import gc
 import re
 import sqlite3
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -499,6 +501,38 @@ def test_rows_moved_while_dpone_reads_after_a_failed_pull_are_read_as_they_were(
     assert source.moved
     assert sorted(row[0] for row in sink.rows()) == list(range(1, 41))
     assert result.rows_loaded == 40
+
+
+@pytest.mark.parametrize("pulls", [True, False], ids=["pull-failed", "not-pulling"])
+def test_a_read_a_failure_left_unfinished_is_closed_quietly_after_the_snapshot(
+    tmp_path, monkeypatch, pulls
+):
+    """A spool write that fails (a full disk) leaves the partition's read unfinished, held by
+    the error's traceback, and it is closed when collected: after the attempt closed its
+    snapshot, whose connection the read used. Closing its cursor then raised, and Python
+    printed a traceback ("Exception ignored in ... _chunks") after the run's own error."""
+    from dpone_native_transfer import paths as runtime_paths
+
+    db = tmp_path / "source.db"
+    make_table(db, "INTEGER", [(i % 4, i) for i in range(40)], index=True)
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA journal_mode = wal")
+    conn.close()
+
+    def full_disk(handle: Any, chunks: Any) -> Any:
+        next(iter(chunks))
+        raise OSError(28, "No space left on device")
+
+    unraised: list[Any] = []
+    monkeypatch.setattr(runtime_paths, "write_chunks", full_disk)
+    monkeypatch.setattr(sys, "unraisablehook", unraised.append)
+    source = SQLiteSource(str(db), "t", "part", "cur")
+    target = str(tmp_path / "target.db")
+    sink = FailingPulls(target, "t_copy") if pulls else NotPulling(SQLiteSink(target, "t_copy"))
+    with pytest.raises(OSError):
+        transfer_once(tmp_path, source, sink, path="file-artifact", strategy="full_refresh")
+    gc.collect()
+    assert unraised == []
 
 
 class TieWritingSink(SQLiteSink):

@@ -557,13 +557,18 @@ class SQLiteSource(TableSource):
         return self._chunks(sql, params, chunk_rows)
 
     def _chunks(self, sql: str, params: tuple, chunk_rows: int) -> Iterator[list[tuple]]:
+        """The rows of ``sql`` in chunks. A read left unfinished (its consumer failed) may be
+        closed only when it is collected, after the attempt's snapshot, whose connection it
+        read, was closed: closing the cursor then raised from the collector, a traceback
+        printed after the run's own error."""
         with self.reader() as conn:
             cursor = conn.execute(sql, params)
             try:
                 while chunk := cursor.fetchmany(chunk_rows):
                     yield chunk
             finally:
-                cursor.close()
+                with contextlib.suppress(sqlite3.ProgrammingError):  # its connection closed
+                    cursor.close()
 
     def read_partitions(
         self, bounds: Sequence[Mapping[str, Any]], *, chunk_rows: int = DEFAULT_CHUNK_ROWS
