@@ -30,6 +30,7 @@ from dpone_native_transfer import (
     TransferRuntime,
     TransferSpec,
 )
+from dpone_native_transfer.errors import WorkFolderFailed
 from dpone_native_transfer.paths import _one_pass
 from dpone_native_transfer.paths._one_pass import spooled_chunks
 from dpone_native_transfer.testing import InjectedFault, RecordingSink
@@ -529,10 +530,42 @@ def test_a_read_a_failure_left_unfinished_is_closed_quietly_after_the_snapshot(
     source = SQLiteSource(str(db), "t", "part", "cur")
     target = str(tmp_path / "target.db")
     sink = FailingPulls(target, "t_copy") if pulls else NotPulling(SQLiteSink(target, "t_copy"))
-    with pytest.raises(OSError):
+    with pytest.raises(WorkFolderFailed) as failed:
         transfer_once(tmp_path, source, sink, path="file-artifact", strategy="full_refresh")
     gc.collect()
     assert unraised == []
+    assert failed.value.diagnostics["errno"] == "ENOSPC" and failed.value.__cause__ is None
+    assert failed.value.__suppress_context__  # the OSError's text names a file: not shown
+
+
+def test_a_full_disk_under_sqlites_merge_is_the_work_folders_error_and_blocks_nothing(
+    tmp_path, monkeypatch
+):
+    """file-artifact's files pulled into SQLite are merged before the target call (more than
+    SQLite attaches at once). SQLite's own "database or disk is full" there was a raw
+    ``sqlite3.OperationalError`` ("transfer failed with OperationalError", no code); it is
+    ``native_transfer_work_folder_failed`` now, nothing is written and a rerun loads once."""
+    from dpone_native_transfer.connectors import sqlite as sqlite_sink
+
+    db = tmp_path / "source.db"
+    make_table(db, "INTEGER", [(i % 20, i) for i in range(400)], index=False)
+    real_create = sqlite_sink._create_pulled
+
+    def tiny_merge(conn: Any, path: Path, schema: str, names: str) -> None:
+        real_create(conn, path, schema, names)
+        if path.name == "merged.sqlite":  # the disk is full after two pages
+            conn.execute(f"PRAGMA {schema}.max_page_count = 2")
+
+    monkeypatch.setattr(sqlite_sink, "_create_pulled", tiny_merge)
+    source = SQLiteSource(str(db), "t", "part", "cur")
+    sink = SQLiteSink(str(tmp_path / "target.db"), "t_copy")
+    with pytest.raises(WorkFolderFailed) as failed:
+        transfer_once(tmp_path, source, sink, path="file-artifact", strategy="full_refresh")
+    assert failed.value.diagnostics["errno"] == "ENOSPC"
+    assert sink.row_count() == 0
+    monkeypatch.setattr(sqlite_sink, "_create_pulled", real_create)
+    result = transfer_once(tmp_path, source, sink, path="file-artifact", strategy="full_refresh")
+    assert result.rows_loaded == 400 and sink.row_count() == 400
 
 
 class TieWritingSink(SQLiteSink):

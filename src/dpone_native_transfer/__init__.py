@@ -72,6 +72,7 @@ if TYPE_CHECKING:
         TargetCommitGuardUnhandled,
         TargetUnavailable,
         ValueUnsupported,
+        WorkFolderFailed,
     )
     from .events import Event, EventName
     from .hookspecs import hookimpl
@@ -131,6 +132,7 @@ _EXPORTS: dict[str, str] = {
     "TargetCommitGuardUnhandled": "errors",
     "TargetUnavailable": "errors",
     "ValueUnsupported": "errors",
+    "WorkFolderFailed": "errors",
     "Event": "events",
     "EventName": "events",
     "hookimpl": "hookspecs",
@@ -211,6 +213,7 @@ __all__ = [
     "TransferRuntime",
     "TransferSpec",
     "ValueUnsupported",
+    "WorkFolderFailed",
     "as_latest",
     "batch_id_for",
     "checkpoint_from_payload",

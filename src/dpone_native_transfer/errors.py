@@ -42,6 +42,7 @@ __all__ = [
     "TargetCommitGuardUnhandled",
     "TargetUnavailable",
     "ValueUnsupported",
+    "WorkFolderFailed",
 ]
 
 
@@ -142,6 +143,14 @@ class ArtifactInvalid(NativeTransferError):
     """An exported artifact no longer matches its recorded digest."""
 
     code = "native_transfer_artifact_invalid"
+
+
+class WorkFolderFailed(NativeTransferError):
+    """The run's work folder (``artifact_dir``) could not be written or read before the target
+    call: a full disk, a quota, a read-only or vanished folder. Nothing was written to the
+    target and the route is not blocked; a retry after freeing the folder is safe."""
+
+    code = "native_transfer_work_folder_failed"
 
 
 class TargetUnavailable(NativeTransferError):

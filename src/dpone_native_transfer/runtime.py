@@ -11,6 +11,7 @@ that failed after promotion heals on the next run without a target call.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -43,7 +44,12 @@ from .cursor_edge import (
     top_of_window,
     unknown_edge,
 )
-from .errors import ConfigInvalid, PathContractBroken, TargetCommitGuardUnhandled
+from .errors import (
+    ConfigInvalid,
+    PathContractBroken,
+    TargetCommitGuardUnhandled,
+    WorkFolderFailed,
+)
 from .events import Event, EventName, EventRecorder
 from .identity import route_key
 from .latest import LatestCheckpoints, as_latest
@@ -355,7 +361,12 @@ class TransferRuntime:
                         kind=definition["cursor_kind"],
                     ),
                 )
-                rows_loaded = path(ctx)
+                try:
+                    rows_loaded = path(ctx)
+                except OSError as error:
+                    if ctx.mutation is not None:  # the boundary recorded the target call
+                        raise
+                    raise _work_folder_failed(route, error) from None
             if ctx.mutation is None:
                 raise PathContractBroken(
                     f"path {spec.path!r} returned without reaching the target boundary; "
@@ -493,6 +504,18 @@ def _work_folder(
             if leftover.is_dir() and not leftover.is_symlink() and _idle(leftover, idle_seconds):
                 shutil.rmtree(leftover, ignore_errors=True)
     return tempfile.TemporaryDirectory(prefix=prefix, dir=parent)
+
+
+def _work_folder_failed(route: RouteKey, error: OSError) -> WorkFolderFailed:
+    """A local file error before the target call: the sources and stores name their own, so
+    it is the work folder's. Its text names the file (a path): not chained."""
+    reason = errno.errorcode.get(error.errno or 0, "an I/O error")
+    return WorkFolderFailed(
+        f"route {route.label}: the run's work folder could not be written or read ({reason}: "
+        "a full disk, a quota, a read-only or vanished folder); nothing was written to the "
+        "target and the route is not blocked",
+        diagnostics={"route": route.as_dict(), "key": "transfer.artifact_dir", "errno": reason},
+    )
 
 
 def _idle(folder: Path, seconds: float) -> bool:

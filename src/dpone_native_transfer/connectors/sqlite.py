@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import itertools
 import os
 import re
@@ -1057,24 +1058,30 @@ class SQLiteSink(FileTarget):
         """``MergingLoadFiles``: more pulled files than SQLite attaches at once (file-artifact's,
         one per partition) are copied, in order, into one new ``merged.sqlite`` in ``folder``
         by a connection of their own, each file's digest checked before SQLite reads it and
-        after; the merged file is digested once closed, and loaded as any pulled file."""
+        after; the merged file is digested once closed, and loaded as any pulled file. A
+        SQLite error writing it (a full disk) is the work folder's: an ``OSError``."""
         native = [file for file in payload.files if file.native]
         with contextlib.closing(sqlite3.connect(":memory:", isolation_level=None)) as conn:
             if len(native) <= conn.getlimit(sqlite3.SQLITE_LIMIT_ATTACHED):
                 return payload
             path, names = folder / "merged.sqlite", _column_list(payload.columns)
-            _create_pulled(conn, path, "out", names)
-            for file in native:
-                check_digest(file.path, file.sha256)
-                conn.execute("ATTACH DATABASE ? AS part", (_uri(str(file.path), read_only=True),))
-                conn.execute("BEGIN")
-                conn.execute(
-                    f"INSERT INTO out.{_PULLED} ({names}) SELECT {names} FROM part.{_PULLED}"
-                    " ORDER BY rowid"
-                )
-                conn.execute("COMMIT")
-                conn.execute("DETACH DATABASE part")
-                check_digest(file.path, file.sha256)
+            try:
+                _create_pulled(conn, path, "out", names)
+                for file in native:
+                    check_digest(file.path, file.sha256)
+                    part = _uri(str(file.path), read_only=True)
+                    conn.execute("ATTACH DATABASE ? AS part", (part,))
+                    conn.execute("BEGIN")
+                    conn.execute(
+                        f"INSERT INTO out.{_PULLED} ({names}) SELECT {names} FROM part.{_PULLED}"
+                        " ORDER BY rowid"
+                    )
+                    conn.execute("COMMIT")
+                    conn.execute("DETACH DATABASE part")
+                    check_digest(file.path, file.sha256)
+            except sqlite3.Error as error:
+                full = getattr(error, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_FULL
+                raise OSError(errno.ENOSPC if full else errno.EIO, "merged.sqlite") from None
         rows = sum(file.rows for file in native)
         merged = LoadFile(path=path, rows=rows, sha256=file_sha256(path), native=True)
         others = tuple(file for file in payload.files if not file.native)
