@@ -34,7 +34,7 @@ from dpone_native_transfer.connectors import duckdb as duckdb_sink
 from dpone_native_transfer.connectors._arrow import read_ahead
 from dpone_native_transfer.connectors.contract import FilePulling, StagePulling
 from dpone_native_transfer.connectors.sqlite import watching_writes
-from dpone_native_transfer.errors import ArtifactInvalid, ConfigInvalid
+from dpone_native_transfer.errors import ArtifactInvalid, ConfigInvalid, WorkFolderFailed
 from dpone_native_transfer.payloads import LoadFile, LoadFiles
 from dpone_native_transfer.testing import assert_rows_exactly_once
 from dpone_native_transfer.testing.faults import build_sample_source
@@ -294,9 +294,9 @@ def test_a_full_disk_fails_before_the_target_and_the_retry_loads_once(
     a pulled file that fails leaves no file behind, and the runtime then writes its own."""
     route = Route(tmp_path, kind=kind, sink=make_sink(kind, tmp_path / f"target-{kind}"))
     try:
-        with pytest.raises(OSError) as caught:
+        with pytest.raises(WorkFolderFailed) as caught:  # not a raw OSError, since 4be13b6
             route.runtime().run(route.spec(path, run_id="r1"))
-        assert caught.value.errno == errno.ENOSPC
+        assert caught.value.diagnostics["errno"] == "ENOSPC"
         assert route.sink.target_calls == 0
         full_disk()  # space again
         assert route.runtime().run(route.spec(path, run_id="r2")).rows_loaded == 120
@@ -1226,7 +1226,9 @@ def test_a_merge_that_fails_fails_before_the_target_and_the_next_run_loads_once(
     tmp_path, monkeypatch
 ):
     """The disk fills as the pulled files are merged: the attempt fails before the target
-    call, so the route is not blocked, and the next run loads every row once."""
+    call with the work folder's code (a raw ``sqlite3.OperationalError`` before 4be13b6; an
+    error SQLite gives no code is ``EIO``), so the route is not blocked, and the next run
+    loads every row once."""
     from dpone_native_transfer.connectors import sqlite as sqlite_sink
 
     real, failing = sqlite_sink._create_pulled, [True]
@@ -1239,8 +1241,9 @@ def test_a_merge_that_fails_fails_before_the_target_and_the_next_run_loads_once(
     monkeypatch.setattr(sqlite_sink, "_create_pulled", create)
     route = _mixed_route(tmp_path, ["1", "2"], False, lambda payload: None)
     try:
-        with pytest.raises(sqlite3.OperationalError):
+        with pytest.raises(WorkFolderFailed) as caught:
             route.runtime().run(route.spec("file-artifact", run_id="r1"))
+        assert caught.value.diagnostics["errno"] == "EIO"
         assert route.sink.target_calls == 0
         failing[0] = False
         assert route.runtime().run(route.spec("file-artifact", run_id="r2")).rows_loaded == 56
