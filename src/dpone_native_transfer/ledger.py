@@ -53,7 +53,10 @@ __all__ = [
 ]
 
 LEDGER_TABLE = "_dpone_ledger"
-LEDGER_FORMAT = "dpone.target_ledger.v1"
+# v2 adds the lease epoch the batch was fenced with, the route definition it was loaded
+# under and the earlier batches operators excused; v1 rows (without them) are still read.
+LEDGER_FORMAT = "dpone.target_ledger.v2"
+_V1_FORMAT = "dpone.target_ledger.v1"
 
 
 @attrs.frozen
@@ -89,6 +92,9 @@ class LedgerEntry:
     partitions: tuple[LedgerPartition, ...] = ()
     rows: int = 0
     seq: int = 0
+    epoch: int | None = None  # the lease epoch the target's fence checked (None: no fence)
+    definition: dict[str, Any] | None = None  # the route definition (``planner``) it used
+    excused: tuple[str, ...] = ()  # earlier batches operators said the table no longer holds
 
     @classmethod
     def for_batch(
@@ -101,6 +107,9 @@ class LedgerEntry:
         watermark: Any,
         cursor_column: str | None,
         at: datetime,
+        epoch: int | None = None,
+        definition: dict[str, Any] | None = None,
+        excused: Sequence[str] = (),
     ) -> LedgerEntry:
         """The entry of one attempt, before extraction has counted its rows."""
         first = candidates[0]
@@ -123,6 +132,9 @@ class LedgerEntry:
                 LedgerPartition(cp.partition_id, dict(cp.partition_bounds), cp.rows_exported)
                 for cp in candidates
             ),
+            epoch=epoch,
+            definition=definition,
+            excused=tuple(sorted(excused)),
         )
 
     def with_counts(self, candidates: Sequence[PartitionCheckpoint]) -> LedgerEntry:
@@ -162,6 +174,9 @@ class LedgerEntry:
             "schema_hash": self.schema_hash,
             "applied_at": self.applied_at,
             "partition_count": self.partition_count,
+            "epoch": self.epoch,
+            "definition": self.definition,
+            "excused": sorted(self.excused),
         }
         partitions = [[p.partition_id, p.bounds, p.rows] for p in self.partitions]
         return (
@@ -179,7 +194,10 @@ class LedgerEntry:
         try:
             fields = json.loads(entry)
             listed = [] if partitions is None else json.loads(partitions)
-            if fields.pop("format") != LEDGER_FORMAT or set(fields) != _ENTRY_KEYS:
+            version = fields.pop("format")
+            if version == _V1_FORMAT and set(fields) == _V1_KEYS:
+                fields.update(epoch=None, definition=None, excused=[])
+            elif version != LEDGER_FORMAT or set(fields) != _ENTRY_KEYS:
                 raise ValueError("unknown ledger format")
             if not (_is_json_safe(fields) and isinstance(listed, list)):
                 raise ValueError("not JSON")
@@ -204,6 +222,9 @@ class LedgerEntry:
                     LedgerPartition(_text(pid), dict(bounds), _count(n))
                     for pid, bounds, n in listed
                 ),
+                epoch=None if fields["epoch"] is None else _count(fields["epoch"]),
+                definition=_optional_mapping(fields["definition"]),
+                excused=tuple(_text(batch) for batch in _list(fields["excused"])),
             )
         except (TypeError, ValueError, KeyError, AttributeError, RecursionError):
             raise StoreTargetMismatch(
@@ -213,7 +234,7 @@ class LedgerEntry:
             ) from None
 
 
-_ENTRY_KEYS = frozenset(
+_V1_KEYS = frozenset(
     {
         "run_id",
         "source_location",
@@ -229,6 +250,7 @@ _ENTRY_KEYS = frozenset(
         "partition_count",
     }
 )
+_ENTRY_KEYS = _V1_KEYS | {"epoch", "definition", "excused"}
 
 
 def _text(value: Any) -> str:
@@ -244,6 +266,18 @@ def _optional_text(value: Any) -> str | None:
 def _count(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError("not a count")
+    return value
+
+
+def _optional_mapping(value: Any) -> dict[str, Any] | None:
+    if value is not None and not isinstance(value, dict):
+        raise ValueError("not an object")
+    return value
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError("not a list")
     return value
 
 

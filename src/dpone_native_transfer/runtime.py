@@ -330,6 +330,7 @@ class TransferRuntime:
                     **window.advanced_state(),
                     cursor_column=spec.source.cursor_column,
                     at=read_clock(self.clock, route=route, run_id=spec.run_id),
+                    definition=dict(definition),
                 )
             if isinstance(spec.sink, TargetChecking):
                 spec.sink.check_target()  # an unreachable target fails here, never blocked
