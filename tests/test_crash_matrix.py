@@ -34,7 +34,6 @@ import attrs
 import pytest
 from helpers.crash_child import (
     KILL_POINTS,
-    LEASE_SECONDS,
     SOURCE_TABLE,
     TARGET_TABLE,
     open_store,
@@ -45,12 +44,12 @@ from helpers.routes import write_route
 
 from dpone_native_transfer import (
     ManualReconciliationRequired,
-    RouteBusy,
     RouteKey,
     SQLiteSink,
     TransferRuntime,
 )
 from dpone_native_transfer.identity import route_key
+from dpone_native_transfer.lease import Lease, lease_key, read_holder
 from dpone_native_transfer.testing import (
     RecordingSink,
     assert_guard_registered,
@@ -184,14 +183,15 @@ class CrashRoute:
             f"the child was killed, but not at {kill_point!r}"
         )
 
-    def wait_for_the_dead_childs_lease(self, path: str) -> None:
-        """The killed child held the target table's lease: a run now is busy, after expiry not."""
-        sink = RecordingSink(SQLiteSink(str(self.target_path), TARGET_TABLE))
-        spec = transfer_spec(sqlite_source(self.source_path), sink, path=path, run_id="too-soon")
-        with self.opened_store() as store, pytest.raises(RouteBusy):
-            TransferRuntime(store).run(spec)
-        assert sink.target_calls == 0
-        time.sleep(LEASE_SECONDS * 1.5)
+    def dead_childs_lease_is_taken_at_once(self) -> None:
+        """The killed child held the target table's lease for a long while: on its host, its
+        process being gone, the lease is taken at once (ADR-0024), with the next epoch."""
+        with self.opened_store() as store:
+            table = store.lease_table()
+            record = read_holder(table.holder(lease_key(self.route), time.time()))
+            assert record is not None and record.process is not None and record.process.gone()
+            with Lease(table, self.route, run_id="next", seconds=60) as lease:
+                assert lease.epoch == record.epoch + 1
 
     def attempt(self, path: str, run_id: str) -> Attempt:
         """The scheduler's next attempt: a fresh runtime, the guard from its entry point.
@@ -328,7 +328,7 @@ def recover(route: CrashRoute, path: str, row: CrashRun) -> list[Attempt]:
     The target is checked for duplicates after every attempt; ``row`` is filled as we go,
     so a failing run still shows how far it got.
     """
-    route.wait_for_the_dead_childs_lease(path)
+    route.dead_childs_lease_is_taken_at_once()
     attempts: list[Attempt] = []
     for number in range(1, MAX_ATTEMPTS + 1):
         attempt = route.attempt(path, run_id=f"retry-{number}")
@@ -417,7 +417,6 @@ def test_after_a_kill_verify_proves_the_batch_and_resolve_from_target_heals_it(
     route = CrashRoute(tmp=tmp_path, store=f"sqlite:{tmp_path / 'checkpoints.db'}")
     build_sample_source(route.source_path, rows=ROWS, partitions=PARTITIONS)
     route.run_child(path, kill_point)
-    time.sleep(LEASE_SECONDS * 1.5)  # the dead child's lease
     route_file = write_route(tmp_path, path=path)
     script = str(Path(sys.executable).parent / "dpone-transfer")
 

@@ -507,6 +507,7 @@ def test_resolve_writes_guarded_checkpoints_and_a_complete_audit_record(route):
             "ledger_batch_id": old_guard["checkpoint_batch_id"],
             "definition": old.diagnostics["definition"],  # the route's, kept as it was
             "edge_rows": old.diagnostics["edge_rows"],
+            "lease_epoch": old.diagnostics["lease_epoch"],
         }, "the failure code goes when the rows are in the target"
         unchanged = attrs.evolve(
             new,
@@ -876,7 +877,7 @@ def test_operator_functions_are_the_runtime_scan(route):
         cp.partition_id for cp in latest if cp.status.value == "failed"
     ]
     with pytest.raises(ManualReconciliationRequired) as info:
-        plugin.resume_route_scan(route=ROUTE_KEY, checkpoints=latest)
+        plugin.resume_route_scan(route=ROUTE_KEY, checkpoints=latest, recovery=None)
     assert [item["partition_id"] for item in info.value.diagnostics["partitions"]] == [
         f.partition_id for f in findings
     ]

@@ -776,8 +776,9 @@ def test_a_sqlite_target_main_t_is_t_and_a_quoted_dotted_name_is_that_table(
     assert "loaded 0 rows" in run(route(tmp_path, table='MAIN.\\"ORDERS_COPY\\"')).stdout
     assert "loaded 14 rows" in run(route(tmp_path, table='\\"raw.t\\"')).stdout
     with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
-        tables = {row[0] for row in target.execute("SELECT name FROM sqlite_master")}
-    assert tables == {"orders_copy", "raw.t", "_dpone_ledger"}
+        found = target.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        tables = {row[0] for row in found}
+    assert tables == {"orders_copy", "raw.t", "_dpone_ledger", "_dpone_fence"}
 
 
 @pytest.mark.parametrize(

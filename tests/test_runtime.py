@@ -54,7 +54,8 @@ def target_tables(route) -> set[str]:
     if not target.exists():
         return set()
     with sqlite3.connect(target) as connection:
-        names = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
+        tables = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        names = {row[0] for row in tables}
     connection.close()
     return names
 
@@ -92,7 +93,7 @@ def test_a_failed_row_count_gate_stops_before_the_target_and_writes_nothing(
     assert result.rows_loaded == 120
     assert route.sink.target_calls == 1
     assert route.target_ids() == route.source_ids()
-    assert target_tables(route) == {"orders_copy", "_dpone_ledger"}
+    assert target_tables(route) == {"orders_copy", "_dpone_ledger", "_dpone_fence"}
 
 
 # -- file-artifact -------------------------------------------------------------

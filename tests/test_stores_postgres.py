@@ -77,7 +77,7 @@ def test_postgres_stores_opening_together_create_the_schema_once(
             store.close()
     with psycopg.connect(postgres_schema.dsn) as conn:
         meta = conn.execute(f'SELECT key, value FROM "{postgres_schema.schema}".meta').fetchall()
-    assert meta == [("schema_version", "2")]
+    assert meta == [("schema_version", "3")]
 
 
 def test_postgres_every_call_is_a_closed_transaction(pg: PostgresCheckpointStore) -> None:
@@ -91,8 +91,8 @@ def test_postgres_every_call_is_a_closed_transaction(pg: PostgresCheckpointStore
 
 _LATEST = {"table": "checkpoint_latest"}
 DAMAGED_SCHEMAS: dict[str, tuple[str, dict[str, Any]]] = {
-    "version-7": ("UPDATE meta SET value = '7'", {"schema_version": 7, "expected": 2}),
-    "version-garbage": ("UPDATE meta SET value = 'one'", {"schema_version": None, "expected": 2}),
+    "version-7": ("UPDATE meta SET value = '7'", {"schema_version": 7, "expected": 3}),
+    "version-garbage": ("UPDATE meta SET value = 'one'", {"schema_version": None, "expected": 3}),
     "no-version-row": ("DELETE FROM meta", {}),
     "no-meta-table": ("DROP TABLE meta", {}),
     "missing-table": ("DROP TABLE evidence", {"table": "evidence"}),

@@ -49,7 +49,7 @@ def test_sqlite_pragmas(sqlite_store: SQLiteCheckpointStore) -> None:
     conn = sqlite_store._conn
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30000
     assert conn.execute("PRAGMA cache_size").fetchone()[0] == -16384  # KiB: 16 MiB at most
     assert conn.isolation_level is None
@@ -208,7 +208,7 @@ def test_sqlite_v1_file_from_before_the_audit_table_opens_and_gains_it(
     make_version_1(db_path)
     sqlite_raw(db_path, "DROP TABLE audit")
     with SQLiteCheckpointStore(db_path) as reopened:
-        assert reopened._conn.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert reopened._conn.execute("PRAGMA user_version").fetchone()[0] == 5
         assert reopened.list_latest(ROUTE) == [make_checkpoint("p-a")]
         assert reopened.list_evidence(ROUTE) == [{"rows": 1}]
         assert reopened.list_audit(ROUTE) == []

@@ -46,9 +46,8 @@ from dpone_native_transfer.ledger import (
     Proof,
     check_store_against_target,
     ledger_overrides,
-    prove,
 )
-from dpone_native_transfer.recovery import check_not_leased, ledger_of, operator_lease
+from dpone_native_transfer.recovery import Prover, check_not_leased, operator_lease
 from dpone_native_transfer.reporting import (
     EXIT_BLOCKED,
     EXIT_FAILED,
@@ -91,7 +90,9 @@ _SHOW_HEADERS = (
 )
 
 
-_VERIFY_HEADERS = ("ROUTE", "BATCH", "PARTITIONS", "PHASES", "TARGET", "ROWS", "APPLIED_AT")
+_VERIFY_HEADERS = (
+    "ROUTE", "BATCH", "PARTITIONS", "PHASES", "TARGET", "ROWS", "APPLIED_AT", "HEALS_BY_ITSELF"
+)  # fmt: skip
 
 
 def add_guard_command(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -476,21 +477,22 @@ class _BatchProof:
             self.proof.verdict,
             rows,
             self.proof.applied_at or "-",
+            "yes" if self.proof.heals else "no",
         )
 
 
 def _proofs(
-    store: Any, target: _Target, route: RouteKey
+    store: Any, target: _Target, route: RouteKey, prover: Prover | None = None
 ) -> tuple[list[_BatchProof], list[LedgerEntry] | None, str | None]:
-    """Each blocked batch of ``route`` with what the ledger proves, the ledger itself, and
-    why it could not be read (None when it was).
+    """Each blocked batch of ``route`` with what the target proves (``prover``: by default,
+    reading only), the ledger itself, and why it could not be read (None when it was).
 
     A partition is grouped by its guard's batch id; for a malformed guard, by the
     ledger batch its checkpoint names or the ledger entry listing the partition.
     """
     latest = {cp.partition_id: cp for cp in store.list_latest(route)}
-    sink = target.sink(route)
-    entries, reason = ledger_of(sink, partitions=True)
+    prover = prover or Prover(target.sink(route))
+    entries = prover.entries()
     listed = {
         part.partition_id: entry.batch_id
         for entry in sorted(entries or (), key=lambda entry: entry.seq)
@@ -506,23 +508,12 @@ def _proofs(
     for batch_id, items in batches.items():
         if batch_id is None:
             proof = Proof(UNKNOWN, "a malformed guard names no batch")
-        elif entries is None:
-            proof = Proof(UNKNOWN, reason or "the target cannot be read")
         else:
-            armed_with_ledger = all(
-                latest[f.partition_id].diagnostics.get(LEDGER_BATCH_KEY) == batch_id for f in items
-            )
-            proof = prove(
-                route,
-                batch_id,
-                entries,
-                atomic=bool(getattr(sink, "ledger_atomic", False)),
-                armed_with_ledger=armed_with_ledger,
-            )
+            proof = prover.prove(route, batch_id, [latest[f.partition_id] for f in items])
         proofs.append(
             _BatchProof(route=route, batch_id=batch_id, findings=tuple(items), proof=proof)
         )
-    return proofs, entries, reason
+    return proofs, prover.entries(), prover.reason
 
 
 def _mismatch(
@@ -639,7 +630,11 @@ def _resolve_command(args: argparse.Namespace) -> int:
             batch_id=args.batch,
             force_invalid=args.force_invalid,
         )
-        proofs, _, _ = _proofs(store, target, route)
+        # Proven under the lease: --from-target may raise the target's fence past the blocked
+        # attempt (its epoch is below this lease's), which is what proves it absent for good.
+        with operator_lease(store, route, operator=args.operator, action="guard resolve") as held:
+            prover = Prover(target.sink(route), epoch=getattr(held, "epoch", 0), advance=True)
+            proofs, _, _ = _proofs(store, target, route, prover if args.from_target else None)
         groups, overrides = _decide(selected, proofs, args)
         now = datetime.now(UTC)
         resolved = [

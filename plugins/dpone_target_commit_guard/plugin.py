@@ -1,9 +1,10 @@
 """The target-commit guard's hook implementations: they react, ``policy.py`` decides.
 
-Promise (bounded, see docs/adr/0022): once a target mutation is armed, no
-later automatic attempt calls the sink while any checkpoint of the route
-carries an unresolved or malformed guard. This is not a journal, a target
-fence or exactly-once delivery.
+Promise (see docs/adr/0022): once a target mutation is armed, no later
+automatic attempt calls the sink while any checkpoint of the route carries an
+unresolved or malformed guard. A run with ``recovery = "from_target"`` may
+resolve a guard first, but only as the target's own ledger and fence prove,
+with an audit record. This is not exactly-once delivery.
 
 Each hook does what the runtime's moment calls for: arm the batch, promote
 it, or write the failure marker ``policy`` names, and at the route scan raise
@@ -33,25 +34,64 @@ from .payload import GuardPhase, batch_id_for, build_guard
 from .policy import (
     INCOMPLETE_COMMIT,
     Marker,
+    audit_record,
+    automatic_resolution,
+    blocked_batches,
     durably_committed,
+    resolution_batch,
     route_scan_refusal,
     target_error_marker,
 )
 
 if TYPE_CHECKING:
-    from dpone_native_transfer import LatestCheckpoints, TargetMutation
+    from dpone_native_transfer import LatestCheckpoints, TargetMutation, TargetRecovery
 
 
 @hookimpl
-def resume_route_scan(route: RouteKey, checkpoints: LatestCheckpoints) -> bool:
+def resume_route_scan(
+    route: RouteKey, checkpoints: LatestCheckpoints, recovery: TargetRecovery | None
+) -> bool:
     """Raise what ``policy.route_scan_refusal`` decides; else claim the route's guards.
 
-    ``checkpoints`` are those of every route writing the target table.
+    ``checkpoints`` are those of every route writing the target table. With ``recovery``
+    (``recovery = "from_target"``), the blocked batches the target proves are resolved
+    first, as ``policy.automatic_resolution`` says, each with an audit record.
     """
     refusal = route_scan_refusal(route, checkpoints)
+    if refusal is not None and recovery is not None and _heal(recovery, checkpoints):
+        refusal = route_scan_refusal(route, recovery.latest())
     if refusal is not None:
         raise refusal
     return True
+
+
+def _heal(recovery: TargetRecovery, checkpoints: LatestCheckpoints) -> bool:
+    """Resolve each blocked batch the target proves; whether any was resolved."""
+    healed = False
+    for (route, batch_id), items in blocked_batches(checkpoints).items():
+        proof = recovery.prove(route, batch_id, [checkpoint for checkpoint, _ in items])
+        resolution = automatic_resolution(proof.verdict, proof.heals)
+        if resolution is None:
+            continue
+        now = recovery.now()
+        resolved = resolution_batch(items, resolution, now)
+        audit = audit_record(
+            route,
+            items,
+            resolved,
+            resolved_as="from_target",
+            operator=recovery.operator,
+            reason=f"recovery = from_target, run {recovery.run_id}: {proof.reason}",
+            now=now,
+            proofs={batch_id: proof.as_dict()},
+        )
+        audit["run_id"] = recovery.run_id
+        recovery.store.apply_resolution(
+            route, resolved, audit, expected=[checkpoint for checkpoint, _ in items]
+        )
+        recovery.healed(route, batch_id, proof, len(items))
+        healed = True
+    return healed
 
 
 def _armed_batch(mutation: TargetMutation) -> str:
@@ -106,7 +146,9 @@ def on_target_error(mutation: TargetMutation, error: BaseException) -> None:
     """Mark the batch as ``policy.target_error_marker`` says for how far the attempt got."""
     if mutation.state.batch_id is None:
         return  # vetoed before the guard armed anything: nothing of ours to mark
-    marker = target_error_marker(target_started=mutation.state.target_started)
+    marker = target_error_marker(
+        target_started=mutation.state.target_started, applied=getattr(error, "applied", None)
+    )
     _write_markers(mutation, set(mutation.partition_ids), marker)
 
 

@@ -6,7 +6,9 @@ the route scan (``plugin.py``, which only reacts to the hooks: it writes the
 markers decided here and raises the refusal decided here) and the
 ``dpone-transfer guard`` commands (``commands.py``), so what the operator is
 shown and what the runtime refuses can never disagree. Nothing here repairs
-anything on its own: every repair is an explicit, audited operator act.
+anything on its own: every repair is an explicit, audited act, of an operator or, with
+``recovery = "from_target"``, of a run the target's own proof allows
+(``automatic_resolution``).
 """
 
 from __future__ import annotations
@@ -46,11 +48,14 @@ from .payload import (
 
 __all__ = [
     "INCOMPLETE_COMMIT",
+    "ROLLED_BACK",
     "UNRESOLVED_PHASES",
     "Finding",
     "Marker",
     "Resolution",
     "audit_record",
+    "automatic_resolution",
+    "blocked_batches",
     "blocked_partitions",
     "durably_committed",
     "inspect_checkpoint",
@@ -171,6 +176,24 @@ def blocked_partitions(checkpoints: Iterable[PartitionCheckpoint]) -> list[Findi
     return findings
 
 
+def blocked_batches(
+    checkpoints: Iterable[PartitionCheckpoint],
+) -> dict[tuple[RouteKey, str], list[tuple[PartitionCheckpoint, Finding]]]:
+    """The blocked checkpoints with a well-formed guard, by route and guard batch id: what a
+    proof of the target may resolve (a malformed guard names no batch it can prove)."""
+    findings = blocked_partitions(checkpoints)
+    wanted = {(f.route, f.partition_id) for f in findings if not f.malformed}
+    batches: dict[tuple[RouteKey, str], list[tuple[PartitionCheckpoint, Finding]]] = {}
+    if not wanted:
+        return batches
+    by_key = {(f.route, f.partition_id): f for f in findings}
+    for checkpoint in checkpoints:  # decoded only when something blocks
+        finding = by_key.get((checkpoint.route, checkpoint.partition_id))
+        if finding is not None and not finding.malformed and finding.batch_id is not None:
+            batches.setdefault((finding.route, finding.batch_id), []).append((checkpoint, finding))
+    return batches
+
+
 def _group_clear(status: str, text: str) -> bool:
     """True only when every checkpoint with this status and guard text is certainly clear."""
     try:
@@ -288,11 +311,28 @@ class Marker:
     code: FailureCode
 
 
-def target_error_marker(*, target_started: bool) -> Marker:
-    """A target call that raised leaves its outcome unknown, which blocks; a veto does not."""
-    if target_started:
-        return Marker(GuardPhase.TARGET_OUTCOME_UNKNOWN, FailureCode.TARGET_CALL_FAILED)
-    return Marker(GuardPhase.FAILED_BEFORE_TARGET, FailureCode.TARGET_NOT_STARTED)
+def target_error_marker(*, target_started: bool, applied: bool | None = None) -> Marker:
+    """A target call that raised leaves its outcome unknown, which blocks; a veto does not,
+    nor a call whose error proves it rolled back (``applied`` False: the sink's own word)."""
+    if not target_started:
+        return Marker(GuardPhase.FAILED_BEFORE_TARGET, FailureCode.TARGET_NOT_STARTED)
+    if applied is False:
+        return ROLLED_BACK
+    return Marker(GuardPhase.TARGET_OUTCOME_UNKNOWN, FailureCode.TARGET_CALL_FAILED)
+
+
+# The target call raised after rolling its transaction back (its fence, a row-count check).
+ROLLED_BACK = Marker(GuardPhase.FAILED_BEFORE_TARGET, FailureCode.TARGET_ROLLED_BACK)
+
+
+def automatic_resolution(verdict: str, heals: bool) -> Resolution | None:
+    """How a run with ``recovery = "from_target"`` resolves a blocked batch the target proved
+    (``verdict`` and ``heals`` of its ``Proof``), or None: it stays blocked for a person."""
+    if not heals:
+        return None
+    return {"applied": Resolution.COMMITTED, "not_applied": Resolution.FAILED_BEFORE_TARGET}.get(
+        verdict
+    )
 
 
 # The target committed but the promotion to COMMITTED was written only in part: what is

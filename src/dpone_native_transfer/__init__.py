@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         CursorNull,
         GovernanceGateFailed,
         InternalInvariantBroken,
+        LeaseLost,
         ManualReconciliationRequired,
         NativeTransferError,
         PathContractBroken,
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
         StoreTargetMismatch,
         TargetCommitGuardInvalid,
         TargetCommitGuardUnhandled,
+        TargetRowsMismatch,
         TargetUnavailable,
         ValueUnsupported,
         WorkFolderFailed,
@@ -80,6 +82,7 @@ if TYPE_CHECKING:
     from .paths import Governance, PathContext
     from .payloads import Column, LoadPlan, RowChunks, SourceShape
     from .plugins import entry_point_plugins
+    from .recovery import TargetRecovery
     from .runtime import TransferResult, TransferRuntime, TransferSpec
     from .stores import CheckpointStore, RouteStateStore
     from .stores.memory import MemoryCheckpointStore
@@ -116,6 +119,7 @@ _EXPORTS: dict[str, str] = {
     "CursorNull": "errors",
     "GovernanceGateFailed": "errors",
     "InternalInvariantBroken": "errors",
+    "LeaseLost": "errors",
     "ManualReconciliationRequired": "errors",
     "NativeTransferError": "errors",
     "PathContractBroken": "errors",
@@ -130,6 +134,7 @@ _EXPORTS: dict[str, str] = {
     "StoreTargetMismatch": "errors",
     "TargetCommitGuardInvalid": "errors",
     "TargetCommitGuardUnhandled": "errors",
+    "TargetRowsMismatch": "errors",
     "TargetUnavailable": "errors",
     "ValueUnsupported": "errors",
     "WorkFolderFailed": "errors",
@@ -145,6 +150,7 @@ _EXPORTS: dict[str, str] = {
     "RowChunks": "payloads",
     "SourceShape": "payloads",
     "entry_point_plugins": "plugins",
+    "TargetRecovery": "recovery",
     "TransferResult": "runtime",
     "TransferRuntime": "runtime",
     "TransferSpec": "runtime",
@@ -177,6 +183,7 @@ __all__ = [
     "InternalInvariantBroken",
     "LEDGER_BATCH_KEY",
     "LatestCheckpoints",
+    "LeaseLost",
     "LoadPlan",
     "ManualReconciliationRequired",
     "MemoryCheckpointStore",
@@ -208,6 +215,8 @@ __all__ = [
     "TargetCommitGuardInvalid",
     "TargetCommitGuardUnhandled",
     "TargetMutation",
+    "TargetRecovery",
+    "TargetRowsMismatch",
     "TargetUnavailable",
     "TransferResult",
     "TransferRuntime",

@@ -59,12 +59,17 @@ class FailureCode(StrEnum):
     NOT_IN_TARGET = "not_in_target"
     # state reset: an operator started the route afresh; the checkpoint no longer counts
     RESET = "reset"
+    # the target call raised after rolling its transaction back: nothing was applied
+    TARGET_ROLLED_BACK = "target_rolled_back"
 
 
 # Where a target-commit guard lives inside ``PartitionCheckpoint.diagnostics``.
 GUARD_DIAGNOSTICS_KEY = "target_commit_guard"
 # The batch id under which the target's ledger records the attempt (a string when present).
 LEDGER_BATCH_KEY = "ledger_batch_id"
+# The lease epoch of the attempt that armed the checkpoint (an int when present): the
+# target's fence passed it proves that attempt can no longer commit.
+LEASE_EPOCH_KEY = "lease_epoch"
 
 
 def _nonempty_str(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:

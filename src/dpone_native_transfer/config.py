@@ -29,7 +29,7 @@ from .cursor_edge import NULL_CURSOR_POLICIES
 from .drivers import EXTRAS, POSTGRES_SCHEMES, install_hint, resolve_env
 from .errors import ConfigInvalid
 from .identity import route_key
-from .lease import DEFAULT_LEASE_SECONDS
+from .lease import DEFAULT_LEASE_SECONDS, MIN_LEASE_SECONDS
 from .paths import Governance
 from .runtime import BUILTIN_PATHS, MAX_CHUNK_ROWS, TransferSpec
 from .schema_contract import SCHEMA_CONTRACTS
@@ -381,8 +381,12 @@ def _check_value(key: str, kind: str, value: Any) -> None:
     if kind == "seconds":
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise _invalid(key, f"must be a number of seconds, not {_toml_type(value)}")
-        if not 0 < value < 7 * 24 * 3600:
-            raise _invalid(key, "must be more than 0 and less than a week")
+        if not MIN_LEASE_SECONDS <= value < 7 * 24 * 3600:
+            raise _invalid(
+                key,
+                f"must be at least {MIN_LEASE_SECONDS:g} (the heartbeat renews the lease every "
+                "sixth of it) and less than a week",
+            )
         return
     if kind == "lag":
         if isinstance(value, bool) or not isinstance(value, int | float):

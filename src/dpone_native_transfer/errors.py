@@ -26,6 +26,7 @@ __all__ = [
     "GovernanceGateFailed",
     "ArtifactInvalid",
     "InternalInvariantBroken",
+    "LeaseLost",
     "ManualReconciliationRequired",
     "NativeTransferError",
     "PathContractBroken",
@@ -38,6 +39,7 @@ __all__ = [
     "SourceMissing",
     "StoreClosed",
     "StoreTargetMismatch",
+    "TargetRowsMismatch",
     "TargetCommitGuardInvalid",
     "TargetCommitGuardUnhandled",
     "TargetUnavailable",
@@ -50,6 +52,9 @@ class NativeTransferError(Exception):
     """Base class: ``code`` is stable, ``diagnostics`` is safe to log."""
 
     code: ClassVar[str] = "native_transfer_error"
+    # False on errors a sink raises only after rolling its transaction back: they prove the
+    # target call applied nothing (the guard records ``failed_before_target``, not unknown).
+    applied: ClassVar[bool | None] = None
 
     def __init__(self, message: str, *, diagnostics: Mapping[str, Any] | None = None) -> None:
         self.message = message
@@ -195,14 +200,52 @@ class RouteBusy(NativeTransferError):
             },
         )
 
+
+class LeaseLost(RouteBusy):
+    """The attempt no longer holds its target table's lease (it was paused past it, or the
+    store was unreachable), so another attempt may hold it: it stopped where it noticed,
+    having armed nothing, or was refused by the target's fence inside its own transaction
+    (nothing applied). The route is not blocked by it; a retry may succeed (exit 1)."""
+
+    code = "native_transfer_lease_lost"
+    applied = False
+
     @classmethod
-    def lost(cls, route: RouteKey) -> RouteBusy:
+    def lost(cls, route: RouteKey) -> LeaseLost:
         return cls(
-            f"the lease on target table {route.target_table!r} expired before the target "
-            "call (the worker was paused or the store was unreachable); the target was not "
-            "called; a retry may succeed",
+            f"the lease on target table {route.target_table!r} was lost (the worker was "
+            "paused past it or the store was unreachable) and another attempt may hold it; "
+            "this attempt applied nothing to the target and stopped; a retry may succeed",
             diagnostics={"route": route.as_dict(), "lease": "lost"},
         )
+
+    @classmethod
+    def fenced(cls, target_table: str, batch_id: str) -> LeaseLost:
+        return cls(
+            f"target table {target_table!r} refused this batch: a newer holder of its lease "
+            "reached the target first (this worker was paused past its lease); the load was "
+            "rolled back and applied nothing; a retry may succeed",
+            diagnostics={"target_table": target_table, "batch_id": batch_id, "lease": "fenced"},
+        )
+
+
+class TargetRowsMismatch(NativeTransferError):
+    """The target applied another number of rows than the batch sent (a trigger or rule that
+    drops or adds rows, a constraint that ignores some), so the sink rolled its transaction
+    back: nothing applied, the route not blocked. A retry meets the same cause (exit 2)."""
+
+    code = "native_transfer_target_rows_mismatch"
+    applied = False
+
+    @classmethod
+    def counted(cls, target_table: str, batch_id: str, *, sent: int, applied: int) -> Any:
+        return cls(
+            f"target table {target_table!r} applied {applied:,} rows of the {sent:,} the batch "
+            "sent (a trigger, rule or constraint on it dropped or added rows); the load was "
+            "rolled back and nothing was applied; remove the cause, then run again",
+            diagnostics={"target_table": target_table, "batch_id": batch_id, "sent": sent,
+                         "applied": applied},
+        )  # fmt: skip
 
 
 class StoreTargetMismatch(NativeTransferError):

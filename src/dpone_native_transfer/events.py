@@ -19,6 +19,7 @@ class EventName(StrEnum):
 
     ROUTE_SCANNED = "route_scanned"
     STATE_REALIGNED = "state_realigned"  # continued after another route's full refresh
+    GUARD_HEALED = "guard_healed"  # recovery = from_target resolved a batch the target proved
     SCHEMA_EVOLVED = "schema_evolved"  # new source columns were added to the target table
     CURSOR_EDGE_UNTRACKED = "cursor_edge_untracked"  # a part of the edge record was dropped
     MANY_PARTITIONS = "many_partitions"  # partitioning by value made very many partitions

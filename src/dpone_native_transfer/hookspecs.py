@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .boundary import TargetMutation
     from .checkpoints import RouteKey
     from .latest import LatestCheckpoints
+    from .recovery import TargetRecovery
 
 __all__ = ["PROJECT_NAME", "hookimpl"]
 
@@ -35,7 +36,9 @@ _hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 
 
 @_hookspec
-def resume_route_scan(route: RouteKey, checkpoints: LatestCheckpoints) -> bool | None:
+def resume_route_scan(
+    route: RouteKey, checkpoints: LatestCheckpoints, recovery: TargetRecovery | None
+) -> bool | None:
     """Inspect every latest checkpoint of a route before any resume decision.
 
     Called once per run, after the route's lease is taken and before the
@@ -51,6 +54,18 @@ def resume_route_scan(route: RouteKey, checkpoints: LatestCheckpoints) -> bool |
     sequence whose iteration decodes every checkpoint, and whose
     ``guard_groups()`` / ``in_group()`` let a guard judge each distinct
     (status, guard) pair once and decode only the checkpoints it reports.
+
+    ``recovery`` is None unless the route runs with ``recovery = "from_target"``.
+    Then it is a :class:`~dpone_native_transfer.recovery.TargetRecovery`: an
+    implementation may resolve blocked batches whose outcome the target proves,
+    before it decides what still blocks: ``recovery.prove(route, batch_id,
+    checkpoints)`` says what the target's ledger proves of one batch (advancing
+    the target's fence first when that is what proves "not applied"), and a
+    resolution is written with ``recovery.store.apply_resolution`` and an audit
+    record naming ``recovery.operator``, ``recovery.run_id`` and the proof, and
+    reported with ``recovery.healed(...)``. ``recovery.latest()`` reads the target
+    table's checkpoints again afterwards. Nothing but the fence record is
+    written to the target, and no target mutation is made, while anything blocks.
 
     Raise a :class:`~dpone_native_transfer.NativeTransferError` to stop the
     run before any extraction or target I/O. Return ``True`` to say the
@@ -96,7 +111,10 @@ def on_target_error(mutation: TargetMutation, error: BaseException) -> None:
     Fired in two cases, told apart by ``mutation.state.target_started``:
     ``False`` when a ``before_target_mutation`` implementation vetoed the
     mutation (the target was not called), ``True`` when the target call
-    raised ``error``. Every implementation is called, like
+    raised ``error``; an ``error`` whose class says ``applied is False``
+    (``LeaseLost`` from the target's fence, ``TargetRowsMismatch``) was raised
+    by the sink after rolling its transaction back: nothing was applied. Every
+    implementation is called, like
     ``after_target_success``; the built-in unguarded lifecycle records only a
     batch no plugin armed. The boundary re-raises ``error`` itself, unchanged,
     after this hook; whatever an implementation raises (even

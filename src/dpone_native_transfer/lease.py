@@ -2,46 +2,73 @@
 
 An attempt takes the lease of its target table in the checkpoint store
 before its route scan and gives it back after its source state is saved. The
-lease is a row with an owner, a token and an expiry: a heartbeat thread
-extends it while the attempt works, and a killed worker's lease simply
-expires. Just before the target call the attempt confirms it still holds the
-lease, so a worker that was paused past the expiry stops before the target
-instead of writing beside the new holder.
+lease is a row with an owner, a token, an expiry and an epoch: a heartbeat
+thread extends it while the attempt works, and a killed worker's lease
+expires, or is taken at once by a worker on the same host that sees its
+process gone (``ProcessMark``).
+
+Each take of a key's lease gets the next *epoch* (kept in the store, never
+reused): the target's fence (``ledger.py``) refuses a batch of an older epoch
+inside its own transaction, so a worker paused past its lease can never apply
+a stale batch. Every checkpoint the attempt writes is written only while it
+still holds the lease, checked in the same store transaction
+(``HeldStore``): a paused worker arms nothing.
 
 The store provides the row operations (``LeaseTable``) on a connection of the
-lease's own, so the heartbeat never shares the store's connection. Times are
+lease's own, so the heartbeat never shares the store's connection. Expiry uses
 the workers' wall clocks: they must agree to well within the lease time.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from .checkpoints import RouteKey
-from .errors import RouteBusy
+from .checkpoints import PartitionCheckpoint, RouteKey
+from .errors import ConfigInvalid, LeaseLost, RouteBusy
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
+    "MIN_LEASE_SECONDS",
+    "HeldStore",
     "Lease",
+    "LeaseClaim",
     "LeaseHolder",
     "LeaseStore",
     "LeaseTable",
+    "ProcessMark",
+    "check_lease_seconds",
     "lease_key",
     "read_holder",
 ]
 
 DEFAULT_LEASE_SECONDS = 180.0
+# The heartbeat renews every sixth of the lease: below a second, one slow store write
+# (an fsync, a busy server) loses it, and the worker stops with ``lease_lost``.
+MIN_LEASE_SECONDS = 1.0
+
+
+def check_lease_seconds(value: Any, *, key: str = "lease_seconds") -> float:
+    """``value`` as the lease's length, or ``ConfigInvalid`` naming ``key``."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and MIN_LEASE_SECONDS <= value < float("inf")):
+        raise ConfigInvalid(
+            f"{key} must be a number of seconds, at least {MIN_LEASE_SECONDS:g} (the heartbeat "
+            "renews the lease every sixth of it)",
+            diagnostics={"key": key},
+        )
+    return float(value)
 
 
 def lease_key(route: RouteKey) -> str:
@@ -52,19 +79,42 @@ def lease_key(route: RouteKey) -> str:
 class LeaseTable(Protocol):
     """One lease row per key, on a connection of the lease's own (see ``LeaseStore``)."""
 
-    def take(self, key: str, token: str, expires_at: float, record: str, now: float) -> bool:
-        """Write the row unless another token holds it unexpired; True when ``token`` holds it."""
+    def take(
+        self,
+        key: str,
+        token: str,
+        expires_at: float,
+        record: str,
+        now: float,
+        *,
+        replacing: str | None = None,
+    ) -> int | None:
+        """Write the row unless another token holds it unexpired (a holder whose record is
+        exactly ``replacing``, a dead one, is taken over); the lease's new epoch, one more
+        than the key's last, when ``token`` holds it, else None."""
+
+    def raise_epoch(self, key: str, token: str, epoch: int) -> int | None:
+        """Raise the epoch of the lease ``token`` holds to at least ``epoch``; the epoch now,
+        or None when ``token`` no longer holds it."""
 
     def renew(self, key: str, token: str, expires_at: float, record: str) -> bool:
         """Extend the row if ``token`` still holds it; False when it does not."""
 
     def release(self, key: str, token: str) -> None:
-        """Delete the row if ``token`` holds it."""
+        """Free the row if ``token`` holds it; the key's epoch is kept."""
 
     def holder(self, key: str, now: float) -> str | None:
         """The record of the unexpired holder of ``key``, or None."""
 
     def close(self) -> None: ...
+
+
+@attrs.frozen
+class LeaseClaim:
+    """What a store checks in the transaction of a write made under a lease (``HeldStore``)."""
+
+    key: str
+    token: str
 
 
 @runtime_checkable
@@ -74,19 +124,91 @@ class LeaseStore(Protocol):
     def lease_table(self) -> LeaseTable:
         """Lease operations on a new connection of their own; the caller closes it."""
 
+    def upsert_many(
+        self, checkpoints: Sequence[PartitionCheckpoint], *, holding: LeaseClaim | None = None
+    ) -> None:
+        """``CheckpointStore.upsert_many``; with ``holding``, only while that claim holds its
+        lease unexpired, checked in the same transaction: else ``LeaseLost``, nothing written."""
+
+
+@attrs.frozen(kw_only=True)
+class ProcessMark:
+    """Which process on which machine holds a lease: the host's name, an id of this kernel
+    boot and process namespace (containers on one machine share a name or a boot, not
+    both with a namespace), the process id and its start time, so that a reused pid is
+    not taken for the holder. Safe to show."""
+
+    host: str
+    machine: str  # boot id and pid namespace; "" where the system does not say
+    pid: int
+    started: str  # the process's start time since boot, in clock ticks; "" when unknown
+
+    @classmethod
+    def here(cls) -> ProcessMark:
+        return cls(
+            host=socket.gethostname(), machine=_machine(), pid=os.getpid(), started=_started("self")
+        )
+
+    def on_this_machine(self) -> bool:
+        mine = ProcessMark.here()
+        return bool(self.machine) and (self.host, self.machine) == (mine.host, mine.machine)
+
+    def gone(self) -> bool:
+        """True only when this machine's holder process certainly no longer runs (a paused
+        process runs; a zombie does not)."""
+        if not self.on_this_machine() or self.pid <= 0:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # another user's process: it exists
+            pass
+        started = _started(str(self.pid))
+        return bool(self.started) and started != self.started
+
+
+@functools.cache
+def _machine() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            boot = handle.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
+
+
+def _started(pid: str) -> str:
+    """The start time of process ``pid`` in clock ticks since boot; "" when unknown, "gone"
+    when it is a zombie (it ran)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rpartition(")")[2].split()
+    except OSError:
+        return ""
+    return "gone" if fields[0] == "Z" else fields[19]
+
 
 @attrs.frozen(kw_only=True)
 class LeaseHolder:
-    """Who holds a lease: safe to show (host, process, run, route, times)."""
+    """Who holds a lease: safe to show (host, process, run, route, times, epoch)."""
 
     owner: str
     run_id: str
     route: dict[str, str]
     acquired_at: str
     heartbeat_at: str
+    expires_at: str = "unknown"
+    process: ProcessMark | None = None
+    epoch: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
+
+
+_UNREADABLE = LeaseHolder(
+    owner="unknown", run_id="unknown", route={}, acquired_at="unknown", heartbeat_at="unknown"
+)
 
 
 def read_holder(record: str | None) -> LeaseHolder | None:
@@ -94,10 +216,11 @@ def read_holder(record: str | None) -> LeaseHolder | None:
     if record is None:
         return None
     try:
-        return LeaseHolder(**json.loads(record))
-    except (TypeError, ValueError):
-        return LeaseHolder(owner="unknown", run_id="unknown", route={}, acquired_at="unknown",
-                           heartbeat_at="unknown")  # fmt: skip
+        fields = json.loads(record)
+        process = fields.pop("process", None)
+        return LeaseHolder(**fields, process=None if process is None else ProcessMark(**process))
+    except (TypeError, ValueError, AttributeError):
+        return _UNREADABLE
 
 
 def _timestamp(seconds: float) -> str:
@@ -131,37 +254,78 @@ class Lease:
         self._stop = threading.Event()
         self._lost = False
         self._thread: threading.Thread | None = None
+        self.epoch = 0  # set when taken
         now = clock()
+        process = ProcessMark.here()
         self._holder = LeaseHolder(
-            owner=owner or f"{socket.gethostname()} pid {os.getpid()}",
+            owner=owner or f"{process.host} pid {process.pid}",
             run_id=run_id,
             route=route.as_dict(),
             acquired_at=_timestamp(now),
             heartbeat_at=_timestamp(now),
+            process=process,
         )
 
+    @property
+    def claim(self) -> LeaseClaim:
+        return LeaseClaim(self._key, self._token)
+
     def _record(self, now: float) -> str:
-        holder = attrs.evolve(self._holder, heartbeat_at=_timestamp(now))
+        holder = attrs.evolve(
+            self._holder,
+            heartbeat_at=_timestamp(now),
+            expires_at=_timestamp(now + self._seconds),
+            epoch=self.epoch or None,
+        )
         return json.dumps(holder.as_dict(), sort_keys=True)
 
     def acquire(self) -> Lease:
-        """Take the lease, or raise ``RouteBusy`` naming its holder; then start the heartbeat."""
-        now = self._clock()
+        """Take the lease, or raise ``RouteBusy`` naming its holder; then start the heartbeat.
+
+        A holder on this machine whose process is gone is taken over at once; one
+        elsewhere only once its lease expired.
+        """
         try:
             with self._lock:
-                taken = self._table.take(
-                    self._key, self._token, now + self._seconds, self._record(now), now
-                )
-                holder = None if taken else read_holder(self._table.holder(self._key, now))
+                epoch, holder = self._take()
         except BaseException:
             self._table.close()
             raise
-        if not taken:
+        if epoch is None:
             self._table.close()
             raise RouteBusy.held_by(self._route, holder)
+        self.epoch = epoch
+        self._renew()  # the record now names the epoch too
         self._thread = threading.Thread(target=self._beat, name="dpone-lease", daemon=True)
         self._thread.start()
         return self
+
+    def _take(self) -> tuple[int | None, LeaseHolder | None]:
+        now = self._clock()
+        expires, record = now + self._seconds, self._record(now)
+        epoch = self._table.take(self._key, self._token, expires, record, now)
+        if epoch is not None:
+            return epoch, None
+        held = self._table.holder(self._key, now)
+        holder = read_holder(held)
+        if held is not None and holder is not None and holder.process and holder.process.gone():
+            epoch = self._table.take(self._key, self._token, expires, record, now, replacing=held)
+            if epoch is not None:
+                return epoch, None
+            holder = read_holder(self._table.holder(self._key, now))
+        return None, holder
+
+    def raise_epoch(self, epoch: int) -> None:
+        """Make this lease's epoch at least ``epoch`` (the target's fence is there already: a
+        store that was replaced or restored counts from lower); ``LeaseLost`` if it is lost."""
+        if epoch <= self.epoch:
+            return
+        with self._lock:
+            raised = None if self._lost else self._table.raise_epoch(self._key, self._token, epoch)
+        if raised is None:
+            self._lost = True
+            raise LeaseLost.lost(self._route)
+        self.epoch = raised
 
     def _beat(self) -> None:
         while not self._stop.wait(self._seconds / 6):
@@ -182,14 +346,19 @@ class Lease:
             ):
                 self._lost = True
 
-    def confirm(self) -> None:
-        """Renew now; ``RouteBusy`` if the lease expired and may be someone else's."""
+    @property
+    def lost(self) -> bool:
+        """Whether the lease is known lost, or cannot be renewed now (renews to find out)."""
         try:
             self._renew()
         except Exception:
             self._lost = True
-        if self._lost:
-            raise RouteBusy.lost(self._route)
+        return self._lost
+
+    def confirm(self) -> None:
+        """Renew now; ``LeaseLost`` if the lease expired and may be someone else's."""
+        if self.lost:
+            raise LeaseLost.lost(self._route)
 
     def release(self) -> None:
         """Stop the heartbeat and give the lease back (best effort: it expires anyway)."""
@@ -214,3 +383,23 @@ class Lease:
         traceback: TracebackType | None,
     ) -> None:
         self.release()
+
+
+class HeldStore:
+    """The checkpoint store as an attempt under a lease writes it: every write is made only
+    while the lease is held, checked in the write's own store transaction (``LeaseLost``
+    otherwise, nothing written), so a worker paused past its lease arms, promotes or marks
+    nothing over the next holder's checkpoints. Reads pass through."""
+
+    def __init__(self, store: LeaseStore, lease: Lease) -> None:
+        self._store = store
+        self._claim = lease.claim
+
+    def upsert(self, checkpoint: PartitionCheckpoint) -> None:
+        self.upsert_many([checkpoint])
+
+    def upsert_many(self, checkpoints: Sequence[PartitionCheckpoint]) -> None:
+        self._store.upsert_many(checkpoints, holding=self._claim)
+
+    def list_latest(self, route: RouteKey) -> Sequence[PartitionCheckpoint]:
+        return self._store.list_latest(route)  # type: ignore[attr-defined]

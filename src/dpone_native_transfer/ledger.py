@@ -8,9 +8,12 @@ route to. The ledger is append-only: a full refresh replaces a table's rows,
 never its ledger rows. So the target itself records what it holds, and the
 store is no longer the only memory:
 
+- the same transaction checks that the target applied the rows the batch sent
+  (``check_applied``) and, on a target with a fence (``FENCE_TABLE``), that no
+  newer lease epoch reached the target first (``fence_batch``);
 - before a run touches the target, ``check_store_against_target`` compares
   the store's view of the route with the ledger (reads only);
-- ``prove`` tells an operator whether a blocked batch was applied;
+- ``recovery.Prover`` tells an operator, or a run, whether a blocked batch was applied;
 - ``restored_checkpoints`` rebuilds a lost store's view from it.
 """
 
@@ -32,23 +35,27 @@ from .checkpoints import (
     _is_json_safe,
     batch_id_for,
 )
-from .errors import StoreTargetMismatch
+from .errors import LeaseLost, StoreTargetMismatch, TargetRowsMismatch
 from .latest import LatestCheckpoints
 from .reporting import plural
 
 __all__ = [
+    "FENCE_TABLE",
     "LEDGER_FORMAT",
     "LEDGER_TABLE",
     "ledger_table_sql",
     "LedgerEntry",
     "LedgerPartition",
     "Proof",
+    "advance_fence",
+    "check_applied",
     "check_ledger_columns",
     "check_store_against_target",
+    "fence_batch",
+    "read_fence",
     "ledger_query",
     "live_entries",
     "ledger_overrides",
-    "prove",
     "restored_checkpoints",
 ]
 
@@ -93,6 +100,7 @@ class LedgerEntry:
     rows: int = 0
     seq: int = 0
     epoch: int | None = None  # the lease epoch the target's fence checked (None: no fence)
+    sent: int | None = attrs.field(default=None, eq=False)  # rows handed to the target call
     definition: dict[str, Any] | None = None  # the route definition (``planner``) it used
     excused: tuple[str, ...] = ()  # earlier batches operators said the table no longer holds
 
@@ -137,13 +145,16 @@ class LedgerEntry:
             excused=tuple(sorted(excused)),
         )
 
-    def with_counts(self, candidates: Sequence[PartitionCheckpoint]) -> LedgerEntry:
-        """The same entry with the partitions' rows as extraction counted them."""
+    def with_counts(
+        self, candidates: Sequence[PartitionCheckpoint], *, sent: int | None = None
+    ) -> LedgerEntry:
+        """The same entry with the partitions' rows as extraction counted them, and the rows
+        the target call is handed (None when the engine reads them itself: lazy-plan)."""
         rows = {cp.partition_id: cp.rows_exported for cp in candidates}
         partitions = tuple(
             attrs.evolve(p, rows=rows.get(p.partition_id, p.rows)) for p in self.partitions
         )
-        return attrs.evolve(self, partitions=partitions)
+        return attrs.evolve(self, partitions=partitions, sent=sent)
 
     @property
     def label(self) -> str:
@@ -324,6 +335,82 @@ def ledger_query(table_marker: str, *, partitions: bool, ledger: str = f'"{LEDGE
         f"SELECT seq, target_table, batch_id, rows, entry, {listed} FROM {ledger}"
         f" WHERE target_table = {table_marker} ORDER BY seq"
     )
+
+
+# --- what the load's transaction checks --------------------------------------------------------
+
+# The target's fence: per target table, the highest lease epoch that reached it. A sink with
+# one (``Fencing``) keeps it in the target database, beside the ledger.
+FENCE_TABLE = "_dpone_fence"
+
+Query = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
+
+
+def check_applied(entry: LedgerEntry, applied: int) -> None:
+    """``TargetRowsMismatch`` when the engine applied another number of rows than were sent.
+
+    Raised inside the load's transaction, before its ledger row: the sink rolls back.
+    """
+    if entry.sent is not None and applied != entry.sent:
+        raise TargetRowsMismatch.counted(
+            entry.target_table, entry.batch_id, sent=entry.sent, applied=applied
+        )
+
+
+def _fence_sql(table: str, marker: str, *, text: str, integer: str) -> tuple[str, str, str]:
+    """The fence's CREATE, its SELECT and its upsert (which only raises it), for ``table``."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {table} (target_table {text} PRIMARY KEY, epoch {integer})",
+        f"SELECT epoch FROM {table} WHERE target_table = {marker}",
+        f"INSERT INTO {table} (target_table, epoch) VALUES ({marker}, {marker})"
+        " ON CONFLICT (target_table) DO UPDATE SET epoch = CASE"
+        f" WHEN {table}.epoch > excluded.epoch THEN {table}.epoch ELSE excluded.epoch END",
+    )
+
+
+def fence_batch(
+    query: Query,
+    entry: LedgerEntry,
+    *,
+    table: str,
+    marker: str,
+    text: str,
+    integer: str,
+    create: bool = True,
+) -> None:
+    """Inside the load's transaction: refuse a batch whose lease epoch is older than the
+    target's fence (``LeaseLost``: the sink rolls back, nothing applied), else raise the fence
+    to it. Nothing to do for a batch without an epoch (a store without leases). ``create``:
+    whether the fence table may be missing."""
+    if entry.epoch is None:
+        return
+    make, select, upsert = _fence_sql(table, marker, text=text, integer=integer)
+    if create:
+        query(make, ())
+    found = query(select, (entry.target_table,))
+    if found and found[0][0] > entry.epoch:
+        raise LeaseLost.fenced(entry.target_table, entry.batch_id)
+    query(upsert, (entry.target_table, entry.epoch))
+
+
+def read_fence(query: Query, target_table: str, *, table: str, marker: str) -> int:
+    """The target table's fence (0 when it has none); reads only. ``query`` returns [] when
+    the fence table does not exist."""
+    found = query(f"SELECT epoch FROM {table} WHERE target_table = {marker}", (target_table,))
+    return int(found[0][0]) if found else 0
+
+
+def advance_fence(
+    query: Query, target_table: str, epoch: int, *, table: str, marker: str, text: str,
+    integer: str,
+) -> int:  # fmt: skip
+    """In a transaction of its own: raise the fence to at least ``epoch``; the fence now. Once
+    committed, no batch of an older epoch can commit (``fence_batch``), so a ledger read
+    after it proves what such a batch did."""
+    make, select, upsert = _fence_sql(table, marker, text=text, integer=integer)
+    query(make, ())
+    query(upsert, (target_table, epoch))
+    return int(query(select, (target_table,))[0][0])
 
 
 # --- the cross-check -------------------------------------------------------------------------
@@ -600,46 +687,23 @@ def ledger_overrides(store: Any, route: RouteKey) -> set[str]:
 
 @attrs.frozen
 class Proof:
-    """What the target's ledger proves of a batch: ``applied``, ``not_applied`` or ``unknown``."""
+    """What the target proves of a blocked batch: ``applied``, ``not_applied`` or ``unknown``.
+
+    ``heals``: the proof is conclusive enough for ``recovery = "from_target"`` to resolve the
+    batch without a person (``recovery.Prover`` says when).
+    """
 
     verdict: str
     reason: str
     rows: int | None = None
     applied_at: str | None = None
+    heals: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
 
 
 APPLIED, NOT_APPLIED, UNKNOWN = "applied", "not_applied", "unknown"
-
-
-def prove(
-    route: RouteKey,
-    batch_id: str,
-    entries: Sequence[LedgerEntry] | None,
-    *,
-    atomic: bool,
-    armed_with_ledger: bool,
-) -> Proof:
-    """Whether batch ``batch_id`` of ``route`` is in the target.
-
-    ``entries`` is None when the ledger could not be read. Absence proves
-    "not applied" only on a target whose ledger row commits with the rows
-    (``atomic``) and for a batch that was armed with the ledger on.
-    """
-    if entries is None:
-        return Proof(UNKNOWN, "the target or its ledger cannot be read")
-    for entry in entries:
-        if entry.batch_id == batch_id and entry.of_route(route):
-            return Proof(
-                APPLIED, "the target's ledger holds the batch", entry.rows, entry.applied_at
-            )
-    if not armed_with_ledger:
-        return Proof(UNKNOWN, "the batch was written without the target's ledger")
-    if not atomic:
-        return Proof(UNKNOWN, "this target's ledger row is not written with the rows")
-    return Proof(NOT_APPLIED, "the target's ledger does not hold the batch")
 
 
 def restored_checkpoints(

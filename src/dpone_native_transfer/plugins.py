@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .boundary import TargetMutation
     from .checkpoints import RouteKey
     from .latest import LatestCheckpoints
+    from .recovery import TargetRecovery
 
 __all__ = ["Hooks", "entry_point_plugins", "make_plugin_manager", "scans_routes"]
 
@@ -106,8 +107,15 @@ class Hooks:
 
     manager: pluggy.PluginManager
 
-    def resume_route_scan(self, route: RouteKey, checkpoints: LatestCheckpoints) -> list[Any]:
-        return self.manager.hook.resume_route_scan(route=route, checkpoints=checkpoints)
+    def resume_route_scan(
+        self,
+        route: RouteKey,
+        checkpoints: LatestCheckpoints,
+        recovery: TargetRecovery | None = None,
+    ) -> list[Any]:
+        return self.manager.hook.resume_route_scan(
+            route=route, checkpoints=checkpoints, recovery=recovery
+        )
 
     def before_target_mutation(self, mutation: TargetMutation) -> None:
         self.manager.hook.before_target_mutation(mutation=mutation)

@@ -1,8 +1,11 @@
-"""Proof-backed recovery: reading a route's target ledger for operators, and rebuilding a store.
+"""Proof-backed recovery: what the target proves of blocked batches, and rebuilding a store.
 
-Used by ``dpone-transfer guard verify|resolve`` (the guard plugin's commands)
-and ``dpone-transfer state restore``. Reads only, except ``restore`` (one
-audited store transaction under the target table's lease).
+Used by ``dpone-transfer guard verify|resolve`` (the guard plugin's commands),
+``dpone-transfer state restore`` and, with ``recovery = "from_target"``, by a
+run's route scan (``TargetRecovery``). Reads only, except ``restore`` (one
+audited store transaction under the target table's lease) and raising the
+target's fence to prove that a blocked batch can no longer be applied
+(``Prover``, under the lease).
 """
 
 from __future__ import annotations
@@ -17,27 +20,44 @@ from typing import Any
 import attrs
 
 from .checkpoints import (
+    LEASE_EPOCH_KEY,
     LEDGER_BATCH_KEY,
     FailureCode,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
     RouteKey,
 )
-from .connectors.contract import LedgerSink
+from .connectors.contract import Fencing, LedgerSink
 from .cursor_edge import unknown_edge
 from .errors import ConfigInvalid, NativeTransferError, RouteBusy, StoreTargetMismatch
+from .events import EventName, EventRecorder
+from .latest import LatestCheckpoints, as_latest
 from .lease import Lease, LeaseStore, read_holder
 from .lease import lease_key as _lease_key
-from .ledger import LedgerEntry, live_entries, restored_checkpoints
+from .ledger import (
+    APPLIED,
+    NOT_APPLIED,
+    UNKNOWN,
+    LedgerEntry,
+    Proof,
+    live_entries,
+    restored_checkpoints,
+)
 from .reporting import plural
 
 __all__ = [
+    "AUTOMATIC_OPERATOR",
+    "Prover",
     "RestorePlan",
+    "TargetRecovery",
     "check_not_leased",
     "ledger_of",
     "operator_lease",
     "plan_restore",
 ]
+
+# Who an automatic recovery's audit records name.
+AUTOMATIC_OPERATOR = "dpone-transfer (automatic)"
 
 
 def ledger_of(
@@ -64,7 +84,8 @@ def ledger_of(
 
 
 def check_not_leased(store: Any, route: RouteKey) -> None:
-    """``RouteBusy`` while an attempt holds the target table's lease (it may still be running)."""
+    """``RouteBusy`` while an attempt holds the target table's lease (it may still be running;
+    a holder on this host whose process is gone does not count: its lease is taken at once)."""
     if not isinstance(store, LeaseStore):
         return
     table = store.lease_table()
@@ -72,8 +93,9 @@ def check_not_leased(store: Any, route: RouteKey) -> None:
         record = table.holder(_lease_key(route), datetime.now(UTC).timestamp())
     finally:
         table.close()
-    if record is not None:
-        raise RouteBusy.held_by(route, read_holder(record))
+    holder = read_holder(record)
+    if holder is not None and not (holder.process is not None and holder.process.gone()):
+        raise RouteBusy.held_by(route, holder)
 
 
 def operator_lease(store: Any, route: RouteKey, *, operator: str, action: str) -> Any:
@@ -87,6 +109,146 @@ def operator_lease(store: Any, route: RouteKey, *, operator: str, action: str) -
         seconds=60,
         owner=f"{socket.gethostname()} pid {os.getpid()} ({action})",
     )
+
+
+class Prover:
+    """What one target's ledger (and fence) proves of blocked batches, for the current holder of
+    the target table's lease, whose epoch is ``epoch`` (0: none).
+
+    A batch is **applied** when the ledger holds its row for its route, listing every blocked
+    partition with the rows the store recorded for it; a row that lists others, or other
+    counts, proves nothing. It is **not applied** when the ledger, written with the rows
+    (``ledger_atomic``), does not hold it, the batch was armed with the ledger on, and no
+    attempt can commit it later: the target's fence was raised past the epoch that armed it
+    (``advance=True``: raised here, once, before the ledger is read again). A batch armed
+    without an epoch (an older release, a store without leases) is shown as not applied on
+    the ledger's word alone, as before, but never heals by itself: its attempt, paused, could
+    still commit it. ``Proof.heals`` says what ``recovery = "from_target"`` may resolve.
+    """
+
+    def __init__(self, sink: Any, *, epoch: int = 0, advance: bool = False) -> None:
+        self._sink = sink
+        self._epoch = epoch
+        self._advance = advance
+        self._fenced: bool | None = False  # None: raising it failed
+        self._entries: list[LedgerEntry] | None = None
+        self.reason: str | None = None  # why the ledger could not be read, once it was tried
+
+    def entries(self) -> list[LedgerEntry] | None:
+        """The target's ledger entries with partitions (read once); None when unreadable."""
+        if self._entries is None and self.reason is None:
+            self._entries, self.reason = ledger_of(self._sink, partitions=True)
+        return self._entries
+
+    def prove(
+        self, route: RouteKey, batch_id: str, checkpoints: Sequence[PartitionCheckpoint]
+    ) -> Proof:
+        """What the target proves of batch ``batch_id`` of ``route``, whose blocked
+        checkpoints are ``checkpoints``."""
+        entries = self.entries()
+        if entries is None:
+            return Proof(UNKNOWN, self.reason or "the target cannot be read")
+        found = _entry(entries, route, batch_id)
+        if found is not None:
+            return _applied(found, checkpoints)
+        if not all(cp.diagnostics.get(LEDGER_BATCH_KEY) == batch_id for cp in checkpoints):
+            return Proof(UNKNOWN, "the batch was written without the target's ledger")
+        if not getattr(self._sink, "ledger_atomic", False):
+            return Proof(UNKNOWN, "this target's ledger row is not written with the rows")
+        epochs = [cp.diagnostics.get(LEASE_EPOCH_KEY) for cp in checkpoints]
+        armed_at = [e for e in epochs if isinstance(e, int) and not isinstance(e, bool)]
+        if len(armed_at) != len(epochs) or not isinstance(self._sink, Fencing):
+            return Proof(NOT_APPLIED, "the target's ledger does not hold the batch (armed "
+                         "without a lease epoch or on a target without a fence: compare the "
+                         "target by hand if its worker may still run)")  # fmt: skip
+        if not self._advance:
+            return Proof(NOT_APPLIED, "the target's ledger does not hold the batch; "
+                         "recovery from the target raises the target's fence past its "
+                         "attempt first", heals=True)  # fmt: skip
+        if self._fenced is None:
+            return Proof(UNKNOWN, "the target's fence could not be raised now (busy or "
+                         "unreachable)")  # fmt: skip
+        if max(armed_at) >= self._epoch:
+            return Proof(UNKNOWN, "the target's fence cannot be raised past the attempt that "
+                         "armed the batch (its lease epoch is not below this one's)")  # fmt: skip
+        if not self._fenced:
+            self._fence()
+            return self.prove(route, batch_id, checkpoints)
+        return Proof(
+            NOT_APPLIED,
+            "the target's ledger does not hold the batch, and the target's fence is past the "
+            "attempt that armed it, which can no longer commit",
+            heals=True,
+        )
+
+    def _fence(self) -> None:
+        """Raise the fence to this holder's epoch, then read the ledger again."""
+        try:
+            self._sink.advance_fence(self._epoch)
+        except Exception:  # the target is busy or unreachable: nothing is proven absent
+            self._fenced = None
+            return
+        self._fenced = True
+        self._entries = None
+
+
+def _entry(entries: Sequence[LedgerEntry], route: RouteKey, batch_id: str) -> LedgerEntry | None:
+    return next((e for e in entries if e.batch_id == batch_id and e.of_route(route)), None)
+
+
+def _applied(entry: LedgerEntry, checkpoints: Sequence[PartitionCheckpoint]) -> Proof:
+    """Applied, when the ledger's row lists each blocked partition with the store's rows."""
+    listed = {part.partition_id: part.rows for part in entry.partitions}
+    if any(listed.get(cp.partition_id) != cp.rows_exported for cp in checkpoints):
+        return Proof(
+            UNKNOWN,
+            "the target's ledger holds the batch with other partitions or row counts than "
+            "the checkpoint store",
+            entry.rows,
+            entry.applied_at,
+        )
+    return Proof(APPLIED, "the target's ledger holds the batch", entry.rows, entry.applied_at,
+                 heals=True)  # fmt: skip
+
+
+@attrs.define(eq=False, kw_only=True)
+class TargetRecovery:
+    """What the route scan may use to resolve blocked batches the target proves, before the run
+    touches the target (``recovery = "from_target"``; see the ``resume_route_scan`` hookspec).
+
+    ``store`` is the run's checkpoint store (an ``OperatorStore``); ``prover`` holds the run's
+    lease epoch and may raise the target's fence.
+    """
+
+    store: Any
+    route: RouteKey
+    run_id: str
+    prover: Prover
+    events: EventRecorder
+    operator: str = AUTOMATIC_OPERATOR
+
+    def prove(
+        self, route: RouteKey, batch_id: str, checkpoints: Sequence[PartitionCheckpoint]
+    ) -> Proof:
+        return self.prover.prove(route, batch_id, checkpoints)
+
+    def latest(self) -> LatestCheckpoints:
+        """The target table's latest checkpoints, read again (after resolutions)."""
+        reader = getattr(self.store, "list_target_latest", self.store.list_latest)
+        return as_latest(reader(self.route))
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def healed(self, route: RouteKey, batch_id: str, proof: Proof, partitions: int) -> None:
+        """Report one batch resolved by proof (an event; the CLI prints it as a line)."""
+        self.events.emit(
+            EventName.GUARD_HEALED,
+            route=route.as_dict(),
+            batch_id=batch_id,
+            verdict=proof.verdict,
+            partitions=partitions,
+        )
 
 
 @attrs.frozen(kw_only=True)

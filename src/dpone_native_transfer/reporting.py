@@ -21,6 +21,7 @@ from .errors import (
     StoreTargetMismatch,
     TargetCommitGuardInvalid,
     TargetCommitGuardUnhandled,
+    TargetRowsMismatch,
     ValueUnsupported,
 )
 from .events import Event, EventName
@@ -83,7 +84,7 @@ def shortened(diagnostics: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 
 
 def exit_code_for(error: BaseException) -> int:
-    if isinstance(error, ConfigInvalid | SourceMissing | ValueUnsupported):
+    if isinstance(error, ConfigInvalid | SourceMissing | ValueUnsupported | TargetRowsMismatch):
         return EXIT_CONFIG
     if isinstance(error, BLOCKING_ERRORS):
         return EXIT_BLOCKED

@@ -24,11 +24,19 @@ from typing import Any
 import attrs
 
 from .boundary import TargetBoundary
-from .checkpoints import LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey, Strategy, batch_id_for
+from .checkpoints import (
+    LEASE_EPOCH_KEY,
+    LEDGER_BATCH_KEY,
+    PartitionCheckpoint,
+    RouteKey,
+    Strategy,
+    batch_id_for,
+)
 from .clock import Clock, read_clock, system_clock
 from .connectors.contract import (
     DEFAULT_CHUNK_ROWS,
     ConnectionHolding,
+    Fencing,
     LedgerSink,
     RangePartitioned,
     Sink,
@@ -46,6 +54,7 @@ from .cursor_edge import (
 )
 from .errors import (
     ConfigInvalid,
+    LeaseLost,
     PathContractBroken,
     TargetCommitGuardUnhandled,
     WorkFolderFailed,
@@ -53,7 +62,14 @@ from .errors import (
 from .events import Event, EventName, EventRecorder
 from .identity import route_key
 from .latest import LatestCheckpoints, as_latest
-from .lease import DEFAULT_LEASE_SECONDS, Lease, LeaseStore, lease_key
+from .lease import (
+    DEFAULT_LEASE_SECONDS,
+    HeldStore,
+    Lease,
+    LeaseStore,
+    check_lease_seconds,
+    lease_key,
+)
 from .ledger import (
     LedgerEntry,
     check_store_against_target,
@@ -73,6 +89,7 @@ from .planner import (
     route_definition,
 )
 from .plugins import Hooks, make_plugin_manager, scans_routes
+from .recovery import Prover, TargetRecovery
 from .schema_contract import SCHEMA_CONTRACTS, apply_schema_contract
 from .stores import CheckpointStore, RouteStateStore, TargetScopeStore
 
@@ -127,6 +144,17 @@ def _null_policy(_instance: Any, _attribute: attrs.Attribute, value: Any) -> Non
         )
 
 
+RECOVERY_MODES = ("manual", "from_target")
+
+
+def _recovery(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
+    if value not in RECOVERY_MODES:
+        raise ConfigInvalid(
+            f"recovery must be one of: {', '.join(RECOVERY_MODES)}",
+            diagnostics={"key": "guard.recovery"},
+        )
+
+
 def _strategy(value: Any) -> Strategy:
     if value not in Strategy._value2member_map_:
         known = ", ".join(s.value for s in Strategy)
@@ -150,6 +178,8 @@ class TransferSpec:
     schema_contract: str = attrs.field(default="evolve", validator=_schema_contract)
     lag: float = attrs.field(default=0, validator=_lag)  # cursor units re-read for late rows
     on_null_cursor: str = attrs.field(default="error", validator=_null_policy)
+    # "from_target": the route scan first resolves blocked batches the target proves
+    recovery: str = attrs.field(default="manual", validator=_recovery)
 
     @property
     def route(self) -> RouteKey:
@@ -207,13 +237,7 @@ class TransferRuntime:
         self.hooks = Hooks(self.plugin_manager)
         self.paths = {**BUILTIN_PATHS, **(paths or {})}
         self._listener = events
-        if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, int | float):
-            lease_seconds = -1
-        if not 0 < lease_seconds < float("inf"):
-            raise ConfigInvalid(
-                "lease_seconds must be a positive number", diagnostics={"key": "lease_seconds"}
-            )
-        self.lease_seconds = float(lease_seconds)
+        self.lease_seconds = check_lease_seconds(lease_seconds)
 
     def run(self, spec: TransferSpec) -> TransferResult:
         path = self.paths.get(spec.path)
@@ -251,15 +275,27 @@ class TransferRuntime:
         snapshot: SourceSnapshot,
     ) -> TransferResult:
         recorder = EventRecorder(self._listener)
+        ledger = self._ledger_sink(spec, route)
+        epoch = None
+        recovery = None
+        if spec.recovery == "from_target":
+            epoch = self._fenced_epoch(ledger, lease)
+            prover = Prover(ledger, epoch=epoch or 0, advance=True)
+            recovery = TargetRecovery(
+                store=self.store, route=route, run_id=spec.run_id, prover=prover, events=recorder
+            )
         if isinstance(self.store, TargetScopeStore):
             scope = as_latest(self.store.list_target_latest(route))
-            self._scan_route(route, scope)
+            if self._scan_route(route, scope, recovery):
+                scope = as_latest(self.store.list_target_latest(route))
             self.store.adopt_unlocated(route)
             latest = as_latest(self.store.list_latest(route))
         else:
             latest = scope = as_latest(self.store.list_latest(route))
-            self._scan_route(route, latest)
-        ledger = self._ledger_sink(spec, route)
+            if self._scan_route(route, latest, recovery):
+                latest = scope = as_latest(self.store.list_latest(route))
+        if recovery is None:
+            epoch = self._fenced_epoch(ledger, lease)
         refreshed = None
         if ledger is not None:
             refreshed = check_store_against_target(
@@ -322,7 +358,7 @@ class TransferRuntime:
             entry = None
             if ledger is not None:
                 batch = batch_id_for(spec.run_id, [cp.partition_id for cp in active])
-                active = _stamped(active, batch)
+                active = _stamped(active, batch, lease)
                 entry = LedgerEntry.for_batch(
                     route,
                     spec.run_id,
@@ -331,6 +367,7 @@ class TransferRuntime:
                     cursor_column=spec.source.cursor_column,
                     at=read_clock(self.clock, route=route, run_id=spec.run_id),
                     definition=dict(definition),
+                    epoch=epoch,
                 )
             if isinstance(spec.sink, TargetChecking):
                 spec.sink.check_target()  # an unreachable target fails here, never blocked
@@ -345,7 +382,7 @@ class TransferRuntime:
                     shape=shape,
                     candidates=active,
                     work_dir=Path(work),
-                    store=self.store,
+                    store=self._held(lease),
                     clock=self.clock,
                     events=recorder,
                     boundary=TargetBoundary(self.hooks, recorder),
@@ -367,6 +404,8 @@ class TransferRuntime:
                 except OSError as error:
                     if ctx.mutation is not None:  # the boundary recorded the target call
                         raise
+                    if lease is not None and lease.lost:  # another attempt removed the folder
+                        raise LeaseLost.lost(route) from None
                     raise _work_folder_failed(route, error) from None
             if ctx.mutation is None:
                 raise PathContractBroken(
@@ -438,14 +477,34 @@ class TransferRuntime:
             return spec.sink
         return None
 
-    def _scan_route(self, route: RouteKey, latest: LatestCheckpoints) -> None:
+    @staticmethod
+    def _fenced_epoch(ledger: LedgerSink | None, lease: Lease | None) -> int | None:
+        """The lease epoch this attempt's batch is fenced with, above the target's fence (a
+        store replaced or restored counts from lower); None without a fence or a lease."""
+        if lease is None or not isinstance(ledger, Fencing):
+            return None
+        fence = ledger.fence_epoch()
+        if fence >= lease.epoch:
+            lease.raise_epoch(fence + 1)
+        return lease.epoch
+
+    def _held(self, lease: Lease | None) -> Any:
+        """The store as the attempt's hooks write it: under the lease, when there is one."""
+        if lease is None or not isinstance(self.store, LeaseStore):
+            return self.store
+        return HeldStore(self.store, lease)
+
+    def _scan_route(
+        self, route: RouteKey, latest: LatestCheckpoints, recovery: TargetRecovery | None
+    ) -> bool:
         """Fire the route scan; refuse guards that no registered plugin claimed to read.
 
-        ``latest`` holds every checkpoint of the target table (all its routes).
+        ``latest`` holds every checkpoint of the target table (all its routes). True when
+        the scan may have resolved some (``recovery``): they must be read again.
         """
-        claims = self.hooks.resume_route_scan(route, latest)
+        claims = self.hooks.resume_route_scan(route, latest, recovery)
         if any(claims):
-            return
+            return recovery is not None
         guarded = latest.guarded_ids()
         if guarded:
             raise TargetCommitGuardUnhandled(
@@ -456,6 +515,7 @@ class TransferRuntime:
             )
         if not self.unguarded:
             raise self._no_guard(route)
+        return False
 
     @staticmethod
     def _no_guard(route: RouteKey) -> TargetCommitGuardUnhandled:
@@ -528,9 +588,12 @@ def _idle(folder: Path, seconds: float) -> bool:
     return time.time() - newest > seconds
 
 
-def _stamped(candidates: list[PartitionCheckpoint], batch_id: str) -> list[PartitionCheckpoint]:
-    """The candidates, each naming the ledger batch it will be recorded under."""
-    return [
-        attrs.evolve(cp, diagnostics={**cp.diagnostics, LEDGER_BATCH_KEY: batch_id})
-        for cp in candidates
-    ]
+def _stamped(
+    candidates: list[PartitionCheckpoint], batch_id: str, lease: Lease | None
+) -> list[PartitionCheckpoint]:
+    """The candidates, each naming the ledger batch it will be recorded under and the lease
+    epoch that arms it (the fence passed it proves the attempt can no longer commit)."""
+    stamp: dict[str, Any] = {LEDGER_BATCH_KEY: batch_id}
+    if lease is not None:
+        stamp[LEASE_EPOCH_KEY] = lease.epoch
+    return [attrs.evolve(cp, diagnostics={**cp.diagnostics, **stamp}) for cp in candidates]

@@ -33,6 +33,7 @@ __all__ = [
     "ConnectionHolding",
     "FilePulling",
     "CursorEdgeReading",
+    "Fencing",
     "Identified",
     "LedgerNotWritten",
     "LedgerSink",
@@ -340,7 +341,10 @@ class LedgerSink(Protocol):
     ``ledger_atomic`` says whether that row commits in the same transaction as
     the rows (then a missing row proves the batch was not applied); a sink
     without multi-table transactions writes it after the rows and sets it False.
-    ``PendingLedger`` does the bookkeeping.
+    ``PendingLedger`` does the bookkeeping. Before the row, the same call checks
+    that the engine applied the rows it was handed (``entry.sent``, when set:
+    ``ledger.check_applied``), so a target that drops or adds rows is rolled back
+    (``TargetRowsMismatch``) instead of believed.
     """
 
     ledger_atomic: bool
@@ -366,6 +370,27 @@ class LedgerSink(Protocol):
         Every run asks it when the ledger records rows: a table dropped or
         emptied behind the ledger's back is refused, never silently skipped.
         """
+
+
+@runtime_checkable
+class Fencing(Protocol):
+    """A ``LedgerSink`` whose target keeps a fence (``ledger.FENCE_TABLE``): per target table,
+    the highest lease epoch that reached it.
+
+    Its target call checks and raises the fence in its own transaction, before the ledger
+    row, for an entry with an ``epoch`` (``ledger.fence_batch``): a batch of an older epoch
+    (a worker paused past its lease) is rolled back with ``LeaseLost``, applying nothing.
+    Only a target whose ledger row commits with the rows (``ledger_atomic``) can fence.
+    """
+
+    def fence_epoch(self) -> int:
+        """The target table's fence; 0 when it has none. Reads only."""
+
+    def advance_fence(self, epoch: int) -> int:
+        """Raise the fence to at least ``epoch`` in a transaction of its own, waiting a bounded
+        time for a load that holds it; the fence now. Writes only the fence record: once it
+        returns, no batch of an older epoch can commit, so a ledger read after it proves
+        whether such a batch was applied."""
 
 
 @runtime_checkable
@@ -528,4 +553,5 @@ CAPABILITIES: tuple[type, ...] = (
     ValueCarrying,
     SchemaEvolving,
     LedgerSink,
+    Fencing,
 )

@@ -52,11 +52,16 @@ from ..errors import (
 )
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import (
+    FENCE_TABLE,
     LEDGER_TABLE,
     LedgerEntry,
+    advance_fence,
+    check_applied,
     check_ledger_columns,
+    fence_batch,
     ledger_query,
     ledger_table_sql,
+    read_fence,
 )
 from ..payloads import (
     Column,
@@ -123,6 +128,8 @@ decimal stays its exact text.
 """
 
 _LEDGER = TableName(None, LEDGER_TABLE)
+_FENCE_AT: dict[str, Any] = {"table": quote(FENCE_TABLE), "marker": "?"}
+_FENCE: dict[str, Any] = {**_FENCE_AT, "text": "VARCHAR NOT NULL", "integer": "BIGINT NOT NULL"}
 _RESERVED_SCHEMAS = ("temp", "system", "information_schema", "pg_catalog")
 _BOUND_TAG = "__dpone_bound"  # the column of a pulled scan naming each row's bound
 _INSERT_ROWS = 1_000_000  # rows per INSERT of load files (see _insert_native)
@@ -537,21 +544,46 @@ class DuckDBSink(FileTarget):
             conn.execute(f"DROP TABLE {stage}")
             return _record(conn, self._ledger.take(), moved)
 
+    def _read_only(self, what: str) -> Any:
+        """A read-only connection to the target file, or ``TargetUnavailable``."""
+        duckdb = _driver()
+        try:
+            return duckdb.connect(self.path, read_only=True, config=dict(_CONFIG))
+        except duckdb.Error:
+            pass
+        raise TargetUnavailable(
+            f"the target database of table {self.table!r} cannot be opened to read its "
+            f"{what} now (locked or damaged); nothing was written",
+            diagnostics={"table": self.table},
+        )
+
+    def fence_epoch(self) -> int:
+        """``Fencing``: the target table's fence in ``_dpone_fence``; 0 without one."""
+        if not os.path.isfile(self.path):
+            return 0
+        conn = self._read_only("fence")
+        try:
+            if not _table_exists(conn, TableName(None, FENCE_TABLE)):
+                return 0
+            return read_fence(_query(conn), self.identity().table, **_FENCE_AT)
+        finally:
+            conn.close()
+
+    def advance_fence(self, epoch: int) -> int:
+        """``Fencing``: raise the fence to ``epoch`` in a transaction of its own."""
+        duckdb = _driver()
+        try:
+            with self._connect() as conn, _transaction(conn):
+                return advance_fence(_query(conn), self.identity().table, epoch, **_FENCE)
+        except duckdb.Error:
+            pass
+        raise unavailable(self.table, to="have its fence raised")
+
     def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:
         """The ledger entries of this target table, oldest first (a read-only connection)."""
         if not os.path.isfile(self.path):
             return []
-        duckdb = _driver()
-        try:
-            conn = duckdb.connect(self.path, read_only=True, config=dict(_CONFIG))
-        except duckdb.Error:
-            conn = None
-        if conn is None:
-            raise TargetUnavailable(
-                f"the target database of table {self.table!r} cannot be opened to read its "
-                "ledger now (locked or damaged); nothing was written",
-                diagnostics={"table": self.table},
-            )
+        conn = self._read_only("ledger")
         try:
             if not _table_exists(conn, _LEDGER):
                 return []
@@ -909,14 +941,21 @@ class _Gathered:
         self.waiting, self.rows = {}, 0
 
 
+def _query(conn: Any) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
+    return lambda sql, params: conn.execute(sql, list(params)).fetchall()
+
+
 def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:
-    """Write the batch's ledger row inside the load's transaction; returns ``rows``.
+    """Inside the load's transaction: check the rows applied and the fence, then write the
+    batch's ledger row; returns ``rows``.
 
     The next ``seq`` is read first and the row inserted with ``VALUES``: DuckDB binds a text
     parameter of an ``INSERT ... SELECT`` in time that grows with the square of its single
     quotes, and the row's partition list holds every partition's bounds (2,048 partitions
     of 4,000-character values took about 200 s)."""
     if ledger is not None:
+        check_applied(ledger, rows)
+        fence_batch(_query(conn), ledger, **_FENCE)
         table = quote(LEDGER_TABLE)
         integer = "BIGINT NOT NULL"
         conn.execute(ledger_table_sql(table, seq=integer, integer=integer, text="VARCHAR NOT NULL"))

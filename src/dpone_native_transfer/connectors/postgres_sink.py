@@ -42,7 +42,18 @@ from ..column_types import (
 from ..drivers import import_driver, postgres_connect
 from ..errors import ConfigInvalid
 from ..identity import TableIdentity, server_location
-from ..ledger import LEDGER_TABLE, LedgerEntry, check_ledger_columns, ledger_query, ledger_table_sql
+from ..ledger import (
+    FENCE_TABLE,
+    LEDGER_TABLE,
+    LedgerEntry,
+    advance_fence,
+    check_applied,
+    check_ledger_columns,
+    fence_batch,
+    ledger_query,
+    ledger_table_sql,
+    read_fence,
+)
 from ..payloads import Column, LoadPlan, RowChunks
 from ._arrow import check_widths
 from ._sql import (
@@ -411,6 +422,31 @@ class PostgresSink:
 
         return [LedgerEntry.from_row(*row) for row in self._outside_call(read)]
 
+    def fence_epoch(self) -> int:
+        """``Fencing``: the target table's fence in ``_dpone_fence`` of its schema; 0 without."""
+        fence = TableName(self._target.schema, FENCE_TABLE)
+
+        def read(conn: Any) -> int:
+            if not _columns(conn, fence):
+                return 0
+            return read_fence(_query(conn), self.identity().table, **_fence_at(fence))
+
+        return self._outside_call(read, to="have its fence read")
+
+    def advance_fence(self, epoch: int) -> int:
+        """``Fencing``: raise the fence to ``epoch`` in a transaction of its own, under the
+        ledger's lock; waits at most ``_FENCE_WAIT`` for a load holding it (a load paused in
+        its transaction makes this fail: then nothing is proven)."""
+        fence = TableName(self._target.schema, FENCE_TABLE)
+
+        def advance(conn: Any) -> int:
+            _run(conn, f"SET LOCAL lock_timeout = '{_FENCE_WAIT}'")
+            _lock_ledger(conn, self._ledger_table)
+            _create_schema(conn, fence)
+            return advance_fence(_query(conn), self.identity().table, epoch, **_fence(fence))
+
+        return self._outside_call(advance, read_only=False, to="have its fence raised")
+
     def row_count(self) -> int:
         return self._outside_call(lambda conn: _row_count(conn, self._target))
 
@@ -496,18 +532,17 @@ def _prepare_target(
 def _copy_rows(
     conn: Any, table: TableName, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
 ) -> int:
-    """Every row of ``chunks`` through one ``COPY ... FROM STDIN``; the rows written."""
+    """Every row of ``chunks`` through one ``COPY ... FROM STDIN``; the rows the server wrote."""
     names = ", ".join(quote(column.name) for column in columns)
-    written = 0
-    with conn.cursor() as cursor, cursor.copy(f"COPY {table.sql()} ({names}) FROM STDIN") as copy:
-        for chunk in chunks:
-            if not chunk:
-                continue
-            check_widths(chunk, len(columns), table.name)
-            for row in chunk:
-                copy.write_row(row)
-            written += len(chunk)
-    return written
+    with conn.cursor() as cursor:
+        with cursor.copy(f"COPY {table.sql()} ({names}) FROM STDIN") as copy:
+            for chunk in chunks:
+                if not chunk:
+                    continue
+                check_widths(chunk, len(columns), table.name)
+                for row in chunk:
+                    copy.write_row(row)
+        return int(cursor.rowcount)  # the server's count: rows a trigger skipped are not in it
 
 
 def _pulled_value(alias: str, column: Column) -> str:
@@ -520,14 +555,43 @@ def _pulled_value(alias: str, column: Column) -> str:
     return f"CAST({value} AS {postgres_type(column)})"
 
 
+_FENCE_WAIT = "5s"
+
+
+def _fence_at(fence: TableName) -> dict[str, str]:
+    return {"table": fence.sql(_name), "marker": "%s"}
+
+
+def _fence(fence: TableName) -> dict[str, str]:
+    return {**_fence_at(fence), "text": "text NOT NULL", "integer": "bigint NOT NULL"}
+
+
+def _query(conn: Any) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
+    def run(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        cursor = conn.execute(sql, list(params))
+        return cursor.fetchall() if cursor.description else []
+
+    return run
+
+
+def _lock_ledger(conn: Any, ledger: TableName) -> None:
+    """The transaction lock that serializes the ledger's and the fence's writes."""
+    _run(conn, "SELECT pg_advisory_xact_lock(hashtext(%s))", ledger.sql())
+
+
 def _record(conn: Any, ledger: TableName, entry: LedgerEntry | None, rows: int) -> int:
-    """Write the batch's ledger row inside the load's transaction; returns ``rows``.
+    """Inside the load's transaction: check the rows applied and the fence, then write the
+    batch's ledger row; returns ``rows``.
 
     A transaction lock on the ledger serializes its creation and its ``seq`` between loads
-    of different tables of the schema (one table's loads hold the route's lease)."""
+    of different tables of the schema (one table's loads hold the route's lease), and the
+    fence's reads and writes."""
     if entry is not None:
+        check_applied(entry, rows)
         table = ledger.sql(_name)
-        _run(conn, "SELECT pg_advisory_xact_lock(hashtext(%s))", ledger.sql())
+        _lock_ledger(conn, ledger)
+        fence = TableName(ledger.schema, FENCE_TABLE)
+        fence_batch(_query(conn), entry, **_fence(fence), create=not _columns(conn, fence))
         if not _columns(conn, ledger):
             _create_schema(conn, ledger)
             integer = "bigint NOT NULL"

@@ -34,11 +34,16 @@ from ..errors import (
 )
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import (
+    FENCE_TABLE,
     LEDGER_TABLE,
     LedgerEntry,
+    advance_fence,
+    check_applied,
     check_ledger_columns,
+    fence_batch,
     ledger_query,
     ledger_table_sql,
+    read_fence,
 )
 from ..payloads import (
     Column,
@@ -1110,6 +1115,28 @@ class SQLiteSink(FileTarget):
             raise unavailable(self.table, to="have its ledger read") from None
         return [LedgerEntry.from_row(*row) for row in rows]
 
+    def fence_epoch(self) -> int:
+        """``Fencing``: the target table's fence in ``_dpone_fence``; 0 without one."""
+        if not os.path.isfile(self.path):
+            return 0
+        try:
+            with contextlib.closing(
+                sqlite3.connect(_uri(self.path, read_only=False), uri=True, timeout=_TIMEOUT)
+            ) as conn:
+                if not _table_columns(conn, FENCE_TABLE):
+                    return 0
+                return read_fence(_query(conn), self.identity().table, **_FENCE_AT)
+        except sqlite3.Error:
+            raise unavailable(self.table, to="have its fence read") from None
+
+    def advance_fence(self, epoch: int) -> int:
+        """``Fencing``: raise the fence to ``epoch`` in a transaction of its own."""
+        try:
+            with self._connect() as conn, _transaction(conn):
+                return advance_fence(_query(conn), self.identity().table, epoch, **_FENCE)
+        except sqlite3.Error:
+            raise unavailable(self.table, to="have its fence raised") from None
+
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan this sink cannot pull, before anything touches the target: SQLite
         attaches only a source whose text encoding is the target's (a UTF-16 source failed
@@ -1385,9 +1412,20 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
+_FENCE_AT: dict[str, Any] = {"table": _quote(FENCE_TABLE), "marker": "?"}
+_FENCE: dict[str, Any] = {**_FENCE_AT, "text": "TEXT NOT NULL", "integer": "INTEGER NOT NULL"}
+
+
+def _query(conn: sqlite3.Connection) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
+    return lambda sql, params: conn.execute(sql, params).fetchall()
+
+
 def _record(conn: sqlite3.Connection, ledger: LedgerEntry | None, rows: int) -> int:
-    """Write the batch's ledger row inside the load's transaction; returns ``rows``."""
+    """Inside the load's transaction: check the rows applied and the fence, then write the
+    batch's ledger row; returns ``rows``."""
     if ledger is not None:
+        check_applied(ledger, rows)
+        fence_batch(_query(conn), ledger, **_FENCE)
         conn.execute(
             ledger_table_sql(
                 _quote(LEDGER_TABLE),

@@ -438,8 +438,10 @@ class PathContext:
     def check_governance(self, rows: int) -> None:
         self.spec.governance.check(self.route, rows)
 
-    def mutate(self, operation: str, invoke: Callable[[], T]) -> T:
-        """Reach the target once, through the boundary that fires the guard hooks."""
+    def mutate(self, operation: str, invoke: Callable[[], T], *, sent: int | None = None) -> T:
+        """Reach the target once, through the boundary that fires the guard hooks. ``sent``:
+        the rows the call hands the target (counted before it), which the target must apply
+        (``ledger.check_applied``); None when the engine reads them itself (lazy-plan)."""
         if self.mutation is not None:
             raise PathContractBroken(
                 f"path {self.spec.path!r} tried to reach the target twice in one attempt; the "
@@ -459,7 +461,8 @@ class PathContext:
             clock=self.clock,
         )
         if self.ledger_entry is not None:  # every path's target call records its batch
-            entry, call, sink = self.ledger_entry.with_counts(self.candidates), invoke, self.sink
+            entry = self.ledger_entry.with_counts(self.candidates, sent=sent)
+            call, sink = invoke, self.sink
             assert isinstance(sink, LedgerSink)  # the runtime makes an entry for one only
 
             def invoke() -> T:

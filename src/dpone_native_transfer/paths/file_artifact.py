@@ -31,6 +31,7 @@ def file_artifact_path(ctx: PathContext) -> int:
                 "an exported artifact does not match its recorded digest",
                 diagnostics={"route": ctx.route.as_dict(), "partition_id": candidate.partition_id},
             )
-    ctx.check_governance(sum(file.rows for file in files))
+    rows = sum(file.rows for file in files)
+    ctx.check_governance(rows)
     payload = ctx.load_files(files)
-    return ctx.mutate("load", lambda: ctx.sink.load(payload))
+    return ctx.mutate("load", lambda: ctx.sink.load(payload), sent=rows)

@@ -11,6 +11,7 @@ def legacy_path(ctx: PathContext) -> int:
     files = ctx.pulled_files(per_partition=False)
     if files is None:
         files = [ctx.write_load_file("legacy", ctx.extract())]
-    ctx.check_governance(sum(file.rows for file in files))
+    rows = sum(file.rows for file in files)
+    ctx.check_governance(rows)
     payload = ctx.load_files(files)
-    return ctx.mutate("load", lambda: ctx.sink.load(payload))
+    return ctx.mutate("load", lambda: ctx.sink.load(payload), sent=rows)

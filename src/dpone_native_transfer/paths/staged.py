@@ -25,10 +25,11 @@ def staged_path(ctx: PathContext) -> int:
         files = ctx.pulled_files(per_partition=False)
         sink.stage(ctx.row_chunks(ctx.extract()) if files is None else ctx.load_files(files))
     try:
-        ctx.check_governance(sink.staged_row_count())
+        staged = sink.staged_row_count()
+        ctx.check_governance(staged)
     except BaseException:
         sink.discard_stage()
         raise
     return ctx.mutate(
-        "finalize_staged_load", lambda: sink.finalize_staged_load(replace=ctx.replace)
+        "finalize_staged_load", lambda: sink.finalize_staged_load(replace=ctx.replace), sent=staged
     )

@@ -1,4 +1,4 @@
-"""The SQLite store's schema (version 4), its checks, and the migrations from versions 1 to 3.
+"""The SQLite store's schema (version 5), its checks, and the migrations from versions 1 to 4.
 
 Version 1 has the tables; version 2 adds summary columns to
 ``checkpoint_latest`` (ADR-0023); version 3 keys every record by the route's
@@ -6,7 +6,8 @@ locations too (``source_location``, ``target_location``: ``""`` for a route
 written without them), adds the ``ledger_batch`` summary, the route-scan index
 over a target table, and the ``lease`` table; version 4 keeps the summary with
 one trigger per event instead of two, which also finds a key given twice whose
-second value is ``null``. Opening an older file migrates
+second value is ``null``; version 5 gives each lease key an epoch that only grows
+(ADR-0024: the target's fence), kept when the lease is released. Opening an older file migrates
 it in one write transaction per version, re-reading the version inside it
 (another process may have migrated first); payloads and history are never
 rewritten. Older releases refuse a newer file ("unknown schema version").
@@ -35,7 +36,7 @@ __all__ = [
     "migrate",
 ]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _NAMES = "source_table TEXT NOT NULL, target_table TEXT NOT NULL, strategy TEXT NOT NULL"
 # Appended last, as ALTER TABLE ADD COLUMN leaves them in a migrated file.
@@ -137,9 +138,10 @@ _LATEST_INDEXES = (
     " (target_location, target_table COLLATE NOCASE, ledger_batch, status)",
 )
 _UPKEEP_TRIGGERS = _upkeep_triggers()
-_LEASE_TABLE = """CREATE TABLE lease (
+_V3_LEASE_TABLE = """CREATE TABLE lease (
     lease_key TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at REAL NOT NULL,
     record TEXT NOT NULL) WITHOUT ROWID"""
+_LEASE_EPOCH = "ALTER TABLE lease ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0"
 _INDEXES = (
     f"CREATE INDEX checkpoint_history_by_route ON checkpoint_history ({ROUTE_KEY}, seq)",
     f"CREATE INDEX evidence_by_route ON evidence ({ROUTE_KEY}, seq)",
@@ -167,7 +169,8 @@ SCHEMA = (
     f"""CREATE TABLE audit (
         audit_id INTEGER PRIMARY KEY AUTOINCREMENT, {_NAMES}, record TEXT NOT NULL,
         {_LOCATIONS})""",
-    _LEASE_TABLE,
+    _V3_LEASE_TABLE,
+    _LEASE_EPOCH,
     *_INDEXES,
     *_LATEST_INDEXES,
     *_UPKEEP_TRIGGERS,
@@ -193,8 +196,9 @@ TABLES = {
     "source_state": (*_V1_TABLES["source_state"], *_LOCATION_NAMES),
     "evidence": (*_V1_TABLES["evidence"], *_LOCATION_NAMES),
     "audit": (*_V1_AUDIT, *_LOCATION_NAMES),
-    "lease": ("lease_key", "token", "expires_at", "record"),
+    "lease": ("lease_key", "token", "expires_at", "record", "epoch"),
 }
+_V4_TABLES = {**TABLES, "lease": TABLES["lease"][:-1]}
 
 
 @contextmanager
@@ -232,7 +236,7 @@ def _version(conn: sqlite3.Connection) -> int:
 
 
 def check_schema(conn: sqlite3.Connection) -> None:
-    """The file is a version-4 store: its version, every table's columns, index and trigger."""
+    """The file is a version-5 store: its version, every table's columns, index and trigger."""
     version = _version(conn)
     if version == 0:
         names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
@@ -262,8 +266,9 @@ def _made_by(statement: str) -> str:
 
 
 def migrate(conn: sqlite3.Connection) -> None:
-    """Bring a file of version 1 to 3 to version 4; newer or foreign files are left alone."""
-    for version, step in ((1, _version_1_to_2), (2, _version_2_to_3), (3, _version_3_to_4)):
+    """Bring a file of version 1 to 4 to version 5; newer or foreign files are left alone."""
+    steps = ((1, _version_1_to_2), (2, _version_2_to_3), (3, _version_3_to_4), (4, _version_4_to_5))
+    for version, step in steps:
         if _version(conn) != version:
             continue
         with immediate(conn):
@@ -320,14 +325,14 @@ def _version_2_to_3(conn: sqlite3.Connection) -> None:
         conn.execute(create)
         conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {table}_v2")
         conn.execute(f"DROP TABLE {table}_v2")
-    conn.execute(_LEASE_TABLE)
+    conn.execute(_V3_LEASE_TABLE)
     for statement in (*_INDEXES, *_LATEST_INDEXES, *_UPKEEP_TRIGGERS):
         conn.execute(statement)
 
 
 def _version_3_to_4(conn: sqlite3.Connection) -> None:
     """One upkeep trigger per event; a payload with a key twice, even a ``null``, now blocks."""
-    _check_tables(conn, TABLES)
+    _check_tables(conn, _V4_TABLES)
     for (name,) in conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'checkpoint_latest'"
     ).fetchall():
@@ -335,6 +340,12 @@ def _version_3_to_4(conn: sqlite3.Connection) -> None:
     _block_keys_twice(conn)
     for statement in _UPKEEP_TRIGGERS:
         conn.execute(statement)
+
+
+def _version_4_to_5(conn: sqlite3.Connection) -> None:
+    """Lease epochs: every key's next take gets epoch 1 or more."""
+    _check_tables(conn, _V4_TABLES)
+    conn.execute(_LEASE_EPOCH)
 
 
 def _block_keys_twice(conn: sqlite3.Connection) -> None:

@@ -7,15 +7,19 @@ be read back is refused on write instead of poisoning the store.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
 
 from ..checkpoints import PartitionCheckpoint, RouteKey, checkpoint_from_payload
+from ..errors import LeaseLost
 from ..identity import fold_ascii
+from ..lease import LeaseClaim
 from ._codec import (
     check_run_id,
     encode_batch,
@@ -50,8 +54,13 @@ class MemoryCheckpointStore:
     def upsert(self, checkpoint: PartitionCheckpoint) -> None:
         self.upsert_many([checkpoint])
 
-    def upsert_many(self, checkpoints: Iterable[PartitionCheckpoint]) -> None:
-        self._write(encode_batch(checkpoints))
+    def upsert_many(
+        self, checkpoints: Iterable[PartitionCheckpoint], *, holding: LeaseClaim | None = None
+    ) -> None:
+        items = list(checkpoints)
+        rows = encode_batch(items)
+        with self._leases.holding(holding, items[0].route if items else None):
+            self._write(rows)
 
     def _write(self, rows: list[tuple[str, ...]]) -> None:
         for row in rows:
@@ -160,36 +169,67 @@ def _same_target(route: RouteKey, target: RouteKey) -> bool:
 
 
 class _MemoryLeases:
-    """``LeaseTable`` over a dict; the store's one object serves every lease of the process."""
+    """``LeaseTable`` over a dict; the store's one object serves every lease of the process.
+
+    A row is (token, expires_at, record, epoch); a released one keeps its epoch."""
 
     def __init__(self) -> None:
-        self._rows: dict[str, tuple[str, float, str]] = {}
-        self._lock = threading.Lock()
+        self._rows: dict[str, tuple[str, float, str, int]] = {}
+        self._lock = threading.RLock()
 
-    def take(self, key: str, token: str, expires_at: float, record: str, now: float) -> bool:
+    def take(
+        self,
+        key: str,
+        token: str,
+        expires_at: float,
+        record: str,
+        now: float,
+        *,
+        replacing: str | None = None,
+    ) -> int | None:
+        with self._lock:
+            held = self._rows.get(key, ("", 0.0, "", 0))
+            if held[1] > now and held[0] != token and held[2] != replacing:
+                return None
+            self._rows[key] = (token, expires_at, record, held[3] + 1)
+            return held[3] + 1
+
+    def raise_epoch(self, key: str, token: str, epoch: int) -> int | None:
         with self._lock:
             held = self._rows.get(key)
-            if held is not None and held[1] > now and held[0] != token:
-                return False
-            self._rows[key] = (token, expires_at, record)
-            return True
+            if held is None or held[0] != token:
+                return None
+            self._rows[key] = (*held[:3], max(held[3], epoch))
+            return self._rows[key][3]
 
     def renew(self, key: str, token: str, expires_at: float, record: str) -> bool:
         with self._lock:
-            if self._rows.get(key, ("",))[0] != token:
+            held = self._rows.get(key)
+            if held is None or held[0] != token:
                 return False
-            self._rows[key] = (token, expires_at, record)
+            self._rows[key] = (token, expires_at, record, held[3])
             return True
 
     def release(self, key: str, token: str) -> None:
         with self._lock:
-            if self._rows.get(key, ("",))[0] == token:
-                del self._rows[key]
+            held = self._rows.get(key)
+            if held is not None and held[0] == token:
+                self._rows[key] = ("", 0.0, held[2], held[3])
 
     def holder(self, key: str, now: float) -> str | None:
         with self._lock:
             held = self._rows.get(key)
             return None if held is None or held[1] <= now else held[2]
+
+    @contextlib.contextmanager
+    def holding(self, claim: LeaseClaim | None, route: RouteKey | None) -> Iterator[None]:
+        """Within, ``claim`` holds its lease unexpired (``LeaseLost`` else); no take meanwhile."""
+        with self._lock:
+            if claim is not None and route is not None:
+                held = self._rows.get(claim.key)
+                if held is None or held[0] != claim.token or held[1] <= time.time():
+                    raise LeaseLost.lost(route)
+            yield
 
     def close(self) -> None:
         """Nothing to close: the leases live as long as the store."""

@@ -39,6 +39,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -48,8 +49,10 @@ from ..errors import (
     CheckpointStoreCorrupt,
     CheckpointStoreUnavailable,
     ConfigInvalid,
+    LeaseLost,
     NativeTransferError,
 )
+from ..lease import LeaseClaim
 from ._codec import (
     ROUTE_NAMES,
     check_run_id,
@@ -70,7 +73,7 @@ from ._records import (
 
 __all__ = ["SCHEMA_VERSION", "PostgresCheckpointStore"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _T = TypeVar("_T")
 
@@ -104,12 +107,17 @@ def _lease_table(s: str) -> str:
         record TEXT NOT NULL)"""
 
 
+def _lease_epoch(s: str) -> str:
+    """Version 2 to 3: an epoch per lease key that only grows (kept when a lease is released)."""
+    return f"ALTER TABLE {s}.lease ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0"
+
+
 def _indexes(s: str) -> tuple[str, ...]:
     return tuple(f"CREATE INDEX {name} ON {s}.{table} ({key})" for name, table, key in _INDEXES)
 
 
 def _schema_statements(s: str) -> tuple[str, ...]:
-    """DDL of schema version 2; ``s`` is the quoted schema name."""
+    """DDL of schema version 3; ``s`` is the quoted schema name."""
     return (
         f"CREATE SCHEMA IF NOT EXISTS {s}",
         f"CREATE TABLE {s}.meta (key {_KEY} PRIMARY KEY, value TEXT NOT NULL)",
@@ -128,6 +136,7 @@ def _schema_statements(s: str) -> tuple[str, ...]:
             audit_id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, {_ROUTE_COLUMNS},
             record TEXT NOT NULL, {_LOCATIONS})""",
         _lease_table(s),
+        _lease_epoch(s),
         *_indexes(s),
     )
 
@@ -162,8 +171,12 @@ _TABLES = {
     "source_state": (*_C_ROUTE, "state text", *_C_LOCATIONS),
     "evidence": (*_C_ROUTE, "run_id text C", "seq bigint", "record text", *_C_LOCATIONS),
     "audit": ("audit_id bigint", *_C_ROUTE, "record text", *_C_LOCATIONS),
-    "lease": ("lease_key text C", "token text", "expires_at double precision", "record text"),
+    "lease": (
+        "lease_key text C", "token text", "expires_at double precision", "record text",
+        "epoch bigint",
+    ),
 }  # fmt: skip
+_V2_TABLES = {**_TABLES, "lease": _TABLES["lease"][:-1]}
 _V1_TABLES = {
     table: tuple(column for column in columns if column not in _C_LOCATIONS)
     for table, columns in _TABLES.items()
@@ -272,9 +285,10 @@ def _prepare_schema(conn: Any, schema: str, create: bool = True) -> None:
     row = conn.execute(f"SELECT value FROM {s}.meta WHERE key = 'schema_version'").fetchone()
     if row is None:
         raise CheckpointStoreCorrupt("schema is not a checkpoint store (no schema version)")
-    if row[0] == "1":
-        _check_tables(found, _V1_TABLES)
-        for statement in _migration_statements(s):
+    if row[0] in ("1", "2"):
+        _check_tables(found, _V1_TABLES if row[0] == "1" else _V2_TABLES)
+        steps = [*(_migration_statements(s) if row[0] == "1" else ()), _lease_epoch(s)]
+        for statement in steps:
             conn.execute(statement)
         conn.execute(
             f"UPDATE {s}.meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
@@ -377,11 +391,28 @@ class PostgresCheckpointStore(OwnConnection, RecordReads):
     def upsert(self, checkpoint: PartitionCheckpoint) -> None:
         self.upsert_many([checkpoint])
 
-    def upsert_many(self, checkpoints: Iterable[PartitionCheckpoint]) -> None:
-        rows = encode_batch(checkpoints)
+    def upsert_many(
+        self, checkpoints: Iterable[PartitionCheckpoint], *, holding: LeaseClaim | None = None
+    ) -> None:
+        """One transaction; with ``holding``, only while that lease is held (``LeaseStore``):
+        the lease row is read ``FOR SHARE``, so a take waits for the write to commit."""
+        items = list(checkpoints)
+        rows = encode_batch(items)
         if not rows:
             return
-        self._transaction("written", lambda conn: self._insert_checkpoints(conn, rows))
+
+        def write(conn: Any) -> None:
+            if holding is not None:
+                held = conn.execute(
+                    f"SELECT 1 FROM {self._s}.lease WHERE lease_key = %s AND token = %s"
+                    " AND expires_at > %s FOR SHARE",
+                    (holding.key, holding.token, time.time()),
+                ).fetchone()
+                if held is None:
+                    raise LeaseLost.lost(items[0].route)
+            self._insert_checkpoints(conn, rows)
+
+        self._transaction("written", write)
 
     def list_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
         return self._checkpoints("checkpoint_latest", "partition_id", route)
@@ -542,15 +573,34 @@ class _LeaseTable:
         with self._lock:
             return _in_transaction(self._driver, "written", self._conn, run)
 
-    def take(self, key: str, token: str, expires_at: float, record: str, now: float) -> bool:
+    def take(
+        self,
+        key: str,
+        token: str,
+        expires_at: float,
+        record: str,
+        now: float,
+        *,
+        replacing: str | None = None,
+    ) -> int | None:
         row = self._run(
-            f"INSERT INTO {self._s}.lease AS held (lease_key, token, expires_at, record)"
-            " VALUES (%s, %s, %s, %s) ON CONFLICT (lease_key) DO UPDATE SET"
-            " token = excluded.token, expires_at = excluded.expires_at, record = excluded.record"
-            " WHERE held.expires_at <= %s OR held.token = excluded.token RETURNING token",
-            (key, token, expires_at, record, now),
+            f"INSERT INTO {self._s}.lease AS held (lease_key, token, expires_at, record, epoch)"
+            " VALUES (%s, %s, %s, %s, 1) ON CONFLICT (lease_key) DO UPDATE SET"
+            " token = excluded.token, expires_at = excluded.expires_at,"
+            " record = excluded.record, epoch = held.epoch + 1"
+            " WHERE held.expires_at <= %s OR held.token = excluded.token OR held.record = %s"
+            " RETURNING token, epoch",
+            (key, token, expires_at, record, now, replacing),
         )[1]
-        return row is not None and row[0] == token
+        return row[1] if row is not None and row[0] == token else None
+
+    def raise_epoch(self, key: str, token: str, epoch: int) -> int | None:
+        row = self._run(
+            f"UPDATE {self._s}.lease SET epoch = greatest(epoch, %s)"
+            " WHERE lease_key = %s AND token = %s RETURNING epoch",
+            (epoch, key, token),
+        )[1]
+        return None if row is None else row[0]
 
     def renew(self, key: str, token: str, expires_at: float, record: str) -> bool:
         changed, _ = self._run(
@@ -561,7 +611,11 @@ class _LeaseTable:
         return changed == 1
 
     def release(self, key: str, token: str) -> None:
-        self._run(f"DELETE FROM {self._s}.lease WHERE lease_key = %s AND token = %s", (key, token))
+        self._run(
+            f"UPDATE {self._s}.lease SET token = '', expires_at = 0"
+            " WHERE lease_key = %s AND token = %s",
+            (key, token),
+        )
 
     def holder(self, key: str, now: float) -> str | None:
         row = self._run(

@@ -25,14 +25,16 @@ import os
 import sqlite3
 import tempfile
 import threading
+import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
 from urllib.request import pathname2url
 
 from ..checkpoints import GUARD_DIAGNOSTICS_KEY, LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey
-from ..errors import CheckpointStoreCorrupt, CheckpointStoreUnavailable
+from ..errors import CheckpointStoreCorrupt, CheckpointStoreUnavailable, LeaseLost
 from ..latest import LatestCheckpoints, guard_json
+from ..lease import LeaseClaim
 from ._codec import check_run_id, encode_batch, encode_object, encode_resolution, route_params
 from ._records import (
     OwnConnection,
@@ -233,12 +235,17 @@ class SQLiteCheckpointStore(OwnConnection, RecordReads):
     def upsert(self, checkpoint: PartitionCheckpoint) -> None:
         self.upsert_many([checkpoint])
 
-    def upsert_many(self, checkpoints: Iterable[PartitionCheckpoint]) -> None:
+    def upsert_many(
+        self, checkpoints: Iterable[PartitionCheckpoint], *, holding: LeaseClaim | None = None
+    ) -> None:
+        """One transaction; with ``holding``, only while that lease is held (``LeaseStore``)."""
         items = list(checkpoints)
         rows = encode_batch(items)
         if not rows:
             return
         with self._transaction() as conn:
+            if holding is not None:
+                _check_holding(conn, holding, items[0].route)
             _insert_checkpoints(conn, rows, items)
 
     def list_latest(self, route: RouteKey) -> LatestCheckpoints:
@@ -463,23 +470,51 @@ class _LeaseTable:
         self._conn = conn
         self._lock = threading.Lock()
 
-    def _write(self, sql: str, params: tuple[Any, ...]) -> int:
+    def _write(self, sql: str, params: tuple[Any, ...], key: str = "", token: str = "") -> Any:
+        """Run ``sql``; with ``key``, then the epoch of that key's lease if ``token`` holds it."""
         with self._lock, _translated("written", writing=True), immediate(self._conn):
-            return self._conn.execute(sql, params).rowcount
-
-    def take(self, key: str, token: str, expires_at: float, record: str, now: float) -> bool:
-        self._write(
-            "INSERT INTO lease (lease_key, token, expires_at, record) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (lease_key) DO UPDATE SET token = excluded.token,"
-            " expires_at = excluded.expires_at, record = excluded.record"
-            " WHERE lease.expires_at <= ? OR lease.token = excluded.token",
-            (key, token, expires_at, record, now),
-        )
-        with self._lock, _translated("read"):
+            changed = self._conn.execute(sql, params).rowcount
+            if not key:
+                return changed
             row = self._conn.execute(
-                "SELECT token FROM lease WHERE lease_key = ?", (key,)
+                "SELECT token, epoch FROM lease WHERE lease_key = ?", (key,)
             ).fetchone()
-        return row is not None and row[0] == token
+            return row[1] if row is not None and row[0] == token else None
+
+    def take(
+        self,
+        key: str,
+        token: str,
+        expires_at: float,
+        record: str,
+        now: float,
+        *,
+        replacing: str | None = None,
+    ) -> int | None:
+        return cast(
+            "int | None",
+            self._write(
+                "INSERT INTO lease (lease_key, token, expires_at, record, epoch)"
+                " VALUES (?, ?, ?, ?, 1) ON CONFLICT (lease_key) DO UPDATE SET"
+                " token = excluded.token, expires_at = excluded.expires_at,"
+                " record = excluded.record, epoch = lease.epoch + 1"
+                " WHERE lease.expires_at <= ? OR lease.token = excluded.token OR lease.record = ?",
+                (key, token, expires_at, record, now, replacing),
+                key,
+                token,
+            ),
+        )
+
+    def raise_epoch(self, key: str, token: str, epoch: int) -> int | None:
+        return cast(
+            "int | None",
+            self._write(
+                "UPDATE lease SET epoch = MAX(epoch, ?) WHERE lease_key = ? AND token = ?",
+                (epoch, key, token),
+                key,
+                token,
+            ),
+        )
 
     def renew(self, key: str, token: str, expires_at: float, record: str) -> bool:
         return 1 == self._write(
@@ -488,7 +523,10 @@ class _LeaseTable:
         )
 
     def release(self, key: str, token: str) -> None:
-        self._write("DELETE FROM lease WHERE lease_key = ? AND token = ?", (key, token))
+        self._write(
+            "UPDATE lease SET token = '', expires_at = 0 WHERE lease_key = ? AND token = ?",
+            (key, token),
+        )
 
     def holder(self, key: str, now: float) -> str | None:
         with self._lock, _translated("read"):
@@ -499,6 +537,16 @@ class _LeaseTable:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _check_holding(conn: sqlite3.Connection, claim: LeaseClaim, route: RouteKey) -> None:
+    """``LeaseLost`` unless ``claim`` holds its lease unexpired (in the caller's transaction)."""
+    held = conn.execute(
+        "SELECT 1 FROM lease WHERE lease_key = ? AND token = ? AND expires_at > ?",
+        (claim.key, claim.token, time.time()),
+    ).fetchone()
+    if held is None:
+        raise LeaseLost.lost(route)
 
 
 def _insert_checkpoints(

@@ -16,6 +16,7 @@ import attrs
 
 from ..checkpoints import GUARD_DIAGNOSTICS_KEY, PartitionCheckpoint, RouteKey
 from ..connectors._sql import quote
+from ..lease import LeaseClaim
 
 __all__ = [
     "FaultyStore",
@@ -96,7 +97,9 @@ class FaultyStore:
     def upsert(self, checkpoint: PartitionCheckpoint) -> None:
         self.upsert_many([checkpoint])
 
-    def upsert_many(self, checkpoints: Sequence[PartitionCheckpoint]) -> None:
+    def upsert_many(
+        self, checkpoints: Sequence[PartitionCheckpoint], *, holding: LeaseClaim | None = None
+    ) -> None:
         batch = tuple(checkpoints)
         self.batches.append(batch)
         for fault in self._write_faults:
@@ -105,7 +108,10 @@ class FaultyStore:
                 for checkpoint in batch[: fault.keep]:
                     self.inner.upsert(checkpoint)
                 raise fault.error
-        self.inner.upsert_many(batch)
+        if holding is None:
+            self.inner.upsert_many(batch)
+        else:
+            self.inner.upsert_many(batch, holding=holding)
 
     def _read(self) -> None:
         if self._read_errors and (error := self._read_errors.pop(0)) is not None:
