@@ -57,7 +57,10 @@ class NativeTransferOperator(BaseOperator):
     ``source_conn_id``, ``target_conn_id`` and ``store_conn_id`` name Airflow
     connections that replace the route's own locations (docs/airflow.md).
     ``run_id`` (templated, default: Airflow's run id) is the middle of each
-    try's dpone run id. Returns a small JSON-safe summary (pushed as the task's XCom).
+    try's dpone run id. ``recovery`` (``"manual"`` or ``"from_target"``) overrides the
+    route's ``[guard] recovery``: with ``"from_target"`` a try resolves, before it touches
+    the target, the batches a killed try left blocked whose outcome the target's ledger
+    proves (docs/airflow.md). Returns a small JSON-safe summary (pushed as the task's XCom).
     """
 
     template_fields: Sequence[str] = (
@@ -77,9 +80,11 @@ class NativeTransferOperator(BaseOperator):
         source_conn_id: str | None = None,
         target_conn_id: str | None = None,
         store_conn_id: str | None = None,
+        recovery: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.recovery = recovery  # None: the route's [guard] recovery
         self.route = route_argument(route)
         self.route_base_dir = None if route_base_dir is None else os.fspath(route_base_dir)
         self.run_id = run_id
@@ -133,7 +138,7 @@ class NativeTransferOperator(BaseOperator):
         or the sink (``dpone_native_transfer.application.transfer`` takes
         ``wrap_store`` and ``sink``) and so inject faults or count target calls.
         """
-        return transfer(config, run_id, events=events)
+        return transfer(config, run_id, events=events, recovery=self.recovery)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The tables read and written, for the OpenLineage provider (None without it)."""

@@ -37,11 +37,13 @@ def transfer(
     wrap_store: Callable[[Any], Any] | None = None,
     sink: Any = None,
     unguarded: bool = False,
+    recovery: str | None = None,
 ) -> tuple[TransferResult, float]:
     """One run of a configured route; returns the result and its duration in seconds.
 
     The guard comes from its entry point (``plugins=None``) unless ``unguarded``
-    (``plugins=[]``); the store is always closed.
+    (``plugins=[]``); ``recovery`` overrides the route's ``[guard] recovery``; the store
+    is always closed.
     """
     started = time.perf_counter()
     store = open_store(config.store_path, create=True, argument="store.path")
@@ -52,7 +54,7 @@ def transfer(
             lease_seconds=config.lease_seconds,
             plugins=[] if unguarded else None,
         )
-        result = runtime.run(config.spec(run_id, sink=sink))
+        result = runtime.run(config.spec(run_id, sink=sink, recovery=recovery))
     finally:
         store.close()
     return result, time.perf_counter() - started

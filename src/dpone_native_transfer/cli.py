@@ -247,6 +247,13 @@ def _add_run_command(commands: Any, common: argparse.ArgumentParser) -> None:
         "--json", action="store_true", help="print the closing summary as one JSON object"
     )
     run.add_argument(
+        "--recovery",
+        choices=("manual", "from_target"),
+        help="what this run does with batches a crash left blocked: manual (an operator "
+        "resolves them; the default) or from_target (resolve those the target's ledger "
+        "proves, with an audit record, then run); overrides the route file's [guard] recovery",
+    )
+    run.add_argument(
         "--unguarded",
         action="store_true",
         help="run without the target-commit guard, on purpose (refused on routes with guards; "
@@ -305,7 +312,13 @@ def _report_failure(error: Exception, *, show_traceback: bool) -> int:
 def _run_command(args: argparse.Namespace) -> int:
     config = load_route_config(args.route)
     run_id = args.run_id or new_run_id()
-    result, seconds = transfer(config, run_id, events=progress_logger(), unguarded=args.unguarded)
+    result, seconds = transfer(
+        config,
+        run_id,
+        events=progress_logger(),
+        unguarded=args.unguarded,
+        recovery=args.recovery,
+    )
     if args.json:
         print(json.dumps(run_summary(config, run_id, result, seconds), sort_keys=True))
     else:

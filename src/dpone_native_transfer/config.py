@@ -31,7 +31,7 @@ from .errors import ConfigInvalid
 from .identity import route_key
 from .lease import DEFAULT_LEASE_SECONDS, MIN_LEASE_SECONDS
 from .paths import Governance
-from .runtime import BUILTIN_PATHS, MAX_CHUNK_ROWS, TransferSpec
+from .runtime import BUILTIN_PATHS, MAX_CHUNK_ROWS, RECOVERY_MODES, TransferSpec
 from .schema_contract import SCHEMA_CONTRACTS
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "RouteConfig", "load_route_config", "route_config_from_mapping"]
@@ -83,6 +83,8 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
         {"path": ("file", _REQUIRED), "lease_seconds": ("seconds", _OPTIONAL)},
     ),
     "gates": (_OPTIONAL, {"min_rows": ("count", _OPTIONAL), "max_rows": ("count", _OPTIONAL)}),
+    # "from_target": a run first resolves blocked batches the target's ledger proves
+    "guard": (_OPTIONAL, {"recovery": ("recovery", _OPTIONAL)}),
 }
 
 
@@ -138,6 +140,7 @@ _ENUMS: Mapping[str, tuple[str, ...]] = {
     "schema_contract": SCHEMA_CONTRACTS,
     "on_null_cursor": NULL_CURSOR_POLICIES,
     "partition_by": ("range", "value"),
+    "recovery": RECOVERY_MODES,
 }
 DEFAULT_PARTITION_ROWS = 100_000
 
@@ -168,6 +171,7 @@ class RouteConfig:
     schema_contract: str = "evolve"
     lag: float = 0
     on_null_cursor: str = "error"
+    recovery: str = "manual"
     # Where the source and target are, resolved (a DSN may hold a password: never log them).
     source_location: str = attrs.field(default="", repr=False)
     target_location: str = attrs.field(default="", repr=False)
@@ -181,8 +185,9 @@ class RouteConfig:
         """The route, located by the source's and target's databases."""
         return route_key(self.source, self.sink, self.strategy)
 
-    def spec(self, run_id: str, *, sink: Any = None) -> TransferSpec:
-        """The transfer spec for one run; ``sink`` replaces the configured one (tests, demo)."""
+    def spec(self, run_id: str, *, sink: Any = None, recovery: str | None = None) -> TransferSpec:
+        """The transfer spec for one run; ``sink`` replaces the configured one (tests, demo),
+        ``recovery`` the route file's ``[guard] recovery``."""
         return TransferSpec(
             source=self.source,
             sink=self.sink if sink is None else sink,
@@ -196,6 +201,7 @@ class RouteConfig:
             schema_contract=self.schema_contract,
             lag=self.lag,
             on_null_cursor=self.on_null_cursor,
+            recovery=self.recovery if recovery is None else recovery,
         )
 
 
@@ -437,6 +443,7 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
         schema_contract=transfer.get("schema_contract", "evolve"),
         lag=sections["source"].get("lag", 0),
         on_null_cursor=sections["source"].get("on_null_cursor", "error"),
+        recovery=sections.get("guard", {}).get("recovery", "manual"),
     )
 
 

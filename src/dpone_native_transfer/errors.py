@@ -40,6 +40,7 @@ __all__ = [
     "StoreClosed",
     "StoreTargetMismatch",
     "TargetRowsMismatch",
+    "TargetRowsUnproven",
     "TargetCommitGuardInvalid",
     "TargetCommitGuardUnhandled",
     "TargetUnavailable",
@@ -208,7 +209,7 @@ class LeaseLost(RouteBusy):
     (nothing applied). The route is not blocked by it; a retry may succeed (exit 1)."""
 
     code = "native_transfer_lease_lost"
-    applied = False
+    applied: ClassVar[bool | None] = False
 
     @classmethod
     def lost(cls, route: RouteKey) -> LeaseLost:
@@ -235,7 +236,7 @@ class TargetRowsMismatch(NativeTransferError):
     back: nothing applied, the route not blocked. A retry meets the same cause (exit 2)."""
 
     code = "native_transfer_target_rows_mismatch"
-    applied = False
+    applied: ClassVar[bool | None] = False
 
     @classmethod
     def counted(cls, target_table: str, batch_id: str, *, sent: int, applied: int) -> Any:
@@ -243,6 +244,37 @@ class TargetRowsMismatch(NativeTransferError):
             f"target table {target_table!r} applied {applied:,} rows of the {sent:,} the batch "
             "sent (a trigger, rule or constraint on it dropped or added rows); the load was "
             "rolled back and nothing was applied; remove the cause, then run again",
+            diagnostics={"target_table": target_table, "batch_id": batch_id, "sent": sent,
+                         "applied": applied},
+        )  # fmt: skip
+
+    @classmethod
+    def rewriting(cls, target_table: str, found: int) -> TargetRowsMismatch:
+        """Refused before the target: the table has triggers or rules (or is a view) that may
+        drop, add or change the rows an insert or a refresh's delete is handed."""
+        return cls(
+            f"target table {target_table!r} has {found} trigger(s), rule(s) or view definitions "
+            "that run on inserts or deletes and may drop, add or change the rows dpone loads, "
+            "so what it applies could not be proven; nothing was written: remove or disable "
+            "them, or load into a table without them",
+            diagnostics={"target_table": target_table, "rewriting": found},
+        )
+
+
+class TargetRowsUnproven(TargetRowsMismatch):
+    """A target without transactions (ClickHouse) holds another number of new rows than the
+    batch sent, counted after its insert: nothing can be rolled back, so what it applied is
+    unknown and the guard blocks the route until the target is reconciled (exit 2 now)."""
+
+    applied = None
+
+    @classmethod
+    def counted(cls, target_table: str, batch_id: str, *, sent: int, applied: int) -> Any:
+        return cls(
+            f"target table {target_table!r} gained {applied:,} rows where the batch sent "
+            f"{sent:,} (another writer, a deduplicated insert, or an engine that merges rows); "
+            "this target cannot roll back, so the route is blocked until an operator "
+            "reconciles it (`dpone-transfer guard verify`)",
             diagnostics={"target_table": target_table, "batch_id": batch_id, "sent": sent,
                          "applied": applied},
         )  # fmt: skip

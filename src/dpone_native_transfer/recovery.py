@@ -117,7 +117,8 @@ class Prover:
 
     A batch is **applied** when the ledger holds its row for its route, listing every blocked
     partition with the rows the store recorded for it; a row that lists others, or other
-    counts, proves nothing. It is **not applied** when the ledger, written with the rows
+    counts, proves nothing. Only a ledger written with the rows (``ledger_atomic``) heals by
+    itself: on ClickHouse a person confirms it. It is **not applied** when the ledger, written with the rows
     (``ledger_atomic``), does not hold it, the batch was armed with the ledger on, and no
     attempt can commit it later: the target's fence was raised past the epoch that armed it
     (``advance=True``: raised here, once, before the ledger is read again). A batch armed
@@ -150,7 +151,9 @@ class Prover:
             return Proof(UNKNOWN, self.reason or "the target cannot be read")
         found = _entry(entries, route, batch_id)
         if found is not None:
-            return _applied(found, checkpoints)
+            proof = _applied(found, checkpoints)
+            atomic = getattr(self._sink, "ledger_atomic", False)
+            return proof if atomic else attrs.evolve(proof, heals=False)
         if not all(cp.diagnostics.get(LEDGER_BATCH_KEY) == batch_id for cp in checkpoints):
             return Proof(UNKNOWN, "the batch was written without the target's ledger")
         if not getattr(self._sink, "ledger_atomic", False):

@@ -40,7 +40,7 @@ from ..column_types import (
     without_nul,
 )
 from ..drivers import import_driver, postgres_connect
-from ..errors import ConfigInvalid
+from ..errors import ConfigInvalid, TargetRowsMismatch
 from ..identity import TableIdentity, server_location
 from ..ledger import (
     FENCE_TABLE,
@@ -129,6 +129,14 @@ _WRITABLE = """SELECT CASE
     WHEN to_regclass(%(table)s) IS NOT NULL
         THEN has_table_privilege(to_regclass(%(table)s), 'INSERT')
     ELSE has_schema_privilege(to_regnamespace(%(schema)s), 'CREATE') END"""
+# What may change the rows a load hands the target: enabled user triggers on INSERT, DELETE or
+# TRUNCATE (tgtype bits 4, 8, 32), rules, or a relation that is not a table. No row: no table.
+_REWRITING = """SELECT
+    (SELECT count(*) FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal
+        AND t.tgenabled <> 'D' AND t.tgtype & 44 <> 0)
+    + (SELECT count(*) FROM pg_rewrite r WHERE r.ev_class = c.oid AND r.rulename <> '_RETURN')
+    + CASE WHEN c.relkind IN ('r', 'p') THEN 0 ELSE 1 END
+    FROM pg_class c WHERE c.oid = to_regclass(%s)"""
 # Whether the login may read a lazy plan's source table, and whether that is the target itself.
 _PULLABLE = """SELECT coalesce(has_table_privilege(to_regclass(%s), 'SELECT'), false),
     coalesce(to_regclass(%s) = to_regclass(%s), false)"""
@@ -251,16 +259,20 @@ class PostgresSink:
         """Before the target call: the server answers, the login is accepted, and it may write
         the target table (INSERT on it, or CREATE where it will be created)."""
 
-        def writable(conn: Any) -> bool:
+        def writable(conn: Any) -> tuple[bool, int]:
             names = {"table": self._target.sql(), "schema": quote(self._target.schema)}
-            return bool(conn.execute(_WRITABLE, names).fetchone()[0])
+            rewriting = conn.execute(_REWRITING, [self._target.sql()]).fetchone()
+            return bool(conn.execute(_WRITABLE, names).fetchone()[0]), rewriting and rewriting[0]
 
-        if not self._outside_call(writable, to="be reached"):
+        allowed, rewriting = self._outside_call(writable, to="be reached")
+        if not allowed:
             raise ConfigInvalid(
                 f"the login of target table {self.table!r} may not write it (it needs INSERT on "
                 "the table, or CREATE on the schema to create it); nothing was written",
                 diagnostics={"table": self.table},
             )
+        if rewriting:
+            raise TargetRowsMismatch.rewriting(self.table, rewriting)
 
     # --- loads ------------------------------------------------------------------------------
 

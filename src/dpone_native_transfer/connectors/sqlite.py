@@ -30,6 +30,7 @@ from ..errors import (
     ConfigInvalid,
     SourceInvalid,
     SourceMissing,
+    TargetRowsMismatch,
     ValueUnsupported,
 )
 from ..identity import TableIdentity, file_location, fold_ascii
@@ -981,9 +982,12 @@ class SQLiteSink(FileTarget):
             with self._connect() as conn:
                 conn.execute("BEGIN EXCLUSIVE")
                 conn.execute("PRAGMA schema_version").fetchone()
+                (rewriting,) = conn.execute(_REWRITING, (self.table, self.table)).fetchone()
                 conn.execute("ROLLBACK")
         except sqlite3.Error:
             raise unavailable(self.table) from None
+        if rewriting:
+            raise TargetRowsMismatch.rewriting(self.table, rewriting)
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -1412,6 +1416,12 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
+# What may change the rows a load hands the target: any trigger on the table (SQLite's fire
+# on INSERT, DELETE or UPDATE, BEFORE or AFTER), or a view of its name (INSTEAD OF triggers).
+_REWRITING = (
+    "SELECT count(*) FROM sqlite_master WHERE (type = 'trigger' AND tbl_name = ? COLLATE NOCASE)"
+    " OR (type = 'view' AND name = ? COLLATE NOCASE)"
+)
 _FENCE_AT: dict[str, Any] = {"table": _quote(FENCE_TABLE), "marker": "?"}
 _FENCE: dict[str, Any] = {**_FENCE_AT, "text": "TEXT NOT NULL", "integer": "INTEGER NOT NULL"}
 

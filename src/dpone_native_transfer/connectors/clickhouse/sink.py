@@ -52,7 +52,13 @@ from ...artifacts import (
 )
 from ...column_types import Carry
 from ...drivers import import_driver
-from ...errors import ConfigInvalid, InternalInvariantBroken, NativeTransferError, SourceInvalid
+from ...errors import (
+    ConfigInvalid,
+    InternalInvariantBroken,
+    NativeTransferError,
+    SourceInvalid,
+    TargetRowsUnproven,
+)
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query, ledger_table_sql
 from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, RowChunks, bound_predicates
@@ -238,12 +244,15 @@ class ClickHouseSink:
         with self.client() as client:
             if payload.replace:
                 rows = self._replace(client, payload.columns, fill, tokens)
+                before = 0
             else:
                 _create(client, self._target, create)
                 if entry is not None:  # a table of an older release may have no window yet
                     window = f"MODIFY SETTING {DEDUPLICATION_WINDOW}"
                     client.command(f"ALTER TABLE {_ref(self._target)} {window}")
+                before = _count(client, self._target)
                 rows = fill(client, self._target, tokens)
+            _check_gained(client, entry, self._target, before)
             return _record(client, entry, rows)
 
     @staticmethod
@@ -587,6 +596,7 @@ class ClickHouseSink:
                 )
             if not _exists(client, self._target):
                 client.command(f"CREATE TABLE {target} AS {stage}")
+            before = 0 if replace else _count(client, self._target)
             staged = _count(client, self._stage)
             if replace:
                 staged_ids = _partition_ids(client, self._stage)
@@ -604,6 +614,7 @@ class ClickHouseSink:
                 token = insert_settings(_Tokens(entry).next())
                 client.command(f"INSERT INTO {target} ({names}){token} SELECT {names} FROM {stage}")
             client.command(f"DROP TABLE {stage} SYNC")
+            _check_gained(client, entry, self._target, before)
             return _record(client, entry, staged)
 
     def discard_stage(self) -> None:
@@ -658,6 +669,21 @@ class _Tokens:
             return None
         self._number += 1
         return f"{self._batch}-{self._number}"
+
+
+def _check_gained(
+    client: ClickHouseClient, entry: LedgerEntry | None, table: TableName, before: int
+) -> None:
+    """``TargetRowsUnproven`` (the route blocks) when the table gained another number of rows
+    than the batch sent: counted after the insert, as no transaction spans it (a count of a
+    MergeTree table is read from its parts' metadata)."""
+    if entry is None or entry.sent is None:
+        return
+    gained = _count(client, table) - before
+    if gained != entry.sent:
+        raise TargetRowsUnproven.counted(
+            entry.target_table, entry.batch_id, sent=entry.sent, applied=gained
+        )
 
 
 def _record(client: ClickHouseClient, entry: LedgerEntry | None, rows: int) -> int:

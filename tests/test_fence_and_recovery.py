@@ -1,0 +1,230 @@
+"""The target's fence, rows applied equal rows sent, and certified automatic recovery (issue 43).
+
+On every transactional target (SQLite, DuckDB, PostgreSQL), a batch of an older lease epoch
+is rolled back inside its own transaction, a target that applies another number of rows
+than it was sent is rolled back, and a run with ``recovery = "from_target"`` resolves what
+the target's ledger proves before it touches the target, and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from helpers.postgres_server import postgres_url
+from helpers.routes import PATHS, Route
+
+from dpone_native_transfer import (
+    LEASE_EPOCH_KEY,
+    ConfigInvalid,
+    LeaseLost,
+    ManualReconciliationRequired,
+    PostgresSink,
+    TargetRowsMismatch,
+)
+from dpone_native_transfer.events import EventName
+from dpone_native_transfer.testing import InjectedFault, RecordingSink, assert_rows_exactly_once
+from dpone_target_commit_guard.policy import blocked_partitions
+
+TRANSACTIONAL = ("sqlite", "duckdb", "postgres")
+
+
+def target(kind: str, tmp_path: Path, request: pytest.FixtureRequest, **recording: Any) -> Route:
+    """The sample route into a real ``kind`` target; a PostgreSQL one in a schema of its own."""
+    if kind == "postgres":
+        location = request.getfixturevalue("postgres_schema")
+        with contextlib.closing(psycopg.connect(location.dsn, autocommit=True)) as conn:
+            conn.execute(f'CREATE SCHEMA "{location.schema}"')
+        inner = PostgresSink(postgres_url(location.dsn), f"{location.schema}.orders_copy")
+        route = Route(tmp_path, sink=inner)
+        route.location = location
+    else:
+        route = Route(tmp_path, kind=kind)
+    route.sink = RecordingSink(route.sink.inner, **recording)
+    return route
+
+
+def blocked(route: Route) -> list[Any]:
+    return blocked_partitions(route.latest())
+
+
+def audits(route: Route) -> list[dict[str, Any]]:
+    return route.real_store.list_audit(route.spec("legacy").route)
+
+
+# --- the fence ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", TRANSACTIONAL)
+def test_a_newer_holder_reaching_the_target_first_rolls_the_stale_batch_back(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A worker paused past its lease while a newer holder reached the target: the target's fence
+    refuses its batch inside its own transaction; nothing is applied, the route is not blocked,
+    and the next run (epoch above the fence) loads every row once."""
+    route = target(kind, tmp_path, request)
+    sink = route.sink.inner
+    route.sink.observe = lambda: sink.advance_fence(1_000)  # the newer holder's epoch
+    with pytest.raises(LeaseLost) as raised:
+        route.runtime().run(route.spec("legacy"))
+    assert raised.value.applied is False and raised.value.diagnostics["lease"] == "fenced"
+    assert route.target_ids() == [] and sink.read_ledger() == []
+    assert sink.fence_epoch() == 1_000
+    assert blocked(route) == []
+    phases = {cp.diagnostics["target_commit_guard"]["phase"] for cp in route.latest()}
+    assert phases == {"failed_before_target"}
+
+    route.sink.observe = None
+    route.runtime().run(route.spec("legacy", run_id="run-2"))
+    assert_rows_exactly_once(route.source_ids(), route.target_ids())
+    [entry] = sink.read_ledger()
+    assert entry.epoch is not None and entry.epoch > 1_000 == sink.fence_epoch() - 1
+
+
+@pytest.mark.parametrize("kind", TRANSACTIONAL)
+def test_the_fence_only_grows_and_is_read_by_the_next_run(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    route = target(kind, tmp_path, request)
+    sink = route.sink.inner
+    assert sink.fence_epoch() == 0
+    assert sink.advance_fence(7) == 7
+    assert sink.advance_fence(3) == 7
+    route.runtime().run(route.spec("staged"))
+    [armed] = {cp.diagnostics[LEASE_EPOCH_KEY] for cp in route.latest()}
+    assert armed == 8 == sink.fence_epoch()
+
+
+# --- rows applied equal rows sent ------------------------------------------------------------
+
+
+def _drop_every_tenth(route: Route, kind: str) -> None:
+    """A trigger that silently drops rows, made after the target was checked."""
+    if kind == "sqlite":
+        with contextlib.closing(sqlite3.connect(route.target_path)) as conn:
+            conn.execute(
+                "CREATE TRIGGER drop_tenth BEFORE INSERT ON orders_copy"
+                " WHEN NEW.id % 10 = 0 BEGIN SELECT RAISE(IGNORE); END"
+            )
+            conn.commit()
+        return
+    schema = route.location.schema
+    with contextlib.closing(psycopg.connect(route.location.dsn, autocommit=True)) as conn:
+        conn.execute(
+            f'CREATE FUNCTION "{schema}".drop_tenth() RETURNS trigger LANGUAGE plpgsql AS'
+            " $$ BEGIN IF NEW.id % 10 = 0 THEN RETURN NULL; END IF; RETURN NEW; END $$"
+        )
+        conn.execute(
+            f'CREATE TRIGGER drop_tenth BEFORE INSERT ON "{schema}".orders_copy FOR EACH ROW'
+            f' EXECUTE FUNCTION "{schema}".drop_tenth()'
+        )
+
+
+@pytest.mark.parametrize("path", ("legacy", "staged", "file-artifact"))
+@pytest.mark.parametrize("kind", ("sqlite", "postgres"))
+def test_a_target_that_drops_rows_in_the_load_is_rolled_back_not_believed(
+    kind: str, path: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    route = target(kind, tmp_path, request)
+    route.runtime().run(route.spec(path))  # the table exists now, with 120 rows
+    route.add_rows(60)
+    route.sink.observe = lambda: _drop_every_tenth(route, kind)
+    with pytest.raises(TargetRowsMismatch) as raised:
+        route.runtime().run(route.spec(path, run_id="run-2"))
+    assert raised.value.code == "native_transfer_target_rows_mismatch"
+    assert raised.value.diagnostics["sent"] == 60 and raised.value.diagnostics["applied"] == 54
+    assert set(raised.value.diagnostics) == {"target_table", "batch_id", "sent", "applied"}
+    assert len(route.target_ids()) == 120 and len(route.sink.inner.read_ledger()) == 1
+    assert blocked(route) == []  # rolled back: nothing to reconcile
+
+    # the trigger is found before the target now: refused, nothing written, still not blocked
+    route.sink.observe = None
+    with pytest.raises(TargetRowsMismatch) as again:
+        route.runtime().run(route.spec(path, run_id="run-3"))
+    assert again.value.diagnostics["rewriting"] == 1
+    assert route.sink.target_calls == 2 and blocked(route) == []
+
+
+# --- certified automatic recovery -------------------------------------------------------------
+
+
+def _crash(route: Route, path: str, when: str) -> None:
+    """An attempt whose target call raised ``before`` or ``after`` the target applied the batch:
+    its outcome is unknown to the store, so the route is blocked."""
+    route.sink.fail = when
+    with pytest.raises(InjectedFault):
+        route.runtime().run(route.spec(path))
+    route.sink.fail = None
+    assert blocked(route), "a target call of unknown outcome blocks the route"
+
+
+# lazy-plan into PostgreSQL pulls a PostgreSQL source only: test_postgres_runtime.py has it
+CASES = [(k, p) for k in TRANSACTIONAL for p in PATHS if (k, p) != ("postgres", "lazy-plan")]
+
+
+@pytest.mark.parametrize("when", ("before", "after"))
+@pytest.mark.parametrize(("kind", "path"), CASES)
+def test_from_target_heals_what_the_ledger_proves_and_loads_each_row_once(
+    kind: str, path: str, when: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    route = target(kind, tmp_path, request)
+    _crash(route, path, when)
+    calls = route.sink.target_calls
+    with pytest.raises(ManualReconciliationRequired):  # the design's default: a person decides
+        route.runtime().run(route.spec(path, run_id="manual"))
+    assert route.sink.target_calls == calls
+
+    healed = route.runtime().run(route.spec(path, run_id="healing", recovery="from_target"))
+    assert_rows_exactly_once(route.source_ids(), route.target_ids())
+    assert blocked(route) == []
+    assert route.sink.target_calls == calls + (1 if when == "before" else 0)
+    [event] = [e for e in healed.events if e.name == EventName.GUARD_HEALED]
+    assert event.fields["verdict"] == ("not_applied" if when == "before" else "applied")
+    [audit] = audits(route)
+    assert audit["operator"] == "dpone-transfer (automatic)" and audit["run_id"] == "healing"
+    assert audit["resolved_as"] == "from_target"
+    [proof] = audit["proof"].values()
+    assert proof["verdict"] == event.fields["verdict"] and proof["heals"] is True
+
+
+def test_from_target_leaves_a_batch_the_ledger_disagrees_with_blocked(tmp_path: Path) -> None:
+    """The ledger holds the batch, but with other row counts than the store armed: no proof."""
+    route = Route(tmp_path, kind="sqlite", rows=120)
+    route.sink = RecordingSink(route.sink.inner)
+    _crash(route, "legacy", "after")
+    with contextlib.closing(sqlite3.connect(route.target_path)) as conn:
+        conn.execute("UPDATE _dpone_ledger SET partitions = replace(partitions, ', 30]', ', 31]')")
+        conn.commit()
+    with pytest.raises(ManualReconciliationRequired):
+        route.runtime().run(route.spec("legacy", run_id="healing", recovery="from_target"))
+    assert blocked(route) and audits(route) == []
+
+
+@pytest.mark.parametrize("when", ("before", "after"))
+def test_from_target_leaves_clickhouse_and_ledgerless_routes_blocked(
+    when: str, tmp_path: Path
+) -> None:
+    """No proof without a ledger written with the rows, so those routes still need a person."""
+    for kind, ledger in (("clickhouse", True), ("sqlite", False)):
+        route = Route(tmp_path / f"{kind}-{ledger}", kind=kind, rows=120)
+        route.sink = RecordingSink(route.sink.inner)
+        route.sink.fail = when
+        with pytest.raises(InjectedFault):
+            route.runtime().run(route.spec("legacy", ledger=ledger))
+        route.sink.fail = None
+        spec = route.spec("legacy", run_id="healing", ledger=ledger, recovery="from_target")
+        with pytest.raises(ManualReconciliationRequired):
+            route.runtime().run(spec)
+        assert blocked(route) and audits(route) == []
+        route.real_store.close()
+
+
+def test_recovery_is_refused_when_misspelt(tmp_path: Path) -> None:
+    route = Route(tmp_path, kind="sqlite", rows=10)
+    with pytest.raises(ConfigInvalid) as raised:
+        route.spec("legacy", recovery="from-target")
+    assert raised.value.diagnostics == {"key": "guard.recovery"}
