@@ -118,12 +118,12 @@ class Prover:
     A batch is **applied** when the ledger holds its row for its route, listing every blocked
     partition with the rows the store recorded for it; a row that lists others, or other
     counts, proves nothing. Only a ledger written with the rows (``ledger_atomic``) heals by
-    itself: on ClickHouse a person confirms it. It is **not applied** when the ledger,
-    written with the rows (``ledger_atomic``), does not hold it, the batch was armed with the ledger on, and no
-    attempt can commit it later: the target's fence was raised past the epoch that armed it
-    (``advance=True``: raised here, once, before the ledger is read again). A batch armed
-    without an epoch (an older release, a store without leases) is shown as not applied on
-    the ledger's word alone, as before, but never heals by itself: its attempt, paused, could
+    itself: on ClickHouse a person confirms it. It is **not applied** when such a ledger does
+    not hold it, the batch was armed with the ledger on, and no attempt can commit it later:
+    the target's fence was raised past the epoch that armed it (``advance=True``: raised
+    here, once, before the ledger is read again). A batch armed without an epoch (an older
+    release, a store without leases) is shown as not applied on the ledger's word alone, as
+    before, but never heals by itself: its attempt, paused, could
     still commit it. ``Proof.heals`` says what ``recovery = "from_target"`` may resolve.
     """
 
