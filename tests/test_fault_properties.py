@@ -254,13 +254,15 @@ class ProbedStore(FaultyStore):
         self.calls["list_latest"] += 1
         return super().list_latest(route)
 
-    def record_evidence(self, route: RouteKey, run_id: str, record: dict[str, Any]) -> None:
+    def record_evidence(
+        self, route: RouteKey, run_id: str, record: dict[str, Any], **held: Any
+    ) -> None:
         self.calls["evidence"] += 1
-        super().record_evidence(route, run_id, record)
+        super().record_evidence(route, run_id, record, **held)
 
-    def save_source_state(self, route: RouteKey, state: dict[str, Any]) -> None:
+    def save_source_state(self, route: RouteKey, state: dict[str, Any], **held: Any) -> None:
         self.calls["source_state"] += 1
-        super().save_source_state(route, state)
+        super().save_source_state(route, state, **held)
 
 
 @attrs.define

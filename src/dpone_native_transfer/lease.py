@@ -386,13 +386,14 @@ class Lease:
 
 
 class HeldStore:
-    """The checkpoint store as an attempt under a lease writes it: every write is made only
-    while the lease is held, checked in the write's own store transaction (``LeaseLost``
-    otherwise, nothing written), so a worker paused past its lease arms, promotes or marks
-    nothing over the next holder's checkpoints. Reads pass through."""
+    """The checkpoint store as an attempt under a lease writes it: every write (checkpoints,
+    resolutions, evidence, source state) is made only while the lease is held, checked in the
+    write's own store transaction (``LeaseLost`` otherwise, nothing written), so a worker
+    paused past its lease writes nothing over the next holder's records. Reads pass through.
+    """
 
     def __init__(self, store: LeaseStore, lease: Lease) -> None:
-        self._store = store
+        self._store: Any = store
         self._claim = lease.claim
 
     def upsert(self, checkpoint: PartitionCheckpoint) -> None:
@@ -401,5 +402,15 @@ class HeldStore:
     def upsert_many(self, checkpoints: Sequence[PartitionCheckpoint]) -> None:
         self._store.upsert_many(checkpoints, holding=self._claim)
 
-    def list_latest(self, route: RouteKey) -> Sequence[PartitionCheckpoint]:
-        return self._store.list_latest(route)  # type: ignore[attr-defined]
+    def save_source_state(self, route: RouteKey, state: dict[str, Any]) -> None:
+        self._store.save_source_state(route, state, holding=self._claim)
+
+    def record_evidence(self, route: RouteKey, run_id: str, record: dict[str, Any]) -> None:
+        self._store.record_evidence(route, run_id, record, holding=self._claim)
+
+    def apply_resolution(self, route: RouteKey, *args: Any, **kwargs: Any) -> int:
+        return int(self._store.apply_resolution(route, *args, **kwargs, holding=self._claim))
+
+    def __getattr__(self, name: str) -> Any:
+        """Reads (``list_latest``, ``list_target_latest``, ``load_source_state``, ...)."""
+        return getattr(self._store, name)

@@ -276,13 +276,15 @@ class TransferRuntime:
     ) -> TransferResult:
         recorder = EventRecorder(self._listener)
         ledger = self._ledger_sink(spec, route)
+        held = self._held(lease)  # what the attempt writes, it writes under its lease
+        states = held if self.state_store is self.store else self.state_store
         epoch = None
         recovery = None
         if spec.recovery == "from_target":
             epoch = self._fenced_epoch(ledger, lease)
             prover = Prover(ledger, epoch=epoch or 0, advance=True)
             recovery = TargetRecovery(
-                store=self.store, route=route, run_id=spec.run_id, prover=prover, events=recorder
+                store=held, route=route, run_id=spec.run_id, prover=prover, events=recorder
             )
         if isinstance(self.store, TargetScopeStore):
             scope = as_latest(self.store.list_target_latest(route))
@@ -382,7 +384,7 @@ class TransferRuntime:
                     shape=shape,
                     candidates=active,
                     work_dir=Path(work),
-                    store=self._held(lease),
+                    store=held,
                     clock=self.clock,
                     events=recorder,
                     boundary=TargetBoundary(self.hooks, recorder),
@@ -437,7 +439,7 @@ class TransferRuntime:
             "rows_loaded": rows_loaded,
             "completed_at": read_clock(self.clock, route=route, run_id=spec.run_id).isoformat(),
         }
-        self.state_store.record_evidence(route, spec.run_id, evidence)
+        states.record_evidence(route, spec.run_id, evidence)
         recorder.emit(EventName.EVIDENCE_WRITTEN, run_id=spec.run_id)
         state = {**window.advanced_state(), "definition": definition}
         if edge is not None:
@@ -460,7 +462,7 @@ class TransferRuntime:
             state[EDGE_KEY] = record.as_state()
             for part in untracked:
                 recorder.emit(EventName.CURSOR_EDGE_UNTRACKED, part=part)
-        self.state_store.save_source_state(route, state)
+        states.save_source_state(route, state)
         recorder.emit(EventName.SOURCE_STATE_ADVANCED, generation=window.generation + 1)
         return TransferResult(
             committed_partition_ids=committed,

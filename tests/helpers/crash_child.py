@@ -262,13 +262,15 @@ class CrashStore:
     def load_source_state(self, route: RouteKey) -> dict[str, Any] | None:
         return self.inner.load_source_state(route)
 
-    def record_evidence(self, route: RouteKey, run_id: str, record: dict[str, Any]) -> None:
+    def record_evidence(
+        self, route: RouteKey, run_id: str, record: dict[str, Any], **held: Any
+    ) -> None:
         self.killer.at("after-promotion")
-        self.inner.record_evidence(route, run_id, record)
+        self.inner.record_evidence(route, run_id, record, **held)
 
-    def save_source_state(self, route: RouteKey, state: dict[str, Any]) -> None:
+    def save_source_state(self, route: RouteKey, state: dict[str, Any], **held: Any) -> None:
         self.killer.at("after-evidence")
-        self.inner.save_source_state(route, state)
+        self.inner.save_source_state(route, state, **held)
 
     def __getattr__(self, name: str) -> Any:
         """The store's other capabilities (target scope, adoption, leases) pass through."""

@@ -109,12 +109,25 @@ class MemoryCheckpointStore:
         text = self._source_state.get(route)
         return None if text is None else json.loads(text)
 
-    def save_source_state(self, route: RouteKey, state: dict[str, Any]) -> None:
-        self._source_state[route] = encode_object(state, "source state")
+    def save_source_state(
+        self, route: RouteKey, state: dict[str, Any], *, holding: LeaseClaim | None = None
+    ) -> None:
+        text = encode_object(state, "source state")
+        with self._leases.holding(holding, route):
+            self._source_state[route] = text
 
-    def record_evidence(self, route: RouteKey, run_id: str, record: dict[str, Any]) -> None:
+    def record_evidence(
+        self,
+        route: RouteKey,
+        run_id: str,
+        record: dict[str, Any],
+        *,
+        holding: LeaseClaim | None = None,
+    ) -> None:
         check_run_id(run_id)
-        self._evidence.setdefault(route, {})[run_id] = encode_object(record, "evidence record")
+        text = encode_object(record, "evidence record")
+        with self._leases.holding(holding, route):
+            self._evidence.setdefault(route, {})[run_id] = text
 
     def list_evidence(self, route: RouteKey) -> list[dict[str, Any]]:
         return [json.loads(text) for text in self._evidence.get(route, {}).values()]
@@ -130,18 +143,20 @@ class MemoryCheckpointStore:
         *,
         expected: Sequence[PartitionCheckpoint] = (),
         source_state: dict[str, Any] | None = None,
+        holding: LeaseClaim | None = None,
     ) -> int:
         rows, record = encode_resolution(
             route, checkpoints, audit, with_state=source_state is not None
         )
         state = None if source_state is None else encode_object(source_state, "source state")
-        check_expected(expected, self._latest_of)
-        self._write(rows)
-        if state is not None:
-            self._source_state[route] = state
-        self._audit_ids += 1
-        self._audit.setdefault(route, []).append((self._audit_ids, record))
-        return self._audit_ids
+        with self._leases.holding(holding, route):
+            check_expected(expected, self._latest_of)
+            self._write(rows)
+            if state is not None:
+                self._source_state[route] = state
+            self._audit_ids += 1
+            self._audit.setdefault(route, []).append((self._audit_ids, record))
+            return self._audit_ids
 
     def _latest_of(self, checkpoint: PartitionCheckpoint) -> PartitionCheckpoint | None:
         found = self._latest.get(checkpoint.route, {}).get(checkpoint.partition_id)

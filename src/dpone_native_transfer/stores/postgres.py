@@ -35,6 +35,7 @@ is refused by the driver before anything is written.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -334,9 +335,29 @@ class PostgresCheckpointStore(OwnConnection, RecordReads):
             raise
         self._conn = conn
 
-    def _transaction(self, action: str, work: Callable[[Any], _T]) -> _T:
-        """``work(conn)`` in one transaction, committed or rolled back as a whole."""
-        return _in_transaction(self._driver, action, self._connection(), work)
+    def _transaction(
+        self,
+        action: str,
+        work: Callable[[Any], _T],
+        holding: LeaseClaim | None = None,
+        route: RouteKey | None = None,
+    ) -> _T:
+        """``work(conn)`` in one transaction, committed or rolled back as a whole; with
+        ``holding``, only while that lease is held (its row read ``FOR SHARE``, so a take
+        waits for the write to commit)."""
+
+        def held(conn: Any) -> _T:
+            if holding is not None and route is not None:
+                found = conn.execute(
+                    f"SELECT 1 FROM {self._s}.lease WHERE lease_key = %s AND token = %s"
+                    " AND expires_at > %s FOR SHARE",
+                    (holding.key, holding.token, time.time()),
+                ).fetchone()
+                if found is None:
+                    raise LeaseLost.lost(route)
+            return work(conn)
+
+        return _in_transaction(self._driver, action, self._connection(), held)
 
     def _table(self, name: str) -> str:
         return f"{self._s}.{name}"
@@ -394,25 +415,13 @@ class PostgresCheckpointStore(OwnConnection, RecordReads):
     def upsert_many(
         self, checkpoints: Iterable[PartitionCheckpoint], *, holding: LeaseClaim | None = None
     ) -> None:
-        """One transaction; with ``holding``, only while that lease is held (``LeaseStore``):
-        the lease row is read ``FOR SHARE``, so a take waits for the write to commit."""
+        """One transaction; with ``holding``, only while that lease is held (``LeaseStore``)."""
         items = list(checkpoints)
         rows = encode_batch(items)
         if not rows:
             return
-
-        def write(conn: Any) -> None:
-            if holding is not None:
-                held = conn.execute(
-                    f"SELECT 1 FROM {self._s}.lease WHERE lease_key = %s AND token = %s"
-                    " AND expires_at > %s FOR SHARE",
-                    (holding.key, holding.token, time.time()),
-                ).fetchone()
-                if held is None:
-                    raise LeaseLost.lost(items[0].route)
-            self._insert_checkpoints(conn, rows)
-
-        self._transaction("written", write)
+        write = functools.partial(self._insert_checkpoints, rows=rows)
+        self._transaction("written", write, holding, items[0].route)
 
     def list_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
         return self._checkpoints("checkpoint_latest", "partition_id", route)
@@ -474,9 +483,12 @@ class PostgresCheckpointStore(OwnConnection, RecordReads):
             return None
         return load_object(rows[0][0], "stored source state", {"route": route.as_dict()})
 
-    def save_source_state(self, route: RouteKey, state: dict[str, Any]) -> None:
+    def save_source_state(
+        self, route: RouteKey, state: dict[str, Any], *, holding: LeaseClaim | None = None
+    ) -> None:
         text = encode_object(state, "source state")
-        self._transaction("written", lambda conn: self._save_state(conn, route, text))
+        save = functools.partial(self._save_state, route=route, text=text)
+        self._transaction("written", save, holding, route)
 
     def _save_state(self, conn: Any, route: RouteKey, text: str) -> None:
         params = route_params(route)
@@ -488,7 +500,14 @@ class PostgresCheckpointStore(OwnConnection, RecordReads):
             (*params, text),
         )
 
-    def record_evidence(self, route: RouteKey, run_id: str, record: dict[str, Any]) -> None:
+    def record_evidence(
+        self,
+        route: RouteKey,
+        run_id: str,
+        record: dict[str, Any],
+        *,
+        holding: LeaseClaim | None = None,
+    ) -> None:
         check_run_id(run_id)
         text = encode_object(record, "evidence record")
         params = route_params(route)
@@ -504,7 +523,7 @@ class PostgresCheckpointStore(OwnConnection, RecordReads):
                 (*params, run_id, *params, text),
             )
 
-        self._transaction("written", write)
+        self._transaction("written", write, holding, route)
 
     def apply_resolution(
         self,
@@ -514,6 +533,7 @@ class PostgresCheckpointStore(OwnConnection, RecordReads):
         *,
         expected: Sequence[PartitionCheckpoint] = (),
         source_state: dict[str, Any] | None = None,
+        holding: LeaseClaim | None = None,
     ) -> int:
         """One transaction: the checkpoints, the audit record (and a source state), or nothing.
 
@@ -536,7 +556,7 @@ class PostgresCheckpointStore(OwnConnection, RecordReads):
                 (*route_params(route), record),
             ).fetchone()[0]
 
-        return self._transaction("written", write)
+        return self._transaction("written", write, holding, route)
 
     def _latest_of(self, conn: Any, checkpoint: PartitionCheckpoint) -> PartitionCheckpoint | None:
         row = conn.execute(

@@ -219,9 +219,14 @@ class SQLiteCheckpointStore(OwnConnection, RecordReads):
         self._conn = _open(self._path)
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
+    def _transaction(
+        self, holding: LeaseClaim | None = None, route: RouteKey | None = None
+    ) -> Iterator[sqlite3.Connection]:
+        """One write transaction; with ``holding``, only while that lease is held."""
         conn = self._connection()
         with _translated("written", writing=True), immediate(conn):
+            if holding is not None and route is not None:
+                _check_holding(conn, holding, route)
             yield conn
 
     def _table(self, name: str) -> str:
@@ -243,9 +248,7 @@ class SQLiteCheckpointStore(OwnConnection, RecordReads):
         rows = encode_batch(items)
         if not rows:
             return
-        with self._transaction() as conn:
-            if holding is not None:
-                _check_holding(conn, holding, items[0].route)
+        with self._transaction(holding, items[0].route) as conn:
             _insert_checkpoints(conn, rows, items)
 
     def list_latest(self, route: RouteKey) -> LatestCheckpoints:
@@ -301,16 +304,25 @@ class SQLiteCheckpointStore(OwnConnection, RecordReads):
             return None
         return load_object(rows[0][0], "stored source state", {"route": route.as_dict()})
 
-    def save_source_state(self, route: RouteKey, state: dict[str, Any]) -> None:
+    def save_source_state(
+        self, route: RouteKey, state: dict[str, Any], *, holding: LeaseClaim | None = None
+    ) -> None:
         text = encode_object(state, "source state")
-        with self._transaction() as conn:
+        with self._transaction(holding, route) as conn:
             _save_state(conn, route, text)
 
-    def record_evidence(self, route: RouteKey, run_id: str, record: dict[str, Any]) -> None:
+    def record_evidence(
+        self,
+        route: RouteKey,
+        run_id: str,
+        record: dict[str, Any],
+        *,
+        holding: LeaseClaim | None = None,
+    ) -> None:
         check_run_id(run_id)
         text = encode_object(record, "evidence record")
         params = route_params(route)
-        with self._transaction() as conn:
+        with self._transaction(holding, route) as conn:
             conn.execute(
                 f"INSERT INTO evidence ({ROUTE_KEY}, run_id, seq, record)"
                 f" VALUES ({_ROUTE_VALUES}, ?,"
@@ -327,18 +339,19 @@ class SQLiteCheckpointStore(OwnConnection, RecordReads):
         *,
         expected: Sequence[PartitionCheckpoint] = (),
         source_state: dict[str, Any] | None = None,
+        holding: LeaseClaim | None = None,
     ) -> int:
         """One transaction: the checkpoints, the audit record (and a source state), or nothing.
 
         ``expected`` makes it a compare-and-set: each of those checkpoints must
         still be its partition's latest, or ``ResolutionConflict`` is raised and
-        nothing is written.
+        nothing is written. ``holding``: only while that lease is held.
         """
         rows, record = encode_resolution(
             route, checkpoints, audit, with_state=source_state is not None
         )
         state = None if source_state is None else encode_object(source_state, "source state")
-        with self._transaction() as conn:
+        with self._transaction(holding, route) as conn:
             check_expected(expected, lambda cp: _latest_payload(conn, cp))
             _insert_checkpoints(conn, rows, list(checkpoints))
             if state is not None:

@@ -16,7 +16,6 @@ import attrs
 
 from ..checkpoints import GUARD_DIAGNOSTICS_KEY, PartitionCheckpoint, RouteKey
 from ..connectors._sql import quote
-from ..lease import LeaseClaim
 
 __all__ = [
     "FaultyStore",
@@ -97,9 +96,7 @@ class FaultyStore:
     def upsert(self, checkpoint: PartitionCheckpoint) -> None:
         self.upsert_many([checkpoint])
 
-    def upsert_many(
-        self, checkpoints: Sequence[PartitionCheckpoint], *, holding: LeaseClaim | None = None
-    ) -> None:
+    def upsert_many(self, checkpoints: Sequence[PartitionCheckpoint], **held: Any) -> None:
         batch = tuple(checkpoints)
         self.batches.append(batch)
         for fault in self._write_faults:
@@ -108,10 +105,7 @@ class FaultyStore:
                 for checkpoint in batch[: fault.keep]:
                     self.inner.upsert(checkpoint)
                 raise fault.error
-        if holding is None:
-            self.inner.upsert_many(batch)
-        else:
-            self.inner.upsert_many(batch, holding=holding)
+        self.inner.upsert_many(batch, **held)
 
     def _read(self) -> None:
         if self._read_errors and (error := self._read_errors.pop(0)) is not None:
@@ -132,15 +126,18 @@ class FaultyStore:
     def load_source_state(self, route: RouteKey) -> dict[str, Any] | None:
         return self.inner.load_source_state(route)
 
-    def save_source_state(self, route: RouteKey, state: dict[str, Any]) -> None:
+    def save_source_state(self, route: RouteKey, state: dict[str, Any], **held: Any) -> None:
+        """``held``: the lease the write is made under (``HeldStore``), passed on."""
         if "source_state" in self._state_errors:
             raise self._state_errors.pop("source_state")
-        self.inner.save_source_state(route, state)
+        self.inner.save_source_state(route, state, **held)
 
-    def record_evidence(self, route: RouteKey, run_id: str, record: dict[str, Any]) -> None:
+    def record_evidence(
+        self, route: RouteKey, run_id: str, record: dict[str, Any], **held: Any
+    ) -> None:
         if "evidence" in self._state_errors:
             raise self._state_errors.pop("evidence")
-        self.inner.record_evidence(route, run_id, record)
+        self.inner.record_evidence(route, run_id, record, **held)
 
     def list_evidence(self, route: RouteKey) -> list[dict[str, Any]]:
         return self.inner.list_evidence(route)
