@@ -381,7 +381,7 @@ def test_a_version_3_store_is_migrated_and_a_payload_with_a_second_null_key_bloc
             ("committed", None)
         ]
     with SQLiteCheckpointStore(path) as store:
-        assert store._conn.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert store._conn.execute("PRAGMA user_version").fetchone()[0] == 5
         triggers = store._conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name"
         ).fetchall()
@@ -415,7 +415,7 @@ def test_a_migration_stopped_between_two_versions_resumes_at_the_next_open(tmp_p
         assert db.execute("PRAGMA user_version").fetchone()[0] == 3
     monkeypatch.undo()
     with SQLiteCheckpointStore(path) as store:
-        assert store._conn.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert store._conn.execute("PRAGMA user_version").fetchone()[0] == 5
         assert store.list_latest(ROUTE) == items
         assert store.history(ROUTE) == history
         assert store.list_latest(ROUTE).guarded_ids() == ["p-b"]

@@ -146,8 +146,18 @@ VERSION_3_TRIGGERS = (
 )
 
 
+def make_version_4(path: Path) -> None:
+    """Rewrite a store file as the releases of schema version 4 left it: leases without epochs."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("BEGIN")
+        db.execute("ALTER TABLE lease DROP COLUMN epoch")
+        db.execute("PRAGMA user_version = 4")
+        db.execute("COMMIT")
+
+
 def make_version_3(path: Path) -> None:
     """Rewrite a store file as the releases of schema version 3 left it: their four triggers."""
+    make_version_4(path)
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
         db.execute("BEGIN")
         for (name,) in db.execute(
