@@ -9,6 +9,7 @@ the target's ledger proves before it touches the target, and nothing else.
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from helpers.postgres_server import postgres_url
+from helpers.cli import run_cli as dpone
 from helpers.routes import PATHS, Route
 
 from dpone_native_transfer import (
@@ -228,3 +230,29 @@ def test_recovery_is_refused_when_misspelt(tmp_path: Path) -> None:
     with pytest.raises(ConfigInvalid) as raised:
         route.spec("legacy", recovery="from-target")
     assert raised.value.diagnostics == {"key": "guard.recovery"}
+
+
+def test_the_operator_is_told_what_heals_by_itself_and_a_run_heals_it(tmp_path: Path) -> None:
+    """``state show`` and ``guard verify`` say, per blocked batch, whether from_target heals it;
+    ``run --recovery from_target`` then does, saying so, with no operator command."""
+    route = Route(tmp_path, kind="sqlite", rows=120)
+    route.sink = RecordingSink(route.sink.inner)
+    _crash(route, "legacy", "after")
+    route.real_store.close()
+    route_file = route.route_file(path="legacy")
+
+    shown = dpone("state", "show", route_file)
+    assert shown.returncode == 0, shown.stderr
+    [line] = [line for line in shown.stdout.splitlines() if line.startswith("blocked batch")]
+    assert "target proves applied" in line and "recovery = from_target heals it" in line
+    verified = dpone("guard", "verify", route_file, "--json")
+    assert verified.returncode == 3
+    [proof] = [json.loads(line) for line in verified.stdout.splitlines()]
+    assert proof["proof"]["heals"] is True
+
+    assert dpone("run", route_file).returncode == 3  # the default stays manual
+    healed = dpone("run", route_file, "--recovery", "from_target")
+    assert healed.returncode == 0, healed.stderr
+    assert "recovered: blocked batch" in healed.stderr and "resolved as applied" in healed.stderr
+    assert "loaded 0 rows" in healed.stdout
+    assert_rows_exactly_once(route.source_ids(), route.target_ids())

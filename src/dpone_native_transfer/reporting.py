@@ -150,6 +150,13 @@ def _progress_line(event: Event) -> str | None:
     fields = event.fields
     if event.name == EventName.TARGET_STARTED:
         return f"target: {fields['operation']}"
+    if event.name == EventName.GUARD_HEALED:
+        verdict = fields["verdict"].replace("_", " ")
+        return (
+            f"recovered: blocked batch {fields['batch_id']} "
+            f"({plural(fields['partitions'], 'partition')}) resolved as {verdict}, as the "
+            "target's ledger proves (recovery = from_target; an audit record names this run)"
+        )
     if event.name == EventName.MANY_PARTITIONS:
         return (
             f"warning: {fields['partitions']:,} partitions by value of {fields['column']!r}: "

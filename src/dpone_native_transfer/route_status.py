@@ -30,10 +30,14 @@ def route_status(store: Any, route: RouteKey, hooks: Hooks) -> dict[str, Any]:
     latest = as_latest(store.list_latest(route))
     checkpoints = list(latest)
     blocked_by = None
+    blocked: dict[str, list[str]] = {}
     try:
         hooks.resume_route_scan(route, latest)
     except BLOCKING_ERRORS as refusal:
         blocked_by = refusal.code
+        for item in refusal.diagnostics.get("partitions", []):
+            if item.get("batch_id"):
+                blocked.setdefault(item["batch_id"], []).append(item["partition_id"])
     evidence = store.list_evidence(route)
     last = evidence[-1] if evidence else None
     state = store.load_source_state(route) or {}
@@ -52,6 +56,7 @@ def route_status(store: Any, route: RouteKey, hooks: Hooks) -> dict[str, Any]:
         "target_location": route.target_location,
         "outcome": outcome,
         "blocked_by": blocked_by,
+        "blocked_batches": {batch: sorted(ids) for batch, ids in sorted(blocked.items())},
         "last_success": None if last is None else _run(last),
         "latest_run_id": None if newest is None else newest.run_id,
         "partitions": dict(sorted(Counter(str(cp.status) for cp in checkpoints).items())),

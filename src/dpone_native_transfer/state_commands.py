@@ -37,10 +37,11 @@ from .errors import (
     StoreTargetMismatch,
 )
 from .latest import as_latest
-from .ledger import check_store_against_target, ledger_overrides
+from .ledger import UNKNOWN, Proof, check_store_against_target, ledger_overrides
 from .planner import route_definition
 from .plugins import Hooks, make_plugin_manager
 from .recovery import (
+    Prover,
     check_not_leased,
     forget_checkpoint,
     ledger_of,
@@ -153,22 +154,47 @@ def _state_show_command(args: argparse.Namespace) -> int:
             if status["lease"] is not None
             else _compared_with_target(store, config)
         )
+        healing = _healing(store, config, status["blocked_batches"])
     finally:
         store.close()
     if isinstance(target, StoreTargetMismatch) and status["outcome"] != "blocked":
         status = {**status, "outcome": "blocked", "blocked_by": target.code}
     said = target if isinstance(target, str) else f"disagrees: {target}"
     if args.json:
-        print(
-            json.dumps(
-                {**status, "source_state": state, "target": said}, sort_keys=True, default=str
-            )
-        )
+        shown = {**status, "source_state": state, "target": said, "healing": healing}
+        print(json.dumps(shown, sort_keys=True, default=str))
     else:
         print(status_line(status))
         print(f"source state: {json.dumps(state, sort_keys=True, default=str)}")
         print(f"target: {said}")
+        for batch in healing:
+            proof = batch["proof"]
+            heals = "heals it" if proof["heals"] else "leaves it to a person"
+            print(
+                f"blocked batch {batch['batch_id']} ({plural(batch['partitions'], 'partition')}):"
+                f" target proves {proof['verdict']} ({proof['reason']}); recovery = "
+                f"from_target {heals}"
+            )
     return EXIT_OK
+
+
+def _healing(
+    store: Any, config: RouteConfig, blocked: dict[str, list[str]]
+) -> list[dict[str, Any]]:
+    """Per blocked batch, what the target proves and whether ``recovery = "from_target"``
+    would resolve it (reads only: the fence is not raised)."""
+    if not blocked:
+        return []
+    latest = as_latest(store.list_latest(config.route))
+    prover = Prover(config.sink)
+    found = []
+    for batch, ids in blocked.items():
+        if config.ledger:
+            proof = prover.prove(config.route, batch, list(latest.checkpoints(ids).values()))
+        else:
+            proof = Proof(UNKNOWN, "the route keeps no target ledger (ledger = false)")
+        found.append({"batch_id": batch, "partitions": len(ids), "proof": proof.as_dict()})
+    return found
 
 
 def _compared_with_target(store: Any, config: RouteConfig) -> str | StoreTargetMismatch:
