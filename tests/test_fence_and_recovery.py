@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from helpers.postgres_server import postgres_url
 from helpers.cli import run_cli as dpone
+from helpers.postgres_server import postgres_url
 from helpers.routes import PATHS, Route
 
 from dpone_native_transfer import (
@@ -256,3 +260,99 @@ def test_the_operator_is_told_what_heals_by_itself_and_a_run_heals_it(tmp_path: 
     assert "recovered: blocked batch" in healed.stderr and "resolved as applied" in healed.stderr
     assert "loaded 0 rows" in healed.stdout
     assert_rows_exactly_once(route.source_ids(), route.target_ids())
+
+
+# --- the batch column: proof where the ledger row proves nothing (ClickHouse) ----------------
+
+
+@pytest.mark.parametrize("kind", ("sqlite", "duckdb", "clickhouse"))
+@pytest.mark.parametrize("path", ("legacy", "staged", "file-artifact"))
+def test_the_batch_column_holds_each_rows_batch_on_every_target(
+    kind: str, path: str, tmp_path: Path
+) -> None:
+    route = Route(tmp_path, kind=kind, rows=120)
+    first = route.runtime().run(route.spec(path, batch_column="_dpone_batch_id"))
+    route.add_rows(30)
+    second = route.runtime().run(route.spec(path, run_id="run-2", batch_column="_dpone_batch_id"))
+    sink = route.sink.inner
+    if kind == "clickhouse":
+        batches = [sink.batch_rows("_dpone_batch_id", r.batch_id) for r in (first, second)]
+        assert batches == [120, 30]
+    rows = route.target_rows()
+    assert sorted(row[0] for row in rows) == route.source_ids()
+    assert {row[-1] for row in rows} == {first.batch_id, second.batch_id}
+    assert sum(row[-1] == second.batch_id for row in rows) == 30
+
+
+def test_the_batch_column_is_refused_where_dpone_does_not_read_the_rows(tmp_path: Path) -> None:
+    route = Route(tmp_path, kind="sqlite", rows=10)
+    for options in ({"path": "lazy-plan"}, {"path": "legacy", "ledger": False}):
+        with pytest.raises(ConfigInvalid) as raised:
+            route.spec(options.pop("path"), batch_column="_dpone_batch_id", **options)
+        assert raised.value.diagnostics == {"key": "target.batch_column"}
+    with pytest.raises(ConfigInvalid) as clash:  # a column the source has already
+        route.runtime().run(route.spec("legacy", batch_column="REGION"))
+    assert clash.value.diagnostics["key"] == "target.batch_column"
+    assert route.sink.target_calls == 0 and route.latest() == []
+
+
+_CRASH_BEFORE_CHDB = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from helpers.routes import Route
+    from dpone_native_transfer.testing import InjectedFault, RecordingSink
+    route = Route(Path(sys.argv[1]), kind="clickhouse", rows=None)
+    route.sink = RecordingSink(route.sink.inner, fail="before")
+    try:
+        route.runtime().run(route.spec("legacy", batch_column="_dpone_batch_id"))
+    except InjectedFault:
+        sys.exit(0)
+    sys.exit(1)
+    """
+)
+
+
+def test_on_chdb_the_batch_column_heals_both_outcomes_the_ledger_cannot_prove(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed between its rows and its ledger row (applied), or by a process now gone before
+    its rows (not applied): a from_target run counts the batch's rows and heals it."""
+    from dpone_native_transfer.connectors.clickhouse import sink as chdb_sink
+
+    route = Route(tmp_path / "applied", kind="clickhouse", rows=120)
+    spec = {"batch_column": "_dpone_batch_id"}
+    with monkeypatch.context() as patched:
+        patched.setattr(chdb_sink, "_record", _raise_injected)
+        with pytest.raises(InjectedFault):
+            route.runtime().run(route.spec("legacy", **spec))
+    assert blocked(route) and route.sink.inner.read_ledger() == []
+    route.runtime().run(route.spec("legacy", run_id="healing", recovery="from_target", **spec))
+    [audit] = audits(route)
+    assert (
+        audit["ledger_overrides"] and audit["partitions"][0]["new_phase"] == "checkpoint_committed"
+    )
+    route.runtime().run(route.spec("legacy", run_id="next", **spec))  # the ledger check accepts
+    assert_rows_exactly_once(route.source_ids(), route.target_ids())
+    route.real_store.close()
+
+    gone = Route(tmp_path / "gone", kind="clickhouse", rows=120, open_store=False)
+    child = subprocess.run(
+        [sys.executable, "-c", _CRASH_BEFORE_CHDB, str(gone.tmp)],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr
+    gone = Route(tmp_path / "gone", kind="clickhouse", rows=None)
+    assert blocked(gone)
+    healed = gone.runtime().run(
+        gone.spec("legacy", run_id="healing", recovery="from_target", **spec)
+    )
+    assert [e.fields["verdict"] for e in healed.events if e.name == EventName.GUARD_HEALED] == [
+        "not_applied"
+    ]
+    assert_rows_exactly_once(gone.source_ids(), gone.target_ids())
+
+
+def _raise_injected(*_: Any) -> int:
+    raise InjectedFault("killed between the rows and the ledger row")

@@ -508,6 +508,7 @@ def test_resolve_writes_guarded_checkpoints_and_a_complete_audit_record(route):
             "definition": old.diagnostics["definition"],  # the route's, kept as it was
             "edge_rows": old.diagnostics["edge_rows"],
             "lease_epoch": old.diagnostics["lease_epoch"],
+            "lease_process": old.diagnostics["lease_process"],
         }, "the failure code goes when the rows are in the target"
         unchanged = attrs.evolve(
             new,

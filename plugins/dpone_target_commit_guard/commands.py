@@ -289,6 +289,12 @@ class _Target:
             return self.config.sink
         return None
 
+    def prover(self, route: RouteKey, *, epoch: int = 0, advance: bool = False) -> Prover:
+        """What the route's target proves; with ``advance``, for a lease of ``epoch``."""
+        column = None if self.config is None else self.config.batch_column
+        sink = self.sink(route)
+        return Prover(sink, epoch=epoch, advance=advance, batch_column=column)
+
 
 def _target(args: argparse.Namespace, *, route_required: bool) -> _Target:
     if args.route_file is not None:
@@ -491,7 +497,7 @@ def _proofs(
     ledger batch its checkpoint names or the ledger entry listing the partition.
     """
     latest = {cp.partition_id: cp for cp in store.list_latest(route)}
-    prover = prover or Prover(target.sink(route))
+    prover = prover or target.prover(route)
     entries = prover.entries()
     listed = {
         part.partition_id: entry.batch_id
@@ -633,7 +639,7 @@ def _resolve_command(args: argparse.Namespace) -> int:
         # Proven under the lease: --from-target may raise the target's fence past the blocked
         # attempt (its epoch is below this lease's), which is what proves it absent for good.
         with operator_lease(store, route, operator=args.operator, action="guard resolve") as held:
-            prover = Prover(target.sink(route), epoch=getattr(held, "epoch", 0), advance=True)
+            prover = target.prover(route, epoch=getattr(held, "epoch", 0), advance=True)
             proofs, _, _ = _proofs(store, target, route, prover if args.from_target else None)
         groups, overrides = _decide(selected, proofs, args)
         now = datetime.now(UTC)
@@ -709,7 +715,14 @@ def _decide(
                 [item for item in selected if verdict(item) == NOT_APPLIED],
             ),
         ]
-        return [(resolution, items) for resolution, items in groups if items], []
+        unlisted = sorted(
+            {
+                str(of[cp.partition_id].batch_id)
+                for cp, _ in selected
+                if of[cp.partition_id].proof.unlisted
+            }
+        )  # applied by the batch column's count, though the ledger lacks the row
+        return [(resolution, items) for resolution, items in groups if items], unlisted
     resolution = Resolution(args.resolved_as)
     contrary = NOT_APPLIED if resolution is Resolution.COMMITTED else APPLIED
     against = sorted(

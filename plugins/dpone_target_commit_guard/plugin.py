@@ -84,6 +84,7 @@ def _heal(recovery: TargetRecovery, checkpoints: LatestCheckpoints) -> bool:
             reason=f"recovery = from_target, run {recovery.run_id}: {proof.reason}",
             now=now,
             proofs={batch_id: proof.as_dict()},
+            overrides=[batch_id] if proof.unlisted else (),
         )
         audit["run_id"] = recovery.run_id
         recovery.store.apply_resolution(

@@ -70,6 +70,9 @@ LEDGER_BATCH_KEY = "ledger_batch_id"
 # The lease epoch of the attempt that armed the checkpoint (an int when present): the
 # target's fence passed it proves that attempt can no longer commit.
 LEASE_EPOCH_KEY = "lease_epoch"
+# The process that armed the checkpoint (host, machine, pid, start time: ``lease.ProcessMark``):
+# once it is gone, no insert of its batch is left in flight on an engine inside it (chDB).
+LEASE_PROCESS_KEY = "lease_process"
 
 
 def _nonempty_str(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:

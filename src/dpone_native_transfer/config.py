@@ -66,6 +66,7 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
             "dsn": ("secret", _OPTIONAL),  # postgres: a postgresql:// URL or env:NAME
             "table": ("name", _REQUIRED),
             "ledger": ("bool", _OPTIONAL),  # the target's batch ledger (default on)
+            "batch_column": ("name", _OPTIONAL),  # a column holding each row's batch id
         },
     ),
     "transfer": (
@@ -172,6 +173,7 @@ class RouteConfig:
     lag: float = 0
     on_null_cursor: str = "error"
     recovery: str = "manual"
+    batch_column: str | None = None
     # Where the source and target are, resolved (a DSN may hold a password: never log them).
     source_location: str = attrs.field(default="", repr=False)
     target_location: str = attrs.field(default="", repr=False)
@@ -202,6 +204,7 @@ class RouteConfig:
             lag=self.lag,
             on_null_cursor=self.on_null_cursor,
             recovery=self.recovery if recovery is None else recovery,
+            batch_column=self.batch_column,
         )
 
 
@@ -444,6 +447,7 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
         lag=sections["source"].get("lag", 0),
         on_null_cursor=sections["source"].get("on_null_cursor", "error"),
         recovery=sections.get("guard", {}).get("recovery", "manual"),
+        batch_column=sections["target"].get("batch_column"),
     )
 
 

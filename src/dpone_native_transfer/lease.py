@@ -149,6 +149,9 @@ class ProcessMark:
             host=socket.gethostname(), machine=_machine(), pid=os.getpid(), started=_started("self")
         )
 
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
     def on_this_machine(self) -> bool:
         mine = ProcessMark.here()
         return bool(self.machine) and (self.host, self.machine) == (mine.host, mine.machine)
@@ -269,6 +272,12 @@ class Lease:
     @property
     def claim(self) -> LeaseClaim:
         return LeaseClaim(self._key, self._token)
+
+    @property
+    def process(self) -> ProcessMark:
+        """The process holding this lease (this one)."""
+        assert self._holder.process is not None  # set in __init__
+        return self._holder.process
 
     def _record(self, now: float) -> str:
         holder = attrs.evolve(

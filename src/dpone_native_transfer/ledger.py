@@ -690,7 +690,9 @@ class Proof:
     """What the target proves of a blocked batch: ``applied``, ``not_applied`` or ``unknown``.
 
     ``heals``: the proof is conclusive enough for ``recovery = "from_target"`` to resolve the
-    batch without a person (``recovery.Prover`` says when).
+    batch without a person (``recovery.Prover`` says when). ``unlisted``: applied, though the
+    ledger lacks its row (counted by the batch column): its resolution is recorded against
+    the ledger, which the store/target check then accepts.
     """
 
     verdict: str
@@ -698,6 +700,7 @@ class Proof:
     rows: int | None = None
     applied_at: str | None = None
     heals: bool = False
+    unlisted: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)

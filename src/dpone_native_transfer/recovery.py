@@ -21,18 +21,19 @@ import attrs
 
 from .checkpoints import (
     LEASE_EPOCH_KEY,
+    LEASE_PROCESS_KEY,
     LEDGER_BATCH_KEY,
     FailureCode,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
     RouteKey,
 )
-from .connectors.contract import Fencing, LedgerSink
+from .connectors.contract import BatchCounting, Fencing, LedgerSink
 from .cursor_edge import unknown_edge
 from .errors import ConfigInvalid, NativeTransferError, RouteBusy, StoreTargetMismatch
 from .events import EventName, EventRecorder
 from .latest import LatestCheckpoints, as_latest
-from .lease import Lease, LeaseStore, read_holder
+from .lease import Lease, LeaseStore, ProcessMark, read_holder
 from .lease import lease_key as _lease_key
 from .ledger import (
     APPLIED,
@@ -127,10 +128,18 @@ class Prover:
     still commit it. ``Proof.heals`` says what ``recovery = "from_target"`` may resolve.
     """
 
-    def __init__(self, sink: Any, *, epoch: int = 0, advance: bool = False) -> None:
+    def __init__(
+        self,
+        sink: Any,
+        *,
+        epoch: int = 0,
+        advance: bool = False,
+        batch_column: str | None = None,
+    ) -> None:
         self._sink = sink
         self._epoch = epoch
         self._advance = advance
+        self._batch_column = batch_column
         self._fenced: bool | None = False  # None: raising it failed
         self._entries: list[LedgerEntry] | None = None
         self.reason: str | None = None  # why the ledger could not be read, once it was tried
@@ -150,6 +159,9 @@ class Prover:
         if entries is None:
             return Proof(UNKNOWN, self.reason or "the target cannot be read")
         found = _entry(entries, route, batch_id)
+        counted = self._counted(batch_id, checkpoints, listed=found is not None)
+        if counted is not None:
+            return counted
         if found is not None:
             proof = _applied(found, checkpoints)
             atomic = getattr(self._sink, "ledger_atomic", False)
@@ -184,6 +196,37 @@ class Prover:
             heals=True,
         )
 
+    def _counted(
+        self, batch_id: str, checkpoints: Sequence[PartitionCheckpoint], *, listed: bool
+    ) -> Proof | None:
+        """What the batch column proves, on a target whose ledger row proves nothing
+        (``BatchCounting``, ``ledger_atomic`` False); None where it is not asked."""
+        sink, column = self._sink, self._batch_column
+        if column is None or not isinstance(sink, BatchCounting):
+            return None
+        if getattr(sink, "ledger_atomic", False):
+            return None
+        expected = sum(cp.rows_exported for cp in checkpoints)
+        try:
+            rows = sink.batch_rows(column, batch_id)
+        except Exception:  # a driver's text may hold secrets
+            return Proof(UNKNOWN, "the target cannot be read now")
+        if rows == expected and (rows or listed):
+            return Proof(APPLIED, f"the target holds all {rows:,} rows of the batch (its batch "
+                         "column)", rows, heals=True, unlisted=not listed)  # fmt: skip
+        if rows:
+            return Proof(UNKNOWN, f"the target holds {rows:,} of the batch's {expected:,} rows "
+                         "(its batch column): a partial insert, compare by hand")  # fmt: skip
+        marks = [cp.diagnostics.get(LEASE_PROCESS_KEY) for cp in checkpoints]
+        gone = sink.inserts_end_with_their_process and all(
+            isinstance(mark, dict) and _gone(mark) for mark in marks
+        )
+        if gone:
+            return Proof(NOT_APPLIED, "the target holds no row of the batch (its batch column) "
+                         "and the process that armed it is gone", heals=True)  # fmt: skip
+        return Proof(NOT_APPLIED, "the target holds no row of the batch (its batch column); an "
+                     "insert of it may still be in flight")  # fmt: skip
+
     def _fence(self) -> None:
         """Raise the fence to this holder's epoch, then read the ledger again."""
         try:
@@ -193,6 +236,13 @@ class Prover:
             return
         self._fenced = True
         self._entries = None
+
+
+def _gone(mark: dict[str, Any]) -> bool:
+    try:
+        return ProcessMark(**mark).gone()
+    except TypeError:  # not a mark this release wrote
+        return False
 
 
 def _entry(entries: Sequence[LedgerEntry], route: RouteKey, batch_id: str) -> LedgerEntry | None:

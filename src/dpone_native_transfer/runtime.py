@@ -26,6 +26,7 @@ import attrs
 from .boundary import TargetBoundary
 from .checkpoints import (
     LEASE_EPOCH_KEY,
+    LEASE_PROCESS_KEY,
     LEDGER_BATCH_KEY,
     PartitionCheckpoint,
     RouteKey,
@@ -60,7 +61,7 @@ from .errors import (
     WorkFolderFailed,
 )
 from .events import Event, EventName, EventRecorder
-from .identity import route_key
+from .identity import fold_ascii, route_key
 from .latest import LatestCheckpoints, as_latest
 from .lease import (
     DEFAULT_LEASE_SECONDS,
@@ -81,6 +82,7 @@ from .paths.file_artifact import file_artifact_path
 from .paths.lazy_plan import lazy_plan_path
 from .paths.legacy import legacy_path
 from .paths.staged import staged_path
+from .payloads import Column, SourceShape
 from .planner import (
     candidate_checkpoints,
     check_definition,
@@ -147,6 +149,13 @@ def _null_policy(_instance: Any, _attribute: attrs.Attribute, value: Any) -> Non
 RECOVERY_MODES = ("manual", "from_target")
 
 
+def _batch_column(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value.strip() or "\x00" in value):
+        raise ConfigInvalid(
+            "batch_column must be a column name", diagnostics={"key": "target.batch_column"}
+        )
+
+
 def _recovery(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
     if value not in RECOVERY_MODES:
         raise ConfigInvalid(
@@ -180,6 +189,22 @@ class TransferSpec:
     on_null_cursor: str = attrs.field(default="error", validator=_null_policy)
     # "from_target": the route scan first resolves blocked batches the target proves
     recovery: str = attrs.field(default="manual", validator=_recovery)
+    # a column of the target that holds each row's batch id (None: none); row paths only
+    batch_column: str | None = attrs.field(default=None, validator=_batch_column)
+
+    def __attrs_post_init__(self) -> None:
+        if self.batch_column is not None and self.path == "lazy-plan":
+            raise ConfigInvalid(
+                "batch_column needs dpone to read the rows (legacy, staged or file-artifact): "
+                "on lazy-plan the target's engine reads them itself",
+                diagnostics={"key": "target.batch_column"},
+            )
+        if self.batch_column is not None and not self.ledger:
+            raise ConfigInvalid(
+                "batch_column stores the ledger's batch id in every row: it needs the target's "
+                "ledger (ledger = true)",
+                diagnostics={"key": "target.batch_column"},
+            )
 
     @property
     def route(self) -> RouteKey:
@@ -282,7 +307,7 @@ class TransferRuntime:
         recovery = None
         if spec.recovery == "from_target":
             epoch = self._fenced_epoch(ledger, lease)
-            prover = Prover(ledger, epoch=epoch or 0, advance=True)
+            prover = Prover(ledger, epoch=epoch or 0, advance=True, batch_column=spec.batch_column)
             recovery = TargetRecovery(
                 store=held, route=route, run_id=spec.run_id, prover=prover, events=recorder
             )
@@ -357,7 +382,7 @@ class TransferRuntime:
         top_since = None if edge is None else top_of_window(spec.source, upto, spec.lag, kind)
         if plan.active:
             active = list(plan.active)
-            entry = None
+            entry, batch = None, None
             if ledger is not None:
                 batch = batch_id_for(spec.run_id, [cp.partition_id for cp in active])
                 active = _stamped(active, batch, lease)
@@ -373,7 +398,8 @@ class TransferRuntime:
                 )
             if isinstance(spec.sink, TargetChecking):
                 spec.sink.check_target()  # an unreachable target fails here, never blocked
-            added = apply_schema_contract(route, spec.sink, shape.columns, spec.schema_contract)
+            loaded = _with_batch_column(route, shape, spec.batch_column)
+            added = apply_schema_contract(route, spec.sink, loaded.columns, spec.schema_contract)
             if added:
                 recorder.emit(EventName.SCHEMA_EVOLVED, columns=added)
             idle = 2 * self.lease_seconds
@@ -381,10 +407,11 @@ class TransferRuntime:
                 ctx = PathContext(
                     spec=spec,
                     route=route,
-                    shape=shape,
+                    shape=loaded,
                     candidates=active,
                     work_dir=Path(work),
                     store=held,
+                    batch_value=None if spec.batch_column is None else batch,
                     clock=self.clock,
                     events=recorder,
                     boundary=TargetBoundary(self.hooks, recorder),
@@ -539,6 +566,18 @@ def _held(sink: Sink) -> contextlib.AbstractContextManager[None]:
     )
 
 
+def _with_batch_column(route: RouteKey, shape: SourceShape, name: str | None) -> SourceShape:
+    """The shape the target is loaded with: the source's columns, then the batch column."""
+    if name is None:
+        return shape
+    if fold_ascii(name) in {fold_ascii(column.name) for column in shape.columns}:
+        raise ConfigInvalid(
+            f"route {route.label}: batch_column {name!r} is also a column of the source",
+            diagnostics={"route": route.as_dict(), "key": "target.batch_column"},
+        )
+    return attrs.evolve(shape, columns=(*shape.columns, Column(name, "TEXT", "text")))
+
+
 def _work_folder(
     spec: TransferSpec, route: RouteKey, *, leased: bool, idle_seconds: float
 ) -> tempfile.TemporaryDirectory[str]:
@@ -598,4 +637,5 @@ def _stamped(
     stamp: dict[str, Any] = {LEDGER_BATCH_KEY: batch_id}
     if lease is not None:
         stamp[LEASE_EPOCH_KEY] = lease.epoch
+        stamp[LEASE_PROCESS_KEY] = lease.process.as_dict()
     return [attrs.evolve(cp, diagnostics={**cp.diagnostics, **stamp}) for cp in candidates]

@@ -32,6 +32,7 @@ __all__ = [
     "Collating",
     "ConnectionHolding",
     "FilePulling",
+    "BatchCounting",
     "CursorEdgeReading",
     "Fencing",
     "Identified",
@@ -394,6 +395,20 @@ class Fencing(Protocol):
 
 
 @runtime_checkable
+class BatchCounting(Protocol):
+    """A sink that counts a batch's rows by the route's ``batch_column`` (the batch id stored in
+    every row it loads): proof of a batch's outcome where the ledger row proves nothing
+    (ClickHouse, whose ledger row follows the rows). All the batch's rows there: applied;
+    none, and no insert of it left in flight (``inserts_end_with_their_process`` and the
+    attempt's process gone): not applied."""
+
+    inserts_end_with_their_process: bool
+
+    def batch_rows(self, column: str, batch_id: str) -> int:
+        """Rows of the target table whose ``column`` holds ``batch_id``. Reads only."""
+
+
+@runtime_checkable
 class TargetChecking(Protocol):
     """A sink that opens its target before the target call (``check_target``).
 
@@ -554,4 +569,5 @@ CAPABILITIES: tuple[type, ...] = (
     SchemaEvolving,
     LedgerSink,
     Fencing,
+    BatchCounting,
 )

@@ -125,6 +125,7 @@ class PathContext:
     ledger_entry: LedgerEntry | None = None  # the batch's ledger row, when the sink keeps one
     lease: Lease | None = None
     edge: EdgeTracker | None = None  # an append route's cursor edge, when it is tracked
+    batch_value: str | None = None  # ``batch_column``: each row's last value, its batch id
     snapshot: SourceSnapshot = attrs.field(factory=lambda: SourceSnapshot(None))
     _carriers: list[tuple[int, str, Carry]] | None = attrs.field(default=None, init=False)
     _spooled: dict[str, Path] | None = attrs.field(default=None, init=False)  # one-pass scan
@@ -163,6 +164,8 @@ class PathContext:
         return self._carry(chunks)
 
     def _carry(self, chunks: Iterable[Sequence[tuple]]) -> Iterable[Sequence[tuple]]:
+        if self.batch_value is not None:  # the shape's last column, the batch column
+            chunks = _with_value(chunks, self.batch_value)
         if self._carriers is None:
             self._carriers = _carriers(self.sink, self.shape.columns)
         if not self._carriers:
@@ -316,8 +319,8 @@ class PathContext:
         pull it (``FilePulling``) into ``files`` files; asked before the cursor edge's rows
         are read for it."""
         sink = self.sink
-        if not isinstance(sink, FilePulling):
-            return None
+        if not isinstance(sink, FilePulling) or self.batch_value is not None:
+            return None  # the engine reads the source's columns; the batch column is dpone's
         candidates = (
             self.candidates if numbers is None else self.candidates[numbers.start : numbers.stop]
         )
@@ -470,6 +473,11 @@ class PathContext:
                     return call()
 
         return self.boundary.run(self.mutation, invoke)
+
+
+def _with_value(chunks: Iterable[Sequence[tuple]], value: Any) -> Iterator[list[tuple]]:
+    for chunk in chunks:
+        yield [(*row, value) for row in chunk]
 
 
 def _spooled_rows(files: Sequence[LoadFile]) -> Iterator[list[tuple]]:

@@ -640,6 +640,25 @@ class ClickHouseSink:
 
     # --- reading back -----------------------------------------------------------------------
 
+    @property
+    def inserts_end_with_their_process(self) -> bool:
+        """``BatchCounting``: chDB runs in the worker's process, so a dead worker has no
+        insert left in flight; a server may still be running one it was sent."""
+        return self.engine == "chdb"
+
+    def batch_rows(self, column: str, batch_id: str) -> int:
+        """``BatchCounting``: the rows of the target table whose ``column`` holds
+        ``batch_id`` (0 when the table or the column does not exist). Reads only."""
+        with self.client() as client:
+            names = [name for name, _ in _columns(client, self._target)]
+            if column not in names:
+                return 0
+            found = client.query_rows(
+                f"SELECT count() FROM {_ref(self._target)} WHERE {quote(column)} = {{b:String}}",
+                {"b": batch_id},
+            )
+            return int(found[0][0])
+
     def row_count(self) -> int:
         with self.client() as client:
             return _count(client, self._target)
