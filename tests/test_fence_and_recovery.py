@@ -356,3 +356,24 @@ def test_on_chdb_the_batch_column_heals_both_outcomes_the_ledger_cannot_prove(
 
 def _raise_injected(*_: Any) -> int:
     raise InjectedFault("killed between the rows and the ledger row")
+
+
+def test_verify_compares_each_applied_batch_with_the_rows_the_target_holds(
+    tmp_path: Path,
+) -> None:
+    """Where the target can tell (a batch column), rows deleted behind dpone's back show."""
+    route = Route(tmp_path, kind="duckdb", rows=120)
+    route.real_store.close()
+    route_file = route.route_file(
+        path="legacy", sections={"target": {"batch_column": "_dpone_batch_id"}}
+    )
+    assert dpone("run", route_file).returncode == 0
+    assert dpone("guard", "verify", route_file).returncode == 0
+    import duckdb
+
+    with contextlib.closing(duckdb.connect(str(route.target_path))) as conn:
+        conn.execute("DELETE FROM orders_copy WHERE id <= 3")
+    verified = dpone("guard", "verify", route_file, "--json")
+    assert verified.returncode == 3
+    [count] = [json.loads(line) for line in verified.stdout.splitlines()]
+    assert (count["ledger_rows"], count["target_rows"]) == (120, 117)

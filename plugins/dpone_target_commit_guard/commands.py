@@ -37,7 +37,7 @@ from dpone_native_transfer import (
     format_timestamp,
 )
 from dpone_native_transfer.config import RouteConfig, load_route_config
-from dpone_native_transfer.connectors.contract import LedgerSink
+from dpone_native_transfer.connectors.contract import BatchCounting, LedgerSink
 from dpone_native_transfer.ledger import (
     APPLIED,
     NOT_APPLIED,
@@ -46,6 +46,7 @@ from dpone_native_transfer.ledger import (
     Proof,
     check_store_against_target,
     ledger_overrides,
+    live_entries,
 )
 from dpone_native_transfer.recovery import Prover, check_not_leased, operator_lease
 from dpone_native_transfer.reporting import (
@@ -550,6 +551,7 @@ def _verify_command(args: argparse.Namespace) -> int:
     proofs: list[_BatchProof] = []
     mismatches: list[tuple[RouteKey, StoreTargetMismatch]] = []
     unchecked: list[tuple[RouteKey, str]] = []  # a ledger target that could not be read
+    miscounted: list[dict[str, Any]] = []  # applied batches the target holds another count of
     with _opened(target.store) as store:
         routes = target.routes(store)
         for route in routes:
@@ -561,11 +563,14 @@ def _verify_command(args: argparse.Namespace) -> int:
                 mismatches.append((route, mismatch))
             if entries is None and route.located and isinstance(target.sink(route), LedgerSink):
                 unchecked.append((route, reason or "the target cannot be read"))
+            miscounted += _miscounted(store, target, route, entries or [])
     if args.json:
         for item in proofs:
             print(json.dumps(item.as_dict(), sort_keys=True))
         for route, mismatch in mismatches:
             print(json.dumps(_mismatch_dict(route, mismatch), sort_keys=True))
+        for count in miscounted:
+            print(json.dumps(count, sort_keys=True))
         print(_verify_summary(proofs, mismatches, routes), file=sys.stderr)
     else:
         _print_table(_VERIFY_HEADERS, [item.row() for item in proofs])
@@ -575,6 +580,12 @@ def _verify_command(args: argparse.Namespace) -> int:
         for _, mismatch in mismatches:
             kind = mismatch.diagnostics.get("mismatch")
             print(f"mismatch: {kind}: {mismatch.code}: {mismatch.message}")
+        for count in miscounted:
+            print(
+                f"count: batch {count['batch_id']}: the ledger records "
+                f"{plural(count['ledger_rows'], 'row')}, the target holds {count['target_rows']:,} "
+                "of it (its batch column): rows were deleted or added behind dpone's back"
+            )
         print(_verify_summary(proofs, mismatches, routes))
     for route, reason in unchecked:
         print(
@@ -582,9 +593,29 @@ def _verify_command(args: argparse.Namespace) -> int:
             "a run would stop there too",
             file=sys.stderr,
         )
-    if proofs or mismatches:
+    if proofs or mismatches or miscounted:
         return EXIT_BLOCKED
     return EXIT_FAILED if unchecked else EXIT_OK
+
+
+def _miscounted(
+    store: Any, target: _Target, route: RouteKey, entries: Sequence[LedgerEntry]
+) -> list[dict[str, Any]]:
+    """Each applied batch of ``route`` whose rows the target holds in another number than its
+    ledger row records, where the target can tell: a route with a ``batch_column``."""
+    sink, config = target.sink(route), target.config
+    column = None if config is None else config.batch_column
+    if column is None or not isinstance(sink, BatchCounting):
+        return []
+    found = []
+    for entry in live_entries(entries, ledger_overrides(store, route)):
+        if not entry.of_route(route):
+            continue
+        held = sink.batch_rows(column, entry.batch_id)
+        if held != entry.rows:
+            found.append({"route": route.as_dict(), "batch_id": entry.batch_id,
+                          "ledger_rows": entry.rows, "target_rows": held})  # fmt: skip
+    return found
 
 
 def _mismatch_dict(route: RouteKey, mismatch: StoreTargetMismatch) -> dict[str, Any]:

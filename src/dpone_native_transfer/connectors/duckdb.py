@@ -603,6 +603,19 @@ class DuckDBSink(FileTarget):
     def is_empty(self) -> bool:
         return self.row_count() == 0  # DuckDB counts from table metadata
 
+    inserts_end_with_their_process = True  # BatchCounting: the load runs in the worker
+
+    def batch_rows(self, column: str, batch_id: str) -> int:
+        """``BatchCounting``: rows whose ``column`` holds ``batch_id``; 0 without it."""
+        with self._reader() as conn:
+            if conn is None or not _table_exists(conn, self._target):
+                return 0
+            names = [row[0] for row in conn.execute(f"DESCRIBE {self._target.sql()}").fetchall()]
+            if column not in names:
+                return 0
+            sql = f"SELECT count(*) FROM {self._target.sql()} WHERE {quote(column)} = ?"
+            return int(conn.execute(sql, [batch_id]).fetchone()[0])
+
     def rows(self) -> list[tuple]:
         with self._reader() as conn:
             if conn is None or not _table_exists(conn, self._target):

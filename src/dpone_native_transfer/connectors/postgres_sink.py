@@ -462,6 +462,19 @@ class PostgresSink:
     def row_count(self) -> int:
         return self._outside_call(lambda conn: _row_count(conn, self._target))
 
+    inserts_end_with_their_process = False  # BatchCounting: the server may still run one
+
+    def batch_rows(self, column: str, batch_id: str) -> int:
+        """``BatchCounting``: rows whose ``column`` holds ``batch_id``; 0 without it."""
+
+        def count(conn: Any) -> int:
+            if column not in {name for name, _ in _columns(conn, self._target)}:
+                return 0
+            sql = f"SELECT count(*) FROM {self._target.sql(_name)} WHERE {_name(column)} = %s"
+            return int(_run_query(conn, sql, batch_id)[0][0])
+
+        return self._outside_call(count)
+
     def is_empty(self) -> bool:
         def empty(conn: Any) -> bool:
             if not _columns(conn, self._target):

@@ -1255,6 +1255,17 @@ class SQLiteSink(FileTarget):
         with self._reader() as conn:
             return 0 if conn is None else _row_count(conn, self.table)
 
+    inserts_end_with_their_process = True  # BatchCounting: the load runs in the worker
+
+    def batch_rows(self, column: str, batch_id: str) -> int:
+        """``BatchCounting``: rows whose ``column`` holds ``batch_id``; 0 without it."""
+        with self._reader() as conn:
+            names = [] if conn is None else [c.name for c in _table_columns(conn, self.table)]
+            if column not in names:
+                return 0
+            sql = f"SELECT count(*) FROM {_quote(self.table)} WHERE {_quote(column)} = ?"
+            return int(conn.execute(sql, (batch_id,)).fetchone()[0])
+
     def is_empty(self) -> bool:
         with self._reader() as conn:
             if conn is None or not _table_columns(conn, self.table):
