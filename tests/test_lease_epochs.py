@@ -4,6 +4,7 @@ holder on this machine taken over at once, a live (paused) one never (ADR-0024).
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -196,3 +197,43 @@ def test_a_lease_too_short_for_its_heartbeat_is_refused(seconds: Any, tmp_path: 
     with SQLiteCheckpointStore(tmp_path / "store.db") as store, pytest.raises(ConfigInvalid) as bad:
         TransferRuntime(store, lease_seconds=seconds)
     assert bad.value.diagnostics == {"key": "lease_seconds"}
+
+
+class RemovingSource:
+    """The real source; while the 2nd partition is read, another worker takes the lease and
+    removes this attempt's work folder as a dead attempt's (this one was paused past it)."""
+
+    def __init__(self, inner: Any, steal: Any, work: Path) -> None:
+        self.inner, self.steal, self.work, self.reads = inner, steal, work, 0
+
+    def read(self, bounds: Any, **kwargs: Any) -> Any:
+        self.reads += 1
+        if self.reads == 2:
+            self.steal()
+            for folder in self.work.iterdir():
+                shutil.rmtree(folder)
+        return self.inner.read(bounds, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("read_partitions", "can_pull"):  # read partition by partition
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def test_a_worker_paused_in_extraction_whose_folder_was_removed_stops_as_lease_lost(
+    tmp_path: Path,
+) -> None:
+    """Not as a full disk (``work_folder_failed``): its folder went because it lost its lease."""
+    from helpers.routes import NotPulling
+
+    route = Route(tmp_path, kind="sqlite")
+    store = StealingStore(route.real_store, route.store_path, at="")
+    route.store = store
+    work = tmp_path / "work"
+    work.mkdir()
+    route.sink.inner = NotPulling(route.sink.inner)
+    spec_route = route.spec("legacy").route
+    route.source = RemovingSource(route.source, lambda: store.steal(spec_route), work)
+    with pytest.raises(LeaseLost):
+        route.runtime().run(route.spec("file-artifact", artifact_dir=str(work)))
+    assert route.sink.target_calls == 0 and route.latest() == []
