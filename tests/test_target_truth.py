@@ -746,3 +746,58 @@ def test_restore_rebuilds_a_store_file_that_is_gone(sqlite_site: Site) -> None:
     restore(route)  # no run in between: the store file does not exist
     assert site.run(route).stdout.startswith("committed 4 partitions, skipped 0, loaded 40 rows")
     site.exactly_once()
+
+
+# an emptied target started over, then the store is lost: the target remembers the excusal -------
+
+
+@pytest.mark.parametrize("start_over", ["state reset", "state restore"])
+def test_an_emptied_target_started_over_then_a_lost_store_is_restored(
+    site: Site, start_over: str
+) -> None:
+    """The table emptied on purpose, the route started over, a run loaded every row again, then
+    the store was lost: `state restore` refused on the row count (it counted the batches the
+    operator had excused, whose excusal lived only in the lost store), with
+    --ignore-row-count wrote nothing, and every run pointed back at it: no way out."""
+    route = site.route()
+    site.run(route)
+    site.add_rows()
+    site.run(route)
+    _sql(site, "DELETE FROM orders_copy")
+    assert refused(site.run(route, code=3), MISMATCH)["mismatch"] == "target_emptied"
+    action = start_over.split()[1]
+    done = dpone("state", action, route, "--reason", "emptied on purpose", "--operator", "ops",
+                 "--yes")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "loaded 160 rows" in site.run(route).stdout
+    site.exactly_once()
+    _lose_by_deleting(site, route)
+    assert refused(site.run(route, code=3), MISMATCH)["mismatch"] == "target_ahead_of_store"
+    restored = restore(route)
+    assert "restore 4 committed checkpoints" in restored.stdout, restored.stdout
+    assert site.run(route).stdout.startswith("committed 0 partitions, skipped 0, loaded 0 rows")
+    assert dpone("guard", "verify", route).returncode == 0
+    site.add_rows()
+    assert "loaded 40 rows" in site.run(route).stdout
+    site.exactly_once()  # 200 rows, each once: none lost, none twice
+
+
+def test_a_route_reset_from_now_keeps_its_rows_counted_when_the_store_is_lost(
+    sqlite_site: Site,
+) -> None:
+    """`state reset --from-now` excuses the route's batches but the table keeps their rows: a
+    later entry must not record them as gone, or a restore would count 40 of 160 rows."""
+    site = sqlite_site
+    route = site.route()
+    site.run(route)
+    done = dpone("state", "reset", route, "--from-now", "--reason", "r", "--operator", "o",
+                 "--yes")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    site.add_rows()
+    assert "loaded 40 rows" in site.run(route).stdout
+    _lose_by_deleting(site, route)
+    restore(route)
+    assert site.run(route).stdout.startswith("committed 0 partitions, skipped 0, loaded 0 rows")
+    site.add_rows()
+    site.run(route)
+    site.exactly_once()

@@ -45,11 +45,13 @@ __all__ = [
     "Proof",
     "check_ledger_columns",
     "check_store_against_target",
+    "excused_batches",
     "ledger_query",
     "live_entries",
     "ledger_overrides",
     "prove",
     "restored_checkpoints",
+    "unexcused",
 ]
 
 LEDGER_TABLE = "_dpone_ledger"
@@ -569,17 +571,27 @@ def live_entries(entries: Sequence[LedgerEntry], excused: set[str]) -> list[Ledg
 
 
 def _since_last_replace(entries: Sequence[LedgerEntry]) -> list[LedgerEntry]:
-    """The entries whose rows the table may still hold: from its last full replace on."""
+    """The entries whose rows the table may still hold: from its last full replace on, less
+    those a later entry excused (``unexcused``)."""
+    last = max((entry.seq for entry in entries if entry.replace), default=-1)
+    return [entry for entry in unexcused(entries) if entry.seq >= last]
+
+
+def unexcused(entries: Sequence[LedgerEntry]) -> list[LedgerEntry]:
+    """The entries in ledger order, less those a later entry lists as ``excused``: operators
+    said the table no longer holds them, and the target remembers it when the store that
+    recorded it is lost."""
     ordered = sorted(entries, key=lambda entry: entry.seq)
-    starts = [number for number, entry in enumerate(ordered) if entry.replace]
-    return ordered[starts[-1] :] if starts else ordered
+    excused_at = {batch: entry.seq for entry in ordered for batch in entry.excused}
+    return [entry for entry in ordered if excused_at.get(entry.batch_id, -1) < entry.seq]
 
 
-def ledger_overrides(store: Any, route: RouteKey) -> set[str]:
+def ledger_overrides(store: Any, route: RouteKey, *, gone: bool = False) -> set[str]:
     """Batch ids operators resolved against the ledger (``ledger_overrides`` in audit records).
 
     Read from every route of the store writing ``route``'s target table; a
-    store without audit records has none.
+    store without audit records has none. ``gone``: only those whose rows the
+    table no longer holds, so not a ``state reset --from-now``'s (it keeps them).
     """
     if not (hasattr(store, "list_routes") and hasattr(store, "list_audit")):
         return set()
@@ -590,9 +602,23 @@ def ledger_overrides(store: Any, route: RouteKey) -> set[str]:
             continue
         for record in store.list_audit(other):
             batches = record.get("ledger_overrides")
-            if isinstance(batches, list):
+            if isinstance(batches, list) and not (gone and record.get("from_now")):
                 found.update(batch for batch in batches if isinstance(batch, str))
     return found
+
+
+def excused_batches(
+    store: Any, route: RouteKey, read_ledger: Callable[[], Sequence[LedgerEntry]]
+) -> list[str]:
+    """What a new ledger entry records as ``excused``: the batches of its target table whose
+    rows operators said the table no longer holds (``ledger_overrides(gone=True)``) and that
+    the ledger still holds as live. The ledger is read only when there are some."""
+    gone = ledger_overrides(store, route, gone=True)
+    if not gone:
+        return []
+    return sorted(
+        entry.batch_id for entry in _since_last_replace(read_ledger()) if entry.batch_id in gone
+    )
 
 
 # --- proofs and restores ---------------------------------------------------------------------

@@ -28,7 +28,7 @@ from .cursor_edge import unknown_edge
 from .errors import ConfigInvalid, NativeTransferError, RouteBusy, StoreTargetMismatch
 from .lease import Lease, LeaseStore, read_holder
 from .lease import lease_key as _lease_key
-from .ledger import LedgerEntry, live_entries, restored_checkpoints
+from .ledger import LedgerEntry, live_entries, restored_checkpoints, unexcused
 from .reporting import plural
 
 __all__ = [
@@ -127,7 +127,9 @@ def plan_restore(
 
     - The route's entries are those it wrote; when it wrote none, those of the
       one other source database with the same source table and strategy (the
-      source file was moved or copied). Every ledger partition gets a committed
+      source file was moved or copied, or the server is named otherwise). Batches
+      operators excused (``excused``, or a later ledger entry) are left out: the
+      table no longer holds them. Every ledger partition gets a committed
       checkpoint, unless the store holds it as committed in the same batch
       already; one the store holds otherwise in that batch (blocked, or resolved
       as not applied) is refused: ``guard resolve`` decides those.
@@ -140,8 +142,9 @@ def plan_restore(
       batch).
 
     The ledger is trusted only as far as the table agrees: ``target_rows`` must be
-    the rows its ledger records since the table was last replaced (``excused``:
-    batches operators already said are gone), unless ``ignore_row_count``. A table
+    the rows its ledger records since the table was last replaced, less the batches
+    operators said are gone (``excused``, or a later ledger entry), unless
+    ``ignore_row_count``. A table
     that is empty while its ledger records rows was dropped or emptied: nothing
     the ledger lists is held, and this route's batches are recorded as overrides.
     """
@@ -161,7 +164,11 @@ def plan_restore(
         )  # fmt: skip
     overrides = sorted(entry.batch_id for entry in live if entry.of_route(route))
     entries = [] if emptied else entries
-    mine = [entry for entry in entries if entry.of_route(route)] or _moved_source(route, entries)
+    held = [entry for entry in unexcused(entries) if entry.batch_id not in excused]
+    if any(entry.of_route(route) for entry in entries):
+        mine = [entry for entry in held if entry.of_route(route)]
+    else:
+        mine = _moved_source(route, held)
     latest = {cp.partition_id: cp for cp in store.list_latest(route)}
     restored = restored_checkpoints(route, mine)
     wanted, disputed = [], []

@@ -57,6 +57,7 @@ from .lease import DEFAULT_LEASE_SECONDS, Lease, LeaseStore, lease_key
 from .ledger import (
     LedgerEntry,
     check_store_against_target,
+    excused_batches,
     ledger_overrides,
     refresh_in_store,
 )
@@ -331,6 +332,7 @@ class TransferRuntime:
                     cursor_column=spec.source.cursor_column,
                     at=read_clock(self.clock, route=route, run_id=spec.run_id),
                     definition=dict(definition),
+                    excused=excused_batches(self.store, route, ledger.read_ledger),
                 )
             if isinstance(spec.sink, TargetChecking):
                 spec.sink.check_target()  # an unreachable target fails here, never blocked

@@ -236,7 +236,7 @@ def _restore_command(args: argparse.Namespace) -> int:
             entries,
             now=now,
             target_rows=config.sink.row_count(),
-            excused=ledger_overrides(store, route),
+            excused=ledger_overrides(store, route, gone=True),
             ignore_row_count=args.ignore_row_count,
         )
         source_state = _with_definition(config, route, entries, plan.source_state)
