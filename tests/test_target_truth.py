@@ -162,7 +162,8 @@ def test_pointing_a_route_at_another_target_database_loads_that_one_whole(site: 
 
 
 def test_shards_with_equal_table_names_share_one_store_and_each_loads(tmp_path: Path) -> None:
-    """Two source databases, equal table names, one store: two routes, and fan-in works."""
+    """Two source databases, equal table names, one store: two routes, and fan-in works once
+    an operator says the second shard's rows are not the first's (they could be: below)."""
     site = Site(tmp_path)
     shard = tmp_path / "shard-2.db"
     build_sample_source(shard, rows=50, partitions=4, start_id=1001)
@@ -174,12 +175,53 @@ def test_shards_with_equal_table_names_share_one_store_and_each_loads(tmp_path: 
     assert site.target_ids(tmp_path / "b.db") == list(range(1001, 1051))
     fan_in = [site.route("c.toml", target=tmp_path / "all.db"), site.route(
         "d.toml", source=shard, target=tmp_path / "all.db")]  # fmt: skip
+    site.run(fan_in[0])
+    done = site.run(fan_in[1], code=3)
+    assert refused(done, MISMATCH)["mismatch"] == "same_table_other_source"
+    assert "state reset" in done.stderr and "state restore" in done.stderr
+    started = dpone("state", "reset", fan_in[1], "--reason", "shard 2 of orders",
+                    "--operator", "ops", "--yes")  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr
     for _ in range(2):
         for route in fan_in:
             site.run(route)
     assert site.target_ids(tmp_path / "all.db") == sorted(
         site.source_ids() + list(range(1001, 1051))
     )
+
+
+def test_a_copy_of_the_source_database_is_refused_until_its_history_is_adopted(
+    sqlite_site: Site,
+) -> None:
+    """A route reading a copy (a replica, a moved file, the server under another name) of the
+    source another route loaded into the same table appended all 120 rows again, exit 0."""
+    site = sqlite_site
+    site.run(site.route())
+    replica = site.folder / "replica.db"
+    shutil.copy(site.source, replica)
+    route = site.route("replica.toml", source=replica)
+    done = site.run(route, code=3)
+    diagnostics = refused(done, MISMATCH)
+    assert diagnostics["mismatch"] == "same_table_other_source"
+    assert len(diagnostics["batch_ids"]) == 1
+    assert "state restore" in done.stderr and str(site.folder) not in done.stderr
+    assert "target: disagrees: " in dpone("state", "show", route).stdout  # as the run does
+    site.exactly_once()
+    restore(route)
+    assert site.run(route).stdout.startswith("committed 0 partitions, skipped 0, loaded 0 rows")
+    site.source = replica  # the copy is the source from now on
+    site.add_rows()
+    assert "loaded 40 rows" in site.run(route).stdout
+    site.exactly_once()
+
+
+def test_a_full_refresh_from_a_copy_of_the_source_is_not_refused(sqlite_site: Site) -> None:
+    site = sqlite_site
+    site.run(site.route())
+    replica = site.folder / "replica.db"
+    shutil.copy(site.source, replica)
+    site.run(site.route("replica.toml", source=replica, strategy="full_refresh"))
+    site.exactly_once()
 
 
 def test_two_engines_with_equal_table_names_share_one_store(tmp_path: Path) -> None:

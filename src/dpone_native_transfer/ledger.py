@@ -337,6 +337,7 @@ _RESOLVE = (
     "--operator NAME"
 )
 _VERIFY = "dpone-transfer guard verify <route file>"
+_RESET = "dpone-transfer state reset <route file> --reason TEXT --operator NAME"
 
 
 def _mismatch(route: RouteKey, kind: str, message: str, **diagnostics: Any) -> StoreTargetMismatch:
@@ -355,6 +356,7 @@ def check_store_against_target(
     overridden: Callable[[], set[str]],
     cursor_column: str | None = None,
     target_empty: Callable[[], bool] | None = None,
+    started: Callable[[], bool] | None = None,
 ) -> LedgerEntry | None:
     """Refuse the run when the store and the target's ledger disagree (reads only).
 
@@ -373,7 +375,13 @@ def check_store_against_target(
        target was replaced, restored, or is another database);
     3. the table holds rows when its ledger records some since it was last replaced
        (``target_empty()``, asked only then; else it was dropped, renamed or emptied);
-    4. no other route replaced the table after this route's last batch (a full
+    4. an append route with no batch of its own yet appends into no table holding
+       another source database's batches of its source table: if that database is
+       this one under another name or address, its rows would be loaded twice. It
+       is new unless ``started()`` (the store holds its source state: a run, or an
+       operator's ``state restore`` or ``state reset``, started it) or, without
+       ``started``, the store holds a checkpoint of it;
+    5. no other route replaced the table after this route's last batch (a full
        refresh, or a strategy switch), unless this route replaces it too; for a
        route with no batch yet, no refresh of its own source table did. A full
        refresh of the same source table that recorded how far it loaded this
@@ -448,6 +456,8 @@ def check_store_against_target(
     mine = [entry for entry in entries if entry.of_route(route)]
     if route.strategy is Strategy.FULL_REFRESH:
         return None
+    if not mine:
+        _refuse_another_source(route, live, scope, started)
     last = max((entry.seq for entry in mine), default=-1)
     replaced = [e for e in entries if e.replace and e.seq > last and not e.of_route(route)]
     if not mine:  # a new route: only a refresh of its own source table holds its rows
@@ -467,6 +477,36 @@ def check_store_against_target(
         "same cursor column); keep loading the table with that route, or see what the "
         f"target holds with: {_VERIFY}",
         batch_ids=[by.batch_id],
+    )
+
+
+def _refuse_another_source(
+    route: RouteKey,
+    live: Sequence[LedgerEntry],
+    scope: LatestCheckpoints,
+    started: Callable[[], bool] | None,
+) -> None:
+    """Step 4 of ``check_store_against_target``: a new append route, and the table holds
+    batches of its source table read from another source database."""
+    others = [
+        e for e in live if e.source_table == route.source_table and not _same_source(e, route)
+    ]
+    if not others:
+        return
+    if started() if started is not None else any(cp.route == route for cp in scope):
+        return
+    raise _mismatch(
+        route,
+        "same_table_other_source",
+        f"the target table holds {plural(len(others), 'batch')} of this route's source table "
+        f"read from another source database ({'; '.join(sorted({e.label for e in others}))}) "
+        "and this route has loaded none yet: if that database is this route's source under "
+        "another name or address (a host name and its address, a socket, a replica, a moved "
+        "or copied file, or a route of a release that located them apart), appending would "
+        f"load its rows twice. If it is the same source, adopt that route's history with: "
+        f"{_RESTORE}; if it is another database whose rows belong in this table too, start "
+        f"this route on purpose with: {_RESET}",
+        batch_ids=sorted(entry.batch_id for entry in others),
     )
 
 

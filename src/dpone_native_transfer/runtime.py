@@ -270,6 +270,7 @@ class TransferRuntime:
                 overridden=lambda: ledger_overrides(self.store, route),
                 cursor_column=spec.source.cursor_column,
                 target_empty=ledger.is_empty,
+                started=lambda: self.state_store.load_source_state(route) is not None,
             )
         if refreshed is None and isinstance(self.store, TargetScopeStore):
             # a refresh that kept no ledger entry (ledger = false): the store remembers it

@@ -37,7 +37,7 @@ from .errors import (
     StoreTargetMismatch,
 )
 from .latest import as_latest
-from .ledger import check_store_against_target, ledger_overrides
+from .ledger import check_store_against_target, ledger_overrides, live_entries
 from .planner import route_definition
 from .plugins import Hooks, make_plugin_manager
 from .recovery import (
@@ -83,7 +83,8 @@ def add_state_command(commands: Any, common: argparse.ArgumentParser) -> None:
         actions,
         common,
         "reset",
-        help="start an append route afresh after its partition or cursor column changed",
+        help="start an append route afresh: after its partition or cursor column changed, or "
+        "into a table shared with another source database",
         description=_RESET_HELP,
     )
     reset.add_argument(
@@ -118,12 +119,16 @@ def _operator_action(
 
 _RESET_HELP = """Forget an append route's progress, audited, so that it starts afresh under its
 route file as it is now: after its partition or cursor column changed
-(native_transfer_route_changed). Every committed checkpoint of the route is
+(native_transfer_route_changed), or, for a new route, to load a source
+database into a table that holds another one's rows of an equal table name
+(same_table_other_source). Every committed checkpoint of the route is
 marked failed (reset) and its source state restarts. Because the next run
-would then load every row again, a target table that holds rows is refused:
-empty or refresh it first, or pass --from-now (a route with a cursor column),
-which continues after the source's current highest cursor value instead. A
-blocked route is refused: resolve it first (guard scan)."""
+would then load every row again, a target table that holds rows of the route
+is refused (every row counts as the route's unless the target's ledger
+accounts for each as another route's): empty or refresh it first, or pass
+--from-now (a route with a cursor column), which continues after the source's
+current highest cursor value instead. A blocked route is refused: resolve it
+first (guard scan)."""
 
 
 def _add_show(actions: Any, common: argparse.ArgumentParser) -> None:
@@ -192,6 +197,7 @@ def _compared_with_target(store: Any, config: RouteConfig) -> str | StoreTargetM
             overridden=lambda: ledger_overrides(store, route),
             cursor_column=config.source.cursor_column,
             target_empty=config.sink.is_empty,
+            started=lambda: store.load_source_state(route) is not None,
         )
     except StoreTargetMismatch as refusal:
         return refusal
@@ -346,7 +352,7 @@ def _reset_command(args: argparse.Namespace) -> int:
         check_not_leased(store, route)
         latest = as_latest(store.list_latest(route))
         Hooks(make_plugin_manager(None)).resume_route_scan(route, latest)  # blocked: refused
-        rows = config.sink.row_count()
+        rows = _rows_of(config, store)
         if rows and not args.from_now:
             raise ConfigInvalid(
                 f"refusing to reset route {route.label}: the target table holds "
@@ -408,6 +414,20 @@ def _reset_command(args: argparse.Namespace) -> int:
         store.close()
     print(f"reset route {route.label}: audit record #{audit_id}")
     return EXIT_OK
+
+
+def _rows_of(config: RouteConfig, store: Any) -> int:
+    """The target table's rows that may be the route's (a reset loads them again): those of
+    its live ledger batches when the ledger accounts for every row (the table is shared
+    with another source database's route), else all of them."""
+    rows = config.sink.row_count()
+    entries = ledger_of(config.sink)[0] if rows and config.ledger and config.route.located else None
+    if not entries:
+        return rows
+    live = live_entries(entries, ledger_overrides(store, config.route, gone=True))
+    if sum(entry.rows for entry in live) != rows:
+        return rows
+    return sum(entry.rows for entry in live if entry.of_route(config.route))
 
 
 def _status(checkpoint: PartitionCheckpoint | None) -> str | None:
