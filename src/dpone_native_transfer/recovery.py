@@ -37,6 +37,7 @@ __all__ = [
     "ledger_of",
     "operator_lease",
     "plan_restore",
+    "recorded_definition",
 ]
 
 
@@ -104,6 +105,7 @@ class RestorePlan:
     previous_state: dict[str, Any] | None
     entries: int
     overrides: tuple[str, ...] = ()  # ledger batches the emptied table no longer holds
+    definition: dict[str, Any] | None = None  # what the route's last batch was loaded under
 
     @property
     def rolled_back(self) -> int:
@@ -164,11 +166,11 @@ def plan_restore(
         )  # fmt: skip
     overrides = sorted(entry.batch_id for entry in live if entry.of_route(route))
     entries = [] if emptied else entries
-    held = [entry for entry in unexcused(entries) if entry.batch_id not in excused]
+    history = [entry for entry in unexcused(entries) if entry.batch_id not in excused]
     if any(entry.of_route(route) for entry in entries):
-        mine = [entry for entry in held if entry.of_route(route)]
+        mine = [entry for entry in history if entry.of_route(route)]
     else:
-        mine = _moved_source(route, held)
+        mine = _moved_source(route, history)
     latest = {cp.partition_id: cp for cp in store.list_latest(route)}
     restored = restored_checkpoints(route, mine)
     wanted, disputed = [], []
@@ -225,7 +227,23 @@ def plan_restore(
         previous_state=previous,
         entries=len(mine),
         overrides=tuple(overrides) if emptied else (),
+        definition=recorded_definition(max(mine, key=lambda e: e.seq)) if mine else None,
     )
+
+
+def recorded_definition(entry: LedgerEntry) -> dict[str, Any]:
+    """The route definition a batch was loaded under (``planner.route_definition``): as the
+    ledger recorded it, or for an entry of ledger v1 what it tells: its cursor column, and
+    from its partitions' bounds whether they were values or key ranges."""
+    if entry.definition is not None:
+        return dict(entry.definition)
+    told: dict[str, Any] = {"cursor_column": entry.cursor_column}
+    bounds = [part.bounds for part in entry.partitions]
+    if any("partition_from" in b or "partition_below" in b for b in bounds):
+        told["partition_by"] = "range"
+    elif any(b.get("partition") is not None for b in bounds):
+        told["partition_by"] = "value"
+    return told
 
 
 def forget_checkpoint(

@@ -33,12 +33,11 @@ from .cursor_edge import EDGE_KEY, unknown_edge
 from .errors import (
     ConfigInvalid,
     NativeTransferError,
-    RouteDefinitionChanged,
     StoreTargetMismatch,
 )
 from .latest import as_latest
 from .ledger import check_store_against_target, ledger_overrides, live_entries
-from .planner import route_definition
+from .planner import DEFINITION_KEY, check_definition, route_definition
 from .plugins import Hooks, make_plugin_manager
 from .recovery import (
     check_not_leased,
@@ -182,6 +181,7 @@ def _compared_with_target(store: Any, config: RouteConfig) -> str | StoreTargetM
     why they were not compared. ``routes`` reads the store alone: only this sees a lost or
     restored store, or a replaced target."""
     route = config.route
+    started = store.load_source_state(route) is not None
     if not config.ledger:
         return "not compared (the route keeps no target ledger: ledger = false)"
     if not (route.located and isinstance(store, TargetScopeStore)):
@@ -197,7 +197,7 @@ def _compared_with_target(store: Any, config: RouteConfig) -> str | StoreTargetM
             overridden=lambda: ledger_overrides(store, route),
             cursor_column=config.source.cursor_column,
             target_empty=config.sink.is_empty,
-            started=lambda: store.load_source_state(route) is not None,
+            started=lambda: started,
         )
     except StoreTargetMismatch as refusal:
         return refusal
@@ -245,7 +245,10 @@ def _restore_command(args: argparse.Namespace) -> int:
             excused=ledger_overrides(store, route, gone=True),
             ignore_row_count=args.ignore_row_count,
         )
-        source_state = _with_definition(config, route, entries, plan.source_state)
+        source_state = plan.source_state and {
+            **plan.source_state,
+            **_definition(config, store, plan.definition),
+        }
         restored = len(plan.checkpoints) - plan.rolled_back
         print(
             f"route {route.label}: {plural(plan.entries, 'batch')} in the target's ledger; "
@@ -310,28 +313,23 @@ def _restore_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _with_definition(
-    config: Any, route: Any, entries: list[Any], state: dict[str, Any] | None
-) -> dict[str, Any] | None:
-    """The restored source state, keeping the route file's definition; refused when the
-    target's last batch of the route was loaded under another cursor column (the restored
-    watermark would be a value of that column)."""
-    if state is None:
-        return None
-    mine = [entry for entry in entries if entry.of_route(route)]
-    cursor = config.source.cursor_column
-    if mine and route.strategy is Strategy.INCREMENTAL_APPEND and mine[-1].cursor_column != cursor:
-        raise RouteDefinitionChanged(
-            f"refusing to restore route {route.label}: the target's last batch of it was loaded "
-            f"with cursor column {mine[-1].cursor_column!r}, the route file names {cursor!r}; "
-            "put the old column back to restore, then `state reset` to change it; nothing was "
-            "written",
-            diagnostics={"route": route.as_dict(), "changed": ["cursor_column"]},
+def _definition(config: Any, store: Any, recorded: dict[str, Any] | None) -> dict[str, Any]:
+    """The restored source state's definition: the route file's, refused where a run would
+    refuse it (``check_definition``) against the store's recorded one and against the
+    target's last batch of the route (``recorded``), so that a restore never launders a
+    change a run refused (the store lost, the new definition would be all it knew)."""
+    route = config.route
+    definition = route_definition(config.source, config.source.describe().columns)
+    check_definition(route, store.load_source_state(route), store.list_latest(route), definition)
+    if recorded is not None:
+        check_definition(
+            route,
+            {DEFINITION_KEY: recorded},
+            (),
+            definition,
+            recorded_in="its last batch in the target's ledger (the restore wrote nothing)",
         )
-    return {
-        **state,
-        "definition": route_definition(config.source, config.source.describe().columns),
-    }
+    return {DEFINITION_KEY: definition}
 
 
 def _reset_command(args: argparse.Namespace) -> int:
