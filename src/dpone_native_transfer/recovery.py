@@ -133,8 +133,9 @@ def plan_restore(
       operators excused (``excused``, or a later ledger entry) are left out: the
       table no longer holds them. Every ledger partition gets a committed
       checkpoint, unless the store holds it as committed in the same batch
-      already; one the store holds otherwise in that batch (blocked, or resolved
-      as not applied) is refused: ``guard resolve`` decides those.
+      already, or as forgotten by ``state reset``; one the store holds otherwise
+      in that batch (blocked, or resolved as not applied) is refused: ``guard
+      resolve`` decides those.
     - A partition the store holds as committed in a ledger batch the target does
       not hold (the target was replaced or restored from an older backup) gets a
       failed checkpoint (``not_in_target``): the next run loads it again.
@@ -179,7 +180,7 @@ def plan_restore(
         batch = checkpoint.diagnostics[LEDGER_BATCH_KEY]
         if held is None or held.diagnostics.get(LEDGER_BATCH_KEY) != batch:
             wanted.append(checkpoint)
-        elif held.status is not PartitionCheckpointStatus.COMMITTED:
+        elif held.status is not PartitionCheckpointStatus.COMMITTED and not _reset(held):
             disputed.append(checkpoint)
     if disputed:
         batches = sorted({cp.diagnostics[LEDGER_BATCH_KEY] for cp in disputed})
@@ -262,6 +263,11 @@ def forget_checkpoint(
         completed_at=now,
         diagnostics={**batch, "error": error.value},
     )
+
+
+def _reset(checkpoint: PartitionCheckpoint) -> bool:
+    """Forgotten by ``state reset``: the operator's choice, which a restore keeps."""
+    return checkpoint.diagnostics.get("error") == FailureCode.RESET
 
 
 def _moved_source(route: RouteKey, entries: Sequence[LedgerEntry]) -> list[LedgerEntry]:
