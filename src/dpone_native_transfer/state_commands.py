@@ -327,7 +327,7 @@ def _definition(config: Any, store: Any, recorded: dict[str, Any] | None) -> dic
             {DEFINITION_KEY: recorded},
             (),
             definition,
-            recorded_in="its last batch in the target's ledger (the restore wrote nothing)",
+            recorded_in="its last batch in the target's ledger",
         )
     return {DEFINITION_KEY: definition}
 
