@@ -402,6 +402,8 @@ def test_hard_kill_then_automatic_retry_never_duplicates(
                 "cursor_column": "updated_at",
                 "partition_kind": "text",
                 "cursor_kind": "integer",
+                "partition_by": "value",
+                "partition_rows": None,
             },
         }
 

@@ -110,3 +110,87 @@ def test_a_route_key_is_located_by_both_ends(tmp_path: Path) -> None:
         "strategy": "incremental_append",
     }
     assert os.fspath(tmp_path) not in repr(key.as_record())
+
+
+# --- this machine's server under its usual spellings (found by an attacker: 1,000 duplicates) ---
+
+
+def _hosts_file_loopback_names() -> list[str]:
+    """Names other than ``localhost`` that this machine's hosts file maps to a loopback
+    address (its own name, ``ip6-localhost``, ...), as resolution answers them now."""
+    import ipaddress
+    import socket
+
+    names = []
+    with open("/etc/hosts") as hosts:
+        for line in hosts:
+            address, *aliases = line.partition("#")[0].split() or [""]
+            try:
+                loopback = ipaddress.ip_address(address).is_loopback
+            except ValueError:
+                continue
+            for name in aliases if loopback else ():
+                try:
+                    resolved = {info[4][0] for info in socket.getaddrinfo(name, None)}
+                except OSError:
+                    continue
+                if name != "localhost" and all(
+                    ipaddress.ip_address(a.partition("%")[0]).is_loopback for a in resolved
+                ):
+                    names.append(name)
+    return names
+
+
+@pytest.mark.parametrize(
+    "same",
+    [
+        "postgresql://ops@127.0.0.1:5432/warehouse",
+        "postgresql://ops@127.0.0.2/warehouse",
+        "postgresql://ops@[::1]:5432/warehouse",
+        "postgresql://ops@[::ffff:127.0.0.1]/warehouse",
+        "postgresql://ops@LocalHost/warehouse",
+        "postgresql:///warehouse",  # no host: libpq's default unix socket
+        "postgresql:///warehouse?host=/var/run/postgresql",  # a socket directory
+        "postgresql://%2Ftmp:5432/warehouse",
+        "postgresql:///warehouse?hostaddr=127.0.0.1",
+        "postgresql://ops@db.invalid/warehouse?hostaddr=127.0.0.1",  # libpq dials the address
+        *(f"postgresql://ops@{name}/warehouse" for name in _hosts_file_loopback_names()),
+    ],
+)
+def test_this_machines_server_is_one_location_however_it_is_reached(same: str) -> None:
+    base = pg("postgresql://ops@localhost:5432/warehouse").identity()
+    assert pg(same).identity() == base
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        "postgresql://ops@localhost:5433/warehouse",
+        "postgresql://ops@127.0.0.1/staging",
+        "postgresql:///warehouse?host=/var/run/postgresql&port=5433",
+        "postgresql://ops@db.invalid/warehouse",  # does not resolve: another machine's, at once
+        "postgresql://ops@10.0.0.5/warehouse",
+    ],
+)
+def test_this_machines_other_servers_and_other_machines_stay_apart(other: str) -> None:
+    base = pg("postgresql://ops@127.0.0.1:5432/warehouse").identity()
+    assert pg(other).identity() != base
+
+
+def test_a_spelling_of_this_machine_kept_its_location_where_it_was_localhost() -> None:
+    """``localhost`` and no host were ``localhost`` before too: their stores need no step."""
+    import hashlib
+
+    before = "postgres:" + hashlib.sha256(b"postgres\0localhost:5432/warehouse").hexdigest()[:24]
+    for url in ("postgresql://ops@localhost/warehouse", "postgresql:///warehouse"):
+        assert pg(url).identity().location == before
+
+
+def test_a_clickhouse_server_on_this_machine_is_one_location() -> None:
+    spellings = ["http://127.0.0.1:8123/analytics", "http://localhost:8123/analytics",
+                 "http://[::1]:8123/analytics"]  # fmt: skip
+    assert len({ClickHouseSink(url, "t").identity() for url in spellings}) == 1
+    assert (
+        ClickHouseSink("http://127.0.0.1:8124/analytics", "t").identity()
+        != ClickHouseSink(spellings[0], "t").identity()
+    )

@@ -604,3 +604,39 @@ def make_target(folder: Path, kind: str, amount_type: str) -> None:
             "CREATE TABLE orders_copy (id Nullable(Int64), region Nullable(String), amount"
             f" {amount_type}, updated_at Nullable(Int64)) ENGINE = MergeTree ORDER BY tuple()"
         )
+
+
+# state restore refuses a definition a run refused (found by an attacker: 1,000 duplicates) ----
+
+
+def _restore(route_file: Path) -> subprocess.CompletedProcess:
+    return run_cli("state", "restore", route_file, "--reason", "store lost", "--operator", "o",
+                   "--yes")  # fmt: skip
+
+
+def test_state_restore_does_not_launder_a_refused_partition_column_change(tmp_path: Path) -> None:
+    """A cursorless append route's partition column changed and a run refused it; the store
+    was then lost, `state restore` wrote the new definition, and the next run appended the
+    whole table again: 1,000 duplicates, exit 0."""
+    from dpone_native_transfer import SQLiteCheckpointStore
+    from dpone_native_transfer.config import load_route_config
+
+    build_sample_source(tmp_path / "source.db", rows=1000, partitions=4)
+    route_file = tmp_path / "route.toml"
+    text = routes.route_text(kind="sqlite", source=CURSORLESS)
+    route_file.write_text(text)
+    assert "loaded 1,000 rows" in run(route_file).stdout
+    route_file.write_text(text.replace('partition_column = "region"', 'partition_column = "id"'))
+    assert "native_transfer_route_changed" in run(route_file, code=2).stderr
+    (tmp_path / "checkpoints.db").unlink()  # the store is lost
+    done = _restore(route_file)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "native_transfer_route_changed" in done.stderr and "partition_column" in done.stderr
+    config = load_route_config(route_file)
+    with SQLiteCheckpointStore(config.store_path) as store:
+        assert store.list_latest(config.route) == [] and not store.load_source_state(config.route)
+    assert "native_transfer_store_target_mismatch" in run(route_file, code=3).stderr
+    route_file.write_text(text)  # the old column back: the restore works
+    assert _restore(route_file).returncode == 0
+    assert "loaded 0 rows" in run(route_file).stdout
+    assert target_ids(tmp_path) == source_ids(tmp_path)  # 1,000 rows, each once

@@ -9,6 +9,8 @@ PostgreSQL store: the lease lets one write the target table at a time
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import sqlite3
 import threading
 import time
@@ -18,9 +20,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from helpers.cli import run_cli
 from helpers.postgres_server import PostgresLocation
-from helpers.routes import Route
+from helpers.routes import Route, write_route
 
 from dpone_native_transfer import (
     ManualReconciliationRequired,
@@ -34,6 +38,7 @@ from dpone_native_transfer import (
     TransferRuntime,
     TransferSpec,
 )
+from dpone_native_transfer.config import load_route_config
 from dpone_native_transfer.events import EVENT_ORDER
 from dpone_native_transfer.lease import Lease
 from dpone_native_transfer.testing import (
@@ -332,3 +337,126 @@ def test_a_lease_left_by_a_dead_worker_expires_and_a_normal_run_follows(workers)
     assert len(b.run().committed_partition_ids) == 4
     assert_rows_exactly_once(b.ids("source"), b.ids("target"))
     dead.release()  # its token no longer holds the row: this deletes nothing, closes its connection
+
+
+# --- one PostgreSQL server under its usual spellings (found by an attacker: 1,000 duplicates) ---
+
+
+class PgSource:
+    """A 1,000-row ``orders`` table on the test server (which runs on this machine), and route
+    files reading it under a given host spelling into one SQLite target and store."""
+
+    def __init__(self, folder: Path, location: PostgresLocation) -> None:
+        self.folder, self.admin, self.schema = folder, location.dsn, location.schema
+        self.parts = psycopg.conninfo.conninfo_to_dict(location.dsn)
+        self.sql(f'CREATE SCHEMA "{self.schema}"')
+        self.sql(f'CREATE TABLE "{self.schema}".orders (id integer PRIMARY KEY, region text,'
+                 " updated_at integer)")  # fmt: skip
+        self.next_id = 1
+        self.add(1000)
+
+    def sql(self, statement: str, params: Any = None) -> list[tuple]:
+        with contextlib.closing(psycopg.connect(self.admin, autocommit=True)) as conn:
+            cursor = conn.execute(statement, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def add(self, rows: int) -> None:
+        ids = range(self.next_id, self.next_id + rows)
+        with contextlib.closing(psycopg.connect(self.admin, autocommit=True)) as conn:
+            conn.cursor().executemany(
+                f'INSERT INTO "{self.schema}".orders VALUES (%s, %s, %s)',
+                [(i, f"region-{i % 4}", 1000 + i) for i in ids],
+            )
+        self.next_id += rows
+
+    def url(self, host: str) -> str:
+        """The server as a URL naming ``host`` (a name, an address or a socket directory)."""
+        p = self.parts
+        if host.startswith("/"):  # a socket: local logins are trusted, no password
+            return f"postgresql://{p['user']}@/{p['dbname']}?host={host}&port={p['port']}"
+        return f"postgresql://{p['user']}:{p['password']}@{host}:{p['port']}/{p['dbname']}"
+
+    def route(self, host: str, name: str) -> Path:
+        source = {"kind": "postgres", "dsn": self.url(host), "path": None,
+                  "table": f"{self.schema}.orders"}  # fmt: skip
+        return write_route(self.folder, name=name, path="legacy", source=source)
+
+    def target_ids(self) -> list[int]:
+        with contextlib.closing(sqlite3.connect(self.folder / "target.db")) as db:
+            return sorted(row[0] for row in db.execute("SELECT id FROM orders_copy"))
+
+    def exactly_once(self) -> None:
+        assert self.target_ids() == list(range(1, self.next_id)), len(self.target_ids())
+
+
+def _run(route: Path, code: int = 0) -> Any:
+    done = run_cli("run", route, "--quiet")
+    assert done.returncode == code, done.stdout + done.stderr
+    return done
+
+
+def test_one_postgres_source_under_its_usual_spellings_is_one_route(
+    tmp_path: Path, postgres_schema
+) -> None:
+    """Read as 127.0.0.1 and then as localhost, one server's table was two routes, and the
+    second appended all 1,000 rows again, exit 0."""
+    pg = PgSource(tmp_path, postgres_schema)
+    (socket_dir,) = pg.sql("SHOW unix_socket_directories")[0][0].split(",")[:1]
+    spellings = ["127.0.0.1", "localhost", socket_dir.strip()]
+    routes = [pg.route(host, f"route-{n}.toml") for n, host in enumerate(spellings)]
+    assert "loaded 1,000 rows" in _run(routes[0]).stdout
+    for route in routes[1:]:
+        assert _run(route).stdout.startswith("committed 0 partitions, skipped 0, loaded 0 rows")
+    pg.add(100)
+    assert "loaded 100 rows" in _run(routes[2]).stdout
+    for route in routes:
+        assert "loaded 0 rows" in _run(route).stdout
+    pg.exactly_once()  # 1,100 rows, each once
+
+
+def _old_location(pg: PgSource, host: str) -> str:
+    """A route's source location as the release before this one digested it: the host as
+    spelled (lowercased), its port, the database."""
+    normalized = f"{host}:{pg.parts['port']}/{pg.parts['dbname']}"
+    return "postgres:" + hashlib.sha256(f"postgres\0{normalized}".encode()).hexdigest()[:24]
+
+
+def _as_written_before(files: list[Path], new: str, old: str) -> None:
+    """Rewrite every text holding location ``new`` into ``old``: the store and the target's
+    ledger as that release wrote them (the digest is all it did differently)."""
+    for file in files:
+        with contextlib.closing(sqlite3.connect(file)) as db:
+            tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE "
+                      "type = 'table' AND name NOT LIKE 'sqlite_%'")]  # fmt: skip
+            for table in tables:
+                for column in [row[1] for row in db.execute(f'PRAGMA table_info("{table}")')]:
+                    db.execute(f'UPDATE "{table}" SET "{column}" = replace("{column}", ?, ?) '
+                               f'WHERE typeof("{column}") = \'text\'', (new, old))  # fmt: skip
+            db.commit()
+
+
+def test_a_store_of_the_release_before_keeps_a_route_spelled_by_address_working(
+    tmp_path: Path, postgres_schema
+) -> None:
+    """The release before digested 127.0.0.1 apart from localhost: its store keys the route
+    by that digest. The route's next run is refused, names the one command that adopts its
+    history, and after it continues without a duplicate."""
+    pg = PgSource(tmp_path, postgres_schema)
+    route = pg.route("127.0.0.1", "route.toml")
+    assert "loaded 1,000 rows" in _run(route).stdout
+    new = load_route_config(route).route.source_location
+    old = _old_location(pg, "127.0.0.1")
+    assert new != old
+    _as_written_before([tmp_path / "checkpoints.db", tmp_path / "target.db"], new, old)
+    pg.add(100)
+    done = _run(route, code=3)
+    assert "native_transfer_store_target_mismatch" in done.stderr
+    assert '"mismatch": "same_table_other_source"' in done.stderr
+    assert "state restore" in done.stderr and "127.0.0.1" not in done.stderr
+    assert len(pg.target_ids()) == 1000
+    restored = run_cli("state", "restore", route, "--reason", "upgraded", "--operator", "ops",
+                       "--yes")  # fmt: skip
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+    assert "loaded 100 rows" in _run(route).stdout
+    assert "loaded 0 rows" in _run(pg.route("localhost", "local.toml")).stdout
+    pg.exactly_once()

@@ -17,8 +17,10 @@ from helpers import routes
 from helpers.cli import run_cli
 from helpers.routes import PATHS
 
+from dpone_native_transfer import TransferSpec
 from dpone_native_transfer.config import load_route_config
 from dpone_native_transfer.connectors.sqlite import SQLiteSource
+from dpone_native_transfer.errors import RouteDefinitionChanged
 from dpone_native_transfer.runtime import TransferRuntime
 from dpone_native_transfer.stores.sqlite import SQLiteCheckpointStore
 from dpone_native_transfer.testing import FaultyStore, InjectedFault
@@ -315,3 +317,78 @@ def test_key_ranges_copied_whole_load_every_row_once_with_each_range_counted(
         if path != "lazy-plan":  # the engine counts nothing there
             own = {cp.partition_id: source.count(cp.partition_bounds) for cp in latest}
             assert {cp.partition_id: cp.rows_exported for cp in latest} == own
+
+
+# the range size is part of a cursorless route's definition ---------------------------------------
+
+
+def _restore(route_file: Path):
+    return run_cli("state", "restore", route_file, "--reason", "lost", "--operator", "o", "--yes")
+
+
+def test_a_changed_range_size_is_refused_where_the_ranges_are_the_increments(
+    tmp_path: Path,
+) -> None:
+    """Without a cursor (a Python caller's route: a route file's ranges window by their key)
+    the ranges are the increments: cut at 500 rows instead of 1,000, every range was new, and
+    the run appended all 2,500 rows again."""
+    add_rows(tmp_path, 2500)
+    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
+
+    def run_with(rows: int) -> None:
+        source = SQLiteSource(str(tmp_path / "source.db"), "events", "id", partition_rows=rows)
+        sink = SINKS["sqlite"](str(tmp_path / "target.db"), "copy")
+        spec = TransferSpec(source=source, sink=sink, strategy="incremental_append",
+                            path="staged", run_id=f"cut-{rows}")  # fmt: skip
+        TransferRuntime(store).run(spec)
+
+    try:
+        run_with(1000)
+        with pytest.raises(RouteDefinitionChanged, match="partition_rows"):
+            run_with(500)
+        run_with(1000)
+    finally:
+        store.close()
+    assert target_ids(tmp_path, "sqlite") == source_ids(tmp_path)
+
+
+def test_a_changed_range_size_of_a_route_file_loads_each_row_once(tmp_path: Path) -> None:
+    """A route file's ranges window by their key: its watermark decides what a run loads, so
+    another range size is taken, recorded and never loads a row twice."""
+    add_rows(tmp_path, 2500)
+    route_file = write_route(tmp_path)
+    run(route_file)
+    route_file.write_text(
+        route_file.read_text().replace("partition_rows = 1000", "partition_rows = 500")
+    )
+    assert "loaded 0 rows" in run(route_file).stdout
+    add_rows(tmp_path, 700)
+    assert "committed 2 partitions, skipped 0, loaded 700 rows" in run(route_file).stdout
+    assert target_ids(tmp_path, "sqlite") == source_ids(tmp_path)
+
+
+def test_state_restore_reads_what_a_ledger_of_version_1_tells_of_the_definition(
+    tmp_path: Path,
+) -> None:
+    """A ledger row written before it recorded the definition: its bounds still say the
+    route cut key ranges, so a restore under partitions by value is refused."""
+    add_rows(tmp_path, 2500)
+    route_file = write_route(tmp_path)
+    run(route_file)
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as db:
+        db.execute(
+            "UPDATE _dpone_ledger SET entry = json_remove(json_set(entry, '$.format', "
+            "'dpone.target_ledger.v1'), '$.epoch', '$.definition', '$.excused')"
+        )
+        db.commit()
+    (tmp_path / "checkpoints.db").unlink()
+    text = route_file.read_text()
+    by_value = text.replace("partition_rows = 1000", 'partition_column = "v"')
+    route_file.write_text(by_value)
+    done = _restore(route_file)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "partition_by 'range' -> 'value'" in done.stderr  # told by the bounds alone
+    route_file.write_text(text)
+    assert _restore(route_file).returncode == 0
+    assert "loaded 0 rows" in run(route_file).stdout
+    assert target_ids(tmp_path, "sqlite") == source_ids(tmp_path)

@@ -162,7 +162,8 @@ def test_pointing_a_route_at_another_target_database_loads_that_one_whole(site: 
 
 
 def test_shards_with_equal_table_names_share_one_store_and_each_loads(tmp_path: Path) -> None:
-    """Two source databases, equal table names, one store: two routes, and fan-in works."""
+    """Two source databases, equal table names, one store: two routes, and fan-in works once
+    an operator says the second shard's rows are not the first's (they could be: below)."""
     site = Site(tmp_path)
     shard = tmp_path / "shard-2.db"
     build_sample_source(shard, rows=50, partitions=4, start_id=1001)
@@ -174,12 +175,53 @@ def test_shards_with_equal_table_names_share_one_store_and_each_loads(tmp_path: 
     assert site.target_ids(tmp_path / "b.db") == list(range(1001, 1051))
     fan_in = [site.route("c.toml", target=tmp_path / "all.db"), site.route(
         "d.toml", source=shard, target=tmp_path / "all.db")]  # fmt: skip
+    site.run(fan_in[0])
+    done = site.run(fan_in[1], code=3)
+    assert refused(done, MISMATCH)["mismatch"] == "same_table_other_source"
+    assert "state reset" in done.stderr and "state restore" in done.stderr
+    started = dpone("state", "reset", fan_in[1], "--reason", "shard 2 of orders",
+                    "--operator", "ops", "--yes")  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr
     for _ in range(2):
         for route in fan_in:
             site.run(route)
     assert site.target_ids(tmp_path / "all.db") == sorted(
         site.source_ids() + list(range(1001, 1051))
     )
+
+
+def test_a_copy_of_the_source_database_is_refused_until_its_history_is_adopted(
+    sqlite_site: Site,
+) -> None:
+    """A route reading a copy (a replica, a moved file, the server under another name) of the
+    source another route loaded into the same table appended all 120 rows again, exit 0."""
+    site = sqlite_site
+    site.run(site.route())
+    replica = site.folder / "replica.db"
+    shutil.copy(site.source, replica)
+    route = site.route("replica.toml", source=replica)
+    done = site.run(route, code=3)
+    diagnostics = refused(done, MISMATCH)
+    assert diagnostics["mismatch"] == "same_table_other_source"
+    assert len(diagnostics["batch_ids"]) == 1
+    assert "state restore" in done.stderr and str(site.folder) not in done.stderr
+    assert "target: disagrees: " in dpone("state", "show", route).stdout  # as the run does
+    site.exactly_once()
+    restore(route)
+    assert site.run(route).stdout.startswith("committed 0 partitions, skipped 0, loaded 0 rows")
+    site.source = replica  # the copy is the source from now on
+    site.add_rows()
+    assert "loaded 40 rows" in site.run(route).stdout
+    site.exactly_once()
+
+
+def test_a_full_refresh_from_a_copy_of_the_source_is_not_refused(sqlite_site: Site) -> None:
+    site = sqlite_site
+    site.run(site.route())
+    replica = site.folder / "replica.db"
+    shutil.copy(site.source, replica)
+    site.run(site.route("replica.toml", source=replica, strategy="full_refresh"))
+    site.exactly_once()
 
 
 def test_two_engines_with_equal_table_names_share_one_store(tmp_path: Path) -> None:
@@ -745,4 +787,62 @@ def test_restore_rebuilds_a_store_file_that_is_gone(sqlite_site: Site) -> None:
     _lose_by_deleting(site, route)
     restore(route)  # no run in between: the store file does not exist
     assert site.run(route).stdout.startswith("committed 4 partitions, skipped 0, loaded 40 rows")
+    site.exactly_once()
+
+
+# an emptied target started over, then the store is lost: the target remembers the excusal -------
+
+
+@pytest.mark.parametrize("start_over", ["state reset", "state restore"])
+def test_an_emptied_target_started_over_then_a_lost_store_is_restored(
+    site: Site, start_over: str
+) -> None:
+    """The table emptied on purpose, the route started over, a run loaded every row again, then
+    the store was lost: `state restore` refused on the row count (it counted the batches the
+    operator had excused, whose excusal lived only in the lost store), with
+    --ignore-row-count wrote nothing, and every run pointed back at it: no way out."""
+    route = site.route()
+    site.run(route)
+    site.add_rows()
+    site.run(route)
+    _sql(site, "DELETE FROM orders_copy")
+    assert refused(site.run(route, code=3), MISMATCH)["mismatch"] == "target_emptied"
+    action = start_over.split()[1]
+    done = dpone("state", action, route, "--reason", "emptied on purpose", "--operator", "ops",
+                 "--yes")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "loaded 160 rows" in site.run(route).stdout
+    site.exactly_once()
+    _lose_by_deleting(site, route)
+    assert refused(site.run(route, code=3), MISMATCH)["mismatch"] == "target_ahead_of_store"
+    restored = restore(route)
+    assert "restore 4 committed checkpoints" in restored.stdout, restored.stdout
+    assert site.run(route).stdout.startswith("committed 0 partitions, skipped 0, loaded 0 rows")
+    assert dpone("guard", "verify", route).returncode == 0
+    site.add_rows()
+    assert "loaded 40 rows" in site.run(route).stdout
+    site.exactly_once()  # 200 rows, each once: none lost, none twice
+
+
+def test_a_route_reset_from_now_keeps_its_rows_counted_when_the_store_is_lost(
+    sqlite_site: Site,
+) -> None:
+    """`state reset --from-now` excuses the route's batches but the table keeps their rows: a
+    later entry must not record them as gone, or a restore would count 40 of 160 rows. A
+    restore on the whole store refused the partitions the reset forgot as "blocked"."""
+    site = sqlite_site
+    route = site.route()
+    site.run(route)
+    done = dpone("state", "reset", route, "--from-now", "--reason", "r", "--operator", "o",
+                 "--yes")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    site.add_rows()
+    assert "loaded 40 rows" in site.run(route).stdout
+    kept = restore(route)  # the store is whole: the reset's forgotten partitions stay so
+    assert "the store already agrees with the target's ledger" in kept.stdout, kept.stdout
+    _lose_by_deleting(site, route)
+    restore(route)
+    assert site.run(route).stdout.startswith("committed 0 partitions, skipped 0, loaded 0 rows")
+    site.add_rows()
+    site.run(route)
     site.exactly_once()

@@ -17,8 +17,12 @@ the digest that ``guard show`` prints.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import ipaddress
 import os
+import socket
+import threading
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -59,7 +63,8 @@ def server_location(kind: str, url: str, *, default_port: int, default_database:
     query parameters, as libpq reads them (several hosts allowed); hosts are
     lowercased and missing ports and database filled in (a missing database
     with ``default_database=None`` is the user's own, as libpq has it), so the
-    usual spellings of one server's database are one location.
+    usual spellings of one server's database are one location. This machine's
+    server is ``localhost`` however it is reached (``_this_machine``).
     """
     try:
         parts = urlsplit(url)
@@ -69,16 +74,17 @@ def server_location(kind: str, url: str, *, default_port: int, default_database:
         ) from None
     query = {name: value for name, value in parse_qsl(parts.query)}
     authority = parts.netloc.rpartition("@")[2]
-    hosts = [_host_port(item) for item in authority.split(",")] if authority else []
+    hosts = [_host_port(item) for item in authority.split(",")] if authority else [("", "")]
     if "host" in query or "hostaddr" in query:
         names = (query.get("host") or query["hostaddr"]).split(",")
         ports = query.get("port", "").split(",")
         hosts = [(name, ports[min(i, len(ports) - 1)]) for i, name in enumerate(names)]
     elif "port" in query:
-        hosts = [(host, query["port"]) for host, _ in hosts or [("", "")]]
-    servers = (
-        ",".join(f"{(host or 'localhost').lower()}:{port or default_port}" for host, port in hosts)
-        or f"localhost:{default_port}"
+        hosts = [(host, query["port"]) for host, _ in hosts]
+    addresses = query.get("hostaddr", "").split(",")  # libpq connects to these, when given
+    servers = ",".join(
+        f"{_server(host, addresses[i] if i < len(addresses) else '')}:{port or default_port}"
+        for i, (host, port) in enumerate(hosts)
     )
     user = unquote(parts.netloc.rpartition("@")[0].partition(":")[0]) or query.get("user")
     database = (
@@ -86,6 +92,58 @@ def server_location(kind: str, url: str, *, default_port: int, default_database:
         or "postgres"
     )  # fmt: skip
     return _located(kind, f"{servers}/{database}")
+
+
+def _server(host: str, address: str) -> str:
+    """How a location names one host: ``localhost`` for this machine, else the name lowercased."""
+    return "localhost" if _this_machine(address or host) else host.lower()
+
+
+def _this_machine(host: str) -> bool:
+    """Whether ``host`` reaches this machine's server: no host (libpq's default socket), a
+    unix-socket directory (a path, libpq's rule), a loopback address, or a name that
+    resolves to loopback addresses only (``localhost``, this machine's name)."""
+    if not host or host.startswith("/"):
+        return True
+    try:
+        return _loopback(host.partition("%")[0])  # an address (its IPv6 zone dropped)
+    except ValueError:
+        return _resolves_to_loopback(host.lower())
+
+
+def _loopback(address: str) -> bool:
+    """Whether an IP address is a loopback one (127.0.0.0/8, ::1, or ::ffff:127.x mapped)."""
+    parsed = ipaddress.ip_address(address)
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:
+        parsed = parsed.ipv4_mapped
+    return parsed.is_loopback
+
+
+LOOKUP_SECONDS = 0.5  # how long a name's lookup may take; slower names are other servers
+
+
+@functools.lru_cache(maxsize=256)
+def _resolves_to_loopback(name: str) -> bool:
+    """Whether ``name`` resolves to loopback addresses only: looked up once per process, in a
+    thread given ``LOOKUP_SECONDS`` (a name the hosts file holds answers at once, with no
+    network); a name that fails or is late is taken as another machine's, as it was before."""
+    found: list[str] = []
+
+    def lookup() -> None:
+        try:
+            found.extend(str(info[4][0]) for info in socket.getaddrinfo(name, None))
+        except (OSError, UnicodeError, ValueError):
+            pass
+
+    thread = threading.Thread(target=lookup, name="dpone-host-lookup", daemon=True)
+    thread.start()
+    thread.join(LOOKUP_SECONDS)
+    if thread.is_alive() or not found:
+        return False
+    try:
+        return all(_loopback(address.partition("%")[0]) for address in found)
+    except ValueError:
+        return False
 
 
 def _host_port(item: str) -> tuple[str, str]:

@@ -53,10 +53,12 @@ __all__ = [
     "check_store_against_target",
     "fence_batch",
     "read_fence",
+    "excused_batches",
     "ledger_query",
     "live_entries",
     "ledger_overrides",
     "restored_checkpoints",
+    "unexcused",
 ]
 
 LEDGER_TABLE = "_dpone_ledger"
@@ -422,6 +424,7 @@ _RESOLVE = (
     "--operator NAME"
 )
 _VERIFY = "dpone-transfer guard verify <route file>"
+_RESET = "dpone-transfer state reset <route file> --reason TEXT --operator NAME"
 
 
 def _mismatch(route: RouteKey, kind: str, message: str, **diagnostics: Any) -> StoreTargetMismatch:
@@ -440,6 +443,7 @@ def check_store_against_target(
     overridden: Callable[[], set[str]],
     cursor_column: str | None = None,
     target_empty: Callable[[], bool] | None = None,
+    started: Callable[[], bool] | None = None,
 ) -> LedgerEntry | None:
     """Refuse the run when the store and the target's ledger disagree (reads only).
 
@@ -458,7 +462,13 @@ def check_store_against_target(
        target was replaced, restored, or is another database);
     3. the table holds rows when its ledger records some since it was last replaced
        (``target_empty()``, asked only then; else it was dropped, renamed or emptied);
-    4. no other route replaced the table after this route's last batch (a full
+    4. an append route with no batch of its own yet appends into no table holding
+       another source database's batches of its source table: if that database is
+       this one under another name or address, its rows would be loaded twice. It
+       is new unless ``started()`` (the store holds its source state: a run, or an
+       operator's ``state restore`` or ``state reset``, started it) or, without
+       ``started``, the store holds a checkpoint of it;
+    5. no other route replaced the table after this route's last batch (a full
        refresh, or a strategy switch), unless this route replaces it too; for a
        route with no batch yet, no refresh of its own source table did. A full
        refresh of the same source table that recorded how far it loaded this
@@ -533,6 +543,8 @@ def check_store_against_target(
     mine = [entry for entry in entries if entry.of_route(route)]
     if route.strategy is Strategy.FULL_REFRESH:
         return None
+    if not mine:
+        _refuse_another_source(route, live, scope, started)
     last = max((entry.seq for entry in mine), default=-1)
     replaced = [e for e in entries if e.replace and e.seq > last and not e.of_route(route)]
     if not mine:  # a new route: only a refresh of its own source table holds its rows
@@ -552,6 +564,36 @@ def check_store_against_target(
         "same cursor column); keep loading the table with that route, or see what the "
         f"target holds with: {_VERIFY}",
         batch_ids=[by.batch_id],
+    )
+
+
+def _refuse_another_source(
+    route: RouteKey,
+    live: Sequence[LedgerEntry],
+    scope: LatestCheckpoints,
+    started: Callable[[], bool] | None,
+) -> None:
+    """Step 4 of ``check_store_against_target``: a new append route, and the table holds
+    batches of its source table read from another source database."""
+    others = [
+        e for e in live if e.source_table == route.source_table and not _same_source(e, route)
+    ]
+    if not others:
+        return
+    if started() if started is not None else any(cp.route == route for cp in scope):
+        return
+    raise _mismatch(
+        route,
+        "same_table_other_source",
+        f"the target table holds {plural(len(others), 'batch')} of this route's source table "
+        f"read from another source database ({'; '.join(sorted({e.label for e in others}))}) "
+        "and this route has loaded none yet: if that database is this route's source under "
+        "another name or address (a host name and its address, a socket, a replica, a moved "
+        "or copied file, or a route of a release that located them apart), appending would "
+        f"load its rows twice. If it is the same source, adopt that route's history with: "
+        f"{_RESTORE}; if it is another database whose rows belong in this table too, start "
+        f"this route on purpose with: {_RESET}",
+        batch_ids=sorted(entry.batch_id for entry in others),
     )
 
 
@@ -656,17 +698,27 @@ def live_entries(entries: Sequence[LedgerEntry], excused: set[str]) -> list[Ledg
 
 
 def _since_last_replace(entries: Sequence[LedgerEntry]) -> list[LedgerEntry]:
-    """The entries whose rows the table may still hold: from its last full replace on."""
+    """The entries whose rows the table may still hold: from its last full replace on, less
+    those a later entry excused (``unexcused``)."""
+    last = max((entry.seq for entry in entries if entry.replace), default=-1)
+    return [entry for entry in unexcused(entries) if entry.seq >= last]
+
+
+def unexcused(entries: Sequence[LedgerEntry]) -> list[LedgerEntry]:
+    """The entries in ledger order, less those a later entry lists as ``excused``: operators
+    said the table no longer holds them, and the target remembers it when the store that
+    recorded it is lost."""
     ordered = sorted(entries, key=lambda entry: entry.seq)
-    starts = [number for number, entry in enumerate(ordered) if entry.replace]
-    return ordered[starts[-1] :] if starts else ordered
+    excused_at = {batch: entry.seq for entry in ordered for batch in entry.excused}
+    return [entry for entry in ordered if excused_at.get(entry.batch_id, -1) < entry.seq]
 
 
-def ledger_overrides(store: Any, route: RouteKey) -> set[str]:
+def ledger_overrides(store: Any, route: RouteKey, *, gone: bool = False) -> set[str]:
     """Batch ids operators resolved against the ledger (``ledger_overrides`` in audit records).
 
     Read from every route of the store writing ``route``'s target table; a
-    store without audit records has none.
+    store without audit records has none. ``gone``: only those whose rows the
+    table no longer holds, so not a ``state reset --from-now``'s (it keeps them).
     """
     if not (hasattr(store, "list_routes") and hasattr(store, "list_audit")):
         return set()
@@ -677,9 +729,23 @@ def ledger_overrides(store: Any, route: RouteKey) -> set[str]:
             continue
         for record in store.list_audit(other):
             batches = record.get("ledger_overrides")
-            if isinstance(batches, list):
+            if isinstance(batches, list) and not (gone and record.get("from_now")):
                 found.update(batch for batch in batches if isinstance(batch, str))
     return found
+
+
+def excused_batches(
+    store: Any, route: RouteKey, read_ledger: Callable[[], Sequence[LedgerEntry]]
+) -> list[str]:
+    """What a new ledger entry records as ``excused``: the batches of its target table whose
+    rows operators said the table no longer holds (``ledger_overrides(gone=True)``) and that
+    the ledger still holds as live. The ledger is read only when there are some."""
+    gone = ledger_overrides(store, route, gone=True)
+    if not gone:
+        return []
+    return sorted(
+        entry.batch_id for entry in _since_last_replace(read_ledger()) if entry.batch_id in gone
+    )
 
 
 # --- proofs and restores ---------------------------------------------------------------------

@@ -90,14 +90,34 @@ DEFINITION_KEY = "definition"  # in the source state and in every checkpoint's d
 
 def route_definition(source: Source, columns: Sequence[Column]) -> dict[str, Any]:
     """What the meaning of an append route's state and checkpoints depends on: its partition
-    and cursor columns and their kinds (a partition value 1 and 1.0 are other bounds)."""
+    and cursor columns and their kinds (a partition value 1 and 1.0 are other bounds), and
+    how the partition column is cut (by value, or into ranges of about so many rows)."""
     kinds = {column.name: column.kind for column in columns}
+    rows = source.partition_rows if isinstance(source, RangePartitioned) else None
     return {
         "partition_column": source.partition_column,
         "cursor_column": source.cursor_column,
         "partition_kind": kinds.get(source.partition_column),
         "cursor_kind": None if source.cursor_column is None else kinds.get(source.cursor_column),
+        "partition_by": "range" if rows else "value",
+        "partition_rows": rows or None,
     }
+
+
+# How partitions are cut: under a cursor the window decides which rows a run loads, and a
+# pending window keeps its cuts (``_plan_window``), so only a cursorless route depends on it.
+_CUTS = ("partition_by", "partition_rows")
+
+
+def changed_keys(recorded: Mapping[str, Any], definition: Mapping[str, Any]) -> list[str]:
+    """The keys of ``definition`` that differ from the ``recorded`` one and matter: keys an
+    older release did not record pass, and so do the cuts of a route with a cursor."""
+    windowed = definition.get("cursor_column") is not None
+    return sorted(
+        key
+        for key in definition
+        if key in recorded and recorded[key] != definition[key] and not (windowed and key in _CUTS)
+    )
 
 
 def check_definition(
@@ -105,14 +125,17 @@ def check_definition(
     state: Mapping[str, Any] | None,
     latest: Iterable[PartitionCheckpoint],
     definition: Mapping[str, Any],
+    *,
+    recorded_in: str = "its stored state",
 ) -> None:
-    """Refuse an append route whose partition or cursor column (or its kind) changed.
+    """Refuse an append route whose partition or cursor column (or its kind) changed, or,
+    without a cursor, how its partitions are cut (``changed_keys``).
 
     The watermark is a value of the old cursor column and committed partitions
-    are values of the old partition column: under new ones a run would append
-    rows twice or skip them. The definition is read from the source state, or,
-    when the state keeps none (a first run that failed, a restored store), from
-    the route's checkpoints. Keys an older release did not record pass.
+    are values (or key ranges) of the old partition column: under new ones a run
+    would append rows twice or skip them. The definition is read from the source
+    state, or, when the state keeps none (a first run that failed, a restored
+    store), from the route's checkpoints. Keys an older release did not record pass.
     """
     if route.strategy is not Strategy.INCREMENTAL_APPEND:
         return
@@ -122,16 +145,22 @@ def check_definition(
         stored = next((d for d in recorded if isinstance(d, Mapping)), None)
     if stored is None:
         return
-    changed = sorted(k for k in definition if k in stored and stored[k] != definition[k])
+    changed = changed_keys(stored, definition)
     if changed:
         was = ", ".join(f"{key} {stored.get(key)!r} -> {definition[key]!r}" for key in changed)
         raise RouteDefinitionChanged(
-            f"route {route.label} changed its {' and '.join(changed)} ({was}) since its stored "
-            "state: a run would append committed rows again or skip rows; nothing was read or "
-            "written. Put the old column back, or start the route afresh on purpose: "
-            "`dpone-transfer state reset` (see docs/incremental.md)",
+            f"route {route.label} changed its {' and '.join(changed)} ({was}) since "
+            f"{recorded_in}: a run would append committed rows again or skip rows; nothing was "
+            "read or written. Put the old definition back, or start the route afresh on "
+            "purpose: `dpone-transfer state reset` (see docs/incremental.md)",
             diagnostics={"route": route.as_dict(), "changed": changed},
         )
+
+
+def _recorded(checkpoint: PartitionCheckpoint) -> Mapping[str, Any]:
+    """The definition a checkpoint recorded (none: an older release's, which passes)."""
+    recorded = checkpoint.diagnostics.get(DEFINITION_KEY)
+    return recorded if isinstance(recorded, Mapping) else {}
 
 
 def _counts(checkpoint: PartitionCheckpoint) -> bool:
@@ -225,7 +254,7 @@ def _plan_window(
         if "cursor_upto" in cp.partition_bounds
         and cp.partition_bounds.get("cursor_after") == watermark
         and _counts(cp)
-        and (definition is None or cp.diagnostics.get(DEFINITION_KEY, definition) == definition)
+        and (definition is None or not changed_keys(_recorded(cp), definition))
     ]
     upto = (
         max(bounds["cursor_upto"] for bounds in pending)

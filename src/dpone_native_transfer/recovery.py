@@ -43,6 +43,7 @@ from .ledger import (
     Proof,
     live_entries,
     restored_checkpoints,
+    unexcused,
 )
 from .reporting import plural
 
@@ -55,6 +56,7 @@ __all__ = [
     "ledger_of",
     "operator_lease",
     "plan_restore",
+    "recorded_definition",
 ]
 
 # Who an automatic recovery's audit records name.
@@ -319,6 +321,7 @@ class RestorePlan:
     previous_state: dict[str, Any] | None
     entries: int
     overrides: tuple[str, ...] = ()  # ledger batches the emptied table no longer holds
+    definition: dict[str, Any] | None = None  # what the route's last batch was loaded under
 
     @property
     def rolled_back(self) -> int:
@@ -342,10 +345,13 @@ def plan_restore(
 
     - The route's entries are those it wrote; when it wrote none, those of the
       one other source database with the same source table and strategy (the
-      source file was moved or copied). Every ledger partition gets a committed
+      source file was moved or copied, or the server is named otherwise). Batches
+      operators excused (``excused``, or a later ledger entry) are left out: the
+      table no longer holds them. Every ledger partition gets a committed
       checkpoint, unless the store holds it as committed in the same batch
-      already; one the store holds otherwise in that batch (blocked, or resolved
-      as not applied) is refused: ``guard resolve`` decides those.
+      already, or as forgotten by ``state reset``; one the store holds otherwise
+      in that batch (blocked, or resolved as not applied) is refused: ``guard
+      resolve`` decides those.
     - A partition the store holds as committed in a ledger batch the target does
       not hold (the target was replaced or restored from an older backup) gets a
       failed checkpoint (``not_in_target``): the next run loads it again.
@@ -355,8 +361,9 @@ def plan_restore(
       batch).
 
     The ledger is trusted only as far as the table agrees: ``target_rows`` must be
-    the rows its ledger records since the table was last replaced (``excused``:
-    batches operators already said are gone), unless ``ignore_row_count``. A table
+    the rows its ledger records since the table was last replaced, less the batches
+    operators said are gone (``excused``, or a later ledger entry), unless
+    ``ignore_row_count``. A table
     that is empty while its ledger records rows was dropped or emptied: nothing
     the ledger lists is held, and this route's batches are recorded as overrides.
     """
@@ -376,7 +383,11 @@ def plan_restore(
         )  # fmt: skip
     overrides = sorted(entry.batch_id for entry in live if entry.of_route(route))
     entries = [] if emptied else entries
-    mine = [entry for entry in entries if entry.of_route(route)] or _moved_source(route, entries)
+    history = [entry for entry in unexcused(entries) if entry.batch_id not in excused]
+    if any(entry.of_route(route) for entry in entries):
+        mine = [entry for entry in history if entry.of_route(route)]
+    else:
+        mine = _moved_source(route, history)
     latest = {cp.partition_id: cp for cp in store.list_latest(route)}
     restored = restored_checkpoints(route, mine)
     wanted, disputed = [], []
@@ -385,7 +396,7 @@ def plan_restore(
         batch = checkpoint.diagnostics[LEDGER_BATCH_KEY]
         if held is None or held.diagnostics.get(LEDGER_BATCH_KEY) != batch:
             wanted.append(checkpoint)
-        elif held.status is not PartitionCheckpointStatus.COMMITTED:
+        elif held.status is not PartitionCheckpointStatus.COMMITTED and not _reset(held):
             disputed.append(checkpoint)
     if disputed:
         batches = sorted({cp.diagnostics[LEDGER_BATCH_KEY] for cp in disputed})
@@ -433,7 +444,23 @@ def plan_restore(
         previous_state=previous,
         entries=len(mine),
         overrides=tuple(overrides) if emptied else (),
+        definition=recorded_definition(max(mine, key=lambda e: e.seq)) if mine else None,
     )
+
+
+def recorded_definition(entry: LedgerEntry) -> dict[str, Any]:
+    """The route definition a batch was loaded under (``planner.route_definition``): as the
+    ledger recorded it, or for an entry of ledger v1 what it tells: its cursor column, and
+    from its partitions' bounds whether they were values or key ranges."""
+    if entry.definition is not None:
+        return dict(entry.definition)
+    told: dict[str, Any] = {"cursor_column": entry.cursor_column}
+    bounds = [part.bounds for part in entry.partitions]
+    if any("partition_from" in b or "partition_below" in b for b in bounds):
+        told["partition_by"] = "range"
+    elif any(b.get("partition") is not None for b in bounds):
+        told["partition_by"] = "value"
+    return told
 
 
 def forget_checkpoint(
@@ -452,6 +479,11 @@ def forget_checkpoint(
         completed_at=now,
         diagnostics={**batch, "error": error.value},
     )
+
+
+def _reset(checkpoint: PartitionCheckpoint) -> bool:
+    """Forgotten by ``state reset``: the operator's choice, which a restore keeps."""
+    return checkpoint.diagnostics.get("error") == FailureCode.RESET
 
 
 def _moved_source(route: RouteKey, entries: Sequence[LedgerEntry]) -> list[LedgerEntry]:

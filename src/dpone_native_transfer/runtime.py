@@ -74,6 +74,7 @@ from .lease import (
 from .ledger import (
     LedgerEntry,
     check_store_against_target,
+    excused_batches,
     ledger_overrides,
     refresh_in_store,
 )
@@ -332,6 +333,7 @@ class TransferRuntime:
                 overridden=lambda: ledger_overrides(self.store, route),
                 cursor_column=spec.source.cursor_column,
                 target_empty=ledger.is_empty,
+                started=lambda: self.state_store.load_source_state(route) is not None,
             )
         if refreshed is None and isinstance(self.store, TargetScopeStore):
             # a refresh that kept no ledger entry (ledger = false): the store remembers it
@@ -395,6 +397,7 @@ class TransferRuntime:
                     at=read_clock(self.clock, route=route, run_id=spec.run_id),
                     definition=dict(definition),
                     epoch=epoch,
+                    excused=excused_batches(self.store, route, ledger.read_ledger),
                 )
             if isinstance(spec.sink, TargetChecking):
                 spec.sink.check_target()  # an unreachable target fails here, never blocked

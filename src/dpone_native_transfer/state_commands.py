@@ -33,12 +33,11 @@ from .cursor_edge import EDGE_KEY, unknown_edge
 from .errors import (
     ConfigInvalid,
     NativeTransferError,
-    RouteDefinitionChanged,
     StoreTargetMismatch,
 )
 from .latest import as_latest
-from .ledger import UNKNOWN, Proof, check_store_against_target, ledger_overrides
-from .planner import route_definition
+from .ledger import UNKNOWN, Proof, check_store_against_target, ledger_overrides, live_entries
+from .planner import DEFINITION_KEY, check_definition, route_definition
 from .plugins import Hooks, make_plugin_manager
 from .recovery import (
     Prover,
@@ -84,7 +83,8 @@ def add_state_command(commands: Any, common: argparse.ArgumentParser) -> None:
         actions,
         common,
         "reset",
-        help="start an append route afresh after its partition or cursor column changed",
+        help="start an append route afresh: after its partition or cursor column changed, or "
+        "into a table shared with another source database",
         description=_RESET_HELP,
     )
     reset.add_argument(
@@ -119,12 +119,16 @@ def _operator_action(
 
 _RESET_HELP = """Forget an append route's progress, audited, so that it starts afresh under its
 route file as it is now: after its partition or cursor column changed
-(native_transfer_route_changed). Every committed checkpoint of the route is
+(native_transfer_route_changed), or, for a new route, to load a source
+database into a table that holds another one's rows of an equal table name
+(same_table_other_source). Every committed checkpoint of the route is
 marked failed (reset) and its source state restarts. Because the next run
-would then load every row again, a target table that holds rows is refused:
-empty or refresh it first, or pass --from-now (a route with a cursor column),
-which continues after the source's current highest cursor value instead. A
-blocked route is refused: resolve it first (guard scan)."""
+would then load every row again, a target table that holds rows of the route
+is refused (every row counts as the route's unless the target's ledger
+accounts for each as another route's): empty or refresh it first, or pass
+--from-now (a route with a cursor column), which continues after the source's
+current highest cursor value instead. A blocked route is refused: resolve it
+first (guard scan)."""
 
 
 def _add_show(actions: Any, common: argparse.ArgumentParser) -> None:
@@ -203,6 +207,7 @@ def _compared_with_target(store: Any, config: RouteConfig) -> str | StoreTargetM
     why they were not compared. ``routes`` reads the store alone: only this sees a lost or
     restored store, or a replaced target."""
     route = config.route
+    started = store.load_source_state(route) is not None
     if not config.ledger:
         return "not compared (the route keeps no target ledger: ledger = false)"
     if not (route.located and isinstance(store, TargetScopeStore)):
@@ -218,6 +223,7 @@ def _compared_with_target(store: Any, config: RouteConfig) -> str | StoreTargetM
             overridden=lambda: ledger_overrides(store, route),
             cursor_column=config.source.cursor_column,
             target_empty=config.sink.is_empty,
+            started=lambda: started,
         )
     except StoreTargetMismatch as refusal:
         return refusal
@@ -262,10 +268,13 @@ def _restore_command(args: argparse.Namespace) -> int:
             entries,
             now=now,
             target_rows=config.sink.row_count(),
-            excused=ledger_overrides(store, route),
+            excused=ledger_overrides(store, route, gone=True),
             ignore_row_count=args.ignore_row_count,
         )
-        source_state = _with_definition(config, route, entries, plan.source_state)
+        source_state = plan.source_state and {
+            **plan.source_state,
+            **_definition(config, store, plan.definition),
+        }
         restored = len(plan.checkpoints) - plan.rolled_back
         print(
             f"route {route.label}: {plural(plan.entries, 'batch')} in the target's ledger; "
@@ -330,28 +339,23 @@ def _restore_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _with_definition(
-    config: Any, route: Any, entries: list[Any], state: dict[str, Any] | None
-) -> dict[str, Any] | None:
-    """The restored source state, keeping the route file's definition; refused when the
-    target's last batch of the route was loaded under another cursor column (the restored
-    watermark would be a value of that column)."""
-    if state is None:
-        return None
-    mine = [entry for entry in entries if entry.of_route(route)]
-    cursor = config.source.cursor_column
-    if mine and route.strategy is Strategy.INCREMENTAL_APPEND and mine[-1].cursor_column != cursor:
-        raise RouteDefinitionChanged(
-            f"refusing to restore route {route.label}: the target's last batch of it was loaded "
-            f"with cursor column {mine[-1].cursor_column!r}, the route file names {cursor!r}; "
-            "put the old column back to restore, then `state reset` to change it; nothing was "
-            "written",
-            diagnostics={"route": route.as_dict(), "changed": ["cursor_column"]},
+def _definition(config: Any, store: Any, recorded: dict[str, Any] | None) -> dict[str, Any]:
+    """The restored source state's definition: the route file's, refused where a run would
+    refuse it (``check_definition``) against the store's recorded one and against the
+    target's last batch of the route (``recorded``), so that a restore never launders a
+    change a run refused (the store lost, the new definition would be all it knew)."""
+    route = config.route
+    definition = route_definition(config.source, config.source.describe().columns)
+    check_definition(route, store.load_source_state(route), store.list_latest(route), definition)
+    if recorded is not None:
+        check_definition(
+            route,
+            {DEFINITION_KEY: recorded},
+            (),
+            definition,
+            recorded_in="its last batch in the target's ledger",
         )
-    return {
-        **state,
-        "definition": route_definition(config.source, config.source.describe().columns),
-    }
+    return {DEFINITION_KEY: definition}
 
 
 def _reset_command(args: argparse.Namespace) -> int:
@@ -372,7 +376,7 @@ def _reset_command(args: argparse.Namespace) -> int:
         check_not_leased(store, route)
         latest = as_latest(store.list_latest(route))
         Hooks(make_plugin_manager(None)).resume_route_scan(route, latest)  # blocked: refused
-        rows = config.sink.row_count()
+        rows = _rows_of(config, store)
         if rows and not args.from_now:
             raise ConfigInvalid(
                 f"refusing to reset route {route.label}: the target table holds "
@@ -434,6 +438,20 @@ def _reset_command(args: argparse.Namespace) -> int:
         store.close()
     print(f"reset route {route.label}: audit record #{audit_id}")
     return EXIT_OK
+
+
+def _rows_of(config: RouteConfig, store: Any) -> int:
+    """The target table's rows that may be the route's (a reset loads them again): those of
+    its live ledger batches when the ledger accounts for every row (the table is shared
+    with another source database's route), else all of them."""
+    rows = config.sink.row_count()
+    entries = ledger_of(config.sink)[0] if rows and config.ledger and config.route.located else None
+    if not entries:
+        return rows
+    live = live_entries(entries, ledger_overrides(store, config.route, gone=True))
+    if sum(entry.rows for entry in live) != rows:
+        return rows
+    return sum(entry.rows for entry in live if entry.of_route(config.route))
 
 
 def _status(checkpoint: PartitionCheckpoint | None) -> str | None:
