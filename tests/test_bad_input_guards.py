@@ -97,7 +97,7 @@ def test_route_scan_decides_as_the_oracle_and_echoes_no_guard_text(case):
     checkpoint = checkpoint_with(value, status)
     expected = valid_guard(value, status)
     try:
-        decided = guard_plugin.resume_route_scan(ROUTE, [checkpoint])
+        decided = guard_plugin.resume_route_scan(ROUTE, [checkpoint], None)
     except TargetCommitGuardInvalid as error:
         assert expected is None
         assert error.diagnostics["partitions"][0]["problem"] in PROBLEMS

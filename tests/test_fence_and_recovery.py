@@ -377,3 +377,45 @@ def test_verify_compares_each_applied_batch_with_the_rows_the_target_holds(
     assert verified.returncode == 3
     [count] = [json.loads(line) for line in verified.stdout.splitlines()]
     assert (count["ledger_rows"], count["target_rows"]) == (120, 117)
+
+
+def _after_insert(route: Route, body: str) -> None:
+    schema = route.location.schema
+    with contextlib.closing(psycopg.connect(route.location.dsn, autocommit=True)) as conn:
+        conn.execute(f'CREATE TABLE "{schema}".audit (id integer)')
+        conn.execute(
+            f'CREATE FUNCTION "{schema}".after_insert() RETURNS trigger LANGUAGE plpgsql AS'
+            f" $$ BEGIN {body}; RETURN NULL; END $$"
+        )
+        conn.execute(
+            f'CREATE TRIGGER after_insert AFTER INSERT ON "{schema}".orders_copy FOR EACH ROW'
+            f' EXECUTE FUNCTION "{schema}".after_insert()'
+        )
+
+
+@pytest.mark.parametrize("path", ("legacy", "staged"))
+def test_after_triggers_on_postgres_are_allowed_and_counted(
+    path: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """An AFTER trigger cannot change the rows handed to the table, but may add or delete
+    others: a table with one is counted inside the load. An audit trigger loads; one that
+    copies each row into the table again is rolled back."""
+    route = target("postgres", tmp_path, request)
+    route.runtime().run(route.spec(path))
+    schema = route.location.schema
+    _after_insert(route, f'INSERT INTO "{schema}".audit VALUES (NEW.id)')
+    route.add_rows(30)
+    route.runtime().run(route.spec(path, run_id="run-2"))
+    assert_rows_exactly_once(route.source_ids(), route.target_ids())
+
+    with contextlib.closing(psycopg.connect(route.location.dsn, autocommit=True)) as conn:
+        conn.execute(
+            f'CREATE OR REPLACE FUNCTION "{schema}".after_insert() RETURNS trigger LANGUAGE'
+            f' plpgsql AS $$ BEGIN IF NEW.id > 0 THEN INSERT INTO "{schema}".orders_copy'
+            " (id) VALUES (-NEW.id); END IF; RETURN NULL; END $$"
+        )
+    route.add_rows(10)
+    with pytest.raises(TargetRowsMismatch) as raised:
+        route.runtime().run(route.spec(path, run_id="run-3"))
+    assert (raised.value.diagnostics["sent"], raised.value.diagnostics["applied"]) == (10, 20)
+    assert len(route.target_ids()) == 150 and blocked(route) == []

@@ -626,7 +626,8 @@ def test_a_duckdb_target_in_a_schema_is_that_schemas_table(tmp_path: Path, path:
     assert "loaded 40 rows" in run(route(tmp_path, table="raw.t_copy", **duck)).stdout
     with contextlib.closing(duckdb.connect(str(tmp_path / "t.duckdb"))) as db:
         tables = db.execute("SELECT schema_name, table_name FROM duckdb_tables()").fetchall()
-        assert sorted(tables) == [("main", "_dpone_ledger"), ("raw", "t_copy")]
+        dpone = [("main", "_dpone_fence"), ("main", "_dpone_ledger")]
+        assert sorted(tables) == [*dpone, ("raw", "t_copy")]
     # the same table respelled (case, quotes) is the same route: nothing is loaded twice
     for spelling in ('RAW."T_COPY"', '"raw"."t_copy"'):
         done = run(route(tmp_path, table=spelling.replace('"', '\\"'), **duck))

@@ -129,14 +129,20 @@ _WRITABLE = """SELECT CASE
     WHEN to_regclass(%(table)s) IS NOT NULL
         THEN has_table_privilege(to_regclass(%(table)s), 'INSERT')
     ELSE has_schema_privilege(to_regnamespace(%(schema)s), 'CREATE') END"""
-# What may change the rows a load hands the target: enabled user triggers on INSERT, DELETE or
-# TRUNCATE (tgtype bits 4, 8, 32), rules, or a relation that is not a table. No row: no table.
+# What may change the rows a load hands the target, found before the target call: enabled user
+# triggers that run BEFORE or INSTEAD OF (tgtype bits 2, 64) an INSERT, DELETE or TRUNCATE
+# (bits 4, 8, 32), rules, or a relation that is not a table. No row: no table yet.
 _REWRITING = """SELECT
     (SELECT count(*) FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal
-        AND t.tgenabled <> 'D' AND t.tgtype & 44 <> 0)
+        AND t.tgenabled <> 'D' AND t.tgtype & 44 <> 0 AND t.tgtype & 66 <> 0)
     + (SELECT count(*) FROM pg_rewrite r WHERE r.ev_class = c.oid AND r.rulename <> '_RETURN')
     + CASE WHEN c.relkind IN ('r', 'p') THEN 0 ELSE 1 END
     FROM pg_class c WHERE c.oid = to_regclass(%s)"""
+# Enabled user triggers that run AFTER an INSERT or DELETE of the table: they cannot change the
+# rows handed to it, but may add or delete others, so a load with them counts the table.
+_AFTER_TRIGGERS = """SELECT count(*) FROM pg_trigger t WHERE t.tgrelid = to_regclass(%s)
+    AND NOT t.tgisinternal AND t.tgenabled <> 'D' AND t.tgtype & 12 <> 0
+    AND t.tgtype & 66 = 0"""
 # Whether the login may read a lazy plan's source table, and whether that is the target itself.
 _PULLABLE = """SELECT coalesce(has_table_privilege(to_regclass(%s), 'SELECT'), false),
     coalesce(to_regclass(%s) = to_regclass(%s), false)"""
@@ -261,8 +267,10 @@ class PostgresSink:
 
         def writable(conn: Any) -> tuple[bool, int]:
             names = {"table": self._target.sql(), "schema": quote(self._target.schema)}
+            if not conn.execute(_WRITABLE, names).fetchone()[0]:
+                return False, 0
             rewriting = conn.execute(_REWRITING, [self._target.sql()]).fetchone()
-            return bool(conn.execute(_WRITABLE, names).fetchone()[0]), rewriting and rewriting[0]
+            return True, rewriting[0] if rewriting else 0
 
         allowed, rewriting = self._outside_call(writable, to="be reached")
         if not allowed:
@@ -281,7 +289,8 @@ class PostgresSink:
         if isinstance(payload, RowChunks):  # LoadFiles too: their chunks are the spool's rows
             with self._transaction() as conn:
                 _prepare_target(conn, self._target, payload.columns, replace=payload.replace)
-                rows = _copy_rows(conn, self._target, payload.columns, payload.chunks)
+                counted = _applied_counter(conn, self._target, replace=payload.replace)
+                rows = counted(_copy_rows(conn, self._target, payload.columns, payload.chunks))
                 return _record(conn, self._ledger_table, self._ledger.take(), rows)
         if isinstance(payload, LoadPlan):
             return self._load_plan(payload)
@@ -340,10 +349,11 @@ class PostgresSink:
         statements = [source.select_sql(bounds, columns=plan.columns) for bounds in plan.bounds]
         with self._transaction() as conn:
             _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
+            counted = _applied_counter(conn, self._target, replace=plan.replace)
             rows = 0
             for select, params in statements:
                 rows += _run(conn, f"{insert} ({select}) AS dpone_rows ({aliases})", *params)
-            return _record(conn, self._ledger_table, self._ledger.take(), rows)
+            return _record(conn, self._ledger_table, self._ledger.take(), counted(rows))
 
     # --- staging ----------------------------------------------------------------------------
 
@@ -381,10 +391,11 @@ class PostgresSink:
                 _run(conn, f"CREATE TABLE {target} (LIKE {stage})")
             if replace:
                 _run(conn, f"DELETE FROM {target}")
+            counted = _applied_counter(conn, self._target, replace=replace)
             names = ", ".join(_name(name) for name in staged)
             moved = _run(conn, f"INSERT INTO {target} ({names}) SELECT {names} FROM {stage}")
             _run(conn, f"DROP TABLE {stage}")
-            return _record(conn, self._ledger_table, self._ledger.take(), moved)
+            return _record(conn, self._ledger_table, self._ledger.take(), counted(moved))
 
     # --- schema evolution -------------------------------------------------------------------
 
@@ -552,6 +563,16 @@ def _prepare_target(
     _create_table(conn, table, columns)
     if replace:  # DELETE, not TRUNCATE: readers with an older snapshot keep seeing the old rows
         _run(conn, f"DELETE FROM {table.sql(_name)}")
+
+
+def _applied_counter(conn: Any, table: TableName, *, replace: bool) -> Callable[[int], int]:
+    """What the load applied: the server's count of the rows it wrote; or, on a table with AFTER
+    triggers on inserts or deletes, which may add or delete other rows, the rows the table
+    gained (a refresh: holds) in this transaction, counted before and after."""
+    if not _run_query(conn, _AFTER_TRIGGERS, table.sql())[0][0]:
+        return lambda rows: rows
+    before = 0 if replace else _row_count(conn, table)
+    return lambda _rows: _row_count(conn, table) - before
 
 
 def _copy_rows(
