@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -106,13 +107,22 @@ def test_demo_tells_the_story_and_passes(demo):
 def test_running_the_demo_route_afterwards_is_blocked_with_exit_3(demo):
     _, workdir = demo
     before = ids(workdir / "target.db", "orders_copy")
-    done = dpone("run", workdir / "route.toml", "--run-id", "airflow-retry")
+    route = workdir / "route.toml"
+    done = dpone("run", route, "--run-id", "airflow-retry")
     assert done.returncode == cli.EXIT_BLOCKED
     assert done.stdout == ""
-    error, diagnostics = done.stderr.splitlines()
+    error, batch, *rest = done.stderr.splitlines()
     assert error.startswith("error: native_transfer_manual_reconciliation_required: route orders")
-    details = json.loads(diagnostics.removeprefix("diagnostics: "))
-    assert details["phases"] == ["checkpoint_incomplete"]
+    assert f"--store {workdir / 'checkpoints.db'} --route" in error  # the store it ran with
+    assert batch.startswith("  batch sha256:") and "5 partitions (5 checkpoint_incomplete)" in batch
+    assert any(f"guard verify {route}" in line for line in rest), rest
+    assert not any(line.startswith("diagnostics:") for line in rest)  # one line per batch
+    machine = dpone("run", route, "--run-id", "airflow-retry", "--json")
+    assert machine.returncode == cli.EXIT_BLOCKED
+    details = json.loads(machine.stdout)
+    assert details["error"] == "native_transfer_manual_reconciliation_required"
+    assert details["diagnostics"]["phases"] == ["checkpoint_incomplete"]
+    assert len(details["diagnostics"]["partitions"]) == 5
     assert ids(workdir / "target.db", "orders_copy") == before
 
 
@@ -477,3 +487,25 @@ def test_a_signal_is_reported_as_itself_even_when_an_engine_wrapped_it_in_its_ow
     assert cli.main([]) == code
     assert f"error: {said}\n" in capsys.readouterr().err
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_the_exit_codes_of_the_help_are_the_readmes():
+    """The codes a scheduler sees, listed alike by ``--help`` and the README."""
+    helped = dict(re.findall(r"^\s+(\d+)\s+(.+)$", cli._EPILOG, re.M))
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"`(\d{1,3})`", readme.split("Exit codes:", 1)[1][:1500]))
+    assert set(helped) == documented == {"0", "1", "2", "3", "130", "143"}
+
+
+def test_a_slow_run_says_its_rate_and_a_confirmation_without_a_terminal_says_yes(tmp_path):
+    route = routes.write_route(tmp_path, rows=1, partitions=1, path="legacy")
+    done = dpone("run", route)
+    assert done.returncode == 0 and " 0 rows/s" not in done.stdout + done.stderr
+    assert re.search(r"loaded 1 row in [\d.]+ s, [\d.e+-]+ rows/s", done.stdout), done.stdout
+    closed = subprocess.run(
+        [str(Path(sys.executable).parent / "dpone-transfer"), "state", "reset", str(route),
+         "--reason", "r", "--operator", "o", "--from-now"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert closed.returncode == 2, closed.stderr
+    assert "repeat with --yes" in closed.stderr and "nothing written" in closed.stderr

@@ -565,6 +565,7 @@ def test_ctrl_c_exits_130_saying_interrupted_and_the_rerun_loads_every_row_once(
     _, rest = worker.communicate(timeout=120)
     assert worker.returncode == 130, rest
     assert "error: interrupted" in rest and "Traceback" not in rest
+    assert "before the target was called: nothing was written; a rerun is safe" in rest
     time.sleep(0.1)
     run(route_file)
     with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:

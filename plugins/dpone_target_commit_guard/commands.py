@@ -54,7 +54,7 @@ from dpone_native_transfer.reporting import (
     EXIT_FAILED,
     EXIT_OK,
     PROG,
-    confirmed,
+    declined,
     plural,
 )
 from dpone_native_transfer.stores import open_store
@@ -74,7 +74,7 @@ __all__ = ["add_guard_command"]
 _EPILOG = """\
 exit codes:
   0  done; for scan and verify: nothing blocks
-  1  failed, resolve was not confirmed, or an attempt holds the route's lease (nothing written)
+  1  failed, resolve was not declined, or an attempt holds the route's lease (nothing written)
   2  invalid command line, --store does not exist, or resolve refused (nothing written)
   3  scan, verify: something blocks the route
 """
@@ -704,9 +704,8 @@ def _resolve_command(args: argparse.Namespace) -> int:
             print(f"  against the target's ledger (--force): {', '.join(overrides)}")
 
         question = f"Write {plural(len(resolved), 'checkpoint')} and one audit record?"
-        if not (args.yes or confirmed(question)):
-            print("nothing written", file=sys.stderr)
-            return EXIT_FAILED
+        if (stop := declined(question, yes=args.yes)) is not None:
+            return stop
         with operator_lease(store, route, operator=args.operator, action="guard resolve"):
             audit_id = store.apply_resolution(
                 route, resolved, audit, expected=[cp for cp, _ in ordered]

@@ -307,6 +307,7 @@ class TransferRuntime:
         epoch = None
         recovery = None
         if spec.recovery == "from_target":
+            _check_target(spec.sink)
             epoch = self._fenced_epoch(ledger, lease)
             prover = Prover(ledger, epoch=epoch or 0, advance=True, batch_column=spec.batch_column)
             recovery = TargetRecovery(
@@ -323,6 +324,7 @@ class TransferRuntime:
             if self._scan_route(route, latest, recovery):
                 latest = scope = as_latest(self.store.list_latest(route))
         if recovery is None:
+            _check_target(spec.sink)
             epoch = self._fenced_epoch(ledger, lease)
         refreshed = None
         if ledger is not None:
@@ -399,8 +401,6 @@ class TransferRuntime:
                     epoch=epoch,
                     excused=excused_batches(self.store, route, ledger.read_ledger),
                 )
-            if isinstance(spec.sink, TargetChecking):
-                spec.sink.check_target()  # an unreachable target fails here, never blocked
             loaded = _with_batch_column(route, shape, spec.batch_column)
             added = apply_schema_contract(route, spec.sink, loaded.columns, spec.schema_contract)
             if added:
@@ -558,6 +558,14 @@ class TransferRuntime:
             "...]), or run unguarded on purpose with plugins=[] (CLI: run --unguarded)",
             diagnostics={"route": route.as_dict()},
         )
+
+
+def _check_target(sink: Sink) -> None:
+    """Open the target as the target call will, before anything reads it (its ledger, its
+    fence): an unreachable, locked or read-only target fails here, never inside the armed
+    call, and never as a raw engine error from a read."""
+    if isinstance(sink, TargetChecking):
+        sink.check_target()
 
 
 def _held(sink: Sink) -> contextlib.AbstractContextManager[None]:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import errno
 import os
 import re
+import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +52,7 @@ __all__ = [
     "bounds_where",
     "check_chunk_rows",
     "check_target_folder",
+    "check_writable",
     "difference",
     "edge_where",
     "identifier",
@@ -270,6 +273,27 @@ def check_target_folder(path: str, table: str) -> None:
         raise ConfigInvalid(
             f"the target database path of table {table!r} is a folder, not a database file",
             diagnostics={"table": table},
+        )
+
+
+def check_writable(path: str, table: str) -> None:
+    """A target file, or chDB's folder, this process may not write (permissions, an immutable
+    flag, a read-only file system) is a configuration a retry cannot fix: refused before the
+    target (exit 2), not reported as a busy database. The folder is probed too: the engines
+    write their journals beside the file."""
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    found = None
+    try:
+        if os.path.isfile(path):
+            os.close(os.open(path, os.O_RDWR))
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as error:
+        found = error.errno
+    if found in (errno.EACCES, errno.EPERM, errno.EROFS):
+        raise ConfigInvalid(
+            f"the target database of table {table!r} is read-only (its file or folder: "
+            "permissions, an immutable flag or a read-only file system); nothing was written",
+            diagnostics={"table": table, "key": "target.path", "errno": errno.errorcode[found]},
         )
 
 

@@ -82,6 +82,7 @@ from ._sql import (
     TableName,
     check_target_folder,
     check_target_table,
+    check_writable,
     difference,
     integer_range_starts,
     parse_table,
@@ -269,6 +270,7 @@ class DuckDBSink(FileTarget):
         driver is found here too, not inside the target call."""
         driver = _driver()
         check_target_folder(self.path, self.table)
+        check_writable(self.path, self.table)
         if not os.path.isfile(self.path):
             return
         try:

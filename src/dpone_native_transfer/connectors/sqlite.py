@@ -66,6 +66,7 @@ from ._sql import (
     check_chunk_rows,
     check_target_folder,
     check_target_table,
+    check_writable,
     difference,
     edge_where,
     one_window_ranges,
@@ -976,6 +977,7 @@ class SQLiteSink(FileTarget):
         process can lock for writing now (``BEGIN EXCLUSIVE``, rolled back: a reader holding
         the file longer than the timeout would make the load's commit fail)."""
         check_target_folder(self.path, self.table)
+        check_writable(self.path, self.table)
         if not os.path.isfile(self.path):
             return
         try:

@@ -68,6 +68,7 @@ from .._sql import (
     ColumnDifference,
     TableName,
     check_target_table,
+    check_writable,
     difference,
     integer_range_starts,
     parse_table,
@@ -216,7 +217,10 @@ class ClickHouseSink:
                 client.close()
 
     def check_target(self) -> None:
-        """Before the target call: the server answers (or chDB opens its data path)."""
+        """Before the target call: the server answers (or chDB opens its data path, which it
+        may write: a read-only one is refused, exit 2)."""
+        if self.engine == "chdb" and os.path.isdir(self._location.target):
+            check_writable(self._location.target, self.table)
         try:
             with self.client() as client:
                 client.query_rows("SELECT 1")
