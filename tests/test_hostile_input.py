@@ -62,7 +62,8 @@ def test_an_append_keeps_a_target_table_whose_stored_name_differs_in_case(
 
 
 @pytest.mark.parametrize(
-    "table", ["_dpone_ledger", "_dpone_stage_orders_copy", "_DPONE_new_orders", "_Dpone_x"]
+    "table",
+    ["_dpone_ledger", "_dpone_stage_orders_copy", "_DPONE_new_orders", "_Dpone_x", "_dpone_fence"],
 )
 @pytest.mark.parametrize("kind", ["sqlite", "duckdb"])
 def test_a_target_named_like_the_runtimes_own_tables_is_a_config_error(
@@ -75,6 +76,40 @@ def test_a_target_named_like_the_runtimes_own_tables_is_a_config_error(
     assert "reserved for dpone's own tables" in done.stderr
     assert '"key": "target.table"' in done.stderr
     assert not (tmp_path / target).exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "table", "says"),
+    [
+        ("sqlite", "sqlite_stat9", "SQLite reserves for its own tables"),
+        ("sqlite", "SQLITE_orders", "SQLite reserves for its own tables"),
+        ("sqlite", "main.sqlite_sequence", "SQLite reserves for its own tables"),
+        ("clickhouse", "o" * 194, "longer than ClickHouse can create"),  # its stage: 207
+        pytest.param(  # escaped %C3%A9 each
+            "clickhouse", "\u00e9" * 60, "longer than ClickHouse can create", id="utf-8"
+        ),
+        ("clickhouse", "d" * 200 + ".orders", "longer than ClickHouse can create"),
+        ("clickhouse", "_temporary_and_external_tables.orders", "keeps for itself"),
+    ],
+)
+def test_a_target_name_the_engine_refuses_to_create_is_a_config_error_before_any_io(
+    tmp_path: Path, kind: str, table: str, says: str
+) -> None:
+    """Each failed inside the target call (SQLite: 'object name reserved for internal use';
+    chDB: 'The max length of table name for database default is 206'), which blocked the
+    route; now it is refused as the route file is read, naming target.table."""
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=2)
+    target = routes.TARGET_FILES[kind]
+    done = run(route(tmp_path, kind=kind, target=target, table=table), code=2)
+    assert "native_transfer_config_invalid" in done.stderr and says in done.stderr
+    assert '"key": "target.table"' in done.stderr
+    assert not (tmp_path / target).exists() and not (tmp_path / "checkpoints.db").exists()
+
+
+def test_the_longest_clickhouse_name_the_refusal_lets_through_is_created(tmp_path: Path) -> None:
+    """The limit is ClickHouse's own: one character less than refused loads (and stages)."""
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=2)
+    run(route(tmp_path, kind="clickhouse", target="chdata", table="o" * 193))
 
 
 # 3. the route scan's summaries never diverge from the payloads -----------------------------------

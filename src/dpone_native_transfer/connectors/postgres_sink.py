@@ -54,6 +54,7 @@ from ._sql import (
     parse_table,
     payload_refused,
     quote,
+    refuse_reserved_prefix,
     refuse_reserved_schema,
     unavailable,
 )
@@ -166,6 +167,7 @@ class PostgresSink:
         parsed = parse_table(table)
         self._target = TableName(parsed.schema or DEFAULT_SCHEMA, parsed.name)
         refuse_reserved_schema(self._target, _RESERVED_SCHEMAS, engine="PostgreSQL")
+        refuse_reserved_prefix(self._target.schema or "", "pg_", engine="PostgreSQL", part="schema")
         parts = (self._target.schema or "", self._stage.name)
         if max(len(part.encode("utf-8")) for part in parts) > _MAX_NAME_BYTES:
             raise ConfigInvalid(

@@ -69,6 +69,7 @@ from ._sql import (
     range_cuts_sql,
     range_partitions,
     ranges_run_on,
+    refuse_reserved_prefix,
     refuse_schema,
     render_predicates,
     unavailable,
@@ -952,6 +953,7 @@ class SQLiteSink(FileTarget):
         hint = 'a SQLite file is one schema; a name holding a dot is written quoted: "raw.t"'
         name = parse_table(table, default_schema="main")
         refuse_schema(name, engine="SQLite", hint=hint)
+        refuse_reserved_prefix(name.name, "sqlite_", engine="SQLite", part="table", fold=True)
         super().__init__(path, name.name)  # main.t is t; "raw.t" is the table raw.t
 
     def identity(self) -> TableIdentity:
