@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from .audit import malformed_audit
 from .checkpoints import (
     LEDGER_BATCH_KEY,
     PartitionCheckpoint,
@@ -579,7 +580,8 @@ def ledger_overrides(store: Any, route: RouteKey) -> set[str]:
     """Batch ids operators resolved against the ledger (``ledger_overrides`` in audit records).
 
     Read from every route of the store writing ``route``'s target table; a
-    store without audit records has none.
+    store without audit records has none. A malformed record is
+    ``CheckpointStoreCorrupt``: which batches it lets through is unknown.
     """
     if not (hasattr(store, "list_routes") and hasattr(store, "list_audit")):
         return set()
@@ -589,9 +591,9 @@ def ledger_overrides(store: Any, route: RouteKey) -> set[str]:
         if (other.target_location, other.target_table) != target:
             continue
         for record in store.list_audit(other):
-            batches = record.get("ledger_overrides")
-            if isinstance(batches, list):
-                found.update(batch for batch in batches if isinstance(batch, str))
+            if (malformed := malformed_audit(other, record)) is not None:
+                raise malformed
+            found.update(record.get("ledger_overrides", ()))
     return found
 
 
