@@ -296,7 +296,7 @@ def _mistakes(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
     file = made("huge-chunks")
     huge = "chunk_rows = 9223372036854775808\n[store]"
     file.write_text(file.read_text().replace("[store]", huge))
-    cases["chunk_rows of 2**63"] = (file, ["at most 10,000,000"])
+    cases["chunk_rows of 2**63"] = (file, ["an integer from 1 to 10,000,000"])
     file = made("store-folder")
     (file.parent / "checkpoints.db").mkdir()
     cases["a folder as the store"] = (file, ["is a folder, not a store file"])
