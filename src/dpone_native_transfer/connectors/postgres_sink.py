@@ -30,7 +30,6 @@ from typing import Any, TypeVar
 from ..column_types import (
     ENGINE_CARRIERS,
     Carry,
-    as_text,
     decimal_text,
     exact_decimal,
     exact_text,
@@ -94,7 +93,7 @@ _NARROW = frozenset({"smallint", "integer", "real"})
 _CARRIERS: dict[str, Carry] = {
     **ENGINE_CARRIERS,
     "text": without_nul(exact_text),
-    "any": without_nul(as_text),
+    "any": without_nul(exact_text),
     "interval": without_nul(exact_text),
     "decimal": decimal_text,
     "date": iso_date_or_infinite,

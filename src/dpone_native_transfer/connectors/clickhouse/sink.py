@@ -70,7 +70,7 @@ from .._sql import (
     refuse_reserved_schema,
     unavailable,
 )
-from ..contract import PendingLedger, SQLiteFile
+from ..contract import PendingLedger, PlanInexact, SQLiteFile
 from ..sqlite import pulled_file, refuse_inexact_plan, watching_writes
 from .client import CHDB, ClickHouseClient, open_client, parse_location
 from .sql import (
@@ -1000,7 +1000,7 @@ def _with_safe_names(plan: LoadPlan, *, table: str) -> SQLiteFile:
     columns = [column.name for column in plan.columns]
     for name in (source.table, source.partition_column, source.cursor_column, *columns):
         if name is not None and _SQLITE_FUNCTION_UNSAFE.search(name):
-            raise ConfigInvalid(
+            raise PlanInexact(
                 f"lazy-plan into ClickHouse cannot read source identifier {name!r}: the "
                 "sqlite() table function mis-quotes backslashes, double quotes and control "
                 "characters (use another path)",
