@@ -7,7 +7,8 @@ cannot hold exactly is refused before the target call with
 ``ValueUnsupported``, naming its column and never the value.
 
 Kinds: ``integer``, ``real`` (IEEE double, NaN and infinities included),
-``text``, ``blob``, ``any`` (SQLite's untyped column: any storage class),
+``text``, ``blob``, ``any`` (SQLite's untyped column: any storage class; an engine
+other than SQLite takes its text only),
 ``boolean``, ``date``, ``time``, ``timestamp`` (no zone), ``timestamptz`` (an
 instant), ``interval``, ``numeric`` (a number as SQLite stores it: an integer
 or a double, with an optional declared precision) and ``decimal`` (an exact
@@ -36,7 +37,6 @@ __all__ = [
     "Carry",
     "as_boolean",
     "as_double",
-    "as_text",
     "carried_chunks",
     "column_carriers",
     "declared_precision",
@@ -207,28 +207,15 @@ def exact_bytes(value: Any) -> bytes:
     raise TypeError("not bytes")
 
 
-@passing(str)
-def as_text(value: Any) -> str:
-    """An untyped value as text: numbers in their shortest exact form; bytes are refused."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return repr(value)
-    raise TypeError("not text")
-
-
-_BOOLEAN_TEXT = {"true": True, "t": True, "1": True, "false": False, "f": False, "0": False}
-
-
 @passing(bool)
 def as_boolean(value: Any) -> bool:
-    """SQLite's booleans: 0/1-style integers and the texts true/false/t/f/1/0 (any case)."""
+    """A boolean, or SQLite's own: the integers 0 and 1 (``FALSE``, ``TRUE``). Any other
+    integer (2), a text ('true') or a double is refused: each is another value, and an
+    engine's own SQLite reader (lazy-plan) refuses it too."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, int):
-        return value != 0
-    if isinstance(value, str):
-        return _BOOLEAN_TEXT[value.strip().lower()]  # KeyError is refused below
+    if type(value) is int and value in (0, 1):
+        return value == 1
     raise TypeError("not a boolean")
 
 
@@ -375,7 +362,7 @@ ENGINE_CARRIERS: dict[str, Carry] = {
     "real": as_double,
     "text": exact_text,
     "blob": exact_bytes,
-    "any": as_text,
+    "any": exact_text,  # a number or bytes in an untyped column: no one type holds them all
     "boolean": as_boolean,
     "date": iso_date,
     "time": iso_time,

@@ -30,7 +30,7 @@ from .drivers import EXTRAS, POSTGRES_SCHEMES, install_hint, resolve_env
 from .errors import ConfigInvalid
 from .identity import route_key
 from .lease import DEFAULT_LEASE_SECONDS, MIN_LEASE_SECONDS
-from .paths import Governance
+from .paths import MAX_GATE_ROWS, Governance
 from .runtime import BUILTIN_PATHS, MAX_CHUNK_ROWS, RECOVERY_MODES, TransferSpec
 from .schema_contract import SCHEMA_CONTRACTS
 
@@ -382,34 +382,35 @@ def _validated_section(
     return table
 
 
+_INT64_MAX = 2**63 - 1  # the largest integer a SQL engine holds
+_WEEK = 7 * 24 * 3600
+# The numeric kinds: (integers only, lowest, highest), both included. One check for all.
+_NUMBERS: Mapping[str, tuple[bool, int, int]] = {
+    "positive": (True, 1, MAX_CHUNK_ROWS),  # rows held in memory per chunk, or per range
+    "count": (True, 0, MAX_GATE_ROWS),  # a row-count gate (2**63 - 1)
+    "lag": (False, 0, _INT64_MAX),  # cursor units: at most an integer cursor's whole range
+    "seconds": (False, int(MIN_LEASE_SECONDS), _WEEK),  # a lease, renewed every sixth of it
+}
+
+
+def _check_number(key: str, kind: str, value: Any) -> None:
+    """A number of the kind's type within its range (``_NUMBERS``): a boolean, a float for an
+    integer, NaN and the infinities (``1e400``) are refused with the range."""
+    integer, low, high = _NUMBERS[kind]
+    what = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
+        raise _invalid(key, f"must be {what}, not {_toml_type(value)}")
+    if not low <= value <= high:  # NaN is within no range
+        raise _invalid(key, f"must be {what} from {low:,} to {high:,}")
+
+
 def _check_value(key: str, kind: str, value: Any) -> None:
     if kind == "bool":
         if not isinstance(value, bool):
             raise _invalid(key, f"must be true or false, not {_toml_type(value)}")
         return
-    if kind == "seconds":
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _invalid(key, f"must be a number of seconds, not {_toml_type(value)}")
-        if not MIN_LEASE_SECONDS <= value < 7 * 24 * 3600:
-            raise _invalid(
-                key,
-                f"must be at least {MIN_LEASE_SECONDS:g} (the heartbeat renews the lease every "
-                "sixth of it) and less than a week",
-            )
-        return
-    if kind == "lag":
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _invalid(key, f"must be a number of cursor units, not {_toml_type(value)}")
-        if not 0 <= value < float("inf"):
-            raise _invalid(key, "must be 0 or more (and finite)")
-        return
-    if kind in ("positive", "count"):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise _invalid(key, f"must be an integer, not {_toml_type(value)}")
-        if kind == "positive" and not 1 <= value <= MAX_CHUNK_ROWS:
-            raise _invalid(key, f"must be a positive integer of at most {MAX_CHUNK_ROWS:,}")
-        if value < 0:
-            raise _invalid(key, "must not be negative")
+    if kind in _NUMBERS:
+        _check_number(key, kind, value)
         return
     if not isinstance(value, str):
         raise _invalid(key, f"must be a string, not {_toml_type(value)}")

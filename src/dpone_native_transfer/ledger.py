@@ -26,6 +26,7 @@ from typing import Any
 
 import attrs
 
+from .audit import malformed_audit
 from .checkpoints import (
     LEDGER_BATCH_KEY,
     PartitionCheckpoint,
@@ -718,7 +719,8 @@ def ledger_overrides(store: Any, route: RouteKey, *, gone: bool = False) -> set[
 
     Read from every route of the store writing ``route``'s target table; a
     store without audit records has none. ``gone``: only those whose rows the
-    table no longer holds, so not a ``state reset --from-now``'s (it keeps them).
+    table no longer holds, so not a ``state reset --from-now``'s (it keeps them). A
+    malformed record is ``CheckpointStoreCorrupt``: which batches it lets through is unknown.
     """
     if not (hasattr(store, "list_routes") and hasattr(store, "list_audit")):
         return set()
@@ -728,9 +730,10 @@ def ledger_overrides(store: Any, route: RouteKey, *, gone: bool = False) -> set[
         if (other.target_location, other.target_table) != target:
             continue
         for record in store.list_audit(other):
-            batches = record.get("ledger_overrides")
-            if isinstance(batches, list) and not (gone and record.get("from_now")):
-                found.update(batch for batch in batches if isinstance(batch, str))
+            if (malformed := malformed_audit(other, record)) is not None:
+                raise malformed
+            if not (gone and record.get("from_now")):
+                found.update(record.get("ledger_overrides", ()))
     return found
 
 

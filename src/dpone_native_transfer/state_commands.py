@@ -236,8 +236,8 @@ def _compared_with_target(store: Any, config: RouteConfig) -> str | StoreTargetM
         )
     except StoreTargetMismatch as refusal:
         return refusal
-    except NativeTransferError as error:
-        return f"not compared ({error.code})"
+    except NativeTransferError as error:  # its message is safe: a malformed audit record's id
+        return f"not compared ({error.code}: {error.message})"
     except Exception as error:  # a driver's own error: its text may hold secrets
         return f"not compared (the target cannot be reached: {type(error).__name__})"
     return "agrees with the checkpoint store"

@@ -65,6 +65,7 @@ __all__ = [
     "range_cuts_sql",
     "range_partitions",
     "ranges_run_on",
+    "refuse_reserved_prefix",
     "refuse_reserved_schema",
     "render_predicates",
     "unavailable",
@@ -170,6 +171,21 @@ def refuse_reserved_schema(table: TableName, reserved: Iterable[str], *, engine:
         )
 
 
+def refuse_reserved_prefix(
+    name: str, prefix: str, *, engine: str, part: str, fold: bool = False
+) -> None:
+    """A ``part`` (table or schema) name starting with ``prefix`` (in any ASCII case if
+    ``fold``), which the engine keeps for its own objects (SQLite's ``sqlite_`` tables,
+    PostgreSQL's ``pg_`` schemas), is a config error: creating it would fail inside the
+    target call, and so block the route."""
+    if (fold_ascii(name) if fold else name).startswith(prefix):
+        raise ConfigInvalid(
+            f"target {part} {name!r} starts with {prefix!r}, which {engine} reserves for its "
+            f"own {part}s; choose another name",
+            diagnostics={"key": "target.table"},
+        )
+
+
 def refuse_schema(table: TableName, *, engine: str, hint: str) -> None:
     """For an engine without schemas in a table name: a qualified name is a config error."""
     if table.schema is not None:
@@ -227,13 +243,15 @@ def check_target_table(table: Any) -> None:
     """Refuse a target table the runtime could mistake for one of its own (any ASCII case).
 
     A target named ``_dpone_stage_orders`` would be dropped as the staging table
-    of ``orders``; one named ``_dpone_ledger`` would be written as the ledger.
+    of ``orders``; one named ``_dpone_ledger`` would be written as the ledger
+    (``_dpone_fence`` is kept for a target-side fence). A sink refuses the names
+    its engine keeps for itself (``refuse_reserved_prefix``, ``refuse_reserved_schema``).
     """
     quote(table)
     if fold_ascii(parse_table(table).name).startswith(RESERVED_PREFIX):
         raise ConfigInvalid(
             f"target table {table!r} starts with {RESERVED_PREFIX!r}, which is reserved for "
-            "dpone's own tables (the ledger and staging tables); choose another name",
+            "dpone's own tables (the ledger, the fence and staging tables); choose another name",
             diagnostics={"key": "target.table"},
         )
 

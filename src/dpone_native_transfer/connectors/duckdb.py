@@ -94,7 +94,7 @@ from ._sql import (
     render_predicates,
     unavailable,
 )
-from .contract import SQLiteFile
+from .contract import PlanInexact, SQLiteFile
 from .sqlite import (
     inexact_plan,
     plan_rows,
@@ -457,7 +457,7 @@ class DuckDBSink(FileTarget):
             ).fetchone()[0]
             expected = sum(source.count(item) for item in window)
             if selected != expected:
-                raise ConfigInvalid(
+                raise PlanInexact(
                     f"lazy-plan into DuckDB cannot select the source's partitions of column(s) "
                     f"{', '.join(sorted(textual))} exactly (DuckDB reads them as another type "
                     "than SQLite stores): use legacy, staged or file-artifact",

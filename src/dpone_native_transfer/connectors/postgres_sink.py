@@ -30,7 +30,6 @@ from typing import Any, TypeVar
 from ..column_types import (
     ENGINE_CARRIERS,
     Carry,
-    as_text,
     decimal_text,
     exact_decimal,
     exact_text,
@@ -65,6 +64,7 @@ from ._sql import (
     parse_table,
     payload_refused,
     quote,
+    refuse_reserved_prefix,
     refuse_reserved_schema,
     unavailable,
 )
@@ -104,7 +104,7 @@ _NARROW = frozenset({"smallint", "integer", "real"})
 _CARRIERS: dict[str, Carry] = {
     **ENGINE_CARRIERS,
     "text": without_nul(exact_text),
-    "any": without_nul(as_text),
+    "any": without_nul(exact_text),
     "interval": without_nul(exact_text),
     "decimal": decimal_text,
     "date": iso_date_or_infinite,
@@ -191,6 +191,7 @@ class PostgresSink:
         parsed = parse_table(table)
         self._target = TableName(parsed.schema or DEFAULT_SCHEMA, parsed.name)
         refuse_reserved_schema(self._target, _RESERVED_SCHEMAS, engine="PostgreSQL")
+        refuse_reserved_prefix(self._target.schema or "", "pg_", engine="PostgreSQL", part="schema")
         parts = (self._target.schema or "", self._stage.name)
         if max(len(part.encode("utf-8")) for part in parts) > _MAX_NAME_BYTES:
             raise ConfigInvalid(

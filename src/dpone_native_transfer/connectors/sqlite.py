@@ -76,12 +76,13 @@ from ._sql import (
     range_cuts_sql,
     range_partitions,
     ranges_run_on,
+    refuse_reserved_prefix,
     refuse_schema,
     render_predicates,
     unavailable,
 )
 from ._sql import quote as _quote
-from .contract import DEFAULT_CHUNK_ROWS, OnePassReading, SQLiteFile
+from .contract import DEFAULT_CHUNK_ROWS, OnePassReading, PlanInexact, SQLiteFile
 
 __all__ = ["SQLiteSink", "SQLiteSource"]
 
@@ -720,7 +721,8 @@ class SQLiteSource(TableSource):
 
 
 # Kinds another engine's own SQLite reader (DuckDB's scanner, ClickHouse's sqlite()) reads
-# exactly as the row paths carry them; other kinds need ``ValueCarrying``, so a plan is refused.
+# exactly as the row paths carry them; other kinds need ``ValueCarrying``, so lazy-plan carries
+# their rows (``PlanInexact``) and a pull is declined.
 _PLAN_KINDS = frozenset({"integer", "real", "text", "blob", "boolean", "date", "timestamp"})
 _DATE = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]"
 _ISO_DATE = f"({{c}} GLOB '{_DATE}' AND date({{c}}) IS {{c}})"
@@ -835,15 +837,15 @@ def refuse_inexact_plan(
     table: str,
     reader_refuses: Collection[str] = (),
 ) -> None:
-    """Refuse a lazy plan another engine would not read exactly as the other paths do.
+    """``PlanInexact`` for a lazy plan another engine would not read exactly as the row
+    paths carry it (lazy-plan then carries the rows itself; a pull is declined).
 
-    Refused: a source whose text is UTF-16 (SQLite orders it otherwise than by code
+    Such are: a source whose text is UTF-16 (SQLite orders it otherwise than by code
     point); partition or cursor columns it would filter differently
     (``collated_columns``); columns of a kind outside what its SQLite reader
     carries exactly; and columns holding a value it would misread (a real in
     an integer column, a text boolean, a date with a time, a timestamp with an
-    offset), found by one read of the source. The message points at the paths
-    where SQLite reads the rows.
+    offset), found by one read of the source.
 
     The read skips the columns of a table that SQLite itself keeps free of such
     values (``_held_as_declared``), and, in an ordinary table, the columns named
@@ -856,7 +858,7 @@ def refuse_inexact_plan(
     with source.reader() as conn:
         utf16 = conn.execute("PRAGMA encoding").fetchone()[0] != "UTF-8"
     if utf16:  # a grouped pull of text key ranges loaded some rows twice and lost others
-        raise ConfigInvalid(
+        raise PlanInexact(
             f"lazy-plan into {engine} cannot filter the source's text as SQLite does: the "
             "source database's text is UTF-16, which SQLite orders by its bytes, not by code "
             f"point as {engine} does; use legacy, staged or file-artifact (read by SQLite "
@@ -865,7 +867,7 @@ def refuse_inexact_plan(
         )
     collated = source.collated_columns()
     if collated:
-        raise ConfigInvalid(
+        raise PlanInexact(
             f"lazy-plan into {engine} cannot filter source column(s) {', '.join(collated)} as "
             "SQLite does: they are declared with a collation (COLLATE NOCASE, RTRIM or another), "
             f"so {engine} would select other rows than the source's partitions; use legacy, "
@@ -880,9 +882,9 @@ def refuse_inexact_plan(
         raise inexact_plan(engine, table, inexact)
 
 
-def inexact_plan(engine: str, table: str, columns: Sequence[str]) -> ConfigInvalid:
+def inexact_plan(engine: str, table: str, columns: Sequence[str]) -> PlanInexact:
     """The refusal of a lazy plan whose ``columns`` the engine would not read exactly."""
-    return ConfigInvalid(
+    return PlanInexact(
         f"lazy-plan into {engine} cannot read source column(s) {', '.join(columns)} exactly "
         f"({engine} reads them by their declared type, which differs from what the other "
         "paths carry); use legacy, staged or file-artifact",
@@ -959,6 +961,7 @@ class SQLiteSink(FileTarget):
         hint = 'a SQLite file is one schema; a name holding a dot is written quoted: "raw.t"'
         name = parse_table(table, default_schema="main")
         refuse_schema(name, engine="SQLite", hint=hint)
+        refuse_reserved_prefix(name.name, "sqlite_", engine="SQLite", part="table", fold=True)
         super().__init__(path, name.name)  # main.t is t; "raw.t" is the table raw.t
 
     def identity(self) -> TableIdentity:
@@ -1156,7 +1159,7 @@ class SQLiteSink(FileTarget):
         except sqlite3.Error:  # the load reports what is wrong with the target
             return
         if encoding != target:
-            raise ConfigInvalid(
+            raise PlanInexact(
                 f"lazy-plan into SQLite table {self.table!r} cannot attach the source database: "
                 f"its text is {encoding} and the target's {target}; use legacy, staged or "
                 "file-artifact",

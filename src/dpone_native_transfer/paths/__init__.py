@@ -53,17 +53,29 @@ if TYPE_CHECKING:
     from ..ledger import LedgerEntry
     from ..runtime import TransferSpec
 
-__all__ = ["Governance", "PathContext", "SourceSnapshot", "TransferPath"]
+__all__ = ["MAX_GATE_ROWS", "Governance", "PathContext", "SourceSnapshot", "TransferPath"]
 
 T = TypeVar("T")
+
+
+MAX_GATE_ROWS = 2**63 - 1  # a row count SQL engines hold; a larger gate could never fail
+
+
+def _gate(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    number = isinstance(value, int) and not isinstance(value, bool)
+    if value is not None and not (number and 0 <= value <= MAX_GATE_ROWS):
+        key = f"gates.{attribute.name}"
+        raise ConfigInvalid(
+            f"{key} must be an integer from 0 to {MAX_GATE_ROWS:,}", diagnostics={"key": key}
+        )
 
 
 @attrs.frozen(kw_only=True)
 class Governance:
     """Pre-target gates. A failed gate stops the attempt before the target and writes nothing."""
 
-    min_rows: int | None = None
-    max_rows: int | None = None
+    min_rows: int | None = attrs.field(default=None, validator=_gate)
+    max_rows: int | None = attrs.field(default=None, validator=_gate)
 
     @property
     def enabled(self) -> bool:

@@ -77,7 +77,7 @@ from .._sql import (
     refuse_reserved_schema,
     unavailable,
 )
-from ..contract import PendingLedger, SQLiteFile
+from ..contract import PendingLedger, PlanInexact, SQLiteFile
 from ..sqlite import pulled_file, refuse_inexact_plan, watching_writes
 from .client import CHDB, ClickHouseClient, open_client, parse_location
 from .sql import (
@@ -121,6 +121,15 @@ _STATEMENT_BYTES = 200_000
 # quote in a name reads a wrong column (or its name as a string) or fails; checked on chDB 4.4.
 _SQLITE_FUNCTION_UNSAFE = re.compile(r'[\\"\x00-\x1f\x7f]')
 
+# ClickHouse's own databases; chDB's holds its temporary tables.
+_RESERVED_DATABASES = ("system", "information_schema", "_temporary_and_external_tables")
+# ClickHouse names a table's metadata files by its name escaped (a byte other than
+# [A-Za-z0-9_] is %XX): ``<table>.sql.detached``, and ``<database>.<table>.<uuid>.sql`` once
+# dropped. With 255-byte file names, a longer one cannot be created (206 in chDB's default).
+_NAME_MAX = 255
+_UUID = "00000000-0000-0000-0000-000000000000"
+_WORD_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
 Fill = Callable[[ClickHouseClient, TableName, "_Tokens"], int]
 _LEDGER = TableName(None, LEDGER_TABLE)
 
@@ -145,7 +154,8 @@ class ClickHouseSink:
         # database.table; chDB's one database is "default", so default.t is t
         default = "default" if self._location.kind == CHDB else None
         self._target = parse_table(table, default_schema=default)
-        refuse_reserved_schema(self._target, ("system", "information_schema"), engine="ClickHouse")
+        refuse_reserved_schema(self._target, _RESERVED_DATABASES, engine="ClickHouse")
+        _check_name_length(self._stage, table)  # the longest name it makes beside the target
         self.partition_by = partition_by
         self._ledger = PendingLedger()
         self._checked: LoadPlan | None = None  # the last plan check_plan passed
@@ -680,6 +690,27 @@ class ClickHouseSink:
             return client.query_rows(f"SELECT {names} FROM {_ref(self._target)} ORDER BY {names}")
 
 
+def _escaped_length(name: str) -> int:
+    """The length of ClickHouse's ``escapeForFileName(name)``."""
+    return sum(1 if byte in _WORD_BYTES else 3 for byte in name.encode("utf-8"))
+
+
+def _check_name_length(table: TableName, configured: str) -> None:
+    """Refuse, before any I/O, a table name too long for ClickHouse to create in its database
+    (``_NAME_MAX``): the target call would fail on it and block the route."""
+    database = table.schema or "default"
+    dropped = _NAME_MAX - _escaped_length(database) - len("..") - len(_UUID) - len(".sql")
+    longest = min(_NAME_MAX - len(".sql.detached"), dropped)
+    if _escaped_length(table.name) > longest:
+        raise ConfigInvalid(
+            f"target table {configured!r} or its staging table {table.name!r} has a name longer "
+            f"than ClickHouse can create in database {database!r} ({longest} characters, a "
+            "character other than A-Z, a-z, 0-9 and _ counting 3 per UTF-8 byte); choose a "
+            "shorter name",
+            diagnostics={"key": "target.table"},
+        )
+
+
 class _Tokens:
     """The deduplication tokens of one target call's INSERTs: batch id and a counter."""
 
@@ -1018,7 +1049,7 @@ def _with_safe_names(plan: LoadPlan, *, table: str) -> SQLiteFile:
     columns = [column.name for column in plan.columns]
     for name in (source.table, source.partition_column, source.cursor_column, *columns):
         if name is not None and _SQLITE_FUNCTION_UNSAFE.search(name):
-            raise ConfigInvalid(
+            raise PlanInexact(
                 f"lazy-plan into ClickHouse cannot read source identifier {name!r}: the "
                 "sqlite() table function mis-quotes backslashes, double quotes and control "
                 "characters (use another path)",
