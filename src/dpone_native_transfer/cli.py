@@ -38,6 +38,7 @@ from .application import new_run_id, transfer
 from .config import load_route_config
 from .errors import NativeTransferError, PluginLoadFailed
 from .events import Event
+from .rejects_command import add_rejects_command
 from .reporting import (
     EXIT_BLOCKED,
     EXIT_CONFIG,
@@ -218,7 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="info",
         help="what the package logs to stderr (default: info, with progress lines)",
     )
-    built_in = (_add_run_command, _add_demo_command, add_routes_command, add_state_command)
+    built_in = (
+        _add_run_command,
+        _add_demo_command,
+        add_routes_command,
+        add_state_command,
+        add_rejects_command,
+    )
     for add_command in built_in:
         add_command(commands, common)
     for entry_point in sorted(metadata.entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
@@ -342,7 +349,7 @@ def _run_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(run_summary(config, run_id, result, seconds), sort_keys=True))
     else:
-        print(summary_line(config, run_id, result, seconds))
+        print(args.named.fill(summary_line(config, run_id, result, seconds)))
     return EXIT_OK
 
 

@@ -380,6 +380,38 @@ dropped). Decimals with a precision take ``exact_decimal`` instead."""
 _REFUSED = (ValueError, TypeError, KeyError, OverflowError, decimal.InvalidOperation)
 
 
+def _sorted_out(
+    chunks: Iterable[Sequence[tuple]],
+    carriers: Sequence[tuple[int, str, Carry]],
+    *,
+    target: str,
+    reject: Callable[[tuple, str, Any], None],
+) -> Iterator[Sequence[tuple]]:
+    """``carried_chunks`` whose refused rows go to ``reject``: a chunk is carried as one while
+    every value fits, and row by row only once one does not."""
+    for chunk in chunks:
+        try:
+            yield from carried_chunks([chunk], carriers, target=target)
+            continue
+        except ValueUnsupported:
+            pass
+        kept = []
+        for row in chunk:
+            values = list(row)
+            for index, name, carry in carriers:
+                if values[index] is None:
+                    continue
+                try:
+                    values[index] = carry(values[index])
+                except _REFUSED:
+                    reject(tuple(row), name, row[index])
+                    break
+            else:
+                kept.append(tuple(values))
+        if kept:
+            yield kept
+
+
 def column_carriers(
     columns: Sequence[Column], carrier: Callable[[Column], Carry | None]
 ) -> list[tuple[int, str, Carry]]:
@@ -393,13 +425,19 @@ def carried_chunks(
     carriers: Sequence[tuple[int, str, Carry]],
     *,
     target: str,
+    reject: Callable[[tuple, str, Any], None] | None = None,
 ) -> Iterator[Sequence[tuple]]:
     """``chunks`` with each ``(index, column, carry)`` applied to that column's non-NULL values.
 
     A column the carrier's ``unchanged(values)`` accepts is left as it is;
     a chunk no carrier changed is passed on as it came. A refused value stops the
-    rows with ``ValueUnsupported`` naming the column, never the value.
+    rows with ``ValueUnsupported`` naming the column, never the value; with ``reject``
+    (``on_bad_value = "quarantine"``), its row is handed to ``reject(row, column, value)``
+    instead and left out, and the other rows go on.
     """
+    if reject is not None:
+        yield from _sorted_out(chunks, carriers, target=target, reject=reject)
+        return
     for chunk in chunks:
         if not chunk or not carriers:
             yield chunk

@@ -31,6 +31,7 @@ from .errors import ConfigInvalid
 from .identity import route_key
 from .lease import DEFAULT_LEASE_SECONDS, MIN_LEASE_SECONDS
 from .paths import MAX_GATE_ROWS, Governance
+from .rejects import ON_BAD_VALUE
 from .runtime import BUILTIN_PATHS, MAX_CHUNK_ROWS, RECOVERY_MODES, TransferSpec
 from .schema_contract import SCHEMA_CONTRACTS
 
@@ -77,6 +78,8 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
             "chunk_rows": ("positive", _OPTIONAL),
             "artifact_dir": ("file", _OPTIONAL),
             "schema_contract": ("schema_contract", _OPTIONAL),
+            "on_bad_value": ("on_bad_value", _OPTIONAL),  # "refuse" | "quarantine"
+            "quarantine_values": ("bool", _OPTIONAL),  # the rejects table keeps the values
         },
     ),
     "store": (
@@ -142,6 +145,7 @@ _ENUMS: Mapping[str, tuple[str, ...]] = {
     "on_null_cursor": NULL_CURSOR_POLICIES,
     "partition_by": ("range", "value"),
     "recovery": RECOVERY_MODES,
+    "on_bad_value": ON_BAD_VALUE,
 }
 DEFAULT_PARTITION_ROWS = 100_000
 
@@ -174,6 +178,8 @@ class RouteConfig:
     on_null_cursor: str = "error"
     recovery: str = "manual"
     batch_column: str | None = None
+    on_bad_value: str = "refuse"
+    quarantine_values: bool = False
     # Where the source and target are, resolved (a DSN may hold a password: never log them).
     source_location: str = attrs.field(default="", repr=False)
     target_location: str = attrs.field(default="", repr=False)
@@ -205,6 +211,8 @@ class RouteConfig:
             on_null_cursor=self.on_null_cursor,
             recovery=self.recovery if recovery is None else recovery,
             batch_column=self.batch_column,
+            on_bad_value=self.on_bad_value,
+            quarantine_values=self.quarantine_values,
         )
 
 
@@ -449,6 +457,8 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
         on_null_cursor=sections["source"].get("on_null_cursor", "error"),
         recovery=sections.get("guard", {}).get("recovery", "manual"),
         batch_column=sections["target"].get("batch_column"),
+        on_bad_value=transfer.get("on_bad_value", "refuse"),
+        quarantine_values=transfer.get("quarantine_values", False),
     )
 
 

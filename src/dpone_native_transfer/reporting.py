@@ -317,6 +317,12 @@ def summary_line(config: RouteConfig, run_id: str, result: TransferResult, secon
     refreshed = config.strategy is Strategy.FULL_REFRESH and result.committed_partition_ids
     emptied = "the source is empty, so the target was emptied; " if refreshed else ""
     rate = f", {rate_of(result.rows_loaded, seconds)}" if result.rows_loaded and seconds else ""
+    set_aside = (
+        f"; warning: {plural(result.rows_quarantined, 'row')} the target cannot hold exactly set "
+        f"aside (`{PROG} rejects show {ROUTE_FILE}`)"
+        if result.rows_quarantined
+        else ""
+    )
     return (
         (emptied if not result.rows_loaded else "")
         + f"committed {plural(len(result.committed_partition_ids), 'partition')}, "
@@ -325,6 +331,7 @@ def summary_line(config: RouteConfig, run_id: str, result: TransferResult, secon
         f"(route {config.label}, {config.strategy}, path {config.path}, run {run_id}"
         + ("" if result.guarded else ", UNGUARDED")
         + ")"
+        + set_aside
     )
 
 
@@ -340,6 +347,7 @@ def run_summary(
         "committed_partitions": len(result.committed_partition_ids),
         "skipped_partitions": len(result.skipped_partition_ids),
         "rows_loaded": result.rows_loaded,
+        "rows_quarantined": result.rows_quarantined,
         "batch_id": result.batch_id,
         "guarded": result.guarded,
         "seconds": round(seconds, 3),

@@ -44,6 +44,7 @@ __all__ = [
     "PendingLedger",
     "PlanInexact",
     "PlanPulling",
+    "Quarantining",
     "RangePartitioned",
     "SQLiteFile",
     "SchemaEvolving",
@@ -412,6 +413,17 @@ class BatchCounting(Protocol):
 
 
 @runtime_checkable
+class Quarantining(Protocol):
+    """A ``LedgerSink`` that writes the rows a batch set aside (``on_bad_value =
+    "quarantine"``: ``entry.rejects``) to ``rejects.REJECTS_TABLE`` of the target database,
+    in the target call, with its ledger row (``rejects.write_rejects``), and reads them back."""
+
+    def read_rejects(self) -> list[tuple]:
+        """This target table's rows set aside: (batch id, partition id, row digest, column,
+        reason, value or None). Reads only."""
+
+
+@runtime_checkable
 class TargetChecking(Protocol):
     """A sink that opens its target before the target call (``check_target``).
 
@@ -582,4 +594,5 @@ CAPABILITIES: tuple[type, ...] = (
     LedgerSink,
     Fencing,
     BatchCounting,
+    Quarantining,
 )

@@ -73,6 +73,7 @@ from ..payloads import (
     bound_predicates,
     cursor_window,
 )
+from ..rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from ._arrow import arrow, check_widths, read_ahead, row_batch, row_type, write_stream
 from ._sql import (
     STAGE_PREFIX,
@@ -559,6 +560,19 @@ class DuckDBSink(FileTarget):
             diagnostics={"table": self.table},
         )
 
+    def read_rejects(self) -> list[tuple]:
+        """``Quarantining``: this table's rows set aside, oldest first. Reads only."""
+        if not os.path.isfile(self.path):
+            return []
+        conn = self._read_only("rejects")
+        try:
+            if not _table_exists(conn, TableName(None, REJECTS_TABLE)):
+                return []
+            sql = rejects_query(quote(REJECTS_TABLE), "?") + " ORDER BY rowid"
+            return conn.execute(sql, [self.identity().table]).fetchall()
+        finally:
+            conn.close()
+
     def fence_epoch(self) -> int:
         """``Fencing``: the target table's fence in ``_dpone_fence``; 0 without one."""
         if not os.path.isfile(self.path):
@@ -980,6 +994,10 @@ def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:
             f"INSERT INTO {table} VALUES (?, ?, ?, ?, ?, ?)",
             [seq, target, batch, rows, entry, partitions],
         )
+        if ledger.rejects:
+            conn.execute(rejects_table_sql(quote(REJECTS_TABLE), text="VARCHAR"))
+            write_rejects(conn.executemany, ledger.rejects, target_table=target, batch_id=batch,
+                          table=quote(REJECTS_TABLE), marker="?")  # fmt: skip
     return rows
 
 

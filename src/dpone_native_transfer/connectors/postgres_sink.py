@@ -54,6 +54,7 @@ from ..ledger import (
     read_fence,
 )
 from ..payloads import Column, LoadPlan, RowChunks
+from ..rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from ._arrow import check_widths
 from ._sql import (
     STAGE_PREFIX,
@@ -446,6 +447,18 @@ class PostgresSink:
 
         return [LedgerEntry.from_row(*row) for row in self._outside_call(read)]
 
+    def read_rejects(self) -> list[tuple]:
+        """``Quarantining``: this table's rows set aside, oldest first. Reads only."""
+        rejects = TableName(self._target.schema, REJECTS_TABLE)
+
+        def read(conn: Any) -> list[tuple]:
+            if not _columns(conn, rejects):
+                return []
+            sql = rejects_query(rejects.sql(_name), "%s") + " ORDER BY ctid"
+            return _run_query(conn, sql, self.identity().table)
+
+        return self._outside_call(read)
+
     def fence_epoch(self) -> int:
         """``Fencing``: the target table's fence in ``_dpone_fence`` of its schema; 0 without."""
         fence = TableName(self._target.schema, FENCE_TABLE)
@@ -650,6 +663,13 @@ def _record(conn: Any, ledger: TableName, entry: LedgerEntry | None, rows: int) 
             f" VALUES ((SELECT COALESCE(MAX(seq), 0) + 1 FROM {table}), %s, %s, %s, %s, %s)",
             target, batch, rows, fields, partitions,
         )  # fmt: skip
+        if entry.rejects:
+            rejects = TableName(ledger.schema, REJECTS_TABLE)
+            if not _columns(conn, rejects):
+                _run(conn, rejects_table_sql(rejects.sql(_name), text="text"))
+            with conn.cursor() as cursor:
+                write_rejects(cursor.executemany, entry.rejects, target_table=target,
+                              batch_id=batch, table=rejects.sql(_name), marker="%s")  # fmt: skip
     return rows
 
 

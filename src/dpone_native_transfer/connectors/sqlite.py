@@ -56,6 +56,7 @@ from ..payloads import (
     SourceShape,
     bound_predicates,
 )
+from ..rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from ._sql import (
     RANGE_EDGES,
     STAGE_PREFIX,
@@ -1124,6 +1125,14 @@ class SQLiteSink(FileTarget):
             raise unavailable(self.table, to="have its ledger read") from None
         return [LedgerEntry.from_row(*row) for row in rows]
 
+    def read_rejects(self) -> list[tuple]:
+        """``Quarantining``: this table's rows set aside, oldest first. Reads only."""
+        with self._reader() as conn:
+            if conn is None or not _table_columns(conn, REJECTS_TABLE):
+                return []
+            sql = rejects_query(_quote(REJECTS_TABLE), "?") + " ORDER BY rowid"
+            return conn.execute(sql, (self.identity().table,)).fetchall()
+
     def fence_epoch(self) -> int:
         """``Fencing``: the target table's fence in ``_dpone_fence``; 0 without one."""
         if not os.path.isfile(self.path):
@@ -1466,6 +1475,10 @@ def _record(conn: sqlite3.Connection, ledger: LedgerEntry | None, rows: int) -> 
             " VALUES (?, ?, ?, ?, ?)",
             (target, batch, rows, entry, partitions),
         )
+        if ledger.rejects:
+            conn.execute(rejects_table_sql(_quote(REJECTS_TABLE), text="TEXT"))
+            write_rejects(conn.executemany, ledger.rejects, target_table=target, batch_id=batch,
+                          table=_quote(REJECTS_TABLE), marker="?")  # fmt: skip
     return rows
 
 

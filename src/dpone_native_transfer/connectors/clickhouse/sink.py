@@ -62,6 +62,7 @@ from ...errors import (
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query, ledger_table_sql
 from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, RowChunks, bound_predicates
+from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from .._arrow import arrow
 from .._sql import (
     STAGE_PREFIX,
@@ -654,6 +655,15 @@ class ClickHouseSink:
 
     # --- reading back -----------------------------------------------------------------------
 
+    def read_rejects(self) -> list[tuple]:
+        """``Quarantining``: this table's rows set aside. Reads only."""
+        rejects = TableName(None, REJECTS_TABLE)
+        with self.client() as client:
+            if not _exists(client, rejects):
+                return []
+            sql = rejects_query(quote(REJECTS_TABLE), "{t:String}")
+            return client.query_rows(sql, {"t": self.identity().table})
+
     @property
     def inserts_end_with_their_process(self) -> bool:
         """``BatchCounting``: chDB runs in the worker's process, so a dead worker has no
@@ -754,7 +764,33 @@ def _record(client: ClickHouseClient, entry: LedgerEntry | None, rows: int) -> i
             " {b:String}, {r:UInt64}, {e:String}, {p:String}",
             {"t": target, "b": batch, "r": rows, "e": text, "p": partitions},
         )
+        if entry.rejects:  # after the rows too, one INSERT of all of them
+            table = quote(REJECTS_TABLE)
+            order = " ENGINE = MergeTree ORDER BY (target_table, batch_id)"
+            sql = rejects_table_sql(table, text="String", nullable="Nullable(String)", tail=order)
+            client.command(sql)
+            write_rejects(
+                lambda sql, values: _insert_values(client, sql, values),
+                entry.rejects, target_table=target, batch_id=batch, table=table, marker="%s",
+            )  # fmt: skip
     return rows
+
+
+def _insert_values(client: ClickHouseClient, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    """``sql`` (an INSERT ... VALUES of ``%s`` marks) once for all ``rows``, bound by name."""
+    head, _, marks = sql.partition(" VALUES ")
+    width = marks.count("%s")
+    params: dict[str, Any] = {}
+    groups = []
+    for number, row in enumerate(rows):
+        marks = []
+        for index, value in enumerate(row[:width]):
+            name = f"v{number}_{index}"
+            marks.append("NULL" if value is None else f"{{{name}:String}}")
+            if value is not None:
+                params[name] = value
+        groups.append("(" + ", ".join(marks) + ")")
+    client.command(f"{head} VALUES {', '.join(groups)}", params)
 
 
 _SQLITE_READ = "sqlite({src_path:String}, {src_table:String})"
