@@ -778,8 +778,8 @@ def _record(client: ClickHouseClient, entry: LedgerEntry | None, rows: int) -> i
 
 def _insert_values(client: ClickHouseClient, sql: str, rows: Sequence[Sequence[Any]]) -> None:
     """``sql`` (an INSERT ... VALUES of ``%s`` marks) once for all ``rows``, bound by name."""
-    head, _, marks = sql.partition(" VALUES ")
-    width = marks.count("%s")
+    head, _, values = sql.partition(" VALUES ")
+    width = values.count("%s")
     params: dict[str, Any] = {}
     groups = []
     for number, row in enumerate(rows):
