@@ -233,6 +233,7 @@ def test_a_blocked_route_logs_its_code_diagnostics_and_the_scan_command_not_the_
 ):
     diagnostics = {"route": ROUTE.as_dict(), "phases": ["checkpoint_incomplete"]}
     error = ManualReconciliationRequired("CANARY message text", diagnostics=diagnostics)
+    caplog.set_level(logging.DEBUG, logger="dpone_airflow.test")
     report_failure(task_log, error, ROUTE)
     lines = [record.getMessage() for record in caplog.records]
     assert lines[0] == (
@@ -240,10 +241,12 @@ def test_a_blocked_route_logs_its_code_diagnostics_and_the_scan_command_not_the_
         "until an operator reconciles it; every retry stops here, before the target, so pause "
         "the DAG while you work on it"
     )
-    assert lines[1] == "dpone: diagnostics: " + json.dumps(diagnostics, sort_keys=True)
+    assert lines[1] == "dpone: (the full diagnostics: at DEBUG, below)"
     assert lines[2] == f"dpone: inspect it with: {SCAN}"
     assert "guard resolve" in lines[3]
-    assert all(record.levelno == logging.ERROR for record in caplog.records)
+    assert lines[4] == "dpone: diagnostics: " + json.dumps(diagnostics, sort_keys=True)
+    levels = [record.levelno for record in caplog.records]
+    assert levels == [logging.ERROR] * 4 + [logging.DEBUG]
     assert "CANARY" not in caplog.text
 
 
@@ -462,9 +465,14 @@ def test_airflow_retries_after_a_partial_commit_stop_before_the_sink_until_resol
     lines = _task_lines(log)
     blocked = [line for line in lines if line.startswith(f"dpone: {CODE}")]
     assert len(blocked) == 2
-    assert lines.count(f"dpone: inspect it with: {SCAN}") == 2
+    # the commands to run name the store the route used (its file), with --yes: no terminal
+    shown = [line for line in lines if line.startswith("dpone: inspect it with: ")]
+    assert len(shown) == 2 and all(line.endswith("/checkpoints.db --route orders orders_copy "
+                                                 "incremental_append") for line in shown), shown
     assert any(line.startswith("dpone: transfer failed with InjectedFault") for line in lines)
-    assert not [line for line in lines if "CANARY" in line or str(data) in line]
+    commands = [line for line in lines if "dpone-transfer " in line]
+    assert not [line for line in lines if "CANARY" in line]
+    assert not [line for line in lines if str(data) in line and line not in commands]
     _doc_excerpt_matches(lines)
 
     # The operator's procedure, with the real CLI: scan, resolve the batch, scan again.
@@ -503,6 +511,7 @@ def test_airflow_retries_after_a_partial_commit_stop_before_the_sink_until_resol
         "committed_partitions": 0,
         "skipped_partitions": 4,
         "rows_loaded": 0,
+        "rows_quarantined": 0,
         "batch_id": None,
         "guarded": True,
         "seconds": None,
@@ -686,6 +695,7 @@ def test_a_successful_try_returns_a_small_json_safe_summary(checks):
         "committed_partitions": 3,
         "skipped_partitions": 0,
         "rows_loaded": 60,
+        "rows_quarantined": 0,
         "batch_id": None,
         "guarded": True,
         "seconds": None,
@@ -709,7 +719,8 @@ def test_airflow_timeouts_and_terminations_pass_through_untouched_after_the_mark
     retry = checks[f"{name}_retry"]
     assert (retry["raised"], retry["code"]) == ("ManualReconciliationRequired", CODE)
     assert retry["same_object"] and not retry["is_fail_exception"]
-    assert f"dpone: inspect it with: {SCAN}" in retry["lines"]
+    assert any(line.startswith("dpone: inspect it with: dpone-transfer guard scan --store ")
+               for line in retry["lines"])  # fmt: skip
     assert checks["manual_reconciliation_is_plain"]
 
 
@@ -848,11 +859,18 @@ def _doc_excerpt_matches(lines: list[str]) -> None:
     assert len(excerpt) >= 4
     normalise = _normaliser()
     real = {normalise(line) for line in lines}
-    assert [line for line in excerpt if normalise(line) not in real] == []
+    missing = [line for line in excerpt if normalise(line) not in real]
+    assert missing == [], "\n".join(sorted(real))
 
 
 def _normaliser():
     hashes = re.compile(r"sha256:[0-9a-f]{64}|sha256:\.\.\.")
     partitions = re.compile(r"p-[0-9a-f]{24}|p-\.\.\.")
     rates = re.compile(r"[\d,]+ rows/s")  # the rate of the run that wrote the excerpt
-    return lambda line: rates.sub("N rows/s", partitions.sub("p-…", hashes.sub("sha256:…", line)))
+    stores = re.compile(r"--store \S+/checkpoints\.db")  # the test's own folder
+
+    def normalise(line: str) -> str:
+        line = stores.sub("--store /srv/data/checkpoints.db", line)
+        return rates.sub("N rows/s", partitions.sub("p-…", hashes.sub("sha256:…", line)))
+
+    return normalise

@@ -10,6 +10,7 @@ store location (a DSN can hold a password, a file path can be private).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -279,10 +280,13 @@ def report_failure(
         return
     named = attrs.evolve(named or Named(), scripted=True)
     log.error("dpone: %s%s%s", error.code, where, _consequence(error))
-    for line in failure_lines(error, named)[1:]:  # the message itself is in the traceback
+    hint = "(the full diagnostics: at DEBUG, below)"
+    for line in failure_lines(error, named, hint=hint)[1:]:  # the message: in the traceback
         log.error("dpone: %s", line.strip())
     for line in _operator_steps(error, route):
         log.error("dpone: %s", named.fill(line))
+    full = json.dumps(error.diagnostics, sort_keys=True, default=str)
+    log.debug("dpone: diagnostics: %s", full)
 
 
 def _consequence(error: NativeTransferError) -> str:

@@ -115,7 +115,12 @@ def _shown_path(path: str) -> str:
     return path if relative.startswith("..") else relative
 
 
-def failure_lines(error: BaseException, named: Named, *, full: bool = False) -> list[str]:
+FULL_DIAGNOSTICS = "(the full diagnostics: --json or --log-level debug)"
+
+
+def failure_lines(
+    error: BaseException, named: Named, *, full: bool = False, hint: str = FULL_DIAGNOSTICS
+) -> list[str]:
     """What a person reads about a failed command, one line each: the code and message (its
     commands naming the reader's route file and store); for a blocked route a line per blocked
     batch, at most ``SHOWN_ITEMS``; and the diagnostics, cut to short lists, or whole with
@@ -133,7 +138,7 @@ def failure_lines(error: BaseException, named: Named, *, full: bool = False) -> 
                 f"`{PROG} run {route} --recovery from_target` resolves what it proves, audited"
             )
         if not full:
-            return [*lines, "(the full diagnostics: --json or --log-level debug)"]
+            return [*lines, hint]
     if full:
         return [
             *lines,
