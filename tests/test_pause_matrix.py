@@ -419,3 +419,54 @@ def test_a_worker_stopped_past_its_lease_neither_duplicates_nor_loses_rows(
         for audit in audits:
             [proof] = audit["proof"].values()
             assert proof["verdict"] == healed[audit["run_id"]] and proof["heals"] is True
+
+
+# --- what the resumed worker says (known product bugs, reported; see each reason) ------------
+
+
+def _stopped_then_resumed(case: Case, point: str, *, heal: bool) -> Outcome:
+    """A stopped at ``point``; B's plain run (and from_target run, if ``heal``); A resumed."""
+    a = case.start_a(point)
+    assert case.run("b-manual").status == BLOCKED
+    if heal:
+        assert case.run("b-from-target", "from_target").status == OK
+    return resume(a)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="PRODUCT BUG: a worker stopped inside its load's transaction past its lease commits "
+    "its batch when resumed, then its promotion is refused under the lost lease with "
+    "LeaseLost.lost, whose message says 'this attempt applied nothing to the target' and "
+    "whose applied is False, although the target's ledger holds the batch",
+)
+def test_a_worker_that_committed_after_losing_its_lease_does_not_claim_it_applied_nothing(
+    tmp_path: Path, place_of: Any, request: pytest.FixtureRequest
+) -> None:
+    place = place_of("sqlite", "legacy")
+    place.build_source(rows=ROWS, partitions=PARTITIONS)
+    case = Case(place=place, stores=stores_of("sqlite", tmp_path, request), tmp=tmp_path)
+    resumed = _stopped_then_resumed(case, "target-before-commit", heal=False)
+    assert case.ledger_runs() == ["A"]  # A's batch is in the target: it applied it
+    assert resumed.pair == (FAILED, LEASE_LOST)
+    assert resumed.line("applied: ") != "applied: False"  # applied False: proof of no rows
+    assert "applied nothing" not in (resumed.line("error: ") or "")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="PRODUCT BUG: a staged worker stopped after arming, whose batch another worker "
+    "healed and whose staging table that worker replaced and consumed, is resumed into "
+    "finalize_staged_load and stops with native_transfer_config_invalid (exit 2: 'the route "
+    "file is invalid') instead of the lost lease (exit 1)",
+)
+@pytest.mark.parametrize("target", TARGET_KINDS)
+def test_a_stale_finalize_of_a_consumed_stage_is_reported_as_a_lost_lease(
+    target: str, tmp_path: Path, place_of: Any, request: pytest.FixtureRequest
+) -> None:
+    place = place_of(target, "staged")
+    place.build_source(rows=ROWS, partitions=PARTITIONS)
+    case = Case(place=place, stores=stores_of("sqlite", tmp_path, request), tmp=tmp_path)
+    resumed = _stopped_then_resumed(case, "after-armed-batch", heal=True)
+    assert_rows_exactly_once(place.source_ids(), place.target_ids())
+    assert resumed.pair == (FAILED, LEASE_LOST), resumed.stderr

@@ -365,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "case",
         type=json.loads,
-        help="JSON: place, run_id, point, signal, lease_seconds, marker",
+        help="JSON: place, run_id, point, signal, lease_seconds, marker; chunk_rows, ledger",
     )
     args = parser.parse_args(argv)
     case = args.case
@@ -382,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         path=place.path,
         run_id=case["run_id"],
         chunk_rows=case.get("chunk_rows", CHUNK_ROWS),
+        ledger=case.get("ledger", True),
     )
     real_store = open_store(args.store)
     try:
