@@ -441,13 +441,6 @@ def _stopped_then_resumed(case: Case, point: str, *, heal: bool, idle: float = 0
     return resume(a)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PRODUCT BUG: a worker stopped inside its load's transaction past its lease commits "
-    "its batch when resumed, then its promotion is refused under the lost lease with "
-    "LeaseLost.lost, whose message says 'this attempt applied nothing to the target' and "
-    "whose applied is False, although the target's ledger holds the batch",
-)
 def test_a_worker_that_committed_after_losing_its_lease_does_not_claim_it_applied_nothing(
     tmp_path: Path, place_of: Any, request: pytest.FixtureRequest
 ) -> None:
@@ -461,13 +454,6 @@ def test_a_worker_that_committed_after_losing_its_lease_does_not_claim_it_applie
     assert "applied nothing" not in (resumed.line("error: ") or "")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PRODUCT BUG: a staged worker stopped after arming, whose batch another worker "
-    "healed and whose staging table that worker replaced and consumed, is resumed into "
-    "finalize_staged_load and stops with native_transfer_config_invalid (exit 2: 'the route "
-    "file is invalid') instead of the lost lease (exit 1)",
-)
 @pytest.mark.parametrize("target", TARGET_KINDS)
 def test_a_stale_finalize_of_a_consumed_stage_is_reported_as_a_lost_lease(
     target: str, tmp_path: Path, place_of: Any, request: pytest.FixtureRequest
@@ -480,24 +466,15 @@ def test_a_stale_finalize_of_a_consumed_stage_is_reported_as_a_lost_lease(
     assert resumed.pair == (FAILED, LEASE_LOST), resumed.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PRODUCT BUG: a worker stopped after arming for longer than twice the next run's "
-    "lease has its work folder removed by that run (runtime._work_folder takes it for a dead "
-    "worker's); resumed, its target call fails reading its load file with a bare "
-    "FileNotFoundError (exit 1, 'transfer failed with FileNotFoundError'), not with the lost "
-    "lease or the target's fence; the rows are right",
-)
-def test_a_resumed_worker_whose_work_folder_was_removed_reports_its_lost_lease(
+def test_a_paused_workers_folder_is_kept_and_resumed_it_reports_its_lost_lease(
     tmp_path: Path, place_of: Any, request: pytest.FixtureRequest
 ) -> None:
     place = place_of("sqlite", "legacy")
     place.build_source(rows=ROWS, partitions=PARTITIONS)
     stores = stores_of("sqlite", tmp_path, request)
     case = Case(place=place, stores=stores, tmp=tmp_path, route_lease_seconds=LEASE_SECONDS)
-    # B's run takes A's folder, unchanged for more than 2 x 1 s, for a dead worker's
+    # B's run leaves A's folder, unchanged for more than 2 x 1 s: A's process still runs
     resumed = _stopped_then_resumed(case, "after-armed-batch", heal=True, idle=2.5)
-    assert not list((tmp_path / "work").glob("dpone-transfer-*"))  # A's folder is gone
     assert_rows_exactly_once(place.source_ids(), place.target_ids())
     assert case.blocked() == 0
     assert resumed.pair == (FAILED, LEASE_LOST), resumed.stderr

@@ -26,6 +26,7 @@ __all__ = [
     "GovernanceGateFailed",
     "ArtifactInvalid",
     "InternalInvariantBroken",
+    "LeaseFenced",
     "LeaseLost",
     "ManualReconciliationRequired",
     "NativeTransferError",
@@ -218,27 +219,36 @@ class RouteBusy(NativeTransferError):
 
 class LeaseLost(RouteBusy):
     """The attempt no longer holds its target table's lease (it was paused past it, or the
-    store was unreachable), so another attempt may hold it: it stopped where it noticed,
-    having armed nothing, or was refused by the target's fence inside its own transaction
-    (nothing applied). The route is not blocked by it; a retry may succeed (exit 1)."""
+    store was unreachable), so another attempt may hold it: the store refused its write, or
+    it noticed before its target call, and it stopped. It does not say whether a target call
+    it made had committed (``applied`` None): if so, its batch stays armed and the next run
+    proves it from the target's ledger. A retry may succeed (exit 1)."""
 
     code = "native_transfer_lease_lost"
-    applied: ClassVar[bool | None] = False
 
     @classmethod
     def lost(cls, route: RouteKey) -> LeaseLost:
         return cls(
             f"the lease on target table {route.target_table!r} was lost (the worker was "
             "paused past it or the store was unreachable) and another attempt may hold it; "
-            "this attempt applied nothing to the target and stopped; a retry may succeed",
+            "this attempt stopped without writing to the checkpoint store (a target call it "
+            "had committed stays armed, and the next run proves it from the target's "
+            "ledger); a retry may succeed",
             diagnostics={"route": route.as_dict(), "lease": "lost"},
         )
 
+
+class LeaseFenced(LeaseLost):
+    """The target's fence refused the batch inside its own transaction: a newer holder of the
+    lease reached the target first. The sink rolled back: nothing was applied (exit 1)."""
+
+    applied: ClassVar[bool | None] = False
+
     @classmethod
-    def fenced(cls, target_table: str, batch_id: str) -> LeaseLost:
+    def fenced(cls, target_table: str, batch_id: str) -> LeaseFenced:
         return cls(
             f"target table {target_table!r} refused this batch: a newer holder of its lease "
-            "reached the target first (this worker was paused past its lease); the load was "
+            "reached the target first (this worker was paused past it); the load was "
             "rolled back and applied nothing; a retry may succeed",
             diagnostics={"target_table": target_table, "batch_id": batch_id, "lease": "fenced"},
         )

@@ -36,7 +36,7 @@ from .checkpoints import (
     _is_json_safe,
     batch_id_for,
 )
-from .errors import LeaseLost, StoreTargetMismatch, TargetRowsMismatch
+from .errors import LeaseFenced, StoreTargetMismatch, TargetRowsMismatch
 from .latest import LatestCheckpoints
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ __all__ = [
     "check_ledger_columns",
     "check_store_against_target",
     "fence_batch",
+    "fence_first",
     "read_fence",
     "excused_batches",
     "ledger_query",
@@ -406,8 +407,19 @@ def fence_batch(
         query(make, ())
     found = query(select, (entry.target_table,))
     if found and found[0][0] > entry.epoch:
-        raise LeaseLost.fenced(entry.target_table, entry.batch_id)
+        raise LeaseFenced.fenced(entry.target_table, entry.batch_id)
     query(upsert, (entry.target_table, entry.epoch))
+
+
+def fence_first(query: Query, entry: LedgerEntry | None, *, table: str, marker: str) -> None:
+    """At the start of the load's transaction, where the fence table exists: refuse at once a
+    batch a newer holder's epoch already passed (``LeaseFenced``), before the load fails on
+    what that holder changed (a stage it consumed). ``fence_batch`` still decides, at its end.
+    """
+    if entry is None or entry.epoch is None:
+        return
+    if read_fence(query, entry.target_table, table=table, marker=marker) > entry.epoch:
+        raise LeaseFenced.fenced(entry.target_table, entry.batch_id)
 
 
 def read_fence(query: Query, target_table: str, *, table: str, marker: str) -> int:

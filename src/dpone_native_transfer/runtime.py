@@ -68,6 +68,7 @@ from .lease import (
     HeldStore,
     Lease,
     LeaseStore,
+    ProcessMark,
     check_lease_seconds,
     lease_key,
 )
@@ -616,10 +617,12 @@ def _work_folder(
     """The attempt's private folder (mode 0700, fresh, removed after it): spool and artifact
     files. Made in ``spec.artifact_dir`` when given, else in the system's temp folder.
 
-    Its name carries a digest of the target table, so under the table's lease the
-    folders of earlier attempts on it, left by a killed worker, are removed first
-    (only those idle for ``idle_seconds``: a store that is not shared would not
-    exclude an attempt of another store on the same table).
+    Its name carries a digest of the target table and the process that made it, so under
+    the table's lease the folders of earlier attempts on it, left by a killed worker, are
+    removed first: those idle for ``idle_seconds`` (a store that is not shared would not
+    exclude an attempt of another store on the same table), and never one whose process
+    still runs on this machine (a worker paused past its lease reads its files again when
+    it resumes, to be refused by the target's fence, not to fail on a missing file).
     """
     parent = spec.artifact_dir
     if parent is not None:
@@ -632,12 +635,34 @@ def _work_folder(
             ) from None
     table = hashlib.sha256(lease_key(route).encode()).hexdigest()[:12]
     prefix = f"dpone-transfer-{table}-"
+    here = ProcessMark.here()
     if leased:  # no other attempt on this table is running: what is left is a dead one's
         folder = Path(parent if parent is not None else tempfile.gettempdir())
         for leftover in folder.glob(prefix + "*"):
-            if leftover.is_dir() and not leftover.is_symlink() and _idle(leftover, idle_seconds):
+            if not leftover.is_dir() or leftover.is_symlink():
+                continue
+            alive = _maker_alive(leftover.name.removeprefix(prefix), here)
+            if alive is False or (alive is None and _idle(leftover, idle_seconds)):
                 shutil.rmtree(leftover, ignore_errors=True)
-    return tempfile.TemporaryDirectory(prefix=prefix, dir=parent)
+    mine = f"{prefix}{_machine_of(here)}.{here.pid}.{here.started or 0}-"
+    return tempfile.TemporaryDirectory(prefix=mine, dir=parent)
+
+
+def _machine_of(mark: ProcessMark) -> str:
+    return hashlib.sha256(f"{mark.host}\0{mark.machine}".encode()).hexdigest()[:8]
+
+
+def _maker_alive(rest: str, here: ProcessMark) -> bool | None:
+    """Whether the process of this machine that made a folder named
+    ``<machine>.<pid>.<start>-...`` still runs; None when the name does not say: an older
+    release's, or another machine's sharing the folder (idle then means dead)."""
+    made, _, _ = rest.partition("-")
+    machine, _, rest = made.partition(".")
+    pid, _, started = rest.partition(".")
+    if machine != _machine_of(here) or not (here.machine and pid.isdigit() and started.isdigit()):
+        return None
+    mark = attrs.evolve(here, pid=int(pid), started="" if started == "0" else started)
+    return not mark.gone()
 
 
 def _work_folder_failed(route: RouteKey, error: OSError) -> WorkFolderFailed:

@@ -570,6 +570,10 @@ class PendingLedger:
         self._taken = self._entry is not None
         return self._entry
 
+    def peek(self) -> LedgerEntry | None:
+        """The handed row, not yet taken (its fence is checked first thing)."""
+        return self._entry
+
 
 # Every optional capability, for the conformance kit and docs/connectors.md, in that order.
 CAPABILITIES: tuple[type, ...] = (

@@ -59,6 +59,7 @@ from ..ledger import (
     check_applied,
     check_ledger_columns,
     fence_batch,
+    fence_first,
     ledger_query,
     ledger_table_sql,
     read_fence,
@@ -298,6 +299,7 @@ class DuckDBSink(FileTarget):
         if isinstance(payload, RowChunks):
             table, columns = self._target, payload.columns
             with self._connect() as conn, _transaction(conn):
+                _fence_first(conn, self._ledger.peek())
                 _prepare_target(conn, table, columns, replace=payload.replace)
                 if isinstance(payload, LoadFiles):
                     rows = _insert_files(conn, table, columns, payload.files)
@@ -485,6 +487,7 @@ class DuckDBSink(FileTarget):
         with self._connect(scanner=True) as conn:
             try:
                 with watching_writes(source) as written, _transaction(conn):
+                    _fence_first(conn, self._ledger.peek())
                     _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
                     try:
                         rows = sum(
@@ -533,6 +536,7 @@ class DuckDBSink(FileTarget):
         """
         stage, target = self._stage.sql(), self._target.sql()
         with self._connect() as conn, _transaction(conn):
+            _fence_first(conn, self._ledger.peek())
             if not _table_exists(conn, self._stage):
                 raise ConfigInvalid(
                     f"no staged load exists for target table {self.table!r}",
@@ -968,6 +972,11 @@ class _Gathered:
             for batch in table.to_batches():  # one, after combine_chunks
                 self.streams[index].write_batch(batch)
         self.waiting, self.rows = {}, 0
+
+
+def _fence_first(conn: Any, entry: LedgerEntry | None) -> None:
+    if entry is not None and _table_exists(conn, TableName(None, FENCE_TABLE)):
+        fence_first(_query(conn), entry, **_FENCE_AT)
 
 
 def _query(conn: Any) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:

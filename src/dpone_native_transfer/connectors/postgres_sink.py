@@ -49,6 +49,7 @@ from ..ledger import (
     check_applied,
     check_ledger_columns,
     fence_batch,
+    fence_first,
     ledger_query,
     ledger_table_sql,
     read_fence,
@@ -290,6 +291,7 @@ class PostgresSink:
         """Write the payload in one transaction and return the rows written."""
         if isinstance(payload, RowChunks):  # LoadFiles too: their chunks are the spool's rows
             with self._transaction() as conn:
+                self._fence_first(conn)
                 _prepare_target(conn, self._target, payload.columns, replace=payload.replace)
                 counted = _applied_counter(conn, self._target, replace=payload.replace)
                 rows = counted(_copy_rows(conn, self._target, payload.columns, payload.chunks))
@@ -350,6 +352,7 @@ class PostgresSink:
         insert = f"INSERT INTO {self._target.sql(_name)} ({names}) SELECT {values} FROM"
         statements = [source.select_sql(bounds, columns=plan.columns) for bounds in plan.bounds]
         with self._transaction() as conn:
+            self._fence_first(conn)
             _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
             counted = _applied_counter(conn, self._target, replace=plan.replace)
             rows = 0
@@ -363,6 +366,9 @@ class PostgresSink:
         """Fill a fresh staging table beside the target; the target is not touched."""
 
         def fill(conn: Any) -> int:
+            # a stage another attempt holds (one paused past its lease) is waited for a while,
+            # not for ever: TargetUnavailable, retryable
+            _run(conn, f"SET LOCAL lock_timeout = '{_STAGE_WAIT}'")
             _run(conn, f"DROP TABLE IF EXISTS {self._stage.sql(_name)}")
             _create_table(conn, self._stage, payload.columns)
             return _copy_rows(conn, self._stage, payload.columns, payload.chunks)
@@ -383,6 +389,7 @@ class PostgresSink:
         """
         stage, target = self._stage.sql(_name), self._target.sql(_name)
         with self._transaction() as conn:
+            self._fence_first(conn)
             staged = [name for name, _ in _columns(conn, self._stage)]
             if not staged:
                 raise ConfigInvalid(
@@ -458,6 +465,13 @@ class PostgresSink:
             return _run_query(conn, sql, self.identity().table)
 
         return self._outside_call(read)
+
+    def _fence_first(self, conn: Any) -> None:
+        """In the load's transaction, before its work: a batch already fenced out stops."""
+        fence = TableName(self._target.schema, FENCE_TABLE)
+        entry = self._ledger.peek()
+        if entry is not None and _columns(conn, fence):
+            fence_first(_query(conn), entry, **_fence_at(fence))
 
     def fence_epoch(self) -> int:
         """``Fencing``: the target table's fence in ``_dpone_fence`` of its schema; 0 without."""
@@ -616,6 +630,7 @@ def _pulled_value(alias: str, column: Column) -> str:
 
 
 _FENCE_WAIT = "5s"
+_STAGE_WAIT = "30s"
 
 
 def _fence_at(fence: TableName) -> dict[str, str]:

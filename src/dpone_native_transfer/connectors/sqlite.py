@@ -42,6 +42,7 @@ from ..ledger import (
     check_applied,
     check_ledger_columns,
     fence_batch,
+    fence_first,
     ledger_query,
     ledger_table_sql,
     read_fence,
@@ -1035,6 +1036,7 @@ class SQLiteSink(FileTarget):
             return self._load_plan(payload)
         if isinstance(payload, RowChunks):
             with self._connect() as conn, _transaction(conn):
+                _fence_first(conn, self._ledger.peek())
                 _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
                 rows = _insert(conn, self.table, payload)
                 return _record(conn, self._ledger.take(), rows)
@@ -1190,6 +1192,7 @@ class SQLiteSink(FileTarget):
             conn.execute("ATTACH DATABASE ? AS src", (_uri(source.path, read_only=True),))
             try:
                 with _transaction(conn):
+                    _fence_first(conn, self._ledger.peek())
                     _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
                     whole = source.table_sql(
                         payload.bounds, conn=conn, schema="src", columns=payload.columns
@@ -1224,6 +1227,7 @@ class SQLiteSink(FileTarget):
         Otherwise the rows are copied (appended, or after emptying the target).
         """
         with self._connect() as conn, _transaction(conn):
+            _fence_first(conn, self._ledger.peek())
             columns = _table_columns(conn, self._stage)
             if not columns:
                 raise ConfigInvalid(
@@ -1449,6 +1453,11 @@ _REWRITING = (
 )
 _FENCE_AT: dict[str, Any] = {"table": _quote(FENCE_TABLE), "marker": "?"}
 _FENCE: dict[str, Any] = {**_FENCE_AT, "text": "TEXT NOT NULL", "integer": "INTEGER NOT NULL"}
+
+
+def _fence_first(conn: sqlite3.Connection, entry: LedgerEntry | None) -> None:
+    if entry is not None and _table_columns(conn, FENCE_TABLE):
+        fence_first(_query(conn), entry, **_FENCE_AT)
 
 
 def _query(conn: sqlite3.Connection) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
