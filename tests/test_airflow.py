@@ -467,8 +467,10 @@ def test_airflow_retries_after_a_partial_commit_stop_before_the_sink_until_resol
     assert len(blocked) == 2
     # the commands to run name the store the route used (its file), with --yes: no terminal
     shown = [line for line in lines if line.startswith("dpone: inspect it with: ")]
-    assert len(shown) == 2 and all(line.endswith("/checkpoints.db --route orders orders_copy "
-                                                 "incremental_append") for line in shown), shown
+    assert len(shown) == 2 and all(
+        line.endswith("/checkpoints.db --route orders orders_copy incremental_append")
+        for line in shown
+    ), shown
     assert any(line.startswith("dpone: transfer failed with InjectedFault") for line in lines)
     commands = [line for line in lines if "dpone-transfer " in line]
     assert not [line for line in lines if "CANARY" in line]

@@ -355,13 +355,21 @@ def _blocked_route(tmp_path: Path, partitions: int) -> Path:
     return route_file
 
 
-def test_a_route_blocked_on_90_partitions_prints_a_short_diagnostics_line(tmp_path: Path) -> None:
-    done = run(_blocked_route(tmp_path, 90), code=3)
-    line = next(x for x in done.stderr.splitlines() if x.startswith("diagnostics: "))
-    diagnostics = json.loads(line.removeprefix("diagnostics: "))
-    assert len(line) < 3000, len(line)
-    assert len(diagnostics["partitions"]) == 5 and diagnostics["partitions_total"] == 90
-    assert "guard scan` shows every blocked partition" in done.stderr
+def test_a_route_blocked_on_90_partitions_prints_a_line_per_batch_and_json_all(
+    tmp_path: Path,
+) -> None:
+    """One 20 KB line of every partition buried the line a person needs (in an Airflow log)."""
+    route_file = _blocked_route(tmp_path, 90)
+    done = run(route_file, code=3)
+    lines = done.stderr.splitlines()
+    assert len(done.stderr) < 3000 and not any(x.startswith("diagnostics:") for x in lines)
+    batches = [x for x in lines if x.startswith("  batch ")]
+    assert len(batches) == 1 and "90 partitions" in batches[0], lines
+    machine = subprocess.run(
+        [SCRIPT, "run", str(route_file), "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert machine.returncode == 3
+    assert len(json.loads(machine.stdout)["diagnostics"]["partitions"]) == 90
 
 
 def test_a_closed_output_pipe_changes_neither_the_outcome_nor_the_exit_status(
@@ -449,9 +457,9 @@ def test_the_folder_a_killed_attempt_left_is_removed_by_the_next_run_on_its_tabl
     sink = RecordingSink(config.sink, observe=lambda: observed.append(os.listdir(work)))
     with SQLiteCheckpointStore(config.store_path) as store:
         TransferRuntime(store, lease_seconds=1).run(config.spec("learn", sink=sink))
-    (name,) = observed[0]  # the attempt's own folder, named for its target table
-    prefix = name.rsplit("-", 1)[0]
-    dead = work / f"{prefix}-killed"
+    (name,) = observed[0]  # the attempt's own folder, named for its target table and process
+    prefix = "-".join(name.split("-")[:3])  # dpone-transfer-<table>
+    dead = work / f"{prefix}-killed"  # a name that says nothing of its process: idle rule
     dead.mkdir()
     (dead / "legacy.spool").write_bytes(b"x" * 1000)
     old = time.time() - 60
@@ -462,9 +470,20 @@ def test_the_folder_a_killed_attempt_left_is_removed_by_the_next_run_on_its_tabl
     other = work / "dpone-transfer-0123456789ab-other-table"
     other.mkdir()
     os.utime(other, (old, old))
+    machine = name.split("-")[3].split(".")[0]  # this machine's part of the name
+    gone = work / f"{prefix}-{machine}.999999999.1-recent"  # a dead process here: at once
+    gone.mkdir()
+    alive = work / f"{prefix}-{machine}.{os.getpid()}.{_started()}-paused"  # a live one: kept
+    alive.mkdir()
+    os.utime(alive, (old, old))
     build_sample_source(tmp_path / "source.db", rows=10, partitions=2, start_id=100)
     run(route_file)
-    assert sorted(os.listdir(work)) == sorted([fresh.name, other.name])
+    assert sorted(os.listdir(work)) == sorted([fresh.name, other.name, alive.name])
+
+
+def _started() -> str:
+    with open("/proc/self/stat", encoding="ascii") as stat:
+        return stat.read().rpartition(")")[2].split()[19]
 
 
 @pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact", "lazy-plan"])

@@ -190,7 +190,7 @@ def _blocked_lines(diagnostics: dict[str, Any]) -> list[str]:
         items.setdefault(batch, []).append(str(part.get("phase")))
     for batch in diagnostics.get("batch_ids", []) if not items else ():
         items[f"batch {batch}"] = []
-    lines = []
+    lines = [f"  mismatch: {diagnostics['mismatch']}"] if diagnostics.get("mismatch") else []
     for name, phases in list(items.items())[:SHOWN_ITEMS]:
         counted = ", ".join(f"{phases.count(p)} {p}" for p in sorted(set(phases)))
         lines.append(
