@@ -34,7 +34,7 @@ from typing import Any
 from . import __version__
 from .application import new_run_id, transfer
 from .config import load_route_config
-from .errors import NativeTransferError, PluginLoadFailed
+from .errors import NativeTransferError, PluginLoadFailed, driver_error
 from .reporting import (
     EXIT_BLOCKED,
     EXIT_CONFIG,
@@ -288,6 +288,14 @@ def _run_id(value: str) -> str:
 def _report_failure(error: Exception, *, show_traceback: bool) -> int:
     if show_traceback:
         traceback.print_exception(error, file=sys.stderr)
+        cause = driver_error(error)  # kept off the error's chain: only --traceback shows it
+        if cause is not None:
+            print(
+                "\nthe driver's own error it was made from (its text may hold the host, the "
+                "user, the database or SQL):",
+                file=sys.stderr,
+            )
+            traceback.print_exception(cause, file=sys.stderr)
     if isinstance(error, NativeTransferError):
         short, cut = shortened(error.diagnostics)
         print(f"error: {error}", file=sys.stderr)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .checkpoints import Strategy
 from .errors import (
+    AccessRefused,
     ConfigInvalid,
     ManualReconciliationRequired,
     SourceMissing,
@@ -84,7 +85,9 @@ def shortened(diagnostics: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 
 
 def exit_code_for(error: BaseException) -> int:
-    if isinstance(error, ConfigInvalid | SourceMissing | ValueUnsupported | TargetRowsMismatch):
+    if isinstance(
+        error, ConfigInvalid | SourceMissing | ValueUnsupported | TargetRowsMismatch | AccessRefused
+    ):
         return EXIT_CONFIG
     if isinstance(error, BLOCKING_ERRORS):
         return EXIT_BLOCKED

@@ -12,15 +12,17 @@ import contextlib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
+from ..drivers import file_failure
 from ..errors import (
     ConfigInvalid,
     InternalInvariantBroken,
     PathContractBroken,
     SourceMissing,
+    TargetAccessRefused,
     TargetUnavailable,
 )
 from ..identity import fold_ascii
@@ -282,8 +284,22 @@ def payload_refused(table: str) -> PathContractBroken:
     )
 
 
-def unavailable(table: str, *, to: str = "be opened for writing") -> TargetUnavailable:
-    """The error of a target that cannot be opened now, found before the target call."""
+def unavailable(
+    table: str, *, to: str = "be opened for writing", path: str | None = None
+) -> TargetUnavailable:
+    """The error of a target that cannot be opened now, found before the target call; a file
+    target's ``path`` this process may not read and write is ``TargetAccessRefused`` (exit 2),
+    as a server's refused privilege is (``drivers.file_failure``)."""
+    failure = None if path is None else file_failure(path, writing=True)
+    if failure is not None:
+        error = failure.error(
+            f"the target database of table {table!r} cannot {to}",
+            retry=TargetUnavailable,
+            refused=TargetAccessRefused,
+            diagnostics={"table": table},
+            fix="give this process read and write access to the target file and its folder",
+        )
+        return cast(TargetUnavailable, error)  # refused is a TargetUnavailable
     return TargetUnavailable(
         f"the target database of table {table!r} cannot {to} now (locked by another process, "
         "unreachable, read-only, damaged or not a database); nothing was written",

@@ -26,8 +26,10 @@ import attrs
 from ..artifacts import check_digest, create_private, file_sha256, read_chunks
 from ..checkpoints import sha256_digest
 from ..column_types import Carry, finite_double, sqlite_kind
+from ..drivers import file_failure
 from ..errors import (
     ConfigInvalid,
+    SourceAccessRefused,
     SourceInvalid,
     SourceMissing,
     TargetRowsMismatch,
@@ -282,22 +284,31 @@ class SQLiteSource(TableSource):
 
     @contextlib.contextmanager
     def _source_errors(self) -> Iterator[None]:
-        """sqlite errors as ``SourceInvalid`` (or ``ValueUnsupported``), without their text."""
+        """sqlite errors as ``SourceInvalid`` (or ``ValueUnsupported``), without their text; a
+        file this process may not read is ``SourceAccessRefused`` (exit 2), the class of a
+        server's refused privilege."""
         try:
             yield
-        except sqlite3.OperationalError as exc:
-            if str(exc).startswith("Could not decode to UTF-8"):  # the text holds the value
+        except sqlite3.Error as exc:
+            if isinstance(exc, sqlite3.OperationalError) and str(exc).startswith(
+                "Could not decode to UTF-8"  # the text holds the value
+            ):
                 raise ValueUnsupported(
                     f"source table {self.table!r} holds a text value that is not valid UTF-8; "
                     "nothing was written",
                     diagnostics={"table": self.table},
                 ) from None
-            raise _source_invalid(
-                f"source table {self.table!r} could not be read", table=self.table
-            ) from None
-        except sqlite3.Error:
-            raise _source_invalid(
-                f"source table {self.table!r} could not be read", table=self.table
+            failure = file_failure(self.path, writing=False)
+            if failure is None:
+                raise _source_invalid(
+                    f"source table {self.table!r} could not be read", table=self.table
+                ) from None
+            raise failure.error(
+                f"the source database of table {self.table!r} cannot be read",
+                retry=SourceInvalid,
+                refused=SourceAccessRefused,
+                diagnostics={"table": self.table},
+                fix="give this process read access to the source file",
             ) from None
 
     def _open(self) -> sqlite3.Connection:
@@ -985,7 +996,7 @@ class SQLiteSink(FileTarget):
                 (rewriting,) = conn.execute(_REWRITING, (self.table, self.table)).fetchone()
                 conn.execute("ROLLBACK")
         except sqlite3.Error:
-            raise unavailable(self.table) from None
+            raise unavailable(self.table, path=self.path) from None
         if rewriting:
             raise TargetRowsMismatch.rewriting(self.table, rewriting)
 
@@ -1116,7 +1127,7 @@ class SQLiteSink(FileTarget):
                     ledger_query("?", partitions=partitions), (self.identity().table,)
                 ).fetchall()
         except sqlite3.Error:
-            raise unavailable(self.table, to="have its ledger read") from None
+            raise unavailable(self.table, to="have its ledger read", path=self.path) from None
         return [LedgerEntry.from_row(*row) for row in rows]
 
     def fence_epoch(self) -> int:
@@ -1131,7 +1142,7 @@ class SQLiteSink(FileTarget):
                     return 0
                 return read_fence(_query(conn), self.identity().table, **_FENCE_AT)
         except sqlite3.Error:
-            raise unavailable(self.table, to="have its fence read") from None
+            raise unavailable(self.table, to="have its fence read", path=self.path) from None
 
     def advance_fence(self, epoch: int) -> int:
         """``Fencing``: raise the fence to ``epoch`` in a transaction of its own."""
@@ -1139,7 +1150,7 @@ class SQLiteSink(FileTarget):
             with self._connect() as conn, _transaction(conn):
                 return advance_fence(_query(conn), self.identity().table, epoch, **_FENCE)
         except sqlite3.Error:
-            raise unavailable(self.table, to="have its fence raised") from None
+            raise unavailable(self.table, to="have its fence raised", path=self.path) from None
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan this sink cannot pull, before anything touches the target: SQLite
