@@ -78,7 +78,7 @@ class Server:
             f'CREATE SCHEMA "{self.schema}"',
             f'CREATE TABLE "{self.schema}".orders (id int PRIMARY KEY, region text,'
             " amount int, updated_at int)",
-            f'INSERT INTO "{self.schema}".orders SELECT i, \'r\' || (i % 3), i, i'
+            f"INSERT INTO \"{self.schema}\".orders SELECT i, 'r' || (i % 3), i, i"
             " FROM generate_series(1, 30) AS i",
             # a login whose every connection is one too many
             f"CREATE ROLE {self.full} LOGIN PASSWORD 'full-pw' CONNECTION LIMIT 0",
@@ -208,12 +208,11 @@ class Route:
         self.folder, self.server, self.component = folder, server, component
         self.variable = f"DPONE_TEST_{component.upper()}"
         sections: dict[str, dict[str, Any]] = {}
+        on_server = {"kind": "postgres", "dsn": f"env:{self.variable}", "path": None}
         if component == "source":
-            sections["source"] = {"kind": "postgres", "dsn": f"env:{self.variable}",
-                                  "path": None, "table": f"{server.schema}.orders"}  # fmt: skip
+            sections["source"] = {**on_server, "table": f"{server.schema}.orders"}
         elif component == "target":
-            sections["target"] = {"kind": "postgres", "dsn": f"env:{self.variable}",
-                                  "path": None, "table": f"{server.schema}.orders_copy"}  # fmt: skip
+            sections["target"] = {**on_server, "table": f"{server.schema}.orders_copy"}
         store = f"env:{self.variable}" if component == "store" else "checkpoints.db"
         self.file = write_route(folder, rows=30, path="legacy", store=store, sections=sections)
 
@@ -265,7 +264,7 @@ def test_each_failure_class_exits_by_its_class_writes_nothing_and_shows_no_secre
     diagnostics = _diagnostics(done.stderr)
     assert {key: diagnostics.get(key) for key in expected} == expected
     assert set(diagnostics) - {"table", "action", "error_type"} == set(expected)
-    advice = "a retry may succeed" if code == EXIT_FAILED else "a retry cannot succeed"
+    advice = "a retry may succeed" if code == EXIT_FAILED else "a retry alone cannot succeed"
     assert advice in done.stderr
     for where, text in (("stdout", done.stdout), ("stderr", done.stderr)):
         _assert_no_canary(where, text, *CANARIES, location, "127.0.0.1", "FATAL")
