@@ -13,15 +13,18 @@ password. Classified by the server's SQLSTATE and the driver's class (``drivers.
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import os
 import pickle
 import secrets
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import urllib.parse
@@ -32,13 +35,14 @@ from typing import Any
 import psycopg
 import pytest
 from helpers import postgres_server
-from helpers.cli import run_cli
+from helpers.cli import SCRIPT, run_cli
 from helpers.postgres_server import free_port
-from helpers.routes import write_route
+from helpers.routes import make_sink, write_route
 
 from dpone_native_transfer import (
     AccessRefused,
     CheckpointStoreAccessRefused,
+    ClickHouseSink,
     NativeTransferError,
     PostgresCheckpointStore,
     PostgresSink,
@@ -48,6 +52,7 @@ from dpone_native_transfer import (
 )
 from dpone_native_transfer.errors import driver_error
 from dpone_native_transfer.reporting import EXIT_CONFIG, EXIT_FAILED, exit_code_for
+from dpone_native_transfer.testing import build_sample_source
 
 PASSWORD_CANARY = f"CANARY-PW-{secrets.token_hex(4)}"
 USER_CANARY = f"canary_user_{secrets.token_hex(4)}"
@@ -383,3 +388,103 @@ def test_psycopg_without_its_compiled_module_classifies_the_same(server, tmp_pat
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "'failure': 'database_missing', 'sqlstate': '3D000'" in done.stdout
+
+
+# --- files: no login, but a file this process may not open is the same class -----------------
+
+
+def _denied_to_this_process() -> list[str]:
+    """A command prefix under which ``chmod 000`` denies this process: root reads any file,
+    so under root the command runs without the capabilities that override file modes."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "running as root, these tests need setpriv (util-linux) to drop its rights"
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search", "--"]
+
+
+FILES = {
+    ("sqlite", "source"): "source.db",
+    ("sqlite", "target"): "target.db",
+    ("sqlite", "store"): "checkpoints.db",
+    ("clickhouse", "target"): "chdata",
+}
+
+
+@pytest.mark.parametrize(("kind", "component"), sorted(FILES))
+def test_a_file_this_process_may_not_open_is_permission_denied(tmp_path, kind, component):
+    route_file = write_route(
+        tmp_path, rows=30, path="legacy", kind=None if kind == "sqlite" else kind
+    )
+
+    def run(*prefix: str) -> subprocess.CompletedProcess[str]:
+        command = [*prefix, SCRIPT, "run", str(route_file)]
+        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    first = run()
+    assert first.returncode == 0, first.stderr
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=4, start_id=31)
+    denied = tmp_path / FILES[kind, component]
+    os.chmod(denied, 0)
+    try:
+        done = run(*_denied_to_this_process())
+    finally:
+        os.chmod(denied, 0o755 if denied.is_dir() else 0o644)
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert f"error: {CODES[component]}: " in done.stderr
+    assert "permission denied" in done.stderr and str(tmp_path) not in done.stderr
+    assert _diagnostics(done.stderr)["failure"] == "permission_denied"
+    sink = make_sink(kind, tmp_path / FILES[kind, "target"])
+    assert sink.row_count() == 30  # the 10 new rows were not loaded
+
+
+def test_a_clickhouse_server_that_refuses_the_login_exits_2():
+    """UNVERIFIED against a real ClickHouse server (none runs here): a loopback HTTP server
+    answers as ClickHouse does (status and ``X-ClickHouse-Exception-Code`` 516, or 81), and
+    the real clickhouse-connect driver reads that code; a closed port is unreachable."""
+    for code, failure in ((516, "login_refused"), (81, "database_missing")):
+        with _clickhouse_answering(code) as port:
+            sink = ClickHouseSink(f"http://bob:{PASSWORD_CANARY}@127.0.0.1:{port}/db", "t")
+            for call in (sink.check_target, sink.read_ledger):
+                with pytest.raises(TargetAccessRefused) as caught:
+                    call()
+                assert caught.value.diagnostics == {
+                    "table": "t",
+                    "failure": failure,
+                    "clickhouse_code": code,
+                }
+                assert exit_code_for(caught.value) == EXIT_CONFIG
+                text = f"{caught.value} {''.join(traceback.format_exception(caught.value))}"
+                _assert_no_canary("the error", text, PASSWORD_CANARY, "bob", "DB::Exception")
+    sink = ClickHouseSink(f"http://bob:{PASSWORD_CANARY}@127.0.0.1:{free_port()}/db", "t")
+    with pytest.raises(NativeTransferError) as caught:
+        sink.check_target()
+    assert not isinstance(caught.value, AccessRefused)
+    assert caught.value.diagnostics == {"table": "t", "failure": "unreachable"}
+
+
+@contextlib.contextmanager
+def _clickhouse_answering(code: int) -> Iterator[int]:
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = f"Code: {code}. DB::Exception: bob: refused. (version 24.8.1.1)\n".encode()
+            self.send_response(code if code >= 500 else 500)
+            self.send_header("X-ClickHouse-Exception-Code", str(code))
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = answer
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()

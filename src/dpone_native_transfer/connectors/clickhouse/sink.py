@@ -230,13 +230,13 @@ class ClickHouseSink:
             return
         raise self._failed(failure)
 
-    def _failed(self, failure: ServerFailure | None, *, to: str = "be reached") -> Exception:
+    def _failed(self, failure: ServerFailure | None, *, to: str | None = None) -> Exception:
         """``TargetUnavailable`` (exit 1), or ``TargetAccessRefused`` (exit 2) when the
         server refused the login, has no such database, or the login lacks a privilege."""
         if failure is None:
-            return unavailable(self.table, to=to)
+            return unavailable(self.table) if to is None else unavailable(self.table, to=to)
         return failure.error(
-            f"the target database of table {self.table!r} cannot {to}",
+            f"the target database of table {self.table!r} cannot {to or 'be used'}",
             retry=TargetUnavailable,
             refused=TargetAccessRefused,
             diagnostics={"table": self.table},
