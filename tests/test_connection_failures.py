@@ -177,6 +177,11 @@ FAILURES: dict[str, tuple[Callable[[Server, int], dict[str, Any]], int, dict[str
         EXIT_CONFIG,
         {"failure": "login_refused", "sqlstate": "28P01"},
     ),
+    "no password": (  # libpq's own refusal: the server asked for one (no SQLSTATE)
+        lambda s, _: {"password": ""},
+        EXIT_CONFIG,
+        {"failure": "login_refused"},
+    ),
     "missing database": (
         lambda s, _: {"dbname": DATABASE_CANARY},
         EXIT_CONFIG,
