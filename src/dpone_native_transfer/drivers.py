@@ -15,6 +15,7 @@ help), or the server is down, busy or restarting (exit 1: a retry may succeed).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -338,17 +339,29 @@ def file_failure(path: str, *, writing: bool) -> ServerFailure | None:
     refused privilege (exit 2). ``writing``: the folder must let this process make files
     too (a journal, a WAL). None when it may be opened, or is missing."""
     folder = os.path.dirname(os.path.abspath(path))
-    if writing and os.path.isdir(folder) and not os.access(folder, os.W_OK | os.X_OK):
+    if writing and os.path.isdir(folder) and not _may(folder, os.W_OK | os.X_OK):
         return ServerFailure("permission_denied")
     if os.path.isdir(path):
         mode = os.R_OK | os.X_OK | (os.W_OK if writing else 0)
-        return None if os.access(path, mode) else ServerFailure("permission_denied")
+        return None if _may(path, mode) else ServerFailure("permission_denied")
     try:
         os.close(os.open(path, os.O_RDWR if writing else os.O_RDONLY))
     except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EPERM):
             return ServerFailure("permission_denied", cause=exc)
     return None
+
+
+def _may(folder: str, mode: int) -> bool:
+    """Whether this process may use ``folder`` so; a read-only mount (EROFS: the disk, not a
+    permission, and it may be remounted) counts as allowed here."""
+    if os.access(folder, mode):
+        return True
+    read_only = getattr(os, "ST_RDONLY", 0)
+    with contextlib.suppress(OSError, AttributeError):
+        if os.statvfs(folder).f_flag & read_only and os.access(folder, mode & ~os.W_OK):
+            return True
+    return False
 
 
 def resolve_env(location: str, *, argument: str) -> str:
