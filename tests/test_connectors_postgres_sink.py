@@ -399,6 +399,8 @@ def test_identity_names_host_port_database_and_the_table_case_sensitively(locati
     ("table", "says"),
     [
         ("pg_catalog.t", "keeps for itself"),
+        ("pg_raw.t", "PostgreSQL reserves for its own schemas"),  # CREATE SCHEMA refuses it
+        ("pg_temp_3.t", "PostgreSQL reserves for its own schemas"),
         ("_dpone_stage_t", "reserved"),
         ("a.b.c", "not a table name"),
         ("t" * 60, "longer than PostgreSQL keeps"),

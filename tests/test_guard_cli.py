@@ -335,6 +335,51 @@ def test_show_names_legacy_and_malformed_checkpoints(route):
     assert all("  committed  legacy, no guard  -  " in row for row in rows)
 
 
+# A record as a hand (or a foreign tool) left it in the store: none of these was written by
+# dpone, and each was shown as "#2 ? ? resolved 0 partitions as ?: ?" (or its keys ignored).
+DAMAGED_AUDIT = {
+    "empty": (lambda r: {}, "at, forced_invalid, operator, partitions, reason, resolved_as, route"),
+    "no partitions": (lambda r: {k: v for k, v in r.items() if k != "partitions"}, "partitions"),
+    "partitions not objects": (lambda r: {**r, "partitions": ["SECRET"]}, "partitions"),
+    "overrides not a list": (lambda r: {**r, "ledger_overrides": "SECRET"}, "ledger_overrides"),
+    "reason not text": (lambda r: {**r, "reason": ["SECRET"]}, "reason"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED_AUDIT))
+def test_show_says_an_audit_record_missing_its_keys_is_malformed_and_prints_no_value(route, case):
+    damage, keys = DAMAGED_AUDIT[case]
+    make_checkpoint_incomplete(route)
+    store = store_of(route)
+    assert confirmed(store, "committed", "--batch", scan_batch(route)).returncode == 0
+    with sqlite3.connect(store) as db:  # a second record of the route, damaged
+        [(record,)] = db.execute("SELECT record FROM audit").fetchall()
+        damaged = json.dumps({**damage(json.loads(record)), "note": "SECRET"})
+        db.execute(
+            "INSERT INTO audit (source_table, target_table, strategy, source_location,"
+            " target_location, record) SELECT source_table, target_table, strategy,"
+            " source_location, target_location, ? FROM audit",
+            (damaged,),
+        )
+    db.close()
+    done = show(route)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    audit = lines.index("audit: 2 records, 1 malformed")
+    assert lines[audit + 1].endswith(" alice resolved 3 partitions as committed: checked the "
+                                     "target by hand")  # fmt: skip
+    assert lines[-1] == f"  #2 malformed audit record: {keys} missing or not as dpone writes them"
+    as_json = dpone("guard", "show", "--store", store, *ROUTE_ARGS, "--json")
+    assert json_lines(as_json)[-1] == {"audit": {"audit_id": 2, "malformed": keys.split(", ")}}
+    assert "SECRET" not in done.stdout + done.stderr + as_json.stdout + as_json.stderr
+
+
+def scan_batch(route) -> str:
+    """The one batch the route's blocked partitions belong to."""
+    [batch_id] = {item["batch_id"] for item in json_lines(scan(route, "--json"))}
+    return batch_id
+
+
 # resolve ------------------------------------------------------------------------------
 
 

@@ -238,13 +238,27 @@ class RouteBusy(NativeTransferError):
 
     @classmethod
     def held_by(cls, route: RouteKey, holder: LeaseHolder | None) -> RouteBusy:
-        who = (
-            "another attempt"
-            if holder is None
-            else f"{holder.owner} (run {holder.run_id}, route "
-            f"{holder.route.get('source_table')} -> {holder.route.get('target_table')}) "
-            f"since {holder.acquired_at}, last heartbeat {holder.heartbeat_at}"
-        )
+        """Named by its holder: who, since when, whether it is alive, and when it expires."""
+        if holder is None:
+            who = "another attempt"
+        else:
+            process = holder.process
+            if process is None:
+                alive = "its process is unknown (an older release)"
+            elif process.on_this_machine():
+                alive = (
+                    "its process on this machine is gone"
+                    if process.gone()
+                    else "its process on this machine is alive (running, or paused)"
+                )
+            else:
+                alive = "it runs on another machine"
+            who = (
+                f"{holder.owner} (run {holder.run_id}, route "
+                f"{holder.route.get('source_table')} -> {holder.route.get('target_table')}) "
+                f"since {holder.acquired_at}, last heartbeat {holder.heartbeat_at}; {alive}; "
+                f"its lease expires at {holder.expires_at} unless its heartbeat renews it"
+            )
         return cls(
             f"target table {route.target_table!r} is being written by {who}; "
             "nothing was read or written; retry when that attempt has ended",

@@ -93,6 +93,7 @@ from .planner import (
 )
 from .plugins import Hooks, make_plugin_manager, scans_routes
 from .recovery import Prover, TargetRecovery
+from .rejects import ON_BAD_VALUE
 from .schema_contract import SCHEMA_CONTRACTS, apply_schema_contract
 from .stores import CheckpointStore, RouteStateStore, TargetScopeStore
 
@@ -150,6 +151,14 @@ def _null_policy(_instance: Any, _attribute: attrs.Attribute, value: Any) -> Non
 RECOVERY_MODES = ("manual", "from_target")
 
 
+def _on_bad_value(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
+    if value not in ON_BAD_VALUE:
+        raise ConfigInvalid(
+            f"on_bad_value must be one of: {', '.join(ON_BAD_VALUE)}",
+            diagnostics={"key": "transfer.on_bad_value"},
+        )
+
+
 def _batch_column(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
     if value is not None and (not isinstance(value, str) or not value.strip() or "\x00" in value):
         raise ConfigInvalid(
@@ -192,6 +201,9 @@ class TransferSpec:
     recovery: str = attrs.field(default="manual", validator=_recovery)
     # a column of the target that holds each row's batch id (None: none); row paths only
     batch_column: str | None = attrs.field(default=None, validator=_batch_column)
+    # "quarantine": a row the target cannot hold exactly goes to _dpone_rejects, not a stop
+    on_bad_value: str = attrs.field(default="refuse", validator=_on_bad_value)
+    quarantine_values: bool = False  # the rejects table keeps the refused value (repr) too
 
     def __attrs_post_init__(self) -> None:
         if self.batch_column is not None and self.path == "lazy-plan":
@@ -199,6 +211,12 @@ class TransferSpec:
                 "batch_column needs dpone to read the rows (legacy, staged or file-artifact): "
                 "on lazy-plan the target's engine reads them itself",
                 diagnostics={"key": "target.batch_column"},
+            )
+        if self.on_bad_value == "quarantine" and not self.ledger:
+            raise ConfigInvalid(
+                'on_bad_value = "quarantine" writes the rows it sets aside with the batch '
+                "and counts them in its ledger row: it needs the target's ledger",
+                diagnostics={"key": "transfer.on_bad_value"},
             )
         if self.batch_column is not None and not self.ledger:
             raise ConfigInvalid(
@@ -221,6 +239,7 @@ class TransferResult:
     events: tuple[Event, ...]
     batch_id: str | None = None
     guarded: bool = True  # False only when run unguarded on purpose (``plugins=[]``)
+    rows_quarantined: int = 0  # rows set aside in the target's rejects table
 
 
 class TransferRuntime:
@@ -307,6 +326,7 @@ class TransferRuntime:
         epoch = None
         recovery = None
         if spec.recovery == "from_target":
+            _check_target(spec.sink)
             epoch = self._fenced_epoch(ledger, lease)
             prover = Prover(ledger, epoch=epoch or 0, advance=True, batch_column=spec.batch_column)
             recovery = TargetRecovery(
@@ -323,6 +343,7 @@ class TransferRuntime:
             if self._scan_route(route, latest, recovery):
                 latest = scope = as_latest(self.store.list_latest(route))
         if recovery is None:
+            _check_target(spec.sink)
             epoch = self._fenced_epoch(ledger, lease)
         refreshed = None
         if ledger is not None:
@@ -399,8 +420,6 @@ class TransferRuntime:
                     epoch=epoch,
                     excused=excused_batches(self.store, route, ledger.read_ledger),
                 )
-            if isinstance(spec.sink, TargetChecking):
-                spec.sink.check_target()  # an unreachable target fails here, never blocked
             loaded = _with_batch_column(route, shape, spec.batch_column)
             added = apply_schema_contract(route, spec.sink, loaded.columns, spec.schema_contract)
             if added:
@@ -467,6 +486,7 @@ class TransferRuntime:
             "committed_partition_ids": list(committed),
             "skipped_partition_ids": list(plan.skipped),
             "rows_loaded": rows_loaded,
+            "rows_quarantined": 0 if ctx is None else len(ctx.rejects),
             "completed_at": read_clock(self.clock, route=route, run_id=spec.run_id).isoformat(),
         }
         states.record_evidence(route, spec.run_id, evidence)
@@ -501,6 +521,7 @@ class TransferRuntime:
             events=tuple(recorder.events),
             guarded=not self.unguarded,
             batch_id=batch_id,
+            rows_quarantined=0 if ctx is None else len(ctx.rejects),
         )
 
     def _ledger_sink(self, spec: TransferSpec, route: RouteKey) -> LedgerSink | None:
@@ -558,6 +579,14 @@ class TransferRuntime:
             "...]), or run unguarded on purpose with plugins=[] (CLI: run --unguarded)",
             diagnostics={"route": route.as_dict()},
         )
+
+
+def _check_target(sink: Sink) -> None:
+    """Open the target as the target call will, before anything reads it (its ledger, its
+    fence): an unreachable, locked or read-only target fails here, never inside the armed
+    call, and never as a raw engine error from a read."""
+    if isinstance(sink, TargetChecking):
+        sink.check_target()
 
 
 def _held(sink: Sink) -> contextlib.AbstractContextManager[None]:

@@ -73,6 +73,7 @@ from ..payloads import (
     bound_predicates,
     cursor_window,
 )
+from ..rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from ._arrow import arrow, check_widths, read_ahead, row_batch, row_type, write_stream
 from ._sql import (
     STAGE_PREFIX,
@@ -82,6 +83,7 @@ from ._sql import (
     TableName,
     check_target_folder,
     check_target_table,
+    check_writable,
     difference,
     integer_range_starts,
     parse_table,
@@ -93,7 +95,7 @@ from ._sql import (
     render_predicates,
     unavailable,
 )
-from .contract import SQLiteFile
+from .contract import PlanInexact, SQLiteFile
 from .sqlite import (
     inexact_plan,
     plan_rows,
@@ -269,6 +271,7 @@ class DuckDBSink(FileTarget):
         driver is found here too, not inside the target call."""
         driver = _driver()
         check_target_folder(self.path, self.table)
+        check_writable(self.path, self.table)
         if not os.path.isfile(self.path):
             return
         try:
@@ -455,7 +458,7 @@ class DuckDBSink(FileTarget):
             ).fetchone()[0]
             expected = sum(source.count(item) for item in window)
             if selected != expected:
-                raise ConfigInvalid(
+                raise PlanInexact(
                     f"lazy-plan into DuckDB cannot select the source's partitions of column(s) "
                     f"{', '.join(sorted(textual))} exactly (DuckDB reads them as another type "
                     "than SQLite stores): use legacy, staged or file-artifact",
@@ -556,6 +559,19 @@ class DuckDBSink(FileTarget):
             f"{what} now (locked or damaged); nothing was written",
             diagnostics={"table": self.table},
         )
+
+    def read_rejects(self) -> list[tuple]:
+        """``Quarantining``: this table's rows set aside, oldest first. Reads only."""
+        if not os.path.isfile(self.path):
+            return []
+        conn = self._read_only("rejects")
+        try:
+            if not _table_exists(conn, TableName(None, REJECTS_TABLE)):
+                return []
+            sql = rejects_query(quote(REJECTS_TABLE), "?") + " ORDER BY rowid"
+            return conn.execute(sql, [self.identity().table]).fetchall()
+        finally:
+            conn.close()
 
     def fence_epoch(self) -> int:
         """``Fencing``: the target table's fence in ``_dpone_fence``; 0 without one."""
@@ -978,6 +994,10 @@ def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:
             f"INSERT INTO {table} VALUES (?, ?, ?, ?, ?, ?)",
             [seq, target, batch, rows, entry, partitions],
         )
+        if ledger.rejects:
+            conn.execute(rejects_table_sql(quote(REJECTS_TABLE), text="VARCHAR"))
+            write_rejects(conn.executemany, ledger.rejects, target_table=target, batch_id=batch,
+                          table=quote(REJECTS_TABLE), marker="?")  # fmt: skip
     return rows
 
 

@@ -33,7 +33,6 @@ from typing import Any, TypeVar
 from ..column_types import (
     ENGINE_CARRIERS,
     Carry,
-    as_text,
     decimal_text,
     exact_decimal,
     exact_text,
@@ -64,6 +63,7 @@ from ..ledger import (
     read_fence,
 )
 from ..payloads import Column, LoadPlan, RowChunks
+from ..rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from ._arrow import check_widths
 from ._sql import (
     STAGE_PREFIX,
@@ -74,6 +74,7 @@ from ._sql import (
     parse_table,
     payload_refused,
     quote,
+    refuse_reserved_prefix,
     refuse_reserved_schema,
     unavailable,
 )
@@ -113,7 +114,7 @@ _NARROW = frozenset({"smallint", "integer", "real"})
 _CARRIERS: dict[str, Carry] = {
     **ENGINE_CARRIERS,
     "text": without_nul(exact_text),
-    "any": without_nul(as_text),
+    "any": without_nul(exact_text),
     "interval": without_nul(exact_text),
     "decimal": decimal_text,
     "date": iso_date_or_infinite,
@@ -200,6 +201,7 @@ class PostgresSink:
         parsed = parse_table(table)
         self._target = TableName(parsed.schema or DEFAULT_SCHEMA, parsed.name)
         refuse_reserved_schema(self._target, _RESERVED_SCHEMAS, engine="PostgreSQL")
+        refuse_reserved_prefix(self._target.schema or "", "pg_", engine="PostgreSQL", part="schema")
         parts = (self._target.schema or "", self._stage.name)
         if max(len(part.encode("utf-8")) for part in parts) > _MAX_NAME_BYTES:
             raise ConfigInvalid(
@@ -461,6 +463,18 @@ class PostgresSink:
 
         return [LedgerEntry.from_row(*row) for row in self._outside_call(read)]
 
+    def read_rejects(self) -> list[tuple]:
+        """``Quarantining``: this table's rows set aside, oldest first. Reads only."""
+        rejects = TableName(self._target.schema, REJECTS_TABLE)
+
+        def read(conn: Any) -> list[tuple]:
+            if not _columns(conn, rejects):
+                return []
+            sql = rejects_query(rejects.sql(_name), "%s") + " ORDER BY ctid"
+            return _run_query(conn, sql, self.identity().table)
+
+        return self._outside_call(read)
+
     def fence_epoch(self) -> int:
         """``Fencing``: the target table's fence in ``_dpone_fence`` of its schema; 0 without."""
         fence = TableName(self._target.schema, FENCE_TABLE)
@@ -665,6 +679,13 @@ def _record(conn: Any, ledger: TableName, entry: LedgerEntry | None, rows: int) 
             f" VALUES ((SELECT COALESCE(MAX(seq), 0) + 1 FROM {table}), %s, %s, %s, %s, %s)",
             target, batch, rows, fields, partitions,
         )  # fmt: skip
+        if entry.rejects:
+            rejects = TableName(ledger.schema, REJECTS_TABLE)
+            if not _columns(conn, rejects):
+                _run(conn, rejects_table_sql(rejects.sql(_name), text="text"))
+            with conn.cursor() as cursor:
+                write_rejects(cursor.executemany, entry.rejects, target_table=target,
+                              batch_id=batch, table=rejects.sql(_name), marker="%s")  # fmt: skip
     return rows
 
 

@@ -58,6 +58,7 @@ from ..payloads import (
     SourceShape,
     bound_predicates,
 )
+from ..rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from ._sql import (
     RANGE_EDGES,
     STAGE_PREFIX,
@@ -68,6 +69,7 @@ from ._sql import (
     check_chunk_rows,
     check_target_folder,
     check_target_table,
+    check_writable,
     difference,
     edge_where,
     one_window_ranges,
@@ -77,12 +79,13 @@ from ._sql import (
     range_cuts_sql,
     range_partitions,
     ranges_run_on,
+    refuse_reserved_prefix,
     refuse_schema,
     render_predicates,
     unavailable,
 )
 from ._sql import quote as _quote
-from .contract import DEFAULT_CHUNK_ROWS, OnePassReading, SQLiteFile
+from .contract import DEFAULT_CHUNK_ROWS, OnePassReading, PlanInexact, SQLiteFile
 
 __all__ = ["SQLiteSink", "SQLiteSource"]
 
@@ -730,7 +733,8 @@ class SQLiteSource(TableSource):
 
 
 # Kinds another engine's own SQLite reader (DuckDB's scanner, ClickHouse's sqlite()) reads
-# exactly as the row paths carry them; other kinds need ``ValueCarrying``, so a plan is refused.
+# exactly as the row paths carry them; other kinds need ``ValueCarrying``, so lazy-plan carries
+# their rows (``PlanInexact``) and a pull is declined.
 _PLAN_KINDS = frozenset({"integer", "real", "text", "blob", "boolean", "date", "timestamp"})
 _DATE = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]"
 _ISO_DATE = f"({{c}} GLOB '{_DATE}' AND date({{c}}) IS {{c}})"
@@ -845,15 +849,15 @@ def refuse_inexact_plan(
     table: str,
     reader_refuses: Collection[str] = (),
 ) -> None:
-    """Refuse a lazy plan another engine would not read exactly as the other paths do.
+    """``PlanInexact`` for a lazy plan another engine would not read exactly as the row
+    paths carry it (lazy-plan then carries the rows itself; a pull is declined).
 
-    Refused: a source whose text is UTF-16 (SQLite orders it otherwise than by code
+    Such are: a source whose text is UTF-16 (SQLite orders it otherwise than by code
     point); partition or cursor columns it would filter differently
     (``collated_columns``); columns of a kind outside what its SQLite reader
     carries exactly; and columns holding a value it would misread (a real in
     an integer column, a text boolean, a date with a time, a timestamp with an
-    offset), found by one read of the source. The message points at the paths
-    where SQLite reads the rows.
+    offset), found by one read of the source.
 
     The read skips the columns of a table that SQLite itself keeps free of such
     values (``_held_as_declared``), and, in an ordinary table, the columns named
@@ -866,7 +870,7 @@ def refuse_inexact_plan(
     with source.reader() as conn:
         utf16 = conn.execute("PRAGMA encoding").fetchone()[0] != "UTF-8"
     if utf16:  # a grouped pull of text key ranges loaded some rows twice and lost others
-        raise ConfigInvalid(
+        raise PlanInexact(
             f"lazy-plan into {engine} cannot filter the source's text as SQLite does: the "
             "source database's text is UTF-16, which SQLite orders by its bytes, not by code "
             f"point as {engine} does; use legacy, staged or file-artifact (read by SQLite "
@@ -875,7 +879,7 @@ def refuse_inexact_plan(
         )
     collated = source.collated_columns()
     if collated:
-        raise ConfigInvalid(
+        raise PlanInexact(
             f"lazy-plan into {engine} cannot filter source column(s) {', '.join(collated)} as "
             "SQLite does: they are declared with a collation (COLLATE NOCASE, RTRIM or another), "
             f"so {engine} would select other rows than the source's partitions; use legacy, "
@@ -890,9 +894,9 @@ def refuse_inexact_plan(
         raise inexact_plan(engine, table, inexact)
 
 
-def inexact_plan(engine: str, table: str, columns: Sequence[str]) -> ConfigInvalid:
+def inexact_plan(engine: str, table: str, columns: Sequence[str]) -> PlanInexact:
     """The refusal of a lazy plan whose ``columns`` the engine would not read exactly."""
-    return ConfigInvalid(
+    return PlanInexact(
         f"lazy-plan into {engine} cannot read source column(s) {', '.join(columns)} exactly "
         f"({engine} reads them by their declared type, which differs from what the other "
         "paths carry); use legacy, staged or file-artifact",
@@ -969,6 +973,7 @@ class SQLiteSink(FileTarget):
         hint = 'a SQLite file is one schema; a name holding a dot is written quoted: "raw.t"'
         name = parse_table(table, default_schema="main")
         refuse_schema(name, engine="SQLite", hint=hint)
+        refuse_reserved_prefix(name.name, "sqlite_", engine="SQLite", part="table", fold=True)
         super().__init__(path, name.name)  # main.t is t; "raw.t" is the table raw.t
 
     def identity(self) -> TableIdentity:
@@ -987,6 +992,7 @@ class SQLiteSink(FileTarget):
         process can lock for writing now (``BEGIN EXCLUSIVE``, rolled back: a reader holding
         the file longer than the timeout would make the load's commit fail)."""
         check_target_folder(self.path, self.table)
+        check_writable(self.path, self.table)
         if not os.path.isfile(self.path):
             return
         try:
@@ -996,7 +1002,7 @@ class SQLiteSink(FileTarget):
                 (rewriting,) = conn.execute(_REWRITING, (self.table, self.table)).fetchone()
                 conn.execute("ROLLBACK")
         except sqlite3.Error:
-            raise unavailable(self.table, path=self.path) from None
+            raise unavailable(self.table) from None
         if rewriting:
             raise TargetRowsMismatch.rewriting(self.table, rewriting)
 
@@ -1127,8 +1133,16 @@ class SQLiteSink(FileTarget):
                     ledger_query("?", partitions=partitions), (self.identity().table,)
                 ).fetchall()
         except sqlite3.Error:
-            raise unavailable(self.table, to="have its ledger read", path=self.path) from None
+            raise unavailable(self.table, to="have its ledger read") from None
         return [LedgerEntry.from_row(*row) for row in rows]
+
+    def read_rejects(self) -> list[tuple]:
+        """``Quarantining``: this table's rows set aside, oldest first. Reads only."""
+        with self._reader() as conn:
+            if conn is None or not _table_columns(conn, REJECTS_TABLE):
+                return []
+            sql = rejects_query(_quote(REJECTS_TABLE), "?") + " ORDER BY rowid"
+            return conn.execute(sql, (self.identity().table,)).fetchall()
 
     def fence_epoch(self) -> int:
         """``Fencing``: the target table's fence in ``_dpone_fence``; 0 without one."""
@@ -1142,7 +1156,7 @@ class SQLiteSink(FileTarget):
                     return 0
                 return read_fence(_query(conn), self.identity().table, **_FENCE_AT)
         except sqlite3.Error:
-            raise unavailable(self.table, to="have its fence read", path=self.path) from None
+            raise unavailable(self.table, to="have its fence read") from None
 
     def advance_fence(self, epoch: int) -> int:
         """``Fencing``: raise the fence to ``epoch`` in a transaction of its own."""
@@ -1150,7 +1164,7 @@ class SQLiteSink(FileTarget):
             with self._connect() as conn, _transaction(conn):
                 return advance_fence(_query(conn), self.identity().table, epoch, **_FENCE)
         except sqlite3.Error:
-            raise unavailable(self.table, to="have its fence raised", path=self.path) from None
+            raise unavailable(self.table, to="have its fence raised") from None
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan this sink cannot pull, before anything touches the target: SQLite
@@ -1165,7 +1179,7 @@ class SQLiteSink(FileTarget):
         except sqlite3.Error:  # the load reports what is wrong with the target
             return
         if encoding != target:
-            raise ConfigInvalid(
+            raise PlanInexact(
                 f"lazy-plan into SQLite table {self.table!r} cannot attach the source database: "
                 f"its text is {encoding} and the target's {target}; use legacy, staged or "
                 "file-artifact",
@@ -1472,6 +1486,10 @@ def _record(conn: sqlite3.Connection, ledger: LedgerEntry | None, rows: int) -> 
             " VALUES (?, ?, ?, ?, ?)",
             (target, batch, rows, entry, partitions),
         )
+        if ledger.rejects:
+            conn.execute(rejects_table_sql(_quote(REJECTS_TABLE), text="TEXT"))
+            write_rejects(conn.executemany, ledger.rejects, target_table=target, batch_id=batch,
+                          table=_quote(REJECTS_TABLE), marker="?")  # fmt: skip
     return rows
 
 

@@ -659,5 +659,16 @@ class _LeaseTable:
         )[1]
         return None if row is None else row[0]
 
+    def holders(self, now: float) -> list[str]:
+        def read(conn: Any) -> list[str]:
+            rows = conn.execute(
+                f"SELECT record FROM {self._s}.lease WHERE expires_at > %s ORDER BY lease_key",
+                (now,),
+            ).fetchall()
+            return [row[0] for row in rows]
+
+        with self._lock:
+            return _in_transaction(self._driver, "read", self._conn, read)
+
     def close(self) -> None:
         self._conn.close()

@@ -568,6 +568,13 @@ class _LeaseTable:
             ).fetchone()
         return None if row is None else row[0]
 
+    def holders(self, now: float) -> list[str]:
+        with self._lock, _translated("read"):
+            rows = self._conn.execute(
+                "SELECT record FROM lease WHERE expires_at > ? ORDER BY lease_key", (now,)
+            ).fetchall()
+        return [row[0] for row in rows]
+
     def close(self) -> None:
         self._conn.close()
 

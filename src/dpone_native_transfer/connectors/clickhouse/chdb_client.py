@@ -20,13 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...drivers import file_failure
-from ...errors import (
-    ConfigInvalid,
-    InternalInvariantBroken,
-    TargetAccessRefused,
-    TargetUnavailable,
-)
+from ...errors import ConfigInvalid, InternalInvariantBroken, TargetUnavailable
 from ...payloads import Column, LoadFile
 from .client import SETTINGS, import_engine
 from .sql import (
@@ -91,15 +85,6 @@ class ChdbClient:
         except Exception:
             if _held_by_another(path):  # taken since the probe: two runs started at once
                 raise _in_use() from None
-            failure = file_failure(path, writing=True)
-            if failure is not None:  # the same class as a server's refused privilege
-                raise failure.error(
-                    "the chDB data path cannot be opened",
-                    retry=TargetUnavailable,
-                    refused=TargetAccessRefused,
-                    diagnostics={"key": "location"},
-                    fix="give this process read and write access to the data path and its folder",
-                ) from None
             raise ConfigInvalid(
                 "chDB could not open the data path; chDB serves one data path per process "
                 "at a time, so close other chDB sessions first",
