@@ -412,12 +412,17 @@ FILES = {
     ("sqlite", "source"): "source.db",
     ("sqlite", "target"): "target.db",
     ("sqlite", "store"): "checkpoints.db",
+    ("duckdb", "target"): "target.duckdb",
     ("clickhouse", "target"): "chdata",
 }
+# a target file's permissions are checked before the target (``_sql.check_writable``)
+FILE_CODES = {**CODES, "target": "native_transfer_config_invalid"}
 
 
 @pytest.mark.parametrize(("kind", "component"), sorted(FILES))
 def test_a_file_this_process_may_not_open_is_permission_denied(tmp_path, kind, component):
+    """Exit 2 and ``failure`` ``permission_denied``, as a server's refused privilege; before:
+    a SQLite source or store exited 1 ("could not be read", "a retry may succeed")."""
     route_file = write_route(
         tmp_path, rows=30, path="legacy", kind=None if kind == "sqlite" else kind
     )
@@ -436,8 +441,9 @@ def test_a_file_this_process_may_not_open_is_permission_denied(tmp_path, kind, c
     finally:
         os.chmod(denied, 0o755 if denied.is_dir() else 0o644)
     assert done.returncode == EXIT_CONFIG, done.stderr
-    assert f"error: {CODES[component]}: " in done.stderr
-    assert "permission denied" in done.stderr and str(tmp_path) not in done.stderr
+    assert f"error: {FILE_CODES[component]}: " in done.stderr
+    said = "read-only (its file or folder: permissions" if component == "target" else "permission"
+    assert said in done.stderr and str(tmp_path) not in done.stderr
     assert _diagnostics(done.stderr)["failure"] == "permission_denied"
     sink = make_sink(kind, tmp_path / FILES[kind, "target"])
     assert sink.row_count() == 30  # the 10 new rows were not loaded
