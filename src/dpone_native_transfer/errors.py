@@ -129,7 +129,9 @@ class CheckpointStoreCorrupt(NativeTransferError):
 
 
 class CheckpointStoreUnavailable(NativeTransferError):
-    """The checkpoint store's server cannot be reached, refused the credentials, or went away.
+    """The checkpoint store cannot be used now: its server cannot be reached, is busy or went
+    away, or its file is locked, full or read-only (exit 1). A server that refused the login,
+    the database or a privilege is the subclass ``CheckpointStoreAccessRefused`` (exit 2).
 
     Its message and diagnostics never hold the DSN, host, user, password or the
     driver's text: a DSN carries credentials.

@@ -28,7 +28,9 @@ call raises ``CheckpointStoreUnavailable`` and the caller opens a new store.
 Like the SQLite store, one store object serves one thread at a time.
 
 Errors raised here never carry the DSN, host, user, password or the driver's
-message text; diagnostics hold at most the SQLSTATE and the driver's error class.
+message text; diagnostics hold at most the SQLSTATE, the driver's error class and the
+class of failure (``drivers.ServerFailure``: a refused login, database or privilege is
+``CheckpointStoreAccessRefused``, exit 2).
 PostgreSQL text cannot hold NUL, so a route key or partition id containing one
 is refused by the driver before anything is written.
 """
