@@ -499,3 +499,26 @@ def _clickhouse_answering(code: int) -> Iterator[int]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_server_is_asked_again_whatever_the_descriptor_numbers(server):
+    """A long-lived worker may hold over 1,024 open files: the second ask waits on the socket
+    without ``select()``, which refuses such descriptor numbers (it raised ValueError)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1_200
+    if soft < wanted:
+        assert hard >= wanted, f"this test needs {wanted} open files (hard limit {hard})"
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    held = []
+    try:
+        while not held or held[-1] < 1_100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        with pytest.raises(CheckpointStoreAccessRefused) as caught:
+            PostgresCheckpointStore(url(server.parts, password=PASSWORD_CANARY))
+        assert caught.value.diagnostics["sqlstate"] == "28P01"
+    finally:
+        for descriptor in held:
+            os.close(descriptor)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

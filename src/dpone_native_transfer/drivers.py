@@ -22,7 +22,7 @@ import functools
 import importlib
 import os
 import re
-import select
+import selectors
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -228,7 +228,10 @@ def _connect_failure(
         return ServerFailure("login_refused", cause=exc)
     seconds = float(params.get("connect_timeout") or extra.get("connect_timeout") or 0)
     conninfo = driver.conninfo.make_conninfo("", **{**params, **extra})
-    answer = _refusal_sqlstate(driver.pq, conninfo, seconds if seconds > 0 else None)
+    try:
+        answer = _refusal_sqlstate(driver.pq, conninfo, seconds if seconds > 0 else None)
+    except Exception:  # asking is a diagnosis only: it never replaces the failure
+        answer = None
     if answer == "":
         return ServerFailure("unreachable", cause=exc)
     if answer == _TIMED_OUT:
@@ -259,19 +262,22 @@ def _refusal_sqlstate(pq: Any, conninfo: str, seconds: float | None) -> str | No
     try:
         verbosity(conn.pgconn_ptr, _PQERRORS_SQLSTATE)
         deadline = None if seconds is None else time.monotonic() + seconds
-        while conn.status != pq.ConnStatus.BAD:
-            status = conn.connect_poll()
-            if status == pq.PollingStatus.OK:
-                return None
-            if status == pq.PollingStatus.FAILED:
-                break
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return _TIMED_OUT
-            if status == pq.PollingStatus.READING:
-                select.select([conn.socket], [], [], left)
-            else:
-                select.select([], [conn.socket], [], left)
+        with selectors.DefaultSelector() as waiting:  # not select(): any descriptor number
+            while conn.status != pq.ConnStatus.BAD:
+                status = conn.connect_poll()
+                if status == pq.PollingStatus.OK:
+                    return None
+                if status == pq.PollingStatus.FAILED:
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return _TIMED_OUT
+                reading = status == pq.PollingStatus.READING
+                key = waiting.register(
+                    conn.socket, selectors.EVENT_READ if reading else selectors.EVENT_WRITE
+                )
+                waiting.select(left)
+                waiting.unregister(key.fileobj)
         lines = conn.error_message.decode("utf-8", "replace").splitlines()
     finally:
         conn.finish()
