@@ -31,6 +31,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from helpers.postgres_server import free_port
 
 from dpone_airflow.task import (
     progress_logger,
@@ -571,6 +572,47 @@ def test_airflow_retries_still_heal_a_failure_before_the_target(airflow, postgre
     password = psycopg.conninfo.conninfo_to_dict(postgres_store_url)["password"]
     assert password not in log
     assert not [line for line in _task_lines(log) if "CANARY" in line]
+
+
+def test_a_refused_store_login_fails_at_once_and_an_unreachable_store_is_retried(
+    airflow, postgres_dsn
+):
+    """A wrong password (SQLSTATE 28P01) is a configuration error: ``AirflowFailException``,
+    no retry, and neither the password nor the user shows in the task log. A store that
+    does not answer (a closed port) keeps Airflow's retries (``retries=2``)."""
+    data = airflow.dags / "data"
+    data.mkdir()
+    build_sample_source(data / "source.db", rows=30, partitions=3)
+    dag_file = airflow.dags / MAPPING_DAG.name
+    shutil.copy(MAPPING_DAG, dag_file)
+    parts = psycopg.conninfo.conninfo_to_dict(postgres_dsn)
+    password, user = "CANARY-AIRFLOW-PW", "canary_airflow_user"
+    server = f"{parts['host']}:{parts['port']}/{parts['dbname']}"
+
+    airflow.env["DPONE_STORE"] = f"postgresql://{user}:{password}@{server}"
+    result, log = airflow.run("dag", dag_file=str(dag_file))
+    (run,) = result["runs"]
+    assert run["state"] == "failed"
+    assert run["task_instances"] == [{"task_id": "copy_orders", "try_number": 1, "state": "failed"}]
+    assert "new_state=up_for_retry" not in log
+    assert [(a["error"], a["code"]) for a in run["attempts"]] == [
+        ("CheckpointStoreAccessRefused", "native_transfer_checkpoint_store_unavailable")
+    ]
+    assert "AirflowFailException: native_transfer_checkpoint_store_unavailable" in log
+    assert "the server refused the login: authentication failed" in log
+    assert '"failure": "login_refused", "sqlstate": "28P01"' in log
+    assert password not in log and user not in log and "FATAL" not in log
+
+    airflow.env["DPONE_STORE"] = f"postgresql://{user}:{password}@127.0.0.1:{free_port()}/x"
+    result, log = airflow.run("dag", dag_file=str(dag_file))
+    (run,) = result["runs"]
+    assert run["state"] == "failed"
+    assert run["task_instances"] == [{"task_id": "copy_orders", "try_number": 3, "state": "failed"}]
+    assert log.count("new_state=up_for_retry") == 2
+    assert {a["error"] for a in run["attempts"]} == {"CheckpointStoreUnavailable"}
+    assert "AirflowFailException" not in log
+    assert password not in log and user not in log
+    assert not (data / "target.db").exists()
 
 
 def _connection(**fields: Any) -> str:

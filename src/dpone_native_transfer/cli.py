@@ -36,7 +36,7 @@ import attrs
 from . import __version__
 from .application import new_run_id, transfer
 from .config import load_route_config
-from .errors import NativeTransferError, PluginLoadFailed
+from .errors import NativeTransferError, PluginLoadFailed, driver_error
 from .events import Event
 from .rejects_command import add_rejects_command
 from .reporting import (
@@ -309,6 +309,14 @@ def _report_failure(error: Exception, args: argparse.Namespace | None = None) ->
     full = as_json or getattr(args, "log_level", None) == "debug"
     if show_traceback:
         traceback.print_exception(error, file=sys.stderr)
+        cause = driver_error(error)  # kept off the error's chain: only --traceback shows it
+        if cause is not None:
+            print(
+                "\nthe driver's own error it was made from (its text may hold the host, the "
+                "user, the database or SQL):",
+                file=sys.stderr,
+            )
+            traceback.print_exception(cause, file=sys.stderr)
     named = getattr(args, "named", None) or _named(args)
     lines = failure_lines(error, named, full=full)
     if not isinstance(error, NativeTransferError) and not show_traceback:

@@ -10,14 +10,16 @@ responses or the text of another exception.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from .checkpoints import RouteKey
     from .lease import LeaseHolder
 
 __all__ = [
+    "AccessRefused",
     "CheckpointPayloadInvalid",
+    "CheckpointStoreAccessRefused",
     "CheckpointStoreCorrupt",
     "CheckpointStoreUnavailable",
     "ClockInvalid",
@@ -36,10 +38,12 @@ __all__ = [
     "RouteDefinitionChanged",
     "SchemaChanged",
     "RouteBusy",
+    "SourceAccessRefused",
     "SourceInvalid",
     "SourceMissing",
     "StoreClosed",
     "StoreTargetMismatch",
+    "TargetAccessRefused",
     "TargetRowsMismatch",
     "TargetRowsUnproven",
     "TargetCommitGuardInvalid",
@@ -47,7 +51,11 @@ __all__ = [
     "TargetUnavailable",
     "ValueUnsupported",
     "WorkFolderFailed",
+    "driver_error",
+    "with_driver_error",
 ]
+
+_E = TypeVar("_E", bound="NativeTransferError")
 
 
 class NativeTransferError(Exception):
@@ -65,8 +73,30 @@ class NativeTransferError(Exception):
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled (to a worker process, a result backend) as made: the message once, the
-        diagnostics kept, whatever the subclass's constructor takes."""
-        return (_rebuilt, (type(self), self.message, self.diagnostics), self.__dict__)
+        diagnostics kept, whatever the subclass's constructor takes; never the driver's error
+        that ``with_driver_error`` kept, whose text may hold a host, a user or SQL."""
+        state = {key: value for key, value in self.__dict__.items() if key != _DRIVER_ERROR}
+        return (_rebuilt, (type(self), self.message, self.diagnostics), state)
+
+
+_DRIVER_ERROR = "_driver_error"
+
+
+def with_driver_error(error: _E, driver: BaseException) -> _E:
+    """``error``, keeping the driver's own exception it was made from for ``--traceback`` alone.
+
+    Not as ``__cause__`` or ``__context__``: every traceback (Airflow's task log too) prints
+    the chain, and the driver's text may hold the host, the user, the database or SQL. It is
+    not pickled either. ``driver_error`` gives it back.
+    """
+    setattr(error, _DRIVER_ERROR, driver)
+    return error
+
+
+def driver_error(error: BaseException) -> BaseException | None:
+    """The driver's exception ``with_driver_error`` kept on ``error``, if any."""
+    found = getattr(error, _DRIVER_ERROR, None)
+    return found if isinstance(found, BaseException) else None
 
 
 def _rebuilt(cls: type[NativeTransferError], message: str, diagnostics: dict[str, Any]) -> Any:
@@ -100,13 +130,28 @@ class CheckpointStoreCorrupt(NativeTransferError):
 
 
 class CheckpointStoreUnavailable(NativeTransferError):
-    """The checkpoint store's server cannot be reached, refused the credentials, or went away.
+    """The checkpoint store cannot be used now: its server cannot be reached, is busy or went
+    away, or its file is locked, full or read-only (exit 1). A server that refused the login,
+    the database or a privilege is the subclass ``CheckpointStoreAccessRefused`` (exit 2).
 
     Its message and diagnostics never hold the DSN, host, user, password or the
     driver's text: a DSN carries credentials.
     """
 
     code = "native_transfer_checkpoint_store_unavailable"
+
+
+class AccessRefused(Exception):  # noqa: N818 - a marker, like the errors it marks
+    """A server (or a file) refused this login: authentication failed, the database does not
+    exist, or the login lacks a privilege it needs. A configuration mistake a retry cannot
+    fix (exit 2): the errors it marks keep their component's code (``SourceAccessRefused``,
+    ``TargetAccessRefused``, ``CheckpointStoreAccessRefused``), and their diagnostics name the
+    ``failure`` and the server's ``sqlstate`` (or ``clickhouse_code``), never its text."""
+
+
+class CheckpointStoreAccessRefused(CheckpointStoreUnavailable, AccessRefused):
+    """The checkpoint store's server refused the login or a privilege (exit 2). Same code as
+    ``CheckpointStoreUnavailable``."""
 
 
 class ClockInvalid(NativeTransferError):
@@ -130,6 +175,11 @@ class SourceInvalid(NativeTransferError):
 class SourceMissing(SourceInvalid):
     """The source file, table or a named column does not exist: a configuration mistake that
     a retry cannot fix (exit 2). Same code as ``SourceInvalid``."""
+
+
+class SourceAccessRefused(SourceInvalid, AccessRefused):
+    """The source's server refused the login, has no such database, or the login may not read
+    the table (exit 2). Same code as ``SourceInvalid``."""
 
 
 class ValueUnsupported(SourceInvalid):
@@ -165,6 +215,11 @@ class TargetUnavailable(NativeTransferError):
     succeed. Nothing was written."""
 
     code = "native_transfer_target_unavailable"
+
+
+class TargetAccessRefused(TargetUnavailable, AccessRefused):
+    """The target's server refused the login, has no such database, or the login lacks a
+    privilege (exit 2); nothing was written. Same code as ``TargetUnavailable``."""
 
 
 class PluginLoadFailed(NativeTransferError):

@@ -20,6 +20,7 @@ import attrs
 
 from .checkpoints import Strategy
 from .errors import (
+    AccessRefused,
     ConfigInvalid,
     ManualReconciliationRequired,
     NativeTransferError,
@@ -220,7 +221,9 @@ def shortened(diagnostics: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 
 
 def exit_code_for(error: BaseException) -> int:
-    if isinstance(error, ConfigInvalid | SourceMissing | ValueUnsupported | TargetRowsMismatch):
+    if isinstance(
+        error, ConfigInvalid | SourceMissing | ValueUnsupported | TargetRowsMismatch | AccessRefused
+    ):
         return EXIT_CONFIG
     if isinstance(error, BLOCKING_ERRORS):
         return EXIT_BLOCKED

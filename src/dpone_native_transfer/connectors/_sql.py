@@ -308,11 +308,14 @@ def check_writable(path: str, table: str) -> None:
     except OSError as error:
         found = error.errno
     if found in (errno.EACCES, errno.EPERM, errno.EROFS):
+        # the class a server's refused privilege has too (``drivers.ServerFailure``)
+        denied = {"failure": "permission_denied"} if found != errno.EROFS else {}
         raise ConfigInvalid(
             f"the target database of table {table!r} is read-only (its file or folder: "
             "permissions, an immutable flag or a read-only file system); nothing was written",
-            diagnostics={"table": table, "key": "target.path", "errno": errno.errorcode[found]},
-        )
+            diagnostics={"table": table, "key": "target.path", "errno": errno.errorcode[found],
+                         **denied},
+        )  # fmt: skip
 
 
 def payload_refused(table: str) -> PathContractBroken:

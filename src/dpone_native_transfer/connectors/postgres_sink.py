@@ -17,7 +17,10 @@ source in the same database; any other plan is refused before the target.
 Errors raised here name tables only, never the DSN, a password, SQL or the
 driver's text. Driver errors inside the target call (``load``,
 ``finalize_staged_load``) propagate unchanged, as the Sink contract asks;
-outside it they become ``TargetUnavailable`` with nothing chained.
+outside it they become ``TargetUnavailable`` with nothing chained, or
+``TargetAccessRefused`` (exit 2) when the server refused the login, has no such
+database, or the login lacks a privilege (``drivers.ServerFailure``). A
+connection that cannot be opened is one of those two, inside the call too.
 """
 
 from __future__ import annotations
@@ -38,8 +41,14 @@ from ..column_types import (
     utc_instant,
     without_nul,
 )
-from ..drivers import import_driver, postgres_connect
-from ..errors import ConfigInvalid, TargetRowsMismatch
+from ..drivers import ServerFailure, import_driver, postgres_connect, postgres_failure
+from ..errors import (
+    ConfigInvalid,
+    NativeTransferError,
+    TargetAccessRefused,
+    TargetRowsMismatch,
+    TargetUnavailable,
+)
 from ..identity import TableIdentity, server_location
 from ..ledger import (
     FENCE_TABLE,
@@ -232,13 +241,7 @@ class PostgresSink:
     def _transaction(self, *, read_only: bool = False) -> Iterator[Any]:
         """A connection in one transaction (UTC, ISO dates), committed when the block ends;
         any exception, even a BaseException, rolls it back and is re-raised unchanged."""
-        driver = _driver()
-        try:
-            conn = postgres_connect(driver, self._dsn, what="PostgreSQL target")
-        except driver.Error:
-            conn = None  # raised below, outside the handler, so the driver's text is not chained
-        if conn is None:
-            raise unavailable(self.table, to="be reached (or it refused the login)")
+        conn = postgres_connect(_driver(), self._dsn, what="PostgreSQL target", failed=self._failed)
         try:
             conn.read_only = read_only
             _session(conn)
@@ -260,9 +263,22 @@ class PostgresSink:
         try:
             with self._transaction(read_only=read_only) as conn:
                 return work(conn)
-        except driver.Error:
-            pass
+        except driver.Error as exc:
+            failure = postgres_failure(driver, exc)
+        if failure is not None:
+            raise self._failed(failure)
         raise unavailable(self.table, to=to)
+
+    def _failed(self, failure: ServerFailure) -> NativeTransferError:
+        """``TargetUnavailable`` (exit 1), or ``TargetAccessRefused`` (exit 2) when the server
+        refused the login, has no such database, or the login lacks a privilege."""
+        return failure.error(
+            f"the target database of table {self.table!r} cannot be used",
+            retry=TargetUnavailable,
+            refused=TargetAccessRefused,
+            diagnostics={"table": self.table},
+            fix="fix the target DSN (its user, password or database) or the login's privileges",
+        )
 
     def check_target(self) -> None:
         """Before the target call: the server answers, the login is accepted, and it may write

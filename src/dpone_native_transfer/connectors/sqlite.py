@@ -26,8 +26,10 @@ import attrs
 from ..artifacts import check_digest, create_private, file_sha256, read_chunks
 from ..checkpoints import sha256_digest
 from ..column_types import Carry, finite_double, sqlite_kind
+from ..drivers import file_failure
 from ..errors import (
     ConfigInvalid,
+    SourceAccessRefused,
     SourceInvalid,
     SourceMissing,
     TargetRowsMismatch,
@@ -286,22 +288,31 @@ class SQLiteSource(TableSource):
 
     @contextlib.contextmanager
     def _source_errors(self) -> Iterator[None]:
-        """sqlite errors as ``SourceInvalid`` (or ``ValueUnsupported``), without their text."""
+        """sqlite errors as ``SourceInvalid`` (or ``ValueUnsupported``), without their text; a
+        file this process may not read is ``SourceAccessRefused`` (exit 2), the class of a
+        server's refused privilege."""
         try:
             yield
-        except sqlite3.OperationalError as exc:
-            if str(exc).startswith("Could not decode to UTF-8"):  # the text holds the value
+        except sqlite3.Error as exc:
+            if isinstance(exc, sqlite3.OperationalError) and str(exc).startswith(
+                "Could not decode to UTF-8"  # the text holds the value
+            ):
                 raise ValueUnsupported(
                     f"source table {self.table!r} holds a text value that is not valid UTF-8; "
                     "nothing was written",
                     diagnostics={"table": self.table},
                 ) from None
-            raise _source_invalid(
-                f"source table {self.table!r} could not be read", table=self.table
-            ) from None
-        except sqlite3.Error:
-            raise _source_invalid(
-                f"source table {self.table!r} could not be read", table=self.table
+            failure = file_failure(self.path, writing=False)
+            if failure is None:
+                raise _source_invalid(
+                    f"source table {self.table!r} could not be read", table=self.table
+                ) from None
+            raise failure.error(
+                f"the source database of table {self.table!r} cannot be read",
+                retry=SourceInvalid,
+                refused=SourceAccessRefused,
+                diagnostics={"table": self.table},
+                fix="give this process read access to the source file",
             ) from None
 
     def _open(self) -> sqlite3.Connection:

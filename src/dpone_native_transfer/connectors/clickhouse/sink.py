@@ -51,13 +51,15 @@ from ...artifacts import (
     read_chunks,
 )
 from ...column_types import Carry
-from ...drivers import import_driver
+from ...drivers import ServerFailure, clickhouse_failure, import_driver
 from ...errors import (
     ConfigInvalid,
     InternalInvariantBroken,
     NativeTransferError,
     SourceInvalid,
+    TargetAccessRefused,
     TargetRowsUnproven,
+    TargetUnavailable,
 )
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query, ledger_table_sql
@@ -237,8 +239,24 @@ class ClickHouseSink:
                 client.query_rows("SELECT 1")
         except NativeTransferError:
             raise
-        except Exception:
-            raise unavailable(self.table) from None
+        except Exception as exc:  # the driver's text may hold the URL: it is not chained
+            failure = clickhouse_failure(exc)
+        else:
+            return
+        raise self._failed(failure)
+
+    def _failed(self, failure: ServerFailure | None, *, to: str | None = None) -> Exception:
+        """``TargetUnavailable`` (exit 1), or ``TargetAccessRefused`` (exit 2) when the
+        server refused the login, has no such database, or the login lacks a privilege."""
+        if failure is None:
+            return unavailable(self.table) if to is None else unavailable(self.table, to=to)
+        return failure.error(
+            f"the target database of table {self.table!r} cannot {to or 'be used'}",
+            retry=TargetUnavailable,
+            refused=TargetAccessRefused,
+            diagnostics={"table": self.table},
+            fix="fix the target URL (its user, password or database) or the login's grants",
+        )
 
     # --- loads ----------------------------------------------------------------------------
 
@@ -649,9 +667,11 @@ class ClickHouseSink:
                 )
         except NativeTransferError:
             raise
-        except Exception:  # the driver's text may hold the URL: it is not chained
-            raise unavailable(self.table, to="have its ledger read") from None
-        return [LedgerEntry.from_row(*row) for row in rows]
+        except Exception as exc:  # the driver's text may hold the URL: it is not chained
+            failure = clickhouse_failure(exc)
+        else:
+            return [LedgerEntry.from_row(*row) for row in rows]
+        raise self._failed(failure, to="have its ledger read")
 
     # --- reading back -----------------------------------------------------------------------
 
