@@ -409,7 +409,7 @@ def test_demo_resolved_as_committed_then_run_loads_nothing_and_source_equals_tar
     assert blocked.returncode == cli.EXIT_BLOCKED
     hint = next(line for line in blocked.stderr.splitlines() if HINT in line)
     command = shlex.split(hint.split("inspect it with: ")[1].split(";")[0])
-    assert command[3:] == ["--route", *ROUTE] and Path(command[2]).resolve() == store.resolve()
+    assert command[5:] == ["--route", *ROUTE] and Path(command[4]).resolve() == store.resolve()
     pointed = dpone(*command[1:])  # the exact command the message names
     assert pointed.returncode == cli.EXIT_BLOCKED
     [batch_id] = {item["batch_id"] for item in json_lines(scan_store(store))}
