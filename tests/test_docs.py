@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dpone_native_transfer.errors import ConfigInvalid
 from dpone_native_transfer.testing.conformance import GuardConformance
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -281,8 +282,11 @@ def route_key_problems(markdown: str) -> list[str]:
         keys = config._SCHEMA.get(section, (False, {}))[1]
         if key not in keys:
             problems.append(f"[{section}] {key}")
-        elif value and value not in config._ENUMS.get(keys[key][0], (value,)):
-            problems.append(f'[{section}] {key} = "{value}"')
+        elif value:
+            try:
+                config._check_value(f"{section}.{key}", keys[key][0], value)
+            except ConfigInvalid:
+                problems.append(f'[{section}] {key} = "{value}"')
     return problems
 
 

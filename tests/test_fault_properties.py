@@ -74,7 +74,7 @@ from dpone_native_transfer import (
     entry_point_plugins,
     hookimpl,
 )
-from dpone_native_transfer.identity import route_key
+from dpone_native_transfer.spec import route_key
 from dpone_native_transfer.testing import (
     FaultyStore,
     InjectedFault,

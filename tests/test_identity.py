@@ -15,7 +15,7 @@ import pytest
 
 from dpone_native_transfer import DuckDBSink, PostgresSource, SQLiteSink, SQLiteSource
 from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
-from dpone_native_transfer.identity import route_key
+from dpone_native_transfer.spec import route_key
 
 PASSWORD = "CANARY-PASSWORD"
 

@@ -3,7 +3,8 @@
 ``cli.py`` is the console script and nothing imports it; running a route is
 ``application.py`` and what is reported is ``reporting.py``, which the CLI, the
 demo and the Airflow adapter share. Imports under ``if TYPE_CHECKING:`` are not
-imports at run time and are left out.
+imports at run time: the import-time checks leave them out, the layer and cycle checks
+count them (a reader follows them all the same).
 """
 
 from __future__ import annotations
@@ -47,26 +48,28 @@ def _is_type_checking(node: ast.If) -> bool:
 
 
 def import_nodes(
-    tree: ast.AST, *, in_functions: bool = True
+    tree: ast.AST, *, in_functions: bool = True, type_checking: bool = False
 ) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement run at some point; ``in_functions=False``: at import time only."""
+    """Every import statement run at some point; ``in_functions=False``: at import time only;
+    ``type_checking``: also those only type checkers run."""
     for child in ast.iter_child_nodes(tree):
-        if isinstance(child, ast.If) and _is_type_checking(child):
+        if isinstance(child, ast.If) and _is_type_checking(child) and not type_checking:
             continue
         if not in_functions and isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         if isinstance(child, ast.Import | ast.ImportFrom):
             yield child
-        yield from import_nodes(child, in_functions=in_functions)
+        yield from import_nodes(child, in_functions=in_functions, type_checking=type_checking)
 
 
-def imported_modules(module: str, file: Path, *, in_functions: bool = True) -> set[str]:
+def imported_modules(
+    module: str, file: Path, *, in_functions: bool = True, type_checking: bool = False
+) -> set[str]:
     """The modules ``module`` imports; ``from . import x`` imports ``x`` if it is a module."""
     package = module if file.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
-    for node in import_nodes(
-        ast.parse(file.read_text(encoding="utf-8")), in_functions=in_functions
-    ):
+    tree = ast.parse(file.read_text(encoding="utf-8"))
+    for node in import_nodes(tree, in_functions=in_functions, type_checking=type_checking):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
             continue
@@ -116,6 +119,118 @@ def test_the_package_modules_import_each_other_without_a_cycle_at_import_time():
     graph = src_graph(in_functions=False)
     assert graph[f"{PACKAGE}.cli"] >= {f"{PACKAGE}.application", f"{PACKAGE}.reporting"}
     assert cycles(graph) == []
+
+
+# The layers, from the ground up (docs/architecture.md, "Layers"): a module imports its own
+# layer and those below, never one above, counting every import (in functions and under
+# TYPE_CHECKING). A module is in the layer of its longest listed prefix.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("foundation", ("errors", "wording", "events", "drivers", "artifacts", "rejects")),
+    (
+        "records",
+        (
+            "checkpoints",
+            "clock",
+            "column_types",
+            "payloads",
+            "identity",
+            "audit",
+            "latest",
+            "source_state",
+        ),
+    ),  # fmt: skip
+    ("durable state", ("ledger", "lease", "stores")),
+    ("connectors", ("connectors",)),
+    ("hook contract", ("mutation", "hookspecs", "lifecycle", "plugins", "boundary", "recovery")),
+    ("spec", ("spec",)),
+    ("planning", ("planner", "cursor_edge", "schema_contract")),
+    ("paths", ("paths",)),
+    ("runtime", ("runtime",)),
+    (
+        "application",
+        (
+            "application",
+            "config",
+            "reporting",
+            "route_status",
+            "state_commands",
+            "rejects_command",
+            "demo",
+            "testing",
+        ),
+    ),  # fmt: skip
+    ("command line", ("cli", "__main__", "")),  # "": the package's lazy exports
+)
+
+
+def layer_of(module: str) -> int:
+    """The layer of a module of the package; the plugins are above them all."""
+    if module != PACKAGE and not module.startswith(f"{PACKAGE}."):
+        return len(LAYERS)
+    name = module.removeprefix(PACKAGE).removeprefix(".")
+    found = [
+        (len(prefix), number)
+        for number, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if name == prefix or name.startswith(f"{prefix}.") or prefix == ""
+    ]
+    return max(found)[1]
+
+
+def full_graph() -> dict[str, set[str]]:
+    """Every module of src/ and plugins/ and what it imports of them: every import."""
+    files = {**SRC_MODULES, **PLUGIN_MODULES}
+    return {
+        module: imported_modules(module, file, type_checking=True) & set(files) - {module}
+        for module, file in files.items()
+    }
+
+
+def test_every_module_is_in_a_layer_and_no_import_goes_up():
+    upward = sorted(
+        f"{module} ({LAYERS[layer_of(module)][0]}) -> {target} ({LAYERS[layer_of(target)][0]})"
+        for module, targets in full_graph().items()
+        if module in SRC_MODULES
+        for target in targets
+        if layer_of(target) > layer_of(module)
+    )
+    assert upward == []
+    unlisted = [m for m in SRC_MODULES if m != PACKAGE and layer_of(m) == len(LAYERS) - 1]
+    assert sorted(unlisted) == [f"{PACKAGE}.__main__", f"{PACKAGE}.cli"]
+
+
+def test_the_layer_rule_catches_an_upward_import():
+    assert layer_of(f"{PACKAGE}.ledger") < layer_of(f"{PACKAGE}.reporting")
+    assert layer_of(f"{PACKAGE}.connectors.sqlite") == layer_of(f"{PACKAGE}.connectors.contract")
+    assert layer_of("dpone_target_commit_guard.plugin") > layer_of(f"{PACKAGE}.cli")
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles: each set of modules that import each other, through any chain."""
+    reach = {module: _reachable(graph, module) for module in graph}
+    groups = {frozenset(m for m in reach[module] if module in reach[m]) for module in graph}
+    return sorted(sorted(group) for group in groups if len(group) > 1)
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = {start}, [start]
+    while todo:
+        for target in graph[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def test_at_most_one_import_cycle_counting_every_import_and_it_is_small_and_in_one_package():
+    found = strongly_connected(full_graph())
+    assert len(found) <= 1, found
+    for group in found:
+        assert len(group) <= 4 and len({m.rpartition(".")[0] for m in group}) == 1, group
+
+
+def test_the_cycle_finder_finds_cycles_through_any_chain():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert strongly_connected(graph) == [["a", "b", "c"]]
 
 
 IMPLEMENTATIONS = {
@@ -362,6 +477,7 @@ ALLOWED_MODULES: dict[str, frozenset[str] | None] = {
     # Exit codes, PROG, progress and summary lines: how a command plugin (entry-point group
     # dpone_native_transfer.commands) or a scheduler adapter reports like dpone-transfer.
     f"{PACKAGE}.reporting": ANY_PLUGIN,
+    f"{PACKAGE}.wording": ANY_PLUGIN,  # PROG and plural, without reporting's layer
     # Route files, and running one: what a scheduler adapter or an operator command starts from.
     f"{PACKAGE}.config": ANY_PLUGIN,
     f"{PACKAGE}.application": ANY_PLUGIN,
@@ -446,7 +562,7 @@ def test_the_guards_hook_modules_need_nothing_beyond_the_public_api_but_prog():
         for module, name in package_imports(sources[f"dpone_target_commit_guard/{file}"])
         if module != PACKAGE
     }
-    assert beyond == {(f"{PACKAGE}.reporting", "PROG")}  # the command named in a refusal
+    assert beyond == {(f"{PACKAGE}.wording", "PROG")}  # the command named in a refusal
 
 
 def test_the_guard_and_the_facade_annotate_each_hook_argument_as_its_spec_does():

@@ -138,7 +138,7 @@ def test_a_named_column_can_be_cut_into_ranges(tmp_path: Path) -> None:
 
 
 def test_very_many_partitions_by_value_warn(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr("dpone_native_transfer.runtime.MANY_PARTITIONS", 5)
+    monkeypatch.setattr("dpone_native_transfer.planner.MANY_PARTITIONS", 5)
     add_rows(tmp_path, 8)
     text = write_route(tmp_path).read_text().replace("partition_rows = 1000", "")
     (tmp_path / "route.toml").write_text(

@@ -34,7 +34,7 @@ from dpone_native_transfer import (
     TargetCommitGuardInvalid,
     format_timestamp,
 )
-from dpone_native_transfer.reporting import PROG
+from dpone_native_transfer.wording import PROG
 
 from .payload import (
     PHASE_STATUS,

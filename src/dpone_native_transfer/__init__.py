@@ -24,7 +24,6 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 if TYPE_CHECKING:
     __version__: str
 
-    from .boundary import AttemptState, TargetMutation
     from .checkpoints import (
         GUARD_DIAGNOSTICS_KEY,
         LEASE_EPOCH_KEY,
@@ -39,6 +38,7 @@ if TYPE_CHECKING:
         checkpoint_to_payload,
         format_timestamp,
     )
+    from .column_types import Column
     from .connectors import (
         ClickHouseSink,
         DuckDBSink,
@@ -85,11 +85,13 @@ if TYPE_CHECKING:
     from .events import Event, EventName
     from .hookspecs import hookimpl
     from .latest import LatestCheckpoints, as_latest
-    from .paths import Governance, PathContext
-    from .payloads import Column, LoadPlan, RowChunks, SourceShape
+    from .mutation import AttemptState, TargetMutation
+    from .paths import PathContext
+    from .payloads import LoadPlan, RowChunks, SourceShape
     from .plugins import entry_point_plugins
     from .recovery import TargetRecovery
-    from .runtime import TransferResult, TransferRuntime, TransferSpec
+    from .runtime import TransferResult, TransferRuntime
+    from .spec import Governance, TransferSpec
     from .stores import CheckpointStore, RouteStateStore
     from .stores.memory import MemoryCheckpointStore
     from .stores.postgres import PostgresCheckpointStore
@@ -97,8 +99,8 @@ if TYPE_CHECKING:
 
 # Each public name and the module (relative to this package) that defines it.
 _EXPORTS: dict[str, str] = {
-    "AttemptState": "boundary",
-    "TargetMutation": "boundary",
+    "AttemptState": "mutation",
+    "TargetMutation": "mutation",
     "PartitionCheckpoint": "checkpoints",
     "PartitionCheckpointStatus": "checkpoints",
     "RouteKey": "checkpoints",
@@ -155,9 +157,9 @@ _EXPORTS: dict[str, str] = {
     "hookimpl": "hookspecs",
     "LatestCheckpoints": "latest",
     "as_latest": "latest",
-    "Governance": "paths",
+    "Governance": "spec",
     "PathContext": "paths",
-    "Column": "payloads",
+    "Column": "column_types",
     "LoadPlan": "payloads",
     "RowChunks": "payloads",
     "SourceShape": "payloads",
@@ -165,7 +167,7 @@ _EXPORTS: dict[str, str] = {
     "TargetRecovery": "recovery",
     "TransferResult": "runtime",
     "TransferRuntime": "runtime",
-    "TransferSpec": "runtime",
+    "TransferSpec": "spec",
     "CheckpointStore": "stores",
     "RouteStateStore": "stores",
     "MemoryCheckpointStore": "stores.memory",

@@ -22,19 +22,17 @@ import decimal
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
-from .errors import PathContractBroken, ValueUnsupported
-
-if TYPE_CHECKING:
-    from .payloads import Column
+from .errors import ConfigInvalid, PathContractBroken, ValueUnsupported
 
 __all__ = [
     "ENGINE_CARRIERS",
     "KINDS",
     "Carry",
+    "Column",
     "as_boolean",
     "as_double",
     "carried_chunks",
@@ -131,6 +129,42 @@ def declared_precision(decltype: str) -> tuple[int, int] | None:
         return None
     precision, scale = int(match[1]), int(match[2] or 0)
     return (precision, scale) if 1 <= precision and scale <= precision else None
+
+
+def _check_kind(column: Column, attribute: Any, kind: Any) -> None:
+    if kind not in KINDS:
+        raise ConfigInvalid(
+            f"column {column.name!r} has no known kind (see column_types.KINDS)",
+            diagnostics={"column": str(column.name)},
+        )
+
+
+def _default_kind(column: Column) -> str:
+    return sqlite_kind(column.decltype) if isinstance(column.decltype, str) else "any"
+
+
+@attrs.frozen
+class Column:
+    """A source column: its name, the source's own declared type, and its neutral kind.
+
+    ``kind`` is what sinks map to their own types; a source that does not set it
+    gets SQLite's rules applied to ``decltype``. Only ``name`` and ``decltype``
+    enter the schema hash.
+    """
+
+    name: str
+    decltype: str
+    kind: str = attrs.field(
+        default=attrs.Factory(_default_kind, takes_self=True), validator=_check_kind
+    )
+
+    def decimal(self, widest: int) -> tuple[int, int] | None:
+        """``(precision, scale)`` when this numeric or decimal column declares a precision
+        of at most ``widest`` digits (what a target's DECIMAL type can hold), else None."""
+        if self.kind not in ("numeric", "decimal") or not isinstance(self.decltype, str):
+            return None
+        declared = declared_precision(self.decltype)
+        return declared if declared is not None and declared[0] <= widest else None
 
 
 # --- carriers: exact conversions shared by the sinks ------------------------------------------

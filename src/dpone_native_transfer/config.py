@@ -25,15 +25,10 @@ import attrs
 
 from .checkpoints import RouteKey, Strategy
 from .connectors.contract import DEFAULT_CHUNK_ROWS, RangePartitioned, Sink, Source
-from .cursor_edge import NULL_CURSOR_POLICIES
 from .drivers import EXTRAS, POSTGRES_SCHEMES, install_hint, resolve_env
 from .errors import ConfigInvalid
-from .identity import route_key
-from .lease import DEFAULT_LEASE_SECONDS, MIN_LEASE_SECONDS
-from .paths import MAX_GATE_ROWS, Governance
-from .rejects import ON_BAD_VALUE
-from .runtime import BUILTIN_PATHS, MAX_CHUNK_ROWS, RECOVERY_MODES, TransferSpec
-from .schema_contract import SCHEMA_CONTRACTS
+from .lease import DEFAULT_LEASE_SECONDS
+from .spec import BUILTIN_PATH_NAMES, Governance, TransferSpec, check_option, route_key, type_name
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "RouteConfig", "load_route_config", "route_config_from_mapping"]
 
@@ -136,27 +131,13 @@ _LOCATION_KEYS = {"source": ("path", "dsn"), "target": ("path", "url", "dsn")}
 # The keys a caller's ``locations`` replace (a scheduler's connections: see _with_locations).
 _OVERRIDABLE = {**_LOCATION_KEYS, "store": ("path",)}
 
-_ENUMS: Mapping[str, tuple[str, ...]] = {
-    "strategy": tuple(sorted(str(strategy) for strategy in Strategy)),
-    "path": tuple(sorted(BUILTIN_PATHS)),
+# The route file's own words; every other kind is ``spec.check_option``'s.
+_WORDS: Mapping[str, tuple[str, ...]] = {
+    "path": tuple(sorted(BUILTIN_PATH_NAMES)),
     "source_kind": tuple(_SOURCE_KINDS),
     "target_kind": tuple(_TARGET_KINDS),
-    "schema_contract": SCHEMA_CONTRACTS,
-    "on_null_cursor": NULL_CURSOR_POLICIES,
-    "partition_by": ("range", "value"),
-    "recovery": RECOVERY_MODES,
-    "on_bad_value": ON_BAD_VALUE,
 }
 DEFAULT_PARTITION_ROWS = 100_000
-
-_TOML_TYPES = (
-    (bool, "a boolean"),
-    (int, "an integer"),
-    (float, "a float"),
-    (str, "a string"),
-    (dict, "a table"),
-    (list, "an array"),
-)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -321,10 +302,6 @@ def _invalid(key: str, message: str) -> ConfigInvalid:
     return ConfigInvalid(f"{key} {message}", diagnostics={"key": key})
 
 
-def _toml_type(value: Any) -> str:
-    return next((name for kind, name in _TOML_TYPES if isinstance(value, kind)), "a date or time")
-
-
 def _validated(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for name in document:
         if not isinstance(name, str):
@@ -339,7 +316,7 @@ def _validated(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
             continue
         table = document[name]
         if not isinstance(table, dict):
-            raise _invalid(name, f"must be a table ([{name}]), not {_toml_type(table)}")
+            raise _invalid(name, f"must be a table ([{name}]), not {type_name(table)}")
         sections[name] = _validated_section(name, table, keys)
     _check_gates(sections.get("gates", {}))
     _check_kind("source", sections["source"], _SOURCE_KINDS[_kind_name(sections["source"])])
@@ -390,42 +367,10 @@ def _validated_section(
     return table
 
 
-_INT64_MAX = 2**63 - 1  # the largest integer a SQL engine holds
-_WEEK = 7 * 24 * 3600
-# The numeric kinds: (integers only, lowest, highest), both included. One check for all.
-_NUMBERS: Mapping[str, tuple[bool, int, int]] = {
-    "positive": (True, 1, MAX_CHUNK_ROWS),  # rows held in memory per chunk, or per range
-    "count": (True, 0, MAX_GATE_ROWS),  # a row-count gate (2**63 - 1)
-    "lag": (False, 0, _INT64_MAX),  # cursor units: at most an integer cursor's whole range
-    "seconds": (False, int(MIN_LEASE_SECONDS), _WEEK),  # a lease, renewed every sixth of it
-}
-
-
-def _check_number(key: str, kind: str, value: Any) -> None:
-    """A number of the kind's type within its range (``_NUMBERS``): a boolean, a float for an
-    integer, NaN and the infinities (``1e400``) are refused with the range."""
-    integer, low, high = _NUMBERS[kind]
-    what = "an integer" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
-        raise _invalid(key, f"must be {what}, not {_toml_type(value)}")
-    if not low <= value <= high:  # NaN is within no range
-        raise _invalid(key, f"must be {what} from {low:,} to {high:,}")
-
-
 def _check_value(key: str, kind: str, value: Any) -> None:
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise _invalid(key, f"must be true or false, not {_toml_type(value)}")
-        return
-    if kind in _NUMBERS:
-        _check_number(key, kind, value)
-        return
-    if not isinstance(value, str):
-        raise _invalid(key, f"must be a string, not {_toml_type(value)}")
-    if not value.strip() or "\x00" in value:
-        raise _invalid(key, "must be a non-empty string without NUL characters")
-    if kind in _ENUMS and value not in _ENUMS[kind]:
-        raise _invalid(key, f"must be one of: {', '.join(_ENUMS[kind])}")
+    check_option(key, kind, value)
+    if kind in _WORDS and value not in _WORDS[kind]:
+        raise _invalid(key, f"must be one of: {', '.join(_WORDS[kind])}")
 
 
 def _check_gates(gates: Mapping[str, int]) -> None:

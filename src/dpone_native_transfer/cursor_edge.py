@@ -31,15 +31,16 @@ import attrs
 
 from .checkpoints import PartitionCheckpoint, RouteKey, Strategy
 from .connectors.contract import Collating, CursorEdgeReading, OnePassReading, Source
-from .errors import CheckpointStoreCorrupt, ConfigInvalid, CursorNull
+from .errors import ConfigInvalid, CursorNull
 from .payloads import Column, cursor_window
+from .source_state import EDGE_KEY, Edge, Seen, SourceState, unknown_edge
 
 __all__ = [
     "EDGE_KEY",
     "EDGE_ROWS_KEY",
     "MAX_EDGE_ROWS",
-    "NULL_CURSOR_POLICIES",
     "Edge",
+    "EdgePlan",
     "EdgeScan",
     "EdgeTracker",
     "advanced_edge",
@@ -54,14 +55,10 @@ __all__ = [
     "unknown_edge",
 ]
 
-EDGE_KEY = "edge"  # in the source state; ``EDGE_ROWS_KEY`` in each checkpoint's diagnostics
-EDGE_ROWS_KEY = "edge_rows"
+EDGE_ROWS_KEY = "edge_rows"  # in each checkpoint's diagnostics; ``EDGE_KEY`` in the source state
 MAX_EDGE_ROWS = 10_000  # digests kept per part of the record (range, NULLs): ~0.5 MB of state
-NULL_CURSOR_POLICIES = ("error", "load_once")
 _LAG_KINDS = frozenset({"integer", "real", "date", "timestamp"})
 _INT64_MIN = -(2**63)  # the lowest integer SQLite and PostgreSQL hold
-
-Seen = Counter  # (cursor value, row digest) -> how many such rows the route loaded
 
 
 def row_digest(row: Sequence[Any], indexes: Sequence[int]) -> str:
@@ -117,76 +114,6 @@ def check_lag(lag: Any, kind: str | None) -> None:
             f"(this one is {kind})",
             diagnostics={"key": "source.lag", "cursor_kind": kind},
         )
-
-
-@attrs.frozen(kw_only=True)
-class Edge:
-    """What the route loaded at its watermark ``upto``.
-
-    Rows with a cursor in ``[since, upto]`` (``since`` None: not tracked) and,
-    when ``nulls``, rows with a NULL cursor, that are not in ``rows``, were not
-    loaded. ``columns`` are the columns the digests cover.
-    """
-
-    upto: Any = None
-    since: Any = None
-    nulls: bool = True
-    columns: tuple[str, ...] = ()
-    rows: Seen = attrs.field(factory=Counter)
-
-    @classmethod
-    def of_state(cls, route: RouteKey, state: Mapping[str, Any] | None) -> Edge:
-        if state is None:  # a new route: nothing loaded yet
-            return cls()
-        watermark = state.get("watermark")
-        record = state.get(EDGE_KEY)
-        if record is None:  # an older release: the exclusive bound; NULL rows never loaded
-            return cls(upto=watermark)
-        try:
-            rows: Seen = Counter()
-            for value, digest, count in record["rows"]:
-                if not (isinstance(digest, str) and isinstance(count, int) and count > 0):
-                    raise TypeError
-                rows[(value, digest)] += count
-            edge = cls(
-                upto=record["upto"],
-                since=record["since"],
-                nulls=record["nulls"] is True,
-                columns=tuple(str(name) for name in record["columns"]),
-                rows=rows,
-            )
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointStoreCorrupt(
-                "the stored source state of the route is malformed",
-                diagnostics={"route": route.as_dict(), "field": EDGE_KEY},
-            ) from None
-        if edge.upto != watermark:  # a state rewritten without it: nothing is known
-            return cls(upto=watermark, nulls=False)
-        return edge
-
-    def as_state(self) -> dict[str, Any]:
-        return {
-            "upto": self.upto,
-            "since": self.since,
-            "nulls": self.nulls,
-            "columns": list(self.columns),
-            "rows": [[value, digest, count] for (value, digest), count in self.rows.items()],
-        }
-
-    def matching(self, columns: Sequence[Column]) -> Edge:
-        """The record as the source's ``columns`` can match it: a new one digests them all; one
-        whose digests cover a column the source no longer has (dropped, renamed) is unknown."""
-        names = tuple(column.name for column in columns)
-        if not self.columns:
-            return attrs.evolve(self, columns=names)
-        if set(self.columns) <= set(names):
-            return self
-        return Edge(upto=self.upto, nulls=False, columns=names)
-
-    def digest_indexes(self, columns: Sequence[Column]) -> list[int]:
-        """Where the record's columns are in ``columns`` (a ``matching`` record's are there)."""
-        names = [column.name for column in columns]
-        return [names.index(name) for name in self.columns]
 
 
 def refuse_null_cursor(route: RouteKey, column: str, unloaded: int) -> None:
@@ -253,17 +180,26 @@ def scan_edge(
     return edge, found
 
 
+@attrs.frozen
+class EdgePlan:
+    """An append route's edge this attempt: the stored record as the source's columns match
+    it, and the source's rows there that the route has not loaded."""
+
+    record: Edge
+    scan: EdgeScan
+
+
 def plan_edge(
     route: RouteKey,
     source: Any,
-    state: Mapping[str, Any] | None,
+    state: SourceState | None,
     columns: Sequence[Column],
     *,
     kind: str | None,
     lag: float,
     on_null_cursor: str,
     chunk_rows: int,
-) -> tuple[Edge, EdgeScan] | None:
+) -> EdgePlan | None:
     """An append route's edge record and the edge rows it has not loaded; None for a route
     without a cursor or a source that cannot read its edge. NULL-cursor rows that
     ``on_null_cursor = "error"`` refuses stop the run here, before the target."""
@@ -279,7 +215,7 @@ def plan_edge(
     if not load_nulls:
         refuse_null_cursor(route, cursor, scan.null_rows)
         scan.nulled.clear()
-    return edge, scan
+    return EdgePlan(edge, scan)
 
 
 def top_of_window(source: Source, upto: Any, lag: float, kind: str | None) -> Any:
@@ -504,10 +440,3 @@ def advanced_edge(
         nulls, rows = False, Counter({key: n for key, n in rows.items() if key[0] is not None})
         untracked.append("nulls")
     return Edge(upto=upto, since=since, nulls=nulls, columns=edge.columns, rows=rows), untracked
-
-
-def unknown_edge(watermark: Any) -> dict[str, Any]:
-    """The record of a state rewritten by an operator or a refresh: nothing known at the edge,
-    so the range falls back to the exclusive bound and, under ``load_once``, the NULL-cursor
-    rows the source holds at the next run are taken as loaded (``scan_edge``)."""
-    return {EDGE_KEY: Edge(upto=watermark, nulls=False).as_state()}

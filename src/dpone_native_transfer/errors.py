@@ -10,11 +10,7 @@ responses or the text of another exception.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
-
-if TYPE_CHECKING:
-    from .checkpoints import RouteKey
-    from .lease import LeaseHolder
+from typing import Any, ClassVar, Protocol, TypeVar
 
 __all__ = [
     "AccessRefused",
@@ -56,6 +52,12 @@ __all__ = [
 ]
 
 _E = TypeVar("_E", bound="NativeTransferError")
+
+
+class _Route(Protocol):
+    """What an error names a route by (``checkpoints.RouteKey``): errors import nothing."""
+
+    def as_dict(self) -> dict[str, Any]: ...
 
 
 class NativeTransferError(Exception):
@@ -240,7 +242,7 @@ class RouteBusy(NativeTransferError):
     code = "native_transfer_route_busy"
 
     @classmethod
-    def held_by(cls, route: RouteKey, holder: LeaseHolder | None) -> RouteBusy:
+    def held_by(cls, route: _Route, holder: Any) -> RouteBusy:
         """Named by its holder: who, since when, whether it is alive, and when it expires."""
         if holder is None:
             who = "another attempt"
@@ -282,7 +284,7 @@ class LeaseLost(RouteBusy):
     code = "native_transfer_lease_lost"
 
     @classmethod
-    def lost(cls, route: RouteKey) -> LeaseLost:
+    def lost(cls, route: _Route) -> LeaseLost:
         return cls(
             f"the lease on target table {route.target_table!r} was lost (the worker was "
             "paused past it or the store was unreachable) and another attempt may hold it; "
@@ -428,7 +430,7 @@ class ResolutionConflict(ConfigInvalid):
     code = "native_transfer_resolution_conflict"
 
     @classmethod
-    def changed(cls, route: RouteKey, partition_ids: list[str]) -> ResolutionConflict:
+    def changed(cls, route: _Route, partition_ids: list[str]) -> ResolutionConflict:
         return cls(
             f"refusing to write: {len(partition_ids)} partition(s) of route {route.label} "
             "changed since they were shown (a run or another operator wrote them); nothing "

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from .boundary import TargetMutation
     from .checkpoints import RouteKey
     from .latest import LatestCheckpoints
+    from .mutation import TargetMutation
     from .recovery import TargetRecovery
 
 __all__ = ["PROJECT_NAME", "hookimpl"]

@@ -23,19 +23,13 @@ import ipaddress
 import os
 import socket
 import threading
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import attrs
 
-from .checkpoints import RouteKey, Strategy
-from .connectors.contract import Identified
 from .errors import ConfigInvalid
 
-if TYPE_CHECKING:
-    from .connectors.contract import Sink, Source
-
-__all__ = ["TableIdentity", "file_location", "fold_ascii", "route_key", "server_location"]
+__all__ = ["TableIdentity", "file_location", "fold_ascii", "server_location"]
 
 
 @attrs.frozen
@@ -164,15 +158,3 @@ def fold_ascii(name: str) -> str:
 
 
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-
-
-def route_key(source: Source, sink: Sink, strategy: Strategy | str) -> RouteKey:
-    """The route of a source and a sink: located when both report ``identity()``.
-
-    A connector without ``identity()`` (one written before identities) gives an
-    unlocated key of the table names as configured, keyed as older releases did.
-    """
-    if not (isinstance(source, Identified) and isinstance(sink, Identified)):
-        return RouteKey(source.table, sink.table, strategy)
-    read, written = source.identity(), sink.identity()
-    return RouteKey(read.table, written.table, strategy, read.location, written.location)

@@ -36,11 +36,10 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 
 from .checkpoints import PartitionCheckpoint, RouteKey
-from .errors import ConfigInvalid, LeaseLost, RouteBusy
+from .errors import LeaseLost, RouteBusy
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
-    "MIN_LEASE_SECONDS",
     "HeldStore",
     "Lease",
     "LeaseClaim",
@@ -48,27 +47,11 @@ __all__ = [
     "LeaseStore",
     "LeaseTable",
     "ProcessMark",
-    "check_lease_seconds",
     "lease_key",
     "read_holder",
 ]
 
 DEFAULT_LEASE_SECONDS = 180.0
-# The heartbeat renews every sixth of the lease: below a second, one slow store write
-# (an fsync, a busy server) loses it, and the worker stops with ``lease_lost``.
-MIN_LEASE_SECONDS = 1.0
-
-
-def check_lease_seconds(value: Any, *, key: str = "lease_seconds") -> float:
-    """``value`` as the lease's length, or ``ConfigInvalid`` naming ``key``."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not (number and MIN_LEASE_SECONDS <= value < float("inf")):
-        raise ConfigInvalid(
-            f"{key} must be a number of seconds, at least {MIN_LEASE_SECONDS:g} (the heartbeat "
-            "renews the lease every sixth of it)",
-            diagnostics={"key": key},
-        )
-    return float(value)
 
 
 def lease_key(route: RouteKey) -> str:

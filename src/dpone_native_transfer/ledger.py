@@ -41,7 +41,7 @@ from .latest import LatestCheckpoints
 
 if TYPE_CHECKING:
     from .rejects import Reject
-from .reporting import plural
+from .wording import plural
 
 __all__ = [
     "FENCE_TABLE",

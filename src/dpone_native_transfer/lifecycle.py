@@ -15,7 +15,7 @@ from .checkpoints import FailureCode, PartitionCheckpointStatus
 from .hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from .boundary import TargetMutation
+    from .mutation import TargetMutation
 
 __all__ = ["UnguardedLifecycle"]
 

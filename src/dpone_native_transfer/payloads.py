@@ -6,20 +6,18 @@ same payloads.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
-from .column_types import KINDS, declared_precision, sqlite_kind
+from .column_types import Column
 from .errors import ConfigInvalid
-
-if TYPE_CHECKING:
-    from .connectors.contract import Source
 
 __all__ = [
     "Column",
+    "ColumnDifference",
     "LoadFile",
     "LoadFiles",
     "LoadPlan",
@@ -31,6 +29,7 @@ __all__ = [
     "bound_predicates",
     "bounds_label",
     "cursor_window",
+    "difference",
 ]
 
 RANGE_EDGES = ("partition_from", "partition_below")  # a key range's bounds keys
@@ -41,42 +40,6 @@ def cursor_window(bounds: Mapping[str, Any]) -> dict[str, Any]:
     """A partition's cursor window: its bounds without the partition's own keys. Partitions
     with equal windows are read by one scan (``OnePassReading``)."""
     return {key: value for key, value in bounds.items() if key not in _PARTITION_KEYS}
-
-
-def _check_kind(column: Column, attribute: Any, kind: Any) -> None:
-    if kind not in KINDS:
-        raise ConfigInvalid(
-            f"column {column.name!r} has no known kind (see column_types.KINDS)",
-            diagnostics={"column": str(column.name)},
-        )
-
-
-def _default_kind(column: Column) -> str:
-    return sqlite_kind(column.decltype) if isinstance(column.decltype, str) else "any"
-
-
-@attrs.frozen
-class Column:
-    """A source column: its name, the source's own declared type, and its neutral kind.
-
-    ``kind`` (see ``column_types.py``) is what sinks map to their own types; a
-    source that does not set it gets SQLite's rules applied to ``decltype``.
-    Only ``name`` and ``decltype`` enter the schema hash.
-    """
-
-    name: str
-    decltype: str
-    kind: str = attrs.field(
-        default=attrs.Factory(_default_kind, takes_self=True), validator=_check_kind
-    )
-
-    def decimal(self, widest: int) -> tuple[int, int] | None:
-        """``(precision, scale)`` when this numeric or decimal column declares a precision
-        of at most ``widest`` digits (what a target's DECIMAL type can hold), else None."""
-        if self.kind not in ("numeric", "decimal") or not isinstance(self.decltype, str):
-            return None
-        declared = declared_precision(self.decltype)
-        return declared if declared is not None and declared[0] <= widest else None
 
 
 @attrs.frozen(kw_only=True)
@@ -101,7 +64,7 @@ class RowChunks:
 class LoadPlan:
     """No rows: the sink pulls each partition's rows from ``source`` itself."""
 
-    source: Source
+    source: Any  # a connectors.contract.Source (records import no connector)
     columns: tuple[Column, ...]
     bounds: tuple[Mapping[str, Any], ...]
     replace: bool = False
@@ -128,6 +91,43 @@ class LoadFiles(RowChunks):
     spool files' rows (only a ``NativeFiles`` sink is ever given native files)."""
 
     files: tuple[LoadFile, ...]
+
+
+@attrs.frozen
+class ColumnDifference:
+    """How the source's columns differ from the target table's (``SchemaEvolving``)."""
+
+    added: list[Column]  # source columns the target table lacks
+    dropped: list[str]  # target columns the source lacks
+    retyped: list[str] = attrs.field(factory=list)  # columns whose target type cannot take them
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.dropped or self.retyped)
+
+
+def difference(
+    existing: Sequence[tuple[str, str]] | None,
+    columns: Sequence[Column],
+    *,
+    fold: Callable[[str], str] = str,
+    takes: Callable[[Column, str], bool] = lambda column, target_type: True,
+) -> ColumnDifference | None:
+    """``SchemaEvolving.column_difference`` from the target table's (name, type) pairs (None or
+    empty: no table), matching names after ``fold`` (the engine's own name matching);
+    ``takes(column, target_type)`` says whether a target column can hold the source's."""
+    if not existing:
+        return None
+    types = {fold(name): target_type for name, target_type in existing}
+    wanted = {fold(column.name) for column in columns}
+    return ColumnDifference(
+        added=[column for column in columns if fold(column.name) not in types],
+        dropped=[name for name, _ in existing if fold(name) not in wanted],
+        retyped=[
+            column.name
+            for column in columns
+            if fold(column.name) in types and not takes(column, types[fold(column.name)])
+        ],
+    )
 
 
 # A full refresh's upper cursor bound: at most the value, or NULL.

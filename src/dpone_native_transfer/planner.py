@@ -22,7 +22,6 @@ skips what is durably committed:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -38,12 +37,26 @@ from .checkpoints import (
 )
 from .connectors._sql import range_partitions
 from .connectors.contract import RangePartitioned, Source
-from .cursor_edge import Edge, EdgeScan
-from .errors import CheckpointStoreCorrupt, ConfigInvalid, RouteDefinitionChanged
+from .cursor_edge import EdgePlan, plan_edge, top_of_window
+from .errors import ConfigInvalid, RouteDefinitionChanged
 from .latest import LatestCheckpoints, as_latest
-from .payloads import Column
+from .payloads import Column, SourceShape
+from .source_state import DEFINITION_KEY, SourceState, plain_value
+from .spec import TransferSpec
 
-__all__ = ["ResumePlan", "SourceWindow", "plan_resume", "plan_window"]
+__all__ = [
+    "AttemptPlan",
+    "ResumePlan",
+    "RouteDefinition",
+    "SourceWindow",
+    "plan_attempt",
+    "plan_resume",
+    "plan_window",
+]
+
+# More partitions by value than this in one run: a warning suggests ranges (each partition is
+# a checkpoint and a query, so an id-like column makes one per row).
+MANY_PARTITIONS = 10_000
 
 
 @attrs.frozen(kw_only=True)
@@ -67,41 +80,36 @@ class ResumePlan:
     skipped: tuple[str, ...]
 
 
-def _source_state(route: RouteKey, state: Mapping[str, Any] | None) -> tuple[int, Any]:
-    if state is None:
-        return 0, None
-    generation = state.get("generation")
-    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
-        raise CheckpointStoreCorrupt(
-            "the stored source state of the route is malformed",
-            diagnostics={"route": route.as_dict(), "field": "generation"},
-        )
-    watermark = state.get("watermark")
-    if not _plain(watermark):  # it is compared in the source's SQL: a plain value only
-        raise CheckpointStoreCorrupt(
-            "the stored source state of the route is malformed",
-            diagnostics={"route": route.as_dict(), "field": "watermark"},
-        )
-    return generation, watermark
-
-
-DEFINITION_KEY = "definition"  # in the source state and in every checkpoint's diagnostics
-
-
-def route_definition(source: Source, columns: Sequence[Column]) -> dict[str, Any]:
+@attrs.frozen(kw_only=True)
+class RouteDefinition:
     """What the meaning of an append route's state and checkpoints depends on: its partition
     and cursor columns and their kinds (a partition value 1 and 1.0 are other bounds), and
-    how the partition column is cut (by value, or into ranges of about so many rows)."""
+    how the partition column is cut (by value, or into ranges of about so many rows).
+    Recorded as ``as_dict()`` in the source state, each checkpoint and the ledger entry."""
+
+    partition_column: str
+    cursor_column: str | None
+    partition_kind: str | None
+    cursor_kind: str | None
+    partition_by: str
+    partition_rows: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def route_definition(source: Source, columns: Sequence[Column]) -> RouteDefinition:
+    """The route's definition as the source and its columns give it now."""
     kinds = {column.name: column.kind for column in columns}
     rows = source.partition_rows if isinstance(source, RangePartitioned) else None
-    return {
-        "partition_column": source.partition_column,
-        "cursor_column": source.cursor_column,
-        "partition_kind": kinds.get(source.partition_column),
-        "cursor_kind": None if source.cursor_column is None else kinds.get(source.cursor_column),
-        "partition_by": "range" if rows else "value",
-        "partition_rows": rows or None,
-    }
+    return RouteDefinition(
+        partition_column=source.partition_column,
+        cursor_column=source.cursor_column,
+        partition_kind=kinds.get(source.partition_column),
+        cursor_kind=None if source.cursor_column is None else kinds.get(source.cursor_column),
+        partition_by="range" if rows else "value",
+        partition_rows=rows or None,
+    )
 
 
 # How partitions are cut: under a cursor the window decides which rows a run loads, and a
@@ -122,9 +130,9 @@ def changed_keys(recorded: Mapping[str, Any], definition: Mapping[str, Any]) -> 
 
 def check_definition(
     route: RouteKey,
-    state: Mapping[str, Any] | None,
+    state: SourceState | None,
     latest: Iterable[PartitionCheckpoint],
-    definition: Mapping[str, Any],
+    definition: RouteDefinition,
     *,
     recorded_in: str = "its stored state",
 ) -> None:
@@ -139,15 +147,16 @@ def check_definition(
     """
     if route.strategy is not Strategy.INCREMENTAL_APPEND:
         return
-    stored = (state or {}).get(DEFINITION_KEY)
+    stored = None if state is None else state.definition
     if not isinstance(stored, Mapping):
         recorded = (cp.diagnostics.get(DEFINITION_KEY) for cp in latest if _counts(cp))
         stored = next((d for d in recorded if isinstance(d, Mapping)), None)
     if stored is None:
         return
-    changed = changed_keys(stored, definition)
+    now = definition.as_dict()
+    changed = changed_keys(stored, now)
     if changed:
-        was = ", ".join(f"{key} {stored.get(key)!r} -> {definition[key]!r}" for key in changed)
+        was = ", ".join(f"{key} {stored.get(key)!r} -> {now[key]!r}" for key in changed)
         raise RouteDefinitionChanged(
             f"route {route.label} changed its {' and '.join(changed)} ({was}) since "
             f"{recorded_in}: a run would append committed rows again or skip rows; nothing was "
@@ -168,23 +177,14 @@ def _counts(checkpoint: PartitionCheckpoint) -> bool:
     return checkpoint.diagnostics.get("error") not in (FailureCode.NOT_IN_TARGET, FailureCode.RESET)
 
 
-def _plain(value: Any) -> bool:
-    """NULL, an integer, a finite real or text: what a cursor (or partition) value may be."""
-    if value is None or isinstance(value, str):
-        return True
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
-
-
 def plan_window(
     route: RouteKey,
     source: Source,
-    state: Mapping[str, Any] | None,
+    state: SourceState | None,
     latest: Iterable[PartitionCheckpoint],
     *,
-    definition: Mapping[str, Any] | None = None,
-    edge: tuple[Edge, EdgeScan] | None = None,
+    definition: RouteDefinition | None = None,
+    edge: EdgePlan | None = None,
 ) -> tuple[SourceWindow, list[dict[str, Any]]]:
     """The current generation's window and the bounds of each of its partitions.
 
@@ -195,7 +195,7 @@ def plan_window(
     """
     window, bounds = _plan_window(route, source, state, latest, definition)
     if edge is not None and route.strategy is Strategy.INCREMENTAL_APPEND:
-        record, scan = edge
+        record, scan = edge.record, edge.scan
         g = window.generation
         ranged = {"cursor_from": record.since, "cursor_upto": record.upto, "generation": g}
         bounds += [{**part, **ranged} for part in _edge_parts(source, list(scan.ranged))]
@@ -211,7 +211,7 @@ def plan_window(
 def _check_bound_value(source: Source, key: str, value: Any) -> None:
     """Partition and cursor values are stored in checkpoints and compared by every engine:
     integers, finite reals, text or NULL only. A BLOB or NaN is refused, naming the column."""
-    if _plain(value):
+    if plain_value(value):
         return
     role, column = (
         ("partition", source.partition_column)
@@ -229,11 +229,11 @@ def _check_bound_value(source: Source, key: str, value: Any) -> None:
 def _plan_window(
     route: RouteKey,
     source: Source,
-    state: Mapping[str, Any] | None,
+    state: SourceState | None,
     latest: Iterable[PartitionCheckpoint],
-    definition: Mapping[str, Any] | None,
+    definition: RouteDefinition | None,
 ) -> tuple[SourceWindow, list[dict[str, Any]]]:
-    generation, watermark = _source_state(route, state)
+    generation, watermark = (0, None) if state is None else (state.generation, state.watermark)
     if route.strategy is Strategy.FULL_REFRESH:
         # an empty source is still refreshed: its one (NULL) partition reads no row, and the
         # replace empties the target in one transaction (a min_rows gate stops it first)
@@ -254,7 +254,7 @@ def _plan_window(
         if "cursor_upto" in cp.partition_bounds
         and cp.partition_bounds.get("cursor_after") == watermark
         and _counts(cp)
-        and (definition is None or not changed_keys(_recorded(cp), definition))
+        and (definition is None or not changed_keys(_recorded(cp), definition.as_dict()))
     ]
     upto = (
         max(bounds["cursor_upto"] for bounds in pending)
@@ -313,7 +313,7 @@ def candidate_checkpoints(
     schema_hash: str,
     bounds: Iterable[Mapping[str, Any]],
     *,
-    definition: Mapping[str, Any] | None = None,
+    definition: RouteDefinition | None = None,
 ) -> list[PartitionCheckpoint]:
     """This attempt's view of every partition in the window, before any resume decision."""
     return [
@@ -325,7 +325,7 @@ def candidate_checkpoints(
             query_hash=query_hash,
             schema_hash=schema_hash,
             partition_bounds=dict(item),
-            diagnostics={} if definition is None else {DEFINITION_KEY: dict(definition)},
+            diagnostics={} if definition is None else {DEFINITION_KEY: definition.as_dict()},
         )
         for item in bounds
     ]
@@ -376,3 +376,72 @@ def plan_resume(
     if route.strategy is Strategy.FULL_REFRESH and active:
         active, skipped = candidates, []
     return ResumePlan(active=tuple(active), skipped=tuple(cp.partition_id for cp in skipped))
+
+
+@attrs.frozen(kw_only=True)
+class AttemptPlan:
+    """What one attempt does, all decided before any target I/O: the route's definition, its
+    edge, the window and its partitions, and which of them it loads (``resume.active``)."""
+
+    state: SourceState | None  # as stored (continued after another route's refresh)
+    shape: SourceShape  # the source's columns, read once for the attempt
+    definition: RouteDefinition
+    edge: EdgePlan | None
+    window: SourceWindow
+    candidates: tuple[PartitionCheckpoint, ...]
+    resume: ResumePlan
+    top_since: Any  # the lowest cursor value the next edge record tracks (None: untracked)
+
+    @property
+    def upto(self) -> Any:
+        """The watermark this attempt's window ends at."""
+        return self.window.advanced_state()["watermark"]
+
+    @property
+    def many_partitions(self) -> bool:
+        """Partitions by value beyond ``MANY_PARTITIONS``: ranges would suit the column."""
+        return len(self.candidates) > MANY_PARTITIONS and self.definition.partition_by == "value"
+
+
+def plan_attempt(
+    spec: TransferSpec,
+    route: RouteKey,
+    latest: LatestCheckpoints,
+    state: SourceState | None,
+    shape: SourceShape,
+) -> AttemptPlan:
+    """Plan one attempt from the route's checkpoints and stored state: refuse a changed
+    definition, read the edge, cut the window into partitions and decide which to load. An
+    empty source is gated here too, before the target. Reads the source only."""
+    source = spec.source
+    definition = route_definition(source, shape.columns)
+    check_definition(route, state, latest, definition)
+    kind = definition.cursor_kind
+    edge = plan_edge(
+        route,
+        source,
+        state,
+        shape.columns,
+        kind=kind,
+        lag=spec.lag,
+        on_null_cursor=spec.on_null_cursor,
+        chunk_rows=spec.chunk_rows,
+    )
+    window, bounds = plan_window(route, source, state, latest, definition=definition, edge=edge)
+    candidates = candidate_checkpoints(
+        route, spec.run_id, shape.query_hash, shape.schema_hash, bounds, definition=definition
+    )
+    resume = plan_resume(route, candidates, latest)
+    if not candidates and spec.governance.enabled and not source.partition_values():
+        spec.governance.check(route, 0)  # an empty source is gated too, before the target
+    upto = window.advanced_state()["watermark"]
+    return AttemptPlan(
+        state=state,
+        shape=shape,
+        definition=definition,
+        edge=edge,
+        window=window,
+        candidates=tuple(candidates),
+        resume=resume,
+        top_since=None if edge is None else top_of_window(source, upto, spec.lag, kind),
+    )

@@ -15,9 +15,9 @@ from .errors import PluginLoadFailed
 from .lifecycle import UnguardedLifecycle
 
 if TYPE_CHECKING:
-    from .boundary import TargetMutation
     from .checkpoints import RouteKey
     from .latest import LatestCheckpoints
+    from .mutation import TargetMutation
     from .recovery import TargetRecovery
 
 __all__ = ["Hooks", "entry_point_plugins", "make_plugin_manager", "scans_routes"]

@@ -29,7 +29,6 @@ from .checkpoints import (
     RouteKey,
 )
 from .connectors.contract import BatchCounting, Fencing, LedgerSink
-from .cursor_edge import unknown_edge
 from .errors import ConfigInvalid, NativeTransferError, RouteBusy, StoreTargetMismatch
 from .events import EventName, EventRecorder
 from .latest import LatestCheckpoints, as_latest
@@ -45,7 +44,8 @@ from .ledger import (
     restored_checkpoints,
     unexcused,
 )
-from .reporting import plural
+from .source_state import unknown_edge
+from .wording import plural
 
 __all__ = [
     "AUTOMATIC_OPERATOR",

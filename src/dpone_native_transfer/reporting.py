@@ -32,6 +32,7 @@ from .errors import (
     ValueUnsupported,
 )
 from .events import Event, EventName
+from .wording import PROG, plural
 
 if TYPE_CHECKING:
     from .config import RouteConfig
@@ -62,7 +63,6 @@ __all__ = [
     "summary_line",
 ]
 
-PROG = "dpone-transfer"
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_BLOCKED = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell reports for a process it ended
@@ -314,11 +314,6 @@ def rate_of(rows: int, seconds: float) -> str:
     """``rows`` per second, readable at any speed: ``12,345 rows/s``, ``0.5 rows/s``."""
     rate = rows / max(seconds, 1e-9)
     return f"{rate:,.0f} rows/s" if rate >= 10 else f"{rate:.2g} rows/s"
-
-
-def plural(count: int, word: str) -> str:
-    suffix = "es" if word.endswith(("ch", "sh", "s", "x")) else "s"
-    return f"{count:,} {word}" + ("" if count == 1 else suffix)
 
 
 def summary_line(config: RouteConfig, run_id: str, result: TransferResult, seconds: float) -> str:

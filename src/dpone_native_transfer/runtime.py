@@ -30,29 +30,17 @@ from .checkpoints import (
     LEDGER_BATCH_KEY,
     PartitionCheckpoint,
     RouteKey,
-    Strategy,
     batch_id_for,
 )
 from .clock import Clock, read_clock, system_clock
 from .connectors.contract import (
-    DEFAULT_CHUNK_ROWS,
     ConnectionHolding,
     Fencing,
     LedgerSink,
-    RangePartitioned,
     Sink,
-    Source,
     TargetChecking,
 )
-from .cursor_edge import (
-    EDGE_KEY,
-    NULL_CURSOR_POLICIES,
-    EdgeTracker,
-    advanced_edge,
-    plan_edge,
-    top_of_window,
-    unknown_edge,
-)
+from .cursor_edge import EdgeTracker, advanced_edge
 from .errors import (
     ConfigInvalid,
     LeaseLost,
@@ -61,7 +49,7 @@ from .errors import (
     WorkFolderFailed,
 )
 from .events import Event, EventName, EventRecorder
-from .identity import fold_ascii, route_key
+from .identity import fold_ascii
 from .latest import LatestCheckpoints, as_latest
 from .lease import (
     DEFAULT_LEASE_SECONDS,
@@ -69,7 +57,6 @@ from .lease import (
     Lease,
     LeaseStore,
     ProcessMark,
-    check_lease_seconds,
     lease_key,
 )
 from .ledger import (
@@ -79,26 +66,22 @@ from .ledger import (
     ledger_overrides,
     refresh_in_store,
 )
-from .paths import Governance, PathContext, SourceSnapshot, TransferPath
+from .paths import PathContext, SourceSnapshot, TransferPath
 from .paths.file_artifact import file_artifact_path
 from .paths.lazy_plan import lazy_plan_path
 from .paths.legacy import legacy_path
 from .paths.staged import staged_path
 from .payloads import Column, SourceShape
-from .planner import (
-    candidate_checkpoints,
-    check_definition,
-    plan_resume,
-    plan_window,
-    route_definition,
-)
+from .planner import AttemptPlan, plan_attempt
 from .plugins import Hooks, make_plugin_manager, scans_routes
 from .recovery import Prover, TargetRecovery
-from .rejects import ON_BAD_VALUE
-from .schema_contract import SCHEMA_CONTRACTS, apply_schema_contract
+from .schema_contract import apply_schema_contract
+from .source_state import SourceState
+from .spec import TransferSpec, check_option
 from .stores import CheckpointStore, RouteStateStore, TargetScopeStore
 
-__all__ = ["BUILTIN_PATHS", "TransferResult", "TransferRuntime", "TransferSpec"]
+__all__ = ["BUILTIN_PATHS", "TransferResult", "TransferRuntime", "TransferSpec"]  # the spec is
+# ``spec.py``'s, named here too for the callers that found it here
 
 BUILTIN_PATHS: Mapping[str, TransferPath] = {
     "legacy": legacy_path,
@@ -106,130 +89,6 @@ BUILTIN_PATHS: Mapping[str, TransferPath] = {
     "file-artifact": file_artifact_path,
     "lazy-plan": lazy_plan_path,
 }
-
-
-# More partitions by value than this in one run: a warning suggests ranges (each partition is
-# a checkpoint and a query, so an id-like column makes one per row).
-MANY_PARTITIONS = 10_000
-
-# Rows held in memory per chunk at most: beyond it a chunk is no longer a bounded buffer
-# (and 2**63 overflowed the drivers).
-MAX_CHUNK_ROWS = 10_000_000
-
-
-def _positive(_instance: Any, attribute: attrs.Attribute, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_CHUNK_ROWS:
-        raise ConfigInvalid(
-            f"{attribute.name} must be a positive integer of at most {MAX_CHUNK_ROWS:,}",
-            diagnostics={"key": attribute.name},
-        )
-
-
-def _schema_contract(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
-    if value not in SCHEMA_CONTRACTS:
-        raise ConfigInvalid(
-            f"schema_contract must be one of: {', '.join(SCHEMA_CONTRACTS)}",
-            diagnostics={"key": "schema_contract"},
-        )
-
-
-def _lag(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not (number and 0 <= value < float("inf")):
-        raise ConfigInvalid(
-            "lag must be a number of cursor units, 0 or more", diagnostics={"key": "source.lag"}
-        )
-
-
-def _null_policy(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
-    if value not in NULL_CURSOR_POLICIES:
-        raise ConfigInvalid(
-            f"on_null_cursor must be one of: {', '.join(NULL_CURSOR_POLICIES)}",
-            diagnostics={"key": "source.on_null_cursor"},
-        )
-
-
-RECOVERY_MODES = ("manual", "from_target")
-
-
-def _on_bad_value(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
-    if value not in ON_BAD_VALUE:
-        raise ConfigInvalid(
-            f"on_bad_value must be one of: {', '.join(ON_BAD_VALUE)}",
-            diagnostics={"key": "transfer.on_bad_value"},
-        )
-
-
-def _batch_column(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None and (not isinstance(value, str) or not value.strip() or "\x00" in value):
-        raise ConfigInvalid(
-            "batch_column must be a column name", diagnostics={"key": "target.batch_column"}
-        )
-
-
-def _recovery(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
-    if value not in RECOVERY_MODES:
-        raise ConfigInvalid(
-            f"recovery must be one of: {', '.join(RECOVERY_MODES)}",
-            diagnostics={"key": "guard.recovery"},
-        )
-
-
-def _strategy(value: Any) -> Strategy:
-    if value not in Strategy._value2member_map_:
-        known = ", ".join(s.value for s in Strategy)
-        raise ConfigInvalid(f"strategy must be one of: {known}", diagnostics={"key": "strategy"})
-    return Strategy(value)
-
-
-@attrs.frozen(kw_only=True)
-class TransferSpec:
-    """One route's transfer: which source, which sink, how, and under which run id."""
-
-    source: Source
-    sink: Sink
-    strategy: Strategy = attrs.field(converter=_strategy)
-    path: str
-    run_id: str
-    governance: Governance = attrs.field(factory=Governance)
-    chunk_rows: int = attrs.field(default=DEFAULT_CHUNK_ROWS, validator=_positive)
-    artifact_dir: str | None = None
-    ledger: bool = True
-    schema_contract: str = attrs.field(default="evolve", validator=_schema_contract)
-    lag: float = attrs.field(default=0, validator=_lag)  # cursor units re-read for late rows
-    on_null_cursor: str = attrs.field(default="error", validator=_null_policy)
-    # "from_target": the route scan first resolves blocked batches the target proves
-    recovery: str = attrs.field(default="manual", validator=_recovery)
-    # a column of the target that holds each row's batch id (None: none); row paths only
-    batch_column: str | None = attrs.field(default=None, validator=_batch_column)
-    # "quarantine": a row the target cannot hold exactly goes to _dpone_rejects, not a stop
-    on_bad_value: str = attrs.field(default="refuse", validator=_on_bad_value)
-    quarantine_values: bool = False  # the rejects table keeps the refused value (repr) too
-
-    def __attrs_post_init__(self) -> None:
-        if self.batch_column is not None and self.path == "lazy-plan":
-            raise ConfigInvalid(
-                "batch_column needs dpone to read the rows (legacy, staged or file-artifact): "
-                "on lazy-plan the target's engine reads them itself",
-                diagnostics={"key": "target.batch_column"},
-            )
-        if self.on_bad_value == "quarantine" and not self.ledger:
-            raise ConfigInvalid(
-                'on_bad_value = "quarantine" writes the rows it sets aside with the batch '
-                "and counts them in its ledger row: it needs the target's ledger",
-                diagnostics={"key": "transfer.on_bad_value"},
-            )
-        if self.batch_column is not None and not self.ledger:
-            raise ConfigInvalid(
-                "batch_column stores the ledger's batch id in every row: it needs the target's "
-                "ledger (ledger = true)",
-                diagnostics={"key": "target.batch_column"},
-            )
-
-    @property
-    def route(self) -> RouteKey:
-        """The route of the source, sink and strategy, located by their ``identity()``."""
-        return route_key(self.source, self.sink, self.strategy)
 
 
 @attrs.frozen(kw_only=True)
@@ -283,7 +142,8 @@ class TransferRuntime:
         self.hooks = Hooks(self.plugin_manager)
         self.paths = {**BUILTIN_PATHS, **(paths or {})}
         self._listener = events
-        self.lease_seconds = check_lease_seconds(lease_seconds)
+        check_option("lease_seconds", "seconds", lease_seconds)
+        self.lease_seconds = float(lease_seconds)
 
     def run(self, spec: TransferSpec) -> TransferResult:
         path = self.paths.get(spec.path)
@@ -320,18 +180,54 @@ class TransferRuntime:
         lease: Lease | None,
         snapshot: SourceSnapshot,
     ) -> TransferResult:
-        recorder = EventRecorder(self._listener)
-        ledger = self._ledger_sink(spec, route)
-        held = self._held(lease)  # what the attempt writes, it writes under its lease
-        states = held if self.state_store is self.store else self.state_store
-        epoch = None
-        recovery = None
+        store = self._held(lease)  # what the attempt writes, it writes under its lease
+        attempt = _Attempt(
+            spec=spec,
+            route=route,
+            lease=lease,
+            snapshot=snapshot,
+            events=EventRecorder(self._listener),
+            store=store,
+            states=store if self.state_store is self.store else self.state_store,
+            ledger=self._ledger_sink(spec, route),
+        )
+        latest, refreshed, epoch = self._scan(attempt)
+        shape = spec.source.describe()
+        state = SourceState.read(route, self.state_store.load_source_state(route))
+        if refreshed is not None:  # another route's full refresh: continue where it ended
+            state = (state or SourceState()).realigned(refreshed.watermark)
+            attempt.events.emit(EventName.STATE_REALIGNED, batch_id=refreshed.batch_id)
+        plan = plan_attempt(spec, route, latest, state, shape)
+        if plan.many_partitions:
+            column = spec.source.partition_column
+            attempt.events.emit(
+                EventName.MANY_PARTITIONS, partitions=len(plan.candidates), column=column
+            )
+        outcome = self._execute(attempt, path, plan, epoch) if plan.resume.active else _Outcome()
+        self._settle(attempt, plan, latest, outcome)
+        return TransferResult(
+            committed_partition_ids=outcome.committed,
+            skipped_partition_ids=plan.resume.skipped,
+            rows_loaded=outcome.rows_loaded,
+            events=tuple(attempt.events.events),
+            guarded=not self.unguarded,
+            batch_id=outcome.batch_id,
+            rows_quarantined=outcome.rows_quarantined,
+        )
+
+    def _scan(self, attempt: _Attempt) -> tuple[LatestCheckpoints, LedgerEntry | None, int | None]:
+        """The route scan (the guard, then the store against the target's ledger): the route's
+        checkpoints, another route's full refresh of the table to continue from, and the epoch
+        this attempt's batch is fenced with. With ``recovery = "from_target"`` the target is
+        checked and fenced first, so the scan may resolve what the target proves."""
+        spec, route, ledger, events = attempt.spec, attempt.route, attempt.ledger, attempt.events
+        epoch = recovery = None
         if spec.recovery == "from_target":
             _check_target(spec.sink)
-            epoch = self._fenced_epoch(ledger, lease)
+            epoch = self._fenced_epoch(ledger, attempt.lease)
             prover = Prover(ledger, epoch=epoch or 0, advance=True, batch_column=spec.batch_column)
             recovery = TargetRecovery(
-                store=held, route=route, run_id=spec.run_id, prover=prover, events=recorder
+                store=attempt.store, route=route, run_id=spec.run_id, prover=prover, events=events
             )
         if isinstance(self.store, TargetScopeStore):
             scope = as_latest(self.store.list_target_latest(route))
@@ -345,7 +241,7 @@ class TransferRuntime:
                 latest = scope = as_latest(self.store.list_latest(route))
         if recovery is None:
             _check_target(spec.sink)
-            epoch = self._fenced_epoch(ledger, lease)
+            epoch = self._fenced_epoch(ledger, attempt.lease)
         refreshed = None
         if ledger is not None:
             refreshed = check_store_against_target(
@@ -361,169 +257,100 @@ class TransferRuntime:
             # a refresh that kept no ledger entry (ledger = false): the store remembers it
             cursor = spec.source.cursor_column
             refreshed = refresh_in_store(route, scope, cursor, ledgered=ledger is not None)
-        recorder.emit(EventName.ROUTE_SCANNED, route=route.as_dict(), checkpoints=len(latest))
+        events.emit(EventName.ROUTE_SCANNED, route=route.as_dict(), checkpoints=len(latest))
+        return latest, refreshed, epoch
 
-        shape = spec.source.describe()
-        state = self.state_store.load_source_state(route)
-        if refreshed is not None:  # another route's full refresh: continue where it ended
-            generation = (state or {}).get("generation", 0)
-            state = {
-                "generation": generation,
-                "watermark": refreshed.watermark,
-                **unknown_edge(refreshed.watermark),
-            }
-            recorder.emit(EventName.STATE_REALIGNED, batch_id=refreshed.batch_id)
-        definition = route_definition(spec.source, shape.columns)
-        check_definition(route, state, latest, definition)
-        edge = plan_edge(
-            route,
-            spec.source,
-            state,
-            shape.columns,
-            kind=definition["cursor_kind"],
-            lag=spec.lag,
-            on_null_cursor=spec.on_null_cursor,
-            chunk_rows=spec.chunk_rows,
-        )
-        window, bounds = plan_window(
-            route, spec.source, state, latest, definition=definition, edge=edge
-        )
-        ranged = isinstance(spec.source, RangePartitioned) and spec.source.partition_rows
-        if len(bounds) > MANY_PARTITIONS and not ranged:
-            column = spec.source.partition_column
-            recorder.emit(EventName.MANY_PARTITIONS, partitions=len(bounds), column=column)
-        candidates = candidate_checkpoints(
-            route, spec.run_id, shape.query_hash, shape.schema_hash, bounds, definition=definition
-        )
-        plan = plan_resume(route, candidates, latest)
-        if not candidates and spec.governance.enabled and not spec.source.partition_values():
-            spec.governance.check(route, 0)  # an empty source is gated too, before the target
+    def _execute(
+        self, attempt: _Attempt, path: TransferPath, plan: AttemptPlan, epoch: int | None
+    ) -> _Outcome:
+        """Load the plan's active partitions: the path's pre-target work, then its one target
+        call through the boundary; what the guard promoted is what was committed."""
+        spec, route, lease, ledger = attempt.spec, attempt.route, attempt.lease, attempt.ledger
+        active, entry, batch = list(plan.resume.active), None, None
+        if ledger is not None:
+            batch = batch_id_for(spec.run_id, [cp.partition_id for cp in active])
+            active = _stamped(active, batch, lease)
+            entry = LedgerEntry.for_batch(
+                route,
+                spec.run_id,
+                active,
+                **plan.window.advanced_state(),
+                cursor_column=spec.source.cursor_column,
+                at=read_clock(self.clock, route=route, run_id=spec.run_id),
+                definition=plan.definition.as_dict(),
+                epoch=epoch,
+                excused=excused_batches(self.store, route, ledger.read_ledger),
+            )
+        shape = _with_batch_column(route, plan.shape, spec.batch_column)
+        added = apply_schema_contract(route, spec.sink, shape.columns, spec.schema_contract)
+        if added:
+            attempt.events.emit(EventName.SCHEMA_EVOLVED, columns=added)
+        idle = 2 * self.lease_seconds
+        with _work_folder(spec, route, leased=lease is not None, idle_seconds=idle) as work:
+            ctx = PathContext(
+                spec=spec,
+                route=route,
+                shape=shape,
+                candidates=active,
+                work_dir=Path(work),
+                store=attempt.store,
+                batch_value=None if spec.batch_column is None else batch,
+                clock=self.clock,
+                events=attempt.events,
+                boundary=TargetBoundary(self.hooks, attempt.events),
+                ledger_entry=entry,
+                lease=lease,
+                snapshot=attempt.snapshot,
+                edge=_edge_tracker(spec, plan),
+            )
+            try:
+                rows_loaded = path(ctx)
+            except OSError as error:
+                if ctx.mutation is not None:  # the boundary recorded the target call
+                    raise
+                if lease is not None and lease.lost:  # another attempt removed the folder
+                    raise LeaseLost.lost(route) from None
+                raise _work_folder_failed(route, error) from None
+        return _Outcome.of(ctx, rows_loaded)
 
-        committed: tuple[str, ...] = ()
-        rows_loaded, batch_id, ctx = 0, None, None
-        upto = window.advanced_state()["watermark"]
-        kind = definition["cursor_kind"]
-        top_since = None if edge is None else top_of_window(spec.source, upto, spec.lag, kind)
-        if plan.active:
-            active = list(plan.active)
-            entry, batch = None, None
-            if ledger is not None:
-                batch = batch_id_for(spec.run_id, [cp.partition_id for cp in active])
-                active = _stamped(active, batch, lease)
-                entry = LedgerEntry.for_batch(
-                    route,
-                    spec.run_id,
-                    active,
-                    **window.advanced_state(),
-                    cursor_column=spec.source.cursor_column,
-                    at=read_clock(self.clock, route=route, run_id=spec.run_id),
-                    definition=dict(definition),
-                    epoch=epoch,
-                    excused=excused_batches(self.store, route, ledger.read_ledger),
-                )
-            loaded = _with_batch_column(route, shape, spec.batch_column)
-            added = apply_schema_contract(route, spec.sink, loaded.columns, spec.schema_contract)
-            if added:
-                recorder.emit(EventName.SCHEMA_EVOLVED, columns=added)
-            idle = 2 * self.lease_seconds
-            with _work_folder(spec, route, leased=lease is not None, idle_seconds=idle) as work:
-                ctx = PathContext(
-                    spec=spec,
-                    route=route,
-                    shape=loaded,
-                    candidates=active,
-                    work_dir=Path(work),
-                    store=held,
-                    batch_value=None if spec.batch_column is None else batch,
-                    clock=self.clock,
-                    events=recorder,
-                    boundary=TargetBoundary(self.hooks, recorder),
-                    ledger_entry=entry,
-                    lease=lease,
-                    snapshot=snapshot,
-                    edge=None
-                    if edge is None
-                    else EdgeTracker(
-                        edge[0],
-                        shape.columns,
-                        spec.source,
-                        top_since=top_since,
-                        kind=definition["cursor_kind"],
-                    ),
-                )
-                try:
-                    rows_loaded = path(ctx)
-                except OSError as error:
-                    if ctx.mutation is not None:  # the boundary recorded the target call
-                        raise
-                    if lease is not None and lease.lost:  # another attempt removed the folder
-                        raise LeaseLost.lost(route) from None
-                    raise _work_folder_failed(route, error) from None
-            if ctx.mutation is None:
-                raise PathContractBroken(
-                    f"path {spec.path!r} returned without reaching the target boundary; "
-                    "nothing was written",
-                    diagnostics={"route": route.as_dict(), "path": spec.path},
-                )
-            state_ids = ctx.mutation.state.committed_ids
-            committed = tuple(pid for pid in ctx.mutation.partition_ids if pid in state_ids)
-            batch_id = ctx.mutation.state.batch_id
-            if len(committed) != len(ctx.mutation.partition_ids):
-                raise TargetCommitGuardUnhandled(
-                    f"route {route.label}: the target call succeeded but "
-                    f"{len(ctx.mutation.partition_ids) - len(committed)} of "
-                    f"{len(ctx.mutation.partition_ids)} checkpoints were not promoted by any "
-                    "plugin; evidence and source state were not written and the route stays "
-                    "blocked until `dpone-transfer guard verify` and `guard resolve`",
-                    diagnostics={"route": route.as_dict(), "batch_id": batch_id},
-                )
-
+    def _settle(
+        self, attempt: _Attempt, plan: AttemptPlan, latest: LatestCheckpoints, outcome: _Outcome
+    ) -> None:
+        """Evidence, then the source state advanced past the window: only after the guard
+        promoted the checkpoints, and also when nothing was active (a run that failed after
+        promotion heals here without a target call)."""
+        spec, route, events = attempt.spec, attempt.route, attempt.events
         evidence = {
             "run_id": spec.run_id,
             "route": route.as_dict(),
             "path": spec.path,
-            "generation": window.generation,
-            "batch_id": batch_id,
-            "committed_partition_ids": list(committed),
-            "skipped_partition_ids": list(plan.skipped),
-            "rows_loaded": rows_loaded,
-            "rows_quarantined": 0 if ctx is None else len(ctx.rejects),
+            "generation": plan.window.generation,
+            "batch_id": outcome.batch_id,
+            "committed_partition_ids": list(outcome.committed),
+            "skipped_partition_ids": list(plan.resume.skipped),
+            "rows_loaded": outcome.rows_loaded,
+            "rows_quarantined": outcome.rows_quarantined,
             "completed_at": read_clock(self.clock, route=route, run_id=spec.run_id).isoformat(),
         }
-        states.record_evidence(route, spec.run_id, evidence)
-        recorder.emit(EventName.EVIDENCE_WRITTEN, run_id=spec.run_id)
-        state = {**window.advanced_state(), "definition": definition}
-        if edge is not None:
-            ran = []  # this attempt's committed partitions, with the rows it recorded
-            if ctx is not None and ctx.mutation is not None and ctx.edge is not None:
-                recorded = ctx.edge.diagnostics
-                ran = [
-                    attrs.evolve(cp, diagnostics={**cp.diagnostics, **recorded(cp.partition_id)})
-                    for cp in ctx.mutation.candidates
-                ]
-            earlier = latest.checkpoints(plan.skipped)
+        attempt.states.record_evidence(route, spec.run_id, evidence)
+        events.emit(EventName.EVIDENCE_WRITTEN, run_id=spec.run_id)
+        advanced = plan.window.advanced_state()
+        state = SourceState(**advanced, definition=plan.definition.as_dict())
+        if plan.edge is not None:
+            earlier = latest.checkpoints(plan.resume.skipped)
             record, untracked = advanced_edge(
-                edge[0],
-                upto=upto,
-                top_since=top_since,
-                kind=definition["cursor_kind"],
-                generation_checkpoints=[*ran, *earlier.values()],
-                lost=len(earlier) != len(plan.skipped),
+                plan.edge.record,
+                upto=plan.upto,
+                top_since=plan.top_since,
+                kind=plan.definition.cursor_kind,
+                generation_checkpoints=[*outcome.ran, *earlier.values()],
+                lost=len(earlier) != len(plan.resume.skipped),
             )
-            state[EDGE_KEY] = record.as_state()
+            state = attrs.evolve(state, edge=record.as_state())
             for part in untracked:
-                recorder.emit(EventName.CURSOR_EDGE_UNTRACKED, part=part)
-        states.save_source_state(route, state)
-        recorder.emit(EventName.SOURCE_STATE_ADVANCED, generation=window.generation + 1)
-        return TransferResult(
-            committed_partition_ids=committed,
-            skipped_partition_ids=plan.skipped,
-            rows_loaded=rows_loaded,
-            events=tuple(recorder.events),
-            guarded=not self.unguarded,
-            batch_id=batch_id,
-            rows_quarantined=0 if ctx is None else len(ctx.rejects),
-        )
+                events.emit(EventName.CURSOR_EDGE_UNTRACKED, part=part)
+        attempt.states.save_source_state(route, state.stored())
+        events.emit(EventName.SOURCE_STATE_ADVANCED, generation=plan.window.generation + 1)
 
     def _ledger_sink(self, spec: TransferSpec, route: RouteKey) -> LedgerSink | None:
         """The sink, when it keeps the target's ledger for this run (on by default)."""
@@ -580,6 +407,77 @@ class TransferRuntime:
             "...]), or run unguarded on purpose with plugins=[] (CLI: run --unguarded)",
             diagnostics={"route": route.as_dict()},
         )
+
+
+@attrs.frozen(kw_only=True)
+class _Attempt:
+    """One attempt's parts: what it runs, under which lease, and where it writes."""
+
+    spec: TransferSpec
+    route: RouteKey
+    lease: Lease | None
+    snapshot: SourceSnapshot
+    events: EventRecorder
+    store: Any  # the checkpoint store, under the lease when there is one
+    states: Any  # where the source state and evidence go (the store, or state_store)
+    ledger: LedgerSink | None
+
+
+@attrs.frozen(kw_only=True)
+class _Outcome:
+    """What the target call committed: nothing, when no partition was active."""
+
+    committed: tuple[str, ...] = ()
+    batch_id: str | None = None
+    rows_loaded: int = 0
+    rows_quarantined: int = 0
+    ran: tuple[PartitionCheckpoint, ...] = ()  # the committed candidates, edge rows recorded
+
+    @classmethod
+    def of(cls, ctx: PathContext, rows_loaded: int) -> _Outcome:
+        """The outcome of a path that returned: it must have reached the target, and every
+        checkpoint of its call must have been promoted by a plugin."""
+        spec, route, mutation = ctx.spec, ctx.route, ctx.mutation
+        if mutation is None:
+            raise PathContractBroken(
+                f"path {spec.path!r} returned without reaching the target boundary; "
+                "nothing was written",
+                diagnostics={"route": route.as_dict(), "path": spec.path},
+            )
+        state_ids = mutation.state.committed_ids
+        committed = tuple(pid for pid in mutation.partition_ids if pid in state_ids)
+        if len(committed) != len(mutation.partition_ids):
+            raise TargetCommitGuardUnhandled(
+                f"route {route.label}: the target call succeeded but "
+                f"{len(mutation.partition_ids) - len(committed)} of "
+                f"{len(mutation.partition_ids)} checkpoints were not promoted by any "
+                "plugin; evidence and source state were not written and the route stays "
+                "blocked until `dpone-transfer guard verify` and `guard resolve`",
+                diagnostics={"route": route.as_dict(), "batch_id": mutation.state.batch_id},
+            )
+        ran: tuple[PartitionCheckpoint, ...] = ()
+        if ctx.edge is not None:  # the committed partitions, with the edge rows recorded
+            recorded = ctx.edge.diagnostics
+            ran = tuple(
+                attrs.evolve(cp, diagnostics={**cp.diagnostics, **recorded(cp.partition_id)})
+                for cp in mutation.candidates
+            )
+        return cls(
+            committed=committed,
+            batch_id=mutation.state.batch_id,
+            rows_loaded=rows_loaded,
+            rows_quarantined=len(ctx.rejects),
+            ran=ran,
+        )
+
+
+def _edge_tracker(spec: TransferSpec, plan: AttemptPlan) -> EdgeTracker | None:
+    """The attempt's view of its edge, filtering the rows the route already loaded."""
+    if plan.edge is None:
+        return None
+    kind = plan.definition.cursor_kind
+    columns = plan.shape.columns
+    return EdgeTracker(plan.edge.record, columns, spec.source, top_since=plan.top_since, kind=kind)
 
 
 def _check_target(sink: Sink) -> None:

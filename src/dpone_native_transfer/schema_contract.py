@@ -19,9 +19,7 @@ from .connectors.contract import SchemaEvolving, Sink
 from .errors import SchemaChanged
 from .payloads import Column
 
-__all__ = ["SCHEMA_CONTRACTS", "apply_schema_contract"]
-
-SCHEMA_CONTRACTS = ("evolve", "freeze")
+__all__ = ["apply_schema_contract"]
 
 
 def apply_schema_contract(

@@ -28,7 +28,6 @@ from .checkpoints import (
     Strategy,
 )
 from .config import RouteConfig, load_route_config
-from .cursor_edge import EDGE_KEY, unknown_edge
 from .errors import (
     ConfigInvalid,
     NativeTransferError,
@@ -36,7 +35,7 @@ from .errors import (
 )
 from .latest import as_latest
 from .ledger import UNKNOWN, Proof, check_store_against_target, ledger_overrides, live_entries
-from .planner import DEFINITION_KEY, check_definition, route_definition
+from .planner import check_definition, route_definition
 from .plugins import Hooks, make_plugin_manager
 from .recovery import (
     Prover,
@@ -48,6 +47,7 @@ from .recovery import (
 )
 from .reporting import EXIT_OK, declined, plural
 from .route_status import route_status, status_line
+from .source_state import DEFINITION_KEY, EDGE_KEY, SourceState, unknown_edge
 from .stores import TargetScopeStore, open_store
 
 __all__ = ["add_state_command"]
@@ -354,16 +354,17 @@ def _definition(config: Any, store: Any, recorded: dict[str, Any] | None) -> dic
     change a run refused (the store lost, the new definition would be all it knew)."""
     route = config.route
     definition = route_definition(config.source, config.source.describe().columns)
-    check_definition(route, store.load_source_state(route), store.list_latest(route), definition)
+    stored = SourceState(definition=(store.load_source_state(route) or {}).get(DEFINITION_KEY))
+    check_definition(route, stored, store.list_latest(route), definition)
     if recorded is not None:
         check_definition(
             route,
-            {DEFINITION_KEY: recorded},
+            SourceState(definition=recorded),
             (),
             definition,
             recorded_in="its last batch in the target's ledger",
         )
-    return {DEFINITION_KEY: definition}
+    return {DEFINITION_KEY: definition.as_dict()}
 
 
 def _reset_command(args: argparse.Namespace) -> int:
@@ -402,7 +403,7 @@ def _reset_command(args: argparse.Namespace) -> int:
         state = {
             "generation": (generation if isinstance(generation, int) else 0) + 1,
             "watermark": watermark,
-            "definition": route_definition(source, source.describe().columns),
+            DEFINITION_KEY: route_definition(source, source.describe().columns).as_dict(),
             **(unknown_edge(watermark) if args.from_now else {}),  # NULL-cursor rows: skipped
         }
         batches = sorted({b for cp in committed if (b := cp.diagnostics.get(LEDGER_BATCH_KEY))})

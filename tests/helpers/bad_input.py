@@ -25,7 +25,7 @@ from dpone_native_transfer import (
     TransferRuntime,
     TransferSpec,
 )
-from dpone_native_transfer.identity import route_key
+from dpone_native_transfer.spec import route_key
 from dpone_native_transfer.testing import FaultyStore, RecordingSink, StepClock, build_sample_source
 from dpone_target_commit_guard.payload import GuardPhase, GuardRecord, build_guard
 

@@ -26,7 +26,7 @@ from dpone_native_transfer import (
     SQLiteSink,
     SQLiteSource,
 )
-from dpone_native_transfer.identity import route_key
+from dpone_native_transfer.spec import route_key
 from dpone_native_transfer.testing import build_sample_source
 
 __all__ = [

@@ -30,10 +30,12 @@ from ..payloads import (
     RANGE_EDGES,
     UPTO_OR_NULL,
     Column,
+    ColumnDifference,
     Predicate,
     SourceShape,
     bound_predicates,
     cursor_window,
+    difference,
 )
 from .contract import PendingLedger
 
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RESERVED_PREFIX",
     "STAGE_PREFIX",
-    "ColumnDifference",
+    "ColumnDifference",  # payloads', kept here for the connectors
     "FileTarget",
     "RANGE_EDGES",
     "WINDOW_OPERATORS",
@@ -194,43 +196,6 @@ def refuse_schema(table: TableName, *, engine: str, hint: str) -> None:
             f"tables cannot: {hint}",
             diagnostics={"key": "target.table"},
         )
-
-
-@attrs.frozen
-class ColumnDifference:
-    """How the source's columns differ from the target table's (``SchemaEvolving``)."""
-
-    added: list[Column]  # source columns the target table lacks
-    dropped: list[str]  # target columns the source lacks
-    retyped: list[str] = attrs.field(factory=list)  # columns whose target type cannot take them
-
-    def __bool__(self) -> bool:
-        return bool(self.added or self.dropped or self.retyped)
-
-
-def difference(
-    existing: Sequence[tuple[str, str]] | None,
-    columns: Sequence[Column],
-    *,
-    fold: Callable[[str], str] = str,
-    takes: Callable[[Column, str], bool] = lambda column, target_type: True,
-) -> ColumnDifference | None:
-    """``SchemaEvolving.column_difference`` from the target table's (name, type) pairs (None or
-    empty: no table), matching names after ``fold`` (the engine's own name matching);
-    ``takes(column, target_type)`` says whether a target column can hold the source's."""
-    if not existing:
-        return None
-    types = {fold(name): target_type for name, target_type in existing}
-    wanted = {fold(column.name) for column in columns}
-    return ColumnDifference(
-        added=[column for column in columns if fold(column.name) not in types],
-        dropped=[name for name, _ in existing if fold(name) not in wanted],
-        retyped=[
-            column.name
-            for column in columns
-            if fold(column.name) in types and not takes(column, types[fold(column.name)])
-        ],
-    )
 
 
 # The runtime's own tables in a target database (its ledger, staging tables) start so;

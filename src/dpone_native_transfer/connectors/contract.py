@@ -23,8 +23,15 @@ if TYPE_CHECKING:
     from ..column_types import Carry
     from ..identity import TableIdentity
     from ..ledger import LedgerEntry
-    from ..payloads import Column, LoadFile, LoadFiles, LoadPlan, RowChunks, SourceShape
-    from ._sql import ColumnDifference
+    from ..payloads import (
+        Column,
+        ColumnDifference,
+        LoadFile,
+        LoadFiles,
+        LoadPlan,
+        RowChunks,
+        SourceShape,
+    )
 
 __all__ = [
     "CAPABILITIES",
@@ -518,7 +525,8 @@ class SchemaEvolving(Protocol):
     def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
         """Source columns the target table lacks, target columns the source lacks, and
         columns whose target type cannot hold the source's values, by the engine's own name
-        matching (``_sql.difference`` builds it); None when the table does not exist. Reads only."""
+        matching (``payloads.difference`` builds it); None when the table does not exist.
+        Reads only."""
 
     def add_columns(self, columns: Sequence[Column]) -> None:
         """Add ``columns`` to the target table (nullable, typed by their kind), atomically."""

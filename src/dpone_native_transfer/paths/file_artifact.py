@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..artifacts import file_sha256
 from ..errors import ArtifactInvalid
-from . import PathContext
+from ._context import PathContext
 
 __all__ = ["file_artifact_path"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..connectors.contract import PlanInexact, PlanPulling
 from ..cursor_edge import is_edge
 from ..payloads import LoadPlan
-from . import PathContext
+from ._context import PathContext
 from .legacy import legacy_path
 
 __all__ = ["lazy_plan_path"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import PathContext
+from ._context import PathContext
 
 __all__ = ["legacy_path"]
 

@@ -11,7 +11,7 @@ import contextlib
 
 from ..connectors.contract import StagePulling, Staging
 from ..errors import LeaseLost
-from . import PathContext
+from ._context import PathContext
 
 __all__ = ["staged_path"]
 

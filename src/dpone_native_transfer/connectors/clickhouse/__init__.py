@@ -7,7 +7,7 @@ Neither package is imported until a client is opened (extra ``clickhouse``).
 
 from __future__ import annotations
 
-from .client import ClickHouseClient, Location, open_client, parse_location
-from .sink import ClickHouseSink
+from .client import ClickHouseClient, Location, parse_location
+from .sink import ClickHouseSink, open_client
 
 __all__ = ["ClickHouseClient", "ClickHouseSink", "Location", "open_client", "parse_location"]

@@ -29,7 +29,6 @@ __all__ = [
     "ClickHouseClient",
     "Location",
     "import_engine",
-    "open_client",
     "parse_location",
 ]
 
@@ -132,14 +131,3 @@ def parse_location(location: Any) -> Location:
 def import_engine(module: str) -> ModuleType:
     """Import chDB or clickhouse-connect; missing, it is a ConfigInvalid naming the extra."""
     return import_driver(module, needed_by="the ClickHouse sink", key="location")
-
-
-def open_client(location: Location) -> ClickHouseClient:
-    """Open the adapter for ``location``; the caller closes it."""
-    if location.kind == CHDB:
-        from .chdb_client import ChdbClient
-
-        return ChdbClient(location.target)
-    from .server_client import ServerClient
-
-    return ServerClient(location.target)

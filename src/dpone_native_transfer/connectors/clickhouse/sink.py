@@ -82,7 +82,9 @@ from .._sql import (
 )
 from ..contract import PendingLedger, PlanInexact, SQLiteFile
 from ..sqlite import pulled_file, refuse_inexact_plan, watching_writes
-from .client import CHDB, ClickHouseClient, open_client, parse_location
+from .chdb_client import ChdbClient
+from .client import CHDB, ClickHouseClient, Location, parse_location
+from .server_client import ServerClient
 from .sql import (
     ARROW_BLOCK_ROWS,
     DEDUPLICATION_WINDOW,
@@ -102,7 +104,7 @@ from .sql import (
     write_arrow_stream,
 )
 
-__all__ = ["ClickHouseSink"]
+__all__ = ["ClickHouseSink", "open_client"]
 
 T = TypeVar("T")
 
@@ -135,6 +137,13 @@ _WORD_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01
 
 Fill = Callable[[ClickHouseClient, TableName, "_Tokens"], int]
 _LEDGER = TableName(None, LEDGER_TABLE)
+
+
+def open_client(location: Location) -> ClickHouseClient:
+    """Open the adapter for ``location``; the caller closes it."""
+    if location.kind == CHDB:
+        return ChdbClient(location.target)
+    return ServerClient(location.target)
 
 
 class ClickHouseSink:
