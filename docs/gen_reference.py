@@ -1,7 +1,7 @@
 """Regenerate the reference sections of the docs from the docstrings they document.
 
 docs/hooks.md       the hook reference, from the hookspecs (``hookspecs.py``)
-docs/connectors.md  the connector contract, from its Protocols (``connectors/contract.py``)
+docs/connectors.md  the connector contract, from its parts (``connectors/contract/``)
 
 python docs/gen_reference.py          # rewrite the generated sections
 python docs/gen_reference.py --check  # exit 1 if a doc is stale (the tests do this)
@@ -17,6 +17,8 @@ from pathlib import Path
 
 from dpone_native_transfer import hookspecs
 from dpone_native_transfer.connectors import contract
+from dpone_native_transfer.connectors.contract.engine import EnginePull
+from dpone_native_transfer.connectors.contract.sqlite_file import SQLiteFile
 from dpone_native_transfer.plugins import EVERY_IMPLEMENTATION_RUNS
 from dpone_native_transfer.testing.contract import protocol_members
 
@@ -64,8 +66,16 @@ def hook_reference() -> str:
 
 
 def contract_protocols() -> list[type]:
-    """The base Protocols, then every optional capability, in ``CAPABILITIES`` order."""
-    return [contract.Source, contract.Sink, *contract.CAPABILITIES]
+    """The parts of the contract: what every connector is, then the optional parts."""
+    return [contract.Source, contract.Sink, EnginePull, SQLiteFile]
+
+
+KINDS = {
+    contract.Source: "every source",
+    contract.Sink: "every sink",
+    EnginePull: "optional: what `Sink.engine()` returns",
+    SQLiteFile: "optional: a source other engines read",
+}
 
 
 def protocol_text(protocol: type) -> str:
@@ -84,28 +94,39 @@ def protocol_text(protocol: type) -> str:
     return "\n".join(lines)
 
 
+def fields_text(features: type) -> str:
+    """A features class's fields as written: each with its comment and default."""
+    lines = inspect.getsource(features).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith('"""'))
+    end = next(i for i in range(start, len(lines)) if lines[i].rstrip().endswith('"""')
+               and (i > start or lines[i].count('"""') == 2))  # fmt: skip
+    return textwrap.dedent("\n".join(lines[end + 1 :])).strip()
+
+
 def contract_reference() -> str:
     sections = []
     for protocol in contract_protocols():
         bases = [b.__name__ for b in protocol.__bases__ if b in contract_protocols()]
-        kind = (
-            "every " + protocol.__name__.lower()
-            if protocol in (contract.Source, contract.Sink)
-            else "optional capability"
-        )
-        if bases:
-            kind += f"; includes {', '.join(bases)}"
+        kind = KINDS[protocol] + (f"; includes {', '.join(bases)}" if bases else "")
         sections.append(
             f"### `{protocol.__name__}`\n\n*{kind}*\n\n{inspect.getdoc(protocol)}\n\n"
             f"```python\n{protocol_text(protocol)}\n```\n"
         )
+    for features in (contract.SourceFeatures, contract.SinkFeatures):
+        sections.append(
+            f"### `{features.__name__}`\n\n*data*\n\n{inspect.getdoc(features)}\n\n"
+            f"```python\n{fields_text(features)}\n```\n"
+        )
+    sections.append(
+        f"### `Unsupported`\n\n*a refusal*\n\n{inspect.getdoc(contract.Unsupported)}\n"
+    )
     return "\n".join(sections)
 
 
 # (document, what is generated, the module it comes from, the generator)
 SECTIONS: list[tuple[str, str, str, Callable[[], str]]] = [
     ("hooks.md", "HOOK REFERENCE", "hookspecs.py", hook_reference),
-    ("connectors.md", "CONNECTOR CONTRACT", "connectors/contract.py", contract_reference),
+    ("connectors.md", "CONNECTOR CONTRACT", "connectors/contract/", contract_reference),
 ]
 
 

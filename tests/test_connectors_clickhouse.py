@@ -186,7 +186,7 @@ def test_the_ledger_row_follows_the_rows_and_a_repeated_batch_inserts_nothing(tm
         sink = route.sink.inner
         [entry] = sink.read_ledger(partitions=True)
         assert (entry.batch_id, entry.rows) == (result.batch_id, 120)
-        assert sink.ledger_atomic is False
+        assert sink.features.ledger_atomic is False
         absent = "sha256:" + "1" * 64  # a batch armed with the ledger that the ledger lacks
         armed = [
             attrs.evolve(cp, diagnostics={**cp.diagnostics, LEDGER_BATCH_KEY: absent})
@@ -196,30 +196,30 @@ def test_the_ledger_row_follows_the_rows_and_a_repeated_batch_inserts_nothing(tm
         assert (proof.verdict, proof.heals) == ("unknown", False)
         if path in ("legacy", "lazy-plan"):  # the same INSERTs can be repeated as they were
             again = attrs.evolve(entry, seq=0, rows=0)
-            payload = _append_payload(route, path)
-            with sink.ledger_batch(again):
-                sink.load(payload)
+            load = _append(sink, route, path)
+            load(ledger=again)
             assert len(route.target_rows()) == 120, "the repeated inserts were deduplicated"
             assert len(sink.read_ledger()) == 2, "the ledger records each call"
             another = attrs.evolve(again, batch_id="sha256:" + "0" * 64)
-            with sink.ledger_batch(another):
-                sink.load(_append_payload(route, path))
+            _append(sink, route, path)(ledger=another)
             assert len(route.target_rows()) == 240, "equal rows of another batch are kept"
-            with sink.ledger_batch(attrs.evolve(another, batch_id="sha256:" + "1" * 64)):
-                sink.load(_append_payload(route, path))  # no content deduplication either
+            third = attrs.evolve(another, batch_id="sha256:" + "1" * 64)
+            _append(sink, route, path)(ledger=third)  # no content deduplication either
             assert len(route.target_rows()) == 360
     finally:
         route.real_store.close()
 
 
-def _append_payload(route: Route, path: str) -> Any:
-    """The same rows as the run's target call, as the path under test hands them."""
+def _append(sink: Any, route: Route, path: str) -> Any:
+    """The run's target call again, the same rows as the path under test hands them, waiting
+    for its ``ledger=``."""
     columns = route.source.describe().columns
     bounds = tuple(cp.partition_bounds for cp in sorted(route.latest(), key=_in_batch_order))
     if path == "lazy-plan":
-        return LoadPlan(source=route.source, columns=columns, bounds=bounds)
+        plan = LoadPlan(source=route.source, columns=columns, bounds=bounds)
+        return functools.partial(sink.load_plan, plan)
     rows = [row for b in bounds for chunk in route.source.read(b) for row in chunk]
-    return RowChunks(columns=columns, chunks=[rows])
+    return functools.partial(sink.load, RowChunks(columns=columns, chunks=[rows]))
 
 
 def _in_batch_order(checkpoint: Any) -> Any:
@@ -269,12 +269,10 @@ def test_a_pull_is_cut_into_the_blocks_python_writes_and_repeated_inserts_nothin
         payload = LoadFiles(columns=columns, chunks=(), replace=False, files=tuple(pulled))
         if files > 1:
             payload = sink.merge_load_files(payload, tmp_path)
-        with sink.ledger_batch(attrs.evolve(entry, seq=0, rows=0)):
-            assert sink.load(payload) == 120
+        assert sink.load(payload, ledger=attrs.evolve(entry, seq=0, rows=0)) == 120
         assert len(route.target_rows()) == 120 == result.rows_loaded, "deduplicated"
         another = attrs.evolve(entry, seq=0, rows=0, batch_id="sha256:" + "0" * 64)
-        with sink.ledger_batch(another):
-            sink.load(payload)
+        sink.load(payload, ledger=another)
         assert len(route.target_rows()) == 240
     finally:
         route.real_store.close()
@@ -419,7 +417,7 @@ def test_a_plan_takes_as_few_statements_as_its_conditions_allow(
     chdb_statements.clear()
     for count, replace, inserts in ((2048, True, 1), (2049, True, 9), (257, False, 2)):
         loading = ClickHouseSink(tmp_path / f"lazy-{count}-{replace}", "t")
-        assert loading.load(plan(count, replace=replace)) == count
+        assert loading.load_plan(plan(count, replace=replace)) == count
         assert loading.rows() == [(i, i) for i in range(count)]
         reads = [sql for sql in chdb_statements if "FROM sqlite(" in sql]
         assert len(reads) == inserts, count
@@ -443,7 +441,7 @@ def test_lazy_plan_statements_stay_within_what_chdb_parses_or_fail_before_the_ta
     columns = source.describe().columns
     bounds = tuple({"partition": i} for i in range(300))  # an append's: OR-ed, not looked up
     sink = ClickHouseSink(tmp_path / "chdata", "t")
-    assert sink.load(LoadPlan(source=source, columns=columns, bounds=bounds)) == 600
+    assert sink.load_plan(LoadPlan(source=source, columns=columns, bounds=bounds)) == 600
     assert sink.rows() == sorted((i, i % 300) for i in range(600))
     reads = [sql for sql in chdb_statements if "FROM sqlite(" in sql]
     assert len(reads) > 2 and all(len(sql.encode()) < 262_144 for sql in reads)
@@ -515,7 +513,7 @@ def test_chdb_reads_of_a_plan_keep_its_rows_by_lookup_or_by_condition_alike(
     wanted = sorted(row for rows in expected for row in rows)
     assert 0 < len(wanted) < 50, "the source has rows outside the plan"
     sink = ClickHouseSink(tmp_path / "chdata", "t")
-    assert sink.load(plan) == len(wanted)
+    assert sink.load_plan(plan) == len(wanted)
     assert sink.rows() == wanted
     assert sink.can_pull(plan, 1)
     [pulled], counts = sink.pull_load_files(plan, [tmp_path / "pulled.arrows"])
@@ -724,7 +722,7 @@ def test_null_partition_values_have_their_own_partition(tmp_path):
     shape = source.describe()
     sink = _sink(tmp_path)
     bounds = tuple({"partition": value} for value in source.partition_values())
-    assert sink.load(LoadPlan(source=source, columns=shape.columns, bounds=bounds)) == 5
+    assert sink.load_plan(LoadPlan(source=source, columns=shape.columns, bounds=bounds)) == 5
     assert _partitions(sink) == {"ᴺᵁᴸᴸ", "", "a", "O'B\\r"}  # how system.parts shows NULL
     # replace through partitions: the NULL partition is replaced, '' and 'a' are dropped
     sink.stage(RowChunks(columns=shape.columns, chunks=[[(6, None, 60), (7, "O'B\\r", 70)]]))
@@ -847,7 +845,7 @@ def test_awkward_identifiers_and_values(tmp_path):
     shape = source.describe()
     sink = ClickHouseSink(tmp_path / "ch data's", "copy `of` it\\", partition_by="p` '[$?]")
     bounds = tuple({"partition": value} for value in source.partition_values())
-    assert sink.load(LoadPlan(source=source, columns=shape.columns, bounds=bounds)) == 5
+    assert sink.load_plan(LoadPlan(source=source, columns=shape.columns, bounds=bounds)) == 5
     assert sink.rows() == [
         (1, "x`y"), (2, "a\\b"), (3, "x`y"), (4, "q'r\n\x00z"), (5, 'd"q')
     ]  # fmt: skip
@@ -862,7 +860,7 @@ def test_lazy_plan_refuses_identifiers_the_sqlite_function_misquotes(tmp_path, b
     source = _odd_source(tmp_path, "t", bad)
     plan = LoadPlan(source=source, columns=source.describe().columns, bounds=({"partition": 1},))
     with pytest.raises(ConfigInvalid) as caught:
-        _sink(tmp_path, partition_by=None).load(plan)
+        _sink(tmp_path, partition_by=None).load_plan(plan)
     assert caught.value.diagnostics == {"table": "t", "identifier": bad}
     assert not (tmp_path / "chdata").exists()
     staged = _sink(tmp_path, partition_by=bad)  # the other paths quote it themselves
@@ -885,7 +883,7 @@ def test_lazy_plan_over_a_non_sqlite_source_fails_before_the_target(tmp_path):
     sink = _sink(tmp_path)
     plan = LoadPlan(source=OtherSource(), columns=ORDERS, bounds=({"partition": "a"},))
     with pytest.raises(ConfigInvalid) as caught:
-        sink.load(plan)
+        sink.load_plan(plan)
     assert "SQLite sources only" in str(caught.value)
     assert not (tmp_path / "chdata").exists()  # chDB never opened the data path
 
@@ -896,7 +894,9 @@ def test_lazy_plan_with_a_missing_source_file_is_source_invalid(tmp_path):
     columns = source.describe().columns
     (tmp_path / "gone.db").unlink()
     with pytest.raises(SourceInvalid) as caught:
-        _sink(tmp_path).load(LoadPlan(source=source, columns=columns, bounds=({"partition": 1},)))
+        _sink(tmp_path).load_plan(
+            LoadPlan(source=source, columns=columns, bounds=({"partition": 1},))
+        )
     # issue 13: the resolved path of a missing source is shown (not secret), never in diagnostics
     assert str(tmp_path / "gone.db") in str(caught.value)
     assert "gone.db" not in str(caught.value.diagnostics)
@@ -1099,7 +1099,7 @@ def test_repr_never_shows_the_location():
     sink = ClickHouseSink(url, "orders_copy", partition_by="region")
     shown = repr(sink) + repr(parse_location(url))
     assert shown == "ClickHouseSink(table='orders_copy', engine='server')Location(kind='server')"
-    assert sink.engine == "server" and "s3cretpw" not in str(vars(sink).keys())
+    assert sink.kind == "server" and "s3cretpw" not in str(vars(sink).keys())
     assert "secret-dir" not in repr(ClickHouseSink("/tmp/secret-dir/ch", "t"))
 
 

@@ -137,8 +137,10 @@ def test_a_lazy_plan_is_pulled_by_the_server_not_through_dpone(tmp_path, locatio
     """The load is given a plan (no rows): the server copies the source's rows itself."""
     route = SinkRoute(tmp_path, location, "lazy-plan")
     payloads: list[Any] = []
-    inner_load = route.sink.inner.load
-    route.sink.inner.load = lambda payload: payloads.append(payload) or inner_load(payload)
+    inner_load = route.sink.inner.load_plan
+    route.sink.inner.load_plan = lambda payload, **ledger: (
+        payloads.append(payload) or inner_load(payload, **ledger)
+    )
     try:
         assert route.run().rows_loaded == 120
     finally:

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from dpone_native_transfer.connectors import SQLiteSink, SQLiteSource
 from dpone_native_transfer.errors import (
     ConfigInvalid,
-    PathContractBroken,
     SourceInvalid,
     SourceMissing,
 )
@@ -584,11 +583,6 @@ def test_sink_rejects_missing_parent_folder(tmp_path, source):
     assert not (tmp_path / "no-such-folder").exists()
 
 
-def test_sink_rejects_unknown_payload(sink):
-    with pytest.raises(PathContractBroken):  # a path's bug, not the route file's
-        sink.load([(1,)])  # type: ignore[arg-type]
-
-
 def test_sink_takes_only_the_type_name_of_an_unsafe_decltype(sink):
     """The target's DDL is built from the parsed type name, never from the source's text."""
     with sqlite3.connect(sink.path) as conn:
@@ -627,7 +621,7 @@ def test_load_plan_matches_row_chunks_load(source, tmp_path):
             chunks=(chunk for b in bounds for chunk in source.read(b, chunk_rows=2)),
         )
     )
-    written = by_plan.load(LoadPlan(source=source, columns=shape.columns, bounds=bounds))
+    written = by_plan.load_plan(LoadPlan(source=source, columns=shape.columns, bounds=bounds))
     assert written == expected == 5
     # the plan loads the window in source order, the chunks partition by partition
     assert sorted(by_plan.rows()) == sorted(by_chunks.rows())
@@ -643,7 +637,7 @@ def test_load_plan_replace_and_detach(source, sink):
     plan = LoadPlan(
         source=source, columns=shape.columns, bounds=({"partition": "north"},), replace=True
     )
-    assert sink.load(plan) == 3
+    assert sink.load_plan(plan) == 3
     assert [row[0] for row in sink.rows()] == [1, 4, 7]
     with contextlib.closing(sqlite3.connect(sink.path)) as conn:
         assert [row[1] for row in conn.execute("PRAGMA database_list")] == ["main"]
@@ -657,7 +651,7 @@ def test_load_plan_is_atomic(source, sink, source_db):
     _execute(Path(sink.path), 'ALTER TABLE orders_copy ADD COLUMN "vanished"')
     before = sink.rows()
     with pytest.raises(sqlite3.OperationalError, match="no such column"):
-        sink.load(LoadPlan(source=source, columns=columns, bounds=bounds, replace=True))
+        sink.load_plan(LoadPlan(source=source, columns=columns, bounds=bounds, replace=True))
     assert sink.rows() == before
     assert source.count({"partition": "north"}) == 3
 
@@ -667,7 +661,7 @@ def test_load_plan_with_missing_source_file_is_source_invalid(source, sink, sour
     source_db.unlink()
     plan = LoadPlan(source=source, columns=shape.columns, bounds=({"partition": "north"},))
     with pytest.raises(SourceInvalid) as caught:
-        sink.load(plan)
+        sink.load_plan(plan)
     assert "source.db" not in str(caught.value)
     assert sink.row_count() == 0
 
@@ -675,7 +669,7 @@ def test_load_plan_with_missing_source_file_is_source_invalid(source, sink, sour
 def test_load_plan_does_not_write_to_the_source(source, sink, source_db):
     before = source_db.read_bytes()
     shape = source.describe()
-    sink.load(LoadPlan(source=source, columns=shape.columns, bounds=({"partition": None},)))
+    sink.load_plan(LoadPlan(source=source, columns=shape.columns, bounds=({"partition": None},)))
     assert source_db.read_bytes() == before
     assert sink.rows() == [(3, None, 30, "c")]
 
@@ -718,7 +712,7 @@ def test_load_plan_copies_the_whole_table_once_when_it_holds_exactly_the_planned
     plan = _plan(source, *window)
     expected = sorted(row for b in plan.bounds for chunk in source.read(b) for row in chunk)
     assert len(expected) == (7 if window == (None, None) else 5)
-    assert sink.load(plan) == len(expected)
+    assert sink.load_plan(plan) == len(expected)
     assert sorted(sink.rows()) == expected
     # a windowed plan keeps its per-partition queries (an index bounds them to the window)
     assert len(returned) == 1 and (returned[0] is None) == (window != (None, None))
@@ -732,7 +726,7 @@ def test_load_plan_skips_a_partition_that_appeared_after_planning(
     returned = _spy_table_sql(monkeypatch)
     plan = _plan(indexed_source)
     _execute(source_db, "INSERT INTO orders VALUES (8, 'east', 80, 'h')")
-    assert sink.load(plan) == 7
+    assert sink.load_plan(plan) == 7
     assert sorted(sink.rows(), key=lambda row: row[0]) == ORDERS
     assert returned == [None]  # the per-partition queries ran
 
@@ -743,7 +737,7 @@ def test_load_plan_handles_a_partition_that_vanished_after_planning(
     returned = _spy_table_sql(monkeypatch)
     plan = _plan(indexed_source)
     _execute(source_db, "DELETE FROM orders WHERE region = 'south'")
-    assert sink.load(plan) == 5
+    assert sink.load_plan(plan) == 5
     assert sorted(sink.rows(), key=lambda row: row[0]) == [r for r in ORDERS if r[1] != "south"]
     assert returned == [None]
 
@@ -786,7 +780,7 @@ def test_load_plan_of_an_unindexed_table_is_one_scan_of_the_planned_values(
     expected = sorted(row for b in plan.bounds for chunk in source.read(b) for row in chunk)
     _execute(source_db, "INSERT INTO orders VALUES (8, 'east', 50, 'h')")
     statements = _traced_statements(monkeypatch)
-    assert sink.load(plan) == len(expected) == (7 if window == (None, None) else 5)
+    assert sink.load_plan(plan) == len(expected) == (7 if window == (None, None) else 5)
     assert sorted(sink.rows()) == expected
     assert len(returned) == 1 and " IN (" in returned[0][0]
     copies = [sql for sql in statements if sql.startswith('INSERT INTO "orders_copy"')]
@@ -820,7 +814,7 @@ def test_load_plan_scan_matches_the_partition_queries_as_sqlite_compares(
         (row for b in plan.bounds for chunk in source.read(b) for row in chunk), key=repr
     )
     assert expected  # the case would prove nothing if no bound matched a row
-    assert sink.load(plan) == len(expected)
+    assert sink.load_plan(plan) == len(expected)
     assert sorted(sink.rows(), key=repr) == expected
     assert returned[0] is not None and " IN (" in returned[0][0]
 
@@ -834,7 +828,7 @@ def test_load_plan_with_partitions_in_different_windows_runs_per_partition(
         {"partition": "south", "cursor_after": 40, "cursor_upto": 70},
     )  # the planner never mixes windows; the sink must still load exactly these rows
     plan = LoadPlan(source=source, columns=source.describe().columns, bounds=bounds)
-    assert sink.load(plan) == 3
+    assert sink.load_plan(plan) == 3
     assert [row[0] for row in sink.rows()] == [1, 4, 6]
     assert returned == [None]
 
@@ -848,7 +842,7 @@ def test_load_plan_check_and_load_read_one_snapshot(source, sink, source_db, mon
         _execute(source_db, "INSERT INTO orders VALUES (8, 'east', 80, 'h')")
 
     returned = _spy_table_sql(monkeypatch, after_check=writer_commits_a_new_partition)
-    assert sink.load(_plan(source)) == 7
+    assert sink.load_plan(_plan(source)) == 7
     assert returned[0] is not None
     assert sorted(sink.rows(), key=lambda row: row[0]) == ORDERS
     assert source.count({"partition": "east"}) == 1
@@ -950,7 +944,7 @@ def test_identifiers_with_spaces_and_quotes(tmp_path):
 
     sink = SQLiteSink(tmp_path / "target dir's.db", 'copy "of" it')
     bounds = tuple({"partition": value} for value in source.partition_values())
-    assert sink.load(LoadPlan(source=source, columns=shape.columns, bounds=bounds)) == 3
+    assert sink.load_plan(LoadPlan(source=source, columns=shape.columns, bounds=bounds)) == 3
     sink.stage(RowChunks(columns=shape.columns, chunks=source.read({"partition": "a b"})))
     assert sink.finalize_staged_load() == 2
     assert sink.row_count() == 5
@@ -970,7 +964,7 @@ def test_paths_that_look_like_uris_are_plain_files(tmp_path, monkeypatch):
     plan = LoadPlan(
         source=source, columns=source.describe().columns, bounds=({"partition": "south"},)
     )
-    sink.load(plan)
+    sink.load_plan(plan)
     assert (tmp_path / "out%20put.db").exists()
     assert sink.row_count() == 2
 

@@ -200,14 +200,14 @@ def test_a_lazy_plan_whose_top_rows_changed_during_the_load_forgets_them(tmp_pat
     insert(tmp_path, ("a", 1, "x"), ("a", 2, "x"))
     config = load_route_config(route_file)
     sink = config.sink
-    load = sink.load
+    load = sink.load_plan
 
-    def load_then_write(plan):
-        rows = load(plan)
+    def load_then_write(plan, **ledger):
+        rows = load(plan, **ledger)
         insert(tmp_path, ("a", 2, "written during the load"))
         return rows
 
-    sink.load = load_then_write
+    sink.load_plan = load_then_write
     events = []
     store = SQLiteCheckpointStore(config.store_path)
     TransferRuntime(store, events=events.append).run(config.spec("run-1", sink=sink))

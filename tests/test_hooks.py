@@ -433,55 +433,58 @@ def test_a_fresh_process_imports_the_guard_only_through_the_entry_point(plugins,
 
 # -- only the boundary calls the target -------------------------------------
 
-TARGET_METHODS = {"load", "finalize_staged_load"}
+TARGET_METHODS = {"load", "finalize_staged_load", "load_plan"}
 
 
 def _is_sink(node: ast.expr) -> bool:
+    """``ctx.sink``, ``sink``, ``engine`` or ``sink.engine()``: what holds a target call."""
+    if isinstance(node, ast.Call):
+        return isinstance(node.func, ast.Attribute) and node.func.attr == "engine"
     return (isinstance(node, ast.Attribute) and node.attr == "sink") or (
-        isinstance(node, ast.Name) and node.id == "sink"
+        isinstance(node, ast.Name) and node.id in ("sink", "engine")
     )
 
 
-def _target_calls(tree: ast.AST) -> list[ast.Call]:
+def _target_methods(tree: ast.AST) -> list[ast.Attribute]:
+    """Every mention of a target call of a sink or its engine: called, or passed on."""
     return [
         node
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr in TARGET_METHODS
-        and _is_sink(node.func.value)
+        if isinstance(node, ast.Attribute) and node.attr in TARGET_METHODS and _is_sink(node.value)
     ]
 
 
-def _inside_lambda_passed_to_mutate(call: ast.Call, parents: dict[ast.AST, ast.AST]) -> bool:
-    node: ast.AST = call
-    while node in parents:
-        parent = parents[node]
-        if isinstance(node, ast.Lambda):
-            return (
-                isinstance(parent, ast.Call)
-                and isinstance(parent.func, ast.Attribute)
-                and parent.func.attr == "mutate"
-                and (node in parent.args or node in [kw.value for kw in parent.keywords])
-            )
-        node = parent
-    return False
+def _handed_to_mutate(method: ast.Attribute, parents: dict[ast.AST, ast.AST]) -> bool:
+    """Whether the target call is handed to ``ctx.mutate(operation, call, ...)`` itself, for
+    the boundary to call, rather than called (anywhere, in a lambda too)."""
+    parent = parents.get(method)
+    return (
+        isinstance(parent, ast.Call)
+        and isinstance(parent.func, ast.Attribute)
+        and parent.func.attr == "mutate"
+        and len(parent.args) > 1
+        and parent.args[1] is method
+    )
 
 
 def _scan(source: str, filename: str) -> list[tuple[str, int, bool]]:
     tree = ast.parse(source, filename)
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     return [
-        (filename, call.lineno, _inside_lambda_passed_to_mutate(call, parents))
-        for call in _target_calls(tree)
+        (filename, method.lineno, _handed_to_mutate(method, parents))
+        for method in _target_methods(tree)
     ]
 
 
 def test_the_scanner_catches_a_direct_sink_call():
     rogue = "def rogue_path(ctx):\n    return ctx.sink.load(ctx.row_chunks([]))\n"
-    fine = "def path(ctx):\n    return ctx.mutate('load', lambda: ctx.sink.load(p))\n"
+    wrapped = "def path(ctx):\n    return ctx.mutate('load', lambda: ctx.sink.load(p))\n"
+    fine = "def path(ctx):\n    return ctx.mutate('load', ctx.sink.load, p, sent=1)\n"
+    engine = "def path(ctx):\n    return ctx.mutate('load', ctx.sink.engine().load_plan, p)\n"
     assert _scan(rogue, "rogue.py") == [("rogue.py", 2, False)]
+    assert _scan(wrapped, "wrapped.py") == [("wrapped.py", 2, False)]
     assert _scan(fine, "fine.py") == [("fine.py", 2, True)]
+    assert _scan(engine, "engine.py") == [("engine.py", 2, True)]
 
 
 def test_only_the_boundary_calls_the_target():
@@ -493,7 +496,7 @@ def test_only_the_boundary_calls_the_target():
         found += _scan(file.read_text(encoding="utf-8"), str(file.relative_to(SRC)))
     assert len(found) >= 4, "every built-in path reaches the target once"
     outside = [(name, line) for name, line, inside in found if not inside]
-    assert outside == [], "a sink target call outside ctx.mutate(lambda: ...)"
+    assert outside == [], "a target call not handed to ctx.mutate(operation, call, ...)"
 
 
 # -- the guard must not vanish silently -------------------------------------

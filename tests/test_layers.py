@@ -481,8 +481,6 @@ ALLOWED_MODULES: dict[str, frozenset[str] | None] = {
     # Route files, and running one: what a scheduler adapter or an operator command starts from.
     f"{PACKAGE}.config": ANY_PLUGIN,
     f"{PACKAGE}.application": ANY_PLUGIN,
-    # The connectors' optional capabilities, documented for connector authors (connectors.md).
-    f"{PACKAGE}.connectors.contract": ANY_PLUGIN,
     # Not public API: what the target's ledger proves, the operator lease, opening a store
     # by its location and the audit record's keys, shared by the guard's operator commands
     # and `dpone-transfer state`.

@@ -38,7 +38,6 @@ from dpone_native_transfer import (
 )
 from dpone_native_transfer.audit import audit_problems
 from dpone_native_transfer.config import RouteConfig, load_route_config
-from dpone_native_transfer.connectors.contract import BatchCounting, LedgerSink
 from dpone_native_transfer.ledger import (
     APPLIED,
     NOT_APPLIED,
@@ -577,7 +576,7 @@ def _verify_command(args: argparse.Namespace) -> int:
             mismatch = _mismatch(store, target, route, entries, blocked)
             if mismatch is not None:
                 mismatches.append((route, mismatch))
-            if entries is None and route.located and isinstance(target.sink(route), LedgerSink):
+            if entries is None and route.located and target.sink(route).features.keeps_ledger:
                 unchecked.append((route, reason or "the target cannot be read"))
             miscounted += _miscounted(store, target, route, entries or [])
     if args.json:
@@ -621,7 +620,7 @@ def _miscounted(
     ledger row records, where the target can tell: a route with a ``batch_column``."""
     sink, config = target.sink(route), target.config
     column = None if config is None else config.batch_column
-    if column is None or not isinstance(sink, BatchCounting):
+    if column is None:
         return []
     found = []
     for entry in live_entries(entries, ledger_overrides(store, route)):

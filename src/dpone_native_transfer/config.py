@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from .checkpoints import RouteKey, Strategy
-from .connectors.contract import DEFAULT_CHUNK_ROWS, RangePartitioned, Sink, Source
+from .connectors.contract import DEFAULT_CHUNK_ROWS, Sink, Source
 from .drivers import EXTRAS, POSTGRES_SCHEMES, install_hint, resolve_env
 from .errors import ConfigInvalid
 from .lease import DEFAULT_LEASE_SECONDS
@@ -383,7 +383,7 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
     transfer, gates = sections["transfer"], sections.get("gates", {})
     artifact_dir = transfer.get("artifact_dir")
     source = _source(sections["source"], folder)
-    ranged = isinstance(source, RangePartitioned) and source.partition_rows
+    ranged = source.partition_rows
     return RouteConfig(
         source_location=_location(sections["source"], folder, "source"),
         target_location=_location(sections["target"], folder, "target"),

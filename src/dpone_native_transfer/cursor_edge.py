@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from .checkpoints import PartitionCheckpoint, RouteKey, Strategy
-from .connectors.contract import Collating, CursorEdgeReading, OnePassReading, Source
+from .connectors.contract import Source
 from .errors import ConfigInvalid, CursorNull
 from .payloads import Column, cursor_window
 from .source_state import EDGE_KEY, Edge, Seen, SourceState, unknown_edge
@@ -207,7 +207,7 @@ def plan_edge(
     if route.strategy is not Strategy.INCREMENTAL_APPEND or cursor is None:
         return None
     check_lag(lag, kind)
-    if not isinstance(source, CursorEdgeReading):
+    if not source.features.reads_edges:
         return None
     edge = Edge.of_state(route, state).matching(columns)
     load_nulls = on_null_cursor == "load_once"
@@ -223,7 +223,7 @@ def top_of_window(source: Source, upto: Any, lag: float, kind: str | None) -> An
     cursor column SQLite compares with a collation (equal values Python tells apart)."""
     if upto is None:
         return None
-    if isinstance(source, Collating) and source.cursor_column in source.collated_columns():
+    if source.cursor_column in source.collated_columns():
         return None
     try:
         return lag_since(upto, lag, kind)
@@ -238,12 +238,12 @@ def top_of_window(source: Source, upto: Any, lag: float, kind: str | None) -> An
 def scan_by_window(
     source: Source, bounds: Sequence[Mapping[str, Any]], chunk_rows: int
 ) -> Iterator[tuple[int, list]] | None:
-    """``(index, rows)`` of ``bounds`` in one scan per cursor window (``OnePassReading``); a
+    """``(index, rows)`` of ``bounds`` in one scan per cursor window (``Source.read_partitions``); a
     window's bounds the source reads apart, or a window of one bound, are read bound by
     bound. None when no window was split. An edge partition beside 1,000 key ranges (a
     NULL cursor kept, or rows late at the top) made the whole attempt a read per range:
     10 s instead of 0.8 for 200,000 rows."""
-    if not isinstance(source, OnePassReading) or len(bounds) < 2:
+    if len(bounds) < 2:
         return None
     windows: dict[str, list[int]] = {}
     for index, item in enumerate(bounds):
@@ -337,7 +337,7 @@ class EdgeTracker:
         self, source: Any, candidates: Sequence[PartitionCheckpoint], chunk_rows: int
     ) -> dict[str, Seen | None]:
         """The rows at the top of each candidate's window as the source holds them now: in one
-        scan when the source reads several partitions so (``OnePassReading``), else a read
+        scan when the source reads several partitions so (``Source.read_partitions``), else a read
         each. Without an index, a read each scanned the table twice per partition around an
         engine's read: 15.6 s of a 19 s append of 300,000 rows in 100 partitions."""
         windows = [{**c.partition_bounds, "cursor_from": self.top_since} for c in candidates]

@@ -36,7 +36,7 @@ from .checkpoints import (
     partition_id_for,
 )
 from .connectors._sql import range_partitions
-from .connectors.contract import RangePartitioned, Source
+from .connectors.contract import Source
 from .cursor_edge import EdgePlan, plan_edge, top_of_window
 from .errors import ConfigInvalid, RouteDefinitionChanged
 from .latest import LatestCheckpoints, as_latest
@@ -101,7 +101,7 @@ class RouteDefinition:
 def route_definition(source: Source, columns: Sequence[Column]) -> RouteDefinition:
     """The route's definition as the source and its columns give it now."""
     kinds = {column.name: column.kind for column in columns}
-    rows = source.partition_rows if isinstance(source, RangePartitioned) else None
+    rows = source.partition_rows
     return RouteDefinition(
         partition_column=source.partition_column,
         cursor_column=source.cursor_column,
@@ -269,7 +269,7 @@ def _plan_window(
     # a pending window keeps its partitions when it was cut into ranges, or is cut so now:
     # rows written into it meanwhile must not move a cut, and partitions by value must not
     # become ranges (or back), or what the earlier attempt committed would look new
-    ranged = isinstance(source, RangePartitioned) and source.partition_rows
+    ranged = source.partition_rows
     if pending and (ranged or any("partition_from" in bounds for bounds in pending)):
         parts = list({_key(part): part for part in map(_part, pending)}.values())
     else:
@@ -292,7 +292,7 @@ def _key(part: Mapping[str, Any]) -> tuple:
 def _edge_parts(source: Source, values: list[Any]) -> list[dict[str, Any]]:
     """The partitions of an edge's rows of partition ``values``: one per value, or for a key
     cut into ranges one range of every key (and the NULL key's), as the edge is small."""
-    if not (isinstance(source, RangePartitioned) and source.partition_rows):
+    if not source.partition_rows:
         return [{"partition": value} for value in values]
     keyed = any(value is not None for value in values)
     return range_partitions([], keyed=keyed, has_null=None in values)
@@ -300,8 +300,8 @@ def _edge_parts(source: Source, values: list[Any]) -> list[dict[str, Any]]:
 
 def _partitions(source: Source, *, after: Any = None, upto: Any = None) -> list[dict[str, Any]]:
     """The partitions of the rows with a cursor in ``(after, upto]``: key ranges of a
-    ``RangePartitioned`` source with ``partition_rows``, else one per partition value."""
-    if isinstance(source, RangePartitioned) and source.partition_rows:
+    source with ``partition_rows``, else one per partition value."""
+    if source.partition_rows:
         return source.partition_ranges(after=after, upto=upto)
     return [{"partition": value} for value in source.partition_values(after=after, upto=upto)]
 

@@ -28,7 +28,6 @@ from .checkpoints import (
     PartitionCheckpointStatus,
     RouteKey,
 )
-from .connectors.contract import BatchCounting, Fencing, LedgerSink
 from .errors import ConfigInvalid, NativeTransferError, RouteBusy, StoreTargetMismatch
 from .events import EventName, EventRecorder
 from .latest import LatestCheckpoints, as_latest
@@ -74,7 +73,7 @@ def ledger_of(
     """
     if sink is None:
         return None, "the store does not say where the target is: give the route file"
-    if not isinstance(sink, LedgerSink):
+    if not sink.features.keeps_ledger:
         return None, "this target keeps no ledger"
     try:
         return sink.read_ledger(partitions=partitions), None
@@ -166,15 +165,15 @@ class Prover:
             return counted
         if found is not None:
             proof = _applied(found, checkpoints)
-            atomic = getattr(self._sink, "ledger_atomic", False)
+            atomic = self._sink.features.ledger_atomic
             return proof if atomic else attrs.evolve(proof, heals=False)
         if not all(cp.diagnostics.get(LEDGER_BATCH_KEY) == batch_id for cp in checkpoints):
             return Proof(UNKNOWN, "the batch was written without the target's ledger")
-        if not getattr(self._sink, "ledger_atomic", False):
+        if not self._sink.features.ledger_atomic:
             return Proof(UNKNOWN, "this target's ledger row is not written with the rows")
         epochs = [cp.diagnostics.get(LEASE_EPOCH_KEY) for cp in checkpoints]
         armed_at = [e for e in epochs if isinstance(e, int) and not isinstance(e, bool)]
-        if len(armed_at) != len(epochs) or not isinstance(self._sink, Fencing):
+        if len(armed_at) != len(epochs) or not self._sink.features.fence:
             return Proof(NOT_APPLIED, "the target's ledger does not hold the batch (armed "
                          "without a lease epoch or on a target without a fence: compare the "
                          "target by hand if its worker may still run)")  # fmt: skip
@@ -202,11 +201,11 @@ class Prover:
         self, batch_id: str, checkpoints: Sequence[PartitionCheckpoint], *, listed: bool
     ) -> Proof | None:
         """What the batch column proves, on a target whose ledger row proves nothing
-        (``BatchCounting``, ``ledger_atomic`` False); None where it is not asked."""
+        (``Sink.batch_rows``, ``features.ledger_atomic`` False); None where it is not asked."""
         sink, column = self._sink, self._batch_column
-        if column is None or not isinstance(sink, BatchCounting):
+        if column is None:
             return None
-        if getattr(sink, "ledger_atomic", False):
+        if sink.features.ledger_atomic:
             return None
         expected = sum(cp.rows_exported for cp in checkpoints)
         try:
@@ -220,7 +219,7 @@ class Prover:
             return Proof(UNKNOWN, f"the target holds {rows:,} of the batch's {expected:,} rows "
                          "(its batch column): a partial insert, compare by hand")  # fmt: skip
         marks = [cp.diagnostics.get(LEASE_PROCESS_KEY) for cp in checkpoints]
-        gone = sink.inserts_end_with_their_process and all(
+        gone = sink.features.inserts_end_with_their_process and all(
             isinstance(mark, dict) and _gone(mark) for mark in marks
         )
         if gone:

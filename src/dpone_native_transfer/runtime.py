@@ -33,13 +33,7 @@ from .checkpoints import (
     batch_id_for,
 )
 from .clock import Clock, read_clock, system_clock
-from .connectors.contract import (
-    ConnectionHolding,
-    Fencing,
-    LedgerSink,
-    Sink,
-    TargetChecking,
-)
+from .connectors.contract import Sink, Unsupported
 from .cursor_edge import EdgeTracker, advanced_edge
 from .errors import (
     ConfigInvalid,
@@ -157,7 +151,7 @@ class TransferRuntime:
             raise self._no_guard(route)
         with (
             self._leased(route, spec.run_id) as lease,
-            _held(spec.sink),
+            spec.sink.holding_connection(),
             SourceSnapshot(spec.source) as snapshot,
         ):
             return self._attempt(spec, path, route, lease, snapshot)
@@ -305,6 +299,10 @@ class TransferRuntime:
             )
             try:
                 rows_loaded = path(ctx)
+            except Unsupported as refused:  # a connector cannot: the route is not blocked
+                if ctx.mutation is not None:
+                    raise
+                raise ctx.lacks(refused.what) from None
             except OSError as error:
                 if ctx.mutation is not None:  # the boundary recorded the target call
                     raise
@@ -352,17 +350,17 @@ class TransferRuntime:
         attempt.states.save_source_state(route, state.stored())
         events.emit(EventName.SOURCE_STATE_ADVANCED, generation=plan.window.generation + 1)
 
-    def _ledger_sink(self, spec: TransferSpec, route: RouteKey) -> LedgerSink | None:
+    def _ledger_sink(self, spec: TransferSpec, route: RouteKey) -> Sink | None:
         """The sink, when it keeps the target's ledger for this run (on by default)."""
-        if spec.ledger and route.located and isinstance(spec.sink, LedgerSink):
+        if spec.ledger and route.located and spec.sink.features.keeps_ledger:
             return spec.sink
         return None
 
     @staticmethod
-    def _fenced_epoch(ledger: LedgerSink | None, lease: Lease | None) -> int | None:
+    def _fenced_epoch(ledger: Sink | None, lease: Lease | None) -> int | None:
         """The lease epoch this attempt's batch is fenced with, above the target's fence (a
         store replaced or restored counts from lower); None without a fence or a lease."""
-        if lease is None or not isinstance(ledger, Fencing):
+        if lease is None or ledger is None or not ledger.features.fence:
             return None
         fence = ledger.fence_epoch()
         if fence >= lease.epoch:
@@ -420,7 +418,7 @@ class _Attempt:
     events: EventRecorder
     store: Any  # the checkpoint store, under the lease when there is one
     states: Any  # where the source state and evidence go (the store, or state_store)
-    ledger: LedgerSink | None
+    ledger: Sink | None  # the sink, when this run keeps the target's ledger
 
 
 @attrs.frozen(kw_only=True)
@@ -484,17 +482,7 @@ def _check_target(sink: Sink) -> None:
     """Open the target as the target call will, before anything reads it (its ledger, its
     fence): an unreachable, locked or read-only target fails here, never inside the armed
     call, and never as a raw engine error from a read."""
-    if isinstance(sink, TargetChecking):
-        sink.check_target()
-
-
-def _held(sink: Sink) -> contextlib.AbstractContextManager[None]:
-    """One connection for the attempt, when the sink can hold one (``ConnectionHolding``)."""
-    return (
-        sink.holding_connection()
-        if isinstance(sink, ConnectionHolding)
-        else contextlib.nullcontext()
-    )
+    sink.check_target()
 
 
 def _with_batch_column(route: RouteKey, shape: SourceShape, name: str | None) -> SourceShape:

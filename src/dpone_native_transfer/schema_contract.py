@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .checkpoints import RouteKey
-from .connectors.contract import SchemaEvolving, Sink
+from .connectors.contract import Sink
 from .errors import SchemaChanged
 from .payloads import Column
 
@@ -27,11 +27,9 @@ def apply_schema_contract(
 ) -> list[str]:
     """Make the target table take ``columns`` under ``contract``; returns the columns added.
 
-    A sink that is not ``SchemaEvolving``, or a target table that does not exist
-    yet, is left to the load (which creates the table from ``columns``).
+    A target table that does not exist yet is left to the load (which creates the
+    table from ``columns``).
     """
-    if not isinstance(sink, SchemaEvolving):
-        return []
     difference = sink.column_difference(columns)
     if not difference:
         return []

@@ -15,7 +15,8 @@ from typing import Any
 import attrs
 
 from .checkpoints import RouteKey, Strategy
-from .connectors.contract import DEFAULT_CHUNK_ROWS, Identified, Sink, Source
+from .connectors.contract import DEFAULT_CHUNK_ROWS, Sink, Source
+from .connectors.contract.legacy import adapt_sink, adapt_source
 from .errors import ConfigInvalid, GovernanceGateFailed
 from .rejects import ON_BAD_VALUE
 
@@ -146,14 +147,14 @@ def _strategy(value: Any) -> Strategy:
 
 
 def route_key(source: Source, sink: Sink, strategy: Strategy | str) -> RouteKey:
-    """The route of a source and a sink: located when both report ``identity()``.
+    """The route of a source and a sink: located when both report an ``identity()``.
 
-    A connector without ``identity()`` (one written before identities) gives an
-    unlocated key of the table names as configured, keyed as older releases did.
+    A connector without one (written before identities) gives an unlocated key of the
+    table names as configured, keyed as older releases did.
     """
-    if not (isinstance(source, Identified) and isinstance(sink, Identified)):
+    read, written = adapt_source(source).identity(), adapt_sink(sink).identity()
+    if read is None or written is None:
         return RouteKey(source.table, sink.table, strategy)
-    read, written = source.identity(), sink.identity()
     return RouteKey(read.table, written.table, strategy, read.location, written.location)
 
 
@@ -161,8 +162,8 @@ def route_key(source: Source, sink: Sink, strategy: Strategy | str) -> RouteKey:
 class TransferSpec:
     """One route's transfer: which source, which sink, how, and under which run id."""
 
-    source: Source
-    sink: Sink
+    source: Source = attrs.field(converter=adapt_source)  # a 0.1 connector is adapted
+    sink: Sink = attrs.field(converter=adapt_sink)
     strategy: Strategy = attrs.field(converter=_strategy)
     path: str
     run_id: str

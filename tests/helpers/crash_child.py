@@ -65,7 +65,6 @@ if __package__ in (None, ""):  # run as a script: the tests folder holds its pac
 
 from dpone_native_transfer import (  # noqa: E402
     DuckDBSink,
-    LoadPlan,
     PartitionCheckpoint,
     PostgresSink,
     RouteKey,
@@ -213,10 +212,12 @@ class TargetSeams:
 
     killer: Killer
 
-    def load(self, payload: Any) -> int:
-        if isinstance(payload, LoadPlan):  # the sink pulls the rows itself, from now on
-            self.killer.at("extraction")
-        return self._target_call(super().load, payload)  # type: ignore[misc]
+    def load(self, payload: Any, **ledger: Any) -> int:
+        return self._target_call(super().load, payload, **ledger)  # type: ignore[misc]
+
+    def load_plan(self, plan: Any, **ledger: Any) -> int:
+        self.killer.at("extraction")  # the sink pulls the rows itself, from now on
+        return self._target_call(super().load_plan, plan, **ledger)  # type: ignore[misc]
 
     def finalize_staged_load(self, **kwargs: Any) -> int:
         return self._target_call(super().finalize_staged_load, **kwargs)  # type: ignore[misc]

@@ -66,15 +66,19 @@ def make_sink(kind: str, location: str | Path, table: str = "orders_copy") -> An
 
 
 class NotPulling:
-    """The real sink without ``FilePulling``: the runtime reads the rows itself, as it does
+    """The real sink whose engine pulls nothing: the runtime reads the rows itself, as it does
     from a source the engine cannot read (a test of the row paths' own reading)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
 
+    def engine(self) -> Any:
+        return self  # the sink's engine, through this wrapper
+
+    def can_pull(self, plan: Any, files: int) -> bool:
+        return False
+
     def __getattr__(self, name: str) -> Any:
-        if name in ("can_pull", "pull_load_files", "pulled_suffix"):
-            raise AttributeError(name)
         return getattr(self.inner, name)
 
 

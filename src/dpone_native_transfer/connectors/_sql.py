@@ -21,7 +21,6 @@ import attrs
 from ..errors import (
     ConfigInvalid,
     InternalInvariantBroken,
-    PathContractBroken,
     SourceMissing,
     TargetUnavailable,
 )
@@ -37,10 +36,10 @@ from ..payloads import (
     cursor_window,
     difference,
 )
-from .contract import PendingLedger
+from .contract import Sink, Source, SourceFeatures
 
 if TYPE_CHECKING:
-    from ..ledger import LedgerEntry
+    pass
 
 __all__ = [
     "RESERVED_PREFIX",
@@ -62,7 +61,6 @@ __all__ = [
     "one_window_ranges",
     "parse_table",
     "partition_predicate_count",
-    "payload_refused",
     "quote",
     "range_cuts_sql",
     "range_partitions",
@@ -283,15 +281,6 @@ def check_writable(path: str, table: str) -> None:
         )  # fmt: skip
 
 
-def payload_refused(table: str) -> PathContractBroken:
-    """A path handed a sink something other than ``RowChunks`` or a ``LoadPlan``."""
-    return PathContractBroken(
-        f"a path handed the sink of target table {table!r} a payload that is neither RowChunks "
-        "nor a LoadPlan; nothing was written",
-        diagnostics={"table": table},
-    )
-
-
 def unavailable(table: str, *, to: str = "be opened for writing") -> TargetUnavailable:
     """The error of a target that cannot be opened now, found before the target call."""
     return TargetUnavailable(
@@ -426,9 +415,11 @@ def render_predicates(
     return " AND ".join(conditions), params
 
 
-class TableSource:
+class TableSource(Source):
     """What the SQL sources share: one table, its partition and cursor columns, and the checks
     every read makes on them, with the same errors on every engine."""
+
+    features = SourceFeatures()
 
     def __init__(
         self,
@@ -518,23 +509,17 @@ def check_chunk_rows(chunk_rows: Any) -> int:
     return chunk_rows
 
 
-class FileTarget(abc.ABC):
+class FileTarget(Sink):
     """What the file-backed sinks (SQLite, DuckDB) share: one target table in one file, whose
     ledger row commits in the load's own transaction, and a file not there yet reads as an
     empty target."""
 
-    ledger_atomic = True
-
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
         self.path = os.fspath(path)
         self.table = table
-        self._ledger = PendingLedger()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(table={self.table!r})"
-
-    def ledger_batch(self, entry: LedgerEntry) -> contextlib.AbstractContextManager[None]:
-        return self._ledger.handed(entry)
 
     @abc.abstractmethod
     def _connect(self) -> contextlib.AbstractContextManager[Any]:

@@ -89,14 +89,15 @@ from ._sql import (
     integer_range_starts,
     parse_table,
     partition_predicate_count,
-    payload_refused,
     quote,
     ranges_run_on,
     refuse_reserved_schema,
     render_predicates,
     unavailable,
 )
-from .contract import PlanInexact, SQLiteFile
+from .contract import PlanInexact, SinkFeatures
+from .contract.engine import EnginePull
+from .contract.sqlite_file import SQLiteFile
 from .sqlite import (
     inexact_plan,
     plan_rows,
@@ -173,7 +174,7 @@ def duckdb_type(column: Column) -> str:
 
 
 def duckdb_carrier(column: Column) -> Carry | None:
-    """How a value of ``column`` reaches DuckDB exactly (see ``ValueCarrying``)."""
+    """How a value of ``column`` reaches DuckDB exactly (``Sink.carrier``)."""
     decimal = column.decimal(_MAX_DECIMAL_WIDTH)
     if decimal is not None:
         return exact_decimal(*decimal)
@@ -233,13 +234,13 @@ def _names(columns: Sequence[Column]) -> str:
     return ", ".join(quote(column.name) for column in columns)
 
 
-class DuckDBSink(FileTarget):
-    """Writes one target table of a DuckDB file, each load in a single transaction.
+class DuckDBSink(FileTarget, EnginePull):
+    """Writes one target table of a DuckDB file, each load in a single transaction, with its
+    ledger row (and fence, rejects) in that transaction. Its engine reads Arrow files and
+    pulls SQLite sources itself (``sqlite_scan``)."""
 
-    Each load also writes its ledger row (``LedgerSink``) in that transaction.
-    """
-
-    pulled_suffix = ".arrows"  # FilePulling: an Arrow IPC stream
+    features = SinkFeatures(name="DuckDB")
+    pulled_suffix = ".arrows"  # an Arrow IPC stream
 
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
         check_target_table(table)
@@ -294,33 +295,33 @@ class DuckDBSink(FileTarget):
         finally:
             conn.close()
 
-    def load(self, payload: RowChunks | LoadPlan) -> int:
-        """Write the payload in one transaction and return the rows written."""
-        if isinstance(payload, RowChunks):
-            table, columns = self._target, payload.columns
-            with self._connect() as conn, _transaction(conn):
-                _fence_first(conn, self._ledger.peek())
-                _prepare_target(conn, table, columns, replace=payload.replace)
-                if isinstance(payload, LoadFiles):
-                    rows = _insert_files(conn, table, columns, payload.files)
-                else:
-                    rows = _insert_rows(conn, table, columns, payload.chunks)
-                return _record(conn, self._ledger.take(), rows)
-        if isinstance(payload, LoadPlan):
-            return self._load_plan(payload)
-        raise payload_refused(self.table)
+    def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
+        """Write the payload in one transaction and return the rows written: load files as
+        DuckDB reads them (Arrow natively), other rows as Arrow batches."""
+        table, columns = self._target, payload.columns
+        with self._connect() as conn, _transaction(conn):
+            _fence_first(conn, ledger)
+            _prepare_target(conn, table, columns, replace=payload.replace)
+            if isinstance(payload, LoadFiles):
+                rows = _insert_files(conn, table, columns, payload.files)
+            else:
+                rows = _insert_rows(conn, table, columns, payload.chunks)
+            return _record(conn, ledger, rows)
+
+    def engine(self) -> DuckDBSink:
+        return self
 
     def write_load_file(
         self, path: Path, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
     ) -> LoadFile | Iterator[Sequence[tuple]]:
-        """``NativeFiles``: the Arrow batches ``load`` would insert, as one IPC stream file."""
+        """The Arrow batches ``load`` would insert, as one IPC stream file."""
         pa = arrow("DuckDBSink")
         struct = _arrow_row(pa, columns)
         return write_stream(pa, path, struct, chunks, batch_rows=_BATCH_ROWS, table=self.table)
 
     def can_pull(self, plan: LoadPlan, files: int) -> bool:
-        """``FilePulling``: lazy-plan's checks accept the plan, at most ``open_files_allowed()``
-        files (file-artifact's stay open while the scan runs), and no source column is named
+        """The plan's checks accept the plan, at most ``open_files_allowed()`` files (a file
+        per partition stays open while the scan runs), and no source column is named
         as the pull's tag. A value the scanner refuses itself is not looked for first: the
         pull then fails, before the target, and Python reads."""
         if files not in (1, len(plan.bounds)) or files > open_files_allowed():
@@ -341,7 +342,7 @@ class DuckDBSink(FileTarget):
     def pull_load_files(
         self, plan: LoadPlan, paths: Sequence[Path]
     ) -> tuple[list[LoadFile], list[int]] | None:
-        """``FilePulling``: one ``sqlite_scan`` of the plan's partitions in a scratch in-memory
+        """One ``sqlite_scan`` of the plan's partitions in a scratch in-memory
         database (never the target), each row tagged with its bound's index (the conditions of
         lazy-plan, so the same rows), its batches validated and written: to one file as they
         come, or split by bound (a stable sort of each batch) and gathered into batches of each
@@ -373,7 +374,7 @@ class DuckDBSink(FileTarget):
         return duckdb_carrier(column)
 
     def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
-        """``SchemaEvolving``: DuckDB matches column names case-insensitively (ASCII). A column of
+        """DuckDB matches column names case-insensitively (ASCII). A column of
         a type dpone makes takes only a source column it would make that type for; a type made
         by hand is left to DuckDB's own conversion."""
         with self._reader() as conn:
@@ -461,13 +462,13 @@ class DuckDBSink(FileTarget):
             expected = sum(source.count(item) for item in window)
             if selected != expected:
                 raise PlanInexact(
-                    f"lazy-plan into DuckDB cannot select the source's partitions of column(s) "
+                    f"DuckDB cannot select the source's partitions of column(s) "
                     f"{', '.join(sorted(textual))} exactly (DuckDB reads them as another type "
-                    "than SQLite stores): use legacy, staged or file-artifact",
+                    "than SQLite stores)",
                     diagnostics={"table": self.table, "columns": sorted(textual)},
                 )
 
-    def _load_plan(self, plan: LoadPlan) -> int:
+    def load_plan(self, plan: LoadPlan, *, ledger: LedgerEntry | None = None) -> int:
         """DuckDB pulls the plan's partitions from the SQLite file with ``sqlite_scan``. Its
         scanner reads the file in rowid ranges, not in one snapshot: a row moved past the
         last range meanwhile was lost, with exit 0. So when another connection committed to
@@ -487,7 +488,7 @@ class DuckDBSink(FileTarget):
         with self._connect(scanner=True) as conn:
             try:
                 with watching_writes(source) as written, _transaction(conn):
-                    _fence_first(conn, self._ledger.peek())
+                    _fence_first(conn, ledger)
                     _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
                     try:
                         rows = sum(
@@ -502,7 +503,7 @@ class DuckDBSink(FileTarget):
                         raise _ReadThrownAway from None
                     if written():
                         raise _ReadThrownAway
-                    return _record(conn, self._ledger.take(), rows)
+                    return _record(conn, ledger, rows)
             except _ReadThrownAway:  # the copy was rolled back
                 pass
             read = plan_rows(source, plan.bounds, plan.columns)
@@ -511,7 +512,7 @@ class DuckDBSink(FileTarget):
             with _transaction(conn):
                 _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
                 rows = _insert_rows(conn, self._target, plan.columns, chunks)
-                return _record(conn, self._ledger.take(), rows)
+                return _record(conn, ledger, rows)
 
     def stage(self, payload: RowChunks) -> int:
         """Fill a fresh staging table beside the target, from rows or from load files (as
@@ -528,7 +529,9 @@ class DuckDBSink(FileTarget):
         with self._reader() as conn:
             return 0 if conn is None else _row_count(conn, self._stage)
 
-    def finalize_staged_load(self, *, replace: bool = False) -> int:
+    def finalize_staged_load(
+        self, *, replace: bool = False, ledger: LedgerEntry | None = None
+    ) -> int:
         """Move staged rows into the target (by column name) and drop the staging table, at once.
 
         A missing target is the staging table, renamed: it has the columns and types the
@@ -536,7 +539,7 @@ class DuckDBSink(FileTarget):
         """
         stage, target = self._stage.sql(), self._target.sql()
         with self._connect() as conn, _transaction(conn):
-            _fence_first(conn, self._ledger.peek())
+            _fence_first(conn, ledger)
             if not _table_exists(conn, self._stage):
                 raise ConfigInvalid(
                     f"no staged load exists for target table {self.table!r}",
@@ -544,12 +547,12 @@ class DuckDBSink(FileTarget):
                 )
             if not _table_exists(conn, self._target):
                 conn.execute(f"ALTER TABLE {stage} RENAME TO {quote(self._target.name)}")
-                return _record(conn, self._ledger.take(), _row_count(conn, self._target))
+                return _record(conn, ledger, _row_count(conn, self._target))
             if replace:
                 conn.execute(f"DELETE FROM {target}")
             moved = conn.execute(f"INSERT INTO {target} BY NAME FROM {stage}").fetchone()[0]
             conn.execute(f"DROP TABLE {stage}")
-            return _record(conn, self._ledger.take(), moved)
+            return _record(conn, ledger, moved)
 
     def _read_only(self, what: str) -> Any:
         """A read-only connection to the target file, or ``TargetUnavailable``."""
@@ -565,7 +568,7 @@ class DuckDBSink(FileTarget):
         )
 
     def read_rejects(self) -> list[tuple]:
-        """``Quarantining``: this table's rows set aside, oldest first. Reads only."""
+        """This table's rows set aside, oldest first. Reads only."""
         if not os.path.isfile(self.path):
             return []
         conn = self._read_only("rejects")
@@ -578,7 +581,7 @@ class DuckDBSink(FileTarget):
             conn.close()
 
     def fence_epoch(self) -> int:
-        """``Fencing``: the target table's fence in ``_dpone_fence``; 0 without one."""
+        """The target table's fence in ``_dpone_fence``; 0 without one."""
         if not os.path.isfile(self.path):
             return 0
         conn = self._read_only("fence")
@@ -590,7 +593,7 @@ class DuckDBSink(FileTarget):
             conn.close()
 
     def advance_fence(self, epoch: int) -> int:
-        """``Fencing``: raise the fence to ``epoch`` in a transaction of its own."""
+        """Raise the fence to ``epoch`` in a transaction of its own."""
         duckdb = _driver()
         try:
             with self._connect() as conn, _transaction(conn):
@@ -623,10 +626,8 @@ class DuckDBSink(FileTarget):
     def is_empty(self) -> bool:
         return self.row_count() == 0  # DuckDB counts from table metadata
 
-    inserts_end_with_their_process = True  # BatchCounting: the load runs in the worker
-
     def batch_rows(self, column: str, batch_id: str) -> int:
-        """``BatchCounting``: rows whose ``column`` holds ``batch_id``; 0 without it."""
+        """Rows whose ``column`` holds ``batch_id``; 0 without it."""
         with self._reader() as conn:
             if conn is None or not _table_exists(conn, self._target):
                 return 0

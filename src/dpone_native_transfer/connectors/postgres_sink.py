@@ -73,13 +73,13 @@ from ._sql import (
     check_target_table,
     difference,
     parse_table,
-    payload_refused,
     quote,
     refuse_reserved_prefix,
     refuse_reserved_schema,
     unavailable,
 )
-from .contract import PendingLedger
+from .contract import Sink, SinkFeatures, Unsupported
+from .contract.engine import EnginePull
 from .postgres import PostgresSource, _name, _resolve_dsn, _session
 
 __all__ = ["POSTGRES_TYPES", "PostgresSink", "postgres_carrier", "postgres_type"]
@@ -168,7 +168,7 @@ def postgres_type(column: Column) -> str:
 
 
 def postgres_carrier(column: Column) -> Carry | None:
-    """How a value of ``column`` reaches PostgreSQL exactly (see ``ValueCarrying``)."""
+    """How a value of ``column`` reaches PostgreSQL exactly (``Sink.carrier``)."""
     decimal = column.decimal(_MAX_DECIMAL_WIDTH)
     if decimal is not None:
         return exact_decimal(*decimal)
@@ -189,13 +189,13 @@ def _base(decltype: Any) -> str:
     return decltype.split("(")[0].strip() if isinstance(decltype, str) else ""
 
 
-class PostgresSink:
-    """Writes one target table of a PostgreSQL database, each load in a single transaction.
+class PostgresSink(Sink, EnginePull):
+    """Writes one target table of a PostgreSQL database, each load in a single transaction,
+    with its ledger row (and fence, rejects) in that transaction. The server pulls a source
+    table of its own database itself (``INSERT ... SELECT``)."""
 
-    Each load also writes its ledger row (``LedgerSink``) in that transaction.
-    """
-
-    ledger_atomic = True
+    # the server may still run an insert whose client is gone
+    features = SinkFeatures(name="PostgreSQL", inserts_end_with_their_process=False)
 
     def __init__(self, dsn: str, table: str) -> None:
         check_target_table(table)
@@ -212,7 +212,6 @@ class PostgresSink:
             )
         self._dsn = _resolve_dsn(dsn, role="target")
         self.table = table
-        self._ledger = PendingLedger()
         self._checked: LoadPlan | None = None  # the last plan check_plan passed
         self.identity()  # a DSN that cannot be parsed is refused now, before any run
 
@@ -231,9 +230,6 @@ class PostgresSink:
     @property
     def _ledger_table(self) -> TableName:
         return TableName(self._target.schema, LEDGER_TABLE)
-
-    def ledger_batch(self, entry: LedgerEntry) -> contextlib.AbstractContextManager[None]:
-        return self._ledger.handed(entry)
 
     # --- connections ------------------------------------------------------------------------
 
@@ -303,18 +299,18 @@ class PostgresSink:
 
     # --- loads ------------------------------------------------------------------------------
 
-    def load(self, payload: RowChunks | LoadPlan) -> int:
-        """Write the payload in one transaction and return the rows written."""
-        if isinstance(payload, RowChunks):  # LoadFiles too: their chunks are the spool's rows
-            with self._transaction() as conn:
-                self._fence_first(conn)
-                _prepare_target(conn, self._target, payload.columns, replace=payload.replace)
-                counted = _applied_counter(conn, self._target, replace=payload.replace)
-                rows = counted(_copy_rows(conn, self._target, payload.columns, payload.chunks))
-                return _record(conn, self._ledger_table, self._ledger.take(), rows)
-        if isinstance(payload, LoadPlan):
-            return self._load_plan(payload)
-        raise payload_refused(self.table)
+    def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
+        """Write the payload in one transaction and return the rows written (``LoadFiles`` as
+        rows: the spool's)."""
+        with self._transaction() as conn:
+            self._fence_first(conn, ledger)
+            _prepare_target(conn, self._target, payload.columns, replace=payload.replace)
+            counted = _applied_counter(conn, self._target, replace=payload.replace)
+            rows = counted(_copy_rows(conn, self._target, payload.columns, payload.chunks))
+            return _record(conn, self._ledger_table, ledger, rows)
+
+    def engine(self) -> PostgresSink:
+        return self
 
     def carrier(self, column: Column) -> Carry | None:
         return postgres_carrier(column)
@@ -335,12 +331,8 @@ class PostgresSink:
 
         readable, itself = self._outside_call(pullable)
         if itself or not readable:
-            problem = "is the target table itself" if itself else "may not be read by its login"
-            raise ConfigInvalid(
-                f"lazy-plan into target table {self.table!r} cannot pull its source: the source "
-                f"table {problem}; use legacy, staged or file-artifact",
-                diagnostics={"table": self.table, "path": "lazy-plan"},
-            )
+            problem = "is the target table itself" if itself else "its login may not read"
+            raise Unsupported(f"a pull of its source table, which {problem}", table=self.table)
         self._checked = plan  # the load of this very plan need not check it again
 
     def _pulled(self, plan: LoadPlan) -> PostgresSource:
@@ -349,14 +341,13 @@ class PostgresSink:
         if isinstance(source, PostgresSource):
             if source.identity().location == self.identity().location:
                 return source
-        raise ConfigInvalid(
-            "lazy-plan on PostgreSQL reads PostgreSQL sources of the target's own database only; "
-            f"target table {self.table!r} cannot pull from this source: use legacy, staged or "
-            "file-artifact",
-            diagnostics={"table": self.table, "path": "lazy-plan"},
+        raise Unsupported(
+            "an engine that reads this source (PostgreSQL reads tables of its own database "
+            "only)",
+            table=self.table,
         )
 
-    def _load_plan(self, plan: LoadPlan) -> int:
+    def load_plan(self, plan: LoadPlan, *, ledger: LedgerEntry | None = None) -> int:
         """The server copies each planned partition with ``INSERT ... SELECT``: the source's own
         select (its values as ``read`` gives them), cast to the target's types."""
         if self._checked is not plan:
@@ -368,13 +359,13 @@ class PostgresSink:
         insert = f"INSERT INTO {self._target.sql(_name)} ({names}) SELECT {values} FROM"
         statements = [source.select_sql(bounds, columns=plan.columns) for bounds in plan.bounds]
         with self._transaction() as conn:
-            self._fence_first(conn)
+            self._fence_first(conn, ledger)
             _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
             counted = _applied_counter(conn, self._target, replace=plan.replace)
             rows = 0
             for select, params in statements:
                 rows += _run(conn, f"{insert} ({select}) AS dpone_rows ({aliases})", *params)
-            return _record(conn, self._ledger_table, self._ledger.take(), counted(rows))
+            return _record(conn, self._ledger_table, ledger, counted(rows))
 
     # --- staging ----------------------------------------------------------------------------
 
@@ -398,14 +389,16 @@ class PostgresSink:
         drop = f"DROP TABLE IF EXISTS {self._stage.sql(_name)}"
         self._outside_call(lambda conn: _run(conn, drop), read_only=False, to="be written")
 
-    def finalize_staged_load(self, *, replace: bool = False) -> int:
+    def finalize_staged_load(
+        self, *, replace: bool = False, ledger: LedgerEntry | None = None
+    ) -> int:
         """Move staged rows into the target (by column name) and drop the staging table, at once.
 
         A missing target is created with the staging table's columns and types.
         """
         stage, target = self._stage.sql(_name), self._target.sql(_name)
         with self._transaction() as conn:
-            self._fence_first(conn)
+            self._fence_first(conn, ledger)
             staged = [name for name, _ in _columns(conn, self._stage)]
             if not staged:
                 raise ConfigInvalid(
@@ -420,12 +413,12 @@ class PostgresSink:
             names = ", ".join(_name(name) for name in staged)
             moved = _run(conn, f"INSERT INTO {target} ({names}) SELECT {names} FROM {stage}")
             _run(conn, f"DROP TABLE {stage}")
-            return _record(conn, self._ledger_table, self._ledger.take(), counted(moved))
+            return _record(conn, self._ledger_table, ledger, counted(moved))
 
     # --- schema evolution -------------------------------------------------------------------
 
     def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
-        """``SchemaEvolving``: names match exactly (always quoted). A column of a type dpone
+        """Names match exactly (always quoted). A column of a type dpone
         makes takes only a source column it would make that type for (or a wider numeric);
         a type made by hand is left to PostgreSQL's own conversion."""
         _refuse_long_names(columns, self.table)  # before the target call: the runtime asks here
@@ -471,7 +464,7 @@ class PostgresSink:
         return [LedgerEntry.from_row(*row) for row in self._outside_call(read)]
 
     def read_rejects(self) -> list[tuple]:
-        """``Quarantining``: this table's rows set aside, oldest first. Reads only."""
+        """This table's rows set aside, oldest first. Reads only."""
         rejects = TableName(self._target.schema, REJECTS_TABLE)
 
         def read(conn: Any) -> list[tuple]:
@@ -482,15 +475,14 @@ class PostgresSink:
 
         return self._outside_call(read)
 
-    def _fence_first(self, conn: Any) -> None:
+    def _fence_first(self, conn: Any, entry: LedgerEntry | None) -> None:
         """In the load's transaction, before its work: a batch already fenced out stops."""
         fence = TableName(self._target.schema, FENCE_TABLE)
-        entry = self._ledger.peek()
         if entry is not None and _columns(conn, fence):
             fence_first(_query(conn), entry, **_fence_at(fence))
 
     def fence_epoch(self) -> int:
-        """``Fencing``: the target table's fence in ``_dpone_fence`` of its schema; 0 without."""
+        """The target table's fence in ``_dpone_fence`` of its schema; 0 without one."""
         fence = TableName(self._target.schema, FENCE_TABLE)
 
         def read(conn: Any) -> int:
@@ -501,7 +493,7 @@ class PostgresSink:
         return self._outside_call(read, to="have its fence read")
 
     def advance_fence(self, epoch: int) -> int:
-        """``Fencing``: raise the fence to ``epoch`` in a transaction of its own, under the
+        """Raise the fence to ``epoch`` in a transaction of its own, under the
         ledger's lock; waits at most ``_FENCE_WAIT`` for a load holding it (a load paused in
         its transaction makes this fail: then nothing is proven)."""
         fence = TableName(self._target.schema, FENCE_TABLE)
@@ -517,10 +509,8 @@ class PostgresSink:
     def row_count(self) -> int:
         return self._outside_call(lambda conn: _row_count(conn, self._target))
 
-    inserts_end_with_their_process = False  # BatchCounting: the server may still run one
-
     def batch_rows(self, column: str, batch_id: str) -> int:
-        """``BatchCounting``: rows whose ``column`` holds ``batch_id``; 0 without it."""
+        """Rows whose ``column`` holds ``batch_id``; 0 without it."""
 
         def count(conn: Any) -> int:
             if column not in {name for name, _ in _columns(conn, self._target)}:

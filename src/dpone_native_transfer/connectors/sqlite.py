@@ -76,7 +76,6 @@ from ._sql import (
     one_window_ranges,
     parse_table,
     partition_predicate_count,
-    payload_refused,
     range_cuts_sql,
     range_partitions,
     ranges_run_on,
@@ -86,7 +85,9 @@ from ._sql import (
     unavailable,
 )
 from ._sql import quote as _quote
-from .contract import DEFAULT_CHUNK_ROWS, OnePassReading, PlanInexact, SQLiteFile
+from .contract import DEFAULT_CHUNK_ROWS, PlanInexact, SinkFeatures, SourceFeatures, Unsupported
+from .contract.engine import EnginePull
+from .contract.sqlite_file import SQLiteFile
 
 __all__ = ["SQLiteSink", "SQLiteSource"]
 
@@ -201,7 +202,10 @@ def integer_primary_key(path: str, table: str) -> str:
 
 
 class SQLiteSource(TableSource):
-    """Reads one table of a SQLite file in partitions, optionally windowed by a cursor column."""
+    """Reads one table of a SQLite file in partitions, optionally windowed by a cursor column:
+    a ``SQLiteFile`` the built-in engines read themselves."""
+
+    features = SourceFeatures(watches_writes=True)
 
     def __init__(
         self,
@@ -239,7 +243,7 @@ class SQLiteSource(TableSource):
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[None]:
-        """``Snapshotting``, for a file in WAL mode: one connection holds a read transaction
+        """For a file in WAL mode: one connection holds a read transaction
         for the attempt, and this thread's reads use it (``reader``). A file in rollback-
         journal mode is read a transaction per statement, as without it: holding its read
         lock would stop every writer for the whole attempt."""
@@ -269,7 +273,7 @@ class SQLiteSource(TableSource):
 
     @contextlib.contextmanager
     def watching_writes(self) -> Iterator[Callable[[], bool]]:
-        """``WriteWatching``: SQLite's ``data_version`` (the module's ``watching_writes``), or a
+        """SQLite's ``data_version`` (the module's ``watching_writes``), or a
         change to the file or its WAL. An engine's own copy of SQLite in this process may
         delete the WAL and its index under the watch (chDB, closing the file after a read,
         takes the locks of this process's connections for none), and ``data_version`` is then
@@ -406,7 +410,7 @@ class SQLiteSource(TableSource):
             return self._partition_values(conn, "main", after=after, upto=upto)
 
     def partition_ranges(self, *, after: Any = None, upto: Any = None) -> list[dict[str, Any]]:
-        """``RangePartitioned``: ranges of about ``partition_rows`` rows of the partition column
+        """Ranges of about ``partition_rows`` rows of the partition column
         with a cursor in ``(after, upto]`` (one sequential read of the key, by its index)."""
         window, params = self._cursor_window(after, upto)
         key, table = self._ref(self.partition_column), _quote(self.table)
@@ -595,7 +599,7 @@ class SQLiteSource(TableSource):
     def read_partitions(
         self, bounds: Sequence[Mapping[str, Any]], *, chunk_rows: int = DEFAULT_CHUNK_ROWS
     ) -> Iterator[tuple[int, list[tuple]]] | None:
-        """``OnePassReading``: partitions of one value each, all in the same cursor window, in
+        """Partitions of one value each, all in the same cursor window, in
         one ``rowid``-ordered scan, when the partition column has no index to seek and compares
         byte by byte. Each row goes to the partition whose value it equals as SQLite's ``=``
         would match it: the values pass through a column of the partition column's declared
@@ -734,7 +738,7 @@ class SQLiteSource(TableSource):
 
 
 # Kinds another engine's own SQLite reader (DuckDB's scanner, ClickHouse's sqlite()) reads
-# exactly as the row paths carry them; other kinds need ``ValueCarrying``, so lazy-plan carries
+# exactly as the row paths carry them; other kinds need a carrier, so lazy-plan carries
 # their rows (``PlanInexact``) and a pull is declined.
 _PLAN_KINDS = frozenset({"integer", "real", "text", "blob", "boolean", "date", "timestamp"})
 _DATE = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]"
@@ -815,9 +819,9 @@ def plan_rows(
 ) -> Iterator[list[tuple]]:
     """The ``columns`` of a plan's ``bounds`` as the row paths read them, for a sink that
     threw its engine's read of the source away (``watching_writes``): in one scan when the
-    source splits one (``OnePassReading``, which reads the described columns), otherwise
+    source splits one (``read_partitions``, which reads the described columns), otherwise
     one statement per bound."""
-    if isinstance(source, OnePassReading) and len(bounds) >= 2:
+    if len(bounds) >= 2:
         if [c.name for c in columns] == [c.name for c in source.describe().columns]:
             scan = source.read_partitions(bounds)
             if scan is not None:
@@ -834,10 +838,8 @@ def plan_rows(
 def pulled_file(plan: LoadPlan, *, engine: str, table: str) -> SQLiteFile:
     """The plan's source, when ``engine`` can pull it: a table in a SQLite file."""
     if not isinstance(plan.source, SQLiteFile):
-        raise ConfigInvalid(
-            f"lazy-plan on {engine} reads SQLite sources only; target table {table!r} cannot "
-            "pull from this source: use legacy, staged or file-artifact",
-            diagnostics={"table": table, "path": "lazy-plan"},
+        raise Unsupported(
+            f"an engine that reads this source ({engine} reads SQLite sources only)", table=table
         )
     return plan.source
 
@@ -865,27 +867,25 @@ def refuse_inexact_plan(
     in ``reader_refuses``: those whose every misread value the engine's reader
     refuses with an error (a REAL column's affinity keeps integers out of it).
     Only a caller whose failed read costs nothing may name any: a pull before the
-    target call (``FilePulling``), or a check that has the reader read those
+    target call (``EnginePull.pull_load_files``), or a check that has the reader read those
     columns itself before it (DuckDB's ``_probe_plan_read``).
     """
     with source.reader() as conn:
         utf16 = conn.execute("PRAGMA encoding").fetchone()[0] != "UTF-8"
     if utf16:  # a grouped pull of text key ranges loaded some rows twice and lost others
         raise PlanInexact(
-            f"lazy-plan into {engine} cannot filter the source's text as SQLite does: the "
-            "source database's text is UTF-16, which SQLite orders by its bytes, not by code "
-            f"point as {engine} does; use legacy, staged or file-artifact (read by SQLite "
-            "itself)",
-            diagnostics={"table": table, "path": "lazy-plan"},
+            f"{engine} cannot filter the source's text as SQLite does: the source database's "
+            f"text is UTF-16, which SQLite orders by its bytes, not by code point as {engine} "
+            "does",
+            diagnostics={"table": table},
         )
     collated = source.collated_columns()
     if collated:
         raise PlanInexact(
-            f"lazy-plan into {engine} cannot filter source column(s) {', '.join(collated)} as "
-            "SQLite does: they are declared with a collation (COLLATE NOCASE, RTRIM or another), "
-            f"so {engine} would select other rows than the source's partitions; use legacy, "
-            "staged or file-artifact (read by SQLite itself)",
-            diagnostics={"table": table, "columns": collated, "path": "lazy-plan"},
+            f"{engine} cannot filter source column(s) {', '.join(collated)} as SQLite does: "
+            "they are declared with a collation (COLLATE NOCASE, RTRIM or another), so "
+            f"{engine} would select other rows than the source's partitions",
+            diagnostics={"table": table, "columns": collated},
         )
     inexact = [column.name for column in columns if column.kind not in _PLAN_KINDS]
     if not inexact:
@@ -898,10 +898,9 @@ def refuse_inexact_plan(
 def inexact_plan(engine: str, table: str, columns: Sequence[str]) -> PlanInexact:
     """The refusal of a lazy plan whose ``columns`` the engine would not read exactly."""
     return PlanInexact(
-        f"lazy-plan into {engine} cannot read source column(s) {', '.join(columns)} exactly "
-        f"({engine} reads them by their declared type, which differs from what the other "
-        "paths carry); use legacy, staged or file-artifact",
-        diagnostics={"table": table, "columns": list(columns), "path": "lazy-plan"},
+        f"{engine} cannot read source column(s) {', '.join(columns)} exactly ({engine} reads "
+        "them by their declared type, which differs from what dpone carries)",
+        diagnostics={"table": table, "columns": list(columns)},
     )
 
 
@@ -961,13 +960,13 @@ def _held_as_declared(conn: sqlite3.Connection, table: str) -> set[str] | None:
     return held
 
 
-class SQLiteSink(FileTarget):
-    """Writes one target table of a SQLite file, each load in a single durable transaction.
+class SQLiteSink(FileTarget, EnginePull):
+    """Writes one target table of a SQLite file, each load in a single durable transaction,
+    with its ledger row (and fence, rejects) in that transaction. Its engine pulls SQLite
+    sources itself (``ATTACH``)."""
 
-    Each load also writes its ledger row (``LedgerSink``) in that transaction.
-    """
-
-    pulled_suffix = ".sqlite"  # FilePulling: a SQLite file of one table
+    features = SinkFeatures(name="SQLite")
+    pulled_suffix = ".sqlite"  # a SQLite file of one table
 
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
         check_target_table(table)
@@ -1019,7 +1018,7 @@ class SQLiteSink(FileTarget):
             yield conn
 
     def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
-        """``SchemaEvolving``: SQLite matches column names case-insensitively (ASCII). A column
+        """SQLite matches column names case-insensitively (ASCII). A column
         takes a source column of its kind, or any value when it has no type (``any``): SQLite's
         affinity would convert the others (``'12'`` into an INTEGER column becomes 12)."""
         with self._reader() as conn:
@@ -1041,28 +1040,26 @@ class SQLiteSink(FileTarget):
         """A NaN is refused: SQLite would store it as NULL. Other values are SQLite's own."""
         return finite_double if column.kind == "real" else None
 
-    def load(self, payload: RowChunks | LoadPlan) -> int:
+    def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written."""
-        if isinstance(payload, LoadPlan):
-            return self._load_plan(payload)
-        if isinstance(payload, RowChunks):
-            with self._connect() as conn, _transaction(conn):
-                _fence_first(conn, self._ledger.peek())
-                _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
-                rows = _insert(conn, self.table, payload)
-                return _record(conn, self._ledger.take(), rows)
-        raise payload_refused(self.table)
+        with self._connect() as conn, _transaction(conn):
+            _fence_first(conn, ledger)
+            _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
+            rows = _insert(conn, self.table, payload)
+            return _record(conn, ledger, rows)
+
+    def engine(self) -> SQLiteSink:
+        return self
 
     def can_pull(self, plan: LoadPlan, files: int) -> bool:
-        """``FilePulling``: from a SQLite source, into one load file (legacy, staged) or one
-        per partition (file-artifact). SQLite copies each value as it stores it, so nothing
-        is misread."""
+        """From a SQLite source, into one load file or one per partition. SQLite copies each
+        value as it stores it, so nothing is misread."""
         return isinstance(plan.source, SQLiteFile)
 
     def pull_load_files(
         self, plan: LoadPlan, paths: Sequence[Path]
     ) -> tuple[list[LoadFile], list[int]] | None:
-        """``FilePulling``: SQLite copies the plan's partitions from the source into new SQLite
+        """SQLite copies the plan's partitions from the source into new SQLite
         files (``_pull``, ``_pull_each``), with each bound's count; None when that fails. Each
         value is copied as SQLite stores it, as lazy-plan copies it: a text that is not UTF-8
         too, which the paths that read through Python refuse."""
@@ -1083,11 +1080,11 @@ class SQLiteSink(FileTarget):
         return files, counts
 
     def merge_load_files(self, payload: LoadFiles, folder: Path) -> LoadFiles:
-        """``MergingLoadFiles``: more pulled files than SQLite attaches at once (file-artifact's,
-        one per partition) are copied, in order, into one new ``merged.sqlite`` in ``folder``
-        by a connection of their own, each file's digest checked before SQLite reads it and
-        after; the merged file is digested once closed, and loaded as any pulled file. A
-        SQLite error writing it (a full disk) is the work folder's: an ``OSError``."""
+        """More pulled files than SQLite attaches at once (one per partition) are copied, in
+        order, into one new ``merged.sqlite`` in ``folder`` by a connection of their own, each
+        file's digest checked before SQLite reads it and after; the merged file is digested
+        once closed, and loaded as any pulled file. A SQLite error writing it (a full disk)
+        is the work folder's: an ``OSError``."""
         native = [file for file in payload.files if file.native]
         with contextlib.closing(sqlite3.connect(":memory:", isolation_level=None)) as conn:
             if len(native) <= conn.getlimit(sqlite3.SQLITE_LIMIT_ATTACHED):
@@ -1139,7 +1136,7 @@ class SQLiteSink(FileTarget):
         return [LedgerEntry.from_row(*row) for row in rows]
 
     def read_rejects(self) -> list[tuple]:
-        """``Quarantining``: this table's rows set aside, oldest first. Reads only."""
+        """This table's rows set aside, oldest first. Reads only."""
         with self._reader() as conn:
             if conn is None or not _table_columns(conn, REJECTS_TABLE):
                 return []
@@ -1147,7 +1144,7 @@ class SQLiteSink(FileTarget):
             return conn.execute(sql, (self.identity().table,)).fetchall()
 
     def fence_epoch(self) -> int:
-        """``Fencing``: the target table's fence in ``_dpone_fence``; 0 without one."""
+        """The target table's fence in ``_dpone_fence``; 0 without one."""
         if not os.path.isfile(self.path):
             return 0
         try:
@@ -1161,7 +1158,7 @@ class SQLiteSink(FileTarget):
             raise unavailable(self.table, to="have its fence read") from None
 
     def advance_fence(self, epoch: int) -> int:
-        """``Fencing``: raise the fence to ``epoch`` in a transaction of its own."""
+        """Raise the fence to ``epoch`` in a transaction of its own."""
         try:
             with self._connect() as conn, _transaction(conn):
                 return advance_fence(_query(conn), self.identity().table, epoch, **_FENCE)
@@ -1182,13 +1179,13 @@ class SQLiteSink(FileTarget):
             return
         if encoding != target:
             raise PlanInexact(
-                f"lazy-plan into SQLite table {self.table!r} cannot attach the source database: "
-                f"its text is {encoding} and the target's {target}; use legacy, staged or "
-                "file-artifact",
-                diagnostics={"table": self.table, "path": "lazy-plan"},
+                f"SQLite table {self.table!r} cannot attach the source database: its text is "
+                f"{encoding} and the target's {target}",
+                diagnostics={"table": self.table},
             )
 
-    def _load_plan(self, payload: LoadPlan) -> int:
+    def load_plan(self, payload: LoadPlan, *, ledger: LedgerEntry | None = None) -> int:
+        """Pull the plan's partitions into the target in one transaction (``ATTACH``)."""
         source = pulled_file(payload, engine="SQLite", table=self.table)
         statements = [
             source.select_sql(bounds, schema="src", columns=payload.columns)
@@ -1203,7 +1200,7 @@ class SQLiteSink(FileTarget):
             conn.execute("ATTACH DATABASE ? AS src", (_uri(source.path, read_only=True),))
             try:
                 with _transaction(conn):
-                    _fence_first(conn, self._ledger.peek())
+                    _fence_first(conn, ledger)
                     _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
                     whole = source.table_sql(
                         payload.bounds, conn=conn, schema="src", columns=payload.columns
@@ -1211,7 +1208,7 @@ class SQLiteSink(FileTarget):
                     if whole is not None:
                         statements = [whole]
                     rows = sum(conn.execute(prefix + sql, p).rowcount for sql, p in statements)
-                    return _record(conn, self._ledger.take(), rows)
+                    return _record(conn, ledger, rows)
             finally:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("DETACH DATABASE src")
@@ -1228,7 +1225,9 @@ class SQLiteSink(FileTarget):
         with self._reader() as conn:
             return 0 if conn is None else _row_count(conn, self._stage)
 
-    def finalize_staged_load(self, *, replace: bool = False) -> int:
+    def finalize_staged_load(
+        self, *, replace: bool = False, ledger: LedgerEntry | None = None
+    ) -> int:
         """Move staged rows into the target and drop the staging table, in one transaction.
 
         When the target does not exist, or ``replace`` is set and the target is
@@ -1238,7 +1237,7 @@ class SQLiteSink(FileTarget):
         Otherwise the rows are copied (appended, or after emptying the target).
         """
         with self._connect() as conn, _transaction(conn):
-            _fence_first(conn, self._ledger.peek())
+            _fence_first(conn, ledger)
             columns = _table_columns(conn, self._stage)
             if not columns:
                 raise ConfigInvalid(
@@ -1250,7 +1249,7 @@ class SQLiteSink(FileTarget):
                 if replace:  # an append never drops the target
                     conn.execute(f"DROP TABLE IF EXISTS {_quote(self.table)}")
                 conn.execute(f"ALTER TABLE {_quote(self._stage)} RENAME TO {_quote(self.table)}")
-                return _record(conn, self._ledger.take(), moved)
+                return _record(conn, ledger, moved)
             _prepare_target(conn, self.table, columns, replace=replace)
             names = _column_list(columns)
             moved = conn.execute(
@@ -1258,7 +1257,7 @@ class SQLiteSink(FileTarget):
                 f" SELECT {names} FROM {_quote(self._stage)} ORDER BY rowid"
             ).rowcount
             conn.execute(f"DROP TABLE {_quote(self._stage)}")
-            return _record(conn, self._ledger.take(), moved)
+            return _record(conn, ledger, moved)
 
     def _stage_can_become_target(
         self, conn: sqlite3.Connection, columns: Sequence[Column], *, replace: bool
@@ -1284,10 +1283,8 @@ class SQLiteSink(FileTarget):
         with self._reader() as conn:
             return 0 if conn is None else _row_count(conn, self.table)
 
-    inserts_end_with_their_process = True  # BatchCounting: the load runs in the worker
-
     def batch_rows(self, column: str, batch_id: str) -> int:
-        """``BatchCounting``: rows whose ``column`` holds ``batch_id``; 0 without it."""
+        """Rows whose ``column`` holds ``batch_id``; 0 without it."""
         with self._reader() as conn:
             names = [] if conn is None else [c.name for c in _table_columns(conn, self.table)]
             if column not in names:

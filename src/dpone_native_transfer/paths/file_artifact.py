@@ -34,4 +34,4 @@ def file_artifact_path(ctx: PathContext) -> int:
     rows = sum(file.rows for file in files)
     ctx.check_governance(rows)
     payload = ctx.load_files(files)
-    return ctx.mutate("load", lambda: ctx.sink.load(payload), sent=rows)
+    return ctx.mutate("load", ctx.sink.load, payload, sent=rows)

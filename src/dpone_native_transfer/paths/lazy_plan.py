@@ -1,4 +1,4 @@
-"""lazy-plan: no rows leave dpone; ``sink.load()`` receives a plan and pulls the rows itself.
+"""lazy-plan: no rows leave dpone; the sink's engine receives a plan and pulls the rows itself.
 
 Where the engine would read a value otherwise than the row paths carry it (``PlanInexact``),
 or an edge partition's loaded rows must be left out, the attempt carries the rows as legacy.
@@ -6,7 +6,7 @@ or an edge partition's loaded rows must be left out, the attempt carries the row
 
 from __future__ import annotations
 
-from ..connectors.contract import PlanInexact, PlanPulling
+from ..connectors.contract import PlanInexact
 from ..cursor_edge import is_edge
 from ..payloads import LoadPlan
 from ._context import PathContext
@@ -16,8 +16,8 @@ __all__ = ["lazy_plan_path"]
 
 
 def lazy_plan_path(ctx: PathContext) -> int:
-    sink = ctx.sink
-    if not isinstance(sink, PlanPulling):
+    engine = ctx.sink.engine()
+    if engine is None:
         raise ctx.lacks("an engine that pulls the rows itself")
     if any(is_edge(candidate.partition_bounds) for candidate in ctx.candidates):
         # rows of an edge partition that the route already loaded must be left out, which
@@ -29,10 +29,10 @@ def lazy_plan_path(ctx: PathContext) -> int:
         bounds=tuple(candidate.partition_bounds for candidate in ctx.candidates),
         replace=ctx.replace,
     )
-    # Before the boundary: a plan the sink cannot pull is a configuration error, and must
-    # not be recorded as a target call of unknown outcome (which blocks the route).
+    # Before the boundary: a plan the engine cannot pull (``Unsupported``) is a configuration
+    # error, never a target call of unknown outcome (which blocks the route).
     try:
-        sink.check_plan(plan)
+        engine.check_plan(plan)
     except PlanInexact:  # the engine would read some value otherwise: the rows are carried
         return legacy_path(ctx)  # as legacy carries them, one outcome per value on every path
     if ctx.spec.governance.enabled:  # counting costs a source scan: only when a gate needs it
@@ -42,4 +42,4 @@ def lazy_plan_path(ctx: PathContext) -> int:
         ctx.check_governance(sum(counts))
     else:
         ctx.planned()
-    return ctx.read_by_engine(lambda: ctx.mutate("load", lambda: sink.load(plan)))
+    return ctx.read_by_engine(lambda: ctx.mutate("load", engine.load_plan, plan))

@@ -14,4 +14,4 @@ def legacy_path(ctx: PathContext) -> int:
     rows = sum(file.rows for file in files)
     ctx.check_governance(rows)
     payload = ctx.load_files(files)
-    return ctx.mutate("load", lambda: ctx.sink.load(payload), sent=rows)
+    return ctx.mutate("load", ctx.sink.load, payload, sent=rows)

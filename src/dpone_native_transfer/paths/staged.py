@@ -1,15 +1,14 @@
 """staged: fill the sink's staging table, govern the staged rows, then finalize the load.
 
-The stage is filled by the sink's engine from the source itself (``StagePulling``), or from
-the load file the engine writes (``FilePulling``); otherwise, or when the engine could not
-read the rows exactly, from the rows the runtime reads.
+The stage is filled by the sink's engine from the source itself (``EnginePull.stages``), or
+from the load file the engine writes (``EnginePull.pull_load_files``); otherwise, or when
+the engine could not read the rows exactly, from the rows the runtime reads.
 """
 
 from __future__ import annotations
 
 import contextlib
 
-from ..connectors.contract import StagePulling, Staging
 from ..errors import LeaseLost
 from ._context import PathContext
 
@@ -17,11 +16,8 @@ __all__ = ["staged_path"]
 
 
 def staged_path(ctx: PathContext) -> int:
-    sink = ctx.sink
-    if not isinstance(sink, Staging):
-        raise ctx.lacks("a staging table")
-
-    if isinstance(sink, StagePulling):  # the engine stages the rows itself, or Python reads
+    sink, engine = ctx.sink, ctx.sink.engine()
+    if engine is not None and engine.stages:  # the engine stages the rows itself, or Python
         if not ctx.pulled_stage():
             sink.stage(ctx.row_chunks(ctx.extract()))
     else:
@@ -35,9 +31,7 @@ def staged_path(ctx: PathContext) -> int:
         raise
     try:
         return ctx.mutate(
-            "finalize_staged_load",
-            lambda: sink.finalize_staged_load(replace=ctx.replace),
-            sent=staged,
+            "finalize_staged_load", sink.finalize_staged_load, replace=ctx.replace, sent=staged
         )
     except BaseException as error:
         # refused before the target (arming failed): the stage holds a copy of the rows, left

@@ -34,7 +34,8 @@ import pytest
 
 from ..checkpoints import PartitionCheckpoint, PartitionCheckpointStatus
 from ..connectors import SQLiteSink, SQLiteSource
-from ..connectors.contract import LedgerSink, Sink, Source
+from ..connectors.contract import Sink, Source
+from ..connectors.contract.engine import EnginePull
 from ..errors import GovernanceGateFailed, ManualReconciliationRequired, StoreTargetMismatch
 from ..paths import Governance, PathContext, TransferPath
 from ..runtime import TransferResult, TransferRuntime, TransferSpec
@@ -415,14 +416,18 @@ class GuardConformance:
         assert_no_duplicate_rows(kit_route.source_ids(), kit_route.target_ids())
 
     def test_the_connectors_meet_the_connector_contract(self, kit_route: ConformanceRoute) -> None:
-        """The source is a ``Source``, the sink a ``Sink``, and each meets every Protocol it
-        claims (``connectors/contract.py``) with the parameters the runtime passes."""
+        """The source is a ``Source``, the sink a ``Sink`` with its ``features``, its engine an
+        ``EnginePull``, and each meets every part it claims (``connectors/contract/``) with
+        the parameters the runtime passes."""
         source, sink = kit_route.source, kit_route.sink.inner
         expect("the source is a Source", isinstance(source, Source), True)
         expect("the sink is a Sink", isinstance(sink, Sink), True)
+        engine = sink.engine()
+        if engine is not None:
+            expect("the engine is an EnginePull", isinstance(engine, EnginePull), True)
         problems = [
             problem
-            for connector in (source, sink)
+            for connector in {id(c): c for c in (source, sink, engine) if c is not None}.values()
             for protocol in capabilities_of(connector)
             for problem in contract_problems(connector, protocol)
         ]
@@ -430,8 +435,8 @@ class GuardConformance:
 
 
 def _ledger_sink(route: ConformanceRoute) -> Any:
-    """The sink as a ``LedgerSink``; the ledger tests do not apply to a sink without one."""
-    if not (route.ledger and isinstance(route.sink.inner, LedgerSink)):
+    """The sink, keeping the target's ledger; the ledger tests do not apply to one without."""
+    if not (route.ledger and route.sink.inner.features.keeps_ledger):
         pytest.skip("the sink keeps no target ledger (or the kit runs with ledger = False)")
     return route.sink.inner
 

@@ -1,4 +1,4 @@
-"""Check a connector against the connector contract (``connectors/contract.py``).
+"""Check a connector against the connector contract (``connectors/contract/``).
 
 ``isinstance`` with a runtime-checkable Protocol only asks whether each member
 exists. ``contract_problems`` also compares each method's parameters with the
@@ -11,9 +11,14 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ..connectors.contract import CAPABILITIES, Sink, Source
+from ..connectors.contract import Sink, Source
+from ..connectors.contract.engine import EnginePull
+from ..connectors.contract.sqlite_file import SQLiteFile
 
-__all__ = ["capabilities_of", "contract_problems", "protocol_members"]
+__all__ = ["PARTS", "capabilities_of", "contract_problems", "protocol_members"]
+
+# What a connector may be: a source or a sink, an engine, a SQLite file other engines read.
+PARTS: tuple[type, ...] = (Source, Sink, EnginePull, SQLiteFile)
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -34,8 +39,10 @@ def protocol_members(protocol: type) -> dict[str, Any]:
 
 
 def capabilities_of(connector: object) -> list[type]:
-    """The base Protocol (``Source`` or ``Sink``) and each optional capability it has."""
-    return [p for p in (Source, Sink, *CAPABILITIES) if _claims(connector, p)]
+    """The parts of the contract ``connector`` claims: ``Source`` or ``Sink``, ``SQLiteFile``
+    for a source, and ``EnginePull`` for a sink whose ``engine()`` is the sink itself (an
+    engine of its own is checked apart: ``capabilities_of(sink.engine())``)."""
+    return [p for p in PARTS if _claims(connector, p)]
 
 
 def _claims(connector: object, protocol: type) -> bool:

@@ -146,8 +146,8 @@ class FaultyStore:
 class RecordingSink:
     """A real sink that counts target calls and can raise before or after delegating.
 
-    ``target_calls`` counts ``load`` and ``finalize_staged_load``: the calls
-    that mutate the target table. ``fail="before"`` raises without touching
+    ``target_calls`` counts ``load``, ``finalize_staged_load`` and its engine's
+    ``load_plan``: the calls that mutate the target table. ``fail="before"`` raises without touching
     the target; ``fail="after"`` lets the real call commit, then raises, the
     case where the target holds the rows but dpone cannot know it.
     ``observe``, if given, is called at the start of every target call and its
@@ -155,7 +155,7 @@ class RecordingSink:
     many checkpoint batches were durable) at the moment the target was reached.
     """
 
-    TARGET_METHODS = ("load", "finalize_staged_load")
+    TARGET_METHODS = ("load", "finalize_staged_load", "load_plan")
 
     def __init__(
         self,
@@ -174,6 +174,12 @@ class RecordingSink:
         self.target_calls = 0
         self.calls: list[str] = []
         self.observations: list[Any] = []
+
+    def engine(self) -> Any:
+        """The inner sink's engine; one that is the sink itself is this recorder, so that its
+        ``load_plan`` is counted and fails as told."""
+        engine = self.inner.engine()
+        return self if engine is self.inner else engine
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self.inner, name)

@@ -76,11 +76,12 @@ from .._sql import (
     integer_range_starts,
     parse_table,
     partition_predicate_count,
-    payload_refused,
     refuse_reserved_schema,
     unavailable,
 )
-from ..contract import PendingLedger, PlanInexact, SQLiteFile
+from ..contract import PlanInexact, Sink, SinkFeatures, Unsupported
+from ..contract.engine import EnginePull
+from ..contract.sqlite_file import SQLiteFile
 from ..sqlite import pulled_file, refuse_inexact_plan, watching_writes
 from .chdb_client import ChdbClient
 from .client import CHDB, ClickHouseClient, Location, parse_location
@@ -146,7 +147,7 @@ def open_client(location: Location) -> ClickHouseClient:
     return ServerClient(location.target)
 
 
-class ClickHouseSink:
+class ClickHouseSink(Sink, EnginePull):
     """One target table in chDB (``location`` a path) or on a server (a URL).
 
     ``partition_by`` names the partition column (the route's source partition
@@ -154,8 +155,8 @@ class ClickHouseSink:
     are unpartitioned MergeTree tables.
     """
 
-    ledger_atomic = False  # the ledger row follows the rows; its absence proves nothing
-    pulled_suffix = ".arrows"  # FilePulling: an Arrow IPC stream, as write_load_file writes
+    pulled_suffix = ".arrows"  # an Arrow IPC stream, as write_load_file writes
+    stages = True  # chDB fills the stage from a SQLite source itself (``pull_stage``)
 
     def __init__(self, location: Any, table: str, *, partition_by: str | None = None) -> None:
         check_target_table(table)
@@ -169,14 +170,19 @@ class ClickHouseSink:
         refuse_reserved_schema(self._target, _RESERVED_DATABASES, engine="ClickHouse")
         _check_name_length(self._stage, table)  # the longest name it makes beside the target
         self.partition_by = partition_by
-        self._ledger = PendingLedger()
+        # the ledger row follows the rows, so its absence proves nothing, and nothing keeps a
+        # fence; chDB runs in the worker's process, so a dead worker has no insert left in
+        # flight, while a server may still be running one it was sent
+        self.features = SinkFeatures(
+            name="ClickHouse",
+            ledger_atomic=False,
+            fence=False,
+            inserts_end_with_their_process=self._location.kind == CHDB,
+        )
         self._checked: LoadPlan | None = None  # the last plan check_plan passed
         self._checking: tuple[LoadPlan, Future[None]] | None = None  # can_pull's, running
         self._holding = False  # within holding_connection
         self._held: ClickHouseClient | None = None  # its client, once a call opened it
-
-    def ledger_batch(self, entry: LedgerEntry) -> contextlib.AbstractContextManager[None]:
-        return self._ledger.handed(entry)
 
     def __repr__(self) -> str:
         return f"ClickHouseSink(table={self.table!r}, engine={self._location.kind!r})"
@@ -195,9 +201,12 @@ class ClickHouseSink:
         return TableIdentity(location, table)
 
     @property
-    def engine(self) -> str:
+    def kind(self) -> str:
         """``chdb`` or ``server``."""
         return self._location.kind
+
+    def engine(self) -> ClickHouseSink:
+        return self
 
     @property
     def _stage(self) -> TableName:
@@ -209,7 +218,7 @@ class ClickHouseSink:
 
     @contextlib.contextmanager
     def holding_connection(self) -> Iterator[None]:
-        """``ConnectionHolding``: one session for the attempt's calls (opened by the first)."""
+        """One session for the attempt's calls (opened by the first)."""
         if self._holding:  # already held, by an outer attempt's scope
             yield
             return
@@ -241,7 +250,7 @@ class ClickHouseSink:
     def check_target(self) -> None:
         """Before the target call: the server answers (or chDB opens its data path, which it
         may write: a read-only one is refused, exit 2)."""
-        if self.engine == "chdb" and os.path.isdir(self._location.target):
+        if self.kind == "chdb" and os.path.isdir(self._location.target):
             check_writable(self._location.target, self.table)
         try:
             with self.client() as client:
@@ -269,19 +278,19 @@ class ClickHouseSink:
 
     # --- loads ----------------------------------------------------------------------------
 
-    def load(self, payload: RowChunks | LoadPlan) -> int:
-        """Write the payload into the target and return the rows written."""
-        fill: Fill
+    def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
+        """Write the payload into the target and return the rows written: load files as the
+        engine reads them (Arrow natively), other rows as Arrow batches."""
         if isinstance(payload, LoadFiles):
-            fill = self._files_fill(payload)
-        elif isinstance(payload, RowChunks):
-            fill = self._rows_fill(payload)
-        elif isinstance(payload, LoadPlan):
-            fill = self._plan_fill(payload)
-        else:
-            raise payload_refused(self.table)
+            return self._load(payload, self._files_fill(payload), ledger)
+        return self._load(payload, self._rows_fill(payload), ledger)
+
+    def load_plan(self, plan: LoadPlan, *, ledger: LedgerEntry | None = None) -> int:
+        """The engine pulls the plan's partitions from the SQLite source (``_plan_fill``)."""
+        return self._load(plan, self._plan_fill(plan), ledger)
+
+    def _load(self, payload: RowChunks | LoadPlan, fill: Fill, entry: LedgerEntry | None) -> int:
         create = create_table_sql(self._target, payload.columns, self.partition_by)  # checks
-        entry = self._ledger.take()
         tokens = _Tokens(entry)
         with self.client() as client:
             if payload.replace:
@@ -306,14 +315,14 @@ class ClickHouseSink:
     def write_load_file(
         self, path: Path, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
     ) -> LoadFile | Iterator[Sequence[tuple]]:
-        """``NativeFiles``: the Arrow stream ``insert_rows`` writes, in fixed-size batches; the
+        """The Arrow stream ``insert_rows`` writes, in fixed-size batches; the
         rows themselves when ``file()`` would read the path as a pattern."""
         if file_pattern(path):
             return iter(chunks)
         return write_arrow_stream(path, columns, chunks, table=self.table)
 
     def merge_load_files(self, payload: LoadFiles, folder: Path) -> LoadFiles:
-        """``MergingLoadFiles``: Arrow files (file-artifact's, one per partition) are copied in
+        """Arrow files (one per partition) are copied in
         order into one new ``merged.arrows`` in ``folder``, each file's digest checked as it is
         read. An INSERT costs chDB about 15 ms whatever its size: one per partition was most
         of file-artifact's time. The record batches are copied as IPC messages, bytes as
@@ -446,7 +455,7 @@ class ClickHouseSink:
         return fill
 
     def can_pull(self, plan: LoadPlan, files: int) -> bool:
-        """``FilePulling``, on chDB (a server cannot write the client's files): partitions one
+        """On chDB (a server cannot write the client's files): partitions one
         statement reads (``_PlanSQL.statements``), at most ``open_files_allowed()`` files (chDB
         holds each open while it writes), and no source column named as the pull's tag.
         Lazy-plan's checks, that the engine reads every value as the row paths carry it, start
@@ -471,7 +480,7 @@ class ClickHouseSink:
     def pull_load_files(
         self, plan: LoadPlan, paths: Sequence[Path]
     ) -> tuple[list[LoadFile], list[int]] | None:
-        """``FilePulling``: one ``INSERT INTO FUNCTION file(..., 'ArrowStream') SELECT ... FROM
+        """One ``INSERT INTO FUNCTION file(..., 'ArrowStream') SELECT ... FROM
         sqlite()`` of the plan's partitions (lazy-plan's conditions and read, so the same rows
         and values), each row tagged with its bound's index, into a scratch folder: one file,
         or one per bound (``PARTITION BY`` the tag). Each is rewritten at its path without the
@@ -482,7 +491,7 @@ class ClickHouseSink:
         return self._read_checked(plan, lambda: self._pull(plan, paths), lambda: _unlink(paths))
 
     def pull_stage(self, plan: LoadPlan) -> list[int] | None:
-        """``StagePulling``: one ``INSERT INTO`` the fresh stage ``SELECT ... FROM sqlite()`` of
+        """One ``INSERT INTO`` the fresh stage ``SELECT ... FROM sqlite()`` of
         the plan's partitions (the pull's conditions and read), then each bound's count by
         the pull's tag over the staged rows; no file is written or read. None, and no stage
         left, when chDB's read failed, the source was written meanwhile, or the stage holds
@@ -621,15 +630,16 @@ class ClickHouseSink:
         with self.client() as client:
             return _count(client, self._stage)
 
-    def finalize_staged_load(self, *, replace: bool = False) -> int:
+    def finalize_staged_load(
+        self, *, replace: bool = False, ledger: LedgerEntry | None = None
+    ) -> int:
         """Move the staged rows into the target with partition operations; drop the stage.
 
         ``replace``: ``REPLACE PARTITION ... FROM`` the stage for every staged
         partition, then ``DROP PARTITION`` for target partitions the stage does
         not hold. Otherwise ``INSERT ... SELECT`` from the stage.
         """
-        stage, target = _ref(self._stage), _ref(self._target)
-        entry = self._ledger.take()
+        stage, target, entry = _ref(self._stage), _ref(self._target), ledger
         with self.client() as client:
             if not _exists(client, self._stage):
                 raise ConfigInvalid(
@@ -685,7 +695,7 @@ class ClickHouseSink:
     # --- reading back -----------------------------------------------------------------------
 
     def read_rejects(self) -> list[tuple]:
-        """``Quarantining``: this table's rows set aside. Reads only."""
+        """This table's rows set aside. Reads only."""
         rejects = TableName(None, REJECTS_TABLE)
         with self.client() as client:
             if not _exists(client, rejects):
@@ -693,14 +703,8 @@ class ClickHouseSink:
             sql = rejects_query(quote(REJECTS_TABLE), "{t:String}")
             return client.query_rows(sql, {"t": self.identity().table})
 
-    @property
-    def inserts_end_with_their_process(self) -> bool:
-        """``BatchCounting``: chDB runs in the worker's process, so a dead worker has no
-        insert left in flight; a server may still be running one it was sent."""
-        return self.engine == "chdb"
-
     def batch_rows(self, column: str, batch_id: str) -> int:
-        """``BatchCounting``: the rows of the target table whose ``column`` holds
+        """The rows of the target table whose ``column`` holds
         ``batch_id`` (0 when the table or the column does not exist). Reads only."""
         with self.client() as client:
             names = [name for name, _ in _columns(client, self._target)]
@@ -1098,11 +1102,10 @@ def _plan_inserts(
     listed = plan.replace
     wheres = [bounds.where(part, listed=listed) for part in bounds.statements(listed=listed)]
     if any(len(where.encode()) + 2 * len(names.encode()) > _STATEMENT_BYTES for where in wheres):
-        raise ConfigInvalid(
-            f"lazy-plan into ClickHouse table {table!r} cannot name these partitions in a "
-            "statement chDB parses (its column names or partition conditions are too long): "
-            "use the legacy, staged or file-artifact path",
-            diagnostics={"table": table},
+        raise Unsupported(
+            "a pull of these partitions: chDB parses no statement that long (the column "
+            "names or partition conditions are too long)",
+            table=table,
         )
     return bounds, names, wheres
 
@@ -1115,9 +1118,8 @@ def _with_safe_names(plan: LoadPlan, *, table: str) -> SQLiteFile:
     for name in (source.table, source.partition_column, source.cursor_column, *columns):
         if name is not None and _SQLITE_FUNCTION_UNSAFE.search(name):
             raise PlanInexact(
-                f"lazy-plan into ClickHouse cannot read source identifier {name!r}: the "
-                "sqlite() table function mis-quotes backslashes, double quotes and control "
-                "characters (use another path)",
+                f"ClickHouse cannot read source identifier {name!r}: the sqlite() table "
+                "function mis-quotes backslashes, double quotes and control characters",
                 diagnostics={"table": table, "identifier": name},
             )
     return source

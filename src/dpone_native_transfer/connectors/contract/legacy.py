@@ -1,30 +1,30 @@
-"""The connector contract: what the runtime asks of a source and of a sink.
+"""The connector contract of release 0.1, kept for one release: its connectors are adapted.
 
-Every member is a runtime-checkable Protocol. ``Source`` and ``Sink`` are what
-every connector implements; each other Protocol is one optional capability:
-the runtime, a path or a command uses it when the connector has it and either
-behaves as before or refuses the route before the target when it does not.
-``docs/connectors.md`` is generated from these docstrings, and the conformance
-kit (``testing.contract_problems``) checks a connector against them.
+A connector written for it (a ``Source``/``Sink`` and optional runtime-checkable
+Protocols, the ledger row handed with ``ledger_batch``) keeps working: ``TransferSpec``
+wraps it in ``LegacySink``/``LegacySource``, which speak the current contract, and warns
+once (``DeprecationWarning``). Its names stay importable from ``connectors.contract``
+with the same warning. Removed in the release after next; see CHANGELOG.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ..errors import ConfigInvalid, NativeTransferError
+from ...errors import NativeTransferError
+from . import DEFAULT_CHUNK_ROWS, Sink, SinkFeatures, Source, SourceFeatures, Unsupported
+from .engine import EnginePull
 
 if TYPE_CHECKING:
-    import sqlite3
-    from pathlib import Path
 
-    from ..column_types import Carry
-    from ..identity import TableIdentity
-    from ..ledger import LedgerEntry
-    from ..payloads import (
-        Column,
+    from ...column_types import Carry, Column
+    from ...identity import TableIdentity
+    from ...ledger import LedgerEntry
+    from ...payloads import (
         ColumnDifference,
         LoadFile,
         LoadFiles,
@@ -35,89 +35,34 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CAPABILITIES",
-    "DEFAULT_CHUNK_ROWS",
+    "BatchCounting",
     "Collating",
     "ConnectionHolding",
-    "FilePulling",
-    "BatchCounting",
     "CursorEdgeReading",
+    "FilePulling",
     "Fencing",
     "Identified",
     "LedgerNotWritten",
     "LedgerSink",
+    "LegacySink",
+    "LegacySource",
     "MergingLoadFiles",
     "NativeFiles",
     "OnePassReading",
     "PendingLedger",
-    "PlanInexact",
     "PlanPulling",
     "Quarantining",
     "RangePartitioned",
-    "SQLiteFile",
     "SchemaEvolving",
     "Snapshotting",
-    "Sink",
-    "Source",
     "StagePulling",
     "Staging",
     "TargetChecking",
     "ValueCarrying",
     "WriteWatching",
+    "adapt_sink",
+    "adapt_source",
 ]
-
-# Rows per chunk a source reads and a path holds in memory, unless the route says otherwise.
-DEFAULT_CHUNK_ROWS = 10_000
-
-
-@runtime_checkable
-class Source(Protocol):
-    """Where rows come from: one table, read in partitions, optionally windowed by a cursor.
-
-    A partition is named by its *bounds*, a mapping the runtime builds from what
-    the source reports (``{"partition": value}``, plus the cursor window's
-    ``cursor_after``/``cursor_upto``; ``payloads.bound_predicates`` says what
-    each key selects). Every method only reads.
-    """
-
-    table: str
-    partition_column: str
-    cursor_column: str | None
-
-    def describe(self) -> SourceShape:
-        """The table's columns, in the order ``read`` returns them, and their hashes."""
-
-    def partition_values(self, *, after: Any = None, upto: Any = None) -> list[Any]:
-        """The distinct partition values of the rows whose cursor is in ``(after, upto]``
-        (every row when both are None), sorted, None included when a row has no value."""
-
-    def max_cursor(self, *, after: Any = None) -> Any:
-        """The highest cursor value above ``after``, or None (no cursor, or no such row)."""
-
-    def read(
-        self, bounds: Mapping[str, Any], *, chunk_rows: int = DEFAULT_CHUNK_ROWS
-    ) -> Iterator[list[tuple]]:
-        """The rows of one partition, every column in ``describe()`` order, in chunks of at
-        most ``chunk_rows`` rows."""
-
-    def count(self, bounds: Mapping[str, Any]) -> int:
-        """How many rows ``read(bounds)`` returns (governance gates on lazy plans ask it)."""
-
-
-@runtime_checkable
-class Sink(Protocol):
-    """The target table. ``load`` is the one target call of the legacy and file-artifact
-    paths; the runtime makes it through the target-mutation boundary, never directly.
-
-    A sink holds no guard code: the guard's hooks fire around its one call. What
-    it must promise is that ``load`` either applies all of the payload's rows in
-    one transaction or raises, and that it raises the original error untouched.
-    """
-
-    table: str
-
-    def load(self, payload: RowChunks) -> int:
-        """Append the rows (``payload.replace``: replace the table's rows) in one transaction
-        and return how many rows were written. Creates the table on first use."""
 
 
 @runtime_checkable
@@ -230,55 +175,6 @@ class Collating(Protocol):
 
     def collated_columns(self) -> list[str]:
         """The names of those columns."""
-
-
-@runtime_checkable
-class SQLiteFile(Source, Collating, Protocol):
-    """A source whose table lives in a SQLite file an engine can attach and read itself:
-    what the built-in ``PlanPulling`` sinks pull from (PostgreSQL's pulls a ``PostgresSource``)."""
-
-    path: str
-
-    def reader(
-        self, *, live: bool = False
-    ) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        """A read-only connection to the file; its errors become ``SourceInvalid``. Within a
-        ``Snapshotting`` source's snapshot, the snapshot's, unless ``live``: one that sees
-        what others commit (``watching_writes``)."""
-
-    def select_sql(
-        self,
-        bounds: Mapping[str, Any],
-        *,
-        schema: str = "main",
-        columns: Sequence[Column] | None = None,
-    ) -> tuple[str, tuple]:
-        """SQLite text and parameters selecting one partition's ``columns`` from the file
-        attached as ``schema``."""
-
-    def count_sql(self, bounds: Mapping[str, Any], *, schema: str = "main") -> tuple[str, tuple]:
-        """SQLite text and parameters counting one partition's rows in the file attached as
-        ``schema`` (what ``count`` runs)."""
-
-    def table_sql(
-        self,
-        bounds: Sequence[Mapping[str, Any]],
-        *,
-        conn: sqlite3.Connection,
-        schema: str,
-        columns: Sequence[Column],
-        by_partition: bool = False,
-    ) -> tuple[str, tuple] | None:
-        """One statement selecting every partition of ``bounds`` when that is cheaper, or None.
-        ``by_partition``: only when it is one scan of the table, its rows ordered by
-        partition value (then as they are read)."""
-
-    def range_route(
-        self, conn: sqlite3.Connection, schema: str, bounds: Sequence[Mapping[str, Any]]
-    ) -> Callable[[Any], int | None] | None:
-        """Which of ``bounds`` (key ranges and the NULL key's partition) holds a key value, as
-        SQLite's ``>=`` and ``<`` on the file attached as ``schema`` decide; None when each
-        range's own count is cheaper (an index seeks it) or Python cannot tell."""
 
 
 @runtime_checkable
@@ -532,14 +428,6 @@ class SchemaEvolving(Protocol):
         """Add ``columns`` to the target table (nullable, typed by their kind), atomically."""
 
 
-class PlanInexact(ConfigInvalid):
-    """``check_plan``: the engine would read some of the plan's values or rows otherwise than
-    the row paths carry them (a kind or a stored value its reader reads differently, a
-    collation, a text encoding). The lazy-plan path then carries the rows itself in its one
-    target call, as legacy does, so a value gets the same outcome on every path. Raised
-    elsewhere, it is the ``ConfigInvalid`` it derives from."""
-
-
 class LedgerNotWritten(NativeTransferError):
     """A ledger sink's target call returned without writing the batch's ledger row (a bug)."""
 
@@ -583,28 +471,261 @@ class PendingLedger:
         return self._entry
 
 
-# Every optional capability, for the conformance kit and docs/connectors.md, in that order.
-CAPABILITIES: tuple[type, ...] = (
-    Identified,
-    Staging,
-    PlanPulling,
-    NativeFiles,
-    FilePulling,
-    StagePulling,
-    MergingLoadFiles,
-    SQLiteFile,
-    Collating,
-    OnePassReading,
-    Snapshotting,
-    WriteWatching,
-    RangePartitioned,
-    CursorEdgeReading,
-    TargetChecking,
-    ConnectionHolding,
-    ValueCarrying,
-    SchemaEvolving,
-    LedgerSink,
-    Fencing,
-    BatchCounting,
-    Quarantining,
+# The 0.1 optional capabilities, in the order release 0.1 documented them.
+CAPABILITIES: tuple[type, ...] = tuple(
+    globals()[name]
+    for name in (
+        "Identified", "Staging", "PlanPulling", "NativeFiles", "FilePulling", "StagePulling",
+        "MergingLoadFiles", "Collating", "OnePassReading", "Snapshotting", "WriteWatching",
+        "RangePartitioned", "CursorEdgeReading", "TargetChecking", "ConnectionHolding",
+        "ValueCarrying", "SchemaEvolving", "LedgerSink", "Fencing", "BatchCounting",
+        "Quarantining",
+    )
+)  # fmt: skip
+
+_WARNING = (
+    "{what} {name} is written for the connector contract of release 0.1, which the next "
+    "release removes: subclass dpone_native_transfer.connectors.contract.{base} "
+    "(docs/connectors.md, 'Moving a 0.1 connector')"
 )
+
+
+def _deprecated(what: str, connector: object, base: str) -> None:
+    name = type(connector).__name__
+    warnings.warn(_WARNING.format(what=what, name=name, base=base), DeprecationWarning, 3)
+
+
+def _speaks_current(connector: object) -> bool:
+    return isinstance(getattr(connector, "features", None), SinkFeatures | SourceFeatures)
+
+
+def adapt_source(source: Any) -> Any:
+    """``source`` as the current contract has it: itself, or a 0.1 source wrapped."""
+    if _speaks_current(source) or isinstance(source, LegacySource):
+        return source
+    _deprecated("source", source, "Source")
+    return LegacySource(source)
+
+
+def adapt_sink(sink: Any) -> Any:
+    """``sink`` as the current contract has it: itself, or a 0.1 sink wrapped."""
+    if _speaks_current(sink) or isinstance(sink, LegacySink):
+        return sink
+    _deprecated("sink", sink, "Sink")
+    return LegacySink(sink)
+
+
+class LegacySource(Source):
+    """A 0.1 source in the current contract: what it lacks has the current defaults."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.features = SourceFeatures(
+            watches_writes=isinstance(inner, WriteWatching),
+            reads_edges=isinstance(inner, CursorEdgeReading),
+        )
+
+    def __getattr__(self, name: str) -> Any:  # its own members (a SQLite file's, say)
+        return getattr(self.inner, name)
+
+    @property
+    def table(self) -> str:  # type: ignore[override]
+        return self.inner.table
+
+    @property
+    def partition_column(self) -> str:  # type: ignore[override]
+        return self.inner.partition_column
+
+    @property
+    def cursor_column(self) -> str | None:  # type: ignore[override]
+        return self.inner.cursor_column
+
+    @property
+    def partition_rows(self) -> int | None:  # type: ignore[override]
+        return getattr(self.inner, "partition_rows", None)
+
+    def identity(self) -> TableIdentity | None:
+        return self.inner.identity() if isinstance(self.inner, Identified) else None
+
+    def describe(self) -> SourceShape:
+        return self.inner.describe()
+
+    def partition_values(self, *, after: Any = None, upto: Any = None) -> list[Any]:
+        return self.inner.partition_values(after=after, upto=upto)
+
+    def partition_ranges(self, *, after: Any = None, upto: Any = None) -> list[dict[str, Any]]:
+        return self.inner.partition_ranges(after=after, upto=upto)
+
+    def max_cursor(self, *, after: Any = None) -> Any:
+        return self.inner.max_cursor(after=after)
+
+    def read(
+        self, bounds: Mapping[str, Any], *, chunk_rows: int = DEFAULT_CHUNK_ROWS
+    ) -> Iterator[list[tuple]]:
+        return self.inner.read(bounds, chunk_rows=chunk_rows)
+
+    def count(self, bounds: Mapping[str, Any]) -> int:
+        return self.inner.count(bounds)
+
+    def edge_rows(
+        self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = DEFAULT_CHUNK_ROWS
+    ) -> Iterator[list[tuple]]:
+        if not isinstance(self.inner, CursorEdgeReading):
+            raise Unsupported("a read of its cursor edge")
+        return self.inner.edge_rows(since=since, upto=upto, nulls=nulls, chunk_rows=chunk_rows)
+
+    def read_partitions(
+        self, bounds: Sequence[Mapping[str, Any]], *, chunk_rows: int = DEFAULT_CHUNK_ROWS
+    ) -> Iterator[tuple[int, list[tuple]]] | None:
+        if not isinstance(self.inner, OnePassReading):
+            return None
+        return self.inner.read_partitions(bounds, chunk_rows=chunk_rows)
+
+    def snapshot(self) -> contextlib.AbstractContextManager[None]:
+        if isinstance(self.inner, Snapshotting):
+            return self.inner.snapshot()
+        return contextlib.nullcontext()
+
+    def collated_columns(self) -> list[str]:
+        return self.inner.collated_columns() if isinstance(self.inner, Collating) else []
+
+    def watching_writes(self) -> contextlib.AbstractContextManager[Callable[[], bool]]:
+        if not isinstance(self.inner, WriteWatching):
+            raise Unsupported("a watch of its writes")
+        return self.inner.watching_writes()
+
+
+class LegacySink(Sink, EnginePull):
+    """A 0.1 sink in the current contract: its optional Protocols become features, its
+    ``ledger_batch`` takes the entry the runtime passes, and what it lacks is refused with
+    ``Unsupported`` (the staged path without ``Staging``) or left to dpone."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        ledger = isinstance(inner, LedgerSink)
+        self.features = SinkFeatures(
+            ledger_atomic=bool(getattr(inner, "ledger_atomic", True)),
+            fence=ledger and isinstance(inner, Fencing),
+            inserts_end_with_their_process=bool(
+                getattr(inner, "inserts_end_with_their_process", True)
+            ),
+            keeps_ledger=ledger,
+            name=type(inner).__name__.removesuffix("Sink"),
+        )
+        self.pulled_suffix = getattr(inner, "pulled_suffix", "")
+
+    def __getattr__(self, name: str) -> Any:  # its own members
+        return getattr(self.inner, name)
+
+    @property
+    def table(self) -> str:  # type: ignore[override]
+        return self.inner.table
+
+    def _has(self, capability: type, what: str) -> Any:
+        if not isinstance(self.inner, capability):
+            raise Unsupported(what)
+        return self.inner
+
+    def _with_ledger(self, ledger: LedgerEntry | None, call: Callable[[], int]) -> int:
+        if ledger is None or not isinstance(self.inner, LedgerSink):
+            return call()
+        with self.inner.ledger_batch(ledger):
+            return call()
+
+    def identity(self) -> TableIdentity | None:
+        return self.inner.identity() if isinstance(self.inner, Identified) else None
+
+    def check_target(self) -> None:
+        if isinstance(self.inner, TargetChecking):
+            self.inner.check_target()
+
+    def carrier(self, column: Column) -> Carry | None:
+        return self.inner.carrier(column) if isinstance(self.inner, ValueCarrying) else None
+
+    def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
+        if not isinstance(self.inner, SchemaEvolving):
+            return None
+        return self.inner.column_difference(columns)
+
+    def add_columns(self, columns: Sequence[Column]) -> None:
+        self._has(SchemaEvolving, "new columns").add_columns(columns)
+
+    def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
+        return self._with_ledger(ledger, lambda: self.inner.load(payload))
+
+    def stage(self, payload: RowChunks) -> int:
+        return self._has(Staging, "a staging table").stage(payload)
+
+    def staged_row_count(self) -> int:
+        return self._has(Staging, "a staging table").staged_row_count()
+
+    def discard_stage(self) -> None:
+        self._has(Staging, "a staging table").discard_stage()
+
+    def finalize_staged_load(
+        self, *, replace: bool = False, ledger: LedgerEntry | None = None
+    ) -> int:
+        staging = self._has(Staging, "a staging table")
+        return self._with_ledger(ledger, lambda: staging.finalize_staged_load(replace=replace))
+
+    def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:
+        if not isinstance(self.inner, LedgerSink):
+            return []
+        return self.inner.read_ledger(partitions=partitions)
+
+    def row_count(self) -> int:
+        return self._has(LedgerSink, "a count of its rows").row_count()
+
+    def is_empty(self) -> bool:
+        return self._has(LedgerSink, "a count of its rows").is_empty()
+
+    def read_rejects(self) -> list[tuple]:
+        return self.inner.read_rejects() if isinstance(self.inner, Quarantining) else []
+
+    def batch_rows(self, column: str, batch_id: str) -> int:
+        return self._has(BatchCounting, "a count of a batch's rows").batch_rows(column, batch_id)
+
+    def fence_epoch(self) -> int:
+        return self.inner.fence_epoch() if self.features.fence else 0
+
+    def advance_fence(self, epoch: int) -> int:
+        return self._has(Fencing, "a fence").advance_fence(epoch)
+
+    def holding_connection(self) -> contextlib.AbstractContextManager[None]:
+        if isinstance(self.inner, ConnectionHolding):
+            return self.inner.holding_connection()
+        return contextlib.nullcontext()
+
+    def engine(self) -> EnginePull | None:
+        engines = (PlanPulling, FilePulling, NativeFiles, MergingLoadFiles)
+        return self if any(isinstance(self.inner, kind) for kind in engines) else None
+
+    def check_plan(self, plan: LoadPlan) -> None:
+        self._has(PlanPulling, "an engine that pulls the rows itself").check_plan(plan)
+
+    def load_plan(self, plan: LoadPlan, *, ledger: LedgerEntry | None = None) -> int:
+        pulling = self._has(PlanPulling, "an engine that pulls the rows itself")
+        return self._with_ledger(ledger, lambda: pulling.load(plan))
+
+    def can_pull(self, plan: LoadPlan, files: int) -> bool:
+        return isinstance(self.inner, FilePulling) and self.inner.can_pull(plan, files)
+
+    def pull_load_files(
+        self, plan: LoadPlan, paths: Sequence[Path]
+    ) -> tuple[list[LoadFile], list[int]] | None:
+        return self.inner.pull_load_files(plan, paths)
+
+    def pull_stage(self, plan: LoadPlan) -> list[int] | None:
+        return self.inner.pull_stage(plan) if isinstance(self.inner, StagePulling) else None
+
+    def write_load_file(
+        self, path: Path, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
+    ) -> LoadFile | Iterator[Sequence[tuple]]:
+        if not isinstance(self.inner, NativeFiles):
+            return iter(chunks)
+        return self.inner.write_load_file(path, columns, chunks)
+
+    def merge_load_files(self, payload: LoadFiles, folder: Path) -> LoadFiles:
+        if not isinstance(self.inner, MergingLoadFiles):
+            return payload
+        return self.inner.merge_load_files(payload, folder)

@@ -1,0 +1,119 @@
+"""Reading an attempt's rows from the source: one pass or partition by partition, spooled,
+edge-filtered, and carried for the sink (``PathContext.read``, ``PathContext.extract``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ..checkpoints import PartitionCheckpoint
+from ..column_types import Carry, carried_chunks, column_carriers
+from ..rejects import Reject
+from ._one_pass import one_pass, spool_partitions, spooled_chunks
+
+if TYPE_CHECKING:
+    from ._context import PathContext
+
+__all__ = ["RowReader"]
+
+
+@attrs.define(eq=False)
+class RowReader:
+    """The rows of one attempt's candidates, as the sink will hold them."""
+
+    ctx: PathContext
+    _carriers: list[tuple[int, str, Carry]] | None = None
+    _spooled: dict[str, Path] | None = None  # a one-pass scan's spool file per partition
+
+    def read(self, candidate: PartitionCheckpoint) -> Iterable[Sequence[tuple]]:
+        """The partition's rows from the source, in bounded chunks, carried for the sink.
+
+        Values pass through the sink's carriers (``Sink.carrier``), so every row path
+        spools, stages or exports exactly what the target will hold. An edge partition's
+        rows the route already loaded are left out (``cursor_edge.py``). A source that reads
+        every partition of the attempt in one scan does so at the first read
+        (``Source.read_partitions``, ``_one_pass.py``).
+        """
+        ctx = self.ctx
+        rows = ctx.spec.chunk_rows
+        if self._spooled is None:
+            self._spooled = spool_partitions(ctx.source, ctx.candidates, ctx.work_dir, rows)
+        spooled = self._spooled.get(candidate.partition_id)
+        if spooled is not None:
+            chunks: Iterable[list[tuple]] = spooled_chunks(spooled, rows)
+        else:
+            chunks = ctx.source.read(candidate.partition_bounds, chunk_rows=rows)
+        if ctx.edge is not None:
+            chunks = ctx.edge.rows(candidate, chunks)
+        return self.carry(chunks, candidate.partition_id)
+
+    def carry(
+        self, chunks: Iterable[Sequence[tuple]], partition_id: str | None = None
+    ) -> Iterable[Sequence[tuple]]:
+        """The rows as the sink holds them; a row the sink cannot hold exactly stops the run,
+        or with ``on_bad_value = "quarantine"`` is set aside (``ctx.rejects``)."""
+        ctx, spec = self.ctx, self.ctx.spec
+        if ctx.batch_value is not None:  # the shape's last column, the batch column
+            chunks = _with_value(chunks, ctx.batch_value)
+        if self._carriers is None:
+            self._carriers = column_carriers(ctx.shape.columns, ctx.sink.carrier)
+        if not self._carriers:
+            return chunks
+        target = ctx.sink.features.name
+        reject = None
+        if spec.on_bad_value == "quarantine":
+
+            def reject(row: tuple, column: str, value: Any) -> None:
+                keep = spec.quarantine_values
+                found = Reject.of(
+                    row, column, value, partition_id=partition_id, target=target, keep_value=keep
+                )
+                ctx.rejects.append(found)
+
+        return carried_chunks(chunks, self._carriers, target=target, reject=reject)
+
+    def extract(self) -> Iterator[Sequence[tuple]]:
+        """Every candidate's rows, carried for the sink, recording each one's count
+        (``extracted``) once its rows have all passed.
+
+        From a source that reads the attempt in one scan, the chunks come straight from that
+        scan, partitions interleaved in scan order, and nothing is spooled; otherwise
+        partition by partition, as ``read`` gives them. An append route whose cursor edge is
+        tracked reads partition by partition.
+        """
+        ctx = self.ctx
+        scan = None
+        if ctx.edge is None:
+            scan = one_pass(ctx.source, ctx.candidates, ctx.spec.chunk_rows)
+        if scan is None:
+            for index, candidate in enumerate(ctx.candidates):
+                rows = 0
+                for chunk in self.read(candidate):
+                    rows += len(chunk)
+                    yield chunk
+                ctx.extracted(index, rows)
+            return
+        counts = [0] * len(ctx.candidates)
+
+        def chunks() -> Iterator[list[tuple]]:  # the scan's small groups, joined again
+            pending: list[tuple] = []
+            for index, rows in scan:
+                counts[index] += len(rows)
+                pending.extend(rows)
+                if len(pending) >= ctx.spec.chunk_rows:
+                    yield pending
+                    pending = []
+            if pending:
+                yield pending
+
+        yield from self.carry(chunks())
+        for index, rows in enumerate(counts):
+            ctx.extracted(index, rows)
+
+
+def _with_value(chunks: Iterable[Sequence[tuple]], value: Any) -> Iterator[list[tuple]]:
+    for chunk in chunks:
+        yield [(*row, value) for row in chunk]
