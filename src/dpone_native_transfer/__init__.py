@@ -75,6 +75,7 @@ if TYPE_CHECKING:
         TargetRowsMismatch,
         TargetRowsUnproven,
         TargetUnavailable,
+        TargetVersionUnsupported,
         ValueUnsupported,
         WorkFolderFailed,
     )
@@ -140,6 +141,7 @@ _EXPORTS: dict[str, str] = {
     "TargetRowsMismatch": "errors",
     "TargetRowsUnproven": "errors",
     "TargetUnavailable": "errors",
+    "TargetVersionUnsupported": "errors",
     "ValueUnsupported": "errors",
     "WorkFolderFailed": "errors",
     "Event": "events",
@@ -224,6 +226,7 @@ __all__ = [
     "TargetRowsMismatch",
     "TargetRowsUnproven",
     "TargetUnavailable",
+    "TargetVersionUnsupported",
     "TransferResult",
     "TransferRuntime",
     "TransferSpec",
