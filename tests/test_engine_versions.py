@@ -31,6 +31,7 @@ import dpone_native_transfer
 from dpone_native_transfer import DuckDBSink, TargetVersionUnsupported
 from dpone_native_transfer.connectors import duckdb as duckdb_module
 from dpone_native_transfer.reporting import exit_code_for
+from dpone_native_transfer.testing import build_sample_source
 
 ROOT = Path(dpone_native_transfer.__file__).parents[2]
 FILES = Path(__file__).parent / "data" / "duckdb-storage"
@@ -287,3 +288,40 @@ def watch_pulls(sink: DuckDBSink) -> list[bool]:
     can_pull = sink.can_pull
     sink.can_pull = lambda plan, files: answers.append(can_pull(plan, files)) or answers[-1]
     return answers
+
+
+# --- a chDB data folder opened by a newer chDB ---------------------------------------------
+
+
+def test_a_chdb_folder_a_newer_chdb_opened_is_refused_before_chdb_opens_it(tmp_path):
+    """The folder records no version, and an older chDB sets aside every part a newer one
+    wrote (ClickHouse 25.8 on 26.9's: detached/broken-on-start_*), its tables then empty, with
+    no error. dpone records the newest chdb-core that opened the folder, and refuses an older
+    one before it opens it. The newer version is written into the record as a newer chDB
+    would leave it: no chdb-core newer than the one installed here exists."""
+    file = write_route(tmp_path, rows=40, kind="clickhouse", path="staged")
+    folder = tmp_path / "chdata"
+    assert run_cli("run", file).returncode == 0
+    installed = importlib.metadata.version("chdb-core")
+    record = folder / "dpone-chdb-version"
+    assert record.read_text(encoding="ascii") == installed + "\n"
+    newer = f"{Version(installed).major + 1}.1.0"
+    record.write_text(newer + "\n", encoding="ascii")
+    result = run_cli("run", file)
+    assert result.returncode == 2, result.stderr
+    assert "error: native_transfer_target_version_unsupported: the chDB data folder was last " in (
+        result.stderr
+    )
+    assert f"opened by chdb-core {newer}, newer than the installed chdb-core {installed}" in (
+        result.stderr
+    )
+    assert f"pip install 'chdb-core>={newer}'; nothing was written" in result.stderr
+    assert str(tmp_path) not in result.stderr + result.stdout
+    assert record.read_text(encoding="ascii") == newer + "\n"
+    record.write_text("26.7.3\n", encoding="ascii")  # an older chDB's: read, then recorded
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=4, start_id=41)
+    result = run_cli("run", file, "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "loaded 10 rows" in result.stdout
+    assert record.read_text(encoding="ascii") == installed + "\n"
+    assert not list(folder.rglob("broken-on-start_*"))
