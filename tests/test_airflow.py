@@ -31,6 +31,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from helpers.postgres_server import free_port
 
 from dpone_airflow.task import (
     progress_logger,
@@ -233,6 +234,7 @@ def test_a_blocked_route_logs_its_code_diagnostics_and_the_scan_command_not_the_
 ):
     diagnostics = {"route": ROUTE.as_dict(), "phases": ["checkpoint_incomplete"]}
     error = ManualReconciliationRequired("CANARY message text", diagnostics=diagnostics)
+    caplog.set_level(logging.DEBUG, logger="dpone_airflow.test")
     report_failure(task_log, error, ROUTE)
     lines = [record.getMessage() for record in caplog.records]
     assert lines[0] == (
@@ -240,10 +242,12 @@ def test_a_blocked_route_logs_its_code_diagnostics_and_the_scan_command_not_the_
         "until an operator reconciles it; every retry stops here, before the target, so pause "
         "the DAG while you work on it"
     )
-    assert lines[1] == "dpone: diagnostics: " + json.dumps(diagnostics, sort_keys=True)
+    assert lines[1] == "dpone: (the full diagnostics: at DEBUG, below)"
     assert lines[2] == f"dpone: inspect it with: {SCAN}"
     assert "guard resolve" in lines[3]
-    assert all(record.levelno == logging.ERROR for record in caplog.records)
+    assert lines[4] == "dpone: diagnostics: " + json.dumps(diagnostics, sort_keys=True)
+    levels = [record.levelno for record in caplog.records]
+    assert levels == [logging.ERROR] * 4 + [logging.DEBUG]
     assert "CANARY" not in caplog.text
 
 
@@ -462,9 +466,16 @@ def test_airflow_retries_after_a_partial_commit_stop_before_the_sink_until_resol
     lines = _task_lines(log)
     blocked = [line for line in lines if line.startswith(f"dpone: {CODE}")]
     assert len(blocked) == 2
-    assert lines.count(f"dpone: inspect it with: {SCAN}") == 2
+    # the commands to run name the store the route used (its file), with --yes: no terminal
+    shown = [line for line in lines if line.startswith("dpone: inspect it with: ")]
+    assert len(shown) == 2 and all(
+        line.endswith("/checkpoints.db --route orders orders_copy incremental_append")
+        for line in shown
+    ), shown
     assert any(line.startswith("dpone: transfer failed with InjectedFault") for line in lines)
-    assert not [line for line in lines if "CANARY" in line or str(data) in line]
+    commands = [line for line in lines if "dpone-transfer " in line]
+    assert not [line for line in lines if "CANARY" in line]
+    assert not [line for line in lines if str(data) in line and line not in commands]
     _doc_excerpt_matches(lines)
 
     # The operator's procedure, with the real CLI: scan, resolve the batch, scan again.
@@ -503,6 +514,7 @@ def test_airflow_retries_after_a_partial_commit_stop_before_the_sink_until_resol
         "committed_partitions": 0,
         "skipped_partitions": 4,
         "rows_loaded": 0,
+        "rows_quarantined": 0,
         "batch_id": None,
         "guarded": True,
         "seconds": None,
@@ -560,6 +572,47 @@ def test_airflow_retries_still_heal_a_failure_before_the_target(airflow, postgre
     password = psycopg.conninfo.conninfo_to_dict(postgres_store_url)["password"]
     assert password not in log
     assert not [line for line in _task_lines(log) if "CANARY" in line]
+
+
+def test_a_refused_store_login_fails_at_once_and_an_unreachable_store_is_retried(
+    airflow, postgres_dsn
+):
+    """A wrong password (SQLSTATE 28P01) is a configuration error: ``AirflowFailException``,
+    no retry, and neither the password nor the user shows in the task log. A store that
+    does not answer (a closed port) keeps Airflow's retries (``retries=2``)."""
+    data = airflow.dags / "data"
+    data.mkdir()
+    build_sample_source(data / "source.db", rows=30, partitions=3)
+    dag_file = airflow.dags / MAPPING_DAG.name
+    shutil.copy(MAPPING_DAG, dag_file)
+    parts = psycopg.conninfo.conninfo_to_dict(postgres_dsn)
+    password, user = "CANARY-AIRFLOW-PW", "canary_airflow_user"
+    server = f"{parts['host']}:{parts['port']}/{parts['dbname']}"
+
+    airflow.env["DPONE_STORE"] = f"postgresql://{user}:{password}@{server}"
+    result, log = airflow.run("dag", dag_file=str(dag_file))
+    (run,) = result["runs"]
+    assert run["state"] == "failed"
+    assert run["task_instances"] == [{"task_id": "copy_orders", "try_number": 1, "state": "failed"}]
+    assert "new_state=up_for_retry" not in log
+    assert [(a["error"], a["code"]) for a in run["attempts"]] == [
+        ("CheckpointStoreAccessRefused", "native_transfer_checkpoint_store_unavailable")
+    ]
+    assert "AirflowFailException: native_transfer_checkpoint_store_unavailable" in log
+    assert "the server refused the login: authentication failed" in log
+    assert '"failure": "login_refused", "sqlstate": "28P01"' in log
+    assert password not in log and user not in log and "FATAL" not in log
+
+    airflow.env["DPONE_STORE"] = f"postgresql://{user}:{password}@127.0.0.1:{free_port()}/x"
+    result, log = airflow.run("dag", dag_file=str(dag_file))
+    (run,) = result["runs"]
+    assert run["state"] == "failed"
+    assert run["task_instances"] == [{"task_id": "copy_orders", "try_number": 3, "state": "failed"}]
+    assert log.count("new_state=up_for_retry") == 2
+    assert {a["error"] for a in run["attempts"]} == {"CheckpointStoreUnavailable"}
+    assert "AirflowFailException" not in log
+    assert password not in log and user not in log
+    assert not (data / "target.db").exists()
 
 
 def _connection(**fields: Any) -> str:
@@ -686,6 +739,7 @@ def test_a_successful_try_returns_a_small_json_safe_summary(checks):
         "committed_partitions": 3,
         "skipped_partitions": 0,
         "rows_loaded": 60,
+        "rows_quarantined": 0,
         "batch_id": None,
         "guarded": True,
         "seconds": None,
@@ -709,7 +763,8 @@ def test_airflow_timeouts_and_terminations_pass_through_untouched_after_the_mark
     retry = checks[f"{name}_retry"]
     assert (retry["raised"], retry["code"]) == ("ManualReconciliationRequired", CODE)
     assert retry["same_object"] and not retry["is_fail_exception"]
-    assert f"dpone: inspect it with: {SCAN}" in retry["lines"]
+    assert any(line.startswith("dpone: inspect it with: dpone-transfer guard scan --store ")
+               for line in retry["lines"])  # fmt: skip
     assert checks["manual_reconciliation_is_plain"]
 
 
@@ -848,11 +903,18 @@ def _doc_excerpt_matches(lines: list[str]) -> None:
     assert len(excerpt) >= 4
     normalise = _normaliser()
     real = {normalise(line) for line in lines}
-    assert [line for line in excerpt if normalise(line) not in real] == []
+    missing = [line for line in excerpt if normalise(line) not in real]
+    assert missing == [], "\n".join(sorted(real))
 
 
 def _normaliser():
     hashes = re.compile(r"sha256:[0-9a-f]{64}|sha256:\.\.\.")
     partitions = re.compile(r"p-[0-9a-f]{24}|p-\.\.\.")
     rates = re.compile(r"[\d,]+ rows/s")  # the rate of the run that wrote the excerpt
-    return lambda line: rates.sub("N rows/s", partitions.sub("p-…", hashes.sub("sha256:…", line)))
+    stores = re.compile(r"--store \S+/checkpoints\.db")  # the test's own folder
+
+    def normalise(line: str) -> str:
+        line = stores.sub("--store /srv/data/checkpoints.db", line)
+        return rates.sub("N rows/s", partitions.sub("p-…", hashes.sub("sha256:…", line)))
+
+    return normalise

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from helpers import routes
 import dpone_native_transfer
 from dpone_native_transfer import (
     ConfigInvalid,
+    Governance,
     GovernanceGateFailed,
     ManualReconciliationRequired,
     SourceInvalid,
@@ -106,13 +108,22 @@ def test_demo_tells_the_story_and_passes(demo):
 def test_running_the_demo_route_afterwards_is_blocked_with_exit_3(demo):
     _, workdir = demo
     before = ids(workdir / "target.db", "orders_copy")
-    done = dpone("run", workdir / "route.toml", "--run-id", "airflow-retry")
+    route = workdir / "route.toml"
+    done = dpone("run", route, "--run-id", "airflow-retry")
     assert done.returncode == cli.EXIT_BLOCKED
     assert done.stdout == ""
-    error, diagnostics = done.stderr.splitlines()
+    error, batch, *rest = done.stderr.splitlines()
     assert error.startswith("error: native_transfer_manual_reconciliation_required: route orders")
-    details = json.loads(diagnostics.removeprefix("diagnostics: "))
-    assert details["phases"] == ["checkpoint_incomplete"]
+    assert f"--store {workdir / 'checkpoints.db'} --route" in error  # the store it ran with
+    assert batch.startswith("  batch sha256:") and "5 partitions (5 checkpoint_incomplete)" in batch
+    assert any(f"guard verify {route}" in line for line in rest), rest
+    assert not any(line.startswith("diagnostics:") for line in rest)  # one line per batch
+    machine = dpone("run", route, "--run-id", "airflow-retry", "--json")
+    assert machine.returncode == cli.EXIT_BLOCKED
+    details = json.loads(machine.stdout)
+    assert details["error"] == "native_transfer_manual_reconciliation_required"
+    assert details["diagnostics"]["phases"] == ["checkpoint_incomplete"]
+    assert len(details["diagnostics"]["partitions"]) == 5
     assert ids(workdir / "target.db", "orders_copy") == before
 
 
@@ -351,12 +362,12 @@ def config_error(tmp_path: Path, text: str) -> ConfigInvalid:
         ("[target]\n", '[target]\n"odd key" = 1\n', 'target."odd key"', "is not a known key"),
         ("[store]\npath", "[store.extra]\nx = 1\n[store]\npath", "store.extra", "known: path"),
         ('path = "checkpoints.db"', "", "store.path", "is required but missing"),
-        ("chunk_rows = 16", "chunk_rows = 0", "transfer.chunk_rows", "must be a positive integer"),
-        ("chunk_rows = 16", "chunk_rows = -5", "transfer.chunk_rows", "must be a positive"),
+        ("chunk_rows = 16", "chunk_rows = 0", "transfer.chunk_rows", "from 1 to 10,000,000"),
+        ("chunk_rows = 16", "chunk_rows = -5", "transfer.chunk_rows", "from 1 to 10,000,000"),
         ("chunk_rows = 16", "chunk_rows = 1.5", "transfer.chunk_rows", "not a float"),
         ("chunk_rows = 16", 'chunk_rows = "16"', "transfer.chunk_rows", "not a string"),
         ("min_rows = 1", "min_rows = false", "gates.min_rows", "not a boolean"),
-        ("min_rows = 1", "min_rows = -1", "gates.min_rows", "must not be negative"),
+        ("min_rows = 1", "min_rows = -1", "gates.min_rows", "must be an integer from 0 to"),
         ("max_rows = 5000000", "max_rows = 1979-05-27", "gates.max_rows", "not a date or time"),
         ('table = "orders"', 'table = ""', "source.table", "must be a non-empty string"),
         ('table = "orders"', 'table = "a\\u0000b"', "source.table", "without NUL"),
@@ -372,6 +383,60 @@ def test_route_file_problems_name_their_key(tmp_path, old, new, key, says):
     assert error.diagnostics["key"] == key
     assert error.message.startswith(f"{key} ")
     assert says in error.message
+
+
+INT64_MAX = "9,223,372,036,854,775,807"
+# (section line, key = value, what the message says): every number of a route file, checked
+# by one rule. A gate beyond 2**63 was taken silently; an integer lag beyond it failed the run
+# with OverflowError; a lease of 1e-300 seconds renewed itself without pause.
+NUMBERS = [
+    ("[gates]", "max_rows = 18446744073709551616", f"must be an integer from 0 to {INT64_MAX}"),
+    ("[gates]", "min_rows = 9223372036854775808", f"must be an integer from 0 to {INT64_MAX}"),
+    ("[gates]", "max_rows = true", "must be an integer, not a boolean"),
+    ("[gates]", "max_rows = 1e400", "must be an integer, not a float"),  # TOML: infinity
+    ("[gates]", "max_rows = nan", "must be an integer, not a float"),
+    ("[transfer]", "chunk_rows = 10000001", "must be an integer from 1 to 10,000,000"),
+    ("[transfer]", "chunk_rows = 16.0", "must be an integer, not a float"),
+    ("[source]", "partition_rows = 0", "must be an integer from 1 to 10,000,000"),
+    ("[source]", "partition_rows = false", "must be an integer, not a boolean"),
+    ("[source]", "lag = -1", f"must be a number from 0 to {INT64_MAX}"),
+    ("[source]", "lag = 9223372036854775808", f"must be a number from 0 to {INT64_MAX}"),
+    ("[source]", "lag = 1e400", f"must be a number from 0 to {INT64_MAX}"),
+    ("[source]", "lag = nan", f"must be a number from 0 to {INT64_MAX}"),
+    ("[source]", "lag = true", "must be a number, not a boolean"),
+    ("[store]", "lease_seconds = 1e-300", "must be a number from 1 to 604,800"),
+    ("[store]", "lease_seconds = 604801", "must be a number from 1 to 604,800"),
+    ("[store]", "lease_seconds = inf", "must be a number from 1 to 604,800"),
+    ("[store]", "lease_seconds = nan", "must be a number from 1 to 604,800"),
+    ("[store]", "lease_seconds = false", "must be a number, not a boolean"),
+    ("[store]", 'lease_seconds = "60"', "must be a number, not a string"),
+]
+
+
+@pytest.mark.parametrize(("section", "line", "says"), NUMBERS)
+def test_every_number_of_a_route_file_is_range_checked_naming_its_key(
+    tmp_path, section, line, says
+):
+    text = re.sub(r"(chunk|min|max)_rows = \d+\n", "", route_text())  # each given once below
+    assert section in text
+    error = config_error(tmp_path, text.replace(f"{section}\n", f"{section}\n{line}\n", 1))
+    key = f"{section.strip('[]')}.{line.split(' = ')[0]}"
+    assert error.diagnostics == {"key": key}
+    assert error.message == f"{key} {says}"
+
+
+@pytest.mark.parametrize("line", ["lag = 9223372036854775807", "lag = 0.5", "lease_seconds = 1"])
+def test_the_range_ends_are_taken(tmp_path, line):
+    section = "[store]" if line.startswith("lease") else "[source]"
+    load_route_config(write(tmp_path, route_text().replace(section, f"{section}\n{line}", 1)))
+
+
+@pytest.mark.parametrize("value", [2**63, -1, True, 1.0])
+def test_a_gate_given_to_the_library_is_checked_as_the_route_file_checks_it(value):
+    with pytest.raises(ConfigInvalid, match="gates.max_rows must be an integer from 0 to") as info:
+        Governance(max_rows=value)
+    assert info.value.diagnostics == {"key": "gates.max_rows"}
+    assert Governance(min_rows=0, max_rows=2**63 - 1).enabled
 
 
 def test_missing_or_non_table_section_is_named(tmp_path):
@@ -477,3 +542,25 @@ def test_a_signal_is_reported_as_itself_even_when_an_engine_wrapped_it_in_its_ow
     assert cli.main([]) == code
     assert f"error: {said}\n" in capsys.readouterr().err
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_the_exit_codes_of_the_help_are_the_readmes():
+    """The codes a scheduler sees, listed alike by ``--help`` and the README."""
+    helped = dict(re.findall(r"^\s+(\d+)\s+(.+)$", cli._EPILOG, re.M))
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"`(\d{1,3})`", readme.split("Exit codes:", 1)[1][:1500]))
+    assert set(helped) == documented == {"0", "1", "2", "3", "130", "143"}
+
+
+def test_a_slow_run_says_its_rate_and_a_confirmation_without_a_terminal_says_yes(tmp_path):
+    route = routes.write_route(tmp_path, rows=1, partitions=1, path="legacy")
+    done = dpone("run", route)
+    assert done.returncode == 0 and " 0 rows/s" not in done.stdout + done.stderr
+    assert re.search(r"loaded 1 row in [\d.]+ s, [\d.e+-]+ rows/s", done.stdout), done.stdout
+    closed = subprocess.run(
+        [str(Path(sys.executable).parent / "dpone-transfer"), "state", "reset", str(route),
+         "--reason", "r", "--operator", "o", "--from-now"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert closed.returncode == 2, closed.stderr
+    assert "repeat with --yes" in closed.stderr and "nothing written" in closed.stderr

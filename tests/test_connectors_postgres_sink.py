@@ -20,6 +20,7 @@ from dpone_native_transfer import PostgresSink, PostgresSource, SQLiteSource
 from dpone_native_transfer.errors import (
     ConfigInvalid,
     SchemaChanged,
+    TargetAccessRefused,
     TargetUnavailable,
     ValueUnsupported,
 )
@@ -398,6 +399,8 @@ def test_identity_names_host_port_database_and_the_table_case_sensitively(locati
     ("table", "says"),
     [
         ("pg_catalog.t", "keeps for itself"),
+        ("pg_raw.t", "PostgreSQL reserves for its own schemas"),  # CREATE SCHEMA refuses it
+        ("pg_temp_3.t", "PostgreSQL reserves for its own schemas"),
         ("_dpone_stage_t", "reserved"),
         ("a.b.c", "not a table name"),
         ("t" * 60, "longer than PostgreSQL keeps"),
@@ -480,15 +483,19 @@ def test_lazy_plan_refuses_a_source_its_login_may_not_read(tmp_path, location, l
 
 
 def test_a_wrong_password_or_no_server_is_target_unavailable_without_credentials(location):
+    """Both ``TargetUnavailable``'s code; a wrong password is its exit-2 subclass."""
     url = postgres_url(location.dsn).replace("@", "x-CANARY-PW@", 1)
     table = f"{location.schema}.orders_copy"
     nowhere = "postgresql://u:CANARY-PW@127.0.0.1:1/x"
-    for sink in (PostgresSink(url, table), PostgresSink(nowhere, table)):
+    refused = {"failure": "login_refused", "sqlstate": "28P01"}
+    for sink, failure in ((PostgresSink(url, table), refused),
+                          (PostgresSink(nowhere, table), {"failure": "unreachable"})):  # fmt: skip
         for call in (sink.check_target, sink.read_ledger, sink.row_count, sink.is_empty):
             with pytest.raises(TargetUnavailable) as caught:
                 call()
-            _assert_safe(caught.value, "CANARY", "postgresql://", "password", "127.0.0.1")
-            assert caught.value.diagnostics == {"table": table}
+            _assert_safe(caught.value, "CANARY", "postgresql://", "FATAL", "127.0.0.1")
+            assert caught.value.diagnostics == {"table": table, **failure}
+            assert isinstance(caught.value, TargetAccessRefused) is (failure == refused)
 
 
 def test_dsn_forms(location, monkeypatch):

@@ -20,7 +20,7 @@ from dpone_native_transfer import SQLiteCheckpointStore, TransferRuntime, Transf
 from dpone_native_transfer.connectors import SQLiteSink
 from dpone_native_transfer.connectors.duckdb import DuckDBSink
 from dpone_native_transfer.connectors.postgres import PostgresSource
-from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
+from dpone_native_transfer.errors import ConfigInvalid, SourceAccessRefused, SourceInvalid
 from dpone_native_transfer.payloads import Column
 from dpone_native_transfer.testing import (
     InjectedFault,
@@ -268,13 +268,19 @@ def _assert_safe(error: BaseException, *secrets_: str) -> None:
     assert error.__context__ is None and error.__cause__ is None
 
 
-def test_a_wrong_password_is_source_invalid_without_credentials(table):
+def test_a_wrong_password_is_source_access_refused_without_credentials(table):
+    """Still the code of ``SourceInvalid``, but exit 2: a retry cannot fix a password."""
     url = postgres_url(table.dsn).replace("@", "x-CANARY-PW@", 1)
     source = PostgresSource(url, table.name, "region")
-    with pytest.raises(SourceInvalid) as caught:
+    with pytest.raises(SourceAccessRefused) as caught:
         source.describe()
-    _assert_safe(caught.value, "CANARY", "postgresql://", "password")
-    assert caught.value.diagnostics == {"table": table.name}
+    _assert_safe(caught.value, "CANARY", "postgresql://", "FATAL", "for user")
+    assert caught.value.code == SourceInvalid.code
+    assert caught.value.diagnostics == {
+        "table": table.name,
+        "failure": "login_refused",
+        "sqlstate": "28P01",
+    }
     assert "CANARY" not in repr(source)
 
 
@@ -284,6 +290,8 @@ def test_an_unreachable_server_is_source_invalid(table):
     with pytest.raises(SourceInvalid) as caught:
         PostgresSource(url, table.name, "region").partition_values()
     _assert_safe(caught.value, "CANARY", "127.0.0.1")
+    assert not isinstance(caught.value, SourceAccessRefused)  # exit 1: a retry may succeed
+    assert caught.value.diagnostics == {"table": table.name, "failure": "unreachable"}
 
 
 def test_a_failing_query_is_source_invalid_without_sql_or_driver_text(table):

@@ -418,3 +418,26 @@ path = "checkpoints.db"
         rows = conn.execute(f"SELECT region, ts, v FROM {table}").fetchall()
     expected = Counter(rows) - Counter([("c", 2, "too late")])
     assert target_rows(tmp_path, "sqlite") == expected
+
+
+def test_the_largest_lag_below_negative_cursors_reads_every_row_once(tmp_path: Path) -> None:
+    """``upto - lag`` below -2**63 failed the run with OverflowError (exit 1, no code): SQLite
+    binds no such integer. It is a double then, which every engine compares."""
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
+        db.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, region TEXT, ts INTEGER)")
+        db.executemany("INSERT INTO events VALUES (?, ?, ?)", [(1, "a", -9), (2, "b", -5)])
+        db.commit()
+    route_file = routes.write_route(
+        tmp_path,
+        source={"table": "events", "cursor_column": "ts", "lag": 2**63 - 1},
+        table="events_copy",
+        path="legacy",
+    )
+    for loaded in ("loaded 2 rows", "loaded 0 rows"):
+        done = run_cli("run", route_file, "--quiet")
+        assert done.returncode == 0 and loaded in done.stdout, done.stdout + done.stderr
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
+        db.execute("INSERT INTO events VALUES (3, 'a', -7)")  # late, within the lag
+        db.commit()
+    assert "loaded 1 row" in run_cli("run", route_file, "--quiet").stdout
+    assert sorted(target_rows(tmp_path, "sqlite")) == [(1, "a", -9), (2, "b", -5), (3, "a", -7)]

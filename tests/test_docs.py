@@ -234,7 +234,7 @@ def command_problem(line: str) -> str | None:
                 return f"no command {missing[0]!r}"
             parser = choices[names[0]]
         elif word.lstrip("[(").startswith("--"):
-            option = word.lstrip("[(").rstrip("])").split("=")[0]
+            option = word.lstrip("[(").rstrip("]);,.").split("=")[0]
             if option not in parser._option_string_actions:
                 return f"{parser.prog} takes no {option}"
     return None

@@ -130,7 +130,9 @@ def test_a_payload_no_sink_takes_is_the_paths_bug_on_every_shipped_sink(tmp_path
         assert sink.row_count() == 0
 
 
-@pytest.mark.parametrize("name", errors.__all__)
+@pytest.mark.parametrize(
+    "name", [name for name in errors.__all__ if name in {cls.__name__ for cls in stable_errors()}]
+)
 def test_every_error_survives_pickling_as_it_was_made(name):
     """Errors cross process boundaries (a worker pool, a result backend): the code is printed
     once however often the error is pickled, and its diagnostics and attributes are kept."""

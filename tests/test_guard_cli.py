@@ -38,9 +38,9 @@ SCRIPT = str(Path(sys.executable).parent / "dpone-transfer")
 ROUTE = ("orders", "orders_copy", "incremental_append")
 ROUTE_ARGS = ("--route", *ROUTE)
 ROUTE_KEY = RouteKey(*ROUTE)
-HINT = "inspect it with: dpone-transfer guard scan --store <checkpoint store> --route " + (
-    " ".join(ROUTE)
-)
+HINT = "inspect it with: dpone-transfer guard scan --store "  # then the store the run used
+# the error object's own message: the command line fills in the store it ran with
+MESSAGE_HINT = HINT + "<checkpoint store> --route " + " ".join(ROUTE)
 AUDIT_KEYS = {
     "audit_id",
     "at",
@@ -290,7 +290,7 @@ def test_malformed_guard_scans_with_its_problem_code_and_exit_3(route):
     )
     error = runtime_block(route)
     assert isinstance(error, TargetCommitGuardInvalid)
-    assert error.message.endswith(HINT)
+    assert error.message.endswith(MESSAGE_HINT)
 
 
 # show ---------------------------------------------------------------------------------
@@ -335,6 +335,51 @@ def test_show_names_legacy_and_malformed_checkpoints(route):
     assert all("  committed  legacy, no guard  -  " in row for row in rows)
 
 
+# A record as a hand (or a foreign tool) left it in the store: none of these was written by
+# dpone, and each was shown as "#2 ? ? resolved 0 partitions as ?: ?" (or its keys ignored).
+DAMAGED_AUDIT = {
+    "empty": (lambda r: {}, "at, forced_invalid, operator, partitions, reason, resolved_as, route"),
+    "no partitions": (lambda r: {k: v for k, v in r.items() if k != "partitions"}, "partitions"),
+    "partitions not objects": (lambda r: {**r, "partitions": ["SECRET"]}, "partitions"),
+    "overrides not a list": (lambda r: {**r, "ledger_overrides": "SECRET"}, "ledger_overrides"),
+    "reason not text": (lambda r: {**r, "reason": ["SECRET"]}, "reason"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED_AUDIT))
+def test_show_says_an_audit_record_missing_its_keys_is_malformed_and_prints_no_value(route, case):
+    damage, keys = DAMAGED_AUDIT[case]
+    make_checkpoint_incomplete(route)
+    store = store_of(route)
+    assert confirmed(store, "committed", "--batch", scan_batch(route)).returncode == 0
+    with sqlite3.connect(store) as db:  # a second record of the route, damaged
+        [(record,)] = db.execute("SELECT record FROM audit").fetchall()
+        damaged = json.dumps({**damage(json.loads(record)), "note": "SECRET"})
+        db.execute(
+            "INSERT INTO audit (source_table, target_table, strategy, source_location,"
+            " target_location, record) SELECT source_table, target_table, strategy,"
+            " source_location, target_location, ? FROM audit",
+            (damaged,),
+        )
+    db.close()
+    done = show(route)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    audit = lines.index("audit: 2 records, 1 malformed")
+    assert lines[audit + 1].endswith(" alice resolved 3 partitions as committed: checked the "
+                                     "target by hand")  # fmt: skip
+    assert lines[-1] == f"  #2 malformed audit record: {keys} missing or not as dpone writes them"
+    as_json = dpone("guard", "show", "--store", store, *ROUTE_ARGS, "--json")
+    assert json_lines(as_json)[-1] == {"audit": {"audit_id": 2, "malformed": keys.split(", ")}}
+    assert "SECRET" not in done.stdout + done.stderr + as_json.stdout + as_json.stderr
+
+
+def scan_batch(route) -> str:
+    """The one batch the route's blocked partitions belong to."""
+    [batch_id] = {item["batch_id"] for item in json_lines(scan(route, "--json"))}
+    return batch_id
+
+
 # resolve ------------------------------------------------------------------------------
 
 
@@ -363,8 +408,8 @@ def test_demo_resolved_as_committed_then_run_loads_nothing_and_source_equals_tar
     blocked = dpone("run", demo / "route.toml")
     assert blocked.returncode == cli.EXIT_BLOCKED
     hint = next(line for line in blocked.stderr.splitlines() if HINT in line)
-    command = shlex.split(hint.split("inspect it with: ")[1].replace("<checkpoint store>", "STORE"))
-    command[command.index("STORE")] = str(store)
+    command = shlex.split(hint.split("inspect it with: ")[1].split(";")[0])
+    assert command[5:] == ["--route", *ROUTE] and Path(command[4]).resolve() == store.resolve()
     pointed = dpone(*command[1:])  # the exact command the message names
     assert pointed.returncode == cli.EXIT_BLOCKED
     [batch_id] = {item["batch_id"] for item in json_lines(scan_store(store))}
@@ -442,7 +487,7 @@ def test_run_proceeds_for_exactly_the_resolved_partitions(route):
     assert checked.returncode == cli.EXIT_CONFIG, "the target's ledger says the rows are there"
     assert "--force" in checked.stderr
     first = by_file(*missing, "--force", "--as", "failed_before_target")
-    assert first.returncode == 1, "no confirmation on empty stdin"
+    assert first.returncode == cli.EXIT_CONFIG, "no confirmation on empty stdin: say --yes"
     still = by_file(*missing, "--force", "--as", "failed_before_target", "--yes")
     assert still.returncode == 0, still.stderr
     assert "against the target's ledger (--force)" in still.stdout
@@ -671,9 +716,13 @@ def test_confirmation_on_stdin(route, typed, written):
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines()[-1] == "wrote 1 checkpoint and audit record #1"
         assert len(audit_of(store)) == 1
-    else:
+    elif typed:  # an answer that is not yes
         assert done.returncode == cli.EXIT_FAILED
         assert done.stderr == "nothing written\n"
+        assert snapshot(store) == untouched
+    else:  # no answer at all (stdin closed or empty, as in a script): say --yes, exit 2
+        assert done.returncode == cli.EXIT_CONFIG
+        assert "nothing written" in done.stderr and "repeat with --yes" in done.stderr
         assert snapshot(store) == untouched
 
 
@@ -752,7 +801,7 @@ def test_scan_show_and_resolve_never_print_row_values_or_exception_text(route):
         dpone("run", route.route_file()),
     ]
     for done in outputs:
-        assert done.returncode in (cli.EXIT_BLOCKED, cli.EXIT_FAILED, 0)
+        assert done.returncode in (cli.EXIT_BLOCKED, cli.EXIT_CONFIG, cli.EXIT_FAILED, 0)
         for canary in (ROW_CANARY, ERROR_CANARY, "INSERT", "SELECT"):
             assert canary not in done.stdout + done.stderr
 
@@ -829,7 +878,7 @@ def test_in_process_scan_resolve_show_cycle(route, capsys):
     assert route.runtime().run(route.spec("legacy", run_id="after")).rows_loaded == 0
 
 
-@pytest.mark.parametrize(("stdin", "code"), [("y\n", 0), ("no\n", 1), ("", 1), (None, 1)])
+@pytest.mark.parametrize(("stdin", "code"), [("y\n", 0), ("no\n", 1), ("", 2), (None, 2)])
 def test_in_process_confirmation(route, capsys, monkeypatch, stdin, code):
     make_target_outcome_unknown(route, fail="after")
     store = store_of(route)
@@ -840,7 +889,8 @@ def test_in_process_confirmation(route, capsys, monkeypatch, stdin, code):
     captured = capsys.readouterr()
     assert "Write 1 checkpoint and one audit record? [y/N] \n" in captured.out
     assert len(audit_of(store)) == (1 if code == 0 else 0)
-    assert captured.err == ("" if code == 0 else "nothing written\n")
+    said = {0: "", 1: "nothing written\n"}.get(code)
+    assert captured.err == said if said is not None else "repeat with --yes" in captured.err
 
 
 def test_in_process_refusals_write_nothing(route, capsys):

@@ -62,7 +62,8 @@ def test_an_append_keeps_a_target_table_whose_stored_name_differs_in_case(
 
 
 @pytest.mark.parametrize(
-    "table", ["_dpone_ledger", "_dpone_stage_orders_copy", "_DPONE_new_orders", "_Dpone_x"]
+    "table",
+    ["_dpone_ledger", "_dpone_stage_orders_copy", "_DPONE_new_orders", "_Dpone_x", "_dpone_fence"],
 )
 @pytest.mark.parametrize("kind", ["sqlite", "duckdb"])
 def test_a_target_named_like_the_runtimes_own_tables_is_a_config_error(
@@ -75,6 +76,40 @@ def test_a_target_named_like_the_runtimes_own_tables_is_a_config_error(
     assert "reserved for dpone's own tables" in done.stderr
     assert '"key": "target.table"' in done.stderr
     assert not (tmp_path / target).exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "table", "says"),
+    [
+        ("sqlite", "sqlite_stat9", "SQLite reserves for its own tables"),
+        ("sqlite", "SQLITE_orders", "SQLite reserves for its own tables"),
+        ("sqlite", "main.sqlite_sequence", "SQLite reserves for its own tables"),
+        ("clickhouse", "o" * 194, "longer than ClickHouse can create"),  # its stage: 207
+        pytest.param(  # escaped %C3%A9 each
+            "clickhouse", "\u00e9" * 60, "longer than ClickHouse can create", id="utf-8"
+        ),
+        ("clickhouse", "d" * 200 + ".orders", "longer than ClickHouse can create"),
+        ("clickhouse", "_temporary_and_external_tables.orders", "keeps for itself"),
+    ],
+)
+def test_a_target_name_the_engine_refuses_to_create_is_a_config_error_before_any_io(
+    tmp_path: Path, kind: str, table: str, says: str
+) -> None:
+    """Each failed inside the target call (SQLite: 'object name reserved for internal use';
+    chDB: 'The max length of table name for database default is 206'), which blocked the
+    route; now it is refused as the route file is read, naming target.table."""
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=2)
+    target = routes.TARGET_FILES[kind]
+    done = run(route(tmp_path, kind=kind, target=target, table=table), code=2)
+    assert "native_transfer_config_invalid" in done.stderr and says in done.stderr
+    assert '"key": "target.table"' in done.stderr
+    assert not (tmp_path / target).exists() and not (tmp_path / "checkpoints.db").exists()
+
+
+def test_the_longest_clickhouse_name_the_refusal_lets_through_is_created(tmp_path: Path) -> None:
+    """The limit is ClickHouse's own: one character less than refused loads (and stages)."""
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=2)
+    run(route(tmp_path, kind="clickhouse", target="chdata", table="o" * 193))
 
 
 # 3. the route scan's summaries never diverge from the payloads -----------------------------------
@@ -213,11 +248,13 @@ def test_a_file_replaced_after_its_check_is_never_loaded(tmp_path: Path, path: s
 
 @pytest.mark.parametrize("collation", ["NOCASE", "RTRIM"])
 @pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
-def test_lazy_plan_refuses_a_collated_partition_column_other_paths_load_every_row(
+def test_lazy_plan_carries_a_collated_partition_column_and_loads_every_row(
     tmp_path: Path, collation: str, kind: str
 ) -> None:
     """DuckDB and ClickHouse re-evaluated SQLite partition predicates with their own
-    comparison: 20 of 30 rows were lost, checkpoints committed, exit 0."""
+    comparison: 20 of 30 rows were lost, checkpoints committed, exit 0. Then such a plan
+    was refused (exit 2) where the other paths load every row; now lazy-plan carries the
+    rows itself, as legacy does."""
     spellings = ["East", "east", "EAST"] if collation == "NOCASE" else ["East", "East ", "East  "]
     with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as source:
         source.execute(
@@ -230,12 +267,10 @@ def test_lazy_plan_refuses_a_collated_partition_column_other_paths_load_every_ro
         )
         source.commit()
     location = "target.duckdb" if kind == "duckdb" else "target-chdb"  # chDB: a data folder
-    refused = run(route(tmp_path, kind=kind, target=location, path="lazy-plan"), code=2)
-    assert "declared with a collation" in refused.stderr
-    assert '"columns": ["region"]' in refused.stderr
-    assert "native_transfer_config_invalid" in refused.stderr
-    loaded = run(route(tmp_path, kind=kind, target=location, path="staged"))
-    assert "loaded 30 rows" in loaded.stdout
+    carried = run(route(tmp_path, kind=kind, target=location, path="lazy-plan"))
+    assert "loaded 30 rows" in carried.stdout
+    sink = routes.make_sink(kind, tmp_path / location)
+    assert sorted(row[0] for row in sink.rows()) == list(range(1, 31))
 
 
 # wrong codes: what retrying cannot fix exits 2, with a clear message, before any write --------
@@ -261,7 +296,7 @@ def _mistakes(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
     file = made("huge-chunks")
     huge = "chunk_rows = 9223372036854775808\n[store]"
     file.write_text(file.read_text().replace("[store]", huge))
-    cases["chunk_rows of 2**63"] = (file, ["at most 10,000,000"])
+    cases["chunk_rows of 2**63"] = (file, ["an integer from 1 to 10,000,000"])
     file = made("store-folder")
     (file.parent / "checkpoints.db").mkdir()
     cases["a folder as the store"] = (file, ["is a folder, not a store file"])
@@ -320,13 +355,21 @@ def _blocked_route(tmp_path: Path, partitions: int) -> Path:
     return route_file
 
 
-def test_a_route_blocked_on_90_partitions_prints_a_short_diagnostics_line(tmp_path: Path) -> None:
-    done = run(_blocked_route(tmp_path, 90), code=3)
-    line = next(x for x in done.stderr.splitlines() if x.startswith("diagnostics: "))
-    diagnostics = json.loads(line.removeprefix("diagnostics: "))
-    assert len(line) < 3000, len(line)
-    assert len(diagnostics["partitions"]) == 5 and diagnostics["partitions_total"] == 90
-    assert "guard scan` shows every blocked partition" in done.stderr
+def test_a_route_blocked_on_90_partitions_prints_a_line_per_batch_and_json_all(
+    tmp_path: Path,
+) -> None:
+    """One 20 KB line of every partition buried the line a person needs (in an Airflow log)."""
+    route_file = _blocked_route(tmp_path, 90)
+    done = run(route_file, code=3)
+    lines = done.stderr.splitlines()
+    assert len(done.stderr) < 3000 and not any(x.startswith("diagnostics:") for x in lines)
+    batches = [x for x in lines if x.startswith("  batch ")]
+    assert len(batches) == 1 and "90 partitions" in batches[0], lines
+    machine = subprocess.run(
+        [SCRIPT, "run", str(route_file), "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert machine.returncode == 3
+    assert len(json.loads(machine.stdout)["diagnostics"]["partitions"]) == 90
 
 
 def test_a_closed_output_pipe_changes_neither_the_outcome_nor_the_exit_status(
@@ -376,7 +419,10 @@ def test_audit_text_is_stored_as_given_and_printed_escaped(tmp_path: Path) -> No
     assert "\x1b" not in shown.stdout and "\r" not in shown.stdout
     assert "#99" not in [line.strip()[:3] for line in shown.stdout.splitlines()]
     assert "checked\\n  #99" in shown.stdout and "eve\\r\\nmallory" in shown.stdout
-    assert "  #2 ? ? resolved 0 partitions as ?: ?" in shown.stdout, "a record without its keys"
+    assert "audit: 2 records, 1 malformed" in shown.stdout  # not a repair of nothing
+    assert "  #2 malformed audit record: at, forced_invalid, operator, partitions, reason, " in (
+        shown.stdout
+    )
 
 
 def test_a_cursor_column_of_mixed_kinds_is_refused_naming_it(tmp_path: Path) -> None:
@@ -411,9 +457,9 @@ def test_the_folder_a_killed_attempt_left_is_removed_by_the_next_run_on_its_tabl
     sink = RecordingSink(config.sink, observe=lambda: observed.append(os.listdir(work)))
     with SQLiteCheckpointStore(config.store_path) as store:
         TransferRuntime(store, lease_seconds=1).run(config.spec("learn", sink=sink))
-    (name,) = observed[0]  # the attempt's own folder, named for its target table
-    prefix = name.rsplit("-", 1)[0]
-    dead = work / f"{prefix}-killed"
+    (name,) = observed[0]  # the attempt's own folder, named for its target table and process
+    prefix = "-".join(name.split("-")[:3])  # dpone-transfer-<table>
+    dead = work / f"{prefix}-killed"  # a name that says nothing of its process: idle rule
     dead.mkdir()
     (dead / "legacy.spool").write_bytes(b"x" * 1000)
     old = time.time() - 60
@@ -424,9 +470,20 @@ def test_the_folder_a_killed_attempt_left_is_removed_by_the_next_run_on_its_tabl
     other = work / "dpone-transfer-0123456789ab-other-table"
     other.mkdir()
     os.utime(other, (old, old))
+    machine = name.split("-")[3].split(".")[0]  # this machine's part of the name
+    gone = work / f"{prefix}-{machine}.999999999.1-recent"  # a dead process here: at once
+    gone.mkdir()
+    alive = work / f"{prefix}-{machine}.{os.getpid()}.{_started()}-paused"  # a live one: kept
+    alive.mkdir()
+    os.utime(alive, (old, old))
     build_sample_source(tmp_path / "source.db", rows=10, partitions=2, start_id=100)
     run(route_file)
-    assert sorted(os.listdir(work)) == sorted([fresh.name, other.name])
+    assert sorted(os.listdir(work)) == sorted([fresh.name, other.name, alive.name])
+
+
+def _started() -> str:
+    with open("/proc/self/stat", encoding="ascii") as stat:
+        return stat.read().rpartition(")")[2].split()[19]
 
 
 @pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact", "lazy-plan"])
@@ -495,8 +552,8 @@ def test_lazy_plan_refuses_a_typed_column_whose_text_duckdb_would_not_match(
     tmp_path: Path,
 ) -> None:
     """A DATE column holding '2024-01-05 ' and '2024-1-6': DuckDB's reading differs from the
-    stored text, so the plan is refused before the boundary instead of losing rows. The row
-    paths refuse the same values: a DATE column is carried as ISO dates only."""
+    stored text, so lazy-plan carries the rows instead of losing some, and refuses them as
+    the row paths do: a DATE column is carried as ISO dates only."""
     with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as source:
         source.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, region DATE, updated_at INT)")
         spellings = ["2024-01-05", "2024-01-05 ", "2024-1-6"]
@@ -504,10 +561,9 @@ def test_lazy_plan_refuses_a_typed_column_whose_text_duckdb_would_not_match(
             "INSERT INTO orders VALUES (?, ?, ?)", [(n, spellings[n % 3], n) for n in range(30)]
         )
         source.commit()
-    done = run(route(tmp_path, kind="duckdb", target="t.duckdb", path="lazy-plan"), code=2)
-    assert "cannot read source column(s) region exactly" in done.stderr
-    staged = run(route(tmp_path, kind="duckdb", target="t.duckdb"), code=2)
-    assert "native_transfer_value_unsupported" in staged.stderr
+    for path in ("lazy-plan", "staged"):
+        done = run(route(tmp_path, kind="duckdb", target="t.duckdb", path=path), code=2)
+        assert "native_transfer_value_unsupported: column 'region'" in done.stderr
 
 
 @pytest.mark.parametrize("watermark", [{"a": 1}, [1, 2], True])
@@ -565,6 +621,7 @@ def test_ctrl_c_exits_130_saying_interrupted_and_the_rerun_loads_every_row_once(
     _, rest = worker.communicate(timeout=120)
     assert worker.returncode == 130, rest
     assert "error: interrupted" in rest and "Traceback" not in rest
+    assert "before the target was called: nothing was written; a rerun is safe" in rest
     time.sleep(0.1)
     run(route_file)
     with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:

@@ -367,8 +367,10 @@ ALLOWED_MODULES: dict[str, frozenset[str] | None] = {
     f"{PACKAGE}.application": ANY_PLUGIN,
     # The connectors' optional capabilities, documented for connector authors (connectors.md).
     f"{PACKAGE}.connectors.contract": ANY_PLUGIN,
-    # Not public API: what the target's ledger proves, the operator lease and opening a store
-    # by its location, shared by the guard's operator commands and `dpone-transfer state`.
+    # Not public API: what the target's ledger proves, the operator lease, opening a store
+    # by its location and the audit record's keys, shared by the guard's operator commands
+    # and `dpone-transfer state`.
+    f"{PACKAGE}.audit": frozenset({"dpone_target_commit_guard/commands.py"}),
     f"{PACKAGE}.ledger": frozenset({"dpone_target_commit_guard/commands.py"}),
     f"{PACKAGE}.recovery": frozenset({"dpone_target_commit_guard/commands.py"}),
     f"{PACKAGE}.stores": frozenset({"dpone_target_commit_guard/commands.py"}),

@@ -378,7 +378,7 @@ def test_state_restore_reads_what_a_ledger_of_version_1_tells_of_the_definition(
     with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as db:
         db.execute(
             "UPDATE _dpone_ledger SET entry = json_remove(json_set(entry, '$.format', "
-            "'dpone.target_ledger.v1'), '$.epoch', '$.definition', '$.excused')"
+            "'dpone.target_ledger.v1'), '$.epoch', '$.definition', '$.excused', '$.rejected')"
         )
         db.commit()
     (tmp_path / "checkpoints.db").unlink()

@@ -7,6 +7,7 @@ import functools
 import json
 import subprocess
 import sys
+from typing import Any
 
 import attrs
 import pytest
@@ -86,7 +87,7 @@ def test_routes_lists_every_route_of_the_store_with_its_outcome(tmp_path, route_
     assert run_cli("run", route_file, "--run-id", "first", "--quiet").returncode == 0
     done = run_cli("routes", "--store", store, "--json")
     assert done.returncode == 0, done.stderr
-    [status] = [json.loads(line) for line in done.stdout.splitlines()]
+    [status] = json.loads(done.stdout)  # one JSON array
     assert status["route"]["target_table"] == "orders_copy"
     assert (status["outcome"], status["blocked_by"], status["lease"]) == ("succeeded", None, None)
     assert status["partitions"] == {"committed": 4}
@@ -106,7 +107,7 @@ def test_routes_shows_a_blocked_route_and_state_show_its_source_state(tmp_path, 
         [first, *_] = store.list_latest(config.route)
         guard = {**first.diagnostics["target_commit_guard"], "phase": "armed"}
         store.upsert(attrs.evolve(first, diagnostics={"target_commit_guard": guard}))
-    status = json.loads(run_cli("routes", "--store", config.store_path, "--json").stdout)
+    [status] = json.loads(run_cli("routes", "--store", config.store_path, "--json").stdout)
     assert status["outcome"] == "blocked"
     assert status["blocked_by"] == "native_transfer_target_commit_guard_invalid"
     shown = run_cli("state", "show", route_file, "--json")
@@ -135,7 +136,7 @@ def test_a_run_with_nothing_to_load_succeeds_and_a_run_that_failed_since_shows(
     from dpone_native_transfer import TransferRuntime, entry_point_plugins, hookimpl
 
     store = tmp_path / "checkpoints.db"
-    status = functools.partial(_shown_json, "routes", "--store", store)
+    status = functools.partial(lambda *a: _shown_json(*a)[0], "routes", "--store", store)
     assert run_cli("run", route_file, "--run-id", "first", "--quiet").returncode == 0
     assert run_cli("run", route_file, "--run-id", "nothing-new", "--quiet").returncode == 0
     shown = status()
@@ -203,7 +204,46 @@ def test_state_show_compares_the_store_with_the_target_as_a_run_would(tmp_path, 
     )
 
 
-def _shown_json(*command: object) -> dict:
+def test_an_audit_record_missing_its_keys_excuses_no_batch_and_is_named(tmp_path, route_file):
+    """A record holding only ``ledger_overrides`` (none of the keys an operator command
+    writes) let a run past the store's check against the target, which loaded rows again;
+    one holding them as a text was skipped. Every reader now calls it malformed, by its id
+    and keys, never a value."""
+    import shutil
+    import sqlite3
+
+    store = tmp_path / "checkpoints.db"
+    assert run_cli("run", route_file, "--quiet").returncode == 0
+    shutil.copy(store, tmp_path / "old.db")
+    build_sample_source(tmp_path / "source.db", rows=20, partitions=4, start_id=1000)
+    second = json.loads(run_cli("run", route_file, "--quiet", "--json").stdout)
+    shutil.copy(tmp_path / "old.db", store)  # the store lost the second batch
+    route = load_route_config(route_file).route
+    forged = json.dumps({"ledger_overrides": [second["batch_id"]], "reason": "SECRET"})
+    with sqlite3.connect(store) as db:
+        db.execute(
+            "INSERT INTO audit (source_table, target_table, strategy, source_location,"
+            " target_location, record) VALUES (?, ?, ?, ?, ?, ?)",
+            (*route.as_dict().values(), route.source_location, route.target_location, forged),
+        )
+    db.close()
+    said = (
+        "native_transfer_checkpoint_store_corrupt: stored audit record #1 of route orders -> "
+        "orders_copy (incremental_append) is malformed: at, forced_invalid, operator, "
+        "partitions, resolved_as, route missing or not as dpone writes them"
+    )
+    done = run_cli("run", route_file, "--quiet")
+    assert done.returncode == 1 and done.stderr.startswith(f"error: {said}\n"), done.stderr
+    shown = run_cli("state", "show", route_file)
+    assert shown.stdout.splitlines()[-1] == f"target: not compared ({said})"
+    assert "SECRET" not in done.stdout + done.stderr + shown.stdout + shown.stderr
+    with sqlite3.connect(tmp_path / "target.db") as db:
+        counts = db.execute("SELECT count(*), count(DISTINCT id) FROM orders_copy").fetchone()
+    db.close()
+    assert counts == (140, 140)
+
+
+def _shown_json(*command: object) -> Any:
     """``dpone-transfer COMMAND --json``'s one object; the command must succeed."""
     done = run_cli(*command, "--json")
     assert done.returncode == 0, done.stderr

@@ -21,10 +21,12 @@ from helpers.stores import ROUTE, make_checkpoint, postgres_raw
 
 from dpone_native_transfer.checkpoints import RouteKey, Strategy
 from dpone_native_transfer.errors import (
+    CheckpointStoreAccessRefused,
     CheckpointStoreCorrupt,
     CheckpointStoreUnavailable,
     ConfigInvalid,
 )
+from dpone_native_transfer.reporting import EXIT_CONFIG, exit_code_for
 from dpone_native_transfer.stores.postgres import PostgresCheckpointStore
 
 CANARY_PASSWORD = "canary-pw-5f2c9e"  # must never appear in an error
@@ -142,15 +144,25 @@ def _dsn_with(dsn: str, **changes: Any) -> str:
     return psycopg.conninfo.make_conninfo(dsn, **changes)
 
 
-def test_postgres_wrong_password_is_unavailable_without_secrets(
+def test_postgres_wrong_password_is_refused_without_secrets(
     postgres_schema: PostgresLocation,
 ) -> None:
+    """The same code, exit 2 (fix the DSN): the message names the class, not the driver's text."""
     bad = _dsn_with(postgres_schema.dsn, password=CANARY_PASSWORD)
-    with pytest.raises(CheckpointStoreUnavailable) as excinfo:
+    with pytest.raises(CheckpointStoreAccessRefused) as excinfo:
         PostgresCheckpointStore(bad, schema=postgres_schema.schema)
     params = psycopg.conninfo.conninfo_to_dict(postgres_schema.dsn)
-    _assert_secret_free(excinfo.value, CANARY_PASSWORD, bad, params["host"], "authentication")
-    assert excinfo.value.diagnostics == {"action": "opened", "error_type": "OperationalError"}
+    _assert_secret_free(
+        excinfo.value, CANARY_PASSWORD, bad, params["host"], params["user"], "FATAL", "for user"
+    )
+    assert "the server refused the login: authentication failed" in str(excinfo.value)
+    assert exit_code_for(excinfo.value) == EXIT_CONFIG
+    assert excinfo.value.diagnostics == {
+        "action": "opened",
+        "error_type": "OperationalError",
+        "failure": "login_refused",
+        "sqlstate": "28P01",
+    }
 
 
 def test_postgres_unreachable_server_is_unavailable_without_secrets() -> None:

@@ -5,11 +5,14 @@ ClickHouse (chDB) and PostgreSQL on every path the source allows, and every valu
 compared after the round trip, as the target engine itself renders it as text.
 A value a target cannot hold exactly must stop the run with exit 2 before the
 target is touched: no target table, nothing blocked, and the route retryable.
+One source value gets one outcome on every path of a target: loaded as the same
+value, or refused so (``test_an_odd_value_gets_one_outcome_on_every_path``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -88,10 +91,10 @@ SQLITE_COLUMNS = [
     ("r", "REAL", float("inf"), 0.1),
     ("t", "TEXT", "é\t\"x'", ""),
     ("b", "BLOB", b"\xff\x00", b""),
-    ("u", "", 3.5, "x"),
+    ("u", "", "3.5", "x"),  # an untyped column's text; a number in it is refused (ODD)
     ("n", "NUMERIC(12,2)", 1.1, -7),
     ("m", "NUMERIC", 12, 2.5),
-    ("f", "BOOLEAN", "true", 0),
+    ("f", "BOOLEAN", 1, 0),  # SQLite's TRUE and FALSE; a text or a 2 is refused (ODD)
     ("d", "DATE", "2024-02-29", "1900-01-01"),
     ("ts", "TIMESTAMP", "2024-01-05 10:00:00+02:00", "2024-01-05 10:00:00.123456"),
     ("tm", "TIME", "23:59:59.5", "00:00:00"),
@@ -128,8 +131,9 @@ SQLITE_EXPECTED = {  # None: the target's NULL
         ("2024-01-05 08:00:00.000000", "2024-01-05 10:00:00.000000"),
     ],
 }
-# Kinds an engine's own SQLite reader does not read as the row paths carry them.
-LAZY_REFUSED = {"u", "n", "m", "f", "ts", "tm", "tz"}
+# Kinds an engine's own SQLite reader does not read as the row paths carry them: lazy-plan
+# carries their rows as legacy does (PlanInexact), and DuckDB's pulls leave them to Python.
+CARRIED = {"u", "n", "m", "ts", "tm", "tz"}
 
 
 def sqlite_source(folder: Path, columns: list[tuple]) -> None:
@@ -165,9 +169,6 @@ def test_sqlite_to_sqlite_keeps_every_value_and_storage_class(tmp_path: Path, pa
 def test_sqlite_to_engines_value_by_value(tmp_path: Path, kind: str, path: str) -> None:
     columns = SQLITE_COLUMNS
     expected = SQLITE_EXPECTED[kind]
-    if path == "lazy-plan":  # the refused kinds are each refused below
-        keep = [index for index, c in enumerate(columns) if c[0] not in LAZY_REFUSED]
-        columns, expected = [columns[i] for i in keep], [expected[i] for i in keep]
     sqlite_source(tmp_path, columns)
     done = run(tmp_path, 'path = "source.db"', "src", kind, path)
     assert done.returncode == 0, done.stderr
@@ -196,7 +197,7 @@ def test_sqlite_to_duckdb_files_duckdb_writes_itself_value_by_value(
         return files
 
     monkeypatch.setattr(DuckDBSink, "pull_load_files", spy)
-    keep = [index for index, c in enumerate(SQLITE_COLUMNS) if c[0] not in LAZY_REFUSED]
+    keep = [index for index, c in enumerate(SQLITE_COLUMNS) if c[0] not in CARRIED]
     columns = [SQLITE_COLUMNS[i] for i in keep]
     expected = [SQLITE_EXPECTED["duckdb"][i] for i in keep]
     sqlite_source(tmp_path, columns)
@@ -212,17 +213,24 @@ def test_sqlite_to_duckdb_files_duckdb_writes_itself_value_by_value(
 
 
 @pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
-@pytest.mark.parametrize("column", sorted(LAZY_REFUSED))
-def test_lazy_plan_refuses_what_its_engine_would_read_otherwise(
-    tmp_path: Path, kind: str, column: str
+def test_lazy_plan_carries_the_rows_its_engine_would_read_otherwise(
+    tmp_path: Path, kind: str, monkeypatch
 ) -> None:
-    sqlite_source(tmp_path, [c for c in SQLITE_COLUMNS if c[0] == column])
+    """Such a plan was refused (exit 2) where the row paths loaded it: now lazy-plan carries
+    its rows, and loads what legacy loads."""
+    from dpone_native_transfer.paths import lazy_plan
+
+    carried: list[bool] = []
+    real = lazy_plan.legacy_path
+    monkeypatch.setattr(lazy_plan, "legacy_path", lambda ctx: carried.append(True) or real(ctx))
+    sqlite_source(tmp_path, [c for c in SQLITE_COLUMNS if c[0] in CARRIED])
     done = run(tmp_path, 'path = "source.db"', "src", kind, "lazy-plan")
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert f"lazy-plan into {'DuckDB' if kind == 'duckdb' else 'ClickHouse'} cannot read" in (
-        done.stderr
-    )
-    assert "staged" in done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert carried == [True]
+    expected = [w for c, w in zip(SQLITE_COLUMNS, SQLITE_EXPECTED[kind], strict=True)
+                if c[0] in CARRIED]  # fmt: skip
+    got = target_texts(tmp_path, kind, [c[0] for c in SQLITE_COLUMNS if c[0] in CARRIED])
+    assert list(zip(*got, strict=True)) == [(*want, None) for want in expected]
 
 
 def test_lazy_plan_reads_integer_booleans_and_naive_timestamps(tmp_path: Path) -> None:
@@ -243,11 +251,11 @@ SQLITE_REFUSED = [
     ("n", "NUMERIC(12,2)", 99.999, ("duckdb", "clickhouse")),  # would round to 100.00 / 99.99
     ("m", "NUMERIC", 2**60 + 1, ("duckdb", "clickhouse")),  # a double would lose the last digit
     ("f", "BOOLEAN", "yes", ("duckdb", "clickhouse")),
-    ("u", "", b"\x00", ("duckdb", "clickhouse")),  # untyped becomes text: bytes are not text
+    ("u", "", b"\x00", ("duckdb", "clickhouse")),  # an untyped column holds text only
 ]
 
 
-@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(("column", "decl", "value", "targets"), SQLITE_REFUSED)
 def test_a_value_a_target_cannot_hold_is_refused_before_the_target(
     tmp_path: Path, path: str, column: str, decl: str, value: Any, targets: tuple
@@ -437,7 +445,7 @@ MISFITS = [
 ]
 
 
-@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
 def test_a_value_its_column_kind_does_not_mean_is_refused_before_the_target(
     tmp_path: Path, kind: str, path: str
@@ -451,28 +459,18 @@ def test_a_value_its_column_kind_does_not_mean_is_refused_before_the_target(
 
 
 @pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
-def test_lazy_plan_refuses_a_stored_value_its_engine_would_read_otherwise(
+def test_lazy_plan_refuses_a_partition_value_its_engine_would_read_otherwise(
     tmp_path: Path, kind: str
 ) -> None:
-    """Lazy-plan loaded 20240105 in a DATE column as 1970-08-23, made '' and 'abc' into 0
-    or NULL, and lost the row of a partition value 1.5 stored in an INTEGER column."""
-    misfits = [m for m in MISFITS if m[0] in ("INTEGER", "REAL", "TEXT", "BLOB", "DATE",
-                                               "TIMESTAMP")] + [("BOOLEAN", 2)]  # fmt: skip
-    for number, (decl, value) in enumerate(misfits):
-        folder = tmp_path / str(number)
-        folder.mkdir()
-        sqlite_source(folder, [("v", decl, value, None)])
-        done = run(folder, 'path = "source.db"', "src", kind, "lazy-plan")
-        assert done.returncode == 2, (decl, value, done.stdout + done.stderr)
-        assert "cannot read source column(s) v exactly" in done.stderr, (decl, value)
-    folder = tmp_path / "partition"
-    folder.mkdir()
-    with contextlib.closing(sqlite3.connect(folder / "source.db")) as db:
+    """Lazy-plan lost the row of a partition value 1.5 stored in an INTEGER column; then it
+    refused the plan (config_invalid). It is refused as the row paths refuse it now."""
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
         db.execute("CREATE TABLE src (id INTEGER PRIMARY KEY, p INTEGER)")
         db.executemany("INSERT INTO src VALUES (?, ?)", [(1, 1), (2, 1.5)])
         db.commit()
-    done = run(folder, 'path = "source.db"', "src", kind, "lazy-plan")
-    assert done.returncode == 2 and "cannot read source column(s) p exactly" in done.stderr
+    for path in PATHS:
+        assert_refused_before_target(run(tmp_path, 'path = "source.db"', "src", kind, path),
+                                     tmp_path, "p")  # fmt: skip
 
 
 @pytest.mark.parametrize(("kind", "path"), [("clickhouse", "file-artifact"), ("duckdb", "staged")])
@@ -675,3 +673,127 @@ def test_a_value_postgres_cannot_hold_is_refused_before_the_target(
         assert "target_outcome_unknown" not in done.stdout + done.stderr
     sink = PostgresSink(env[TARGET_ENV], f"{postgres_schema.schema}.copy")
     assert sink.row_count() == 0 and sink.read_ledger() == []
+
+
+# --- SQLite's odd storage: one outcome per value on every path of a target -------------------
+
+# (column, declared type, row 1, row 2): a value its declared type does not mean, as SQLite
+# stores it. Every target but SQLite refuses each, on every path: before, the row paths
+# loaded an untyped column's numbers as text (changed values, exit 0) and a BOOLEAN's 'true'
+# and 2 as true, where lazy-plan refused them; lazy-plan refused the others as a config error.
+ODD = [
+    ("untyped_integer", "", 1, -2),
+    ("untyped_real", "", 3.5, None),
+    ("untyped_bytes", "", b"\x00", None),
+    ("json_number", "JSON", "2", None),  # NUMERIC affinity: SQLite stores the integer 2
+    ("bool_text", "BOOLEAN", "true", "false"),
+    ("bool_two", "BOOLEAN", 2, 0),
+    ("numeric_text", "NUMERIC", "abc", 1),
+    ("decimal_text", "DECIMAL(10,2)", "x", 1.5),
+    ("date_junk", "DATE", "junk", "2024-01-05"),
+    ("date_number", "DATE", 20240105, None),
+    ("datetime_junk", "DATETIME", "junk", None),
+    ("datetime_number", "DATETIME", 1700000000, None),
+    ("integer_text", "INTEGER", "abc", 1),
+    ("integer_real", "INTEGER", 1.5, None),
+]
+# Beside them, what every target loads, and how the engines render it (SQLite: as stored).
+FITTING = [
+    ("untyped_text", "", "x", "1"),  # text stays text in an untyped column
+    ("bool_01", "BOOLEAN", 1, 0),
+    ("numeric_number", "NUMERIC", 12, 2.5),
+    ("decimal_number", "DECIMAL(10,2)", 7, 1.5),
+    ("date_iso", "DATE", "2024-01-05", None),
+]
+FITTING_TEXTS = {
+    "duckdb": [("x", "1"), ("true", "false"), ("12.0", "2.5"), ("7.00", "1.50"),
+               ("2024-01-05", None)],
+    "clickhouse": [("x", "1"), ("true", "false"), ("12", "2.5"), ("7", "1.5"),
+                   ("2024-01-05", None)],
+    "postgres": [("x", "1"), ("true", "false"), ("12", "2.5"), ("7.00", "1.50"),
+                 ("2024-01-05", None)],
+}  # fmt: skip
+TARGET_LINES = {
+    "sqlite": 'path = "target.db"',
+    "duckdb": 'path = "target.duckdb"',
+    "clickhouse": 'path = "chdata"',
+}
+
+
+def outcome(done: subprocess.CompletedProcess, folder: Path) -> tuple:
+    """What a run did: ("loaded",), or the refusal's exit code, error code and column; a
+    refusal must leave no guard behind (nothing blocks the route)."""
+    if done.returncode == 0:
+        return ("loaded",)
+    assert "target_outcome_unknown" not in done.stdout + done.stderr
+    with contextlib.closing(sqlite3.connect(folder / "checkpoints.db")) as store:
+        guarded = "SELECT count(*) FROM checkpoint_latest WHERE guard IS NOT NULL"
+        assert store.execute(guarded).fetchone() == (0,)
+    code = re.search(r"^error: (native_transfer_\w+): column '(\w+)'", done.stderr, re.M)
+    return (done.returncode, *(code.groups() if code else (done.stderr,)))
+
+
+def odd_runs(tmp_path: Path, kind: str, columns: list[tuple], location=None) -> dict:
+    """Each path's outcome of one table of ``columns``, loaded into ``kind`` (PostgreSQL: in
+    ``location``'s schema); each path in a folder of its own. Returns the loaded folders'
+    values, by path, as the target renders them, or the refusal."""
+    env = None
+    paths = PATHS if kind != "postgres" else ("legacy", "staged", "file-artifact")
+    found = {}
+    for path in paths:
+        folder = tmp_path / path
+        folder.mkdir()
+        sqlite_source(folder, columns)
+        if kind == "postgres":
+            table = f"{location.schema}.{tmp_path.name}_{path.replace('-', '_')}"
+            target, env = postgres_target(location)
+            target = target.replace(f'"{location.schema}.copy"', f'"{table}"')
+        else:
+            target = f'{TARGET_LINES[kind]}\ntable = "copy"'
+        done = run(folder, 'path = "source.db"', "src", kind, path, env=env, target=target)
+        result = outcome(done, folder)
+        names = [c[0] for c in columns]
+        if result == ("loaded",) and kind == "sqlite":
+            exprs = ", ".join(f'quote("{c}") || typeof("{c}")' for c in names)
+            with contextlib.closing(sqlite3.connect(folder / "target.db")) as db:
+                result = ("loaded", db.execute(f"SELECT {exprs} FROM copy ORDER BY id").fetchall())
+        elif result == ("loaded",) and kind == "postgres":
+            exprs = ", ".join(f'"{c}"::text' for c in names)
+            with contextlib.closing(psycopg.connect(location.dsn, autocommit=True)) as conn:
+                rows = conn.execute(f'SELECT {exprs} FROM "{location.schema}".'
+                                    f'"{table.split(".")[1]}" ORDER BY id').fetchall()  # fmt: skip
+            result = ("loaded", rows)
+        elif result == ("loaded",):
+            result = ("loaded", target_texts(folder, kind, names))
+        found[path] = result
+    return found
+
+
+def test_sqlite_keeps_every_odd_value_as_it_stores_it_on_every_path(tmp_path: Path) -> None:
+    columns = ODD + FITTING
+    runs = odd_runs(tmp_path, "sqlite", columns)
+    exprs = ", ".join(f'quote("{c[0]}") || typeof("{c[0]}")' for c in columns)
+    with contextlib.closing(sqlite3.connect(tmp_path / "legacy" / "source.db")) as db:
+        stored = db.execute(f"SELECT {exprs} FROM src ORDER BY id").fetchall()
+    assert runs == {path: ("loaded", stored) for path in PATHS}
+
+
+@pytest.mark.parametrize("kind", ["duckdb", "clickhouse", "postgres"])
+def test_an_odd_value_gets_one_outcome_on_every_path(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """Each odd column alone is refused on every path, naming it; the fitting ones load, the
+    same values on every path."""
+    location = request.getfixturevalue("postgres_schema") if kind == "postgres" else None
+    for column in ODD:
+        case = tmp_path / column[0]
+        case.mkdir()
+        runs = odd_runs(case, kind, [column], location)
+        refused = (2, "native_transfer_value_unsupported", column[0])
+        assert runs == dict.fromkeys(runs, refused), column
+    case = tmp_path / "fitting"
+    case.mkdir()
+    runs = odd_runs(case, kind, FITTING, location)
+    by_column = [(*values, None) for values in FITTING_TEXTS[kind]]
+    for path, (loaded, rows) in runs.items():
+        assert loaded == "loaded" and list(zip(*rows, strict=True)) == by_column, path

@@ -19,6 +19,7 @@ from typing import Any
 from dpone_native_transfer import ConfigInvalid, Event, NativeTransferError, TransferResult
 from dpone_native_transfer.application import transfer
 from dpone_native_transfer.config import RouteConfig
+from dpone_native_transfer.reporting import Named
 
 from .task import (
     CONNECTION_ARGUMENTS,
@@ -101,7 +102,10 @@ class NativeTransferOperator(BaseOperator):
             run_id = _run_id(context, self.run_id)
             result, seconds = self._run_transfer(config, run_id, progress_logger(self.log))
         except Exception as error:
-            report_failure(self.log, error, None if config is None else config.route)
+            route_file = None if isinstance(self.route, dict) else os.fspath(self.route)
+            store = None if config is None else config.store_path
+            named = Named(route_file=route_file, store=store, scripted=True)
+            report_failure(self.log, error, None if config is None else config.route, named)
             if isinstance(error, NativeTransferError) and is_config_error(error):
                 raise AirflowFailException(
                     f"{error.code}: the route cannot run as configured (see the dpone lines "

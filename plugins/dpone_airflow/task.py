@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
+import attrs
+
 from dpone_native_transfer import (
     ConfigInvalid,
     Event,
@@ -36,10 +38,11 @@ from dpone_native_transfer.config import (
 )
 from dpone_native_transfer.reporting import (
     EXIT_CONFIG,
+    Named,
     exit_code_for,
+    failure_lines,
     progress_lines,
     run_summary,
-    shortened,
     summary_line,
 )
 from dpone_target_commit_guard.policy import scan_hint
@@ -69,6 +72,8 @@ _UNSAFE_RUN_ID = re.compile(r"[^A-Za-z0-9_.~:+-]+")
 
 class TaskLog(Protocol):
     """The part of a logger the task uses (Airflow's ``self.log``, or a stdlib logger)."""
+
+    def debug(self, msg: str, /, *args: Any) -> object: ...
 
     def info(self, msg: str, /, *args: Any) -> object: ...
 
@@ -255,12 +260,16 @@ def report_success(
     log.info("dpone: %s", summary_line(config, run_id, result, seconds))
 
 
-def report_failure(log: TaskLog, error: Exception, route: RouteKey | None) -> None:
+def report_failure(
+    log: TaskLog, error: Exception, route: RouteKey | None, named: Named | None = None
+) -> None:
     """Log what an operator needs about a failed run; the caller re-raises ``error`` itself.
 
-    A dpone error gives its stable code and safe diagnostics; a blocked route
-    also gives the command that shows what blocks it. Any other error is named
-    by its type only: Airflow's own traceback follows in the same log.
+    A dpone error gives its stable code and the lines ``reporting.failure_lines`` gives a
+    person (for a blocked route one per blocked batch, the full diagnostics only at debug),
+    its commands naming the route file and store when ``named`` knows them, with ``--yes``:
+    the log is read by someone who runs them without a terminal to confirm on. Any other
+    error is named by its type only: Airflow's own traceback follows in the same log.
     """
     where = "" if route is None else f" (route {route.label})"
     if not isinstance(error, NativeTransferError):
@@ -271,13 +280,15 @@ def report_failure(log: TaskLog, error: Exception, route: RouteKey | None) -> No
             where,
         )
         return
+    named = attrs.evolve(named or Named(), scripted=True)
     log.error("dpone: %s%s%s", error.code, where, _consequence(error))
-    short, cut = shortened(error.diagnostics)
-    diagnostics = json.dumps(short, sort_keys=True, default=str)
-    note = " (lists cut to their first items: guard scan shows all)" if cut else ""
-    log.error("dpone: diagnostics: %s%s", diagnostics, note)
+    hint = "(the full diagnostics: at DEBUG, below)"
+    for line in failure_lines(error, named, hint=hint)[1:]:  # the message: in the traceback
+        log.error("dpone: %s", line.strip())
     for line in _operator_steps(error, route):
-        log.error("dpone: %s", line)
+        log.error("dpone: %s", named.fill(line))
+    full = json.dumps(error.diagnostics, sort_keys=True, default=str)
+    log.debug("dpone: diagnostics: %s", full)
 
 
 def _consequence(error: NativeTransferError) -> str:
@@ -318,7 +329,8 @@ def _operator_steps(error: NativeTransferError, route: RouteKey | None) -> list[
         return []
     return [
         f"inspect it with: {scan_hint(route)}",
-        "<checkpoint store> is the route's [store] path; compare the blocked partitions with the "
-        "target, record what it holds with `dpone-transfer guard resolve`, then clear this task "
-        "or let the next DAG run start (docs/checkpoints-and-recovery.md)",
+        "compare the blocked partitions with the target, record what it holds with "
+        '`dpone-transfer guard resolve` (or let a try with recovery="from_target" resolve '
+        "what the target proves), then clear this task or let the next DAG run start "
+        "(docs/checkpoints-and-recovery.md)",
     ]

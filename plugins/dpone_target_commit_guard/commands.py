@@ -36,6 +36,7 @@ from dpone_native_transfer import (
     as_latest,
     format_timestamp,
 )
+from dpone_native_transfer.audit import audit_problems
 from dpone_native_transfer.config import RouteConfig, load_route_config
 from dpone_native_transfer.connectors.contract import BatchCounting, LedgerSink
 from dpone_native_transfer.ledger import (
@@ -54,7 +55,7 @@ from dpone_native_transfer.reporting import (
     EXIT_FAILED,
     EXIT_OK,
     PROG,
-    confirmed,
+    declined,
     plural,
 )
 from dpone_native_transfer.stores import open_store
@@ -74,7 +75,7 @@ __all__ = ["add_guard_command"]
 _EPILOG = """\
 exit codes:
   0  done; for scan and verify: nothing blocks
-  1  failed, resolve was not confirmed, or an attempt holds the route's lease (nothing written)
+  1  failed, resolve was not declined, or an attempt holds the route's lease (nothing written)
   2  invalid command line, --store does not exist, or resolve refused (nothing written)
   3  scan, verify: something blocks the route
 """
@@ -390,14 +391,16 @@ def _show_command(args: argparse.Namespace) -> int:
                     )
                 )
             for record in audit:
-                print(json.dumps({"audit": record}, sort_keys=True, default=str))
+                print(json.dumps({"audit": _audit_json(record)}, sort_keys=True, default=str))
             continue
         print(f"route {route.label}: {plural(len(latest), 'partition')}, {blocked} blocked")
         print(f"  {_where(route)}")
         _print_table(_SHOW_HEADERS, [_show_row(cp, f) for cp, f in listed])
         if len(listed) < len(pairs):
             print(f"({len(pairs) - len(listed):,} more not shown: --limit {args.limit})")
-        print(f"audit: {plural(len(audit), 'record')}")
+        malformed = sum(1 for record in audit if audit_problems(record))
+        counted = f", {malformed} malformed" if malformed else ""
+        print(f"audit: {plural(len(audit), 'record')}{counted}")
         for record in audit:
             _print_audit(record)
     return EXIT_OK
@@ -422,11 +425,24 @@ def _show_row(checkpoint: PartitionCheckpoint, finding: Finding) -> tuple[str, .
     return (*_guard_cells(finding, "malformed: "), rows, *_times(finding), bounds)
 
 
+def _audit_json(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as ``show --json`` prints it; a malformed one by its id and bad keys only."""
+    problems = audit_problems(record)
+    return {"audit_id": record.get("audit_id"), "malformed": problems} if problems else record
+
+
 def _print_audit(record: dict[str, Any]) -> None:
-    """One audit record, whatever its shape (a record written by hand may lack keys); every
-    text is printed escaped, so a newline or an ANSI escape in a reason cannot forge lines."""
-    partitions = record.get("partitions")
-    partitions = partitions if isinstance(partitions, list) else []
+    """One audit record; a malformed one (written by hand: a key missing or of another type)
+    by its id and the bad keys only. Every text is printed escaped, so a newline or an ANSI
+    escape in a reason cannot forge lines."""
+    problems = audit_problems(record)
+    if problems:
+        print(
+            f"  #{_shown(record.get('audit_id'))} malformed audit record: "
+            f"{', '.join(problems)} missing or not as dpone writes them"
+        )
+        return
+    partitions = record["partitions"]
     forced = " (forced over a malformed guard)" if record.get("forced_invalid") else ""
     against = " (forced against the ledger)" if record.get("ledger_overrides") else ""
     print(
@@ -435,7 +451,7 @@ def _print_audit(record: dict[str, Any]) -> None:
         f"{_shown(record.get('resolved_as'))}{forced}{against}: {_shown(record.get('reason'))}"
     )
     for item in partitions:
-        print(f"    {_transition(item if isinstance(item, dict) else {})}")
+        print(f"    {_transition(item)}")
 
 
 def _shown(value: Any) -> str:
@@ -704,9 +720,8 @@ def _resolve_command(args: argparse.Namespace) -> int:
             print(f"  against the target's ledger (--force): {', '.join(overrides)}")
 
         question = f"Write {plural(len(resolved), 'checkpoint')} and one audit record?"
-        if not (args.yes or confirmed(question)):
-            print("nothing written", file=sys.stderr)
-            return EXIT_FAILED
+        if (stop := declined(question, yes=args.yes)) is not None:
+            return stop
         with operator_lease(store, route, operator=args.operator, action="guard resolve"):
             audit_id = store.apply_resolution(
                 route, resolved, audit, expected=[cp for cp, _ in ordered]

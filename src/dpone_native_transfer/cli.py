@@ -31,10 +31,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from . import __version__
 from .application import new_run_id, transfer
 from .config import load_route_config
-from .errors import NativeTransferError, PluginLoadFailed
+from .errors import NativeTransferError, PluginLoadFailed, driver_error
+from .events import Event
+from .rejects_command import add_rejects_command
 from .reporting import (
     EXIT_BLOCKED,
     EXIT_CONFIG,
@@ -43,11 +47,12 @@ from .reporting import (
     EXIT_OK,
     EXIT_TERMINATED,
     PROG,
-    SHOWN_ITEMS,
+    Named,
+    Reached,
     exit_code_for,
+    failure_lines,
     progress_logger,
     run_summary,
-    shortened,
     summary_line,
 )
 from .route_status import add_routes_command
@@ -70,10 +75,12 @@ COMMANDS_GROUP = "dpone_native_transfer.commands"
 
 _EPILOG = """\
 exit codes:
-  0  success
-  1  the transfer failed (a retry may succeed)
-  2  the route file or the command line is invalid
-  3  the route is blocked until an operator reconciles it (a retry will not help)
+  0    success
+  1    the transfer failed (a retry may succeed)
+  2    the route file or the command line is invalid (a retry will not help)
+  3    the route is blocked until an operator reconciles it (a retry will not help)
+  130  interrupted (Ctrl-C)
+  143  terminated (SIGTERM)
 """
 
 
@@ -122,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
     except PluginLoadFailed as error:
-        _report_failure(error, show_traceback=False)
+        _report_failure(error)
         return EXIT_CONFIG
     try:
         args = parser.parse_args(argv)
@@ -137,12 +144,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return args.handler(args)
     except (_Terminated, KeyboardInterrupt, Exception) as error:
         if isinstance(error, Exception) and not arrived:
-            return _report_failure(error, show_traceback=args.traceback)
+            return _report_failure(error, args)
         # an engine may have wrapped it in its own error: DuckDB's query raises RuntimeError
+        reached = getattr(args, "reached", None)
+        said = "" if reached is None else f": {reached.said()}"
         if isinstance(error, _Terminated) or signal.SIGTERM in arrived:
-            print("error: terminated (SIGTERM)", file=sys.stderr)
+            print(f"error: terminated (SIGTERM){said}", file=sys.stderr)
             return EXIT_TERMINATED
-        print("error: interrupted", file=sys.stderr)
+        print(f"error: interrupted{said}", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 
@@ -210,7 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="info",
         help="what the package logs to stderr (default: info, with progress lines)",
     )
-    built_in = (_add_run_command, _add_demo_command, add_routes_command, add_state_command)
+    built_in = (
+        _add_run_command,
+        _add_demo_command,
+        add_routes_command,
+        add_state_command,
+        add_rejects_command,
+    )
     for add_command in built_in:
         add_command(commands, common)
     for entry_point in sorted(metadata.entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
@@ -285,44 +300,64 @@ def _run_id(value: str) -> str:
     return value
 
 
-def _report_failure(error: Exception, *, show_traceback: bool) -> int:
+def _report_failure(error: Exception, args: argparse.Namespace | None = None) -> int:
+    """The failure's lines on stderr (``reporting.failure_lines``: its commands naming the
+    route file and store run, the full diagnostics with ``--json`` or ``--log-level debug``),
+    and with ``run --json`` the error as one JSON object on stdout; the exit status."""
+    show_traceback = bool(getattr(args, "traceback", False))
+    as_json = bool(getattr(args, "json", False))
+    full = as_json or getattr(args, "log_level", None) == "debug"
     if show_traceback:
         traceback.print_exception(error, file=sys.stderr)
-    if isinstance(error, NativeTransferError):
-        short, cut = shortened(error.diagnostics)
-        print(f"error: {error}", file=sys.stderr)
-        print(f"diagnostics: {json.dumps(short, sort_keys=True, default=str)}", file=sys.stderr)
-        if cut:
+        cause = driver_error(error)  # kept off the error's chain: only --traceback shows it
+        if cause is not None:
             print(
-                f"(lists cut to their first {SHOWN_ITEMS} items; `{PROG} guard scan` shows "
-                "every blocked partition)",
+                "\nthe driver's own error it was made from (its text may hold the host, the "
+                "user, the database or SQL):",
                 file=sys.stderr,
             )
-    elif show_traceback:
-        print(f"error: transfer failed with {type(error).__name__}", file=sys.stderr)
-    else:
-        print(
-            f"error: transfer failed with {type(error).__name__}; "
-            "rerun with --traceback for details",
-            file=sys.stderr,
-        )
+            traceback.print_exception(cause, file=sys.stderr)
+    named = getattr(args, "named", None) or _named(args)
+    lines = failure_lines(error, named, full=full)
+    if not isinstance(error, NativeTransferError) and not show_traceback:
+        lines[0] += "; rerun with --traceback for details"
+    for line in lines:
+        print(line, file=sys.stderr)
+    if as_json and isinstance(error, NativeTransferError):
+        shown = {"error": error.code, "message": named.fill(error.message)}
+        print(json.dumps({**shown, "diagnostics": error.diagnostics}, sort_keys=True, default=str))
     return exit_code_for(error)
+
+
+def _named(args: argparse.Namespace | None) -> Named:
+    """The route file and store the command line named, for the commands a message suggests."""
+    route_file = getattr(args, "route", None) or getattr(args, "route_file", None)
+    store = getattr(args, "store", None)
+    return Named(
+        route_file=route_file if isinstance(route_file, str) else None,
+        store=store if isinstance(store, str) else None,
+        scripted=not (sys.stdin is not None and sys.stdin.isatty()),
+    )
 
 
 def _run_command(args: argparse.Namespace) -> int:
     config = load_route_config(args.route)
+    args.named = attrs.evolve(_named(args), store=config.store_path)
+    args.reached = Reached()
+    progress = progress_logger()
+
+    def events(event: Event) -> None:
+        args.reached.saw(event)
+        progress(event)
+
     run_id = args.run_id or new_run_id()
     result, seconds = transfer(
-        config,
-        run_id,
-        events=progress_logger(),
-        unguarded=args.unguarded,
-        recovery=args.recovery,
+        config, run_id, events=events, unguarded=args.unguarded, recovery=args.recovery
     )
     if args.json:
         print(json.dumps(run_summary(config, run_id, result, seconds), sort_keys=True))
     else:
-        print(summary_line(config, run_id, result, seconds))
+        print(args.named.fill(summary_line(config, run_id, result, seconds)))
     return EXIT_OK
 
 

@@ -7,7 +7,8 @@ cannot hold exactly is refused before the target call with
 ``ValueUnsupported``, naming its column and never the value.
 
 Kinds: ``integer``, ``real`` (IEEE double, NaN and infinities included),
-``text``, ``blob``, ``any`` (SQLite's untyped column: any storage class),
+``text``, ``blob``, ``any`` (SQLite's untyped column: any storage class; an engine
+other than SQLite takes its text only),
 ``boolean``, ``date``, ``time``, ``timestamp`` (no zone), ``timestamptz`` (an
 instant), ``interval``, ``numeric`` (a number as SQLite stores it: an integer
 or a double, with an optional declared precision) and ``decimal`` (an exact
@@ -36,7 +37,6 @@ __all__ = [
     "Carry",
     "as_boolean",
     "as_double",
-    "as_text",
     "carried_chunks",
     "column_carriers",
     "declared_precision",
@@ -207,28 +207,15 @@ def exact_bytes(value: Any) -> bytes:
     raise TypeError("not bytes")
 
 
-@passing(str)
-def as_text(value: Any) -> str:
-    """An untyped value as text: numbers in their shortest exact form; bytes are refused."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return repr(value)
-    raise TypeError("not text")
-
-
-_BOOLEAN_TEXT = {"true": True, "t": True, "1": True, "false": False, "f": False, "0": False}
-
-
 @passing(bool)
 def as_boolean(value: Any) -> bool:
-    """SQLite's booleans: 0/1-style integers and the texts true/false/t/f/1/0 (any case)."""
+    """A boolean, or SQLite's own: the integers 0 and 1 (``FALSE``, ``TRUE``). Any other
+    integer (2), a text ('true') or a double is refused: each is another value, and an
+    engine's own SQLite reader (lazy-plan) refuses it too."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, int):
-        return value != 0
-    if isinstance(value, str):
-        return _BOOLEAN_TEXT[value.strip().lower()]  # KeyError is refused below
+    if type(value) is int and value in (0, 1):
+        return value == 1
     raise TypeError("not a boolean")
 
 
@@ -375,7 +362,7 @@ ENGINE_CARRIERS: dict[str, Carry] = {
     "real": as_double,
     "text": exact_text,
     "blob": exact_bytes,
-    "any": as_text,
+    "any": exact_text,  # a number or bytes in an untyped column: no one type holds them all
     "boolean": as_boolean,
     "date": iso_date,
     "time": iso_time,
@@ -393,6 +380,38 @@ dropped). Decimals with a precision take ``exact_decimal`` instead."""
 _REFUSED = (ValueError, TypeError, KeyError, OverflowError, decimal.InvalidOperation)
 
 
+def _sorted_out(
+    chunks: Iterable[Sequence[tuple]],
+    carriers: Sequence[tuple[int, str, Carry]],
+    *,
+    target: str,
+    reject: Callable[[tuple, str, Any], None],
+) -> Iterator[Sequence[tuple]]:
+    """``carried_chunks`` whose refused rows go to ``reject``: a chunk is carried as one while
+    every value fits, and row by row only once one does not."""
+    for chunk in chunks:
+        try:
+            yield from carried_chunks([chunk], carriers, target=target)
+            continue
+        except ValueUnsupported:
+            pass
+        kept = []
+        for row in chunk:
+            values = list(row)
+            for index, name, carry in carriers:
+                if values[index] is None:
+                    continue
+                try:
+                    values[index] = carry(values[index])
+                except _REFUSED:
+                    reject(tuple(row), name, row[index])
+                    break
+            else:
+                kept.append(tuple(values))
+        if kept:
+            yield kept
+
+
 def column_carriers(
     columns: Sequence[Column], carrier: Callable[[Column], Carry | None]
 ) -> list[tuple[int, str, Carry]]:
@@ -406,13 +425,19 @@ def carried_chunks(
     carriers: Sequence[tuple[int, str, Carry]],
     *,
     target: str,
+    reject: Callable[[tuple, str, Any], None] | None = None,
 ) -> Iterator[Sequence[tuple]]:
     """``chunks`` with each ``(index, column, carry)`` applied to that column's non-NULL values.
 
     A column the carrier's ``unchanged(values)`` accepts is left as it is;
     a chunk no carrier changed is passed on as it came. A refused value stops the
-    rows with ``ValueUnsupported`` naming the column, never the value.
+    rows with ``ValueUnsupported`` naming the column, never the value; with ``reject``
+    (``on_bad_value = "quarantine"``), its row is handed to ``reject(row, column, value)``
+    instead and left out, and the other rows go on.
     """
+    if reject is not None:
+        yield from _sorted_out(chunks, carriers, target=target, reject=reject)
+        return
     for chunk in chunks:
         if not chunk or not carriers:
             yield chunk

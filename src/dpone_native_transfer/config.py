@@ -30,7 +30,8 @@ from .drivers import EXTRAS, POSTGRES_SCHEMES, install_hint, resolve_env
 from .errors import ConfigInvalid
 from .identity import route_key
 from .lease import DEFAULT_LEASE_SECONDS, MIN_LEASE_SECONDS
-from .paths import Governance
+from .paths import MAX_GATE_ROWS, Governance
+from .rejects import ON_BAD_VALUE
 from .runtime import BUILTIN_PATHS, MAX_CHUNK_ROWS, RECOVERY_MODES, TransferSpec
 from .schema_contract import SCHEMA_CONTRACTS
 
@@ -77,6 +78,8 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
             "chunk_rows": ("positive", _OPTIONAL),
             "artifact_dir": ("file", _OPTIONAL),
             "schema_contract": ("schema_contract", _OPTIONAL),
+            "on_bad_value": ("on_bad_value", _OPTIONAL),  # "refuse" | "quarantine"
+            "quarantine_values": ("bool", _OPTIONAL),  # the rejects table keeps the values
         },
     ),
     "store": (
@@ -142,6 +145,7 @@ _ENUMS: Mapping[str, tuple[str, ...]] = {
     "on_null_cursor": NULL_CURSOR_POLICIES,
     "partition_by": ("range", "value"),
     "recovery": RECOVERY_MODES,
+    "on_bad_value": ON_BAD_VALUE,
 }
 DEFAULT_PARTITION_ROWS = 100_000
 
@@ -174,6 +178,8 @@ class RouteConfig:
     on_null_cursor: str = "error"
     recovery: str = "manual"
     batch_column: str | None = None
+    on_bad_value: str = "refuse"
+    quarantine_values: bool = False
     # Where the source and target are, resolved (a DSN may hold a password: never log them).
     source_location: str = attrs.field(default="", repr=False)
     target_location: str = attrs.field(default="", repr=False)
@@ -205,6 +211,8 @@ class RouteConfig:
             on_null_cursor=self.on_null_cursor,
             recovery=self.recovery if recovery is None else recovery,
             batch_column=self.batch_column,
+            on_bad_value=self.on_bad_value,
+            quarantine_values=self.quarantine_values,
         )
 
 
@@ -382,34 +390,35 @@ def _validated_section(
     return table
 
 
+_INT64_MAX = 2**63 - 1  # the largest integer a SQL engine holds
+_WEEK = 7 * 24 * 3600
+# The numeric kinds: (integers only, lowest, highest), both included. One check for all.
+_NUMBERS: Mapping[str, tuple[bool, int, int]] = {
+    "positive": (True, 1, MAX_CHUNK_ROWS),  # rows held in memory per chunk, or per range
+    "count": (True, 0, MAX_GATE_ROWS),  # a row-count gate (2**63 - 1)
+    "lag": (False, 0, _INT64_MAX),  # cursor units: at most an integer cursor's whole range
+    "seconds": (False, int(MIN_LEASE_SECONDS), _WEEK),  # a lease, renewed every sixth of it
+}
+
+
+def _check_number(key: str, kind: str, value: Any) -> None:
+    """A number of the kind's type within its range (``_NUMBERS``): a boolean, a float for an
+    integer, NaN and the infinities (``1e400``) are refused with the range."""
+    integer, low, high = _NUMBERS[kind]
+    what = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
+        raise _invalid(key, f"must be {what}, not {_toml_type(value)}")
+    if not low <= value <= high:  # NaN is within no range
+        raise _invalid(key, f"must be {what} from {low:,} to {high:,}")
+
+
 def _check_value(key: str, kind: str, value: Any) -> None:
     if kind == "bool":
         if not isinstance(value, bool):
             raise _invalid(key, f"must be true or false, not {_toml_type(value)}")
         return
-    if kind == "seconds":
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _invalid(key, f"must be a number of seconds, not {_toml_type(value)}")
-        if not MIN_LEASE_SECONDS <= value < 7 * 24 * 3600:
-            raise _invalid(
-                key,
-                f"must be at least {MIN_LEASE_SECONDS:g} (the heartbeat renews the lease every "
-                "sixth of it) and less than a week",
-            )
-        return
-    if kind == "lag":
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _invalid(key, f"must be a number of cursor units, not {_toml_type(value)}")
-        if not 0 <= value < float("inf"):
-            raise _invalid(key, "must be 0 or more (and finite)")
-        return
-    if kind in ("positive", "count"):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise _invalid(key, f"must be an integer, not {_toml_type(value)}")
-        if kind == "positive" and not 1 <= value <= MAX_CHUNK_ROWS:
-            raise _invalid(key, f"must be a positive integer of at most {MAX_CHUNK_ROWS:,}")
-        if value < 0:
-            raise _invalid(key, "must not be negative")
+    if kind in _NUMBERS:
+        _check_number(key, kind, value)
         return
     if not isinstance(value, str):
         raise _invalid(key, f"must be a string, not {_toml_type(value)}")
@@ -448,6 +457,8 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
         on_null_cursor=sections["source"].get("on_null_cursor", "error"),
         recovery=sections.get("guard", {}).get("recovery", "manual"),
         batch_column=sections["target"].get("batch_column"),
+        on_bad_value=transfer.get("on_bad_value", "refuse"),
+        quarantine_values=transfer.get("quarantine_values", False),
     )
 
 

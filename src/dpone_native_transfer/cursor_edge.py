@@ -59,6 +59,7 @@ EDGE_ROWS_KEY = "edge_rows"
 MAX_EDGE_ROWS = 10_000  # digests kept per part of the record (range, NULLs): ~0.5 MB of state
 NULL_CURSOR_POLICIES = ("error", "load_once")
 _LAG_KINDS = frozenset({"integer", "real", "date", "timestamp"})
+_INT64_MIN = -(2**63)  # the lowest integer SQLite and PostgreSQL hold
 
 Seen = Counter  # (cursor value, row digest) -> how many such rows the route loaded
 
@@ -95,7 +96,8 @@ def lag_since(upto: Any, lag: float, kind: str | None) -> Any:
     if not lag:
         return upto
     if kind in ("integer", "real") and isinstance(upto, int | float):
-        return upto - lag
+        since = upto - lag  # below the lowest SQL integer, a double: every engine binds one
+        return float(since) if isinstance(since, int) and since < _INT64_MIN else since
     if kind == "date" and isinstance(upto, str):
         return (datetime.date.fromisoformat(upto) - datetime.timedelta(days=lag)).isoformat()
     if kind == "timestamp" and isinstance(upto, str) and len(upto) >= 19:

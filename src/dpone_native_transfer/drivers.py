@@ -1,28 +1,53 @@
-"""The optional engine drivers, and the PostgreSQL connection settings stores and sources share.
+"""The optional engine drivers, the PostgreSQL connection settings stores and sources share,
+and what a server's refusal means (``ServerFailure``).
 
 The core needs only pluggy and attrs: each driver is an extra, imported when a
 connector or store first connects, so a missing one is a ``ConfigInvalid``
 naming the extra to install, never an ``ImportError``.
+
+A driver error that means the server (or a file) cannot be used is classified here, once,
+for every source, target and store: by the server's SQLSTATE (ClickHouse: its error code),
+the driver's exception class or an ``OSError``'s errno, never by the driver's text, which
+may hold the host, the user, the database or SQL. The class decides the exit code: the
+login, the database or a privilege is wrong (exit 2: fix the configuration, a retry cannot
+help), or the server is down, busy or restarting (exit 1: a retry may succeed).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
+import functools
 import importlib
 import os
+import re
+import selectors
+import sys
+import time
+from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
-from .errors import ConfigInvalid
+import attrs
+
+from .errors import AccessRefused, ConfigInvalid, NativeTransferError, with_driver_error
 
 __all__ = [
     "CONNECT_TIMEOUT_SECONDS",
     "EXTRAS",
     "POSTGRES_SCHEMES",
+    "ServerFailure",
+    "clickhouse_failure",
+    "file_failure",
     "import_driver",
     "install_hint",
     "postgres_connect",
+    "postgres_failure",
     "resolve_env",
 ]
+
+_E = TypeVar("_E", bound=NativeTransferError)
 
 # the module each optional extra installs
 EXTRAS = {"psycopg": "postgres", "duckdb": "duckdb", "chdb": "clickhouse"}
@@ -48,12 +73,118 @@ def import_driver(module: str, *, needed_by: str, key: str = "driver") -> Module
         ) from None
 
 
-def postgres_connect(driver: Any, dsn: str, *, what: str) -> Any:
+# --- what a failure means -------------------------------------------------------------------
+
+CONFIG_FAILURES = ("login_refused", "database_missing", "permission_denied")
+# kind: what the message says it is
+_REASONS = {
+    "login_refused": "the server refused the login: authentication failed (a wrong password, "
+    "an unknown user, or a login the server does not accept from here)",
+    "database_missing": "the database does not exist",
+    "permission_denied": "permission denied: the login (or this process) lacks a privilege it "
+    "needs",
+    "unreachable": "the server cannot be reached: it is down, refused the connection, or its "
+    "host is unknown",
+    "timed_out": "the connection timed out",
+    "too_many_connections": "the server has too many connections (its own limit, the "
+    "login's or the database's)",
+    "server_unavailable": "the server is starting up, shutting down or in recovery",
+    "connection_failed": "the connection failed or was lost",
+}
+
+
+@attrs.frozen
+class ServerFailure:
+    """What a driver error means: its ``kind`` (a key of ``_REASONS``) and the server's code.
+
+    ``retry`` says whether a retry may succeed; the three ``CONFIG_FAILURES`` kinds need
+    the configuration fixed first (exit 2). ``cause`` is the driver's own exception, kept
+    for ``--traceback`` alone (``errors.with_driver_error``).
+    """
+
+    kind: str
+    sqlstate: str | None = None
+    clickhouse_code: int | None = None
+    cause: BaseException | None = attrs.field(default=None, eq=False, repr=False)
+
+    @property
+    def retry(self) -> bool:
+        return self.kind not in CONFIG_FAILURES
+
+    def diagnostics(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"failure": self.kind}
+        if self.sqlstate:
+            found["sqlstate"] = self.sqlstate
+        if self.clickhouse_code is not None:
+            found["clickhouse_code"] = self.clickhouse_code
+        return found
+
+    def error(
+        self,
+        subject: str,
+        *,
+        retry: type[NativeTransferError],
+        refused: type[_E],
+        diagnostics: Mapping[str, Any],
+        fix: str,
+        nothing_written: bool = True,
+    ) -> NativeTransferError:
+        """The caller's error for this failure: ``retry`` (exit 1) or ``refused`` (an
+        ``AccessRefused``, exit 2), its message ``subject: reason; [nothing was written;]
+        what to do`` (``fix``: what to fix when a retry cannot help), its diagnostics
+        ``diagnostics`` plus the failure's kind and code."""
+        if not issubclass(refused, AccessRefused):
+            raise TypeError(f"{refused.__name__} is not an AccessRefused")
+        advice = "a retry may succeed" if self.retry else f"{fix}, then run again (a retry "
+        advice += "" if self.retry else "alone cannot succeed)"
+        written = "nothing was written; " if nothing_written else ""
+        cls = retry if self.retry else refused
+        error = cls(
+            f"{subject}: {_REASONS[self.kind]}; {written}{advice}",
+            diagnostics={**diagnostics, **self.diagnostics()},
+        )
+        return error if self.cause is None else with_driver_error(error, self.cause)
+
+
+def _sqlstate_kind(sqlstate: str) -> str:
+    if sqlstate.startswith("28"):  # invalid_authorization_specification, invalid_password
+        return "login_refused"
+    if sqlstate == "3D000":  # invalid_catalog_name
+        return "database_missing"
+    if sqlstate == "42501":  # insufficient_privilege
+        return "permission_denied"
+    if sqlstate == "53300":  # too_many_connections
+        return "too_many_connections"
+    if sqlstate in ("57P01", "57P02", "57P03"):  # admin/crash shutdown, cannot_connect_now
+        return "server_unavailable"
+    if sqlstate == "08001":  # sqlclient_unable_to_establish_sqlconnection
+        return "unreachable"
+    return "connection_failed"
+
+
+def postgres_failure(driver: Any, exc: BaseException) -> ServerFailure | None:
+    """What a psycopg error raised on an open connection means; None when it is not about
+    the connection, the login or a privilege (a bad query, a constraint: the caller's own).
+    """
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate:
+        kind = _sqlstate_kind(sqlstate)
+        known = kind != "connection_failed" or sqlstate.startswith(("08", "57P"))
+        return ServerFailure(kind, sqlstate, cause=exc) if known else None
+    if isinstance(exc, driver.OperationalError):  # no SQLSTATE: the connection broke
+        return ServerFailure("connection_failed", cause=exc)
+    return None
+
+
+def postgres_connect(
+    driver: Any, dsn: str, *, what: str, failed: Callable[[ServerFailure], NativeTransferError]
+) -> Any:
     """Connect to ``dsn`` outside autocommit, with a connect timeout unless the DSN sets one.
 
     A DSN the driver cannot parse is ``ConfigInvalid`` naming ``what`` (the
-    parser's message quotes the DSN, password included, so it is dropped); the
-    driver's own connection errors are raised for the caller to translate.
+    parser's message quotes the DSN, password included, so it is dropped). A
+    connection that fails is ``failed(failure)``, raised with nothing chained:
+    ``_connect_failure`` says what it means.
     """
     params = None
     if isinstance(dsn, str):
@@ -64,7 +195,179 @@ def postgres_connect(driver: Any, dsn: str, *, what: str) -> Any:
     if params is None:
         raise ConfigInvalid(f"the {what} DSN cannot be parsed", diagnostics={"key": "dsn"})
     extra = {} if "connect_timeout" in params else {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
-    return driver.connect(dsn, autocommit=False, **extra)
+    try:
+        return driver.connect(dsn, autocommit=False, **extra)
+    except driver.Error as exc:
+        caught = exc
+    raise failed(_connect_failure(driver, caught, params, extra))
+
+
+def _connect_failure(
+    driver: Any, exc: BaseException, params: dict[str, Any], extra: dict[str, Any]
+) -> ServerFailure:
+    """What a failed ``driver.connect`` means.
+
+    psycopg (libpq) gives a login the server refused no SQLSTATE: only its message holds
+    what the server said, in the server's language, beside the user and database names.
+    So the server is asked once more by ``_refusal_sqlstate``, with libpq reporting the
+    SQLSTATE alone. The driver's class tells a timeout; no attempt at all (an unknown
+    host) is unreachable; a server that wanted a password the DSN lacks refused the login.
+    """
+    timeout = getattr(driver.errors, "ConnectionTimeout", None)
+    if timeout is not None and isinstance(exc, timeout):
+        return ServerFailure("timed_out", cause=exc)
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate:
+        return ServerFailure(_sqlstate_kind(sqlstate), sqlstate, cause=exc)
+    if not isinstance(exc, driver.OperationalError):
+        return ServerFailure("connection_failed", cause=exc)
+    pgconn = getattr(exc, "pgconn", None)
+    if pgconn is None:  # no connection was attempted: the host name did not resolve
+        return ServerFailure("unreachable", cause=exc)
+    if getattr(pgconn, "needs_password", False):
+        return ServerFailure("login_refused", cause=exc)
+    seconds = float(params.get("connect_timeout") or extra.get("connect_timeout") or 0)
+    conninfo = driver.conninfo.make_conninfo("", **{**params, **extra})
+    try:
+        answer = _refusal_sqlstate(driver.pq, conninfo, seconds if seconds > 0 else None)
+    except Exception:  # asking is a diagnosis only: it never replaces the failure
+        answer = None
+    if answer == "":
+        return ServerFailure("unreachable", cause=exc)
+    if answer == _TIMED_OUT:
+        return ServerFailure("timed_out", cause=exc)
+    if answer is None:  # could not ask, or let in the second time: a passing failure
+        return ServerFailure("connection_failed", cause=exc)
+    return ServerFailure(_sqlstate_kind(answer), answer, cause=exc)
+
+
+_PQERRORS_SQLSTATE = 3  # libpq's PGVerbosity: an error's severity and SQLSTATE, no text
+_TIMED_OUT = "timed out"
+# libpq's text of a server's error in that verbosity ends "SEVERITY:  SQLSTATE"
+_SQLSTATE_LINE = re.compile(r":  ([0-9A-Z]{5})$")
+
+
+def _refusal_sqlstate(pq: Any, conninfo: str, seconds: float | None) -> str | None:
+    """Connect once more with libpq set to report a server's error by its SQLSTATE alone;
+    the SQLSTATE the server refused with, "" when no server answered, ``_TIMED_OUT``, or
+    None (no libpq to ask, or the server let the login in this time).
+
+    The message read here has no text of the server's, so no user, database or password:
+    only libpq's own "connection to server at HOST failed:" before the SQLSTATE.
+    """
+    verbosity = _error_verbosity_setter(pq)
+    if verbosity is None:
+        return None
+    conn = pq.PGconn.connect_start(conninfo.encode())
+    try:
+        verbosity(conn.pgconn_ptr, _PQERRORS_SQLSTATE)
+        deadline = None if seconds is None else time.monotonic() + seconds
+        with selectors.DefaultSelector() as waiting:  # not select(): any descriptor number
+            while conn.status != pq.ConnStatus.BAD:
+                status = conn.connect_poll()
+                if status == pq.PollingStatus.OK:
+                    return None
+                if status == pq.PollingStatus.FAILED:
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return _TIMED_OUT
+                reading = status == pq.PollingStatus.READING
+                key = waiting.register(
+                    conn.socket, selectors.EVENT_READ if reading else selectors.EVENT_WRITE
+                )
+                waiting.select(left)
+                waiting.unregister(key.fileobj)
+        lines = conn.error_message.decode("utf-8", "replace").splitlines()
+    finally:
+        conn.finish()
+    found = [match.group(1) for line in lines if (match := _SQLSTATE_LINE.search(line.rstrip()))]
+    return found[-1] if found else ""
+
+
+@functools.cache
+def _error_verbosity_setter(pq: Any) -> Callable[[int, int], int] | None:
+    """libpq's ``PQsetErrorVerbosity``, from the very libpq psycopg runs on, or None.
+
+    psycopg does not wrap it. A compiled psycopg (``binary``, ``c``) links libpq, so the
+    symbol is looked up through the compiled module itself; the ``python`` one loaded libpq
+    with ctypes. A libpq of another version than psycopg's is never used on its connections.
+    """
+    try:
+        module = sys.modules[pq.PGconn.__module__]
+        if pq.__impl__ == "python":
+            library = sys.modules["psycopg.pq._pq_ctypes"].pq
+        else:
+            library = ctypes.CDLL(module.__file__)
+        setter, version = library.PQsetErrorVerbosity, library.PQlibVersion
+    except (AttributeError, KeyError, OSError, TypeError):
+        return None
+    version.restype, version.argtypes = ctypes.c_int, ()
+    if version() != pq.version():
+        return None
+    setter.restype, setter.argtypes = ctypes.c_int, (ctypes.c_void_p, ctypes.c_int)
+    return setter
+
+
+# ClickHouse's error codes (its ``ErrorCodes.cpp``) that mean the login, the database or a
+# privilege is wrong, or that the server is busy
+_CLICKHOUSE_CODES = {
+    81: "database_missing",  # UNKNOWN_DATABASE
+    192: "login_refused",  # UNKNOWN_USER
+    193: "login_refused",  # WRONG_PASSWORD
+    194: "login_refused",  # REQUIRED_PASSWORD
+    516: "login_refused",  # AUTHENTICATION_FAILED
+    497: "permission_denied",  # ACCESS_DENIED
+    202: "too_many_connections",  # TOO_MANY_SIMULTANEOUS_QUERIES
+    209: "timed_out",  # SOCKET_TIMEOUT
+    210: "unreachable",  # NETWORK_ERROR
+}
+
+
+def clickhouse_failure(exc: BaseException) -> ServerFailure | None:
+    """What a clickhouse-connect error means, by its ``code`` (the server's, which the driver
+    reads from the ``X-ClickHouse-Exception-Code`` header) and its class; None when it is not
+    about the connection, the login or a privilege."""
+    module = sys.modules.get("clickhouse_connect.driver.exceptions")
+    if module is None or not isinstance(exc, module.Error):
+        return None
+    code = getattr(exc, "code", None)
+    if isinstance(code, int) and code in _CLICKHOUSE_CODES:
+        return ServerFailure(_CLICKHOUSE_CODES[code], clickhouse_code=code, cause=exc)
+    if isinstance(exc, module.OperationalError) and code is None:  # no answer: the network
+        return ServerFailure("unreachable", cause=exc)
+    return None
+
+
+def file_failure(path: str, *, writing: bool) -> ServerFailure | None:
+    """Permission denied on ``path`` (a file, or a folder such as chDB's data path), asked of
+    the operating system after an engine could not open it: the same class as a server's
+    refused privilege (exit 2). ``writing``: the folder must let this process make files
+    too (a journal, a WAL). None when it may be opened, or is missing."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if writing and os.path.isdir(folder) and not _may(folder, os.W_OK | os.X_OK):
+        return ServerFailure("permission_denied")
+    if os.path.isdir(path):
+        mode = os.R_OK | os.X_OK | (os.W_OK if writing else 0)
+        return None if _may(path, mode) else ServerFailure("permission_denied")
+    try:
+        os.close(os.open(path, os.O_RDWR if writing else os.O_RDONLY))
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            return ServerFailure("permission_denied", cause=exc)
+    return None
+
+
+def _may(folder: str, mode: int) -> bool:
+    """Whether this process may use ``folder`` so; a read-only mount (EROFS: the disk, not a
+    permission, and it may be remounted) counts as allowed here."""
+    if os.access(folder, mode):
+        return True
+    read_only = getattr(os, "ST_RDONLY", 0)
+    with contextlib.suppress(OSError, AttributeError):
+        if os.statvfs(folder).f_flag & read_only and os.access(folder, mode & ~os.W_OK):
+            return True
+    return False
 
 
 def resolve_env(location: str, *, argument: str) -> str:

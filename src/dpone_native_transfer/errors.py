@@ -10,14 +10,16 @@ responses or the text of another exception.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from .checkpoints import RouteKey
     from .lease import LeaseHolder
 
 __all__ = [
+    "AccessRefused",
     "CheckpointPayloadInvalid",
+    "CheckpointStoreAccessRefused",
     "CheckpointStoreCorrupt",
     "CheckpointStoreUnavailable",
     "ClockInvalid",
@@ -26,6 +28,7 @@ __all__ = [
     "GovernanceGateFailed",
     "ArtifactInvalid",
     "InternalInvariantBroken",
+    "LeaseFenced",
     "LeaseLost",
     "ManualReconciliationRequired",
     "NativeTransferError",
@@ -35,10 +38,12 @@ __all__ = [
     "RouteDefinitionChanged",
     "SchemaChanged",
     "RouteBusy",
+    "SourceAccessRefused",
     "SourceInvalid",
     "SourceMissing",
     "StoreClosed",
     "StoreTargetMismatch",
+    "TargetAccessRefused",
     "TargetRowsMismatch",
     "TargetRowsUnproven",
     "TargetCommitGuardInvalid",
@@ -47,7 +52,11 @@ __all__ = [
     "TargetVersionUnsupported",
     "ValueUnsupported",
     "WorkFolderFailed",
+    "driver_error",
+    "with_driver_error",
 ]
+
+_E = TypeVar("_E", bound="NativeTransferError")
 
 
 class NativeTransferError(Exception):
@@ -65,8 +74,30 @@ class NativeTransferError(Exception):
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled (to a worker process, a result backend) as made: the message once, the
-        diagnostics kept, whatever the subclass's constructor takes."""
-        return (_rebuilt, (type(self), self.message, self.diagnostics), self.__dict__)
+        diagnostics kept, whatever the subclass's constructor takes; never the driver's error
+        that ``with_driver_error`` kept, whose text may hold a host, a user or SQL."""
+        state = {key: value for key, value in self.__dict__.items() if key != _DRIVER_ERROR}
+        return (_rebuilt, (type(self), self.message, self.diagnostics), state)
+
+
+_DRIVER_ERROR = "_driver_error"
+
+
+def with_driver_error(error: _E, driver: BaseException) -> _E:
+    """``error``, keeping the driver's own exception it was made from for ``--traceback`` alone.
+
+    Not as ``__cause__`` or ``__context__``: every traceback (Airflow's task log too) prints
+    the chain, and the driver's text may hold the host, the user, the database or SQL. It is
+    not pickled either. ``driver_error`` gives it back.
+    """
+    setattr(error, _DRIVER_ERROR, driver)
+    return error
+
+
+def driver_error(error: BaseException) -> BaseException | None:
+    """The driver's exception ``with_driver_error`` kept on ``error``, if any."""
+    found = getattr(error, _DRIVER_ERROR, None)
+    return found if isinstance(found, BaseException) else None
 
 
 def _rebuilt(cls: type[NativeTransferError], message: str, diagnostics: dict[str, Any]) -> Any:
@@ -100,13 +131,28 @@ class CheckpointStoreCorrupt(NativeTransferError):
 
 
 class CheckpointStoreUnavailable(NativeTransferError):
-    """The checkpoint store's server cannot be reached, refused the credentials, or went away.
+    """The checkpoint store cannot be used now: its server cannot be reached, is busy or went
+    away, or its file is locked, full or read-only (exit 1). A server that refused the login,
+    the database or a privilege is the subclass ``CheckpointStoreAccessRefused`` (exit 2).
 
     Its message and diagnostics never hold the DSN, host, user, password or the
     driver's text: a DSN carries credentials.
     """
 
     code = "native_transfer_checkpoint_store_unavailable"
+
+
+class AccessRefused(Exception):  # noqa: N818 - a marker, like the errors it marks
+    """A server (or a file) refused this login: authentication failed, the database does not
+    exist, or the login lacks a privilege it needs. A configuration mistake a retry cannot
+    fix (exit 2): the errors it marks keep their component's code (``SourceAccessRefused``,
+    ``TargetAccessRefused``, ``CheckpointStoreAccessRefused``), and their diagnostics name the
+    ``failure`` and the server's ``sqlstate`` (or ``clickhouse_code``), never its text."""
+
+
+class CheckpointStoreAccessRefused(CheckpointStoreUnavailable, AccessRefused):
+    """The checkpoint store's server refused the login or a privilege (exit 2). Same code as
+    ``CheckpointStoreUnavailable``."""
 
 
 class ClockInvalid(NativeTransferError):
@@ -130,6 +176,11 @@ class SourceInvalid(NativeTransferError):
 class SourceMissing(SourceInvalid):
     """The source file, table or a named column does not exist: a configuration mistake that
     a retry cannot fix (exit 2). Same code as ``SourceInvalid``."""
+
+
+class SourceAccessRefused(SourceInvalid, AccessRefused):
+    """The source's server refused the login, has no such database, or the login may not read
+    the table (exit 2). Same code as ``SourceInvalid``."""
 
 
 class ValueUnsupported(SourceInvalid):
@@ -177,6 +228,11 @@ class TargetVersionUnsupported(ConfigInvalid):
     applied = False  # raised only before the engine opened the target
 
 
+class TargetAccessRefused(TargetUnavailable, AccessRefused):
+    """The target's server refused the login, has no such database, or the login lacks a
+    privilege (exit 2); nothing was written. Same code as ``TargetUnavailable``."""
+
+
 class PluginLoadFailed(NativeTransferError):
     """An entry-point plugin could not be loaded or implements an unknown hook."""
 
@@ -196,13 +252,27 @@ class RouteBusy(NativeTransferError):
 
     @classmethod
     def held_by(cls, route: RouteKey, holder: LeaseHolder | None) -> RouteBusy:
-        who = (
-            "another attempt"
-            if holder is None
-            else f"{holder.owner} (run {holder.run_id}, route "
-            f"{holder.route.get('source_table')} -> {holder.route.get('target_table')}) "
-            f"since {holder.acquired_at}, last heartbeat {holder.heartbeat_at}"
-        )
+        """Named by its holder: who, since when, whether it is alive, and when it expires."""
+        if holder is None:
+            who = "another attempt"
+        else:
+            process = holder.process
+            if process is None:
+                alive = "its process is unknown (an older release)"
+            elif process.on_this_machine():
+                alive = (
+                    "its process on this machine is gone"
+                    if process.gone()
+                    else "its process on this machine is alive (running, or paused)"
+                )
+            else:
+                alive = "it runs on another machine"
+            who = (
+                f"{holder.owner} (run {holder.run_id}, route "
+                f"{holder.route.get('source_table')} -> {holder.route.get('target_table')}) "
+                f"since {holder.acquired_at}, last heartbeat {holder.heartbeat_at}; {alive}; "
+                f"its lease expires at {holder.expires_at} unless its heartbeat renews it"
+            )
         return cls(
             f"target table {route.target_table!r} is being written by {who}; "
             "nothing was read or written; retry when that attempt has ended",
@@ -215,27 +285,36 @@ class RouteBusy(NativeTransferError):
 
 class LeaseLost(RouteBusy):
     """The attempt no longer holds its target table's lease (it was paused past it, or the
-    store was unreachable), so another attempt may hold it: it stopped where it noticed,
-    having armed nothing, or was refused by the target's fence inside its own transaction
-    (nothing applied). The route is not blocked by it; a retry may succeed (exit 1)."""
+    store was unreachable), so another attempt may hold it: the store refused its write, or
+    it noticed before its target call, and it stopped. It does not say whether a target call
+    it made had committed (``applied`` None): if so, its batch stays armed and the next run
+    proves it from the target's ledger. A retry may succeed (exit 1)."""
 
     code = "native_transfer_lease_lost"
-    applied: ClassVar[bool | None] = False
 
     @classmethod
     def lost(cls, route: RouteKey) -> LeaseLost:
         return cls(
             f"the lease on target table {route.target_table!r} was lost (the worker was "
             "paused past it or the store was unreachable) and another attempt may hold it; "
-            "this attempt applied nothing to the target and stopped; a retry may succeed",
+            "this attempt stopped without writing to the checkpoint store (a target call it "
+            "had committed stays armed, and the next run proves it from the target's "
+            "ledger); a retry may succeed",
             diagnostics={"route": route.as_dict(), "lease": "lost"},
         )
 
+
+class LeaseFenced(LeaseLost):
+    """The target's fence refused the batch inside its own transaction: a newer holder of the
+    lease reached the target first. The sink rolled back: nothing was applied (exit 1)."""
+
+    applied: ClassVar[bool | None] = False
+
     @classmethod
-    def fenced(cls, target_table: str, batch_id: str) -> LeaseLost:
+    def fenced(cls, target_table: str, batch_id: str) -> LeaseFenced:
         return cls(
             f"target table {target_table!r} refused this batch: a newer holder of its lease "
-            "reached the target first (this worker was paused past its lease); the load was "
+            "reached the target first (this worker was paused past it); the load was "
             "rolled back and applied nothing; a retry may succeed",
             diagnostics={"target_table": target_table, "batch_id": batch_id, "lease": "fenced"},
         )

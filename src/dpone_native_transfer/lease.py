@@ -106,6 +106,9 @@ class LeaseTable(Protocol):
     def holder(self, key: str, now: float) -> str | None:
         """The record of the unexpired holder of ``key``, or None."""
 
+    def holders(self, now: float) -> list[str]:
+        """The records of every unexpired lease (``routes`` lists a route that only runs)."""
+
     def close(self) -> None: ...
 
 

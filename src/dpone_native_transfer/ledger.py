@@ -22,10 +22,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .audit import malformed_audit
 from .checkpoints import (
     LEDGER_BATCH_KEY,
     PartitionCheckpoint,
@@ -35,8 +36,11 @@ from .checkpoints import (
     _is_json_safe,
     batch_id_for,
 )
-from .errors import LeaseLost, StoreTargetMismatch, TargetRowsMismatch
+from .errors import LeaseFenced, StoreTargetMismatch, TargetRowsMismatch
 from .latest import LatestCheckpoints
+
+if TYPE_CHECKING:
+    from .rejects import Reject
 from .reporting import plural
 
 __all__ = [
@@ -52,6 +56,7 @@ __all__ = [
     "check_ledger_columns",
     "check_store_against_target",
     "fence_batch",
+    "fence_first",
     "read_fence",
     "excused_batches",
     "ledger_query",
@@ -103,6 +108,8 @@ class LedgerEntry:
     seq: int = 0
     epoch: int | None = None  # the lease epoch the target's fence checked (None: no fence)
     sent: int | None = attrs.field(default=None, eq=False)  # rows handed to the target call
+    rejected: int = 0  # rows set aside (``on_bad_value = "quarantine"``), written with the batch
+    rejects: tuple[Reject, ...] = attrs.field(default=(), eq=False)  # them, to write
     definition: dict[str, Any] | None = None  # the route definition (``planner``) it used
     excused: tuple[str, ...] = ()  # earlier batches operators said the table no longer holds
 
@@ -148,15 +155,22 @@ class LedgerEntry:
         )
 
     def with_counts(
-        self, candidates: Sequence[PartitionCheckpoint], *, sent: int | None = None
+        self,
+        candidates: Sequence[PartitionCheckpoint],
+        *,
+        sent: int | None = None,
+        rejects: Sequence[Reject] = (),
     ) -> LedgerEntry:
-        """The same entry with the partitions' rows as extraction counted them, and the rows
-        the target call is handed (None when the engine reads them itself: lazy-plan)."""
+        """The same entry with the partitions' rows as extraction counted them, the rows the
+        target call is handed (None when the engine reads them itself: lazy-plan) and the
+        rows set aside, which the call writes to the rejects table."""
         rows = {cp.partition_id: cp.rows_exported for cp in candidates}
         partitions = tuple(
             attrs.evolve(p, rows=rows.get(p.partition_id, p.rows)) for p in self.partitions
         )
-        return attrs.evolve(self, partitions=partitions, sent=sent)
+        return attrs.evolve(
+            self, partitions=partitions, sent=sent, rejects=tuple(rejects), rejected=len(rejects)
+        )
 
     @property
     def label(self) -> str:
@@ -190,6 +204,7 @@ class LedgerEntry:
             "epoch": self.epoch,
             "definition": self.definition,
             "excused": sorted(self.excused),
+            "rejected": self.rejected,
         }
         partitions = [[p.partition_id, p.bounds, p.rows] for p in self.partitions]
         return (
@@ -209,7 +224,7 @@ class LedgerEntry:
             listed = [] if partitions is None else json.loads(partitions)
             version = fields.pop("format")
             if version == _V1_FORMAT and set(fields) == _V1_KEYS:
-                fields.update(epoch=None, definition=None, excused=[])
+                fields.update(epoch=None, definition=None, excused=[], rejected=0)
             elif version != LEDGER_FORMAT or set(fields) != _ENTRY_KEYS:
                 raise ValueError("unknown ledger format")
             if not (_is_json_safe(fields) and isinstance(listed, list)):
@@ -238,6 +253,7 @@ class LedgerEntry:
                 epoch=None if fields["epoch"] is None else _count(fields["epoch"]),
                 definition=_optional_mapping(fields["definition"]),
                 excused=tuple(_text(batch) for batch in _list(fields["excused"])),
+                rejected=_count(fields["rejected"]),
             )
         except (TypeError, ValueError, KeyError, AttributeError, RecursionError):
             raise StoreTargetMismatch(
@@ -263,7 +279,7 @@ _V1_KEYS = frozenset(
         "partition_count",
     }
 )
-_ENTRY_KEYS = _V1_KEYS | {"epoch", "definition", "excused"}
+_ENTRY_KEYS = _V1_KEYS | {"epoch", "definition", "excused", "rejected"}
 
 
 def _text(value: Any) -> str:
@@ -391,8 +407,19 @@ def fence_batch(
         query(make, ())
     found = query(select, (entry.target_table,))
     if found and found[0][0] > entry.epoch:
-        raise LeaseLost.fenced(entry.target_table, entry.batch_id)
+        raise LeaseFenced.fenced(entry.target_table, entry.batch_id)
     query(upsert, (entry.target_table, entry.epoch))
+
+
+def fence_first(query: Query, entry: LedgerEntry | None, *, table: str, marker: str) -> None:
+    """At the start of the load's transaction, where the fence table exists: refuse at once a
+    batch a newer holder's epoch already passed (``LeaseFenced``), before the load fails on
+    what that holder changed (a stage it consumed). ``fence_batch`` still decides, at its end.
+    """
+    if entry is None or entry.epoch is None:
+        return
+    if read_fence(query, entry.target_table, table=table, marker=marker) > entry.epoch:
+        raise LeaseFenced.fenced(entry.target_table, entry.batch_id)
 
 
 def read_fence(query: Query, target_table: str, *, table: str, marker: str) -> int:
@@ -718,7 +745,8 @@ def ledger_overrides(store: Any, route: RouteKey, *, gone: bool = False) -> set[
 
     Read from every route of the store writing ``route``'s target table; a
     store without audit records has none. ``gone``: only those whose rows the
-    table no longer holds, so not a ``state reset --from-now``'s (it keeps them).
+    table no longer holds, so not a ``state reset --from-now``'s (it keeps them). A
+    malformed record is ``CheckpointStoreCorrupt``: which batches it lets through is unknown.
     """
     if not (hasattr(store, "list_routes") and hasattr(store, "list_audit")):
         return set()
@@ -728,9 +756,10 @@ def ledger_overrides(store: Any, route: RouteKey, *, gone: bool = False) -> set[
         if (other.target_location, other.target_table) != target:
             continue
         for record in store.list_audit(other):
-            batches = record.get("ledger_overrides")
-            if isinstance(batches, list) and not (gone and record.get("from_now")):
-                found.update(batch for batch in batches if isinstance(batch, str))
+            if (malformed := malformed_audit(other, record)) is not None:
+                raise malformed
+            if not (gone and record.get("from_now")):
+                found.update(record.get("ledger_overrides", ()))
     return found
 
 

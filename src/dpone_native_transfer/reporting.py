@@ -7,16 +7,23 @@ operator acts (retrying will not help).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+import attrs
+
 from .checkpoints import Strategy
 from .errors import (
+    AccessRefused,
     ConfigInvalid,
     ManualReconciliationRequired,
+    NativeTransferError,
     SourceMissing,
     StoreTargetMismatch,
     TargetCommitGuardInvalid,
@@ -32,6 +39,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BLOCKING_ERRORS",
+    "ROUTE_FILE",
+    "STORE",
+    "Named",
+    "Reached",
     "EXIT_BLOCKED",
     "EXIT_CONFIG",
     "EXIT_FAILED",
@@ -39,8 +50,9 @@ __all__ = [
     "EXIT_OK",
     "EXIT_TERMINATED",
     "PROG",
-    "confirmed",
+    "declined",
     "exit_code_for",
+    "failure_lines",
     "plural",
     "progress_lines",
     "progress_logger",
@@ -64,6 +76,131 @@ BLOCKING_ERRORS = (
 
 SHOWN_ITEMS = 5  # list items a printed diagnostics line keeps
 
+# What an error's suggested commands hold in place of what only the caller knows: the route
+# file and the store it was run with (``Named`` fills them in).
+ROUTE_FILE = "<route file>"
+STORE = "<checkpoint store>"
+# Operator commands that ask before they write: a scheduler's log suggests them with --yes.
+_ASKING = ("--operator NAME",)
+
+
+@attrs.frozen
+class Named:
+    """What the reader ran: the route file and store, to put into suggested commands, and
+    whether they read a scheduler's log (no terminal to confirm on: commands get ``--yes``).
+
+    ``store`` is shown only when it is a file or ``env:NAME``: a DSN may hold a password,
+    so then the placeholder stays (the route file's ``[store] path``).
+    """
+
+    route_file: str | None = None
+    store: str | None = None
+    scripted: bool = False
+
+    def fill(self, text: str) -> str:
+        if self.route_file is not None:
+            text = text.replace(ROUTE_FILE, shlex.quote(self.route_file))
+        if self.store is not None and "://" not in self.store:
+            text = text.replace(STORE, shlex.quote(_shown_path(self.store)))
+        if self.scripted:
+            for asking in _ASKING:
+                text = text.replace(asking, f"{asking} --yes")
+        return text
+
+
+def _shown_path(path: str) -> str:
+    """A file as the reader can type it: relative to the working folder when inside it."""
+    if path.startswith("env:") or not os.path.isabs(path):
+        return path
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
+FULL_DIAGNOSTICS = "(the full diagnostics: --json or --log-level debug)"
+
+
+def failure_lines(
+    error: BaseException, named: Named, *, full: bool = False, hint: str = FULL_DIAGNOSTICS
+) -> list[str]:
+    """What a person reads about a failed command, one line each: the code and message (its
+    commands naming the reader's route file and store); for a blocked route a line per blocked
+    batch, at most ``SHOWN_ITEMS``; and the diagnostics, cut to short lists, or whole with
+    ``full`` (``--json``, ``--log-level debug``). A blocked route's diagnostics list every
+    partition: only ``full`` shows them, so the one line a person needs stays on top."""
+    if not isinstance(error, NativeTransferError):  # its text may hold SQL, rows, secrets
+        return [f"error: transfer failed with {type(error).__name__}"]
+    lines = [f"error: {named.fill(str(error))}"]
+    if isinstance(error, BLOCKING_ERRORS):
+        lines += _blocked_lines(error.diagnostics)
+        if isinstance(error, ManualReconciliationRequired) and named.route_file is not None:
+            route = shlex.quote(named.route_file)
+            lines.append(
+                f"next: `{PROG} guard verify {route}` says what the target proves of each; "
+                f"`{PROG} run {route} --recovery from_target` resolves what it proves, audited"
+            )
+        if not full:
+            return [*lines, hint]
+    if full:
+        return [
+            *lines,
+            f"diagnostics: {json.dumps(error.diagnostics, sort_keys=True, default=str)}",
+        ]
+    short, cut = shortened(error.diagnostics)
+    lines.append(f"diagnostics: {json.dumps(short, sort_keys=True, default=str)}")
+    if cut:
+        lines.append(f"(lists cut to their first {SHOWN_ITEMS} items: --json shows all)")
+    return lines
+
+
+class Reached:
+    """How far a run got, from its events: what an interrupted run can say it left behind."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def saw(self, event: Event) -> None:
+        self.names.add(event.name)
+
+    def said(self) -> str:
+        if EventName.SOURCE_STATE_ADVANCED in self.names:
+            return "the run had finished; nothing is left to do"
+        if EventName.CHECKPOINTS_COMMITTED in self.names:
+            return (
+                "the target committed the batch and its checkpoints are promoted; the next run "
+                "closes the generation without loading it again"
+            )
+        if EventName.TARGET_STARTED in self.names:
+            return (
+                "it stopped during or right after the target call, whose outcome is not "
+                "recorded: the route is blocked until it is reconciled (`dpone-transfer guard "
+                "verify`, or a run with --recovery from_target)"
+            )
+        return "it stopped before the target was called: nothing was written; a rerun is safe"
+
+
+def _blocked_lines(diagnostics: dict[str, Any]) -> list[str]:
+    """One line per blocked batch (or malformed partition, or disagreeing batch)."""
+    items: dict[str, list[str]] = {}
+    for part in diagnostics.get("partitions", []):
+        if not isinstance(part, dict):
+            continue
+        if part.get("problem"):
+            items[f"partition {part.get('partition_id')}"] = [f"malformed: {part['problem']}"]
+            continue
+        batch = f"batch {part.get('batch_id')}"
+        items.setdefault(batch, []).append(str(part.get("phase")))
+    for batch in diagnostics.get("batch_ids", []) if not items else ():
+        items[f"batch {batch}"] = []
+    lines = [f"  mismatch: {diagnostics['mismatch']}"] if diagnostics.get("mismatch") else []
+    for name, phases in list(items.items())[:SHOWN_ITEMS]:
+        counted = ", ".join(f"{phases.count(p)} {p}" for p in sorted(set(phases)))
+        lines.append(
+            f"  {name}" + (f": {plural(len(phases), 'partition')} ({counted})" if phases else "")
+        )
+    if len(items) > SHOWN_ITEMS:
+        lines.append(f"  ... and {len(items) - SHOWN_ITEMS} more")
+    return lines
+
 
 def shortened(diagnostics: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """Diagnostics fit for one line: each long list cut to its first items plus a count.
@@ -84,7 +221,9 @@ def shortened(diagnostics: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 
 
 def exit_code_for(error: BaseException) -> int:
-    if isinstance(error, ConfigInvalid | SourceMissing | ValueUnsupported | TargetRowsMismatch):
+    if isinstance(
+        error, ConfigInvalid | SourceMissing | ValueUnsupported | TargetRowsMismatch | AccessRefused
+    ):
         return EXIT_CONFIG
     if isinstance(error, BLOCKING_ERRORS):
         return EXIT_BLOCKED
@@ -106,8 +245,7 @@ def progress_lines(
     def listener(event: Event) -> None:
         if event.name == EventName.PARTITION_EXTRACTED:
             rows[0] += event.fields["rows"]
-            elapsed = max(clock() - start, 1e-9)
-            rate = f"{rows[0]:,} rows so far, {rows[0] / elapsed:,.0f} rows/s"
+            rate = f"{rows[0]:,} rows so far, {rate_of(rows[0], clock() - start)}"
             extracted = plural(event.fields["rows"], "row")
             line: str | None = f"{_partition(event)} extracted {extracted} ({rate})"
         elif event.name == EventName.PARTITION_PLANNED:
@@ -172,6 +310,12 @@ def _progress_line(event: Event) -> str | None:
     return None
 
 
+def rate_of(rows: int, seconds: float) -> str:
+    """``rows`` per second, readable at any speed: ``12,345 rows/s``, ``0.5 rows/s``."""
+    rate = rows / max(seconds, 1e-9)
+    return f"{rate:,.0f} rows/s" if rate >= 10 else f"{rate:.2g} rows/s"
+
+
 def plural(count: int, word: str) -> str:
     suffix = "es" if word.endswith(("ch", "sh", "s", "x")) else "s"
     return f"{count:,} {word}" + ("" if count == 1 else suffix)
@@ -180,7 +324,13 @@ def plural(count: int, word: str) -> str:
 def summary_line(config: RouteConfig, run_id: str, result: TransferResult, seconds: float) -> str:
     refreshed = config.strategy is Strategy.FULL_REFRESH and result.committed_partition_ids
     emptied = "the source is empty, so the target was emptied; " if refreshed else ""
-    rate = f", {result.rows_loaded / seconds:,.0f} rows/s" if result.rows_loaded and seconds else ""
+    rate = f", {rate_of(result.rows_loaded, seconds)}" if result.rows_loaded and seconds else ""
+    set_aside = (
+        f"; warning: {plural(result.rows_quarantined, 'row')} the target cannot hold exactly set "
+        f"aside (`{PROG} rejects show {ROUTE_FILE}`)"
+        if result.rows_quarantined
+        else ""
+    )
     return (
         (emptied if not result.rows_loaded else "")
         + f"committed {plural(len(result.committed_partition_ids), 'partition')}, "
@@ -189,6 +339,7 @@ def summary_line(config: RouteConfig, run_id: str, result: TransferResult, secon
         f"(route {config.label}, {config.strategy}, path {config.path}, run {run_id}"
         + ("" if result.guarded else ", UNGUARDED")
         + ")"
+        + set_aside
     )
 
 
@@ -204,6 +355,7 @@ def run_summary(
         "committed_partitions": len(result.committed_partition_ids),
         "skipped_partitions": len(result.skipped_partition_ids),
         "rows_loaded": result.rows_loaded,
+        "rows_quarantined": result.rows_quarantined,
         "batch_id": result.batch_id,
         "guarded": result.guarded,
         "seconds": round(seconds, 3),
@@ -211,10 +363,24 @@ def run_summary(
     }
 
 
-def confirmed(question: str) -> bool:
-    """Ask on stdin; anything but y/yes, an empty line or no stdin at all, is a no."""
+def declined(question: str, *, yes: bool) -> int | None:
+    """None when the operator confirmed (or passed ``--yes``), else the exit status, having
+    said why nothing was written: a no is 1; no answer at all, because stdin is closed or
+    empty (a script, a scheduler), is 2 with the ``--yes`` that such a caller needs."""
+    if yes:
+        return None
     print(f"{question} [y/N] ", end="", flush=True)
     answer = sys.stdin.readline() if sys.stdin is not None else ""
     if not (answer.endswith("\n") and sys.stdin.isatty()):
         print()  # the answer was not echoed: end the prompt line
-    return answer.strip().lower() in ("y", "yes")
+    if answer.strip().lower() in ("y", "yes"):
+        return None
+    if not answer:
+        print(
+            "nothing written: there was no answer to ask (stdin is closed or empty, as in a "
+            "script); repeat with --yes to write without asking",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+    print("nothing written", file=sys.stderr)
+    return EXIT_FAILED

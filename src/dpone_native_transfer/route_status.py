@@ -117,13 +117,47 @@ def status_line(status: dict[str, Any]) -> str:
         parts.append(f"watermark {status['watermark']!r}, generation {status['generation']}")
     if status["lease"] is not None:
         lease = status["lease"]
-        parts.append(f"lease held by {lease['owner']} (run {lease['run_id']})")
+        parts.append(
+            f"lease held by {lease['owner']} (run {lease['run_id']}), expires at "
+            f"{lease.get('expires_at', 'unknown')} unless renewed"
+        )
     return "; ".join(parts)
 
 
 def _print(statuses: list[dict[str, Any]], as_json: bool) -> None:
+    """One line per route, or one JSON array (``[]`` when the store holds none)."""
+    if as_json:
+        print(json.dumps(statuses, sort_keys=True, default=str))
+        return
+    if not statuses:
+        print("the store holds no route and no lease")
     for status in statuses:
-        print(json.dumps(status, sort_keys=True, default=str) if as_json else status_line(status))
+        print(status_line(status))
+
+
+def _leased_only(store: Any, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Routes the store knows only by a lease: their first run holds it now."""
+    if not isinstance(store, LeaseStore):
+        return []
+    table = store.lease_table()
+    try:
+        records = table.holders(datetime.now(UTC).timestamp())
+    finally:
+        table.close()
+    known = [status["route"] for status in listed]
+    found = []
+    for record in records:
+        holder = read_holder(record)
+        if holder is None or not holder.route or holder.route in known:
+            continue
+        known.append(holder.route)
+        found.append({
+            "route": holder.route, "source_location": None, "target_location": None,
+            "outcome": "never run", "blocked_by": None, "blocked_batches": {},
+            "last_success": None, "latest_run_id": None, "partitions": {},
+            "watermark": None, "generation": None, "lease": holder.as_dict(),
+        })  # fmt: skip
+    return found
 
 
 def add_routes_command(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -141,7 +175,7 @@ def add_routes_command(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="STORE",
         help="checkpoint store: a SQLite file, a postgresql:// DSN, or env:NAME",
     )
-    routes.add_argument("--json", action="store_true", help="one JSON object per route and line")
+    routes.add_argument("--json", action="store_true", help="one JSON array of routes")
     routes.set_defaults(handler=_routes_command)
 
 
@@ -149,7 +183,8 @@ def _routes_command(args: argparse.Namespace) -> int:
     store = open_store(args.store, create=False, argument="--store")
     try:
         hooks = Hooks(make_plugin_manager(None))
-        _print([route_status(store, route, hooks) for route in store.list_routes()], args.json)
+        statuses = [route_status(store, route, hooks) for route in store.list_routes()]
+        _print([*statuses, *_leased_only(store, statuses)], args.json)
     finally:
         store.close()
     return EXIT_OK

@@ -68,6 +68,7 @@ from .lease import (
     HeldStore,
     Lease,
     LeaseStore,
+    ProcessMark,
     check_lease_seconds,
     lease_key,
 )
@@ -93,6 +94,7 @@ from .planner import (
 )
 from .plugins import Hooks, make_plugin_manager, scans_routes
 from .recovery import Prover, TargetRecovery
+from .rejects import ON_BAD_VALUE
 from .schema_contract import SCHEMA_CONTRACTS, apply_schema_contract
 from .stores import CheckpointStore, RouteStateStore, TargetScopeStore
 
@@ -150,6 +152,14 @@ def _null_policy(_instance: Any, _attribute: attrs.Attribute, value: Any) -> Non
 RECOVERY_MODES = ("manual", "from_target")
 
 
+def _on_bad_value(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
+    if value not in ON_BAD_VALUE:
+        raise ConfigInvalid(
+            f"on_bad_value must be one of: {', '.join(ON_BAD_VALUE)}",
+            diagnostics={"key": "transfer.on_bad_value"},
+        )
+
+
 def _batch_column(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
     if value is not None and (not isinstance(value, str) or not value.strip() or "\x00" in value):
         raise ConfigInvalid(
@@ -192,6 +202,9 @@ class TransferSpec:
     recovery: str = attrs.field(default="manual", validator=_recovery)
     # a column of the target that holds each row's batch id (None: none); row paths only
     batch_column: str | None = attrs.field(default=None, validator=_batch_column)
+    # "quarantine": a row the target cannot hold exactly goes to _dpone_rejects, not a stop
+    on_bad_value: str = attrs.field(default="refuse", validator=_on_bad_value)
+    quarantine_values: bool = False  # the rejects table keeps the refused value (repr) too
 
     def __attrs_post_init__(self) -> None:
         if self.batch_column is not None and self.path == "lazy-plan":
@@ -199,6 +212,12 @@ class TransferSpec:
                 "batch_column needs dpone to read the rows (legacy, staged or file-artifact): "
                 "on lazy-plan the target's engine reads them itself",
                 diagnostics={"key": "target.batch_column"},
+            )
+        if self.on_bad_value == "quarantine" and not self.ledger:
+            raise ConfigInvalid(
+                'on_bad_value = "quarantine" writes the rows it sets aside with the batch '
+                "and counts them in its ledger row: it needs the target's ledger",
+                diagnostics={"key": "transfer.on_bad_value"},
             )
         if self.batch_column is not None and not self.ledger:
             raise ConfigInvalid(
@@ -221,6 +240,7 @@ class TransferResult:
     events: tuple[Event, ...]
     batch_id: str | None = None
     guarded: bool = True  # False only when run unguarded on purpose (``plugins=[]``)
+    rows_quarantined: int = 0  # rows set aside in the target's rejects table
 
 
 class TransferRuntime:
@@ -307,6 +327,7 @@ class TransferRuntime:
         epoch = None
         recovery = None
         if spec.recovery == "from_target":
+            _check_target(spec.sink)
             epoch = self._fenced_epoch(ledger, lease)
             prover = Prover(ledger, epoch=epoch or 0, advance=True, batch_column=spec.batch_column)
             recovery = TargetRecovery(
@@ -323,6 +344,7 @@ class TransferRuntime:
             if self._scan_route(route, latest, recovery):
                 latest = scope = as_latest(self.store.list_latest(route))
         if recovery is None:
+            _check_target(spec.sink)
             epoch = self._fenced_epoch(ledger, lease)
         refreshed = None
         if ledger is not None:
@@ -399,8 +421,6 @@ class TransferRuntime:
                     epoch=epoch,
                     excused=excused_batches(self.store, route, ledger.read_ledger),
                 )
-            if isinstance(spec.sink, TargetChecking):
-                spec.sink.check_target()  # an unreachable target fails here, never blocked
             loaded = _with_batch_column(route, shape, spec.batch_column)
             added = apply_schema_contract(route, spec.sink, loaded.columns, spec.schema_contract)
             if added:
@@ -467,6 +487,7 @@ class TransferRuntime:
             "committed_partition_ids": list(committed),
             "skipped_partition_ids": list(plan.skipped),
             "rows_loaded": rows_loaded,
+            "rows_quarantined": 0 if ctx is None else len(ctx.rejects),
             "completed_at": read_clock(self.clock, route=route, run_id=spec.run_id).isoformat(),
         }
         states.record_evidence(route, spec.run_id, evidence)
@@ -501,6 +522,7 @@ class TransferRuntime:
             events=tuple(recorder.events),
             guarded=not self.unguarded,
             batch_id=batch_id,
+            rows_quarantined=0 if ctx is None else len(ctx.rejects),
         )
 
     def _ledger_sink(self, spec: TransferSpec, route: RouteKey) -> LedgerSink | None:
@@ -560,6 +582,14 @@ class TransferRuntime:
         )
 
 
+def _check_target(sink: Sink) -> None:
+    """Open the target as the target call will, before anything reads it (its ledger, its
+    fence): an unreachable, locked or read-only target fails here, never inside the armed
+    call, and never as a raw engine error from a read."""
+    if isinstance(sink, TargetChecking):
+        sink.check_target()
+
+
 def _held(sink: Sink) -> contextlib.AbstractContextManager[None]:
     """One connection for the attempt, when the sink can hold one (``ConnectionHolding``)."""
     return (
@@ -587,10 +617,12 @@ def _work_folder(
     """The attempt's private folder (mode 0700, fresh, removed after it): spool and artifact
     files. Made in ``spec.artifact_dir`` when given, else in the system's temp folder.
 
-    Its name carries a digest of the target table, so under the table's lease the
-    folders of earlier attempts on it, left by a killed worker, are removed first
-    (only those idle for ``idle_seconds``: a store that is not shared would not
-    exclude an attempt of another store on the same table).
+    Its name carries a digest of the target table and the process that made it, so under
+    the table's lease the folders of earlier attempts on it, left by a killed worker, are
+    removed first: those idle for ``idle_seconds`` (a store that is not shared would not
+    exclude an attempt of another store on the same table), and never one whose process
+    still runs on this machine (a worker paused past its lease reads its files again when
+    it resumes, to be refused by the target's fence, not to fail on a missing file).
     """
     parent = spec.artifact_dir
     if parent is not None:
@@ -603,12 +635,34 @@ def _work_folder(
             ) from None
     table = hashlib.sha256(lease_key(route).encode()).hexdigest()[:12]
     prefix = f"dpone-transfer-{table}-"
+    here = ProcessMark.here()
     if leased:  # no other attempt on this table is running: what is left is a dead one's
         folder = Path(parent if parent is not None else tempfile.gettempdir())
         for leftover in folder.glob(prefix + "*"):
-            if leftover.is_dir() and not leftover.is_symlink() and _idle(leftover, idle_seconds):
+            if not leftover.is_dir() or leftover.is_symlink():
+                continue
+            alive = _maker_alive(leftover.name.removeprefix(prefix), here)
+            if alive is False or (alive is None and _idle(leftover, idle_seconds)):
                 shutil.rmtree(leftover, ignore_errors=True)
-    return tempfile.TemporaryDirectory(prefix=prefix, dir=parent)
+    mine = f"{prefix}{_machine_of(here)}.{here.pid}.{here.started or 0}-"
+    return tempfile.TemporaryDirectory(prefix=mine, dir=parent)
+
+
+def _machine_of(mark: ProcessMark) -> str:
+    return hashlib.sha256(f"{mark.host}\0{mark.machine}".encode()).hexdigest()[:8]
+
+
+def _maker_alive(rest: str, here: ProcessMark) -> bool | None:
+    """Whether the process of this machine that made a folder named
+    ``<machine>.<pid>.<start>-...`` still runs; None when the name does not say: an older
+    release's, or another machine's sharing the folder (idle then means dead)."""
+    made, _, _ = rest.partition("-")
+    machine, _, rest = made.partition(".")
+    pid, _, started = rest.partition(".")
+    if machine != _machine_of(here) or not (here.machine and pid.isdigit() and started.isdigit()):
+        return None
+    mark = attrs.evolve(here, pid=int(pid), started="" if started == "0" else started)
+    return not mark.gone()
 
 
 def _work_folder_failed(route: RouteKey, error: OSError) -> WorkFolderFailed:

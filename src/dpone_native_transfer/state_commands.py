@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,7 +46,7 @@ from .recovery import (
     operator_lease,
     plan_restore,
 )
-from .reporting import EXIT_FAILED, EXIT_OK, confirmed, plural
+from .reporting import EXIT_OK, declined, plural
 from .route_status import route_status, status_line
 from .stores import TargetScopeStore, open_store
 
@@ -69,7 +68,7 @@ def add_state_command(commands: Any, common: argparse.ArgumentParser) -> None:
         common,
         "restore",
         help="rebuild a lost or replaced store's view of a route from the target's ledger",
-        description=__doc__.split("\n\n", 1)[1],
+        description=_RESTORE_HELP,
     )
     restore.add_argument(
         "--ignore-row-count",
@@ -116,6 +115,16 @@ def _operator_action(
     action.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     return action
 
+
+_RESTORE_HELP = """Rebuild the checkpoint store's view of the route of ROUTE_FILE from the target's
+ledger, which records every batch the target applied: a committed checkpoint for each
+ledger partition the store does not hold as committed (the store was lost, replaced or
+restored from an older backup), a failed one (not_in_target) for each committed partition
+the ledger does not hold (the target was replaced or restored from an older backup: the
+next run loads it again), and the source state of the route's last batch in the ledger.
+All in one audited store transaction under the target table's lease. It shows what it will
+write and asks first; give --yes where nothing can answer (a script, a scheduler).
+Afterwards the next run continues where the target is: no duplicate, no gap."""
 
 _RESET_HELP = """Forget an append route's progress, audited, so that it starts afresh under its
 route file as it is now: after its partition or cursor column changed
@@ -227,8 +236,8 @@ def _compared_with_target(store: Any, config: RouteConfig) -> str | StoreTargetM
         )
     except StoreTargetMismatch as refusal:
         return refusal
-    except NativeTransferError as error:
-        return f"not compared ({error.code})"
+    except NativeTransferError as error:  # its message is safe: a malformed audit record's id
+        return f"not compared ({error.code}: {error.message})"
     except Exception as error:  # a driver's own error: its text may hold secrets
         return f"not compared (the target cannot be reached: {type(error).__name__})"
     return "agrees with the checkpoint store"
@@ -297,9 +306,8 @@ def _restore_command(args: argparse.Namespace) -> int:
             print("the store already agrees with the target's ledger: nothing to write")
             return EXIT_OK
         question = f"Write {plural(len(plan.checkpoints), 'checkpoint')} and one audit record?"
-        if not (args.yes or confirmed(question)):
-            print("nothing written", file=sys.stderr)
-            return EXIT_FAILED
+        if (stop := declined(question, yes=args.yes)) is not None:
+            return stop
         previous = {cp.partition_id: cp for cp in plan.replaced}
         audit = {
             "at": now.isoformat(),
@@ -404,9 +412,8 @@ def _reset_command(args: argparse.Namespace) -> int:
             f"{_state(state)}"
         )
         question = f"Reset route {route.label} and write one audit record?"
-        if not (args.yes or confirmed(question)):
-            print("nothing written", file=sys.stderr)
-            return EXIT_FAILED
+        if (stop := declined(question, yes=args.yes)) is not None:
+            return stop
         audit = {
             "at": now.isoformat(),
             "operator": args.operator,

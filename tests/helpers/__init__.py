@@ -6,8 +6,11 @@
 - ``stores``: checkpoints, routes and raw SQL for the store tests; release 0.1's schema.
 - ``bad_input``: the guard-payload oracle and strategies, and ``Site``, for the bad-input tests.
 - ``postgres_server``: the PostgreSQL server of the store tests, and ``postgres_url``.
-- ``crash_child``, ``airflow_child``: scripts the tests start as child processes, by path.
-- ``crash_report``: the crash matrix's pytest plugin.
+- ``crash_child``, ``airflow_child``: scripts the tests start as child processes, by path
+  (``crash_child`` kills or stops itself for the crash and pause matrices).
+- ``matrix_targets``: ``Place``, where a crash- or pause-matrix case's source and SQLite,
+  DuckDB or PostgreSQL target live, and the rows they hold.
+- ``crash_report``, ``pause_report``: the crash and pause matrices' pytest plugins.
 - ``unguarded_bulk_copy``: a deliberately unguarded path, for the conformance kit to catch.
 
 ``tests/conftest.py`` holds the fixtures; the test modules import from here

@@ -1,27 +1,40 @@
-"""One guarded transfer in a child process that SIGKILLs itself at a chosen kill point.
+"""One guarded transfer in a child process that kills or stops itself at a chosen point.
 
-Run by ``tests/test_crash_matrix.py`` as::
+Run by ``tests/test_crash_matrix.py`` (SIGKILL) and ``tests/test_pause_matrix.py``
+(SIGSTOP) as::
 
     python tests/helpers/crash_child.py --store sqlite:PATH|postgres:DSN:SCHEMA '<json>'
 
-The JSON names the source and target files, the path, the run id, the kill
-point and a marker file. Every part is the real one: the checkpoint store, the
-SQLite source and sink, and the guard from its entry point. Thin wrappers add
-only the kill; just before it, the child writes the kill point's name to the
-marker file, so the test can tell "killed where asked" from "died elsewhere".
+The JSON names the case's databases (a ``helpers.matrix_targets.Place``: a SQLite
+source, a SQLite, DuckDB or PostgreSQL target), the run id, the point, the signal
+(``kill``: SIGKILL; ``stop``: SIGSTOP, the process resumes when the test sends
+SIGCONT), the lease's length and a marker file. Every part is the real one: the
+checkpoint store, the source and sink, and the guard from its entry point. Thin
+wrappers add only the signal; just before it, the child writes the point's name to
+the marker file, so the test can tell "stopped where asked" from "stopped elsewhere".
+Each point fires once.
 
-The kill points, in the order a run reaches them, and the seam each uses:
+A stopped child that is resumed finishes its run as ``dpone-transfer run`` would:
+exit 0, or the CLI's exit code for its error, whose code and message it prints on
+stderr (``error: CODE: message``) with its safe diagnostics (``diagnostics: JSON``) and
+its ``applied`` attribute (``applied: True|False|None``: what the error says of the
+target).
 
-- ``extraction``: the source, once the 2nd partition's extraction has begun
-  (row paths: after its first chunk was handed on; lazy-plan, which extracts
-  inside the target call: when the sink asks for the 2nd partition's query);
+The points, in the order a run reaches them, and the seam each uses:
+
+- ``after-lease``: the route scan's first read of the store: the lease was just taken;
+- ``extraction``: row paths: the source, once the 2nd partition's extraction has begun
+  (after its first chunk was handed on), or partway through the SQLite target's pull
+  statement (SQLite's progress handler), or once DuckDB's pull wrote its files;
+  lazy-plan, which extracts inside the target call: when the sink is handed the plan,
+  before it opens the target;
 - ``armed-batch-partial``: the store writes the armed batch item by item with
   the real store's ``upsert`` and dies after the first (the store port promises
   no atomicity, so such a store is legal);
 - ``after-armed-batch``: right after the armed ``upsert_many`` returned;
-- ``target-before-commit``: the sink, when SQLite starts executing the target
-  transaction's ``COMMIT`` (every row written, none committed), seen through a
-  ``sqlite3`` trace callback on the sink's own connection;
+- ``target-before-commit``: the sink's engine module's ``_record`` returned: inside the
+  load's transaction, every row and the ledger row written and the fence checked,
+  right before COMMIT;
 - ``target-after-commit``: right after the real sink method returned, before
   the boundary learns of it;
 - ``after-target-success``: a plugin's ``after_target_success``, called before
@@ -35,7 +48,7 @@ The kill points, in the order a run reaches them, and the seam each uses:
 from __future__ import annotations
 
 import argparse
-import contextlib
+import functools
 import json
 import os
 import signal
@@ -47,8 +60,14 @@ from typing import Any
 
 import attrs
 
-from dpone_native_transfer import (
+if __package__ in (None, ""):  # run as a script: the tests folder holds its package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dpone_native_transfer import (  # noqa: E402
+    DuckDBSink,
+    LoadPlan,
     PartitionCheckpoint,
+    PostgresSink,
     RouteKey,
     SQLiteCheckpointStore,
     SQLiteSink,
@@ -57,15 +76,17 @@ from dpone_native_transfer import (
     TransferSpec,
     hookimpl,
 )
-from dpone_native_transfer.testing import phase_batch
+from dpone_native_transfer.reporting import exit_code_for  # noqa: E402
+from dpone_native_transfer.testing import phase_batch  # noqa: E402
+from helpers.matrix_targets import SOURCE_TABLE, TARGET_TABLE, Place  # noqa: E402
 
 __all__ = [
     "CHUNK_ROWS",
     "KILL_POINTS",
+    "PAUSE_POINTS",
     "SOURCE_TABLE",
     "TARGET_TABLE",
     "open_store",
-    "sqlite_source",
     "transfer_spec",
 ]
 
@@ -80,28 +101,28 @@ KILL_POINTS = (
     "after-promotion",
     "after-evidence",
 )
-SOURCE_TABLE, TARGET_TABLE = "orders", "orders_copy"
+# Every step between the lease's take and the target's commit.
+PAUSE_POINTS = ("after-lease", "extraction", "after-armed-batch", "target-before-commit")
+POINTS = frozenset({*KILL_POINTS, *PAUSE_POINTS})
 CHUNK_ROWS = 100  # several chunks per partition, so a kill can fall between two of them
-NOT_REACHED = 3  # exit status of a child that finished without reaching its kill point
-LEASE_SECONDS = 600.0  # the killed child's lease outlives the test: the next attempt on this
-# host takes it at once because the child is gone (ADR-0024), not because it expired
+NOT_REACHED = 4  # exit status of a killing child that finished without reaching its point
+SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 _ARMED, _COMMITTED = phase_batch("armed"), phase_batch("checkpoint_committed")
 
 
-def sqlite_source(path: str | os.PathLike[str]) -> SQLiteSource:
-    return SQLiteSource(path, SOURCE_TABLE, "region", "updated_at")
-
-
-def transfer_spec(source: Any, sink: Any, *, path: str, run_id: str) -> TransferSpec:
-    """The crash matrix's route: orders -> orders_copy, incremental_append on updated_at."""
+def transfer_spec(
+    source: Any, sink: Any, *, path: str, run_id: str, chunk_rows: int = CHUNK_ROWS, **options: Any
+) -> TransferSpec:
+    """The matrices' route: orders -> orders_copy, incremental_append on updated_at."""
     return TransferSpec(
         source=source,
         sink=sink,
         strategy="incremental_append",
         path=path,
         run_id=run_id,
-        chunk_rows=CHUNK_ROWS,
+        chunk_rows=chunk_rows,
+        **options,
     )
 
 
@@ -118,21 +139,24 @@ def open_store(choice: str) -> Any:
     raise ValueError("--store must be sqlite:PATH or postgres:DSN:SCHEMA")
 
 
-@attrs.frozen
+@attrs.define
 class Killer:
-    """Knows the one kill point of this child; ``at(point)`` dies there and nowhere else."""
+    """Knows the one point of this child; ``at(point)`` signals there, once, and nowhere else."""
 
     point: str
     marker: Path
+    signum: int = signal.SIGKILL
+    fired: bool = False
 
     def at(self, point: str) -> None:
-        if point == self.point:
+        if point == self.point and not self.fired:
+            self.fired = True
             self.marker.write_text(point)  # written and closed before the signal
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self.signum)  # SIGSTOP: resumed here by the test's SIGCONT
 
 
 class CrashSource(SQLiteSource):
-    """The real SQLite source; it dies once the 2nd partition's extraction has begun."""
+    """The real SQLite source; it signals once the 2nd partition's extraction has begun."""
 
     def __init__(self, inner: SQLiteSource, killer: Killer) -> None:
         super().__init__(inner.path, inner.table, inner.partition_column, inner.cursor_column)
@@ -141,7 +165,7 @@ class CrashSource(SQLiteSource):
 
     def read(self, bounds: Mapping[str, Any], *, chunk_rows: int = 10_000) -> Iterator[list]:
         chunks = super().read(bounds, chunk_rows=chunk_rows)
-        if "cursor_from" in bounds:  # lazy-plan's reads of its windows' top rows, not extraction
+        if "cursor_from" in bounds:  # a read of a window's top rows, not extraction
             return chunks
         self.partitions += 1
         return self._first_chunk_then_kill(chunks) if self.partitions == 2 else chunks
@@ -173,9 +197,9 @@ class CrashSource(SQLiteSource):
         return whole
 
     def select_sql(self, bounds: Mapping[str, Any], **kwargs: Any) -> tuple[str, tuple]:
-        """lazy-plan's extraction: the sink asks for each partition's query inside its call;
-        a pull of one statement per partition, before the target call."""
-        if "cursor_from" in bounds:  # a read of a window's top rows (above), not extraction
+        """A pull of one statement per partition (file-artifact into SQLite), before the
+        target call: dies when the 2nd partition's query is asked for."""
+        if "cursor_from" in bounds:  # a read of a window's top rows, not extraction
             return super().select_sql(bounds, **kwargs)
         self.partitions += 1
         if self.partitions == 2:
@@ -183,44 +207,69 @@ class CrashSource(SQLiteSource):
         return super().select_sql(bounds, **kwargs)
 
 
-class CrashSink(SQLiteSink):
-    """The real SQLite sink; it dies inside its own target transaction, or right after it.
+class TargetSeams:
+    """Mixed in before a real sink: it signals when handed a plan to pull (lazy-plan's
+    extraction), after DuckDB's pull, and right after the target call returned."""
 
-    The seam is ``_connect``, the sink's one connection factory: for
-    ``target-before-commit`` it adds a trace callback to the real connection,
-    which SQLite calls as it starts each statement. Only statements of a
-    target call (``load``, ``finalize_staged_load``) count, so staging's own
-    commit passes.
-    """
-
-    def __init__(self, path: str, table: str, killer: Killer) -> None:
-        super().__init__(path, table)
-        self.killer = killer
-        self.in_target_call = False
+    killer: Killer
 
     def load(self, payload: Any) -> int:
-        return self._target_call(super().load, payload)
+        if isinstance(payload, LoadPlan):  # the sink pulls the rows itself, from now on
+            self.killer.at("extraction")
+        return self._target_call(super().load, payload)  # type: ignore[misc]
 
     def finalize_staged_load(self, **kwargs: Any) -> int:
-        return self._target_call(super().finalize_staged_load, **kwargs)
+        return self._target_call(super().finalize_staged_load, **kwargs)  # type: ignore[misc]
+
+    def pull_load_files(self, plan: Any, paths: Any) -> Any:
+        pulled = super().pull_load_files(plan, paths)  # type: ignore[misc]
+        self.killer.at("extraction")  # DuckDB's pull has no seam of ours while it reads
+        return pulled
 
     def _target_call(self, call: Any, *args: Any, **kwargs: Any) -> int:
-        self.in_target_call = True
         rows = call(*args, **kwargs)
-        self.in_target_call = False
         self.killer.at("target-after-commit")
         return rows
 
-    @contextlib.contextmanager
-    def _connect(self) -> Iterator[Any]:
-        with super()._connect() as conn:
-            if self.killer.point == "target-before-commit":
-                conn.set_trace_callback(self._on_statement)
-            yield conn
 
-    def _on_statement(self, sql: str) -> None:
-        if self.in_target_call and sql == "COMMIT":
-            self.killer.at("target-before-commit")
+class SQLiteSeams(TargetSeams, SQLiteSink):
+    pass
+
+
+class DuckDBSeams(TargetSeams, DuckDBSink):
+    pass
+
+
+class PostgresSeams(TargetSeams, PostgresSink):
+    pass
+
+
+_SEAMS = {"sqlite": SQLiteSeams, "duckdb": DuckDBSeams, "postgres": PostgresSeams}
+_ENGINES = {
+    "sqlite": "dpone_native_transfer.connectors.sqlite",
+    "duckdb": "dpone_native_transfer.connectors.duckdb",
+    "postgres": "dpone_native_transfer.connectors.postgres_sink",
+}
+
+
+def crash_sink(place: Place, killer: Killer) -> Any:
+    """The real sink of ``place`` with the seams; for ``target-before-commit`` its engine
+    module's ``_record`` (called inside every load's transaction, last) signals after it."""
+    location = place.url if place.target == "postgres" else str(place.target_path)
+    seamed = _SEAMS[place.target](location, place.target_table)
+    seamed.killer = killer
+    if killer.point == "target-before-commit":
+        module = sys.modules[_ENGINES[place.target]]
+        record = module._record
+
+        @functools.wraps(record)
+        def _record(*args: Any, **kwargs: Any) -> int:
+            rows = record(*args, **kwargs)
+            killer.at("target-before-commit")
+            return rows
+
+        module._record = _record
+    return seamed
 
 
 class CrashStore:
@@ -257,7 +306,13 @@ class CrashStore:
         self.inner.upsert_many(batch, **held)
 
     def list_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
+        self.killer.at("after-lease")
         return self.inner.list_latest(route)
+
+    def list_target_latest(self, route: RouteKey) -> list[PartitionCheckpoint]:
+        """The route scan's first read (the store is target-scoped): the lease is held."""
+        self.killer.at("after-lease")
+        return self.inner.list_target_latest(route)
 
     def load_source_state(self, route: RouteKey) -> dict[str, Any] | None:
         return self.inner.load_source_state(route)
@@ -308,30 +363,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", required=True, metavar="sqlite:PATH|postgres:DSN:SCHEMA")
     parser.add_argument(
-        "case", type=json.loads, help="JSON: source, target, path, run_id, kill_point, marker"
+        "case",
+        type=json.loads,
+        help="JSON: place, run_id, point, signal, lease_seconds, marker; chunk_rows, ledger",
     )
     args = parser.parse_args(argv)
     case = args.case
-    if case["kill_point"] not in KILL_POINTS:
-        parser.error(f"unknown kill point {case['kill_point']!r}")
-    killer = Killer(case["kill_point"], Path(case["marker"]))
-    real_store = open_store(args.store)
+    if case["point"] not in POINTS:
+        parser.error(f"unknown point {case['point']!r}")
+    place = Place.from_dict(case["place"])
+    killer = Killer(case["point"], Path(case["marker"]), SIGNALS[case["signal"]])
+    source = place.make_source()
+    if place.path != "lazy-plan":  # lazy-plan's extraction is the sink's (``TargetSeams``)
+        source = CrashSource(source, killer)
     spec = transfer_spec(
-        CrashSource(sqlite_source(case["source"]), killer),
-        CrashSink(case["target"], TARGET_TABLE, killer),
-        path=case["path"],
+        source,
+        crash_sink(place, killer),
+        path=place.path,
         run_id=case["run_id"],
+        chunk_rows=case.get("chunk_rows", CHUNK_ROWS),
+        ledger=case.get("ledger", True),
     )
+    real_store = open_store(args.store)
     try:
         TransferRuntime(
             CrashStore(real_store, killer),
             plugins=plugins_for(killer),
-            lease_seconds=LEASE_SECONDS,
+            lease_seconds=case["lease_seconds"],
         ).run(spec)
+    except Exception as error:  # as ``dpone-transfer run`` reports it
+        if case["signal"] == "kill":
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        diagnostics = getattr(error, "diagnostics", {})
+        print(f"diagnostics: {json.dumps(diagnostics, default=str)}", file=sys.stderr)
+        print(f"applied: {getattr(error, 'applied', None)}", file=sys.stderr)
+        return exit_code_for(error)
     finally:
         real_store.close()
-    print(f"the run finished without reaching kill point {killer.point!r}", file=sys.stderr)
-    return NOT_REACHED
+    if case["signal"] == "kill":
+        print(f"the run finished without reaching point {killer.point!r}", file=sys.stderr)
+        return NOT_REACHED
+    return 0
 
 
 if __name__ == "__main__":

@@ -25,10 +25,14 @@ _MATRIX = pytest.StashKey["CrashMatrix"]()
 _COLUMNS = (
     ("kill point", "kill_point"),
     ("path", "path"),
+    ("target", "target"),
     ("store", "store"),
+    ("recovery", "recovery"),
     ("next attempt", "outcome"),
     ("blocked by", "blocked_by"),
     ("operator found", "resolved_as"),
+    ("healed by itself", "healed"),
+    ("operator steps", "operator_steps"),
     ("attempts", "attempts"),
     ("target rows", "target_rows"),
     ("duplicates", "duplicates"),
@@ -42,10 +46,14 @@ class CrashRun:
 
     kill_point: str
     path: str
+    target: str
     store: str
-    outcome: str = "-"  # the first attempt after the kill: "blocked" or "complete"
+    recovery: str  # manual, or from_target
+    outcome: str = "-"  # the first attempt after the kill: "blocked", "healed" or "complete"
     blocked_by: str = "-"  # the guard phases that blocked it, e.g. "4 armed"
     resolved_as: str = "-"  # what the operator recorded after counting the target's rows
+    healed: str = "-"  # what the first attempt resolved itself, e.g. "4 not_applied"
+    operator_steps: int = 0  # resolutions an operator had to record
     attempts: int = 0
     target_rows: int | None = None  # after the last attempt
     duplicates: int | None = None  # worst COUNT(*) - COUNT(DISTINCT id) seen in the target
@@ -62,9 +70,13 @@ class CrashMatrix:
     runs: list[CrashRun] = attrs.Factory(list)
 
     @contextlib.contextmanager
-    def run(self, kill_point: str, path: str, store: str) -> Iterator[CrashRun]:
+    def run(
+        self, kill_point: str, path: str, target: str, store: str, recovery: str
+    ) -> Iterator[CrashRun]:
         """A row that says "pass" only if the block inside finished without an exception."""
-        row = CrashRun(kill_point=kill_point, path=path, store=store)
+        row = CrashRun(
+            kill_point=kill_point, path=path, target=target, store=store, recovery=recovery
+        )
         self.runs.append(row)
         began = time.perf_counter()
         try:
@@ -86,20 +98,50 @@ class CrashMatrix:
         outcomes = [run.outcome for run in self.runs]
         failed = sum(run.result != "pass" for run in self.runs)
         shape = " x ".join(
-            (count("kill points", "kill_point"), count("paths", "path"), count("stores", "store"))
+            (
+                count("kill points", "kill_point"),
+                count("paths", "path"),
+                count("targets", "target"),
+                count("stores", "store"),
+                count("recoveries", "recovery"),
+            )
         )
         line = (
             f"crash matrix: {len(self.runs)} runs ({shape}): {duplicates} duplicate rows; "
-            f"{outcomes.count('blocked')} blocked, {outcomes.count('complete')} complete"
+            f"{outcomes.count('blocked')} blocked, {outcomes.count('healed')} healed by "
+            f"themselves, {outcomes.count('complete')} complete"
         )
         return line + (f"; {failed} FAILED" if failed else "")
+
+    def per_target(self) -> list[str]:
+        """One line per target and recovery: how many kills healed by themselves (the first
+        attempt resolved a blocked batch the target proved and completed), how many needed
+        nothing, how many stayed blocked for an operator."""
+        lines = []
+        for target in dict.fromkeys(run.target for run in self.runs):
+            for recovery in dict.fromkeys(run.recovery for run in self.runs):
+                runs = [r for r in self.runs if (r.target, r.recovery) == (target, recovery)]
+                if not runs:
+                    continue
+                outcomes = [run.outcome for run in runs]
+                steps = sum(run.operator_steps for run in runs)
+                duplicates = sum(run.duplicates or 0 for run in runs)
+                lines.append(
+                    f"target {target}, recovery {recovery}: {len(runs)} kills; "
+                    f"{outcomes.count('healed')} healed by themselves, "
+                    f"{outcomes.count('complete')} needed nothing, "
+                    f"{outcomes.count('blocked')} blocked until an operator acted "
+                    f"({steps} operator steps); {duplicates} duplicate rows"
+                )
+        return lines
 
     def table(self) -> list[list[str]]:
         return [[run.cell(key) for _, key in _COLUMNS] for run in self.runs]
 
     def markdown(self) -> str:
         headers = [title for title, _ in _COLUMNS]
-        lines = [f"# Crash matrix\n\n{self.headline()}\n", _md_row(headers)]
+        summary = "".join(f"- {line}\n" for line in self.per_target())
+        lines = [f"# Crash matrix\n\n{self.headline()}\n\n{summary}", _md_row(headers)]
         lines.append(_md_row(["---"] * len(headers)))
         lines.extend(_md_row(row) for row in self.table())
         seconds = sum(run.seconds for run in self.runs)
@@ -108,6 +150,7 @@ class CrashMatrix:
     def as_json(self) -> dict[str, Any]:
         return {
             "headline": self.headline(),
+            "per_target": self.per_target(),
             "seconds": round(sum(run.seconds for run in self.runs), 3),
             "runs": [attrs.asdict(run) for run in self.runs],
         }
@@ -143,4 +186,6 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     for line in _aligned([[title for title, _ in _COLUMNS], *matrix.table()]):
         terminalreporter.write_line(line)
     terminalreporter.write_line(f"written to {folder / 'crash-matrix.md'} and .json")
+    for line in matrix.per_target():
+        terminalreporter.write_line(line)
     terminalreporter.write_line(matrix.headline(), bold=True)

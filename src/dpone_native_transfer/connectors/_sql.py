@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import errno
 import os
 import re
+import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +52,7 @@ __all__ = [
     "bounds_where",
     "check_chunk_rows",
     "check_target_folder",
+    "check_writable",
     "difference",
     "edge_where",
     "identifier",
@@ -62,6 +65,7 @@ __all__ = [
     "range_cuts_sql",
     "range_partitions",
     "ranges_run_on",
+    "refuse_reserved_prefix",
     "refuse_reserved_schema",
     "render_predicates",
     "unavailable",
@@ -167,6 +171,21 @@ def refuse_reserved_schema(table: TableName, reserved: Iterable[str], *, engine:
         )
 
 
+def refuse_reserved_prefix(
+    name: str, prefix: str, *, engine: str, part: str, fold: bool = False
+) -> None:
+    """A ``part`` (table or schema) name starting with ``prefix`` (in any ASCII case if
+    ``fold``), which the engine keeps for its own objects (SQLite's ``sqlite_`` tables,
+    PostgreSQL's ``pg_`` schemas), is a config error: creating it would fail inside the
+    target call, and so block the route."""
+    if (fold_ascii(name) if fold else name).startswith(prefix):
+        raise ConfigInvalid(
+            f"target {part} {name!r} starts with {prefix!r}, which {engine} reserves for its "
+            f"own {part}s; choose another name",
+            diagnostics={"key": "target.table"},
+        )
+
+
 def refuse_schema(table: TableName, *, engine: str, hint: str) -> None:
     """For an engine without schemas in a table name: a qualified name is a config error."""
     if table.schema is not None:
@@ -224,13 +243,15 @@ def check_target_table(table: Any) -> None:
     """Refuse a target table the runtime could mistake for one of its own (any ASCII case).
 
     A target named ``_dpone_stage_orders`` would be dropped as the staging table
-    of ``orders``; one named ``_dpone_ledger`` would be written as the ledger.
+    of ``orders``; one named ``_dpone_ledger`` would be written as the ledger
+    (``_dpone_fence`` is kept for a target-side fence). A sink refuses the names
+    its engine keeps for itself (``refuse_reserved_prefix``, ``refuse_reserved_schema``).
     """
     quote(table)
     if fold_ascii(parse_table(table).name).startswith(RESERVED_PREFIX):
         raise ConfigInvalid(
             f"target table {table!r} starts with {RESERVED_PREFIX!r}, which is reserved for "
-            "dpone's own tables (the ledger and staging tables); choose another name",
+            "dpone's own tables (the ledger, the fence and staging tables); choose another name",
             diagnostics={"key": "target.table"},
         )
 
@@ -271,6 +292,30 @@ def check_target_folder(path: str, table: str) -> None:
             f"the target database path of table {table!r} is a folder, not a database file",
             diagnostics={"table": table},
         )
+
+
+def check_writable(path: str, table: str) -> None:
+    """A target file, or chDB's folder, this process may not write (permissions, an immutable
+    flag, a read-only file system) is a configuration a retry cannot fix: refused before the
+    target (exit 2), not reported as a busy database. The folder is probed too: the engines
+    write their journals beside the file."""
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    found = None
+    try:
+        if os.path.isfile(path):
+            os.close(os.open(path, os.O_RDWR))
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as error:
+        found = error.errno
+    if found in (errno.EACCES, errno.EPERM, errno.EROFS):
+        # the class a server's refused privilege has too (``drivers.ServerFailure``)
+        denied = {"failure": "permission_denied"} if found != errno.EROFS else {}
+        raise ConfigInvalid(
+            f"the target database of table {table!r} is read-only (its file or folder: "
+            "permissions, an immutable flag or a read-only file system); nothing was written",
+            diagnostics={"table": table, "key": "target.path", "errno": errno.errorcode[found],
+                         **denied},
+        )  # fmt: skip
 
 
 def payload_refused(table: str) -> PathContractBroken:

@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ..errors import NativeTransferError
+from ..errors import ConfigInvalid, NativeTransferError
 
 if TYPE_CHECKING:
     import sqlite3
@@ -42,7 +42,9 @@ __all__ = [
     "NativeFiles",
     "OnePassReading",
     "PendingLedger",
+    "PlanInexact",
     "PlanPulling",
+    "Quarantining",
     "RangePartitioned",
     "SQLiteFile",
     "SchemaEvolving",
@@ -205,8 +207,10 @@ class PlanPulling(Protocol):
     ``LoadPlan`` (a source and partition bounds) and no row passes through dpone."""
 
     def check_plan(self, plan: LoadPlan) -> None:
-        """Refuse (``ConfigInvalid``) a plan this engine cannot pull exactly, before the target
-        call: an unsupported source, a value the engine would read differently."""
+        """Before the target call: refuse (``ConfigInvalid``) a plan this engine cannot pull,
+        such as one of an unsupported source; raise ``PlanInexact`` for one it would not read
+        as the row paths carry it (a value read differently): lazy-plan then carries the
+        rows itself, as legacy does."""
 
     def load(self, payload: RowChunks | LoadPlan) -> int:
         """``Sink.load``, and for a plan: pull its partitions in one transaction."""
@@ -409,6 +413,17 @@ class BatchCounting(Protocol):
 
 
 @runtime_checkable
+class Quarantining(Protocol):
+    """A ``LedgerSink`` that writes the rows a batch set aside (``on_bad_value =
+    "quarantine"``: ``entry.rejects``) to ``rejects.REJECTS_TABLE`` of the target database,
+    in the target call, with its ledger row (``rejects.write_rejects``), and reads them back."""
+
+    def read_rejects(self) -> list[tuple]:
+        """This target table's rows set aside: (batch id, partition id, row digest, column,
+        reason, value or None). Reads only."""
+
+
+@runtime_checkable
 class TargetChecking(Protocol):
     """A sink that opens its target before the target call (``check_target``).
 
@@ -483,8 +498,9 @@ class ValueCarrying(Protocol):
     column as rows are read from the source, before they are spooled, staged or
     exported: so a value the target cannot hold exactly is refused with
     ``ValueUnsupported`` before the target call, on every row path. None means
-    values pass unchanged. Lazy plans are read by the sink's engine, which must
-    refuse (``check_plan``) what it would not read the same way.
+    values pass unchanged. Lazy plans are read by the sink's engine: its
+    ``check_plan`` raises ``PlanInexact`` for what it would not read the same
+    way, and lazy-plan then carries those rows as legacy does.
     """
 
     def carrier(self, column: Column) -> Carry | None:
@@ -506,6 +522,14 @@ class SchemaEvolving(Protocol):
 
     def add_columns(self, columns: Sequence[Column]) -> None:
         """Add ``columns`` to the target table (nullable, typed by their kind), atomically."""
+
+
+class PlanInexact(ConfigInvalid):
+    """``check_plan``: the engine would read some of the plan's values or rows otherwise than
+    the row paths carry them (a kind or a stored value its reader reads differently, a
+    collation, a text encoding). The lazy-plan path then carries the rows itself in its one
+    target call, as legacy does, so a value gets the same outcome on every path. Raised
+    elsewhere, it is the ``ConfigInvalid`` it derives from."""
 
 
 class LedgerNotWritten(NativeTransferError):
@@ -546,6 +570,10 @@ class PendingLedger:
         self._taken = self._entry is not None
         return self._entry
 
+    def peek(self) -> LedgerEntry | None:
+        """The handed row, not yet taken (its fence is checked first thing)."""
+        return self._entry
+
 
 # Every optional capability, for the conformance kit and docs/connectors.md, in that order.
 CAPABILITIES: tuple[type, ...] = (
@@ -570,4 +598,5 @@ CAPABILITIES: tuple[type, ...] = (
     LedgerSink,
     Fencing,
     BatchCounting,
+    Quarantining,
 )

@@ -62,6 +62,7 @@ from ..ledger import (
     check_applied,
     check_ledger_columns,
     fence_batch,
+    fence_first,
     ledger_query,
     ledger_table_sql,
     read_fence,
@@ -76,6 +77,7 @@ from ..payloads import (
     bound_predicates,
     cursor_window,
 )
+from ..rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from ._arrow import arrow, check_widths, read_ahead, row_batch, row_type, write_stream
 from ._sql import (
     STAGE_PREFIX,
@@ -85,6 +87,7 @@ from ._sql import (
     TableName,
     check_target_folder,
     check_target_table,
+    check_writable,
     difference,
     integer_range_starts,
     parse_table,
@@ -96,7 +99,7 @@ from ._sql import (
     render_predicates,
     unavailable,
 )
-from .contract import SQLiteFile
+from .contract import PlanInexact, SQLiteFile
 from .sqlite import (
     inexact_plan,
     plan_rows,
@@ -291,6 +294,7 @@ class DuckDBSink(FileTarget):
         driver is found here too, not inside the target call."""
         driver = _driver()
         check_target_folder(self.path, self.table)
+        check_writable(self.path, self.table)
         if not os.path.isfile(self.path):
             return
         try:
@@ -315,6 +319,7 @@ class DuckDBSink(FileTarget):
         if isinstance(payload, RowChunks):
             table, columns = self._target, payload.columns
             with self._connect() as conn, _transaction(conn):
+                _fence_first(conn, self._ledger.peek())
                 _prepare_target(conn, table, columns, replace=payload.replace)
                 if isinstance(payload, LoadFiles):
                     rows = _insert_files(conn, table, columns, payload.files)
@@ -475,7 +480,7 @@ class DuckDBSink(FileTarget):
             ).fetchone()[0]
             expected = sum(source.count(item) for item in window)
             if selected != expected:
-                raise ConfigInvalid(
+                raise PlanInexact(
                     f"lazy-plan into DuckDB cannot select the source's partitions of column(s) "
                     f"{', '.join(sorted(textual))} exactly (DuckDB reads them as another type "
                     "than SQLite stores): use legacy, staged or file-artifact",
@@ -502,6 +507,7 @@ class DuckDBSink(FileTarget):
         with self._connect(scanner=True) as conn:
             try:
                 with watching_writes(source) as written, _transaction(conn):
+                    _fence_first(conn, self._ledger.peek())
                     _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
                     try:
                         rows = sum(
@@ -550,6 +556,7 @@ class DuckDBSink(FileTarget):
         """
         stage, target = self._stage.sql(), self._target.sql()
         with self._connect() as conn, _transaction(conn):
+            _fence_first(conn, self._ledger.peek())
             if not _table_exists(conn, self._stage):
                 raise ConfigInvalid(
                     f"no staged load exists for target table {self.table!r}",
@@ -576,6 +583,19 @@ class DuckDBSink(FileTarget):
             f"{what} now (locked or damaged); nothing was written",
             diagnostics={"table": self.table},
         )
+
+    def read_rejects(self) -> list[tuple]:
+        """``Quarantining``: this table's rows set aside, oldest first. Reads only."""
+        if not os.path.isfile(self.path):
+            return []
+        conn = self._read_only("rejects")
+        try:
+            if not _table_exists(conn, TableName(None, REJECTS_TABLE)):
+                return []
+            sql = rejects_query(quote(REJECTS_TABLE), "?") + " ORDER BY rowid"
+            return conn.execute(sql, [self.identity().table]).fetchall()
+        finally:
+            conn.close()
 
     def fence_epoch(self) -> int:
         """``Fencing``: the target table's fence in ``_dpone_fence``; 0 without one."""
@@ -1043,6 +1063,11 @@ class _Gathered:
         self.waiting, self.rows = {}, 0
 
 
+def _fence_first(conn: Any, entry: LedgerEntry | None) -> None:
+    if entry is not None and _table_exists(conn, TableName(None, FENCE_TABLE)):
+        fence_first(_query(conn), entry, **_FENCE_AT)
+
+
 def _query(conn: Any) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
     return lambda sql, params: conn.execute(sql, list(params)).fetchall()
 
@@ -1067,6 +1092,10 @@ def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:
             f"INSERT INTO {table} VALUES (?, ?, ?, ?, ?, ?)",
             [seq, target, batch, rows, entry, partitions],
         )
+        if ledger.rejects:
+            conn.execute(rejects_table_sql(quote(REJECTS_TABLE), text="VARCHAR"))
+            write_rejects(conn.executemany, ledger.rejects, target_table=target, batch_id=batch,
+                          table=quote(REJECTS_TABLE), marker="?")  # fmt: skip
     return rows
 
 

@@ -22,7 +22,9 @@ Partition values and cursors are therefore JSON-safe for checkpoints, and
 comparisons still run on the column's own type on the server.
 
 Errors never hold the DSN, the password, SQL or the driver's text: a
-connection or SQL failure is ``SourceInvalid`` naming the table only.
+connection or SQL failure is ``SourceInvalid`` naming the table only, and
+``SourceAccessRefused`` (exit 2) when the server refused the login, has no such
+database, or the login may not read (``drivers.ServerFailure`` tells them apart).
 """
 
 from __future__ import annotations
@@ -36,8 +38,15 @@ import attrs
 
 from ..checkpoints import sha256_digest
 from ..column_types import postgres_kind
-from ..drivers import POSTGRES_SCHEMES, import_driver, postgres_connect, resolve_env
-from ..errors import ConfigInvalid, SourceInvalid
+from ..drivers import (
+    POSTGRES_SCHEMES,
+    ServerFailure,
+    import_driver,
+    postgres_connect,
+    postgres_failure,
+    resolve_env,
+)
+from ..errors import ConfigInvalid, NativeTransferError, SourceAccessRefused, SourceInvalid
 from ..identity import TableIdentity, server_location
 from ..payloads import Column, SourceShape, bound_predicates
 from ._sql import (
@@ -145,23 +154,33 @@ class PostgresSource(TableSource):
     def _invalid(self, message: str) -> SourceInvalid:
         return SourceInvalid(message, diagnostics={"table": self.table})
 
+    def _failed(self, failure: ServerFailure) -> NativeTransferError:
+        """``SourceInvalid`` (exit 1), or ``SourceAccessRefused`` (exit 2) when the server
+        refused the login, has no such database, or the login may not read."""
+        return failure.error(
+            f"the database of source table {self.table!r} cannot be read",
+            retry=SourceInvalid,
+            refused=SourceAccessRefused,
+            diagnostics={"table": self.table},
+            fix="fix the source DSN (its user, password or database) or the login's privileges",
+        )
+
     def _open(self, driver: Any) -> Any:
-        """A read-only connection in UTC/ISO; a server that refuses is ``SourceInvalid``."""
+        """A read-only connection in UTC/ISO; a server that refuses is ``_failed``."""
         try:
-            conn = postgres_connect(driver, self._dsn, what="PostgreSQL source")
-        except driver.Error:
-            conn = None  # raised below, outside the handler, so the driver's text is not chained
-        if conn is None and self._holder is not None:
+            conn = postgres_connect(
+                driver, self._dsn, what="PostgreSQL source", failed=self._failed
+            )
+        except SourceInvalid:
+            if self._holder is None:
+                raise
+            conn = None  # retried below, outside the handler, so nothing is chained
+        if conn is None:
             # A login allowed one connection (or the server no more): the snapshot's holder
             # takes it, so the attempt reads on without the snapshot, as it did before it.
             self._holder.close()
             self._holder = self._snapshot = None
             return self._open(driver)
-        if conn is None:
-            raise self._invalid(
-                f"the database of source table {self.table!r} cannot be reached "
-                "or refused the login"
-            )
         conn.read_only = True
         if self._snapshot is not None:  # importing a snapshot takes a repeatable read
             conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
@@ -199,11 +218,14 @@ class PostgresSource(TableSource):
         return _session(conn)
 
     def _attempt(self, driver: Any, work: Callable[[], _T]) -> _T:
-        """``work()``; a driver error becomes ``SourceInvalid``, raised with nothing chained."""
+        """``work()``; a driver error becomes ``SourceInvalid`` (or ``SourceAccessRefused``),
+        raised with nothing chained."""
         try:
             return work()
-        except driver.Error:
-            pass
+        except driver.Error as exc:
+            failure = postgres_failure(driver, exc)
+        if failure is not None:
+            raise self._failed(failure)
         raise self._invalid(f"source table {self.table!r} could not be read")
 
     def _query(self, work: Callable[[Any], _T]) -> _T:

@@ -17,7 +17,10 @@ source in the same database; any other plan is refused before the target.
 Errors raised here name tables only, never the DSN, a password, SQL or the
 driver's text. Driver errors inside the target call (``load``,
 ``finalize_staged_load``) propagate unchanged, as the Sink contract asks;
-outside it they become ``TargetUnavailable`` with nothing chained.
+outside it they become ``TargetUnavailable`` with nothing chained, or
+``TargetAccessRefused`` (exit 2) when the server refused the login, has no such
+database, or the login lacks a privilege (``drivers.ServerFailure``). A
+connection that cannot be opened is one of those two, inside the call too.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ from typing import Any, TypeVar
 from ..column_types import (
     ENGINE_CARRIERS,
     Carry,
-    as_text,
     decimal_text,
     exact_decimal,
     exact_text,
@@ -39,8 +41,14 @@ from ..column_types import (
     utc_instant,
     without_nul,
 )
-from ..drivers import import_driver, postgres_connect
-from ..errors import ConfigInvalid, TargetRowsMismatch
+from ..drivers import ServerFailure, import_driver, postgres_connect, postgres_failure
+from ..errors import (
+    ConfigInvalid,
+    NativeTransferError,
+    TargetAccessRefused,
+    TargetRowsMismatch,
+    TargetUnavailable,
+)
 from ..identity import TableIdentity, server_location
 from ..ledger import (
     FENCE_TABLE,
@@ -50,11 +58,13 @@ from ..ledger import (
     check_applied,
     check_ledger_columns,
     fence_batch,
+    fence_first,
     ledger_query,
     ledger_table_sql,
     read_fence,
 )
 from ..payloads import Column, LoadPlan, RowChunks
+from ..rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from ._arrow import check_widths
 from ._sql import (
     STAGE_PREFIX,
@@ -65,6 +75,7 @@ from ._sql import (
     parse_table,
     payload_refused,
     quote,
+    refuse_reserved_prefix,
     refuse_reserved_schema,
     unavailable,
 )
@@ -104,7 +115,7 @@ _NARROW = frozenset({"smallint", "integer", "real"})
 _CARRIERS: dict[str, Carry] = {
     **ENGINE_CARRIERS,
     "text": without_nul(exact_text),
-    "any": without_nul(as_text),
+    "any": without_nul(exact_text),
     "interval": without_nul(exact_text),
     "decimal": decimal_text,
     "date": iso_date_or_infinite,
@@ -191,6 +202,7 @@ class PostgresSink:
         parsed = parse_table(table)
         self._target = TableName(parsed.schema or DEFAULT_SCHEMA, parsed.name)
         refuse_reserved_schema(self._target, _RESERVED_SCHEMAS, engine="PostgreSQL")
+        refuse_reserved_prefix(self._target.schema or "", "pg_", engine="PostgreSQL", part="schema")
         parts = (self._target.schema or "", self._stage.name)
         if max(len(part.encode("utf-8")) for part in parts) > _MAX_NAME_BYTES:
             raise ConfigInvalid(
@@ -229,13 +241,7 @@ class PostgresSink:
     def _transaction(self, *, read_only: bool = False) -> Iterator[Any]:
         """A connection in one transaction (UTC, ISO dates), committed when the block ends;
         any exception, even a BaseException, rolls it back and is re-raised unchanged."""
-        driver = _driver()
-        try:
-            conn = postgres_connect(driver, self._dsn, what="PostgreSQL target")
-        except driver.Error:
-            conn = None  # raised below, outside the handler, so the driver's text is not chained
-        if conn is None:
-            raise unavailable(self.table, to="be reached (or it refused the login)")
+        conn = postgres_connect(_driver(), self._dsn, what="PostgreSQL target", failed=self._failed)
         try:
             conn.read_only = read_only
             _session(conn)
@@ -257,9 +263,22 @@ class PostgresSink:
         try:
             with self._transaction(read_only=read_only) as conn:
                 return work(conn)
-        except driver.Error:
-            pass
+        except driver.Error as exc:
+            failure = postgres_failure(driver, exc)
+        if failure is not None:
+            raise self._failed(failure)
         raise unavailable(self.table, to=to)
+
+    def _failed(self, failure: ServerFailure) -> NativeTransferError:
+        """``TargetUnavailable`` (exit 1), or ``TargetAccessRefused`` (exit 2) when the server
+        refused the login, has no such database, or the login lacks a privilege."""
+        return failure.error(
+            f"the target database of table {self.table!r} cannot be used",
+            retry=TargetUnavailable,
+            refused=TargetAccessRefused,
+            diagnostics={"table": self.table},
+            fix="fix the target DSN (its user, password or database) or the login's privileges",
+        )
 
     def check_target(self) -> None:
         """Before the target call: the server answers, the login is accepted, and it may write
@@ -288,6 +307,7 @@ class PostgresSink:
         """Write the payload in one transaction and return the rows written."""
         if isinstance(payload, RowChunks):  # LoadFiles too: their chunks are the spool's rows
             with self._transaction() as conn:
+                self._fence_first(conn)
                 _prepare_target(conn, self._target, payload.columns, replace=payload.replace)
                 counted = _applied_counter(conn, self._target, replace=payload.replace)
                 rows = counted(_copy_rows(conn, self._target, payload.columns, payload.chunks))
@@ -348,6 +368,7 @@ class PostgresSink:
         insert = f"INSERT INTO {self._target.sql(_name)} ({names}) SELECT {values} FROM"
         statements = [source.select_sql(bounds, columns=plan.columns) for bounds in plan.bounds]
         with self._transaction() as conn:
+            self._fence_first(conn)
             _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
             counted = _applied_counter(conn, self._target, replace=plan.replace)
             rows = 0
@@ -361,6 +382,9 @@ class PostgresSink:
         """Fill a fresh staging table beside the target; the target is not touched."""
 
         def fill(conn: Any) -> int:
+            # a stage another attempt holds (one paused past its lease) is waited for a while,
+            # not for ever: TargetUnavailable, retryable
+            _run(conn, f"SET LOCAL lock_timeout = '{_STAGE_WAIT}'")
             _run(conn, f"DROP TABLE IF EXISTS {self._stage.sql(_name)}")
             _create_table(conn, self._stage, payload.columns)
             return _copy_rows(conn, self._stage, payload.columns, payload.chunks)
@@ -381,6 +405,7 @@ class PostgresSink:
         """
         stage, target = self._stage.sql(_name), self._target.sql(_name)
         with self._transaction() as conn:
+            self._fence_first(conn)
             staged = [name for name, _ in _columns(conn, self._stage)]
             if not staged:
                 raise ConfigInvalid(
@@ -444,6 +469,25 @@ class PostgresSink:
             return conn.execute(query, [self.identity().table]).fetchall()
 
         return [LedgerEntry.from_row(*row) for row in self._outside_call(read)]
+
+    def read_rejects(self) -> list[tuple]:
+        """``Quarantining``: this table's rows set aside, oldest first. Reads only."""
+        rejects = TableName(self._target.schema, REJECTS_TABLE)
+
+        def read(conn: Any) -> list[tuple]:
+            if not _columns(conn, rejects):
+                return []
+            sql = rejects_query(rejects.sql(_name), "%s") + " ORDER BY ctid"
+            return _run_query(conn, sql, self.identity().table)
+
+        return self._outside_call(read)
+
+    def _fence_first(self, conn: Any) -> None:
+        """In the load's transaction, before its work: a batch already fenced out stops."""
+        fence = TableName(self._target.schema, FENCE_TABLE)
+        entry = self._ledger.peek()
+        if entry is not None and _columns(conn, fence):
+            fence_first(_query(conn), entry, **_fence_at(fence))
 
     def fence_epoch(self) -> int:
         """``Fencing``: the target table's fence in ``_dpone_fence`` of its schema; 0 without."""
@@ -602,6 +646,7 @@ def _pulled_value(alias: str, column: Column) -> str:
 
 
 _FENCE_WAIT = "5s"
+_STAGE_WAIT = "30s"
 
 
 def _fence_at(fence: TableName) -> dict[str, str]:
@@ -649,6 +694,13 @@ def _record(conn: Any, ledger: TableName, entry: LedgerEntry | None, rows: int) 
             f" VALUES ((SELECT COALESCE(MAX(seq), 0) + 1 FROM {table}), %s, %s, %s, %s, %s)",
             target, batch, rows, fields, partitions,
         )  # fmt: skip
+        if entry.rejects:
+            rejects = TableName(ledger.schema, REJECTS_TABLE)
+            if not _columns(conn, rejects):
+                _run(conn, rejects_table_sql(rejects.sql(_name), text="text"))
+            with conn.cursor() as cursor:
+                write_rejects(cursor.executemany, entry.rejects, target_table=target,
+                              batch_id=batch, table=rejects.sql(_name), marker="%s")  # fmt: skip
     return rows
 
 

@@ -26,8 +26,10 @@ import attrs
 from ..artifacts import check_digest, create_private, file_sha256, read_chunks
 from ..checkpoints import sha256_digest
 from ..column_types import Carry, finite_double, sqlite_kind
+from ..drivers import file_failure
 from ..errors import (
     ConfigInvalid,
+    SourceAccessRefused,
     SourceInvalid,
     SourceMissing,
     TargetRowsMismatch,
@@ -42,6 +44,7 @@ from ..ledger import (
     check_applied,
     check_ledger_columns,
     fence_batch,
+    fence_first,
     ledger_query,
     ledger_table_sql,
     read_fence,
@@ -56,6 +59,7 @@ from ..payloads import (
     SourceShape,
     bound_predicates,
 )
+from ..rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from ._sql import (
     RANGE_EDGES,
     STAGE_PREFIX,
@@ -66,6 +70,7 @@ from ._sql import (
     check_chunk_rows,
     check_target_folder,
     check_target_table,
+    check_writable,
     difference,
     edge_where,
     one_window_ranges,
@@ -75,12 +80,13 @@ from ._sql import (
     range_cuts_sql,
     range_partitions,
     ranges_run_on,
+    refuse_reserved_prefix,
     refuse_schema,
     render_predicates,
     unavailable,
 )
 from ._sql import quote as _quote
-from .contract import DEFAULT_CHUNK_ROWS, OnePassReading, SQLiteFile
+from .contract import DEFAULT_CHUNK_ROWS, OnePassReading, PlanInexact, SQLiteFile
 
 __all__ = ["SQLiteSink", "SQLiteSource"]
 
@@ -282,22 +288,31 @@ class SQLiteSource(TableSource):
 
     @contextlib.contextmanager
     def _source_errors(self) -> Iterator[None]:
-        """sqlite errors as ``SourceInvalid`` (or ``ValueUnsupported``), without their text."""
+        """sqlite errors as ``SourceInvalid`` (or ``ValueUnsupported``), without their text; a
+        file this process may not read is ``SourceAccessRefused`` (exit 2), the class of a
+        server's refused privilege."""
         try:
             yield
-        except sqlite3.OperationalError as exc:
-            if str(exc).startswith("Could not decode to UTF-8"):  # the text holds the value
+        except sqlite3.Error as exc:
+            if isinstance(exc, sqlite3.OperationalError) and str(exc).startswith(
+                "Could not decode to UTF-8"  # the text holds the value
+            ):
                 raise ValueUnsupported(
                     f"source table {self.table!r} holds a text value that is not valid UTF-8; "
                     "nothing was written",
                     diagnostics={"table": self.table},
                 ) from None
-            raise _source_invalid(
-                f"source table {self.table!r} could not be read", table=self.table
-            ) from None
-        except sqlite3.Error:
-            raise _source_invalid(
-                f"source table {self.table!r} could not be read", table=self.table
+            failure = file_failure(self.path, writing=False)
+            if failure is None:
+                raise _source_invalid(
+                    f"source table {self.table!r} could not be read", table=self.table
+                ) from None
+            raise failure.error(
+                f"the source database of table {self.table!r} cannot be read",
+                retry=SourceInvalid,
+                refused=SourceAccessRefused,
+                diagnostics={"table": self.table},
+                fix="give this process read access to the source file",
             ) from None
 
     def _open(self) -> sqlite3.Connection:
@@ -719,7 +734,8 @@ class SQLiteSource(TableSource):
 
 
 # Kinds another engine's own SQLite reader (DuckDB's scanner, ClickHouse's sqlite()) reads
-# exactly as the row paths carry them; other kinds need ``ValueCarrying``, so a plan is refused.
+# exactly as the row paths carry them; other kinds need ``ValueCarrying``, so lazy-plan carries
+# their rows (``PlanInexact``) and a pull is declined.
 _PLAN_KINDS = frozenset({"integer", "real", "text", "blob", "boolean", "date", "timestamp"})
 _DATE = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]"
 _ISO_DATE = f"({{c}} GLOB '{_DATE}' AND date({{c}}) IS {{c}})"
@@ -834,15 +850,15 @@ def refuse_inexact_plan(
     table: str,
     reader_refuses: Collection[str] = (),
 ) -> None:
-    """Refuse a lazy plan another engine would not read exactly as the other paths do.
+    """``PlanInexact`` for a lazy plan another engine would not read exactly as the row
+    paths carry it (lazy-plan then carries the rows itself; a pull is declined).
 
-    Refused: a source whose text is UTF-16 (SQLite orders it otherwise than by code
+    Such are: a source whose text is UTF-16 (SQLite orders it otherwise than by code
     point); partition or cursor columns it would filter differently
     (``collated_columns``); columns of a kind outside what its SQLite reader
     carries exactly; and columns holding a value it would misread (a real in
     an integer column, a text boolean, a date with a time, a timestamp with an
-    offset), found by one read of the source. The message points at the paths
-    where SQLite reads the rows.
+    offset), found by one read of the source.
 
     The read skips the columns of a table that SQLite itself keeps free of such
     values (``_held_as_declared``), and, in an ordinary table, the columns named
@@ -855,7 +871,7 @@ def refuse_inexact_plan(
     with source.reader() as conn:
         utf16 = conn.execute("PRAGMA encoding").fetchone()[0] != "UTF-8"
     if utf16:  # a grouped pull of text key ranges loaded some rows twice and lost others
-        raise ConfigInvalid(
+        raise PlanInexact(
             f"lazy-plan into {engine} cannot filter the source's text as SQLite does: the "
             "source database's text is UTF-16, which SQLite orders by its bytes, not by code "
             f"point as {engine} does; use legacy, staged or file-artifact (read by SQLite "
@@ -864,7 +880,7 @@ def refuse_inexact_plan(
         )
     collated = source.collated_columns()
     if collated:
-        raise ConfigInvalid(
+        raise PlanInexact(
             f"lazy-plan into {engine} cannot filter source column(s) {', '.join(collated)} as "
             "SQLite does: they are declared with a collation (COLLATE NOCASE, RTRIM or another), "
             f"so {engine} would select other rows than the source's partitions; use legacy, "
@@ -879,9 +895,9 @@ def refuse_inexact_plan(
         raise inexact_plan(engine, table, inexact)
 
 
-def inexact_plan(engine: str, table: str, columns: Sequence[str]) -> ConfigInvalid:
+def inexact_plan(engine: str, table: str, columns: Sequence[str]) -> PlanInexact:
     """The refusal of a lazy plan whose ``columns`` the engine would not read exactly."""
-    return ConfigInvalid(
+    return PlanInexact(
         f"lazy-plan into {engine} cannot read source column(s) {', '.join(columns)} exactly "
         f"({engine} reads them by their declared type, which differs from what the other "
         "paths carry); use legacy, staged or file-artifact",
@@ -958,6 +974,7 @@ class SQLiteSink(FileTarget):
         hint = 'a SQLite file is one schema; a name holding a dot is written quoted: "raw.t"'
         name = parse_table(table, default_schema="main")
         refuse_schema(name, engine="SQLite", hint=hint)
+        refuse_reserved_prefix(name.name, "sqlite_", engine="SQLite", part="table", fold=True)
         super().__init__(path, name.name)  # main.t is t; "raw.t" is the table raw.t
 
     def identity(self) -> TableIdentity:
@@ -976,6 +993,7 @@ class SQLiteSink(FileTarget):
         process can lock for writing now (``BEGIN EXCLUSIVE``, rolled back: a reader holding
         the file longer than the timeout would make the load's commit fail)."""
         check_target_folder(self.path, self.table)
+        check_writable(self.path, self.table)
         if not os.path.isfile(self.path):
             return
         try:
@@ -1029,6 +1047,7 @@ class SQLiteSink(FileTarget):
             return self._load_plan(payload)
         if isinstance(payload, RowChunks):
             with self._connect() as conn, _transaction(conn):
+                _fence_first(conn, self._ledger.peek())
                 _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
                 rows = _insert(conn, self.table, payload)
                 return _record(conn, self._ledger.take(), rows)
@@ -1119,6 +1138,14 @@ class SQLiteSink(FileTarget):
             raise unavailable(self.table, to="have its ledger read") from None
         return [LedgerEntry.from_row(*row) for row in rows]
 
+    def read_rejects(self) -> list[tuple]:
+        """``Quarantining``: this table's rows set aside, oldest first. Reads only."""
+        with self._reader() as conn:
+            if conn is None or not _table_columns(conn, REJECTS_TABLE):
+                return []
+            sql = rejects_query(_quote(REJECTS_TABLE), "?") + " ORDER BY rowid"
+            return conn.execute(sql, (self.identity().table,)).fetchall()
+
     def fence_epoch(self) -> int:
         """``Fencing``: the target table's fence in ``_dpone_fence``; 0 without one."""
         if not os.path.isfile(self.path):
@@ -1154,7 +1181,7 @@ class SQLiteSink(FileTarget):
         except sqlite3.Error:  # the load reports what is wrong with the target
             return
         if encoding != target:
-            raise ConfigInvalid(
+            raise PlanInexact(
                 f"lazy-plan into SQLite table {self.table!r} cannot attach the source database: "
                 f"its text is {encoding} and the target's {target}; use legacy, staged or "
                 "file-artifact",
@@ -1176,6 +1203,7 @@ class SQLiteSink(FileTarget):
             conn.execute("ATTACH DATABASE ? AS src", (_uri(source.path, read_only=True),))
             try:
                 with _transaction(conn):
+                    _fence_first(conn, self._ledger.peek())
                     _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
                     whole = source.table_sql(
                         payload.bounds, conn=conn, schema="src", columns=payload.columns
@@ -1210,6 +1238,7 @@ class SQLiteSink(FileTarget):
         Otherwise the rows are copied (appended, or after emptying the target).
         """
         with self._connect() as conn, _transaction(conn):
+            _fence_first(conn, self._ledger.peek())
             columns = _table_columns(conn, self._stage)
             if not columns:
                 raise ConfigInvalid(
@@ -1437,6 +1466,11 @@ _FENCE_AT: dict[str, Any] = {"table": _quote(FENCE_TABLE), "marker": "?"}
 _FENCE: dict[str, Any] = {**_FENCE_AT, "text": "TEXT NOT NULL", "integer": "INTEGER NOT NULL"}
 
 
+def _fence_first(conn: sqlite3.Connection, entry: LedgerEntry | None) -> None:
+    if entry is not None and _table_columns(conn, FENCE_TABLE):
+        fence_first(_query(conn), entry, **_FENCE_AT)
+
+
 def _query(conn: sqlite3.Connection) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
     return lambda sql, params: conn.execute(sql, params).fetchall()
 
@@ -1461,6 +1495,10 @@ def _record(conn: sqlite3.Connection, ledger: LedgerEntry | None, rows: int) -> 
             " VALUES (?, ?, ?, ?, ?)",
             (target, batch, rows, entry, partitions),
         )
+        if ledger.rejects:
+            conn.execute(rejects_table_sql(_quote(REJECTS_TABLE), text="TEXT"))
+            write_rejects(conn.executemany, ledger.rejects, target_table=target, batch_id=batch,
+                          table=_quote(REJECTS_TABLE), marker="?")  # fmt: skip
     return rows
 
 

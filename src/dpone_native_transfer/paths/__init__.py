@@ -45,6 +45,7 @@ from ..payloads import (
     SourceShape,
     bounds_label,
 )
+from ..rejects import Reject
 from ..stores import CheckpointStore
 from ._one_pass import one_pass, spool_partitions, spooled_chunks
 
@@ -53,17 +54,29 @@ if TYPE_CHECKING:
     from ..ledger import LedgerEntry
     from ..runtime import TransferSpec
 
-__all__ = ["Governance", "PathContext", "SourceSnapshot", "TransferPath"]
+__all__ = ["MAX_GATE_ROWS", "Governance", "PathContext", "SourceSnapshot", "TransferPath"]
 
 T = TypeVar("T")
+
+
+MAX_GATE_ROWS = 2**63 - 1  # a row count SQL engines hold; a larger gate could never fail
+
+
+def _gate(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    number = isinstance(value, int) and not isinstance(value, bool)
+    if value is not None and not (number and 0 <= value <= MAX_GATE_ROWS):
+        key = f"gates.{attribute.name}"
+        raise ConfigInvalid(
+            f"{key} must be an integer from 0 to {MAX_GATE_ROWS:,}", diagnostics={"key": key}
+        )
 
 
 @attrs.frozen(kw_only=True)
 class Governance:
     """Pre-target gates. A failed gate stops the attempt before the target and writes nothing."""
 
-    min_rows: int | None = None
-    max_rows: int | None = None
+    min_rows: int | None = attrs.field(default=None, validator=_gate)
+    max_rows: int | None = attrs.field(default=None, validator=_gate)
 
     @property
     def enabled(self) -> bool:
@@ -126,6 +139,7 @@ class PathContext:
     lease: Lease | None = None
     edge: EdgeTracker | None = None  # an append route's cursor edge, when it is tracked
     batch_value: str | None = None  # ``batch_column``: each row's last value, its batch id
+    rejects: list[Reject] = attrs.field(factory=list)  # rows set aside (quarantine)
     snapshot: SourceSnapshot = attrs.field(factory=lambda: SourceSnapshot(None))
     _carriers: list[tuple[int, str, Carry]] | None = attrs.field(default=None, init=False)
     _spooled: dict[str, Path] | None = attrs.field(default=None, init=False)  # one-pass scan
@@ -161,9 +175,13 @@ class PathContext:
             chunks = self.source.read(candidate.partition_bounds, chunk_rows=rows)
         if self.edge is not None:
             chunks = self.edge.rows(candidate, chunks)
-        return self._carry(chunks)
+        return self._carry(chunks, candidate.partition_id)
 
-    def _carry(self, chunks: Iterable[Sequence[tuple]]) -> Iterable[Sequence[tuple]]:
+    def _carry(
+        self, chunks: Iterable[Sequence[tuple]], partition_id: str | None = None
+    ) -> Iterable[Sequence[tuple]]:
+        """The rows as the sink holds them (``ValueCarrying``); a row the sink cannot hold
+        exactly stops the run, or with ``on_bad_value = "quarantine"`` is set aside."""
         if self.batch_value is not None:  # the shape's last column, the batch column
             chunks = _with_value(chunks, self.batch_value)
         if self._carriers is None:
@@ -171,7 +189,18 @@ class PathContext:
         if not self._carriers:
             return chunks
         target = type(self.sink).__name__.removesuffix("Sink")
-        return carried_chunks(chunks, self._carriers, target=target)
+        spec = self.spec
+        reject = None
+        if spec.on_bad_value == "quarantine":
+
+            def reject(row: tuple, column: str, value: Any) -> None:
+                keep = spec.quarantine_values
+                found = Reject.of(
+                    row, column, value, partition_id=partition_id, target=target, keep_value=keep
+                )
+                self.rejects.append(found)
+
+        return carried_chunks(chunks, self._carriers, target=target, reject=reject)
 
     def extract(self) -> Iterator[Sequence[tuple]]:
         """Every candidate's rows, carried for the sink, recording each one's count
@@ -464,7 +493,7 @@ class PathContext:
             clock=self.clock,
         )
         if self.ledger_entry is not None:  # every path's target call records its batch
-            entry = self.ledger_entry.with_counts(self.candidates, sent=sent)
+            entry = self.ledger_entry.with_counts(self.candidates, sent=sent, rejects=self.rejects)
             call, sink = invoke, self.sink
             assert isinstance(sink, LedgerSink)  # the runtime makes an entry for one only
 

@@ -1,8 +1,12 @@
-"""lazy-plan: no rows leave dpone; ``sink.load()`` receives a plan and pulls the rows itself."""
+"""lazy-plan: no rows leave dpone; ``sink.load()`` receives a plan and pulls the rows itself.
+
+Where the engine would read a value otherwise than the row paths carry it (``PlanInexact``),
+or an edge partition's loaded rows must be left out, the attempt carries the rows as legacy.
+"""
 
 from __future__ import annotations
 
-from ..connectors.contract import PlanPulling
+from ..connectors.contract import PlanInexact, PlanPulling
 from ..cursor_edge import is_edge
 from ..payloads import LoadPlan
 from . import PathContext
@@ -19,13 +23,6 @@ def lazy_plan_path(ctx: PathContext) -> int:
         # rows of an edge partition that the route already loaded must be left out, which
         # only dpone can do: this attempt carries rows (the same one target call)
         return legacy_path(ctx)
-    if ctx.spec.governance.enabled:  # counting costs a source scan: only when a gate needs it
-        counts = [ctx.source.count(candidate.partition_bounds) for candidate in ctx.candidates]
-        for index, rows in enumerate(counts):
-            ctx.extracted(index, rows)
-        ctx.check_governance(sum(counts))
-    else:
-        ctx.planned()
     plan = LoadPlan(
         source=ctx.source,
         columns=ctx.shape.columns,
@@ -34,5 +31,15 @@ def lazy_plan_path(ctx: PathContext) -> int:
     )
     # Before the boundary: a plan the sink cannot pull is a configuration error, and must
     # not be recorded as a target call of unknown outcome (which blocks the route).
-    sink.check_plan(plan)
+    try:
+        sink.check_plan(plan)
+    except PlanInexact:  # the engine would read some value otherwise: the rows are carried
+        return legacy_path(ctx)  # as legacy carries them, one outcome per value on every path
+    if ctx.spec.governance.enabled:  # counting costs a source scan: only when a gate needs it
+        counts = [ctx.source.count(candidate.partition_bounds) for candidate in ctx.candidates]
+        for index, rows in enumerate(counts):
+            ctx.extracted(index, rows)
+        ctx.check_governance(sum(counts))
+    else:
+        ctx.planned()
     return ctx.read_by_engine(lambda: ctx.mutate("load", lambda: sink.load(plan)))

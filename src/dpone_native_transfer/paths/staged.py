@@ -7,7 +7,10 @@ read the rows exactly, from the rows the runtime reads.
 
 from __future__ import annotations
 
+import contextlib
+
 from ..connectors.contract import StagePulling, Staging
+from ..errors import LeaseLost
 from . import PathContext
 
 __all__ = ["staged_path"]
@@ -30,6 +33,17 @@ def staged_path(ctx: PathContext) -> int:
     except BaseException:
         sink.discard_stage()
         raise
-    return ctx.mutate(
-        "finalize_staged_load", lambda: sink.finalize_staged_load(replace=ctx.replace), sent=staged
-    )
+    try:
+        return ctx.mutate(
+            "finalize_staged_load",
+            lambda: sink.finalize_staged_load(replace=ctx.replace),
+            sent=staged,
+        )
+    except BaseException as error:
+        # refused before the target (arming failed): the stage holds a copy of the rows, left
+        # for the next run to replace only when another attempt may own it now (lease lost)
+        started = ctx.mutation is not None and ctx.mutation.state.target_started
+        if not started and not isinstance(error, LeaseLost):
+            with contextlib.suppress(Exception):
+                sink.discard_stage()
+        raise

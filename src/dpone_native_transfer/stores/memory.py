@@ -236,6 +236,10 @@ class _MemoryLeases:
             held = self._rows.get(key)
             return None if held is None or held[1] <= now else held[2]
 
+    def holders(self, now: float) -> list[str]:
+        with self._lock:
+            return [held[2] for _, held in sorted(self._rows.items()) if held[1] > now]
+
     @contextlib.contextmanager
     def holding(self, claim: LeaseClaim | None, route: RouteKey | None) -> Iterator[None]:
         """Within, ``claim`` holds its lease unexpired (``LeaseLost`` else); no take meanwhile."""

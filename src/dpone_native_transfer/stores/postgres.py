@@ -28,7 +28,9 @@ call raises ``CheckpointStoreUnavailable`` and the caller opens a new store.
 Like the SQLite store, one store object serves one thread at a time.
 
 Errors raised here never carry the DSN, host, user, password or the driver's
-message text; diagnostics hold at most the SQLSTATE and the driver's error class.
+message text; diagnostics hold at most the SQLSTATE, the driver's error class and the
+class of failure (``drivers.ServerFailure``: a refused login, database or privilege is
+``CheckpointStoreAccessRefused``, exit 2).
 PostgreSQL text cannot hold NUL, so a route key or partition id containing one
 is refused by the driver before anything is written.
 """
@@ -45,8 +47,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from ..checkpoints import PartitionCheckpoint, RouteKey
-from ..drivers import import_driver, postgres_connect
+from ..drivers import ServerFailure, import_driver, postgres_connect, postgres_failure
 from ..errors import (
+    CheckpointStoreAccessRefused,
     CheckpointStoreCorrupt,
     CheckpointStoreUnavailable,
     ConfigInvalid,
@@ -186,10 +189,6 @@ _V1_TABLES = {
 _COLUMNS = """SELECT table_name, concat_ws(' ', column_name, data_type, collation_name)
     FROM information_schema.columns WHERE table_schema = %s ORDER BY table_name, ordinal_position"""
 
-# SQLSTATE classes that mean "cannot reach or may not use the server", not "bad data":
-# connection exception, invalid authorization, insufficient privilege.
-_UNAVAILABLE_SQLSTATES = ("08", "28", "42501")
-
 
 def _lock_key(*parts: str) -> int:
     """A signed 64-bit advisory-lock key; stable across processes, unlike ``hash``."""
@@ -197,21 +196,37 @@ def _lock_key(*parts: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big", signed=True)
 
 
+def _store_failure(failure: ServerFailure, action: str) -> NativeTransferError:
+    """``CheckpointStoreUnavailable`` (exit 1), or ``CheckpointStoreAccessRefused`` (exit 2)
+    when the server refused the login, has no such database, or the login lacks a privilege.
+    """
+    error_type = "OperationalError" if failure.cause is None else type(failure.cause).__name__
+    return failure.error(
+        f"checkpoint store cannot be {action}",
+        retry=CheckpointStoreUnavailable,
+        refused=CheckpointStoreAccessRefused,
+        diagnostics={"action": action, "error_type": error_type},
+        fix="fix the store DSN (its user, password or database) or the login's privileges",
+        nothing_written=False,  # a failed commit may follow a target that was written
+    )
+
+
 def _store_error(driver: Any, exc: Any, action: str) -> NativeTransferError | None:
-    """The store error for a driver error, built from its SQLSTATE and class name only.
+    """The store error for a driver error, built from its SQLSTATE and class name only
+    (``drivers.postgres_failure``): unavailable or refused, else corrupt.
 
     None for a client-side misuse (no SQLSTATE), which propagates unchanged as it does in SQLite.
     """
+    failure = postgres_failure(driver, exc)
+    if failure is not None:
+        return _store_failure(failure, action)
     sqlstate = exc.sqlstate
     diagnostics = {"action": action, "error_type": type(exc).__name__}
     if sqlstate:
         diagnostics["sqlstate"] = sqlstate
-    if isinstance(exc, driver.OperationalError) or (sqlstate or "").startswith(
-        _UNAVAILABLE_SQLSTATES
-    ):
+    if isinstance(exc, driver.OperationalError):  # a lock or statement timeout, a cancel
         return CheckpointStoreUnavailable(
-            f"checkpoint store cannot be {action}: the PostgreSQL server is unreachable, "
-            "refused the connection or its credentials, or the connection was lost",
+            f"checkpoint store cannot be {action} now; a retry may succeed",
             diagnostics=diagnostics,
         )
     if sqlstate is None:
@@ -241,7 +256,9 @@ def _in_transaction(driver: Any, action: str, conn: Any, work: Callable[[Any], _
 def _connect(driver: Any, dsn: str) -> Any:
     if not isinstance(dsn, str):
         raise ConfigInvalid("the PostgreSQL DSN must be a string", diagnostics={"key": "dsn"})
-    return _attempt(driver, "opened", lambda: postgres_connect(driver, dsn, what="PostgreSQL"))
+    return postgres_connect(
+        driver, dsn, what="PostgreSQL", failed=lambda failure: _store_failure(failure, "opened")
+    )
 
 
 def _table_corrupt(table: str) -> CheckpointStoreCorrupt:
@@ -643,6 +660,17 @@ class _LeaseTable:
             (key, now),
         )[1]
         return None if row is None else row[0]
+
+    def holders(self, now: float) -> list[str]:
+        def read(conn: Any) -> list[str]:
+            rows = conn.execute(
+                f"SELECT record FROM {self._s}.lease WHERE expires_at > %s ORDER BY lease_key",
+                (now,),
+            ).fetchall()
+            return [row[0] for row in rows]
+
+        with self._lock:
+            return _in_transaction(self._driver, "read", self._conn, read)
 
     def close(self) -> None:
         self._conn.close()

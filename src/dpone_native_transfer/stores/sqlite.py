@@ -32,7 +32,13 @@ from typing import Any, cast
 from urllib.request import pathname2url
 
 from ..checkpoints import GUARD_DIAGNOSTICS_KEY, LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey
-from ..errors import CheckpointStoreCorrupt, CheckpointStoreUnavailable, LeaseLost
+from ..drivers import file_failure
+from ..errors import (
+    CheckpointStoreAccessRefused,
+    CheckpointStoreCorrupt,
+    CheckpointStoreUnavailable,
+    LeaseLost,
+)
 from ..latest import LatestCheckpoints, guard_json
 from ..lease import LeaseClaim
 from ._codec import check_run_id, encode_batch, encode_object, encode_resolution, route_params
@@ -213,10 +219,24 @@ class SQLiteCheckpointStore(OwnConnection, RecordReads):
         self._conn: sqlite3.Connection | None = None
         _require_sqlite()
         self._path = os.path.abspath(os.fspath(path))
-        if not os.path.exists(self._path):
-            with _translated("created", writing=True):
-                _initialise(self._path)
-        self._conn = _open(self._path)
+        try:
+            if not os.path.exists(self._path):
+                with _translated("created", writing=True):
+                    _initialise(self._path)
+            self._conn = _open(self._path)
+        except CheckpointStoreUnavailable:
+            failure = file_failure(self._path, writing=True)
+            if failure is None:
+                raise
+        else:
+            return
+        raise failure.error(  # outside the handler: nothing chained
+            "the checkpoint store cannot be opened",
+            retry=CheckpointStoreUnavailable,
+            refused=CheckpointStoreAccessRefused,
+            diagnostics={"action": "opened"},
+            fix="give this process read and write access to the store file and its folder",
+        )
 
     @contextmanager
     def _transaction(
@@ -547,6 +567,13 @@ class _LeaseTable:
                 "SELECT record FROM lease WHERE lease_key = ? AND expires_at > ?", (key, now)
             ).fetchone()
         return None if row is None else row[0]
+
+    def holders(self, now: float) -> list[str]:
+        with self._lock, _translated("read"):
+            rows = self._conn.execute(
+                "SELECT record FROM lease WHERE expires_at > ? ORDER BY lease_key", (now,)
+            ).fetchall()
+        return [row[0] for row in rows]
 
     def close(self) -> None:
         self._conn.close()

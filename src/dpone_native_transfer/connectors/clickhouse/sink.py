@@ -51,23 +51,27 @@ from ...artifacts import (
     read_chunks,
 )
 from ...column_types import Carry
-from ...drivers import import_driver
+from ...drivers import ServerFailure, clickhouse_failure, import_driver
 from ...errors import (
     ConfigInvalid,
     InternalInvariantBroken,
     NativeTransferError,
     SourceInvalid,
+    TargetAccessRefused,
     TargetRowsUnproven,
+    TargetUnavailable,
 )
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query, ledger_table_sql
 from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, RowChunks, bound_predicates
+from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from .._arrow import arrow
 from .._sql import (
     STAGE_PREFIX,
     ColumnDifference,
     TableName,
     check_target_table,
+    check_writable,
     difference,
     integer_range_starts,
     parse_table,
@@ -76,7 +80,7 @@ from .._sql import (
     refuse_reserved_schema,
     unavailable,
 )
-from ..contract import PendingLedger, SQLiteFile
+from ..contract import PendingLedger, PlanInexact, SQLiteFile
 from ..sqlite import pulled_file, refuse_inexact_plan, watching_writes
 from .client import CHDB, ClickHouseClient, open_client, parse_location
 from .sql import (
@@ -120,6 +124,15 @@ _STATEMENT_BYTES = 200_000
 # quote in a name reads a wrong column (or its name as a string) or fails; checked on chDB 4.4.
 _SQLITE_FUNCTION_UNSAFE = re.compile(r'[\\"\x00-\x1f\x7f]')
 
+# ClickHouse's own databases; chDB's holds its temporary tables.
+_RESERVED_DATABASES = ("system", "information_schema", "_temporary_and_external_tables")
+# ClickHouse names a table's metadata files by its name escaped (a byte other than
+# [A-Za-z0-9_] is %XX): ``<table>.sql.detached``, and ``<database>.<table>.<uuid>.sql`` once
+# dropped. With 255-byte file names, a longer one cannot be created (206 in chDB's default).
+_NAME_MAX = 255
+_UUID = "00000000-0000-0000-0000-000000000000"
+_WORD_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
 Fill = Callable[[ClickHouseClient, TableName, "_Tokens"], int]
 _LEDGER = TableName(None, LEDGER_TABLE)
 
@@ -144,7 +157,8 @@ class ClickHouseSink:
         # database.table; chDB's one database is "default", so default.t is t
         default = "default" if self._location.kind == CHDB else None
         self._target = parse_table(table, default_schema=default)
-        refuse_reserved_schema(self._target, ("system", "information_schema"), engine="ClickHouse")
+        refuse_reserved_schema(self._target, _RESERVED_DATABASES, engine="ClickHouse")
+        _check_name_length(self._stage, table)  # the longest name it makes beside the target
         self.partition_by = partition_by
         self._ledger = PendingLedger()
         self._checked: LoadPlan | None = None  # the last plan check_plan passed
@@ -216,14 +230,33 @@ class ClickHouseSink:
                 client.close()
 
     def check_target(self) -> None:
-        """Before the target call: the server answers (or chDB opens its data path)."""
+        """Before the target call: the server answers (or chDB opens its data path, which it
+        may write: a read-only one is refused, exit 2)."""
+        if self.engine == "chdb" and os.path.isdir(self._location.target):
+            check_writable(self._location.target, self.table)
         try:
             with self.client() as client:
                 client.query_rows("SELECT 1")
         except NativeTransferError:
             raise
-        except Exception:
-            raise unavailable(self.table) from None
+        except Exception as exc:  # the driver's text may hold the URL: it is not chained
+            failure = clickhouse_failure(exc)
+        else:
+            return
+        raise self._failed(failure)
+
+    def _failed(self, failure: ServerFailure | None, *, to: str | None = None) -> Exception:
+        """``TargetUnavailable`` (exit 1), or ``TargetAccessRefused`` (exit 2) when the
+        server refused the login, has no such database, or the login lacks a privilege."""
+        if failure is None:
+            return unavailable(self.table) if to is None else unavailable(self.table, to=to)
+        return failure.error(
+            f"the target database of table {self.table!r} cannot {to or 'be used'}",
+            retry=TargetUnavailable,
+            refused=TargetAccessRefused,
+            diagnostics={"table": self.table},
+            fix="fix the target URL (its user, password or database) or the login's grants",
+        )
 
     # --- loads ----------------------------------------------------------------------------
 
@@ -634,11 +667,22 @@ class ClickHouseSink:
                 )
         except NativeTransferError:
             raise
-        except Exception:  # the driver's text may hold the URL: it is not chained
-            raise unavailable(self.table, to="have its ledger read") from None
-        return [LedgerEntry.from_row(*row) for row in rows]
+        except Exception as exc:  # the driver's text may hold the URL: it is not chained
+            failure = clickhouse_failure(exc)
+        else:
+            return [LedgerEntry.from_row(*row) for row in rows]
+        raise self._failed(failure, to="have its ledger read")
 
     # --- reading back -----------------------------------------------------------------------
+
+    def read_rejects(self) -> list[tuple]:
+        """``Quarantining``: this table's rows set aside. Reads only."""
+        rejects = TableName(None, REJECTS_TABLE)
+        with self.client() as client:
+            if not _exists(client, rejects):
+                return []
+            sql = rejects_query(quote(REJECTS_TABLE), "{t:String}")
+            return client.query_rows(sql, {"t": self.identity().table})
 
     @property
     def inserts_end_with_their_process(self) -> bool:
@@ -674,6 +718,27 @@ class ClickHouseSink:
                 return []
             names = column_list([name for name, _ in columns])
             return client.query_rows(f"SELECT {names} FROM {_ref(self._target)} ORDER BY {names}")
+
+
+def _escaped_length(name: str) -> int:
+    """The length of ClickHouse's ``escapeForFileName(name)``."""
+    return sum(1 if byte in _WORD_BYTES else 3 for byte in name.encode("utf-8"))
+
+
+def _check_name_length(table: TableName, configured: str) -> None:
+    """Refuse, before any I/O, a table name too long for ClickHouse to create in its database
+    (``_NAME_MAX``): the target call would fail on it and block the route."""
+    database = table.schema or "default"
+    dropped = _NAME_MAX - _escaped_length(database) - len("..") - len(_UUID) - len(".sql")
+    longest = min(_NAME_MAX - len(".sql.detached"), dropped)
+    if _escaped_length(table.name) > longest:
+        raise ConfigInvalid(
+            f"target table {configured!r} or its staging table {table.name!r} has a name longer "
+            f"than ClickHouse can create in database {database!r} ({longest} characters, a "
+            "character other than A-Z, a-z, 0-9 and _ counting 3 per UTF-8 byte); choose a "
+            "shorter name",
+            diagnostics={"key": "target.table"},
+        )
 
 
 class _Tokens:
@@ -719,7 +784,33 @@ def _record(client: ClickHouseClient, entry: LedgerEntry | None, rows: int) -> i
             " {b:String}, {r:UInt64}, {e:String}, {p:String}",
             {"t": target, "b": batch, "r": rows, "e": text, "p": partitions},
         )
+        if entry.rejects:  # after the rows too, one INSERT of all of them
+            table = quote(REJECTS_TABLE)
+            order = " ENGINE = MergeTree ORDER BY (target_table, batch_id)"
+            sql = rejects_table_sql(table, text="String", nullable="Nullable(String)", tail=order)
+            client.command(sql)
+            write_rejects(
+                lambda sql, values: _insert_values(client, sql, values),
+                entry.rejects, target_table=target, batch_id=batch, table=table, marker="%s",
+            )  # fmt: skip
     return rows
+
+
+def _insert_values(client: ClickHouseClient, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    """``sql`` (an INSERT ... VALUES of ``%s`` marks) once for all ``rows``, bound by name."""
+    head, _, values = sql.partition(" VALUES ")
+    width = values.count("%s")
+    params: dict[str, Any] = {}
+    groups = []
+    for number, row in enumerate(rows):
+        marks = []
+        for index, value in enumerate(row[:width]):
+            name = f"v{number}_{index}"
+            marks.append("NULL" if value is None else f"{{{name}:String}}")
+            if value is not None:
+                params[name] = value
+        groups.append("(" + ", ".join(marks) + ")")
+    client.command(f"{head} VALUES {', '.join(groups)}", params)
 
 
 _SQLITE_READ = "sqlite({src_path:String}, {src_table:String})"
@@ -1014,7 +1105,7 @@ def _with_safe_names(plan: LoadPlan, *, table: str) -> SQLiteFile:
     columns = [column.name for column in plan.columns]
     for name in (source.table, source.partition_column, source.cursor_column, *columns):
         if name is not None and _SQLITE_FUNCTION_UNSAFE.search(name):
-            raise ConfigInvalid(
+            raise PlanInexact(
                 f"lazy-plan into ClickHouse cannot read source identifier {name!r}: the "
                 "sqlite() table function mis-quotes backslashes, double quotes and control "
                 "characters (use another path)",

@@ -1,0 +1,248 @@
+"""The databases of one case of the crash and pause matrices, per target kind.
+
+A ``Place`` says where one case's route lives: its SQLite source file and its
+target (a SQLite or DuckDB file, or a table in a PostgreSQL schema of the
+case's own). lazy-plan into PostgreSQL pulls a PostgreSQL source of the same
+database only, so that case's source is a PostgreSQL copy of the sample table
+in the target's schema. A ``Place`` is JSON-safe: the test hands it to the
+child process (``crash_child.py``), which builds the same real source and sink
+from it. Rows are counted with each engine's own client, never through dpone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from dpone_native_transfer import (
+    DuckDBSink,
+    PostgresSink,
+    RouteKey,
+    SQLiteSink,
+    SQLiteSource,
+)
+from dpone_native_transfer.identity import route_key
+from dpone_native_transfer.testing import build_sample_source
+
+__all__ = [
+    "SOURCE_TABLE",
+    "TARGET_KINDS",
+    "TARGET_TABLE",
+    "Place",
+]
+
+TARGET_KINDS = ("sqlite", "duckdb", "postgres")
+SOURCE_TABLE, TARGET_TABLE = "orders", "orders_copy"
+_FILES = {"sqlite": "target.db", "duckdb": "target.duckdb"}
+# Route-file environment variables holding the PostgreSQL URLs (never in a file).
+TARGET_URL_ENV, STORE_URL_ENV = "DPONE_MATRIX_TARGET_URL", "DPONE_MATRIX_STORE_URL"
+
+
+@attrs.frozen(kw_only=True)
+class Place:
+    """Where one case's route lives. ``url`` and ``schema``: the PostgreSQL target's server
+    (a ``postgresql://`` URL, as the sink and a route file take it) and its schema."""
+
+    target: str  # sqlite | duckdb | postgres
+    path: str  # the transfer path
+    folder: str  # the source file and a target file go here
+    url: str | None = None
+    schema: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, Any]) -> Place:
+        return cls(**fields)
+
+    # --- the route ----------------------------------------------------------------------
+
+    @property
+    def pg_source(self) -> bool:
+        """True when the source is the PostgreSQL copy (lazy-plan into PostgreSQL)."""
+        return self.target == "postgres" and self.path == "lazy-plan"
+
+    @property
+    def source_path(self) -> Path:
+        return Path(self.folder) / "source.db"
+
+    @property
+    def target_path(self) -> Path:
+        return Path(self.folder) / _FILES[self.target]
+
+    @property
+    def target_table(self) -> str:
+        return f"{self.schema}.{TARGET_TABLE}" if self.target == "postgres" else TARGET_TABLE
+
+    @property
+    def respelt_target_table(self) -> str:
+        """Another spelling of the target table that the engine resolves to the same table
+        (SQLite and DuckDB fold ASCII case); PostgreSQL's names are case-sensitive."""
+        return self.target_table if self.target == "postgres" else TARGET_TABLE.upper()
+
+    def make_source(self) -> Any:
+        if self.pg_source:
+            from dpone_native_transfer import PostgresSource
+
+            return PostgresSource(self.url, f"{self.schema}.{SOURCE_TABLE}", "region", "updated_at")
+        return SQLiteSource(str(self.source_path), SOURCE_TABLE, "region", "updated_at")
+
+    def make_sink(self, table: str | None = None) -> Any:
+        table = table or self.target_table
+        if self.target == "sqlite":
+            return SQLiteSink(str(self.target_path), table)
+        if self.target == "duckdb":
+            return DuckDBSink(str(self.target_path), table)
+        return PostgresSink(str(self.url), table)
+
+    @property
+    def route(self) -> RouteKey:
+        return route_key(self.make_source(), self.make_sink(), "incremental_append")
+
+    def build_source(self, *, rows: int, partitions: int) -> None:
+        """The sample source (``build_sample_source``), copied into PostgreSQL for a
+        PostgreSQL source; the PostgreSQL target's schema is made here too."""
+        build_sample_source(self.source_path, rows=rows, partitions=partitions)
+        if self.target != "postgres":
+            return
+        self._admin(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+        if not self.pg_source:
+            return
+        self._admin(
+            f'CREATE TABLE "{self.schema}".{SOURCE_TABLE} (id integer PRIMARY KEY, region text'
+            " NOT NULL, amount double precision, updated_at bigint)"
+        )
+        with contextlib.closing(sqlite3.connect(self.source_path)) as db:
+            sample = db.execute(f"SELECT * FROM {SOURCE_TABLE}").fetchall()
+        with self._postgres() as conn:
+            conn.cursor().executemany(
+                f'INSERT INTO "{self.schema}".{SOURCE_TABLE} VALUES (%s, %s, %s, %s)', sample
+            )
+
+    def route_text(self, *, store: str, chunk_rows: int, lease_seconds: float) -> str:
+        """The route file ``dpone-transfer run`` reads for this case. A PostgreSQL target (and
+        source) and a PostgreSQL store are named by environment variables (``run_env``)."""
+        if self.pg_source:
+            source = (
+                f'kind = "postgres"\ndsn = "env:{TARGET_URL_ENV}"\n'
+                f'table = "{self.schema}.{SOURCE_TABLE}"\n'
+            )
+        else:
+            source = f'path = "{self.source_path}"\ntable = "{SOURCE_TABLE}"\n'
+        if self.target == "postgres":
+            target = f'kind = "postgres"\ndsn = "env:{TARGET_URL_ENV}"\n'
+        else:
+            target = f'kind = "{self.target}"\npath = "{self.target_path}"\n'
+        store_path = f"env:{STORE_URL_ENV}" if store.startswith("postgresql://") else store
+        return (
+            f'[source]\n{source}partition_column = "region"\ncursor_column = "updated_at"\n\n'
+            f'[target]\n{target}table = "{self.target_table}"\n\n'
+            f'[transfer]\nstrategy = "incremental_append"\npath = "{self.path}"\n'
+            f"chunk_rows = {chunk_rows}\n\n"
+            f'[store]\npath = "{store_path}"\nlease_seconds = {lease_seconds}\n'
+        )
+
+    def run_env(self, store: str) -> dict[str, str]:
+        """The environment variables the route file names."""
+        env = {TARGET_URL_ENV: self.url} if self.url else {}
+        if store.startswith("postgresql://"):
+            env[STORE_URL_ENV] = store
+        return env
+
+    # --- what the databases hold ----------------------------------------------------------
+
+    def source_ids(self) -> list[int]:
+        if self.pg_source:
+            rows = self._admin(f'SELECT id FROM "{self.schema}".{SOURCE_TABLE}')
+            return sorted(row[0] for row in rows)
+        return _sqlite_ids(self.source_path, SOURCE_TABLE)
+
+    def target_ids(self) -> list[int]:
+        """Every id in the target table, sorted, duplicates kept; [] when it does not exist."""
+        if self.target == "sqlite":
+            return _sqlite_ids(self.target_path, TARGET_TABLE)
+        if self.target == "duckdb":
+            with self._duckdb() as conn:
+                if conn is None or not _duckdb_has(conn, TARGET_TABLE):
+                    return []
+                rows = conn.execute(f"SELECT id FROM {TARGET_TABLE}").fetchall()
+                return sorted(row[0] for row in rows)
+        table = f'"{self.schema}".{TARGET_TABLE}'
+        if not self._admin("SELECT to_regclass(%s)", (table,))[0][0]:
+            return []
+        return sorted(row[0] for row in self._admin(f"SELECT id FROM {table}"))
+
+    def target_partition_ids(self, bounds: Mapping[str, Any]) -> list[int]:
+        """The ids the target holds in one partition's ``bounds`` (region and cursor window)."""
+        source = set(self._bounded_source_ids(bounds))
+        return [row_id for row_id in self.target_ids() if row_id in source]
+
+    def _bounded_source_ids(self, bounds: Mapping[str, Any]) -> list[int]:
+        sql, params = f"SELECT id FROM {SOURCE_TABLE} WHERE region = ?", [bounds["partition"]]
+        for operator, key in ((">", "cursor_after"), ("<=", "cursor_upto")):
+            if bounds.get(key) is not None:
+                sql += f" AND updated_at {operator} ?"
+                params.append(bounds[key])
+        with contextlib.closing(sqlite3.connect(self.source_path)) as db:
+            return [row[0] for row in db.execute(sql, params)]
+
+    def source_partition_ids(self, bounds: Mapping[str, Any]) -> list[int]:
+        return sorted(self._bounded_source_ids(bounds))
+
+    # --- clients ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _postgres(self) -> Iterator[Any]:
+        import psycopg
+
+        with contextlib.closing(psycopg.connect(str(self.url), autocommit=True)) as conn:
+            yield conn
+
+    def _admin(self, sql: str, params: Any = None) -> list[tuple]:
+        with self._postgres() as conn:
+            cursor = conn.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+
+    @contextlib.contextmanager
+    def _duckdb(self) -> Iterator[Any]:
+        """A read-write connection (a killed load's WAL is replayed), closed at once after."""
+        if not self.target_path.is_file():
+            yield None
+            return
+        import duckdb
+
+        conn = duckdb.connect(str(self.target_path))
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def drop_postgres_schema(self) -> None:
+        if self.target == "postgres":
+            with self._postgres() as conn:
+                conn.execute("SET lock_timeout = '10s'")
+                conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+
+
+def _duckdb_has(conn: Any, table: str) -> bool:
+    found = conn.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE lower(table_name) = ?", [table]
+    ).fetchone()
+    return bool(found[0])
+
+
+def _sqlite_ids(db: Path, table: str) -> list[int]:
+    """A read-write connection, so that a hot journal a kill left behind is rolled back."""
+    if not db.is_file():
+        return []
+    with contextlib.closing(sqlite3.connect(db)) as connection:
+        sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ? COLLATE NOCASE"
+        if connection.execute(sql, (table,)).fetchone() is None:
+            return []
+        return sorted(row[0] for row in connection.execute(f'SELECT id FROM "{table}"'))
