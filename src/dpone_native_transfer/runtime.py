@@ -302,7 +302,7 @@ class TransferRuntime:
             except Unsupported as refused:  # a connector cannot: the route is not blocked
                 if ctx.mutation is not None:
                     raise
-                raise ctx.lacks(refused.what) from None
+                raise ctx.lacks(refused.what, **refused.diagnostics) from None
             except OSError as error:
                 if ctx.mutation is not None:  # the boundary recorded the target call
                     raise

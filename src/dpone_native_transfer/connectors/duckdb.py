@@ -98,7 +98,7 @@ from ._sql import (
     render_predicates,
     unavailable,
 )
-from .contract import PlanInexact, SinkFeatures
+from .contract import PlanInexact, SinkFeatures, Unsupported
 from .contract.engine import EnginePull
 from .contract.sqlite_file import SQLiteFile
 from .sqlite import (
@@ -233,20 +233,21 @@ def _sqlite_extension(duckdb: Any) -> str:
     raise _no_scanner(version)
 
 
-def _no_scanner(version: str) -> ConfigInvalid:
-    """Lazy-plan into DuckDB cannot run: no sqlite_scanner extension of this DuckDB version
-    can be loaded. The other paths read the rows in Python (a pull needs the extension too)."""
+def _no_scanner(version: str) -> Unsupported:
+    """DuckDB cannot read a SQLite source itself: no sqlite_scanner extension of this DuckDB
+    version can be loaded. dpone reads the rows in Python instead (a pull needs it too)."""
     try:
         installed = f"{_SCANNER} {importlib.metadata.version(_SCANNER)} is installed"
     except importlib.metadata.PackageNotFoundError:
         installed = f"{_SCANNER} is not installed"
-    return ConfigInvalid(
-        f"lazy-plan into DuckDB needs DuckDB's sqlite_scanner extension of the installed DuckDB "
-        f"{version} ({installed}): pip install '{_SCANNER}=={version}'. It is published "
-        "only for some DuckDB versions, the newest 1.5.5 when this release was made: without "
-        "it, use legacy, staged or file-artifact, which load the same rows, or pip install "
-        f"'duckdb==1.5.5' '{_SCANNER}==1.5.5'",
-        diagnostics={"key": "driver", "package": _SCANNER, "duckdb": version},
+    return Unsupported(
+        f"DuckDB's sqlite_scanner extension of the installed DuckDB {version} ({installed}): "
+        f"pip install '{_SCANNER}=={version}'. It is published only for some DuckDB versions, "
+        f"the newest 1.5.5 when this release was made, or pip install 'duckdb==1.5.5' "
+        f"'{_SCANNER}==1.5.5'",
+        key="driver",
+        package=_SCANNER,
+        duckdb=version,
     )
 
 

@@ -342,8 +342,7 @@ class PostgresSink(Sink, EnginePull):
             if source.identity().location == self.identity().location:
                 return source
         raise Unsupported(
-            "an engine that reads this source (PostgreSQL reads tables of its own database "
-            "only)",
+            "an engine that reads this source (PostgreSQL reads tables of its own database only)",
             table=self.table,
         )
 

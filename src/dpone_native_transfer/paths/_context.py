@@ -160,14 +160,15 @@ class PathContext:
                 of=len(self.candidates),
             )
 
-    def lacks(self, what: str) -> ConfigInvalid:
+    def lacks(self, what: str, **diagnostics: Any) -> ConfigInvalid:
         """The error of a path whose connector cannot provide ``what`` (it raised
-        ``Unsupported``), raised before the target, so the route is not blocked."""
+        ``Unsupported``, with its ``diagnostics``), raised before the target, so the route is
+        not blocked."""
         others = [name for name in BUILTIN_PATH_NAMES if name != self.spec.path]
         return ConfigInvalid(
             f"path {self.spec.path!r} cannot run on target table {self.sink.table!r}: its "
             f"connectors cannot provide {what}; use {', '.join(others[:-1])} or {others[-1]}",
-            diagnostics={"route": self.route.as_dict(), "path": self.spec.path},
+            diagnostics={**diagnostics, "route": self.route.as_dict(), "path": self.spec.path},
         )
 
     def check_governance(self, rows: int) -> None:

@@ -20,7 +20,6 @@ from . import DEFAULT_CHUNK_ROWS, Sink, SinkFeatures, Source, SourceFeatures, Un
 from .engine import EnginePull
 
 if TYPE_CHECKING:
-
     from ...column_types import Carry, Column
     from ...identity import TableIdentity
     from ...ledger import LedgerEntry
