@@ -2,7 +2,7 @@
 
 A path is a callable ``path(ctx) -> int``. It does all of its pre-target work
 (read the source, record what it read, run the governance gates) and then
-reaches the target exactly once, through ``ctx.mutate(operation, invoke)``.
+reaches the target exactly once, through ``ctx.mutate(operation, call, *args)``.
 It never sees the target-commit guard: ``ctx.mutate`` hands ``invoke`` to the
 runtime's one target boundary, which arms the guard before calling it and
 promotes the checkpoints after it. A path that calls the sink anywhere else
@@ -68,7 +68,7 @@ def bulk_copy_path(ctx: PathContext) -> int:
         # Governance is pre-target work: a refused attempt must not arm the guard or
         # touch the target, so the gate runs before ctx.mutate.
         ctx.check_governance(total)
-        # The one target call. It goes inside the lambda: the boundary arms the guard
-        # first and calls the lambda only if every armed checkpoint is durable.
+        # The one target call, handed to the boundary: it arms the guard first and calls
+        # sink.load(payload, ledger=...) only if every armed checkpoint is durable.
         # ctx.row_chunks adds the source's columns and, for full_refresh, replace=True.
-        return ctx.mutate("load", lambda: ctx.sink.load(ctx.row_chunks(replay(spool))))
+        return ctx.mutate("load", ctx.sink.load, ctx.row_chunks(replay(spool)))

@@ -57,7 +57,7 @@ from dpone_native_transfer.reporting import (
     declined,
     plural,
 )
-from dpone_native_transfer.stores import open_store
+from dpone_native_transfer.stores import Store, open_store
 
 from .policy import (
     Finding,
@@ -262,7 +262,7 @@ class _Target:
     named: RouteKey | None = None
     config: RouteConfig | None = None
 
-    def routes(self, store: Any) -> list[RouteKey]:
+    def routes(self, store: Store) -> list[RouteKey]:
         """The routes meant: the route file's (and its twin stored without locations), or the
         store's routes of the --route names, or every route of the store."""
         known = store.list_routes()
@@ -504,7 +504,7 @@ class _BatchProof:
 
 
 def _proofs(
-    store: Any, target: _Target, route: RouteKey, prover: Prover | None = None
+    store: Store, target: _Target, route: RouteKey, prover: Prover | None = None
 ) -> tuple[list[_BatchProof], list[LedgerEntry] | None, str | None]:
     """Each blocked batch of ``route`` with what the target proves (``prover``: by default,
     reading only), the ledger itself, and why it could not be read (None when it was).
@@ -539,7 +539,7 @@ def _proofs(
 
 
 def _mismatch(
-    store: Any,
+    store: Store,
     target: _Target,
     route: RouteKey,
     entries: list[LedgerEntry] | None,
@@ -614,7 +614,7 @@ def _verify_command(args: argparse.Namespace) -> int:
 
 
 def _miscounted(
-    store: Any, target: _Target, route: RouteKey, entries: Sequence[LedgerEntry]
+    store: Store, target: _Target, route: RouteKey, entries: Sequence[LedgerEntry]
 ) -> list[dict[str, Any]]:
     """Each applied batch of ``route`` whose rows the target holds in another number than its
     ledger row records, where the target can tell: a route with a ``batch_column``."""
@@ -797,7 +797,7 @@ def _opened(location: str) -> Iterator[Any]:
         store.close()
 
 
-def _blocked_route(store: Any, routes: Sequence[RouteKey]) -> RouteKey:
+def _blocked_route(store: Store, routes: Sequence[RouteKey]) -> RouteKey:
     """The one route of ``routes`` that is blocked (else the first); refuses when several are."""
     blocked = [route for route in routes if blocked_partitions(store.list_latest(route))]
     if len(blocked) > 1:

@@ -41,6 +41,7 @@ from .latest import LatestCheckpoints
 
 if TYPE_CHECKING:
     from .rejects import Reject
+    from .stores import Store
 from .wording import plural
 
 __all__ = [
@@ -740,7 +741,7 @@ def unexcused(entries: Sequence[LedgerEntry]) -> list[LedgerEntry]:
     return [entry for entry in ordered if excused_at.get(entry.batch_id, -1) < entry.seq]
 
 
-def ledger_overrides(store: Any, route: RouteKey, *, gone: bool = False) -> set[str]:
+def ledger_overrides(store: Store, route: RouteKey, *, gone: bool = False) -> set[str]:
     """Batch ids operators resolved against the ledger (``ledger_overrides`` in audit records).
 
     Read from every route of the store writing ``route``'s target table; a
@@ -764,7 +765,7 @@ def ledger_overrides(store: Any, route: RouteKey, *, gone: bool = False) -> set[
 
 
 def excused_batches(
-    store: Any, route: RouteKey, read_ledger: Callable[[], Sequence[LedgerEntry]]
+    store: Store, route: RouteKey, read_ledger: Callable[[], Sequence[LedgerEntry]]
 ) -> list[str]:
     """What a new ledger entry records as ``excused``: the batches of its target table whose
     rows operators said the table no longer holds (``ledger_overrides(gone=True)``) and that

@@ -10,7 +10,6 @@ target's fence to prove that a blocked batch can no longer be applied
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 from collections.abc import Sequence
@@ -31,7 +30,7 @@ from .checkpoints import (
 from .errors import ConfigInvalid, NativeTransferError, RouteBusy, StoreTargetMismatch
 from .events import EventName, EventRecorder
 from .latest import LatestCheckpoints, as_latest
-from .lease import Lease, LeaseStore, ProcessMark, read_holder
+from .lease import Lease, ProcessMark, read_holder
 from .lease import lease_key as _lease_key
 from .ledger import (
     APPLIED,
@@ -44,6 +43,7 @@ from .ledger import (
     unexcused,
 )
 from .source_state import unknown_edge
+from .stores import Store
 from .wording import plural
 
 __all__ = [
@@ -85,11 +85,9 @@ def ledger_of(
         return None, f"the target cannot be reached ({type(error).__name__})"
 
 
-def check_not_leased(store: Any, route: RouteKey) -> None:
+def check_not_leased(store: Store, route: RouteKey) -> None:
     """``RouteBusy`` while an attempt holds the target table's lease (it may still be running;
     a holder on this host whose process is gone does not count: its lease is taken at once)."""
-    if not isinstance(store, LeaseStore):
-        return
     table = store.lease_table()
     try:
         record = table.holder(_lease_key(route), datetime.now(UTC).timestamp())
@@ -100,10 +98,8 @@ def check_not_leased(store: Any, route: RouteKey) -> None:
         raise RouteBusy.held_by(route, holder)
 
 
-def operator_lease(store: Any, route: RouteKey, *, operator: str, action: str) -> Any:
-    """The target table's lease for an operator's write (a context manager; none without one)."""
-    if not isinstance(store, LeaseStore):
-        return contextlib.nullcontext()
+def operator_lease(store: Store, route: RouteKey, *, operator: str, action: str) -> Any:
+    """The target table's lease for an operator's write (a context manager)."""
     return Lease(
         store.lease_table(),
         route,

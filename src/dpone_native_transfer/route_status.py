@@ -17,15 +17,15 @@ from typing import Any
 from .checkpoints import RouteKey
 from .errors import StoreTargetMismatch
 from .latest import as_latest
-from .lease import LeaseStore, lease_key, read_holder
+from .lease import lease_key, read_holder
 from .plugins import Hooks, make_plugin_manager
 from .reporting import BLOCKING_ERRORS, EXIT_OK, plural
-from .stores import open_store
+from .stores import Store, open_store
 
 __all__ = ["add_routes_command", "route_status", "status_line"]
 
 
-def route_status(store: Any, route: RouteKey, hooks: Hooks) -> dict[str, Any]:
+def route_status(store: Store, route: RouteKey, hooks: Hooks) -> dict[str, Any]:
     """One route's status as a JSON-safe object (the ``--json`` lines)."""
     latest = as_latest(store.list_latest(route))
     checkpoints = list(latest)
@@ -85,9 +85,7 @@ def _run(evidence: dict[str, Any]) -> dict[str, Any]:
     return {key: evidence.get(key) for key in keys}
 
 
-def _holder(store: Any, route: RouteKey) -> dict[str, Any] | None:
-    if not isinstance(store, LeaseStore):
-        return None
+def _holder(store: Store, route: RouteKey) -> dict[str, Any] | None:
     table = store.lease_table()
     try:
         record = table.holder(lease_key(route), datetime.now(UTC).timestamp())
@@ -135,10 +133,8 @@ def _print(statuses: list[dict[str, Any]], as_json: bool) -> None:
         print(status_line(status))
 
 
-def _leased_only(store: Any, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _leased_only(store: Store, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Routes the store knows only by a lease: their first run holds it now."""
-    if not isinstance(store, LeaseStore):
-        return []
     table = store.lease_table()
     try:
         records = table.holders(datetime.now(UTC).timestamp())

@@ -10,14 +10,13 @@ that failed after promotion heals on the next run without a target call.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,6 @@ from .lease import (
     DEFAULT_LEASE_SECONDS,
     HeldStore,
     Lease,
-    LeaseStore,
     ProcessMark,
     lease_key,
 )
@@ -72,7 +70,7 @@ from .recovery import Prover, TargetRecovery
 from .schema_contract import apply_schema_contract
 from .source_state import SourceState
 from .spec import TransferSpec, check_option
-from .stores import CheckpointStore, RouteStateStore, TargetScopeStore
+from .stores import RouteStateStore, Store
 
 __all__ = ["BUILTIN_PATHS", "TransferResult", "TransferRuntime", "TransferSpec"]  # the spec is
 # ``spec.py``'s, named here too for the callers that found it here
@@ -106,12 +104,14 @@ class TransferRuntime:
     other plugins) runs unguarded, on purpose, and only on routes without
     guards. ``paths`` adds connector-provided paths to the built-in four.
     ``lease_seconds`` is how long a target table's lease lasts without a
-    heartbeat (a killed worker's lease expires after it).
+    heartbeat (a killed worker's lease expires after it). ``store`` is a ``stores.Store``
+    (what ``open_store`` returns); ``state_store`` keeps the source state and evidence
+    elsewhere.
     """
 
     def __init__(
         self,
-        store: CheckpointStore,
+        store: Store,
         *,
         clock: Clock | None = None,
         plugins: Iterable[object] | None = None,
@@ -121,14 +121,14 @@ class TransferRuntime:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         unguarded: bool = False,
     ) -> None:
-        self.store = store
-        states = state_store if state_store is not None else store
-        if not isinstance(states, RouteStateStore):
+        if not isinstance(store, Store):
             raise ConfigInvalid(
-                "the store keeps no source state; pass state_store=",
-                diagnostics={"key": "state_store"},
+                f"the store ({type(store).__name__}) is not a dpone store: it must do all that "
+                "dpone_native_transfer.stores.Store names (open one with open_store)",
+                diagnostics={"key": "store"},
             )
-        self.state_store: RouteStateStore = states
+        self.store: Store = store
+        self.state_store: RouteStateStore = state_store if state_store is not None else store
         self.clock = clock or system_clock
         plugins = None if plugins is None else list(plugins)
         self.unguarded = unguarded is True or plugins == []
@@ -146,7 +146,7 @@ class TransferRuntime:
                 f"unknown path {spec.path!r}; known: {', '.join(sorted(self.paths))}",
                 diagnostics={"key": "path"},
             )
-        route = spec.route if isinstance(self.store, TargetScopeStore) else spec.route.unlocated()
+        route = spec.route
         if not (self.unguarded or scans_routes(self.plugin_manager)):
             raise self._no_guard(route)
         with (
@@ -156,22 +156,16 @@ class TransferRuntime:
         ):
             return self._attempt(spec, path, route, lease, snapshot)
 
-    @contextlib.contextmanager
-    def _leased(self, route: RouteKey, run_id: str) -> Iterator[Lease | None]:
-        """The target table's lease for the whole attempt, when the store can lease."""
-        if not isinstance(self.store, LeaseStore):
-            yield None
-            return
-        lease = Lease(self.store.lease_table(), route, run_id=run_id, seconds=self.lease_seconds)
-        with lease:
-            yield lease
+    def _leased(self, route: RouteKey, run_id: str) -> Lease:
+        """The target table's lease, for the whole attempt."""
+        return Lease(self.store.lease_table(), route, run_id=run_id, seconds=self.lease_seconds)
 
     def _attempt(
         self,
         spec: TransferSpec,
         path: TransferPath,
         route: RouteKey,
-        lease: Lease | None,
+        lease: Lease,
         snapshot: SourceSnapshot,
     ) -> TransferResult:
         store = self._held(lease)  # what the attempt writes, it writes under its lease
@@ -223,16 +217,11 @@ class TransferRuntime:
             recovery = TargetRecovery(
                 store=attempt.store, route=route, run_id=spec.run_id, prover=prover, events=events
             )
-        if isinstance(self.store, TargetScopeStore):
+        scope = as_latest(self.store.list_target_latest(route))
+        if self._scan_route(route, scope, recovery):
             scope = as_latest(self.store.list_target_latest(route))
-            if self._scan_route(route, scope, recovery):
-                scope = as_latest(self.store.list_target_latest(route))
-            self.store.adopt_unlocated(route)
-            latest = as_latest(self.store.list_latest(route))
-        else:
-            latest = scope = as_latest(self.store.list_latest(route))
-            if self._scan_route(route, latest, recovery):
-                latest = scope = as_latest(self.store.list_latest(route))
+        self.store.adopt_unlocated(route)
+        latest = as_latest(self.store.list_latest(route))
         if recovery is None:
             _check_target(spec.sink)
             epoch = self._fenced_epoch(ledger, attempt.lease)
@@ -247,7 +236,7 @@ class TransferRuntime:
                 target_empty=ledger.is_empty,
                 started=lambda: self.state_store.load_source_state(route) is not None,
             )
-        if refreshed is None and isinstance(self.store, TargetScopeStore):
+        if refreshed is None:
             # a refresh that kept no ledger entry (ledger = false): the store remembers it
             cursor = spec.source.cursor_column
             refreshed = refresh_in_store(route, scope, cursor, ledgered=ledger is not None)
@@ -280,7 +269,7 @@ class TransferRuntime:
         if added:
             attempt.events.emit(EventName.SCHEMA_EVOLVED, columns=added)
         idle = 2 * self.lease_seconds
-        with _work_folder(spec, route, leased=lease is not None, idle_seconds=idle) as work:
+        with _work_folder(spec, route, idle_seconds=idle) as work:
             ctx = PathContext(
                 spec=spec,
                 route=route,
@@ -306,7 +295,7 @@ class TransferRuntime:
             except OSError as error:
                 if ctx.mutation is not None:  # the boundary recorded the target call
                     raise
-                if lease is not None and lease.lost:  # another attempt removed the folder
+                if lease.lost:  # another attempt removed the folder
                     raise LeaseLost.lost(route) from None
                 raise _work_folder_failed(route, error) from None
         return _Outcome.of(ctx, rows_loaded)
@@ -357,20 +346,18 @@ class TransferRuntime:
         return None
 
     @staticmethod
-    def _fenced_epoch(ledger: Sink | None, lease: Lease | None) -> int | None:
+    def _fenced_epoch(ledger: Sink | None, lease: Lease) -> int | None:
         """The lease epoch this attempt's batch is fenced with, above the target's fence (a
-        store replaced or restored counts from lower); None without a fence or a lease."""
-        if lease is None or ledger is None or not ledger.features.fence:
+        store replaced or restored counts from lower); None without a fence."""
+        if ledger is None or not ledger.features.fence:
             return None
         fence = ledger.fence_epoch()
         if fence >= lease.epoch:
             lease.raise_epoch(fence + 1)
         return lease.epoch
 
-    def _held(self, lease: Lease | None) -> Any:
-        """The store as the attempt's hooks write it: under the lease, when there is one."""
-        if lease is None or not isinstance(self.store, LeaseStore):
-            return self.store
+    def _held(self, lease: Lease) -> Any:
+        """The store as the attempt's hooks write it: under the lease."""
         return HeldStore(self.store, lease)
 
     def _scan_route(
@@ -413,7 +400,7 @@ class _Attempt:
 
     spec: TransferSpec
     route: RouteKey
-    lease: Lease | None
+    lease: Lease
     snapshot: SourceSnapshot
     events: EventRecorder
     store: Any  # the checkpoint store, under the lease when there is one
@@ -498,7 +485,7 @@ def _with_batch_column(route: RouteKey, shape: SourceShape, name: str | None) ->
 
 
 def _work_folder(
-    spec: TransferSpec, route: RouteKey, *, leased: bool, idle_seconds: float
+    spec: TransferSpec, route: RouteKey, *, idle_seconds: float
 ) -> tempfile.TemporaryDirectory[str]:
     """The attempt's private folder (mode 0700, fresh, removed after it): spool and artifact
     files. Made in ``spec.artifact_dir`` when given, else in the system's temp folder.
@@ -522,14 +509,14 @@ def _work_folder(
     table = hashlib.sha256(lease_key(route).encode()).hexdigest()[:12]
     prefix = f"dpone-transfer-{table}-"
     here = ProcessMark.here()
-    if leased:  # no other attempt on this table is running: what is left is a dead one's
-        folder = Path(parent if parent is not None else tempfile.gettempdir())
-        for leftover in folder.glob(prefix + "*"):
-            if not leftover.is_dir() or leftover.is_symlink():
-                continue
-            alive = _maker_alive(leftover.name.removeprefix(prefix), here)
-            if alive is False or (alive is None and _idle(leftover, idle_seconds)):
-                shutil.rmtree(leftover, ignore_errors=True)
+    # under the lease no other attempt on this table runs: what is left is a dead one's
+    folder = Path(parent if parent is not None else tempfile.gettempdir())
+    for leftover in folder.glob(prefix + "*"):
+        if not leftover.is_dir() or leftover.is_symlink():
+            continue
+        alive = _maker_alive(leftover.name.removeprefix(prefix), here)
+        if alive is False or (alive is None and _idle(leftover, idle_seconds)):
+            shutil.rmtree(leftover, ignore_errors=True)
     mine = f"{prefix}{_machine_of(here)}.{here.pid}.{here.started or 0}-"
     return tempfile.TemporaryDirectory(prefix=mine, dir=parent)
 
@@ -573,12 +560,13 @@ def _idle(folder: Path, seconds: float) -> bool:
 
 
 def _stamped(
-    candidates: list[PartitionCheckpoint], batch_id: str, lease: Lease | None
+    candidates: list[PartitionCheckpoint], batch_id: str, lease: Lease
 ) -> list[PartitionCheckpoint]:
     """The candidates, each naming the ledger batch it will be recorded under and the lease
     epoch that arms it (the fence passed it proves the attempt can no longer commit)."""
-    stamp: dict[str, Any] = {LEDGER_BATCH_KEY: batch_id}
-    if lease is not None:
-        stamp[LEASE_EPOCH_KEY] = lease.epoch
-        stamp[LEASE_PROCESS_KEY] = lease.process.as_dict()
+    stamp = {
+        LEDGER_BATCH_KEY: batch_id,
+        LEASE_EPOCH_KEY: lease.epoch,
+        LEASE_PROCESS_KEY: lease.process.as_dict(),
+    }
     return [attrs.evolve(cp, diagnostics={**cp.diagnostics, **stamp}) for cp in candidates]

@@ -48,7 +48,7 @@ from .recovery import (
 from .reporting import EXIT_OK, declined, plural
 from .route_status import route_status, status_line
 from .source_state import DEFINITION_KEY, EDGE_KEY, SourceState, unknown_edge
-from .stores import TargetScopeStore, open_store
+from .stores import Store, open_store
 
 __all__ = ["add_state_command"]
 
@@ -192,7 +192,7 @@ def _state_show_command(args: argparse.Namespace) -> int:
 
 
 def _healing(
-    store: Any, config: RouteConfig, blocked: dict[str, list[str]]
+    store: Store, config: RouteConfig, blocked: dict[str, list[str]]
 ) -> list[dict[str, Any]]:
     """Per blocked batch, what the target proves and whether ``recovery = "from_target"``
     would resolve it (reads only: the fence is not raised)."""
@@ -210,7 +210,7 @@ def _healing(
     return found
 
 
-def _compared_with_target(store: Any, config: RouteConfig) -> str | StoreTargetMismatch:
+def _compared_with_target(store: Store, config: RouteConfig) -> str | StoreTargetMismatch:
     """What a run's first check would find, read only: whether the store's checkpoints and the
     target's ledger agree (``check_store_against_target``), the refusal when they do not, or
     why they were not compared. ``routes`` reads the store alone: only this sees a lost or
@@ -219,7 +219,7 @@ def _compared_with_target(store: Any, config: RouteConfig) -> str | StoreTargetM
     started = store.load_source_state(route) is not None
     if not config.ledger:
         return "not compared (the route keeps no target ledger: ledger = false)"
-    if not (route.located and isinstance(store, TargetScopeStore)):
+    if not route.located:
         return "not compared (the store or the target cannot say where the target is)"
     try:
         entries, reason = ledger_of(config.sink)
@@ -347,7 +347,7 @@ def _restore_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _definition(config: Any, store: Any, recorded: dict[str, Any] | None) -> dict[str, Any]:
+def _definition(config: Any, store: Store, recorded: dict[str, Any] | None) -> dict[str, Any]:
     """The restored source state's definition: the route file's, refused where a run would
     refuse it (``check_definition``) against the store's recorded one and against the
     target's last batch of the route (``recorded``), so that a restore never launders a
@@ -448,7 +448,7 @@ def _reset_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _rows_of(config: RouteConfig, store: Any) -> int:
+def _rows_of(config: RouteConfig, store: Store) -> int:
     """The target table's rows that may be the route's (a reset loads them again): those of
     its live ledger batches when the ledger accounts for every row (the table is shared
     with another source database's route), else all of them."""

@@ -1,9 +1,12 @@
-"""Checkpoint store port, the route-state port and the operator port, with the built-in stores.
+"""The store ports, and ``Store``: what the built-in stores are, and the runtime requires.
 
-The checkpoint port is deliberately small and promises no atomicity:
-``upsert_many`` writes in order and may fail part-way. The guard is written to
-be correct under exactly that contract. The operator port is separate so the
-checkpoint port stays unchanged: only operator tooling needs it.
+The checkpoint port (``CheckpointStore``) is what plugins see: deliberately
+small, it promises no atomicity (``upsert_many`` writes in order and may fail
+part-way), and the guard is written to be correct under exactly that contract.
+``Store`` names everything else a run and the operator commands use (the
+target table's scope, source state and evidence, audited repairs, leases);
+``open_store`` returns one. A third-party store implements all of it, adapting
+itself where it must.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ from typing import Any, Protocol, runtime_checkable
 from ..checkpoints import PartitionCheckpoint, RouteKey
 from ..drivers import POSTGRES_SCHEMES, resolve_env
 from ..errors import ConfigInvalid
+from ..lease import LeaseStore
 
 __all__ = [
     "CheckpointStore",
     "OperatorStore",
     "RouteStateStore",
+    "Store",
     "TargetScopeStore",
     "open_store",
 ]
@@ -45,11 +50,7 @@ class CheckpointStore(Protocol):
 
 @runtime_checkable
 class TargetScopeStore(Protocol):
-    """What a store needs for routes keyed by their databases (``RouteKey`` locations).
-
-    The built-in stores have it. A store without it runs every route under its
-    unlocated key (table names and strategy only), as releases before locations did.
-    """
+    """What a store needs for routes keyed by their databases (``RouteKey`` locations)."""
 
     def list_target_latest(self, route: RouteKey) -> Sequence[PartitionCheckpoint]:
         """Latest checkpoint of every partition of every route writing ``route``'s target table.
@@ -113,7 +114,16 @@ class OperatorStore(CheckpointStore, Protocol):
         """Audit records of ``route``, oldest first, each with its ``audit_id``."""
 
 
-def open_store(location: str, *, create: bool, argument: str) -> Any:
+@runtime_checkable
+class Store(OperatorStore, TargetScopeStore, RouteStateStore, LeaseStore, Protocol):
+    """What the built-in stores are, and what ``TransferRuntime`` requires: the checkpoint
+    port, the target table's scope, source state and evidence, the operator port, leases."""
+
+    def close(self) -> None:
+        """Close the store's connections; the store is not used again."""
+
+
+def open_store(location: str, *, create: bool, argument: str) -> Store:
     """Open the store a command line or route file names.
 
     ``location`` is a SQLite file path, a ``postgresql://`` DSN, or
