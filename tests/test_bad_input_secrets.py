@@ -122,7 +122,7 @@ def plant_secret_rows(source_path: Path, first_id: int, count: int) -> None:
 def sink_failing_after_apply(monkeypatch) -> RuntimeError:
     """The real SQLite target methods commit, then raise an error whose text holds secrets."""
     error = RuntimeError(f"{SINK_CANARY}: INSERT INTO orders_copy VALUES ('{ROW_CANARY}') {DSN}")
-    for name in ("load", "finalize_staged_load"):
+    for name in ("load", "finalize_staged_load", "load_plan"):
         original = getattr(SQLiteSink, name)
 
         def failing(self, *args, _original=original, **kwargs):

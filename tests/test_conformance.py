@@ -325,15 +325,14 @@ def test_assert_one_timestamp_per_batch_wants_the_injected_clock():
 def test_with_the_ledger_on_the_unguarded_variant_also_fails_for_want_of_its_ledger_row(
     pytester, tmp_path
 ):
-    """Its fake target call writes no ledger row: every run that reaches it fails closed."""
+    """Its fake target call cannot take the batch's ledger entry: every run that reaches it
+    is refused at ``mutate``, before arming (it wrote its rows behind the boundary's back)."""
     text = (TESTS / "helpers" / "unguarded_bulk_copy.py").read_text(encoding="utf-8")
     copy = tmp_path / "unguarded_bulk_copy.py"
     copy.write_text(text.replace("ledger = False", "ledger = True"), encoding="utf-8")
     reports = run_kit(pytester, copy)
     failed = {name for name, report in reports.items() if report.failed}
     assert set(CAUGHT) <= failed
-    missing_row = {
-        n for n in failed if "native_transfer_ledger_not_written" in str(reports[n].longrepr)
-    }
+    missing_row = {n for n in failed if "takes no ledger entry" in str(reports[n].longrepr)}
     assert "test_the_ledger_records_each_applied_batch_once" in missing_row
     assert len(missing_row) >= 5

@@ -58,7 +58,6 @@ from dpone_native_transfer.errors import (
     ConfigInvalid,
     InternalInvariantBroken,
     NativeTransferError,
-    PathContractBroken,
     SourceInvalid,
 )
 from dpone_native_transfer.payloads import (
@@ -456,7 +455,8 @@ def test_lazy_plan_statements_stay_within_what_chdb_parses_or_fail_before_the_ta
         for run_id in ("r1", "r2"):  # the same refusal again: nothing was left unresolved
             with pytest.raises(ConfigInvalid) as caught:
                 route.runtime().run(route.spec("lazy-plan", run_id=run_id))
-            assert caught.value.diagnostics == {"table": "h"}
+            assert caught.value.diagnostics["table"] == "h"
+            assert caught.value.diagnostics["path"] == "lazy-plan"
             assert huge not in str(caught.value)
         assert route.sink.rows() == []
     finally:
@@ -733,7 +733,7 @@ def test_null_partition_values_have_their_own_partition(tmp_path):
         columns=shape.columns,
         bounds=({"partition": None, "cursor_after": 10, "cursor_upto": 40},),
     )
-    assert sink.load(windowed) == 1
+    assert sink.load_plan(windowed) == 1
     assert sink.rows() == [(4, None, 40), (6, None, 60), (7, "O'B\\r", 70)]
 
 
@@ -908,8 +908,6 @@ def test_config_errors_come_before_the_target_and_never_show_paths(tmp_path):
     with pytest.raises(ConfigInvalid) as caught:
         sink.load(_chunks((1, "a", 1.0)))
     assert caught.value.diagnostics == {"table": "t", "column": "nope"}
-    with pytest.raises(PathContractBroken):  # a path's bug, not the route file's
-        _sink(tmp_path).load([(1,)])  # type: ignore[arg-type]
     with pytest.raises(ConfigInvalid):
         _sink(tmp_path).load(_chunks((1, "a", 1.0), columns=(Column("a\x00", "INT"),) * 3))
     with pytest.raises(ConfigInvalid) as folder:

@@ -394,7 +394,7 @@ def test_load_plan_over_another_source_is_config_invalid_before_the_target(sink)
         table = "orders"
 
     plan = LoadPlan(source=OtherSource(), columns=COLUMNS, bounds=({"partition": "a"},))
-    with pytest.raises(ConfigInvalid, match="lazy-plan on DuckDB reads SQLite sources"):
+    with pytest.raises(ConfigInvalid, match="DuckDB reads SQLite sources only"):
         sink.load_plan(plan)
     with pytest.raises(ConfigInvalid):
         sink.check_plan(plan)

@@ -743,7 +743,9 @@ def test_postgres_to_sqlite_and_duckdb(tmp_path, table, sink_kind, path, strateg
 def test_lazy_plan_from_postgres_into_duckdb_is_config_invalid(tmp_path, table):
     route = PgRoute(tmp_path, table, _sink("duckdb", tmp_path), "incremental_append")
     try:
-        with pytest.raises(ConfigInvalid, match="lazy-plan on DuckDB reads SQLite sources"):
+        with pytest.raises(
+            ConfigInvalid, match="path 'lazy-plan' cannot run.*DuckDB reads SQLite sources only"
+        ):
             route.run("lazy-plan", "run-1")
         assert not (tmp_path / "target.duckdb").exists()
     finally:
@@ -770,7 +772,9 @@ def test_postgres_to_duckdb_partial_commit_blocks_the_retry(tmp_path, table, pat
 def test_lazy_plan_from_postgres_is_refused_before_the_target(tmp_path, table, kind):
     route = PgRoute(tmp_path, table, _sink(kind, tmp_path), "incremental_append")
     try:
-        with pytest.raises(ConfigInvalid, match="lazy-plan on .* reads SQLite sources"):
+        with pytest.raises(
+            ConfigInvalid, match="path 'lazy-plan' cannot run.* reads SQLite sources only"
+        ):
             route.run("lazy-plan", "run-1")
         assert route.sink.target_calls == 0
         assert route.store.batches == []  # nothing armed: the route is not blocked

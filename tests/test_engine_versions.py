@@ -240,9 +240,10 @@ def test_lazy_plan_into_duckdb_without_its_scanner_says_what_to_install(tmp_path
     file = write_route(tmp_path, rows=40, kind="duckdb", path="lazy-plan")
     result = run_cli("run", file)
     assert result.returncode == 2, result.stderr
-    assert "error: native_transfer_config_invalid: lazy-plan into DuckDB needs DuckDB's " in (
-        result.stderr
-    )
+    assert (
+        "error: native_transfer_config_invalid: path 'lazy-plan' cannot run on target table "
+        "'orders_copy': its connectors cannot provide DuckDB's sqlite_scanner extension "
+    ) in result.stderr
     found = f"{SCANNER} {without_scanner} is installed" if without_scanner else f"{SCANNER} is not"
     assert f"of the installed DuckDB {duckdb.__version__} ({found}" in result.stderr
     assert f"pip install '{SCANNER}=={duckdb.__version__}'" in result.stderr

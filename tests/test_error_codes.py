@@ -11,6 +11,7 @@ import inspect
 import types
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,17 +22,22 @@ from dpone_native_transfer import (
     ConfigInvalid,
     DuckDBSink,
     InternalInvariantBroken,
+    MemoryCheckpointStore,
     NativeTransferError,
     PathContractBroken,
     PostgresCheckpointStore,
     RouteKey,
     SQLiteCheckpointStore,
     SQLiteSink,
+    SQLiteSource,
     StoreClosed,
+    TransferRuntime,
+    TransferSpec,
     errors,
 )
 from dpone_native_transfer.connectors import contract
 from dpone_native_transfer.reporting import EXIT_FAILED, exit_code_for
+from dpone_native_transfer.testing import build_sample_source
 from dpone_target_commit_guard import plugin as guard
 
 ROOT = Path(dpone_native_transfer.__file__).parents[2]
@@ -113,21 +119,38 @@ def test_a_guard_hook_before_the_batch_was_armed_is_an_internal_invariant():
     assert info.value.code == "native_transfer_internal_invariant_broken"
 
 
-def test_a_payload_no_sink_takes_is_the_paths_bug_on_every_shipped_sink(tmp_path):
-    """A path handing ``load`` something else breaks the path contract (exit 1), and the
-    sink writes nothing: not a route-file error."""
+def test_a_payload_no_sink_takes_is_the_paths_bug_before_the_target_on_every_shipped_sink(
+    tmp_path,
+):
+    """A path handing ``load`` something else breaks the path contract (exit 1) before the
+    target: nothing is written, nothing armed, and the route is not blocked."""
+    build_sample_source(tmp_path / "source.db", rows=20, partitions=2)
+    source = SQLiteSource(str(tmp_path / "source.db"), "orders", "region", "updated_at")
     sinks = [
         SQLiteSink(str(tmp_path / "t.db"), "orders_copy"),
         DuckDBSink(str(tmp_path / "t.duckdb"), "orders_copy"),
         ClickHouseSink(str(tmp_path / "chdb"), "orders_copy"),
     ]
-    for sink in sinks:
+    for number, sink in enumerate(sinks):
+        store = MemoryCheckpointStore()
+        runtime = TransferRuntime(store, paths={"rows-list": _rows_as_a_list})
+
+        def spec(path: str, run_id: str, sink: Any = sink) -> TransferSpec:
+            return TransferSpec(
+                source=source, sink=sink, strategy="incremental_append", path=path, run_id=run_id
+            )
+
         with pytest.raises(PathContractBroken) as refused:
-            sink.load([("a", 1)])
+            runtime.run(spec("rows-list", f"bad-{number}"))
         assert not isinstance(refused.value, ConfigInvalid)
         assert exit_code_for(refused.value) == EXIT_FAILED
-        assert refused.value.diagnostics == {"table": "orders_copy"}
+        assert refused.value.diagnostics["path"] == "rows-list"
         assert sink.row_count() == 0
+        assert runtime.run(spec("legacy", f"good-{number}")).rows_loaded == 20  # not blocked
+
+
+def _rows_as_a_list(ctx: Any) -> int:
+    return ctx.mutate("load", ctx.sink.load, [("a", 1)])
 
 
 @pytest.mark.parametrize(

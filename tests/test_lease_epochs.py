@@ -214,9 +214,10 @@ class RemovingSource:
                 shutil.rmtree(folder)
         return self.inner.read(bounds, **kwargs)
 
+    def read_partitions(self, bounds: Any, **kwargs: Any) -> None:
+        return None  # read partition by partition
+
     def __getattr__(self, name: str) -> Any:
-        if name in ("read_partitions", "can_pull"):  # read partition by partition
-            raise AttributeError(name)
         return getattr(self.inner, name)
 
 

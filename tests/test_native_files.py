@@ -348,7 +348,7 @@ def test_the_engine_writes_the_load_files_from_sqlite_without_a_row_in_python(
 ):
     seen: list[LoadFiles] = []
     route = _unread_route(tmp_path, seen, kind)
-    assert route.sink.engine().pulled_suffix == ".arrows"
+    assert route.sink.engine().pulled_suffix in (".arrows", ".sqlite")  # the engine pulls
     batches: list[int] = []  # of each Arrow file, counted as the load begins
     artifacts: list[dict[str, tuple[str, int]]] = []
 
@@ -414,10 +414,10 @@ def test_hundreds_of_partitions_are_pulled_by_the_engine_not_read_one_by_one(
     one by one: 6,000 partitions took 75-80 s into DuckDB and chDB). SQLite, which writes
     one file at a time, pulls them all in one read of the source."""
     if open_files is not None:
-        from dpone_native_transfer import paths
         from dpone_native_transfer.connectors.clickhouse import sink as clickhouse_sink
+        from dpone_native_transfer.paths import _files
 
-        for module in (paths, duckdb_sink, clickhouse_sink):
+        for module in (_files, duckdb_sink, clickhouse_sink):
             monkeypatch.setattr(module, "open_files_allowed", lambda: open_files)
     grouped = open_files is not None and path == "file-artifact" and kind != "sqlite"
     groups = 3 if grouped else 1
@@ -468,10 +468,10 @@ def test_a_row_moved_between_two_groups_of_a_pull_is_neither_lost_nor_loaded_twi
     moved into a pulled partition lost and one moved out of it loaded twice. The writer is
     another process, as a writer is: two copies of SQLite in one (chDB's) drop each other's
     locks."""
-    from dpone_native_transfer import paths
     from dpone_native_transfer.connectors.clickhouse import sink as clickhouse_sink
+    from dpone_native_transfer.paths import _files
 
-    for module in (paths, duckdb_sink, clickhouse_sink):
+    for module in (_files, duckdb_sink, clickhouse_sink):
         monkeypatch.setattr(module, "open_files_allowed", lambda: 2)  # 6 partitions: 3 groups
     source_path = tmp_path / "source.db"
     with contextlib.closing(sqlite3.connect(source_path)) as db:
@@ -689,10 +689,10 @@ def test_a_utf16_sources_text_ranges_are_read_by_sqlite_in_its_own_order(
     others, each range's count wrong. Their plans of a UTF-16 source are refused, so SQLite
     reads; lazy-plan, which SQLite cannot attach to a UTF-8 target (it failed inside the
     target call, uncoded; then it was refused), carries the rows itself, as legacy does."""
-    from dpone_native_transfer import paths
     from dpone_native_transfer.connectors.clickhouse import sink as clickhouse_sink
+    from dpone_native_transfer.paths import _files
 
-    for module in (paths, duckdb_sink, clickhouse_sink):
+    for module in (_files, duckdb_sink, clickhouse_sink):
         monkeypatch.setattr(module, "open_files_allowed", lambda: 16)
     source_path = tmp_path / "utf16.db"
     with contextlib.closing(sqlite3.connect(source_path)) as db:

@@ -449,8 +449,8 @@ def test_rows_moved_while_sqlite_pulls_the_partitions_are_copied_as_they_were(
     file per partition too, and more partitions than ``open_files_allowed()`` in one pull.
     Each indexed partition copied in a transaction of its own, or a group of them in a pull
     of its own, lost and doubled the rows a writer moved between them meanwhile."""
-    from dpone_native_transfer import paths as runtime_paths
     from dpone_native_transfer.connectors import sqlite as sqlite_sink
+    from dpone_native_transfer.paths import _files as runtime_paths
 
     db = tmp_path / "source.db"
     make_table(db, "INTEGER", [(i % 4 if i % 9 else None, i) for i in range(40)], index=index)
@@ -512,7 +512,7 @@ def test_a_read_a_failure_left_unfinished_is_closed_quietly_after_the_snapshot(
     the error's traceback, and it is closed when collected: after the attempt closed its
     snapshot, whose connection the read used. Closing its cursor then raised, and Python
     printed a traceback ("Exception ignored in ... _chunks") after the run's own error."""
-    from dpone_native_transfer import paths as runtime_paths
+    from dpone_native_transfer.paths import _files as runtime_paths
 
     db = tmp_path / "source.db"
     make_table(db, "INTEGER", [(i % 4, i) for i in range(40)], index=True)

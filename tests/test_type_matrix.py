@@ -638,7 +638,8 @@ def test_lazy_plan_from_sqlite_into_postgres_is_refused_before_the_target(
     done = run(tmp_path, 'path = "source.db"', "src", "postgres", "lazy-plan", target=target,
                env=env)  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "lazy-plan on PostgreSQL reads PostgreSQL sources" in done.stderr
+    assert "path 'lazy-plan' cannot run" in done.stderr
+    assert "PostgreSQL reads tables of its own database only" in done.stderr
     assert "target_outcome_unknown" not in done.stdout + done.stderr
     with contextlib.closing(sqlite3.connect(tmp_path / "checkpoints.db")) as store:
         guarded = "SELECT count(*) FROM checkpoint_latest WHERE guard IS NOT NULL"

@@ -576,7 +576,9 @@ def _verify_command(args: argparse.Namespace) -> int:
             mismatch = _mismatch(store, target, route, entries, blocked)
             if mismatch is not None:
                 mismatches.append((route, mismatch))
-            if entries is None and route.located and target.sink(route).features.keeps_ledger:
+            sink = target.sink(route)
+            ledgered = sink is not None and sink.features.keeps_ledger
+            if entries is None and route.located and ledgered:
                 unchecked.append((route, reason or "the target cannot be read"))
             miscounted += _miscounted(store, target, route, entries or [])
     if args.json:

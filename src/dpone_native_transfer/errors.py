@@ -58,6 +58,12 @@ _E = TypeVar("_E", bound="NativeTransferError")
 class _Route(Protocol):
     """What an error names a route by (``checkpoints.RouteKey``): errors import nothing."""
 
+    @property
+    def target_table(self) -> str: ...
+
+    @property
+    def label(self) -> str: ...
+
     def as_dict(self) -> dict[str, Any]: ...
 
 

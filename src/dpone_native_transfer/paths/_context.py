@@ -19,7 +19,7 @@ from ..connectors.contract import Sink, Source
 from ..cursor_edge import EdgeTracker
 from ..errors import ConfigInvalid, PathContractBroken
 from ..events import EventName, EventRecorder
-from ..payloads import LoadFile, LoadFiles, RowChunks, SourceShape, bounds_label
+from ..payloads import LoadFile, LoadFiles, LoadPlan, RowChunks, SourceShape, bounds_label
 from ..rejects import Reject
 from ..spec import BUILTIN_PATH_NAMES, TransferSpec
 from ..stores import CheckpointStore
@@ -189,7 +189,7 @@ class PathContext:
         entry as ``ledger=`` when the route keeps the ledger. ``sent``: the rows the call
         hands the target (counted before it), which the target must apply
         (``ledger.check_applied``); None when the engine reads them itself (lazy-plan)."""
-        self._check_target_call(call)
+        self._check_target_call(call, args)
         if self.lease is not None:
             self.lease.confirm()  # a worker paused past its lease stops here, before arming
         self.events.emit(EventName.PRE_TARGET_DONE, partitions=len(self.candidates))
@@ -207,9 +207,11 @@ class PathContext:
             kwargs["ledger"] = entry
         return self.boundary.run(self.mutation, lambda: call(*args, **kwargs))
 
-    def _check_target_call(self, call: Callable[..., Any]) -> None:
-        """Refuse, before the target, a second target call, or one that cannot take the
-        batch's ledger entry (a path of release 0.1 passed ``lambda: sink.load(...)``)."""
+    def _check_target_call(self, call: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """Refuse, before the target, a second target call, one that cannot take the batch's
+        ledger entry (a path of release 0.1 passed ``lambda: sink.load(...)``), or a payload
+        the call does not take: a path's bug, never a call of unknown outcome."""
+        wanted = _PAYLOADS.get(getattr(call, "__name__", ""))
         problem = None
         if self.mutation is not None:
             problem = "tried to reach the target twice in one attempt; the second call was"
@@ -218,11 +220,17 @@ class PathContext:
                 "made a target call that takes no ledger entry (pass the sink's method: "
                 "ctx.mutate(operation, sink.load, payload)); it was"
             )
+        elif wanted is not None and not (args and isinstance(args[0], wanted)):
+            problem = f"handed {call.__name__} a payload that is not a {wanted.__name__}; it was"
         if problem is not None:
             raise PathContractBroken(
                 f"path {self.spec.path!r} {problem} refused before the target",
                 diagnostics={"route": self.route.as_dict(), "path": self.spec.path},
             )
+
+
+# The target calls that take a payload, and its type (``finalize_staged_load`` takes none).
+_PAYLOADS: dict[str, type] = {"load": RowChunks, "load_plan": LoadPlan}
 
 
 def _takes_ledger(call: Callable[..., Any]) -> bool:

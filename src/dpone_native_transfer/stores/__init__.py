@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..checkpoints import PartitionCheckpoint, RouteKey
 from ..drivers import POSTGRES_SCHEMES, resolve_env
 from ..errors import ConfigInvalid
-from ..lease import LeaseStore
+from ..lease import LeaseClaim, LeaseStore
 
 __all__ = [
     "CheckpointStore",
@@ -118,6 +118,12 @@ class OperatorStore(CheckpointStore, Protocol):
 class Store(OperatorStore, TargetScopeStore, RouteStateStore, LeaseStore, Protocol):
     """What the built-in stores are, and what ``TransferRuntime`` requires: the checkpoint
     port, the target table's scope, source state and evidence, the operator port, leases."""
+
+    def upsert_many(
+        self, checkpoints: Sequence[PartitionCheckpoint], *, holding: LeaseClaim | None = None
+    ) -> None:
+        """``CheckpointStore.upsert_many``; with ``holding``, only under that lease
+        (``LeaseStore.upsert_many``)."""
 
     def close(self) -> None:
         """Close the store's connections; the store is not used again."""

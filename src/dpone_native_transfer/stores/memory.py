@@ -165,6 +165,9 @@ class MemoryCheckpointStore:
     def list_audit(self, route: RouteKey) -> list[dict[str, Any]]:
         return [{**json.loads(text), "audit_id": i} for i, text in self._audit.get(route, [])]
 
+    def close(self) -> None:
+        """Nothing to close: the store lives as long as the object."""
+
     def lease_table(self) -> _MemoryLeases:
         return self._leases
 

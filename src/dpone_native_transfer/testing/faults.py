@@ -6,6 +6,8 @@ ask for, so a test exercises the real code paths up to the injected fault.
 
 from __future__ import annotations
 
+import functools
+
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -186,6 +188,7 @@ class RecordingSink:
         if name not in self.TARGET_METHODS:
             return attribute
 
+        @functools.wraps(attribute)
         def target_call(*args: Any, **kwargs: Any) -> Any:
             self.target_calls += 1
             self.calls.append(name)
