@@ -107,12 +107,12 @@ def expected(point: str, path: str, target: str, *, b_heals: bool) -> Expected:
       staging table B's run replaced and consumed.
     - ``target-before-commit``: A is stopped inside its load's transaction, the fence
       passed. B's plain run is blocked; its from_target run cannot raise the fence: it
-      checks the target first, and SQLite's check waits the 30 s busy timeout for A's
-      write lock and DuckDB's file lock refuses it (``target_unavailable``, exit 1:
-      a retry may succeed); PostgreSQL's ledger lock times out after 5 s (exit 3). A,
-      resumed, commits: its rows are in the target, but its promotion is refused under the
-      lost lease (``lease_lost``, exit 1) and its batch stays armed. The final plain run is blocked; from_target proves the
-      batch applied and heals it without loading a row.
+      checks the target first, and SQLite's check waits the 30 s busy timeout for A's write
+      lock and DuckDB's file lock refuses it (``target_unavailable``, exit 1: a retry may
+      succeed); PostgreSQL's ledger lock times out after 5 s (exit 3). A, resumed, commits:
+      its rows are in the target, but its promotion is refused under the lost lease
+      (``lease_lost``, exit 1) and its batch stays armed. The final plain run is blocked;
+      from_target proves the batch applied and heals it without loading a row.
     """
     if point == "after-lease" or (point == "extraction" and path != "lazy-plan"):
         if point == "extraction" and (target, path) == ("postgres", "staged"):
