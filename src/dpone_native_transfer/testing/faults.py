@@ -7,7 +7,6 @@ ask for, so a test exercises the real code paths up to the injected fault.
 from __future__ import annotations
 
 import functools
-
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
