@@ -1,6 +1,6 @@
 """The target's batch ledger, and the cross-check of the checkpoint store against it.
 
-A sink that supports it (``LedgerSink``) writes one row per batch into
+A sink that keeps it (``Sink.read_ledger``) writes one row per batch into
 ``_dpone_ledger`` in the target database, in the same transaction as the
 batch's rows: which route, which batch and run, which partitions, how many
 rows, and the source state (generation, watermark) the batch brings the
@@ -359,7 +359,7 @@ def ledger_query(table_marker: str, *, partitions: bool, ledger: str = f'"{LEDGE
 # --- what the load's transaction checks --------------------------------------------------------
 
 # The target's fence: per target table, the highest lease epoch that reached it. A sink with
-# one (``Fencing``) keeps it in the target database, beside the ledger.
+# one (``SinkFeatures.fence``) keeps it in the target database, beside the ledger.
 FENCE_TABLE = "_dpone_fence"
 
 Query = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]

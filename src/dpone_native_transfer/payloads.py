@@ -38,7 +38,7 @@ _PARTITION_KEYS = ("partition", *RANGE_EDGES)
 
 def cursor_window(bounds: Mapping[str, Any]) -> dict[str, Any]:
     """A partition's cursor window: its bounds without the partition's own keys. Partitions
-    with equal windows are read by one scan (``OnePassReading``)."""
+    with equal windows are read by one scan (``Source.read_partitions``)."""
     return {key: value for key, value in bounds.items() if key not in _PARTITION_KEYS}
 
 
@@ -74,7 +74,7 @@ class LoadPlan:
 class LoadFile:
     """One file of rows a path wrote before the target call, and the digest of its bytes.
 
-    ``native``: the sink's own format (``NativeFiles.write_load_file``), which its
+    ``native``: the engine's own format (``EnginePull.write_load_file``), which the
     engine reads itself; otherwise the runtime's spool format (``artifacts.read_chunks``).
     """
 
@@ -86,16 +86,16 @@ class LoadFile:
 
 @attrs.frozen(kw_only=True)
 class LoadFiles(RowChunks):
-    """Rows already in files a path wrote before the target call. A ``NativeFiles`` sink loads
-    the files themselves, so the call only reads them; any other sink takes ``chunks``, the
-    spool files' rows (only a ``NativeFiles`` sink is ever given native files)."""
+    """Rows already in files a path wrote before the target call. A sink whose engine wrote
+    them loads the files themselves, so the call only reads them; any other sink takes
+    ``chunks``, the spool files' rows (only such a sink is ever given native files)."""
 
     files: tuple[LoadFile, ...]
 
 
 @attrs.frozen
 class ColumnDifference:
-    """How the source's columns differ from the target table's (``SchemaEvolving``)."""
+    """How the source's columns differ from the target table's (``Sink.column_difference``)."""
 
     added: list[Column]  # source columns the target table lacks
     dropped: list[str]  # target columns the source lacks
@@ -112,7 +112,7 @@ def difference(
     fold: Callable[[str], str] = str,
     takes: Callable[[Column, str], bool] = lambda column, target_type: True,
 ) -> ColumnDifference | None:
-    """``SchemaEvolving.column_difference`` from the target table's (name, type) pairs (None or
+    """``Sink.column_difference`` from the target table's (name, type) pairs (None or
     empty: no table), matching names after ``fold`` (the engine's own name matching);
     ``takes(column, target_type)`` says whether a target column can hold the source's."""
     if not existing:

@@ -1,4 +1,4 @@
-"""One scan of the source for all of an attempt's partitions (``OnePassReading``).
+"""One scan of the source for all of an attempt's partitions (``Source.read_partitions``).
 
 Without an index on the partition column, reading each partition on its own
 scans the whole table once per partition. When the source can split one scan

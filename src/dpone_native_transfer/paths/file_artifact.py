@@ -1,7 +1,7 @@
 """file-artifact: one verified file per partition, then one ``sink.load()`` from the files.
 
 The files are in the format the sink's engine reads itself when it has one
-(``NativeFiles``: an Arrow IPC stream for DuckDB and ClickHouse), and otherwise
+(``EnginePull.write_load_file``: an Arrow IPC stream for DuckDB and ClickHouse), and otherwise
 in the runtime's own spool format (``artifacts.py``); either keeps every value
 exact. Each file's digest is checked before the target call, and again as the
 sink reads it (chDB reads its files itself: just before it does).

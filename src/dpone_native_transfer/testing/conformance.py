@@ -367,7 +367,7 @@ class GuardConformance:
         expect("checkpoint batches of a refused attempt", kit_route.store.batches, [])
         expect("rows in the target", kit_route.target_ids(), [])
 
-    # -- the target's ledger (sinks that keep one: ``LedgerSink``) ---------------------------
+    # -- the target's ledger (sinks that keep one: ``SinkFeatures.keeps_ledger``) -------------
 
     def test_the_ledger_records_each_applied_batch_once(self, kit_route: ConformanceRoute) -> None:
         """The ledger row of a batch commits with its rows; a rerun with nothing new adds none."""
