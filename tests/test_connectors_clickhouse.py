@@ -236,11 +236,11 @@ def test_a_pull_is_cut_into_the_blocks_python_writes_and_repeated_inserts_nothin
     writes (a retried INSERT deduplicates by block number): a partition's pulled file holds
     the batches of the file written from its read through Python; and the same pulled load of
     the run's batch again inserts nothing, while under another batch it inserts every row."""
-    from dpone_native_transfer.connectors.clickhouse import sink as ch_sink
+    from dpone_native_transfer.connectors.clickhouse import pulls as ch_pulls
     from dpone_native_transfer.connectors.clickhouse import sql as ch_sql
 
     monkeypatch.setattr(ch_sql, "ARROW_BLOCK_ROWS", 7)
-    monkeypatch.setattr(ch_sink, "ARROW_BLOCK_ROWS", 7)
+    monkeypatch.setattr(ch_pulls, "ARROW_BLOCK_ROWS", 7)
     route = Route(tmp_path, kind="clickhouse")
     try:
         result = route.runtime().run(route.spec("legacy" if files == 1 else "file-artifact"))

@@ -290,7 +290,7 @@ def test_partition_values_match_sqlite_distinct_with_or_without_an_index(
     tmp_path, monkeypatch, values, decltype, indexed, seek_limit
 ):
     """The index seek walk finds exactly what DISTINCT finds, in the same order."""
-    from dpone_native_transfer.connectors import sqlite as module
+    from dpone_native_transfer.connectors.sqlite import source as module
 
     monkeypatch.setattr(module, "_SEEK_LIMIT", seek_limit)
     path = tmp_path / f"mixed-{uuid.uuid4().hex}.db"

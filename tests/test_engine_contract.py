@@ -28,11 +28,8 @@ from dpone_native_transfer.column_types import (
     utc_instant,
 )
 from dpone_native_transfer.config import route_config_from_mapping
-from dpone_native_transfer.connectors.sqlite import (
-    SQLiteSource,
-    _held_as_declared,
-    refuse_inexact_plan,
-)
+from dpone_native_transfer.connectors.sqlite import SQLiteSource
+from dpone_native_transfer.connectors.sqlite_reading import _held_as_declared, refuse_inexact_plan
 from dpone_native_transfer.payloads import bound_predicates
 
 

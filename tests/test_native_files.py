@@ -32,7 +32,7 @@ from dpone_native_transfer import ClickHouseSink, SQLiteSource, artifacts
 from dpone_native_transfer.artifacts import file_sha256
 from dpone_native_transfer.connectors import duckdb as duckdb_sink
 from dpone_native_transfer.connectors._arrow import read_ahead
-from dpone_native_transfer.connectors.sqlite import watching_writes
+from dpone_native_transfer.connectors.sqlite_reading import watching_writes
 from dpone_native_transfer.errors import ArtifactInvalid, WorkFolderFailed
 from dpone_native_transfer.payloads import LoadFile, LoadFiles
 from dpone_native_transfer.testing import assert_rows_exactly_once
@@ -950,10 +950,10 @@ def test_a_chdb_pull_that_fails_leaves_no_file_and_python_reads_the_rows(
     rewriting its files does after the first batch, or keeping a full refresh's files does
     once they are linked at their paths: no pulled file is left in the work folder, and the
     run reads the rows through Python and loads each once."""
-    from dpone_native_transfer.connectors.clickhouse import chdb_client
+    from dpone_native_transfer.connectors.clickhouse import chdb_client, pulls
     from dpone_native_transfer.connectors.clickhouse import sink as ch_sink
 
-    monkeypatch.setattr(ch_sink, "ARROW_BLOCK_ROWS", 7)  # the rewrite writes several batches
+    monkeypatch.setattr(pulls, "ARROW_BLOCK_ROWS", 7)  # the rewrite writes several batches
     if fails == "chdb":
         real_command = chdb_client.ChdbClient.command
 
@@ -964,22 +964,22 @@ def test_a_chdb_pull_that_fails_leaves_no_file_and_python_reads_the_rows(
 
         monkeypatch.setattr(chdb_client.ChdbClient, "command", command)
     elif fails == "keep":
-        real_keep = ch_sink._kept
+        real_keep = ch_sink.kept
 
         def keep(raws: list[Path], paths: list[Path], bounds: int, *, table: str) -> Any:
             real_keep(raws, paths, bounds, table=table)
             assert all(path.exists() for path in paths)
             raise OSError(errno.EIO, "injected failure once kept")
 
-        monkeypatch.setattr(ch_sink, "_kept", keep)
+        monkeypatch.setattr(ch_sink, "kept", keep)
     else:
-        real_write = ch_sink._Cut._write
+        real_write = pulls._Cut._write
 
         def write(self: Any, rows: int) -> None:
             real_write(self, rows)
             raise OSError(errno.EIO, "injected write failure")
 
-        monkeypatch.setattr(ch_sink._Cut, "_write", write)
+        monkeypatch.setattr(pulls._Cut, "_write", write)
     pulled: list[Any] = []
     left: list[list[str]] = []  # the work folder as the load begins
 
@@ -1086,12 +1086,12 @@ def test_a_sqlite_pull_that_fails_leaves_no_file_and_python_reads_the_rows(
     """SQLite fails after copying the rows (counting them by value): its files, the work file
     of a sorted scan too, are removed, and the run reads the rows through Python and loads
     each once."""
-    from dpone_native_transfer.connectors import sqlite as sqlite_sink
+    from dpone_native_transfer.connectors.sqlite import pulls as sqlite_pulls
 
     def failing(*args: Any) -> Any:
         raise sqlite3.OperationalError("injected failure")
 
-    monkeypatch.setattr(sqlite_sink, "_stored_values", failing)
+    monkeypatch.setattr(sqlite_pulls, "_stored_values", failing)
     pulled: list[Any] = []
     left: list[str] = []  # pulled files in the work folder as the load begins
 
@@ -1227,16 +1227,16 @@ def test_a_merge_that_fails_fails_before_the_target_and_the_next_run_loads_once(
     call with the work folder's code (a raw ``sqlite3.OperationalError`` before 4be13b6; an
     error SQLite gives no code is ``EIO``), so the route is not blocked, and the next run
     loads every row once."""
-    from dpone_native_transfer.connectors import sqlite as sqlite_sink
+    from dpone_native_transfer.connectors.sqlite import pulls as sqlite_pulls
 
-    real, failing = sqlite_sink._create_pulled, [True]
+    real, failing = sqlite_pulls._create_pulled, [True]
 
     def create(conn: Any, path: Path, *args: Any) -> None:
         if path.name == "merged.sqlite" and failing[0]:
             raise sqlite3.OperationalError("database or disk is full")
         real(conn, path, *args)
 
-    monkeypatch.setattr(sqlite_sink, "_create_pulled", create)
+    monkeypatch.setattr(sqlite_pulls, "_create_pulled", create)
     route = _mixed_route(tmp_path, ["1", "2"], False, lambda payload: None)
     try:
         with pytest.raises(WorkFolderFailed) as caught:
@@ -1257,13 +1257,13 @@ def test_a_sorted_run_holding_a_value_of_no_partition_fails_the_pull(tmp_path, w
     planning, which the scan's own filter keeps out; here the scan is widened to let it in):
     wherever it sorts, the runs that would leave it out or hold it fail the pull, and Python
     reads the planned rows."""
-    from dpone_native_transfer.connectors import sqlite as sqlite_sink
+    from dpone_native_transfer.connectors.sqlite import pulls as sqlite_pulls
 
     odd = {"first": "0", "middle": "region-001x", "last": "zz"}[where]
     pulled: list[Any] = []
     route = _route(tmp_path, "sqlite", lambda payload: None)
     _watch_pulls(route.sink.inner, pulled)
-    real_pull, real_runs = route.sink.inner.pull_load_files, sqlite_sink._sorted_runs
+    real_pull, real_runs = route.sink.inner.pull_load_files, sqlite_pulls._sorted_runs
 
     def pull_after_a_new_partition(plan: Any, paths: Any) -> Any:
         with sqlite3.connect(route.source_path) as db:
@@ -1277,7 +1277,7 @@ def test_a_sorted_run_holding_a_value_of_no_partition_fails_the_pull(tmp_path, w
         )
 
     route.sink.inner.pull_load_files = pull_after_a_new_partition
-    monkeypatch.setattr(sqlite_sink, "_sorted_runs", widened)
+    monkeypatch.setattr(sqlite_pulls, "_sorted_runs", widened)
     try:
         assert route.runtime().run(route.spec("file-artifact")).rows_loaded == 120
         assert pulled == [None] and 999 not in route.target_ids()

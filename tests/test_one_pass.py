@@ -449,7 +449,7 @@ def test_rows_moved_while_sqlite_pulls_the_partitions_are_copied_as_they_were(
     file per partition too, and more partitions than ``open_files_allowed()`` in one pull.
     Each indexed partition copied in a transaction of its own, or a group of them in a pull
     of its own, lost and doubled the rows a writer moved between them meanwhile."""
-    from dpone_native_transfer.connectors import sqlite as sqlite_sink
+    from dpone_native_transfer.connectors.sqlite import pulls as sqlite_pulls
     from dpone_native_transfer.paths import _files as runtime_paths
 
     db = tmp_path / "source.db"
@@ -457,14 +457,14 @@ def test_rows_moved_while_sqlite_pulls_the_partitions_are_copied_as_they_were(
     with sqlite3.connect(db) as conn:
         conn.execute("PRAGMA journal_mode = wal")
     conn.close()
-    real_pulling = sqlite_sink._pulling
+    real_pulling = sqlite_pulls._pulling
 
     @contextlib.contextmanager
     def moving_pulling(source: Any) -> Iterator[Any]:
         with real_pulling(source) as conn:
             yield MovingConnection(conn, str(db))
 
-    monkeypatch.setattr(sqlite_sink, "_pulling", moving_pulling)
+    monkeypatch.setattr(sqlite_pulls, "_pulling", moving_pulling)
     monkeypatch.setattr(runtime_paths, "open_files_allowed", lambda: 2)  # 5 partitions
     MovingConnection.moved = False
     sink = MovingPulls(str(tmp_path / "target.db"), "t_copy")
@@ -545,25 +545,25 @@ def test_a_full_disk_under_sqlites_merge_is_the_work_folders_error_and_blocks_no
     SQLite attaches at once). SQLite's own "database or disk is full" there was a raw
     ``sqlite3.OperationalError`` ("transfer failed with OperationalError", no code); it is
     ``native_transfer_work_folder_failed`` now, nothing is written and a rerun loads once."""
-    from dpone_native_transfer.connectors import sqlite as sqlite_sink
+    from dpone_native_transfer.connectors.sqlite import pulls as sqlite_pulls
 
     db = tmp_path / "source.db"
     make_table(db, "INTEGER", [(i % 20, i) for i in range(400)], index=False)
-    real_create = sqlite_sink._create_pulled
+    real_create = sqlite_pulls._create_pulled
 
     def tiny_merge(conn: Any, path: Path, schema: str, names: str) -> None:
         real_create(conn, path, schema, names)
         if path.name == "merged.sqlite":  # the disk is full after two pages
             conn.execute(f"PRAGMA {schema}.max_page_count = 2")
 
-    monkeypatch.setattr(sqlite_sink, "_create_pulled", tiny_merge)
+    monkeypatch.setattr(sqlite_pulls, "_create_pulled", tiny_merge)
     source = SQLiteSource(str(db), "t", "part", "cur")
     sink = SQLiteSink(str(tmp_path / "target.db"), "t_copy")
     with pytest.raises(WorkFolderFailed) as failed:
         transfer_once(tmp_path, source, sink, path="file-artifact", strategy="full_refresh")
     assert failed.value.diagnostics["errno"] == "ENOSPC"
     assert sink.row_count() == 0
-    monkeypatch.setattr(sqlite_sink, "_create_pulled", real_create)
+    monkeypatch.setattr(sqlite_pulls, "_create_pulled", real_create)
     result = transfer_once(tmp_path, source, sink, path="file-artifact", strategy="full_refresh")
     assert result.rows_loaded == 400 and sink.row_count() == 400
 

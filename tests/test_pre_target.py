@@ -113,7 +113,7 @@ HOLD_DUCKDB = (
 def test_a_target_locked_by_another_process(
     folder: Path, kind: str, path: str, ledger: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("dpone_native_transfer.connectors.sqlite._TIMEOUT", 0.2)
+    monkeypatch.setattr("dpone_native_transfer.connectors.sqlite.sink.TIMEOUT", 0.2)
     route_file = write_route(folder, kind, path, FILES[kind], ledger)
     if kind == "sqlite":
         with contextlib.closing(sqlite3.connect(folder / FILES[kind])) as db:
@@ -219,7 +219,7 @@ def test_a_sqlite_target_a_reader_holds_past_the_timeout(
     folder: Path, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """BEGIN IMMEDIATE passed beside a reader; the load's COMMIT then timed out (blocked)."""
-    monkeypatch.setattr("dpone_native_transfer.connectors.sqlite._TIMEOUT", 0.2)
+    monkeypatch.setattr("dpone_native_transfer.connectors.sqlite.sink.TIMEOUT", 0.2)
     route_file = write_route(folder, "sqlite", path, FILES["sqlite"], ledger=False)
     with contextlib.closing(sqlite3.connect(folder / FILES["sqlite"])) as db:
         db.execute("CREATE TABLE unrelated (a)")

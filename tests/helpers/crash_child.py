@@ -247,7 +247,7 @@ class PostgresSeams(TargetSeams, PostgresSink):
 
 _SEAMS = {"sqlite": SQLiteSeams, "duckdb": DuckDBSeams, "postgres": PostgresSeams}
 _ENGINES = {
-    "sqlite": "dpone_native_transfer.connectors.sqlite",
+    "sqlite": "dpone_native_transfer.connectors.sqlite.sink",
     "duckdb": "dpone_native_transfer.connectors.duckdb",
     "postgres": "dpone_native_transfer.connectors.postgres_sink",
 }

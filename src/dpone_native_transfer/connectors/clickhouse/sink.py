@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import tempfile
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -51,19 +49,18 @@ from ...artifacts import (
     read_chunks,
 )
 from ...column_types import Carry
-from ...drivers import ServerFailure, clickhouse_failure, import_driver
+from ...drivers import ServerFailure, clickhouse_failure
 from ...errors import (
     ConfigInvalid,
     InternalInvariantBroken,
     NativeTransferError,
-    SourceInvalid,
     TargetAccessRefused,
     TargetRowsUnproven,
     TargetUnavailable,
 )
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query, ledger_table_sql
-from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, RowChunks, bound_predicates
+from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, RowChunks
 from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from .._arrow import arrow
 from .._sql import (
@@ -73,21 +70,29 @@ from .._sql import (
     check_target_table,
     check_writable,
     difference,
-    integer_range_starts,
     parse_table,
-    partition_predicate_count,
     refuse_reserved_schema,
     unavailable,
 )
-from ..contract import PlanInexact, Sink, SinkFeatures, Unsupported
+from ..contract import Sink, SinkFeatures
 from ..contract.engine import EnginePull
-from ..contract.sqlite_file import SQLiteFile
-from ..sqlite import pulled_file, refuse_inexact_plan, watching_writes
+from ..sqlite_reading import pulled_file, refuse_inexact_plan, watching_writes
 from .chdb_client import ChdbClient
 from .client import CHDB, ClickHouseClient, Location, parse_location
+from .pulls import (
+    BOUND_TAG,
+    SQLITE_READ,
+    PlanSQL,
+    copy_messages,
+    in_background,
+    kept,
+    plan_inserts,
+    recut,
+    unlink_all,
+    with_safe_names,
+)
 from .server_client import ServerClient
 from .sql import (
-    ARROW_BLOCK_ROWS,
     DEDUPLICATION_WINDOW,
     MADE_TYPES,
     NARROW_INTEGERS,
@@ -101,7 +106,6 @@ from .sql import (
     partition_id_literal,
     quote,
     type_literal,
-    where_sql,
     write_arrow_stream,
 )
 
@@ -111,21 +115,6 @@ T = TypeVar("T")
 
 _FRESH_PREFIX = "_dpone_new_"
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # an Arrow IPC stream's last 8 bytes
-_BOUND_TAG = "__dpone_bound"  # the column of a pulled file naming each row's bound
-# A lazy plan's partitions per INSERT ... SELECT: without an index, each statement reads the
-# whole SQLite file, so as few statements as chDB parses: at most 256 OR-ed conditions, and at
-# most _CONDITION_BYTES of them, each (long column names make long conditions). Partitions a
-# lookup finds (_PlanSQL.lookup) take one statement up to _LOOKUP_BOUNDS: their values'
-# placeholders stay below max_query_size (262,144 bytes) too. A statement longer than
-# _STATEMENT_BYTES is refused before the target call. A pull reads all its partitions in one
-# statement (and keeps a file writer open for each, for file-artifact).
-_PLAN_BOUNDS_PER_INSERT = 256
-_CONDITION_BYTES = 100_000
-_LOOKUP_BOUNDS = 2048
-_STATEMENT_BYTES = 200_000
-# ClickHouse's sqlite() engine quotes SQLite identifiers its own way: a backslash or a double
-# quote in a name reads a wrong column (or its name as a string) or fails; checked on chDB 4.4.
-_SQLITE_FUNCTION_UNSAFE = re.compile(r'[\\"\x00-\x1f\x7f]')
 
 # ClickHouse's own databases; chDB's holds its temporary tables.
 _RESERVED_DATABASES = ("system", "information_schema", "_temporary_and_external_tables")
@@ -326,7 +315,7 @@ class ClickHouseSink(Sink, EnginePull):
         order into one new ``merged.arrows`` in ``folder``, each file's digest checked as it is
         read. An INSERT costs chDB about 15 ms whatever its size: one per partition was most
         of file-artifact's time. The record batches are copied as IPC messages, bytes as
-        written (``_copy_messages``), so each stays a block of its own and a retried load
+        written (``copy_messages``), so each stays a block of its own and a retried load
         deduplicates as before. Files in the runtime's format are kept."""
         native = [file for file in payload.files if file.native]
         if len(native) < 2:
@@ -338,7 +327,7 @@ class ClickHouseSink(Sink, EnginePull):
             for file in native:
                 with DigestReader(file.path, file.sha256) as reader:
                     try:
-                        schema = _copy_messages(pa, reader, writer, schema, table=self.table)
+                        schema = copy_messages(pa, reader, writer, schema, table=self.table)
                     except Exception:  # of a cut file too: told as changed, when it is
                         reader.verify()
                         raise
@@ -428,26 +417,26 @@ class ClickHouseSink(Sink, EnginePull):
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan the engine cannot pull, before anything touches the target."""
-        source = _with_safe_names(plan, table=self.table)
+        source = with_safe_names(plan, table=self.table)
         refuse_inexact_plan(source, plan.columns, engine="ClickHouse", table=self.table)
-        _plan_inserts(plan, source, table=self.table)
+        plan_inserts(plan, source, table=self.table)
         self._checked = plan  # the load of this very plan need not check it again
 
     def _plan_fill(self, payload: LoadPlan) -> Fill:
         """The engine pulls the partitions from the SQLite file with its sqlite() table function,
-        in as few INSERTs as ``_PlanSQL.statements`` allows: it reads the whole file for each
+        in as few INSERTs as ``PlanSQL.statements`` allows: it reads the whole file for each
         statement when the partition column has no index."""
         if self._checked is not payload:
             self.check_plan(payload)
         source = pulled_file(payload, engine="ClickHouse", table=self.table)
-        bounds, names, wheres = _plan_inserts(payload, source, table=self.table)
+        bounds, names, wheres = plan_inserts(payload, source, table=self.table)
 
         def fill(client: ClickHouseClient, table: TableName, tokens: _Tokens) -> int:
             before = _count(client, table)
             for where in wheres:
                 client.command(
                     f"INSERT INTO {_ref(table)} ({names}){insert_settings(tokens.next())}"
-                    f" SELECT {names} FROM {_SQLITE_READ} WHERE {where}",
+                    f" SELECT {names} FROM {SQLITE_READ} WHERE {where}",
                     bounds.params,
                 )
             return _written(client, table, before)
@@ -456,7 +445,7 @@ class ClickHouseSink(Sink, EnginePull):
 
     def can_pull(self, plan: LoadPlan, files: int) -> bool:
         """On chDB (a server cannot write the client's files): partitions one
-        statement reads (``_PlanSQL.statements``), at most ``open_files_allowed()`` files (chDB
+        statement reads (``PlanSQL.statements``), at most ``open_files_allowed()`` files (chDB
         holds each open while it writes), and no source column named as the pull's tag.
         Lazy-plan's checks, that the engine reads every value as the row paths carry it, start
         here in a thread of their own: SQLite reads the source for them while chDB pulls it
@@ -466,15 +455,15 @@ class ClickHouseSink(Sink, EnginePull):
             return False
         if files > open_files_allowed():
             return False
-        if _BOUND_TAG in {column.name.lower() for column in plan.columns}:
+        if BOUND_TAG in {column.name.lower() for column in plan.columns}:
             return False
         try:
-            bounds = _PlanSQL(plan, _with_safe_names(plan, table=self.table))
+            bounds = PlanSQL(plan, with_safe_names(plan, table=self.table))
         except ConfigInvalid:  # a bound value ClickHouse parameters do not take, too
             return False
         if len(bounds.statements(listed=plan.replace)) > 1:
             return False
-        self._checking = (plan, _in_background(lambda: self.check_plan(plan)))
+        self._checking = (plan, in_background(lambda: self.check_plan(plan)))
         return True
 
     def pull_load_files(
@@ -484,11 +473,11 @@ class ClickHouseSink(Sink, EnginePull):
         sqlite()`` of the plan's partitions (lazy-plan's conditions and read, so the same rows
         and values), each row tagged with its bound's index, into a scratch folder: one file,
         or one per bound (``PARTITION BY`` the tag). Each is rewritten at its path without the
-        tag, in the batches ``write_load_file`` writes (``_recut``), so a retried INSERT
+        tag, in the batches ``write_load_file`` writes (``recut``), so a retried INSERT
         deduplicates block by block; a full refresh's files are kept as written
-        (``_kept``). None when chDB's read failed or the source was written meanwhile
+        (``kept``). None when chDB's read failed or the source was written meanwhile
         (``watching_writes``); no file is left."""
-        return self._read_checked(plan, lambda: self._pull(plan, paths), lambda: _unlink(paths))
+        return self._read_checked(plan, lambda: self._pull(plan, paths), lambda: unlink_all(paths))
 
     def pull_stage(self, plan: LoadPlan) -> list[int] | None:
         """One ``INSERT INTO`` the fresh stage ``SELECT ... FROM sqlite()`` of
@@ -536,13 +525,13 @@ class ClickHouseSink(Sink, EnginePull):
 
     def _fill_stage(self, plan: LoadPlan) -> list[int] | None:
         source = pulled_file(plan, engine="ClickHouse", table=self.table)
-        bounds, stage = _PlanSQL(plan, source), _ref(self._stage)
+        bounds, stage = PlanSQL(plan, source), _ref(self._stage)
         where = bounds.where(range(len(plan.bounds)), listed=plan.replace)
         names = column_list([column.name for column in plan.columns])
         keys = [key for key in (source.partition_column, source.cursor_column) if key is not None]
         try:
             with self.client() as client:
-                described = client.query_rows(f"DESCRIBE TABLE {_SQLITE_READ}", bounds.params)
+                described = client.query_rows(f"DESCRIBE TABLE {SQLITE_READ}", bounds.params)
                 self._new_stage(client, plan.columns)
                 staged = dict(_columns(client, self._stage))
                 read = {name.lower(): (name, type_) for name, type_, *_ in described}
@@ -551,7 +540,7 @@ class ClickHouseSink(Sink, EnginePull):
                     if type_ is None or staged.get(name) not in (type_, f"Nullable({type_})"):
                         return None  # NOT NULL in SQLite: T, where dpone makes Nullable(T)
                 client.command(
-                    f"INSERT INTO {stage} ({names}) SELECT {names} FROM {_SQLITE_READ}"
+                    f"INSERT INTO {stage} ({names}) SELECT {names} FROM {SQLITE_READ}"
                     f" WHERE {where} SETTINGS max_threads = 1",
                     bounds.params,
                 )
@@ -574,10 +563,10 @@ class ClickHouseSink(Sink, EnginePull):
         if file_pattern(paths[0].parent):  # file() would write elsewhere: Python reads
             return None
         source = pulled_file(plan, engine="ClickHouse", table=self.table)
-        bounds = _PlanSQL(plan, source)
+        bounds = PlanSQL(plan, source)
         where = bounds.where(range(len(plan.bounds)), listed=plan.replace)
         params = dict(bounds.params)
-        names, tag = column_list([column.name for column in plan.columns]), quote(_BOUND_TAG)
+        names, tag = column_list([column.name for column in plan.columns]), quote(BOUND_TAG)
         split = f" PARTITION BY {tag}" if len(paths) > 1 else ""
         try:
             with tempfile.TemporaryDirectory(prefix=".dpone-pull-", dir=paths[0].parent) as folder:
@@ -589,10 +578,10 @@ class ClickHouseSink(Sink, EnginePull):
                     client.command(
                         f"INSERT INTO FUNCTION file({{pull_file:String}}, 'ArrowStream'){split}"
                         f" SELECT {names}, toInt32({bounds.index()}) AS {tag}"
-                        f" FROM {_SQLITE_READ} WHERE {where} SETTINGS max_threads = 1",
+                        f" FROM {SQLITE_READ} WHERE {where} SETTINGS max_threads = 1",
                         params,
                     )
-                rewrite = _kept if plan.replace else _recut
+                rewrite = kept if plan.replace else recut
                 return rewrite(raws, paths, len(plan.bounds), table=self.table)
         except Exception:  # of any type: chDB's own, or a file it wrote that does not read
             return None
@@ -824,328 +813,6 @@ def _insert_values(client: ClickHouseClient, sql: str, rows: Sequence[Sequence[A
                 params[name] = value
         groups.append("(" + ", ".join(marks) + ")")
     client.command(f"{head} VALUES {', '.join(groups)}", params)
-
-
-_SQLITE_READ = "sqlite({src_path:String}, {src_table:String})"
-
-
-class _PlanSQL:
-    """A lazy plan's bounds as conditions on ``sqlite()``'s columns, and their parameters."""
-
-    def __init__(self, plan: LoadPlan, source: SQLiteFile) -> None:
-        if not os.path.isfile(source.path):
-            raise SourceInvalid(
-                f"source database for table {source.table!r} does not exist",
-                diagnostics={"table": source.table},
-            )
-        self.params: dict[str, Any] = {
-            "src_path": os.path.abspath(source.path),
-            "src_table": source.table,
-        }
-        found = [
-            bound_predicates(
-                bounds, partition_column=source.partition_column, cursor_column=source.cursor_column
-            )
-            for bounds in plan.bounds
-        ]
-        self.conditions = []
-        for number, predicates in enumerate(found):
-            where, own = where_sql(predicates, prefix=f"b{number}_")
-            self.conditions.append(f"({where})")
-            self.params.update(own)
-        # In one cursor window, at most one NULL key and either one value each (all texts or
-        # all integers) or contiguous integer key ranges: a row's bound is then found by a
-        # lookup of its value, or of the start of its range (``index``).
-        windows = [
-            predicates[partition_predicate_count(b) :]
-            for b, predicates in zip(plan.bounds, found, strict=True)
-        ]
-        nulls = [
-            n for n, b in enumerate(plan.bounds) if "partition" in b and b["partition"] is None
-        ]
-        self.keyed = [n for n in range(len(found)) if n not in nulls]
-        self.null_bound = nulls[0] if len(nulls) == 1 else None
-        self.lookup: str | None = None  # the values' parameter type, or "range"
-        self.window: str | None = None  # with a lookup: the cursor window all bounds share
-        self.envelope = ""  # with ranges: their keys, from the first one's start to the last's end
-        if len(nulls) > 1 or not self.keyed or any(w != windows[0] for w in windows):
-            return
-        self.column = quote(source.partition_column)
-        keyed = [plan.bounds[number] for number in self.keyed]
-        values = [bounds.get("partition") for bounds in keyed]
-        kinds = {type(value) for value in values}
-        ranges = integer_range_starts(keyed)
-        if ranges is not None:
-            self.lookup, (starts, below) = "range", ranges
-            self.params.update(
-                (f"r{number}", start) for number, start in zip(self.keyed, starts, strict=True)
-            )
-            self.params["r_from"] = min(starts)
-            limits = [f"{self.column} >= {{r_from:Int64}}"]  # roundDown lifts a lower key
-            if below is not None:
-                self.params["r_below"] = below
-                limits.append(f"{self.column} < {{r_below:Int64}}")
-            self.envelope = " AND ".join(limits)
-        elif kinds in ({str}, {int}) and len(set(values)) == len(values):
-            self.lookup = "String" if kinds == {str} else "Int64"
-            self.params.update(
-                (f"v{number}", value) for number, value in zip(self.keyed, values, strict=True)
-            )
-        else:
-            return
-        if windows[0]:
-            self.window, own = where_sql(windows[0], prefix="w_")
-            self.params.update(own)
-
-    def statements(self, *, listed: bool) -> list[range]:
-        """The bounds each statement reads: all in one when ``where`` finds them by the lookup
-        (``listed`` as there) and there are at most ``_LOOKUP_BOUNDS``; otherwise OR-ed
-        conditions, at most ``_PLAN_BOUNDS_PER_INSERT`` and ``_CONDITION_BYTES`` of them each
-        (a condition longer than that alone). 1,000 partitions of 1,000,000 rows into chDB,
-        legacy: 1.3 s in one statement, 52 s read by Python when pulls took 256."""
-        count = len(self.conditions)
-        looked_up = self.lookup is not None and (listed or self.window is not None)
-        if looked_up and count <= _LOOKUP_BOUNDS:
-            return [range(count)]
-        parts, first, size = [], 0, 0
-        for number, condition in enumerate(self.conditions):
-            length = len(condition.encode())
-            full = number - first == _PLAN_BOUNDS_PER_INSERT or size + length > _CONDITION_BYTES
-            if number > first and full:
-                parts.append(range(first, number))
-                first, size = number, 0
-            size += length
-        return [*parts, range(first, count)] if count else []
-
-    def where(self, numbers: range, *, listed: bool = False) -> str:
-        """The condition that selects the rows of the bounds ``numbers``, which chDB pushes down
-        to SQLite. As an OR of each bound's condition, SQLite tests each row against every
-        bound. When nearly every row SQLite reads is planned, chDB keeps them by a lookup of
-        each row's value instead (``index``, the same rows), and SQLite tests only the cursor
-        window all bounds share: when the bounds are every partition listed (``listed``, a
-        full refresh's), or share a cursor window (its partitions are those listed in it).
-        1,000,000 rows in 100 partitions into chDB, legacy: a refresh 0.09 s less, a first
-        append with a cursor 0.96 s against 1.87 s. An append without a window plans only
-        the values not loaded yet, which an index on the column lets SQLite read alone."""
-        whole = numbers == range(len(self.conditions))
-        if self.lookup is not None and whole and (listed or self.window is not None):
-            window = "" if self.window is None else f" AND ({self.window})"
-            return f"{self.index()} != -1{window}"
-        return " OR ".join(self.conditions[number] for number in numbers)
-
-    def index(self) -> str:
-        """The index of the bound a row belongs to, -1 for none: a lookup of the partition
-        value (``transform``) when ``lookup``, else the first bound whose condition holds
-        (``multiIf``, which took 0.15 s more of 1,000,000 rows in 100 bounds). The ``where``
-        of the same bounds leaves out every row of none."""
-        if self.lookup is None:
-            tests = ", ".join(f"{condition}, {n}" for n, condition in enumerate(self.conditions))
-            return f"multiIf({tests}, -1)"
-        numbers = ", ".join(str(number) for number in self.keyed)
-        if self.lookup == "range":  # the start of the range the key is in, if any is
-            starts = "[" + ", ".join(f"{{r{number}:Int64}}" for number in self.keyed) + "]"
-            found = f"transform(roundDown({self.column}, {starts}), {starts}, [{numbers}], -1)"
-            lookup = f"if({self.envelope}, {found}, -1)"
-        else:
-            values = ", ".join(f"{{v{number}:{self.lookup}}}" for number in self.keyed)
-            lookup = f"transform({self.column}, [{values}], [{numbers}], -1)"
-        if self.null_bound is None:
-            return lookup  # a NULL key: -1
-        return f"if(isNull({self.column}), {self.null_bound}, {lookup})"
-
-
-def _recut(
-    raws: Sequence[Path], paths: Sequence[Path], bounds: int, *, table: str
-) -> tuple[list[LoadFile], list[int]]:
-    """Each pulled file (``raws``; a bound chDB found no row of has none) rewritten at its
-    path as ``write_arrow_stream`` writes rows: without the tag, in ``ARROW_BLOCK_ROWS``-row
-    batches, digested as written; and each bound's row count, from the tags."""
-    pa, schema = arrow("the ClickHouse sink"), _pulled_schema(raws)
-    width = schema.get_field_index(_BOUND_TAG)
-    schema, counts, files = schema.remove(width), [0] * bounds, []
-    for raw, path in zip(raws, paths, strict=True):
-        with contextlib.ExitStack() as stack:
-            writer = DigestWriter(stack.enter_context(create_private(path)))
-            stream = stack.enter_context(pa.ipc.new_stream(writer, schema))
-            cut = _Cut(pa, stream)
-            if raw.exists():
-                for batch in pa.ipc.open_stream(stack.enter_context(pa.OSFile(str(raw)))):
-                    _count_tags(batch, counts, table=table)
-                    cut.add(batch.select(range(width)))
-            cut.flush()
-        files.append(LoadFile(path=path, rows=cut.rows, sha256=writer.sha256, native=True))
-    return _split_checked(files, counts, table=table)
-
-
-def _kept(
-    raws: Sequence[Path], paths: Sequence[Path], bounds: int, *, table: str
-) -> tuple[list[LoadFile], list[int]]:
-    """A full refresh's pulled files, kept as chDB wrote them, tag and batches: its load
-    fills a fresh table, where no INSERT is retried, and reads the columns by name. Each
-    file is read once, for its bounds' counts and the digest of those same bytes, and
-    linked at its path (never over a file there); a bound chDB found no row of gets an
-    empty stream. The rewrite ``_recut`` makes cost a 1M-row pull 0.05-0.1 s. Only the tag
-    column is decoded (and decompressed): 0.022-0.024 s for a 1M-row file, against
-    0.055-0.068 s decoding all its columns."""
-    pa, schema = arrow("the ClickHouse sink"), _pulled_schema(raws)
-    counts, files = [0] * bounds, []
-    tag_only = pa.ipc.IpcReadOptions(included_fields=[schema.get_field_index(_BOUND_TAG)])
-    for raw, path in zip(raws, paths, strict=True):
-        if not raw.exists():
-            with create_private(raw) as handle, pa.ipc.new_stream(handle, schema):
-                pass
-        before = sum(counts)
-        with DigestReader(raw) as reader:
-            for batch in pa.ipc.open_stream(reader, options=tag_only):
-                _count_tags(batch, counts, table=table)
-            sha256 = reader.digest()
-        os.link(raw, path)
-        os.chmod(path, 0o600)
-        files.append(LoadFile(path=path, rows=sum(counts) - before, sha256=sha256, native=True))
-    return _split_checked(files, counts, table=table)
-
-
-def _copy_messages(
-    pa: Any, reader: DigestReader, writer: DigestWriter, schema: Any, *, table: str
-) -> Any:
-    """Copy the Arrow IPC stream ``reader`` reads into ``writer``, message for message, without
-    its end-of-stream marker; its schema message too when ``schema`` is None (the first file),
-    else only checked equal to ``schema``. The schema it read is returned. Batches are not
-    decoded or re-encoded (nor decompressed and compressed again): merging chDB's 100 files
-    of 1,000,000 rows in all took 0.11-0.12 s that way, 0.04 s this way. A stream of
-    dictionary batches, which no writer of load files makes, cannot be concatenated so."""
-    messages = iter(pa.ipc.MessageReader.open_stream(reader))
-    first = next(messages, None)
-    if first is None:
-        raise InternalInvariantBroken("a load file to merge is empty", diagnostics={"table": table})
-    own = pa.ipc.read_schema(first)
-    if schema is None:
-        writer.write(first.serialize())
-    elif not own.equals(schema):
-        raise InternalInvariantBroken(
-            "load files to merge differ in schema", diagnostics={"table": table}
-        )
-    for message in messages:
-        if message.type != "record batch":
-            raise InternalInvariantBroken(
-                "a load file to merge holds a dictionary batch", diagnostics={"table": table}
-            )
-        writer.write(message.serialize())
-    return own
-
-
-def _pulled_schema(raws: Sequence[Path]) -> Any:
-    """The Arrow schema chDB wrote its pulled files in, tag included."""
-    found = [raw for raw in raws if raw.exists()]
-    if not found:
-        raise FileNotFoundError("chDB wrote no file")  # no row: Python reads, cheaply
-    pa = arrow("the ClickHouse sink")
-    with pa.OSFile(str(found[0])) as handle:
-        return pa.ipc.open_stream(handle).schema
-
-
-def _split_checked(
-    files: list[LoadFile], counts: list[int], *, table: str
-) -> tuple[list[LoadFile], list[int]]:
-    """``(files, counts)``, once each of several files holds exactly its own bound's rows."""
-    if len(files) > 1 and [file.rows for file in files] != counts:
-        raise InternalInvariantBroken(
-            "a pulled file holds another bound's rows", diagnostics={"table": table}
-        )
-    return files, counts
-
-
-def _count_tags(batch: Any, counts: list[int], *, table: str) -> None:
-    """Add a pulled batch's rows to their bounds' ``counts``, by the tag of each row."""
-    pc: Any = import_driver("pyarrow.compute", needed_by="the ClickHouse sink")
-    for entry in pc.value_counts(batch.column(_BOUND_TAG)).to_pylist():
-        if not 0 <= entry["values"] < len(counts):  # -1: a row of no bound
-            raise InternalInvariantBroken("a pulled row has no bound", diagnostics={"table": table})
-        counts[entry["values"]] += entry["counts"]
-
-
-class _Cut:
-    """Batches written to ``stream`` in ``ARROW_BLOCK_ROWS``-row batches, whatever they came in:
-    ClickHouse makes a block of each, and deduplicates a retried INSERT block by block."""
-
-    def __init__(self, pa: Any, stream: Any) -> None:
-        self.pa, self.stream = pa, stream
-        self.pending: list[Any] = []
-        self.waiting = self.rows = 0
-
-    def add(self, batch: Any) -> None:
-        self.pending.append(batch)
-        self.waiting += batch.num_rows
-        while self.waiting >= ARROW_BLOCK_ROWS:
-            self._write(ARROW_BLOCK_ROWS)
-
-    def flush(self) -> None:
-        if self.waiting:
-            self._write(self.waiting)
-
-    def _write(self, rows: int) -> None:
-        table = self.pa.Table.from_batches(self.pending)
-        self.stream.write_batch(table.slice(0, rows).combine_chunks().to_batches()[0])
-        self.pending = table.slice(rows).to_batches()
-        self.waiting -= rows
-        self.rows += rows
-
-
-def _plan_inserts(
-    plan: LoadPlan, source: SQLiteFile, *, table: str
-) -> tuple[_PlanSQL, str, list[str]]:
-    """lazy-plan's INSERTs: the plan's conditions, the column list and each statement's
-    ``WHERE``; ``ConfigInvalid`` when a statement would be longer than chDB parses (long
-    column names or bound values), before the target call: it would fail inside it."""
-    bounds = _PlanSQL(plan, source)
-    names = column_list([column.name for column in plan.columns])
-    listed = plan.replace
-    wheres = [bounds.where(part, listed=listed) for part in bounds.statements(listed=listed)]
-    if any(len(where.encode()) + 2 * len(names.encode()) > _STATEMENT_BYTES for where in wheres):
-        raise Unsupported(
-            "a pull of these partitions: chDB parses no statement that long (the column "
-            "names or partition conditions are too long)",
-            table=table,
-        )
-    return bounds, names, wheres
-
-
-def _with_safe_names(plan: LoadPlan, *, table: str) -> SQLiteFile:
-    """The plan's source, when ``sqlite()`` can name its table and columns: it mis-quotes
-    backslashes, double quotes and control characters. No read of the source."""
-    source = pulled_file(plan, engine="ClickHouse", table=table)
-    columns = [column.name for column in plan.columns]
-    for name in (source.table, source.partition_column, source.cursor_column, *columns):
-        if name is not None and _SQLITE_FUNCTION_UNSAFE.search(name):
-            raise PlanInexact(
-                f"ClickHouse cannot read source identifier {name!r}: the sqlite() table "
-                "function mis-quotes backslashes, double quotes and control characters",
-                diagnostics={"table": table, "identifier": name},
-            )
-    return source
-
-
-def _in_background(call: Callable[[], None]) -> Future[None]:
-    """``call()`` started in a daemon thread; the future holds its outcome (its exception
-    untouched). Daemon: a run that fails before waiting for it does not wait at exit."""
-    future: Future[None] = Future()
-
-    def run() -> None:
-        try:
-            call()
-        except BaseException as error:  # handed to whoever waits, as it was raised
-            future.set_exception(error)
-        else:
-            future.set_result(None)
-
-    threading.Thread(target=run, name="dpone-chdb-check", daemon=True).start()
-    return future
-
-
-def _unlink(paths: Iterable[Path]) -> None:
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
 
 
 def _ref(table: TableName) -> str:

@@ -1,0 +1,185 @@
+"""Opening DuckDB: its driver (imported on first use), a connection to a file (a file of a
+storage version the installed DuckDB cannot read is refused, saying what to do), and the
+``sqlite_scanner`` extension, loaded from its wheel's file, never downloaded."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.metadata
+import os
+import re
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+from ...drivers import import_driver
+from ...errors import TargetVersionUnsupported
+from ..contract import Unsupported
+
+__all__ = [
+    "duckdb_driver",
+    "open_database",
+    "reraise_interrupt",
+    "scanner_connection",
+    "sqlite_extension",
+]
+
+# Never reach the network for an extension: the sqlite scanner comes from its wheel.
+_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+# A connection that reads SQLite loads the scanner without DuckDB's signature check, which
+# hashes its 35 MB on every connection: 75 ms of each transfer, 1 ms without. The file is
+# the installed duckdb-extension-sqlite-scanner wheel's (pip checked it at install; whoever
+# can change it can change this package too), and nothing else can be loaded: autoloading is
+# off and ``scanner_connection``'s LOAD of that file is the only one.
+_SCANNER_CONFIG = {**_CONFIG, "allow_unsigned_extensions": True}
+
+
+def duckdb_driver() -> Any:
+    duckdb = import_driver("duckdb", needed_by="DuckDBSink")
+    _import_pandas()
+    return duckdb
+
+
+@functools.cache  # once per process; an import a signal stopped raised, so is not kept
+def _import_pandas() -> None:
+    """DuckDB imports pandas, when it is installed, at its first query with parameters in a
+    process (about 0.3 s), from its own code, which swallows what a signal's handler raises
+    meanwhile: a SIGTERM or Ctrl-C then was lost, and the run went on. Imported here first,
+    in Python, the signal stops the run; the time is spent either way."""
+    with contextlib.suppress(Exception):  # not installed, or broken: DuckDB does without
+        importlib.import_module("pandas")
+
+
+_SCANNER = "duckdb-extension-sqlite-scanner"  # the wheel of DuckDB's sqlite_scanner extension
+
+
+def sqlite_extension(duckdb: Any) -> str:
+    """The sqlite_scanner extension file shipped for this DuckDB version, or ``ConfigInvalid``
+    saying what to install. The wheel is published per DuckDB version, up to 1.5.5 (none for
+    DuckDB 2.x); one left installed for another DuckDB version has no file for this one."""
+    version = duckdb.__version__
+    try:
+        import duckdb_extension_sqlite_scanner as wheel
+    except ImportError:
+        wheel = None
+    if wheel is not None:
+        path = os.path.join(
+            os.path.dirname(wheel.__file__),
+            "extensions",
+            f"v{version}",
+            "sqlite_scanner.duckdb_extension",
+        )
+        if os.path.isfile(path):
+            return path
+    raise _no_scanner(version)
+
+
+def _no_scanner(version: str) -> Unsupported:
+    """DuckDB cannot read a SQLite source itself: no sqlite_scanner extension of this DuckDB
+    version can be loaded. dpone reads the rows in Python instead (a pull needs it too)."""
+    try:
+        installed = f"{_SCANNER} {importlib.metadata.version(_SCANNER)} is installed"
+    except importlib.metadata.PackageNotFoundError:
+        installed = f"{_SCANNER} is not installed"
+    return Unsupported(
+        f"DuckDB's sqlite_scanner extension of the installed DuckDB {version} ({installed}): "
+        f"pip install '{_SCANNER}=={version}'. It is published only for some DuckDB versions, "
+        f"the newest 1.5.5 when this release was made, or pip install 'duckdb==1.5.5' "
+        f"'{_SCANNER}==1.5.5'",
+        key="driver",
+        package=_SCANNER,
+        duckdb=version,
+    )
+
+
+def scanner_connection(path: str, table: str = "") -> Any:
+    """A connection to ``path`` with the sqlite scanner loaded (``_SCANNER_CONFIG``); an
+    extension file DuckDB refuses to load (built for another DuckDB) is ``_no_scanner``."""
+    duckdb = duckdb_driver()
+    extension = sqlite_extension(duckdb)  # a missing wheel fails before any connection
+    conn = open_database(path, table, config=_SCANNER_CONFIG)
+    try:
+        conn.execute("LOAD '" + extension.replace("'", "''") + "'")
+    except duckdb.Error:
+        conn.close()
+        raise _no_scanner(duckdb.__version__) from None
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def open_database(
+    path: str, table: str, *, read_only: bool = False, config: Mapping[str, Any] = _CONFIG
+) -> Any:
+    """``duckdb.connect``; a file this DuckDB cannot read because of its storage version is
+    ``TargetVersionUnsupported`` (``_unreadable_version``), any other failure DuckDB's own."""
+    duckdb = duckdb_driver()
+    try:
+        return duckdb.connect(path, read_only=read_only, config=dict(config))
+    except duckdb.Error as error:
+        refused = _unreadable_version(path, table, duckdb.__version__, str(error))
+        if refused is not None:
+            raise refused from None
+        raise
+
+
+# The file's main header: checksum, "DUCK", storage version, flags, the creating DuckDB
+# version (from 0.10 on; "v2.0.1"), its git hash. DuckDB 1.x writes storage version 64,
+# 2.0.1 writes 999 (its format then stands in the database header).
+_HEADER = struct.Struct("<8s4sQ32s32s")
+
+
+def _unreadable_version(
+    path: str, table: str, engine: str, message: str
+) -> TargetVersionUnsupported | None:
+    """The error of a DuckDB file whose storage version the installed DuckDB (``engine``)
+    refused to open, or None for any other failure. The version is read from the file's
+    header; DuckDB's refusal (``message``) names it ("... version number 999, but we can only
+    read ..."), which tells it from a lock or a damaged file (IOException all three)."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(_HEADER.size)
+    except OSError:
+        return None
+    if len(head) < _HEADER.size:
+        return None
+    _, magic, storage, _, creator = _HEADER.unpack(head)
+    if magic != b"DUCK" or not re.search(rf"version number {storage}\b", message):
+        return None
+    written = re.match(rb"v(\d+\.\d+\.\d+)", creator)  # none before DuckDB 0.10
+    by = written.group(1).decode() if written else None
+    if by is not None and _release(by) > _release(engine):
+        fix = f"pip install 'duckdb>={by}'"
+    else:
+        fix = (
+            "export it with the DuckDB that wrote it (EXPORT DATABASE) and import it with "
+            f"DuckDB {engine} (IMPORT DATABASE): docs/connectors.md, 'DuckDB versions'"
+        )
+    return TargetVersionUnsupported(
+        f"the target database of table {table!r} is a DuckDB file of storage version {storage} "
+        f"written by {f'DuckDB {by}' if by else 'an older DuckDB'}, which the installed DuckDB "
+        f"{engine} cannot read: {fix}; nothing was written",
+        diagnostics={
+            "table": table,
+            "storage_version": storage,
+            "written_by": by,
+            "engine": f"duckdb {engine}",
+        },
+    )
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"1.5.5"`` as ``(1, 5, 5)``; a suffix (``"2.1.0.dev3"``) is ignored."""
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def reraise_interrupt(error: Exception) -> None:
+    """Re-raise what DuckDB made of a signal during its query: the exception the signal's
+    handler raised (Ctrl-C's KeyboardInterrupt, the CLI's SIGTERM, a scheduler's own) becomes
+    RuntimeError("Query interrupted"). That is no failed read to fall back from: the pull
+    that took it for one read the rows again in Python, and a SIGTERM'd run ended with 0."""
+    if type(error) is RuntimeError and str(error) == "Query interrupted":
+        raise error

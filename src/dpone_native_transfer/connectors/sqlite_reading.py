@@ -1,0 +1,234 @@
+"""A SQLite file other engines read: what an engine that reads a ``SQLiteFile`` source
+itself (SQLite's ``ATTACH``, DuckDB's ``sqlite_scan``, ClickHouse's ``sqlite()``) checks and
+reads around that read.
+
+``contract/sqlite_file.py`` says what such a source offers (``SQLiteFile``, a Protocol);
+this module is the engines' side of it: the plan's source as a ``SQLiteFile``
+(``pulled_file``), the refusal of a plan an engine would not read exactly
+(``refuse_inexact_plan``), the watch for writes during the engine's read
+(``watching_writes``) and dpone's own read of the rows when that read is thrown away
+(``plan_rows``). It imports no connector: the DuckDB and ClickHouse sinks use it without
+loading the SQLite source or sink.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from typing import Any
+
+from ..payloads import Column, LoadPlan
+from ._sql import quote as _quote
+from .contract import DEFAULT_CHUNK_ROWS, PlanInexact, Unsupported
+from .contract.sqlite_file import SQLiteFile
+
+__all__ = ["inexact_plan", "plan_rows", "pulled_file", "refuse_inexact_plan", "watching_writes"]
+
+# Kinds another engine's own SQLite reader (DuckDB's scanner, ClickHouse's sqlite()) reads
+# exactly as the row paths carry them; other kinds need a carrier, so lazy-plan carries
+# their rows (``PlanInexact``) and a pull is declined.
+_PLAN_KINDS = frozenset({"integer", "real", "text", "blob", "boolean", "date", "timestamp"})
+_DATE = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]"
+_ISO_DATE = f"({{c}} GLOB '{_DATE}' AND date({{c}}) IS {{c}})"
+_ISO_TIMESTAMP = (  # YYYY-MM-DD[ T]HH:MM:SS[.f{1,6}], a real instant, no offset
+    f"({{c}} GLOB '{_DATE}[ T][0-9][0-9]:[0-9][0-9]:[0-9][0-9]*'"
+    " AND strftime('%Y-%m-%d %H:%M:%S', {c}) IS replace(substr({c}, 1, 19), 'T', ' ')"
+    " AND (length({c}) = 19 OR (substr({c}, 20, 1) = '.' AND length({c}) BETWEEN 21 AND 26"
+    " AND substr({c}, 21) NOT GLOB '*[^0-9]*')))"
+)
+# Per kind, a SQL test of one stored value that such a reader would read otherwise than the
+# row paths' carriers accept (SQLite keeps any value in any column): one read of the source.
+# Each test sees a value that is not NULL (``_misread_test``): ``typeof(c) <> 'integer'``
+# after ``c IS NOT NULL`` costs two thirds of ``typeof(c) NOT IN ('integer', 'null')``.
+_PLAN_MISREAD = {
+    "integer": "typeof({c}) <> 'integer'",
+    "real": "typeof({c}) <> 'real'"  # a real passes at the first test
+    " AND (typeof({c}) <> 'integer' OR abs({c}) > 9007199254740992)",
+    "text": "typeof({c}) <> 'text'",
+    "blob": "typeof({c}) NOT IN ('blob', 'text')",
+    "boolean": "typeof({c}) <> 'integer' OR {c} NOT IN (0, 1)",
+    "date": f"typeof({{c}}) <> 'text' OR NOT {_ISO_DATE}",
+    "timestamp": f"typeof({{c}}) <> 'text' OR NOT ({_ISO_DATE} OR {_ISO_TIMESTAMP})",
+}
+
+
+def _misread_test(column: Column) -> str:
+    """``_PLAN_MISREAD``'s test of ``column``, true of a value the reader would misread."""
+    name = _quote(column.name)
+    return f"{name} IS NOT NULL AND ({_PLAN_MISREAD[column.kind].format(c=name)})"
+
+
+@contextlib.contextmanager
+def watching_writes(source: SQLiteFile) -> Iterator[Callable[[], bool]]:
+    """A check whether another connection committed to ``source`` since entering: SQLite's
+    ``data_version``, read on a connection of its own. An engine's read of the source is not
+    one SQLite snapshot (DuckDB's scanner missed a row moved to a new rowid meanwhile), so a
+    read during which the source was written is thrown away and dpone reads the rows itself
+    (connectors.md, "DuckDB target").
+
+    Until the check, that connection holds a read transaction. The engine's SQLite is a
+    second copy of SQLite in this process, and POSIX locks belong to the process: closing any
+    of dpone's connections to the file dropped the engine's locks, and chDB then read rows a
+    writer moved twice (SQLite's "multiple copies of SQLite" hazard). While one of its
+    connections holds a lock, Python's SQLite defers such a close."""
+
+    def version() -> int:
+        return int(watch.execute("PRAGMA data_version").fetchone()[0])
+
+    def written() -> bool:
+        if watch.in_transaction:
+            watch.execute("COMMIT")
+        return version() != before
+
+    with source.reader(live=True) as watch:
+        before = version()
+        watch.execute("BEGIN")
+        watch.execute("SELECT count(*) FROM sqlite_master").fetchone()  # takes the read lock
+        yield written
+
+
+def plan_rows(
+    source: SQLiteFile, bounds: Sequence[Mapping[str, Any]], columns: Sequence[Column]
+) -> Iterator[list[tuple]]:
+    """The ``columns`` of a plan's ``bounds`` as the row paths read them, for a sink that
+    threw its engine's read of the source away (``watching_writes``): in one scan when the
+    source splits one (``read_partitions``, which reads the described columns), otherwise
+    one statement per bound."""
+    if len(bounds) >= 2:
+        if [c.name for c in columns] == [c.name for c in source.describe().columns]:
+            scan = source.read_partitions(bounds)
+            if scan is not None:
+                yield from (rows for _, rows in scan)
+                return
+    for each in bounds:
+        sql, params = source.select_sql(each, columns=columns)
+        with source.reader() as conn:
+            cursor = conn.execute(sql, params)
+            while chunk := cursor.fetchmany(DEFAULT_CHUNK_ROWS):
+                yield chunk
+
+
+def pulled_file(plan: LoadPlan, *, engine: str, table: str) -> SQLiteFile:
+    """The plan's source, when ``engine`` can pull it: a table in a SQLite file."""
+    if not isinstance(plan.source, SQLiteFile):
+        raise Unsupported(
+            f"an engine that reads this source ({engine} reads SQLite sources only)", table=table
+        )
+    return plan.source
+
+
+def refuse_inexact_plan(
+    source: SQLiteFile,
+    columns: Sequence[Column],
+    *,
+    engine: str,
+    table: str,
+    reader_refuses: Collection[str] = (),
+) -> None:
+    """``PlanInexact`` for a lazy plan another engine would not read exactly as the row
+    paths carry it (lazy-plan then carries the rows itself; a pull is declined).
+
+    Such are: a source whose text is UTF-16 (SQLite orders it otherwise than by code
+    point); partition or cursor columns it would filter differently
+    (``collated_columns``); columns of a kind outside what its SQLite reader
+    carries exactly; and columns holding a value it would misread (a real in
+    an integer column, a text boolean, a date with a time, a timestamp with an
+    offset), found by one read of the source.
+
+    The read skips the columns of a table that SQLite itself keeps free of such
+    values (``_held_as_declared``), and, in an ordinary table, the columns named
+    in ``reader_refuses``: those whose every misread value the engine's reader
+    refuses with an error (a REAL column's affinity keeps integers out of it).
+    Only a caller whose failed read costs nothing may name any: a pull before the
+    target call (``EnginePull.pull_load_files``), or a check that has the reader read those
+    columns itself before it (DuckDB's ``_probe_plan_read``).
+    """
+    with source.reader() as conn:
+        utf16 = conn.execute("PRAGMA encoding").fetchone()[0] != "UTF-8"
+    if utf16:  # a grouped pull of text key ranges loaded some rows twice and lost others
+        raise PlanInexact(
+            f"{engine} cannot filter the source's text as SQLite does: the source database's "
+            f"text is UTF-16, which SQLite orders by its bytes, not by code point as {engine} "
+            "does",
+            diagnostics={"table": table},
+        )
+    collated = source.collated_columns()
+    if collated:
+        raise PlanInexact(
+            f"{engine} cannot filter source column(s) {', '.join(collated)} as SQLite does: "
+            "they are declared with a collation (COLLATE NOCASE, RTRIM or another), so "
+            f"{engine} would select other rows than the source's partitions",
+            diagnostics={"table": table, "columns": collated},
+        )
+    inexact = [column.name for column in columns if column.kind not in _PLAN_KINDS]
+    if not inexact:
+        with source.reader() as conn:
+            inexact = _misread_columns(conn, source.table, columns, reader_refuses)
+    if inexact:
+        raise inexact_plan(engine, table, inexact)
+
+
+def inexact_plan(engine: str, table: str, columns: Sequence[str]) -> PlanInexact:
+    """The refusal of a lazy plan whose ``columns`` the engine would not read exactly."""
+    return PlanInexact(
+        f"{engine} cannot read source column(s) {', '.join(columns)} exactly ({engine} reads "
+        "them by their declared type, which differs from what dpone carries)",
+        diagnostics={"table": table, "columns": list(columns)},
+    )
+
+
+def _misread_columns(
+    conn: sqlite3.Connection,
+    table: str,
+    columns: Sequence[Column],
+    reader_refuses: Collection[str],
+) -> list[str]:
+    """The columns holding a value ``_PLAN_MISREAD`` finds, in one scan that stops at the first
+    (``refuse_inexact_plan``)."""
+    held = _held_as_declared(conn, table)
+    if held is None:  # a view or a virtual table: any value in any column
+        held, reader_refuses = set(), ()
+    tests = [
+        (column.name, _misread_test(column))
+        for column in columns
+        if column.kind in _PLAN_MISREAD
+        and column.name not in held
+        and column.name not in reader_refuses
+    ]
+    if not tests:
+        return []
+    anything = " OR ".join(f"({test})" for _, test in tests)
+    if not conn.execute(
+        f"SELECT EXISTS (SELECT 1 FROM {_quote(table)} WHERE {anything})"
+    ).fetchone()[0]:
+        return []
+    checks = ", ".join(f"coalesce(max({test}), 0)" for _, test in tests)
+    found = conn.execute(f"SELECT {checks} FROM {_quote(table)}").fetchone()
+    return [name for (name, _), misread in zip(tests, found, strict=True) if misread]
+
+
+def _held_as_declared(conn: sqlite3.Connection, table: str) -> set[str] | None:
+    """The columns of an ordinary table that SQLite itself keeps to their declared storage
+    class: its rowid (an ``INTEGER PRIMARY KEY`` without its own index), and every typed
+    column of a ``STRICT`` table. None for a view or a virtual table, whose declared types
+    bind no value (a view's column can hold what any arm of a ``UNION`` gives)."""
+    try:
+        listed = conn.execute(
+            "SELECT type, wr, strict FROM pragma_table_list WHERE schema = 'main' AND name = ?",
+            (table,),
+        ).fetchone()
+    except sqlite3.OperationalError:  # before SQLite 3.37: no table_list
+        return None
+    if listed is None or listed[0] != "table":
+        return None
+    _, without_rowid, strict = listed
+    info = conn.execute("SELECT name, type, pk FROM pragma_table_info(?)", (table,)).fetchall()
+    held = {name for name, declared, _ in info if strict and declared.upper() != "ANY"}
+    keys = [(name, declared) for name, declared, pk in info if pk]
+    indexed_key = conn.execute(
+        "SELECT 1 FROM pragma_index_list(?) WHERE origin = 'pk'", (table,)
+    ).fetchone()
+    if len(keys) == 1 and keys[0][1].upper() == "INTEGER" and not without_rowid and not indexed_key:
+        held.add(keys[0][0])  # the rowid (``INTEGER PRIMARY KEY DESC`` gets an index: not it)
+    return held
