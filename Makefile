@@ -76,4 +76,4 @@ bench: $(INSTALLED)
 
 # Long randomised fault-injection soak (about 12 minutes); not part of `make test` or CI.
 soak: $(INSTALLED)
-	DPONE_SOAK=1 $(BIN)/python -m pytest tests/test_fault_properties.py -q
+	DPONE_SOAK=1 $(BIN)/python -m pytest tests/guard/test_fault_properties.py -q

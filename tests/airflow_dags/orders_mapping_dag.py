@@ -1,4 +1,4 @@
-"""The second DAG of tests/test_airflow.py: the route given as a mapping, and retries=2.
+"""The second DAG of tests/operator/test_airflow.py: the route given as a mapping, and retries=2.
 
 The checkpoint store is PostgreSQL, named by the workers' environment
 (``env:DPONE_STORE``), as for tries that may land on different workers. The

@@ -1,4 +1,4 @@
-"""Runs NativeTransferOperator under real Apache Airflow for tests/test_airflow.py.
+"""Runs NativeTransferOperator under real Apache Airflow for tests/operator/test_airflow.py.
 
 A separate process because Airflow reads its configuration (AIRFLOW_HOME) and
 emits warnings at import, which the pytest process must not see. Usage::

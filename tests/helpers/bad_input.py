@@ -1,7 +1,7 @@
-"""What the bad-input tests share (test_bad_input_*.py, test_latest.py): the guard
-payload oracle, restating the v1 rules of docs/compatibility.md without importing them;
-the hypothesis strategies that draw guard payloads (``GUARD_CASES``); and ``Site``, the
-small real route whose store a test damages.
+"""What the bad-input tests share (tests/bad_input/test_bad_input_*.py,
+tests/stores/test_latest_checkpoints.py): the guard payload oracle, restating the v1 rules
+of docs/compatibility.md without importing them; the hypothesis strategies that draw guard
+payloads (``GUARD_CASES``); and ``Site``, the small real route whose store a test damages.
 """
 
 from __future__ import annotations

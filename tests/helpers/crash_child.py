@@ -1,6 +1,6 @@
 """One guarded transfer in a child process that kills or stops itself at a chosen point.
 
-Run by ``tests/test_crash_matrix.py`` (SIGKILL) and ``tests/test_pause_matrix.py``
+Run by ``tests/recovery/test_crash_matrix.py`` (SIGKILL) and ``tests/recovery/test_pause_matrix.py``
 (SIGSTOP) as::
 
     python tests/helpers/crash_child.py --store sqlite:PATH|postgres:DSN:SCHEMA '<json>'

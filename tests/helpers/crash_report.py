@@ -1,6 +1,6 @@
 """pytest plugin of the crash matrix: one row per run, reported at the end of the session.
 
-``tests/test_crash_matrix.py`` registers it (``pytest_plugins``) and fills a
+``tests/recovery/test_crash_matrix.py`` registers it (``pytest_plugins``) and fills a
 row per run through the ``crash_matrix`` fixture. At the end of the session
 the table and a headline are printed and written to ``reports/crash-matrix.json``
 and ``reports/crash-matrix.md`` under the rootdir (``reports/`` is git-ignored).

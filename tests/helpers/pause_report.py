@@ -1,6 +1,6 @@
 """pytest plugin of the pause matrix: one row per case, reported at the end of the session.
 
-``tests/test_pause_matrix.py`` registers it (``pytest_plugins``) and fills a row per
+``tests/recovery/test_pause_matrix.py`` registers it (``pytest_plugins``) and fills a row per
 case through the ``pause_matrix`` fixture. At the end of the session the table and a
 headline are printed and written to ``reports/pause-matrix.json`` and
 ``reports/pause-matrix.md`` under the rootdir (``reports/`` is git-ignored). A

@@ -31,7 +31,7 @@ from dpone_native_transfer.testing import FaultyStore, RecordingSink, StepClock,
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
 TARGET_FILES = {"sqlite": "target.db", "duckdb": "target.duckdb", "clickhouse": "chdata"}
 # Every shipped sink. A PostgreSQL target is a server (a URL, not a file): see
-# test_connectors_postgres_sink.py for its routes.
+# tests/connectors/test_connectors_postgres_sink.py for its routes.
 SINKS = {
     "sqlite": SQLiteSink,
     "duckdb": DuckDBSink,

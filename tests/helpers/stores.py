@@ -1,5 +1,5 @@
-"""Checkpoints, routes and raw SQL for the store tests (test_store*.py), and release 0.1's
-store schema (test_stores_sqlite.py, test_latest.py)."""
+"""Checkpoints, routes and raw SQL for the store tests (tests/stores/), and release 0.1's
+store schema (test_stores_sqlite.py, test_latest_checkpoints.py)."""
 
 from __future__ import annotations
 

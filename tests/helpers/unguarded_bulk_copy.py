@@ -4,7 +4,7 @@ It calls the sink itself and then hands ``ctx.mutate`` a lambda that only
 returns the row count, so it looks as if it went through the boundary. The
 guard is armed only after the target already holds the rows. Never copy this.
 
-Not a test module: ``test_conformance.py`` runs the kit on it in a pytester
+Not a test module: ``tests/guard/test_conformance.py`` runs the kit on it in a pytester
 sub-run, next to a copy of ``docs/examples/bulk_copy_path.py`` (whose
 helpers it imports).
 """

@@ -3,7 +3,7 @@
 Copy this file into your DAGs folder and its route file into ``routes/``
 next to it (the route is read by the task on the worker, not when the DAG is
 parsed). The tests run this very file under real Airflow
-(``tests/test_airflow.py``), so it cannot drift from the code.
+(``tests/operator/test_airflow.py``), so it cannot drift from the code.
 """
 
 from __future__ import annotations

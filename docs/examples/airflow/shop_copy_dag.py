@@ -4,7 +4,7 @@ One mapped task per route file (``.expand(route=[...])``); each route file
 names only its tables, because the databases come from Airflow connections
 (``shop_db``, ``warehouse_db``, ``dpone_store``), which take precedence over
 the files' own locations. The route paths are Jinja templates, rendered on the
-worker. The tests run this very file under real Airflow (``tests/test_airflow.py``).
+worker. The tests run this very file under real Airflow (``tests/operator/test_airflow.py``).
 """
 
 from __future__ import annotations

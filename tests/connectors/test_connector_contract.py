@@ -30,7 +30,7 @@ from dpone_native_transfer.connectors.contract.sqlite_file import SQLiteFile
 from dpone_native_transfer.testing import build_sample_source, capabilities_of, contract_problems
 from dpone_native_transfer.testing.contract import protocol_members
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "dpone_native_transfer"
+SRC = Path(__file__).resolve().parents[2] / "src" / "dpone_native_transfer"
 
 
 def shipped_connectors(tmp_path: Path) -> list[Any]:

@@ -549,7 +549,7 @@ def test_a_signal_is_reported_as_itself_even_when_an_engine_wrapped_it_in_its_ow
 def test_the_exit_codes_of_the_help_are_the_readmes():
     """The codes a scheduler sees, listed alike by ``--help`` and the README."""
     helped = dict(re.findall(r"^\s+(\d+)\s+(.+)$", cli._EPILOG, re.M))
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
     documented = set(re.findall(r"`(\d{1,3})`", readme.split("Exit codes:", 1)[1][:1500]))
     assert set(helped) == documented == {"0", "1", "2", "3", "130", "143"}
 

@@ -75,7 +75,7 @@ if TYPE_CHECKING:  # imported by pytest as a plugin, so that its asserts are rew
 
 pytest_plugins = ["helpers.crash_report"]
 
-CHILD = Path(__file__).parent / "helpers" / "crash_child.py"
+CHILD = Path(__file__).parents[1] / "helpers" / "crash_child.py"
 ROWS, PARTITIONS = 2_000, 4
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
 RECOVERIES = ("manual", "from_target")

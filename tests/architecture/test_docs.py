@@ -16,7 +16,7 @@ from pathlib import Path
 from dpone_native_transfer.errors import ConfigInvalid
 from dpone_native_transfer.testing.conformance import GuardConformance
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 KIT_TESTS = {name for name in dir(GuardConformance) if name.startswith("test_")}
 generator = runpy.run_path(str(DOCS / "gen_reference.py"))
 
@@ -166,14 +166,15 @@ def test_the_case_table_check_catches_a_test_that_is_gone():
     table = (
         f"{CASE_TABLE}\n\n| # | Case | Tests |\n|---|---|---|\n"
         "| 1 | a | `GuardConformance.test_happy_run_arms_before_the_one_target_call` |\n"
-        "| 2 | b | `GuardConformance.test_no_such_thing`, `tests/test_docs.py::test_gone` |\n"
+        "| 2 | b | `GuardConformance.test_no_such_thing`, "
+        "`tests/architecture/test_docs.py::test_gone` |\n"
         "| 3 | c | `tests/no_such_file.py::test_x`, `docs/gen_reference.py::main` |\n"
     )
     rows = design_case_rows(table)
     assert sorted(rows) == [1, 2, 3]
     assert missing_tests([name for names in rows.values() for name in names]) == [
         "GuardConformance.test_no_such_thing",
-        "tests/test_docs.py::test_gone",
+        "tests/architecture/test_docs.py::test_gone",
         "tests/no_such_file.py::test_x",
         "docs/gen_reference.py::main",
     ]

@@ -614,7 +614,7 @@ def test_ledger_false_keeps_no_ledger_and_behaves_as_before(sqlite_site: Site) -
 
 # stores written by release 0.1 -------------------------------------------------------------------
 
-RELEASE_0_1 = Path(__file__).parent / "data" / "release-0.1"
+RELEASE_0_1 = Path(__file__).parents[1] / "data" / "release-0.1"
 
 
 def _release_0_1(tmp_path: Path, name: str) -> Site:

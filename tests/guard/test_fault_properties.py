@@ -28,7 +28,7 @@ The default profile is deterministic (``derandomize``) and fast enough for
 ``make test``. ``DPONE_SOAK=1`` selects the soak profile: random seeds, more
 and longer examples (``DPONE_SOAK_EXAMPLES`` overrides the example count)::
 
-    DPONE_SOAK=1 .venv/bin/python -m pytest tests/test_fault_properties.py -q
+    DPONE_SOAK=1 .venv/bin/python -m pytest tests/guard/test_fault_properties.py -q
 
 The figures of the run (examples, steps, attempts, distinct fault points,
 blocked routes, resolves, duplicates) are printed in pytest's terminal

@@ -7,7 +7,7 @@ next call.
 The clickhouse-connect server adapter cannot run without a server: only what
 needs none (locations, secrecy, the missing-extra error) is tested here.
 The guard's fault scenarios run on this sink in the conformance kit
-(``test_conformance.py::TestKitClickHouse``, every path); what is here is
+(``tests/guard/test_conformance.py::TestKitClickHouse``, every path); what is here is
 ClickHouse's own, and the unguarded and ledger-only contrast.
 """
 

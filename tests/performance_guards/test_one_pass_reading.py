@@ -3,8 +3,8 @@
 Without an index on the partition column, reading each partition on its own scans the
 table once per partition. A SQLite source splits one scan instead; every partition must
 get exactly the rows, in exactly the order, that its own read gives. Into SQLite, legacy
-and staged let SQLite copy the rows itself (``FilePulling``, ``test_native_files.py``): the
-sinks here cannot pull, so the runtime reads.
+and staged let SQLite copy the rows itself (``FilePulling``,
+``tests/connectors/test_native_files.py``): the sinks here cannot pull, so the runtime reads.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 and guarded transfers through the runtime on all four paths.
 
 The guard's fault scenarios run on this sink in the conformance kit
-(``test_conformance.py::TestKitDuckDB``, every path); what is here is DuckDB's own."""
+(``tests/guard/test_conformance.py::TestKitDuckDB``, every path); what is here is DuckDB's own."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from dpone_native_transfer.runtime import BUILTIN_PATHS
 from dpone_native_transfer.testing import faults
 from dpone_native_transfer.testing.conformance import GuardConformance
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 EXAMPLES = TESTS.parent / "docs" / "examples"
 KIT_TESTS = {name for name in dir(GuardConformance) if name.startswith("test_")}
 
@@ -112,7 +112,7 @@ class TestKitClickHouse(EngineSink):
 
 # Sinks whose lazy-plan cannot pull the kit's SQLite source: they run every row path here, and
 # their lazy-plan from their own engine in their own tests.
-ROW_PATHS_ONLY = {"postgres": "test_connectors_postgres_sink.py"}
+ROW_PATHS_ONLY = {"postgres": "connectors/test_connectors_postgres_sink.py"}
 
 
 class TestKitPostgres(EngineSink):

@@ -36,8 +36,8 @@ PARTITION_ID = re.compile(r"p-[0-9a-f]{24}")
 
 
 def state(route) -> dict | None:
-    """The route's progress (its definition and cursor edge aside: see test_incremental.py and
-    test_cursor_edge.py)."""
+    """The route's progress (its definition and cursor edge aside: see
+    tests/incremental/test_incremental.py and tests/incremental/test_cursor_edge.py)."""
     stored = route.real_store.load_source_state(route.spec("legacy").route)
     aside = ("definition", "edge")
     return None if stored is None else {k: v for k, v in stored.items() if k not in aside}

@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # imported by pytest as a plugin, so that its asserts are rew
 
 pytest_plugins = ["helpers.pause_report"]
 
-CHILD = Path(__file__).parent / "helpers" / "crash_child.py"
+CHILD = Path(__file__).parents[1] / "helpers" / "crash_child.py"
 CLI = Path(sys.executable).parent / "dpone-transfer"
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
 ROWS, PARTITIONS, CHUNK_ROWS = 400, 4, 50

@@ -168,7 +168,8 @@ def _crash(route: Route, path: str, when: str) -> None:
     assert blocked(route), "a target call of unknown outcome blocks the route"
 
 
-# lazy-plan into PostgreSQL pulls a PostgreSQL source only: test_postgres_runtime.py has it
+# lazy-plan into PostgreSQL pulls a PostgreSQL source only:
+# tests/stores/test_postgres_runtime.py has it
 CASES = [(k, p) for k in TRANSACTIONAL for p in PATHS if (k, p) != ("postgres", "lazy-plan")]
 
 

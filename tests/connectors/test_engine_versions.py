@@ -34,7 +34,7 @@ from dpone_native_transfer.reporting import exit_code_for
 from dpone_native_transfer.testing import build_sample_source
 
 ROOT = Path(dpone_native_transfer.__file__).parents[2]
-FILES = Path(__file__).parent / "data" / "duckdb-storage"
+FILES = Path(__file__).parents[1] / "data" / "duckdb-storage"
 INSTALLED = Version(duckdb.__version__)
 SCANNER = "duckdb-extension-sqlite-scanner"
 ENGINE_EXTRAS = ("postgres", "clickhouse", "duckdb", "airflow")

@@ -50,8 +50,8 @@ from dpone_native_transfer.errors import (
 )
 from dpone_native_transfer.testing import build_sample_source, guard_phase
 
-ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 CHILD = TESTS / "helpers" / "airflow_child.py"
 DOC = ROOT / "docs" / "airflow.md"
 DOC_DAG = ROOT / "docs" / "examples" / "airflow" / "orders_copy_dag.py"

@@ -388,7 +388,8 @@ def demo(tmp_path) -> Path:
     """`dpone-transfer demo` in a folder of its own: 5 partitions checkpoint_incomplete.
 
     Run per test, not copied: a route is keyed by its files' locations, so a copied
-    folder is another route (the ledger then refuses it: see test_target_truth.py).
+    folder is another route (the ledger then refuses it: see
+    tests/recovery/test_target_truth.py).
     """
     workdir = tmp_path / "demo"
     done = dpone("demo", "--workdir", workdir)

@@ -1,7 +1,8 @@
 """PostgreSQL target (issue 17) against the suite's real server: every path and strategy,
 lazy-plan from PostgreSQL, the guard's retries, the ledger in the load's transaction, schema
-evolution, names, privileges and safe errors. Exact values per type: tests/test_type_matrix.py;
-the conformance kit on every row path: tests/test_conformance.py (TestKitPostgres)."""
+evolution, names, privileges and safe errors. Exact values per type:
+tests/connectors/test_type_matrix.py; the conformance kit on every row path:
+tests/guard/test_conformance.py (TestKitPostgres)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from dpone_native_transfer.errors import CheckpointStoreCorrupt
 from dpone_native_transfer.source_state import Edge, SourceState
 from dpone_native_transfer.stores.sqlite import SQLiteCheckpointStore
 
-BEFORE = Path(__file__).parent / "data" / "source-state"  # written by make.py there
+BEFORE = Path(__file__).parents[1] / "data" / "source-state"  # written by make.py there
 ROUTE = RouteKey("orders", "orders_copy", Strategy.INCREMENTAL_APPEND)
 
 
