@@ -41,7 +41,8 @@ from dpone_native_transfer import (
     TransferSpec,
 )
 from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
-from dpone_native_transfer.connectors.duckdb import DuckDBSink, _sqlite_extension
+from dpone_native_transfer.connectors.duckdb import DuckDBSink
+from dpone_native_transfer.connectors.duckdb.connect import sqlite_extension
 
 from ._common import (
     CHUNK_ROWS,
@@ -146,7 +147,7 @@ def _duckdb_native(source: Path, rows: int) -> float:
     with scratch("peers-duckdb-native") as folder:
         conn = duckdb.connect(str(folder / "target.duckdb"))
         try:
-            conn.execute("LOAD '" + _sqlite_extension(duckdb) + "'")
+            conn.execute("LOAD '" + sqlite_extension(duckdb) + "'")
             scan = f"sqlite_scan('{source}', '{SOURCE_TABLE}')"
             seconds, _ = timed(lambda: conn.execute(f"CREATE TABLE t AS SELECT * FROM {scan}"))
             copied = conn.execute("SELECT count(*) FROM t").fetchone()[0]
