@@ -21,8 +21,9 @@ import pytest
 from helpers.routes import PATHS, Route
 
 from dpone_native_transfer.connectors import SQLiteSource
-from dpone_native_transfer.connectors import duckdb as duckdb_module
 from dpone_native_transfer.connectors.duckdb import DuckDBSink, duckdb_type
+from dpone_native_transfer.connectors.duckdb import connect as duckdb_connect
+from dpone_native_transfer.connectors.duckdb import sink as duckdb_sink_module
 from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
 from dpone_native_transfer.payloads import Column, LoadPlan, RowChunks
 from dpone_native_transfer.testing import (
@@ -415,7 +416,7 @@ def test_a_scanner_read_failing_before_the_target_refuses_the_plan(source, sink,
     """The check's probe reads with the scanner what the load will read; when that read fails
     although SQLite finds no misread value, the plan is refused, naming the columns read,
     and the target is never opened (a fault double wraps the real scanner connection)."""
-    real = duckdb_module._scanner_connection
+    real = duckdb_connect.scanner_connection
 
     class FailingProbe:
         def __init__(self, conn):
@@ -429,7 +430,7 @@ def test_a_scanner_read_failing_before_the_target_refuses_the_plan(source, sink,
         def __getattr__(self, name):
             return getattr(self._conn, name)
 
-    monkeypatch.setattr(duckdb_module, "_scanner_connection", lambda p: FailingProbe(real(p)))
+    monkeypatch.setattr(duckdb_sink_module, "scanner_connection", lambda p: FailingProbe(real(p)))
     plan = LoadPlan(
         source=source, columns=source.describe().columns, bounds=({"partition": "north"},)
     )
@@ -439,7 +440,7 @@ def test_a_scanner_read_failing_before_the_target_refuses_the_plan(source, sink,
     assert refused.value.diagnostics["columns"] == ["region", "id", "amount", "updated_at"]
     assert "injected" not in str(refused.value)
     assert not Path(sink.path).exists()
-    monkeypatch.setattr(duckdb_module, "_scanner_connection", real)
+    monkeypatch.setattr(duckdb_sink_module, "scanner_connection", real)
     sink.check_plan(plan)  # the real scanner reads it
 
 
@@ -482,7 +483,7 @@ def test_only_connections_reading_sqlite_skip_the_extension_signature_check(tmp_
         " current_setting('autoload_known_extensions'),"
         " current_setting('autoinstall_known_extensions')"
     )
-    reading = duckdb_module._scanner_connection(str(tmp_path / "reading.duckdb"))
+    reading = duckdb_connect.scanner_connection(str(tmp_path / "reading.duckdb"))
     try:
         assert reading.execute(settings).fetchone() == (True, False, False)
         assert reading.execute(

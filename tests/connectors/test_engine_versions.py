@@ -29,7 +29,7 @@ from packaging.version import Version
 
 import dpone_native_transfer
 from dpone_native_transfer import DuckDBSink, TargetVersionUnsupported
-from dpone_native_transfer.connectors import duckdb as duckdb_module
+from dpone_native_transfer.connectors.duckdb import connect as duckdb_connect
 from dpone_native_transfer.reporting import exit_code_for
 from dpone_native_transfer.testing import build_sample_source
 
@@ -214,7 +214,7 @@ def test_a_file_locked_by_another_process_is_unavailable_whatever_its_storage_ve
 def scanner_loads() -> bool:
     """Whether the installed scanner wheel has this DuckDB's extension file."""
     try:
-        duckdb_module._sqlite_extension(duckdb)
+        duckdb_connect.sqlite_extension(duckdb)
     except dpone_native_transfer.ConfigInvalid:
         return False
     return True

@@ -30,8 +30,9 @@ from helpers.routes import Route, make_sink, transfer_once
 
 from dpone_native_transfer import ClickHouseSink, SQLiteSource, artifacts
 from dpone_native_transfer.artifacts import file_sha256
-from dpone_native_transfer.connectors import duckdb as duckdb_sink
 from dpone_native_transfer.connectors._arrow import read_ahead
+from dpone_native_transfer.connectors.duckdb import bulk as duckdb_bulk
+from dpone_native_transfer.connectors.duckdb import sink as duckdb_sink
 from dpone_native_transfer.connectors.sqlite_reading import watching_writes
 from dpone_native_transfer.errors import ArtifactInvalid, WorkFolderFailed
 from dpone_native_transfer.payloads import LoadFile, LoadFiles
@@ -894,9 +895,9 @@ def test_a_pull_that_fails_midway_leaves_no_file_and_python_reads_the_rows(
 ):
     """DuckDB fails after its first batch: its files are removed (the runtime's own would
     collide with one left behind), and the run loads every row once."""
-    monkeypatch.setattr(duckdb_sink, "_BATCH_ROWS", 16)
-    monkeypatch.setattr(duckdb_sink, "_GATHERED_ROWS", 16)  # files written as the scan goes
-    real = duckdb_sink._write_tagged
+    monkeypatch.setattr(duckdb_bulk, "_BATCH_ROWS", 16)
+    monkeypatch.setattr(duckdb_bulk, "_GATHERED_ROWS", 16)  # files written as the scan goes
+    real = duckdb_sink.write_tagged
     failed = [False]
 
     def fail_after_a_batch(conn: Any, pa: Any, *args: Any) -> Any:
@@ -925,7 +926,7 @@ def test_a_pull_that_fails_midway_leaves_no_file_and_python_reads_the_rows(
         finally:
             monkeypatch.setattr(pa.ipc, "new_stream", original)
 
-    monkeypatch.setattr(duckdb_sink, "_write_tagged", fail_after_a_batch)
+    monkeypatch.setattr(duckdb_sink, "write_tagged", fail_after_a_batch)
     route = _route(tmp_path, "duckdb", lambda payload: None)
     try:
         assert route.runtime().run(route.spec(path)).rows_loaded == 120
@@ -1050,13 +1051,13 @@ def test_duckdb_loads_the_files_in_inserts_of_bounded_size(tmp_path, path, monke
     """Load files go in INSERTs of at most ``_INSERT_ROWS`` rows (one INSERT of everything
     holds twice the memory): every row still once, and a file changed after it was written
     still fails the load before it commits."""
-    monkeypatch.setattr(duckdb_sink, "_BATCH_ROWS", 5)  # batches of 5, INSERTs of up to 3 of them
-    monkeypatch.setattr(duckdb_sink, "_GATHERED_ROWS", 5)  # a pull's files too
-    monkeypatch.setattr(duckdb_sink, "_INSERT_ROWS", 16)
+    monkeypatch.setattr(duckdb_bulk, "_BATCH_ROWS", 5)  # batches of 5, INSERTs of up to 3 of them
+    monkeypatch.setattr(duckdb_bulk, "_GATHERED_ROWS", 5)  # a pull's files too
+    monkeypatch.setattr(duckdb_bulk, "_INSERT_ROWS", 16)
     inserts: list[int] = []
-    real = duckdb_sink._insert_arrow
+    real = duckdb_bulk._insert_arrow
     monkeypatch.setattr(
-        duckdb_sink, "_insert_arrow", lambda *args: inserts.append(real(*args)) or inserts[-1]
+        duckdb_bulk, "_insert_arrow", lambda *args: inserts.append(real(*args)) or inserts[-1]
     )
     tampering = [False]
 
@@ -1459,7 +1460,7 @@ def test_an_engine_pull_during_which_the_source_is_written_is_thrown_away(
     (1-4 rows lost, 485 rows twice, of 2,000,000). A commit to the source during the pull now
     throws it away, and the runtime reads every row once; an untouched source keeps its
     pull."""
-    owner, name = (duckdb_sink, "_write_tagged") if kind == "duckdb" else (ClickHouseSink, "_pull")
+    owner, name = (duckdb_sink, "write_tagged") if kind == "duckdb" else (ClickHouseSink, "_pull")
     if kind == "clickhouse" and path == "staged":  # chDB stages the rows itself
         name = "_fill_stage"
     real = getattr(owner, name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -211,7 +212,8 @@ class PathContext:
         """Refuse, before the target, a second target call, one that cannot take the batch's
         ledger entry (a path of release 0.1 passed ``lambda: sink.load(...)``), or a payload
         the call does not take: a path's bug, never a call of unknown outcome."""
-        wanted = _PAYLOADS.get(getattr(call, "__name__", ""))
+        named = isinstance(call, (types.FunctionType, types.MethodType))
+        wanted = _PAYLOADS.get(call.__name__) if named else None
         problem = None
         if self.mutation is not None:
             problem = "tried to reach the target twice in one attempt; the second call was"
