@@ -8,8 +8,8 @@ and is fast; the files are process-local working data, not an exchange format.
 File format: a sequence of blocks, each an 8-byte big-endian length followed
 by that many bytes of ``marshal.dumps(list_of_rows)``. The length prefix lets
 the reader take a whole block with one ``read`` and decode it with
-``marshal.loads`` (``marshal.load`` on a file object reads in many small calls
-and is about ten times slower). The digest returned by :func:`write_chunks`
+``marshal.loads`` (``marshal.load`` on a file object reads in many small calls,
+which is much slower). The digest returned by :func:`write_chunks`
 covers every byte written, length prefixes included, so it equals
 :func:`file_sha256` of a file holding only those blocks.
 """
@@ -207,8 +207,8 @@ def open_files_allowed() -> int:
     """How many files one scan may hold open at once, one per partition: a quarter of the
     process's limit on open files (``RLIMIT_NOFILE``, read at each call), leaving the rest
     to the stores, the engines and the caller (one at least). 256 under Linux's usual 1,024.
-    Past this, a partition's rows are read on their own: a scan of an unindexed table each,
-    which took 19-60 s instead of 1.0-1.5 s for 257-1,000 partitions of 1,000,000 rows."""
+    Past this, a partition's rows are read on their own: a scan of an unindexed table each
+    (figures: docs/performance.md, fix 52)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return _MOST_OPEN_FILES

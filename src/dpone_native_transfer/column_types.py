@@ -483,7 +483,7 @@ def carried_chunks(
             )
         carried: dict[int, list[Any]] = {}  # only the columns a carrier changed
         for index, name, carry in carriers:
-            values = [row[index] for row in chunk]  # one column: 10x cheaper than zip(*chunk)
+            values = [row[index] for row in chunk]  # one column, not the chunk transposed
             if isinstance(carry, Passing) and carry.unchanged(values):
                 continue
             try:

@@ -241,8 +241,8 @@ def scan_by_window(
     """``(index, rows)`` of ``bounds`` in one scan per cursor window (``Source.read_partitions``); a
     window's bounds the source reads apart, or a window of one bound, are read bound by
     bound. None when no window was split. An edge partition beside 1,000 key ranges (a
-    NULL cursor kept, or rows late at the top) made the whole attempt a read per range:
-    10 s instead of 0.8 for 200,000 rows."""
+    NULL cursor kept, or rows late at the top) made the whole attempt a read per range
+    (figures: docs/performance.md, fix 57)."""
     if len(bounds) < 2:
         return None
     windows: dict[str, list[int]] = {}
@@ -339,7 +339,7 @@ class EdgeTracker:
         """The rows at the top of each candidate's window as the source holds them now: in one
         scan when the source reads several partitions so (``Source.read_partitions``), else a read
         each. Without an index, a read each scanned the table twice per partition around an
-        engine's read: 15.6 s of a 19 s append of 300,000 rows in 100 partitions."""
+        engine's read, most of an append's time (figures: docs/performance.md, 'Margins')."""
         windows = [{**c.partition_bounds, "cursor_from": self.top_since} for c in candidates]
         scan = scan_by_window(source, windows, chunk_rows)
         if scan is None:

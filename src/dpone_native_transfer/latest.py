@@ -1,9 +1,9 @@
 """A route's latest checkpoints, queried by the route scan and the planner rather than loaded.
 
-Decoding and validating a payload costs tens of microseconds; at 100,000
-partitions that is seconds before every run, spent mostly on healthy committed
-partitions. So a store may answer the few questions a run asks (how many,
-which guards exist, which partitions are committed with these hashes, this
+Decoding and validating every payload would cost each run time in proportion to
+its partitions (figures: docs/performance.md, fix 5), spent mostly on healthy
+committed partitions. So a store may answer the few questions a run asks (how
+many, which guards exist, which partitions are committed with these hashes, this
 partition's checkpoint) from summary fields it keeps beside each payload, and
 decode a payload only when the run acts on that partition. The SQLite store
 keeps these fields as summary columns, written from each checkpoint and, for

@@ -67,8 +67,8 @@ class TargetMutation:
         """One checkpoint per candidate, all stamped ``at``; terminal ones end ``at`` too.
 
         Each is ``attrs.evolve(candidate, ...)`` spelled out: evolve looks every
-        field up by name, which cost 10,000 partitions 17 ms a batch. A test
-        holds the two equal, field by field.
+        field up by name, for every checkpoint (figures: docs/performance.md,
+        fix 53). A test holds the two equal, field by field.
         """
         completed_at = None if status is PartitionCheckpointStatus.EXPORTED else at
         extra = dict(diagnostics or {})

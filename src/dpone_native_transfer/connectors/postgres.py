@@ -428,8 +428,9 @@ class PostgresSource(TableSource):
         sorts the values or the ranges' edges (``dense_rank``) and gives each row the place
         ``width_bucket`` finds for its key among them; values keep only rows ``= ANY`` of
         them. Its own ``=``, ``>=`` and ``<``, types and order decide, as in each partition's
-        read; rows between ranges are dropped here. A ``CASE`` of 1,000 values took 22.6 s
-        for 1,000,000 rows (4.4 s for 100); a read per range, 65 s for 1,000 ranges.
+        read; rows between ranges are dropped here. A ``CASE`` of every value costs each row
+        work that grows with the values, and a read per range a query each, without an index
+        a scan (figures: docs/performance.md, fixes 58 and 59).
 
         None for a key ``width_bucket`` cannot place as its reads compare it
         (``_KeyType.placeable``: a collation other than the database's default, in which
@@ -528,8 +529,8 @@ class PostgresSource(TableSource):
         self, conn: Any, sql: str, params: Sequence[Any], bounds: Sequence[Mapping[str, Any]]
     ) -> bool:
         """Whether the planner costs ``sql``, one scan, below the reads of ``bounds`` together
-        (``EXPLAIN``; the reads are costed until their sum passes the scan's: 1,000 took
-        0.3 s)."""
+        (``EXPLAIN``; the reads are costed until their sum passes the scan's, since each
+        ``EXPLAIN`` takes time; figures: docs/performance.md, fix 58)."""
         scan, reads = _cost(conn, sql, params), 0.0
         columns = self._described_columns()
         for each in bounds:

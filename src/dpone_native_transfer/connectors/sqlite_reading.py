@@ -40,7 +40,7 @@ _ISO_TIMESTAMP = (  # YYYY-MM-DD[ T]HH:MM:SS[.f{1,6}], a real instant, no offset
 # Per kind, a SQL test of one stored value that such a reader would read otherwise than the
 # row paths' carriers accept (SQLite keeps any value in any column): one read of the source.
 # Each test sees a value that is not NULL (``_misread_test``): ``typeof(c) <> 'integer'``
-# after ``c IS NOT NULL`` costs two thirds of ``typeof(c) NOT IN ('integer', 'null')``.
+# after ``c IS NOT NULL`` costs less than ``typeof(c) NOT IN ('integer', 'null')``.
 _PLAN_MISREAD = {
     "integer": "typeof({c}) <> 'integer'",
     "real": "typeof({c}) <> 'real'"  # a real passes at the first test

@@ -39,8 +39,9 @@ def spool_partitions(
 ) -> dict[str, Path]:
     """Each candidate's spool file, after one scan per group of as many candidates as
     ``open_files_allowed()`` lets a scan hold open; a candidate left out (its group read
-    apart by the source, or alone) is read on its own. Read one by one past 256
-    partitions (``ulimit -n`` 1,024), 1,000 partitions of 1,000,000 unindexed rows took 11 s."""
+    apart by the source, or alone) is read on its own. Past 256 partitions
+    (``ulimit -n`` 1,024) they were once read one by one, a scan each without an index
+    (figures: docs/performance.md, fix 55)."""
     spooled: dict[str, Path] = {}
     step = open_files_allowed()
     for first in range(0, len(candidates), step):

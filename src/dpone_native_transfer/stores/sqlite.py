@@ -68,8 +68,8 @@ __all__ = ["BUSY_TIMEOUT_SECONDS", "SCHEMA_VERSION", "SQLiteCheckpointStore"]
 
 BUSY_TIMEOUT_SECONDS = 30.0
 # Page cache of the store's connection; it grows only as pages are used. A batch of
-# 10,000 checkpoints touches about 15 MiB of pages; with SQLite's default 2 MiB they are
-# evicted and read back within the batch (arm + commit of 10,000: 0.89 s -> 0.75 s).
+# 10,000 checkpoints touches more pages than SQLite's default cache of 2 MiB holds: they would
+# be evicted and read back within the batch (figures: docs/performance.md, fix 9).
 _CACHE_KIB = 16_384
 _MINIMUM_SQLITE = (3, 38, 0)  # the ->> and -> JSON operators
 _ROUTE_VALUES = ", ".join("?" * len(route_params(RouteKey("s", "t", "full_refresh"))))

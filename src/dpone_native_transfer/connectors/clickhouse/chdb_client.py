@@ -205,8 +205,8 @@ class ChdbClient:
         self, table: str, columns: Sequence[Column], path: Path, *, token: str | None = None
     ) -> None:
         """One ``INSERT ... SELECT FROM file(..., 'ArrowStream')``: the engine reads the file,
-        with ``pread``: by default it maps the whole file into memory, and the peak of a
-        10,000,000-row load was 974 MiB instead of 559 MiB (1,000,000 rows: 421 either way).
+        with ``pread``: by default it maps the whole file into memory, and the peak then grows
+        with the file (figures: docs/performance.md, fix 31).
         The columns are read by name: a file chDB pulled may hold one more, its tag."""
         if file_pattern(path):  # write_load_file and the pulls never make one
             raise InternalInvariantBroken("a load file's path reads as a pattern in file()")

@@ -130,8 +130,8 @@ class PlanSQL:
         """The bounds each statement reads: all in one when ``where`` finds them by the lookup
         (``listed`` as there) and there are at most ``_LOOKUP_BOUNDS``; otherwise OR-ed
         conditions, at most ``_PLAN_BOUNDS_PER_INSERT`` and ``_CONDITION_BYTES`` of them each
-        (a condition longer than that alone). 1,000 partitions of 1,000,000 rows into chDB,
-        legacy: 1.3 s in one statement, 52 s read by Python when pulls took 256."""
+        (a condition longer than that alone). Past one statement, the pull is declined and
+        each partition read on its own (figures: docs/performance.md, fix 52)."""
         count = len(self.conditions)
         looked_up = self.lookup is not None and (listed or self.window is not None)
         if looked_up and count <= _LOOKUP_BOUNDS:
@@ -152,9 +152,8 @@ class PlanSQL:
         bound. When nearly every row SQLite reads is planned, chDB keeps them by a lookup of
         each row's value instead (``index``, the same rows), and SQLite tests only the cursor
         window all bounds share: when the bounds are every partition listed (``listed``, a
-        full refresh's), or share a cursor window (its partitions are those listed in it).
-        1,000,000 rows in 100 partitions into chDB, legacy: a refresh 0.09 s less, a first
-        append with a cursor 0.96 s against 1.87 s. An append without a window plans only
+        full refresh's), or share a cursor window (its partitions are those listed in it)
+        (figures: docs/performance.md, fixes 42 and 44). An append without a window plans only
         the values not loaded yet, which an index on the column lets SQLite read alone."""
         whole = numbers == range(len(self.conditions))
         if self.lookup is not None and whole and (listed or self.window is not None):
@@ -165,7 +164,7 @@ class PlanSQL:
     def index(self) -> str:
         """The index of the bound a row belongs to, -1 for none: a lookup of the partition
         value (``transform``) when ``lookup``, else the first bound whose condition holds
-        (``multiIf``, which took 0.15 s more of 1,000,000 rows in 100 bounds). The ``where``
+        (``multiIf``, slower; figures: docs/performance.md, 'Margins'). The ``where``
         of the same bounds leaves out every row of none."""
         if self.lookup is None:
             tests = ", ".join(f"{condition}, {n}" for n, condition in enumerate(self.conditions))
@@ -213,9 +212,8 @@ def kept(
     fills a fresh table, where no INSERT is retried, and reads the columns by name. Each
     file is read once, for its bounds' counts and the digest of those same bytes, and
     linked at its path (never over a file there); a bound chDB found no row of gets an
-    empty stream. The rewrite ``recut`` makes cost a 1M-row pull 0.05-0.1 s. Only the tag
-    column is decoded (and decompressed): 0.022-0.024 s for a 1M-row file, against
-    0.055-0.068 s decoding all its columns."""
+    empty stream: no rewrite as ``recut`` makes, and only the tag column is decoded (and
+    decompressed), not all of them (figures: docs/performance.md, fixes 46 and 51)."""
     pa, schema = arrow("the ClickHouse sink"), _pulled_schema(raws)
     counts, files = [0] * bounds, []
     tag_only = pa.ipc.IpcReadOptions(included_fields=[schema.get_field_index(BOUND_TAG)])
@@ -240,9 +238,9 @@ def copy_messages(
     """Copy the Arrow IPC stream ``reader`` reads into ``writer``, message for message, without
     its end-of-stream marker; its schema message too when ``schema`` is None (the first file),
     else only checked equal to ``schema``. The schema it read is returned. Batches are not
-    decoded or re-encoded (nor decompressed and compressed again): merging chDB's 100 files
-    of 1,000,000 rows in all took 0.11-0.12 s that way, 0.04 s this way. A stream of
-    dictionary batches, which no writer of load files makes, cannot be concatenated so."""
+    decoded or re-encoded (nor decompressed and compressed again), as the merge once was
+    (figures: docs/performance.md, fix 50). A stream of dictionary batches, which no writer
+    of load files makes, cannot be concatenated so."""
     messages = iter(pa.ipc.MessageReader.open_stream(reader))
     first = next(messages, None)
     if first is None:

@@ -313,10 +313,11 @@ class ClickHouseSink(Sink, EnginePull):
     def merge_load_files(self, payload: LoadFiles, folder: Path) -> LoadFiles:
         """Arrow files (one per partition) are copied in
         order into one new ``merged.arrows`` in ``folder``, each file's digest checked as it is
-        read. An INSERT costs chDB about 15 ms whatever its size: one per partition was most
-        of file-artifact's time. The record batches are copied as IPC messages, bytes as
-        written (``copy_messages``), so each stays a block of its own and a retried load
-        deduplicates as before. Files in the runtime's format are kept."""
+        read. An INSERT costs chDB a fixed time whatever its size: one per partition was most
+        of file-artifact's time (figures: docs/performance.md, fix 32). The record batches
+        are copied as IPC messages, bytes as written (``copy_messages``), so each stays a
+        block of its own and a retried load deduplicates as before. Files in the runtime's
+        format are kept."""
         native = [file for file in payload.files if file.native]
         if len(native) < 2:
             return payload
@@ -449,8 +450,8 @@ class ClickHouseSink(Sink, EnginePull):
         holds each open while it writes), and no source column named as the pull's tag.
         Lazy-plan's checks, that the engine reads every value as the row paths carry it, start
         here in a thread of their own: SQLite reads the source for them while chDB pulls it
-        (both release the GIL; 0.15-0.2 s of a 1M-row pull), and ``pull_load_files`` keeps the
-        pull only when they accept the plan."""
+        (both release the GIL, so the two overlap; figures: docs/performance.md, fix 34), and
+        ``pull_load_files`` keeps the pull only when they accept the plan."""
         if self._location.kind != CHDB or files not in (1, len(plan.bounds)):
             return False
         if files > open_files_allowed():
@@ -485,8 +486,8 @@ class ClickHouseSink(Sink, EnginePull):
         the pull's tag over the staged rows; no file is written or read. None, and no stage
         left, when chDB's read failed, the source was written meanwhile, or the stage holds
         a partition or cursor column in a type other than chDB reads it as (the tag could
-        then differ from the pull's). A 1M-row staged full refresh into chDB: 0.57 s against
-        0.74 s through the pulled file."""
+        then differ from the pull's). Faster than staging through the pulled file (figures:
+        docs/performance.md, fix 47)."""
 
         def drop() -> None:
             with contextlib.suppress(Exception):

@@ -307,7 +307,8 @@ class Sink(Protocol):
     def holding_connection(self) -> contextlib.AbstractContextManager[None]:
         """Calls within may share one connection, closed on exit even when the attempt fails
         (entered under the lease around the attempt; the default holds none). A chDB
-        session costs 0.03 to 0.05 s to open, and a run makes four to six calls."""
+        session is slow to open, and a run makes four to six calls (figures:
+        docs/performance.md, fix 35)."""
         return contextlib.nullcontext()
 
     def engine(self) -> EnginePull | None:

@@ -345,10 +345,11 @@ class TargetChecking(Protocol):
 class ConnectionHolding(Protocol):
     """A sink that may keep one connection to its engine for a whole attempt.
 
-    Otherwise each call opens and closes its own: a chDB session costs 0.03 to
-    0.05 s to open and close, and a run makes four to six calls. The runtime
-    enters ``holding_connection`` under the route's lease, around the attempt;
-    the sink's calls outside it (``state show``, a second run) open their own.
+    Otherwise each call opens and closes its own: a chDB session is slow to open
+    and close, and a run makes four to six calls (figures: docs/performance.md,
+    fix 35). The runtime enters ``holding_connection`` under the route's lease,
+    around the attempt; the sink's calls outside it (``state show``, a second
+    run) open their own.
     It does not promise that a connection is opened at all, nor which call
     opens it: whichever first needs one, with that call's own error handling.
     """

@@ -24,7 +24,7 @@ from .scan import BOUND_TAG
 __all__ = ["insert_files", "insert_rows", "write_arrow_file", "write_tagged"]
 
 _INSERT_ROWS = 1_000_000  # rows per INSERT of load files (see _insert_native)
-_BATCH_ROWS = 50_000  # rows per INSERT: Arrow batches this size load 2x faster than 10,000
+_BATCH_ROWS = 50_000  # rows per INSERT: Arrow batches this size load faster than 10,000
 _GATHERED_ROWS = 250_000  # a pull's rows held for its files' batches (see _Gathered)
 
 
@@ -143,8 +143,8 @@ def _insert_native(
     """The files' batches as Arrow streams of up to ``_INSERT_ROWS`` rows, one INSERT each,
     every file hashed as DuckDB reads it and opened only when reached; a file whose digest
     differs fails the load before it commits. One INSERT per file costs a statement each
-    (file-artifact: a file per partition); one INSERT of everything holds twice the memory
-    (10,000,000 rows: 640 MiB peak, against 360 MiB in INSERTs of 1,000,000)."""
+    (file-artifact: a file per partition); one INSERT of everything holds memory that
+    grows with the rows (figures: docs/performance.md, fix 21)."""
     pa = arrow("DuckDBSink")
     changed: list[ArtifactInvalid] = []
 

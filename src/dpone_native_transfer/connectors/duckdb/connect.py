@@ -29,7 +29,7 @@ __all__ = [
 # Never reach the network for an extension: the sqlite scanner comes from its wheel.
 _CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 # A connection that reads SQLite loads the scanner without DuckDB's signature check, which
-# hashes its 35 MB on every connection: 75 ms of each transfer, 1 ms without. The file is
+# hashes the whole file on every connection (figures: docs/performance.md, fix 30). The file is
 # the installed duckdb-extension-sqlite-scanner wheel's (pip checked it at install; whoever
 # can change it can change this package too), and nothing else can be loaded: autoloading is
 # off and ``scanner_connection``'s LOAD of that file is the only one.
@@ -45,9 +45,9 @@ def duckdb_driver() -> Any:
 @functools.cache  # once per process; an import a signal stopped raised, so is not kept
 def _import_pandas() -> None:
     """DuckDB imports pandas, when it is installed, at its first query with parameters in a
-    process (about 0.3 s), from its own code, which swallows what a signal's handler raises
-    meanwhile: a SIGTERM or Ctrl-C then was lost, and the run went on. Imported here first,
-    in Python, the signal stops the run; the time is spent either way."""
+    process, from its own code, which swallows what a signal's handler raises meanwhile: a
+    SIGTERM or Ctrl-C then was lost, and the run went on. Imported here first, in Python, the
+    signal stops the run; the import's time is spent either way."""
     with contextlib.suppress(Exception):  # not installed, or broken: DuckDB does without
         importlib.import_module("pandas")
 

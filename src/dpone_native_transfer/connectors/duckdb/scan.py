@@ -53,8 +53,8 @@ def probe_plan_read(
     """Before lazy-plan's target call, read what its load will read that could fail it (the
     route then blocked): every column whose misread values the scanner refuses (a read of
     such a value fails), and every VARCHAR, for a text that is not UTF-8 (the scanner reads
-    its bytes; DuckDB's ``decode`` tells). One scan, 0.09 s per million rows of four columns,
-    where SQLite's own ``typeof`` tests took 0.23 s. A failed read has SQLite name the
+    its bytes; DuckDB's ``decode`` tells). One scan, cheaper than SQLite's own ``typeof``
+    tests (figures: docs/performance.md, fix 30). A failed read has SQLite name the
     columns (``refuse_inexact_plan``); the refusal is ``inexact_plan``'s either way."""
     texts = [column.name for column in columns if types.get(column.name) == "VARCHAR"]
     counted = [name for name in refusing if name not in texts]
@@ -140,7 +140,7 @@ def plan_conditions(
         if len(known) < len(values):
             matches.append(f"{partition} IS NULL")
         ranges = [item for item in items if "partition" not in item]
-        if ranges and not known and ranges_run_on(ranges):  # every key: 1,000 ORs took 3 s
+        if ranges and not known and ranges_run_on(ranges):  # every key: one test, not an OR each
             matches.append(f"{partition} IS NOT NULL")
             ranges = []
         for item in ranges:  # a key range: its own condition
@@ -158,8 +158,9 @@ def plan_conditions(
 def tagged_scan(source: SQLiteFile, plan: LoadPlan, textual: Collection[str]) -> tuple[str, list]:
     """The plan's rows with the index of the bound each belongs to (``BOUND_TAG``); rows of
     no bound (a partition that appeared after planning) are left out. Partitions of one value
-    each in one cursor window are tagged by a hash join on their values (a 100-way ``CASE``
-    costs three times as much); other bounds by their own conditions."""
+    each in one cursor window are tagged by a hash join on their values (cheaper than a
+    ``CASE`` of every value; figures: docs/performance.md, fix 19); other bounds by their own
+    conditions."""
 
     def name(column: str) -> str:
         ref = f"s.{quote(column)}"
@@ -209,8 +210,9 @@ def _integer_ranges(
 ) -> tuple[str, list] | None:
     """``tagged_scan`` of integer key ranges that run on (``integer_range_starts``), and the
     NULL key's partition, in one cursor window: each row tagged by an ``ASOF`` join on the
-    ranges' starts, where a ``CASE`` of each range's condition took 9 s for 1,000 ranges of
-    1,000,000 rows. None for other plans, or a key DuckDB does not read as integers."""
+    ranges' starts, not a ``CASE`` of each range's condition, whose work per row grows with
+    the ranges (figures: docs/performance.md, fix 56). None for other plans, or a key DuckDB
+    does not read as integers."""
     key_column = source.partition_column
     kinds = {column.name: column.kind for column in plan.columns}
     if kinds.get(key_column) != "integer" or key_column in textual:

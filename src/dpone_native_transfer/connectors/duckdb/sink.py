@@ -557,8 +557,8 @@ def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:
 
     The next ``seq`` is read first and the row inserted with ``VALUES``: DuckDB binds a text
     parameter of an ``INSERT ... SELECT`` in time that grows with the square of its single
-    quotes, and the row's partition list holds every partition's bounds (2,048 partitions
-    of 4,000-character values took about 200 s)."""
+    quotes, and the row's partition list holds every partition's bounds (figures:
+    docs/performance.md, 'Figures behind the code's choices')."""
     if ledger is not None:
         check_applied(ledger, rows)
         fence_batch(_query(conn), ledger, **_FENCE)

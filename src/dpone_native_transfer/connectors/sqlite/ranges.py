@@ -38,7 +38,7 @@ class RangeRoute:
     partitions: list[int]
     null_partition: int | None
     # The edges as numbers (unbounded: infinite), when all are integers: an integer key is
-    # then placed without ``_sqlite_order`` (1,000,000 keys: 0.5 s instead of 1.5 s).
+    # then placed without ``_sqlite_order``, which is slow (figures: docs/performance.md, fix 56).
     numbers: tuple[list[float], list[float]] | None = None
 
     @classmethod

@@ -512,8 +512,8 @@ class SQLiteSource(TableSource):
     ) -> Iterator[tuple[int, list[tuple]]] | None:
         """``read_partitions`` of key ranges (``partition_by = "range"``) and the NULL key's
         partition, in one cursor window: one scan, each row given to its range by
-        ``range_route``. Read a range at a time, without an index, 1,000 ranges of 200,000
-        rows took 20-30 s for an append."""
+        ``range_route``. Read a range at a time, without an index, each range was a scan
+        (figures: docs/performance.md, fix 54)."""
         check_chunk_rows(chunk_rows)
         with self.reader() as conn:
             route = self.range_route(conn, "main", bounds)
