@@ -225,8 +225,15 @@ def load_route_config(
     """Read and validate a route file; ``argument`` names it in errors instead of its path.
 
     ``locations`` (``{"source": {"dsn": ...}}``) replace the file's location keys.
+    ``PIPELINE::TABLE`` names one table's route in a pipeline file (``pipeline.py``).
     """
-    document = _with_locations(_read_toml(Path(path), argument), locations)
+    from .pipeline import is_pipeline, pipeline_route, split_reference  # it builds on this
+
+    path, table = split_reference(os.fspath(path))
+    raw = _read_toml(Path(path), argument)
+    if table is not None or is_pipeline(raw):
+        return pipeline_route(raw, path, table, argument=argument, locations=locations)
+    document = _with_locations(raw, locations)
     sections = _validated(document)
     folder = Path(os.path.abspath(path)).parent
     return _build(sections, folder)

@@ -35,6 +35,7 @@ from .events import Event, EventName
 
 if TYPE_CHECKING:
     from .config import RouteConfig
+    from .pipeline_run import PipelineResult, TableRun
     from .runtime import TransferResult
 
 __all__ = [
@@ -53,6 +54,8 @@ __all__ = [
     "declined",
     "exit_code_for",
     "failure_lines",
+    "pipeline_summary",
+    "pipeline_summary_lines",
     "plural",
     "progress_lines",
     "progress_logger",
@@ -60,6 +63,7 @@ __all__ = [
     "run_summary",
     "shortened",
     "summary_line",
+    "table_progress_line",
 ]
 
 PROG = "dpone-transfer"
@@ -384,3 +388,66 @@ def declined(question: str, *, yes: bool) -> int | None:
         return EXIT_CONFIG
     print("nothing written", file=sys.stderr)
     return EXIT_FAILED
+
+
+# -- pipelines ----------------------------------------------------------------------------------
+
+_TABLE_HEADERS = ("TABLE", "TARGET", "OUTCOME", "COMMITTED", "SKIPPED", "ROWS", "SECONDS", "ERROR")
+
+
+def table_progress_line(number: int, of: int, name: str, run: TableRun | None) -> str:
+    """A pipeline's line as a table starts (``run`` None) or ends."""
+    where = f"[{number}/{of}] {name}"
+    if run is None:
+        return f"{where}: started"
+    if run.outcome == "succeeded":
+        return (
+            f"{where} -> {run.target_table}: committed {plural(run.committed, 'partition')}, "
+            f"skipped {run.skipped:,}, loaded {plural(run.rows, 'row')} in {run.seconds:.2f} s"
+        )
+    return f"{where}: {run.outcome}" + (f" ({run.error})" if run.error else "")
+
+
+def pipeline_summary_lines(result: PipelineResult, run_id: str) -> list[str]:
+    """The closing summary: a row per table, then the totals."""
+    rows = [
+        (
+            run.table,
+            run.target_table,
+            run.outcome,
+            f"{run.committed:,}",
+            f"{run.skipped:,}",
+            f"{run.rows:,}",
+            f"{run.seconds:.2f}",
+            run.error or "-",
+        )
+        for run in result.tables
+    ]
+    widths = [
+        max(len(cell) for cell in column) for column in zip(_TABLE_HEADERS, *rows, strict=True)
+    ]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (_TABLE_HEADERS, *rows)
+    ]
+    totals = result.totals()
+    counted = ", ".join(
+        f"{totals[name]:,} {name}"
+        for name in ("succeeded", "failed", "blocked", "interrupted", "not run")
+        if totals[name] or name == "succeeded"
+    )
+    lines.append(
+        f"{plural(totals['tables'], 'table')}: {counted}; "
+        f"loaded {plural(totals['rows_loaded'], 'row')} in {result.seconds:.2f} s "
+        f"with {plural(result.jobs, 'job')} (run {run_id})"
+    )
+    return lines
+
+
+def pipeline_summary(result: PipelineResult, run_id: str) -> dict[str, Any]:
+    """``run --json`` of a pipeline: an object per table, and the totals."""
+    return {
+        "run_id": run_id,
+        "tables": [run.as_dict() for run in result.tables],
+        "totals": result.totals(),
+    }

@@ -1,0 +1,253 @@
+"""Running a pipeline's tables: each an ordinary guarded run, at most ``jobs`` at once.
+
+A table's run is ``application.transfer`` on its route, exactly as
+``dpone-transfer run`` runs a route file: its own lease, checkpoints, ledger
+and guard. One table failing or blocked does not stop the others. Tables that
+write one target table (shards fanned in) form one queue, run one after
+another by one worker, so that their lease never turns one of them away.
+
+The workers are threads of this process (docs/pipelines.md has the measurement
+against processes: DuckDB lets one process at a time open a file for writing,
+and the engines do the rows' work outside the interpreter's lock). A signal
+stops the run as it stops a single route: each running table is interrupted
+where it stands (its work folder removed, its lease released, a target call it
+was in recorded as unknown), no table starts after it, and the result says
+which tables finished.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .application import transfer
+from .errors import NativeTransferError
+from .reporting import EXIT_BLOCKED, EXIT_FAILED, EXIT_OK, exit_code_for
+
+if TYPE_CHECKING:
+    from .pipeline import PipelineTable
+    from .runtime import TransferResult
+
+__all__ = [
+    "DEFAULT_JOBS",
+    "MAX_JOBS",
+    "PipelineResult",
+    "TableRun",
+    "run_tables",
+]
+
+# Two workers per core, at most 4: measured in docs/pipelines.md (a table's run waits on its
+# engines and its store as much as it computes), and a pipeline's tables share one target.
+DEFAULT_JOBS = max(1, min(4, 2 * (os.cpu_count() or 1)))
+MAX_JOBS = 64
+
+SUCCEEDED, FAILED, BLOCKED = "succeeded", "failed", "blocked"
+INTERRUPTED, NOT_RUN = "interrupted", "not run"
+
+
+@attrs.frozen
+class TableRun:
+    """One table's outcome in a pipeline run (``as_dict``: its line of ``run --json``)."""
+
+    table: str
+    target_table: str
+    outcome: str  # succeeded, failed, blocked, interrupted, not run
+    route: dict[str, Any]
+    committed: int = 0
+    skipped: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+    batch_id: str | None = None
+    error: str | None = None  # the stable code, or a foreign error's type name
+    exit_code: int = EXIT_OK  # what ``dpone-transfer run`` of the table alone would exit with
+    failure: BaseException | None = attrs.field(default=None, eq=False, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        shown = attrs.asdict(self, filter=lambda field, _: field.name != "failure")
+        shown["seconds"] = round(self.seconds, 3)
+        if isinstance(self.failure, NativeTransferError):
+            shown["message"] = self.failure.message
+        return shown
+
+
+@attrs.frozen
+class PipelineResult:
+    """Every selected table's run, in the pipeline's order; ``interrupted``: the signal that
+    stopped the run (re-raised by the caller once it has reported), else None."""
+
+    tables: tuple[TableRun, ...]
+    seconds: float
+    jobs: int
+    interrupted: BaseException | None = attrs.field(default=None, eq=False)
+
+    @property
+    def exit_code(self) -> int:
+        """3 if a table is blocked, else 1 if one failed (or did not finish), else 0."""
+        outcomes = {run.outcome for run in self.tables}
+        if BLOCKED in outcomes:
+            return EXIT_BLOCKED
+        return EXIT_OK if outcomes <= {SUCCEEDED} else EXIT_FAILED
+
+    def totals(self) -> dict[str, Any]:
+        counted = {name: 0 for name in (SUCCEEDED, FAILED, BLOCKED, INTERRUPTED, NOT_RUN)}
+        for run in self.tables:
+            counted[run.outcome] += 1
+        return {
+            "tables": len(self.tables),
+            **counted,
+            "rows_loaded": sum(run.rows for run in self.tables),
+            "seconds": round(self.seconds, 3),
+            "jobs": self.jobs,
+            "exit_code": self.exit_code,
+        }
+
+
+Report = Callable[[str, int, "PipelineTable", TableRun | None], None]
+RunTable = Callable[["PipelineTable"], tuple["TransferResult", float]]
+
+
+def run_tables(
+    tables: Sequence[PipelineTable],
+    run_id: str,
+    *,
+    jobs: int = DEFAULT_JOBS,
+    recovery: str | None = None,
+    report: Report | None = None,
+    run_table: RunTable | None = None,
+) -> PipelineResult:
+    """Run ``tables`` with at most ``jobs`` at once; never raises for a table's failure.
+
+    ``report(event, number, table, run)`` is called as a table starts (``"started"``, its
+    number in start order, no run) and ends (``"ended"``, with its run). ``run_table``
+    replaces ``transfer`` for one table (tests wrap the real store or sink with it).
+    A signal (KeyboardInterrupt, or the CLI's SIGTERM) stops every running table, and is
+    returned as ``interrupted``.
+    """
+
+    def default_run(table: PipelineTable) -> tuple[TransferResult, float]:
+        return transfer(table.config, run_id, recovery=recovery)
+
+    run_one = run_table or default_run
+    started = time.perf_counter()
+    pending: queue.SimpleQueue[list[PipelineTable]] = queue.SimpleQueue()
+    for group in _queues(tables):
+        pending.put(group)
+    runs: dict[str, TableRun] = {}
+    running: dict[int, str] = {}  # thread ident -> the table it runs
+    lock, stop = threading.Lock(), threading.Event()
+    numbers = iter(range(1, len(tables) + 1))
+
+    def work() -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    group = pending.get_nowait()
+                except queue.Empty:
+                    return
+                for table in group:
+                    with lock:
+                        if stop.is_set():
+                            return
+                        running[threading.get_ident()] = table.name
+                        number = next(numbers)
+                    if report is not None:
+                        report("started", number, table, None)
+                    outcome = _run(table, run_one, stop)
+                    with lock:
+                        running.pop(threading.get_ident(), None)
+                        runs[table.name] = outcome
+                    if report is not None:
+                        report("ended", number, table, outcome)
+        except BaseException:  # the stop, arriving between two tables
+            with lock:
+                running.pop(threading.get_ident(), None)
+
+    workers = [
+        threading.Thread(target=work, name=f"dpone-table-{n}", daemon=True)
+        for n in range(max(1, min(jobs, len(tables))))
+    ]
+    for worker in workers:
+        worker.start()
+    interrupted: BaseException | None = None
+    try:
+        for worker in workers:
+            while worker.is_alive():
+                worker.join(0.1)  # a short wait, so that a signal reaches this thread
+    except BaseException as signal_raised:  # KeyboardInterrupt, or the CLI's SIGTERM
+        interrupted = signal_raised
+        with lock:
+            stop.set()
+            for ident in running:
+                _interrupt(ident)
+        for worker in workers:
+            worker.join()
+    ended = [
+        runs.get(table.name)
+        or TableRun(table.name, table.config.sink.table, NOT_RUN, table.config.route.as_dict())
+        for table in tables
+    ]
+    return PipelineResult(
+        tables=tuple(ended),
+        seconds=time.perf_counter() - started,
+        jobs=len(workers),
+        interrupted=interrupted,
+    )
+
+
+def _queues(tables: Sequence[PipelineTable]) -> list[list[PipelineTable]]:
+    """One queue per target table, in file order; the largest first, so that a long table
+    does not start last while the other workers idle (rows unknown count as none)."""
+    groups: dict[str, list[PipelineTable]] = {}
+    for table in tables:
+        groups.setdefault(table.group, []).append(table)
+    return sorted(groups.values(), key=lambda group: -sum(t.rows or 0 for t in group))
+
+
+def _run(table: PipelineTable, run_one: RunTable, stop: threading.Event) -> TableRun:
+    """One table's run, its failure kept as its outcome."""
+    config = table.config
+    shown = {
+        "table": table.name,
+        "target_table": config.sink.table,
+        "route": config.route.as_dict(),
+    }
+    started = time.perf_counter()
+    try:
+        result, seconds = run_one(table)
+    except BaseException as error:
+        seconds = time.perf_counter() - started
+        if stop.is_set() or not isinstance(error, Exception):  # an engine may wrap the stop
+            return TableRun(**shown, outcome=INTERRUPTED, seconds=seconds, error=None)
+        code = exit_code_for(error)
+        return TableRun(
+            **shown,
+            outcome=BLOCKED if code == EXIT_BLOCKED else FAILED,
+            seconds=seconds,
+            error=error.code if isinstance(error, NativeTransferError) else type(error).__name__,
+            exit_code=code,
+            failure=error,
+        )
+    return TableRun(
+        **shown,
+        outcome=SUCCEEDED,
+        committed=len(result.committed_partition_ids),
+        skipped=len(result.skipped_partition_ids),
+        rows=result.rows_loaded,
+        seconds=seconds,
+        batch_id=result.batch_id,
+    )
+
+
+def _interrupt(ident: int) -> None:
+    """KeyboardInterrupt in thread ``ident`` at its next Python step, as a signal raises it in
+    the main thread: the table's run unwinds through its own clean-up."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt)
+    )
