@@ -36,6 +36,7 @@ import attrs
 from . import __version__
 from .application import new_run_id, transfer
 from .config import load_route_config
+from .discover import add_discover_command
 from .errors import ConfigInvalid, NativeTransferError, PluginLoadFailed, driver_error
 from .events import Event
 from .pipeline import PipelineTable, is_pipeline_file, load_pipeline
@@ -228,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     built_in = (
         _add_run_command,
         _add_demo_command,
+        add_discover_command,
         add_routes_command,
         add_state_command,
         add_rejects_command,

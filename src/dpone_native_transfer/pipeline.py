@@ -84,6 +84,7 @@ _SECTIONS: Mapping[str, tuple[str, ...]] = {
 }
 _TABLE_ONLY = ("target_table",)
 _NAMING = ("table_prefix", "table_suffix")
+_ONE_WRITER = ("duckdb:", "chdb:")  # embedded engines: a database's tables load one at a time
 
 
 @attrs.frozen(eq=False)
@@ -97,8 +98,14 @@ class PipelineTable:
 
     @property
     def group(self) -> str:
-        """The target table in its database: tables sharing one run one after another."""
-        return lease_key(self.config.route)
+        """What this table's run shares with others' that must not run at once: its target
+        table (the lease's key); on DuckDB and chDB the whole target database, which one
+        process opens at a time, and whose connections in one process refuse each other
+        (a second configuration of one file) or race to create its tables."""
+        route = self.config.route
+        if (route.target_location or "").startswith(_ONE_WRITER):
+            return route.target_location or ""
+        return lease_key(route)
 
 
 @attrs.frozen(eq=False)
@@ -424,7 +431,7 @@ def _check_targets(
     others' rows). The lease then serialises them; a run puts them in one queue."""
     groups: dict[str, list[PipelineTable]] = {}
     for table in tables:
-        groups.setdefault(table.group, []).append(table)
+        groups.setdefault(lease_key(table.config.route), []).append(table)
     for group in groups.values():
         if len(group) < 2:
             continue

@@ -137,7 +137,8 @@ def run_tables(
     run_one = run_table or default_run
     started = time.perf_counter()
     pending: queue.SimpleQueue[list[PipelineTable]] = queue.SimpleQueue()
-    for group in _queues(tables):
+    groups = _queues(tables)
+    for group in groups:
         pending.put(group)
     runs: dict[str, TableRun] = {}
     running: dict[int, str] = {}  # thread ident -> the table it runs
@@ -171,7 +172,7 @@ def run_tables(
 
     workers = [
         threading.Thread(target=work, name=f"dpone-table-{n}", daemon=True)
-        for n in range(max(1, min(jobs, len(tables))))
+        for n in range(max(1, min(jobs, len(groups))))
     ]
     for worker in workers:
         worker.start()
