@@ -60,9 +60,9 @@ class TableRun:
     target_table: str
     outcome: str  # succeeded, failed, blocked, interrupted, not run
     route: dict[str, Any]
-    committed: int = 0
-    skipped: int = 0
-    rows: int = 0
+    committed_partitions: int = 0
+    skipped_partitions: int = 0
+    rows_loaded: int = 0
     seconds: float = 0.0
     batch_id: str | None = None
     error: str | None = None  # the stable code, or a foreign error's type name
@@ -102,7 +102,7 @@ class PipelineResult:
         return {
             "tables": len(self.tables),
             **counted,
-            "rows_loaded": sum(run.rows for run in self.tables),
+            "rows_loaded": sum(run.rows_loaded for run in self.tables),
             "seconds": round(self.seconds, 3),
             "jobs": self.jobs,
             "exit_code": self.exit_code,
@@ -238,9 +238,9 @@ def _run(table: PipelineTable, run_one: RunTable, stop: threading.Event) -> Tabl
     return TableRun(
         **shown,
         outcome=SUCCEEDED,
-        committed=len(result.committed_partition_ids),
-        skipped=len(result.skipped_partition_ids),
-        rows=result.rows_loaded,
+        committed_partitions=len(result.committed_partition_ids),
+        skipped_partitions=len(result.skipped_partition_ids),
+        rows_loaded=result.rows_loaded,
         seconds=seconds,
         batch_id=result.batch_id,
     )

@@ -402,8 +402,8 @@ def table_progress_line(number: int, of: int, name: str, run: TableRun | None) -
         return f"{where}: started"
     if run.outcome == "succeeded":
         return (
-            f"{where} -> {run.target_table}: committed {plural(run.committed, 'partition')}, "
-            f"skipped {run.skipped:,}, loaded {plural(run.rows, 'row')} in {run.seconds:.2f} s"
+            f"{where} -> {run.target_table}: committed {plural(run.committed_partitions, 'partition')}, "
+            f"skipped {run.skipped_partitions:,}, loaded {plural(run.rows_loaded, 'row')} in {run.seconds:.2f} s"
         )
     return f"{where}: {run.outcome}" + (f" ({run.error})" if run.error else "")
 
@@ -415,9 +415,9 @@ def pipeline_summary_lines(result: PipelineResult, run_id: str) -> list[str]:
             run.table,
             run.target_table,
             run.outcome,
-            f"{run.committed:,}",
-            f"{run.skipped:,}",
-            f"{run.rows:,}",
+            f"{run.committed_partitions:,}",
+            f"{run.skipped_partitions:,}",
+            f"{run.rows_loaded:,}",
             f"{run.seconds:.2f}",
             run.error or "-",
         )
