@@ -8,7 +8,11 @@ checkpoint store that fails the promotion after the target committed
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +50,14 @@ def _promotion_fails(name: str, run_id: str):
     """``run_table`` for ``run_tables``: table ``name``'s store fails the commit checkpoints
     after the target committed (a kill there leaves the same: the route is blocked)."""
 
-    def run_table(table):
+    def run_table(table, events):
         def wrap(store):
             faulty = FaultyStore(store)
             if table.name == name:
                 faulty.fail_batch(phase_batch("checkpoint_committed"), error=InjectedFault("x"))
             return faulty
 
-        return transfer(table.config, run_id, wrap_store=wrap)
+        return transfer(table.config, run_id, events=events, wrap_store=wrap)
 
     return run_table
 
@@ -491,3 +495,57 @@ def test_discover_reads_a_postgres_source_named_by_an_environment_variable(
     assert json.loads(ran.stdout)["totals"]["rows_loaded"] == 60
     for name in ("t01", "t02"):
         _exactly(duckdb_ids(out / "w.duckdb", f"{schema}_{name}"), sqlite_ids(lite, name))
+
+
+# -- signals ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_every_running_table_as_a_single_route_stops(tmp_path, signum):
+    source = tmp_path / "big.db"
+    build_tables(source, 4, 150_000)
+    work = tmp_path / "work"
+    work.mkdir()
+    pipeline_file = write_pipeline(
+        tmp_path / "p.toml",
+        source={"path": str(source)},
+        target={"path": str(tmp_path / "w.db")},
+        store=str(tmp_path / "c.db"),
+        tables=["t*"],
+        defaults={
+            "path": "legacy",
+            "chunk_rows": 500,
+            "partition_rows": 5_000,
+            "artifact_dir": str(work),
+        },
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dpone_native_transfer", "run", str(pipeline_file), "--jobs", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stderr is not None
+    assert child.stderr.readline().endswith(": started\n")
+    time.sleep(0.05)  # while the first tables read their partitions
+    child.send_signal(signum)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == (143 if signum == signal.SIGTERM else 130), err
+    last = err.splitlines()[-1]
+    said = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+    assert last.startswith(f"error: {said}: ")
+    assert "tables had finished (the summary above says which)" in last
+    outcomes = {line.split()[0]: line.split()[2] for line in out.splitlines()[1:-1]}
+    assert "interrupted" in outcomes.values()
+    assert set(outcomes.values()) <= {"succeeded", "interrupted", "not"}  # "not run"
+    finished = sum(outcome == "succeeded" for outcome in outcomes.values())
+    assert f": {finished} of 4 tables had finished" in last
+    assert list(work.iterdir()) == []  # every table's work folder removed
+    routes = json.loads(run_cli("routes", "--store", tmp_path / "c.db", "--json").stdout)
+    assert [route["lease"] for route in routes] == [None] * len(routes)  # every lease released
+    # a table stops before its guard arms, or finishes: none is left blocked
+    assert {route["outcome"] for route in routes} <= {"succeeded", "failed"}
+    again = run_cli("run", pipeline_file, "--json")
+    assert again.returncode == 0, again.stderr
+    for name in ("t01", "t02", "t03", "t04"):
+        _exactly(sqlite_ids(tmp_path / "w.db", name), sqlite_ids(source, name))

@@ -9,15 +9,17 @@ another by one worker, so that their lease never turns one of them away.
 The workers are threads of this process (docs/pipelines.md has the measurement
 against processes: DuckDB lets one process at a time open a file for writing,
 and the engines do the rows' work outside the interpreter's lock). A signal
-stops the run as it stops a single route: each running table is interrupted
-where it stands (its work folder removed, its lease released, a target call it
-was in recorded as unknown), no table starts after it, and the result says
-which tables finished.
+stops the run as it stops a single route: no table starts after it, and each
+running table raises KeyboardInterrupt at its next step before the guard
+arms (a partition read, the plan done), so it unwinds through its own
+clean-up (its work folder removed, its lease released) with nothing armed; a
+table past that point finishes its target call and its checkpoints. The
+result says which tables finished. A second Ctrl-C stops waiting for them (a
+second SIGTERM kills, as for a route).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import queue
 import threading
@@ -29,9 +31,11 @@ import attrs
 
 from .application import transfer
 from .errors import NativeTransferError
+from .events import EventName
 from .reporting import EXIT_BLOCKED, EXIT_FAILED, EXIT_OK, exit_code_for
 
 if TYPE_CHECKING:
+    from .events import Event
     from .pipeline import PipelineTable
     from .runtime import TransferResult
 
@@ -49,6 +53,17 @@ DEFAULT_JOBS = max(1, min(4, 2 * (os.cpu_count() or 1)))
 MAX_JOBS = 64
 
 SUCCEEDED, FAILED, BLOCKED = "succeeded", "failed", "blocked"
+# Where a stopped run's tables stop: before the guard arms. A table past it finishes its
+# target call and promotion, so that a stop never leaves a table blocked by itself.
+_STOPS = frozenset(
+    {
+        EventName.ROUTE_SCANNED,
+        EventName.MANY_PARTITIONS,
+        EventName.PARTITION_EXTRACTED,
+        EventName.PARTITION_PLANNED,
+        EventName.PRE_TARGET_DONE,
+    }
+)
 INTERRUPTED, NOT_RUN = "interrupted", "not run"
 
 
@@ -110,7 +125,8 @@ class PipelineResult:
 
 
 Report = Callable[[str, int, "PipelineTable", TableRun | None], None]
-RunTable = Callable[["PipelineTable"], tuple["TransferResult", float]]
+# One table's run: the table, and the events listener that stops it when the run stops.
+RunTable = Callable[["PipelineTable", Callable[["Event"], None]], tuple["TransferResult", float]]
 
 
 def run_tables(
@@ -131,8 +147,10 @@ def run_tables(
     returned as ``interrupted``.
     """
 
-    def default_run(table: PipelineTable) -> tuple[TransferResult, float]:
-        return transfer(table.config, run_id, recovery=recovery)
+    def default_run(
+        table: PipelineTable, events: Callable[[Event], None]
+    ) -> tuple[TransferResult, float]:
+        return transfer(table.config, run_id, events=events, recovery=recovery)
 
     run_one = run_table or default_run
     started = time.perf_counter()
@@ -141,9 +159,11 @@ def run_tables(
     for group in groups:
         pending.put(group)
     runs: dict[str, TableRun] = {}
-    running: dict[int, str] = {}  # thread ident -> the table it runs
     lock, stop = threading.Lock(), threading.Event()
     numbers = iter(range(1, len(tables) + 1))
+
+    workers = max(1, min(jobs, len(groups)))
+    left, finished = [workers], threading.Event()
 
     def work() -> None:
         try:
@@ -156,48 +176,47 @@ def run_tables(
                     with lock:
                         if stop.is_set():
                             return
-                        running[threading.get_ident()] = table.name
                         number = next(numbers)
                     if report is not None:
                         report("started", number, table, None)
                     outcome = _run(table, run_one, stop)
                     with lock:
-                        running.pop(threading.get_ident(), None)
                         runs[table.name] = outcome
                     if report is not None:
                         report("ended", number, table, outcome)
-        except BaseException:  # the stop, arriving between two tables
+        except BaseException:  # a report that failed: the table's run is kept
+            stop.set()
+        finally:
             with lock:
-                running.pop(threading.get_ident(), None)
+                left[0] -= 1
+                if not left[0]:
+                    finished.set()
 
-    workers = [
-        threading.Thread(target=work, name=f"dpone-table-{n}", daemon=True)
-        for n in range(max(1, min(jobs, len(groups))))
-    ]
-    for worker in workers:
-        worker.start()
+    for n in range(workers):
+        threading.Thread(target=work, name=f"dpone-table-{n}", daemon=True).start()
     interrupted: BaseException | None = None
-    try:
-        for worker in workers:
-            while worker.is_alive():
-                worker.join(0.1)  # a short wait, so that a signal reaches this thread
+    try:  # no Thread.join: a signal landing in it can mark a running thread as ended
+        while not finished.wait(0.1):
+            pass
     except BaseException as signal_raised:  # KeyboardInterrupt, or the CLI's SIGTERM
         interrupted = signal_raised
-        with lock:
-            stop.set()
-            for ident in running:
-                _interrupt(ident)
-        for worker in workers:
-            worker.join()
+        stop.set()
+        try:
+            while not finished.wait(0.1):
+                pass
+        except KeyboardInterrupt:  # a second Ctrl-C: report what is known now
+            pass
+    with lock:
+        ran = dict(runs)
     ended = [
-        runs.get(table.name)
+        ran.get(table.name)
         or TableRun(table.name, table.config.sink.table, NOT_RUN, table.config.route.as_dict())
         for table in tables
     ]
     return PipelineResult(
         tables=tuple(ended),
         seconds=time.perf_counter() - started,
-        jobs=len(workers),
+        jobs=workers,
         interrupted=interrupted,
     )
 
@@ -220,8 +239,13 @@ def _run(table: PipelineTable, run_one: RunTable, stop: threading.Event) -> Tabl
         "route": config.route.as_dict(),
     }
     started = time.perf_counter()
+
+    def stopping(event: Event) -> None:
+        if stop.is_set() and event.name in _STOPS:
+            raise KeyboardInterrupt  # the listener's one way to stop its run: not an Exception
+
     try:
-        result, seconds = run_one(table)
+        result, seconds = run_one(table, stopping)
     except BaseException as error:
         seconds = time.perf_counter() - started
         if stop.is_set() or not isinstance(error, Exception):  # an engine may wrap the stop
@@ -243,12 +267,4 @@ def _run(table: PipelineTable, run_one: RunTable, stop: threading.Event) -> Tabl
         rows_loaded=result.rows_loaded,
         seconds=seconds,
         batch_id=result.batch_id,
-    )
-
-
-def _interrupt(ident: int) -> None:
-    """KeyboardInterrupt in thread ``ident`` at its next Python step, as a signal raises it in
-    the main thread: the table's run unwinds through its own clean-up."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt)
     )

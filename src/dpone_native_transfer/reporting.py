@@ -401,9 +401,11 @@ def table_progress_line(number: int, of: int, name: str, run: TableRun | None) -
     if run is None:
         return f"{where}: started"
     if run.outcome == "succeeded":
+        committed = plural(run.committed_partitions, "partition")
         return (
-            f"{where} -> {run.target_table}: committed {plural(run.committed_partitions, 'partition')}, "
-            f"skipped {run.skipped_partitions:,}, loaded {plural(run.rows_loaded, 'row')} in {run.seconds:.2f} s"
+            f"{where} -> {run.target_table}: committed {committed}, skipped "
+            f"{run.skipped_partitions:,}, loaded {plural(run.rows_loaded, 'row')} in "
+            f"{run.seconds:.2f} s"
         )
     return f"{where}: {run.outcome}" + (f" ({run.error})" if run.error else "")
 
