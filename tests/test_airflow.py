@@ -939,6 +939,7 @@ def test_the_airflow_doc_shows_the_tested_dag_and_route_files():
     doc = DOC.read_text()
     assert DOC_DAG.read_text().strip() in doc
     assert SHOP_DAG.read_text().strip() in doc
+    assert PIPELINE_DAG.read_text().strip() in doc
     customers = tomllib.loads((DOC_ROUTE.parent / "customers.toml").read_text())
     orders = tomllib.loads(DOC_ROUTE.read_text())
     orders["source"]["table"], orders["target"]["table"] = "customers", "customers_copy"

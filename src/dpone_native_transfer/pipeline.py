@@ -325,7 +325,9 @@ def _selected(
             "pipeline.tables",
             "is required: list the tables or patterns to move, or give each table a [tables.NAME]",
         )
-    explicit, matched, excluded = [], [], set()
+    explicit: list[str] = []
+    matched: list[str] = []
+    excluded: set[str] = set()
     for index, entry in enumerate(listed):
         key = f"pipeline.tables[{index}]"
         pattern = entry.removeprefix("!").strip()
@@ -339,7 +341,10 @@ def _selected(
             ]
             if not hits:
                 raise _invalid(key, "matches no table of the source")
-            (excluded.update if entry.startswith("!") else matched.extend)(hits)
+            if entry.startswith("!"):
+                excluded.update(hits)
+            else:
+                matched.extend(hits)
             continue
         name = found(entry)
         if name is None:
@@ -413,7 +418,7 @@ def _rekeyed(error: ConfigInvalid, origins: Mapping[str, str]) -> ConfigInvalid:
     """The route's error, naming the pipeline file's key instead of the route file's."""
     key = error.diagnostics.get("key")
     where = origins.get(key) if isinstance(key, str) else None
-    if where is None:
+    if key is None or where is None:
         return error
     message = (
         error.message.replace(key, where, 1)
