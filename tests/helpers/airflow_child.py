@@ -76,7 +76,8 @@ def instrument(fault: str | None, table: str | None = None) -> list[dict[str, An
             if table is None
             else (name == table and not any(a.get("table") == name for a in attempts))
         )
-        record["table"] = name
+        if table is not None:  # the attempts are told apart by their table
+            record["table"] = name
         attempts.append(record)
         sink, wrap_store = RecordingSink(config.sink), None
         if first and fault == "partial_commit":
