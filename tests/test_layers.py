@@ -365,6 +365,8 @@ ALLOWED_MODULES: dict[str, frozenset[str] | None] = {
     # Route files, and running one: what a scheduler adapter or an operator command starts from.
     f"{PACKAGE}.config": ANY_PLUGIN,
     f"{PACKAGE}.application": ANY_PLUGIN,
+    # Pipeline files: a scheduler adapter maps a task over their tables (PIPELINE::TABLE).
+    f"{PACKAGE}.pipeline": ANY_PLUGIN,
     # The connectors' optional capabilities, documented for connector authors (connectors.md).
     f"{PACKAGE}.connectors.contract": ANY_PLUGIN,
     # Not public API: what the target's ledger proves, the operator lease, opening a store
