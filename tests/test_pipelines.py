@@ -300,11 +300,16 @@ def _bad(tmp_path: Path, shop: Path, **changes: Any) -> tuple[int, str]:
             "error: native_transfer_config_invalid: target.table_prefix must be a string, not "
             "an integer",
         ),
+        (
+            {"source": {"kind": "postgres", "path": "shop.db"}},
+            "error: native_transfer_config_invalid: source.path is not used by source.kind = "
+            "'postgres'",
+        ),
     ],
     ids=[
         "unknown-table", "pattern-matches-nothing", "unknown-key", "unknown-column",
         "bad-strategy", "bad-default", "unknown-table-section", "two-tables-one-target",
-        "bad-prefix",
+        "bad-prefix", "location-of-another-kind",
     ],
 )  # fmt: skip
 def test_a_bad_pipeline_is_refused_before_any_table_runs(tmp_path, shop, changes, line):

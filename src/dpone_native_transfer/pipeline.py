@@ -26,7 +26,17 @@ from typing import Any
 
 import attrs
 
-from .config import RouteConfig, _dotted, _invalid, _read_toml, _toml_type, _with_locations
+from .config import (
+    _SOURCE_KINDS,
+    RouteConfig,
+    _check_kind,
+    _check_value,
+    _dotted,
+    _invalid,
+    _read_toml,
+    _toml_type,
+    _with_locations,
+)
 from .config import route_config_from_mapping as _route_config
 from .discover import TableInfo, read_catalog
 from .errors import ConfigInvalid
@@ -94,7 +104,6 @@ class PipelineTable:
     name: str
     config: RouteConfig
     rows: int | None = None  # the catalog's estimate, when asked for
-    order: int = 0  # where the file selects it
 
     @property
     def group(self) -> str:
@@ -233,30 +242,21 @@ def pipeline_from_mapping(
     sections = _sections(_with_locations(plain, locations))
     folder = Path(os.path.abspath(base_dir or os.getcwd()))
     source = sections["source"]
-    catalog = {
-        info.name: info
-        for info in read_catalog(
-            source.get("kind", "sqlite"), _source_location(source, folder), rows=rows
-        )
-    }
-    folded = source.get("kind", "sqlite") == "sqlite"  # SQLite's names ignore case
+    kind = source.get("kind", "sqlite")
+    _check_value("source.kind", "source_kind", kind)
+    _check_kind("source", source, _SOURCE_KINDS[kind])  # before the catalog is read from it
+    located = os.fspath(folder / source["path"]) if "path" in source else str(source["dsn"])
+    catalog = {info.name: info for info in read_catalog(kind, located, rows=rows)}
+    folded = kind == "sqlite"  # SQLite's names ignore case
     names = _selected(sections, catalog, folded=folded)
     tables = [
         PipelineTable(
-            name, _route(sections, name, catalog[name], folder, folded), catalog[name].rows, order
+            name, _route(sections, name, catalog[name], folder, folded), catalog[name].rows
         )
-        for order, name in enumerate(names)
+        for name in names
     ]
     _check_targets(tables, sections)
     return Pipeline(file=file, tables=tuple(tables))
-
-
-def _source_location(source: Mapping[str, Any], folder: Path) -> str:
-    if "path" in source:
-        return os.fspath(folder / source["path"])
-    if "dsn" in source:
-        return str(source["dsn"])
-    raise _invalid("source.path", "(source.path or source.dsn) is required")
 
 
 def _sections(document: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
