@@ -7,8 +7,9 @@ write one target table (shards fanned in) form one queue, run one after
 another by one worker, so that their lease never turns one of them away.
 
 The workers are threads of this process (docs/pipelines.md has the measurement
-against processes: DuckDB lets one process at a time open a file for writing,
-and the engines do the rows' work outside the interpreter's lock). A signal
+against processes: threads won on small tables and share a DuckDB file, which
+one process at a time may open; processes won on large tables whose rows pass
+through Python). A signal
 stops the run as it stops a single route: no table starts after it, and each
 running table raises KeyboardInterrupt at its next step before the guard
 arms (a partition read, the plan done), so it unwinds through its own
@@ -47,8 +48,8 @@ __all__ = [
     "run_tables",
 ]
 
-# One worker per core, at most 8: on 2 cores 2 threads took 0.72-0.89 of 1's time into
-# PostgreSQL and SQLite, and processes were slower than threads (docs/pipelines.md).
+# One worker per core, at most 8: on 2 cores 2 threads took 0.72-0.89 of 1's time on small
+# tables into PostgreSQL and SQLite (docs/pipelines.md).
 DEFAULT_JOBS = max(1, min(8, os.cpu_count() or 1))
 MAX_JOBS = 64
 
