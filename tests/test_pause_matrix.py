@@ -71,7 +71,6 @@ OK, FAILED, BLOCKED = 0, 1, 3
 LEASE_LOST = "native_transfer_lease_lost"
 RECONCILE = "native_transfer_manual_reconciliation_required"
 UNAVAILABLE = "native_transfer_target_unavailable"
-CONFIG_INVALID = "native_transfer_config_invalid"
 
 
 @attrs.frozen(kw_only=True)
@@ -103,18 +102,17 @@ def expected(point: str, path: str, target: str, *, b_heals: bool) -> Expected:
       target) and ``after-armed-batch``: A's armed batch blocks B's plain run (exit 3).
       B's from_target run raises the fence past A's epoch, proves A's batch not applied,
       heals it (audited) and loads every row. A, resumed, calls the target, whose fence
-      refuses its batch in its own transaction (``lease_lost``, fenced, rolled back).
-      On staged, A's ``finalize_staged_load`` finds no staging table (B's run replaced
-      and consumed it) and raises ``config_invalid`` (exit 2) first: see
-      ``test_a_stale_finalize_of_a_consumed_stage_is_reported_as_a_lost_lease``.
+      refuses its batch in its own transaction (``lease_lost``, fenced, rolled back), on
+      staged too: ``finalize_staged_load`` checks the fence before it looks for the
+      staging table B's run replaced and consumed.
     - ``target-before-commit``: A is stopped inside its load's transaction, the fence
-      passed. B's plain run is blocked; its from_target run cannot raise the fence: on
-      SQLite it waits the 30 s busy timeout for A's write lock (exit 3), DuckDB's file
-      lock refuses even the fence's read (``target_unavailable``, exit 1), PostgreSQL's
-      ledger lock times out after 5 s (exit 3). A, resumed, commits: its rows are in the
-      target, but its promotion is refused under the lost lease (``lease_lost``, exit 1)
-      and its batch stays armed. The final plain run is blocked; from_target proves the
-      batch applied and heals it without loading a row.
+      passed. B's plain run is blocked; its from_target run cannot raise the fence: it
+      checks the target first, and SQLite's check waits the 30 s busy timeout for A's write
+      lock and DuckDB's file lock refuses it (``target_unavailable``, exit 1: a retry may
+      succeed); PostgreSQL's ledger lock times out after 5 s (exit 3). A, resumed, commits:
+      its rows are in the target, but its promotion is refused under the lost lease
+      (``lease_lost``, exit 1) and its batch stays armed. The final plain run is blocked;
+      from_target proves the batch applied and heals it without loading a row.
     """
     if point == "after-lease" or (point == "extraction" and path != "lazy-plan"):
         if point == "extraction" and (target, path) == ("postgres", "staged"):
@@ -122,16 +120,15 @@ def expected(point: str, path: str, target: str, *, b_heals: bool) -> Expected:
                             loader="final-1")  # fmt: skip
         return Expected(b_manual=(OK, None), a=(FAILED, LEASE_LOST), loader="b-manual")
     if point in ("extraction", "after-armed-batch"):
-        stale_stage = path == "staged"
         return Expected(
             b_manual=(BLOCKED, RECONCILE),
             b_from_target=(OK, None),
-            a=(2, CONFIG_INVALID) if stale_stage else (FAILED, LEASE_LOST),
-            a_lease=None if stale_stage else "fenced",
+            a=(FAILED, LEASE_LOST),
+            a_lease="fenced",
             loader="b-from-target",
         )
     assert point == "target-before-commit"
-    locked = {"sqlite": (BLOCKED, RECONCILE), "duckdb": (FAILED, UNAVAILABLE),
+    locked = {"sqlite": (FAILED, UNAVAILABLE), "duckdb": (FAILED, UNAVAILABLE),
               "postgres": (BLOCKED, RECONCILE)}  # fmt: skip
     return Expected(
         b_manual=(BLOCKED, RECONCILE),

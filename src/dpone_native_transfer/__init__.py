@@ -79,6 +79,7 @@ if TYPE_CHECKING:
         TargetRowsMismatch,
         TargetRowsUnproven,
         TargetUnavailable,
+        TargetVersionUnsupported,
         ValueUnsupported,
         WorkFolderFailed,
     )
@@ -148,6 +149,7 @@ _EXPORTS: dict[str, str] = {
     "TargetRowsUnproven": "errors",
     "TargetAccessRefused": "errors",
     "TargetUnavailable": "errors",
+    "TargetVersionUnsupported": "errors",
     "ValueUnsupported": "errors",
     "WorkFolderFailed": "errors",
     "Event": "events",
@@ -236,6 +238,7 @@ __all__ = [
     "TargetRowsMismatch",
     "TargetRowsUnproven",
     "TargetUnavailable",
+    "TargetVersionUnsupported",
     "TransferResult",
     "TransferRuntime",
     "TransferSpec",

@@ -49,6 +49,7 @@ __all__ = [
     "TargetCommitGuardInvalid",
     "TargetCommitGuardUnhandled",
     "TargetUnavailable",
+    "TargetVersionUnsupported",
     "ValueUnsupported",
     "WorkFolderFailed",
     "driver_error",
@@ -215,6 +216,16 @@ class TargetUnavailable(NativeTransferError):
     succeed. Nothing was written."""
 
     code = "native_transfer_target_unavailable"
+
+
+class TargetVersionUnsupported(ConfigInvalid):
+    """The target database is a file (DuckDB) or a data folder (chDB) the installed engine
+    cannot read because of its version: written by a newer engine, or by one so old that it
+    needs migrating. No retry can succeed, so it is refused before the target (exit 2), naming
+    both versions and what to install; nothing was written."""
+
+    code = "native_transfer_target_version_unsupported"
+    applied = False  # raised only before the engine opened the target
 
 
 class TargetAccessRefused(TargetUnavailable, AccessRefused):

@@ -20,10 +20,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.metadata
 import itertools
 import os
 import re
 import secrets
+import struct
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,7 @@ from ..errors import (
     InternalInvariantBroken,
     NativeTransferError,
     TargetUnavailable,
+    TargetVersionUnsupported,
 )
 from ..identity import TableIdentity, file_location, fold_ascii
 from ..ledger import (
@@ -205,8 +208,14 @@ def _import_pandas() -> None:
         importlib.import_module("pandas")
 
 
+_SCANNER = "duckdb-extension-sqlite-scanner"  # the wheel of DuckDB's sqlite_scanner extension
+
+
 def _sqlite_extension(duckdb: Any) -> str:
-    """The sqlite_scanner extension file shipped for this DuckDB version."""
+    """The sqlite_scanner extension file shipped for this DuckDB version, or ``ConfigInvalid``
+    saying what to install. The wheel is published per DuckDB version, up to 1.5.5 (none for
+    DuckDB 2.x); one left installed for another DuckDB version has no file for this one."""
+    version = duckdb.__version__
     try:
         import duckdb_extension_sqlite_scanner as wheel
     except ImportError:
@@ -215,15 +224,28 @@ def _sqlite_extension(duckdb: Any) -> str:
         path = os.path.join(
             os.path.dirname(wheel.__file__),
             "extensions",
-            f"v{duckdb.__version__}",
+            f"v{version}",
             "sqlite_scanner.duckdb_extension",
         )
         if os.path.isfile(path):
             return path
-    raise ConfigInvalid(
-        "lazy-plan on DuckDB needs the duckdb-extension-sqlite-scanner package of the same "
-        "version as duckdb: pip install 'dpone-native-transfer[duckdb]'",
-        diagnostics={"key": "driver"},
+    raise _no_scanner(version)
+
+
+def _no_scanner(version: str) -> ConfigInvalid:
+    """Lazy-plan into DuckDB cannot run: no sqlite_scanner extension of this DuckDB version
+    can be loaded. The other paths read the rows in Python (a pull needs the extension too)."""
+    try:
+        installed = f"{_SCANNER} {importlib.metadata.version(_SCANNER)} is installed"
+    except importlib.metadata.PackageNotFoundError:
+        installed = f"{_SCANNER} is not installed"
+    return ConfigInvalid(
+        f"lazy-plan into DuckDB needs DuckDB's sqlite_scanner extension of the installed DuckDB "
+        f"{version} ({installed}): pip install '{_SCANNER}=={version}'. It is published "
+        "only for some DuckDB versions, the newest 1.5.5 when this release was made: without "
+        "it, use legacy, staged or file-artifact, which load the same rows, or pip install "
+        f"'duckdb==1.5.5' '{_SCANNER}==1.5.5'",
+        diagnostics={"key": "driver", "package": _SCANNER, "duckdb": version},
     )
 
 
@@ -276,7 +298,7 @@ class DuckDBSink(FileTarget):
         if not os.path.isfile(self.path):
             return
         try:
-            driver.connect(self.path, config=dict(_CONFIG)).close()
+            _open(self.path, self.table).close()
         except driver.Error:
             raise unavailable(self.table) from None
 
@@ -285,9 +307,7 @@ class DuckDBSink(FileTarget):
         """The target file; ``scanner``: with the sqlite scanner loaded."""
         check_target_folder(self.path, self.table)
         conn = (
-            _scanner_connection(self.path)
-            if scanner
-            else _driver().connect(self.path, config=dict(_CONFIG))
+            _scanner_connection(self.path, self.table) if scanner else _open(self.path, self.table)
         )
         try:
             yield conn
@@ -555,7 +575,7 @@ class DuckDBSink(FileTarget):
         """A read-only connection to the target file, or ``TargetUnavailable``."""
         duckdb = _driver()
         try:
-            return duckdb.connect(self.path, read_only=True, config=dict(_CONFIG))
+            return _open(self.path, self.table, read_only=True)
         except duckdb.Error:
             pass
         raise TargetUnavailable(
@@ -660,17 +680,86 @@ def _scan(source: SQLiteFile) -> list[str]:
     return [os.path.abspath(source.path), source.table]
 
 
-def _scanner_connection(path: str) -> Any:
-    """A connection to ``path`` with the sqlite scanner loaded (``_SCANNER_CONFIG``)."""
+def _scanner_connection(path: str, table: str = "") -> Any:
+    """A connection to ``path`` with the sqlite scanner loaded (``_SCANNER_CONFIG``); an
+    extension file DuckDB refuses to load (built for another DuckDB) is ``_no_scanner``."""
     duckdb = _driver()
     extension = _sqlite_extension(duckdb)  # a missing wheel fails before any connection
-    conn = duckdb.connect(path, config=dict(_SCANNER_CONFIG))
+    conn = _open(path, table, config=_SCANNER_CONFIG)
     try:
         conn.execute("LOAD '" + extension.replace("'", "''") + "'")
+    except duckdb.Error:
+        conn.close()
+        raise _no_scanner(duckdb.__version__) from None
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _open(
+    path: str, table: str, *, read_only: bool = False, config: Mapping[str, Any] = _CONFIG
+) -> Any:
+    """``duckdb.connect``; a file this DuckDB cannot read because of its storage version is
+    ``TargetVersionUnsupported`` (``_unreadable_version``), any other failure DuckDB's own."""
+    duckdb = _driver()
+    try:
+        return duckdb.connect(path, read_only=read_only, config=dict(config))
+    except duckdb.Error as error:
+        refused = _unreadable_version(path, table, duckdb.__version__, str(error))
+        if refused is not None:
+            raise refused from None
+        raise
+
+
+# The file's main header: checksum, "DUCK", storage version, flags, the creating DuckDB
+# version (from 0.10 on; "v2.0.1"), its git hash. DuckDB 1.x writes storage version 64,
+# 2.0.1 writes 999 (its format then stands in the database header).
+_HEADER = struct.Struct("<8s4sQ32s32s")
+
+
+def _unreadable_version(
+    path: str, table: str, engine: str, message: str
+) -> TargetVersionUnsupported | None:
+    """The error of a DuckDB file whose storage version the installed DuckDB (``engine``)
+    refused to open, or None for any other failure. The version is read from the file's
+    header; DuckDB's refusal (``message``) names it ("... version number 999, but we can only
+    read ..."), which tells it from a lock or a damaged file (IOException all three)."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(_HEADER.size)
+    except OSError:
+        return None
+    if len(head) < _HEADER.size:
+        return None
+    _, magic, storage, _, creator = _HEADER.unpack(head)
+    if magic != b"DUCK" or not re.search(rf"version number {storage}\b", message):
+        return None
+    written = re.match(rb"v(\d+\.\d+\.\d+)", creator)  # none before DuckDB 0.10
+    by = written.group(1).decode() if written else None
+    if by is not None and _release(by) > _release(engine):
+        fix = f"pip install 'duckdb>={by}'"
+    else:
+        fix = (
+            "export it with the DuckDB that wrote it (EXPORT DATABASE) and import it with "
+            f"DuckDB {engine} (IMPORT DATABASE): docs/connectors.md, 'DuckDB versions'"
+        )
+    return TargetVersionUnsupported(
+        f"the target database of table {table!r} is a DuckDB file of storage version {storage} "
+        f"written by {f'DuckDB {by}' if by else 'an older DuckDB'}, which the installed DuckDB "
+        f"{engine} cannot read: {fix}; nothing was written",
+        diagnostics={
+            "table": table,
+            "storage_version": storage,
+            "written_by": by,
+            "engine": f"duckdb {engine}",
+        },
+    )
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"1.5.5"`` as ``(1, 5, 5)``; a suffix (``"2.1.0.dev3"``) is ignored."""
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
 
 @attrs.define(kw_only=True)

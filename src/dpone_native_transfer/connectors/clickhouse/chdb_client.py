@@ -12,15 +12,22 @@ import contextlib
 import datetime
 import decimal
 import fcntl
+import importlib.metadata
 import json
 import os
+import re
 import tempfile
 import zoneinfo
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigInvalid, InternalInvariantBroken, TargetUnavailable
+from ...errors import (
+    ConfigInvalid,
+    InternalInvariantBroken,
+    TargetUnavailable,
+    TargetVersionUnsupported,
+)
 from ...payloads import Column, LoadFile
 from .client import SETTINGS, import_engine
 from .sql import (
@@ -69,6 +76,58 @@ def _in_use() -> TargetUnavailable:
     )
 
 
+# In the data folder: the newest chdb-core that opened it. The folder records no version of its
+# own, and a chDB older than the one that wrote a part moves the part to
+# detached/broken-on-start_* when it opens the folder, without an error: the tables look empty
+# (ClickHouse 25.8 opening 26.9's parts). docs/connectors.md, 'Engine versions'.
+_VERSION_FILE = "dpone-chdb-version"
+_ENGINE = "chdb-core"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def _installed() -> str | None:
+    try:
+        return importlib.metadata.version(_ENGINE)
+    except importlib.metadata.PackageNotFoundError:  # a chDB older than 4.1 bundles its engine
+        return None
+
+
+def _folder_version(path: str) -> str | None:
+    """The chdb-core version the data folder records; ``TargetVersionUnsupported`` when it is
+    newer than the installed one, before chDB opens (and so rearranges) the folder."""
+    try:
+        with open(os.path.join(path, _VERSION_FILE), encoding="ascii") as file:
+            recorded = file.read().strip()
+    except (OSError, ValueError):
+        return None
+    installed = _installed()
+    if not re.fullmatch(r"\d+\.\d+\.\d+", recorded):
+        return None
+    if installed is not None and _release(recorded) > _release(installed):
+        raise TargetVersionUnsupported(
+            f"the chDB data folder was last opened by {_ENGINE} {recorded}, newer than the "
+            f"installed {_ENGINE} {installed}, which would set aside the parts it cannot read "
+            f"and show their tables empty: pip install '{_ENGINE}>={recorded}'; nothing was "
+            "written",
+            diagnostics={"key": "location", "written_by": recorded, "engine": installed},
+        )
+    return recorded
+
+
+def _record_version(path: str, recorded: str | None) -> None:
+    """After chDB opened the folder: record the installed chdb-core when it is newer."""
+    installed = _installed()
+    if installed is None or (recorded is not None and _release(recorded) >= _release(installed)):
+        return
+    with contextlib.suppress(OSError):  # chDB's own writes then fail the same way
+        with tempfile.NamedTemporaryFile("w", dir=path, delete=False, encoding="ascii") as file:
+            file.write(installed + "\n")
+        os.replace(file.name, os.path.join(path, _VERSION_FILE))
+
+
 class ChdbClient:
     """A chDB session on one data path; errors while opening hide the path and chDB's text."""
 
@@ -80,6 +139,7 @@ class ChdbClient:
             )
         if _held_by_another(path):
             raise _in_use()
+        recorded = _folder_version(path)
         try:
             self._session = session.Session(path)
         except Exception:
@@ -93,6 +153,7 @@ class ChdbClient:
         try:
             for name, value in {**SETTINGS, **_OUTPUT_SETTINGS}.items():
                 self._session.query(f"SET {name} = {_setting(value)}")
+            _record_version(path, recorded)
         except BaseException:
             self.close()
             raise
