@@ -47,6 +47,7 @@ class Sizes:
     memory_partitions: int
     partition_table_rows: int
     partition_keys: int
+    pipeline_shapes: tuple[tuple[int, int], ...]  # section 10: (tables, rows per table)
 
 
 FULL = Sizes(
@@ -62,6 +63,7 @@ FULL = Sizes(
     memory_partitions=100,
     partition_table_rows=1_000_000,
     partition_keys=200_000,
+    pipeline_shapes=((100, 10_000), (10, 1_000_000)),
 )
 
 QUICK = Sizes(
@@ -77,6 +79,7 @@ QUICK = Sizes(
     memory_partitions=10,
     partition_table_rows=20_000,
     partition_keys=4_000,
+    pipeline_shapes=((20, 2_000), (4, 50_000)),
 )
 
 

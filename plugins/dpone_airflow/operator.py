@@ -28,6 +28,7 @@ from .task import (
     is_config_error,
     lineage_datasets,
     load_route,
+    pipeline_reference,
     progress_logger,
     report_failure,
     report_success,
@@ -49,7 +50,11 @@ __all__ = ["NativeTransferOperator"]
 
 
 class NativeTransferOperator(BaseOperator):
-    """Run the route ``route`` (a route TOML file, or a mapping with its sections) once per try.
+    """Run the route ``route`` (a route TOML file, or a mapping with its sections) once per try,
+    or the table ``table`` of the pipeline file ``pipeline`` (its route, ``PIPELINE::TABLE``):
+    ``NativeTransferOperator.partial(task_id=..., pipeline=...).expand(table=[...])`` maps
+    one task per table, each guarded on its own (``dpone_airflow.task.pipeline_tables`` lists
+    them; docs/airflow.md).
 
     The checkpoint store is the route's ``[store] path``: a SQLite file when
     every try runs on one machine, a PostgreSQL DSN (best as ``env:NAME``)
@@ -66,6 +71,8 @@ class NativeTransferOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "route",
+        "pipeline",
+        "table",
         "route_base_dir",
         "run_id",
         *CONNECTION_ARGUMENTS,
@@ -75,7 +82,9 @@ class NativeTransferOperator(BaseOperator):
     def __init__(
         self,
         *,
-        route: RouteArgument,
+        route: RouteArgument | None = None,
+        pipeline: str | os.PathLike[str] | None = None,
+        table: str | None = None,
         route_base_dir: str | os.PathLike[str] | None = None,
         run_id: str | None = None,
         source_conn_id: str | None = None,
@@ -86,7 +95,9 @@ class NativeTransferOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.recovery = recovery  # None: the route's [guard] recovery
-        self.route = route_argument(route)
+        self.route = route_argument(route, pipeline=pipeline, table=table)
+        self.pipeline = None if pipeline is None else os.fspath(pipeline)
+        self.table = table
         self.route_base_dir = None if route_base_dir is None else os.fspath(route_base_dir)
         self.run_id = run_id
         self.source_conn_id = source_conn_id
@@ -98,11 +109,14 @@ class NativeTransferOperator(BaseOperator):
         config = None
         try:
             locations = self._connection_locations()
-            config = load_route(self.route, base_dir=self.route_base_dir, locations=locations)
+            config = load_route(
+                self._reference(), base_dir=self.route_base_dir, locations=locations
+            )
             run_id = _run_id(context, self.run_id)
             result, seconds = self._run_transfer(config, run_id, progress_logger(self.log))
         except Exception as error:
-            route_file = None if isinstance(self.route, dict) else os.fspath(self.route)
+            reference = self._reference()
+            route_file = None if isinstance(reference, dict) else reference
             store = None if config is None else config.store_path
             named = Named(route_file=route_file, store=store, scripted=True)
             report_failure(self.log, error, None if config is None else config.route, named)
@@ -115,6 +129,13 @@ class NativeTransferOperator(BaseOperator):
         self._lineage = lineage_datasets(config)
         report_success(self.log, config, run_id, result, seconds)
         return run_summary(config, run_id, result, seconds)
+
+    def _reference(self) -> str | dict[str, Any]:
+        """The route file, its mapping, or the pipeline's table as ``PIPELINE::TABLE``."""
+        if self.pipeline is not None:
+            return pipeline_reference(self.pipeline, self.table)
+        assert self.route is not None  # route_argument refuses neither
+        return self.route
 
     def _connection_locations(self) -> dict[str, dict[str, str]]:
         """The route locations from the named Airflow connections, looked up on the worker."""

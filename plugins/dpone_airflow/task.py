@@ -33,9 +33,10 @@ from dpone_native_transfer import (
 )
 from dpone_native_transfer.config import (
     RouteConfig,
-    load_route_config,
     route_config_from_mapping,
 )
+from dpone_native_transfer.pipeline import REFERENCE, load_pipeline
+from dpone_native_transfer.pipeline import load_route as load_route_file
 from dpone_native_transfer.reporting import (
     EXIT_CONFIG,
     Named,
@@ -55,6 +56,8 @@ __all__ = [
     "is_config_error",
     "lineage_datasets",
     "load_route",
+    "pipeline_reference",
+    "pipeline_tables",
     "progress_logger",
     "report_failure",
     "report_success",
@@ -80,12 +83,22 @@ class TaskLog(Protocol):
     def error(self, msg: str, /, *args: Any) -> object: ...
 
 
-def route_argument(route: Any) -> str | dict[str, Any]:
-    """The operator's ``route`` as given in a DAG: a route file path, or its sections as a dict.
+def route_argument(
+    route: Any, *, pipeline: Any = None, table: Any = None
+) -> str | dict[str, Any] | None:
+    """The operator's ``route`` as given in a DAG: a route file path, or its sections as a dict;
+    None when the DAG gives ``pipeline`` (and ``table``) instead.
 
     Checked when the DAG is parsed (only the type: the file is read by the
     task, on the worker); a mapping is copied, so the DAG can't change it later.
     """
+    if pipeline is not None or table is not None:
+        if route is not None or not isinstance(pipeline, str | os.PathLike):
+            raise ConfigInvalid(
+                "give route, or pipeline (a pipeline file path) and table, not both",
+                diagnostics={"key": "pipeline"},
+            )
+        return None
     if isinstance(route, str | os.PathLike):
         return os.fspath(route)
     if isinstance(route, Mapping):
@@ -97,6 +110,22 @@ def route_argument(route: Any) -> str | dict[str, Any]:
         "route must be a route file path (TOML) or a mapping with the route file's sections",
         diagnostics={"key": "route"},
     )
+
+
+def pipeline_reference(pipeline: str | os.PathLike[str], table: str | None) -> str:
+    """The route of ``table`` in the pipeline file ``pipeline``: ``PIPELINE::TABLE``."""
+    if not isinstance(table, str) or not table.strip():
+        raise ConfigInvalid(
+            "table must name one table of the pipeline (a string)", diagnostics={"key": "table"}
+        )
+    return f"{os.fspath(pipeline)}{REFERENCE}{table}"
+
+
+def pipeline_tables(pipeline: str | os.PathLike[str]) -> list[str]:
+    """The tables of the pipeline file ``pipeline``, in its order, as ``table`` values to map
+    ``NativeTransferOperator`` over. It reads the source's catalog (the pipeline's patterns),
+    so call it in a task (``task(pipeline_tables)(path)``), not while the DAG is parsed."""
+    return load_pipeline(pipeline, argument="pipeline").names
 
 
 def load_route(
@@ -111,7 +140,7 @@ def load_route(
     """
     if isinstance(route, Mapping):
         return route_config_from_mapping(route, base_dir=base_dir, locations=locations)
-    return load_route_config(route, argument="route", locations=locations)
+    return load_route_file(route, argument="route", locations=locations)
 
 
 def is_config_error(error: BaseException) -> bool:

@@ -37,7 +37,7 @@ from dpone_native_transfer import (
     format_timestamp,
 )
 from dpone_native_transfer.audit import audit_problems
-from dpone_native_transfer.config import RouteConfig, load_route_config
+from dpone_native_transfer.config import RouteConfig
 from dpone_native_transfer.ledger import (
     APPLIED,
     NOT_APPLIED,
@@ -48,6 +48,7 @@ from dpone_native_transfer.ledger import (
     ledger_overrides,
     live_entries,
 )
+from dpone_native_transfer.pipeline import load_route
 from dpone_native_transfer.recovery import Prover, check_not_leased, operator_lease
 from dpone_native_transfer.reporting import (
     EXIT_BLOCKED,
@@ -303,7 +304,7 @@ def _target(args: argparse.Namespace, *, route_required: bool) -> _Target:
             raise ConfigInvalid(
                 "give a route file or --route, not both", diagnostics={"key": "--route"}
             )
-        config = load_route_config(args.route_file, argument="ROUTE_FILE")
+        config = load_route(args.route_file, argument="ROUTE_FILE")
         return _Target(store=args.store or config.store_path, config=config)
     if args.store is None:
         raise ConfigInvalid(

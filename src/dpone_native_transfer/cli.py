@@ -35,9 +35,19 @@ import attrs
 
 from . import __version__
 from .application import new_run_id, transfer
-from .config import load_route_config
-from .errors import NativeTransferError, PluginLoadFailed, driver_error
+from .discover_command import add_discover_command
+from .errors import ConfigInvalid, NativeTransferError, PluginLoadFailed, driver_error
 from .events import Event
+from .pipeline import PipelineTable, is_pipeline_file, load_pipeline, load_route
+from .pipeline_run import (
+    DEFAULT_JOBS,
+    MAX_JOBS,
+    TableRun,
+    pipeline_summary,
+    pipeline_summary_lines,
+    run_tables,
+    table_progress_line,
+)
 from .rejects_command import add_rejects_command
 from .reporting import (
     EXIT_BLOCKED,
@@ -51,6 +61,7 @@ from .reporting import (
     Reached,
     exit_code_for,
     failure_lines,
+    plural,
     progress_logger,
     run_summary,
     summary_line,
@@ -222,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     built_in = (
         _add_run_command,
         _add_demo_command,
+        add_discover_command,
         add_routes_command,
         add_state_command,
         add_rejects_command,
@@ -243,12 +255,28 @@ def _add_run_command(commands: Any, common: argparse.ArgumentParser) -> None:
     run = commands.add_parser(
         "run",
         parents=[common],
-        help="run one route described by a TOML file",
-        description="Run one guarded transfer of the route described by ROUTE.",
-        epilog=_EPILOG,
+        help="run a route file, or the tables of a pipeline file",
+        description="Run one guarded transfer of the route described by ROUTE, or of each "
+        "table of the pipeline file ROUTE (docs/pipelines.md), at most --jobs at once; one "
+        "table of a pipeline is PIPELINE::TABLE.",
+        epilog=_EPILOG + _PIPELINE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("route", metavar="ROUTE", help="route file (TOML)")
+    run.add_argument("route", metavar="ROUTE", help="route file or pipeline file (TOML)")
+    run.add_argument(
+        "--tables",
+        type=_table_names,
+        action="extend",
+        metavar="A,B",
+        help="a pipeline's tables to run (comma-separated, repeatable; default: all of them)",
+    )
+    run.add_argument(
+        "--jobs",
+        type=_jobs,
+        metavar="N",
+        help=f"a pipeline's tables run at most N at once (default: {DEFAULT_JOBS} on this "
+        "machine; tables sharing a target table run one after another)",
+    )
     run.add_argument(
         "--run-id",
         type=_run_id,
@@ -292,6 +320,29 @@ def _add_demo_command(commands: Any, common: argparse.ArgumentParser) -> None:
         help="folder for the demo's files (default: demo-work); only its own files are replaced",
     )
     demo.set_defaults(handler=_demo_command)
+
+
+_PIPELINE_EPILOG = """\
+  a pipeline exits 3 if any table is blocked, else 1 if any failed, else 0; 2 when the
+  pipeline file is invalid, before any table runs
+"""
+
+
+def _table_names(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError("give table names separated by commas")
+    return names
+
+
+def _jobs(value: str) -> int:
+    try:
+        jobs = int(value)
+    except ValueError:
+        jobs = 0
+    if not 1 <= jobs <= MAX_JOBS:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_JOBS}")
+    return jobs
 
 
 def _run_id(value: str) -> str:
@@ -341,7 +392,15 @@ def _named(args: argparse.Namespace | None) -> Named:
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    config = load_route_config(args.route)
+    if is_pipeline_file(args.route):
+        return _run_pipeline(args)
+    for given, option in ((args.tables, "--tables"), (args.jobs, "--jobs")):
+        if given:
+            raise ConfigInvalid(
+                f"{option} is for a pipeline file; ROUTE is a route file (one route)",
+                diagnostics={"argument": option},
+            )
+    config = load_route(args.route)
     args.named = attrs.evolve(_named(args), store=config.store_path)
     args.reached = Reached()
     progress = progress_logger()
@@ -359,6 +418,61 @@ def _run_command(args: argparse.Namespace) -> int:
     else:
         print(args.named.fill(summary_line(config, run_id, result, seconds)))
     return EXIT_OK
+
+
+def _run_pipeline(args: argparse.Namespace) -> int:
+    """Every selected table of the pipeline; the summary, each failed table's lines (its
+    commands naming ``PIPELINE::TABLE``), and the exit status of the worst outcome."""
+    if args.unguarded:
+        raise ConfigInvalid(
+            "--unguarded runs one route file, not a pipeline",
+            diagnostics={"argument": "--unguarded"},
+        )
+    pipeline = load_pipeline(args.route, argument="ROUTE", rows=True)
+    tables = pipeline.selected(args.tables)
+    run_id = args.run_id or new_run_id()
+    progress = logging.getLogger("dpone_native_transfer.progress")
+
+    def report(event: str, number: int, table: PipelineTable, run: TableRun | None) -> None:
+        progress.info(table_progress_line(number, len(tables), table.name, run))
+
+    result = run_tables(
+        tables, run_id, jobs=args.jobs or DEFAULT_JOBS, recovery=args.recovery, report=report
+    )
+    if args.json:
+        print(json.dumps(pipeline_summary(result, run_id), sort_keys=True, default=str))
+    else:
+        for line in pipeline_summary_lines(result, run_id):
+            print(line)
+    full = args.json or args.log_level == "debug"
+    scripted = _named(args).scripted
+    for run in result.tables:
+        if run.failure is None:
+            continue
+        if args.traceback:
+            traceback.print_exception(run.failure, file=sys.stderr)
+        store = pipeline.table(run.table, argument="ROUTE").config.store_path
+        named = Named(pipeline.reference(run.table), store, scripted)
+        for line in failure_lines(run.failure, named, full=full):
+            print(f"{run.table}: {line}", file=sys.stderr)
+    if result.interrupted is not None:
+        finished = sum(run.outcome in ("succeeded", "failed", "blocked") for run in result.tables)
+        args.reached = _Said(
+            f"{finished} of {plural(len(tables), 'table')} had finished (the summary above "
+            "says which); each table it stopped stops as a single route does"
+        )
+        raise result.interrupted
+    return result.exit_code
+
+
+@attrs.frozen
+class _Said:
+    """What an interrupted pipeline says it left behind (``Reached.said`` of a route)."""
+
+    text: str
+
+    def said(self) -> str:
+        return self.text
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")

@@ -205,9 +205,17 @@ def load_route_config(
 ) -> RouteConfig:
     """Read and validate a route file; ``argument`` names it in errors instead of its path.
 
-    ``locations`` (``{"source": {"dsn": ...}}``) replace the file's location keys.
+    ``locations`` (``{"source": {"dsn": ...}}``) replace the file's location keys. A
+    pipeline file's table (``PIPELINE::TABLE``) is read by ``pipeline.load_route``, which
+    reads either.
     """
-    document = _with_locations(_read_toml(Path(path), argument), locations)
+    raw = _read_toml(Path(path), argument)
+    if "pipeline" in raw or "tables" in raw:
+        raise ConfigInvalid(
+            f"{argument} is a pipeline file: name one of its tables as {argument}::TABLE",
+            diagnostics={"argument": argument},
+        )
+    document = _with_locations(raw, locations)
     sections = _validated(document)
     folder = Path(os.path.abspath(path)).parent
     return _build(sections, folder)

@@ -11,7 +11,7 @@ import argparse
 import json
 from typing import Any
 
-from .config import load_route_config
+from .pipeline import load_route
 from .reporting import EXIT_OK, plural
 
 __all__ = ["add_rejects_command"]
@@ -43,7 +43,7 @@ def add_rejects_command(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    config = load_route_config(args.route_file, argument="ROUTE_FILE")
+    config = load_route(args.route_file, argument="ROUTE_FILE")
     found = [dict(zip(_KEYS, row, strict=True)) for row in config.sink.read_rejects()]
     if args.json:
         print(json.dumps(found, sort_keys=True, default=str))

@@ -27,7 +27,7 @@ from .checkpoints import (
     PartitionCheckpointStatus,
     Strategy,
 )
-from .config import RouteConfig, load_route_config
+from .config import RouteConfig
 from .errors import (
     ConfigInvalid,
     NativeTransferError,
@@ -35,6 +35,7 @@ from .errors import (
 )
 from .latest import as_latest
 from .ledger import UNKNOWN, Proof, check_store_against_target, ledger_overrides, live_entries
+from .pipeline import load_route
 from .planner import check_definition, route_definition
 from .plugins import Hooks, make_plugin_manager
 from .recovery import (
@@ -157,7 +158,7 @@ def _add_show(actions: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _state_show_command(args: argparse.Namespace) -> int:
-    config = load_route_config(args.route_file, argument="ROUTE_FILE")
+    config = load_route(args.route_file, argument="ROUTE_FILE")
     store = _store(args, config, create_own=False)
     try:
         status = route_status(store, config.route, Hooks(make_plugin_manager(None)))
@@ -257,7 +258,7 @@ def _store(args: argparse.Namespace, config: RouteConfig, *, create_own: bool) -
 
 
 def _restore_command(args: argparse.Namespace) -> int:
-    config = load_route_config(args.route_file, argument="ROUTE_FILE")
+    config = load_route(args.route_file, argument="ROUTE_FILE")
     route = config.route
     entries, reason = ledger_of(config.sink, partitions=True)
     if entries is None:
@@ -368,7 +369,7 @@ def _definition(config: Any, store: Store, recorded: dict[str, Any] | None) -> d
 
 
 def _reset_command(args: argparse.Namespace) -> int:
-    config = load_route_config(args.route_file, argument="ROUTE_FILE")
+    config = load_route(args.route_file, argument="ROUTE_FILE")
     route, source = config.route, config.source
     if route.strategy is not Strategy.INCREMENTAL_APPEND:
         raise ConfigInvalid(

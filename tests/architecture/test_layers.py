@@ -156,6 +156,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "state_commands",
             "rejects_command",
             "demo",
+            "discover",
+            "discover_command",
+            "pipeline",
+            "pipeline_run",
             "testing",
         ),
     ),  # fmt: skip
@@ -481,6 +485,8 @@ ALLOWED_MODULES: dict[str, frozenset[str] | None] = {
     # Route files, and running one: what a scheduler adapter or an operator command starts from.
     f"{PACKAGE}.config": ANY_PLUGIN,
     f"{PACKAGE}.application": ANY_PLUGIN,
+    # Pipeline files: a scheduler adapter maps a task over their tables (PIPELINE::TABLE).
+    f"{PACKAGE}.pipeline": ANY_PLUGIN,
     # Not public API: what the target's ledger proves, the operator lease, opening a store
     # by its location and the audit record's keys, shared by the guard's operator commands
     # and `dpone-transfer state`.

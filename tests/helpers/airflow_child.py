@@ -63,13 +63,21 @@ class FlakySource:
         raise InjectedFault(CANARY)  # one scan of every partition fails the same way
 
 
-def instrument(fault: str | None) -> list[dict[str, Any]]:
-    """Replace the operator's seam: count target calls per try, inject ``fault`` on the first."""
+def instrument(fault: str | None, table: str | None = None) -> list[dict[str, Any]]:
+    """Replace the operator's seam: count target calls per try, inject ``fault`` on the first
+    (with ``table``: on that source table's first try only)."""
     attempts: list[dict[str, Any]] = []
 
     def _run_transfer(self, config, run_id, events):
         record: dict[str, Any] = {"run_id": run_id, "sink_calls": 0, "error": None, "code": None}
-        first = not attempts
+        name = config.source.table
+        first = (
+            not attempts
+            if table is None
+            else (name == table and not any(a.get("table") == name for a in attempts))
+        )
+        if table is not None:  # the attempts are told apart by their table
+            record["table"] = name
         attempts.append(record)
         sink, wrap_store = RecordingSink(config.sink), None
         if first and fault == "partial_commit":
@@ -112,7 +120,7 @@ def run_dag(request: dict[str, Any]) -> dict[str, Any]:
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    attempts = instrument(request.get("fault"))
+    attempts = instrument(request.get("fault"), request.get("fault_table"))
     dag = load_dag(request["dag_file"])
     runs = []
     for _ in range(request.get("runs", 1)):

@@ -707,6 +707,57 @@ def test_the_documented_mapped_dag_runs_each_route_on_the_connections_databases(
     assert store["password"] not in log
 
 
+PIPELINE_DAG = ROOT / "docs" / "examples" / "airflow" / "shop_pipeline_dag.py"
+PIPELINE_FILE = ROOT / "docs" / "examples" / "airflow" / "pipelines" / "shop.toml"
+
+
+def test_the_documented_pipeline_dag_maps_a_guarded_task_per_table(airflow, postgres_store_url):
+    """docs/examples/airflow/shop_pipeline_dag.py as written, its pipeline file pointed at this
+    test's files: a task per table; ``customers`` fails after its target commit on its first
+    try, so its retries stop before the target and only its task fails; the PostgreSQL store
+    (env:DPONE_STORE) is what every worker shares."""
+    data = airflow.root / "data"
+    data.mkdir()
+    build_sample_source(data / "shop.db", rows=200, partitions=4)
+    build_sample_source(data / "shop.db", table="customers", rows=60, partitions=3)
+    build_sample_source(data / "shop.db", table="events", rows=90, partitions=3)
+    build_sample_source(data / "shop.db", table="scratch_tmp", rows=5, partitions=1)
+    dag_file = airflow.dags / PIPELINE_DAG.name
+    shutil.copy(PIPELINE_DAG, dag_file)
+    (airflow.dags / "pipelines").mkdir()
+    (airflow.dags / "pipelines" / "shop.toml").write_text(
+        PIPELINE_FILE.read_text().replace("/srv/data", str(data))
+        + '[tables.customers]\npartition_column = "region"\n'  # 3 partitions: 1 promoted
+    )
+    airflow.env["DPONE_STORE"] = postgres_store_url
+
+    result, log = airflow.run("dag", dag_file=str(dag_file), fault="partial_commit",
+                              fault_table="customers")  # fmt: skip
+    (run,) = result["runs"]
+    assert run["state"] == "failed"
+    assert run["task_instances"] == [
+        {"task_id": "tables", "try_number": 1, "state": "success"},
+        {"task_id": "copy", "try_number": 3, "state": "failed", "map_index": 0},  # customers
+        {"task_id": "copy", "try_number": 1, "state": "success", "map_index": 1},  # events
+        {"task_id": "copy", "try_number": 1, "state": "success", "map_index": 2},  # orders
+    ]  # fmt: skip
+    customers = [a for a in run["attempts"] if a["table"] == "customers"]
+    assert [(a["code"], a["sink_calls"]) for a in customers] == [
+        (None, 1),  # the target committed; the commit checkpoints failed
+        (CODE, 0),
+        (CODE, 0),
+    ]
+    for table in ("orders", "customers", "events"):  # every row exactly once
+        source, target = _ids(data / "shop.db", table), _ids(data / "warehouse.db", f"{table}_copy")
+        assert set(source) == set(target) and set(target.values()) == {1}
+    assert not Path("/srv/data").exists()
+    with contextlib.closing(PostgresCheckpointStore(postgres_store_url)) as checkpoints:
+        targets = sorted(route.target_table for route in checkpoints.list_routes())
+    assert targets == ["customers_copy", "events_copy", "orders_copy"]
+    assert "dpone-transfer guard scan --store <checkpoint store> --route customers" in log
+    assert postgres_store_url.split("@")[0].split(":")[-1] not in log  # the password
+
+
 # -- the operator called directly, with Airflow imported ------------------------------------
 
 
@@ -888,6 +939,7 @@ def test_the_airflow_doc_shows_the_tested_dag_and_route_files():
     doc = DOC.read_text()
     assert DOC_DAG.read_text().strip() in doc
     assert SHOP_DAG.read_text().strip() in doc
+    assert PIPELINE_DAG.read_text().strip() in doc
     customers = tomllib.loads((DOC_ROUTE.parent / "customers.toml").read_text())
     orders = tomllib.loads(DOC_ROUTE.read_text())
     orders["source"]["table"], orders["target"]["table"] = "customers", "customers_copy"

@@ -1,0 +1,268 @@
+"""Section 10: pipelines: many tables in one run, --jobs 1 against --jobs 2, and dlt.
+
+Two shapes of source (``Sizes.pipeline_shapes``; full: 100 tables of 10,000 rows and 10
+tables of 1,000,000), each in a SQLite file and in a PostgreSQL schema, copied into a
+DuckDB file and into a PostgreSQL schema: a full refresh of every table into a fresh
+target and a fresh store per run, timed from reading the pipeline file (its check of the
+source's catalog included) to the last table's commit. Per case:
+
+- ``jobs 1`` and ``jobs 2``: ``run_tables``, as ``dpone-transfer run --jobs N`` runs them
+  (threads of one process);
+- ``2 processes``: the tables split in two halves, each ``dpone-transfer run --tables``
+  in a process of its own, both at once: the alternative to threads, measured to pick
+  between them (into DuckDB it cannot run: one process at a time opens a DuckDB file);
+- dlt 1.31's ``sql_database(table_names=...)`` into the same target, with its pyarrow and
+  its connectorx backend (``_dlt_pipeline_child.py``, in dlt's own venv); the faster of the
+  two is the baseline. Target: dpone's faster jobs setting at most a third of dlt's time.
+
+The path is the fastest for each engine pair: lazy-plan where the target engine reads
+the source itself (SQLite into DuckDB, PostgreSQL into PostgreSQL), staged elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from dpone_native_transfer.pipeline import load_pipeline
+from dpone_native_transfer.pipeline_run import run_tables
+
+from ._common import REPO, Row, Sizes, cached_source, log, median, scratch, timed
+from .batch import _import_server_helper
+from .peers import DLT_PYTHON, _dlt_missing, rounds
+
+DLT_SHARE = 1 / 3  # at least 3x faster than dlt
+RUNS = 5
+BACKENDS = ("pyarrow", "connectorx")
+PATHS = {  # (source, target) -> the path
+    ("sqlite", "duckdb"): "lazy-plan",
+    ("sqlite", "postgres"): "staged",
+    ("postgres", "duckdb"): "staged",
+    ("postgres", "postgres"): "lazy-plan",
+}
+
+
+def _names(tables: int) -> list[str]:
+    return [f"t{n:03d}" for n in range(1, tables + 1)]
+
+
+def _sqlite_source(tables: int, rows: int) -> Path:
+    statements = []
+    for name in _names(tables):
+        statements += [
+            f"CREATE TABLE {name} (id INTEGER PRIMARY KEY, region TEXT NOT NULL, amount REAL,"
+            " updated_at INTEGER)",
+            f"INSERT INTO {name} WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n"
+            f" WHERE i < {rows}) SELECT i, printf('region-%02d', i % 10), round(i * 1.25, 2),"
+            " 1000000 + i FROM n",
+        ]
+    return cached_source(f"pipeline-{tables}x{rows}", statements)
+
+
+def _postgres_source(dsn: str, schema: str, tables: int, rows: int, psycopg: Any) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        for name in _names(tables):
+            relation = f'"{schema}".{name}'
+            conn.execute(
+                f"CREATE TABLE {relation} (id bigint PRIMARY KEY, region text NOT NULL, amount"
+                " double precision, updated_at bigint)"
+            )
+            conn.execute(
+                f"INSERT INTO {relation} SELECT i, format('region-%s', i % 10), round(i * 1.25,"
+                f" 2), 1000000 + i FROM generate_series(1, {rows}) AS i"
+            )
+            conn.execute(f"ANALYZE {relation}")
+
+
+def _pipeline_file(
+    folder: Path, source: dict[str, str], target: dict[str, str], tables: str, path: str
+) -> Path:
+    lines = ["[pipeline]", f"tables = [{json.dumps(tables)}]", "[source]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in source.items()]
+    lines += ["[target]", *(f"{k} = {json.dumps(v)}" for k, v in target.items())]
+    lines += ["[store]", f'path = "{folder / "checkpoints.db"}"']
+    lines += ["[defaults]", 'strategy = "full_refresh"', f'path = "{path}"']
+    file = folder / "pipeline.toml"
+    file.write_text("\n".join(lines) + "\n")
+    return file
+
+
+class _Case:
+    """One source, target and shape: makes a fresh target per run and counts its rows."""
+
+    def __init__(self, source: str, target: str, tables: int, rows: int, env: dict[str, Any]):
+        self.source, self.target, self.tables, self.rows, self.env = (
+            source, target, tables, rows, env,
+        )  # fmt: skip
+        self.names = _names(tables)
+
+    @contextlib.contextmanager
+    def fresh(self, label: str) -> Iterator[tuple[Path, dict[str, str], str]]:
+        """A scratch folder, the target's pipeline keys, and where dlt writes (a file, or the
+        server with the schema as its dataset)."""
+        with scratch(f"pipelines-{label}") as folder:
+            if self.target == "duckdb":
+                yield folder, {"kind": "duckdb", "path": str(folder / "w.duckdb")}, ""
+                return
+            schema = f"bench_target_{label.replace('-', '_')}"
+            admin = self.env["psycopg"].connect(self.env["dsn"], autocommit=True)
+            try:
+                admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                admin.execute(f'CREATE SCHEMA "{schema}"')
+                keys = {"kind": "postgres", "dsn": self.env["url"], "table_prefix": f"{schema}."}
+                yield folder, keys, schema
+            finally:
+                admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                admin.close()
+
+    def source_keys(self) -> tuple[dict[str, str], str]:
+        if self.source == "sqlite":
+            return {"path": str(self.env["sqlite"][(self.tables, self.rows)])}, "t*"
+        return {"kind": "postgres", "dsn": self.env["url"]}, f"{self.env['schema']}.t*"
+
+    def dpone(self, jobs: int) -> float:
+        with self.fresh(f"dpone-{jobs}") as (folder, target, _):
+            source, tables = self.source_keys()
+            path = PATHS[(self.source, self.target)]
+            file = _pipeline_file(folder, source, target, tables, path)
+
+            def run() -> Any:
+                return run_tables(load_pipeline(file, rows=True).tables, "bench", jobs=jobs)
+
+            seconds, result = timed(run)
+            loaded = sum(table.rows_loaded for table in result.tables)
+        if result.exit_code or loaded != self.tables * self.rows:
+            raise AssertionError(f"dpone jobs {jobs}: exit {result.exit_code}, {loaded} rows")
+        return seconds
+
+    def processes(self) -> float:
+        """The tables in two halves, a ``dpone-transfer run --tables`` process each, at once."""
+        with self.fresh("dpone-processes") as (folder, target, _):
+            source, tables = self.source_keys()
+            file = _pipeline_file(folder, source, target, tables, PATHS[(self.source, self.target)])
+            prefix = f"{self.env['schema']}." if self.source == "postgres" else ""
+            halves = [self.names[::2], self.names[1::2]]
+            command = [sys.executable, "-m", "dpone_native_transfer", "run", str(file), "--quiet"]
+
+            def run() -> list[int]:
+                children = [
+                    subprocess.Popen(
+                        [*command, "--jobs", "1", "--tables", ",".join(prefix + n for n in half)],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                    for half in halves
+                ]
+                return [child.wait() for child in children]
+
+            seconds, codes = timed(run)
+        if codes != [0, 0]:
+            raise AssertionError(f"2 processes: exit statuses {codes}")
+        return seconds
+
+    def dlt(self, backend: str) -> float:
+        with self.fresh(f"dlt-{backend}") as (folder, target, schema):
+            if self.source == "sqlite":
+                source, source_schema = (
+                    f"sqlite:///{self.env['sqlite'][(self.tables, self.rows)]}",
+                    None,
+                )
+            else:
+                # SQLAlchemy 2.1 reads postgresql:// with psycopg 3; dlt's extra brings psycopg2
+                url = self.env["url"].replace("postgresql://", "postgresql+psycopg2://", 1)
+                source, source_schema = url, self.env["schema"]
+            destination = "duckdb" if self.target == "duckdb" else "postgres"
+            request = {
+                "source": source, "schema": source_schema, "tables": self.names,
+                "backend": backend, "destination": destination,
+                "target": target.get("path") or self.env["url"],
+                "dataset": schema or "bench", "work": str(folder / "dlt"),
+            }  # fmt: skip
+            (folder / "request.json").write_text(json.dumps(request))
+            done = subprocess.run(
+                [str(DLT_PYTHON), str(REPO / "benchmarks" / "_dlt_pipeline_child.py"),
+                 str(folder / "request.json")],
+                capture_output=True, text=True, timeout=3600,
+            )  # fmt: skip
+        if done.returncode:
+            raise AssertionError(f"dlt {backend}: exit {done.returncode}: {done.stderr[-2000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        if result["rows"] != self.tables * self.rows:
+            raise AssertionError(f"dlt {backend}: {result['rows']} rows")
+        return result["seconds"]
+
+
+def measure(sizes: Sizes) -> tuple[list[Row], dict]:
+    imported = _import_server_helper()
+    if isinstance(imported, str):
+        raise AssertionError(f"section 10 needs PostgreSQL: {imported}")
+    helper, psycopg = imported
+    dlt_missing = _dlt_missing()
+    if dlt_missing is not None:
+        print(f"section 10: dlt rows skipped: {dlt_missing}", flush=True)
+    rows: list[Row] = []
+    raw: dict[str, Any] = {"dlt_skipped": dlt_missing, "seconds": {}, "dlt_backend": {}}
+    with helper.server_dsn() as dsn, helper.isolated_schema(dsn) as location:
+        env: dict[str, Any] = {
+            "dsn": dsn, "url": helper.postgres_url(dsn), "schema": location.schema,
+            "psycopg": psycopg, "sqlite": {},
+        }  # fmt: skip
+        for shape, (tables, per_table) in enumerate(sizes.pipeline_shapes):
+            env["sqlite"][(tables, per_table)] = _sqlite_source(tables, per_table)
+            log(f"PostgreSQL source: {tables} tables of {per_table:,} rows")
+            env["schema"] = f"{location.schema}_{shape}"
+            with contextlib.ExitStack() as stack:
+                stack.callback(_drop, dsn, env["schema"], psycopg)
+                _postgres_source(dsn, env["schema"], tables, per_table, psycopg)
+                for source in ("sqlite", "postgres"):
+                    for target in ("duckdb", "postgres"):
+                        case = _Case(source, target, tables, per_table, env)
+                        label = f"{tables} x {per_table:,} rows, {source} into {target}"
+                        rows += _measure_case(case, label, min(sizes.runs, RUNS), dlt_missing, raw)
+    return rows, raw
+
+
+def _drop(dsn: str, schema: str, psycopg: Any) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def _measure_case(
+    case: _Case, label: str, runs: int, dlt_missing: str | None, raw: dict[str, Any]
+) -> list[Row]:
+    cases: dict[str, Callable[[], float]] = {
+        "jobs 1": lambda: case.dpone(1),
+        "jobs 2": lambda: case.dpone(2),
+    }
+    if case.target != "duckdb":
+        cases["2 processes"] = case.processes
+    if dlt_missing is None:
+        cases |= {f"dlt {b}": (lambda b=b: case.dlt(b)) for b in BACKENDS}
+    times = rounds(cases, runs, label=f"pipelines {label}")
+    raw["seconds"][label] = times
+    section = "10 pipelines"
+    jobs1, jobs2 = median(times["jobs 1"]), median(times["jobs 2"])
+    rows = [Row(section, f"{label}: jobs 2 vs jobs 1", jobs2, "s", jobs1, jobs2 / jobs1)]
+    if "2 processes" in times:
+        value = median(times["2 processes"])
+        rows.append(Row(section, f"{label}: 2 processes vs jobs 2 (threads)", value, "s", jobs2,
+                        value / jobs2))  # fmt: skip
+    if dlt_missing is None:
+        backend = min(BACKENDS, key=lambda b: median(times[f"dlt {b}"]))
+        raw["dlt_backend"][label] = backend
+        dlt = median(times[f"dlt {backend}"])
+        best = min(jobs1, jobs2)
+        rows.append(
+            Row(section, f"{label}: dpone vs dlt 1.31 sql_database ({backend})", best, "s", dlt,
+                best / dlt, target=f"<= {DLT_SHARE:.2f}", met=best / dlt <= DLT_SHARE)
+        )  # fmt: skip
+    return rows
+
+
+__all__ = ["measure"]

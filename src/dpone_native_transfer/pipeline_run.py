@@ -1,0 +1,340 @@
+"""Running a pipeline's tables: each an ordinary guarded run, at most ``jobs`` at once.
+
+A table's run is ``application.transfer`` on its route, exactly as
+``dpone-transfer run`` runs a route file: its own lease, checkpoints, ledger
+and guard. One table failing or blocked does not stop the others. Tables that
+write one target table (shards fanned in) form one queue, run one after
+another by one worker, so that their lease never turns one of them away.
+
+The workers are threads of this process (docs/pipelines.md has the measurement
+against processes: threads won on small tables and share a DuckDB file, which
+one process at a time may open; processes won on large tables whose rows pass
+through Python). A signal
+stops the run as it stops a single route: no table starts after it, and each
+running table raises KeyboardInterrupt at its next step before the guard
+arms (a partition read, the plan done), so it unwinds through its own
+clean-up (its work folder removed, its lease released) with nothing armed; a
+table past that point finishes its target call and its checkpoints. The
+result says which tables finished. A second Ctrl-C stops waiting for them (a
+second SIGTERM kills, as for a route).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .application import transfer
+from .errors import NativeTransferError
+from .events import EventName
+from .reporting import EXIT_BLOCKED, EXIT_FAILED, EXIT_OK, exit_code_for
+from .wording import plural
+
+if TYPE_CHECKING:
+    from .events import Event
+    from .pipeline import PipelineTable
+    from .runtime import TransferResult
+
+__all__ = [
+    "DEFAULT_JOBS",
+    "MAX_JOBS",
+    "PipelineResult",
+    "TableRun",
+    "pipeline_summary",
+    "pipeline_summary_lines",
+    "run_tables",
+    "table_progress_line",
+]
+
+# One worker per core, at most 8: on 2 cores 2 threads took 0.72-0.89 of 1's time on small
+# tables into PostgreSQL and SQLite (docs/pipelines.md).
+DEFAULT_JOBS = max(1, min(8, os.cpu_count() or 1))
+MAX_JOBS = 64
+
+SUCCEEDED, FAILED, BLOCKED = "succeeded", "failed", "blocked"
+# Where a stopped run's tables stop: before the guard arms. A table past it finishes its
+# target call and promotion, so that a stop never leaves a table blocked by itself.
+_STOPS = frozenset(
+    {
+        EventName.ROUTE_SCANNED,
+        EventName.MANY_PARTITIONS,
+        EventName.PARTITION_EXTRACTED,
+        EventName.PARTITION_PLANNED,
+        EventName.PRE_TARGET_DONE,
+    }
+)
+INTERRUPTED, NOT_RUN = "interrupted", "not run"
+
+
+@attrs.frozen
+class TableRun:
+    """One table's outcome in a pipeline run (``as_dict``: its line of ``run --json``)."""
+
+    table: str
+    target_table: str
+    outcome: str  # succeeded, failed, blocked, interrupted, not run
+    route: dict[str, Any]
+    committed_partitions: int = 0
+    skipped_partitions: int = 0
+    rows_loaded: int = 0
+    seconds: float = 0.0
+    batch_id: str | None = None
+    error: str | None = None  # the stable code, or a foreign error's type name
+    exit_code: int = EXIT_OK  # what ``dpone-transfer run`` of the table alone would exit with
+    failure: BaseException | None = attrs.field(default=None, eq=False, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        shown = attrs.asdict(self, filter=lambda field, _: field.name != "failure")
+        shown["seconds"] = round(self.seconds, 3)
+        if isinstance(self.failure, NativeTransferError):
+            shown["message"] = self.failure.message
+        return shown
+
+
+@attrs.frozen
+class PipelineResult:
+    """Every selected table's run, in the pipeline's order; ``interrupted``: the signal that
+    stopped the run (re-raised by the caller once it has reported), else None."""
+
+    tables: tuple[TableRun, ...]
+    seconds: float
+    jobs: int
+    interrupted: BaseException | None = attrs.field(default=None, eq=False)
+
+    @property
+    def exit_code(self) -> int:
+        """3 if a table is blocked, else 1 if one failed (or did not finish), else 0."""
+        outcomes = {run.outcome for run in self.tables}
+        if BLOCKED in outcomes:
+            return EXIT_BLOCKED
+        return EXIT_OK if outcomes <= {SUCCEEDED} else EXIT_FAILED
+
+    def totals(self) -> dict[str, Any]:
+        counted = {name: 0 for name in (SUCCEEDED, FAILED, BLOCKED, INTERRUPTED, NOT_RUN)}
+        for run in self.tables:
+            counted[run.outcome] += 1
+        return {
+            "tables": len(self.tables),
+            **counted,
+            "rows_loaded": sum(run.rows_loaded for run in self.tables),
+            "seconds": round(self.seconds, 3),
+            "jobs": self.jobs,
+            "exit_code": self.exit_code,
+        }
+
+
+Report = Callable[[str, int, "PipelineTable", TableRun | None], None]
+# One table's run: the table, and the events listener that stops it when the run stops.
+RunTable = Callable[["PipelineTable", Callable[["Event"], None]], tuple["TransferResult", float]]
+
+
+def run_tables(
+    tables: Sequence[PipelineTable],
+    run_id: str,
+    *,
+    jobs: int = DEFAULT_JOBS,
+    recovery: str | None = None,
+    report: Report | None = None,
+    run_table: RunTable | None = None,
+) -> PipelineResult:
+    """Run ``tables`` with at most ``jobs`` at once; never raises for a table's failure.
+
+    ``report(event, number, table, run)`` is called as a table starts (``"started"``, its
+    number in start order, no run) and ends (``"ended"``, with its run). ``run_table``
+    replaces ``transfer`` for one table (tests wrap the real store or sink with it).
+    A signal (KeyboardInterrupt, or the CLI's SIGTERM) stops every running table, and is
+    returned as ``interrupted``.
+    """
+
+    def default_run(
+        table: PipelineTable, events: Callable[[Event], None]
+    ) -> tuple[TransferResult, float]:
+        return transfer(table.config, run_id, events=events, recovery=recovery)
+
+    run_one = run_table or default_run
+    started = time.perf_counter()
+    pending: queue.SimpleQueue[list[PipelineTable]] = queue.SimpleQueue()
+    groups = _queues(tables)
+    for group in groups:
+        pending.put(group)
+    runs: dict[str, TableRun] = {}
+    lock, stop = threading.Lock(), threading.Event()
+    numbers = iter(range(1, len(tables) + 1))
+
+    workers = max(1, min(jobs, len(groups)))
+    left, finished = [workers], threading.Event()
+
+    def work() -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    group = pending.get_nowait()
+                except queue.Empty:
+                    return
+                for table in group:
+                    with lock:
+                        if stop.is_set():
+                            return
+                        number = next(numbers)
+                    if report is not None:
+                        report("started", number, table, None)
+                    outcome = _run(table, run_one, stop)
+                    with lock:
+                        runs[table.name] = outcome
+                    if report is not None:
+                        report("ended", number, table, outcome)
+        except BaseException:  # a report that failed: the table's run is kept
+            stop.set()
+        finally:
+            with lock:
+                left[0] -= 1
+                if not left[0]:
+                    finished.set()
+
+    for n in range(workers):
+        threading.Thread(target=work, name=f"dpone-table-{n}", daemon=True).start()
+    interrupted: BaseException | None = None
+    try:  # no Thread.join: a signal landing in it can mark a running thread as ended
+        while not finished.wait(0.1):
+            pass
+    except BaseException as signal_raised:  # KeyboardInterrupt, or the CLI's SIGTERM
+        interrupted = signal_raised
+        stop.set()
+        try:
+            while not finished.wait(0.1):
+                pass
+        except KeyboardInterrupt:  # a second Ctrl-C: report what is known now
+            pass
+    with lock:
+        ran = dict(runs)
+    ended = [
+        ran.get(table.name)
+        or TableRun(table.name, table.config.sink.table, NOT_RUN, table.config.route.as_dict())
+        for table in tables
+    ]
+    return PipelineResult(
+        tables=tuple(ended),
+        seconds=time.perf_counter() - started,
+        jobs=workers,
+        interrupted=interrupted,
+    )
+
+
+def _queues(tables: Sequence[PipelineTable]) -> list[list[PipelineTable]]:
+    """One queue per target table, in file order; the largest first, so that a long table
+    does not start last while the other workers idle (rows unknown count as none)."""
+    groups: dict[str, list[PipelineTable]] = {}
+    for table in tables:
+        groups.setdefault(table.group, []).append(table)
+    return sorted(groups.values(), key=lambda group: -sum(t.rows or 0 for t in group))
+
+
+def _run(table: PipelineTable, run_one: RunTable, stop: threading.Event) -> TableRun:
+    """One table's run, its failure kept as its outcome."""
+    config = table.config
+    shown = {
+        "table": table.name,
+        "target_table": config.sink.table,
+        "route": config.route.as_dict(),
+    }
+    started = time.perf_counter()
+
+    def stopping(event: Event) -> None:
+        if stop.is_set() and event.name in _STOPS:
+            raise KeyboardInterrupt  # the listener's one way to stop its run: not an Exception
+
+    try:
+        result, seconds = run_one(table, stopping)
+    except BaseException as error:
+        seconds = time.perf_counter() - started
+        if stop.is_set() or not isinstance(error, Exception):  # an engine may wrap the stop
+            return TableRun(**shown, outcome=INTERRUPTED, seconds=seconds, error=None)
+        code = exit_code_for(error)
+        return TableRun(
+            **shown,
+            outcome=BLOCKED if code == EXIT_BLOCKED else FAILED,
+            seconds=seconds,
+            error=error.code if isinstance(error, NativeTransferError) else type(error).__name__,
+            exit_code=code,
+            failure=error,
+        )
+    return TableRun(
+        **shown,
+        outcome=SUCCEEDED,
+        committed_partitions=len(result.committed_partition_ids),
+        skipped_partitions=len(result.skipped_partition_ids),
+        rows_loaded=result.rows_loaded,
+        seconds=seconds,
+        batch_id=result.batch_id,
+    )
+
+
+# -- pipelines ----------------------------------------------------------------------------------
+
+_TABLE_HEADERS = ("TABLE", "TARGET", "OUTCOME", "COMMITTED", "SKIPPED", "ROWS", "SECONDS", "ERROR")
+
+
+def table_progress_line(number: int, of: int, name: str, run: TableRun | None) -> str:
+    """A pipeline's line as a table starts (``run`` None) or ends."""
+    where = f"[{number}/{of}] {name}"
+    if run is None:
+        return f"{where}: started"
+    if run.outcome == "succeeded":
+        committed = plural(run.committed_partitions, "partition")
+        return (
+            f"{where} -> {run.target_table}: committed {committed}, skipped "
+            f"{run.skipped_partitions:,}, loaded {plural(run.rows_loaded, 'row')} in "
+            f"{run.seconds:.2f} s"
+        )
+    return f"{where}: {run.outcome}" + (f" ({run.error})" if run.error else "")
+
+
+def pipeline_summary_lines(result: PipelineResult, run_id: str) -> list[str]:
+    """The closing summary: a row per table, then the totals."""
+    rows = [
+        (
+            run.table,
+            run.target_table,
+            run.outcome,
+            f"{run.committed_partitions:,}",
+            f"{run.skipped_partitions:,}",
+            f"{run.rows_loaded:,}",
+            f"{run.seconds:.2f}",
+            run.error or "-",
+        )
+        for run in result.tables
+    ]
+    widths = [
+        max(len(cell) for cell in column) for column in zip(_TABLE_HEADERS, *rows, strict=True)
+    ]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (_TABLE_HEADERS, *rows)
+    ]
+    totals = result.totals()
+    counted = ", ".join(
+        f"{totals[name]:,} {name}"
+        for name in ("succeeded", "failed", "blocked", "interrupted", "not run")
+        if totals[name] or name == "succeeded"
+    )
+    lines.append(
+        f"{plural(totals['tables'], 'table')}: {counted}; "
+        f"loaded {plural(totals['rows_loaded'], 'row')} in {result.seconds:.2f} s "
+        f"with {plural(result.jobs, 'job')} (run {run_id})"
+    )
+    return lines
+
+
+def pipeline_summary(result: PipelineResult, run_id: str) -> dict[str, Any]:
+    """``run --json`` of a pipeline: an object per table, and the totals."""
+    return {
+        "run_id": run_id,
+        "tables": [run.as_dict() for run in result.tables],
+        "totals": result.totals(),
+    }

@@ -1,0 +1,556 @@
+"""Pipelines: many tables in one file, each an ordinary guarded route, run at once.
+
+Real databases throughout (SQLite, DuckDB, PostgreSQL); the only fault is a real
+checkpoint store that fails the promotion after the target committed
+(``FaultyStore``), as a kill there would leave it: the table is blocked.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.cli import run_cli
+from helpers.pipelines import (
+    build_tables,
+    copy_to_postgres,
+    duckdb_ids,
+    plan_of,
+    postgres_ids,
+    sqlite_ids,
+    write_pipeline,
+)
+from helpers.postgres_server import postgres_url
+
+from dpone_native_transfer.application import transfer
+from dpone_native_transfer.errors import ConfigInvalid
+from dpone_native_transfer.pipeline import load_pipeline
+from dpone_native_transfer.pipeline_run import run_tables
+from dpone_native_transfer.testing import FaultyStore, InjectedFault, phase_batch
+
+TABLES, ROWS, NEW_ROWS = 20, 120, 30
+FAILING, BLOCKED = "t05", "t07"  # a gate refuses t05; t07's promotion fails after its commit
+
+
+def _settings(names: list[str], **extra: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    settings = {name: dict(plan_of(name)) for name in names}
+    for name, own in extra.items():
+        settings[name] = {**settings.get(name, {}), **own}
+    return settings
+
+
+def _promotion_fails(name: str, run_id: str):
+    """``run_table`` for ``run_tables``: table ``name``'s store fails the commit checkpoints
+    after the target committed (a kill there leaves the same: the route is blocked)."""
+
+    def run_table(table, events):
+        def wrap(store):
+            faulty = FaultyStore(store)
+            if table.name == name:
+                faulty.fail_batch(phase_batch("checkpoint_committed"), error=InjectedFault("x"))
+            return faulty
+
+        return transfer(table.config, run_id, events=events, wrap_store=wrap)
+
+    return run_table
+
+
+def _exactly(found, expected) -> None:
+    assert set(found) == set(expected)
+    assert set(found.values()) <= {1}
+
+
+def _scenario(
+    tmp_path: Path,
+    *,
+    source,
+    target,
+    ids,
+    source_ids,
+    add_rows,
+    schema: str = "",
+    jobs: int = 2,
+    workers: int = 2,
+) -> None:
+    """Run 1 (library, with the fault): t05 fails its gate, t07 fails after its commit, the
+    rest load. Run 2 (the CLI): t07 is blocked (exit 3), t05 fails again, the rest skip.
+    Then t07 is resolved from the target, t05's gate lifted, rows added: run 3 loads only
+    the new rows (all of a refreshed table), every table exact. ``schema``: the source
+    tables' (PostgreSQL), before each name; ``workers``: the jobs the run can use (a DuckDB
+    file's tables load one at a time)."""
+    bare = [f"t{n:02d}" for n in range(1, TABLES + 1)]
+    named = {name: f"{schema}.{name}" if schema else name for name in bare}
+    failing, blocked = named[FAILING], named[BLOCKED]
+
+    def pipeline(**extra: dict[str, Any]) -> Path:
+        settings = {named[name]: dict(plan_of(name)) for name in bare}
+        for name, own in extra.items():
+            settings[named[name]].update(own)
+        return write_pipeline(
+            tmp_path / "pipeline.toml",
+            source=source,
+            target=target,
+            store=str(tmp_path / "checkpoints.db"),
+            tables=[f"{schema}.t*" if schema else "t*"],
+            settings=settings,
+        )
+
+    pipeline_file = pipeline(t05={"max_rows": 10})
+    loaded = load_pipeline(pipeline_file, rows=True)
+    assert sorted(loaded.names) == sorted(named.values())
+    first = run_tables(
+        loaded.tables, "run-1", jobs=jobs, run_table=_promotion_fails(blocked, "run-1")
+    )
+    outcomes = {run.table: run.outcome for run in first.tables}
+    expected = {name: "succeeded" for name in named.values()}
+    assert outcomes == expected | {failing: "failed", blocked: "failed"}
+    assert {run.table: run.error for run in first.tables if run.error} == {
+        failing: "native_transfer_governance_gate_failed",
+        blocked: "InjectedFault",
+    }
+    assert first.exit_code == 1
+    for name in bare:
+        if name != FAILING:  # t07's target committed: its rows are there once
+            _exactly(ids(name), source_ids(name))
+
+    second = run_cli("run", pipeline_file, "--json", "--jobs", jobs)
+    assert second.returncode == 3, second.stderr
+    summary = json.loads(second.stdout)
+    runs = {run["table"]: run for run in summary["tables"]}
+    assert runs[blocked]["outcome"] == "blocked"
+    assert runs[blocked]["error"] == "native_transfer_manual_reconciliation_required"
+    assert runs[failing]["outcome"] == "failed"
+    assert runs[failing]["exit_code"] == 1
+    assert summary["totals"] | {"seconds": 0} == {
+        "tables": TABLES, "succeeded": TABLES - 2, "failed": 1, "blocked": 1, "interrupted": 0,
+        "not run": 0, "rows_loaded": sum(r["rows_loaded"] for r in runs.values()),
+        "seconds": 0, "jobs": workers, "exit_code": 3,
+    }  # fmt: skip
+    for name in bare:
+        refreshed = plan_of(name).get("strategy") == "full_refresh"
+        if name not in (FAILING, BLOCKED):
+            assert runs[named[name]]["rows_loaded"] == (ROWS if refreshed else 0), name
+    # each failed table's lines name its route as PIPELINE::TABLE
+    reference = f"{pipeline_file}::{blocked}"
+    assert f"{blocked}: next: `dpone-transfer guard verify {reference}`" in second.stderr
+
+    scan = run_cli("guard", "scan", reference, "--json")
+    assert scan.returncode == 3
+    batch = json.loads(scan.stdout.splitlines()[0])["batch_id"]
+    resolved = run_cli(
+        "guard", "resolve", reference, "--batch", batch, "--from-target",
+        "--reason", "the ledger holds it", "--operator", "test", "--yes",
+    )  # fmt: skip
+    assert resolved.returncode == 0, resolved.stdout + resolved.stderr
+    pipeline_file = pipeline()  # the gate lifted
+    add_rows(NEW_ROWS)
+    third = run_cli("run", pipeline_file, "--json")
+    assert third.returncode == 0, third.stderr
+    runs = {run["table"]: run for run in json.loads(third.stdout)["tables"]}
+    for name in bare:
+        refreshed = plan_of(name).get("strategy") == "full_refresh"
+        expected_rows = ROWS + NEW_ROWS if refreshed or name == FAILING else NEW_ROWS
+        assert runs[named[name]]["rows_loaded"] == expected_rows, name
+        _exactly(ids(name), source_ids(name))
+
+
+def test_twenty_sqlite_tables_into_sqlite(tmp_path):
+    source = tmp_path / "shop.db"
+    build_tables(source, TABLES, ROWS)
+    target = tmp_path / "warehouse.db"
+    _scenario(
+        tmp_path,
+        source={"path": str(source)},
+        target={"path": str(target)},
+        ids=lambda name: sqlite_ids(target, name),
+        source_ids=lambda name: sqlite_ids(source, name),
+        add_rows=lambda rows: build_tables(source, TABLES, rows, start_id=ROWS + 1),
+    )
+
+
+def test_twenty_sqlite_tables_into_duckdb(tmp_path):
+    source = tmp_path / "shop.db"
+    build_tables(source, TABLES, ROWS)
+    target = tmp_path / "warehouse.duckdb"
+    _scenario(
+        tmp_path,
+        source={"path": str(source)},
+        target={"kind": "duckdb", "path": str(target)},
+        ids=lambda name: duckdb_ids(target, name),
+        source_ids=lambda name: sqlite_ids(source, name),
+        add_rows=lambda rows: build_tables(source, TABLES, rows, start_id=ROWS + 1),
+        workers=1,
+    )
+
+
+def test_twenty_postgres_tables_into_postgres(tmp_path, postgres_schema):
+    import psycopg
+
+    dsn, schema = postgres_schema
+    url = postgres_url(dsn)
+    lite = tmp_path / "shop.db"
+    names = build_tables(lite, TABLES, ROWS)
+    copy_to_postgres(lite, dsn, schema, names)
+
+    def add_rows(rows: int) -> None:
+        build_tables(lite, TABLES, rows, start_id=ROWS + 1)
+        copy_to_postgres(lite, dsn, schema, names)
+
+    target_schema = f"{schema}_target"  # the target tables: <target_schema>.<schema>_tNN
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{target_schema}"')
+    try:
+        _scenario(
+            tmp_path,
+            source={"kind": "postgres", "dsn": url},
+            target={"kind": "postgres", "dsn": url, "table_prefix": f"{target_schema}."},
+            ids=lambda name: postgres_ids(dsn, f"{target_schema}.{schema}_{name}"),
+            source_ids=lambda name: postgres_ids(dsn, f"{schema}.{name}"),
+            add_rows=add_rows,
+            schema=schema,
+        )
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA IF EXISTS "{target_schema}" CASCADE')
+
+
+# -- bad input: refused before any table runs, naming the key ---------------------------------
+
+
+@pytest.fixture
+def shop(tmp_path) -> Path:
+    source = tmp_path / "shop.db"
+    build_tables(source, 3, 20)
+    build_tables(source, 0, 0)
+    with sqlite3.connect(source) as conn:
+        conn.execute("CREATE TABLE scratch_tmp (id INTEGER PRIMARY KEY, note TEXT)")
+    conn.close()
+    return source
+
+
+def _bad(tmp_path: Path, shop: Path, **changes: Any) -> tuple[int, str]:
+    sections = {
+        "source": {"path": str(shop)},
+        "target": {"path": str(tmp_path / "warehouse.db")},
+        "store": str(tmp_path / "checkpoints.db"),
+        "tables": ["t*"],
+    }
+    sections.update(changes)
+    pipeline_file = write_pipeline(tmp_path / "bad.toml", **sections)
+    done = run_cli("run", pipeline_file)
+    assert done.stdout == ""
+    assert not (tmp_path / "warehouse.db").exists()  # nothing ran
+    return done.returncode, done.stderr.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    ("changes", "line"),
+    [
+        (
+            {"tables": ["t01", "orderz"]},
+            "error: native_transfer_config_invalid: pipeline.tables[1] names no table of the "
+            "source",
+        ),
+        (
+            {"tables": ["t*", "sales.*"]},
+            "error: native_transfer_config_invalid: pipeline.tables[1] matches no table of the "
+            "source",
+        ),
+        (
+            {"settings": {"t01": {"cursor_colum": "updated_at"}}},
+            "error: native_transfer_config_invalid: tables.t01.cursor_colum is not a known key; "
+            "known: target_table, strategy, path, chunk_rows, artifact_dir, schema_contract, "
+            "on_bad_value, quarantine_values, partition_column, partition_by, partition_rows, "
+            "cursor_column, lag, on_null_cursor, min_rows, max_rows, recovery",
+        ),
+        (
+            {"settings": {"t02": {"cursor_column": "changed_at"}}},
+            "error: native_transfer_config_invalid: tables.t02.cursor_column names no column of "
+            "source table 't02'",
+        ),
+        (
+            {"settings": {"t02": {"strategy": "merge"}}},
+            "error: native_transfer_config_invalid: tables.t02.strategy must be one of: "
+            "full_refresh, incremental_append",
+        ),
+        (
+            {"defaults": {"chunk_rows": 0}},
+            "error: native_transfer_config_invalid: defaults.chunk_rows must be an integer from "
+            "1 to 10,000,000",
+        ),
+        (
+            {"settings": {"orders": {}}},
+            "error: native_transfer_config_invalid: tables.orders names no table of the source",
+        ),
+        (
+            {"settings": {"t01": {"target_table": "t02"}}},
+            "error: native_transfer_config_invalid: tables.t02.target_table is the target table "
+            'of tables.t01 too: tables share a target table only when each names it with its '
+            'own target_table and appends (strategy = "incremental_append")',
+        ),
+        (
+            {"target": {"path": "w.db", "table_prefix": 3}},
+            "error: native_transfer_config_invalid: target.table_prefix must be a string, not "
+            "an integer",
+        ),
+        (
+            {"source": {"kind": "postgres", "path": "shop.db"}},
+            "error: native_transfer_config_invalid: source.path is not used by source.kind = "
+            "'postgres'",
+        ),
+    ],
+    ids=[
+        "unknown-table", "pattern-matches-nothing", "unknown-key", "unknown-column",
+        "bad-strategy", "bad-default", "unknown-table-section", "two-tables-one-target",
+        "bad-prefix", "location-of-another-kind",
+    ],
+)  # fmt: skip
+def test_a_bad_pipeline_is_refused_before_any_table_runs(tmp_path, shop, changes, line):
+    code, first = _bad(tmp_path, shop, **changes)
+    assert (code, first) == (2, line)
+
+
+def test_a_pipeline_section_or_key_the_file_may_not_have_is_named(tmp_path, shop):
+    pipeline_file = write_pipeline(
+        tmp_path / "p.toml",
+        source={"path": str(shop), "table": "t01"},
+        target={"path": "w.db"},
+        store="c.db",
+        tables=["t*"],
+    )
+    done = run_cli("run", pipeline_file)
+    assert done.returncode == 2
+    assert done.stderr.startswith(
+        "error: native_transfer_config_invalid: source.table is not a known key; known: kind, "
+        "path, dsn\n"
+    )
+    assert "Traceback" not in done.stderr
+    pipeline_file.write_text(pipeline_file.read_text() + "[extra]\n")
+    assert "extra is not a known section" in run_cli("run", pipeline_file).stderr
+
+
+def test_patterns_select_and_exclusions_take_out(tmp_path, shop):
+    pipeline_file = write_pipeline(
+        tmp_path / "p.toml",
+        source={"path": str(shop)},
+        target={"path": "w.db", "table_prefix": "raw_"},
+        store="c.db",
+        tables=["t03", "*", "!*_tmp", "!t0[3]"],  # a name stays in, whatever takes it out
+    )
+    pipeline = load_pipeline(pipeline_file)
+    assert pipeline.names == ["t03", "t01", "t02"]
+    assert [t.config.sink.table for t in pipeline.tables] == ["raw_t03", "raw_t01", "raw_t02"]
+    assert [t.config.route for t in pipeline.tables] == [
+        t.config.route for t in (load_pipeline(pipeline_file).tables)
+    ]
+    assert pipeline.selected(["t02", "t02"])[0].name == "t02"
+    with pytest.raises(ConfigInvalid, match=r": --tables names a table that is not in the"):
+        pipeline.selected(["scratch_tmp"])
+    done = run_cli("run", pipeline_file, "--tables", "t01,nope")
+    assert done.returncode == 2
+    assert "its tables: t03, t01, t02" in done.stderr
+
+
+def test_a_table_is_the_route_a_route_file_of_it_would_be(tmp_path, shop):
+    pipeline_file = write_pipeline(
+        tmp_path / "p.toml",
+        source={"path": str(shop)},
+        target={"path": str(tmp_path / "w.db")},
+        store=str(tmp_path / "c.db"),
+        tables=["t01"],
+        settings={"t01": {"cursor_column": "updated_at", "target_table": "t01_copy"}},
+    )
+    route_file = tmp_path / "route.toml"
+    route_file.write_text(
+        f'[source]\npath = "{shop}"\ntable = "t01"\ncursor_column = "updated_at"\n'
+        f'[target]\npath = "{tmp_path / "w.db"}"\ntable = "t01_copy"\n'
+        '[transfer]\nstrategy = "incremental_append"\npath = "staged"\n'
+        f'[store]\npath = "{tmp_path / "c.db"}"\n'
+    )
+    assert run_cli("run", f"{pipeline_file}::t01").returncode == 0
+    again = run_cli("run", route_file, "--json")  # the same route: nothing new to load
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["rows_loaded"] == 0
+    shown = run_cli("state", "show", f"{pipeline_file}::t01", "--json")
+    assert json.loads(shown.stdout)["target"] == "agrees with the checkpoint store"
+    assert json.loads(shown.stdout)["route"]["target_table"] == "t01_copy"
+    # a pipeline file where a route file is taken, without a table, says how to name one
+    done = run_cli("state", "show", pipeline_file)
+    assert done.returncode == 2
+    assert "is a pipeline file: name one of its tables as PIPELINE::TABLE; its tables: t01" in (
+        done.stderr
+    )
+    assert run_cli("run", route_file, "--jobs", "2").returncode == 2
+    assert "names a table (::TABLE) of a route file" in run_cli("run", f"{route_file}::t01").stderr
+
+
+def test_shards_fan_into_one_target_table_one_after_another(tmp_path):
+    shards = tmp_path / "shards.db"
+    build_tables(shards, 2, 50)
+    build_tables(shards, 1, 0)
+    with sqlite3.connect(shards) as conn:  # t02's ids follow t01's: the shards' rows differ
+        conn.execute("UPDATE t02 SET id = id + 1000")
+    conn.close()
+    pipeline_file = write_pipeline(
+        tmp_path / "p.toml",
+        source={"path": str(shards)},
+        target={"path": str(tmp_path / "w.db")},
+        store=str(tmp_path / "c.db"),
+        tables=["t0*"],
+        settings={"t01": {"target_table": "all"}, "t02": {"target_table": "all"}},
+    )
+    pipeline = load_pipeline(pipeline_file)
+    assert pipeline.tables[0].group == pipeline.tables[1].group
+    done = run_cli("run", pipeline_file, "--json", "--jobs", "2")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["totals"]["jobs"] == 1  # one queue: the lease never refuses
+    found = sqlite_ids(tmp_path / "w.db", "all")
+    assert set(found) == set(sqlite_ids(shards, "t01")) | set(sqlite_ids(shards, "t02"))
+    assert set(found.values()) == {1}
+    refresh = write_pipeline(
+        tmp_path / "p.toml",
+        source={"path": str(shards)},
+        target={"path": str(tmp_path / "w.db")},
+        store=str(tmp_path / "c.db"),
+        tables=["t0*"],
+        settings={
+            "t01": {"target_table": "all", "strategy": "full_refresh"},
+            "t02": {"target_table": "all"},
+        },
+    )
+    refused = run_cli("run", refresh)
+    assert refused.returncode == 2
+    assert "tables.t01.target_table is the target table of tables.t02 too" in refused.stderr
+
+
+# -- discover ---------------------------------------------------------------------------------
+
+
+def test_discover_lists_tables_and_writes_a_pipeline_that_runs(tmp_path, shop):
+    listed = run_cli("discover", shop, "--json")
+    assert listed.returncode == 0, listed.stderr
+    tables = {table["table"]: table for table in json.loads(listed.stdout)}
+    assert sorted(tables) == ["scratch_tmp", "t01", "t02", "t03"]
+    assert tables["t01"] == {
+        "table": "t01", "rows": 20, "columns": {
+            "id": "integer", "region": "text", "amount": "real", "updated_at": "integer"
+        },
+        "primary_key": ["id"], "range_key": "id", "cursor_candidates": ["updated_at", "id"],
+        "partition_candidates": ["id"],
+    }  # fmt: skip
+    out = tmp_path / "out"
+    out.mkdir()
+    written = run_cli("discover", shop, "--write", out / "pipeline.toml")
+    assert written.returncode == 0, written.stderr
+    assert (
+        written.stdout.splitlines()[-1] == f"4 tables; wrote the pipeline file {out}/pipeline.toml"
+    )
+    text = (out / "pipeline.toml").read_text()
+    assert 'path = "../shop.db"' in text  # relative to the pipeline file, where it is read
+    assert 'cursor_column = "updated_at"' in text
+    assert run_cli("discover", shop, "--write", out / "pipeline.toml").returncode == 2  # exists
+    ran = run_cli("run", out / "pipeline.toml", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["totals"]["rows_loaded"] == 60
+    for name in ("t01", "t02", "t03"):
+        _exactly(sqlite_ids(out / "warehouse.db", name), sqlite_ids(shop, name))
+    build_tables(shop, 3, 5, start_id=21)
+    again = json.loads(run_cli("run", out / "pipeline.toml", "--json").stdout)
+    assert again["totals"]["rows_loaded"] == 15
+
+
+def test_discover_reads_a_postgres_source_named_by_an_environment_variable(
+    tmp_path, postgres_schema
+):
+    dsn, schema = postgres_schema
+    lite = tmp_path / "shop.db"
+    copy_to_postgres(lite, dsn, schema, build_tables(lite, 2, 30))
+    env = {"SHOP_DSN": postgres_url(dsn)}
+    listed = run_cli("discover", "env:SHOP_DSN", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    mine = {t["table"]: t for t in json.loads(listed.stdout) if t["table"].startswith(schema)}
+    assert sorted(mine) == [f"{schema}.t01", f"{schema}.t02"]
+    assert mine[f"{schema}.t01"]["range_key"] == "id"
+    assert mine[f"{schema}.t01"]["rows"] == 30  # analysed by the copy
+    out = tmp_path / "out"
+    out.mkdir()
+    refused = run_cli("discover", postgres_url(dsn), "--write", out / "p.toml")
+    assert refused.returncode == 2
+    assert "SOURCE holds a password, which --write would put into the file" in refused.stderr
+    assert postgres_url(dsn) not in refused.stderr + refused.stdout
+    written = run_cli(
+        "discover", "env:SHOP_DSN", "--write", out / "p.toml", "--target", out / "w.duckdb",
+        env=env,
+    )  # fmt: skip
+    assert written.returncode == 0, written.stderr
+    text = (out / "p.toml").read_text()
+    assert 'dsn = "env:SHOP_DSN"' in text
+    assert f'[tables."{schema}.t01"]' in text
+    ran = run_cli(
+        "run", out / "p.toml", "--tables", f"{schema}.t01,{schema}.t02", "--json", env=env
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["totals"]["rows_loaded"] == 60
+    for name in ("t01", "t02"):
+        _exactly(duckdb_ids(out / "w.duckdb", f"{schema}_{name}"), sqlite_ids(lite, name))
+
+
+# -- signals ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_every_running_table_as_a_single_route_stops(tmp_path, signum):
+    source = tmp_path / "big.db"
+    build_tables(source, 4, 150_000)
+    work = tmp_path / "work"
+    work.mkdir()
+    pipeline_file = write_pipeline(
+        tmp_path / "p.toml",
+        source={"path": str(source)},
+        target={"path": str(tmp_path / "w.db")},
+        store=str(tmp_path / "c.db"),
+        tables=["t*"],
+        defaults={
+            "path": "legacy",
+            "chunk_rows": 500,
+            "partition_rows": 5_000,
+            "artifact_dir": str(work),
+        },
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dpone_native_transfer", "run", str(pipeline_file), "--jobs", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stderr is not None
+    assert child.stderr.readline().endswith(": started\n")
+    time.sleep(0.05)  # while the first tables read their partitions
+    child.send_signal(signum)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == (143 if signum == signal.SIGTERM else 130), err
+    last = err.splitlines()[-1]
+    said = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+    assert last.startswith(f"error: {said}: ")
+    assert "tables had finished (the summary above says which)" in last
+    outcomes = {line.split()[0]: line.split()[2] for line in out.splitlines()[1:-1]}
+    assert "interrupted" in outcomes.values()
+    assert set(outcomes.values()) <= {"succeeded", "interrupted", "not"}  # "not run"
+    finished = sum(outcome == "succeeded" for outcome in outcomes.values())
+    assert f": {finished} of 4 tables had finished" in last
+    assert list(work.iterdir()) == []  # every table's work folder removed
+    routes = json.loads(run_cli("routes", "--store", tmp_path / "c.db", "--json").stdout)
+    assert [route["lease"] for route in routes] == [None] * len(routes)  # every lease released
+    # a table stops before its guard arms, or finishes: none is left blocked
+    assert {route["outcome"] for route in routes} <= {"succeeded", "failed"}
+    again = run_cli("run", pipeline_file, "--json")
+    assert again.returncode == 0, again.stderr
+    for name in ("t01", "t02", "t03", "t04"):
+        _exactly(sqlite_ids(tmp_path / "w.db", name), sqlite_ids(source, name))
