@@ -52,8 +52,7 @@ __all__ = [
     "table_progress_line",
 ]
 
-# One worker per core, at most 8: on 2 cores 2 threads took 0.72-0.89 of 1's time on small
-# tables into PostgreSQL and SQLite (docs/pipelines.md).
+# One worker per core, at most 8: the tables' I/O overlaps (figures: docs/pipelines.md).
 DEFAULT_JOBS = max(1, min(8, os.cpu_count() or 1))
 MAX_JOBS = 64
 
