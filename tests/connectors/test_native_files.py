@@ -1635,7 +1635,7 @@ def _ctrl_c(signum: int, frame: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("path", "read"), [("legacy", "_write_tagged"), ("lazy-plan", "_probe_plan_read")]
+    ("path", "read"), [("legacy", "write_tagged"), ("lazy-plan", "probe_plan_read")]
 )
 def test_a_ctrl_c_during_a_duckdb_read_of_the_source_stops_the_run(
     tmp_path, monkeypatch, path, read

@@ -248,7 +248,7 @@ class PostgresSeams(TargetSeams, PostgresSink):
 _SEAMS = {"sqlite": SQLiteSeams, "duckdb": DuckDBSeams, "postgres": PostgresSeams}
 _ENGINES = {
     "sqlite": "dpone_native_transfer.connectors.sqlite.sink",
-    "duckdb": "dpone_native_transfer.connectors.duckdb",
+    "duckdb": "dpone_native_transfer.connectors.duckdb.sink",
     "postgres": "dpone_native_transfer.connectors.postgres_sink",
 }
 

@@ -268,6 +268,7 @@ class Case:
         }
         command = [sys.executable, str(CHILD), "--store", self.stores.child, json.dumps(case)]
         child = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=self.env)
+        _CHILDREN.append(child)
         deadline = time.monotonic() + 60
         while not (marker.is_file() and _stopped(child.pid)):
             if child.poll() is not None:
@@ -304,6 +305,7 @@ class Case:
         """B, which must still wait for A's lock ``WAITING`` seconds on; then A resumes."""
         b = subprocess.Popen(self.command(run_id, "manual"), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=self.env)  # fmt: skip
+        _CHILDREN.append(b)
         try:
             b.wait(timeout=WAITING)
         except subprocess.TimeoutExpired:
@@ -330,6 +332,20 @@ class Case:
 
     def ledger_runs(self) -> list[str]:
         return [entry.run_id for entry in self.place.make_sink().read_ledger()]
+
+
+_CHILDREN: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_left() -> Iterator[None]:
+    """A case that fails midway leaves no stopped worker, and no open pipe, behind."""
+    yield
+    while _CHILDREN:
+        child = _CHILDREN.pop()
+        if child.poll() is None:
+            child.kill()  # SIGKILL ends a stopped process too
+        child.communicate()
 
 
 def _stopped(pid: int) -> bool:
