@@ -25,7 +25,6 @@ from .checkpoints import (
     FailureCode,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
-    Strategy,
 )
 from .config import RouteConfig, load_route_config
 from .errors import (
@@ -35,7 +34,7 @@ from .errors import (
 )
 from .latest import as_latest
 from .ledger import UNKNOWN, Proof, check_store_against_target, ledger_overrides, live_entries
-from .planner import check_definition, route_definition
+from .planner import RouteDefinition, check_definition, route_definition, route_merge
 from .plugins import Hooks, make_plugin_manager
 from .recovery import (
     Prover,
@@ -347,13 +346,27 @@ def _restore_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _route_definition(config: Any) -> RouteDefinition:
+    """The route file's definition now (a merge route's key and deleted column included)."""
+    source = config.source
+    columns = source.describe().columns
+    merge = route_merge(
+        config.strategy,
+        source,
+        columns,
+        primary_key=config.primary_key,
+        deleted_column=config.deleted_column,
+    )
+    return route_definition(source, columns, merge)
+
+
 def _definition(config: Any, store: Store, recorded: dict[str, Any] | None) -> dict[str, Any]:
     """The restored source state's definition: the route file's, refused where a run would
     refuse it (``check_definition``) against the store's recorded one and against the
     target's last batch of the route (``recorded``), so that a restore never launders a
     change a run refused (the store lost, the new definition would be all it knew)."""
     route = config.route
-    definition = route_definition(config.source, config.source.describe().columns)
+    definition = _route_definition(config)
     stored = SourceState(definition=(store.load_source_state(route) or {}).get(DEFINITION_KEY))
     check_definition(route, stored, store.list_latest(route), definition)
     if recorded is not None:
@@ -370,7 +383,7 @@ def _definition(config: Any, store: Store, recorded: dict[str, Any] | None) -> d
 def _reset_command(args: argparse.Namespace) -> int:
     config = load_route_config(args.route_file, argument="ROUTE_FILE")
     route, source = config.route, config.source
-    if route.strategy is not Strategy.INCREMENTAL_APPEND:
+    if not route.strategy.incremental:
         raise ConfigInvalid(
             f"route {route.label} replaces its target on every run: there is nothing to reset",
             diagnostics={"route": route.as_dict()},
@@ -403,7 +416,7 @@ def _reset_command(args: argparse.Namespace) -> int:
         state = {
             "generation": (generation if isinstance(generation, int) else 0) + 1,
             "watermark": watermark,
-            DEFINITION_KEY: route_definition(source, source.describe().columns).as_dict(),
+            DEFINITION_KEY: _route_definition(config).as_dict(),
             **(unknown_edge(watermark) if args.from_now else {}),  # NULL-cursor rows: skipped
         }
         batches = sorted({b for cp in committed if (b := cp.diagnostics.get(LEDGER_BATCH_KEY))})

@@ -1,0 +1,96 @@
+"""A merge on a key in SQL (``payloads.Merge``), shared by the SQLite, DuckDB and PostgreSQL
+sinks: the statements that move one batch, loaded into a temporary table, into the target
+table, inside the load's own transaction (before its ledger row).
+
+Delete and insert rather than ``INSERT ... ON CONFLICT`` or ``MERGE``: it needs no unique
+constraint on the target (a table dpone did not create may have none), deletes a key's
+every row (a table that already held duplicates ends with one), and is one plan on all
+three engines. ``docs/connectors.md`` ("Merge") has the measurements behind the choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..payloads import Column, Merge
+from ._sql import RESERVED_PREFIX, quote
+
+__all__ = ["MERGE_BATCH", "MERGE_WINNERS", "key_constraint", "merge_statements"]
+
+MERGE_BATCH = RESERVED_PREFIX + "merge_batch"  # the batch's rows, every version (temporary)
+MERGE_WINNERS = RESERVED_PREFIX + "merge_winners"  # each key's winning row (temporary)
+_RANK = RESERVED_PREFIX + "merge_rank"
+_TARGET, _WINNER = "dpone_target", "dpone_winner"  # the aliases of the two tables
+
+
+def key_constraint(merge: Merge | None, *, name: Callable[[str], str] = quote) -> str:
+    """The ``PRIMARY KEY`` clause of a target table a merge route creates ("" otherwise)."""
+    if merge is None:
+        return ""
+    return f", PRIMARY KEY ({', '.join(name(column) for column in merge.key)})"
+
+
+def merge_statements(
+    target: str,
+    columns: Sequence[Column],
+    merge: Merge,
+    *,
+    name: Callable[[str], str] = quote,
+    temporary: str = "CREATE TEMP TABLE",
+    batch: str = MERGE_BATCH,
+) -> list[str]:
+    """The statements that merge ``batch`` (rows of ``columns``) into ``target``, in order:
+
+    1. each key's winner into ``MERGE_WINNERS``: the highest version, then the other columns
+       in their order, each highest first, NULL last (``ROW_NUMBER``: one row per key);
+    2. delete the target rows of the winners' keys unless newer than the winner (a higher
+       version; a NULL version is the lowest);
+    3. insert the winners that are not deleted and whose key has no target row left (one
+       left is newer);
+    4. drop both temporary tables.
+    """
+    names = [column.name for column in columns]
+    key, version, deleted = merge.key, merge.version, merge.deleted
+    order = [n for n in names if n not in key and n != version]
+    ranking = [n for n in ([version] if version else []) + order]
+    listed = ", ".join(name(n) for n in names)
+    over = f"PARTITION BY {', '.join(name(k) for k in key)}"
+    if ranking:
+        over += " ORDER BY " + ", ".join(f"{name(n)} DESC NULLS LAST" for n in ranking)
+    winners = (
+        f"{temporary} {name(MERGE_WINNERS)} AS SELECT {listed} FROM (SELECT {listed},"
+        f" ROW_NUMBER() OVER ({over}) AS {name(_RANK)} FROM {name(batch)}) AS dpone_ranked"
+        f" WHERE {name(_RANK)} = 1"
+    )
+    same_key = " AND ".join(f"{_WINNER}.{name(k)} = {_TARGET}.{name(k)}" for k in key)
+    kept = ""
+    if version is not None:
+        v = name(version)
+        kept = (
+            f" AND NOT ({_TARGET}.{v} IS NOT NULL"
+            f" AND ({_WINNER}.{v} IS NULL OR {_TARGET}.{v} > {_WINNER}.{v}))"
+        )
+    delete = (
+        f"DELETE FROM {target} AS {_TARGET} WHERE EXISTS (SELECT 1 FROM {name(MERGE_WINNERS)}"
+        f" AS {_WINNER} WHERE {same_key}{kept})"
+    )
+    loaded = [n for n in names if n != deleted]
+    live = "" if deleted is None else f" AND NOT ({_is_true(merge, columns, name)})"
+    insert = (
+        f"INSERT INTO {target} ({', '.join(name(n) for n in loaded)})"
+        f" SELECT {', '.join(f'{_WINNER}.{name(n)}' for n in loaded)}"
+        f" FROM {name(MERGE_WINNERS)} AS {_WINNER}"
+        f" WHERE NOT EXISTS (SELECT 1 FROM {target} AS {_TARGET} WHERE {same_key}){live}"
+    )
+    drops = [f"DROP TABLE {name(MERGE_WINNERS)}", f"DROP TABLE {name(batch)}"]
+    return [winners, delete, insert, *drops]
+
+
+def _is_true(merge: Merge, columns: Sequence[Column], name: Callable[[str], str]) -> str:
+    """The winner's deleted column is true: a boolean true, or an integer other than 0."""
+    assert merge.deleted is not None
+    column = f"{_WINNER}.{name(merge.deleted)}"
+    kind = next(c.kind for c in columns if c.name == merge.deleted)
+    if kind == "boolean":
+        return f"{column} IS TRUE"
+    return f"({column} IS NOT NULL AND {column} <> 0)"
