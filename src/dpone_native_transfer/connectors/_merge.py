@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..payloads import Column, Merge
+from ..payloads import Merge
 from ._sql import RESERVED_PREFIX, quote
 
 __all__ = ["MERGE_BATCH", "MERGE_WINNERS", "key_constraint", "merge_statements"]
@@ -32,14 +32,15 @@ def key_constraint(merge: Merge | None, *, name: Callable[[str], str] = quote) -
 
 def merge_statements(
     target: str,
-    columns: Sequence[Column],
+    batch: str,
+    names: Sequence[str],
     merge: Merge,
     *,
     name: Callable[[str], str] = quote,
     temporary: str = "CREATE TEMP TABLE",
-    batch: str = MERGE_BATCH,
 ) -> list[str]:
-    """The statements that merge ``batch`` (rows of ``columns``) into ``target``, in order:
+    """The statements that merge table ``batch`` (columns ``names``) into table ``target``
+    (both quoted, qualified as needed), in order:
 
     1. each key's winner into ``MERGE_WINNERS``: the highest version, then the other columns
        in their order, each highest first, NULL last (``ROW_NUMBER``: one row per key);
@@ -49,7 +50,6 @@ def merge_statements(
        left is newer);
     4. drop both temporary tables.
     """
-    names = [column.name for column in columns]
     key, version, deleted = merge.key, merge.version, merge.deleted
     order = [n for n in names if n not in key and n != version]
     ranking = [n for n in ([version] if version else []) + order]
@@ -59,7 +59,7 @@ def merge_statements(
         over += " ORDER BY " + ", ".join(f"{name(n)} DESC NULLS LAST" for n in ranking)
     winners = (
         f"{temporary} {name(MERGE_WINNERS)} AS SELECT {listed} FROM (SELECT {listed},"
-        f" ROW_NUMBER() OVER ({over}) AS {name(_RANK)} FROM {name(batch)}) AS dpone_ranked"
+        f" ROW_NUMBER() OVER ({over}) AS {name(_RANK)} FROM {batch}) AS dpone_ranked"
         f" WHERE {name(_RANK)} = 1"
     )
     same_key = " AND ".join(f"{_WINNER}.{name(k)} = {_TARGET}.{name(k)}" for k in key)
@@ -75,22 +75,18 @@ def merge_statements(
         f" AS {_WINNER} WHERE {same_key}{kept})"
     )
     loaded = [n for n in names if n != deleted]
-    live = "" if deleted is None else f" AND NOT ({_is_true(merge, columns, name)})"
+    # the deleted column is true: a boolean true, or an integer other than 0 (as integers,
+    # which every engine casts both to)
+    live = (
+        ""
+        if deleted is None
+        else f" AND COALESCE(CAST({_WINNER}.{name(deleted)} AS INTEGER), 0) = 0"
+    )
     insert = (
         f"INSERT INTO {target} ({', '.join(name(n) for n in loaded)})"
         f" SELECT {', '.join(f'{_WINNER}.{name(n)}' for n in loaded)}"
         f" FROM {name(MERGE_WINNERS)} AS {_WINNER}"
         f" WHERE NOT EXISTS (SELECT 1 FROM {target} AS {_TARGET} WHERE {same_key}){live}"
     )
-    drops = [f"DROP TABLE {name(MERGE_WINNERS)}", f"DROP TABLE {name(batch)}"]
+    drops = [f"DROP TABLE {name(MERGE_WINNERS)}", f"DROP TABLE {batch}"]
     return [winners, delete, insert, *drops]
-
-
-def _is_true(merge: Merge, columns: Sequence[Column], name: Callable[[str], str]) -> str:
-    """The winner's deleted column is true: a boolean true, or an integer other than 0."""
-    assert merge.deleted is not None
-    column = f"{_WINNER}.{name(merge.deleted)}"
-    kind = next(c.kind for c in columns if c.name == merge.deleted)
-    if kind == "boolean":
-        return f"{column} IS TRUE"
-    return f"({column} IS NOT NULL AND {column} <> 0)"

@@ -627,6 +627,7 @@ def _session(conn: Any) -> Any:
     conn.execute(_SESSION)
     return conn
 
+
 # The primary key's columns of a table, in key order.
 _PRIMARY_KEY = (
     "SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY"

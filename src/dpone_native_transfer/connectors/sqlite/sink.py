@@ -493,7 +493,8 @@ def _merge(
     target = merge.target_columns(columns)
     definitions = ", ".join(_column_sql(column) for column in target) + key_constraint(merge)
     conn.execute(f"CREATE TABLE IF NOT EXISTS {_quote(table)} ({definitions})")
-    for statement in merge_statements(_quote(table), columns, merge, batch=batch):
+    names = [column.name for column in columns]
+    for statement in merge_statements(_quote(table), _quote(batch), names, merge):
         conn.execute(statement)
 
 
