@@ -25,6 +25,7 @@ from .checkpoints import (
     FailureCode,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
+    Strategy,
 )
 from .config import RouteConfig, load_route_config
 from .errors import (
@@ -399,7 +400,8 @@ def _reset_command(args: argparse.Namespace) -> int:
         latest = as_latest(store.list_latest(route))
         Hooks(make_plugin_manager(None)).resume_route_scan(route, latest)  # blocked: refused
         rows = _rows_of(config, store)
-        if rows and not args.from_now:
+        # a merge route loading rows again merges them again: the target stays exact
+        if rows and not args.from_now and route.strategy is not Strategy.MERGE:
             raise ConfigInvalid(
                 f"refusing to reset route {route.label}: the target table holds "
                 f"{plural(rows, 'row')}, which the next run would load again; empty or "
