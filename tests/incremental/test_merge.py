@@ -456,3 +456,74 @@ def test_odd_key_column_names_merge(tmp_path, target):
     )  # fmt: skip
     assert run(route).returncode == 0
     assert target.rows("we ird", ('k "1"', "ключ%s", "ver sion")) == [("a", 1, 2), ("b", 1, 1)]
+
+
+# -- a crash inside the target call -----------------------------------------------------------
+
+_SINK_MODULES = {
+    "sqlite": "dpone_native_transfer.connectors.sqlite.sink:SQLiteSink",
+    "duckdb": "dpone_native_transfer.connectors.duckdb.sink:DuckDBSink",
+    "postgres": "dpone_native_transfer.connectors.postgres_sink:PostgresSink",
+}
+# A child that runs the route and SIGKILLs itself inside the target call: after the merge's
+# statements, before the commit (its ledger row not written), or after the commit.
+_CHILD = """
+import importlib, os, signal, sys
+from dpone_native_transfer import cli
+module_name, class_name = sys.argv[1].split(":")
+module = importlib.import_module(module_name)
+point = sys.argv[2]
+if point == "before-commit":
+    real = module._record
+    def _record(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+    module._record = _record
+else:
+    sink = getattr(module, class_name)
+    for name in ("load", "finalize_staged_load"):
+        real = getattr(sink, name)
+        def call(self, *args, _real=real, **kwargs):
+            _real(self, *args, **kwargs)
+            os.kill(os.getpid(), signal.SIGKILL)
+        setattr(sink, name, call)
+sys.exit(cli.main(["run", sys.argv[3], "--quiet"]))
+"""
+
+
+@pytest.mark.parametrize("point", ["before-commit", "after-commit"])
+@pytest.mark.parametrize("path", ["legacy", "staged"])
+def test_a_kill_inside_the_target_call_blocks_and_recovery_from_the_target_is_exact(
+    tmp_path, target, path, point
+):
+    source = make_events(tmp_path)
+    route = write_route(
+        tmp_path, target, table="events", path=path, partition_column="region",
+        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
+    )  # fmt: skip
+    add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "us", 1, "new", False))
+    assert run(route).returncode == 0
+    add(
+        source,
+        ("acme", 1, "eu", 2, "paid", False),
+        ("acme", 2, "us", 2, "x", True),
+        ("acme", 3, "us", 2, "new", False),
+    )
+    before = target.rows("events", LOADED)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, _SINK_MODULES[target.kind], point, str(route)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    after = target.rows("events", LOADED)
+    assert after == (before if point == "before-commit" else after)
+    if point == "after-commit":
+        assert after == expected(source_rows(source), EVENT_COLUMNS, KEY, "v")
+    blocked = run(route)
+    assert blocked.returncode == 3, blocked.stderr  # the outcome is unknown to the store
+    assert target.rows("events", LOADED) == after
+    healed = run(route, "--recovery", "from_target")
+    assert healed.returncode == 0, healed.stderr
+    check_target(target, source)
+    batches = target.query('SELECT batch_id FROM "_dpone_ledger"')
+    assert len(batches) == len({b for (b,) in batches}) == 2
