@@ -16,7 +16,7 @@ from pathlib import Path
 
 import attrs
 
-from . import batch, many, memory, partitioning, peers, pg_source, ranges, scan, transfer
+from . import batch, many, memory, merge, partitioning, peers, pg_source, ranges, scan, transfer
 from ._common import FULL, QUICK, RESULTS, WORK, format_value, machine, print_table, verdict
 
 SECTIONS = {
@@ -29,6 +29,7 @@ SECTIONS = {
     "pg-source": pg_source.measure,  # 2c a PostgreSQL source: the plan EXPLAIN picks
     "many": many.measure,  # 8 ten times the partitions of the same unindexed rows
     "ranges": ranges.measure,  # 9 key ranges of an unindexed key against value partitions
+    "merge": merge.measure,  # 10 merge on a key: 1% of a 1M-row target against MERGE by hand
 }
 
 

@@ -55,9 +55,7 @@ def expected(
     """Each key's winner (highest version, then the other columns in order, each highest
     first, NULL last), less deleted ones, without the deleted column; sorted."""
     at = {name: i for i, name in enumerate(columns)}
-    order = ([version] if version else []) + [
-        c for c in columns if c not in key and c != version
-    ]
+    order = ([version] if version else []) + [c for c in columns if c not in key and c != version]
     winners: dict[tuple, tuple] = {}
     for row in rows:
         k = tuple(row[at[c]] for c in key)
@@ -67,7 +65,9 @@ def expected(
             winners[k] = row
     gone = at.get("gone")
     kept = [row for row in winners.values() if gone is None or not row[gone]]
-    return ordered([tuple(v for c, v in zip(columns, row, strict=True) if c != "gone") for row in kept])
+    return ordered(
+        [tuple(v for c, v in zip(columns, row, strict=True) if c != "gone") for row in kept]
+    )
 
 
 # -- the databases --------------------------------------------------------------------------
@@ -151,8 +151,8 @@ class Target:
         found = self.query(
             "SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey)"
             " WITH ORDINALITY AS k(attnum, n) JOIN pg_attribute a ON a.attrelid = i.indrelid"
-            f" AND a.attnum = k.attnum WHERE i.indrelid = to_regclass('\"{self.schema.schema}\"."
-            f"\"{table}\"') AND i.indisprimary ORDER BY k.n"
+            f' AND a.attnum = k.attnum WHERE i.indrelid = to_regclass(\'"{self.schema.schema}".'
+            f'"{table}"\') AND i.indisprimary ORDER BY k.n'
         )
         return [r[0] for r in found]
 
@@ -345,7 +345,9 @@ def test_without_a_cursor_each_run_merges_the_whole_table_and_the_source_row_win
     )
     assert run(route).returncode == 0
     columns = ("code", "region", "status")
-    assert target.rows("log", columns) == expected(source_rows(source, "log"), columns, ["code"], None)
+    assert target.rows("log", columns) == expected(
+        source_rows(source, "log"), columns, ["code"], None
+    )
     assert target.rows("log", columns) == ordered(
         [("A", "us", None), ("a", "eu", "y"), ("b", "us", "z"), ("c", None, "w")]
     )
@@ -390,9 +392,13 @@ def test_a_changed_primary_key_is_a_changed_route_definition(tmp_path):
     source = make_events(tmp_path)
     add(source, ("acme", 1, "eu", 1, "new", False))
     options = dict(partition_column="region", cursor_column="v", deleted_column="gone")
-    route = write_route(tmp_path, target, table="events", path="legacy", primary_key=["id"], **options)
+    route = write_route(
+        tmp_path, target, table="events", path="legacy", primary_key=["id"], **options
+    )
     assert run(route).returncode == 0
-    route = write_route(tmp_path, target, table="events", path="legacy", primary_key=list(KEY), **options)
+    route = write_route(
+        tmp_path, target, table="events", path="legacy", primary_key=list(KEY), **options
+    )
     done = run(route)
     assert done.returncode == 2
     assert "native_transfer_route_changed" in done.stderr and "primary_key" in done.stderr
@@ -400,7 +406,9 @@ def test_a_changed_primary_key_is_a_changed_route_definition(tmp_path):
                         partition_column="region", cursor_column="v")  # fmt: skip
     done = run(route)
     assert done.returncode == 2 and "deleted_column" in done.stderr
-    route = write_route(tmp_path, target, table="events", path="legacy", primary_key=list(KEY), **options)
+    route = write_route(
+        tmp_path, target, table="events", path="legacy", primary_key=list(KEY), **options
+    )
     reset = run_cli("state", "reset", route, "--yes", "--reason", "new key", "--operator", "me")
     assert reset.returncode == 0, reset.stderr
     assert run(route).returncode == 0
@@ -447,8 +455,13 @@ def test_merge_is_refused_where_it_cannot_run(tmp_path):
 def test_odd_key_column_names_merge(tmp_path, target):
     """Quotes, spaces, a percent sign and unicode in the key's and cursor's names."""
     with _sqlite(tmp_path / "source.db") as db:
-        db.execute('CREATE TABLE "we ird" ("k ""1""" TEXT, "ключ%s" INTEGER, "ver sion" INTEGER, r TEXT)')
-        db.executemany('INSERT INTO "we ird" VALUES (?, ?, ?, ?)', [("a", 1, 1, "x"), ("a", 1, 2, "y"), ("b", 1, 1, "z")])
+        db.execute(
+            'CREATE TABLE "we ird" ("k ""1""" TEXT, "ключ%s" INTEGER, "ver sion" INTEGER, r TEXT)'
+        )
+        db.executemany(
+            'INSERT INTO "we ird" VALUES (?, ?, ?, ?)',
+            [("a", 1, 1, "x"), ("a", 1, 2, "y"), ("b", 1, 1, "z")],
+        )
         db.commit()
     route = write_route(
         tmp_path, target, table="we ird", path="staged", partition_column="r",
