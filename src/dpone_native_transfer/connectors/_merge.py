@@ -38,6 +38,7 @@ def merge_statements(
     *,
     name: Callable[[str], str] = quote,
     temporary: str = "CREATE TEMP TABLE",
+    by_rowid: bool = False,
 ) -> list[str]:
     """The statements that merge table ``batch`` (columns ``names``) into table ``target``
     (both quoted, qualified as needed), in order:
@@ -45,7 +46,8 @@ def merge_statements(
     1. each key's winner into ``MERGE_WINNERS``: the highest version, then the other columns
        in their order, each highest first, NULL last (``ROW_NUMBER``: one row per key);
     2. delete the target rows of the winners' keys unless newer than the winner (a higher
-       version; a NULL version is the lowest);
+       version; a NULL version is the lowest): ``DELETE ... USING``, or with ``by_rowid``
+       (SQLite, which has no ``USING``) by the rowids a join finds;
     3. insert the winners that are not deleted and whose key has no target row left (one
        left is newer);
     4. drop both temporary tables.
@@ -70,10 +72,17 @@ def merge_statements(
             f" AND NOT ({_TARGET}.{v} IS NOT NULL"
             f" AND ({_WINNER}.{v} IS NULL OR {_TARGET}.{v} > {_WINNER}.{v}))"
         )
-    delete = (
-        f"DELETE FROM {target} AS {_TARGET} WHERE EXISTS (SELECT 1 FROM {name(MERGE_WINNERS)}"
-        f" AS {_WINNER} WHERE {same_key}{kept})"
-    )
+    if by_rowid:  # SQLite: no DELETE ... USING; a join finds the rows by the key's index
+        delete = (
+            f"DELETE FROM {target} WHERE rowid IN (SELECT {_TARGET}.rowid FROM"
+            f" {name(MERGE_WINNERS)} AS {_WINNER} JOIN {target} AS {_TARGET}"
+            f" ON {same_key}{kept})"
+        )
+    else:  # a join: DuckDB ran a correlated EXISTS 10x slower (0.26 s against 0.026 s)
+        delete = (
+            f"DELETE FROM {target} AS {_TARGET} USING {name(MERGE_WINNERS)} AS {_WINNER}"
+            f" WHERE {same_key}{kept}"
+        )
     loaded = [n for n in names if n != deleted]
     # the deleted column is true: a boolean true, or an integer other than 0 (as integers,
     # which every engine casts both to)
@@ -85,8 +94,8 @@ def merge_statements(
     insert = (
         f"INSERT INTO {target} ({', '.join(name(n) for n in loaded)})"
         f" SELECT {', '.join(f'{_WINNER}.{name(n)}' for n in loaded)}"
-        f" FROM {name(MERGE_WINNERS)} AS {_WINNER}"
-        f" WHERE NOT EXISTS (SELECT 1 FROM {target} AS {_TARGET} WHERE {same_key}){live}"
-    )
+        f" FROM {name(MERGE_WINNERS)} AS {_WINNER} LEFT JOIN {target} AS {_TARGET}"
+        f" ON {same_key} WHERE {_TARGET}.{name(key[0])} IS NULL{live}"
+    )  # an anti-join: SQLite ran NOT EXISTS as a scan of a keyless target per winner
     drops = [f"DROP TABLE {name(MERGE_WINNERS)}", f"DROP TABLE {batch}"]
     return [winners, delete, insert, *drops]

@@ -494,7 +494,7 @@ def _merge(
     definitions = ", ".join(_column_sql(column) for column in target) + key_constraint(merge)
     conn.execute(f"CREATE TABLE IF NOT EXISTS {_quote(table)} ({definitions})")
     names = [column.name for column in columns]
-    for statement in merge_statements(_quote(table), _quote(batch), names, merge):
+    for statement in merge_statements(_quote(table), _quote(batch), names, merge, by_rowid=True):
         conn.execute(statement)
 
 
