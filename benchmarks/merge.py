@@ -8,6 +8,8 @@ times:
 
 - dpone: ``TransferRuntime.run`` of the merge route, guarded, per path (lazy-plan carries
   the rows as legacy on a merge route, so it is not measured apart);
+- dpone's append of the same rows (another route, into a table of its own): what a run
+  costs besides the merge;
 - the floor: the same changed rows read from the source by hand, bulk-loaded into a
   temporary table of the target, and the engine's own ``MERGE`` statement (DuckDB,
   PostgreSQL 15+) into a second 1,000,000-row table, in one transaction;
@@ -97,17 +99,19 @@ def _live(path: Path) -> int:
         return db.execute("SELECT count(*) FROM orders WHERE NOT is_deleted").fetchone()[0]
 
 
-def _run(store_path: Path, source: Path, sink: Any, path: str) -> float:
+def _run(store_path: Path, source: Path, sink: Any, path: str, *, append: bool = False) -> float:
+    """One guarded run of the merge route (``append``: of an append route of the same rows,
+    into a table of its own: what the run costs besides the merge)."""
     store = SQLiteCheckpointStore(store_path)
     try:
         spec = TransferSpec(
             source=SQLiteSource(source, "orders", "region", "updated_at"),
             sink=sink,
-            strategy="merge",
+            strategy="incremental_append" if append else "merge",
             path=path,
             run_id=f"bench-{path}",
             chunk_rows=CHUNK_ROWS,
-            deleted_column="is_deleted",
+            deleted_column=None if append else "is_deleted",
         )
         seconds, _ = timed(lambda: TransferRuntime(store).run(spec))
         return seconds
@@ -158,12 +162,12 @@ def _postgres_floor(psycopg: Any, dsn: str, schema: str, rows: list[tuple]) -> N
 
 
 @contextlib.contextmanager
-def _targets(rows: int) -> Iterator[dict[str, tuple[Callable[[], Any], Callable, Callable]]]:
+def _targets(rows: int) -> Iterator[dict[str, tuple[Callable[..., Any], Callable, Callable]]]:
     """Per engine: (a new sink, the floor of changed rows, the rows of (dpone, floor))."""
     folder = WORK / "runs" / "merge"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    found: dict[str, tuple[Callable[[], Any], Callable, Callable]] = {}
+    found: dict[str, tuple[Callable[..., Any], Callable, Callable]] = {}
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, folder, True)
         import duckdb
@@ -176,7 +180,7 @@ def _targets(rows: int) -> Iterator[dict[str, tuple[Callable[[], Any], Callable,
                 return found[0][0], found[1][0]
 
         found["duckdb"] = (
-            lambda: DuckDBSink(file, "orders"),
+            lambda table="orders": DuckDBSink(file, table),
             lambda changed: _duckdb_floor(file, changed),
             duck_counts,
         )
@@ -199,7 +203,7 @@ def _targets(rows: int) -> Iterator[dict[str, tuple[Callable[[], Any], Callable,
                     return found[0][0], found[1][0]
 
             found["postgres"] = (
-                lambda: PostgresSink(url, f"{schema}.orders"),
+                lambda table="orders": PostgresSink(url, f"{schema}.{table}"),
                 lambda changed: _postgres_floor(psycopg, dsn, schema, changed),
                 pg_counts,
             )
@@ -237,13 +241,19 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
             log(f"merge: first load of {rows:,} rows into {engine}")
             _run(store, source, make_sink(), "legacy")
             _floor_table(engine, make_sink())
-            times: dict[str, list[float]] = {path: [] for path in (*PATHS, "floor")}
+            appended = make_sink(table="appended")
+            _run(store, source, appended, "legacy", append=True)  # its first load, untimed
+            times: dict[str, list[float]] = {path: [] for path in (*PATHS, "floor", "append")}
             round_ = 0
             for _ in range(rounds):
-                for path in (*PATHS, "floor"):
+                for path in (*PATHS, "floor", "append"):
                     round_ += 1
                     after, upto = _change(source, rows, round_)
-                    if path == "floor":
+                    if path == "append":  # the merge route follows untimed
+                        seconds = _run(store, source, appended, "legacy", append=True)
+                        _run(store, source, make_sink(), "legacy")
+                        floor(_changed_rows(source, after, upto))
+                    elif path == "floor":
                         changed = _changed_rows(source, after, upto)
                         seconds, _ = timed(lambda by_hand=floor, rows=changed: by_hand(rows))
                         # the floor saw only this round's rows: bring dpone's target along
@@ -258,6 +268,10 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
             base = median(times["floor"])
             figures[engine] = {path: median(values) for path, values in times.items()}
             results.append(Row("merge", f"{engine}: the engine's own MERGE (floor)", base, "s"))
+            results.append(
+                Row("merge", f"{engine}: dpone append of the rows (legacy)",
+                    median(times["append"]), "s", base, median(times["append"]) / base)
+            )  # fmt: skip
             for path in PATHS:
                 value = median(times[path])
                 ratio = value / base if base else None
