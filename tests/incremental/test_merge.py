@@ -16,7 +16,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
