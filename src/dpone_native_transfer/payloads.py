@@ -92,8 +92,7 @@ class LoadPlan:
     source: Any  # a connectors.contract.Source (records import no connector)
     columns: tuple[Column, ...]
     bounds: tuple[Mapping[str, Any], ...]
-    replace: bool = False
-    merge: Merge | None = None
+    replace: bool = False  # no merge: a merge route's rows are read by dpone (its keys checked)
 
 
 @attrs.frozen(kw_only=True)
