@@ -255,8 +255,8 @@ class TransferSpec:
         if not self.sink.features.merges:
             raise _invalid(
                 "transfer.strategy",
-                f'= "merge" is not supported by {self.sink.features.name} targets; use a '
-                "SQLite, DuckDB or PostgreSQL target, or another strategy",
+                f'= "merge" needs a target that merges, and this one ({self.sink.features.name}) '
+                "does not; use a SQLite, DuckDB or PostgreSQL target, or another strategy",
             )
         if self.batch_column is not None:
             raise _invalid(

@@ -37,7 +37,6 @@ def merge_statements(
     merge: Merge,
     *,
     name: Callable[[str], str] = quote,
-    temporary: str = "CREATE TEMP TABLE",
     by_rowid: bool = False,
 ) -> list[str]:
     """The statements that merge table ``batch`` (columns ``names``) into table ``target``
@@ -60,7 +59,7 @@ def merge_statements(
     if ranking:
         over += " ORDER BY " + ", ".join(f"{name(n)} DESC NULLS LAST" for n in ranking)
     winners = (
-        f"{temporary} {name(MERGE_WINNERS)} AS SELECT {listed} FROM (SELECT {listed},"
+        f"CREATE TEMP TABLE {name(MERGE_WINNERS)} AS SELECT {listed} FROM (SELECT {listed},"
         f" ROW_NUMBER() OVER ({over}) AS {name(_RANK)} FROM {batch}) AS dpone_ranked"
         f" WHERE {name(_RANK)} = 1"
     )
