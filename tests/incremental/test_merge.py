@@ -562,3 +562,24 @@ def test_a_lost_store_is_restored_from_the_target_of_a_merge_route(tmp_path):
     add(source, ("acme", 3, "eu", 3, "new", False))
     assert run(route).returncode == 0
     check_target(target, source)
+
+
+def test_an_append_route_switched_to_merge_collapses_each_key_to_its_latest_version(tmp_path):
+    target = Target("sqlite", tmp_path)
+    source = make_events(tmp_path)
+    add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "eu", 1, "new", False))
+    options = dict(partition_column="region", cursor_column="v", deleted_column="gone")
+    route = write_route(tmp_path, target, table="events", path="staged",
+                        transfer={"strategy": "incremental_append"}, partition_column="region",
+                        cursor_column="v")  # fmt: skip
+    assert run(route).returncode == 0
+    add(source, ("acme", 1, "us", 2, "paid", False), ("acme", 2, "eu", 2, "", True))
+    assert run(route).returncode == 0
+    assert len(target.rows("events", ("seq",))) == 4  # every version, appended
+    route = write_route(
+        tmp_path, target, table="events", path="staged", primary_key=list(KEY), **options
+    )
+    assert run(route).returncode == 0
+    assert target.rows("events", ("seq", "tenant", "id", "region", "v", "status", "gone")) == [
+        (3, "acme", 1, "us", 2, "paid", None)
+    ]  # the append route's table keeps its gone column: the merge writes NULL there
