@@ -20,6 +20,7 @@ from . import (
     batch,
     many,
     memory,
+    merge,
     partitioning,
     peers,
     pg_source,
@@ -41,6 +42,7 @@ SECTIONS = {
     "many": many.measure,  # 8 ten times the partitions of the same unindexed rows
     "ranges": ranges.measure,  # 9 key ranges of an unindexed key against value partitions
     "pipelines": pipelines.measure,  # 10 many tables: --jobs 1 and 2, processes, and dlt
+    "merge": merge.measure,  # 11 merge on a key: 1% of a 1M-row target against MERGE by hand
 }
 
 

@@ -41,6 +41,13 @@ __all__ = [
 class Strategy(StrEnum):
     INCREMENTAL_APPEND = "incremental_append"
     FULL_REFRESH = "full_refresh"
+    MERGE = "merge"  # rows replace their key's older version (``payloads.Merge``)
+
+    @property
+    def incremental(self) -> bool:
+        """Whether runs continue from the route's state (its window, its committed values),
+        as an append and a merge do, rather than reloading the whole table."""
+        return self is not Strategy.FULL_REFRESH
 
 
 class PartitionCheckpointStatus(StrEnum):

@@ -51,6 +51,8 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
             "cursor_column": ("name", _OPTIONAL),
             "lag": ("lag", _OPTIONAL),  # cursor units re-read for late rows (cursor_edge.py)
             "on_null_cursor": ("on_null_cursor", _OPTIONAL),
+            "primary_key": ("key", _OPTIONAL),  # merge: default the table's own primary key
+            "deleted_column": ("name", _OPTIONAL),  # merge: true deletes the row's key
         },
     ),
     "target": (
@@ -161,6 +163,8 @@ class RouteConfig:
     batch_column: str | None = None
     on_bad_value: str = "refuse"
     quarantine_values: bool = False
+    primary_key: tuple[str, ...] | None = None
+    deleted_column: str | None = None
     # Where the source and target are, resolved (a DSN may hold a password: never log them).
     source_location: str = attrs.field(default="", repr=False)
     target_location: str = attrs.field(default="", repr=False)
@@ -194,6 +198,8 @@ class RouteConfig:
             batch_column=self.batch_column,
             on_bad_value=self.on_bad_value,
             quarantine_values=self.quarantine_values,
+            primary_key=self.primary_key,
+            deleted_column=self.deleted_column,
         )
 
 
@@ -390,14 +396,16 @@ def _check_gates(gates: Mapping[str, int]) -> None:
 def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
     transfer, gates = sections["transfer"], sections.get("gates", {})
     artifact_dir = transfer.get("artifact_dir")
-    source = _source(sections["source"], folder)
+    strategy = Strategy(transfer["strategy"])
+    source = _source(sections["source"], folder, strategy)
     ranged = source.partition_rows
+    key = sections["source"].get("primary_key")
     return RouteConfig(
         source_location=_location(sections["source"], folder, "source"),
         target_location=_location(sections["target"], folder, "target"),
         source=source,
         sink=_sink(sections["target"], folder, None if ranged else source.partition_column),
-        strategy=Strategy(transfer["strategy"]),
+        strategy=strategy,
         path=transfer["path"],
         governance=Governance(min_rows=gates.get("min_rows"), max_rows=gates.get("max_rows")),
         chunk_rows=transfer.get("chunk_rows", DEFAULT_CHUNK_ROWS),
@@ -412,13 +420,16 @@ def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
         batch_column=sections["target"].get("batch_column"),
         on_bad_value=transfer.get("on_bad_value", "refuse"),
         quarantine_values=transfer.get("quarantine_values", False),
+        primary_key=None if key is None else tuple([key] if isinstance(key, str) else key),
+        deleted_column=sections["source"].get("deleted_column"),
     )
 
 
-def _source(table: Mapping[str, Any], folder: Path) -> Source:
+def _source(table: Mapping[str, Any], folder: Path, strategy: Strategy) -> Source:
     """The source connector. ``partition_by = "range"`` (the default without a partition
     column) cuts the key into ranges of ``partition_rows``; a route without a cursor column
-    then windows by the key too, so each run loads the keys above the last one it loaded."""
+    then windows by the key too, so each run loads the keys above the last one it loaded
+    (not a merge route: it reads the whole table each run, where updated rows are)."""
     kind = _SOURCE_KINDS[_kind_name(table)]
     location = _location(table, folder, "source")
     by = table.get("partition_by", "value" if "partition_column" in table else "range")
@@ -430,7 +441,8 @@ def _source(table: Mapping[str, Any], folder: Path) -> Source:
             raise _invalid("source.partition_column", "is required but missing")
         key = _imported(kind.range_key)(location, table["table"])
     rows = table.get("partition_rows", DEFAULT_PARTITION_ROWS) if by == "range" else None
-    cursor = table.get("cursor_column") or (key if by == "range" else None)
+    windowed = by == "range" and strategy is not Strategy.MERGE
+    cursor = table.get("cursor_column") or (key if windowed else None)
     return kind.make(location, table["table"], key, cursor, partition_rows=rows)
 
 

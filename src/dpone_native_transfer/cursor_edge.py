@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from .checkpoints import PartitionCheckpoint, RouteKey, Strategy
+from .checkpoints import PartitionCheckpoint, RouteKey
 from .connectors.contract import Source
 from .errors import ConfigInvalid, CursorNull
 from .payloads import Column, cursor_window
@@ -204,7 +204,7 @@ def plan_edge(
     without a cursor or a source that cannot read its edge. NULL-cursor rows that
     ``on_null_cursor = "error"`` refuses stop the run here, before the target."""
     cursor = source.cursor_column
-    if route.strategy is not Strategy.INCREMENTAL_APPEND or cursor is None:
+    if not route.strategy.incremental or cursor is None:
         return None
     check_lag(lag, kind)
     if not source.features.reads_edges:

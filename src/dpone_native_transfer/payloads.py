@@ -21,6 +21,7 @@ __all__ = [
     "LoadFile",
     "LoadFiles",
     "LoadPlan",
+    "Merge",
     "Predicate",
     "RowChunks",
     "SourceShape",
@@ -52,12 +53,36 @@ class SourceShape:
 
 
 @attrs.frozen(kw_only=True)
+class Merge:
+    """A merge route's instruction to the sink (``docs/incremental.md``, "Merge"): the batch's
+    rows replace the target's rows of the same ``key``.
+
+    Per key the batch's winner is its row with the highest ``version`` (the cursor column;
+    NULL lowest), ties broken by the other columns in their order, each highest first,
+    NULL last: the same rows give the same winner. The winner replaces the key's target
+    rows unless one of them has a higher version (monotonic: an older batch applied again
+    changes nothing); a winner whose ``deleted`` column is true (a boolean true, a non-zero
+    integer) only removes them. ``deleted`` is never written to the target. Without a
+    version the batch's row always wins."""
+
+    key: tuple[str, ...]
+    version: str | None = None
+    deleted: str | None = None
+
+    def target_columns(self, columns: Sequence[Column]) -> tuple[Column, ...]:
+        """The target table's columns: the batch's, less the deleted column."""
+        return tuple(column for column in columns if column.name != self.deleted)
+
+
+@attrs.frozen(kw_only=True)
 class RowChunks:
-    """Rows for a sink, as bounded chunks consumed once; ``replace`` means full refresh."""
+    """Rows for a sink, as bounded chunks consumed once; ``replace`` means full refresh,
+    ``merge`` a merge on a key (``Merge``); neither: append."""
 
     columns: tuple[Column, ...]
     chunks: Iterable[Sequence[tuple]]
     replace: bool = False
+    merge: Merge | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -67,7 +92,7 @@ class LoadPlan:
     source: Any  # a connectors.contract.Source (records import no connector)
     columns: tuple[Column, ...]
     bounds: tuple[Mapping[str, Any], ...]
-    replace: bool = False
+    replace: bool = False  # no merge: a merge route's rows are read by dpone (its keys checked)
 
 
 @attrs.frozen(kw_only=True)

@@ -74,6 +74,8 @@ TABLE_KEYS: Mapping[str, str] = {
     "cursor_column": "source",
     "lag": "source",
     "on_null_cursor": "source",
+    "primary_key": "source",
+    "deleted_column": "source",
     "min_rows": "gates",
     "max_rows": "gates",
     "recovery": "guard",

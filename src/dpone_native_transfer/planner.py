@@ -40,7 +40,7 @@ from .connectors.contract import Source
 from .cursor_edge import EdgePlan, plan_edge, top_of_window
 from .errors import ConfigInvalid, RouteDefinitionChanged
 from .latest import LatestCheckpoints, as_latest
-from .payloads import Column, SourceShape
+from .payloads import Column, Merge, SourceShape
 from .source_state import DEFINITION_KEY, SourceState, plain_value
 from .spec import TransferSpec
 
@@ -50,6 +50,7 @@ __all__ = [
     "RouteDefinition",
     "SourceWindow",
     "plan_attempt",
+    "route_merge",
     "plan_resume",
     "plan_window",
 ]
@@ -93,12 +94,20 @@ class RouteDefinition:
     cursor_kind: str | None
     partition_by: str
     partition_rows: int | None
+    merge: Merge | None = None  # a merge route's key and deleted column are part of it
 
     def as_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+        """The recorded form; a route that does not merge records what it did before merges."""
+        recorded = attrs.asdict(self, filter=lambda field, _: field.name != "merge")
+        if self.merge is not None:
+            recorded["primary_key"] = list(self.merge.key)
+            recorded["deleted_column"] = self.merge.deleted
+        return recorded
 
 
-def route_definition(source: Source, columns: Sequence[Column]) -> RouteDefinition:
+def route_definition(
+    source: Source, columns: Sequence[Column], merge: Merge | None = None
+) -> RouteDefinition:
     """The route's definition as the source and its columns give it now."""
     kinds = {column.name: column.kind for column in columns}
     rows = source.partition_rows
@@ -109,7 +118,50 @@ def route_definition(source: Source, columns: Sequence[Column]) -> RouteDefiniti
         cursor_kind=None if source.cursor_column is None else kinds.get(source.cursor_column),
         partition_by="range" if rows else "value",
         partition_rows=rows or None,
+        merge=merge,
     )
+
+
+_DELETED_KINDS = ("boolean", "integer")  # a deleted column's true: true, or not 0
+
+
+def route_merge(
+    strategy: Strategy,
+    source: Source,
+    columns: Sequence[Column],
+    *,
+    primary_key: Sequence[str] | None,
+    deleted_column: str | None,
+) -> Merge | None:
+    """A merge route's ``Merge``: its key (named, else the source table's own primary key),
+    its cursor as the version and its deleted column, each a column of the source; None for
+    a route that does not merge. Reads the source's catalog only, before any row."""
+    if strategy is not Strategy.MERGE:
+        return None
+    key = tuple(primary_key) if primary_key is not None else source.primary_key()
+    if not key:
+        raise _merge_invalid(
+            "source.primary_key",
+            f"is required: source table {source.table!r} has no primary key of its own, so "
+            "name the column(s) that identify a row",
+        )
+    kinds = {column.name: column.kind for column in columns}
+    missing = [name for name in key if name not in kinds]
+    if missing:
+        raise _merge_invalid("source.primary_key", f"names no column of the source: {missing}")
+    if deleted_column is not None:
+        if kinds.get(deleted_column) not in _DELETED_KINDS:
+            raise _merge_invalid(
+                "source.deleted_column",
+                "must name a boolean or integer column of the source (true or non-zero: deleted)",
+            )
+        if deleted_column in key or deleted_column == source.cursor_column:
+            raise _merge_invalid("source.deleted_column", "must not be a key or cursor column")
+    return Merge(key=key, version=source.cursor_column, deleted=deleted_column)
+
+
+def _merge_invalid(key: str, problem: str) -> ConfigInvalid:
+    return ConfigInvalid(f"{key} {problem}; nothing was read or written", diagnostics={"key": key})
 
 
 # How partitions are cut: under a cursor the window decides which rows a run loads, and a
@@ -145,7 +197,7 @@ def check_definition(
     state, or, when the state keeps none (a first run that failed, a restored
     store), from the route's checkpoints. Keys an older release did not record pass.
     """
-    if route.strategy is not Strategy.INCREMENTAL_APPEND:
+    if not route.strategy.incremental:
         return
     stored = None if state is None else state.definition
     if not isinstance(stored, Mapping):
@@ -194,7 +246,7 @@ def plan_window(
     generation, so a retry keeps their ids and a later generation gets new ones.
     """
     window, bounds = _plan_window(route, source, state, latest, definition)
-    if edge is not None and route.strategy is Strategy.INCREMENTAL_APPEND:
+    if edge is not None and route.strategy.incremental:
         record, scan = edge.record, edge.scan
         g = window.generation
         ranged = {"cursor_from": record.since, "cursor_upto": record.upto, "generation": g}
@@ -234,6 +286,11 @@ def _plan_window(
     definition: RouteDefinition | None,
 ) -> tuple[SourceWindow, list[dict[str, Any]]]:
     generation, watermark = (0, None) if state is None else (state.generation, state.watermark)
+    if route.strategy is Strategy.MERGE and source.cursor_column is None:
+        # a merge without a cursor reads the whole table each run (its bounds carry the
+        # generation): updated rows are found wherever they are, and merged, not replaced
+        window = SourceWindow(generation=generation, watermark=watermark)
+        return window, [{"generation": generation, **part} for part in _partitions(source)]
     if route.strategy is Strategy.FULL_REFRESH:
         # an empty source is still refreshed: its one (NULL) partition reads no row, and the
         # replace empties the target in one transaction (a min_rows gate stops it first)
@@ -414,7 +471,14 @@ def plan_attempt(
     definition, read the edge, cut the window into partitions and decide which to load. An
     empty source is gated here too, before the target. Reads the source only."""
     source = spec.source
-    definition = route_definition(source, shape.columns)
+    merge = route_merge(
+        route.strategy,
+        source,
+        shape.columns,
+        primary_key=spec.primary_key,
+        deleted_column=spec.deleted_column,
+    )
+    definition = route_definition(source, shape.columns, merge)
     check_definition(route, state, latest, definition)
     kind = definition.cursor_kind
     edge = plan_edge(

@@ -26,6 +26,7 @@ from .checkpoints import (
     PartitionCheckpoint,
     PartitionCheckpointStatus,
     RouteKey,
+    Strategy,
 )
 from .errors import ConfigInvalid, NativeTransferError, RouteBusy, StoreTargetMismatch
 from .events import EventName, EventRecorder
@@ -358,14 +359,17 @@ def plan_restore(
     The ledger is trusted only as far as the table agrees: ``target_rows`` must be
     the rows its ledger records since the table was last replaced, less the batches
     operators said are gone (``excused``, or a later ledger entry), unless
-    ``ignore_row_count``. A table
+    ``ignore_row_count`` or a merge route wrote some of them (its batches replace and
+    delete rows, so no count adds up). A table
     that is empty while its ledger records rows was dropped or emptied: nothing
     the ledger lists is held, and this route's batches are recorded as overrides.
     """
     live = live_entries(entries, excused)
-    ledger_rows = sum(entry.rows for entry in live)
+    # a merge batch's rows replace and delete rows: the table's count is not their sum
+    merged = any(entry.strategy is Strategy.MERGE for entry in live)
+    ledger_rows = sum(entry.rows for entry in live if entry.strategy is not Strategy.MERGE)
     emptied = target_rows == 0 and ledger_rows > 0
-    if not (emptied or ignore_row_count) and target_rows != ledger_rows:
+    if not (emptied or ignore_row_count or merged) and target_rows != ledger_rows:
         raise ConfigInvalid(
             f"refusing to restore route {route.label}: the target table holds "
             f"{plural(target_rows, 'row')} but its ledger records {ledger_rows:,} since it was "

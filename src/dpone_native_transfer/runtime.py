@@ -265,7 +265,9 @@ class TransferRuntime:
                 excused=excused_batches(self.store, route, ledger.read_ledger),
             )
         shape = _with_batch_column(route, plan.shape, spec.batch_column)
-        added = apply_schema_contract(route, spec.sink, shape.columns, spec.schema_contract)
+        merge = plan.definition.merge
+        target = shape.columns if merge is None else merge.target_columns(shape.columns)
+        added = apply_schema_contract(route, spec.sink, target, spec.schema_contract)
         if added:
             attempt.events.emit(EventName.SCHEMA_EVOLVED, columns=added)
         idle = 2 * self.lease_seconds
@@ -285,6 +287,7 @@ class TransferRuntime:
                 lease=lease,
                 snapshot=attempt.snapshot,
                 edge=_edge_tracker(spec, plan),
+                merge=merge,
             )
             try:
                 rows_loaded = path(ctx)

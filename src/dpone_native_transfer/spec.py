@@ -81,6 +81,9 @@ def type_name(value: Any) -> str:
 def check_option(key: str, kind: str, value: Any) -> None:
     """``value`` is a valid ``kind`` (a number in its range, one of its words, a boolean, a
     name), or ``ConfigInvalid`` naming ``key``: the one check of every option."""
+    if kind == "key":
+        _check_key(key, value)
+        return
     if kind == "bool":
         if not isinstance(value, bool):
             raise _invalid(key, f"must be true or false, not {type_name(value)}")
@@ -99,6 +102,25 @@ def check_option(key: str, kind: str, value: Any) -> None:
         raise _invalid(key, "must be a non-empty string without NUL characters")
     if kind in _WORDS and value not in _WORDS[kind]:
         raise _invalid(key, f"must be one of: {', '.join(_WORDS[kind])}")
+
+
+def _as_key(value: Any) -> Any:
+    """A key as the spec holds it: a tuple of names (one name given alone is a key of one)."""
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _check_key(key: str, value: Any) -> None:
+    """A key: a column name, or a non-empty list (a tuple, from Python) of distinct names."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not names:
+        raise _invalid(key, f"must be a column name or a non-empty array of them, not "
+                       f"{type_name(value)}")  # fmt: skip
+    for name in names:
+        check_option(key, "name", name)
+    if len(set(names)) != len(names):
+        raise _invalid(key, "must not name a column twice")
 
 
 def _invalid(key: str, problem: str) -> ConfigInvalid:
@@ -191,8 +213,17 @@ class TransferSpec:
         default="refuse", validator=_option("transfer.on_bad_value", "on_bad_value")
     )
     quarantine_values: bool = False  # the rejects table keeps the refused value (repr) too
+    # strategy "merge": the key (None: the source table's own primary key), and the column
+    # whose true value deletes its key from the target (never loaded)
+    primary_key: tuple[str, ...] | None = attrs.field(
+        default=None, converter=_as_key, validator=_option("source.primary_key", "key")
+    )
+    deleted_column: str | None = attrs.field(
+        default=None, validator=_option("source.deleted_column", "name")
+    )
 
     def __attrs_post_init__(self) -> None:
+        self._check_merge()
         if self.batch_column is not None and self.path == "lazy-plan":
             raise _invalid(
                 "target.batch_column",
@@ -207,6 +238,32 @@ class TransferSpec:
             if needed and not self.ledger:
                 raise _invalid(key, "needs the target's ledger (ledger = true): it records "
                                "the batch with its rows")  # fmt: skip
+
+    def _check_merge(self) -> None:
+        """A merge's options only on a merge route, and a merge only into a sink that merges
+        (``SinkFeatures.merges``), without a batch column: a batch's merged rows may be
+        replaced by a later batch's, so the column cannot count what the batch applied."""
+        merging = self.strategy is Strategy.MERGE
+        for key, given in (
+            ("source.primary_key", self.primary_key is not None),
+            ("source.deleted_column", self.deleted_column is not None),
+        ):
+            if given and not merging:
+                raise _invalid(key, 'is used only by [transfer] strategy = "merge"')
+        if not merging:
+            return
+        if not self.sink.features.merges:
+            raise _invalid(
+                "transfer.strategy",
+                f'= "merge" needs a target that merges, and this one ({self.sink.features.name}) '
+                "does not; use a SQLite, DuckDB or PostgreSQL target, or another strategy",
+            )
+        if self.batch_column is not None:
+            raise _invalid(
+                "target.batch_column",
+                "cannot count a merge route's batches (a later batch replaces a batch's rows): "
+                "leave it out; the ledger row proves each batch",
+            )
 
     @property
     def route(self) -> RouteKey:

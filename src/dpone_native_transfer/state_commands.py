@@ -36,7 +36,7 @@ from .errors import (
 from .latest import as_latest
 from .ledger import UNKNOWN, Proof, check_store_against_target, ledger_overrides, live_entries
 from .pipeline import load_route
-from .planner import check_definition, route_definition
+from .planner import RouteDefinition, check_definition, route_definition, route_merge
 from .plugins import Hooks, make_plugin_manager
 from .recovery import (
     Prover,
@@ -348,13 +348,27 @@ def _restore_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _route_definition(config: Any) -> RouteDefinition:
+    """The route file's definition now (a merge route's key and deleted column included)."""
+    source = config.source
+    columns = source.describe().columns
+    merge = route_merge(
+        config.strategy,
+        source,
+        columns,
+        primary_key=config.primary_key,
+        deleted_column=config.deleted_column,
+    )
+    return route_definition(source, columns, merge)
+
+
 def _definition(config: Any, store: Store, recorded: dict[str, Any] | None) -> dict[str, Any]:
     """The restored source state's definition: the route file's, refused where a run would
     refuse it (``check_definition``) against the store's recorded one and against the
     target's last batch of the route (``recorded``), so that a restore never launders a
     change a run refused (the store lost, the new definition would be all it knew)."""
     route = config.route
-    definition = route_definition(config.source, config.source.describe().columns)
+    definition = _route_definition(config)
     stored = SourceState(definition=(store.load_source_state(route) or {}).get(DEFINITION_KEY))
     check_definition(route, stored, store.list_latest(route), definition)
     if recorded is not None:
@@ -371,7 +385,7 @@ def _definition(config: Any, store: Store, recorded: dict[str, Any] | None) -> d
 def _reset_command(args: argparse.Namespace) -> int:
     config = load_route(args.route_file, argument="ROUTE_FILE")
     route, source = config.route, config.source
-    if route.strategy is not Strategy.INCREMENTAL_APPEND:
+    if not route.strategy.incremental:
         raise ConfigInvalid(
             f"route {route.label} replaces its target on every run: there is nothing to reset",
             diagnostics={"route": route.as_dict()},
@@ -387,7 +401,8 @@ def _reset_command(args: argparse.Namespace) -> int:
         latest = as_latest(store.list_latest(route))
         Hooks(make_plugin_manager(None)).resume_route_scan(route, latest)  # blocked: refused
         rows = _rows_of(config, store)
-        if rows and not args.from_now:
+        # a merge route loading rows again merges them again: the target stays exact
+        if rows and not args.from_now and route.strategy is not Strategy.MERGE:
             raise ConfigInvalid(
                 f"refusing to reset route {route.label}: the target table holds "
                 f"{plural(rows, 'row')}, which the next run would load again; empty or "
@@ -404,7 +419,7 @@ def _reset_command(args: argparse.Namespace) -> int:
         state = {
             "generation": (generation if isinstance(generation, int) else 0) + 1,
             "watermark": watermark,
-            DEFINITION_KEY: route_definition(source, source.describe().columns).as_dict(),
+            DEFINITION_KEY: _route_definition(config).as_dict(),
             **(unknown_edge(watermark) if args.from_now else {}),  # NULL-cursor rows: skipped
         }
         batches = sorted({b for cp in committed if (b := cp.diagnostics.get(LEDGER_BATCH_KEY))})

@@ -302,11 +302,11 @@ def test_every_route_key_the_docs_name_exists():
 
 def test_the_route_key_check_catches_invented_keys_and_values():
     text = (
-        '`[transfer] schema = "evolve"`, `[transfer] strategy = "merge"`, `[sink] path`,\n'
+        '`[transfer] schema = "evolve"`, `[transfer] strategy = "upsert"`, `[sink] path`,\n'
         '`[transfer] schema_contract = "freeze"`, `[target] kind = "duckdb"`, `[store] path`'
     )
     assert route_key_problems(text) == [
         "[transfer] schema",
-        '[transfer] strategy = "merge"',
+        '[transfer] strategy = "upsert"',
         "[sink] path",
     ]

@@ -268,7 +268,8 @@ def _bad(tmp_path: Path, shop: Path, **changes: Any) -> tuple[int, str]:
             "error: native_transfer_config_invalid: tables.t01.cursor_colum is not a known key; "
             "known: target_table, strategy, path, chunk_rows, artifact_dir, schema_contract, "
             "on_bad_value, quarantine_values, partition_column, partition_by, partition_rows, "
-            "cursor_column, lag, on_null_cursor, min_rows, max_rows, recovery",
+            "cursor_column, lag, on_null_cursor, primary_key, deleted_column, min_rows, max_rows, "
+            "recovery",
         ),
         (
             {"settings": {"t02": {"cursor_column": "changed_at"}}},
@@ -276,9 +277,9 @@ def _bad(tmp_path: Path, shop: Path, **changes: Any) -> tuple[int, str]:
             "source table 't02'",
         ),
         (
-            {"settings": {"t02": {"strategy": "merge"}}},
+            {"settings": {"t02": {"strategy": "upsert"}}},
             "error: native_transfer_config_invalid: tables.t02.strategy must be one of: "
-            "full_refresh, incremental_append",
+            "full_refresh, incremental_append, merge",
         ),
         (
             {"defaults": {"chunk_rows": 0}},
@@ -389,6 +390,44 @@ def test_a_table_is_the_route_a_route_file_of_it_would_be(tmp_path, shop):
     )
     assert run_cli("run", route_file, "--jobs", "2").returncode == 2
     assert "names a table (::TABLE) of a route file" in run_cli("run", f"{route_file}::t01").stderr
+
+
+def test_a_pipeline_merges_its_tables_on_their_own_primary_keys(tmp_path):
+    """``strategy = "merge"`` in the defaults: each table merges on the key its source table
+    declares (``id``), so an updated row replaces its old version and a deleted one leaves
+    (``deleted_column``), table by table."""
+    source, target = tmp_path / "shop.db", tmp_path / "warehouse.duckdb"
+    names = build_tables(source, 3, 40)
+    with sqlite3.connect(source) as db:
+        for name in names:
+            db.execute(f'ALTER TABLE "{name}" ADD COLUMN gone INTEGER NOT NULL DEFAULT 0')
+    db.close()
+    pipeline_file = write_pipeline(
+        tmp_path / "p.toml",
+        source={"path": str(source)},
+        target={"kind": "duckdb", "path": str(target)},
+        store=str(tmp_path / "c.db"),
+        tables="t*",
+        defaults={"strategy": "merge", "cursor_column": "updated_at", "deleted_column": "gone"},
+    )
+    assert run_cli("run", pipeline_file).returncode == 0
+    with sqlite3.connect(source) as db:
+        for name in names:  # 5 rows updated, 2 deleted, each with a newer cursor
+            db.execute(f'UPDATE "{name}" SET amount = -1, updated_at = 2000000 + id WHERE id <= 5')
+            db.execute(f'UPDATE "{name}" SET gone = 1, updated_at = 3000000 + id WHERE id > 38')
+    db.close()
+    done = run_cli("run", pipeline_file, "--json")
+    assert done.returncode == 0, done.stderr
+    import duckdb
+
+    with sqlite3.connect(source) as db, duckdb.connect(str(target)) as warehouse:
+        for name in names:
+            kept = db.execute(
+                f'SELECT id, amount FROM "{name}" WHERE gone = 0 ORDER BY id'
+            ).fetchall()
+            loaded = warehouse.execute(f'SELECT id, amount FROM "{name}" ORDER BY id').fetchall()
+            assert loaded == kept and len(kept) == 38, name
+    db.close()
 
 
 def test_shards_fan_into_one_target_table_one_after_another(tmp_path):

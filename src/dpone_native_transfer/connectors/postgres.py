@@ -247,6 +247,11 @@ class PostgresSource(TableSource):
     def _column(self, conn: Any, name: str) -> Column:
         return next(column for column in self._columns(conn) if column.name == name)
 
+    def primary_key(self) -> tuple[str, ...]:
+        """The table's PRIMARY KEY columns in key order, from the catalog."""
+        rows = self._query(lambda conn: conn.execute(_PRIMARY_KEY, (self._regclass,)).fetchall())
+        return tuple(name for (name,) in rows)
+
     def describe(self) -> SourceShape:
         """Columns with their PostgreSQL type names, and the query and schema hashes."""
         columns = self._query(self._columns)
@@ -622,3 +627,11 @@ def _session(conn: Any) -> Any:
     """Start the transaction in UTC and ISO dates, so every text value has one spelling."""
     conn.execute(_SESSION)
     return conn
+
+
+# The primary key's columns of a table, in key order.
+_PRIMARY_KEY = (
+    "SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY"
+    " AS k(attnum, n) JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+    " WHERE i.indrelid = to_regclass(%s) AND i.indisprimary ORDER BY k.n"
+)

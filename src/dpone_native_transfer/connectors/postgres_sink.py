@@ -63,9 +63,10 @@ from ..ledger import (
     ledger_table_sql,
     read_fence,
 )
-from ..payloads import Column, LoadPlan, RowChunks
+from ..payloads import Column, LoadPlan, Merge, RowChunks
 from ..rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from ._arrow import check_widths
+from ._merge import MERGE_BATCH, key_constraint, merge_statements
 from ._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -195,7 +196,7 @@ class PostgresSink(Sink, EnginePull):
     table of its own database itself (``INSERT ... SELECT``)."""
 
     # the server may still run an insert whose client is gone
-    features = SinkFeatures(name="PostgreSQL", inserts_end_with_their_process=False)
+    features = SinkFeatures(name="PostgreSQL", inserts_end_with_their_process=False, merges=True)
 
     def __init__(self, dsn: str, table: str) -> None:
         check_target_table(table)
@@ -304,6 +305,9 @@ class PostgresSink(Sink, EnginePull):
         rows: the spool's)."""
         with self._transaction() as conn:
             self._fence_first(conn, ledger)
+            if payload.merge is not None:
+                rows = _merge_rows(conn, self._target, payload)
+                return _record(conn, self._ledger_table, ledger, rows)
             _prepare_target(conn, self._target, payload.columns, replace=payload.replace)
             counted = _applied_counter(conn, self._target, replace=payload.replace)
             rows = counted(_copy_rows(conn, self._target, payload.columns, payload.chunks))
@@ -389,11 +393,16 @@ class PostgresSink(Sink, EnginePull):
         self._outside_call(lambda conn: _run(conn, drop), read_only=False, to="be written")
 
     def finalize_staged_load(
-        self, *, replace: bool = False, ledger: LedgerEntry | None = None
+        self,
+        *,
+        replace: bool = False,
+        ledger: LedgerEntry | None = None,
+        merge: Merge | None = None,
     ) -> int:
         """Move staged rows into the target (by column name) and drop the staging table, at once.
 
-        A missing target is created with the staging table's columns and types.
+        A missing target is created with the staging table's columns and types. ``merge``:
+        the staged rows are merged into the target on its key (``_merge``), then dropped.
         """
         stage, target = self._stage.sql(_name), self._target.sql(_name)
         with self._transaction() as conn:
@@ -404,6 +413,10 @@ class PostgresSink(Sink, EnginePull):
                     f"no staged load exists for target table {self.table!r}",
                     diagnostics={"table": self.table},
                 )
+            if merge is not None:
+                moved = _row_count(conn, self._stage)
+                _merge(conn, self._target, self._stage, staged, merge)
+                return _record(conn, self._ledger_table, ledger, moved)
             if not _columns(conn, self._target):  # the stage's schema is the target's
                 _run(conn, f"CREATE TABLE {target} (LIKE {stage})")
             if replace:
@@ -565,9 +578,9 @@ def _create_schema(conn: Any, table: TableName) -> None:
         _run(conn, f"CREATE SCHEMA {_name(table.schema)}")
 
 
-def _create_table(conn: Any, table: TableName, columns: Sequence[Column]) -> None:
+def _create_table(conn: Any, table: TableName, columns: Sequence[Column], *, key: str = "") -> None:
     """Create the table unless it exists (checked first: CREATE TABLE IF NOT EXISTS would need
-    the CREATE privilege on the schema even then)."""
+    the CREATE privilege on the schema even then); ``key``: its PRIMARY KEY clause."""
     if not columns:
         raise ConfigInvalid("at least one column is required")
     _refuse_long_names(columns, table.name)
@@ -575,7 +588,40 @@ def _create_table(conn: Any, table: TableName, columns: Sequence[Column]) -> Non
         return
     _create_schema(conn, table)
     definitions = ", ".join(f"{_name(column.name)} {postgres_type(column)}" for column in columns)
-    _run(conn, f"CREATE TABLE {table.sql(_name)} ({definitions})")
+    _run(conn, f"CREATE TABLE {table.sql(_name)} ({definitions}{key})")
+
+
+def _merge_rows(conn: Any, table: TableName, payload: RowChunks) -> int:
+    """A merge route's load: the batch's rows copied into a temporary table (dropped at the
+    latest on commit), then merged into the target on its key; the rows the batch holds
+    (what the call was sent: the server's count of the copy)."""
+    merge, columns = payload.merge, payload.columns
+    assert merge is not None
+    _refuse_long_names(columns, table.name)
+    batch = TableName(None, MERGE_BATCH)
+    definitions = ", ".join(f"{_name(column.name)} {postgres_type(column)}" for column in columns)
+    _run(conn, f"CREATE TEMP TABLE {batch.sql(_name)} ({definitions}) ON COMMIT DROP")
+    rows = _copy_rows(conn, batch, columns, payload.chunks)
+    target = merge.target_columns(columns)
+    _create_table(conn, table, target, key=key_constraint(merge, name=_name))
+    _merge(conn, table, batch, [column.name for column in columns], merge)
+    return rows
+
+
+def _merge(
+    conn: Any, table: TableName, batch: TableName, names: Sequence[str], merge: Merge
+) -> None:
+    """Merge ``batch`` into ``table`` (``_merge.merge_statements``); a missing target is
+    created with the batch's columns and types (less the deleted column) and the key as its
+    PRIMARY KEY."""
+    if not _columns(conn, table):
+        _create_schema(conn, table)
+        typed = [(n, t) for n, t in _columns(conn, batch) if n != merge.deleted]
+        definitions = ", ".join(f"{_name(n)} {t}" for n, t in typed)
+        key = key_constraint(merge, name=_name)
+        _run(conn, f"CREATE TABLE {table.sql(_name)} ({definitions}{key})")
+    for statement in merge_statements(table.sql(_name), batch.sql(_name), names, merge, name=_name):
+        _run(conn, statement)
 
 
 def _refuse_long_names(columns: Sequence[Column], table: str) -> None:

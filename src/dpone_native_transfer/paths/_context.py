@@ -20,7 +20,7 @@ from ..connectors.contract import Sink, Source
 from ..cursor_edge import EdgeTracker
 from ..errors import ConfigInvalid, PathContractBroken
 from ..events import EventName, EventRecorder
-from ..payloads import LoadFile, LoadFiles, LoadPlan, RowChunks, SourceShape, bounds_label
+from ..payloads import LoadFile, LoadFiles, LoadPlan, Merge, RowChunks, SourceShape, bounds_label
 from ..rejects import Reject
 from ..spec import BUILTIN_PATH_NAMES, TransferSpec
 from ..stores import CheckpointStore
@@ -78,6 +78,7 @@ class PathContext:
     lease: Lease | None = None
     edge: EdgeTracker | None = None  # an append route's cursor edge, when it is tracked
     batch_value: str | None = None  # ``batch_column``: each row's last value, its batch id
+    merge: Merge | None = None  # a merge route's key (``payloads.Merge``), for the sink
     rejects: list[Reject] = attrs.field(factory=list)  # rows set aside (quarantine)
     snapshot: SourceSnapshot = attrs.field(factory=lambda: SourceSnapshot(None))
     rows: RowReader = attrs.field(init=False)
@@ -109,7 +110,9 @@ class PathContext:
         return self.rows.extract()
 
     def row_chunks(self, chunks: Iterable[Sequence[tuple]]) -> RowChunks:
-        return RowChunks(columns=self.shape.columns, chunks=chunks, replace=self.replace)
+        return RowChunks(
+            columns=self.shape.columns, chunks=chunks, replace=self.replace, merge=self.merge
+        )
 
     def write_load_file(self, name: str, chunks: Iterable[Sequence[tuple]]) -> LoadFile:
         """``chunks`` in a load file of the work folder (``FileMaker.write_load_file``)."""

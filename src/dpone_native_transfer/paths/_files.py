@@ -136,8 +136,10 @@ class FileMaker:
         pull it into ``files`` files; asked before the cursor edge's rows are read for it."""
         ctx = self.ctx
         engine = ctx.sink.engine()
-        if engine is None or ctx.batch_value is not None:
-            return None  # the engine reads the source's columns; the batch column is dpone's
+        if engine is None or ctx.batch_value is not None or ctx.merge is not None:
+            # the engine reads the source's columns; the batch column is dpone's, and so is
+            # the check of a merge key's values (no NULL), made as dpone reads the rows
+            return None
         numbers = range(len(ctx.candidates)) if numbers is None else numbers
         candidates = ctx.candidates[numbers.start : numbers.stop]
         if any(is_edge(candidate.partition_bounds) for candidate in ctx.candidates):
@@ -215,7 +217,11 @@ class FileMaker:
         ctx = self.ctx
         columns, replace = ctx.shape.columns, ctx.replace
         payload = LoadFiles(
-            columns=columns, chunks=_spooled_rows(files), replace=replace, files=tuple(files)
+            columns=columns,
+            chunks=_spooled_rows(files),
+            replace=replace,
+            merge=ctx.merge,
+            files=tuple(files),
         )
         engine = ctx.sink.engine()
         return payload if engine is None else engine.merge_load_files(payload, ctx.work_dir)

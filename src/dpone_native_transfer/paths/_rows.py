@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..checkpoints import PartitionCheckpoint
-from ..column_types import Carry, carried_chunks, column_carriers
+from ..column_types import Carry, Column, carried_chunks, column_carriers
+from ..errors import ValueUnsupported
 from ..rejects import Reject
 from ._one_pass import one_pass, spool_partitions, spooled_chunks
 
@@ -58,6 +59,8 @@ class RowReader:
         ctx, spec = self.ctx, self.ctx.spec
         if ctx.batch_value is not None:  # the shape's last column, the batch column
             chunks = _with_value(chunks, ctx.batch_value)
+        if ctx.merge is not None:
+            chunks = _keyed(chunks, ctx.shape.columns, ctx.merge.key, ctx.sink.features.name)
         if self._carriers is None:
             self._carriers = column_carriers(ctx.shape.columns, ctx.sink.carrier)
         if not self._carriers:
@@ -112,6 +115,23 @@ class RowReader:
         yield from self.carry(chunks())
         for index, rows in enumerate(counts):
             ctx.extracted(index, rows)
+
+
+def _keyed(
+    chunks: Iterable[Sequence[tuple]], columns: Sequence[Column], key: Sequence[str], target: str
+) -> Iterator[Sequence[tuple]]:
+    """A merge route's rows, each with a value in every key column: a NULL key matches no
+    row, so its row could never be replaced; refused before the target, naming the column."""
+    indexes = [(i, column.name) for i, column in enumerate(columns) if column.name in key]
+    for chunk in chunks:
+        for index, name in indexes:
+            if any(row[index] is None for row in chunk):
+                raise ValueUnsupported(
+                    f"key column {name!r} of a merge route holds NULL, which identifies no "
+                    "row; nothing was written. Fill the key, or filter such rows out",
+                    diagnostics={"column": name, "target": target},
+                )
+        yield chunk
 
 
 def _with_value(chunks: Iterable[Sequence[tuple]], value: Any) -> Iterator[list[tuple]]:

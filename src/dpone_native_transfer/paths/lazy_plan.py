@@ -1,7 +1,8 @@
 """lazy-plan: no rows leave dpone; the sink's engine receives a plan and pulls the rows itself.
 
 Where the engine would read a value otherwise than the row paths carry it (``PlanInexact``),
-or an edge partition's loaded rows must be left out, the attempt carries the rows as legacy.
+an edge partition's loaded rows must be left out, or a merge route's key values must be
+checked (no NULL key reaches the target), the attempt carries the rows as legacy.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def lazy_plan_path(ctx: PathContext) -> int:
     engine = ctx.sink.engine()
     if engine is None:
         raise ctx.lacks("an engine that pulls the rows itself")
-    if any(is_edge(candidate.partition_bounds) for candidate in ctx.candidates):
+    if ctx.merge is not None or any(is_edge(c.partition_bounds) for c in ctx.candidates):
         # rows of an edge partition that the route already loaded must be left out, which
         # only dpone can do: this attempt carries rows (the same one target call)
         return legacy_path(ctx)

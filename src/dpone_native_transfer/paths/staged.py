@@ -29,9 +29,14 @@ def staged_path(ctx: PathContext) -> int:
     except BaseException:
         sink.discard_stage()
         raise
+    merging = {} if ctx.merge is None else {"merge": ctx.merge}  # a 0.1 sink takes none
     try:
         return ctx.mutate(
-            "finalize_staged_load", sink.finalize_staged_load, replace=ctx.replace, sent=staged
+            "finalize_staged_load",
+            sink.finalize_staged_load,
+            replace=ctx.replace,
+            sent=staged,
+            **merging,
         )
     except BaseException as error:
         # refused before the target (arming failed): the stage holds a copy of the rows, left

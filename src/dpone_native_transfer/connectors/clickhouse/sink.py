@@ -60,7 +60,7 @@ from ...errors import (
 )
 from ...identity import TableIdentity, file_location, server_location
 from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query, ledger_table_sql
-from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, RowChunks
+from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, Merge, RowChunks
 from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from .._arrow import arrow
 from .._sql import (
@@ -74,7 +74,7 @@ from .._sql import (
     refuse_reserved_schema,
     unavailable,
 )
-from ..contract import Sink, SinkFeatures
+from ..contract import Sink, SinkFeatures, Unsupported
 from ..contract.engine import EnginePull
 from ..sqlite_reading import pulled_file, refuse_inexact_plan, watching_writes
 from .chdb_client import ChdbClient
@@ -621,14 +621,21 @@ class ClickHouseSink(Sink, EnginePull):
             return _count(client, self._stage)
 
     def finalize_staged_load(
-        self, *, replace: bool = False, ledger: LedgerEntry | None = None
+        self,
+        *,
+        replace: bool = False,
+        ledger: LedgerEntry | None = None,
+        merge: Merge | None = None,
     ) -> int:
         """Move the staged rows into the target with partition operations; drop the stage.
 
         ``replace``: ``REPLACE PARTITION ... FROM`` the stage for every staged
         partition, then ``DROP PARTITION`` for target partitions the stage does
-        not hold. Otherwise ``INSERT ... SELECT`` from the stage.
+        not hold. Otherwise ``INSERT ... SELECT`` from the stage. ``merge``: refused
+        before anything is written (``features.merges`` is False: a route never asks).
         """
+        if merge is not None:
+            raise Unsupported("a merge on a key", table=self.table)
         stage, target, entry = _ref(self._stage), _ref(self._target), ledger
         with self.client() as client:
             if not _exists(client, self._stage):

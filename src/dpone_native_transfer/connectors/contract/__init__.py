@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ...column_types import Carry, Column
     from ...identity import TableIdentity
     from ...ledger import LedgerEntry
-    from ...payloads import ColumnDifference, RowChunks, SourceShape
+    from ...payloads import ColumnDifference, Merge, RowChunks, SourceShape
     from .engine import EnginePull
 
 __all__ = [
@@ -92,6 +92,9 @@ class SinkFeatures:
     inserts_end_with_their_process: bool = True
     # the target's ledger is kept at all; False only for an adapted 0.1 sink without one
     keeps_ledger: bool = True
+    # ``load`` and ``finalize_staged_load`` apply a ``payloads.Merge`` (strategy "merge") in
+    # the call's one transaction; a route that merges into a sink without it is refused
+    merges: bool = False
     # what the target is called in messages about its values ("SQLite", "DuckDB")
     name: str = "the target"
 
@@ -157,6 +160,11 @@ class Source(Protocol):
         """Rows (all columns, ``describe()`` order) of every partition whose cursor is in
         ``[since, upto]`` (none when ``since`` is None) or, when ``nulls``, NULL: an append
         route's cursor edge (``cursor_edge.py``)."""
+
+    def primary_key(self) -> tuple[str, ...]:
+        """The table's own primary key columns, in key order: a merge route's key when its
+        route names none. The default: none (the route must name its key)."""
+        return ()
 
     def read_partitions(
         self, bounds: Sequence[Mapping[str, Any]], *, chunk_rows: int = DEFAULT_CHUNK_ROWS
@@ -239,10 +247,12 @@ class Sink(Protocol):
 
     @abc.abstractmethod
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
-        """Append the rows (``payload.replace``: replace the table's rows) in one transaction,
-        with the ledger entry when given, and return how many rows were written. Creates the
-        table on first use. A ``LoadFiles`` payload's files are in the engine's format when
-        its ``engine().write_load_file`` wrote them: the call then reads the files, each
+        """Append the rows (``payload.replace``: replace the table's rows; ``payload.merge``:
+        merge them on its key, with ``features.merges``) in one transaction, with the ledger
+        entry when given, and return how many rows were written (merged: the rows the call
+        received, every version and delete marker). Creates the table on first use. A
+        ``LoadFiles`` payload's files are in the engine's format when its
+        ``engine().write_load_file`` wrote them: the call then reads the files, each
         file's digest checked as it is read (or, where the engine reads it, just before)."""
 
     @abc.abstractmethod
@@ -260,10 +270,15 @@ class Sink(Protocol):
 
     @abc.abstractmethod
     def finalize_staged_load(
-        self, *, replace: bool = False, ledger: LedgerEntry | None = None
+        self,
+        *,
+        replace: bool = False,
+        ledger: LedgerEntry | None = None,
+        merge: Merge | None = None,
     ) -> int:
         """Move the staged rows into the target table in one transaction, with the ledger
-        entry when given; the rows moved."""
+        entry when given; the rows moved (``merge``, passed only when set: merged on its key,
+        the staged rows counted as ``load`` counts them)."""
 
     @abc.abstractmethod
     def read_ledger(self, *, partitions: bool = False) -> list[LedgerEntry]:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         LoadFile,
         LoadFiles,
         LoadPlan,
+        Merge,
         RowChunks,
         SourceShape,
     )
@@ -663,8 +664,14 @@ class LegacySink(Sink, EnginePull):
         self._has(Staging, "a staging table").discard_stage()
 
     def finalize_staged_load(
-        self, *, replace: bool = False, ledger: LedgerEntry | None = None
+        self,
+        *,
+        replace: bool = False,
+        ledger: LedgerEntry | None = None,
+        merge: Merge | None = None,
     ) -> int:
+        if merge is not None:  # ``features.merges`` is False: a route never asks
+            raise Unsupported("a merge on a key")
         staging = self._has(Staging, "a staging table")
         return self._with_ledger(ledger, lambda: staging.finalize_staged_load(replace=replace))
 

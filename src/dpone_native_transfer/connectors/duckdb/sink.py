@@ -44,9 +44,10 @@ from ...ledger import (
     ledger_table_sql,
     read_fence,
 )
-from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, RowChunks
+from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, Merge, RowChunks
 from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from .._arrow import arrow
+from .._merge import MERGE_BATCH, key_constraint, merge_statements
 from .._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -103,7 +104,7 @@ class DuckDBSink(FileTarget, EnginePull):
     ledger row (and fence, rejects) in that transaction. Its engine reads Arrow files and
     pulls SQLite sources itself (``sqlite_scan``)."""
 
-    features = SinkFeatures(name="DuckDB")
+    features = SinkFeatures(name="DuckDB", merges=True)
     pulled_suffix = ".arrows"  # an Arrow IPC stream
 
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
@@ -165,6 +166,8 @@ class DuckDBSink(FileTarget, EnginePull):
         table, columns = self._target, payload.columns
         with self._connect() as conn, _transaction(conn):
             _fence_first(conn, ledger)
+            if payload.merge is not None:
+                return _record(conn, ledger, _merge_rows(conn, table, payload))
             _prepare_target(conn, table, columns, replace=payload.replace)
             if isinstance(payload, LoadFiles):
                 rows = insert_files(conn, table, columns, payload.files)
@@ -393,12 +396,17 @@ class DuckDBSink(FileTarget, EnginePull):
             return 0 if conn is None else _row_count(conn, self._stage)
 
     def finalize_staged_load(
-        self, *, replace: bool = False, ledger: LedgerEntry | None = None
+        self,
+        *,
+        replace: bool = False,
+        ledger: LedgerEntry | None = None,
+        merge: Merge | None = None,
     ) -> int:
         """Move staged rows into the target (by column name) and drop the staging table, at once.
 
         A missing target is the staging table, renamed: it has the columns and types the
-        target would be created with, and its rows are not copied again.
+        target would be created with, and its rows are not copied again. ``merge``: the
+        staged rows are merged into the target on its key (``_merge``), then dropped.
         """
         stage, target = self._stage.sql(), self._target.sql()
         with self._connect() as conn, _transaction(conn):
@@ -408,6 +416,12 @@ class DuckDBSink(FileTarget, EnginePull):
                     f"no staged load exists for target table {self.table!r}",
                     diagnostics={"table": self.table},
                 )
+            if merge is not None:
+                staged = _row_count(conn, self._stage)
+                staged_columns = conn.execute(f"DESCRIBE {stage}").fetchall()
+                names = [row[0] for row in staged_columns]
+                _merge(conn, self._target, names, merge, self._stage)
+                return _record(conn, ledger, staged)
             if not _table_exists(conn, self._target):
                 conn.execute(f"ALTER TABLE {stage} RENAME TO {quote(self._target.name)}")
                 return _record(conn, ledger, _row_count(conn, self._target))
@@ -585,6 +599,45 @@ def _create_table(conn: Any, table: TableName, columns: Sequence[Column]) -> Non
     if table.schema is not None:
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(table.schema)}")
     conn.execute(f"CREATE TABLE IF NOT EXISTS {table.sql()} ({definitions})")
+
+
+def _merge_rows(conn: Any, table: TableName, payload: RowChunks) -> int:
+    """A merge route's load: the batch's rows into a temporary table, then merged into the
+    target on its key; the rows the batch holds (what the call was sent)."""
+    assert payload.merge is not None
+    batch, columns = TableName(None, MERGE_BATCH), payload.columns
+    definitions = ", ".join(f"{quote(column.name)} {duckdb_type(column)}" for column in columns)
+    conn.execute(f"CREATE TEMP TABLE {batch.sql()} ({definitions})")
+    if isinstance(payload, LoadFiles):
+        rows = insert_files(conn, batch, columns, payload.files)
+    else:
+        rows = insert_rows(conn, batch, columns, payload.chunks)
+    _merge(conn, table, [c.name for c in columns], payload.merge, batch, columns)
+    return rows
+
+
+def _merge(
+    conn: Any,
+    table: TableName,
+    names: Sequence[str],
+    merge: Merge,
+    batch: TableName,
+    columns: Sequence[Column] | None = None,
+) -> None:
+    """Merge ``batch`` into ``table`` (``_merge.merge_statements``), creating the table with
+    the key as its PRIMARY KEY when it does not exist: with ``columns``' types, or as the
+    batch (a stage) has them."""
+    if not _table_exists(conn, table):
+        if table.schema is not None:
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(table.schema)}")
+        if columns is None:
+            typed = [(row[0], row[1]) for row in conn.execute(f"DESCRIBE {batch.sql()}").fetchall()]
+        else:
+            typed = [(column.name, duckdb_type(column)) for column in columns]
+        definitions = ", ".join(f"{quote(n)} {t}" for n, t in typed if n != merge.deleted)
+        conn.execute(f"CREATE TABLE {table.sql()} ({definitions}{key_constraint(merge)})")
+    for statement in merge_statements(table.sql(), batch.sql(), names, merge):
+        conn.execute(statement)
 
 
 def _prepare_target(

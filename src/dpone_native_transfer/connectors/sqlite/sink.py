@@ -34,8 +34,9 @@ from ...ledger import (
     ledger_table_sql,
     read_fence,
 )
-from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, RowChunks
+from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, Merge, RowChunks
 from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
+from .._merge import MERGE_BATCH, key_constraint, merge_statements
 from .._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -78,7 +79,7 @@ class SQLiteSink(FileTarget, EnginePull):
     with its ledger row (and fence, rejects) in that transaction. Its engine pulls SQLite
     sources itself (``ATTACH``)."""
 
-    features = SinkFeatures(name="SQLite")
+    features = SinkFeatures(name="SQLite", merges=True)
     pulled_suffix = ".sqlite"  # a SQLite file of one table
 
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
@@ -157,6 +158,8 @@ class SQLiteSink(FileTarget, EnginePull):
         """Write the payload in one transaction and return the rows written."""
         with self._connect() as conn, _transaction(conn):
             _fence_first(conn, ledger)
+            if payload.merge is not None:
+                return _record(conn, ledger, _merge_rows(conn, self.table, payload))
             _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
             rows = _insert(conn, self.table, payload)
             return _record(conn, ledger, rows)
@@ -314,7 +317,11 @@ class SQLiteSink(FileTarget, EnginePull):
             return 0 if conn is None else _row_count(conn, self._stage)
 
     def finalize_staged_load(
-        self, *, replace: bool = False, ledger: LedgerEntry | None = None
+        self,
+        *,
+        replace: bool = False,
+        ledger: LedgerEntry | None = None,
+        merge: Merge | None = None,
     ) -> int:
         """Move staged rows into the target and drop the staging table, in one transaction.
 
@@ -322,7 +329,8 @@ class SQLiteSink(FileTarget, EnginePull):
         exactly what this sink would create (same definition, no index, and no
         view or trigger in the database), the staging table is renamed to the
         target instead of copying its rows: same columns, types and rows.
-        Otherwise the rows are copied (appended, or after emptying the target).
+        Otherwise the rows are copied (appended, or after emptying the target). ``merge``:
+        the staged rows are merged into the target on its key (``_merge``), then dropped.
         """
         with self._connect() as conn, _transaction(conn):
             _fence_first(conn, ledger)
@@ -332,6 +340,10 @@ class SQLiteSink(FileTarget, EnginePull):
                     f"no staged load exists for target table {self.table!r}",
                     diagnostics={"table": self.table},
                 )
+            if merge is not None:
+                staged = _row_count(conn, self._stage)
+                _merge(conn, self.table, columns, merge, batch=self._stage)
+                return _record(conn, ledger, staged)
             if self._stage_can_become_target(conn, columns, replace=replace):
                 moved = _row_count(conn, self._stage)
                 if replace:  # an append never drops the target
@@ -453,11 +465,37 @@ def _record(conn: sqlite3.Connection, ledger: LedgerEntry | None, rows: int) -> 
     return rows
 
 
-def _create_table(conn: sqlite3.Connection, table: str, columns: Sequence[Column]) -> None:
+def _create_table(
+    conn: sqlite3.Connection, table: str, columns: Sequence[Column], *, create: str = "CREATE TABLE"
+) -> None:
     if not columns:
         raise ConfigInvalid("at least one column is required")
     definitions = ", ".join(_column_sql(column) for column in columns)
+    conn.execute(f"{create} IF NOT EXISTS {_quote(table)} ({definitions})")
+
+
+def _merge_rows(conn: sqlite3.Connection, table: str, payload: RowChunks) -> int:
+    """A merge route's load: the batch's rows into a temporary table, then merged into the
+    target on its key; the rows the batch holds (what the call was sent)."""
+    assert payload.merge is not None
+    conn.execute(f"DROP TABLE IF EXISTS temp.{_quote(MERGE_BATCH)}")
+    _create_table(conn, MERGE_BATCH, payload.columns, create="CREATE TEMP TABLE")
+    rows = _insert(conn, MERGE_BATCH, payload)
+    _merge(conn, table, payload.columns, payload.merge, batch=MERGE_BATCH)
+    return rows
+
+
+def _merge(
+    conn: sqlite3.Connection, table: str, columns: Sequence[Column], merge: Merge, *, batch: str
+) -> None:
+    """Merge ``batch`` into ``table`` (``_merge.merge_statements``), creating the table with
+    the key as its PRIMARY KEY when it does not exist."""
+    target = merge.target_columns(columns)
+    definitions = ", ".join(_column_sql(column) for column in target) + key_constraint(merge)
     conn.execute(f"CREATE TABLE IF NOT EXISTS {_quote(table)} ({definitions})")
+    names = [column.name for column in columns]
+    for statement in merge_statements(_quote(table), _quote(batch), names, merge, by_rowid=True):
+        conn.execute(statement)
 
 
 def _prepare_target(

@@ -220,6 +220,12 @@ class SQLiteSource(TableSource):
                     found.append(name)
         return found
 
+    def primary_key(self) -> tuple[str, ...]:
+        """The table's PRIMARY KEY columns in key order (``pragma_table_info``'s ``pk``)."""
+        with self.reader() as conn:
+            rows = conn.execute("SELECT name, pk FROM pragma_table_info(?)", (self.table,))
+            return tuple(name for name, pk in sorted(rows.fetchall(), key=lambda r: r[1]) if pk)
+
     def describe(self) -> SourceShape:
         """Columns and hashes; raises ``SourceInvalid`` when the table or a named column is gone."""
         with self.reader() as conn:

@@ -1,0 +1,291 @@
+"""Section 11: merge on a key, a run that changes 1% of a 1,000,000-row target.
+
+A SQLite source ``orders(id PRIMARY KEY, region, amount, updated_at, is_deleted)`` is
+merged into a DuckDB file and a PostgreSQL schema (a throwaway server, as section 4 starts
+it) once, untimed. Each measured round then changes 1% of the source (updates, deletes
+through ``is_deleted``, new keys; every changed row's ``updated_at`` above the last) and
+times:
+
+- dpone: ``TransferRuntime.run`` of the merge route, guarded, per path (lazy-plan carries
+  the rows as legacy on a merge route, so it is not measured apart);
+- dpone's append of the same rows (another route, into a table of its own): what a run
+  costs besides the merge;
+- the floor: the same changed rows read from the source by hand, bulk-loaded into a
+  temporary table of the target, and the engine's own ``MERGE`` statement (DuckDB,
+  PostgreSQL 15+) into a second 1,000,000-row table, in one transaction;
+- dlt's merge is not measured here: dlt is not a dependency, and section 7's venv is not
+  assumed.
+
+Every round checks that both tables hold the source's rows less deleted ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from dpone_native_transfer import (
+    DuckDBSink,
+    PostgresSink,
+    SQLiteCheckpointStore,
+    SQLiteSource,
+    TransferRuntime,
+    TransferSpec,
+)
+
+from ._common import CHUNK_ROWS, WORK, Row, Sizes, cached_source, log, median, timed
+from .batch import _import_server_helper
+
+TARGET_ROWS = {"full": 1_000_000, "quick": 20_000}
+CHANGED = 0.01  # of the target's rows: 40% updates, 30% deletes, 30% new keys
+PATHS = ("legacy", "staged", "file-artifact")
+COLUMNS = ("id", "region", "amount", "updated_at", "is_deleted")
+FLOOR_LIMIT = 1.5  # dpone against the engine's own MERGE
+TABLES = ("orders", "floor")  # dpone's target, the floor's
+
+
+def _source(rows: int) -> Path:
+    return cached_source(
+        f"merge-{rows}",
+        [
+            "CREATE TABLE orders (id INTEGER PRIMARY KEY, region TEXT NOT NULL, amount REAL,"
+            " updated_at INTEGER NOT NULL, is_deleted BOOLEAN NOT NULL)",
+            "INSERT INTO orders WITH RECURSIVE n(i) AS"
+            f" (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {rows})"
+            " SELECT i, printf('region-%02d', i % 10), round(i * 1.25, 2), i, 0 FROM n",
+            "CREATE INDEX orders_by_updated ON orders (updated_at)",
+        ],
+    )
+
+
+def _change(path: Path, rows: int, round_: int) -> tuple[int, int]:
+    """Change 1% of the rows; returns the cursor window (after, upto] it wrote."""
+    changed = max(10, int(rows * CHANGED))
+    updates, deletes = changed * 4 // 10, changed * 3 // 10
+    news = changed - updates - deletes
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        top, last = db.execute("SELECT max(updated_at), max(id) FROM orders").fetchone()
+        step = rows // changed
+        ids = [1 + (round_ * 7 + i * step) % rows for i in range(updates + deletes)]
+        db.executemany(
+            "UPDATE orders SET amount = amount + 1, updated_at = ? WHERE id = ?",
+            [(top + 1 + i, key) for i, key in enumerate(ids[:updates])],
+        )
+        db.executemany(
+            "UPDATE orders SET is_deleted = 1, updated_at = ? WHERE id = ?",
+            [(top + 1 + updates + i, key) for i, key in enumerate(ids[updates:])],
+        )
+        db.executemany(
+            "INSERT INTO orders VALUES (?, 'region-new', 1.5, ?, 0)",
+            [(last + 1 + i, top + 1 + updates + deletes + i) for i in range(news)],
+        )
+        db.commit()
+    return top, top + changed
+
+
+def _changed_rows(path: Path, after: int, upto: int) -> list[tuple]:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return db.execute(
+            "SELECT * FROM orders WHERE updated_at > ? AND updated_at <= ?", (after, upto)
+        ).fetchall()
+
+
+def _live(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return db.execute("SELECT count(*) FROM orders WHERE NOT is_deleted").fetchone()[0]
+
+
+def _run(store_path: Path, source: Path, sink: Any, path: str, *, append: bool = False) -> float:
+    """One guarded run of the merge route (``append``: of an append route of the same rows,
+    into a table of its own: what the run costs besides the merge)."""
+    store = SQLiteCheckpointStore(store_path)
+    try:
+        spec = TransferSpec(
+            source=SQLiteSource(source, "orders", "region", "updated_at"),
+            sink=sink,
+            strategy="incremental_append" if append else "merge",
+            path=path,
+            run_id=f"bench-{path}",
+            chunk_rows=CHUNK_ROWS,
+            deleted_column=None if append else "is_deleted",
+        )
+        seconds, _ = timed(lambda: TransferRuntime(store).run(spec))
+        return seconds
+    finally:
+        store.close()
+
+
+# -- the floors: each engine's own MERGE, by hand ---------------------------------------------
+
+_MERGE = (
+    "MERGE INTO {target} AS t USING {batch} AS s ON t.id = s.id"
+    " WHEN MATCHED AND s.is_deleted THEN DELETE"
+    " WHEN MATCHED AND s.updated_at >= t.updated_at THEN UPDATE SET region = s.region,"
+    " amount = s.amount, updated_at = s.updated_at"
+    " WHEN NOT MATCHED AND NOT s.is_deleted THEN INSERT (id, region, amount, updated_at)"
+    " VALUES (s.id, s.region, s.amount, s.updated_at)"
+)
+
+
+def _duckdb_floor(file: Path, rows: list[tuple]) -> None:
+    import duckdb
+    import pyarrow as pa
+
+    batch = pa.table({name: [row[i] for row in rows] for i, name in enumerate(COLUMNS)})
+    batch = batch.set_column(4, "is_deleted", pa.array([bool(r[4]) for r in rows]))
+    with contextlib.closing(duckdb.connect(str(file))) as db:
+        db.execute("BEGIN")
+        db.register("arrow_batch", batch)
+        db.execute("CREATE TEMP TABLE batch AS SELECT * FROM arrow_batch")
+        db.execute(_MERGE.format(target="floor", batch="batch"))
+        db.execute("COMMIT")
+
+
+def _postgres_floor(psycopg: Any, dsn: str, schema: str, rows: list[tuple]) -> None:
+    with psycopg.connect(dsn) as db:
+        db.execute(f'SET search_path = "{schema}"')
+        db.execute(
+            "CREATE TEMP TABLE batch (id bigint, region text, amount double precision,"
+            " updated_at bigint, is_deleted boolean) ON COMMIT DROP"
+        )
+        with db.cursor() as cursor, cursor.copy("COPY batch FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row((*row[:4], bool(row[4])))
+        db.execute(_MERGE.format(target="floor", batch="batch"))
+
+
+# -- the measurement ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _targets(rows: int) -> Iterator[dict[str, tuple[Callable[..., Any], Callable, Callable]]]:
+    """Per engine: (a new sink, the floor of changed rows, the rows of (dpone, floor))."""
+    folder = WORK / "runs" / "merge"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    found: dict[str, tuple[Callable[..., Any], Callable, Callable]] = {}
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, folder, True)
+        import duckdb
+
+        file = folder / "target.duckdb"
+
+        def duck_counts() -> tuple[int, int]:
+            with contextlib.closing(duckdb.connect(str(file))) as db:
+                found = [db.execute(f"SELECT count(*) FROM {t}").fetchone() for t in TABLES]
+                return found[0][0], found[1][0]
+
+        found["duckdb"] = (
+            lambda table="orders": DuckDBSink(file, table),
+            lambda changed: _duckdb_floor(file, changed),
+            duck_counts,
+        )
+        imported = _import_server_helper()
+        if isinstance(imported, str):
+            log(f"merge: no PostgreSQL ({imported})")
+        else:
+            helper, psycopg = imported
+            dsn = stack.enter_context(helper.server_dsn())
+            location = stack.enter_context(helper.isolated_schema(dsn))
+            schema = location.schema
+            with psycopg.connect(dsn, autocommit=True) as db:
+                db.execute(f'CREATE SCHEMA "{schema}"')
+            url = helper.postgres_url(dsn)
+
+            def pg_counts() -> tuple[int, int]:
+                with psycopg.connect(dsn) as db:
+                    sql = 'SELECT count(*) FROM "{}".{}'
+                    found = [db.execute(sql.format(schema, t)).fetchone() for t in TABLES]
+                    return found[0][0], found[1][0]
+
+            found["postgres"] = (
+                lambda table="orders": PostgresSink(url, f"{schema}.{table}"),
+                lambda changed: _postgres_floor(psycopg, dsn, schema, changed),
+                pg_counts,
+            )
+        yield found
+
+
+def _floor_table(engine: str, sink: Any) -> None:
+    """The floor's table: a copy of dpone's target after the first load, its key a PRIMARY
+    KEY as dpone's."""
+    if engine == "duckdb":
+        import duckdb
+
+        with contextlib.closing(duckdb.connect(str(sink.path))) as db:
+            db.execute("CREATE TABLE floor AS SELECT * FROM orders")
+            db.execute("ALTER TABLE floor ADD PRIMARY KEY (id)")
+        return
+    import psycopg
+
+    schema, _ = sink.table.split(".")
+    with psycopg.connect(sink._dsn) as db:
+        db.execute(f'CREATE TABLE "{schema}".floor (LIKE "{schema}".orders INCLUDING ALL)')
+        db.execute(f'INSERT INTO "{schema}".floor SELECT * FROM "{schema}".orders')
+
+
+def measure(sizes: Sizes) -> tuple[list[Row], dict]:
+    rows = TARGET_ROWS["quick" if sizes.transfer_rows < 1_000_000 else "full"]
+    rounds = max(3, sizes.runs // 2)
+    results: list[Row] = []
+    figures: dict[str, Any] = {"target_rows": rows, "changed": CHANGED, "rounds": rounds}
+    with _targets(rows) as targets:
+        for engine, (make_sink, floor, counts) in targets.items():
+            source = WORK / "runs" / "merge" / f"source-{engine}.db"
+            shutil.copy(_source(rows), source)
+            store = WORK / "runs" / "merge" / f"checkpoints-{engine}.db"
+            log(f"merge: first load of {rows:,} rows into {engine}")
+            _run(store, source, make_sink(), "legacy")
+            _floor_table(engine, make_sink())
+            appended = make_sink(table="appended")
+            _run(store, source, appended, "legacy", append=True)  # its first load, untimed
+            times: dict[str, list[float]] = {path: [] for path in (*PATHS, "floor", "append")}
+            round_ = 0
+            for _ in range(rounds):
+                for path in (*PATHS, "floor", "append"):
+                    round_ += 1
+                    after, upto = _change(source, rows, round_)
+                    if path == "append":  # the merge route follows untimed
+                        seconds = _run(store, source, appended, "legacy", append=True)
+                        _run(store, source, make_sink(), "legacy")
+                        floor(_changed_rows(source, after, upto))
+                    elif path == "floor":
+                        changed = _changed_rows(source, after, upto)
+                        seconds, _ = timed(lambda by_hand=floor, rows=changed: by_hand(rows))
+                        # the floor saw only this round's rows: bring dpone's target along
+                        _run(store, source, make_sink(), "legacy")
+                    else:
+                        seconds = _run(store, source, make_sink(), path)
+                        floor(_changed_rows(source, after, upto))  # and the floor's along
+                    times[path].append(seconds)
+                    live = _live(source)
+                    if counts() != (live, live):
+                        raise AssertionError(f"merge on {engine}: {counts()} != {live} rows")
+            base = median(times["floor"])
+            figures[engine] = {path: median(values) for path, values in times.items()}
+            results.append(Row("merge", f"{engine}: the engine's own MERGE (floor)", base, "s"))
+            results.append(
+                Row("merge", f"{engine}: dpone append of the rows (legacy)",
+                    median(times["append"]), "s", base, median(times["append"]) / base)
+            )  # fmt: skip
+            for path in PATHS:
+                value = median(times[path])
+                ratio = value / base if base else None
+                met = None if ratio is None else ratio <= FLOOR_LIMIT
+                results.append(
+                    Row(
+                        "merge",
+                        f"{engine}: dpone {path}",
+                        value,
+                        "s",
+                        base,
+                        ratio,
+                        f"<= {FLOOR_LIMIT}x floor",
+                        met,
+                    )  # fmt: skip
+                )
+    return results, figures

@@ -1,0 +1,585 @@
+"""Merge on a key (``strategy = "merge"``), through ``dpone-transfer run`` on real targets.
+
+Every scenario runs the command on route files, on each merging target (SQLite, DuckDB,
+PostgreSQL) and each path, and after each run compares the whole target table, row by row,
+with what the source says it must hold: each key's latest version (highest cursor, ties by
+the other columns, highest first), less keys whose latest version is deleted. The model
+is written here from ``docs/incremental.md``, not from the SQL the sinks run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.cli import run_cli
+from helpers.postgres_server import postgres_url
+from helpers.routes import PATHS
+
+TARGETS = ("sqlite", "duckdb", "postgres")
+EVENT_COLUMNS = ("seq", "tenant", "id", "region", "v", "status", "gone")
+KEY = ("tenant", "id")
+LOADED = tuple(c for c in EVENT_COLUMNS if c != "gone")  # the deleted column is not loaded
+
+
+# -- the model ------------------------------------------------------------------------------
+
+
+def _rank(value: Any) -> tuple[bool, Any]:
+    """Highest first, NULL last: as a value in a max()."""
+    return (value is not None, value)
+
+
+def ordered(rows: Sequence[tuple]) -> list[tuple]:
+    """Rows sorted, NULL first (comparable with any value)."""
+    return sorted((tuple(row) for row in rows), key=lambda row: tuple(map(_rank, row)))
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def expected(
+    rows: Sequence[tuple], columns: Sequence[str], key: Sequence[str], version: str | None
+) -> list[tuple]:
+    """Each key's winner (highest version, then the other columns in order, each highest
+    first, NULL last), less deleted ones, without the deleted column; sorted."""
+    at = {name: i for i, name in enumerate(columns)}
+    order = ([version] if version else []) + [c for c in columns if c not in key and c != version]
+    winners: dict[tuple, tuple] = {}
+    for row in rows:
+        k = tuple(row[at[c]] for c in key)
+        best = winners.get(k)
+        rank = tuple(_rank(row[at[c]]) for c in order)
+        if best is None or rank > tuple(_rank(best[at[c]]) for c in order):
+            winners[k] = row
+    gone = at.get("gone")
+    kept = [row for row in winners.values() if gone is None or not row[gone]]
+    return ordered(
+        [tuple(v for c, v in zip(columns, row, strict=True) if c != "gone") for row in kept]
+    )
+
+
+# -- the databases --------------------------------------------------------------------------
+
+
+def _sqlite(path: Path) -> contextlib.closing[sqlite3.Connection]:
+    return contextlib.closing(sqlite3.connect(path))
+
+
+class Target:
+    """One merging target of a test: where it is, how a route file names it, its rows."""
+
+    def __init__(self, kind: str, folder: Path, schema: Any = None) -> None:
+        self.kind, self.folder, self.schema = kind, folder, schema
+
+    def section(self, table: str) -> str:
+        if self.kind == "postgres":
+            url = postgres_url(self.schema.dsn)
+            return f'kind = "postgres"\ndsn = "{url}"\ntable = "{self.schema.schema}.{table}"'
+        if self.kind == "duckdb":
+            return f'kind = "duckdb"\npath = "target.duckdb"\ntable = "{table}"'
+        if self.kind == "clickhouse":
+            return f'kind = "clickhouse"\npath = "chdata"\ntable = "{table}"'
+        return f'path = "target.db"\ntable = "{table}"'
+
+    def query(self, sql: str) -> list[tuple]:
+        if self.kind == "sqlite":
+            with _sqlite(self.folder / "target.db") as db:
+                return db.execute(sql).fetchall()
+        if self.kind == "duckdb":
+            import duckdb
+
+            with contextlib.closing(duckdb.connect(str(self.folder / "target.duckdb"))) as db:
+                return db.execute(sql).fetchall()
+        import psycopg
+
+        with psycopg.connect(self.schema.dsn) as db:
+            db.execute(f'SET search_path = "{self.schema.schema}"')
+            return db.execute(sql).fetchall()
+
+    def exists(self, table: str) -> bool:
+        try:
+            self.query(f'SELECT 1 FROM "{table}" LIMIT 1')
+        except Exception:
+            return False
+        return True
+
+    def rows(self, table: str, columns: Sequence[str]) -> list[tuple]:
+        names = ", ".join(_quoted(c) for c in columns)
+        return ordered(self.query(f"SELECT {names} FROM {_quoted(table)}"))
+
+    def ledger_rows(self) -> int:
+        if not self.exists("_dpone_ledger"):
+            return 0
+        return self.query('SELECT count(*) FROM "_dpone_ledger"')[0][0]
+
+    def columns(self, table: str) -> list[str]:
+        if self.kind == "sqlite":
+            return [r[1] for r in self.query(f"SELECT * FROM pragma_table_info('{table}')")]
+        if self.kind == "duckdb":
+            return [r[0] for r in self.query(f'DESCRIBE "{table}"')]
+        return [
+            r[0]
+            for r in self.query(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema ="
+                f" '{self.schema.schema}' AND table_name = '{table}' ORDER BY ordinal_position"
+            )
+        ]
+
+    def key_columns(self, table: str) -> list[str]:
+        """The table's PRIMARY KEY columns, in key order."""
+        if self.kind == "sqlite":
+            found = self.query(f"SELECT name, pk FROM pragma_table_info('{table}') WHERE pk > 0")
+            return [name for name, _ in sorted(found, key=lambda r: r[1])]
+        if self.kind == "duckdb":
+            found = self.query(
+                "SELECT constraint_column_names FROM duckdb_constraints()"
+                f" WHERE table_name = '{table}' AND constraint_type = 'PRIMARY KEY'"
+            )
+            return list(found[0][0]) if found else []
+        found = self.query(
+            "SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey)"
+            " WITH ORDINALITY AS k(attnum, n) JOIN pg_attribute a ON a.attrelid = i.indrelid"
+            f' AND a.attnum = k.attnum WHERE i.indrelid = to_regclass(\'"{self.schema.schema}".'
+            f'"{table}"\') AND i.indisprimary ORDER BY k.n'
+        )
+        return [r[0] for r in found]
+
+
+@pytest.fixture(params=TARGETS)
+def target(request, tmp_path) -> Iterator[Target]:
+    if request.param == "postgres":
+        location = request.getfixturevalue("postgres_schema")
+        import psycopg
+
+        with psycopg.connect(location.dsn, autocommit=True) as db:
+            db.execute(f'CREATE SCHEMA "{location.schema}"')
+        yield Target("postgres", tmp_path, location)
+    else:
+        yield Target(request.param, tmp_path)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def write_route(
+    folder: Path, target: Target, *, table: str, path: str, target_table: str | None = None,
+    transfer: dict[str, Any] | None = None, guard: dict[str, Any] | None = None, **source: Any,
+) -> Path:  # fmt: skip
+    """A merge route file from ``source.db``'s ``table`` into ``target``."""
+    lines = ["[source]", 'path = "source.db"', f"table = {_toml(table)}"]
+    lines += [f"{k} = {_toml(v)}" for k, v in source.items() if v is not None]
+    lines += ["", "[target]", target.section(target_table or table), "", "[transfer]"]
+    options = {"strategy": "merge", "path": path, **(transfer or {})}
+    lines += [f"{k} = {_toml(v)}" for k, v in options.items()]
+    lines += ["", "[store]", 'path = "checkpoints.db"']
+    if guard:
+        lines += ["", "[guard]", *(f"{k} = {_toml(v)}" for k, v in guard.items())]
+    file = folder / "route.toml"
+    file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return file
+
+
+def run(route: Path, *args: str) -> subprocess.CompletedProcess:
+    return run_cli("run", route, "--quiet", *args)
+
+
+# -- an event log with a composite key, a cursor, deletes and late rows ---------------------
+
+
+def make_events(folder: Path) -> Path:
+    path = folder / "source.db"
+    with _sqlite(path) as db:
+        db.execute(
+            "CREATE TABLE events (seq INTEGER PRIMARY KEY, tenant TEXT, id INTEGER,"
+            " region TEXT, v INTEGER, status TEXT, gone BOOLEAN)"
+        )
+        db.commit()
+    return path
+
+
+def add(path: Path, *rows: tuple) -> None:
+    with _sqlite(path) as db:
+        start = db.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
+        db.executemany(
+            "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(start + i + 1, *row) for i, row in enumerate(rows)],
+        )
+        db.commit()
+
+
+def source_rows(path: Path, table: str = "events") -> list[tuple]:
+    with _sqlite(path) as db:
+        return db.execute(f'SELECT * FROM "{table}"').fetchall()
+
+
+def check_target(target: Target, source: Path) -> None:
+    want = expected(source_rows(source), EVENT_COLUMNS, KEY, "v")
+    assert target.rows("events", LOADED) == want
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_merge_applies_updates_deletes_and_late_rows_on_every_target_and_path(
+    tmp_path, target, path
+):
+    source = make_events(tmp_path)
+    route = write_route(
+        tmp_path, target, table="events", path=path, partition_column="region",
+        cursor_column="v", primary_key=list(KEY), deleted_column="gone", lag=2,
+    )  # fmt: skip
+    # run 1: inserts; one key twice in one batch; a tie in the cursor (the later seq wins);
+    # keys that differ only in case, and a unicode key
+    add(
+        source,
+        ("acme", 1, "eu", 1, "new", False),
+        ("acme", 1, "eu", 2, "paid", False),
+        ("ACME", 1, "us", 1, "x", False),
+        ("Ünï 'q\"", 2, "eu", 3, "new", False),
+        ("acme", 2, "us", 3, "a", False),
+        ("acme", 2, "us", 3, "b", False),
+        ("acme", 3, "eu", 3, "new", False),
+    )
+    assert run(route).returncode == 0
+    check_target(target, source)
+    assert target.rows("events", ("tenant", "id", "status")) == [
+        ("ACME", 1, "x"), ("acme", 1, "paid"), ("acme", 2, "b"), ("acme", 3, "new"),
+        ("Ünï 'q\"", 2, "new"),
+    ]  # fmt: skip
+    assert "gone" not in target.columns("events")
+    assert target.key_columns("events") == list(KEY)
+    # run 2: a key moves to another partition; a delete; a late row older than the target's
+    # (within the lag: read, and left out by the monotonic rule); a new key
+    add(
+        source,
+        ("acme", 1, "us", 4, "shipped", False),
+        ("Ünï 'q\"", 2, "eu", 5, "cancelled", True),
+        ("acme", 3, "eu", 2, "stale", False),
+        ("acme", 4, "asia", 5, "new", False),
+    )
+    assert run(route).returncode == 0
+    check_target(target, source)
+    assert ("acme", 3, "new") in target.rows("events", ("tenant", "id", "status"))
+    # run 3: the deleted key comes back; a tie with the last batch at the watermark (the
+    # later batch wins); a delete of a key only the run deletes; a late new key in the lag
+    add(
+        source,
+        ("Ünï 'q\"", 2, "us", 6, "back", False),
+        ("acme", 4, "asia", 5, "again", False),
+        ("ACME", 1, "us", 6, "gone", True),
+        ("acme", 5, "eu", 4, "late", False),
+    )
+    assert run(route).returncode == 0
+    check_target(target, source)
+    statuses = dict(((t, i), s) for t, i, s in target.rows("events", ("tenant", "id", "status")))
+    assert statuses[("Ünï 'q\"", 2)] == "back" and statuses[("acme", 4)] == "again"
+    assert ("ACME", 1) not in statuses and statuses[("acme", 5)] == "late"
+    # a run that finds nothing new changes nothing
+    before = target.rows("events", LOADED)
+    assert run(route).returncode == 0
+    assert target.rows("events", LOADED) == before
+
+
+def test_a_mutable_table_merges_on_its_own_primary_key_with_range_partitions(tmp_path, target):
+    """No primary_key named: the source table's own; partitions by key range; the cursor
+    windows as an append's; schema evolution adds a new source column."""
+    source = tmp_path / "source.db"
+    with _sqlite(source) as db:
+        db.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, v INTEGER, status TEXT)")
+        db.executemany("INSERT INTO orders VALUES (?, ?, ?)", [(i, 1, "new") for i in range(1, 51)])
+        db.commit()
+    route = write_route(
+        tmp_path, target, table="orders", path="legacy", partition_by="range",
+        partition_rows=7, cursor_column="v",
+    )  # fmt: skip
+    assert run(route).returncode == 0
+    assert target.rows("orders", ("id", "v", "status")) == ordered(source_rows(source, "orders"))
+    assert target.key_columns("orders") == ["id"]
+    with _sqlite(source) as db:
+        db.execute("UPDATE orders SET v = 2, status = 'paid' WHERE id % 5 = 0")
+        db.execute("INSERT INTO orders VALUES (51, 2, 'new')")
+        db.execute("ALTER TABLE orders ADD COLUMN note TEXT")
+        db.execute("UPDATE orders SET note = 'n', v = 3 WHERE id = 7")
+        db.commit()
+    assert run(route).returncode == 0
+    want = ordered(source_rows(source, "orders"))
+    assert target.rows("orders", ("id", "v", "status", "note")) == want
+    assert len(want) == 51
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_without_a_cursor_each_run_merges_the_whole_table_and_the_source_row_wins(
+    tmp_path, target, path
+):
+    """Duplicate keys in the source and no cursor: the other columns pick one row per key;
+    a later run's row replaces the target's whatever it holds; keys gone from the source
+    stay."""
+    source = tmp_path / "source.db"
+    with _sqlite(source) as db:
+        db.execute("CREATE TABLE log (code TEXT, region TEXT, status TEXT)")
+        db.executemany(
+            "INSERT INTO log VALUES (?, ?, ?)",
+            [("a", "eu", "x"), ("a", "eu", "y"), ("A", "us", None), ("b", "us", "z"),
+             ("b", "eu", "z"), ("c", None, None), ("c", None, "w")],
+        )  # fmt: skip
+        db.commit()
+    route = write_route(
+        tmp_path, target, table="log", path=path, partition_column="region", primary_key="code"
+    )
+    assert run(route).returncode == 0
+    columns = ("code", "region", "status")
+    assert target.rows("log", columns) == expected(
+        source_rows(source, "log"), columns, ["code"], None
+    )
+    assert target.rows("log", columns) == ordered(
+        [("A", "us", None), ("a", "eu", "y"), ("b", "us", "z"), ("c", None, "w")]
+    )
+    with _sqlite(source) as db:
+        db.execute("DELETE FROM log WHERE code = 'b'")  # missing from the source: left alone
+        db.execute("UPDATE log SET status = 'older' WHERE code = 'a' AND status = 'y'")
+        db.commit()
+    assert run(route).returncode == 0
+    assert ("b", "us", "z") in target.rows("log", columns)
+    assert ("a", "eu", "x") in target.rows("log", columns)  # 'x' > 'older': the winner now
+    assert len(target.rows("log", columns)) == 4
+
+
+# -- refusals, before the target --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_null_key_is_refused_before_the_target(tmp_path, target, path):
+    source = make_events(tmp_path)
+    route = write_route(
+        tmp_path, target, table="events", path=path, partition_column="region",
+        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
+    )  # fmt: skip
+    add(source, ("acme", 1, "eu", 1, "new", False))
+    assert run(route).returncode == 0
+    before, ledger = target.rows("events", LOADED), target.ledger_rows()
+    add(source, ("acme", 2, "eu", 2, "new", False), ("secret-tenant", None, "eu", 2, "x", False))
+    done = run(route)
+    assert done.returncode == 2, done.stderr
+    assert "native_transfer_value_unsupported" in done.stderr and "'id'" in done.stderr
+    assert "secret-tenant" not in done.stdout + done.stderr
+    assert target.rows("events", LOADED) == before and target.ledger_rows() == ledger
+    with _sqlite(source) as db:  # fixed in the source: the next run loads the window
+        db.execute("UPDATE events SET id = 9 WHERE id IS NULL")
+        db.commit()
+    assert run(route).returncode == 0
+    check_target(target, source)
+
+
+def test_a_changed_primary_key_is_a_changed_route_definition(tmp_path):
+    target = Target("sqlite", tmp_path)
+    source = make_events(tmp_path)
+    add(source, ("acme", 1, "eu", 1, "new", False))
+    options = dict(partition_column="region", cursor_column="v", deleted_column="gone")
+    route = write_route(
+        tmp_path, target, table="events", path="legacy", primary_key=["id"], **options
+    )
+    assert run(route).returncode == 0
+    route = write_route(
+        tmp_path, target, table="events", path="legacy", primary_key=list(KEY), **options
+    )
+    done = run(route)
+    assert done.returncode == 2
+    assert "native_transfer_route_changed" in done.stderr and "primary_key" in done.stderr
+    route = write_route(tmp_path, target, table="events", path="legacy", primary_key=["id"],
+                        partition_column="region", cursor_column="v")  # fmt: skip
+    done = run(route)
+    assert done.returncode == 2 and "deleted_column" in done.stderr
+    route = write_route(
+        tmp_path, target, table="events", path="legacy", primary_key=list(KEY), **options
+    )
+    reset = run_cli("state", "reset", route, "--yes", "--reason", "new key", "--operator", "me")
+    assert reset.returncode == 0, reset.stderr
+    assert run(route).returncode == 0
+    check_target(target, source)
+
+
+def test_a_source_without_a_primary_key_needs_one_named(tmp_path):
+    target = Target("sqlite", tmp_path)
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("CREATE TABLE log (code TEXT, region TEXT)")
+        db.execute("INSERT INTO log VALUES ('a', 'eu')")
+        db.commit()
+    route = write_route(tmp_path, target, table="log", path="legacy", partition_column="region")
+    done = run(route)
+    assert done.returncode == 2
+    assert "native_transfer_config_invalid" in done.stderr and "source.primary_key" in done.stderr
+    assert not (tmp_path / "target.db").exists() or not target.exists("log")
+
+
+def test_merge_is_refused_where_it_cannot_run(tmp_path):
+    """A ClickHouse target does not merge; a batch column cannot count a merge's batches;
+    the merge options belong to merge routes."""
+    source = make_events(tmp_path)
+    add(source, ("acme", 1, "eu", 1, "new", False))
+    options = dict(partition_column="region", cursor_column="v", primary_key=list(KEY))
+    clickhouse = Target("clickhouse", tmp_path)
+    route = write_route(tmp_path, clickhouse, table="events", path="legacy", **options)
+    done = run(route)
+    assert done.returncode == 2 and "transfer.strategy" in done.stderr
+    assert not (tmp_path / "chdata").exists()
+    sqlite_target = Target("sqlite", tmp_path)
+    route = write_route(tmp_path, sqlite_target, table="events", path="legacy", **options)
+    text = route.read_text().replace("\n\n[transfer]", '\nbatch_column = "b"\n\n[transfer]')
+    route.write_text(text)
+    done = run(route)
+    assert done.returncode == 2 and "target.batch_column" in done.stderr
+    route = write_route(tmp_path, sqlite_target, table="events", path="legacy",
+                        transfer={"strategy": "incremental_append"}, **options)  # fmt: skip
+    done = run(route)
+    assert done.returncode == 2 and "source.primary_key" in done.stderr
+    assert not (tmp_path / "target.db").exists()
+
+
+def test_odd_key_column_names_merge(tmp_path, target):
+    """Quotes, spaces, a percent sign and unicode in the key's and cursor's names."""
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute(
+            'CREATE TABLE "we ird" ("k ""1""" TEXT, "ключ%s" INTEGER, "ver sion" INTEGER, r TEXT)'
+        )
+        db.executemany(
+            'INSERT INTO "we ird" VALUES (?, ?, ?, ?)',
+            [("a", 1, 1, "x"), ("a", 1, 2, "y"), ("b", 1, 1, "z")],
+        )
+        db.commit()
+    route = write_route(
+        tmp_path, target, table="we ird", path="staged", partition_column="r",
+        cursor_column="ver sion", primary_key=['k "1"', "ключ%s"],
+    )  # fmt: skip
+    assert run(route).returncode == 0
+    assert target.rows("we ird", ('k "1"', "ключ%s", "ver sion")) == [("a", 1, 2), ("b", 1, 1)]
+
+
+# -- a crash inside the target call -----------------------------------------------------------
+
+_SINK_MODULES = {
+    "sqlite": "dpone_native_transfer.connectors.sqlite.sink:SQLiteSink",
+    "duckdb": "dpone_native_transfer.connectors.duckdb.sink:DuckDBSink",
+    "postgres": "dpone_native_transfer.connectors.postgres_sink:PostgresSink",
+}
+# A child that runs the route and SIGKILLs itself inside the target call: after the merge's
+# statements, before the commit (its ledger row not written), or after the commit.
+_CHILD = """
+import importlib, os, signal, sys
+from dpone_native_transfer import cli
+module_name, class_name = sys.argv[1].split(":")
+module = importlib.import_module(module_name)
+point = sys.argv[2]
+if point == "before-commit":
+    real = module._record
+    def _record(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+    module._record = _record
+else:
+    sink = getattr(module, class_name)
+    for name in ("load", "finalize_staged_load"):
+        real = getattr(sink, name)
+        def call(self, *args, _real=real, **kwargs):
+            _real(self, *args, **kwargs)
+            os.kill(os.getpid(), signal.SIGKILL)
+        setattr(sink, name, call)
+sys.exit(cli.main(["run", sys.argv[3], "--quiet"]))
+"""
+
+
+@pytest.mark.parametrize("point", ["before-commit", "after-commit"])
+@pytest.mark.parametrize("path", ["legacy", "staged"])
+def test_a_kill_inside_the_target_call_blocks_and_recovery_from_the_target_is_exact(
+    tmp_path, target, path, point
+):
+    source = make_events(tmp_path)
+    route = write_route(
+        tmp_path, target, table="events", path=path, partition_column="region",
+        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
+    )  # fmt: skip
+    add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "us", 1, "new", False))
+    assert run(route).returncode == 0
+    add(
+        source,
+        ("acme", 1, "eu", 2, "paid", False),
+        ("acme", 2, "us", 2, "x", True),
+        ("acme", 3, "us", 2, "new", False),
+    )
+    before = target.rows("events", LOADED)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, _SINK_MODULES[target.kind], point, str(route)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    after = target.rows("events", LOADED)
+    assert after == (before if point == "before-commit" else after)
+    if point == "after-commit":
+        assert after == expected(source_rows(source), EVENT_COLUMNS, KEY, "v")
+    blocked = run(route)
+    assert blocked.returncode == 3, blocked.stderr  # the outcome is unknown to the store
+    assert target.rows("events", LOADED) == after
+    healed = run(route, "--recovery", "from_target")
+    assert healed.returncode == 0, healed.stderr
+    check_target(target, source)
+    batches = target.query('SELECT batch_id FROM "_dpone_ledger"')
+    assert len(batches) == len({b for (b,) in batches}) == 2
+
+
+def test_a_lost_store_is_restored_from_the_target_of_a_merge_route(tmp_path):
+    """The target's rows are not the sum of its merge batches' rows (updates, deletes):
+    ``state restore`` does not ask them to be, and the next run continues exactly."""
+    target = Target("sqlite", tmp_path)
+    source = make_events(tmp_path)
+    route = write_route(
+        tmp_path, target, table="events", path="legacy", partition_column="region",
+        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
+    )  # fmt: skip
+    add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "eu", 1, "new", False))
+    assert run(route).returncode == 0
+    add(source, ("acme", 1, "eu", 2, "paid", False), ("acme", 2, "eu", 2, "", True))
+    assert run(route).returncode == 0
+    for file in tmp_path.glob("checkpoints.db*"):
+        file.unlink()
+    assert run(route).returncode == 3  # the target's ledger is ahead of the (new) store
+    restored = run_cli("state", "restore", route, "--yes", "--reason", "lost", "--operator", "me")
+    assert restored.returncode == 0, restored.stderr
+    add(source, ("acme", 3, "eu", 3, "new", False))
+    assert run(route).returncode == 0
+    check_target(target, source)
+
+
+def test_an_append_route_switched_to_merge_collapses_each_key_to_its_latest_version(tmp_path):
+    target = Target("sqlite", tmp_path)
+    source = make_events(tmp_path)
+    add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "eu", 1, "new", False))
+    options = dict(partition_column="region", cursor_column="v", deleted_column="gone")
+    route = write_route(tmp_path, target, table="events", path="staged",
+                        transfer={"strategy": "incremental_append"}, partition_column="region",
+                        cursor_column="v")  # fmt: skip
+    assert run(route).returncode == 0
+    add(source, ("acme", 1, "us", 2, "paid", False), ("acme", 2, "eu", 2, "", True))
+    assert run(route).returncode == 0
+    assert len(target.rows("events", ("seq",))) == 4  # every version, appended
+    route = write_route(
+        tmp_path, target, table="events", path="staged", primary_key=list(KEY), **options
+    )
+    assert run(route).returncode == 0
+    assert target.rows("events", ("seq", "tenant", "id", "region", "v", "status", "gone")) == [
+        (3, "acme", 1, "us", 2, "paid", None)
+    ]  # the append route's table keeps its gone column: the merge writes NULL there
