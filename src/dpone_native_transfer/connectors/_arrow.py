@@ -20,19 +20,93 @@ from typing import Any, TypeVar
 from ..artifacts import DigestWriter, create_private
 from ..drivers import import_driver
 from ..errors import ConfigInvalid
-from ..payloads import LoadFile
+from ..payloads import Column, LoadFile
 
 __all__ = [
+    "BULK_BATCH_ROWS",
     "arrow",
     "check_widths",
+    "exact_type",
     "read_ahead",
     "read_stream",
     "row_batch",
     "row_type",
     "write_stream",
+    "write_tagged_batches",
 ]
 
 _T = TypeVar("_T")
+
+BULK_BATCH_ROWS = 65_536  # rows per record batch of a bulk read's files (``BulkRead``)
+_WIDEST_DECIMAL128 = 38
+
+
+def exact_type(pa: Any, column: Column) -> Any | None:
+    """The Arrow type that holds every value of ``column`` exactly, as a bulk read's files
+    give it (``contract.bulk.BulkRead``), or None for a kind without one here (a blob, a
+    time, a SQLite number or untyped value: each is read as rows)."""
+    declared = column.decimal(_WIDEST_DECIMAL128)
+    if column.kind == "decimal":
+        return pa.string() if declared is None else pa.decimal128(*declared)
+    kinds = {
+        "integer": pa.int64,
+        "real": pa.float64,
+        "text": pa.string,
+        "interval": pa.string,  # its text, as the row paths carry it
+        "boolean": pa.bool_,
+        "date": pa.date32,
+        "timestamp": lambda: pa.timestamp("us"),
+        "timestamptz": lambda: pa.timestamp("us", tz="UTC"),
+    }
+    make = kinds.get(column.kind)
+    return None if make is None else make()
+
+
+def write_tagged_batches(
+    pa: Any, schema: Any, batches: Iterable[tuple[Any, Any]], paths: Sequence[Path], bounds: int
+) -> tuple[list[LoadFile], list[int]]:
+    """Write ``(tags, batch)`` pairs, each row of ``batch`` of the bound ``tags`` names (an
+    int32 array), to new private files: all to one file as they come, or each bound's rows
+    to its own (``paths[index]``), gathered into batches of about ``BULK_BATCH_ROWS`` rows
+    (a read's batch spread over 100 files would give files of tiny batches). Each bound's
+    rows keep their order. The batches are read a batch ahead (``read_ahead``), so the read
+    runs while the files are written; their digests are taken as they are written."""
+    pc = import_driver("pyarrow.compute", needed_by="a bulk read")
+    counts = [0] * bounds
+    with contextlib.ExitStack() as stack:
+        writers = [DigestWriter(stack.enter_context(create_private(path))) for path in paths]
+        streams = [stack.enter_context(pa.ipc.new_stream(w, schema)) for w in writers]
+        waiting: dict[int, list[Any]] = {}
+
+        def flush(index: int) -> None:
+            table = pa.Table.from_batches(waiting.pop(index), schema).combine_chunks()
+            for batch in table.to_batches():  # one, after combine_chunks
+                streams[index].write_batch(batch)
+
+        for tags, batch in stack.enter_context(read_ahead(batches)):
+            if len(streams) == 1:
+                for entry in pc.value_counts(tags).to_pylist():
+                    counts[entry["values"]] += entry["counts"]
+                streams[0].write_batch(batch)
+                continue
+            order = pc.sort_indices(tags)  # stable: each bound keeps the read's order
+            tags, batch = tags.take(order), batch.take(order)
+            offset = 0
+            for entry in pc.value_counts(tags).to_pylist():  # sorted tags: ascending
+                index, rows = entry["values"], entry["counts"]
+                counts[index] += rows
+                waiting.setdefault(index, []).append(batch.slice(offset, rows))
+                if sum(part.num_rows for part in waiting[index]) >= BULK_BATCH_ROWS:
+                    flush(index)
+                offset += rows
+        for index in sorted(waiting):
+            flush(index)
+    totals = [sum(counts)] if len(paths) == 1 else counts
+    files = [
+        LoadFile(path=path, rows=rows, sha256=writer.sha256, native=True)
+        for path, rows, writer in zip(paths, totals, writers, strict=True)
+    ]
+    return files, counts
 
 
 def arrow(needed_by: str) -> Any:

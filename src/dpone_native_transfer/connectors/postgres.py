@@ -30,8 +30,10 @@ database, or the login may not read (``drivers.ServerFailure`` tells them apart)
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
@@ -48,7 +50,8 @@ from ..drivers import (
 )
 from ..errors import ConfigInvalid, NativeTransferError, SourceAccessRefused, SourceInvalid
 from ..identity import TableIdentity, server_location
-from ..payloads import Column, SourceShape, bound_predicates
+from ..payloads import Column, LoadFile, SourceShape, bound_predicates
+from ._arrow import arrow, write_tagged_batches
 from ._sql import (
     RANGE_EDGES,
     TableSource,
@@ -63,6 +66,7 @@ from ._sql import (
     render_predicates,
 )
 from .contract import DEFAULT_CHUNK_ROWS
+from .postgres_bulk import Inexact, arrow_schema, copy_batches
 
 __all__ = ["PostgresSource"]
 
@@ -423,6 +427,21 @@ class PostgresSource(TableSource):
     def _read_placed(
         self, bounds: Sequence[Mapping[str, Any]], chunk_rows: int
     ) -> Iterator[tuple[int, list[tuple]]] | None:
+        """The rows of ``_placed_scan``'s one scan, each with its bound's index."""
+        check_chunk_rows(chunk_rows)
+        found = self._placed_scan(bounds)
+        if found is None:
+            return None
+        sql, params, places, null_partition = found
+        return (
+            (index, rows)
+            for place, rows in _routed(self._chunks(sql, params, chunk_rows))
+            if (index := null_partition if place is None else places[place]) is not None
+        )
+
+    def _placed_scan(
+        self, bounds: Sequence[Mapping[str, Any]]
+    ) -> tuple[str, list[Any], list[int | None], int | None] | None:
         """Single values or key ranges (``partition_by = "range"``), with the NULL key's
         partition, in one scan when the planner costs it below their own reads. The server
         sorts the values or the ranges' edges (``dense_rank``) and gives each row the place
@@ -436,8 +455,12 @@ class PostgresSource(TableSource):
         (``_KeyType.placeable``: a collation other than the database's default, in which
         the edges are sorted, or an array it steps through wrongly), edges of mixed kinds or
         compared in another type than the key's (``_compared_as_key``), values equal on the
-        server, and overlapping ranges."""
-        singles = self._single_values(bounds, chunk_rows)
+        server, and overlapping ranges.
+
+        The scan's SQL (every column as ``read`` selects it, then the place), its values, the
+        bound's index of each place (None: no bound's), and the index of the NULL key's
+        bound."""
+        singles = self._single_values(bounds, DEFAULT_CHUNK_ROWS)
         if singles is not None:
             predicates, window = singles
             nulls = [i for i, p in enumerate(predicates) if p.op == "IS NULL"]
@@ -516,14 +539,7 @@ class PostgresSource(TableSource):
                 return None
 
         found = self._query(planned)
-        if found is None:
-            return None
-        sql, params, places = found
-        return (
-            (index, rows)
-            for place, rows in _routed(self._chunks(sql, params, chunk_rows))
-            if (index := null_partition if place is None else places[place]) is not None
-        )
+        return None if found is None else (*found, null_partition)
 
     def _scan_cheaper(
         self, conn: Any, sql: str, params: Sequence[Any], bounds: Sequence[Mapping[str, Any]]
@@ -559,6 +575,61 @@ class PostgresSource(TableSource):
         select = ", ".join(_value(column) for column in self._described_columns())
         sql = f"SELECT {select} FROM {self._relation} WHERE {where}"
         return self._chunks(sql, params, chunk_rows)
+
+    def bulk(self) -> PostgresSource:
+        """``BulkRead``: ``write_arrow_files``."""
+        return self
+
+    def write_arrow_files(
+        self, bounds: Sequence[Mapping[str, Any]], columns: Sequence[Column], paths: Sequence[Path]
+    ) -> tuple[list[LoadFile], list[int]] | None:
+        """``BulkRead``: the partitions in one ``COPY`` of ``_placed_scan``'s scan where it
+        takes them, else a ``COPY`` of each one's read, all in one repeatable-read
+        transaction (in the attempt's snapshot when one is held), as CSV that pyarrow
+        converts in C (``postgres_bulk``). None, with no file left, for a column kind
+        without an exact Arrow type or a value that does not fit its type."""
+        pa = arrow("PostgresSource")
+        found = self._placed_scan(bounds) if len(bounds) > 1 else None
+        schema = arrow_schema(pa, columns, placed=found is not None)
+        if schema is None or len(paths) not in (1, len(bounds)):
+            return None
+        if found is not None:
+            sql, params, places, null_partition = found
+            lookup = pa.array([*places, null_partition], pa.int32())
+            reads = [(sql, params, lookup)]
+        else:
+            reads = [(*self._select(columns, each), i) for i, each in enumerate(bounds)]
+        files_schema = schema.remove(len(columns)) if found is not None else schema
+
+        def tagged(conn: Any) -> Iterator[tuple[Any, Any]]:
+            for sql, params, tag in reads:
+                for batch in copy_batches(pa, conn, sql, params, schema):
+                    yield _tags(pa, batch, tag, len(columns))
+
+        def work(conn: Any) -> tuple[list[LoadFile], list[int]]:
+            batches = tagged(conn)
+            return write_tagged_batches(pa, files_schema, batches, paths, len(bounds))
+
+        try:
+            return self._repeatable(work)
+        except Inexact:
+            pass
+        except BaseException:
+            _remove(paths)
+            raise
+        _remove(paths)
+        return None
+
+    def _repeatable(self, work: Callable[[Any], _T]) -> _T:
+        """``work(conn)`` in one repeatable-read transaction, every statement in one snapshot
+        (the attempt's when it holds one); the connection is closed after."""
+        driver = _driver()
+        conn = self._open(driver)
+        try:
+            conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
+            return self._attempt(driver, lambda: work(self._begin(conn)))
+        finally:
+            conn.close()
 
     def count(self, bounds: Mapping) -> int:
         where, params = self._where(bounds)
@@ -616,6 +687,30 @@ def _routed(chunks: Iterable[list[tuple]]) -> Iterator[tuple[int, list[tuple]]]:
         for row in chunk:
             groups.setdefault(row[-1], []).append(row[:-1])
         yield from groups.items()
+
+
+def _tags(pa: Any, batch: Any, tag: Any, width: int) -> tuple[Any, Any]:
+    """``(tags, rows)`` of a batch of a bulk read: ``tag`` a bound's index for every row, or
+    the lookup from a placed scan's place (its last field) to the bound's index, rows of no
+    bound's place dropped."""
+    if isinstance(tag, int):
+        return pa.array([tag] * batch.num_rows, pa.int32()), batch
+    compute = import_driver("pyarrow.compute", needed_by="PostgresSource")
+    place = batch.column(width)
+    if place.null_count:  # NULL: the NULL key's place, the lookup's last
+        place = compute.fill_null(place, len(tag) - 1)
+    tags = compute.take(tag, place)
+    rows = batch.select(range(width))
+    if tags.null_count:
+        kept = compute.is_valid(tags)
+        tags, rows = tags.filter(kept), rows.filter(kept)
+    return tags, rows
+
+
+def _remove(paths: Sequence[Path]) -> None:
+    for path in paths:  # a read that gave up leaves nothing behind
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _session(conn: Any) -> Any:

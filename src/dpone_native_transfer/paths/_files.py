@@ -56,7 +56,9 @@ class FileMaker:
         pulled in one read when the engine takes them all (SQLite writes one at a time).
         Else, from a source that watches its writes (``features.watches_writes``), in groups
         of at most ``open_files_allowed()`` (an engine holds each group's files open), kept
-        only when no write came meanwhile. All between the same two reads of the top rows."""
+        only when no write came meanwhile. All between the same two reads of the top rows.
+        An engine that cannot read the source gets the source's own Arrow files, where it
+        writes them (``bulk_files``)."""
         ctx = self.ctx
         engine, source, count = ctx.sink.engine(), ctx.source, len(ctx.candidates)
         if engine is None:
@@ -72,7 +74,7 @@ class FileMaker:
             groups = [range(at, min(at + step, count)) for at in range(0, count, step)]
             first = plan_of(groups[0])
         if first is None:
-            return None
+            return self.bulk_files(per_partition=per_partition)
         names = [c.partition_id for c in ctx.candidates] if per_partition else ["load"]
         paths = [ctx.work_dir / f"{name}{engine.pulled_suffix}" for name in names]
 
@@ -108,6 +110,33 @@ class FileMaker:
         if pulled is None:
             return None
         files, counts = pulled
+        for index, rows in enumerate(counts):
+            digest = {"artifact_sha256": files[index].sha256} if per_partition else {}
+            ctx.extracted(index, rows, **digest)
+        return files
+
+    def bulk_files(self, *, per_partition: bool) -> list[LoadFile] | None:
+        """The candidates' rows in Arrow files the source writes itself, in bulk, in the
+        attempt's snapshot (``Source.bulk()``, ``BulkRead``), for an engine that loads them
+        (``EnginePull.reads_bulk_files``): one file, or one per candidate; each candidate's
+        count recorded. None when the source or the engine cannot, an edge partition's
+        loaded rows must be left out or the batch column added (only dpone can), or a value
+        does not fit its Arrow type: the path then reads rows and carries each value."""
+        ctx = self.ctx
+        engine, bulk = ctx.sink.engine(), ctx.source.bulk()
+        if engine is None or bulk is None or not engine.reads_bulk_files:
+            return None
+        if ctx.batch_value is not None or any(is_edge(c.partition_bounds) for c in ctx.candidates):
+            return None
+        if per_partition and len(ctx.candidates) > open_files_allowed():
+            return None
+        names = [c.partition_id for c in ctx.candidates] if per_partition else ["load"]
+        paths = [ctx.work_dir / f"{name}.arrows" for name in names]
+        bounds = [candidate.partition_bounds for candidate in ctx.candidates]
+        written = bulk.write_arrow_files(bounds, ctx.shape.columns, paths)
+        if written is None:
+            return None
+        files, counts = written
         for index, rows in enumerate(counts):
             digest = {"artifact_sha256": files[index].sha256} if per_partition else {}
             ctx.extracted(index, rows, **digest)

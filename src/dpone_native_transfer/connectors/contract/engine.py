@@ -32,6 +32,9 @@ class EnginePull(Protocol):
     pulled_suffix: str = ""
     # ``pull_stage`` fills the stage itself: the staged path then writes no load file
     stages: bool = False
+    # ``Sink.load`` and ``Sink.stage`` load the Arrow files a source writes in bulk
+    # (``bulk.BulkRead``), each value exactly as its ``_arrow.exact_type`` holds it
+    reads_bulk_files: bool = False
 
     @abc.abstractmethod
     def check_plan(self, plan: LoadPlan) -> None:

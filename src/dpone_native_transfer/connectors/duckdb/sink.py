@@ -112,6 +112,7 @@ class DuckDBSink(FileTarget, EnginePull):
 
     features = SinkFeatures(name="DuckDB")
     pulled_suffix = ".arrows"  # an Arrow IPC stream
+    reads_bulk_files = True  # DuckDB casts each exact Arrow type to its column's exactly
 
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
         check_target_table(table)

@@ -1,0 +1,213 @@
+"""A PostgreSQL source's bulk read (``Source.bulk()``, ``postgres_bulk.py``): ``COPY ... TO
+STDOUT`` parsed by pyarrow into exact Arrow files DuckDB loads, on the real server and DuckDB.
+
+Each value must land as the row paths land it, or the read gives up and the rows are read
+and carried as before; either way the outcome is the row paths' own."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import duckdb
+import psycopg
+import pyarrow as pa
+import pytest
+from helpers.cli import run_cli
+from helpers.postgres_server import postgres_url
+
+from dpone_native_transfer.connectors.postgres import PostgresSource
+from dpone_native_transfer.payloads import Column
+
+# (name, PostgreSQL type, row 1's value, row 2's value); row 3 is every column NULL
+BULK_COLUMNS = [
+    ("i4", "integer", "2147483647", "-1"),
+    ("i8", "bigint", "9223372036854775807", "-9223372036854775808"),
+    ("n", "numeric", "'12345678901234567890.123456789'", "'NaN'"),
+    ("n2", "numeric(12,2)", "'9999999999.99'", "'-0.01'"),
+    ("n38", "numeric(38,10)", "'1234567890123456789012345678.0123456789'", "'0'"),
+    ("re", "double precision", "'NaN'", "'-Infinity'"),
+    ("r4", "real", "'0.1'", "'Infinity'"),
+    ("d15", "double precision", "0.1::float8 + 0.2::float8", "'5e-324'"),
+    ("t", "text", "'NA'", "''"),
+    ("t2", "text", "E'a,\"b\"\\nc\\\\d'", "'NaN'"),
+    ("b", "boolean", "true", "false"),
+    ("d", "date", "'2024-02-29'", "'0001-01-01'"),
+    ("ts", "timestamp", "'2024-01-05 10:00:00.123456'", "'1999-12-31 23:59:59'"),
+    ("tz", "timestamptz", "'2024-01-05 10:00:00+02'", "'2024-01-05 11:30:00.5+00'"),
+    ("iv", "interval", "'1 day 02:00:00'", "'1 year 2 mons'"),
+    (
+        "u",
+        "uuid",
+        "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
+        "'00000000-0000-0000-0000-0000000000ff'",
+    ),
+    ("j", "jsonb", "'{\"b\": [1, 2]}'", "'1.50'"),
+]
+
+ROUTE = """\
+[source]
+kind = "postgres"
+dsn = "env:BULK_DSN"
+table = "{table}"
+partition_column = "p"
+[target]
+kind = "duckdb"
+path = "target.duckdb"
+table = "copy"
+[transfer]
+strategy = "full_refresh"
+path = "{path}"
+[store]
+path = "checkpoints.db"
+"""
+
+
+def make_table(location, columns: list[tuple[str, str, str, str]], *, index: bool) -> str:
+    """``src(id, p, columns...)`` in the test's schema: two rows of values, one of NULLs, in
+    partitions 0 and 1 and the NULL partition; the partition column indexed or not."""
+    definitions = ", ".join(f"{name} {pg_type}" for name, pg_type, *_ in columns)
+    rows = [
+        f"(1, 0, {', '.join(c[2] for c in columns)})",
+        f"(2, 1, {', '.join(c[3] for c in columns)})",
+        f"(3, NULL, {', '.join('NULL' for _ in columns)})",
+    ]
+    with contextlib.closing(psycopg.connect(location.dsn, autocommit=True)) as conn:
+        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{location.schema}"')
+        conn.execute(f'CREATE TABLE "{location.schema}".src (id integer, p integer, {definitions})')
+        conn.execute(f'INSERT INTO "{location.schema}".src VALUES {", ".join(rows)}')
+        if index:
+            conn.execute(f'CREATE INDEX ON "{location.schema}".src (p)')
+        conn.execute(f'ANALYZE "{location.schema}".src')
+    return f"{location.schema}.src"
+
+
+def run(folder: Path, location, table: str, path: str):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "route.toml").write_text(ROUTE.format(table=table, path=path), encoding="utf-8")
+    env = {"BULK_DSN": postgres_url(location.dsn)}
+    return run_cli("run", folder / "route.toml", "--quiet", env=env)
+
+
+def target_texts(folder: Path, names: list[str]) -> list[tuple]:
+    exprs = ", ".join(f'CAST("{name}" AS VARCHAR)' for name in names)
+    with contextlib.closing(duckdb.connect(str(folder / "target.duckdb"), read_only=True)) as db:
+        return db.execute(f"SELECT {exprs} FROM copy ORDER BY id").fetchall()
+
+
+def no_rows_read(*args, **kwargs):
+    raise AssertionError("the rows were read in Python")
+
+
+@pytest.mark.parametrize("index", [False, True], ids=["one scan", "a read per partition"])
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+def test_postgres_into_duckdb_in_bulk_lands_every_value_as_the_row_paths_do(
+    tmp_path, postgres_schema, monkeypatch, path, index
+):
+    """The bulk read takes these kinds whole (Python reads no row: ``read`` and
+    ``read_partitions`` fail if asked), and the target holds, value for value, what the row
+    paths load: NULL only for NULL (a text "NA" or "" stays text), NaN and infinities, a
+    numeric's every digit, an instant in UTC."""
+    table = make_table(postgres_schema, BULK_COLUMNS, index=index)
+    names = ["id", "p", *(c[0] for c in BULK_COLUMNS)]
+    with monkeypatch.context() as patched:
+        patched.setattr(PostgresSource, "read", no_rows_read)
+        patched.setattr(PostgresSource, "read_partitions", no_rows_read)
+        bulk = run(tmp_path / "bulk", postgres_schema, table, path)
+    assert bulk.returncode == 0, bulk.stderr
+    monkeypatch.setattr(PostgresSource, "bulk", lambda self: None)
+    rows = run(tmp_path / "rows", postgres_schema, table, path)
+    assert rows.returncode == 0, rows.stderr
+    got = target_texts(tmp_path / "bulk", names)
+    assert got == target_texts(tmp_path / "rows", names)
+    by_name = dict(zip(names, zip(*got, strict=True), strict=True))
+    assert by_name["t"] == ("NA", "", None)
+    assert by_name["t2"] == ('a,"b"\nc\\d', "NaN", None)
+    assert by_name["n"] == ("12345678901234567890.123456789", "NaN", None)
+    assert by_name["n38"] == ("1234567890123456789012345678.0123456789", "0.0000000000", None)
+    assert by_name["re"] == ("nan", "-inf", None)
+    assert by_name["d15"] == ("0.30000000000000004", "5e-324", None)
+    assert by_name["tz"][0].startswith("2024-01-05 08:00:00")
+
+
+def test_a_value_without_an_exact_arrow_value_is_read_as_rows(tmp_path, postgres_schema):
+    """PostgreSQL's infinite timestamps and dates have no Arrow value: the bulk read gives up
+    (no file left) and the rows are read and carried, and DuckDB holds them exactly."""
+    columns = [
+        ("tz", "timestamptz", "'infinity'", "'2024-01-05 10:00:00+00'"),
+        ("d", "date", "'2024-02-29'", "'-infinity'"),
+    ]
+    table = make_table(postgres_schema, columns, index=False)
+    source = PostgresSource(postgres_url(postgres_schema.dsn), table, "p")
+    shape = source.describe()
+    paths = [tmp_path / "load.arrows"]
+    assert (
+        source.write_arrow_files([{"partition": 0}, {"partition": 1}], shape.columns, paths) is None
+    )
+    assert list(tmp_path.iterdir()) == []
+    done = run(tmp_path / "run", postgres_schema, table, "staged")
+    assert done.returncode == 0, done.stderr
+    assert target_texts(tmp_path / "run", ["tz", "d"]) == [
+        ("infinity", "2024-02-29"),
+        ("2024-01-05 10:00:00+00", "-infinity"),
+        (None, None),
+    ]
+
+
+def test_a_numeric_nan_its_decimal_cannot_hold_is_refused_before_the_target(
+    tmp_path, postgres_schema
+):
+    """A NaN in a numeric(12,2) fits no DECIMAL: the bulk read gives up, and the rows' carrier
+    refuses it before the target, naming the column, as without the bulk read."""
+    table = make_table(postgres_schema, [("n2", "numeric(12,2)", "'1.50'", "'NaN'")], index=False)
+    done = run(tmp_path, postgres_schema, table, "legacy")
+    assert done.returncode != 0
+    assert "'n2'" in done.stderr and "NaN" not in done.stderr
+    assert not (tmp_path / "target.duckdb").exists() or not _has_copy(tmp_path / "target.duckdb")
+
+
+def _has_copy(path: Path) -> bool:
+    with contextlib.closing(duckdb.connect(str(path), read_only=True)) as db:
+        return bool(
+            db.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'copy'").fetchone()[
+                0
+            ]
+        )
+
+
+@pytest.mark.parametrize("index", [False, True], ids=["one scan", "a read per partition"])
+def test_the_bulk_files_hold_each_partition_and_its_count(tmp_path, postgres_schema, index):
+    """One file per bound, each bound's rows and count exactly, in the exact Arrow types; the
+    NULL partition too; a partition value no row holds gets an empty file and a count of 0."""
+    table = make_table(postgres_schema, BULK_COLUMNS[:4], index=index)
+    source = PostgresSource(postgres_url(postgres_schema.dsn), table, "p")
+    columns = source.describe().columns
+    bounds = [{"partition": None}, {"partition": 0}, {"partition": 1}, {"partition": 7}]
+    paths = [tmp_path / f"{number}.arrows" for number in range(len(bounds))]
+    written = source.write_arrow_files(bounds, columns, paths)
+    assert written is not None
+    files, counts = written
+    assert counts == [1, 1, 1, 0] and [file.rows for file in files] == counts
+    ids = []
+    for file in files:
+        with pa.ipc.open_stream(pa.OSFile(str(file.path))) as stream:
+            read = stream.read_all()
+        assert read.schema.field("n2").type == pa.decimal128(12, 2)
+        assert read.schema.field("i8").type == pa.int64()
+        ids.append(read.column("id").to_pylist())
+    assert ids == [[3], [1], [2], []]
+    one = source.write_arrow_files(bounds, columns, [tmp_path / "all.arrows"])
+    assert one is not None and one[1] == [1, 1, 1, 0] and one[0][0].rows == 3
+    single = source.write_arrow_files([{"partition": 1}], columns, [tmp_path / "one.arrows"])
+    assert single is not None and single[1] == [1]  # one bound: its own read's COPY
+
+
+def test_columns_without_an_exact_arrow_type_are_not_read_in_bulk(tmp_path, postgres_schema):
+    """A bytea or a time column has no exact Arrow type here: the whole read is left to rows."""
+    table = make_table(postgres_schema, [("raw", "bytea", "'\\xff00'", "''")], index=False)
+    source = PostgresSource(postgres_url(postgres_schema.dsn), table, "p")
+    columns = source.describe().columns
+    assert [c.kind for c in columns] == ["integer", "integer", "blob"]
+    assert source.write_arrow_files([{"partition": 0}], columns, [tmp_path / "x.arrows"]) is None
+    assert not (tmp_path / "x.arrows").exists()
+    assert Column("raw", "bytea", "blob") in columns
