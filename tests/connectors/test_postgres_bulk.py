@@ -52,9 +52,7 @@ dsn = "env:BULK_DSN"
 table = "{table}"
 partition_column = "p"
 [target]
-kind = "duckdb"
-path = "target.duckdb"
-table = "copy"
+{target}
 [transfer]
 strategy = "full_refresh"
 path = "{path}"
@@ -82,17 +80,33 @@ def make_table(location, columns: list[tuple[str, str, str, str]], *, index: boo
     return f"{location.schema}.src"
 
 
-def run(folder: Path, location, table: str, path: str):
+DUCKDB = 'kind = "duckdb"\npath = "target.duckdb"\ntable = "copy"'
+
+
+def run(folder: Path, location, table: str, path: str, target: str = DUCKDB):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "route.toml").write_text(ROUTE.format(table=table, path=path), encoding="utf-8")
+    route = ROUTE.format(table=table, path=path, target=target)
+    (folder / "route.toml").write_text(route, encoding="utf-8")
     env = {"BULK_DSN": postgres_url(location.dsn)}
     return run_cli("run", folder / "route.toml", "--quiet", env=env)
+
+
+def postgres_target(location, name: str) -> str:
+    """A ``[target]`` of table ``name`` in the test's schema (another table of the server)."""
+    return f'kind = "postgres"\ndsn = "env:BULK_DSN"\ntable = "{location.schema}.{name}"'
 
 
 def target_texts(folder: Path, names: list[str]) -> list[tuple]:
     exprs = ", ".join(f'CAST("{name}" AS VARCHAR)' for name in names)
     with contextlib.closing(duckdb.connect(str(folder / "target.duckdb"), read_only=True)) as db:
         return db.execute(f"SELECT {exprs} FROM copy ORDER BY id").fetchall()
+
+
+def postgres_texts(location, name: str, names: list[str]) -> list[tuple]:
+    exprs = ", ".join(f'"{column}"::text' for column in names)
+    with contextlib.closing(psycopg.connect(location.dsn)) as db:
+        table = f'"{location.schema}"."{name}"'
+        return db.execute(f"SELECT {exprs} FROM {table} ORDER BY id").fetchall()
 
 
 def no_rows_read(*args, **kwargs):
@@ -128,6 +142,34 @@ def test_postgres_into_duckdb_in_bulk_lands_every_value_as_the_row_paths_do(
     assert by_name["re"] == ("nan", "-inf", None)
     assert by_name["d15"] == ("0.30000000000000004", "5e-324", None)
     assert by_name["tz"][0].startswith("2024-01-05 08:00:00")
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+def test_postgres_into_postgres_in_bulk_lands_every_value_as_the_row_paths_do(
+    tmp_path, postgres_schema, monkeypatch, path
+):
+    """Into PostgreSQL the bulk files are COPY'd as CSV pyarrow writes (``csv_blocks``): the
+    target table holds each value's text as the row paths' ``COPY`` leaves it, with Python
+    reading no row."""
+    table = make_table(postgres_schema, BULK_COLUMNS, index=False)
+    names = ["id", "p", *(c[0] for c in BULK_COLUMNS)]
+    with monkeypatch.context() as patched:
+        patched.setattr(PostgresSource, "read", no_rows_read)
+        patched.setattr(PostgresSource, "read_partitions", no_rows_read)
+        target = postgres_target(postgres_schema, "bulk_copy")
+        bulk = run(tmp_path / "bulk", postgres_schema, table, path, target)
+    assert bulk.returncode == 0, bulk.stderr
+    monkeypatch.setattr(PostgresSource, "bulk", lambda self: None)
+    target = postgres_target(postgres_schema, "rows_copy")
+    rows = run(tmp_path / "rows", postgres_schema, table, path, target)
+    assert rows.returncode == 0, rows.stderr
+    got = postgres_texts(postgres_schema, "bulk_copy", names)
+    assert got == postgres_texts(postgres_schema, "rows_copy", names)
+    by_name = dict(zip(names, zip(*got, strict=True), strict=True))
+    assert by_name["t"] == ("NA", "", None)
+    assert by_name["d15"] == ("0.30000000000000004", "5e-324", None)
+    assert by_name["re"] == ("NaN", "-Infinity", None)
+    assert by_name["tz"] == ("2024-01-05 08:00:00+00", "2024-01-05 11:30:00.5+00", None)
 
 
 def test_a_value_without_an_exact_arrow_value_is_read_as_rows(tmp_path, postgres_schema):

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..artifacts import DigestWriter, create_private
+from ..artifacts import DigestReader, DigestWriter, create_private
 from ..drivers import import_driver
 from ..errors import ConfigInvalid
 from ..payloads import Column, LoadFile
@@ -26,6 +26,7 @@ __all__ = [
     "BULK_BATCH_ROWS",
     "arrow",
     "check_widths",
+    "csv_blocks",
     "exact_type",
     "read_ahead",
     "read_stream",
@@ -107,6 +108,38 @@ def write_tagged_batches(
         for path, rows, writer in zip(paths, totals, writers, strict=True)
     ]
     return files, counts
+
+
+def csv_blocks(pa: Any, files: Sequence[LoadFile]) -> Iterator[bytes]:
+    """The rows of bulk files (``write_tagged_batches``) as CSV, a block per batch, written
+    by pyarrow in C: NULL an empty field, every other value quoted (a lone backslash and dot on a
+    line would end the data), a double its shortest exact text (``nan``, ``inf``), a UTC
+    timestamp with ``+00`` (``_utc_text``); what PostgreSQL's ``COPY ... FROM STDIN (FORMAT
+    csv)`` reads back as the same values. Each file's digest is checked after its last
+    batch: ``ArtifactInvalid`` when it changed since it was written."""
+    csv = import_driver("pyarrow.csv", needed_by="a bulk load")
+    options = csv.WriteOptions(include_header=False, quoting_style="all_valid")
+    for file in files:
+        with DigestReader(file.path, file.sha256) as reader:
+            for batch in pa.ipc.open_stream(reader):
+                if batch.num_rows:
+                    sink = pa.BufferOutputStream()
+                    csv.write_csv(_utc_text(pa, batch), sink, options)
+                    yield sink.getvalue().to_pybytes()
+            reader.verify()
+
+
+def _utc_text(pa: Any, batch: Any) -> Any:
+    """``batch`` with each UTC timestamp column as its text and ``+00``: the CSV writer
+    formats a timestamp with a zone through the zone's rules, tens of times slower than
+    one without (figures: docs/performance.md, fix 63), and the same instant is written."""
+    compute = import_driver("pyarrow.compute", needed_by="a bulk load")
+    columns = list(batch.columns)
+    for index, column in enumerate(columns):
+        if pa.types.is_timestamp(column.type) and column.type.tz == "UTC":
+            text = compute.cast(column.cast(pa.timestamp(column.type.unit)), pa.string())
+            columns[index] = compute.binary_join_element_wise(text, "+00", "")
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
 def arrow(needed_by: str) -> Any:

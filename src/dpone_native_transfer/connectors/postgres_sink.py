@@ -63,9 +63,9 @@ from ..ledger import (
     ledger_table_sql,
     read_fence,
 )
-from ..payloads import Column, LoadPlan, RowChunks
+from ..payloads import Column, LoadFiles, LoadPlan, RowChunks
 from ..rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
-from ._arrow import check_widths
+from ._arrow import arrow, check_widths, csv_blocks
 from ._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -196,6 +196,7 @@ class PostgresSink(Sink, EnginePull):
 
     # the server may still run an insert whose client is gone
     features = SinkFeatures(name="PostgreSQL", inserts_end_with_their_process=False)
+    reads_bulk_files = True  # a source's Arrow files, as CSV its COPY reads exactly
 
     def __init__(self, dsn: str, table: str) -> None:
         check_target_table(table)
@@ -306,7 +307,7 @@ class PostgresSink(Sink, EnginePull):
             self._fence_first(conn, ledger)
             _prepare_target(conn, self._target, payload.columns, replace=payload.replace)
             counted = _applied_counter(conn, self._target, replace=payload.replace)
-            rows = counted(_copy_rows(conn, self._target, payload.columns, payload.chunks))
+            rows = counted(_copy_payload(conn, self._target, payload))
             return _record(conn, self._ledger_table, ledger, rows)
 
     def engine(self) -> PostgresSink:
@@ -377,7 +378,7 @@ class PostgresSink(Sink, EnginePull):
             _run(conn, f"SET LOCAL lock_timeout = '{_STAGE_WAIT}'")
             _run(conn, f"DROP TABLE IF EXISTS {self._stage.sql(_name)}")
             _create_table(conn, self._stage, payload.columns)
-            return _copy_rows(conn, self._stage, payload.columns, payload.chunks)
+            return _copy_payload(conn, self._stage, payload)
 
         return self._outside_call(fill, read_only=False, to="be written")
 
@@ -606,6 +607,20 @@ def _applied_counter(conn: Any, table: TableName, *, replace: bool) -> Callable[
         return lambda rows: rows
     before = 0 if replace else _row_count(conn, table)
     return lambda _rows: _row_count(conn, table) - before
+
+
+def _copy_payload(conn: Any, table: TableName, payload: RowChunks) -> int:
+    """The payload's rows through ``COPY ... FROM STDIN``: a source's Arrow files
+    (``BulkRead``) as CSV written in C (``_arrow.csv_blocks``), any other rows one by one."""
+    files = payload.files if isinstance(payload, LoadFiles) else ()
+    if not files or not all(file.native for file in files):
+        return _copy_rows(conn, table, payload.columns, payload.chunks)
+    names = ", ".join(quote(column.name) for column in payload.columns)
+    with conn.cursor() as cursor:
+        with cursor.copy(f"COPY {table.sql()} ({names}) FROM STDIN (FORMAT csv)") as copy:
+            for block in csv_blocks(arrow("PostgresSink"), files):
+                copy.write(block)
+        return int(cursor.rowcount)  # the server's count: rows a trigger skipped are not in it
 
 
 def _copy_rows(
