@@ -39,6 +39,7 @@ __all__ = [
 _T = TypeVar("_T")
 
 BULK_BATCH_ROWS = 65_536  # rows per record batch of a bulk read's files (``BulkRead``)
+_GATHERED_ROWS = 262_144  # rows of all bounds a bulk read holds before writing them
 _WIDEST_DECIMAL128 = 38
 
 
@@ -68,10 +69,11 @@ def write_tagged_batches(
 ) -> tuple[list[LoadFile], list[int]]:
     """Write ``(tags, batch)`` pairs, each row of ``batch`` of the bound ``tags`` names (an
     int32 array), to new private files: all to one file as they come, or each bound's rows
-    to its own (``paths[index]``), gathered into batches of about ``BULK_BATCH_ROWS`` rows
-    (a read's batch spread over 100 files would give files of tiny batches). Each bound's
-    rows keep their order. The batches are read a batch ahead (``read_ahead``), so the read
-    runs while the files are written; their digests are taken as they are written."""
+    to its own (``paths[index]``), gathered until ``BULK_BATCH_ROWS`` rows of a bound or
+    ``_GATHERED_ROWS`` of all wait (a read's batch spread over 100 files would give files of
+    tiny batches; memory stays about that many rows). Each bound's rows keep their order.
+    The batches are read a batch ahead (``read_ahead``), so the read runs while the files
+    are written; their digests are taken as they are written."""
     pc = import_driver("pyarrow.compute", needed_by="a bulk read")
     counts = [0] * bounds
     with contextlib.ExitStack() as stack:
@@ -100,6 +102,10 @@ def write_tagged_batches(
                 if sum(part.num_rows for part in waiting[index]) >= BULK_BATCH_ROWS:
                     flush(index)
                 offset += rows
+            held = sum(part.num_rows for parts in waiting.values() for part in parts)
+            if held >= _GATHERED_ROWS:
+                for index in sorted(waiting):
+                    flush(index)
         for index in sorted(waiting):
             flush(index)
     totals = [sum(counts)] if len(paths) == 1 else counts
