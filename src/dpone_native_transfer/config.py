@@ -51,6 +51,7 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
             "cursor_column": ("name", _OPTIONAL),
             "lag": ("lag", _OPTIONAL),  # cursor units re-read for late rows (cursor_edge.py)
             "on_null_cursor": ("on_null_cursor", _OPTIONAL),
+            "parallel": ("parallel", _OPTIONAL),  # postgres: connections a bulk read uses
         },
     ),
     "target": (
@@ -431,7 +432,12 @@ def _source(table: Mapping[str, Any], folder: Path) -> Source:
         key = _imported(kind.range_key)(location, table["table"])
     rows = table.get("partition_rows", DEFAULT_PARTITION_ROWS) if by == "range" else None
     cursor = table.get("cursor_column") or (key if by == "range" else None)
-    return kind.make(location, table["table"], key, cursor, partition_rows=rows)
+    extra = {}
+    if "parallel" in table:
+        if _kind_name(table) != "postgres":
+            raise _invalid("source.parallel", 'is read by source.kind = "postgres" only')
+        extra["parallel"] = table["parallel"]
+    return kind.make(location, table["table"], key, cursor, partition_rows=rows, **extra)
 
 
 def _sink(table: Mapping[str, Any], folder: Path, partition_column: str | None) -> Sink:

@@ -16,6 +16,7 @@ import pytest
 from helpers.cli import run_cli
 from helpers.postgres_server import postgres_url
 
+from dpone_native_transfer.config import load_route_config
 from dpone_native_transfer.connectors.postgres import PostgresSource
 from dpone_native_transfer.payloads import Column
 
@@ -253,3 +254,71 @@ def test_columns_without_an_exact_arrow_type_are_not_read_in_bulk(tmp_path, post
     assert source.write_arrow_files([{"partition": 0}], columns, [tmp_path / "x.arrows"]) is None
     assert not (tmp_path / "x.arrows").exists()
     assert Column("raw", "bytea", "blob") in columns
+
+
+def spread_table(location, rows: int) -> str:
+    """``spread(id, p, note)``: ``rows`` rows over 10 partitions, no index, many blocks."""
+    with contextlib.closing(psycopg.connect(location.dsn, autocommit=True)) as conn:
+        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{location.schema}"')
+        table = f'"{location.schema}".spread'
+        conn.execute(f"CREATE TABLE {table} (id integer, p integer, note text)")
+        conn.execute(
+            f"INSERT INTO {table} SELECT i, i % 10, md5(i::text) FROM generate_series(1, {rows}) i"
+        )
+        conn.execute(f"ANALYZE {table}")
+    return f"{location.schema}.spread"
+
+
+def read_ids(files) -> list[list[int]]:
+    found = []
+    for file in files:
+        with pa.ipc.open_stream(pa.OSFile(str(file.path))) as stream:
+            found.append(sorted(stream.read_all().column("id").to_pylist()))
+    return found
+
+
+@pytest.mark.parametrize("parallel", [1, 2, 3])
+def test_a_writer_during_a_parallel_read_changes_no_row_it_loads(
+    tmp_path, postgres_schema, parallel
+):
+    """The connections of a parallel bulk read share the attempt's snapshot: a writer that
+    moves rows between partitions, deletes and adds rows after the snapshot began changes
+    nothing the read loads; every row is in its partition's file once, as the snapshot saw
+    it. The one scan is cut into a range of blocks per connection."""
+    table = spread_table(postgres_schema, 30_000)
+    source = PostgresSource(postgres_url(postgres_schema.dsn), table, "p", parallel=parallel)
+    columns = source.describe().columns
+    bounds = [{"partition": value} for value in range(10)]
+    paths = [tmp_path / f"{value}.arrows" for value in range(10)]
+    expected = [sorted(i for i in range(1, 30_001) if i % 10 == value) for value in range(10)]
+    with source.snapshot():
+        with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as writer:
+            relation = f'"{postgres_schema.schema}".spread'
+            writer.execute(f"UPDATE {relation} SET p = (p + 1) % 10 WHERE id % 7 = 0")
+            writer.execute(f"DELETE FROM {relation} WHERE id % 11 = 0")
+            writer.execute(f"INSERT INTO {relation} VALUES (40001, 3, 'new'), (40002, 4, 'new')")
+        found = source._placed_scan(bounds)
+        assert found is not None  # no index: the one scan
+        parts = source._parallel_reads([(found[0], found[1], None)])
+        assert len(parts) == parallel
+        written = source.write_arrow_files(bounds, columns, paths)
+    assert written is not None
+    files, counts = written
+    assert counts == [len(ids) for ids in expected]
+    assert read_ids(files) == expected
+
+
+def test_a_route_file_sets_a_postgres_sources_parallel_reads(
+    tmp_path, postgres_schema, monkeypatch
+):
+    """``[source] parallel = 2`` reaches the source, and the route runs with it."""
+    table = spread_table(postgres_schema, 100)
+    route = ROUTE.format(table=table, path="staged", target=DUCKDB).replace(
+        'partition_column = "p"', 'partition_column = "p"\nparallel = 2'
+    )
+    (tmp_path / "route.toml").write_text(route, encoding="utf-8")
+    monkeypatch.setenv("BULK_DSN", postgres_url(postgres_schema.dsn))
+    assert load_route_config(tmp_path / "route.toml").source.parallel == 2
+    done = run_cli("run", tmp_path / "route.toml", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert target_texts(tmp_path, ["id"]) == [(str(i),) for i in range(1, 101)]

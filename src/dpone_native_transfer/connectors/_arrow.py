@@ -30,6 +30,7 @@ __all__ = [
     "exact_type",
     "read_ahead",
     "read_stream",
+    "read_together",
     "row_batch",
     "row_type",
     "write_stream",
@@ -72,8 +73,8 @@ def write_tagged_batches(
     to its own (``paths[index]``), gathered until ``BULK_BATCH_ROWS`` rows of a bound or
     ``_GATHERED_ROWS`` of all wait (a read's batch spread over 100 files would give files of
     tiny batches; memory stays about that many rows). Each bound's rows keep their order.
-    The batches are read a batch ahead (``read_ahead``), so the read runs while the files
-    are written; their digests are taken as they are written."""
+    The caller reads the batches ahead (``read_together``), so the read runs while the
+    files are written; their digests are taken as they are written."""
     pc = import_driver("pyarrow.compute", needed_by="a bulk read")
     counts = [0] * bounds
     with contextlib.ExitStack() as stack:
@@ -86,7 +87,7 @@ def write_tagged_batches(
             for batch in table.to_batches():  # one, after combine_chunks
                 streams[index].write_batch(batch)
 
-        for tags, batch in stack.enter_context(read_ahead(batches)):
+        for tags, batch in batches:
             if len(streams) == 1:
                 for entry in pc.value_counts(tags).to_pylist():
                     counts[entry["values"]] += entry["counts"]
@@ -215,6 +216,58 @@ def read_stream(pa: Any, path: Path) -> Iterator[list[tuple]]:
     with open(path, "rb") as handle:
         for batch in pa.ipc.open_stream(handle):
             yield list(zip(*(column.to_pylist() for column in batch.columns), strict=True))
+
+
+@contextlib.contextmanager
+def read_together(parts: Sequence[Iterable[_T]], depth: int = 2) -> Iterator[Iterator[_T]]:
+    """The items of every part, each part read by a thread of its own (as ``read_ahead``
+    reads one), interleaved as they come; an error of any part reaches the caller as it was
+    raised, and on exit every thread is stopped and joined."""
+    if len(parts) == 1:
+        with read_ahead(parts[0], depth) as items:
+            yield items
+        return
+    ready: queue.Queue[tuple[int, Any]] = queue.Queue(depth * len(parts))
+    stop = threading.Event()
+    item_, done, failed = 0, 1, 2
+
+    def read(part: Iterable[_T]) -> None:
+        try:
+            for item in part:
+                ready.put((item_, item))
+                if stop.is_set():
+                    return
+            ready.put((done, None))
+        except BaseException as error:  # handed to the caller, as it was raised
+            ready.put((failed, error))
+
+    def taken() -> Iterator[_T]:
+        left = len(parts)
+        while left:
+            state, item = ready.get()
+            if state == failed:
+                raise item
+            if state == done:
+                left -= 1
+                continue
+            yield item
+
+    readers = [
+        threading.Thread(target=read, args=(part,), name="dpone-read-part", daemon=True)
+        for part in parts
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        yield taken()
+    finally:
+        stop.set()
+        while any(reader.is_alive() for reader in readers):
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    ready.get_nowait()
+            for reader in readers:
+                reader.join(0.01)
 
 
 @contextlib.contextmanager

@@ -33,6 +33,7 @@ import contextlib
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,7 +52,7 @@ from ..drivers import (
 from ..errors import ConfigInvalid, NativeTransferError, SourceAccessRefused, SourceInvalid
 from ..identity import TableIdentity, server_location
 from ..payloads import Column, LoadFile, SourceShape, bound_predicates
-from ._arrow import arrow, write_tagged_batches
+from ._arrow import arrow, read_together, write_tagged_batches
 from ._sql import (
     RANGE_EDGES,
     TableSource,
@@ -127,6 +128,7 @@ class PostgresSource(TableSource):
         cursor_column: str | None = None,
         *,
         partition_rows: int | None = None,
+        parallel: int = 1,
     ) -> None:
         parts = tuple(table.split(".", 1)) if isinstance(table, str) else (table,)
         for name in (*parts, partition_column):
@@ -139,6 +141,7 @@ class PostgresSource(TableSource):
         super().__init__(table, partition_column, cursor_column, partition_rows=partition_rows)
         self._snapshot: str | None = None  # the attempt's exported snapshot (``snapshot``)
         self._holder: Any = None  # and the connection that holds it
+        self.parallel = parallel  # connections a bulk read reads over at once, one snapshot
         self.identity()  # a DSN that cannot be parsed is refused now, before any run
 
     @property
@@ -527,7 +530,7 @@ class PostgresSource(TableSource):
             sql = (
                 f"SELECT {', '.join(_value(column) for column in columns)},"
                 f" width_bucket({name}, {array}) FROM {self._relation}"
-                f"{' WHERE ' + conditions if conditions else ''}"
+                f" WHERE {conditions or 'true'}"
             )
             params = [points, *window_params, *([points] if singles is not None else [])]
             return (sql, params, places) if self._scan_cheaper(conn, sql, params, bounds) else None
@@ -584,10 +587,11 @@ class PostgresSource(TableSource):
         self, bounds: Sequence[Mapping[str, Any]], columns: Sequence[Column], paths: Sequence[Path]
     ) -> tuple[list[LoadFile], list[int]] | None:
         """``BulkRead``: the partitions in one ``COPY`` of ``_placed_scan``'s scan where it
-        takes them, else a ``COPY`` of each one's read, all in one repeatable-read
-        transaction (in the attempt's snapshot when one is held), as CSV that pyarrow
-        converts in C (``postgres_bulk``). None, with no file left, for a column kind
-        without an exact Arrow type or a value that does not fit its type."""
+        takes them, else a ``COPY`` of each one's read, in the attempt's snapshot (one
+        repeatable-read transaction without one), as CSV that pyarrow converts in C
+        (``postgres_bulk``). With ``parallel`` above 1, over that many connections at once,
+        each importing the snapshot (``_parallel_reads``). None, with no file left, for a
+        column kind without an exact Arrow type or a value that does not fit its type."""
         pa = arrow("PostgresSource")
         found = self._placed_scan(bounds) if len(bounds) > 1 else None
         schema = arrow_schema(pa, columns, placed=found is not None)
@@ -596,22 +600,20 @@ class PostgresSource(TableSource):
         if found is not None:
             sql, params, places, null_partition = found
             lookup = pa.array([*places, null_partition], pa.int32())
-            reads = [(sql, params, lookup)]
+            reads: list[tuple[str, list[Any], Any]] = [(sql, params, lookup)]
         else:
             reads = [(*self._select(columns, each), i) for i, each in enumerate(bounds)]
         files_schema = schema.remove(len(columns)) if found is not None else schema
-
-        def tagged(conn: Any) -> Iterator[tuple[Any, Any]]:
-            for sql, params, tag in reads:
-                for batch in copy_batches(pa, conn, sql, params, schema):
-                    yield _tags(pa, batch, tag, len(columns))
-
-        def work(conn: Any) -> tuple[list[LoadFile], list[int]]:
-            batches = tagged(conn)
-            return write_tagged_batches(pa, files_schema, batches, paths, len(bounds))
-
         try:
-            return self._repeatable(work)
+            with contextlib.ExitStack() as stack:
+                if self.parallel > 1:
+                    stack.enter_context(self.snapshot())  # held already within an attempt
+                parts = [
+                    self._copied(pa, part, schema, len(columns))
+                    for part in self._parallel_reads(reads)
+                ]
+                batches = stack.enter_context(read_together(parts))
+                return write_tagged_batches(pa, files_schema, batches, paths, len(bounds))
         except Inexact:
             pass
         except BaseException:
@@ -620,14 +622,51 @@ class PostgresSource(TableSource):
         _remove(paths)
         return None
 
-    def _repeatable(self, work: Callable[[Any], _T]) -> _T:
-        """``work(conn)`` in one repeatable-read transaction, every statement in one snapshot
-        (the attempt's when it holds one); the connection is closed after."""
+    def _parallel_reads(
+        self, reads: list[tuple[str, list[Any], Any]]
+    ) -> list[list[tuple[str, list[Any], Any]]]:
+        """``reads`` split among ``parallel`` connections: one scan cut into as many ranges of
+        the table's blocks (``ctid``, a TID range scan from PostgreSQL 14 on: each reads its
+        own blocks), or the partitions' reads dealt out. One part when ``parallel`` is 1, or
+        the server is older than 14 (each part would scan the whole table)."""
+        count = self.parallel
+        if count < 2:
+            return [reads]
+        if len(reads) > 1:
+            return [part for part in (reads[n::count] for n in range(count)) if part]
+
+        def blocks(conn: Any) -> tuple[int, int]:
+            size = "SELECT pg_relation_size(to_regclass(%s)) / current_setting('block_size')::int"
+            found = conn.execute(size, (self._regclass,)).fetchone()[0]
+            return int(conn.info.server_version), int(found)
+
+        version, total = self._query(blocks)
+        if version < 140000 or total < count:
+            return [reads]
+        (sql, params, tag), step = reads[0], -(-total // count)
+        parts = []
+        for number in range(count):
+            low, high = number * step, (number + 1) * step
+            within = f"{sql} AND ctid >= '({low},0)'::tid"
+            within += f" AND ctid < '({high},0)'::tid" if number < count - 1 else ""
+            parts.append([(within, params, tag)])
+        return parts
+
+    def _copied(
+        self, pa: Any, reads: list[tuple[str, list[Any], Any]], schema: Any, width: int
+    ) -> Iterator[tuple[Any, Any]]:
+        """The ``(tags, batch)`` pairs of ``reads``' COPYs, on one connection of its own in one
+        repeatable-read transaction (in the attempt's snapshot when one is held); a driver
+        error is ``SourceInvalid``, as every read's."""
         driver = _driver()
         conn = self._open(driver)
         try:
             conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
-            return self._attempt(driver, lambda: work(self._begin(conn)))
+            self._attempt(driver, lambda: self._begin(conn))
+            for sql, params, tag in reads:
+                batches = copy_batches(pa, conn, sql, params, schema)
+                while (batch := self._attempt(driver, partial(next, batches, None))) is not None:
+                    yield _tags(pa, batch, tag, width)
         finally:
             conn.close()
 
