@@ -17,6 +17,7 @@ from helpers.cli import run_cli
 from helpers.postgres_server import postgres_url
 
 from dpone_native_transfer.config import load_route_config
+from dpone_native_transfer.connectors import postgres as postgres_module
 from dpone_native_transfer.connectors.postgres import PostgresSource
 from dpone_native_transfer.payloads import Column
 
@@ -322,3 +323,36 @@ def test_a_route_file_sets_a_postgres_sources_parallel_reads(
     done = run_cli("run", tmp_path / "route.toml", "--quiet")
     assert done.returncode == 0, done.stderr
     assert target_texts(tmp_path, ["id"]) == [(str(i),) for i in range(1, 101)]
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+@pytest.mark.parametrize("path", ["legacy", "file-artifact"])
+def test_a_connection_lost_inside_the_copy_stops_before_the_target(
+    tmp_path, postgres_schema, monkeypatch, path, parallel
+):
+    """The server drops the connection after the COPY's first batch (injected): the run stops
+    with ``native_transfer_source_invalid`` naming the table only (no driver text), before
+    the target is called, so the route is not blocked; the rerun loads every row once."""
+    table = spread_table(postgres_schema, 5_000)
+    real = postgres_module.copy_batches
+
+    def dropped(*args, **kwargs):
+        batches = real(*args, **kwargs)
+        yield next(batches)
+        raise psycopg.OperationalError("server closed the connection: secret-canary")
+
+    monkeypatch.setattr(postgres_module, "copy_batches", dropped)
+    route = ROUTE.format(table=table, path=path, target=DUCKDB).replace(
+        'partition_column = "p"', f'partition_column = "p"\nparallel = {parallel}'
+    )
+    (tmp_path / "route.toml").write_text(route, encoding="utf-8")
+    env = {"BULK_DSN": postgres_url(postgres_schema.dsn)}
+    failed = run_cli("run", tmp_path / "route.toml", "--quiet", env=env)
+    assert failed.returncode == 1
+    assert "native_transfer_source_invalid" in failed.stderr
+    assert "secret-canary" not in failed.stderr and "COPY" not in failed.stderr
+    assert not (tmp_path / "target.duckdb").exists() or not _has_copy(tmp_path / "target.duckdb")
+    monkeypatch.setattr(postgres_module, "copy_batches", real)
+    done = run_cli("run", tmp_path / "route.toml", "--quiet", env=env)
+    assert done.returncode == 0, done.stderr
+    assert target_texts(tmp_path, ["id"]) == [(str(i),) for i in range(1, 5_001)]
