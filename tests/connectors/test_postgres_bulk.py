@@ -356,3 +356,65 @@ def test_a_connection_lost_inside_the_copy_stops_before_the_target(
     done = run_cli("run", tmp_path / "route.toml", "--quiet", env=env)
     assert done.returncode == 0, done.stderr
     assert target_texts(tmp_path, ["id"]) == [(str(i),) for i in range(1, 5_001)]
+
+
+# (name, PostgreSQL type the target makes for it too, row 1's value, row 2's value)
+SAME_TYPES = [
+    ("i8", "bigint", "9223372036854775807", "-1"),
+    ("n2", "numeric(12,2)", "'9999999999.99'", "'NaN'"),
+    ("n", "numeric", "'12345678901234567890.123456789'", "'-Infinity'"),
+    ("re", "double precision", "'NaN'", "'5e-324'"),
+    ("t", "text", "E'a,\"b\"\\nc\\\\d'", "''"),
+    ("raw", "bytea", "'\\xff00'", "''"),
+    ("b", "boolean", "true", "false"),
+    ("d", "date", "'infinity'", "'4713-01-01 BC'"),
+    ("ts", "timestamp without time zone", "'2024-01-05 10:00:00.123456'", "'-infinity'"),
+    ("tz", "timestamp with time zone", "'2024-01-05 10:00:00+02'", "'294276-12-31 23:59:59+00'"),
+    ("iv", "interval", "'1 day 02:00:00'", "'-178000000 years'"),
+]
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged"])
+def test_postgres_into_postgres_of_the_same_types_passes_the_copy_bytes_through(
+    tmp_path, postgres_schema, monkeypatch, path
+):
+    """Columns whose types the target makes alike go through binary COPY byte for byte:
+    values no Arrow type holds (a numeric NaN in a numeric(12,2), infinite and BC dates,
+    bytea) land as they are, and neither Python nor pyarrow reads a row (``read``,
+    ``read_partitions`` and ``write_arrow_files`` fail if asked)."""
+    table = make_table(postgres_schema, SAME_TYPES, index=False)
+    with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as conn:
+        conn.execute(f'ALTER TABLE "{postgres_schema.schema}".src ALTER id TYPE bigint')
+        conn.execute(f'ALTER TABLE "{postgres_schema.schema}".src ALTER p TYPE bigint')
+    names = ["id", "p", *(c[0] for c in SAME_TYPES)]
+    with monkeypatch.context() as patched:
+        patched.setattr(PostgresSource, "read", no_rows_read)
+        patched.setattr(PostgresSource, "read_partitions", no_rows_read)
+        patched.setattr(PostgresSource, "write_arrow_files", no_rows_read)
+        target = postgres_target(postgres_schema, "bytes_copy")
+        done = run(tmp_path, postgres_schema, table, path, target)
+    assert done.returncode == 0, done.stderr
+    source = postgres_texts(postgres_schema, "src", names)
+    assert postgres_texts(postgres_schema, "bytes_copy", names) == source
+    assert [row[names.index("n2")] for row in source] == ["9999999999.99", "NaN", None]
+
+
+def test_a_target_of_other_types_takes_no_copy_bytes(tmp_path, postgres_schema):
+    """The target's own types decide: a table made with a wider numeric takes Arrow files
+    (``copy_types`` is empty), and a source whose types differ writes no binary file."""
+    from dpone_native_transfer.connectors.postgres_sink import PostgresSink
+
+    table = make_table(postgres_schema, [("n2", "numeric(12,2)", "'1.50'", "'2'")], index=False)
+    source = PostgresSource(postgres_url(postgres_schema.dsn), table, "p")
+    columns = source.describe().columns
+    sink = PostgresSink(postgres_url(postgres_schema.dsn), f"{postgres_schema.schema}.other")
+    assert sink.copy_types(columns) == ["bigint", "bigint", "numeric(12,2)"]
+    with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as conn:
+        conn.execute(
+            f'CREATE TABLE "{postgres_schema.schema}".other (id bigint, p bigint, n2 numeric(14,2))'
+        )
+    assert sink.copy_types(columns) == []
+    path = tmp_path / "load.pgcopy"
+    made = ["bigint", "bigint", "numeric(12,2)"]  # the source's id and p are integer
+    assert source.write_copy_file([{"partition": 0}], columns, path, made) is None
+    assert not path.exists()

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from ..artifacts import DigestWriter, create_private
 from ..checkpoints import sha256_digest
 from ..column_types import postgres_kind
 from ..drivers import (
@@ -74,6 +75,7 @@ __all__ = ["PostgresSource"]
 _T = TypeVar("_T")
 
 _CURSOR = "dpone_read"
+_PLACE = "dpone_place"  # the place ``_placed_scan`` gives each row
 _MOST_PARAMETERS = 65_535  # one statement's parameters: the protocol counts them in 16 bits
 # format_type() names whose values the driver returns as int, float, bool, bytes or str.
 _NATIVE = frozenset(
@@ -443,7 +445,7 @@ class PostgresSource(TableSource):
         )
 
     def _placed_scan(
-        self, bounds: Sequence[Mapping[str, Any]]
+        self, bounds: Sequence[Mapping[str, Any]], select: str | None = None
     ) -> tuple[str, list[Any], list[int | None], int | None] | None:
         """Single values or key ranges (``partition_by = "range"``), with the NULL key's
         partition, in one scan when the planner costs it below their own reads. The server
@@ -460,9 +462,9 @@ class PostgresSource(TableSource):
         compared in another type than the key's (``_compared_as_key``), values equal on the
         server, and overlapping ranges.
 
-        The scan's SQL (every column as ``read`` selects it, then the place), its values, the
-        bound's index of each place (None: no bound's), and the index of the NULL key's
-        bound."""
+        The scan's SQL (every column as ``read`` selects it, or the ``select`` list given,
+        then the place, ``dpone_place``), its values, the bound's index of each place (None:
+        no bound's), and the index of the NULL key's bound."""
         singles = self._single_values(bounds, DEFAULT_CHUNK_ROWS)
         if singles is not None:
             predicates, window = singles
@@ -485,7 +487,8 @@ class PostgresSource(TableSource):
         if len(nulls) > 1 or len({type(edge) for _, edge in given}) > 1:
             return None  # one array takes the edges: the driver types it by their kind
         null_partition = nulls[0] if nulls else None
-        columns = self._described_columns()
+        if select is None:
+            select = ", ".join(_value(column) for column in self._described_columns())
         within, window_params = self._render(window)
         name = _name(self.partition_column)
 
@@ -528,8 +531,8 @@ class PostgresSource(TableSource):
                 keep = "" if null_partition is not None else f"{name} IS NOT NULL"
             conditions = " AND ".join(c for c in (within, keep) if c)
             sql = (
-                f"SELECT {', '.join(_value(column) for column in columns)},"
-                f" width_bucket({name}, {array}) FROM {self._relation}"
+                f"SELECT {select}, width_bucket({name}, {array}) AS {_PLACE}"
+                f" FROM {self._relation}"
                 f" WHERE {conditions or 'true'}"
             )
             params = [points, *window_params, *([points] if singles is not None else [])]
@@ -580,8 +583,64 @@ class PostgresSource(TableSource):
         return self._chunks(sql, params, chunk_rows)
 
     def bulk(self) -> PostgresSource:
-        """``BulkRead``: ``write_arrow_files``."""
+        """``BulkRead``: ``write_arrow_files``, ``write_copy_file``."""
         return self
+
+    def write_copy_file(
+        self,
+        bounds: Sequence[Mapping[str, Any]],
+        columns: Sequence[Column],
+        path: Path,
+        types: Sequence[str],
+    ) -> tuple[LoadFile, list[int]] | None:
+        """``BulkRead``: the rows in PostgreSQL's binary ``COPY`` format, the server's bytes
+        as they come, when every column's type is ``types``' (``format_type``): one bound's
+        read, or ``_placed_scan``'s one scan without its place, and each bound's count from
+        a ``GROUP BY`` of the same scan, both in one repeatable-read transaction (the
+        attempt's snapshot when held), so the counts are the file's. None for other types,
+        several bounds the placed scan does not take, or a column named as the place."""
+        if [column.decltype for column in columns] != list(types):
+            return None
+        if any(column.name == _PLACE for column in columns):
+            return None
+        names = ", ".join(_name(column.name) for column in columns)
+        if len(bounds) == 1:
+            where, params = self._where(bounds[0])
+            copy = f"SELECT {names} FROM {self._relation} WHERE {where}"
+            counted = f"SELECT 0, count(*) FROM {self._relation} WHERE {where}"
+            places: list[int | None] = [0]
+            null_partition = None
+            copy_params = count_params = params
+        else:
+            found = self._placed_scan(bounds, select=names)
+            if found is None:
+                return None
+            sql, params, places, null_partition = found
+            wanted = [place for place, index in enumerate(places) if index is not None]
+            keep = f"{_PLACE} = ANY(%s::int[])"
+            keep = f"({keep} OR {_PLACE} IS NULL)" if null_partition is not None else keep
+            copy = f"SELECT {names} FROM ({sql}) AS dpone_rows WHERE {keep}"
+            counted = f"SELECT {_PLACE}, count(*) FROM ({sql}) AS dpone_rows GROUP BY 1"
+            copy_params, count_params = [*params, wanted], params
+
+        def work(conn: Any) -> tuple[LoadFile, list[int]]:
+            counts = [0] * len(bounds)
+            for place, rows in conn.execute(counted, count_params):
+                index = null_partition if place is None else places[place]
+                if index is not None:
+                    counts[index] += rows
+            statement = f"COPY ({copy}) TO STDOUT (FORMAT binary)"
+            with create_private(path) as handle, conn.cursor().copy(statement, copy_params) as out:
+                written = DigestWriter(handle)
+                for block in out:
+                    written.write(block)
+            return LoadFile(path=path, rows=sum(counts), sha256=written.sha256, native=True), counts
+
+        try:
+            return self._repeatable(work)
+        except BaseException:
+            _remove([path])
+            raise
 
     def write_arrow_files(
         self, bounds: Sequence[Mapping[str, Any]], columns: Sequence[Column], paths: Sequence[Path]
@@ -621,6 +680,17 @@ class PostgresSource(TableSource):
             raise
         _remove(paths)
         return None
+
+    def _repeatable(self, work: Callable[[Any], _T]) -> _T:
+        """``work(conn)`` in one repeatable-read transaction, every statement in one snapshot
+        (the attempt's when it holds one); the connection is closed after."""
+        driver = _driver()
+        conn = self._open(driver)
+        try:
+            conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
+            return self._attempt(driver, lambda: work(self._begin(conn)))
+        finally:
+            conn.close()
 
     def _parallel_reads(
         self, reads: list[tuple[str, list[Any], Any]]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, TypeVar, overload
 import attrs
 
 from ..artifacts import create_private, open_files_allowed, read_chunks, write_chunks
+from ..connectors.contract.bulk import BulkRead
 from ..cursor_edge import is_edge
 from ..errors import PathContractBroken
 from ..payloads import LoadFile, LoadFiles, LoadPlan
@@ -130,6 +131,10 @@ class FileMaker:
             return None
         if per_partition and len(ctx.candidates) > open_files_allowed():
             return None
+        if not per_partition:
+            copied = self._copy_file(bulk)
+            if copied is not None:
+                return copied
         names = [c.partition_id for c in ctx.candidates] if per_partition else ["load"]
         paths = [ctx.work_dir / f"{name}.arrows" for name in names]
         bounds = [candidate.partition_bounds for candidate in ctx.candidates]
@@ -141,6 +146,26 @@ class FileMaker:
             digest = {"artifact_sha256": files[index].sha256} if per_partition else {}
             ctx.extracted(index, rows, **digest)
         return files
+
+    def _copy_file(self, bulk: BulkRead) -> list[LoadFile] | None:
+        """The candidates' rows in one file of PostgreSQL's binary ``COPY`` format, the
+        source's bytes, for an engine that loads such files into columns of exactly the
+        source's types (``EnginePull.copy_types``, ``BulkRead.write_copy_file``); each
+        candidate's count recorded. None when either cannot: Arrow files are next."""
+        ctx = self.ctx
+        engine = ctx.sink.engine()
+        columns = ctx.shape.columns
+        types = None if engine is None else engine.copy_types(columns)
+        if not types:
+            return None
+        bounds = [candidate.partition_bounds for candidate in ctx.candidates]
+        written = bulk.write_copy_file(bounds, columns, ctx.work_dir / "load.pgcopy", types)
+        if written is None:
+            return None
+        file, counts = written
+        for index, rows in enumerate(counts):
+            ctx.extracted(index, rows)
+        return [file]
 
     def pulled_stage(self) -> bool:
         """Whether the sink's engine staged the candidates' rows from the source itself

@@ -40,3 +40,18 @@ class BulkRead(Protocol):
         bound's row count, known before any target call. Read in the source's snapshot when
         one is held (``Source.snapshot``). None, with no file left, when a column's kind
         has no exact Arrow type or a value does not fit its type: the runtime reads rows."""
+
+    @abc.abstractmethod
+    def write_copy_file(
+        self,
+        bounds: Sequence[Mapping[str, Any]],
+        columns: Sequence[Column],
+        path: Path,
+        types: Sequence[str],
+    ) -> tuple[LoadFile, list[int]] | None:
+        """The rows of ``bounds`` in one new private file at ``path`` in PostgreSQL's binary
+        ``COPY`` format, each value as the source's own type holds it, and each bound's
+        count: for a target whose columns have exactly ``types`` (``EnginePull.copy_types``),
+        which then takes the bytes as they are. None, with no file left, when the source's
+        columns are of other types or it cannot: the runtime writes Arrow files or reads
+        rows."""

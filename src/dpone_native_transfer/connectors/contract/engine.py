@@ -53,6 +53,14 @@ class EnginePull(Protocol):
         default: never."""
         return False
 
+    def copy_types(self, columns: Sequence[Column]) -> list[str] | None:
+        """The PostgreSQL types (``format_type()``'s spelling) of the target columns a load of
+        ``columns`` writes, in their order, when the engine loads files in PostgreSQL's
+        binary ``COPY`` format (``BulkRead.write_copy_file``): a source whose columns have
+        exactly those types hands over its bytes unchanged. Reads the target only. None
+        (the default): the engine takes no such file."""
+        return None
+
     def pull_load_files(
         self, plan: LoadPlan, paths: Sequence[Path]
     ) -> tuple[list[LoadFile], list[int]] | None:
