@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, TypeVar, overload
 import attrs
 
 from ..artifacts import create_private, open_files_allowed, read_chunks, write_chunks
-from ..connectors.contract.bulk import BulkRead
 from ..cursor_edge import is_edge
 from ..errors import PathContractBroken
 from ..payloads import LoadFile, LoadFiles, LoadPlan
 
 if TYPE_CHECKING:
+    from ..connectors.contract.bulk import BulkRead
     from ._context import PathContext
 
 __all__ = ["FileMaker"]
@@ -58,8 +58,8 @@ class FileMaker:
         Else, from a source that watches its writes (``features.watches_writes``), in groups
         of at most ``open_files_allowed()`` (an engine holds each group's files open), kept
         only when no write came meanwhile. All between the same two reads of the top rows.
-        An engine that cannot read the source gets the source's own Arrow files, where it
-        writes them (``bulk_files``)."""
+        An engine that cannot read the source gets the files the source writes itself,
+        where it writes them (``bulk_files``)."""
         ctx = self.ctx
         engine, source, count = ctx.sink.engine(), ctx.source, len(ctx.candidates)
         if engine is None:
@@ -117,12 +117,14 @@ class FileMaker:
         return files
 
     def bulk_files(self, *, per_partition: bool) -> list[LoadFile] | None:
-        """The candidates' rows in Arrow files the source writes itself, in bulk, in the
-        attempt's snapshot (``Source.bulk()``, ``BulkRead``), for an engine that loads them
-        (``EnginePull.reads_bulk_files``): one file, or one per candidate; each candidate's
-        count recorded. None when the source or the engine cannot, an edge partition's
-        loaded rows must be left out or the batch column added (only dpone can), or a value
-        does not fit its Arrow type: the path then reads rows and carries each value."""
+        """The candidates' rows in files the source writes itself, in bulk, in the attempt's
+        snapshot (``Source.bulk()``, ``BulkRead``), for an engine that loads them
+        (``EnginePull.reads_bulk_files``): one file of the source's own binary ``COPY``
+        bytes where the engine's columns are of the source's types (``_copy_file``), else
+        Arrow files, one or one per candidate; each candidate's count recorded. None when
+        the source or the engine cannot, an edge partition's loaded rows must be left out
+        or the batch column added (only dpone can), or a value does not fit its Arrow
+        type: the path then reads rows and carries each value."""
         ctx = self.ctx
         engine, bulk = ctx.sink.engine(), ctx.source.bulk()
         if engine is None or bulk is None or not engine.reads_bulk_files:
