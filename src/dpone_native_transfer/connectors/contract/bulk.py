@@ -1,8 +1,10 @@
-"""BulkRead: a source that writes its partitions' rows to Arrow files itself (``Source.bulk()``).
+"""BulkRead: a source that writes its partitions' rows to files itself (``Source.bulk()``).
 
 A row path then hands the sink's engine the files instead of rows: no value becomes a Python
-object on the way. The files are Arrow IPC streams whose columns have the exact types
-``connectors._arrow.exact_type`` names for their kinds (a ``numeric(12,2)`` a
+object on the way. Two formats: PostgreSQL's binary ``COPY``, for a target whose columns have
+exactly the source's types (``write_copy_file``, ``EnginePull.copy_types``: the bytes pass
+through unconverted), and Arrow (``write_arrow_files``): IPC streams whose columns have the
+exact types ``connectors._arrow.exact_type`` names for their kinds (a ``numeric(12,2)`` a
 ``decimal128(12, 2)``, a ``timestamptz`` a UTC ``timestamp[us]``); an engine that loads
 such files exactly says so (``EnginePull.reads_bulk_files``). A value that does not fit its
 Arrow type exactly (an infinite date, a year past 9999, a numeric NaN) makes the read give
