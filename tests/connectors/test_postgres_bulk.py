@@ -7,6 +7,12 @@ and carried as before; either way the outcome is the row paths' own."""
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -418,3 +424,37 @@ def test_a_target_of_other_types_takes_no_copy_bytes(tmp_path, postgres_schema):
     made = ["bigint", "bigint", "numeric(12,2)"]  # the source's id and p are integer
     assert source.write_copy_file([{"partition": 0}], columns, path, made) is None
     assert not path.exists()
+
+
+def test_a_worker_killed_inside_the_bulk_copy_is_not_blocked_and_loads_once(
+    tmp_path, postgres_schema
+):
+    """SIGKILL while the bulk read's COPY streams (seen in ``pg_stat_activity``): the guard
+    had armed nothing, so the next run is not blocked (the dead worker's lease is taken at
+    once on its own machine), and it loads every row exactly once."""
+    rows = 500_000
+    table = spread_table(postgres_schema, rows)
+    tag = f"dpone-kill-{secrets.token_hex(4)}"
+    route = ROUTE.format(table=table, path="legacy", target=DUCKDB)
+    (tmp_path / "route.toml").write_text(route, encoding="utf-8")
+    env = {**os.environ, "BULK_DSN": postgres_url(postgres_schema.dsn, application_name=tag)}
+    script = str(Path(sys.executable).parent / "dpone-transfer")
+    copying = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+    copying += " AND query LIKE 'COPY%%' AND state = 'active'"
+    child = subprocess.Popen([script, "run", str(tmp_path / "route.toml"), "--quiet"], env=env)
+    try:
+        with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as db:
+            deadline = time.monotonic() + 120
+            while not db.execute(copying, (tag,)).fetchone()[0]:
+                assert child.poll() is None, "the run ended before its COPY was seen"
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+        child.kill()
+    finally:
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    done = run_cli("run", tmp_path / "route.toml", "--quiet", env={"BULK_DSN": env["BULK_DSN"]})
+    assert done.returncode == 0, done.stderr
+    with contextlib.closing(duckdb.connect(str(tmp_path / "target.duckdb"), read_only=True)) as db:
+        found = db.execute("SELECT count(*), count(DISTINCT id), min(id), max(id) FROM copy")
+        assert found.fetchone() == (rows, rows, 1, rows)
