@@ -24,6 +24,7 @@ from . import (
     partitioning,
     peers,
     pg_source,
+    pg_wire,
     pipelines,
     ranges,
     scan,
@@ -39,6 +40,7 @@ SECTIONS = {
     "partitioning": partitioning.measure,  # 6 range partitions against value partitions
     "peers": peers.measure,  # 2b an unindexed source; 7 DuckDB and chDB, their own copy, dlt
     "pg-source": pg_source.measure,  # 2c a PostgreSQL source: the plan EXPLAIN picks
+    "pg-wire": pg_wire.measure,  # 2d a PostgreSQL source in bulk, against the limit per target
     "many": many.measure,  # 8 ten times the partitions of the same unindexed rows
     "ranges": ranges.measure,  # 9 key ranges of an unindexed key against value partitions
     "pipelines": pipelines.measure,  # 10 many tables: --jobs 1 and 2, processes, and dlt
@@ -57,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="where to write the JSON results")
     parser.add_argument(
+        "--pg-rows", type=int, help="rows of section 2d's PostgreSQL table (default 2,000,000)"
+    )
+    parser.add_argument(
         "--markdown",
         type=Path,
         metavar="JSON",
@@ -72,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.runs < 5:
             parser.error("--runs must be at least 5: every figure is a median of 5 or more")
         sizes = attrs.evolve(sizes, runs=args.runs, transfer_runs=args.runs)
+    if args.pg_rows is not None:
+        sizes = attrs.evolve(sizes, pg_wire_rows=args.pg_rows)
     selected = args.only or list(SECTIONS)
     output = args.json or (WORK / "quick.json" if args.quick else RESULTS / "latest.json")
 

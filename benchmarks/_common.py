@@ -48,6 +48,7 @@ class Sizes:
     partition_table_rows: int
     partition_keys: int
     pipeline_shapes: tuple[tuple[int, int], ...]  # section 10: (tables, rows per table)
+    pg_wire_rows: int = 2_000_000  # section 2d: the PostgreSQL workload of issue 47
 
 
 FULL = Sizes(
@@ -80,6 +81,7 @@ QUICK = Sizes(
     partition_table_rows=20_000,
     partition_keys=4_000,
     pipeline_shapes=((20, 2_000), (4, 50_000)),
+    pg_wire_rows=20_000,
 )
 
 

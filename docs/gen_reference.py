@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dpone_native_transfer import hookspecs
 from dpone_native_transfer.connectors import contract
+from dpone_native_transfer.connectors.contract.bulk import BulkRead
 from dpone_native_transfer.connectors.contract.engine import EnginePull
 from dpone_native_transfer.connectors.contract.sqlite_file import SQLiteFile
 from dpone_native_transfer.plugins import EVERY_IMPLEMENTATION_RUNS
@@ -67,7 +68,7 @@ def hook_reference() -> str:
 
 def contract_protocols() -> list[type]:
     """The parts of the contract: what every connector is, then the optional parts."""
-    return [contract.Source, contract.Sink, EnginePull, SQLiteFile]
+    return [contract.Source, contract.Sink, EnginePull, SQLiteFile, BulkRead]
 
 
 KINDS = {
@@ -75,6 +76,7 @@ KINDS = {
     contract.Sink: "every sink",
     EnginePull: "optional: what `Sink.engine()` returns",
     SQLiteFile: "optional: a source other engines read",
+    BulkRead: "optional: what `Source.bulk()` returns",
 }
 
 

@@ -53,6 +53,7 @@ _SCHEMA: Mapping[str, tuple[bool, Mapping[str, tuple[str, bool]]]] = {
             "on_null_cursor": ("on_null_cursor", _OPTIONAL),
             "primary_key": ("key", _OPTIONAL),  # merge: default the table's own primary key
             "deleted_column": ("name", _OPTIONAL),  # merge: true deletes the row's key
+            "parallel": ("parallel", _OPTIONAL),  # postgres: connections a bulk read uses
         },
     ),
     "target": (
@@ -443,7 +444,12 @@ def _source(table: Mapping[str, Any], folder: Path, strategy: Strategy) -> Sourc
     rows = table.get("partition_rows", DEFAULT_PARTITION_ROWS) if by == "range" else None
     windowed = by == "range" and strategy is not Strategy.MERGE
     cursor = table.get("cursor_column") or (key if windowed else None)
-    return kind.make(location, table["table"], key, cursor, partition_rows=rows)
+    extra = {}
+    if "parallel" in table:
+        if _kind_name(table) != "postgres":
+            raise _invalid("source.parallel", 'is read by source.kind = "postgres" only')
+        extra["parallel"] = table["parallel"]
+    return kind.make(location, table["table"], key, cursor, partition_rows=rows, **extra)
 
 
 def _sink(table: Mapping[str, Any], folder: Path, partition_column: str | None) -> Sink:

@@ -49,6 +49,7 @@ RECOVERY_MODES = ("manual", "from_target")  # who resolves a batch a crash left 
 # The numeric kinds: (integers only, lowest, highest), both included.
 _NUMBERS: Mapping[str, tuple[bool, int, int]] = {
     "positive": (True, 1, MAX_CHUNK_ROWS),  # rows held in memory per chunk, or per range
+    "parallel": (True, 1, 64),  # connections a PostgreSQL source's bulk read uses at once
     "count": (True, 0, MAX_GATE_ROWS),  # a row-count gate
     "lag": (False, 0, _INT64_MAX),  # cursor units: at most an integer cursor's whole range
     "seconds": (False, MIN_LEASE_SECONDS, _WEEK),  # a lease, renewed every sixth of it

@@ -583,3 +583,42 @@ def test_an_append_route_switched_to_merge_collapses_each_key_to_its_latest_vers
     assert target.rows("events", ("seq", "tenant", "id", "region", "v", "status", "gone")) == [
         (3, "acme", 1, "us", 2, "paid", None)
     ]  # the append route's table keeps its gone column: the merge writes NULL there
+
+
+@pytest.mark.parametrize("path", ["legacy", "file-artifact"])
+@pytest.mark.parametrize("into", ["duckdb", "postgres"])
+def test_a_postgres_sources_null_key_is_refused_though_its_rows_could_be_read_in_bulk(
+    tmp_path, postgres_schema, into, path
+):
+    """A PostgreSQL source's rows reach DuckDB and PostgreSQL targets in bulk, read by no
+    Python; a merge route's rows are read by dpone, which checks every key value: a NULL key
+    is refused before the target on every path, and the run after the fix merges exactly."""
+    import psycopg
+
+    dsn, schema = postgres_schema.dsn, postgres_schema.schema
+    items = f'"{schema}".items'
+    with psycopg.connect(dsn, autocommit=True) as db:
+        db.execute(f'CREATE SCHEMA "{schema}"')
+        db.execute(f"CREATE TABLE {items} (id integer, region text NOT NULL, v integer, name text)")
+        db.execute(f"INSERT INTO {items} VALUES (1, 'eu', 1, 'a'), (2, 'eu', 1, 'b')")
+    target = Target(into, tmp_path, postgres_schema)
+    route = tmp_path / "route.toml"
+    route.write_text(
+        f'[source]\nkind = "postgres"\ndsn = "{postgres_url(dsn)}"\ntable = "{schema}.items"\n'
+        'partition_column = "region"\ncursor_column = "v"\nprimary_key = ["id"]\n\n'
+        f"[target]\n{target.section('items_copy')}\n\n"
+        f'[transfer]\nstrategy = "merge"\npath = "{path}"\n\n[store]\npath = "checkpoints.db"\n',
+        encoding="utf-8",
+    )
+    assert run(route).returncode == 0
+    with psycopg.connect(dsn, autocommit=True) as db:
+        db.execute(f"INSERT INTO {items} VALUES (NULL, 'eu', 2, 'x'), (3, 'eu', 2, 'c')")
+        db.execute(f"UPDATE {items} SET name = 'a2', v = 2 WHERE id = 1")
+    refused = run(route)
+    assert refused.returncode == 2, refused.stderr
+    assert "native_transfer_value_unsupported" in refused.stderr and "'id'" in refused.stderr
+    assert target.rows("items_copy", ("id", "name")) == [(1, "a"), (2, "b")]
+    with psycopg.connect(dsn, autocommit=True) as db:
+        db.execute(f"DELETE FROM {items} WHERE id IS NULL")
+    assert run(route).returncode == 0
+    assert target.rows("items_copy", ("id", "name")) == [(1, "a2"), (2, "b"), (3, "c")]

@@ -127,6 +127,41 @@ def test_a_sigterm_while_pandas_imports_for_duckdb_stops_the_run(tmp_path, path)
     assert duckdb_ids(tmp_path / "target.duckdb") == source_ids(tmp_path)
 
 
+# ``dpone-transfer run``, then whether pandas was imported, on stderr's last line.
+RUN_AND_TELL_PANDAS = """
+import sys
+from dpone_native_transfer.cli import main
+try:
+    code = main(sys.argv[1:])
+finally:
+    print("pandas imported:", "pandas" in sys.modules, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def test_a_duckdb_run_with_nothing_new_binds_no_parameter_and_imports_no_pandas(tmp_path):
+    """DuckDB imports pandas at a process's first query with parameters, which dpone makes
+    first itself (the test above); a run with nothing new reads the target's ledger, fence
+    and row count with literals instead, so it never pays for pandas. The table's name holds
+    a quote: the ledger's literal must still find its rows, or the cross-check refuses."""
+    build_sample_source(tmp_path / "source.db", rows=300, partitions=3)
+    file = route_file(tmp_path, target='kind = "duckdb"\npath = "target.duckdb"', path="staged")
+    text = file.read_text(encoding="utf-8").replace('"orders_copy"', "\"O'Brien's copy\"")
+    file.write_text(text, encoding="utf-8")
+    command = [sys.executable, "-c", RUN_AND_TELL_PANDAS, "run", str(file), "--quiet"]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "loaded 300 rows" in first.stdout
+    assert first.stderr.splitlines()[-1] == "pandas imported: True"  # it loaded: it bound
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "committed 0 partitions" in again.stdout and "loaded 0 rows" in again.stdout
+    assert again.stderr.splitlines()[-1] == "pandas imported: False"
+    sink = load_route_config(file).sink
+    assert [entry.rows for entry in sink.read_ledger()] == [300]
+    assert sink.fence_epoch() >= 1 and sink.row_count() == 300
+
+
 def test_a_clickhouse_route_on_chdb_runs_from_its_route_file(tmp_path):
     build_sample_source(tmp_path / "source.db", rows=300, partitions=3)
     file = route_file(tmp_path, target='kind = "clickhouse"\npath = "chdata"', path="staged")

@@ -30,12 +30,16 @@ database, or the login may not read (``drivers.ServerFailure`` tells them apart)
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
 
+from ..artifacts import DigestWriter, create_private
 from ..checkpoints import sha256_digest
 from ..column_types import postgres_kind
 from ..drivers import (
@@ -48,7 +52,8 @@ from ..drivers import (
 )
 from ..errors import ConfigInvalid, NativeTransferError, SourceAccessRefused, SourceInvalid
 from ..identity import TableIdentity, server_location
-from ..payloads import Column, SourceShape, bound_predicates
+from ..payloads import Column, LoadFile, SourceShape, bound_predicates
+from ._arrow import arrow, read_together, write_tagged_batches
 from ._sql import (
     RANGE_EDGES,
     TableSource,
@@ -63,12 +68,14 @@ from ._sql import (
     render_predicates,
 )
 from .contract import DEFAULT_CHUNK_ROWS
+from .postgres_bulk import Inexact, arrow_schema, copy_batches
 
 __all__ = ["PostgresSource"]
 
 _T = TypeVar("_T")
 
 _CURSOR = "dpone_read"
+_PLACE = "dpone_place"  # the place ``_placed_scan`` gives each row
 _MOST_PARAMETERS = 65_535  # one statement's parameters: the protocol counts them in 16 bits
 # format_type() names whose values the driver returns as int, float, bool, bytes or str.
 _NATIVE = frozenset(
@@ -123,6 +130,7 @@ class PostgresSource(TableSource):
         cursor_column: str | None = None,
         *,
         partition_rows: int | None = None,
+        parallel: int = 1,
     ) -> None:
         parts = tuple(table.split(".", 1)) if isinstance(table, str) else (table,)
         for name in (*parts, partition_column):
@@ -135,6 +143,7 @@ class PostgresSource(TableSource):
         super().__init__(table, partition_column, cursor_column, partition_rows=partition_rows)
         self._snapshot: str | None = None  # the attempt's exported snapshot (``snapshot``)
         self._holder: Any = None  # and the connection that holds it
+        self.parallel = parallel  # connections a bulk read reads over at once, one snapshot
         self.identity()  # a DSN that cannot be parsed is refused now, before any run
 
     @property
@@ -428,6 +437,21 @@ class PostgresSource(TableSource):
     def _read_placed(
         self, bounds: Sequence[Mapping[str, Any]], chunk_rows: int
     ) -> Iterator[tuple[int, list[tuple]]] | None:
+        """The rows of ``_placed_scan``'s one scan, each with its bound's index."""
+        check_chunk_rows(chunk_rows)
+        found = self._placed_scan(bounds)
+        if found is None:
+            return None
+        sql, params, places, null_partition = found
+        return (
+            (index, rows)
+            for place, rows in _routed(self._chunks(sql, params, chunk_rows))
+            if (index := null_partition if place is None else places[place]) is not None
+        )
+
+    def _placed_scan(
+        self, bounds: Sequence[Mapping[str, Any]], select: str | None = None
+    ) -> tuple[str, list[Any], list[int | None], int | None] | None:
         """Single values or key ranges (``partition_by = "range"``), with the NULL key's
         partition, in one scan when the planner costs it below their own reads. The server
         sorts the values or the ranges' edges (``dense_rank``) and gives each row the place
@@ -441,8 +465,12 @@ class PostgresSource(TableSource):
         (``_KeyType.placeable``: a collation other than the database's default, in which
         the edges are sorted, or an array it steps through wrongly), edges of mixed kinds or
         compared in another type than the key's (``_compared_as_key``), values equal on the
-        server, and overlapping ranges."""
-        singles = self._single_values(bounds, chunk_rows)
+        server, and overlapping ranges.
+
+        The scan's SQL (every column as ``read`` selects it, or the ``select`` list given,
+        then the place, ``dpone_place``), its values, the bound's index of each place (None:
+        no bound's), and the index of the NULL key's bound."""
+        singles = self._single_values(bounds, DEFAULT_CHUNK_ROWS)
         if singles is not None:
             predicates, window = singles
             nulls = [i for i, p in enumerate(predicates) if p.op == "IS NULL"]
@@ -464,7 +492,8 @@ class PostgresSource(TableSource):
         if len(nulls) > 1 or len({type(edge) for _, edge in given}) > 1:
             return None  # one array takes the edges: the driver types it by their kind
         null_partition = nulls[0] if nulls else None
-        columns = self._described_columns()
+        if select is None:
+            select = ", ".join(_value(column) for column in self._described_columns())
         within, window_params = self._render(window)
         name = _name(self.partition_column)
 
@@ -507,9 +536,9 @@ class PostgresSource(TableSource):
                 keep = "" if null_partition is not None else f"{name} IS NOT NULL"
             conditions = " AND ".join(c for c in (within, keep) if c)
             sql = (
-                f"SELECT {', '.join(_value(column) for column in columns)},"
-                f" width_bucket({name}, {array}) FROM {self._relation}"
-                f"{' WHERE ' + conditions if conditions else ''}"
+                f"SELECT {select}, width_bucket({name}, {array}) AS {_PLACE}"
+                f" FROM {self._relation}"
+                f" WHERE {conditions or 'true'}"
             )
             params = [points, *window_params, *([points] if singles is not None else [])]
             return (sql, params, places) if self._scan_cheaper(conn, sql, params, bounds) else None
@@ -521,14 +550,7 @@ class PostgresSource(TableSource):
                 return None
 
         found = self._query(planned)
-        if found is None:
-            return None
-        sql, params, places = found
-        return (
-            (index, rows)
-            for place, rows in _routed(self._chunks(sql, params, chunk_rows))
-            if (index := null_partition if place is None else places[place]) is not None
-        )
+        return None if found is None else (*found, null_partition)
 
     def _scan_cheaper(
         self, conn: Any, sql: str, params: Sequence[Any], bounds: Sequence[Mapping[str, Any]]
@@ -564,6 +586,164 @@ class PostgresSource(TableSource):
         select = ", ".join(_value(column) for column in self._described_columns())
         sql = f"SELECT {select} FROM {self._relation} WHERE {where}"
         return self._chunks(sql, params, chunk_rows)
+
+    def bulk(self) -> PostgresSource:
+        """``BulkRead``: ``write_arrow_files``, ``write_copy_file``."""
+        return self
+
+    def write_copy_file(
+        self,
+        bounds: Sequence[Mapping[str, Any]],
+        columns: Sequence[Column],
+        path: Path,
+        types: Sequence[str],
+    ) -> tuple[LoadFile, list[int]] | None:
+        """``BulkRead``: the rows in PostgreSQL's binary ``COPY`` format, the server's bytes
+        as they come, when every column's type is ``types``' (``format_type``): one bound's
+        read, or ``_placed_scan``'s one scan without its place, and each bound's count from
+        a ``GROUP BY`` of the same scan, both in one repeatable-read transaction (the
+        attempt's snapshot when held), so the counts are the file's. None for other types,
+        several bounds the placed scan does not take, or a column named as the place."""
+        if [column.decltype for column in columns] != list(types):
+            return None
+        if any(column.name == _PLACE for column in columns):
+            return None
+        names = ", ".join(_name(column.name) for column in columns)
+        if len(bounds) == 1:
+            where, params = self._where(bounds[0])
+            copy = f"SELECT {names} FROM {self._relation} WHERE {where}"
+            counted = f"SELECT 0, count(*) FROM {self._relation} WHERE {where}"
+            places: list[int | None] = [0]
+            null_partition = None
+            copy_params = count_params = params
+        else:
+            found = self._placed_scan(bounds, select=names)
+            if found is None:
+                return None
+            sql, params, places, null_partition = found
+            wanted = [place for place, index in enumerate(places) if index is not None]
+            keep = f"{_PLACE} = ANY(%s::int[])"
+            keep = f"({keep} OR {_PLACE} IS NULL)" if null_partition is not None else keep
+            copy = f"SELECT {names} FROM ({sql}) AS dpone_rows WHERE {keep}"
+            counted = f"SELECT {_PLACE}, count(*) FROM ({sql}) AS dpone_rows GROUP BY 1"
+            copy_params, count_params = [*params, wanted], params
+
+        def work(conn: Any) -> tuple[LoadFile, list[int]]:
+            counts = [0] * len(bounds)
+            for place, rows in conn.execute(counted, count_params):
+                index = null_partition if place is None else places[place]
+                if index is not None:
+                    counts[index] += rows
+            statement = f"COPY ({copy}) TO STDOUT (FORMAT binary)"
+            with create_private(path) as handle, conn.cursor().copy(statement, copy_params) as out:
+                written = DigestWriter(handle)
+                for block in out:
+                    written.write(block)
+            return LoadFile(path=path, rows=sum(counts), sha256=written.sha256, native=True), counts
+
+        try:
+            return self._repeatable(work)
+        except BaseException:
+            _remove([path])
+            raise
+
+    def write_arrow_files(
+        self, bounds: Sequence[Mapping[str, Any]], columns: Sequence[Column], paths: Sequence[Path]
+    ) -> tuple[list[LoadFile], list[int]] | None:
+        """``BulkRead``: the partitions in one ``COPY`` of ``_placed_scan``'s scan where it
+        takes them, else a ``COPY`` of each one's read, in the attempt's snapshot (one
+        repeatable-read transaction without one), as CSV that pyarrow converts in C
+        (``postgres_bulk``). With ``parallel`` above 1, over that many connections at once,
+        each importing the snapshot (``_parallel_reads``). None, with no file left, for a
+        column kind without an exact Arrow type or a value that does not fit its type."""
+        pa = arrow("PostgresSource")
+        found = self._placed_scan(bounds) if len(bounds) > 1 else None
+        schema = arrow_schema(pa, columns, placed=found is not None)
+        if schema is None or len(paths) not in (1, len(bounds)):
+            return None
+        if found is not None:
+            sql, params, places, null_partition = found
+            lookup = pa.array([*places, null_partition], pa.int32())
+            reads: list[tuple[str, list[Any], Any]] = [(sql, params, lookup)]
+        else:
+            reads = [(*self._select(columns, each), i) for i, each in enumerate(bounds)]
+        files_schema = schema.remove(len(columns)) if found is not None else schema
+        try:
+            with contextlib.ExitStack() as stack:
+                if self.parallel > 1:
+                    stack.enter_context(self.snapshot())  # held already within an attempt
+                parts = [
+                    self._copied(pa, part, schema, len(columns))
+                    for part in self._parallel_reads(reads)
+                ]
+                batches = stack.enter_context(read_together(parts))
+                return write_tagged_batches(pa, files_schema, batches, paths, len(bounds))
+        except Inexact:
+            pass
+        except BaseException:
+            _remove(paths)
+            raise
+        _remove(paths)
+        return None
+
+    def _repeatable(self, work: Callable[[Any], _T]) -> _T:
+        """``work(conn)`` in one repeatable-read transaction, every statement in one snapshot
+        (the attempt's when it holds one); the connection is closed after."""
+        driver = _driver()
+        conn = self._open(driver)
+        try:
+            conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
+            return self._attempt(driver, lambda: work(self._begin(conn)))
+        finally:
+            conn.close()
+
+    def _parallel_reads(
+        self, reads: list[tuple[str, list[Any], Any]]
+    ) -> list[list[tuple[str, list[Any], Any]]]:
+        """``reads`` split among ``parallel`` connections: one scan cut into as many ranges of
+        the table's blocks (``ctid``, a TID range scan from PostgreSQL 14 on: each reads its
+        own blocks), or the partitions' reads dealt out. One part when ``parallel`` is 1, or
+        the server is older than 14 (each part would scan the whole table)."""
+        count = self.parallel
+        if count < 2:
+            return [reads]
+        if len(reads) > 1:
+            return [part for part in (reads[n::count] for n in range(count)) if part]
+
+        def blocks(conn: Any) -> tuple[int, int]:
+            size = "SELECT pg_relation_size(to_regclass(%s)) / current_setting('block_size')::int"
+            found = conn.execute(size, (self._regclass,)).fetchone()[0]
+            return int(conn.info.server_version), int(found)
+
+        version, total = self._query(blocks)
+        if version < 140000 or total < count:
+            return [reads]
+        (sql, params, tag), step = reads[0], -(-total // count)
+        parts = []
+        for number in range(count):
+            low, high = number * step, (number + 1) * step
+            within = f"{sql} AND ctid >= '({low},0)'::tid"
+            within += f" AND ctid < '({high},0)'::tid" if number < count - 1 else ""
+            parts.append([(within, params, tag)])
+        return parts
+
+    def _copied(
+        self, pa: Any, reads: list[tuple[str, list[Any], Any]], schema: Any, width: int
+    ) -> Iterator[tuple[Any, Any]]:
+        """The ``(tags, batch)`` pairs of ``reads``' COPYs, on one connection of its own in one
+        repeatable-read transaction (in the attempt's snapshot when one is held); a driver
+        error is ``SourceInvalid``, as every read's."""
+        driver = _driver()
+        conn = self._open(driver)
+        try:
+            conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
+            self._attempt(driver, lambda: self._begin(conn))
+            for sql, params, tag in reads:
+                batches = copy_batches(pa, conn, sql, params, schema)
+                while (batch := self._attempt(driver, partial(next, batches, None))) is not None:
+                    yield _tags(pa, batch, tag, width)
+        finally:
+            conn.close()
 
     def count(self, bounds: Mapping) -> int:
         where, params = self._where(bounds)
@@ -621,6 +801,30 @@ def _routed(chunks: Iterable[list[tuple]]) -> Iterator[tuple[int, list[tuple]]]:
         for row in chunk:
             groups.setdefault(row[-1], []).append(row[:-1])
         yield from groups.items()
+
+
+def _tags(pa: Any, batch: Any, tag: Any, width: int) -> tuple[Any, Any]:
+    """``(tags, rows)`` of a batch of a bulk read: ``tag`` a bound's index for every row, or
+    the lookup from a placed scan's place (its last field) to the bound's index, rows of no
+    bound's place dropped."""
+    if isinstance(tag, int):
+        return pa.array([tag] * batch.num_rows, pa.int32()), batch
+    compute = import_driver("pyarrow.compute", needed_by="PostgresSource")
+    place = batch.column(width)
+    if place.null_count:  # NULL: the NULL key's place, the lookup's last
+        place = compute.fill_null(place, len(tag) - 1)
+    tags = compute.take(tag, place)
+    rows = batch.select(range(width))
+    if tags.null_count:
+        kept = compute.is_valid(tags)
+        tags, rows = tags.filter(kept), rows.filter(kept)
+    return tags, rows
+
+
+def _remove(paths: Sequence[Path]) -> None:
+    for path in paths:  # a read that gave up leaves nothing behind
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _session(conn: Any) -> Any:

@@ -30,6 +30,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from ..artifacts import DigestReader
 from ..column_types import (
     ENGINE_CARRIERS,
     Carry,
@@ -63,9 +64,9 @@ from ..ledger import (
     ledger_table_sql,
     read_fence,
 )
-from ..payloads import Column, LoadPlan, Merge, RowChunks
+from ..payloads import Column, LoadFile, LoadFiles, LoadPlan, Merge, RowChunks
 from ..rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
-from ._arrow import check_widths
+from ._arrow import arrow, check_widths, csv_blocks
 from ._merge import MERGE_BATCH, key_constraint, merge_statements
 from ._sql import (
     STAGE_PREFIX,
@@ -109,6 +110,8 @@ precision (at most 1000): see :func:`postgres_type`."""
 DEFAULT_SCHEMA = "public"
 _RESERVED_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast", "pg_temp")
 _MAX_DECIMAL_WIDTH = 1000
+COPY_SUFFIX = ".pgcopy"  # a file in PostgreSQL's binary COPY format (``copy_types``)
+_COPY_BLOCK = 1 << 20
 _MAX_NAME_BYTES = 63  # PostgreSQL cuts a longer identifier silently (NAMEDATALEN - 1)
 # Types narrower than the ones dpone makes: a target column of one cannot take every value.
 _NARROW = frozenset({"smallint", "integer", "real"})
@@ -197,6 +200,7 @@ class PostgresSink(Sink, EnginePull):
 
     # the server may still run an insert whose client is gone
     features = SinkFeatures(name="PostgreSQL", inserts_end_with_their_process=False, merges=True)
+    reads_bulk_files = True  # a source's Arrow files, as CSV its COPY reads exactly
 
     def __init__(self, dsn: str, table: str) -> None:
         check_target_table(table)
@@ -310,7 +314,7 @@ class PostgresSink(Sink, EnginePull):
                 return _record(conn, self._ledger_table, ledger, rows)
             _prepare_target(conn, self._target, payload.columns, replace=payload.replace)
             counted = _applied_counter(conn, self._target, replace=payload.replace)
-            rows = counted(_copy_rows(conn, self._target, payload.columns, payload.chunks))
+            rows = counted(_copy_payload(conn, self._target, payload))
             return _record(conn, self._ledger_table, ledger, rows)
 
     def engine(self) -> PostgresSink:
@@ -318,6 +322,16 @@ class PostgresSink(Sink, EnginePull):
 
     def carrier(self, column: Column) -> Carry | None:
         return postgres_carrier(column)
+
+    def copy_types(self, columns: Sequence[Column]) -> list[str]:
+        """``EnginePull.copy_types``: the types this sink makes for ``columns``; ``[]`` when
+        the target table exists with another type for one of them (the stage is made with
+        the types this sink makes, a load writes the table's own: both must be these)."""
+        made = [postgres_type(column) for column in columns]
+        existing = dict(self._outside_call(lambda conn: _columns(conn, self._target)))
+        if existing and any(existing.get(c.name) != t for c, t in zip(columns, made, strict=True)):
+            return []
+        return made
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan this server cannot pull, before anything touches the target: a source
@@ -381,7 +395,7 @@ class PostgresSink(Sink, EnginePull):
             _run(conn, f"SET LOCAL lock_timeout = '{_STAGE_WAIT}'")
             _run(conn, f"DROP TABLE IF EXISTS {self._stage.sql(_name)}")
             _create_table(conn, self._stage, payload.columns)
-            return _copy_rows(conn, self._stage, payload.columns, payload.chunks)
+            return _copy_payload(conn, self._stage, payload)
 
         return self._outside_call(fill, read_only=False, to="be written")
 
@@ -652,6 +666,34 @@ def _applied_counter(conn: Any, table: TableName, *, replace: bool) -> Callable[
         return lambda rows: rows
     before = 0 if replace else _row_count(conn, table)
     return lambda _rows: _row_count(conn, table) - before
+
+
+def _copy_payload(conn: Any, table: TableName, payload: RowChunks) -> int:
+    """The payload's rows through ``COPY ... FROM STDIN``: a source's binary ``COPY`` files
+    (``BulkRead.write_copy_file``) byte for byte, its Arrow files (``BulkRead``) as CSV
+    written in C (``_arrow.csv_blocks``), any other rows one by one."""
+    files = payload.files if isinstance(payload, LoadFiles) else ()
+    if not files or not all(file.native for file in files):
+        return _copy_rows(conn, table, payload.columns, payload.chunks)
+    names = ", ".join(quote(column.name) for column in payload.columns)
+    if all(file.path.suffix == COPY_SUFFIX for file in files):
+        return sum(_copy_binary(conn, table, names, file) for file in files)
+    with conn.cursor() as cursor:
+        with cursor.copy(f"COPY {table.sql()} ({names}) FROM STDIN (FORMAT csv)") as copy:
+            for block in csv_blocks(arrow("PostgresSink"), files):
+                copy.write(block)
+        return int(cursor.rowcount)  # the server's count: rows a trigger skipped are not in it
+
+
+def _copy_binary(conn: Any, table: TableName, names: str, file: LoadFile) -> int:
+    """One binary ``COPY ... FROM STDIN`` of ``file``'s bytes as they are; its digest checked
+    after its last byte (``ArtifactInvalid`` rolls the load back)."""
+    with conn.cursor() as cursor, DigestReader(file.path, file.sha256) as reader:
+        with cursor.copy(f"COPY {table.sql()} ({names}) FROM STDIN (FORMAT binary)") as copy:
+            while block := reader.read(_COPY_BLOCK):
+                copy.write(block)
+            reader.verify()
+        return int(cursor.rowcount)
 
 
 def _copy_rows(

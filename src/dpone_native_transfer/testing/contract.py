@@ -12,13 +12,15 @@ import inspect
 from typing import Any
 
 from ..connectors.contract import Sink, Source
+from ..connectors.contract.bulk import BulkRead
 from ..connectors.contract.engine import EnginePull
 from ..connectors.contract.sqlite_file import SQLiteFile
 
 __all__ = ["PARTS", "capabilities_of", "contract_problems", "protocol_members"]
 
-# What a connector may be: a source or a sink, an engine, a SQLite file other engines read.
-PARTS: tuple[type, ...] = (Source, Sink, EnginePull, SQLiteFile)
+# What a connector may be: a source or a sink, an engine, a SQLite file other engines read,
+# a source that writes its rows to Arrow files in bulk.
+PARTS: tuple[type, ...] = (Source, Sink, EnginePull, SQLiteFile, BulkRead)
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -40,8 +42,8 @@ def protocol_members(protocol: type) -> dict[str, Any]:
 
 def capabilities_of(connector: object) -> list[type]:
     """The parts of the contract ``connector`` claims: ``Source`` or ``Sink``, ``SQLiteFile``
-    for a source, and ``EnginePull`` for a sink whose ``engine()`` is the sink itself (an
-    engine of its own is checked apart: ``capabilities_of(sink.engine())``)."""
+    and ``BulkRead`` for a source, and ``EnginePull`` for a sink whose ``engine()`` is the
+    sink itself (an engine of its own is checked apart: ``capabilities_of(sink.engine())``)."""
     return [p for p in PARTS if _claims(connector, p)]
 
 

@@ -2,9 +2,10 @@
 
 ``Source`` and ``Sink`` say what every connector is; what really varies between engines
 is data (``SourceFeatures``, ``SinkFeatures``), read by the runtime, never asked of a
-connector's type. Two parts are optional: an engine that reads a source itself
-(``Sink.engine()``, ``engine.EnginePull``) and a source that is a SQLite file other
-engines read (``sqlite_file.SQLiteFile``). A connector that cannot do what it is asked
+connector's type. Three parts are optional: an engine that reads a source itself
+(``Sink.engine()``, ``engine.EnginePull``), a source that is a SQLite file other
+engines read (``sqlite_file.SQLiteFile``), and a source that writes its rows to Arrow files
+in bulk (``Source.bulk()``, ``bulk.BulkRead``). A connector that cannot do what it is asked
 raises ``Unsupported``; the runtime says what that means for the route (which path, what
 to use instead), so no connector knows the runtime's paths.
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from ...identity import TableIdentity
     from ...ledger import LedgerEntry
     from ...payloads import ColumnDifference, Merge, RowChunks, SourceShape
+    from .bulk import BulkRead
     from .engine import EnginePull
 
 __all__ = [
@@ -188,6 +190,12 @@ class Source(Protocol):
         """Columns the engine compares with a collation, so values Python tells apart may be
         equal there: a cursor edge is not tracked on such a column. The default: none."""
         return []
+
+    def bulk(self) -> BulkRead | None:
+        """The source's bulk read into Arrow files (``bulk.BulkRead``): what lets a row path
+        skip reading rows in Python where the sink's engine loads such files
+        (``EnginePull.reads_bulk_files``). None (the default): dpone reads every row."""
+        return None
 
     def watching_writes(self) -> contextlib.AbstractContextManager[Callable[[], bool]]:
         """With ``features.watches_writes``: within, a check whether the source was written

@@ -32,6 +32,9 @@ class EnginePull(Protocol):
     pulled_suffix: str = ""
     # ``pull_stage`` fills the stage itself: the staged path then writes no load file
     stages: bool = False
+    # ``Sink.load`` and ``Sink.stage`` load the Arrow files a source writes in bulk
+    # (``bulk.BulkRead``), each value exactly as its ``_arrow.exact_type`` holds it
+    reads_bulk_files: bool = False
 
     @abc.abstractmethod
     def check_plan(self, plan: LoadPlan) -> None:
@@ -49,6 +52,14 @@ class EnginePull(Protocol):
         bound), asked before anything else reads the rows. Reads the source only. The
         default: never."""
         return False
+
+    def copy_types(self, columns: Sequence[Column]) -> list[str] | None:
+        """The PostgreSQL types (``format_type()``'s spelling) of the target columns a load of
+        ``columns`` writes, in their order, when the engine loads files in PostgreSQL's
+        binary ``COPY`` format (``BulkRead.write_copy_file``): a source whose columns have
+        exactly those types hands over its bytes unchanged. Reads the target only. None
+        (the default): the engine takes no such file."""
+        return None
 
     def pull_load_files(
         self, plan: LoadPlan, paths: Sequence[Path]

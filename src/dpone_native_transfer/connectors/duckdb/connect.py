@@ -19,7 +19,9 @@ from ...errors import TargetVersionUnsupported
 from ..contract import Unsupported
 
 __all__ = [
+    "binding_ready",
     "duckdb_driver",
+    "literal",
     "open_database",
     "reraise_interrupt",
     "scanner_connection",
@@ -37,19 +39,33 @@ _SCANNER_CONFIG = {**_CONFIG, "allow_unsigned_extensions": True}
 
 
 def duckdb_driver() -> Any:
-    duckdb = import_driver("duckdb", needed_by="DuckDBSink")
+    """The driver, without pandas: a connection that binds parameters is opened with
+    ``open_database(..., parameters=True)`` (``binding_ready``)."""
+    return import_driver("duckdb", needed_by="DuckDBSink")
+
+
+def binding_ready() -> None:
+    """Call before a query with parameters. DuckDB imports pandas, when it is installed, at
+    its first such query in a process, from its own code, which swallows what a signal's
+    handler raises meanwhile: a SIGTERM or Ctrl-C then was lost, and the run went on.
+    Imported here first, in Python, the signal stops the run. Only then: a run with nothing
+    new binds no parameter and never pays for the import (docs/performance.md, fix 61)."""
     _import_pandas()
-    return duckdb
 
 
 @functools.cache  # once per process; an import a signal stopped raised, so is not kept
 def _import_pandas() -> None:
-    """DuckDB imports pandas, when it is installed, at its first query with parameters in a
-    process, from its own code, which swallows what a signal's handler raises meanwhile: a
-    SIGTERM or Ctrl-C then was lost, and the run went on. Imported here first, in Python, the
-    signal stops the run; the import's time is spent either way."""
     with contextlib.suppress(Exception):  # not installed, or broken: DuckDB does without
         importlib.import_module("pandas")
+
+
+def literal(value: str) -> str:
+    """``value`` as a DuckDB string literal, for the reads a run with nothing new makes, which
+    bind no parameter (``binding_ready``). DuckDB's literals take no backslash escapes: a
+    doubled quote is the only one. A NUL is refused (no table name holds one)."""
+    if "\x00" in value:
+        raise ValueError("a NUL in a DuckDB literal")
+    return "'" + value.replace("'", "''") + "'"
 
 
 _SCANNER = "duckdb-extension-sqlite-scanner"  # the wheel of DuckDB's sqlite_scanner extension
@@ -112,11 +128,20 @@ def scanner_connection(path: str, table: str = "") -> Any:
 
 
 def open_database(
-    path: str, table: str, *, read_only: bool = False, config: Mapping[str, Any] = _CONFIG
+    path: str,
+    table: str,
+    *,
+    read_only: bool = False,
+    config: Mapping[str, Any] = _CONFIG,
+    parameters: bool = True,
 ) -> Any:
     """``duckdb.connect``; a file this DuckDB cannot read because of its storage version is
-    ``TargetVersionUnsupported`` (``_unreadable_version``), any other failure DuckDB's own."""
+    ``TargetVersionUnsupported`` (``_unreadable_version``), any other failure DuckDB's own.
+    ``parameters``: the connection may bind parameters (``binding_ready``); False only for
+    a connection whose every query is plain text."""
     duckdb = duckdb_driver()
+    if parameters:
+        binding_ready()
     try:
         return duckdb.connect(path, read_only=read_only, config=dict(config))
     except duckdb.Error as error:

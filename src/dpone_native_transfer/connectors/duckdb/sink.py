@@ -68,7 +68,14 @@ from ..contract.sqlite_file import SQLiteFile
 from ..sqlite_reading import plan_rows, pulled_file, refuse_inexact_plan, watching_writes
 from .bulk import insert_files, insert_rows, write_arrow_file, write_tagged
 from .columns import DUCKDB_TYPES, column_names, duckdb_carrier, duckdb_type
-from .connect import duckdb_driver, open_database, reraise_interrupt, scanner_connection
+from .connect import (
+    binding_ready,
+    duckdb_driver,
+    literal,
+    open_database,
+    reraise_interrupt,
+    scanner_connection,
+)
 from .scan import (
     BOUND_TAG,
     REFUSING_TYPES,
@@ -106,6 +113,7 @@ class DuckDBSink(FileTarget, EnginePull):
 
     features = SinkFeatures(name="DuckDB", merges=True)
     pulled_suffix = ".arrows"  # an Arrow IPC stream
+    reads_bulk_files = True  # DuckDB casts each exact Arrow type to its column's exactly
 
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
         check_target_table(table)
@@ -142,18 +150,19 @@ class DuckDBSink(FileTarget, EnginePull):
         if not os.path.isfile(self.path):
             return
         try:
-            open_database(self.path, self.table).close()
+            open_database(self.path, self.table, parameters=False).close()
         except driver.Error:
             raise unavailable(self.table) from None
 
     @contextlib.contextmanager
-    def _connect(self, *, scanner: bool = False) -> Iterator[Any]:
-        """The target file; ``scanner``: with the sqlite scanner loaded."""
+    def _connect(self, *, scanner: bool = False, parameters: bool = True) -> Iterator[Any]:
+        """The target file; ``scanner``: with the sqlite scanner loaded; ``parameters``: its
+        queries may bind parameters (``open_database``)."""
         check_target_folder(self.path, self.table)
         conn = (
             scanner_connection(self.path, self.table)
             if scanner
-            else open_database(self.path, self.table)
+            else open_database(self.path, self.table, parameters=parameters)
         )
         try:
             yield conn
@@ -241,7 +250,11 @@ class DuckDBSink(FileTarget, EnginePull):
     def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
         """DuckDB matches column names case-insensitively (ASCII). A column of
         a type dpone makes takes only a source column it would make that type for; a type made
-        by hand is left to DuckDB's own conversion."""
+        by hand is left to DuckDB's own conversion.
+
+        Asked before the target call of every run that loads rows, so DuckDB's import of
+        pandas is made here, where a signal still stops the run (``binding_ready``)."""
+        binding_ready()
         with self._reader() as conn:
             if conn is None or not _table_exists(conn, self._target):
                 return None
@@ -431,11 +444,11 @@ class DuckDBSink(FileTarget, EnginePull):
             conn.execute(f"DROP TABLE {stage}")
             return _record(conn, ledger, moved)
 
-    def _read_only(self, what: str) -> Any:
+    def _read_only(self, what: str, *, parameters: bool = True) -> Any:
         """A read-only connection to the target file, or ``TargetUnavailable``."""
         duckdb = duckdb_driver()
         try:
-            return open_database(self.path, self.table, read_only=True)
+            return open_database(self.path, self.table, read_only=True, parameters=parameters)
         except duckdb.Error:
             pass
         raise TargetUnavailable(
@@ -461,11 +474,12 @@ class DuckDBSink(FileTarget, EnginePull):
         """The target table's fence in ``_dpone_fence``; 0 without one."""
         if not os.path.isfile(self.path):
             return 0
-        conn = self._read_only("fence")
+        conn = self._read_only("fence", parameters=False)  # every run reads it: no binding
         try:
             if not _table_exists(conn, TableName(None, FENCE_TABLE)):
                 return 0
-            return read_fence(_query(conn), self.identity().table, **_FENCE_AT)
+            name = self.identity().table
+            return read_fence(_plain(conn), name, table=quote(FENCE_TABLE), marker=literal(name))
         finally:
             conn.close()
 
@@ -483,22 +497,24 @@ class DuckDBSink(FileTarget, EnginePull):
         """The ledger entries of this target table, oldest first (a read-only connection)."""
         if not os.path.isfile(self.path):
             return []
-        conn = self._read_only("ledger")
+        conn = self._read_only("ledger", parameters=False)  # every run reads it: no binding
         try:
             if not _table_exists(conn, _LEDGER):
                 return []
             described = conn.execute(f"DESCRIBE {quote(LEDGER_TABLE)}").fetchall()
             check_ledger_columns({row[0] for row in described})
-            rows = conn.execute(
-                ledger_query("?", partitions=partitions), [self.identity().table]
-            ).fetchall()
+            marker = literal(self.identity().table)
+            rows = conn.execute(ledger_query(marker, partitions=partitions)).fetchall()
         finally:
             conn.close()
         return [LedgerEntry.from_row(*row) for row in rows]
 
     def row_count(self) -> int:
-        with self._reader() as conn:
-            return 0 if conn is None else _row_count(conn, self._target)
+        """Every run with a ledger asks it (``is_empty``): binds no parameter."""
+        if not os.path.isfile(self.path):
+            return 0
+        with self._connect(parameters=False) as conn:
+            return _row_count(conn, self._target)
 
     def is_empty(self) -> bool:
         return self.row_count() == 0  # DuckDB counts from table metadata
@@ -563,6 +579,12 @@ def _fence_first(conn: Any, entry: LedgerEntry | None) -> None:
 
 def _query(conn: Any) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
     return lambda sql, params: conn.execute(sql, list(params)).fetchall()
+
+
+def _plain(conn: Any) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
+    """``_query`` of a statement whose values are literals (``literal``): ``params`` are the
+    values the literals spell, already in the text."""
+    return lambda sql, params: conn.execute(sql).fetchall()
 
 
 def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:
@@ -650,12 +672,12 @@ def _prepare_target(
 
 def _table_exists(conn: Any, table: TableName) -> bool:
     """DuckDB matches table and schema names case-insensitively (ASCII only), even quoted;
-    so does this. An unqualified table is looked up in the current schema."""
+    so does this. An unqualified table is looked up in the current schema. Binds no
+    parameter: every run asks it (``binding_ready``)."""
+    current = "" if table.schema is not None else " AND schema_name = current_schema()"
     rows = conn.execute(
         "SELECT schema_name, table_name FROM duckdb_tables()"
-        " WHERE database_name = current_database()"
-        " AND (? IS NOT NULL OR schema_name = current_schema())",
-        [table.schema],
+        f" WHERE database_name = current_database(){current}"
     ).fetchall()
     wanted = (None if table.schema is None else fold_ascii(table.schema), fold_ascii(table.name))
     return any(

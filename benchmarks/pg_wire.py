@@ -1,0 +1,220 @@
+"""Section 2d: a PostgreSQL source on the wire's terms, against the limit per target.
+
+The issue's workload (issue 47): ``wire(id bigint, updated_at timestamptz, region text of 100
+values, amount numeric(12,2), score double precision, note text)``, 2,000,000 rows
+(``--quick``: 20,000), on a throwaway server (``tests/helpers/postgres_server.py``), 100
+partitions of ``region`` without an index. Each round runs every contender once, in
+reverse order every other round, after a warm-up round; figures are medians of 3 rounds
+(``--runs`` more). Into each target, a full refresh into a fresh table and store:
+
+- the limit, measured in the same run: into PostgreSQL, binary ``COPY ... TO STDOUT`` piped
+  into ``COPY ... FROM STDIN`` of another table of the same server; into DuckDB, ``COPY
+  ... TO STDOUT`` in CSV parsed by ``pyarrow.csv`` with the explicit schema and loaded with
+  one ``INSERT ... SELECT`` of the Arrow stream (connectorx is not installed here);
+- dpone's legacy, staged and file-artifact paths, guarded, which read in bulk
+  (``Source.bulk()``);
+- dpone's staged path with the bulk read off: the rows as Python tuples, each value carried
+  (what every path did before).
+
+Ratio = the path's median / the limit's median.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import secrets
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from dpone_native_transfer import SQLiteCheckpointStore, TransferRuntime, TransferSpec
+from dpone_native_transfer.connectors.duckdb import DuckDBSink
+from dpone_native_transfer.connectors.postgres import PostgresSource
+from dpone_native_transfer.connectors.postgres_sink import PostgresSink
+
+from ._common import CHUNK_ROWS, Row, Sizes, log, median, scratch, timed
+from .batch import _import_server_helper
+
+PATHS = ("legacy", "staged", "file-artifact")
+PARTITIONS = 100
+DUCKDB_SCHEMA = (
+    "id BIGINT, updated_at TIMESTAMPTZ, region VARCHAR, amount DECIMAL(12,2), score DOUBLE,"
+    " note VARCHAR"
+)
+
+
+def _build(dsn: str, schema: str, rows: int, psycopg: Any) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(
+            f'CREATE TABLE "{schema}".wire (id bigint PRIMARY KEY, updated_at timestamptz NOT NULL,'
+            " region text NOT NULL, amount numeric(12,2), score double precision, note text)"
+        )
+        conn.execute(
+            f'INSERT INTO "{schema}".wire SELECT i,'
+            " timestamptz '2026-01-01 00:00:00+00' + i * interval '1.000001 second',"
+            f" 'region-' || lpad((i % {PARTITIONS})::text, 3, '0'),"
+            " round((i * 1.37)::numeric % 100000, 2), i * 0.5 + 0.25, md5(i::text)"
+            f" FROM generate_series(1, {rows}) AS i"
+        )
+        conn.execute(f'ANALYZE "{schema}".wire')
+
+
+def _limit_postgres(dsn: str, schema: str, psycopg: Any) -> float:
+    """Binary COPY out of the source piped into binary COPY into a new table."""
+
+    def copy() -> None:
+        with psycopg.connect(dsn) as source, psycopg.connect(dsn) as target:
+            target.execute(f'DROP TABLE IF EXISTS "{schema}".limit_copy')
+            target.execute(f'CREATE TABLE "{schema}".limit_copy (LIKE "{schema}".wire)')
+            reading = source.cursor().copy(f'COPY "{schema}".wire TO STDOUT (FORMAT binary)')
+            writing = target.cursor().copy(f'COPY "{schema}".limit_copy FROM STDIN (FORMAT binary)')
+            with reading as out, writing as into:
+                for block in out:
+                    into.write(block)
+
+    return timed(copy)[0]
+
+
+def _limit_duckdb(dsn: str, schema: str, psycopg: Any) -> float:
+    """COPY in CSV, parsed by pyarrow.csv (explicit schema) as it streams, into DuckDB."""
+    import duckdb
+    import pyarrow as pa
+    import pyarrow.csv as csv
+
+    types = pa.schema(
+        [("id", pa.int64()), ("updated_at", pa.timestamp("us", tz="UTC")),
+         ("region", pa.string()), ("amount", pa.decimal128(12, 2)), ("score", pa.float64()),
+         ("note", pa.string())]
+    )  # fmt: skip
+
+    def copy(folder: Any) -> None:
+        with psycopg.connect(dsn) as source:
+            source.execute("SET TimeZone = 'UTC'")
+            with source.cursor().copy(f'COPY "{schema}".wire TO STDOUT (FORMAT csv)') as out:
+                stream = io.BufferedReader(_Blocks(iter(out)), 4 << 20)
+                reader = csv.open_csv(
+                    stream,
+                    read_options=csv.ReadOptions(column_names=types.names, block_size=4 << 20),
+                    parse_options=csv.ParseOptions(newlines_in_values=True),
+                    convert_options=csv.ConvertOptions(column_types=types, null_values=[""]),
+                )
+                target = duckdb.connect(str(folder / "limit.duckdb"))
+                try:
+                    target.execute(f"CREATE TABLE t ({DUCKDB_SCHEMA})")
+                    target.register("rows", reader)
+                    target.execute("INSERT INTO t SELECT * FROM rows")
+                finally:
+                    target.close()
+
+    with scratch("pg-wire-limit") as folder:
+        return timed(lambda: copy(folder))[0]
+
+
+class _Blocks(io.RawIOBase):
+    def __init__(self, blocks: Any) -> None:
+        self._blocks, self._rest = blocks, memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._rest:
+            block = next(self._blocks, None)
+            if block is None:
+                return 0
+            self._rest = memoryview(block).cast("B")
+        size = min(len(buffer), len(self._rest))
+        buffer[:size] = self._rest[:size]
+        self._rest = self._rest[size:]
+        return size
+
+
+def _dpone(
+    url: str, schema: str, target: str, path: str, rows: int, psycopg: Any, *, bulk: bool
+) -> float:
+    """One guarded full refresh into a fresh target: a new DuckDB file, or a new schema of the
+    server (the target's ledger and fence live beside its table), dropped afterwards."""
+    with scratch(f"pg-wire-{target}-{path}") as folder, _target_schema(url, psycopg) as own:
+        source = PostgresSource(url, f"{schema}.wire", "region")
+        if not bulk:
+            source.bulk = lambda: None  # type: ignore[method-assign]
+        if target == "duckdb":
+            sink: Any = DuckDBSink(folder / "target.duckdb", "wire_copy")
+        else:
+            sink = PostgresSink(url, f"{own}.dpone_copy")
+        store = SQLiteCheckpointStore(folder / "checkpoints.db")
+        try:
+            spec = TransferSpec(
+                source=source,
+                sink=sink,
+                strategy="full_refresh",
+                path=path,
+                run_id="bench-run",
+                chunk_rows=CHUNK_ROWS,
+            )
+            seconds, result = timed(lambda: TransferRuntime(store).run(spec))
+        finally:
+            store.close()
+    if result.rows_loaded != rows:
+        raise AssertionError(f"{target} {path}: loaded {result.rows_loaded}, expected {rows}")
+    return seconds
+
+
+@contextlib.contextmanager
+def _target_schema(url: str, psycopg: Any) -> Iterator[str]:
+    name = f"dpone_target_{secrets.token_hex(4)}"
+    try:
+        yield name
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def measure(sizes: Sizes) -> tuple[list[Row], dict]:
+    imported = _import_server_helper()
+    if isinstance(imported, str):
+        print(f"section 2d skipped: {imported}", flush=True)
+        return [], {"skipped": imported}
+    helper, psycopg = imported
+    rows = sizes.pg_wire_rows
+    rounds = max(3, sizes.runs // 2)
+    raw: dict[str, Any] = {"rows": rows, "partitions": PARTITIONS, "rounds": rounds}
+    results: list[Row] = []
+    with helper.server_dsn() as dsn, helper.isolated_schema(dsn) as location:
+        schema = location.schema
+        _build(dsn, schema, rows, psycopg)
+        url = helper.postgres_url(dsn)
+        for target, limit in (("postgres", _limit_postgres), ("duckdb", _limit_duckdb)):
+            cases: dict[str, Callable[[], float]] = {
+                "limit": lambda limit=limit: limit(dsn, schema, psycopg)
+            }
+            for path in PATHS:
+                cases[path] = lambda path=path, target=target: _dpone(
+                    url, schema, target, path, rows, psycopg, bulk=True
+                )
+            cases["staged, rows"] = lambda target=target: _dpone(
+                url, schema, target, "staged", rows, psycopg, bulk=False
+            )
+            times: dict[str, list[float]] = {case: [] for case in cases}
+            for number in range(rounds + 1):  # round 0 warms the caches
+                order = list(cases) if number % 2 else list(cases)[::-1]
+                for case in order:
+                    seconds = cases[case]()
+                    if number:
+                        times[case].append(seconds)
+                log(f"postgres wire into {target}: round {number} of {rounds} done")
+            limit_median = median(times["limit"])
+            for case in cases:
+                if case == "limit":
+                    continue
+                value = median(times[case])
+                results.append(
+                    Row("2d PostgreSQL source, bulk",
+                        f"{case} into {target} vs the limit ({rows:,} rows x 6 columns,"
+                        f" {PARTITIONS} partitions)",
+                        value, "s", limit_median, value / limit_median)
+                )  # fmt: skip
+            raw[target] = {"seconds": times}
+    raw["server"] = "the tests' throwaway server (fsync off), or DPONE_TEST_POSTGRES_DSN's"
+    return results, raw
