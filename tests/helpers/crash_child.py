@@ -48,6 +48,7 @@ The points, in the order a run reaches them, and the seam each uses:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -75,6 +76,7 @@ from dpone_native_transfer import (  # noqa: E402
     TransferSpec,
     hookimpl,
 )
+from dpone_native_transfer.lease import Lease  # noqa: E402
 from dpone_native_transfer.reporting import exit_code_for  # noqa: E402
 from dpone_native_transfer.testing import phase_batch  # noqa: E402
 from helpers.matrix_targets import SOURCE_TABLE, TARGET_TABLE, Place  # noqa: E402
@@ -150,8 +152,37 @@ class Killer:
     def at(self, point: str) -> None:
         if point == self.point and not self.fired:
             self.fired = True
-            self.marker.write_text(point)  # written and closed before the signal
-            os.kill(os.getpid(), self.signum)  # SIGSTOP: resumed here by the test's SIGCONT
+            with _heartbeats_held(self.signum):
+                self.marker.write_text(point)  # written and closed before the signal
+                os.kill(os.getpid(), self.signum)  # SIGSTOP: resumed here by the test's SIGCONT
+
+
+_LEASES: list[Lease] = []  # every lease this child took (``_recording_leases``)
+
+
+def _recording_leases() -> None:
+    """Record each lease the run takes, so that a stop can wait out its heartbeat."""
+    acquire = Lease.acquire
+
+    @functools.wraps(acquire)
+    def recorded(self: Lease) -> Lease:
+        _LEASES.append(self)
+        return acquire(self)
+
+    Lease.acquire = recorded  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _heartbeats_held(signum: int) -> Iterator[None]:
+    """For a stop, each lease's heartbeat lock held across it: the process stops between
+    two renewals, never inside one, whose store transaction would hold a SQLite store's
+    write lock until the test resumes it (a real pause can; the matrix asks what the
+    paused attempt does, not what a locked store does)."""
+    with contextlib.ExitStack() as held:
+        if signum == signal.SIGSTOP:
+            for lease in _LEASES:
+                held.enter_context(lease._lock)
+        yield
 
 
 class CrashSource(SQLiteSource):
@@ -374,6 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown point {case['point']!r}")
     place = Place.from_dict(case["place"])
     killer = Killer(case["point"], Path(case["marker"]), SIGNALS[case["signal"]])
+    _recording_leases()
     source = place.make_source()
     if place.path != "lazy-plan":  # lazy-plan's extraction is the sink's (``TargetSeams``)
         source = CrashSource(source, killer)
