@@ -28,6 +28,7 @@ from ...errors import (
     ConfigInvalid,
     InternalInvariantBroken,
     NativeTransferError,
+    TargetRowsMismatch,
     TargetUnavailable,
 )
 from ...identity import TableIdentity, file_location, fold_ascii
@@ -47,7 +48,14 @@ from ...ledger import (
 from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, Merge, RowChunks
 from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from .._arrow import arrow
-from .._merge import MERGE_BATCH, key_constraint, merge_statements
+from .._merge import (
+    LOOSE_KEY,
+    MERGE_BATCH,
+    key_constraint,
+    loosely_compared_key,
+    merge_statements,
+    unmergeable,
+)
 from .._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -142,9 +150,24 @@ class DuckDBSink(FileTarget, EnginePull):
         if not os.path.isfile(self.path):
             return
         try:
-            open_database(self.path, self.table).close()
+            with contextlib.closing(open_database(self.path, self.table)) as conn:
+                view = _view_exists(conn, self._target)
         except driver.Error:
             raise unavailable(self.table) from None
+        if view:  # a load would create no table beside it and fail inside the target call
+            raise TargetRowsMismatch.rewriting(self.table, 1)
+
+    def check_merge(self, merge: Merge, columns: Sequence[Column]) -> None:
+        """A key compared by a looser collation than the batch's (``COLLATE NOCASE``) would
+        meet two batch keys as one: both inserted, one key violated inside the target call."""
+        with self._reader() as conn:
+            if conn is None or not _table_exists(conn, self._target):
+                return
+            column = loosely_compared_key(
+                lambda sql: conn.execute(sql).fetchone()[0], self._target.sql(), merge, columns
+            )
+        if column is not None:
+            raise unmergeable(self.table, LOOSE_KEY, column=column)
 
     @contextlib.contextmanager
     def _connect(self, *, scanner: bool = False) -> Iterator[Any]:
@@ -648,11 +671,16 @@ def _prepare_target(
         conn.execute(f"DELETE FROM {table.sql()}")
 
 
-def _table_exists(conn: Any, table: TableName) -> bool:
+def _view_exists(conn: Any, table: TableName) -> bool:
+    return _table_exists(conn, table, kind="view")
+
+
+def _table_exists(conn: Any, table: TableName, *, kind: str = "table") -> bool:
     """DuckDB matches table and schema names case-insensitively (ASCII only), even quoted;
-    so does this. An unqualified table is looked up in the current schema."""
+    so does this. An unqualified table is looked up in the current schema. ``kind``: "view"
+    looks for a view of the name."""
     rows = conn.execute(
-        "SELECT schema_name, table_name FROM duckdb_tables()"
+        f"SELECT schema_name, {kind}_name FROM duckdb_{kind}s()"
         " WHERE database_name = current_database()"
         " AND (? IS NOT NULL OR schema_name = current_schema())",
         [table.schema],
