@@ -23,6 +23,7 @@ __all__ = [
     "key_constraint",
     "loosely_compared_key",
     "merge_statements",
+    "text_key",
     "unmergeable",
 ]
 
@@ -118,6 +119,12 @@ _TOLD_APART = (("a", "A"), ("e", "\u00e9"), ("a", "a "))
 
 
 LOOSE_KEY = "it compares a key column more loosely than the merge (texts it finds equal differ)"
+
+
+def text_key(merge: Merge, columns: Sequence[Column]) -> bool:
+    """Whether the key has a text column: only those ``loosely_compared_key`` asks about (a
+    check without one opens no connection: each costs a run time)."""
+    return any(column.name in merge.key and column.kind == "text" for column in columns)
 
 
 def loosely_compared_key(

@@ -54,6 +54,7 @@ from .._merge import (
     key_constraint,
     loosely_compared_key,
     merge_statements,
+    text_key,
     unmergeable,
 )
 from .._sql import (
@@ -160,6 +161,8 @@ class DuckDBSink(FileTarget, EnginePull):
     def check_merge(self, merge: Merge, columns: Sequence[Column]) -> None:
         """A key compared by a looser collation than the batch's (``COLLATE NOCASE``) would
         meet two batch keys as one: both inserted, one key violated inside the target call."""
+        if not text_key(merge, columns):
+            return
         with self._reader() as conn:
             if conn is None or not _table_exists(conn, self._target):
                 return

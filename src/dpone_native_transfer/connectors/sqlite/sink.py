@@ -42,6 +42,7 @@ from .._merge import (
     key_constraint,
     loosely_compared_key,
     merge_statements,
+    text_key,
     unmergeable,
 )
 from .._sql import (
@@ -134,6 +135,8 @@ class SQLiteSink(FileTarget, EnginePull):
         """A key compared by a looser collation than the batch's (``NOCASE``, ``RTRIM``) would
         meet two batch keys as one: both inserted, one key violated inside the target call.
         (A view or a trigger is refused for every strategy, by ``check_target``.)"""
+        if not text_key(merge, columns):
+            return
         with self._reader() as conn:
             if conn is None or not table_columns(conn, self.table):
                 return
