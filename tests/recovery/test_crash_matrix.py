@@ -514,6 +514,7 @@ def test_after_a_kill_verify_proves_the_batch_and_resolve_from_target_heals_it(
 MERGE_POINTS = ("after-armed-batch", "target-before-commit", "target-after-commit",
                 "promotion-partial")  # fmt: skip
 MERGE_PATHS = ("legacy", "staged")
+SQLITE_MERGE_PATHS = ("file-artifact", "lazy-plan")  # the cut: these on the SQLite target only
 
 
 def merge_cases() -> list[Any]:
@@ -521,7 +522,7 @@ def merge_cases() -> list[Any]:
         pytest.param(point, path, target, recovery, id=f"{point}-{path}-{target}-{recovery}")
         for target in TARGET_KINDS
         for recovery in RECOVERIES
-        for path in MERGE_PATHS
+        for path in MERGE_PATHS + (SQLITE_MERGE_PATHS if target == "sqlite" else ())
         for point in MERGE_POINTS
     ]
 
