@@ -410,8 +410,15 @@ def test_a_changed_primary_key_is_a_changed_route_definition(tmp_path):
     )
     reset = run_cli("state", "reset", route, "--yes", "--reason", "new key", "--operator", "me")
     assert reset.returncode == 0, reset.stderr
+    add(source, ("beta", 1, "eu", 2, "new", False))  # the old key (id) would be violated
+    done = run(route)  # the table's PRIMARY KEY (id) is narrower than the new key
+    assert done.returncode == 2 and "part of the merge's key" in done.stderr
+    with _sqlite(tmp_path / "target.db") as db:  # the operator drops the table
+        db.execute("DROP TABLE events")
+        db.commit()
     assert run(route).returncode == 0
     check_target(target, source)
+    assert target.key_columns("events") == list(KEY)
 
 
 def test_a_source_without_a_primary_key_needs_one_named(tmp_path):
@@ -605,6 +612,14 @@ _REFUSED = [
     ("postgres", "a key of char(n), which ignores trailing spaces",
      "CREATE TABLE events (tenant char(12), id bigint, region text, v bigint, status text,"
      " PRIMARY KEY (tenant, id))"),
+    ("sqlite", "a primary key narrower than the merge's",
+     "CREATE TABLE events (tenant TEXT, id INTEGER PRIMARY KEY, region TEXT, v INTEGER,"
+     " status TEXT)"),
+    ("duckdb", "a primary key narrower than the merge's",
+     "CREATE TABLE events (tenant VARCHAR, id BIGINT PRIMARY KEY, region VARCHAR,"
+     " v BIGINT, status VARCHAR)"),
+    ("postgres", "a unique constraint narrower than the merge's",
+     "CREATE TABLE events (tenant text, id bigint UNIQUE, region text, v bigint, status text)"),
     ("postgres", "a key of a type without = against the source's",
      "CREATE TABLE events (tenant text, id uuid, region text, v bigint, status text)"),
 ]  # fmt: skip
@@ -656,7 +671,8 @@ def test_a_target_table_a_merge_cannot_run_on_is_refused_before_the_target(
     assert done.returncode == 2, done.stderr
     code = "view" in shape and "native_transfer_target_rows_mismatch"
     assert (code or "native_transfer_config_invalid") in done.stderr
-    assert code or "'tenant'" in done.stderr or "'id'" in done.stderr
+    named = code or "narrower" in shape or "'tenant'" in done.stderr or "'id'" in done.stderr
+    assert named and ("narrower" not in shape or "part of the merge's key" in done.stderr)
     assert "acme" not in done.stderr.lower() and "SELECT" not in done.stderr
     assert target.ledger_rows() == 0
     if "view" not in shape:

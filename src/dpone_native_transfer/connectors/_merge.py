@@ -18,12 +18,14 @@ from ._sql import RESERVED_PREFIX, quote
 
 __all__ = [
     "LOOSE_KEY",
+    "NARROWER",
     "MERGE_BATCH",
     "MERGE_WINNERS",
+    "asks",
     "key_constraint",
     "loosely_compared_key",
     "merge_statements",
-    "text_key",
+    "narrower_unique",
     "unmergeable",
 ]
 
@@ -118,13 +120,28 @@ def merge_statements(
 _TOLD_APART = (("a", "A"), ("e", "\u00e9"), ("a", "a "))
 
 
+NARROWER = "a primary key or unique constraint of the table holds only part of the merge's key"
+
+
+def narrower_unique(
+    uniques: Sequence[Sequence[str]], merge: Merge, *, fold: Callable[[str], str] = str
+) -> bool:
+    """Whether one of the table's unique column sets is a proper part of the merge's key: two
+    keys the merge keeps apart (``(a, 1)``, ``(b, 1)``) would then violate it inside the
+    target call. ``fold``: the engine's own name matching."""
+    key = {fold(name) for name in merge.key}
+    return any(set(map(fold, columns)) < key for columns in uniques if columns)
+
+
 LOOSE_KEY = "it compares a key column more loosely than the merge (texts it finds equal differ)"
 
 
-def text_key(merge: Merge, columns: Sequence[Column]) -> bool:
-    """Whether the key has a text column: only those ``loosely_compared_key`` asks about (a
-    check without one opens no connection: each costs a run time)."""
-    return any(column.name in merge.key and column.kind == "text" for column in columns)
+def asks(merge: Merge, columns: Sequence[Column]) -> bool:
+    """Whether a target could refuse this merge by ``narrower_unique`` (a key of two columns
+    or more) or ``loosely_compared_key`` (a text key column): if not, a check opens no
+    connection (each costs a run time)."""
+    text = any(column.name in merge.key and column.kind == "text" for column in columns)
+    return text or len(merge.key) > 1
 
 
 def loosely_compared_key(

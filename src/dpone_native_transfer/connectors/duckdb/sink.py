@@ -51,10 +51,12 @@ from .._arrow import arrow
 from .._merge import (
     LOOSE_KEY,
     MERGE_BATCH,
+    NARROWER,
+    asks,
     key_constraint,
     loosely_compared_key,
     merge_statements,
-    text_key,
+    narrower_unique,
     unmergeable,
 )
 from .._sql import (
@@ -159,13 +161,16 @@ class DuckDBSink(FileTarget, EnginePull):
             raise TargetRowsMismatch.rewriting(self.table, 1)
 
     def check_merge(self, merge: Merge, columns: Sequence[Column]) -> None:
-        """A key compared by a looser collation than the batch's (``COLLATE NOCASE``) would
-        meet two batch keys as one: both inserted, one key violated inside the target call."""
-        if not text_key(merge, columns):
+        """A primary key or unique constraint on part of the key, or a key compared by a looser
+        collation than the batch's (``COLLATE NOCASE``), would meet two batch keys as one:
+        both inserted, the constraint violated inside the target call."""
+        if not asks(merge, columns):
             return
         with self._reader() as conn:
             if conn is None or not _table_exists(conn, self._target):
                 return
+            if narrower_unique(_uniques(conn, self._target), merge, fold=fold_ascii):
+                raise unmergeable(self.table, NARROWER)
             column = loosely_compared_key(
                 lambda sql: conn.execute(sql).fetchone()[0], self._target.sql(), merge, columns
             )
@@ -672,6 +677,24 @@ def _prepare_target(
     _create_table(conn, table, columns)
     if replace:
         conn.execute(f"DELETE FROM {table.sql()}")
+
+
+def _uniques(conn: Any, table: TableName) -> list[list[str]]:
+    """The table's primary key and unique constraints' column sets (names as DuckDB matches
+    them: ASCII case folded, as ``_table_exists``)."""
+    rows = conn.execute(
+        "SELECT schema_name, table_name, constraint_column_names FROM duckdb_constraints()"
+        " WHERE database_name = current_database()"
+        " AND constraint_type IN ('PRIMARY KEY', 'UNIQUE')"
+        " AND (? IS NOT NULL OR schema_name = current_schema())",
+        [table.schema],
+    ).fetchall()
+    wanted = (None if table.schema is None else fold_ascii(table.schema), fold_ascii(table.name))
+    return [
+        list(names)
+        for schema, name, names in rows
+        if (wanted[0] is None or fold_ascii(schema) == wanted[0]) and fold_ascii(name) == wanted[1]
+    ]
 
 
 def _view_exists(conn: Any, table: TableName) -> bool:

@@ -39,10 +39,12 @@ from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_re
 from .._merge import (
     LOOSE_KEY,
     MERGE_BATCH,
+    NARROWER,
+    asks,
     key_constraint,
     loosely_compared_key,
     merge_statements,
-    text_key,
+    narrower_unique,
     unmergeable,
 )
 from .._sql import (
@@ -132,14 +134,17 @@ class SQLiteSink(FileTarget, EnginePull):
             raise TargetRowsMismatch.rewriting(self.table, rewriting)
 
     def check_merge(self, merge: Merge, columns: Sequence[Column]) -> None:
-        """A key compared by a looser collation than the batch's (``NOCASE``, ``RTRIM``) would
-        meet two batch keys as one: both inserted, one key violated inside the target call.
-        (A view or a trigger is refused for every strategy, by ``check_target``.)"""
-        if not text_key(merge, columns):
+        """A unique index on part of the key, or a key compared by a looser collation than the
+        batch's (``NOCASE``, ``RTRIM``), would meet two batch keys as one: both inserted, the
+        index violated inside the target call. (A view or a trigger is refused for every
+        strategy, by ``check_target``.)"""
+        if not os.path.isfile(self.path) or not asks(merge, columns):
             return
         with self._reader() as conn:
-            if conn is None or not table_columns(conn, self.table):
+            if not table_columns(conn, self.table):
                 return
+            if narrower_unique(_uniques(conn, self.table), merge, fold=fold_ascii):
+                raise unmergeable(self.table, NARROWER)
             column = loosely_compared_key(
                 lambda sql: conn.execute(sql).fetchone()[0], _quote(self.table), merge, columns
             )
@@ -522,6 +527,18 @@ def _merge(
     names, row_id = [column.name for column in columns], _row_id(conn, table)
     for statement in merge_statements(_quote(table), _quote(batch), names, merge, row_id=row_id):
         conn.execute(statement)
+
+
+def _uniques(conn: sqlite3.Connection, table: str) -> list[list[str]]:
+    """The table's unique column sets: its primary key, and each unique index's columns (an
+    expression's column is None and makes the set no key)."""
+    primary = conn.execute(_PRIMARY_KEY, (table,)).fetchall()
+    found = [[name for name, _ in sorted(primary, key=lambda row: row[1])]]
+    for _, index, unique, *_ in conn.execute("SELECT * FROM pragma_index_list(?)", (table,)):
+        names = [row[2] for row in conn.execute("SELECT * FROM pragma_index_info(?)", (index,))]
+        if unique and None not in names:
+            found.append(names)
+    return found
 
 
 def _row_id(conn: sqlite3.Connection, table: str) -> list[str]:
