@@ -28,6 +28,11 @@ healed by themselves per target.
 The cut, for CI's time (measured in docs/reliability.md): every kill point x path
 x recovery runs on every target with the SQLite store, and on the SQLite target
 with the PostgreSQL store too.
+
+Merge routes (``test_hard_kill_of_a_merge_batch_then_retry_leaves_each_key_latest_version``)
+run the kill points whose outcome the target decides, after a first whole run and a 1%
+change of the source: the target must hold the rows without the killed batch or with it,
+and after recovery each key's latest source row, less deleted keys.
 """
 
 from __future__ import annotations
