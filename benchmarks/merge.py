@@ -13,17 +13,25 @@ times:
 - the floor: the same changed rows read from the source by hand, bulk-loaded into a
   temporary table of the target, and the engine's own ``MERGE`` statement (DuckDB,
   PostgreSQL 15+) into a second 1,000,000-row table, in one transaction;
-- dlt's merge is not measured here: dlt is not a dependency, and section 7's venv is not
-  assumed.
+- dlt 1.31's merge (``_dlt_merge_child.py``, in section 7's venv: ``make bench`` makes it,
+  or ``DPONE_BENCH_DLT_PYTHON``): ``sql_table`` incremental on ``updated_at``, pyarrow,
+  ``write_disposition`` merge with ``delete-insert``, ``primary_key="id"``,
+  ``is_deleted`` as its ``hard_delete`` column, into a table and file of its own (first
+  load untimed; before its timed round it catches up untimed, so each timed run merges
+  one round's 1%, as dpone's do). Its ``pipeline.run`` is timed inside its process, as
+  dpone's ``run`` is.
 
-Every round checks that both tables hold the source's rows less deleted ones.
+The paths, the floor, the append and dlt alternate within every round. Every round checks
+that every table holds the source's rows less deleted ones.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import sqlite3
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,14 +45,16 @@ from dpone_native_transfer import (
     TransferSpec,
 )
 
-from ._common import CHUNK_ROWS, WORK, Row, Sizes, cached_source, log, median, timed
+from ._common import CHUNK_ROWS, REPO, WORK, Row, Sizes, cached_source, log, median, timed
 from .batch import _import_server_helper
+from .peers import DLT_PYTHON, _dlt_missing, _dlt_version
 
 TARGET_ROWS = {"full": 1_000_000, "quick": 20_000}
 CHANGED = 0.01  # of the target's rows: 40% updates, 30% deletes, 30% new keys
 PATHS = ("legacy", "staged", "file-artifact")
 COLUMNS = ("id", "region", "amount", "updated_at", "is_deleted")
 FLOOR_LIMIT = 1.5  # dpone against the engine's own MERGE
+DLT_SHARE = 1 / 3  # dpone at least 3x faster than dlt's merge
 TABLES = ("orders", "floor")  # dpone's target, the floor's
 
 
@@ -158,16 +168,30 @@ def _postgres_floor(psycopg: Any, dsn: str, schema: str, rows: list[tuple]) -> N
         db.execute(_MERGE.format(target="floor", batch="batch"))
 
 
+def _dlt(request: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """One dlt merge run (``_dlt_merge_child.py``): its seconds and the rows it then holds."""
+    file = folder / "dlt-request.json"
+    file.write_text(json.dumps(request))
+    done = subprocess.run(
+        [str(DLT_PYTHON), str(REPO / "benchmarks" / "_dlt_merge_child.py"), str(file)],
+        capture_output=True, text=True, timeout=3600,
+    )  # fmt: skip
+    if done.returncode:
+        raise AssertionError(f"dlt merge: exit {done.returncode}: {done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 # -- the measurement ----------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def _targets(rows: int) -> Iterator[dict[str, tuple[Callable[..., Any], Callable, Callable]]]:
-    """Per engine: (a new sink, the floor of changed rows, the rows of (dpone, floor))."""
+def _targets(rows: int) -> Iterator[dict[str, tuple[Callable[..., Any], Callable, Callable, dict]]]:
+    """Per engine: (a new sink, the floor of changed rows, the rows of (dpone, floor), where
+    dlt merges: its destination, target and dataset)."""
     folder = WORK / "runs" / "merge"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    found: dict[str, tuple[Callable[..., Any], Callable, Callable]] = {}
+    found: dict[str, tuple[Callable[..., Any], Callable, Callable, dict]] = {}
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, folder, True)
         import duckdb
@@ -183,6 +207,11 @@ def _targets(rows: int) -> Iterator[dict[str, tuple[Callable[..., Any], Callable
             lambda table="orders": DuckDBSink(file, table),
             lambda changed: _duckdb_floor(file, changed),
             duck_counts,
+            {
+                "destination": "duckdb",
+                "target": str(folder / "dlt_target.duckdb"),
+                "dataset": "merged",
+            },
         )
         imported = _import_server_helper()
         if isinstance(imported, str):
@@ -206,6 +235,7 @@ def _targets(rows: int) -> Iterator[dict[str, tuple[Callable[..., Any], Callable
                 lambda table="orders": PostgresSink(url, f"{schema}.{table}"),
                 lambda changed: _postgres_floor(psycopg, dsn, schema, changed),
                 pg_counts,
+                {"destination": "postgres", "target": url, "dataset": f"{schema}_dlt"},
             )
         yield found
 
@@ -234,7 +264,12 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
     results: list[Row] = []
     figures: dict[str, Any] = {"target_rows": rows, "changed": CHANGED, "rounds": rounds}
     with _targets(rows) as targets:
-        for engine, (make_sink, floor, counts) in targets.items():
+        missing = _dlt_missing()
+        if missing is not None:
+            log(f"merge: dlt not measured ({missing})")
+        else:
+            figures["dlt"] = _dlt_version()
+        for engine, (make_sink, floor, counts, dlt_target) in targets.items():
             source = WORK / "runs" / "merge" / f"source-{engine}.db"
             shutil.copy(_source(rows), source)
             store = WORK / "runs" / "merge" / f"checkpoints-{engine}.db"
@@ -243,13 +278,31 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
             _floor_table(engine, make_sink())
             appended = make_sink(table="appended")
             _run(store, source, appended, "legacy", append=True)  # its first load, untimed
-            times: dict[str, list[float]] = {path: [] for path in (*PATHS, "floor", "append")}
+            kinds = (*PATHS, "floor", "append", *(() if missing else ("dlt",)))
+            request = {
+                **dlt_target,
+                "source": f"sqlite:///{source}",
+                "work": str(WORK / "runs" / "merge" / f"dlt-{engine}"),
+            }
+            if not missing:
+                log(f"merge: dlt's first load of {rows:,} rows into {engine}")
+                _dlt(request, source.parent)
+            times: dict[str, list[float]] = {path: [] for path in kinds}
             round_ = 0
             for _ in range(rounds):
-                for path in (*PATHS, "floor", "append"):
+                for path in kinds:
                     round_ += 1
+                    if path == "dlt":  # dlt catches up untimed: its timed run merges 1%
+                        _dlt(request, source.parent)
                     after, upto = _change(source, rows, round_)
-                    if path == "append":  # the merge route follows untimed
+                    if path == "dlt":
+                        done = _dlt(request, source.parent)
+                        seconds = done["seconds"]
+                        if done["rows"] != _live(source):
+                            raise AssertionError(f"dlt merge on {engine}: {done['rows']} rows")
+                        _run(store, source, make_sink(), "legacy")
+                        floor(_changed_rows(source, after, upto))
+                    elif path == "append":  # the merge route follows untimed
                         seconds = _run(store, source, appended, "legacy", append=True)
                         _run(store, source, make_sink(), "legacy")
                         floor(_changed_rows(source, after, upto))
@@ -288,4 +341,17 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
                         met,
                     )  # fmt: skip
                 )
+            if missing:
+                continue
+            theirs = median(times["dlt"])
+            results.append(
+                Row("merge", f"{engine}: dlt {figures['dlt']} merge (delete-insert)", theirs,
+                    "s", base, theirs / base)
+            )  # fmt: skip
+            for path in PATHS:
+                share = median(times[path]) / theirs
+                results.append(
+                    Row("merge", f"{engine}: dpone {path} vs dlt", median(times[path]), "s",
+                        theirs, share, f"<= {DLT_SHARE:.2f}x dlt", share <= DLT_SHARE)
+                )  # fmt: skip
     return results, figures

@@ -270,6 +270,8 @@ class TransferRuntime:
         added = apply_schema_contract(route, spec.sink, target, spec.schema_contract)
         if added:
             attempt.events.emit(EventName.SCHEMA_EVOLVED, columns=added)
+        if merge is not None:
+            spec.sink.check_merge(merge, target)
         idle = 2 * self.lease_seconds
         with _work_folder(spec, route, idle_seconds=idle) as work:
             ctx = PathContext(

@@ -18,7 +18,14 @@ promises:
 - (incremental_append) a checkpoint the planner would retry never covers rows
   the target already holds, and a committed one covers rows it holds once;
 - a successful attempt leaves the target equal to the source up to the
-  advanced watermark (full_refresh: equal to the source it just loaded).
+  advanced watermark (full_refresh: equal to the source it just loaded; merge: each
+  key whose source row is at or below the watermark holds exactly it, or nothing if it
+  deletes; a key changed again since holds nothing or one of its earlier versions, from a
+  log of every version the source ever held, kept by the test);
+- (merge) a blocked batch's target holds the rows with it or without it, never part.
+
+A merge route's source changes between runs too: a quarter of the arriving count updates
+live keys, an eighth deletes them (``gone``), each at a new cursor value.
 
 At the end of every example the route is resolved if blocked and driven to
 completion with clean retries: the target must then hold every source row
@@ -96,7 +103,7 @@ from dpone_target_commit_guard.policy import (
 )
 
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
-STRATEGIES = ("incremental_append", "full_refresh")
+STRATEGIES = ("incremental_append", "full_refresh", "merge")
 SOURCE_TABLE, TARGET_TABLE = "orders", "orders_copy"
 COMMITTED = PartitionCheckpointStatus.COMMITTED
 
@@ -298,6 +305,8 @@ class FaultMachine(RuleBasedStateMachine):
         self.blocked = False
         self.retried_while_blocked = False
         self.in_step = False  # True while a step runs: a failed step skips the final drain
+        self.versions: list[tuple] = []  # merge: every (id, region, amount, updated_at, gone)
+        self.unapplied: list[tuple] = []  # merge: the target's rows before the blocked batch
         STATS["examples"] += 1
 
     # set-up ----------------------------------------------------------------------------
@@ -327,6 +336,12 @@ class FaultMachine(RuleBasedStateMachine):
         self.target_path = self.tmp / "target.db"
         build_sample_source(self.source_path, table=SOURCE_TABLE, rows=rows, partitions=partitions)
         self.next_id = rows + 1
+        if strategy == "merge":
+            self.query(
+                self.source_path,
+                f"ALTER TABLE {SOURCE_TABLE} ADD COLUMN gone INTEGER NOT NULL DEFAULT 0",
+            )
+            self.versions = self.query(self.source_path, f"SELECT * FROM {SOURCE_TABLE}")
         self.source = SQLiteSource(str(self.source_path), SOURCE_TABLE, "region", "updated_at")
         self.sink = RecordingSink(SQLiteSink(str(self.target_path), TARGET_TABLE))
         self.real_store = SQLiteCheckpointStore(self.tmp / "checkpoints.db")
@@ -345,6 +360,7 @@ class FaultMachine(RuleBasedStateMachine):
     # reading the world -----------------------------------------------------------------
 
     def spec(self, run_id: str) -> TransferSpec:
+        merge = {"primary_key": ("id",), "deleted_column": "gone"} if self.merging else {}
         return TransferSpec(
             source=self.source,
             sink=self.sink,
@@ -352,11 +368,43 @@ class FaultMachine(RuleBasedStateMachine):
             path=self.path,
             run_id=run_id,
             chunk_rows=16,
+            **merge,
         )
+
+    @property
+    def merging(self) -> bool:
+        return self.strategy == "merge"
 
     def query(self, path: Path, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
         with contextlib.closing(sqlite3.connect(path)) as connection:
-            return connection.execute(sql, tuple(params)).fetchall()
+            found = connection.execute(sql, tuple(params)).fetchall()
+            connection.commit()
+            return found
+
+    def check_merged(self, watermark: Any) -> None:
+        """A merge route's target after a run that advanced to ``watermark``: a key whose
+        source row (its last version) is at or below it holds exactly that row, or nothing if
+        it deletes; any other key is not covered yet, and holds nothing or one of its own
+        earlier live versions (read before it changed again). Nothing else."""
+        rows = self.target_rows()
+        target = {row[0]: row for row in rows}
+        assert len(target) == len(rows), "a key held twice"
+        current = {version[0]: version for version in self.versions}
+        assert set(target) <= set(current), "a key the source never had"
+        for key, version in current.items():
+            if watermark is not None and version[3] <= watermark:
+                want = None if version[4] else version[:4]
+                assert target.get(key) == want, (key, target.get(key), want)
+            elif key in target:
+                earlier = {v[:4] for v in self.versions if v[0] == key and not v[4]}
+                assert target[key] in earlier, (key, target[key])
+
+    def target_rows(self) -> list[tuple]:
+        return sorted(tuple(row) for row in self.sink.inner.rows())
+
+    def watermark(self) -> Any:
+        state = self.real_store.load_source_state(self.route)
+        return None if state is None else state["watermark"]
 
     def source_ids(self) -> list[int]:
         return [row[0] for row in self.query(self.source_path, f"SELECT id FROM {SOURCE_TABLE}")]
@@ -399,6 +447,9 @@ class FaultMachine(RuleBasedStateMachine):
         self.in_step = False
 
     def append(self, rows: int, partitions: int) -> None:
+        if self.merging:
+            self.change(rows, partitions)
+            return
         build_sample_source(
             self.source_path,
             table=SOURCE_TABLE,
@@ -406,6 +457,39 @@ class FaultMachine(RuleBasedStateMachine):
             partitions=partitions,
             start_id=self.next_id,
         )
+        self.next_id += rows
+        STATS["appends"] += 1
+
+    def change(self, rows: int, partitions: int) -> None:
+        """A merge route's source: ``rows`` new keys; a quarter as many live keys updated (to
+        a partition of the new spread), an eighth deleted; every version at a new cursor."""
+        top = max((version[3] for version in self.versions), default=1_000_000)
+        live = sorted({v[0]: v for v in self.versions}.values())  # each key's last version
+        live = [version for version in live if not version[4]]
+        stride = max(1, len(live) // max(1, rows // 4))
+        updated, deleted = live[::stride][: rows // 4], live[1::stride][: rows // 8]
+        changed = [
+            *(
+                (row_id, f"region-{n % partitions:03d}", amount + 1, 0)
+                for n, (row_id, _, amount, *_) in enumerate(updated)
+            ),
+            *(
+                (row_id, region, amount, 1)
+                for row_id, region, amount, *_ in deleted
+                if row_id not in {u[0] for u in updated}
+            ),
+            *((self.next_id + n, f"region-{n % partitions:03d}", 1.5, 0) for n in range(rows)),
+        ]
+        versions = [
+            (row_id, region, amount, top + 1 + n, gone)
+            for n, (row_id, region, amount, gone) in enumerate(changed)
+        ]
+        with contextlib.closing(sqlite3.connect(self.source_path)) as db:
+            db.executemany(
+                f"INSERT OR REPLACE INTO {SOURCE_TABLE} VALUES (?, ?, ?, ?, ?)", versions
+            )
+            db.commit()
+        self.versions += versions
         self.next_id += rows
         STATS["appends"] += 1
 
@@ -465,6 +549,7 @@ class FaultMachine(RuleBasedStateMachine):
         store = ProbedStore(self.real_store)
         armed = self.arm(store, fault, self.attempts)
         before = self.findings()
+        held = self.target_rows() if self.merging else []
         history, calls = self.history_size(), self.sink.target_calls
         result: TransferResult | None = None
         raised: Exception | None = None
@@ -489,6 +574,7 @@ class FaultMachine(RuleBasedStateMachine):
             assert not after, "a successful attempt left the route blocked"
         if after and not before:
             STATS["blocked_routes"] += 1
+            self.unapplied = held
         self.blocked = bool(after)
 
     def check_blocked_attempt(
@@ -550,6 +636,8 @@ class FaultMachine(RuleBasedStateMachine):
             state = self.real_store.load_source_state(self.route)
             watermark = None if state is None else state["watermark"]
             assert_rows_exactly_once(self.source_ids_upto(watermark), self.target_ids())
+        elif self.merging:
+            self.check_merged(self.watermark())
         elif called:
             assert_rows_exactly_once(self.source_ids(), self.target_ids())
         if called:
@@ -587,6 +675,13 @@ class FaultMachine(RuleBasedStateMachine):
                 ids = self.ids_in(latest[finding.partition_id].partition_bounds)
                 counts = {target[row_id] for row_id in ids}
                 assert counts <= ({1} if applied else {0}), (finding.batch_id, applied, counts)
+            elif self.merging:  # the rows with the batch or without it, never part of it
+                STATS["merge_resolved_partitions"] += 1
+                upto = latest[finding.partition_id].partition_bounds.get("cursor_upto")
+                if applied:
+                    self.check_merged(upto)
+                else:
+                    assert self.target_rows() == self.unapplied, finding.batch_id
             resolved_as = Resolution.COMMITTED if applied else Resolution.FAILED_BEFORE_TARGET
             verdicts[resolved_as].append(finding.partition_id)
         for resolved_as, partition_ids in verdicts.items():
@@ -628,8 +723,12 @@ class FaultMachine(RuleBasedStateMachine):
             self.batches.extend(store.batches)
             STATS["drain_runs"] += 1
         self.guard_invariants()
-        assert_rows_exactly_once(self.source_ids(), self.target_ids())
-        if self.strategy == "incremental_append":
+        if self.merging:  # every key covered: each key's source row, less deleted ones
+            assert self.watermark() == max((v[3] for v in self.versions), default=None)
+            self.check_merged(self.watermark())
+        else:
+            assert_rows_exactly_once(self.source_ids(), self.target_ids())
+        if self.strategy in ("incremental_append", "merge"):
             assert result.rows_loaded == 0, "two clean runs should have loaded every row"
 
     # invariants -------------------------------------------------------------------------
@@ -686,6 +785,7 @@ def test_single_faults_and_retries_never_duplicate_and_blocked_routes_stay_block
     assert {path for path, _ in ROUTE_SHAPES} == set(PATHS), "not every path ran"
     assert HOSTILE_SEEN == set(HOSTILE), "a hostile listener or plugin never ran"
     assert {strategy for _, strategy in ROUTE_SHAPES} == set(STRATEGIES), "a strategy never ran"
+    assert STATS["merge_resolved_partitions"] > 0, "no merge route was ever blocked and resolved"
     fired = {point.split("+")[0].split(":keep=")[0] for point in FAULT_POINTS}
     assert fired == PRIMARY_POINTS, f"faults that never fired: {sorted(PRIMARY_POINTS - fired)}"
 
@@ -702,6 +802,7 @@ def figures(seconds: float) -> dict[str, Any]:
         "appends": STATS["appends"],
         "blocked_routes": STATS["blocked_routes"],
         "resolves": STATS["resolves"],
+        "merge_resolved_partitions": STATS["merge_resolved_partitions"],
         "drain_runs": STATS["drain_runs"],
         "duplicates": STATS["duplicates"],
         "distinct_fault_points": len(FAULT_POINTS),

@@ -115,15 +115,11 @@ _ARMED, _COMMITTED = phase_batch("armed"), phase_batch("checkpoint_committed")
 def transfer_spec(
     source: Any, sink: Any, *, path: str, run_id: str, chunk_rows: int = CHUNK_ROWS, **options: Any
 ) -> TransferSpec:
-    """The matrices' route: orders -> orders_copy, incremental_append on updated_at."""
+    """The matrices' route: orders -> orders_copy on updated_at, incremental_append unless
+    ``options`` name another strategy (``Place.spec_options``)."""
+    options = {"strategy": "incremental_append", **options}
     return TransferSpec(
-        source=source,
-        sink=sink,
-        strategy="incremental_append",
-        path=path,
-        run_id=run_id,
-        chunk_rows=chunk_rows,
-        **options,
+        source=source, sink=sink, path=path, run_id=run_id, chunk_rows=chunk_rows, **options
     )
 
 
@@ -416,6 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_id=case["run_id"],
         chunk_rows=case.get("chunk_rows", CHUNK_ROWS),
         ledger=case.get("ledger", True),
+        **place.spec_options(),
     )
     real_store = open_store(args.store)
     try:

@@ -53,6 +53,7 @@ class Place:
     folder: str  # the source file and a target file go here
     url: str | None = None
     schema: str | None = None
+    merge: bool = False  # a merge route on ``id``, its source's ``gone`` column deleting
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -103,7 +104,75 @@ class Place:
 
     @property
     def route(self) -> RouteKey:
-        return route_key(self.make_source(), self.make_sink(), "incremental_append")
+        return route_key(self.make_source(), self.make_sink(), self.spec_options()["strategy"])
+
+    def spec_options(self) -> dict[str, Any]:
+        """The strategy (and a merge route's key and deleted column) of the case's spec."""
+        if not self.merge:
+            return {"strategy": "incremental_append"}
+        return {"strategy": "merge", "primary_key": ("id",), "deleted_column": "gone"}
+
+    # --- a merge route's rows -----------------------------------------------------------------
+
+    def add_deleted_column(self) -> None:
+        """The SQLite source's ``gone`` column, 0 for every row (merge cases read SQLite)."""
+        with contextlib.closing(sqlite3.connect(self.source_path)) as db:
+            db.execute(f"ALTER TABLE {SOURCE_TABLE} ADD COLUMN gone INTEGER NOT NULL DEFAULT 0")
+            db.commit()
+
+    def change_source(self, *, every: int) -> None:
+        """A run's worth of changes, each at a new cursor value: every ``every``-th row
+        updated (every other one moved to the next region, as a key changing partition),
+        every ``every``-th row from the middle deleted (``gone``), and as many new keys."""
+        with contextlib.closing(sqlite3.connect(self.source_path)) as db:
+            top, size, regions = db.execute(
+                f"SELECT max(updated_at), max(id), count(DISTINCT region) FROM {SOURCE_TABLE}"
+            ).fetchone()
+            ids = range(1, size + 1, every)
+            for n, row_id in enumerate(ids):
+                moved = f"region-{(row_id + n % 2) % regions:03d}"
+                db.execute(
+                    f"UPDATE {SOURCE_TABLE} SET amount = amount + 0.5, region = ?,"
+                    " updated_at = ? WHERE id = ?",
+                    (moved, top + 1 + n, row_id),
+                )
+            for n, row_id in enumerate(range(every // 2 + 1, size + 1, every)):
+                db.execute(
+                    f"UPDATE {SOURCE_TABLE} SET gone = 1, updated_at = ? WHERE id = ?",
+                    (top + 1 + n, row_id),
+                )
+            db.executemany(
+                f"INSERT INTO {SOURCE_TABLE} VALUES (?, ?, ?, ?, 0)",
+                [
+                    (size + n + 1, f"region-{n % regions:03d}", 9.5, top + 1 + n)
+                    for n in range(len(ids))
+                ],
+            )
+            db.commit()
+
+    def merged_rows(self) -> list[tuple]:
+        """What a merge route's target must hold: each key's (only) source row, less the
+        deleted ones, without the deleted column; sorted."""
+        with contextlib.closing(sqlite3.connect(self.source_path)) as db:
+            sql = f"SELECT id, region, amount, updated_at FROM {SOURCE_TABLE} WHERE gone = 0"
+            return sorted(db.execute(sql).fetchall())
+
+    def target_rows(self) -> list[tuple]:
+        """The target's (id, region, amount, updated_at) rows, sorted; [] without a table."""
+        sql = f"SELECT id, region, amount, updated_at FROM {TARGET_TABLE}"
+        if self.target == "sqlite":
+            if not _sqlite_ids(self.target_path, TARGET_TABLE):
+                return []
+            with contextlib.closing(sqlite3.connect(self.target_path)) as db:
+                return sorted(db.execute(sql).fetchall())
+        if self.target == "duckdb":
+            with self._duckdb() as conn:
+                if conn is None or not _duckdb_has(conn, TARGET_TABLE):
+                    return []
+                return sorted(conn.execute(sql).fetchall())
+        if not self.target_ids():
+            return []
+        return sorted(self._admin(sql.replace(" FROM ", f' FROM "{self.schema}".')))
 
     def build_source(self, *, rows: int, partitions: int) -> None:
         """The sample source (``build_sample_source``), copied into PostgreSQL for a

@@ -410,8 +410,15 @@ def test_a_changed_primary_key_is_a_changed_route_definition(tmp_path):
     )
     reset = run_cli("state", "reset", route, "--yes", "--reason", "new key", "--operator", "me")
     assert reset.returncode == 0, reset.stderr
+    add(source, ("beta", 1, "eu", 2, "new", False))  # the old key (id) would be violated
+    done = run(route)  # the table's PRIMARY KEY (id) is narrower than the new key
+    assert done.returncode == 2 and "part of the merge's key" in done.stderr
+    with _sqlite(tmp_path / "target.db") as db:  # the operator drops the table
+        db.execute("DROP TABLE events")
+        db.commit()
     assert run(route).returncode == 0
     check_target(target, source)
+    assert target.key_columns("events") == list(KEY)
 
 
 def test_a_source_without_a_primary_key_needs_one_named(tmp_path):
@@ -622,3 +629,158 @@ def test_a_postgres_sources_null_key_is_refused_though_its_rows_could_be_read_in
         db.execute(f"DELETE FROM {items} WHERE id IS NULL")
     assert run(route).returncode == 0
     assert target.rows("items_copy", ("id", "name")) == [(1, "a2"), (2, "b"), (3, "c")]
+
+
+# -- target tables made by hand that a merge cannot run on ----------------------------------
+
+# (target kind, what the table is, its DDL): each merge failed inside the target call
+# (a constraint violated, a missing operator, a table that is not one), blocking the route
+_REFUSED = [
+    ("sqlite", "a key collated NOCASE",
+     "CREATE TABLE events (tenant TEXT COLLATE NOCASE, id INTEGER, region TEXT, v INTEGER,"
+     " status TEXT, PRIMARY KEY (tenant, id))"),
+    ("sqlite", "a key collated RTRIM, without rowid",
+     "CREATE TABLE events (tenant TEXT COLLATE RTRIM, id INTEGER, region TEXT, v INTEGER,"
+     " status TEXT, PRIMARY KEY (tenant, id)) WITHOUT ROWID"),
+    ("duckdb", "a key collated NOCASE",
+     "CREATE TABLE events (tenant VARCHAR COLLATE NOCASE, id BIGINT, region VARCHAR,"
+     " v BIGINT, status VARCHAR, PRIMARY KEY (tenant, id))"),
+    ("duckdb", "a view",
+     "CREATE TABLE elsewhere (tenant VARCHAR, id BIGINT, region VARCHAR, v BIGINT,"
+     " status VARCHAR); CREATE VIEW events AS SELECT * FROM elsewhere"),
+    ("postgres", "a key of char(n), which ignores trailing spaces",
+     "CREATE TABLE events (tenant char(12), id bigint, region text, v bigint, status text,"
+     " PRIMARY KEY (tenant, id))"),
+    ("sqlite", "a primary key narrower than the merge's",
+     "CREATE TABLE events (tenant TEXT, id INTEGER PRIMARY KEY, region TEXT, v INTEGER,"
+     " status TEXT)"),
+    ("duckdb", "a primary key narrower than the merge's",
+     "CREATE TABLE events (tenant VARCHAR, id BIGINT PRIMARY KEY, region VARCHAR,"
+     " v BIGINT, status VARCHAR)"),
+    ("postgres", "a unique constraint narrower than the merge's",
+     "CREATE TABLE events (tenant text, id bigint UNIQUE, region text, v bigint, status text)"),
+    ("postgres", "a key of a type without = against the source's",
+     "CREATE TABLE events (tenant text, id uuid, region text, v bigint, status text)"),
+]  # fmt: skip
+
+
+def _make(target: Target, ddl: str) -> None:
+    if target.kind == "sqlite":
+        with _sqlite(target.folder / "target.db") as db:
+            db.executescript(ddl)
+    elif target.kind == "duckdb":
+        import duckdb
+
+        with contextlib.closing(duckdb.connect(str(target.folder / "target.duckdb"))) as db:
+            db.execute(ddl)
+    else:
+        import psycopg
+
+        with psycopg.connect(target.schema.dsn, autocommit=True) as db:
+            db.execute(f'SET search_path = "{target.schema.schema}"')
+            db.execute(ddl)
+
+
+def _merging_target(request, tmp_path, kind: str) -> Target:
+    if kind != "postgres":
+        return Target(kind, tmp_path)
+    location = request.getfixturevalue("postgres_schema")
+    _make(Target("postgres", tmp_path, location), f'CREATE SCHEMA "{location.schema}"')
+    return Target("postgres", tmp_path, location)
+
+
+@pytest.mark.parametrize(
+    ("kind", "shape", "ddl"), _REFUSED, ids=[f"{k}: {s}" for k, s, _ in _REFUSED]
+)
+def test_a_target_table_a_merge_cannot_run_on_is_refused_before_the_target(
+    request, tmp_path, kind, shape, ddl
+):
+    """Refused before the target call (exit 2, nothing written, the route not blocked):
+    once the table is one a merge can run on, the same route merges exactly."""
+    target = _merging_target(request, tmp_path, kind)
+    _make(target, ddl)
+    source = make_events(tmp_path)
+    add(source, ("acme", 1, "eu", 1, "new", False), ("ACME", 1, "eu", 2, "new", False),
+        ("a", 2, "us", 1, "x", False), ("a ", 2, "us", 1, "y", False))  # fmt: skip
+    route = write_route(
+        tmp_path, target, table="events", path="staged", partition_column="region",
+        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
+    )  # fmt: skip
+    done = run(route)
+    assert done.returncode == 2, done.stderr
+    code = "view" in shape and "native_transfer_target_rows_mismatch"
+    assert (code or "native_transfer_config_invalid") in done.stderr
+    named = code or "narrower" in shape or "'tenant'" in done.stderr or "'id'" in done.stderr
+    assert named and ("narrower" not in shape or "part of the merge's key" in done.stderr)
+    assert "acme" not in done.stderr.lower() and "SELECT" not in done.stderr
+    assert target.ledger_rows() == 0
+    if "view" not in shape:
+        assert target.rows("events", LOADED) == []
+    _make(target, "DROP VIEW events" if "view" in shape else "DROP TABLE events")
+    assert run(route).returncode == 0
+    check_target(target, source)
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged"])
+def test_a_sqlite_target_made_without_rowid_merges_on_its_primary_key(tmp_path, path):
+    """A ``WITHOUT ROWID`` table has no rowid to delete by: its primary key is used."""
+    target = Target("sqlite", tmp_path)
+    _make(
+        target,
+        "CREATE TABLE events (tenant TEXT, id INTEGER, region TEXT, v INTEGER, status TEXT,"
+        " PRIMARY KEY (id, tenant)) WITHOUT ROWID",
+    )
+    source = make_events(tmp_path)
+    route = write_route(
+        tmp_path, target, table="events", path=path, partition_column="region",
+        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
+    )  # fmt: skip
+    add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "us", 1, "new", False),
+        ("acme", 3, "us", 1, "new", False))  # fmt: skip
+    assert run(route).returncode == 0
+    add(source, ("acme", 1, "eu", 2, "paid", False), ("acme", 2, "us", 2, "x", True),
+        ("acme", 4, "eu", 2, "new", False), ("acme", 3, "us", 0, "stale", False))  # fmt: skip
+    assert run(route).returncode == 0, run(route).stderr
+    check_target(target, source)
+    assert target.rows("events", ("id", "status")) == [(1, "paid"), (3, "new"), (4, "new")]
+
+
+def test_a_postgres_login_that_may_insert_but_not_delete_is_refused_before_the_target(
+    request, tmp_path
+):
+    """An append needs SELECT and INSERT; a merge also deletes: refused, not blocked."""
+    import secrets
+
+    import psycopg
+
+    target = _merging_target(request, tmp_path, "postgres")
+    schema, password = target.schema.schema, secrets.token_hex(12)
+    role = f"dpone_{secrets.token_hex(6)}"
+    _make(target, f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    try:
+        _make(
+            target,
+            "CREATE TABLE events (seq bigint, tenant text, id bigint, region text, v bigint,"
+            " status text)",
+        )
+        _make(target, f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO {role}')
+        _make(target, f"GRANT SELECT, INSERT ON events TO {role}")
+        parts = psycopg.conninfo.conninfo_to_dict(target.schema.dsn)
+        url = f"postgresql://{role}:{password}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+        source = make_events(tmp_path)
+        add(source, ("acme", 1, "eu", 1, "new", False))
+        route = write_route(
+            tmp_path, target, table="events", path="legacy", partition_column="region",
+            cursor_column="v", primary_key=list(KEY), deleted_column="gone",
+        )  # fmt: skip
+        route.write_text(route.read_text().replace(postgres_url(target.schema.dsn), url))
+        done = run(route)
+        assert done.returncode == 2, done.stderr
+        assert "native_transfer_config_invalid" in done.stderr and "DELETE" in done.stderr
+        assert password not in done.stderr and target.rows("events", LOADED) == []
+        _make(target, f"GRANT DELETE ON events TO {role}")
+        assert run(route).returncode == 0
+        check_target(target, source)
+    finally:
+        _make(target, f"DROP OWNED BY {role}")
+        _make(target, f"DROP ROLE {role}")

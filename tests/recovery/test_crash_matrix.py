@@ -28,6 +28,11 @@ healed by themselves per target.
 The cut, for CI's time (measured in docs/reliability.md): every kill point x path
 x recovery runs on every target with the SQLite store, and on the SQLite target
 with the PostgreSQL store too.
+
+Merge routes (``test_hard_kill_of_a_merge_batch_then_retry_leaves_each_key_latest_version``)
+run the kill points whose outcome the target decides, after a first whole run and a 1%
+change of the source: the target must hold the rows without the killed batch or with it,
+and after recovery each key's latest source row, less deleted keys.
 """
 
 from __future__ import annotations
@@ -160,6 +165,9 @@ class CrashRoute:
     store: str
     tmp: Path
     ledger: bool = True
+    # a merge route: the target's rows without and with the killed batch
+    unmerged: list[tuple] = attrs.field(factory=list)
+    merged: list[tuple] = attrs.field(factory=list)
 
     @property
     def route(self) -> RouteKey:
@@ -226,6 +234,7 @@ class CrashRoute:
             run_id=run_id,
             recovery=recovery,
             ledger=self.ledger,
+            **self.place.spec_options(),
         )
         with self.opened_store() as store:
             runtime = TransferRuntime(store)
@@ -251,7 +260,10 @@ class CrashRoute:
             latest = store.list_latest(self.route)
             blocked = tuple(blocked_partitions(latest))
             bounds = {cp.partition_id: cp.partition_bounds for cp in latest}
-            found = {f.partition_id: self.target_holds(bounds[f.partition_id]) for f in blocked}
+            if self.place.merge:  # a merge batch's rows are no partition's: the rows, whole
+                found = self.merge_holds(blocked)
+            else:
+                found = {f.partition_id: self.target_holds(bounds[f.partition_id]) for f in blocked}
             if self.ledger:
                 ledger = {entry.batch_id for entry in self.place.make_sink().read_ledger()}
                 proven = {
@@ -275,6 +287,13 @@ class CrashRoute:
             "a partial load"
         )
         return COMMITTED if in_target else NOT_THERE
+
+    def merge_holds(self, blocked: tuple[Finding, ...]) -> dict[str, Resolution]:
+        """A merge route's count: the target holds either the rows without the blocked batch
+        (not applied) or with it (applied), never a mix."""
+        held = self.place.target_rows()
+        assert held in (self.unmerged, self.merged), "the target holds part of a merge batch"
+        return {f.partition_id: COMMITTED if held == self.merged else NOT_THERE for f in blocked}
 
     def check_target(self, row: CrashRun) -> None:
         """No row twice and no foreign row; the report keeps the worst duplicate count seen."""
@@ -307,14 +326,19 @@ def crash_route(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]
     its own (dropped after), a PostgreSQL store one too (``postgres_schema``)."""
     made: list[Place] = []
 
-    def make(path: str, target: str = "sqlite", store: str = "sqlite") -> CrashRoute:
+    def make(
+        path: str, target: str = "sqlite", store: str = "sqlite", *, merge: bool = False
+    ) -> CrashRoute:
         url = schema = None
         if target == "postgres":
             url = postgres_url(request.getfixturevalue("postgres_dsn"))
             schema = f"crash_{os.urandom(6).hex()}"
-        place = Place(target=target, path=path, folder=str(tmp_path), url=url, schema=schema)
+        folder = str(tmp_path)
+        place = Place(target=target, path=path, folder=folder, url=url, schema=schema, merge=merge)
         made.append(place)
         place.build_source(rows=ROWS, partitions=PARTITIONS)
+        if merge:
+            place.add_deleted_column()
         if store == "postgres":  # asked for only here, so SQLite runs start no server
             location = request.getfixturevalue("postgres_schema")
             choice = f"postgres:{location.dsn}:{location.schema}"
@@ -487,3 +511,66 @@ def test_after_a_kill_verify_proves_the_batch_and_resolve_from_target_heals_it(
     assert ran.returncode == 0, ran.stderr
     assert f"loaded {loaded:,} rows" in ran.stdout
     assert_rows_exactly_once(route.place.source_ids(), route.place.target_ids())
+
+
+# The merge routes: a whole first run, then 1% of the keys changed (updates, a key moving
+# partition, deletes, new keys) and the run that merges them killed. Kill points whose
+# outcome the target decides, and the guard's own writes around them.
+MERGE_POINTS = ("after-armed-batch", "target-before-commit", "target-after-commit",
+                "promotion-partial")  # fmt: skip
+MERGE_PATHS = ("legacy", "staged")
+SQLITE_MERGE_PATHS = ("file-artifact", "lazy-plan")  # the cut: these on the SQLite target only
+
+
+def merge_cases() -> list[Any]:
+    return [
+        pytest.param(point, path, target, recovery, id=f"{point}-{path}-{target}-{recovery}")
+        for target in TARGET_KINDS
+        for recovery in RECOVERIES
+        for path in MERGE_PATHS + (SQLITE_MERGE_PATHS if target == "sqlite" else ())
+        for point in MERGE_POINTS
+    ]
+
+
+@pytest.mark.parametrize(("kill_point", "path", "target", "recovery"), merge_cases())
+def test_hard_kill_of_a_merge_batch_then_retry_leaves_each_key_latest_version(
+    kill_point: str,
+    path: str,
+    target: str,
+    recovery: str,
+    crash_route: Any,
+    crash_matrix: CrashMatrix,
+) -> None:
+    """After the kill the target holds the rows without the batch or with it, never part;
+    blocked exactly when the kill leaves an armed batch; after recovery it is the source's
+    latest version of every key, less the deleted ones, with no wrong row."""
+    route = crash_route(path, target, merge=True)
+    want = expected(kill_point, path)
+    first = route.attempt("run-0", recovery)
+    assert first.outcome == "complete"
+    route.unmerged = route.place.target_rows()
+    assert route.unmerged == route.place.merged_rows() and len(route.unmerged) == ROWS
+    route.place.change_source(every=100)  # 20 updates, 20 deletes, 20 new keys
+    route.merged = route.place.merged_rows()
+    assert route.merged != route.unmerged
+    with crash_matrix.run(kill_point, f"merge {path}", target, "sqlite", recovery) as row:
+        route.run_child(kill_point)
+        applied = want.found is COMMITTED
+        assert route.place.target_rows() == (route.merged if applied else route.unmerged)
+        attempts = recover(route, recovery, row)
+        first, last = attempts[0], attempts[-1]
+        if recovery == "manual":
+            assert first.outcome == "blocked"
+            assert [f.guard_label() for f in first.blocked] == ["armed"] * want.blocked
+            assert set(first.found.values()) == {want.found}
+            assert [attempt.outcome for attempt in attempts[1:]] == ["complete"]
+        else:
+            assert len(attempts) == 1 and first.outcome == "healed"
+            assert first.healed == ((VERDICTS[want.found], want.blocked),)
+        assert last.target_calls == want.target_calls
+        assert row.duplicates == 0
+        assert route.place.target_rows() == route.merged
+        with route.opened_store() as store:
+            assert blocked_partitions(store.list_latest(route.route)) == []
+        again = route.attempt("after", recovery)  # nothing new: nothing changes
+        assert again.outcome == "complete" and route.place.target_rows() == route.merged

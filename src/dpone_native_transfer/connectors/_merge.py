@@ -12,10 +12,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..payloads import Merge
+from ..errors import ConfigInvalid
+from ..payloads import Column, Merge
 from ._sql import RESERVED_PREFIX, quote
 
-__all__ = ["MERGE_BATCH", "MERGE_WINNERS", "key_constraint", "merge_statements"]
+__all__ = [
+    "LOOSE_KEY",
+    "NARROWER",
+    "MERGE_BATCH",
+    "MERGE_WINNERS",
+    "asks",
+    "key_constraint",
+    "loosely_compared_key",
+    "merge_statements",
+    "narrower_unique",
+    "unmergeable",
+]
 
 MERGE_BATCH = RESERVED_PREFIX + "merge_batch"  # the batch's rows, every version (temporary)
 MERGE_WINNERS = RESERVED_PREFIX + "merge_winners"  # each key's winning row (temporary)
@@ -37,7 +49,7 @@ def merge_statements(
     merge: Merge,
     *,
     name: Callable[[str], str] = quote,
-    by_rowid: bool = False,
+    row_id: Sequence[str] = (),
 ) -> list[str]:
     """The statements that merge table ``batch`` (columns ``names``) into table ``target``
     (both quoted, qualified as needed), in order:
@@ -45,8 +57,9 @@ def merge_statements(
     1. each key's winner into ``MERGE_WINNERS``: the highest version, then the other columns
        in their order, each highest first, NULL last (``ROW_NUMBER``: one row per key);
     2. delete the target rows of the winners' keys unless newer than the winner (a higher
-       version; a NULL version is the lowest): ``DELETE ... USING``, or with ``by_rowid``
-       (SQLite, which has no ``USING``) by the rowids a join finds;
+       version; a NULL version is the lowest): ``DELETE ... USING``, or with ``row_id``
+       (SQLite, which has no ``USING``) by what identifies a row, found by a join: ``rowid``,
+       or a ``WITHOUT ROWID`` table's primary key columns (quoted);
     3. insert the winners that are not deleted and whose key has no target row left (one
        left is newer);
     4. drop both temporary tables.
@@ -71,9 +84,10 @@ def merge_statements(
             f" AND NOT ({_TARGET}.{v} IS NOT NULL"
             f" AND ({_WINNER}.{v} IS NULL OR {_TARGET}.{v} > {_WINNER}.{v}))"
         )
-    if by_rowid:  # SQLite: no DELETE ... USING; a join finds the rows by the key's index
+    if row_id:  # SQLite: no DELETE ... USING; a join finds the rows by the key's index
+        found = ", ".join(f"{_TARGET}.{column}" for column in row_id)
         delete = (
-            f"DELETE FROM {target} WHERE rowid IN (SELECT {_TARGET}.rowid FROM"
+            f"DELETE FROM {target} WHERE ({', '.join(row_id)}) IN (SELECT {found} FROM"
             f" {name(MERGE_WINNERS)} AS {_WINNER} JOIN {target} AS {_TARGET}"
             f" ON {same_key}{kept})"
         )
@@ -98,3 +112,70 @@ def merge_statements(
     )  # an anti-join: SQLite ran NOT EXISTS as a scan of a keyless target per winner
     drops = [f"DROP TABLE {name(MERGE_WINNERS)}", f"DROP TABLE {batch}"]
     return [winners, delete, insert, *drops]
+
+
+# Pairs of texts a key tells apart (Python does, and so does the batch's winner ranking):
+# a target key column whose comparison finds one pair equal (a case- or accent-insensitive
+# collation, trailing spaces ignored, citext) would meet two batch keys as one target key.
+_TOLD_APART = (("a", "A"), ("e", "\u00e9"), ("a", "a "))
+
+
+NARROWER = "a primary key or unique constraint of the table holds only part of the merge's key"
+
+
+def narrower_unique(
+    uniques: Sequence[Sequence[str]], merge: Merge, *, fold: Callable[[str], str] = str
+) -> bool:
+    """Whether one of the table's unique column sets is a proper part of the merge's key: two
+    keys the merge keeps apart (``(a, 1)``, ``(b, 1)``) would then violate it inside the
+    target call. ``fold``: the engine's own name matching."""
+    key = {fold(name) for name in merge.key}
+    return any(set(map(fold, columns)) < key for columns in uniques if columns)
+
+
+LOOSE_KEY = "it compares a key column more loosely than the merge (texts it finds equal differ)"
+
+
+def asks(merge: Merge, columns: Sequence[Column]) -> bool:
+    """Whether a target could refuse this merge by ``narrower_unique`` (a key of two columns
+    or more) or ``loosely_compared_key`` (a text key column): if not, a check opens no
+    connection (each costs a run time)."""
+    text = any(column.name in merge.key and column.kind == "text" for column in columns)
+    return text or len(merge.key) > 1
+
+
+def loosely_compared_key(
+    count: Callable[[str], int],
+    target: str,
+    merge: Merge,
+    columns: Sequence[Column],
+    *,
+    name: Callable[[str], str] = quote,
+) -> str | None:
+    """The first text key column the target compares more loosely than the batch, or None:
+    ``count(sql)`` runs one query (it reads no row of the target: the column only lends its
+    comparison to constants) and returns its one value."""
+    for column in columns:
+        if column.name not in merge.key or column.kind != "text":
+            continue
+        for one, other in _TOLD_APART:
+            probe = (
+                f"SELECT count(*) FROM (SELECT {name(column.name)} AS dpone_key FROM {target}"
+                f" WHERE 1 = 0 UNION ALL SELECT '{one}') AS dpone_probe"
+                f" WHERE dpone_probe.dpone_key = '{other}'"
+            )
+            if count(probe):
+                return column.name
+    return None
+
+
+def unmergeable(table: str, why: str, *, column: str | None = None) -> ConfigInvalid:
+    """The refusal of a target table a merge cannot run on exactly, before the target call:
+    a retry cannot fix it, so the route is not blocked; the operator changes the table."""
+    named = "" if column is None else f" (key column {column!r})"
+    return ConfigInvalid(
+        f'target table {table!r} cannot take [transfer] strategy = "merge": {why}{named}. '
+        "Nothing was written; change the table (or let dpone create it), or use another "
+        "strategy",
+        diagnostics={"table": table, **({} if column is None else {"column": column})},
+    )

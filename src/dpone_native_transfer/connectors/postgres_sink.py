@@ -67,7 +67,16 @@ from ..ledger import (
 from ..payloads import Column, LoadFile, LoadFiles, LoadPlan, Merge, RowChunks
 from ..rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from ._arrow import arrow, check_widths, csv_blocks
-from ._merge import MERGE_BATCH, key_constraint, merge_statements
+from ._merge import (
+    LOOSE_KEY,
+    MERGE_BATCH,
+    NARROWER,
+    key_constraint,
+    loosely_compared_key,
+    merge_statements,
+    narrower_unique,
+    unmergeable,
+)
 from ._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -135,6 +144,13 @@ _COLUMNS = """SELECT a.attname, format_type(a.atttypid, a.atttypmod)
     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
     ORDER BY a.attnum"""
+# A table's primary key and unique indexes, each its column names (an expression: NULL).
+_UNIQUES = """SELECT array_agg(a.attname ORDER BY k.n) FROM pg_index i
+    CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
+    LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE i.indrelid = to_regclass(%s) AND i.indisunique GROUP BY i.indexrelid"""
+# Whether the login may read and delete a table's rows, as a merge does.
+_MERGEABLE = "SELECT has_table_privilege(%s, 'SELECT') AND has_table_privilege(%s, 'DELETE')"
 # Whether the login may write a table: INSERT on it, or CREATE where it would be created.
 # USAGE on its schema is asked first: to_regclass() fails in a schema the login cannot use.
 _WRITABLE = """SELECT CASE
@@ -301,6 +317,45 @@ class PostgresSink(Sink, EnginePull):
             )
         if rewriting:
             raise TargetRowsMismatch.rewriting(self.table, rewriting)
+
+    def check_merge(self, merge: Merge, columns: Sequence[Column]) -> None:
+        """A merge also reads and deletes the table's rows (an append only inserts), joins
+        them on the key with the batch's types (a hand-made type may have no ``=`` with
+        them), and a unique index on part of the key, or a key compared more loosely than
+        the batch's (a nondeterministic collation, ``citext``, ``char(n)``), would meet two
+        batch keys as one. Each failed inside the target call, or merged wrongly."""
+        driver = _driver()
+
+        def problem(conn: Any) -> tuple[str, str | None] | None:
+            if not _columns(conn, self._target):
+                return None
+            if not conn.execute(_MERGEABLE, [self._target.sql()] * 2).fetchone()[0]:
+                return "the login may not read and delete its rows (SELECT, DELETE)", None
+            uniques = [names for (names,) in conn.execute(_UNIQUES, [self._target.sql()])]
+            if narrower_unique(uniques, merge):
+                return NARROWER, None
+            table = self._target.sql(_name)
+
+            def count(sql: str) -> int:
+                with conn.transaction():  # a savepoint: a refused probe leaves the rest
+                    return int(conn.execute(sql).fetchone()[0])
+
+            for column in columns:
+                if column.name not in merge.key:
+                    continue
+                try:
+                    count(
+                        f"SELECT count(*) FROM {table} AS t WHERE 1 = 0"
+                        f" AND t.{_name(column.name)} = CAST(NULL AS {postgres_type(column)})"
+                    )
+                except driver.Error:
+                    return "a key column's type has no equality with the source's", column.name
+            loose = loosely_compared_key(count, table, merge, columns, name=_name)
+            return None if loose is None else (LOOSE_KEY, loose)
+
+        found = self._outside_call(problem)
+        if found is not None:
+            raise unmergeable(self.table, found[0], column=found[1])
 
     # --- loads ------------------------------------------------------------------------------
 

@@ -327,6 +327,14 @@ class Sink(Protocol):
         whether such a batch was applied."""
         raise Unsupported("a fence")
 
+    def check_merge(self, merge: Merge, columns: Sequence[Column]) -> None:
+        """With ``features.merges``, on a merge route, after the schema contract and before
+        the target call: refuse (``ConfigInvalid``) an existing target table the merge of
+        ``columns`` (the target's columns) cannot run on exactly, so the route is refused,
+        not blocked by a target call that fails (or, worse, merges wrongly). Reads only; the
+        default finds nothing to refuse."""
+        return None
+
     def holding_connection(self) -> contextlib.AbstractContextManager[None]:
         """Calls within may share one connection, closed on exit even when the attempt fails
         (entered under the lease around the attempt; the default holds none). A chDB

@@ -28,6 +28,7 @@ from ...errors import (
     ConfigInvalid,
     InternalInvariantBroken,
     NativeTransferError,
+    TargetRowsMismatch,
     TargetUnavailable,
 )
 from ...identity import TableIdentity, file_location, fold_ascii
@@ -47,7 +48,17 @@ from ...ledger import (
 from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, Merge, RowChunks
 from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from .._arrow import arrow
-from .._merge import MERGE_BATCH, key_constraint, merge_statements
+from .._merge import (
+    LOOSE_KEY,
+    MERGE_BATCH,
+    NARROWER,
+    asks,
+    key_constraint,
+    loosely_compared_key,
+    merge_statements,
+    narrower_unique,
+    unmergeable,
+)
 from .._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -150,9 +161,29 @@ class DuckDBSink(FileTarget, EnginePull):
         if not os.path.isfile(self.path):
             return
         try:
-            open_database(self.path, self.table, parameters=False).close()
+            with contextlib.closing(open_database(self.path, self.table, parameters=False)) as conn:
+                view = _view_exists(conn, self._target)
         except driver.Error:
             raise unavailable(self.table) from None
+        if view:  # a load would create no table beside it and fail inside the target call
+            raise TargetRowsMismatch.rewriting(self.table, 1)
+
+    def check_merge(self, merge: Merge, columns: Sequence[Column]) -> None:
+        """A primary key or unique constraint on part of the key, or a key compared by a looser
+        collation than the batch's (``COLLATE NOCASE``), would meet two batch keys as one:
+        both inserted, the constraint violated inside the target call."""
+        if not asks(merge, columns):
+            return
+        with self._reader() as conn:
+            if conn is None or not _table_exists(conn, self._target):
+                return
+            if narrower_unique(_uniques(conn, self._target), merge, fold=fold_ascii):
+                raise unmergeable(self.table, NARROWER)
+            column = loosely_compared_key(
+                lambda sql: conn.execute(sql).fetchone()[0], self._target.sql(), merge, columns
+            )
+        if column is not None:
+            raise unmergeable(self.table, LOOSE_KEY, column=column)
 
     @contextlib.contextmanager
     def _connect(self, *, scanner: bool = False, parameters: bool = True) -> Iterator[Any]:
@@ -670,13 +701,35 @@ def _prepare_target(
         conn.execute(f"DELETE FROM {table.sql()}")
 
 
-def _table_exists(conn: Any, table: TableName) -> bool:
+def _uniques(conn: Any, table: TableName) -> list[list[str]]:
+    """The table's primary key and unique constraints' column sets (names as DuckDB matches
+    them: ASCII case folded, as ``_table_exists``)."""
+    rows = conn.execute(
+        "SELECT schema_name, table_name, constraint_column_names FROM duckdb_constraints()"
+        " WHERE database_name = current_database()"
+        " AND constraint_type IN ('PRIMARY KEY', 'UNIQUE')"
+        " AND (? IS NOT NULL OR schema_name = current_schema())",
+        [table.schema],
+    ).fetchall()
+    wanted = (None if table.schema is None else fold_ascii(table.schema), fold_ascii(table.name))
+    return [
+        list(names)
+        for schema, name, names in rows
+        if (wanted[0] is None or fold_ascii(schema) == wanted[0]) and fold_ascii(name) == wanted[1]
+    ]
+
+
+def _view_exists(conn: Any, table: TableName) -> bool:
+    return _table_exists(conn, table, kind="view")
+
+
+def _table_exists(conn: Any, table: TableName, *, kind: str = "table") -> bool:
     """DuckDB matches table and schema names case-insensitively (ASCII only), even quoted;
-    so does this. An unqualified table is looked up in the current schema. Binds no
-    parameter: every run asks it (``binding_ready``)."""
+    so does this. An unqualified table is looked up in the current schema. ``kind``: "view"
+    looks for a view of the name. Binds no parameter: every run asks it (``binding_ready``)."""
     current = "" if table.schema is not None else " AND schema_name = current_schema()"
     rows = conn.execute(
-        "SELECT schema_name, table_name FROM duckdb_tables()"
+        f"SELECT schema_name, {kind}_name FROM duckdb_{kind}s()"
         f" WHERE database_name = current_database(){current}"
     ).fetchall()
     wanted = (None if table.schema is None else fold_ascii(table.schema), fold_ascii(table.name))

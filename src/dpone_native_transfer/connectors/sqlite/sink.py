@@ -36,7 +36,17 @@ from ...ledger import (
 )
 from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, Merge, RowChunks
 from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
-from .._merge import MERGE_BATCH, key_constraint, merge_statements
+from .._merge import (
+    LOOSE_KEY,
+    MERGE_BATCH,
+    NARROWER,
+    asks,
+    key_constraint,
+    loosely_compared_key,
+    merge_statements,
+    narrower_unique,
+    unmergeable,
+)
 from .._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -72,6 +82,9 @@ __all__ = ["SQLiteSink"]
 def _column_sql(column: Column) -> str:
     """Column definition for CREATE TABLE, from fixed or parsed type names only."""
     return f"{_quote(column.name)} {sqlite_type(column)}".rstrip()
+
+
+_PRIMARY_KEY = "SELECT name, pk FROM pragma_table_info(?) WHERE pk > 0"
 
 
 class SQLiteSink(FileTarget, EnginePull):
@@ -119,6 +132,24 @@ class SQLiteSink(FileTarget, EnginePull):
             raise unavailable(self.table) from None
         if rewriting:
             raise TargetRowsMismatch.rewriting(self.table, rewriting)
+
+    def check_merge(self, merge: Merge, columns: Sequence[Column]) -> None:
+        """A unique index on part of the key, or a key compared by a looser collation than the
+        batch's (``NOCASE``, ``RTRIM``), would meet two batch keys as one: both inserted, the
+        index violated inside the target call. (A view or a trigger is refused for every
+        strategy, by ``check_target``.)"""
+        if not os.path.isfile(self.path) or not asks(merge, columns):
+            return
+        with self._reader() as conn:
+            if not table_columns(conn, self.table):
+                return
+            if narrower_unique(_uniques(conn, self.table), merge, fold=fold_ascii):
+                raise unmergeable(self.table, NARROWER)
+            column = loosely_compared_key(
+                lambda sql: conn.execute(sql).fetchone()[0], _quote(self.table), merge, columns
+            )
+        if column is not None:
+            raise unmergeable(self.table, LOOSE_KEY, column=column)
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -493,9 +524,32 @@ def _merge(
     target = merge.target_columns(columns)
     definitions = ", ".join(_column_sql(column) for column in target) + key_constraint(merge)
     conn.execute(f"CREATE TABLE IF NOT EXISTS {_quote(table)} ({definitions})")
-    names = [column.name for column in columns]
-    for statement in merge_statements(_quote(table), _quote(batch), names, merge, by_rowid=True):
+    names, row_id = [column.name for column in columns], _row_id(conn, table)
+    for statement in merge_statements(_quote(table), _quote(batch), names, merge, row_id=row_id):
         conn.execute(statement)
+
+
+def _uniques(conn: sqlite3.Connection, table: str) -> list[list[str]]:
+    """The table's unique column sets: its primary key, and each unique index's columns (an
+    expression's column is None and makes the set no key)."""
+    primary = conn.execute(_PRIMARY_KEY, (table,)).fetchall()
+    found = [[name for name, _ in sorted(primary, key=lambda row: row[1])]]
+    for _, index, unique, *_ in conn.execute("SELECT * FROM pragma_index_list(?)", (table,)):
+        names = [row[2] for row in conn.execute("SELECT * FROM pragma_index_info(?)", (index,))]
+        if unique and None not in names:
+            found.append(names)
+    return found
+
+
+def _row_id(conn: sqlite3.Connection, table: str) -> list[str]:
+    """What identifies a row of ``table`` to a delete: its rowid, or, in a table made
+    ``WITHOUT ROWID`` (which has none), its primary key's columns (unique, never NULL)."""
+    try:
+        conn.execute(f"SELECT rowid FROM {_quote(table)} LIMIT 0")
+    except sqlite3.OperationalError:
+        found = conn.execute(_PRIMARY_KEY, (table,)).fetchall()
+        return [_quote(name) for name, _ in sorted(found, key=lambda row: row[1])]
+    return ["rowid"]
 
 
 def _prepare_target(
