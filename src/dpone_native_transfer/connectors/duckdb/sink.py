@@ -68,7 +68,7 @@ from ..contract.sqlite_file import SQLiteFile
 from ..sqlite_reading import plan_rows, pulled_file, refuse_inexact_plan, watching_writes
 from .bulk import insert_files, insert_rows, write_arrow_file, write_tagged
 from .columns import DUCKDB_TYPES, column_names, duckdb_carrier, duckdb_type
-from .connect import duckdb_driver, open_database, reraise_interrupt, scanner_connection
+from .connect import duckdb_driver, reraise_interrupt, scanner_connection, target_connection
 from .scan import (
     BOUND_TAG,
     REFUSING_TYPES,
@@ -142,7 +142,8 @@ class DuckDBSink(FileTarget, EnginePull):
         if not os.path.isfile(self.path):
             return
         try:
-            open_database(self.path, self.table).close()
+            with target_connection(self.path, self.table):
+                pass
         except driver.Error:
             raise unavailable(self.table) from None
 
@@ -150,15 +151,8 @@ class DuckDBSink(FileTarget, EnginePull):
     def _connect(self, *, scanner: bool = False) -> Iterator[Any]:
         """The target file; ``scanner``: with the sqlite scanner loaded."""
         check_target_folder(self.path, self.table)
-        conn = (
-            scanner_connection(self.path, self.table)
-            if scanner
-            else open_database(self.path, self.table)
-        )
-        try:
+        with target_connection(self.path, self.table, scanner=scanner) as conn:
             yield conn
-        finally:
-            conn.close()
 
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written: load files as
@@ -431,13 +425,20 @@ class DuckDBSink(FileTarget, EnginePull):
             conn.execute(f"DROP TABLE {stage}")
             return _record(conn, ledger, moved)
 
-    def _read_only(self, what: str) -> Any:
-        """A read-only connection to the target file, or ``TargetUnavailable``."""
+    @contextlib.contextmanager
+    def _read_only(self, what: str) -> Iterator[Any]:
+        """A connection to the target file to read it, or ``TargetUnavailable``."""
         duckdb = duckdb_driver()
+        opened = False
         try:
-            return open_database(self.path, self.table, read_only=True)
+            with target_connection(self.path, self.table, read_only=True) as conn:
+                opened = True
+                yield conn
         except duckdb.Error:
-            pass
+            if opened:
+                raise
+        else:
+            return
         raise TargetUnavailable(
             f"the target database of table {self.table!r} cannot be opened to read its "
             f"{what} now (locked or damaged); nothing was written",
@@ -448,26 +449,20 @@ class DuckDBSink(FileTarget, EnginePull):
         """This table's rows set aside, oldest first. Reads only."""
         if not os.path.isfile(self.path):
             return []
-        conn = self._read_only("rejects")
-        try:
+        with self._read_only("rejects") as conn:
             if not _table_exists(conn, TableName(None, REJECTS_TABLE)):
                 return []
             sql = rejects_query(quote(REJECTS_TABLE), "?") + " ORDER BY rowid"
-            return conn.execute(sql, [self.identity().table]).fetchall()
-        finally:
-            conn.close()
+            return list(conn.execute(sql, [self.identity().table]).fetchall())
 
     def fence_epoch(self) -> int:
         """The target table's fence in ``_dpone_fence``; 0 without one."""
         if not os.path.isfile(self.path):
             return 0
-        conn = self._read_only("fence")
-        try:
+        with self._read_only("fence") as conn:
             if not _table_exists(conn, TableName(None, FENCE_TABLE)):
                 return 0
             return read_fence(_query(conn), self.identity().table, **_FENCE_AT)
-        finally:
-            conn.close()
 
     def advance_fence(self, epoch: int) -> int:
         """Raise the fence to ``epoch`` in a transaction of its own."""
@@ -483,8 +478,7 @@ class DuckDBSink(FileTarget, EnginePull):
         """The ledger entries of this target table, oldest first (a read-only connection)."""
         if not os.path.isfile(self.path):
             return []
-        conn = self._read_only("ledger")
-        try:
+        with self._read_only("ledger") as conn:
             if not _table_exists(conn, _LEDGER):
                 return []
             described = conn.execute(f"DESCRIBE {quote(LEDGER_TABLE)}").fetchall()
@@ -492,8 +486,6 @@ class DuckDBSink(FileTarget, EnginePull):
             rows = conn.execute(
                 ledger_query("?", partitions=partitions), [self.identity().table]
             ).fetchall()
-        finally:
-            conn.close()
         return [LedgerEntry.from_row(*row) for row in rows]
 
     def row_count(self) -> int:
