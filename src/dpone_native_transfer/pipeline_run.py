@@ -32,6 +32,7 @@ import attrs
 
 from .application import transfer
 from .drivers import holding_connections
+from .plugins import entry_points_read_once
 from .errors import NativeTransferError
 from .events import EventName
 from .reporting import EXIT_BLOCKED, EXIT_FAILED, EXIT_OK, exit_code_for
@@ -198,7 +199,8 @@ def run_tables(
                     finished.set()
 
     interrupted: BaseException | None = None
-    with holding_connections():  # an embedded target's file opened once for all its tables
+    # an embedded target's file opened once for all its tables, the plugins found once
+    with holding_connections(), entry_points_read_once():
         for n in range(workers):
             threading.Thread(target=work, name=f"dpone-table-{n}", daemon=True).start()
         try:  # no Thread.join: a signal landing in it can mark a running thread as ended

@@ -23,6 +23,7 @@ from ..contract import Unsupported
 
 __all__ = [
     "duckdb_driver",
+    "one_writer",
     "open_database",
     "reraise_interrupt",
     "scanner_connection",
@@ -177,6 +178,17 @@ def target_connection(
                 kept.users -= 1
                 if not kept.users and not connections_held(_release_kept):
                     _close(key, kept)
+
+
+_writers: dict[str, threading.RLock] = {}
+
+
+def one_writer(path: str) -> threading.RLock:
+    """The lock a write to the file ``path`` holds in this process: DuckDB lets concurrent
+    transactions of one database write, but two creating the same table conflict, one
+    failing at its commit."""
+    with _kept_lock:
+        return _writers.setdefault(os.path.abspath(path), threading.RLock())
 
 
 def _release_kept() -> None:

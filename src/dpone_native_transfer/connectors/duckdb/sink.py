@@ -68,7 +68,13 @@ from ..contract.sqlite_file import SQLiteFile
 from ..sqlite_reading import plan_rows, pulled_file, refuse_inexact_plan, watching_writes
 from .bulk import insert_files, insert_rows, write_arrow_file, write_tagged
 from .columns import DUCKDB_TYPES, column_names, duckdb_carrier, duckdb_type
-from .connect import duckdb_driver, reraise_interrupt, scanner_connection, target_connection
+from .connect import (
+    duckdb_driver,
+    one_writer,
+    reraise_interrupt,
+    scanner_connection,
+    target_connection,
+)
 from .scan import (
     BOUND_TAG,
     REFUSING_TYPES,
@@ -148,11 +154,23 @@ class DuckDBSink(FileTarget, EnginePull):
             raise unavailable(self.table) from None
 
     @contextlib.contextmanager
-    def _connect(self, *, scanner: bool = False) -> Iterator[Any]:
-        """The target file; ``scanner``: with the sqlite scanner loaded."""
+    def _connect(self, *, scanner: bool = False, writing: bool = True) -> Iterator[Any]:
+        """The target file; ``scanner``: with the sqlite scanner loaded. ``writing``: one
+        such connection at a time per file in this process (``one_writer``), so that the
+        routes of one file running in threads never race to create its shared tables
+        (``_dpone_fence``, the ledger) nor read the same next ledger ``seq``."""
         check_target_folder(self.path, self.table)
-        with target_connection(self.path, self.table, scanner=scanner) as conn:
+        with (
+            one_writer(self.path) if writing else contextlib.nullcontext(),
+            target_connection(self.path, self.table, scanner=scanner) as conn,
+        ):
             yield conn
+
+    def _reader(self) -> contextlib.AbstractContextManager[Any]:
+        """A connection to read the file (not one writer's), or None while it does not exist."""
+        if not os.path.isfile(self.path):
+            return contextlib.nullcontext(None)
+        return self._connect(writing=False)
 
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written: load files as
