@@ -27,6 +27,7 @@ __all__ = [
     "open_database",
     "reraise_interrupt",
     "scanner_connection",
+    "scratch_connection",
     "sqlite_extension",
     "target_connection",
 ]
@@ -178,6 +179,30 @@ def target_connection(
                 kept.users -= 1
                 if not kept.users and not connections_held(_release_kept):
                     _close(key, kept)
+
+
+_SCRATCH = ":memory:"  # the kept scratch database's key: no file has this path
+
+
+def scratch_connection() -> Any:
+    """A connection to an in-memory database with the sqlite scanner loaded, never a target:
+    where a plan is checked and a pull reads. While connections are held, a cursor of one
+    such database kept for the run (its open and the scanner's LOAD once per run, not once
+    per table); the caller closes what it gets either way."""
+    if not connections_held(_release_kept):
+        return scanner_connection(_SCRATCH)
+    with _kept_lock:
+        kept = _kept.get(_SCRATCH)
+        if kept is None:
+            sqlite_extension(duckdb_driver())  # a missing wheel fails before any connection
+            database = open_database(_SCRATCH, "", config=_SCANNER_CONFIG)
+            try:
+                _load_scanner(database)
+            except BaseException:
+                database.close()
+                raise
+            kept = _kept[_SCRATCH] = _Kept(database, scanner=True)
+        return kept.database.cursor()
 
 
 _writers: dict[str, threading.RLock] = {}

@@ -72,7 +72,7 @@ from .connect import (
     duckdb_driver,
     one_writer,
     reraise_interrupt,
-    scanner_connection,
+    scratch_connection,
     target_connection,
 )
 from .scan import (
@@ -298,7 +298,7 @@ class DuckDBSink(FileTarget, EnginePull):
             self._checked.close()
             self._checked = None
         source = pulled_file(plan, engine="DuckDB", table=self.table)
-        scratch = scanner_connection(":memory:")
+        scratch = scratch_connection()
         try:
             types = scan_types(scratch, source)
             refusing = [
