@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .drivers import holding_connections
-from .drivers import holding_connections
 from .runtime import TransferResult, TransferRuntime
 from .stores import open_store
 

@@ -32,9 +32,9 @@ import attrs
 
 from .application import transfer
 from .drivers import holding_connections
-from .plugins import entry_points_read_once
 from .errors import NativeTransferError
 from .events import EventName
+from .plugins import entry_points_read_once
 from .reporting import EXIT_BLOCKED, EXIT_FAILED, EXIT_OK, exit_code_for
 from .wording import plural
 

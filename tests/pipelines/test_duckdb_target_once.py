@@ -106,21 +106,27 @@ def test_tables_of_one_duckdb_file_create_its_fence_at_once(tmp_path):
     create ``_dpone_fence`` (a conflict at commit)."""
     for trial in range(5):
         path = tmp_path / f"w{trial}.duckdb"
-        start, raised = threading.Barrier(4), {}
-
-        def fence(n: int, path: Path = path, start: threading.Barrier = start) -> None:
-            sink = DuckDBSink(path, f"t{n}")
-            start.wait()
-            try:
-                raised[n] = sink.advance_fence(n + 1)
-            except Exception as error:
-                raised[n] = type(error).__name__
-
-        with holding_connections():
-            threads = [threading.Thread(target=fence, args=(n,)) for n in range(4)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+        raised = _fences_at_once(path, 4)
         assert raised == {n: n + 1 for n in range(4)}
         assert [DuckDBSink(path, f"t{n}").fence_epoch() for n in range(4)] == [1, 2, 3, 4]
+
+
+def _fences_at_once(path: Path, tables: int) -> dict[int, Any]:
+    """Table n raises its fence to n + 1, all at the same moment, in threads of one run."""
+    start, raised = threading.Barrier(tables), {}
+
+    def fence(n: int) -> None:
+        sink = DuckDBSink(path, f"t{n}")
+        start.wait()
+        try:
+            raised[n] = sink.advance_fence(n + 1)
+        except Exception as error:
+            raised[n] = type(error).__name__
+
+    with holding_connections():
+        threads = [threading.Thread(target=fence, args=(n,)) for n in range(tables)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return raised

@@ -320,7 +320,12 @@ class SQLiteSource(TableSource):
         return len(keys) == 1 and keys[0].lower() == column.lower()
 
     def _chained_cuts(
-        self, conn: sqlite3.Connection, key: str, table: str, window: list[str], params: tuple
+        self,
+        conn: sqlite3.Connection,
+        key: str,
+        table: str,
+        window: list[str],
+        params: Sequence[Any],
     ) -> list[Any]:
         """``range_cuts_sql``'s cuts of a key whose values are distinct, each found from the
         one before it by an ``OFFSET`` along the key's index: one walk of the key in SQLite's
