@@ -194,14 +194,7 @@ def scratch_connection() -> Any:
     with _kept_lock:
         kept = _kept.get(_SCRATCH)
         if kept is None:
-            sqlite_extension(duckdb_driver())  # a missing wheel fails before any connection
-            database = open_database(_SCRATCH, "", config=_SCANNER_CONFIG)
-            try:
-                _load_scanner(database)
-            except BaseException:
-                database.close()
-                raise
-            kept = _kept[_SCRATCH] = _Kept(database, scanner=True)
+            kept = _kept[_SCRATCH] = _Kept(scanner_connection(_SCRATCH), scanner=True)
         return kept.database.cursor()
 
 
