@@ -1,8 +1,10 @@
 """DuckDB sink: one table of a DuckDB file, loaded on all four transfer paths.
 
-Like the SQLite sink, every call opens its own connection and closes it
-before returning (DuckDB lets one process at a time write a file), and every
-load is one transaction, with its ledger row (and fence, rejects). ``duckdb`` is the
+Every call takes its own connection and closes it before returning: a cursor of the
+file's database kept open while a run holds connections (``connect.target_connection``),
+else a connection of its own (DuckDB lets one process at a time write a file). Every
+load is one transaction, with its ledger row (and fence, rejects), and writes to one file
+take turns in the process (``connect.one_writer``). ``duckdb`` is the
 optional ``duckdb`` extra, imported on first use (``connect.py``).
 
 Rows reach DuckDB in bulk (``bulk.py``), each value carried exactly by its column's kind
