@@ -11,6 +11,10 @@ source's catalog included) to the last table's commit. Per case:
 - ``2 processes``: the tables split in two halves, each ``dpone-transfer run --tables``
   in a process of its own, both at once: the alternative to threads, measured to pick
   between them (into DuckDB it cannot run: one process at a time opens a DuckDB file);
+- ``own copy`` (a diagnostic floor, where the target engine reads the source itself): the
+  engine copying the same tables with nothing else, DuckDB's ``CREATE TABLE AS SELECT *
+  FROM sqlite_scan`` per table, PostgreSQL's ``CREATE TABLE AS SELECT *`` per table: the
+  least any tool's run can take there, and so the least ratio to dlt there can be;
 - dlt 1.31's ``sql_database(table_names=...)`` into the same target, with its pyarrow and
   its connectorx backend (``_dlt_pipeline_child.py``, in dlt's own venv); the faster of the
   two is the baseline. Target: dpone's faster jobs setting at most a third of dlt's time.
@@ -29,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from dpone_native_transfer.connectors.duckdb.connect import sqlite_extension
 from dpone_native_transfer.pipeline import load_pipeline
 from dpone_native_transfer.pipeline_run import run_tables
 
@@ -39,6 +44,7 @@ from .peers import DLT_PYTHON, _dlt_missing, rounds
 DLT_SHARE = 1 / 3  # at least 3x faster than dlt
 RUNS = 5
 BACKENDS = ("pyarrow", "connectorx")
+OWN_COPY = {("sqlite", "duckdb"), ("postgres", "postgres")}  # the target engine reads the source
 PATHS = {  # (source, target) -> the path
     ("sqlite", "duckdb"): "lazy-plan",
     ("sqlite", "postgres"): "staged",
@@ -166,6 +172,49 @@ class _Case:
             raise AssertionError(f"2 processes: exit statuses {codes}")
         return seconds
 
+    def own_copy(self) -> float:
+        """The target engine copying every table itself (``OWN_COPY`` pairs only)."""
+        with self.fresh("own-copy") as (folder, target, schema):
+            if self.target == "duckdb":
+                import duckdb
+
+                source = self.env["sqlite"][(self.tables, self.rows)]
+
+                def run() -> int:
+                    conn = duckdb.connect(target["path"])
+                    try:
+                        conn.execute("LOAD '" + sqlite_extension(duckdb) + "'")
+                        for name in self.names:
+                            conn.execute(
+                                f"CREATE TABLE {name} AS SELECT * FROM sqlite_scan('{source}',"
+                                f" '{name}')"
+                            )
+                        return sum(
+                            conn.execute(f"SELECT count(*) FROM {name}").fetchone()[0]
+                            for name in self.names
+                        )
+                    finally:
+                        conn.close()
+
+            else:
+
+                def run() -> int:
+                    with self.env["psycopg"].connect(self.env["dsn"], autocommit=True) as conn:
+                        for name in self.names:
+                            conn.execute(
+                                f'CREATE TABLE "{schema}".{name} AS SELECT * FROM'
+                                f' "{self.env["schema"]}".{name}'
+                            )
+                        return sum(
+                            conn.execute(f'SELECT count(*) FROM "{schema}".{name}').fetchone()[0]
+                            for name in self.names
+                        )
+
+            seconds, copied = timed(run)
+        if copied != self.tables * self.rows:
+            raise AssertionError(f"own copy: {copied} rows")
+        return seconds
+
     def dlt(self, backend: str) -> float:
         with self.fresh(f"dlt-{backend}") as (folder, target, schema):
             if self.source == "sqlite":
@@ -242,6 +291,8 @@ def _measure_case(
     }
     if case.target != "duckdb":
         cases["2 processes"] = case.processes
+    if (case.source, case.target) in OWN_COPY:
+        cases["own copy"] = case.own_copy
     if dlt_missing is None:
         cases |= {f"dlt {b}": (lambda b=b: case.dlt(b)) for b in BACKENDS}
     times = rounds(cases, runs, label=f"pipelines {label}")
@@ -262,6 +313,14 @@ def _measure_case(
             Row(section, f"{label}: dpone vs dlt 1.31 sql_database ({backend})", best, "s", dlt,
                 best / dlt, target=f"<= {DLT_SHARE:.2f}", met=best / dlt <= DLT_SHARE)
         )  # fmt: skip
+        if "own copy" in times:
+            own = median(times["own copy"])
+            rows.append(Row(section, f"{label}: floor (diagnostic): the engine's own copy vs dlt",
+                            own, "s", dlt, own / dlt))  # fmt: skip
+    if "own copy" in times:
+        own = median(times["own copy"])
+        rows.append(Row(section, f"{label}: dpone's faster jobs vs the engine's own copy",
+                        min(jobs1, jobs2), "s", own, min(jobs1, jobs2) / own))  # fmt: skip
     return rows
 
 

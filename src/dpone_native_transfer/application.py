@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from .drivers import holding_connections
 from .runtime import TransferResult, TransferRuntime
 from .stores import open_store
 
@@ -43,7 +44,8 @@ def transfer(
 
     The guard comes from its entry point (``plugins=None``) unless ``unguarded``
     (``plugins=[]``); ``recovery`` overrides the route's ``[guard] recovery``; the store
-    is always closed.
+    is always closed. An embedded target's file is opened once for the run, not once per
+    call (``holding_connections``).
     """
     started = time.perf_counter()
     store = open_store(config.store_path, create=True, argument="store.path")
@@ -54,7 +56,8 @@ def transfer(
             lease_seconds=config.lease_seconds,
             plugins=[] if unguarded else None,
         )
-        result = runtime.run(config.spec(run_id, sink=sink, recovery=recovery))
+        with holding_connections():
+            result = runtime.run(config.spec(run_id, sink=sink, recovery=recovery))
     finally:
         store.close()
     return result, time.perf_counter() - started

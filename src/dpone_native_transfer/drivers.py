@@ -24,8 +24,9 @@ import os
 import re
 import selectors
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -39,7 +40,9 @@ __all__ = [
     "POSTGRES_SCHEMES",
     "ServerFailure",
     "clickhouse_failure",
+    "connections_held",
     "file_failure",
+    "holding_connections",
     "import_driver",
     "install_hint",
     "postgres_connect",
@@ -386,3 +389,39 @@ def resolve_env(location: str, *, argument: str) -> str:
             diagnostics=named,
         )
     return value
+
+
+# -- connections kept open across calls ---------------------------------------------------------
+
+_held = [0]  # how many ``holding_connections`` blocks are open in this process
+_held_lock = threading.Lock()
+_on_release: list[Callable[[], None]] = []
+
+
+@contextlib.contextmanager
+def holding_connections() -> Iterator[None]:
+    """While open, a connector may keep a database it opened for one call open for the next
+    (an embedded engine's file is opened once per run instead of once per call). When the
+    last block in the process closes, each connector's release closes what it kept. A route's
+    run and a pipeline's tables hold; nothing else does, so that a command reading a target
+    between runs opens and closes it as before."""
+    with _held_lock:
+        _held[0] += 1
+    try:
+        yield
+    finally:
+        with _held_lock:
+            _held[0] -= 1
+            last = not _held[0]
+            releases = list(_on_release) if last else []
+        for release in releases:
+            release()
+
+
+def connections_held(release: Callable[[], None]) -> bool:
+    """Whether a ``holding_connections`` block is open; ``release`` (registered once) is
+    called when the last one closes."""
+    with _held_lock:
+        if release not in _on_release:
+            _on_release.append(release)
+        return _held[0] > 0

@@ -132,7 +132,7 @@ class ProcessMark:
     @classmethod
     def here(cls) -> ProcessMark:
         return cls(
-            host=socket.gethostname(), machine=_machine(), pid=os.getpid(), started=_started("self")
+            host=socket.gethostname(), machine=_machine(), pid=os.getpid(), started=_own_start()
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -165,6 +165,19 @@ def _machine() -> str:
         return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
     except OSError:
         return ""
+
+
+_own_starts: dict[int, str] = {}
+
+
+def _own_start() -> str:
+    """This process's start time, read once per process (by pid: a fork is another
+    process): it never changes, and reading ``/proc/self/stat`` of a process with many
+    threads costs milliseconds, twice per table of a pipeline."""
+    pid = os.getpid()
+    if pid not in _own_starts:
+        _own_starts[pid] = _started("self")
+    return _own_starts[pid]
 
 
 def _started(pid: str) -> str:

@@ -99,7 +99,7 @@ _SECTIONS: Mapping[str, tuple[str, ...]] = {
 }
 _TABLE_ONLY = ("target_table",)
 _NAMING = ("table_prefix", "table_suffix")
-_ONE_WRITER = ("duckdb:", "chdb:")  # embedded engines: a database's tables load one at a time
+_ONE_WRITER = ("chdb:",)  # an embedded engine whose database's tables load one at a time
 
 
 @attrs.frozen(eq=False)
@@ -113,9 +113,9 @@ class PipelineTable:
     @property
     def group(self) -> str:
         """What this table's run shares with others' that must not run at once: its target
-        table (the lease's key); on DuckDB and chDB the whole target database, which one
-        process opens at a time, and whose connections in one process refuse each other
-        (a second configuration of one file) or race to create its tables."""
+        table (the lease's key); on chDB the whole target database, which one process opens
+        at a time. A DuckDB file's tables run at once: the run keeps one database per file
+        open for all of them, and its writes take turns (``DuckDBSink._connect``)."""
         route = self.config.route
         if (route.target_location or "").startswith(_ONE_WRITER):
             return route.target_location or ""

@@ -31,8 +31,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .application import transfer
+from .drivers import holding_connections
 from .errors import NativeTransferError
 from .events import EventName
+from .plugins import entry_points_read_once
 from .reporting import EXIT_BLOCKED, EXIT_FAILED, EXIT_OK, exit_code_for
 from .wording import plural
 
@@ -196,20 +198,22 @@ def run_tables(
                 if not left[0]:
                     finished.set()
 
-    for n in range(workers):
-        threading.Thread(target=work, name=f"dpone-table-{n}", daemon=True).start()
     interrupted: BaseException | None = None
-    try:  # no Thread.join: a signal landing in it can mark a running thread as ended
-        while not finished.wait(0.1):
-            pass
-    except BaseException as signal_raised:  # KeyboardInterrupt, or the CLI's SIGTERM
-        interrupted = signal_raised
-        stop.set()
-        try:
+    # an embedded target's file opened once for all its tables, the plugins found once
+    with holding_connections(), entry_points_read_once():
+        for n in range(workers):
+            threading.Thread(target=work, name=f"dpone-table-{n}", daemon=True).start()
+        try:  # no Thread.join: a signal landing in it can mark a running thread as ended
             while not finished.wait(0.1):
                 pass
-        except KeyboardInterrupt:  # a second Ctrl-C: report what is known now
-            pass
+        except BaseException as signal_raised:  # KeyboardInterrupt, or the CLI's SIGTERM
+            interrupted = signal_raised
+            stop.set()
+            try:
+                while not finished.wait(0.1):
+                    pass
+            except KeyboardInterrupt:  # a second Ctrl-C: report what is known now
+                pass
     with lock:
         ran = dict(runs)
     ended = [

@@ -20,7 +20,13 @@ if TYPE_CHECKING:
     from .mutation import TargetMutation
     from .recovery import TargetRecovery
 
-__all__ = ["Hooks", "entry_point_plugins", "make_plugin_manager", "scans_routes"]
+__all__ = [
+    "Hooks",
+    "entry_point_plugins",
+    "entry_points_read_once",
+    "make_plugin_manager",
+    "scans_routes",
+]
 
 LIFECYCLE_PLUGIN_NAME = "dpone_native_transfer.lifecycle"
 
@@ -39,7 +45,7 @@ def make_plugin_manager(plugins: Iterable[object] | None = None) -> pluggy.Plugi
     manager.add_hookspecs(hookspecs)
     manager.register(UnguardedLifecycle(), name=LIFECYCLE_PLUGIN_NAME)
     if plugins is None:
-        for entry_point in importlib.metadata.entry_points(group=hookspecs.PROJECT_NAME):
+        for entry_point in _read_once[0] or _entry_points():
             if manager.is_blocked(entry_point.name) or manager.has_plugin(entry_point.name):
                 continue
             with _loading(entry_point.name, "cannot be imported"):
@@ -63,6 +69,26 @@ def make_plugin_manager(plugins: Iterable[object] | None = None) -> pluggy.Plugi
                     diagnostics={"hook": name},
                 )
     return manager
+
+
+def _entry_points() -> tuple[importlib.metadata.EntryPoint, ...]:
+    return tuple(importlib.metadata.entry_points(group=hookspecs.PROJECT_NAME))
+
+
+_read_once: list[tuple[importlib.metadata.EntryPoint, ...] | None] = [None]
+
+
+@contextlib.contextmanager
+def entry_points_read_once() -> Iterator[None]:
+    """Inside: every ``make_plugin_manager(None)`` registers the entry points read once on
+    entering, not read again (reading them scans every installed package's metadata: a
+    pipeline's tables would each pay it). Each manager is still fresh, checked as ever."""
+    outer = _read_once[0]
+    _read_once[0] = outer or _entry_points()
+    try:
+        yield
+    finally:
+        _read_once[0] = outer
 
 
 @contextlib.contextmanager

@@ -416,7 +416,7 @@ def test_a_scanner_read_failing_before_the_target_refuses_the_plan(source, sink,
     """The check's probe reads with the scanner what the load will read; when that read fails
     although SQLite finds no misread value, the plan is refused, naming the columns read,
     and the target is never opened (a fault double wraps the real scanner connection)."""
-    real = duckdb_connect.scanner_connection
+    real = duckdb_connect.scratch_connection
 
     class FailingProbe:
         def __init__(self, conn):
@@ -430,7 +430,7 @@ def test_a_scanner_read_failing_before_the_target_refuses_the_plan(source, sink,
         def __getattr__(self, name):
             return getattr(self._conn, name)
 
-    monkeypatch.setattr(duckdb_sink_module, "scanner_connection", lambda p: FailingProbe(real(p)))
+    monkeypatch.setattr(duckdb_sink_module, "scratch_connection", lambda: FailingProbe(real()))
     plan = LoadPlan(
         source=source, columns=source.describe().columns, bounds=({"partition": "north"},)
     )
@@ -440,7 +440,7 @@ def test_a_scanner_read_failing_before_the_target_refuses_the_plan(source, sink,
     assert refused.value.diagnostics["columns"] == ["region", "id", "amount", "updated_at"]
     assert "injected" not in str(refused.value)
     assert not Path(sink.path).exists()
-    monkeypatch.setattr(duckdb_sink_module, "scanner_connection", real)
+    monkeypatch.setattr(duckdb_sink_module, "scratch_connection", real)
     sink.check_plan(plan)  # the real scanner reads it
 
 

@@ -392,3 +392,29 @@ def test_state_restore_reads_what_a_ledger_of_version_1_tells_of_the_definition(
     assert _restore(route_file).returncode == 0
     assert "loaded 0 rows" in run(route_file).stdout
     assert target_ids(tmp_path, "sqlite") == source_ids(tmp_path)
+
+
+@pytest.mark.parametrize("rows", [2, 7, 100, 999, 1000, 5000])
+@pytest.mark.parametrize("window", [{}, {"after": 100, "upto": 900}, {"upto": 0}])
+def test_a_primary_keys_cuts_are_the_window_functions(tmp_path, rows, window):
+    """A key that alone is the PRIMARY KEY is cut by an OFFSET from each cut to the next;
+    the ranges are exactly those of ``range_cuts_sql``'s window function (gaps in the key,
+    a NULL-less key, a cursor window, nothing in the window)."""
+    db = tmp_path / "s.db"
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, ts INTEGER)")
+        conn.executemany(
+            "INSERT INTO t VALUES (?, ?)", [(n * 3 + n % 7, n % 1000) for n in range(2000)]
+        )
+    chained = SQLiteSource(str(db), "t", "id", "ts", partition_rows=rows)
+    # the same key, not alone in the PRIMARY KEY's place: the window function cuts it
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("CREATE TABLE u AS SELECT * FROM t")
+        conn.execute("CREATE INDEX u_id ON u (id)")
+    windowed = SQLiteSource(str(db), "u", "id", "ts", partition_rows=rows)
+    with chained.reader() as conn:
+        assert chained._sole_primary_key(conn)
+    with windowed.reader() as conn:
+        assert not windowed._sole_primary_key(conn)
+    assert chained.partition_ranges(**window) == windowed.partition_ranges(**window)
+    assert len(chained.partition_ranges()) == -(-2000 // rows)

@@ -83,8 +83,8 @@ def _scenario(
     rest load. Run 2 (the CLI): t07 is blocked (exit 3), t05 fails again, the rest skip.
     Then t07 is resolved from the target, t05's gate lifted, rows added: run 3 loads only
     the new rows (all of a refreshed table), every table exact. ``schema``: the source
-    tables' (PostgreSQL), before each name; ``workers``: the jobs the run can use (a DuckDB
-    file's tables load one at a time)."""
+    tables' (PostgreSQL), before each name; ``workers``: the jobs the run can use (a chDB
+    database's tables load one at a time; a DuckDB file's run at once)."""
     bare = [f"t{n:02d}" for n in range(1, TABLES + 1)]
     named = {name: f"{schema}.{name}" if schema else name for name in bare}
     failing, blocked = named[FAILING], named[BLOCKED]
@@ -186,7 +186,6 @@ def test_twenty_sqlite_tables_into_duckdb(tmp_path):
         ids=lambda name: duckdb_ids(target, name),
         source_ids=lambda name: sqlite_ids(source, name),
         add_rows=lambda rows: build_tables(source, TABLES, rows, start_id=ROWS + 1),
-        workers=1,
     )
 
 

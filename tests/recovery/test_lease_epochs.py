@@ -238,3 +238,22 @@ def test_a_worker_paused_in_extraction_whose_folder_was_removed_stops_as_lease_l
     with pytest.raises(LeaseLost):
         route.runtime().run(route.spec("file-artifact", artifact_dir=str(work)))
     assert route.sink.target_calls == 0 and route.latest() == []
+
+
+def test_a_forked_process_marks_its_own_start_not_its_parents():
+    """The process's start time is read once per process: a fork, whose start differs, reads
+    its own (the parent's kept mark would make a live child look like a reused pid)."""
+    import multiprocessing
+    import time
+
+    from dpone_native_transfer import lease
+
+    parent = ProcessMark.here()
+    assert parent.started == lease._started("self") != ""
+    time.sleep(0.05)  # a clock tick or more: the child starts later
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        child = pool.apply(ProcessMark.here)
+        child_start = pool.apply(lease._started, ("self",))
+    assert child.pid != parent.pid
+    assert child.started == child_start != parent.started

@@ -11,10 +11,13 @@ import importlib.metadata
 import os
 import re
 import struct
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ...drivers import import_driver
+import attrs
+
+from ...drivers import connections_held, import_driver
 from ...errors import TargetVersionUnsupported
 from ..contract import Unsupported
 
@@ -22,16 +25,21 @@ __all__ = [
     "binding_ready",
     "duckdb_driver",
     "literal",
+    "one_writer",
     "open_database",
     "reraise_interrupt",
     "scanner_connection",
+    "scratch_connection",
     "sqlite_extension",
+    "target_connection",
 ]
 
 # Never reach the network for an extension: the sqlite scanner comes from its wheel.
 _CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 # A connection that reads SQLite loads the scanner without DuckDB's signature check, which
-# hashes the whole file on every connection (figures: docs/performance.md, fix 30). The file is
+# hashes the whole file on every connection (figures: docs/performance.md, fix 30). A target
+# kept open for a run (``target_connection``) is opened with it too, whether or not it
+# pulls: DuckDB refuses a second configuration of an open file. The file is
 # the installed duckdb-extension-sqlite-scanner wheel's (pip checked it at install; whoever
 # can change it can change this package too), and nothing else can be loaded: autoloading is
 # off and ``scanner_connection``'s LOAD of that file is the only one.
@@ -113,18 +121,141 @@ def _no_scanner(version: str) -> Unsupported:
 def scanner_connection(path: str, table: str = "") -> Any:
     """A connection to ``path`` with the sqlite scanner loaded (``_SCANNER_CONFIG``); an
     extension file DuckDB refuses to load (built for another DuckDB) is ``_no_scanner``."""
-    duckdb = duckdb_driver()
-    extension = sqlite_extension(duckdb)  # a missing wheel fails before any connection
+    sqlite_extension(duckdb_driver())  # a missing wheel fails before any connection
     conn = open_database(path, table, config=_SCANNER_CONFIG)
     try:
-        conn.execute("LOAD '" + extension.replace("'", "''") + "'")
-    except duckdb.Error:
-        conn.close()
-        raise _no_scanner(duckdb.__version__) from None
+        _load_scanner(conn)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+@attrs.define
+class _Kept:
+    """A target file's database kept open while connections are held: ``users`` calls are
+    using a cursor of it; ``scanner``: the sqlite scanner is loaded into it."""
+
+    database: Any
+    users: int = 0
+    scanner: bool = False
+
+
+_kept: dict[str, _Kept] = {}
+_kept_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def target_connection(
+    path: str,
+    table: str,
+    *,
+    scanner: bool = False,
+    read_only: bool = False,
+    parameters: bool = True,
+) -> Iterator[Any]:
+    """A connection to the target file ``path``, closed on exit; ``scanner``: with the
+    sqlite scanner loaded; ``read_only``: the caller only reads (opened read-only when the
+    file is not kept).
+
+    While connections are held (``drivers.holding_connections``: a route's run, a pipeline)
+    the file is opened once, with the scanner's configuration, and each call gets a cursor
+    of it (DuckDB's own connection to the same database): one open of the file per run,
+    not one per call, and no second configuration of one file in this process, which DuckDB
+    refuses while the first is open. Otherwise each call opens and closes the file, as a
+    command that reads a target between runs needs (the file is not kept locked).
+    ``parameters``: its queries may bind parameters (``binding_ready``)."""
+    if parameters:
+        binding_ready()
+    if not connections_held(_release_kept):
+        conn = (
+            scanner_connection(path, table)
+            if scanner
+            else open_database(path, table, read_only=read_only, parameters=False)
+        )
+        try:
+            yield conn
+        finally:
+            conn.close()
+        return
+    key = os.path.abspath(path)
+    with _kept_lock:
+        kept = _kept.get(key)
+        if kept is None:
+            kept = _Kept(open_database(path, table, config=_SCANNER_CONFIG, parameters=False))
+            _kept[key] = kept
+        kept.users += 1
+        try:
+            if scanner and not kept.scanner:
+                _load_scanner(kept.database)
+                kept.scanner = True
+            cursor = kept.database.cursor()
+        except BaseException:
+            kept.users -= 1
+            raise
+    try:
+        yield cursor
+    finally:
+        with _kept_lock:
+            try:
+                cursor.close()
+            finally:
+                kept.users -= 1
+                if not kept.users and not connections_held(_release_kept):
+                    _close(key, kept)
+
+
+_SCRATCH = ":memory:"  # the kept scratch database's key: no file has this path
+
+
+def scratch_connection() -> Any:
+    """A connection to an in-memory database with the sqlite scanner loaded, never a target:
+    where a plan is checked and a pull reads. While connections are held, a cursor of one
+    such database kept for the run (its open and the scanner's LOAD once per run, not once
+    per table); the caller closes what it gets either way."""
+    if not connections_held(_release_kept):
+        return scanner_connection(_SCRATCH)
+    with _kept_lock:
+        kept = _kept.get(_SCRATCH)
+        if kept is None:
+            kept = _kept[_SCRATCH] = _Kept(scanner_connection(_SCRATCH), scanner=True)
+        return kept.database.cursor()
+
+
+_writers: dict[str, threading.RLock] = {}
+
+
+def one_writer(path: str) -> threading.RLock:
+    """The lock a write to the file ``path`` holds in this process: DuckDB lets concurrent
+    transactions of one database write, but two creating the same table conflict, one
+    failing at its commit."""
+    with _kept_lock:
+        return _writers.setdefault(os.path.abspath(path), threading.RLock())
+
+
+def _release_kept() -> None:
+    """The last hold ended: close each kept database no call is using."""
+    with _kept_lock:
+        if connections_held(_release_kept):
+            return
+        for key, kept in list(_kept.items()):
+            if not kept.users:
+                _close(key, kept)
+
+
+def _close(key: str, kept: _Kept) -> None:
+    del _kept[key]
+    kept.database.close()
+
+
+def _load_scanner(conn: Any) -> None:
+    """LOAD the sqlite scanner's file into ``conn``'s database, or ``_no_scanner``."""
+    duckdb = duckdb_driver()
+    extension = sqlite_extension(duckdb)
+    try:
+        conn.execute("LOAD '" + extension.replace("'", "''") + "'")
+    except duckdb.Error:
+        raise _no_scanner(duckdb.__version__) from None
 
 
 def open_database(

@@ -1,8 +1,10 @@
 """DuckDB sink: one table of a DuckDB file, loaded on all four transfer paths.
 
-Like the SQLite sink, every call opens its own connection and closes it
-before returning (DuckDB lets one process at a time write a file), and every
-load is one transaction, with its ledger row (and fence, rejects). ``duckdb`` is the
+Every call takes its own connection and closes it before returning: a cursor of the
+file's database kept open while a run holds connections (``connect.target_connection``),
+else a connection of its own (DuckDB lets one process at a time write a file). Every
+load is one transaction, with its ledger row (and fence, rejects), and writes to one file
+take turns in the process (``connect.one_writer``). ``duckdb`` is the
 optional ``duckdb`` extra, imported on first use (``connect.py``).
 
 Rows reach DuckDB in bulk (``bulk.py``), each value carried exactly by its column's kind
@@ -83,9 +85,10 @@ from .connect import (
     binding_ready,
     duckdb_driver,
     literal,
-    open_database,
+    one_writer,
     reraise_interrupt,
-    scanner_connection,
+    scratch_connection,
+    target_connection,
 )
 from .scan import (
     BOUND_TAG,
@@ -161,7 +164,7 @@ class DuckDBSink(FileTarget, EnginePull):
         if not os.path.isfile(self.path):
             return
         try:
-            with contextlib.closing(open_database(self.path, self.table, parameters=False)) as conn:
+            with target_connection(self.path, self.table, parameters=False) as conn:
                 view = _view_exists(conn, self._target)
         except driver.Error:
             raise unavailable(self.table) from None
@@ -186,19 +189,28 @@ class DuckDBSink(FileTarget, EnginePull):
             raise unmergeable(self.table, LOOSE_KEY, column=column)
 
     @contextlib.contextmanager
-    def _connect(self, *, scanner: bool = False, parameters: bool = True) -> Iterator[Any]:
+    def _connect(
+        self, *, scanner: bool = False, writing: bool = True, parameters: bool = True
+    ) -> Iterator[Any]:
         """The target file; ``scanner``: with the sqlite scanner loaded; ``parameters``: its
-        queries may bind parameters (``open_database``)."""
+        queries may bind parameters (``binding_ready``). ``writing``: one such connection at
+        a time per file in this process (``one_writer``), so that the routes of one file
+        running in threads never race to create its shared tables (``_dpone_fence``, the
+        ledger) nor read the same next ledger ``seq``."""
         check_target_folder(self.path, self.table)
-        conn = (
-            scanner_connection(self.path, self.table)
-            if scanner
-            else open_database(self.path, self.table, parameters=parameters)
-        )
-        try:
+        with (
+            one_writer(self.path) if writing else contextlib.nullcontext(),
+            target_connection(
+                self.path, self.table, scanner=scanner, parameters=parameters
+            ) as conn,
+        ):
             yield conn
-        finally:
-            conn.close()
+
+    def _reader(self) -> contextlib.AbstractContextManager[Any]:
+        """A connection to read the file (not one writer's), or None while it does not exist."""
+        if not os.path.isfile(self.path):
+            return contextlib.nullcontext(None)
+        return self._connect(writing=False)
 
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written: load files as
@@ -330,7 +342,7 @@ class DuckDBSink(FileTarget, EnginePull):
             self._checked.close()
             self._checked = None
         source = pulled_file(plan, engine="DuckDB", table=self.table)
-        scratch = scanner_connection(":memory:")
+        scratch = scratch_connection()
         try:
             types = scan_types(scratch, source)
             refusing = [
@@ -475,13 +487,22 @@ class DuckDBSink(FileTarget, EnginePull):
             conn.execute(f"DROP TABLE {stage}")
             return _record(conn, ledger, moved)
 
-    def _read_only(self, what: str, *, parameters: bool = True) -> Any:
-        """A read-only connection to the target file, or ``TargetUnavailable``."""
+    @contextlib.contextmanager
+    def _read_only(self, what: str, *, parameters: bool = True) -> Iterator[Any]:
+        """A connection to the target file to read it, or ``TargetUnavailable``."""
         duckdb = duckdb_driver()
+        opened = False
         try:
-            return open_database(self.path, self.table, read_only=True, parameters=parameters)
+            with target_connection(
+                self.path, self.table, read_only=True, parameters=parameters
+            ) as conn:
+                opened = True
+                yield conn
         except duckdb.Error:
-            pass
+            if opened:
+                raise
+        else:
+            return
         raise TargetUnavailable(
             f"the target database of table {self.table!r} cannot be opened to read its "
             f"{what} now (locked or damaged); nothing was written",
@@ -492,27 +513,21 @@ class DuckDBSink(FileTarget, EnginePull):
         """This table's rows set aside, oldest first. Reads only."""
         if not os.path.isfile(self.path):
             return []
-        conn = self._read_only("rejects")
-        try:
+        with self._read_only("rejects") as conn:
             if not _table_exists(conn, TableName(None, REJECTS_TABLE)):
                 return []
             sql = rejects_query(quote(REJECTS_TABLE), "?") + " ORDER BY rowid"
-            return conn.execute(sql, [self.identity().table]).fetchall()
-        finally:
-            conn.close()
+            return list(conn.execute(sql, [self.identity().table]).fetchall())
 
     def fence_epoch(self) -> int:
         """The target table's fence in ``_dpone_fence``; 0 without one."""
         if not os.path.isfile(self.path):
             return 0
-        conn = self._read_only("fence", parameters=False)  # every run reads it: no binding
-        try:
+        with self._read_only("fence", parameters=False) as conn:  # every run: no binding
             if not _table_exists(conn, TableName(None, FENCE_TABLE)):
                 return 0
             name = self.identity().table
             return read_fence(_plain(conn), name, table=quote(FENCE_TABLE), marker=literal(name))
-        finally:
-            conn.close()
 
     def advance_fence(self, epoch: int) -> int:
         """Raise the fence to ``epoch`` in a transaction of its own."""
@@ -528,16 +543,13 @@ class DuckDBSink(FileTarget, EnginePull):
         """The ledger entries of this target table, oldest first (a read-only connection)."""
         if not os.path.isfile(self.path):
             return []
-        conn = self._read_only("ledger", parameters=False)  # every run reads it: no binding
-        try:
+        with self._read_only("ledger", parameters=False) as conn:  # every run: no binding
             if not _table_exists(conn, _LEDGER):
                 return []
             described = conn.execute(f"DESCRIBE {quote(LEDGER_TABLE)}").fetchall()
             check_ledger_columns({row[0] for row in described})
             marker = literal(self.identity().table)
             rows = conn.execute(ledger_query(marker, partitions=partitions)).fetchall()
-        finally:
-            conn.close()
         return [LedgerEntry.from_row(*row) for row in rows]
 
     def row_count(self) -> int:

@@ -302,11 +302,46 @@ class SQLiteSource(TableSource):
             return bool(conn.execute(sql, params).fetchone()[0])
 
         with self.reader() as conn:
-            sql = range_cuts_sql(key, table, window, "?")
-            cuts = [row[0] for row in conn.execute(sql, (*params, self.partition_rows))]
+            if (self.partition_rows or 0) > 1 and self._sole_primary_key(conn):
+                cuts = self._chained_cuts(conn, key, table, window, params)
+            else:
+                sql = range_cuts_sql(key, table, window, "?")
+                cuts = [row[0] for row in conn.execute(sql, (*params, self.partition_rows))]
             keyed = bool(cuts) or exists(" AND ".join([f"{key} IS NOT NULL", *window]))
             has_null = exists(" AND ".join([f"{key} IS NULL", *window]))
         return range_partitions(cuts, keyed=keyed, has_null=has_null)
+
+    def _sole_primary_key(self, conn: sqlite3.Connection) -> bool:
+        """Whether the partition column alone is the table's PRIMARY KEY: its values are then
+        distinct (NULLs aside), in the order ``ORDER BY`` gives them."""
+        rows = conn.execute("SELECT name, pk FROM pragma_table_info(?)", (self.table,))
+        keys = [name for name, pk in rows.fetchall() if pk]
+        column = self.partition_column or ""
+        return len(keys) == 1 and keys[0].lower() == column.lower()
+
+    def _chained_cuts(
+        self,
+        conn: sqlite3.Connection,
+        key: str,
+        table: str,
+        window: list[str],
+        params: Sequence[Any],
+    ) -> list[Any]:
+        """``range_cuts_sql``'s cuts of a key whose values are distinct, each found from the
+        one before it by an ``OFFSET`` along the key's index: one walk of the key in SQLite's
+        B-tree code, not its window function's (several times slower on a million rows)."""
+        assert self.partition_rows is not None
+        where = " AND ".join([f"{key} IS NOT NULL", *window])
+        first = f"SELECT {key} FROM {table} WHERE {where} ORDER BY {key} LIMIT 1 OFFSET ?"
+        after = (
+            f"SELECT {key} FROM {table} WHERE {where} AND {key} > ? ORDER BY {key} LIMIT 1 OFFSET ?"
+        )
+        cuts: list[Any] = []
+        found = conn.execute(first, (*params, self.partition_rows)).fetchone()
+        while found is not None:
+            cuts.append(found[0])
+            found = conn.execute(after, (*params, found[0], self.partition_rows - 1)).fetchone()
+        return cuts
 
     def _partition_values(
         self, conn: sqlite3.Connection, schema: str, *, after: Any = None, upto: Any = None
@@ -427,7 +462,10 @@ class SQLiteSource(TableSource):
         # SQLite orders numbers before text before BLOBs: a column holding two of these kinds
         # has them at its two ends (an index answers both). Such a cursor would stall the
         # route at a text value, so it is refused.
-        ends = f"SELECT typeof(MIN({cursor})), typeof(MAX({cursor})) FROM {_quote(self.table)}"
+        ends = (  # each end alone, which SQLite answers from an index of the cursor
+            f"SELECT typeof((SELECT MIN({cursor}) FROM {_quote(self.table)})),"
+            f" typeof((SELECT MAX({cursor}) FROM {_quote(self.table)}))"
+        )
         with self.reader() as conn:
             low, high = (_KINDS.get(kind, kind) for kind in conn.execute(ends).fetchone())
             if low != high:
