@@ -134,6 +134,8 @@ SQLITE_EXPECTED = {  # None: the target's NULL
 # Kinds an engine's own SQLite reader does not read as the row paths carry them: lazy-plan
 # carries their rows as legacy does (PlanInexact), and DuckDB's pulls leave them to Python.
 CARRIED = {"u", "n", "m", "ts", "tm", "tz"}
+# DuckDB's scanner reads NUMERIC and DECIMAL(p,s) as doubles, and DuckDB checks them (issue 47).
+CARRIED_BY_DUCKDB = CARRIED - {"n", "m"}
 
 
 def sqlite_source(folder: Path, columns: list[tuple]) -> None:
@@ -197,7 +199,7 @@ def test_sqlite_to_duckdb_files_duckdb_writes_itself_value_by_value(
         return files
 
     monkeypatch.setattr(DuckDBSink, "pull_load_files", spy)
-    keep = [index for index, c in enumerate(SQLITE_COLUMNS) if c[0] not in CARRIED]
+    keep = [index for index, c in enumerate(SQLITE_COLUMNS) if c[0] not in CARRIED_BY_DUCKDB]
     columns = [SQLITE_COLUMNS[i] for i in keep]
     expected = [SQLITE_EXPECTED["duckdb"][i] for i in keep]
     sqlite_source(tmp_path, columns)
@@ -244,6 +246,82 @@ def test_lazy_plan_reads_integer_booleans_and_naive_timestamps(tmp_path: Path) -
         ("false", "2024-01-06 00:00:00"),
         (None, None),
     ]
+
+
+# Real schemas' kinds DuckDB's scanner now reads itself (issue 47, item 5): decimals, which it
+# reads as doubles and checks in one scan, and instants at UTC's own offset (``Z``, ``+00:00``).
+REAL_KINDS = [
+    ("n", "DECIMAL(15,2)", 1.1, -7),
+    ("big", "NUMERIC(38,4)", 123456789.1234, 10**9),
+    ("m", "NUMERIC", 12, 2.5),
+    ("ts", "TIMESTAMP", "2013-01-01T10:00:00Z", "2013-01-01T10:00:00.25+00:00"),
+    ("dt", "DATETIME", "2013-01-01T10:00:00.123456Z", "2013-01-01T10:00:00"),
+]
+REAL_KINDS_DUCKDB = [
+    ("1.10", "-7.00"),
+    ("123456789.1234", "1000000000.0000"),
+    ("12.0", "2.5"),
+    ("2013-01-01 10:00:00", "2013-01-01 10:00:00.25"),
+    ("2013-01-01 10:00:00.123456", "2013-01-01 10:00:00"),
+]
+
+
+def _spy_carried(monkeypatch) -> list[bool]:
+    from dpone_native_transfer.paths import lazy_plan
+
+    carried: list[bool] = []
+    real = lazy_plan.legacy_path
+    monkeypatch.setattr(lazy_plan, "legacy_path", lambda ctx: carried.append(True) or real(ctx))
+    return carried
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_real_kinds_reach_duckdb_exactly_and_its_engine_reads_them(
+    tmp_path: Path, path: str, monkeypatch
+) -> None:
+    """Lazy-plan into DuckDB reads decimals and ``Z`` timestamps with its scanner (its rows
+    are not carried), and every path loads the same values."""
+    carried = _spy_carried(monkeypatch)
+    sqlite_source(tmp_path, REAL_KINDS)
+    done = run(tmp_path, 'path = "source.db"', "src", "duckdb", path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert carried == []
+    got = target_texts(tmp_path, "duckdb", [c[0] for c in REAL_KINDS])
+    assert list(zip(*got, strict=True)) == [(*want, None) for want in REAL_KINDS_DUCKDB]
+
+
+# A value of a kind DuckDB's scanner reads that it would not read as the row paths carry it:
+# lazy-plan carries the plan's rows, and the value gets the row paths' outcome (None: loaded).
+SCANNED_ODD = [
+    ("n", "DECIMAL(15,2)", 99.999, "refused"),  # DuckDB's cast would round it to 100.00
+    ("n", "DECIMAL(15,2)", 0.1 + 0.2, "refused"),  # 0.30000000000000004, not 0.30
+    ("n", "DECIMAL(30,2)", 2**53 + 1, "9007199254740993.00"),  # the scanner's double: ...992
+    ("n", "DECIMAL(15,2)", "abc", "refused"),  # the scanner refuses a text with an error
+    ("n", "DECIMAL(15,2)", b"\x01", "refused"),
+    ("m", "NUMERIC", 2**53 + 1, "refused"),
+    ("ts", "TIMESTAMP", "2013-01-01T10:00:00+02:00", "2013-01-01 08:00:00"),  # DuckDB drops it
+    ("ts", "TIMESTAMP", "2013-01-01T10:00:00.1234567Z", "refused"),
+]
+
+
+@pytest.mark.parametrize(("column", "decl", "value", "outcome"), SCANNED_ODD)
+def test_lazy_plan_into_duckdb_carries_a_value_its_scanner_would_misread(
+    tmp_path: Path, column: str, decl: str, value: Any, outcome: str, monkeypatch
+) -> None:
+    carried = _spy_carried(monkeypatch)
+    sqlite_source(tmp_path, [(column, decl, value, None)])
+    done = run(tmp_path, 'path = "source.db"', "src", "duckdb", "lazy-plan")
+    assert carried == [True]
+    if outcome == "refused":
+        assert_refused_before_target(done, tmp_path, column)
+    else:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert target_texts(tmp_path, "duckdb", [column]) == [(outcome,), (None,), (None,)]
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    sqlite_source(legacy, [(column, decl, value, None)])
+    again = run(legacy, 'path = "source.db"', "src", "duckdb", "legacy")
+    assert again.returncode == done.returncode, again.stdout + again.stderr
 
 
 # (column, declared type, a value that target cannot hold exactly, targets that refuse it)

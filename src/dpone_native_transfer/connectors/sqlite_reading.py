@@ -31,11 +31,18 @@ __all__ = ["inexact_plan", "plan_rows", "pulled_file", "refuse_inexact_plan", "w
 _PLAN_KINDS = frozenset({"integer", "real", "text", "blob", "boolean", "date", "timestamp"})
 _DATE = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]"
 _ISO_DATE = f"({{c}} GLOB '{_DATE}' AND date({{c}}) IS {{c}})"
-_ISO_TIMESTAMP = (  # YYYY-MM-DD[ T]HH:MM:SS[.f{1,6}], a real instant, no offset
+# YYYY-MM-DD[ T]HH:MM:SS[.f{1,6}], a real instant, without an offset or at UTC's own, ``Z``
+# or ``+00:00`` (``2013-01-01T10:00:00Z``): the engines' readers drop that offset (DuckDB) or
+# apply it (ClickHouse), the instant the row paths carry either way. Any other offset is a
+# misread: DuckDB's reader drops it, where the row paths apply it.
+_UTC = "IN ('', 'Z', '+00:00')"
+_AFTER_FRACTION = "ltrim(substr({c}, 21), '0123456789')"
+_ISO_TIMESTAMP = (
     f"({{c}} GLOB '{_DATE}[ T][0-9][0-9]:[0-9][0-9]:[0-9][0-9]*'"
-    " AND strftime('%Y-%m-%d %H:%M:%S', {c}) IS replace(substr({c}, 1, 19), 'T', ' ')"
-    " AND (length({c}) = 19 OR (substr({c}, 20, 1) = '.' AND length({c}) BETWEEN 21 AND 26"
-    " AND substr({c}, 21) NOT GLOB '*[^0-9]*')))"
+    " AND strftime('%Y-%m-%d %H:%M:%S', substr({c}, 1, 19)) IS replace(substr({c}, 1, 19),"
+    f" 'T', ' ') AND (substr({{c}}, 20) {_UTC} OR (substr({{c}}, 20, 1) = '.'"
+    f" AND {_AFTER_FRACTION} {_UTC}"
+    f" AND length({{c}}) - length({_AFTER_FRACTION}) BETWEEN 21 AND 26)))"
 )
 # Per kind, a SQL test of one stored value that such a reader would read otherwise than the
 # row paths' carriers accept (SQLite keeps any value in any column): one read of the source.
@@ -50,6 +57,10 @@ _PLAN_MISREAD = {
     "boolean": "typeof({c}) <> 'integer' OR {c} NOT IN (0, 1)",
     "date": f"typeof({{c}}) <> 'text' OR NOT {_ISO_DATE}",
     "timestamp": f"typeof({{c}}) <> 'text' OR NOT ({_ISO_DATE} OR {_ISO_TIMESTAMP})",
+    # Not a number a double holds: the test of a NUMERIC column an engine reads as a double,
+    # whose numbers that engine then checks itself (``refuse_inexact_plan``'s ``engine_reads``).
+    "numeric": "typeof({c}) <> 'real'"
+    " AND (typeof({c}) <> 'integer' OR abs({c}) > 9007199254740992)",
 }
 
 
@@ -125,9 +136,15 @@ def refuse_inexact_plan(
     engine: str,
     table: str,
     reader_refuses: Collection[str] = (),
+    engine_reads: Collection[str] = (),
 ) -> None:
     """``PlanInexact`` for a lazy plan another engine would not read exactly as the row
     paths carry it (lazy-plan then carries the rows itself; a pull is declined).
+
+    ``engine_reads`` names columns of a kind outside what every such reader carries
+    exactly, whose values the caller's engine checks itself before the target call (DuckDB's
+    ``NUMERIC`` and ``DECIMAL(p,s)`` columns, which its scanner reads as doubles): here SQLite
+    only looks in them for what is not a number (``_PLAN_MISREAD["numeric"]``).
 
     Such are: a source whose text is UTF-16 (SQLite orders it otherwise than by code
     point); partition or cursor columns it would filter differently
@@ -161,7 +178,12 @@ def refuse_inexact_plan(
             f"{engine} would select other rows than the source's partitions",
             diagnostics={"table": table, "columns": collated},
         )
-    inexact = [column.name for column in columns if column.kind not in _PLAN_KINDS]
+    inexact = [
+        column.name
+        for column in columns
+        if column.kind not in _PLAN_KINDS
+        and not (column.name in engine_reads and column.kind in _PLAN_MISREAD)
+    ]
     if not inexact:
         with source.reader() as conn:
             inexact = _misread_columns(conn, source.table, columns, reader_refuses)

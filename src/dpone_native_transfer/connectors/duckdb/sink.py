@@ -80,9 +80,11 @@ from .scan import (
     BOUND_TAG,
     REFUSING_TYPES,
     plan_conditions,
+    probe_numbers,
     probe_plan_read,
     scan_params,
     scan_types,
+    scanned_numbers,
     tagged_scan,
     text_bound_columns,
 )
@@ -302,18 +304,22 @@ class DuckDBSink(FileTarget, EnginePull):
         scratch = scanner_connection(":memory:")
         try:
             types = scan_types(scratch, source)
+            numbers = [c.name for c in scanned_numbers(plan.columns, types)]
             refusing = [
                 c.name for c in plan.columns if types.get(c.name) == REFUSING_TYPES.get(c.kind)
-            ]
+            ] + numbers
             refuse_inexact_plan(
                 source,
                 plan.columns,
                 engine="DuckDB",
                 table=self.table,
                 reader_refuses=refusing,
+                engine_reads=numbers,
             )
-            if not pulling:  # a pull validates what it writes
+            if not pulling:  # a pull validates what it writes, its numbers checked here
                 probe_plan_read(scratch, source, plan.columns, types, refusing, self.table)
+            else:
+                probe_numbers(scratch, source, scanned_numbers(plan.columns, types), self.table)
             plan_conditions(source, plan.bounds)  # bad bounds fail here, before any connection
             textual = {
                 c for c in text_bound_columns(source, plan.bounds) if types.get(c) != "VARCHAR"
