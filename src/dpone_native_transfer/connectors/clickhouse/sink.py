@@ -76,7 +76,13 @@ from .._sql import (
 )
 from ..contract import Sink, SinkFeatures, Unsupported
 from ..contract.engine import EnginePull
-from ..sqlite_reading import pulled_file, refuse_inexact_plan, watching_writes
+from ..sqlite_reading import (
+    NAIVE_TIMESTAMP_MISREAD,
+    number_text_misread,
+    pulled_file,
+    refuse_inexact_plan,
+    watching_writes,
+)
 from .chdb_client import ChdbClient
 from .client import CHDB, ClickHouseClient, Location, parse_location
 from .pulls import (
@@ -95,6 +101,7 @@ from .server_client import ServerClient
 from .sql import (
     DEDUPLICATION_WINDOW,
     MADE_TYPES,
+    MAX_DECIMAL_PRECISION,
     NARROW_INTEGERS,
     column_carrier,
     column_list,
@@ -418,8 +425,25 @@ class ClickHouseSink(Sink, EnginePull):
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan the engine cannot pull, before anything touches the target."""
+        self._check_plan(plan, pulling=False)
+
+    def _check_plan(self, plan: LoadPlan, *, pulling: bool) -> None:
+        """``check_plan``; a pull's file of texts is read by ClickHouse's ``ArrowStream``
+        reader, which makes a timestamp with an offset (``Z``) NULL where ``sqlite()``'s
+        cast reads it: a pull takes only timestamps without one."""
         source = with_safe_names(plan, table=self.table)
-        refuse_inexact_plan(source, plan.columns, engine="ClickHouse", table=self.table)
+        engine_reads = {
+            column.name: number_text_misread(column.decimal(MAX_DECIMAL_PRECISION))
+            for column in plan.columns
+            if column.kind == "numeric"
+        }
+        if pulling:
+            for column in plan.columns:
+                if column.kind == "timestamp":
+                    engine_reads[column.name] = NAIVE_TIMESTAMP_MISREAD
+        refuse_inexact_plan(
+            source, plan.columns, engine="ClickHouse", table=self.table, engine_reads=engine_reads
+        )
         plan_inserts(plan, source, table=self.table)
         self._checked = plan  # the load of this very plan need not check it again
 
@@ -464,7 +488,7 @@ class ClickHouseSink(Sink, EnginePull):
             return False
         if len(bounds.statements(listed=plan.replace)) > 1:
             return False
-        self._checking = (plan, in_background(lambda: self.check_plan(plan)))
+        self._checking = (plan, in_background(lambda: self._check_plan(plan, pulling=True)))
         return True
 
     def pull_load_files(

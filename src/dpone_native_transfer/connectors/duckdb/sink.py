@@ -65,7 +65,13 @@ from .._sql import (
 from ..contract import PlanInexact, SinkFeatures
 from ..contract.engine import EnginePull
 from ..contract.sqlite_file import SQLiteFile
-from ..sqlite_reading import plan_rows, pulled_file, refuse_inexact_plan, watching_writes
+from ..sqlite_reading import (
+    NOT_A_NUMBER,
+    plan_rows,
+    pulled_file,
+    refuse_inexact_plan,
+    watching_writes,
+)
 from .bulk import insert_files, insert_rows, write_arrow_file, write_tagged
 from .columns import DUCKDB_TYPES, column_names, duckdb_carrier, duckdb_type
 from .connect import (
@@ -314,7 +320,7 @@ class DuckDBSink(FileTarget, EnginePull):
                 engine="DuckDB",
                 table=self.table,
                 reader_refuses=refusing,
-                engine_reads=numbers,
+                engine_reads=dict.fromkeys(numbers, NOT_A_NUMBER),
             )
             if not pulling:  # a pull validates what it writes, its numbers checked here
                 probe_plan_read(scratch, source, plan.columns, types, refusing, self.table)
