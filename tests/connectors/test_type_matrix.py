@@ -290,12 +290,27 @@ def test_real_kinds_reach_the_engines_exactly_and_lazy_plan_has_them_read(
     tmp_path: Path, kind: str, path: str, monkeypatch
 ) -> None:
     """Lazy-plan into DuckDB and ClickHouse has the engine read decimals and ``Z``
-    timestamps itself (its rows are not carried), and every path loads the same values."""
+    timestamps itself (its rows are not carried), legacy and file-artifact have it write
+    their load files, and every path loads the same values."""
+    from dpone_native_transfer import ClickHouseSink, DuckDBSink
+
     carried = _spy_carried(monkeypatch)
+    sink = DuckDBSink if kind == "duckdb" else ClickHouseSink
+    pulled: list[bool] = []
+    real = sink.pull_load_files
+
+    def spy(self, plan, paths):
+        files = real(self, plan, paths)
+        pulled.append(files is not None)
+        return files
+
+    monkeypatch.setattr(sink, "pull_load_files", spy)
     sqlite_source(tmp_path, REAL_KINDS)
     done = run(tmp_path, 'path = "source.db"', "src", kind, path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert carried == []
+    if path in ("legacy", "file-artifact"):  # the engine wrote the load files itself
+        assert pulled == [True]
     got = target_texts(tmp_path, kind, [c[0] for c in REAL_KINDS])
     assert list(zip(*got, strict=True)) == [(*want, None) for want in REAL_KINDS_EXPECTED[kind]]
 

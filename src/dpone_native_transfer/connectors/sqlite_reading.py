@@ -24,7 +24,6 @@ from .contract import DEFAULT_CHUNK_ROWS, PlanInexact, Unsupported
 from .contract.sqlite_file import SQLiteFile
 
 __all__ = [
-    "NAIVE_TIMESTAMP_MISREAD",
     "NOT_A_NUMBER",
     "inexact_plan",
     "number_text_misread",
@@ -60,10 +59,6 @@ def _iso_timestamp(endings: str) -> str:
 # the instant the row paths carry either way. Any other offset is a misread: DuckDB's
 # reader drops it, where the row paths apply it.
 _ISO_TIMESTAMP = _iso_timestamp("('', 'Z', '+00:00')")
-_NAIVE_TIMESTAMP = _iso_timestamp("('')")
-NAIVE_TIMESTAMP_MISREAD = f"typeof({{c}}) <> 'text' OR NOT ({_ISO_DATE} OR {_NAIVE_TIMESTAMP})"
-"""The test of a ``timestamp`` column for a reader that takes no offset at all: ClickHouse's
-``ArrowStream`` reader makes a ``Z`` text NULL (a chDB pull's file holds the texts)."""
 
 # Per kind, a SQL test of one stored value that such a reader would read otherwise than the
 # row paths' carriers accept (SQLite keeps any value in any column): one read of the source.

@@ -77,7 +77,6 @@ from .._sql import (
 from ..contract import Sink, SinkFeatures, Unsupported
 from ..contract.engine import EnginePull
 from ..sqlite_reading import (
-    NAIVE_TIMESTAMP_MISREAD,
     number_text_misread,
     pulled_file,
     refuse_inexact_plan,
@@ -141,6 +140,19 @@ def open_client(location: Location) -> ClickHouseClient:
     if location.kind == CHDB:
         return ChdbClient(location.target)
     return ServerClient(location.target)
+
+
+def _pulled_columns(columns: Sequence[Column]) -> str:
+    """A pull's columns, each ``timestamp`` and ``numeric`` one cast to its target type as
+    lazy-plan's ``INSERT ... SELECT`` casts it: ``sqlite()`` reads them as texts, which
+    ClickHouse's ``ArrowStream`` reader would convert otherwise (it made ``Z`` instants
+    NULL)."""
+    return ", ".join(
+        f"CAST({quote(c.name)} AS {column_type(c)}) AS {quote(c.name)}"
+        if c.kind in ("timestamp", "numeric")
+        else quote(c.name)
+        for c in columns
+    )
 
 
 class ClickHouseSink(Sink, EnginePull):
@@ -425,22 +437,12 @@ class ClickHouseSink(Sink, EnginePull):
 
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan the engine cannot pull, before anything touches the target."""
-        self._check_plan(plan, pulling=False)
-
-    def _check_plan(self, plan: LoadPlan, *, pulling: bool) -> None:
-        """``check_plan``; a pull's file of texts is read by ClickHouse's ``ArrowStream``
-        reader, which makes a timestamp with an offset (``Z``) NULL where ``sqlite()``'s
-        cast reads it: a pull takes only timestamps without one."""
         source = with_safe_names(plan, table=self.table)
         engine_reads = {
             column.name: number_text_misread(column.decimal(MAX_DECIMAL_PRECISION))
             for column in plan.columns
             if column.kind == "numeric"
         }
-        if pulling:
-            for column in plan.columns:
-                if column.kind == "timestamp":
-                    engine_reads[column.name] = NAIVE_TIMESTAMP_MISREAD
         refuse_inexact_plan(
             source, plan.columns, engine="ClickHouse", table=self.table, engine_reads=engine_reads
         )
@@ -488,7 +490,7 @@ class ClickHouseSink(Sink, EnginePull):
             return False
         if len(bounds.statements(listed=plan.replace)) > 1:
             return False
-        self._checking = (plan, in_background(lambda: self._check_plan(plan, pulling=True)))
+        self._checking = (plan, in_background(lambda: self.check_plan(plan)))
         return True
 
     def pull_load_files(
@@ -591,7 +593,7 @@ class ClickHouseSink(Sink, EnginePull):
         bounds = PlanSQL(plan, source)
         where = bounds.where(range(len(plan.bounds)), listed=plan.replace)
         params = dict(bounds.params)
-        names, tag = column_list([column.name for column in plan.columns]), quote(BOUND_TAG)
+        names, tag = _pulled_columns(plan.columns), quote(BOUND_TAG)
         split = f" PARTITION BY {tag}" if len(paths) > 1 else ""
         try:
             with tempfile.TemporaryDirectory(prefix=".dpone-pull-", dir=paths[0].parent) as folder:
