@@ -920,3 +920,25 @@ def test_an_odd_value_gets_one_outcome_on_every_path(
     by_column = [(*values, None) for values in FITTING_TEXTS[kind]]
     for path, (loaded, rows) in runs.items():
         assert loaded == "loaded" and list(zip(*rows, strict=True)) == by_column, path
+
+
+def test_a_refused_plan_names_the_engine_and_columns_never_a_value(tmp_path: Path) -> None:
+    """The refusal of a plan whose number ClickHouse's ``sqlite()`` would read otherwise
+    (SQLite's 15-digit text of 0.30000000000000004 is ``0.3``) names the engine and the
+    column, never the value."""
+    from dpone_native_transfer import SQLiteSource
+    from dpone_native_transfer.connectors.contract import PlanInexact
+    from dpone_native_transfer.connectors.sqlite_reading import (
+        number_text_misread,
+        refuse_inexact_plan,
+    )
+
+    sqlite_source(tmp_path, [("n", "DECIMAL(15,2)", 0.1 + 0.2, 1.5)])
+    source = SQLiteSource(tmp_path / "source.db", "src", "p")
+    columns = source.describe().columns
+    reads = {"n": number_text_misread((15, 2))}
+    with pytest.raises(PlanInexact) as refused:
+        refuse_inexact_plan(source, columns, engine="ClickHouse", table="copy", engine_reads=reads)
+    assert "ClickHouse cannot read source column(s) n exactly" in str(refused.value)
+    assert refused.value.diagnostics == {"table": "copy", "columns": ["n"]}
+    assert "0.3" not in str(refused.value)

@@ -222,15 +222,15 @@ def refuse_inexact_plan(
             f"{engine} would select other rows than the source's partitions",
             diagnostics={"table": table, "columns": collated},
         )
-    engine = dict(engine_reads or {})
+    tested = dict(engine_reads or {})
     inexact = [
         column.name
         for column in columns
-        if column.kind not in _PLAN_KINDS and column.name not in engine
+        if column.kind not in _PLAN_KINDS and column.name not in tested
     ]
     if not inexact:
         with source.reader() as conn:
-            inexact = _misread_columns(conn, source.table, columns, reader_refuses, engine)
+            inexact = _misread_columns(conn, source.table, columns, reader_refuses, tested)
     if inexact:
         raise inexact_plan(engine, table, inexact)
 
