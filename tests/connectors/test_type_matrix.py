@@ -942,3 +942,26 @@ def test_a_refused_plan_names_the_engine_and_columns_never_a_value(tmp_path: Pat
     assert "ClickHouse cannot read source column(s) n exactly" in str(refused.value)
     assert refused.value.diagnostics == {"table": "copy", "columns": ["n"]}
     assert "0.3" not in str(refused.value)
+
+
+@pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
+def test_a_whole_real_in_a_views_decimal_p_0_column_gets_legacys_outcome(
+    tmp_path: Path, kind: str
+) -> None:
+    """A view can hold a whole real (``12.0``) in a ``DECIMAL(12,0)`` column (an ordinary
+    table's NUMERIC affinity stores it as the integer 12). The carriers refuse it (it has a
+    decimal); DuckDB's scanner reads every number as a double and could not tell it from
+    12, so lazy-plan carries such a view's rows, and it is refused on both paths."""
+    outcomes = []
+    for path in ("lazy-plan", "legacy"):
+        folder = tmp_path / path
+        folder.mkdir()
+        with contextlib.closing(sqlite3.connect(folder / "source.db")) as db:
+            db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p INTEGER, n DECIMAL(12,0))")
+            db.execute("INSERT INTO t VALUES (1, 0, 7)")
+            db.execute("CREATE VIEW src AS SELECT id, p, n FROM t UNION ALL SELECT 2, 1, 12.0")
+            db.commit()
+        done = run(folder, 'path = "source.db"', "src", kind, path)
+        outcomes.append(done.returncode)
+        assert_refused_before_target(done, folder, "n")
+    assert outcomes == [2, 2]

@@ -24,6 +24,7 @@ from .contract import DEFAULT_CHUNK_ROWS, PlanInexact, Unsupported
 from .contract.sqlite_file import SQLiteFile
 
 __all__ = [
+    "NOT_AN_INTEGER",
     "NOT_A_NUMBER",
     "inexact_plan",
     "number_text_misread",
@@ -78,6 +79,9 @@ _PLAN_MISREAD = {
 # Not a number: the test of a ``numeric`` column an engine reads as a double and whose numbers
 # it then checks itself (DuckDB's scanner; ``refuse_inexact_plan``'s ``engine_reads``).
 NOT_A_NUMBER = "typeof({c}) NOT IN ('integer', 'real')"
+# Not an integer: the same for a ``DECIMAL(p,0)`` column, whose carrier refuses a real even
+# when it is whole (``12.0`` has a decimal), which the engine, reading doubles, cannot tell.
+NOT_AN_INTEGER = "typeof({c}) <> 'integer'"
 
 
 def number_text_misread(decimal: tuple[int, int] | None) -> str:
