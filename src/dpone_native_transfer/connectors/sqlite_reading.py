@@ -23,7 +23,16 @@ from ._sql import quote as _quote
 from .contract import DEFAULT_CHUNK_ROWS, PlanInexact, Unsupported
 from .contract.sqlite_file import SQLiteFile
 
-__all__ = ["inexact_plan", "plan_rows", "pulled_file", "refuse_inexact_plan", "watching_writes"]
+__all__ = [
+    "NOT_AN_INTEGER",
+    "NOT_A_NUMBER",
+    "inexact_plan",
+    "number_text_misread",
+    "plan_rows",
+    "pulled_file",
+    "refuse_inexact_plan",
+    "watching_writes",
+]
 
 # Kinds another engine's own SQLite reader (DuckDB's scanner, ClickHouse's sqlite()) reads
 # exactly as the row paths carry them; other kinds need a carrier, so lazy-plan carries
@@ -31,12 +40,27 @@ __all__ = ["inexact_plan", "plan_rows", "pulled_file", "refuse_inexact_plan", "w
 _PLAN_KINDS = frozenset({"integer", "real", "text", "blob", "boolean", "date", "timestamp"})
 _DATE = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]"
 _ISO_DATE = f"({{c}} GLOB '{_DATE}' AND date({{c}}) IS {{c}})"
-_ISO_TIMESTAMP = (  # YYYY-MM-DD[ T]HH:MM:SS[.f{1,6}], a real instant, no offset
-    f"({{c}} GLOB '{_DATE}[ T][0-9][0-9]:[0-9][0-9]:[0-9][0-9]*'"
-    " AND strftime('%Y-%m-%d %H:%M:%S', {c}) IS replace(substr({c}, 1, 19), 'T', ' ')"
-    " AND (length({c}) = 19 OR (substr({c}, 20, 1) = '.' AND length({c}) BETWEEN 21 AND 26"
-    " AND substr({c}, 21) NOT GLOB '*[^0-9]*')))"
-)
+
+
+def _iso_timestamp(endings: str) -> str:
+    """A SQL test of ``YYYY-MM-DD[ T]HH:MM:SS[.f{1,6}]``, a real instant, followed by one of
+    ``endings`` (a SQL list of texts)."""
+    after_fraction = "ltrim(substr({c}, 21), '0123456789')"
+    return (
+        f"({{c}} GLOB '{_DATE}[ T][0-9][0-9]:[0-9][0-9]:[0-9][0-9]*'"
+        " AND strftime('%Y-%m-%d %H:%M:%S', substr({c}, 1, 19)) IS replace(substr({c}, 1, 19),"
+        f" 'T', ' ') AND (substr({{c}}, 20) IN {endings} OR (substr({{c}}, 20, 1) = '.'"
+        f" AND {after_fraction} IN {endings}"
+        f" AND length({{c}}) - length({after_fraction}) BETWEEN 21 AND 26)))"
+    )
+
+
+# Without an offset, or at UTC's own, ``Z`` or ``+00:00`` (``2013-01-01T10:00:00Z``): the
+# engines' SQL reads drop that offset (DuckDB's scanner) or apply it (ClickHouse's cast),
+# the instant the row paths carry either way. Any other offset is a misread: DuckDB's
+# reader drops it, where the row paths apply it.
+_ISO_TIMESTAMP = _iso_timestamp("('', 'Z', '+00:00')")
+
 # Per kind, a SQL test of one stored value that such a reader would read otherwise than the
 # row paths' carriers accept (SQLite keeps any value in any column): one read of the source.
 # Each test sees a value that is not NULL (``_misread_test``): ``typeof(c) <> 'integer'``
@@ -52,11 +76,46 @@ _PLAN_MISREAD = {
     "timestamp": f"typeof({{c}}) <> 'text' OR NOT ({_ISO_DATE} OR {_ISO_TIMESTAMP})",
 }
 
+# Not a number: the test of a ``numeric`` column an engine reads as a double and whose numbers
+# it then checks itself (DuckDB's scanner; ``refuse_inexact_plan``'s ``engine_reads``).
+NOT_A_NUMBER = "typeof({c}) NOT IN ('integer', 'real')"
+# Not an integer: the same for a ``DECIMAL(p,0)`` column, whose carrier refuses a real even
+# when it is whole (``12.0`` has a decimal), which the engine, reading doubles, cannot tell.
+NOT_AN_INTEGER = "typeof({c}) <> 'integer'"
 
-def _misread_test(column: Column) -> str:
-    """``_PLAN_MISREAD``'s test of ``column``, true of a value the reader would misread."""
+
+def number_text_misread(decimal: tuple[int, int] | None) -> str:
+    """The test of a ``numeric`` column an engine reads as the text SQLite gives of each
+    value (ClickHouse's ``sqlite()``), and converts to ``Decimal(p, s)`` (``decimal``) or to
+    ``Float64``: true of a value that text would not carry as the row paths do.
+
+    An integer is its exact digits: misread beyond the decimal's integer digits, or, into
+    ``Float64``, beyond ``2**53`` (``as_double``). SQLite's text of a real has 15 significant
+    digits: exact when it reads back as the same double, without an exponent, with at most
+    ``s`` decimals and fewer integer digits than the decimal holds; then it is the double's
+    shortest text, which ``exact_decimal`` and ``as_double`` carry."""
+    text = "CAST({c} AS TEXT)"
+    real = f"instr({text}, 'e') = 0 AND CAST({text} AS REAL) = {{c}}"
+    if decimal is None:
+        whole = "{c} BETWEEN -9007199254740992 AND 9007199254740992"
+    else:
+        precision, scale = decimal
+        digits = precision - scale
+        whole = f"{{c}} > -1e{digits} AND {{c}} < 1e{digits}" if digits <= 18 else "1"
+        real += f" AND length({text}) - instr({text}, '.') <= {scale} AND {{c}} > -1e{digits}"
+        real += f" AND {{c}} < 1e{digits}"
+    return (
+        f"CASE typeof({{c}}) WHEN 'integer' THEN NOT ({whole}) WHEN 'real' THEN NOT ({real})"
+        " ELSE 1 END"
+    )
+
+
+def _misread_test(column: Column, engine_reads: Mapping[str, str]) -> str:
+    """``_PLAN_MISREAD``'s test of ``column`` (``engine_reads``' for its columns), true of a
+    value the reader would misread."""
     name = _quote(column.name)
-    return f"{name} IS NOT NULL AND ({_PLAN_MISREAD[column.kind].format(c=name)})"
+    test = engine_reads.get(column.name) or _PLAN_MISREAD[column.kind]
+    return f"{name} IS NOT NULL AND ({test.format(c=name)})"
 
 
 @contextlib.contextmanager
@@ -125,9 +184,15 @@ def refuse_inexact_plan(
     engine: str,
     table: str,
     reader_refuses: Collection[str] = (),
+    engine_reads: Mapping[str, str] | None = None,
 ) -> None:
     """``PlanInexact`` for a lazy plan another engine would not read exactly as the row
     paths carry it (lazy-plan then carries the rows itself; a pull is declined).
+
+    ``engine_reads`` maps columns of a kind outside what every such reader carries
+    exactly to the test (as in ``_PLAN_MISREAD``) of a value the caller's engine reads
+    otherwise: ``NOT_A_NUMBER`` for DuckDB's ``NUMERIC`` and ``DECIMAL(p,s)`` columns, whose
+    doubles DuckDB checks itself, ``number_text_misread`` for ClickHouse's.
 
     Such are: a source whose text is UTF-16 (SQLite orders it otherwise than by code
     point); partition or cursor columns it would filter differently
@@ -161,10 +226,15 @@ def refuse_inexact_plan(
             f"{engine} would select other rows than the source's partitions",
             diagnostics={"table": table, "columns": collated},
         )
-    inexact = [column.name for column in columns if column.kind not in _PLAN_KINDS]
+    tested = dict(engine_reads or {})
+    inexact = [
+        column.name
+        for column in columns
+        if column.kind not in _PLAN_KINDS and column.name not in tested
+    ]
     if not inexact:
         with source.reader() as conn:
-            inexact = _misread_columns(conn, source.table, columns, reader_refuses)
+            inexact = _misread_columns(conn, source.table, columns, reader_refuses, tested)
     if inexact:
         raise inexact_plan(engine, table, inexact)
 
@@ -183,6 +253,7 @@ def _misread_columns(
     table: str,
     columns: Sequence[Column],
     reader_refuses: Collection[str],
+    engine_reads: Mapping[str, str],
 ) -> list[str]:
     """The columns holding a value ``_PLAN_MISREAD`` finds, in one scan that stops at the first
     (``refuse_inexact_plan``)."""
@@ -190,9 +261,9 @@ def _misread_columns(
     if held is None:  # a view or a virtual table: any value in any column
         held, reader_refuses = set(), ()
     tests = [
-        (column.name, _misread_test(column))
+        (column.name, _misread_test(column, engine_reads))
         for column in columns
-        if column.kind in _PLAN_MISREAD
+        if (column.kind in _PLAN_MISREAD or column.name in engine_reads)
         and column.name not in held
         and column.name not in reader_refuses
     ]

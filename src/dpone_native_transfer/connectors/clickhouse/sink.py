@@ -76,7 +76,12 @@ from .._sql import (
 )
 from ..contract import Sink, SinkFeatures, Unsupported
 from ..contract.engine import EnginePull
-from ..sqlite_reading import pulled_file, refuse_inexact_plan, watching_writes
+from ..sqlite_reading import (
+    number_text_misread,
+    pulled_file,
+    refuse_inexact_plan,
+    watching_writes,
+)
 from .chdb_client import ChdbClient
 from .client import CHDB, ClickHouseClient, Location, parse_location
 from .pulls import (
@@ -95,6 +100,7 @@ from .server_client import ServerClient
 from .sql import (
     DEDUPLICATION_WINDOW,
     MADE_TYPES,
+    MAX_DECIMAL_PRECISION,
     NARROW_INTEGERS,
     column_carrier,
     column_list,
@@ -134,6 +140,19 @@ def open_client(location: Location) -> ClickHouseClient:
     if location.kind == CHDB:
         return ChdbClient(location.target)
     return ServerClient(location.target)
+
+
+def _pulled_columns(columns: Sequence[Column]) -> str:
+    """A pull's columns, each ``timestamp`` and ``numeric`` one cast to its target type as
+    lazy-plan's ``INSERT ... SELECT`` casts it: ``sqlite()`` reads them as texts, which
+    ClickHouse's ``ArrowStream`` reader would convert otherwise (it made ``Z`` instants
+    NULL)."""
+    return ", ".join(
+        f"CAST({quote(c.name)} AS {column_type(c)}) AS {quote(c.name)}"
+        if c.kind in ("timestamp", "numeric")
+        else quote(c.name)
+        for c in columns
+    )
 
 
 class ClickHouseSink(Sink, EnginePull):
@@ -419,7 +438,14 @@ class ClickHouseSink(Sink, EnginePull):
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan the engine cannot pull, before anything touches the target."""
         source = with_safe_names(plan, table=self.table)
-        refuse_inexact_plan(source, plan.columns, engine="ClickHouse", table=self.table)
+        engine_reads = {
+            column.name: number_text_misread(column.decimal(MAX_DECIMAL_PRECISION))
+            for column in plan.columns
+            if column.kind == "numeric"
+        }
+        refuse_inexact_plan(
+            source, plan.columns, engine="ClickHouse", table=self.table, engine_reads=engine_reads
+        )
         plan_inserts(plan, source, table=self.table)
         self._checked = plan  # the load of this very plan need not check it again
 
@@ -567,7 +593,7 @@ class ClickHouseSink(Sink, EnginePull):
         bounds = PlanSQL(plan, source)
         where = bounds.where(range(len(plan.bounds)), listed=plan.replace)
         params = dict(bounds.params)
-        names, tag = column_list([column.name for column in plan.columns]), quote(BOUND_TAG)
+        names, tag = _pulled_columns(plan.columns), quote(BOUND_TAG)
         split = f" PARTITION BY {tag}" if len(paths) > 1 else ""
         try:
             with tempfile.TemporaryDirectory(prefix=".dpone-pull-", dir=paths[0].parent) as folder:

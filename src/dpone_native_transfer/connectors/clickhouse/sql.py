@@ -26,6 +26,7 @@ from .._sql import TableName, identifier, render_predicates
 
 __all__ = [
     "ARROW_BLOCK_ROWS",
+    "MAX_DECIMAL_PRECISION",
     "file_pattern",
     "PARTITION_ID",
     "column_carrier",
@@ -57,7 +58,7 @@ _TYPES = {
     "numeric": "Float64",
     "decimal": "String",
 }
-_MAX_DECIMAL_PRECISION = 76
+MAX_DECIMAL_PRECISION = 76
 _INT64 = (-(2**63), 2**63 - 1)
 PARTITION_ID = re.compile(r"-?[0-9A-Za-z_]+")
 
@@ -86,7 +87,7 @@ def column_type(column: Column) -> str:
             f"column {column.name!r} has an unsupported declared type",
             diagnostics={"column": column.name},
         )
-    decimal = column.decimal(_MAX_DECIMAL_PRECISION)
+    decimal = column.decimal(MAX_DECIMAL_PRECISION)
     if decimal is not None:
         return f"Nullable(Decimal({decimal[0]}, {decimal[1]}))"
     return f"Nullable({_TYPES[column.kind]})"
@@ -118,7 +119,7 @@ def type_literal(name: str) -> str:
 
 def column_carrier(column: Column) -> Carry | None:
     """How a value of ``column`` reaches ClickHouse exactly (see ``ValueCarrying``)."""
-    decimal = column.decimal(_MAX_DECIMAL_PRECISION)
+    decimal = column.decimal(MAX_DECIMAL_PRECISION)
     if decimal is not None:
         return exact_decimal(*decimal)
     return ENGINE_CARRIERS.get(column.kind)

@@ -18,7 +18,7 @@ from ...errors import ConfigInvalid
 from ...payloads import Column
 from .._sql import quote
 
-__all__ = ["DUCKDB_TYPES", "column_names", "duckdb_carrier", "duckdb_type"]
+__all__ = ["DUCKDB_TYPES", "MAX_DECIMAL_WIDTH", "column_names", "duckdb_carrier", "duckdb_type"]
 
 DUCKDB_TYPES = {
     "integer": "BIGINT",
@@ -43,12 +43,12 @@ a SQLite number is a DOUBLE (an integer beyond 2**53 is refused) and an exact
 decimal stays its exact text.
 """
 
-_MAX_DECIMAL_WIDTH = 38
+MAX_DECIMAL_WIDTH = 38
 
 
 def duckdb_type(column: Column) -> str:
     """The DuckDB type a target column gets; built from fixed names, never from source text."""
-    decimal = column.decimal(_MAX_DECIMAL_WIDTH)
+    decimal = column.decimal(MAX_DECIMAL_WIDTH)
     if decimal is not None:
         return f"DECIMAL({decimal[0]},{decimal[1]})"
     return DUCKDB_TYPES[column.kind]
@@ -56,7 +56,7 @@ def duckdb_type(column: Column) -> str:
 
 def duckdb_carrier(column: Column) -> Carry | None:
     """How a value of ``column`` reaches DuckDB exactly (``Sink.carrier``)."""
-    decimal = column.decimal(_MAX_DECIMAL_WIDTH)
+    decimal = column.decimal(MAX_DECIMAL_WIDTH)
     if decimal is not None:
         return exact_decimal(*decimal)
     return _CARRIERS.get(column.kind)

@@ -19,15 +19,19 @@ from .._sql import (
 )
 from ..contract.sqlite_file import SQLiteFile
 from ..sqlite_reading import inexact_plan, refuse_inexact_plan
+from .columns import MAX_DECIMAL_WIDTH
 from .connect import duckdb_driver, reraise_interrupt
 
 __all__ = [
     "BOUND_TAG",
     "REFUSING_TYPES",
+    "number_tests",
     "plan_conditions",
+    "probe_numbers",
     "probe_plan_read",
     "scan_params",
     "scan_types",
+    "scanned_numbers",
     "tagged_scan",
     "text_bound_columns",
 ]
@@ -42,6 +46,51 @@ def scan_params(source: SQLiteFile) -> list[str]:
     return [os.path.abspath(source.path), source.table]
 
 
+def scanned_numbers(columns: Sequence[Column], types: Mapping[str, str]) -> list[Column]:
+    """The ``numeric`` columns (``NUMERIC``, ``DECIMAL(p,s)``) the scanner reads as doubles:
+    their numbers DuckDB itself checks (``number_tests``), and it refuses any other value with
+    an error (a text, a blob)."""
+    return [c for c in columns if c.kind == "numeric" and types.get(c.name) == "DOUBLE"]
+
+
+_EXACT_DOUBLE = 2**53  # every integer of a smaller magnitude is a double
+_UNIQUE_DECIMAL = 2**51  # below it, a double is near one decimal of a given scale at most
+
+
+def number_tests(numbers: Sequence[Column]) -> list[tuple[str, str]]:
+    """Per column of ``scanned_numbers``, its name and a test over the scan, true when some
+    double the scanner reads is not what the row paths' carrier gives (``duckdb_carrier``).
+
+    Into ``DECIMAL(p,s)``, a double is exact when DuckDB's cast to the decimal and back
+    gives the same double, and the decimal times ``10**s`` stays below ``_UNIQUE_DECIMAL``:
+    then it is the one decimal of scale ``s`` the double is nearest to, the one
+    ``exact_decimal`` takes from the double's shortest text (``0.30000000000000004`` into
+    ``(12,2)`` is no such double; an integer beyond ``2**53`` is read as another double and
+    is beyond the bound). Into ``DOUBLE``, an integer of at most ``2**53`` (``as_double``):
+    a double of that magnitude or more is taken for a misread integer (a real that large
+    then has its rows carried, as they would be)."""
+    tests = []
+    for column in numbers:
+        name = quote(column.name)
+        decimal = column.decimal(MAX_DECIMAL_WIDTH)
+        if decimal is None:
+            exact = f"abs({name}) < {_EXACT_DOUBLE}"
+        else:
+            precision, scale = decimal
+            exact = (
+                f"abs({name}) * {10**scale} < {_UNIQUE_DECIMAL} AND CAST(TRY_CAST({name} AS"
+                f" DECIMAL({precision},{scale})) AS DOUBLE) = {name}"
+            )
+        test = f"coalesce(bool_or({name} IS NOT NULL AND NOT coalesce({exact}, false)), false)"
+        tests.append((column.name, test))
+    return tests
+
+
+def probe_numbers(conn: Any, source: SQLiteFile, numbers: Sequence[Column], table: str) -> None:
+    """``number_tests`` in one scan, for a pull (which has no other probe before it)."""
+    _probe(conn, source, number_tests(numbers), (), numbers, table)
+
+
 def probe_plan_read(
     conn: Any,
     source: SQLiteFile,
@@ -53,27 +102,48 @@ def probe_plan_read(
     """Before lazy-plan's target call, read what its load will read that could fail it (the
     route then blocked): every column whose misread values the scanner refuses (a read of
     such a value fails), and every VARCHAR, for a text that is not UTF-8 (the scanner reads
-    its bytes; DuckDB's ``decode`` tells). One scan, cheaper than SQLite's own ``typeof``
-    tests (figures: docs/performance.md, fix 30). A failed read has SQLite name the
-    columns (``refuse_inexact_plan``); the refusal is ``inexact_plan``'s either way."""
+    its bytes; DuckDB's ``decode`` tells); and check the numbers of ``scanned_numbers``
+    (``number_tests``). One scan, cheaper than SQLite's own ``typeof`` tests (figures:
+    docs/performance.md, fix 30). A failed read has SQLite name the columns
+    (``refuse_inexact_plan``); the refusal is ``inexact_plan``'s either way."""
     texts = [column.name for column in columns if types.get(column.name) == "VARCHAR"]
-    counted = [name for name in refusing if name not in texts]
     tests = [
-        f"coalesce(bool_or(try(decode(encode({quote(n)}))) IS NULL AND {quote(n)} IS NOT NULL),"
-        " false)"
+        (
+            n,
+            f"coalesce(bool_or(try(decode(encode({quote(n)}))) IS NULL AND {quote(n)} IS NOT"
+            " NULL), false)",
+        )
         for n in texts
-    ] + [f"count({quote(name)}) < 0" for name in counted]
-    if not tests:
+    ] + number_tests(scanned_numbers(columns, types))
+    tested = {name for name, _ in tests}
+    counted = [name for name in refusing if name not in tested]
+    _probe(conn, source, tests, counted, columns, table)
+
+
+def _probe(
+    conn: Any,
+    source: SQLiteFile,
+    tests: Sequence[tuple[str, str]],
+    counted: Sequence[str],
+    columns: Sequence[Column],
+    table: str,
+) -> None:
+    """One scan of ``tests`` (a column's name, and a test true when the load would not read
+    it exactly) and of a read of each ``counted`` column; refused naming the columns found.
+    A failed scan is refused naming SQLite's findings (``refuse_inexact_plan``), or else
+    the columns read."""
+    every = [test for _, test in tests] + [f"count({quote(name)}) < 0" for name in counted]
+    if not every:
         return
     try:
         found = conn.execute(
-            f"SELECT {', '.join(tests)} FROM sqlite_scan(?, ?)", scan_params(source)
-        )
-        failing = [name for name, bad in zip(texts, found.fetchone(), strict=False) if bad]
+            f"SELECT {', '.join(every)} FROM sqlite_scan(?, ?)", scan_params(source)
+        ).fetchone()
+        failing = [name for (name, _), bad in zip(tests, found, strict=False) if bad]
     except Exception as error:  # DuckDB's, of any type (a message it cannot decode...)
         reraise_interrupt(error)
         refuse_inexact_plan(source, columns, engine="DuckDB", table=table)
-        failing = [*texts, *counted]  # SQLite found nothing: the scanner cannot read them
+        failing = [*(name for name, _ in tests), *counted]  # the scanner cannot read them
     if failing:
         raise inexact_plan("DuckDB", table, failing)
 

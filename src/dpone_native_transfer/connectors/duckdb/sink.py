@@ -78,9 +78,16 @@ from .._sql import (
 from ..contract import PlanInexact, SinkFeatures
 from ..contract.engine import EnginePull
 from ..contract.sqlite_file import SQLiteFile
-from ..sqlite_reading import plan_rows, pulled_file, refuse_inexact_plan, watching_writes
+from ..sqlite_reading import (
+    NOT_A_NUMBER,
+    NOT_AN_INTEGER,
+    plan_rows,
+    pulled_file,
+    refuse_inexact_plan,
+    watching_writes,
+)
 from .bulk import insert_files, insert_rows, write_arrow_file, write_tagged
-from .columns import DUCKDB_TYPES, column_names, duckdb_carrier, duckdb_type
+from .columns import DUCKDB_TYPES, MAX_DECIMAL_WIDTH, column_names, duckdb_carrier, duckdb_type
 from .connect import (
     binding_ready,
     duckdb_driver,
@@ -94,9 +101,11 @@ from .scan import (
     BOUND_TAG,
     REFUSING_TYPES,
     plan_conditions,
+    probe_numbers,
     probe_plan_read,
     scan_params,
     scan_types,
+    scanned_numbers,
     tagged_scan,
     text_bound_columns,
 )
@@ -118,6 +127,13 @@ def _whole(target_type: str) -> bool:
     """A ``DECIMAL(p,0)`` that holds every BIGINT (p >= 19)."""
     found = re.fullmatch(r"DECIMAL\((\d+),0\)", target_type)
     return found is not None and int(found.group(1)) >= 19
+
+
+def _whole_decimal(column: Column) -> bool:
+    """A ``DECIMAL(p,0)`` column: SQLite's NUMERIC affinity keeps a whole real out of an
+    ordinary table's, so only a view's can hold one (``NOT_AN_INTEGER``)."""
+    decimal = column.decimal(MAX_DECIMAL_WIDTH)
+    return decimal is not None and decimal[1] == 0
 
 
 class DuckDBSink(FileTarget, EnginePull):
@@ -345,18 +361,25 @@ class DuckDBSink(FileTarget, EnginePull):
         scratch = scratch_connection()
         try:
             types = scan_types(scratch, source)
+            numbers = {
+                c.name: NOT_AN_INTEGER if _whole_decimal(c) else NOT_A_NUMBER
+                for c in scanned_numbers(plan.columns, types)
+            }
             refusing = [
                 c.name for c in plan.columns if types.get(c.name) == REFUSING_TYPES.get(c.kind)
-            ]
+            ] + list(numbers)
             refuse_inexact_plan(
                 source,
                 plan.columns,
                 engine="DuckDB",
                 table=self.table,
                 reader_refuses=refusing,
+                engine_reads=numbers,
             )
-            if not pulling:  # a pull validates what it writes
+            if not pulling:  # a pull validates what it writes, its numbers checked here
                 probe_plan_read(scratch, source, plan.columns, types, refusing, self.table)
+            else:
+                probe_numbers(scratch, source, scanned_numbers(plan.columns, types), self.table)
             plan_conditions(source, plan.bounds)  # bad bounds fail here, before any connection
             textual = {
                 c for c in text_bound_columns(source, plan.bounds) if types.get(c) != "VARCHAR"
