@@ -63,7 +63,7 @@ from .paths.file_artifact import file_artifact_path
 from .paths.lazy_plan import lazy_plan_path
 from .paths.legacy import legacy_path
 from .paths.staged import staged_path
-from .payloads import Column, SourceShape
+from .payloads import Column, Merge, SourceShape
 from .planner import AttemptPlan, plan_attempt
 from .plugins import Hooks, make_plugin_manager, scans_routes
 from .recovery import Prover, TargetRecovery
@@ -266,12 +266,7 @@ class TransferRuntime:
             )
         shape = _with_batch_column(route, plan.shape, spec.batch_column)
         merge = plan.definition.merge
-        target = shape.columns if merge is None else merge.target_columns(shape.columns)
-        added = apply_schema_contract(route, spec.sink, target, spec.schema_contract)
-        if added:
-            attempt.events.emit(EventName.SCHEMA_EVOLVED, columns=added)
-        if merge is not None:
-            spec.sink.check_merge(merge, target)
+        _check_target_columns(attempt, shape, merge)
         idle = 2 * self.lease_seconds
         with _work_folder(spec, route, idle_seconds=idle) as work:
             ctx = PathContext(
@@ -562,6 +557,18 @@ def _idle(folder: Path, seconds: float) -> bool:
     except OSError:
         return False
     return time.time() - newest > seconds
+
+
+def _check_target_columns(attempt: _Attempt, shape: SourceShape, merge: Merge | None) -> None:
+    """Before the target call: the schema contract on the columns the target gets (a merge
+    route's less its deleted column), and what a merge needs of the target table."""
+    spec = attempt.spec
+    target = shape.columns if merge is None else merge.target_columns(shape.columns)
+    added = apply_schema_contract(attempt.route, spec.sink, target, spec.schema_contract)
+    if added:
+        attempt.events.emit(EventName.SCHEMA_EVOLVED, columns=added)
+    if merge is not None:
+        spec.sink.check_merge(merge, target)
 
 
 def _stamped(

@@ -14,9 +14,9 @@ from ..artifacts import create_private, open_files_allowed, read_chunks, write_c
 from ..cursor_edge import is_edge
 from ..errors import PathContractBroken
 from ..payloads import LoadFile, LoadFiles, LoadPlan
+from ._bulk import bulk_files
 
 if TYPE_CHECKING:
-    from ..connectors.contract.bulk import BulkRead
     from ._context import PathContext
 
 __all__ = ["FileMaker"]
@@ -59,7 +59,7 @@ class FileMaker:
         of at most ``open_files_allowed()`` (an engine holds each group's files open), kept
         only when no write came meanwhile. All between the same two reads of the top rows.
         An engine that cannot read the source gets the files the source writes itself,
-        where it writes them (``bulk_files``)."""
+        where it writes them (``_bulk.bulk_files``)."""
         ctx = self.ctx
         engine, source, count = ctx.sink.engine(), ctx.source, len(ctx.candidates)
         if engine is None:
@@ -75,7 +75,7 @@ class FileMaker:
             groups = [range(at, min(at + step, count)) for at in range(0, count, step)]
             first = plan_of(groups[0])
         if first is None:
-            return self.bulk_files(per_partition=per_partition)
+            return bulk_files(self.ctx, per_partition=per_partition)
         names = [c.partition_id for c in ctx.candidates] if per_partition else ["load"]
         paths = [ctx.work_dir / f"{name}{engine.pulled_suffix}" for name in names]
 
@@ -115,61 +115,6 @@ class FileMaker:
             digest = {"artifact_sha256": files[index].sha256} if per_partition else {}
             ctx.extracted(index, rows, **digest)
         return files
-
-    def bulk_files(self, *, per_partition: bool) -> list[LoadFile] | None:
-        """The candidates' rows in files the source writes itself, in bulk, in the attempt's
-        snapshot (``Source.bulk()``, ``BulkRead``), for an engine that loads them
-        (``EnginePull.reads_bulk_files``): one file of the source's own binary ``COPY``
-        bytes where the engine's columns are of the source's types (``_copy_file``), else
-        Arrow files, one or one per candidate; each candidate's count recorded. None when
-        the source or the engine cannot, an edge partition's loaded rows must be left out,
-        the batch column added or a merge key checked (only dpone can), or a value does not
-        fit its Arrow type: the path then reads rows and carries each value."""
-        ctx = self.ctx
-        engine, bulk = ctx.sink.engine(), ctx.source.bulk()
-        if engine is None or bulk is None or not engine.reads_bulk_files:
-            return None
-        if ctx.batch_value is not None or ctx.merge is not None:
-            return None  # the batch column and a merge key's check are dpone's, as it reads
-        if any(is_edge(c.partition_bounds) for c in ctx.candidates):
-            return None
-        if per_partition and len(ctx.candidates) > open_files_allowed():
-            return None
-        if not per_partition:
-            copied = self._copy_file(bulk)
-            if copied is not None:
-                return copied
-        names = [c.partition_id for c in ctx.candidates] if per_partition else ["load"]
-        paths = [ctx.work_dir / f"{name}.arrows" for name in names]
-        bounds = [candidate.partition_bounds for candidate in ctx.candidates]
-        written = bulk.write_arrow_files(bounds, ctx.shape.columns, paths)
-        if written is None:
-            return None
-        files, counts = written
-        for index, rows in enumerate(counts):
-            digest = {"artifact_sha256": files[index].sha256} if per_partition else {}
-            ctx.extracted(index, rows, **digest)
-        return files
-
-    def _copy_file(self, bulk: BulkRead) -> list[LoadFile] | None:
-        """The candidates' rows in one file of PostgreSQL's binary ``COPY`` format, the
-        source's bytes, for an engine that loads such files into columns of exactly the
-        source's types (``EnginePull.copy_types``, ``BulkRead.write_copy_file``); each
-        candidate's count recorded. None when either cannot: Arrow files are next."""
-        ctx = self.ctx
-        engine = ctx.sink.engine()
-        columns = ctx.shape.columns
-        types = None if engine is None else engine.copy_types(columns)
-        if not types:
-            return None
-        bounds = [candidate.partition_bounds for candidate in ctx.candidates]
-        written = bulk.write_copy_file(bounds, columns, ctx.work_dir / "load.pgcopy", types)
-        if written is None:
-            return None
-        file, counts = written
-        for index, rows in enumerate(counts):
-            ctx.extracted(index, rows)
-        return [file]
 
     def pulled_stage(self) -> bool:
         """Whether the sink's engine staged the candidates' rows from the source itself
@@ -241,30 +186,9 @@ class FileMaker:
         begun again: read live, a row moved between two of its reads was lost or doubled."""
         snapshot = self.ctx.snapshot
         snapshot.end()
-        result = self._between_top_reads(read, discard)
+        result = _between_top_reads(self.ctx, read, discard)
         if result is None:
             snapshot.begin()
-        return result
-
-    def _between_top_reads(
-        self, read: Callable[[], T | None], discard: Callable[[T], None] | None
-    ) -> T | None:
-        ctx = self.ctx
-        if ctx.edge is None or ctx.edge.top_since is None:
-            return read()
-        window = (ctx.source, ctx.candidates, ctx.spec.chunk_rows)
-        before = ctx.edge.top_rows(*window)
-        result = read()
-        if result is None:
-            return result
-        try:
-            after = ctx.edge.top_rows(*window)
-        except Exception:  # what the engine read is then only unknown
-            after = {}
-        if discard is not None and after != before:
-            discard(result)
-            return None
-        ctx.edge.confirm_top(before, after, persisted=discard is not None)
         return result
 
     def load_files(self, files: Sequence[LoadFile]) -> LoadFiles:
@@ -283,6 +207,29 @@ class FileMaker:
         )
         engine = ctx.sink.engine()
         return payload if engine is None else engine.merge_load_files(payload, ctx.work_dir)
+
+
+def _between_top_reads(
+    ctx: PathContext, read: Callable[[], T | None], discard: Callable[[T], None] | None
+) -> T | None:
+    """``read()`` between two reads of the cursor edge's top rows; discarded (None) when they
+    differ, which a write to the source between them makes."""
+    if ctx.edge is None or ctx.edge.top_since is None:
+        return read()
+    window = (ctx.source, ctx.candidates, ctx.spec.chunk_rows)
+    before = ctx.edge.top_rows(*window)
+    result = read()
+    if result is None:
+        return result
+    try:
+        after = ctx.edge.top_rows(*window)
+    except Exception:  # what the engine read is then only unknown
+        after = {}
+    if discard is not None and after != before:
+        discard(result)
+        return None
+    ctx.edge.confirm_top(before, after, persisted=discard is not None)
+    return result
 
 
 def _spooled_rows(files: Sequence[LoadFile]) -> Iterator[list[tuple]]:

@@ -1,0 +1,72 @@
+"""A source's bulk read: the candidates' rows in files the source writes itself, for an engine
+that loads them (``Source.bulk()``, ``BulkRead``; ``EnginePull.reads_bulk_files``), where no
+engine pull exists (``_files.FileMaker.pulled_files`` asks here next)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..artifacts import open_files_allowed
+from ..cursor_edge import is_edge
+from ..payloads import LoadFile
+
+if TYPE_CHECKING:
+    from ..connectors.contract.bulk import BulkRead
+    from ._context import PathContext
+
+__all__ = ["bulk_files"]
+
+
+def bulk_files(ctx: PathContext, *, per_partition: bool) -> list[LoadFile] | None:
+    """The candidates' rows in files the source writes itself, in bulk, in the attempt's
+    snapshot (``Source.bulk()``, ``BulkRead``), for an engine that loads them
+    (``EnginePull.reads_bulk_files``): one file of the source's own binary ``COPY``
+    bytes where the engine's columns are of the source's types (``_copy_file``), else
+    Arrow files, one or one per candidate; each candidate's count recorded. None when
+    the source or the engine cannot, an edge partition's loaded rows must be left out,
+    the batch column added or a merge key checked (only dpone can), or a value does not
+    fit its Arrow type: the path then reads rows and carries each value."""
+    engine, bulk = ctx.sink.engine(), ctx.source.bulk()
+    if engine is None or bulk is None or not engine.reads_bulk_files:
+        return None
+    if ctx.batch_value is not None or ctx.merge is not None:
+        return None  # the batch column and a merge key's check are dpone's, as it reads
+    if any(is_edge(c.partition_bounds) for c in ctx.candidates):
+        return None
+    if per_partition and len(ctx.candidates) > open_files_allowed():
+        return None
+    if not per_partition:
+        copied = _copy_file(ctx, bulk)
+        if copied is not None:
+            return copied
+    names = [c.partition_id for c in ctx.candidates] if per_partition else ["load"]
+    paths = [ctx.work_dir / f"{name}.arrows" for name in names]
+    bounds = [candidate.partition_bounds for candidate in ctx.candidates]
+    written = bulk.write_arrow_files(bounds, ctx.shape.columns, paths)
+    if written is None:
+        return None
+    files, counts = written
+    for index, rows in enumerate(counts):
+        digest = {"artifact_sha256": files[index].sha256} if per_partition else {}
+        ctx.extracted(index, rows, **digest)
+    return files
+
+
+def _copy_file(ctx: PathContext, bulk: BulkRead) -> list[LoadFile] | None:
+    """The candidates' rows in one file of PostgreSQL's binary ``COPY`` format, the
+    source's bytes, for an engine that loads such files into columns of exactly the
+    source's types (``EnginePull.copy_types``, ``BulkRead.write_copy_file``); each
+    candidate's count recorded. None when either cannot: Arrow files are next."""
+    engine = ctx.sink.engine()
+    columns = ctx.shape.columns
+    types = None if engine is None else engine.copy_types(columns)
+    if not types:
+        return None
+    bounds = [candidate.partition_bounds for candidate in ctx.candidates]
+    written = bulk.write_copy_file(bounds, columns, ctx.work_dir / "load.pgcopy", types)
+    if written is None:
+        return None
+    file, counts = written
+    for index, rows in enumerate(counts):
+        ctx.extracted(index, rows)
+    return [file]
