@@ -280,8 +280,9 @@ def test_unindexed_key_ranges_are_one_scan_and_every_row_lands_once(tmp_path, pa
 def test_an_append_over_key_ranges_reads_the_cursor_top_in_one_scan_around_a_pull(tmp_path, path):
     """An engine's pull is read between two reads of the rows at the cursor's top
     (``read_by_engine``): each one scan, not a scan per range."""
-    duckdb_sink = pytest.importorskip("dpone_native_transfer.connectors.duckdb").DuckDBSink
-    sink = duckdb_sink(str(tmp_path / "target.duckdb"), "t_copy")
+    from dpone_native_transfer.connectors.duckdb import DuckDBSink
+
+    sink = DuckDBSink(str(tmp_path / "target.duckdb"), "t_copy")
     loaded, scans = run(
         tmp_path,
         path,
