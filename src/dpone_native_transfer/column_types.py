@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import importlib
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -180,10 +181,13 @@ _NONE = type(None)
 
 @attrs.frozen
 class Passing:
-    """A carrier with a fast path: a column whose values ``unchanged`` accepts is left as it is."""
+    """A carrier with a fast path: a column whose values ``unchanged`` accepts is left as it is;
+    ``in_bulk(values)``, when given, carries a whole column at C speed, giving exactly what
+    ``convert`` gives each value, or None (then ``convert`` runs per value and refuses)."""
 
     convert: Carry
     unchanged: Callable[[Sequence[Any]], bool]
+    in_bulk: Callable[[Sequence[Any]], list[Any] | None] | None = None
 
     def __call__(self, value: Any) -> Any:
         return self.convert(value)
@@ -365,10 +369,7 @@ def iso_time(value: Any) -> str:
     return value
 
 
-def instant_as_utc(value: Any) -> str:
-    """An ISO timestamp text; one with an offset becomes the same instant in UTC, without
-    the offset. Text that is not an ISO date and time (a bare time, a leap second, hour 25,
-    more than microseconds, a zone name, a number) is refused."""
+def _instant_as_utc(value: Any) -> str:
     if type(value) is not str:
         raise TypeError("not a timestamp text")
     _microseconds_at_most(value)
@@ -378,17 +379,100 @@ def instant_as_utc(value: Any) -> str:
     return parsed.astimezone(datetime.UTC).replace(tzinfo=None).isoformat(sep=" ")
 
 
-def instant_as_utc_or_infinite(value: Any) -> str:
-    """``instant_as_utc``, or PostgreSQL's ``infinity`` and ``-infinity`` (DuckDB holds them)."""
-    return value if value in _INFINITE else instant_as_utc(value)
+def _instant_as_utc_or_infinite(value: Any) -> str:
+    return value if value in _INFINITE else _instant_as_utc(value)
 
 
-def utc_instant(value: Any) -> str:
-    """An instant as text with an explicit ``+00:00``: a text without an offset is taken as
-    UTC, never as the worker's local time."""
+def _utc_instant(value: Any) -> str:
     if value in _INFINITE:
         return value
-    return instant_as_utc(value) + "+00:00"
+    return _instant_as_utc(value) + "+00:00"
+
+
+# ``YYYY-MM-DD``, or with ``[ T]HH:MM:SS[.f{1,6}]`` and an optional offset (``Z``, ``+HH``,
+# ``+HH:MM`` below 24 hours): the texts ``_instants_in_bulk`` carries; any other goes per value.
+_INSTANT_TEXT = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}(?:[ T][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?"
+    r"(?:Z|[+-](?:[01][0-9]|2[0-3])(?::[0-5][0-9])?)?)?$"
+)
+_WITH_OFFSET = r":[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}(?::[0-9]{2})?)$"  # after a time
+_EPOCH = datetime.datetime(1970, 1, 1)
+_FIRST_INSTANT = (datetime.datetime(1, 1, 1) - _EPOCH) // datetime.timedelta(microseconds=1)
+_LAST_INSTANT = (datetime.datetime.max - _EPOCH) // datetime.timedelta(microseconds=1)
+
+
+def _all_null(values: Sequence[Any]) -> bool:
+    return values.count(None) == len(values)
+
+
+def _instants_in_bulk(
+    values: Sequence[Any], *, infinite: bool, suffix: str = ""
+) -> list[Any] | None:
+    """``instant_as_utc`` (``infinite``: ``_or_infinite``; ``suffix``: ``utc_instant``'s
+    ``+00:00``) of a whole column, in pyarrow's C: the form checked by one regular
+    expression, each date, time and offset by Arrow's parser (a real date, hour 0-23, no
+    leap second), every instant within years 1-9999 (Python's), and an instant with an
+    offset written in UTC as ``isoformat(sep=" ")`` writes it; one without is kept as it is.
+    None (the carrier then runs per value, and refuses) for a value of another type or
+    form, out of range, or without pyarrow."""
+    if not set(map(type, values)) <= {str, _NONE}:
+        return None
+    try:
+        pa, pc = map(importlib.import_module, ("pyarrow", "pyarrow.compute"))
+    except ImportError:  # pyarrow comes with the engines' extras
+        return None
+    nothing = pa.scalar(None, pa.string())
+    text = pa.array(values, pa.string())
+    kept = pc.is_in(text, value_set=pa.array(sorted(_INFINITE))) if infinite else None
+    finite = text if kept is None else pc.if_else(kept, nothing, text)
+    if pc.all(pc.match_substring_regex(finite, _INSTANT_TEXT)).as_py() is False:
+        return None  # a text outside the form
+    offset = pc.fill_null(pc.match_substring_regex(finite, _WITH_OFFSET), False)
+    try:
+        walls = pc.cast(pc.if_else(offset, nothing, finite), pa.timestamp("us"))
+        instants = pc.cast(pc.if_else(offset, finite, nothing), pa.timestamp("us", tz="UTC"))
+    except pa.ArrowInvalid:
+        return None  # not a real date or time
+    utc = pc.cast(instants, pa.timestamp("us"))
+    for each in (walls, utc):
+        extremes = pc.min_max(pc.cast(each, pa.int64())).as_py()
+        if extremes["min"] is not None and (
+            extremes["min"] < _FIRST_INSTANT or extremes["max"] > _LAST_INSTANT
+        ):
+            return None  # beyond Python's years: refused per value
+    written = pc.cast(utc, pa.string())  # always six decimals; isoformat writes none for 0
+    whole = pc.fill_null(pc.ends_with(written, ".000000"), False)
+    written = pc.if_else(whole, pc.utf8_slice_codeunits(written, 0, -7), written)
+    carried = pc.if_else(offset, written, finite)
+    if suffix:
+        carried = pc.binary_join_element_wise(carried, suffix, "")
+    if kept is not None:
+        carried = pc.if_else(kept, text, carried)
+    return carried.to_pylist()
+
+
+instant_as_utc = Passing(
+    _instant_as_utc, _all_null, lambda values: _instants_in_bulk(values, infinite=False)
+)
+"""An ISO timestamp text; one with an offset becomes the same instant in UTC, without
+the offset. Text that is not an ISO date and time (a bare time, a leap second, hour 25,
+more than microseconds, a zone name, a number) is refused. A column of the common forms
+is carried in bulk, at C speed (``_instants_in_bulk``)."""
+
+instant_as_utc_or_infinite = Passing(
+    _instant_as_utc_or_infinite,
+    _all_null,
+    lambda values: _instants_in_bulk(values, infinite=True),
+)
+"""``instant_as_utc``, or PostgreSQL's ``infinity`` and ``-infinity`` (DuckDB holds them)."""
+
+utc_instant = Passing(
+    _utc_instant,
+    _all_null,
+    lambda values: _instants_in_bulk(values, infinite=True, suffix="+00:00"),
+)
+"""An instant as text with an explicit ``+00:00``: a text without an offset is taken as
+UTC, never as the worker's local time."""
 
 
 ENGINE_CARRIERS: dict[str, Carry] = {
@@ -484,8 +568,13 @@ def carried_chunks(
         carried: dict[int, list[Any]] = {}  # only the columns a carrier changed
         for index, name, carry in carriers:
             values = [row[index] for row in chunk]  # one column, not the chunk transposed
-            if isinstance(carry, Passing) and carry.unchanged(values):
-                continue
+            if isinstance(carry, Passing):
+                if carry.unchanged(values):
+                    continue
+                bulk = None if carry.in_bulk is None else carry.in_bulk(values)
+                if bulk is not None:
+                    carried[index] = bulk
+                    continue
             try:
                 carried[index] = [None if v is None else carry(v) for v in values]
             except _REFUSED:

@@ -8,6 +8,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dpone_native_transfer import Column, ConfigInvalid, PathContractBroken, ValueUnsupported
 from dpone_native_transfer.column_types import (
@@ -300,3 +302,75 @@ def test_the_misread_read_skips_what_sqlite_or_the_reader_keeps_exact(
     source.statements = []
     refuse_inexact_plan(source, columns, engine="DuckDB", table="copy", reader_refuses=refuses)
     assert any("SELECT EXISTS" in sql for sql in source.statements) == scans
+
+
+_DIGITS = st.text("0123456789", min_size=1, max_size=4)
+_INSTANT_PARTS = st.tuples(
+    st.sampled_from(["2024", "0001", "0000", "9999", "1970", "10000", "2024"]),
+    st.sampled_from(["-02-29", "-02-30", "-01-05", "-12-31", "-13-01", "-1-05", "-01-05T"]),
+    st.sampled_from(["", " ", "T", "t", "  "]),
+    st.sampled_from(["", "00:00:00", "23:59:59", "24:00:00", "10:00:60", "10:00", "9:00:00"]),
+    st.sampled_from(["", ".5", ".123456", ".1234567", ",5", "."]),
+    st.sampled_from(
+        [
+            "",
+            "Z",
+            "z",
+            "+00:00",
+            "-00:00",
+            "+05:30",
+            "-08:00",
+            "+23:59",
+            "+24:00",
+            "+05",
+            "+0530",
+            "+05:60",
+            "-12:00:30",
+            " UTC",
+            "+5:30",
+        ]
+    ),  # fmt: skip
+)
+
+
+def _per_value(carry, values):
+    """What the carrier gives each value, or None when it refuses one."""
+    try:
+        return [None if value is None else carry.convert(value) for value in values]
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.one_of(
+            st.none(),
+            _INSTANT_PARTS.map("".join),
+            st.sampled_from(["infinity", "-infinity", "junk", ""]),
+            st.text(max_size=12),
+            st.integers(),
+        ),
+        max_size=6,
+    )
+)
+def test_instants_carried_in_bulk_are_what_each_value_gives_or_left_to_it(values):
+    """Issue 47 item 4: a column of instants carried at C speed gives exactly the text the
+    carrier gives each value (so every path stores the same value), and gives up, leaving the
+    values to the carrier, where one is refused or of a form it does not know."""
+    for carry in (instant_as_utc, instant_as_utc_or_infinite, utc_instant):
+        bulk = carry.in_bulk(values)
+        expected = _per_value(carry, values)
+        if bulk is not None:
+            assert bulk == expected
+    offsets = [f"2024-01-05 10:00:00{o}" for o in ("+05:30", "-08:00", "Z", "+00", "")]
+    assert utc_instant.in_bulk(offsets) == _per_value(utc_instant, offsets)  # never gives up
+
+
+def test_carried_chunks_carry_offsets_in_bulk_and_still_refuse_one_bad_value():
+    chunks = [[(1, "2024-01-05T10:00:00+05:30"), (2, "2024-01-05 10:00:00.5-08:00")]]
+    carried = list(carried_chunks(chunks, [(1, "at", utc_instant)], target="DuckDB"))
+    assert carried == [[(1, "2024-01-05 04:30:00+00:00"), (2, "2024-01-05 18:00:00.500000+00:00")]]
+    bad = [[(1, "2024-01-05T10:00:00+05:30"), (2, "0001-01-01 00:30:00+01:00")]]
+    with pytest.raises(ValueUnsupported):
+        list(carried_chunks(bad, [(1, "at", utc_instant)], target="DuckDB"))
