@@ -22,6 +22,7 @@ import decimal
 import importlib
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -396,6 +397,7 @@ _INSTANT_TEXT = (
     r"(?:Z|[+-](?:[01][0-9]|2[0-3])(?::[0-5][0-9])?)?)?$"
 )
 _WITH_OFFSET = r":[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}(?::[0-9]{2})?)$"  # after a time
+_BULK_FROM = 1_000  # values of a column worth importing pyarrow for
 _EPOCH = datetime.datetime(1970, 1, 1)
 _FIRST_INSTANT = (datetime.datetime(1, 1, 1) - _EPOCH) // datetime.timedelta(microseconds=1)
 _LAST_INSTANT = (datetime.datetime.max - _EPOCH) // datetime.timedelta(microseconds=1)
@@ -415,6 +417,8 @@ def _instants_in_bulk(
     offset written in UTC as ``isoformat(sep=" ")`` writes it; one without is kept as it is.
     None (the carrier then runs per value, and refuses) for a value of another type or
     form, out of range, or without pyarrow."""
+    if len(values) < _BULK_FROM and "pyarrow.compute" not in sys.modules:
+        return None  # importing pyarrow costs more than a few values carried one by one
     if not set(map(type, values)) <= {str, _NONE}:
         return None
     try:

@@ -7,6 +7,7 @@ import math
 import sqlite3
 from pathlib import Path
 
+import pyarrow.compute  # noqa: F401  (loaded: a few values are carried in bulk too)
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
