@@ -54,6 +54,7 @@ class Place:
     url: str | None = None
     schema: str | None = None
     merge: bool = False  # a merge route on ``id``, its source's ``gone`` column deleting
+    source: str = "sqlite"  # or "postgres": the sample's copy in ``schema`` of ``url``
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -66,8 +67,9 @@ class Place:
 
     @property
     def pg_source(self) -> bool:
-        """True when the source is the PostgreSQL copy (lazy-plan into PostgreSQL)."""
-        return self.target == "postgres" and self.path == "lazy-plan"
+        """True when the source is the PostgreSQL copy (asked for, or lazy-plan into
+        PostgreSQL)."""
+        return self.source == "postgres" or (self.target == "postgres" and self.path == "lazy-plan")
 
     @property
     def source_path(self) -> Path:
@@ -178,13 +180,14 @@ class Place:
         """The sample source (``build_sample_source``), copied into PostgreSQL for a
         PostgreSQL source; the PostgreSQL target's schema is made here too."""
         build_sample_source(self.source_path, rows=rows, partitions=partitions)
-        if self.target != "postgres":
+        if self.target != "postgres" and not self.pg_source:
             return
         self._admin(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
         if not self.pg_source:
             return
+        key = "bigint" if self.source == "postgres" else "integer"  # bigint: the target's type
         self._admin(
-            f'CREATE TABLE "{self.schema}".{SOURCE_TABLE} (id integer PRIMARY KEY, region text'
+            f'CREATE TABLE "{self.schema}".{SOURCE_TABLE} (id {key} PRIMARY KEY, region text'
             " NOT NULL, amount double precision, updated_at bigint)"
         )
         with contextlib.closing(sqlite3.connect(self.source_path)) as db:
@@ -293,7 +296,7 @@ class Place:
             conn.close()
 
     def drop_postgres_schema(self) -> None:
-        if self.target == "postgres":
+        if self.target == "postgres" or self.pg_source:
             with self._postgres() as conn:
                 conn.execute("SET lock_timeout = '10s'")
                 conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
