@@ -178,6 +178,11 @@ class Column:
 # those are not touched value by value.
 
 _NONE = type(None)
+_BULK_FROM = 1_000  # values of a column worth importing pyarrow for (``Passing.in_bulk``)
+
+
+def _all_null(values: Sequence[Any]) -> bool:
+    return values.count(None) == len(values)
 
 
 @attrs.frozen
@@ -346,17 +351,55 @@ def _microseconds_at_most(text: str) -> None:
         raise ValueError("finer than a microsecond")
 
 
-def iso_date(value: Any) -> str:
-    """A date as ``YYYY-MM-DD`` text (a real date); anything else, BC dates included, refused."""
+def _iso_date(value: Any) -> str:
     if type(value) is not str or not _DATE_TEXT.fullmatch(value):
         raise ValueError("not an ISO date")
     datetime.date.fromisoformat(value)
     return value
 
 
-def iso_date_or_infinite(value: Any) -> str:
-    """``iso_date``, or PostgreSQL's ``infinity`` and ``-infinity`` (DuckDB holds them)."""
-    return value if value in _INFINITE else iso_date(value)
+def _iso_date_or_infinite(value: Any) -> str:
+    return value if value in _INFINITE else _iso_date(value)
+
+
+_FIRST_DAY = (datetime.date(1, 1, 1) - datetime.date(1970, 1, 1)).days
+
+
+def _dates_kept(values: Sequence[Any], *, infinite: bool) -> bool:
+    """Whether ``iso_date`` (``infinite``: ``_or_infinite``) keeps every value of a column
+    as it is, checked in pyarrow's C: the form by a regular expression, each date by
+    Arrow's parser (a real date), and from year 1 on. False (then each value is carried,
+    and refused) otherwise, for a short column before pyarrow is loaded, or without it."""
+    if len(values) < _BULK_FROM and "pyarrow.compute" not in sys.modules:
+        return _all_null(values)
+    if not set(map(type, values)) <= {str, _NONE}:
+        return False
+    try:
+        pa, pc = map(importlib.import_module, ("pyarrow", "pyarrow.compute"))
+    except ImportError:  # pyarrow comes with the engines' extras
+        return False
+    text = pa.array(values, pa.string())
+    if infinite:
+        kept = pc.is_in(text, value_set=pa.array(sorted(_INFINITE)))
+        text = pc.if_else(kept, pa.scalar(None, pa.string()), text)
+    if pc.all(pc.match_substring_regex(text, r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")).as_py() is False:
+        return False
+    try:
+        days = pc.cast(pc.cast(text, pa.date32()), pa.int32())
+    except pa.ArrowInvalid:
+        return False  # not a real date
+    first = pc.min(days).as_py()
+    return first is None or first >= _FIRST_DAY
+
+
+iso_date = Passing(_iso_date, lambda values: _dates_kept(values, infinite=False))
+"""A date as ``YYYY-MM-DD`` text (a real date); anything else, BC dates included, refused.
+A column of such dates is checked at C speed and left as it is (``_dates_kept``)."""
+
+iso_date_or_infinite = Passing(
+    _iso_date_or_infinite, lambda values: _dates_kept(values, infinite=True)
+)
+"""``iso_date``, or PostgreSQL's ``infinity`` and ``-infinity`` (DuckDB holds them)."""
 
 
 def iso_time(value: Any) -> str:
@@ -397,14 +440,9 @@ _INSTANT_TEXT = (
     r"(?:Z|[+-](?:[01][0-9]|2[0-3])(?::[0-5][0-9])?)?)?$"
 )
 _WITH_OFFSET = r":[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}(?::[0-9]{2})?)$"  # after a time
-_BULK_FROM = 1_000  # values of a column worth importing pyarrow for
 _EPOCH = datetime.datetime(1970, 1, 1)
 _FIRST_INSTANT = (datetime.datetime(1, 1, 1) - _EPOCH) // datetime.timedelta(microseconds=1)
 _LAST_INSTANT = (datetime.datetime.max - _EPOCH) // datetime.timedelta(microseconds=1)
-
-
-def _all_null(values: Sequence[Any]) -> bool:
-    return values.count(None) == len(values)
 
 
 def _instants_in_bulk(

@@ -25,6 +25,7 @@ from dpone_native_transfer.column_types import (
     instant_as_utc,
     instant_as_utc_or_infinite,
     iso_date,
+    iso_date_or_infinite,
     iso_time,
     postgres_kind,
     sqlite_kind,
@@ -375,3 +376,29 @@ def test_carried_chunks_carry_offsets_in_bulk_and_still_refuse_one_bad_value():
     bad = [[(1, "2024-01-05T10:00:00+05:30"), (2, "0001-01-01 00:30:00+01:00")]]
     with pytest.raises(ValueUnsupported):
         list(carried_chunks(bad, [(1, "at", utc_instant)], target="DuckDB"))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.one_of(
+            st.none(),
+            st.tuples(
+                st.sampled_from(["2024", "0001", "0000", "1900", "9999", "024", "２０２４"]),
+                st.sampled_from(["-02-29", "-02-30", "-01-05", "-13-01", "-1-05", "-12-31"]),
+                st.sampled_from(["", " ", "T00:00", "Z", " BC"]),
+            ).map("".join),
+            st.sampled_from(["infinity", "-infinity", "2023-02-29", ""]),
+            st.integers(),
+        ),
+        max_size=6,
+    )
+)
+def test_dates_kept_in_bulk_are_exactly_the_columns_each_value_would_keep(values):
+    """A column of dates checked at C speed is left as it is only when the carrier keeps
+    every value as it is; otherwise each value is carried (and refused) as before."""
+    for carry in (iso_date, iso_date_or_infinite):
+        if carry.unchanged(values):
+            assert _per_value(carry, values) == values
+    dates = ["2024-02-29", None, "0001-01-01", "9999-12-31"]
+    assert iso_date.unchanged(dates) and not iso_date.unchanged(["0000-01-01"])
