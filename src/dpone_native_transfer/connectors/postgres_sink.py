@@ -779,8 +779,8 @@ def _copy_rows(
     conn: Any, table: TableName, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
 ) -> int:
     """Every row of ``chunks`` through one ``COPY ... FROM STDIN``, in binary where the column
-    kinds allow (``_binary_types``: 1.4-1.9 times faster, docs/performance.md, fix 69), else
-    as text; the rows the server wrote."""
+    kinds allow (``_binary_types``: the COPY 2.2-2.4 times faster, docs/performance.md, fix
+    69), else as text; the rows the server wrote."""
     names = ", ".join(quote(column.name) for column in columns)
     types = _binary_types(conn, table, columns)
     binary = "" if types is None else " (FORMAT binary)"
