@@ -9,8 +9,8 @@ table that is written. Names are case-sensitive: they are always quoted.
 Every call opens its own connection and closes it before returning; every
 load is one transaction, in a UTC, ISO session, and writes its ledger row
 (``_dpone_ledger``, in the target's schema) in that same transaction. Rows
-arrive by ``COPY ... FROM STDIN`` (psycopg's ``write_row``), each value
-carried exactly by its column's kind (:func:`postgres_carrier`). A lazy plan
+arrive by ``COPY ... FROM STDIN`` (psycopg's ``write_row``, in binary where the kinds
+allow), each value carried exactly by its column's kind (:func:`postgres_carrier`). A lazy plan
 is pulled by the server itself (``INSERT ... SELECT``) from a PostgreSQL
 source in the same database; any other plan is refused before the target.
 
