@@ -310,7 +310,46 @@ def exact_decimal(precision: int, scale: int) -> Carry:
             raise ValueError("not exact in the declared precision")  # or not finite
         return format(number, "f")
 
-    return carry
+    return Passing(carry, _all_null, lambda values: _decimals_in_bulk(values, precision, scale))
+
+
+# A decimal as ``repr`` writes an int or a float without an exponent, and as PostgreSQL writes
+# a numeric: ``format(Decimal(text), "f")`` is the text itself.
+_PLAIN_DECIMAL = r"^-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?$"
+
+
+def _decimals_in_bulk(values: Sequence[Any], precision: int, scale: int) -> list[Any] | None:
+    """``exact_decimal(precision, scale)`` of a whole column whose values are all texts, or
+    all ints and floats (their ``repr``, a C call each), in the plain form ``_PLAIN_DECIMAL``:
+    the digits before and after the point counted in pyarrow's C. The texts are what the
+    carrier gives each value; None (then it runs per value, and refuses) for any other
+    type or form (an exponent, NaN), too many digits, or without pyarrow."""
+    if len(values) < _BULK_FROM and "pyarrow.compute" not in sys.modules:
+        return None
+    kinds = set(map(type, values)) - {_NONE}
+    if kinds == {str}:
+        texts = list(values)
+    elif kinds and kinds <= {int, float}:
+        texts = [None if value is None else repr(value) for value in values]
+    else:
+        return None
+    try:
+        pa, pc = map(importlib.import_module, ("pyarrow", "pyarrow.compute"))
+    except ImportError:  # pyarrow comes with the engines' extras
+        return None
+    text = pa.array(texts, pa.string())
+    if pc.all(pc.match_substring_regex(text, _PLAIN_DECIMAL)).as_py() is False:
+        return None
+    length, point = pc.utf8_length(text), pc.find_substring(text, ".")
+    without = pc.less(point, 0)
+    fraction = pc.if_else(without, 0, pc.subtract(pc.subtract(length, point), 1))
+    whole = pc.subtract(pc.if_else(without, length, point), pc.starts_with(text, "-").cast("int32"))
+    zero = pc.or_(pc.starts_with(text, "0"), pc.starts_with(text, "-0"))  # below 1: no digit
+    digits = pc.if_else(zero, 0, whole)
+    most = pc.max(fraction).as_py(), pc.max(digits).as_py()
+    if most[0] is not None and (most[0] > scale or most[1] > precision - scale):
+        return None
+    return texts
 
 
 _NUMERIC_WORDS = frozenset({"NaN", "Infinity", "-Infinity"})  # PostgreSQL numeric's own

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import decimal
 import math
 import sqlite3
 from pathlib import Path
@@ -339,7 +340,7 @@ def _per_value(carry, values):
     """What the carrier gives each value, or None when it refuses one."""
     try:
         return [None if value is None else carry.convert(value) for value in values]
-    except (ValueError, TypeError, OverflowError):
+    except (ValueError, TypeError, OverflowError, decimal.InvalidOperation):
         return None
 
 
@@ -402,3 +403,34 @@ def test_dates_kept_in_bulk_are_exactly_the_columns_each_value_would_keep(values
             assert _per_value(carry, values) == values
     dates = ["2024-02-29", None, "0001-01-01", "9999-12-31"]
     assert iso_date.unchanged(dates) and not iso_date.unchanged(["0000-01-01"])
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from([(12, 2), (5, 0), (3, 3), (38, 10), (1, 0)]),
+    st.one_of(
+        st.lists(st.one_of(st.none(), st.integers(), st.floats()), max_size=6),
+        st.lists(
+            st.one_of(
+                st.none(),
+                st.from_regex(r"-?[0-9]{1,8}(\.[0-9]{0,6})?", fullmatch=True),
+                st.sampled_from(["-0", "0.00", "007", "+1", ".5", "1e3", "NaN", ""]),
+            ),
+            max_size=6,
+        ),
+    ),
+)
+def test_decimals_carried_in_bulk_are_what_each_value_gives_or_left_to_it(declared, values):
+    """Issue 47 item 4: a column of decimals (SQLite's ints and floats, or PostgreSQL's
+    texts) carried at C speed gives exactly the texts ``exact_decimal`` gives each value,
+    and gives up where one is refused or of another form."""
+    carry = exact_decimal(*declared)
+    bulk = carry.in_bulk(values)
+    if bulk is not None:
+        assert bulk == _per_value(carry, values)
+
+
+def test_a_column_of_plain_decimals_is_carried_in_bulk():
+    values = [1.1, -7, None, 0.5, 12, -0.0, 10**9] * 200
+    assert exact_decimal(12, 2).in_bulk(values) == _per_value(exact_decimal(12, 2), values)
+    assert exact_decimal(12, 2).in_bulk([*values, 99.999]) is None  # then refused per value
