@@ -252,16 +252,27 @@ def exact_bytes(value: Any) -> bytes:
     raise TypeError("not bytes")
 
 
-@passing(bool)
-def as_boolean(value: Any) -> bool:
-    """A boolean, or SQLite's own: the integers 0 and 1 (``FALSE``, ``TRUE``). Any other
-    integer (2), a text ('true') or a double is refused: each is another value, and an
-    engine's own SQLite reader (lazy-plan) refuses it too."""
+def _as_boolean(value: Any) -> bool:
     if isinstance(value, bool):
         return value
     if type(value) is int and value in (0, 1):
         return value == 1
     raise TypeError("not a boolean")
+
+
+def _booleans_in_bulk(values: Sequence[Any]) -> list[Any] | None:
+    """``as_boolean`` of a column of SQLite's 0 and 1 (and NULLs), with C loops only; None
+    (then per value) for any other value."""
+    if not set(map(type, values)) <= {int, _NONE} or not set(values) <= {0, 1, None}:
+        return None
+    return list(map({0: False, 1: True, None: None}.__getitem__, values))
+
+
+as_boolean = Passing(_as_boolean, passing(bool)(_as_boolean).unchanged, _booleans_in_bulk)
+"""A boolean, or SQLite's own: the integers 0 and 1 (``FALSE``, ``TRUE``). Any other
+integer (2), a text ('true') or a double is refused: each is another value, and an
+engine's own SQLite reader (lazy-plan) refuses it too. A column of 0 and 1 is carried
+with C loops only (``_booleans_in_bulk``)."""
 
 
 @passing(float)

@@ -434,3 +434,13 @@ def test_a_column_of_plain_decimals_is_carried_in_bulk():
     values = [1.1, -7, None, 0.5, 12, -0.0, 10**9] * 200
     assert exact_decimal(12, 2).in_bulk(values) == _per_value(exact_decimal(12, 2), values)
     assert exact_decimal(12, 2).in_bulk([*values, 99.999]) is None  # then refused per value
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.sampled_from([0, 1, 2, -1, True, False, 1.0, "1"])),
+                max_size=8))  # fmt: skip
+def test_booleans_carried_in_bulk_are_what_each_value_gives_or_left_to_it(values):
+    bulk = as_boolean.in_bulk(values)
+    if bulk is not None:
+        assert bulk == _per_value(as_boolean, values)
+    assert as_boolean.in_bulk([0, 1, None]) == [False, True, None]
