@@ -1,8 +1,9 @@
 """Merge on a key (``strategy = "merge"``), through ``dpone-transfer run`` on real targets.
 
 Every scenario runs the command on route files, on each merging target (SQLite, DuckDB,
-PostgreSQL) and each path, and after each run compares the whole target table, row by row,
-with what the source says it must hold: each key's latest version (highest cursor, ties by
+PostgreSQL, ClickHouse through chDB) and each path, and after each run compares the whole
+target table (on ClickHouse its merged view, ``FINAL``), row by row, with what the source
+says it must hold: each key's latest version (highest cursor, ties by
 the other columns, highest first), less keys whose latest version is deleted. The model
 is written here from ``docs/incremental.md``, not from the SQL the sinks run.
 """
@@ -25,7 +26,7 @@ from helpers.cli import run_cli
 from helpers.postgres_server import postgres_url
 from helpers.routes import PATHS
 
-TARGETS = ("sqlite", "duckdb", "postgres")
+TARGETS = ("sqlite", "duckdb", "postgres", "clickhouse")
 EVENT_COLUMNS = ("seq", "tenant", "id", "region", "v", "status", "gone")
 KEY = ("tenant", "id")
 LOADED = tuple(c for c in EVENT_COLUMNS if c != "gone")  # the deleted column is not loaded
@@ -101,6 +102,11 @@ class Target:
 
             with contextlib.closing(duckdb.connect(str(self.folder / "target.duckdb"))) as db:
                 return db.execute(sql).fetchall()
+        if self.kind == "clickhouse":  # a session of its own, closed: a run opens the path
+            from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
+
+            with ClickHouseSink(self.folder / "chdata", "events").client() as client:
+                return client.query_rows(sql)
         import psycopg
 
         with psycopg.connect(self.schema.dsn) as db:
@@ -115,8 +121,10 @@ class Target:
         return True
 
     def rows(self, table: str, columns: Sequence[str]) -> list[tuple]:
+        """The rows a reader sees: on ClickHouse the merged view (``FINAL``)."""
         names = ", ".join(_quoted(c) for c in columns)
-        return ordered(self.query(f"SELECT {names} FROM {_quoted(table)}"))
+        final = " FINAL" if self.kind == "clickhouse" else ""
+        return ordered(self.query(f"SELECT {names} FROM {_quoted(table)}{final}"))
 
     def ledger_rows(self) -> int:
         if not self.exists("_dpone_ledger"):
@@ -128,6 +136,9 @@ class Target:
             return [r[1] for r in self.query(f"SELECT * FROM pragma_table_info('{table}')")]
         if self.kind == "duckdb":
             return [r[0] for r in self.query(f'DESCRIBE "{table}"')]
+        if self.kind == "clickhouse":
+            return [r[0] for r in self.query(f"SELECT name FROM system.columns WHERE table = "
+                                             f"'{table}' ORDER BY position")]  # fmt: skip
         return [
             r[0]
             for r in self.query(
@@ -137,7 +148,10 @@ class Target:
         ]
 
     def key_columns(self, table: str) -> list[str]:
-        """The table's PRIMARY KEY columns, in key order."""
+        """The table's PRIMARY KEY columns, in key order (ClickHouse: its ORDER BY)."""
+        if self.kind == "clickhouse":
+            found = self.query(f"SELECT sorting_key FROM system.tables WHERE name = '{table}'")
+            return found[0][0].split(", ") if found else []
         if self.kind == "sqlite":
             found = self.query(f"SELECT name, pk FROM pragma_table_info('{table}') WHERE pk > 0")
             return [name for name, _ in sorted(found, key=lambda r: r[1])]
