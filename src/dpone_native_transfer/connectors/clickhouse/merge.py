@@ -82,7 +82,7 @@ def merge_table_problem(
     if not engine_full.startswith(_ENGINE):
         why = f"it is not a {_ENGINE} table (a merge route's table is; see docs/connectors.md)"
         return unmergeable(table, why)
-    if sorting_key != key:
+    if sorting_key not in (key, f"({key})"):  # ORDER BY (id) is shown so
         return unmergeable(table, "its ORDER BY is not exactly the merge's key, in key order")
     if partition_key:
         return unmergeable(table, "it is partitioned (a background merge keeps one row per key "
