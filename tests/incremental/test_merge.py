@@ -121,9 +121,14 @@ class Target:
         return True
 
     def rows(self, table: str, columns: Sequence[str]) -> list[tuple]:
-        """The rows a reader sees: on ClickHouse the merged view (``FINAL``)."""
+        """The rows a reader sees: on ClickHouse the merged view (``FINAL``) of a merge
+        route's table (a plain MergeTree one has no FINAL)."""
         names = ", ".join(_quoted(c) for c in columns)
-        final = " FINAL" if self.kind == "clickhouse" else ""
+        final = ""
+        if self.kind == "clickhouse":
+            engine = self.query(f"SELECT engine FROM system.tables WHERE name = '{table}'"
+                                " AND database = currentDatabase()")  # not system.events
+            final = " FINAL" if engine == [("ReplacingMergeTree",)] else ""
         return ordered(self.query(f"SELECT {names} FROM {_quoted(table)}{final}"))
 
     def ledger_rows(self) -> int:
@@ -138,7 +143,8 @@ class Target:
             return [r[0] for r in self.query(f'DESCRIBE "{table}"')]
         if self.kind == "clickhouse":
             return [r[0] for r in self.query(f"SELECT name FROM system.columns WHERE table = "
-                                             f"'{table}' ORDER BY position")]  # fmt: skip
+                                             f"'{table}' AND database = currentDatabase()"
+                                             " ORDER BY position")]  # fmt: skip
         return [
             r[0]
             for r in self.query(
@@ -150,7 +156,8 @@ class Target:
     def key_columns(self, table: str) -> list[str]:
         """The table's PRIMARY KEY columns, in key order (ClickHouse: its ORDER BY)."""
         if self.kind == "clickhouse":
-            found = self.query(f"SELECT sorting_key FROM system.tables WHERE name = '{table}'")
+            found = self.query(f"SELECT sorting_key FROM system.tables WHERE name = '{table}'"
+                                " AND database = currentDatabase()")
             return found[0][0].removeprefix("(").removesuffix(")").split(", ") if found else []
         if self.kind == "sqlite":
             found = self.query(f"SELECT name, pk FROM pragma_table_info('{table}') WHERE pk > 0")
@@ -449,16 +456,11 @@ def test_a_source_without_a_primary_key_needs_one_named(tmp_path):
 
 
 def test_merge_is_refused_where_it_cannot_run(tmp_path):
-    """A ClickHouse target does not merge; a batch column cannot count a merge's batches;
-    the merge options belong to merge routes."""
+    """A batch column cannot count a merge's batches; the merge options belong to merge
+    routes."""
     source = make_events(tmp_path)
     add(source, ("acme", 1, "eu", 1, "new", False))
     options = dict(partition_column="region", cursor_column="v", primary_key=list(KEY))
-    clickhouse = Target("clickhouse", tmp_path)
-    route = write_route(tmp_path, clickhouse, table="events", path="legacy", **options)
-    done = run(route)
-    assert done.returncode == 2 and "transfer.strategy" in done.stderr
-    assert not (tmp_path / "chdata").exists()
     sqlite_target = Target("sqlite", tmp_path)
     route = write_route(tmp_path, sqlite_target, table="events", path="legacy", **options)
     text = route.read_text().replace("\n\n[transfer]", '\nbatch_column = "b"\n\n[transfer]')
@@ -687,6 +689,22 @@ _REFUSED = [
      "CREATE TABLE events (tenant text, id bigint UNIQUE, region text, v bigint, status text)"),
     ("postgres", "a key of a type without = against the source's",
      "CREATE TABLE events (tenant text, id uuid, region text, v bigint, status text)"),
+    ("clickhouse", "a plain MergeTree table (an append route's)",
+     "CREATE TABLE events (tenant Nullable(String), id Nullable(Int64), region Nullable(String),"
+     " v Nullable(Int64), status Nullable(String)) ENGINE = MergeTree ORDER BY tuple()"),
+    ("clickhouse", "a ReplacingMergeTree ordered by part of the key",
+     "CREATE TABLE events (tenant String, id Int64, region Nullable(String), v Nullable(Int64),"
+     " status Nullable(String), _dpone_version UInt64, _dpone_deleted UInt8, _dpone_batch"
+     " String, _dpone_rows UInt64) ENGINE = ReplacingMergeTree(_dpone_version, _dpone_deleted)"
+     " ORDER BY id"),
+    ("clickhouse", "a ReplacingMergeTree by its own version column",
+     "CREATE TABLE events (tenant String, id Int64, region Nullable(String), v Int64,"
+     " status Nullable(String)) ENGINE = ReplacingMergeTree(v) ORDER BY (tenant, id)"),
+    ("clickhouse", "a ReplacingMergeTree partitioned by region",
+     "CREATE TABLE events (tenant String, id Int64, region String, v Nullable(Int64),"
+     " status Nullable(String), _dpone_version UInt64, _dpone_deleted UInt8, _dpone_batch"
+     " String, _dpone_rows UInt64) ENGINE = ReplacingMergeTree(_dpone_version, _dpone_deleted)"
+     " PARTITION BY region ORDER BY (tenant, id)"),
 ]  # fmt: skip
 
 
@@ -699,6 +717,11 @@ def _make(target: Target, ddl: str) -> None:
 
         with contextlib.closing(duckdb.connect(str(target.folder / "target.duckdb"))) as db:
             db.execute(ddl)
+    elif target.kind == "clickhouse":
+        from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
+
+        with ClickHouseSink(target.folder / "chdata", "events").client() as client:
+            client.command(ddl)
     else:
         import psycopg
 
@@ -737,6 +760,7 @@ def test_a_target_table_a_merge_cannot_run_on_is_refused_before_the_target(
     code = "view" in shape and "native_transfer_target_rows_mismatch"
     assert (code or "native_transfer_config_invalid") in done.stderr
     named = code or "narrower" in shape or "'tenant'" in done.stderr or "'id'" in done.stderr
+    named = named or (kind == "clickhouse" and "ReplacingMergeTree" in done.stderr)
     assert named and ("narrower" not in shape or "part of the merge's key" in done.stderr)
     assert "acme" not in done.stderr.lower() and "SELECT" not in done.stderr
     assert target.ledger_rows() == 0

@@ -79,17 +79,16 @@ def merge_table_problem(
     ``merge_table_sql`` makes (the engine with dpone's version and deleted columns, ordered
     by exactly the key, ``key`` as ClickHouse formats it, unpartitioned, dpone's columns in
     their types)."""
+    made = f"the {_ENGINE} table a merge route makes (docs/connectors.md)"
     if not engine_full.startswith(_ENGINE):
-        why = f"it is not a {_ENGINE} table (a merge route's table is; see docs/connectors.md)"
-        return unmergeable(table, why)
+        return unmergeable(table, f"it is not {made}")
     if sorting_key not in (key, f"({key})"):  # ORDER BY (id) is shown so
-        return unmergeable(table, "its ORDER BY is not exactly the merge's key, in key order")
-    if partition_key:
-        return unmergeable(table, "it is partitioned (a background merge keeps one row per key "
-                           "only within a partition)")  # fmt: skip
+        return unmergeable(table, f"its ORDER BY is not the merge's key, in key order, as in {made}")
+    if partition_key:  # a background merge keeps one row per key only within a partition
+        return unmergeable(table, f"it is partitioned, unlike {made}")
     for name, kind in MERGE_COLUMNS.items():
         if types.get(name) != kind:
-            return unmergeable(table, f"it lacks dpone's column {name!r} of type {kind}")
+            return unmergeable(table, f"it lacks the column {name} {kind} of {made}")
     return None
 
 
