@@ -126,8 +126,10 @@ class Target:
         names = ", ".join(_quoted(c) for c in columns)
         final = ""
         if self.kind == "clickhouse":
-            engine = self.query(f"SELECT engine FROM system.tables WHERE name = '{table}'"
-                                " AND database = currentDatabase()")  # not system.events
+            engine = self.query(
+                f"SELECT engine FROM system.tables WHERE name = '{table}'"
+                " AND database = currentDatabase()"
+            )  # not system.events
             final = " FINAL" if engine == [("ReplacingMergeTree",)] else ""
         return ordered(self.query(f"SELECT {names} FROM {_quoted(table)}{final}"))
 
@@ -156,8 +158,10 @@ class Target:
     def key_columns(self, table: str) -> list[str]:
         """The table's PRIMARY KEY columns, in key order (ClickHouse: its ORDER BY)."""
         if self.kind == "clickhouse":
-            found = self.query(f"SELECT sorting_key FROM system.tables WHERE name = '{table}'"
-                                " AND database = currentDatabase()")
+            found = self.query(
+                f"SELECT sorting_key FROM system.tables WHERE name = '{table}'"
+                " AND database = currentDatabase()"
+            )
             return found[0][0].removeprefix("(").removesuffix(")").split(", ") if found else []
         if self.kind == "sqlite":
             found = self.query(f"SELECT name, pk FROM pragma_table_info('{table}') WHERE pk > 0")
@@ -567,6 +571,12 @@ def test_a_kill_inside_the_target_call_blocks_and_recovery_from_the_target_is_ex
     blocked = run(route)
     assert blocked.returncode == 3, blocked.stderr  # the outcome is unknown to the store
     assert target.rows("events", LOADED) == after
+    if target.kind == "clickhouse":  # the batch column proves it: applied, or none of it
+        verified = run_cli("guard", "verify", route, "--json")
+        proofs = [json.loads(line) for line in verified.stdout.splitlines()]
+        assert [p["proof"]["verdict"] for p in proofs] == [
+            "applied" if applied else "not_applied"
+        ], verified.stdout
     healed = run(route, "--recovery", "from_target")
     assert healed.returncode == 0, healed.stderr
     check_target(target, source)
@@ -834,3 +844,29 @@ def test_a_postgres_login_that_may_insert_but_not_delete_is_refused_before_the_t
     finally:
         _make(target, f"DROP OWNED BY {role}")
         _make(target, f"DROP ROLE {role}")
+
+
+def test_a_clickhouse_merge_refuses_a_cursor_it_keeps_as_text_before_the_target(tmp_path):
+    """A cursor column of no declared type (kind ``any``) is a String in ClickHouse, which
+    orders ``10`` before ``9``: refused before the target call (exit 2, nothing created, the
+    route not blocked); a cursor ClickHouse orders as the source does merges exactly."""
+    target = Target("clickhouse", tmp_path)
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, v, n INTEGER, status TEXT)")
+        db.executemany(
+            "INSERT INTO events VALUES (?, ?, ?, ?)", [(1, "9", 9, "a"), (2, "10", 10, "b")]
+        )
+        db.commit()
+    route = write_route(tmp_path, target, table="events", path="legacy", cursor_column="v")
+    done = run(route)
+    assert done.returncode == 2, done.stderr
+    assert "native_transfer_config_invalid" in done.stderr and "source.cursor_column" in done.stderr
+    assert "SELECT" not in done.stderr and not target.exists("events")
+    assert target.ledger_rows() == 0
+    again = write_route(tmp_path, target, table="events", path="staged", cursor_column="n")
+    assert run(again).returncode == 0
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("UPDATE events SET n = 11, status = 'c' WHERE id = 1")
+        db.commit()
+    assert run(again).returncode == 0
+    assert target.rows("events", ("id", "n", "status")) == [(1, 11, "c"), (2, 10, "b")]

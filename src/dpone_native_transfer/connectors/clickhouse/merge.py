@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...payloads import Merge
+from ...payloads import Column, Merge
 from .._merge import unmergeable
 from .._sql import RESERVED_PREFIX, TableName
-from .sql import DEDUPLICATION_WINDOW, quote
+from .sql import DEDUPLICATION_WINDOW, column_type, quote
 
 __all__ = [
     "BATCH",
@@ -42,6 +42,7 @@ __all__ = [
     "merge_insert_sql",
     "merge_table_problem",
     "merge_table_sql",
+    "orders_as_source",
 ]
 
 VERSION = RESERVED_PREFIX + "version"
@@ -51,6 +52,13 @@ ROWS = RESERVED_PREFIX + "rows"
 MERGE_COLUMNS = {VERSION: "UInt64", DELETED: "UInt8", BATCH: "String", ROWS: "UInt64"}
 _ENGINE = f"ReplacingMergeTree({VERSION}, {DELETED})"
 MERGE_ALIAS = RESERVED_PREFIX + "merge_"  # the statement's own columns: d, del, new, n, rank, rows
+
+
+def orders_as_source(column: Column) -> bool:
+    """Whether ClickHouse orders ``column``'s values as the source does, so it can be a merge
+    route's version: a kind it keeps as text orders as text only when it is one (a decimal
+    without a precision, an interval or a value of any type is not)."""
+    return column_type(column) != "Nullable(String)" or column.kind in ("text", "blob", "time")
 
 
 def merge_table_sql(table: TableName, columns: Sequence[tuple[str, str]], merge: Merge) -> str:
@@ -83,7 +91,9 @@ def merge_table_problem(
     if not engine_full.startswith(_ENGINE):
         return unmergeable(table, f"it is not {made}")
     if sorting_key not in (key, f"({key})"):  # ORDER BY (id) is shown so
-        return unmergeable(table, f"its ORDER BY is not the merge's key, in key order, as in {made}")
+        return unmergeable(
+            table, f"its ORDER BY is not the merge's key, in key order, as in {made}"
+        )
     if partition_key:  # a background merge keeps one row per key only within a partition
         return unmergeable(table, f"it is partitioned, unlike {made}")
     for name, kind in MERGE_COLUMNS.items():
@@ -117,7 +127,9 @@ def merge_insert_sql(
     loaded = [name for name in batch_names if name != deleted]
     extra = [name for name in target_names if name not in loaded]
     written = [quote(name) for name in loaded + extra]
-    flag = "toUInt8(0)" if deleted is None else f"toUInt8(coalesce(toInt64({quote(deleted)}), 0) != 0)"
+    flag = (
+        "toUInt8(0)" if deleted is None else f"toUInt8(coalesce(toInt64({quote(deleted)}), 0) != 0)"
+    )
     batch_side = [quote(name) for name in loaded] + [f"NULL AS {quote(name)}" for name in extra]
     if deleted is not None:
         batch_side.append(f"{quote(deleted)} AS {alias['d']}")

@@ -94,6 +94,7 @@ from .merge import (
     merge_insert_sql,
     merge_table_problem,
     merge_table_sql,
+    orders_as_source,
 )
 from .pulls import (
     BOUND_TAG,
@@ -303,8 +304,10 @@ class ClickHouseSink(Sink, EnginePull):
         """Write the payload into the target and return the rows written: load files as the
         engine reads them (Arrow natively), other rows as Arrow batches. A merge's rows go
         into a plain table of their own first (``_dpone_new_<table>``), merged from there."""
-        files = isinstance(payload, LoadFiles)
-        fill = self._files_fill(payload) if files else self._rows_fill(payload)
+        if isinstance(payload, LoadFiles):
+            fill = self._files_fill(payload)
+        else:
+            fill = self._rows_fill(payload)
         if payload.merge is None:
             return self._load(payload, fill, ledger)
         batch = self._fresh
@@ -495,6 +498,17 @@ class ClickHouseSink(Sink, EnginePull):
             if column.name in MERGE_COLUMNS or column.name.startswith(MERGE_ALIAS):
                 raise unmergeable(self.table, "a source column has the name of a column dpone "
                                   "keeps in a merge route's table", column=column.name)  # fmt: skip
+            if column.name == merge.version and not orders_as_source(column):
+                raise ConfigInvalid(
+                    f"source.cursor_column {column.name!r} of a merge route into ClickHouse "
+                    f"table {self.table!r} is of a kind ClickHouse keeps as text ({column.kind}),"
+                    " which would compare versions otherwise than the source does; nothing was"
+                    " written; use a cursor of integers, numbers, texts, dates or timestamps",
+                    diagnostics={"key": "source.cursor_column", "column": column.name},
+                )
+        compared = {
+            c.name: column_type(c) for c in columns if c.name in (*merge.key, merge.version)
+        }
         with self.client() as client:
             condition, params = _in_database(self._target)
             found = client.query_rows(
@@ -509,9 +523,14 @@ class ClickHouseSink(Sink, EnginePull):
             key = client.query_rows(
                 "SELECT formatQuerySingleLine({q:String})", {"q": f"SELECT {listed}"}
             )[0][0].removeprefix("SELECT ")
-        problem = merge_table_problem(self.table, *found[0], types, key)
+        engine, sorting, partition = found[0]
+        problem = merge_table_problem(self.table, engine, sorting, partition, types, key)
         if problem is not None:
             raise problem
+        for name, made in compared.items():  # the key and the version compare as dpone's
+            if types.get(name) not in (made, made.removeprefix("Nullable(")[:-1]):
+                why = "a key or cursor column is of another type than dpone makes it"
+                raise unmergeable(self.table, why, column=name)
 
     def add_columns(self, columns: Sequence[Column]) -> None:
         """One ALTER for all of them; ClickHouse adds columns as a metadata change."""
