@@ -870,3 +870,43 @@ def test_a_clickhouse_merge_refuses_a_cursor_it_keeps_as_text_before_the_target(
         db.commit()
     assert run(again).returncode == 0
     assert target.rows("events", ("id", "n", "status")) == [(1, 11, "c"), (2, 10, "b")]
+
+
+def test_a_background_merge_leaves_the_last_clickhouse_batch_countable(tmp_path):
+    """Every row of the last batch is its key's highest version, delete markers kept: after
+    ``OPTIMIZE ... FINAL`` (a background merge, forced) the batch's rows still add up to
+    what its ledger row records, while an older batch's, replaced, no longer do; the merged
+    view is unchanged. A source column named like one of dpone's is refused."""
+    from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
+
+    target = Target("clickhouse", tmp_path)
+    source = make_events(tmp_path)
+    route = write_route(
+        tmp_path, target, table="events", path="legacy", partition_column="region",
+        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
+    )  # fmt: skip
+    add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "us", 1, "new", False),
+        ("acme", 1, "eu", 2, "paid", False), ("acme", 3, "us", 1, "new", False))  # fmt: skip
+    assert run(route).returncode == 0
+    add(source, ("acme", 1, "eu", 3, "shipped", False), ("acme", 2, "us", 2, "", True),
+        ("acme", 3, "us", 0, "stale", False), ("acme", 4, "eu", 3, "new", False))  # fmt: skip
+    assert run(route).returncode == 0
+    merged = target.rows("events", LOADED)
+    assert merged == expected(source_rows(source), EVENT_COLUMNS, KEY, "v")
+    batches = target.query('SELECT batch_id, rows FROM "_dpone_ledger" ORDER BY seq')
+    assert [rows for _, rows in batches] == [4, 3]  # the 'stale' row is below the window
+    target.query("OPTIMIZE TABLE events FINAL")
+    sink = ClickHouseSink(tmp_path / "chdata", "events")
+    (first, _), (last, rows) = batches
+    assert sink.batch_rows("_dpone_batch", last) == rows
+    assert sink.batch_rows("_dpone_batch", first) == 1  # keys 1 and 2 replaced, merged away
+    assert target.query("SELECT count() FROM events WHERE _dpone_deleted = 1") == [(1,)]
+    assert target.rows("events", LOADED) == merged
+    with _sqlite(source) as db:
+        db.execute("ALTER TABLE events ADD COLUMN _dpone_version INTEGER")
+        db.commit()
+        db.execute("INSERT INTO events VALUES (99, 'acme', 5, 'eu', 4, 'new', 0, 7)")
+        db.commit()
+    done = run(route)
+    assert done.returncode == 2 and "native_transfer_config_invalid" in done.stderr
+    assert "'_dpone_version'" in done.stderr and target.rows("events", LOADED) == merged

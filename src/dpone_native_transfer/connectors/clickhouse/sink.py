@@ -472,7 +472,12 @@ class ClickHouseSink(Sink, EnginePull):
         dpone makes takes only a source column it would make that type for; a type made by
         hand is left to ClickHouse's own conversion."""
         with self.client() as client:
-            existing = [c for c in _columns(client, self._target) if c[0] not in MERGE_COLUMNS]
+            named = {column.name for column in columns}  # one of them: check_merge refuses
+            existing = [
+                (name, kind)
+                for name, kind in _columns(client, self._target)
+                if name not in MERGE_COLUMNS or name in named
+            ]
             if not existing:
                 return None
             names = sorted({column_type(column) for column in columns} | set(MADE_TYPES))
