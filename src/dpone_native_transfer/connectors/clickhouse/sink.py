@@ -14,6 +14,10 @@ load uses it:
   with partition operations: ``REPLACE PARTITION ... FROM`` (each atomic) plus
   ``DROP PARTITION`` for partitions the stage no longer has, when replacing;
   ``INSERT ... SELECT`` when appending. The sequence is not atomic.
+- A merge (``payload.merge``, ``merge=``) fills a plain table of the batch's rows, then one
+  ``INSERT ... SELECT`` writes one row per key into the ``ReplacingMergeTree`` target that
+  readers query with ``FINAL`` (``merge.py``); the batch's rows carry its id, so counting
+  them proves it.
 
 The target's ledger (``LedgerSink``): ClickHouse has no multi-table
 transaction, so the ledger row is inserted into ``_dpone_ledger`` after the
@@ -328,9 +332,15 @@ class ClickHouseSink(Sink, EnginePull):
     ) -> int:
         """Merge table ``batch`` into the target (``merge.merge_insert_sql``, creating the
         target first), then prove it: the rows of the batch, counted by ``_dpone_batch``,
-        stand for every row sent (``TargetRowsUnproven`` otherwise). The rows received."""
+        stand for every row sent (``TargetRowsUnproven`` otherwise, as when ``batch`` holds
+        another number, found before the target is touched). The rows received."""
         columns = _columns(client, batch)
         received = _count(client, batch)
+        sent = None if entry is None else entry.sent
+        if entry is not None and sent is not None and received != sent:
+            raise TargetRowsUnproven.counted(
+                entry.target_table, entry.batch_id, sent=sent, applied=received
+            )
         if not _exists(client, self._target):
             kept = [(name, kind) for name, kind in columns if name != merge.deleted]
             _create(client, self._target, merge_table_sql(self._target, kept, merge))
@@ -345,11 +355,11 @@ class ClickHouseSink(Sink, EnginePull):
             settings=insert_settings(_Tokens(entry).next()),
         )  # fmt: skip
         client.command(sql, {"version": int(found[0][0] or 0) + 1, "batch": batch_id})
-        if entry is not None and entry.sent is not None:
+        if entry is not None and sent is not None:
             applied = _batch_rows(client, self._target, BATCH, batch_id)
-            if applied != entry.sent:
+            if applied != sent:
                 raise TargetRowsUnproven.counted(
-                    entry.target_table, entry.batch_id, sent=entry.sent, applied=applied
+                    entry.target_table, entry.batch_id, sent=sent, applied=applied
                 )
         return received
 
