@@ -910,3 +910,28 @@ def test_a_background_merge_leaves_the_last_clickhouse_batch_countable(tmp_path)
     done = run(route)
     assert done.returncode == 2 and "native_transfer_config_invalid" in done.stderr
     assert "'_dpone_version'" in done.stderr and target.rows("events", LOADED) == merged
+
+
+def test_a_clickhouse_merge_table_meets_a_frozen_schema_contract(tmp_path):
+    """dpone's four columns are not the source's, and are not taken as columns the source
+    dropped: a route under ``schema_contract = "freeze"`` runs again; a new source column is
+    refused before the target."""
+    target = Target("clickhouse", tmp_path)
+    source = make_events(tmp_path)
+    route = write_route(
+        tmp_path, target, table="events", path="staged", partition_column="region",
+        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
+        transfer={"schema_contract": "freeze"},
+    )  # fmt: skip
+    add(source, ("acme", 1, "eu", 1, "new", False))
+    assert run(route).returncode == 0
+    add(source, ("acme", 1, "eu", 2, "paid", False), ("acme", 2, "us", 2, "new", False))
+    assert run(route).returncode == 0
+    check_target(target, source)
+    with _sqlite(source) as db:
+        db.execute("ALTER TABLE events ADD COLUMN note TEXT")
+        db.execute("INSERT INTO events VALUES (9, 'acme', 3, 'eu', 3, 'new', 0, 'n')")
+        db.commit()
+    done = run(route)
+    assert done.returncode == 2 and "note" in done.stderr
+    assert "_dpone_" not in done.stderr and target.ledger_rows() == 2
