@@ -710,6 +710,11 @@ _REFUSED = [
     ("clickhouse", "a ReplacingMergeTree by its own version column",
      "CREATE TABLE events (tenant String, id Int64, region Nullable(String), v Int64,"
      " status Nullable(String)) ENGINE = ReplacingMergeTree(v) ORDER BY (tenant, id)"),
+    ("clickhouse", "a ReplacingMergeTree whose key column is of another type",
+     "CREATE TABLE events (tenant String, id String, region Nullable(String), v Nullable(Int64),"
+     " status Nullable(String), _dpone_version UInt64, _dpone_deleted UInt8, _dpone_batch"
+     " String, _dpone_rows UInt64) ENGINE = ReplacingMergeTree(_dpone_version, _dpone_deleted)"
+     " ORDER BY (tenant, id)"),
     ("clickhouse", "a ReplacingMergeTree partitioned by region",
      "CREATE TABLE events (tenant String, id Int64, region String, v Nullable(Int64),"
      " status Nullable(String), _dpone_version UInt64, _dpone_deleted UInt8, _dpone_batch"
