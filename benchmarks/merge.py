@@ -16,8 +16,8 @@ above the last) and times:
   no ``MERGE``, its own way by hand: the rows (an Arrow file, as dpone's) inserted into a
   ``ReplacingMergeTree(updated_at, is_deleted) ORDER BY id`` (the cursor as the version,
   no read of the table), counted with ``FINAL``;
-- dlt 1.31's merge (``_dlt_merge_child.py``, in section 7's venv: ``make bench`` makes it,
-  or ``DPONE_BENCH_DLT_PYTHON``): ``sql_table`` incremental on ``updated_at``, pyarrow,
+- dlt 1.31's merge (``_dlt_child.py``, in section 7's venv: ``make bench`` makes it,
+  or ``DPONE_BENCH_DLT_PYTHON``): ``sql_database`` incremental on ``updated_at``, pyarrow,
   ``write_disposition`` merge with ``delete-insert``, ``primary_key="id"``,
   ``is_deleted`` as its ``hard_delete`` column, into a table and file of its own (first
   load untimed; before its timed round it catches up untimed, so each timed run merges
@@ -31,10 +31,8 @@ that every table holds the source's rows less deleted ones.
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import sqlite3
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -50,9 +48,9 @@ from dpone_native_transfer import (
 )
 from dpone_native_transfer.payloads import Column
 
-from ._common import CHUNK_ROWS, REPO, WORK, Row, Sizes, cached_source, log, median, timed
+from ._common import CHUNK_ROWS, WORK, Row, Sizes, cached_source, log, median, timed
 from .batch import _import_server_helper
-from .peers import DLT_PYTHON, _dlt_missing, _dlt_version
+from .peers import _dlt_missing, _dlt_version, run_dlt
 
 TARGET_ROWS = {"full": 1_000_000, "quick": 20_000}
 CHANGED = 0.01  # of the target's rows: 40% updates, 30% deletes, 30% new keys
@@ -188,16 +186,9 @@ def _chdb_floor(sink: ClickHouseSink, rows: list[tuple]) -> None:
 
 
 def _dlt(request: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """One dlt merge run (``_dlt_merge_child.py``): its seconds and the rows it then holds."""
-    file = folder / "dlt-request.json"
-    file.write_text(json.dumps(request))
-    done = subprocess.run(
-        [str(DLT_PYTHON), str(REPO / "benchmarks" / "_dlt_merge_child.py"), str(file)],
-        capture_output=True, text=True, timeout=3600,
-    )  # fmt: skip
-    if done.returncode:
-        raise AssertionError(f"dlt merge: exit {done.returncode}: {done.stderr[-2000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    """One dlt merge run: its seconds and the rows it then holds."""
+    merge = {"cursor": "updated_at", "primary_key": "id", "hard_delete": "is_deleted"}
+    return run_dlt({**request, "name": "bench_merge", "tables": ["orders"], "merge": merge}, folder)
 
 
 # -- the measurement ----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ source's catalog included) to the last table's commit. Per case:
   FROM sqlite_scan`` per table, PostgreSQL's ``CREATE TABLE AS SELECT *`` per table: the
   least any tool's run can take there, and so the least ratio to dlt there can be;
 - dlt 1.31's ``sql_database(table_names=...)`` into the same target, with its pyarrow and
-  its connectorx backend (``_dlt_pipeline_child.py``, in dlt's own venv); the faster of the
+  its connectorx backend (``_dlt_child.py``, in dlt's own venv); the faster of the
   two is the baseline. Target: dpone's faster jobs setting at most a third of dlt's time.
 
 The path is the fastest for each engine pair: lazy-plan where the target engine reads
@@ -37,9 +37,9 @@ from dpone_native_transfer.connectors.duckdb.connect import sqlite_extension
 from dpone_native_transfer.pipeline import load_pipeline
 from dpone_native_transfer.pipeline_run import run_tables
 
-from ._common import REPO, Row, Sizes, cached_source, log, median, scratch, timed
+from ._common import Row, Sizes, cached_source, log, median, scratch, timed
 from .batch import _import_server_helper
-from .peers import DLT_PYTHON, _dlt_missing, rounds
+from .peers import _dlt_missing, rounds, run_dlt
 
 DLT_SHARE = 1 / 3  # at least 3x faster than dlt
 RUNS = 5
@@ -233,15 +233,7 @@ class _Case:
                 "target": target.get("path") or self.env["url"],
                 "dataset": schema or "bench", "work": str(folder / "dlt"),
             }  # fmt: skip
-            (folder / "request.json").write_text(json.dumps(request))
-            done = subprocess.run(
-                [str(DLT_PYTHON), str(REPO / "benchmarks" / "_dlt_pipeline_child.py"),
-                 str(folder / "request.json")],
-                capture_output=True, text=True, timeout=3600,
-            )  # fmt: skip
-        if done.returncode:
-            raise AssertionError(f"dlt {backend}: exit {done.returncode}: {done.stderr[-2000:]}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+            result = run_dlt({**request, "name": "bench_pipeline"}, folder)
         if result["rows"] != self.tables * self.rows:
             raise AssertionError(f"dlt {backend}: {result['rows']} rows")
         return result["seconds"]
