@@ -257,7 +257,8 @@ class TransferSpec:
             raise _invalid(
                 "transfer.strategy",
                 f'= "merge" needs a target that merges, and this one ({self.sink.features.name}) '
-                "does not; use a SQLite, DuckDB or PostgreSQL target, or another strategy",
+                "does not; use a SQLite, DuckDB, PostgreSQL or ClickHouse target, or another "
+                "strategy",
             )
         if self.batch_column is not None:
             raise _invalid(

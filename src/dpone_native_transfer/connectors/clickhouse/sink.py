@@ -14,6 +14,10 @@ load uses it:
   with partition operations: ``REPLACE PARTITION ... FROM`` (each atomic) plus
   ``DROP PARTITION`` for partitions the stage no longer has, when replacing;
   ``INSERT ... SELECT`` when appending. The sequence is not atomic.
+- A merge (``payload.merge``, ``merge=``) fills a plain table of the batch's rows, then one
+  ``INSERT ... SELECT`` writes one row per key into the ``ReplacingMergeTree`` target that
+  readers query with ``FINAL`` (``merge.py``); the batch's rows carry its id, so counting
+  them proves it.
 
 The target's ledger (``LedgerSink``): ClickHouse has no multi-table
 transaction, so the ledger row is inserted into ``_dpone_ledger`` after the
@@ -63,6 +67,7 @@ from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query, ledger_table_sql
 from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, Merge, RowChunks
 from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from .._arrow import arrow
+from .._merge import unmergeable
 from .._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -74,7 +79,7 @@ from .._sql import (
     refuse_reserved_schema,
     unavailable,
 )
-from ..contract import Sink, SinkFeatures, Unsupported
+from ..contract import Sink, SinkFeatures
 from ..contract.engine import EnginePull
 from ..sqlite_reading import (
     number_text_misread,
@@ -84,6 +89,17 @@ from ..sqlite_reading import (
 )
 from .chdb_client import ChdbClient
 from .client import CHDB, ClickHouseClient, Location, parse_location
+from .merge import (
+    BATCH,
+    MERGE_ALIAS,
+    MERGE_COLUMNS,
+    ROWS,
+    VERSION,
+    merge_insert_sql,
+    merge_table_problem,
+    merge_table_sql,
+    orders_as_source,
+)
 from .pulls import (
     BOUND_TAG,
     SQLITE_READ,
@@ -186,6 +202,8 @@ class ClickHouseSink(Sink, EnginePull):
             ledger_atomic=False,
             fence=False,
             inserts_end_with_their_process=self._location.kind == CHDB,
+            merges=True,  # into a ReplacingMergeTree, one INSERT per batch (merge.py)
+            merge_batch_column=BATCH,
         )
         self._checked: LoadPlan | None = None  # the last plan check_plan passed
         self._checking: tuple[LoadPlan, Future[None]] | None = None  # can_pull's, running
@@ -288,10 +306,62 @@ class ClickHouseSink(Sink, EnginePull):
 
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload into the target and return the rows written: load files as the
-        engine reads them (Arrow natively), other rows as Arrow batches."""
+        engine reads them (Arrow natively), other rows as Arrow batches. A merge's rows go
+        into a plain table of their own first (``_dpone_new_<table>``), merged from there."""
         if isinstance(payload, LoadFiles):
-            return self._load(payload, self._files_fill(payload), ledger)
-        return self._load(payload, self._rows_fill(payload), ledger)
+            fill = self._files_fill(payload)
+        else:
+            fill = self._rows_fill(payload)
+        if payload.merge is None:
+            return self._load(payload, fill, ledger)
+        batch = self._fresh
+        create = create_table_sql(batch, payload.columns, None)  # checks
+        with self.client() as client:
+            client.command(f"DROP TABLE IF EXISTS {_ref(batch)} SYNC")
+            _create(client, batch, create)
+            try:
+                fill(client, batch, _Tokens(None))
+                rows = self._merge(client, batch, payload.merge, ledger)
+            finally:
+                with contextlib.suppress(Exception):
+                    client.command(f"DROP TABLE IF EXISTS {_ref(batch)} SYNC")
+            return _record(client, ledger, rows)
+
+    def _merge(
+        self, client: ClickHouseClient, batch: TableName, merge: Merge, entry: LedgerEntry | None
+    ) -> int:
+        """Merge table ``batch`` into the target (``merge.merge_insert_sql``, creating the
+        target first), then prove it: the rows of the batch, counted by ``_dpone_batch``,
+        stand for every row sent (``TargetRowsUnproven`` otherwise, as when ``batch`` holds
+        another number, found before the target is touched). The rows received."""
+        columns = _columns(client, batch)
+        received = _count(client, batch)
+        sent = None if entry is None else entry.sent
+        if entry is not None and sent is not None and received != sent:
+            raise TargetRowsUnproven.counted(
+                entry.target_table, entry.batch_id, sent=sent, applied=received
+            )
+        if not _exists(client, self._target):
+            kept = [(name, kind) for name, kind in columns if name != merge.deleted]
+            _create(client, self._target, merge_table_sql(self._target, kept, merge))
+        elif entry is not None:  # a table made by hand may have no window yet
+            window = f"MODIFY SETTING {DEDUPLICATION_WINDOW}"
+            client.command(f"ALTER TABLE {_ref(self._target)} {window}")
+        names = [name for name, _ in _columns(client, self._target) if name not in MERGE_COLUMNS]
+        found = client.query_rows(f"SELECT max({quote(VERSION)}) FROM {_ref(self._target)}")
+        batch_id = "" if entry is None else entry.batch_id
+        sql = merge_insert_sql(
+            _ref(self._target), _ref(batch), [name for name, _ in columns], names, merge,
+            settings=insert_settings(_Tokens(entry).next()),
+        )  # fmt: skip
+        client.command(sql, {"version": int(found[0][0] or 0) + 1, "batch": batch_id})
+        if entry is not None and sent is not None:
+            applied = _batch_rows(client, self._target, BATCH, batch_id)
+            if applied != sent:
+                raise TargetRowsUnproven.counted(
+                    entry.target_table, entry.batch_id, sent=sent, applied=applied
+                )
+        return received
 
     def load_plan(self, plan: LoadPlan, *, ledger: LedgerEntry | None = None) -> int:
         """The engine pulls the plan's partitions from the SQLite source (``_plan_fill``)."""
@@ -412,7 +482,12 @@ class ClickHouseSink(Sink, EnginePull):
         dpone makes takes only a source column it would make that type for; a type made by
         hand is left to ClickHouse's own conversion."""
         with self.client() as client:
-            existing = _columns(client, self._target)
+            named = {column.name for column in columns}  # one of them: check_merge refuses
+            existing = [
+                (name, kind)
+                for name, kind in _columns(client, self._target)
+                if name not in MERGE_COLUMNS or name in named
+            ]
             if not existing:
                 return None
             names = sorted({column_type(column) for column in columns} | set(MADE_TYPES))
@@ -428,6 +503,49 @@ class ClickHouseSink(Sink, EnginePull):
             return not (target_type in made or target_type.startswith("Nullable(Decimal("))
 
         return difference(existing, columns, takes=takes)
+
+    def check_merge(self, merge: Merge, columns: Sequence[Column]) -> None:
+        """Refuse, before the target call, a source column of the name of one of dpone's
+        (``merge.MERGE_COLUMNS``), and an existing table that is not the one a merge route
+        makes (``merge.merge_table_problem``): a plain MergeTree table would keep every
+        version, and another ``ORDER BY`` would replace rows of other keys."""
+        for column in columns:
+            if column.name in MERGE_COLUMNS or column.name.startswith(MERGE_ALIAS):
+                raise unmergeable(self.table, "a source column has the name of a column dpone "
+                                  "keeps in a merge route's table", column=column.name)  # fmt: skip
+            if column.name == merge.version and not orders_as_source(column):
+                raise ConfigInvalid(
+                    f"source.cursor_column {column.name!r} of a merge route into ClickHouse "
+                    f"table {self.table!r} is of a kind ClickHouse keeps as text ({column.kind}),"
+                    " which would compare versions otherwise than the source does; nothing was"
+                    " written; use a cursor of integers, numbers, texts, dates or timestamps",
+                    diagnostics={"key": "source.cursor_column", "column": column.name},
+                )
+        compared = {
+            c.name: column_type(c) for c in columns if c.name in (*merge.key, merge.version)
+        }
+        with self.client() as client:
+            condition, params = _in_database(self._target)
+            found = client.query_rows(
+                "SELECT engine_full, sorting_key, partition_key FROM system.tables"
+                f" WHERE {condition}",
+                params,
+            )
+            if not found:
+                return
+            types = dict(_columns(client, self._target))
+            listed = ", ".join(quote(name) for name in merge.key)
+            key = client.query_rows(
+                "SELECT formatQuerySingleLine({q:String})", {"q": f"SELECT {listed}"}
+            )[0][0].removeprefix("SELECT ")
+        engine, sorting, partition = found[0]
+        problem = merge_table_problem(self.table, engine, sorting, partition, types, key)
+        if problem is not None:
+            raise problem
+        for name, made in compared.items():  # the key and the version compare as dpone's
+            if types.get(name) not in (made, made.removeprefix("Nullable(")[:-1]):
+                why = "a key or cursor column is of another type than dpone makes it"
+                raise unmergeable(self.table, why, column=name)
 
     def add_columns(self, columns: Sequence[Column]) -> None:
         """One ALTER for all of them; ClickHouse adds columns as a metadata change."""
@@ -622,7 +740,7 @@ class ClickHouseSink(Sink, EnginePull):
             raise ConfigInvalid("a staged load takes RowChunks")
         stage = _ref(self._stage)
         with self.client() as client:
-            self._new_stage(client, payload.columns)
+            self._new_stage(client, payload.columns, plain=payload.merge is not None)
             try:
                 if isinstance(payload, LoadFiles):
                     return self._files_fill(payload)(client, self._stage, _Tokens(None))
@@ -632,12 +750,14 @@ class ClickHouseSink(Sink, EnginePull):
                     client.command(f"DROP TABLE IF EXISTS {stage} SYNC")
                 raise
 
-    def _new_stage(self, client: ClickHouseClient, columns: Sequence[Column]) -> None:
+    def _new_stage(
+        self, client: ClickHouseClient, columns: Sequence[Column], *, plain: bool = False
+    ) -> None:
         """A fresh, empty staging table shaped like the target (made from ``columns`` when
-        there is no target yet)."""
-        create = create_table_sql(self._stage, columns, self.partition_by)  # checks
+        there is no target yet, or ``plain``: a merge's batch, every column of the rows)."""
+        create = create_table_sql(self._stage, columns, None if plain else self.partition_by)
         client.command(f"DROP TABLE IF EXISTS {_ref(self._stage)} SYNC")
-        if _exists(client, self._target):
+        if not plain and _exists(client, self._target):
             client.command(f"CREATE TABLE {_ref(self._stage)} AS {_ref(self._target)}")
         else:
             _create(client, self._stage, create)
@@ -657,12 +777,20 @@ class ClickHouseSink(Sink, EnginePull):
 
         ``replace``: ``REPLACE PARTITION ... FROM`` the stage for every staged
         partition, then ``DROP PARTITION`` for target partitions the stage does
-        not hold. Otherwise ``INSERT ... SELECT`` from the stage. ``merge``: refused
-        before anything is written (``features.merges`` is False: a route never asks).
+        not hold. Otherwise ``INSERT ... SELECT`` from the stage. ``merge``: the stage (a
+        plain table of the batch's rows) is merged into the target as ``load`` merges.
         """
-        if merge is not None:
-            raise Unsupported("a merge on a key", table=self.table)
         stage, target, entry = _ref(self._stage), _ref(self._target), ledger
+        if merge is not None:
+            with self.client() as client:
+                if not _exists(client, self._stage):
+                    raise ConfigInvalid(
+                        f"no staged load exists for target table {self.table!r}",
+                        diagnostics={"table": self.table},
+                    )
+                rows = self._merge(client, self._stage, merge, entry)
+                client.command(f"DROP TABLE {stage} SYNC")
+                return _record(client, entry, rows)
         with self.client() as client:
             if not _exists(client, self._stage):
                 raise ConfigInvalid(
@@ -728,16 +856,10 @@ class ClickHouseSink(Sink, EnginePull):
 
     def batch_rows(self, column: str, batch_id: str) -> int:
         """The rows of the target table whose ``column`` holds
-        ``batch_id`` (0 when the table or the column does not exist). Reads only."""
+        ``batch_id`` (0 when the table or the column does not exist); a merge route's table
+        counts the batch's rows its rows stand for (``_dpone_rows``). Reads only."""
         with self.client() as client:
-            names = [name for name, _ in _columns(client, self._target)]
-            if column not in names:
-                return 0
-            found = client.query_rows(
-                f"SELECT count() FROM {_ref(self._target)} WHERE {quote(column)} = {{b:String}}",
-                {"b": batch_id},
-            )
-            return int(found[0][0])
+            return _batch_rows(client, self._target, column, batch_id)
 
     def row_count(self) -> int:
         with self.client() as client:
@@ -789,6 +911,22 @@ class _Tokens:
             return None
         self._number += 1
         return f"{self._batch}-{self._number}"
+
+
+def _batch_rows(client: ClickHouseClient, table: TableName, column: str, batch_id: str) -> int:
+    """The rows of ``table`` whose ``column`` holds ``batch_id``, every row not ``FINAL``:
+    on a merge route's table (``_dpone_batch``) the sum of their ``_dpone_rows``."""
+    names = [name for name, _ in _columns(client, table)]
+    if column not in names:
+        return 0
+    counted = "count()"
+    if column == BATCH and ROWS in names:
+        counted = f"toUInt64(sum({quote(ROWS)}))"
+    found = client.query_rows(
+        f"SELECT {counted} FROM {_ref(table)} WHERE {quote(column)} = {{b:String}}",
+        {"b": batch_id},
+    )
+    return int(found[0][0])
 
 
 def _check_gained(

@@ -97,6 +97,9 @@ class SinkFeatures:
     # ``load`` and ``finalize_staged_load`` apply a ``payloads.Merge`` (strategy "merge") in
     # the call's one transaction; a route that merges into a sink without it is refused
     merges: bool = False
+    # a column the sink stores each merged row's batch id in, counted by ``batch_rows`` as a
+    # route's ``batch_column`` is: proof of a merge batch where the ledger row proves nothing
+    merge_batch_column: str | None = None
     # what the target is called in messages about its values ("SQLite", "DuckDB")
     name: str = "the target"
 
