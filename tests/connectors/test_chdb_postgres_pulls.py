@@ -1,0 +1,272 @@
+"""chDB pulls a PostgreSQL source itself with ``postgresql()`` (``clickhouse/pg_pulls.py``), on the
+real server and a real chDB folder: every value as the source holds it (compared row by row
+with the source, and with what the row paths load), or the pull is declined before anything
+else reads the rows, and dpone reads them."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import decimal
+import math
+from pathlib import Path
+
+import psycopg
+import pytest
+from helpers.postgres_server import postgres_url
+
+from dpone_native_transfer.application import new_run_id, transfer
+from dpone_native_transfer.config import load_route_config
+from dpone_native_transfer.connectors.clickhouse import sink as clickhouse_sink
+from dpone_native_transfer.connectors.postgres import PostgresSource
+from dpone_native_transfer.errors import NativeTransferError
+from dpone_native_transfer.events import EventName
+
+# (name, PostgreSQL type, row 1's value, row 2's value); row 3 is every column NULL
+EXACT_COLUMNS = [
+    ("big", "bigint", "9223372036854775807", "-9223372036854775808"),
+    ("i2", "smallint", "-32768", "32767"),
+    ("n2", "numeric(12,2)", "'9999999999.99'", "'-0.01'"),
+    ("n38", "numeric(38,10)", "'1234567890123456789012345678.0123456789'", "'0'"),
+    ("tz", "timestamptz", "'2024-01-05 10:00:00.123456+02'", "'1900-01-01 00:00:00+00'"),
+    ("ts", "timestamp", "'2024-03-31 02:30:00'", "'2299-12-31 23:59:59.999999'"),
+    ("d", "date", "'2024-02-29'", "'1900-01-01'"),
+    ("b", "boolean", "true", "false"),
+    ("t", "text", "'héllo ☃ 𝄞 \"q\"'", "''"),
+    ("t2", "text", "E'a,\\tb\\nc\\\\d'", "'NaN'"),
+    ("v", "varchar(10)", "'NA'", "' x '"),
+    ("c", "char(3)", "'ab'", "''"),
+    ("f", "double precision", "0.1::float8 + 0.2::float8", "'1.7976931348623157e308'"),
+    ("f2", "double precision", "'NaN'", "'-Infinity'"),
+]
+
+ROUTE = """\
+[source]
+kind = "postgres"
+dsn = "env:PULL_DSN"
+table = "{table}"
+partition_column = "p"
+{cursor}
+[target]
+kind = "clickhouse"
+path = "chdata"
+table = "copy"
+[transfer]
+strategy = "{strategy}"
+path = "{path}"
+[store]
+path = "checkpoints.db"
+"""
+
+PATHS = ["legacy", "staged", "file-artifact", "lazy-plan"]
+
+
+def make_table(location, columns, *, name: str = "src") -> str:
+    """``name(id, p, columns...)``: two rows of values and one of NULLs, in partitions 0, 1
+    and the NULL partition."""
+    definitions = ", ".join(f"{column} {pg_type}" for column, pg_type, *_ in columns)
+    rows = [
+        f"(1, 0, {', '.join(c[2] for c in columns)})",
+        f"(2, 1, {', '.join(c[3] for c in columns)})",
+        f"(3, NULL, {', '.join('NULL' for _ in columns)})",
+    ]
+    relation = f'"{location.schema}".{name}'
+    with contextlib.closing(psycopg.connect(location.dsn, autocommit=True)) as conn:
+        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{location.schema}"')
+        conn.execute(f"CREATE TABLE {relation} (id bigint, p integer, {definitions})")
+        conn.execute(f"INSERT INTO {relation} VALUES {', '.join(rows)}")
+    return f"{location.schema}.{name}"
+
+
+def route(folder: Path, table: str, path: str, *, strategy="full_refresh", cursor="") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    text = ROUTE.format(table=table, path=path, strategy=strategy, cursor=cursor)
+    (folder / "route.toml").write_text(text, encoding="utf-8")
+    return folder / "route.toml"
+
+
+def run(folder: Path, monkeypatch, dsn: str, *args, **kwargs):
+    """One run of the route in ``folder``; its result (its events among them)."""
+    file = route(folder, *args, **kwargs)
+    monkeypatch.setenv("PULL_DSN", dsn)
+    monkeypatch.chdir(folder)
+    result, _ = transfer(load_route_config(file), new_run_id())
+    return result
+
+
+def reads(result) -> set[str]:
+    return {e.fields["read"] for e in result.events if e.name == EventName.PARTITION_EXTRACTED}
+
+
+def target_rows(folder: Path) -> list[tuple]:
+    sink = clickhouse_sink.ClickHouseSink(str(folder / "chdata"), "copy")
+    return sorted(sink.rows(), key=lambda row: (row[0] is None, row[0]))
+
+
+def source_rows(location, table: str) -> list[tuple]:
+    with contextlib.closing(psycopg.connect(location.dsn)) as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        rows = conn.execute(f"SELECT * FROM {table} ORDER BY id").fetchall()
+    return rows
+
+
+def same(got, want) -> bool:
+    """A target value equals the source's: an instant in UTC, a NaN a NaN."""
+    if isinstance(want, float) and isinstance(got, float) and math.isnan(want):
+        return math.isnan(got)
+    if isinstance(want, datetime.datetime) and want.tzinfo is None and got is not None:
+        want = want.replace(tzinfo=datetime.UTC)
+    return type(got) is type(want) and got == want
+
+
+def no_rows_read(*args, **kwargs):
+    raise AssertionError("the rows were read in Python")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_chdb_pulls_every_value_exactly_as_the_source_holds_it(
+    tmp_path, postgres_schema, monkeypatch, path
+):
+    """chDB reads the rows itself (Python reads none: ``read`` fails if asked, and every
+    partition's read is ``engine``), and the target holds, row by row, the source's values:
+    big integers, decimals to the last digit, instants in UTC, dates at ClickHouse's limits,
+    unicode and control characters, padding, NaN and infinities, NULLs; and the same rows the
+    row paths load."""
+    table = make_table(postgres_schema, EXACT_COLUMNS)
+    dsn = postgres_url(postgres_schema.dsn)
+    with monkeypatch.context() as patched:
+        patched.setattr(PostgresSource, "read", no_rows_read)
+        patched.setattr(PostgresSource, "read_partitions", no_rows_read)
+        pulled = run(tmp_path / "pull", monkeypatch, dsn, table, path)
+    if path != "lazy-plan":
+        assert reads(pulled) == {"engine"}
+    assert pulled.rows_loaded == 3
+    got = target_rows(tmp_path / "pull")
+    want = source_rows(postgres_schema, table)
+    assert len(got) == len(want) == 3
+    for got_row, want_row in zip(got, want, strict=True):
+        for got_value, want_value in zip(got_row, want_row, strict=True):
+            assert same(got_value, want_value), (got_value, want_value)
+    assert got[0][EXACT_COLUMNS.index(("n2", *EXACT_COLUMNS[2][1:])) + 2] == decimal.Decimal(
+        "9999999999.99"
+    )
+    monkeypatch.setattr(PostgresSource, "engine_login", lambda self: None)
+    rows = run(tmp_path / "rows", monkeypatch, dsn, table, path.replace("lazy-plan", "legacy"))
+    assert reads(rows) == {"rows"}
+    assert repr(target_rows(tmp_path / "rows")) == repr(got)
+
+
+DECLINED = [
+    ("real", [("r", "real", "'0.1'", "'Infinity'")]),
+    ("bytea", [("y", "bytea", "'\\x00ff'", "''")]),
+    ("numeric without precision", [("n", "numeric", "'1.5'", "'2'")]),
+    ("uuid", [("u", "uuid", "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'", "NULL")]),
+    ("infinite date", [("d", "date", "'infinity'", "'2024-01-01'")]),
+    ("BC date", [("d", "date", "'0044-03-15 BC'", "'2024-01-01'")]),
+    ("date before 1900", [("d", "date", "'1899-12-31'", "'2024-01-01'")]),
+    ("numeric NaN", [("n", "numeric(12,2)", "'NaN'", "'1.5'")]),
+    ("denormal double", [("f", "double precision", "'5e-324'", "'1.5'")]),
+    ("infinite instant", [("tz", "timestamptz", "'infinity'", "'2024-01-01+00'")]),
+]
+
+
+@pytest.mark.parametrize("case", DECLINED, ids=[case[0] for case in DECLINED])
+@pytest.mark.parametrize("path", ["staged", "file-artifact"])
+def test_a_kind_or_value_chdb_reads_otherwise_is_read_by_dpone(
+    tmp_path, postgres_schema, monkeypatch, path, case
+):
+    """A column chDB would read otherwise (a real as a Float32, a bytea as its text, a date
+    of infinity as 1970-01-01, a BC date without its era), or a value it fails on (a numeric
+    NaN): the pull is declined, and the rows are read by dpone (``read`` is ``rows``), with
+    the outcome the row paths give, not chDB's."""
+    _, columns = case
+    table = make_table(postgres_schema, columns)
+    dsn = postgres_url(postgres_schema.dsn)
+    pulled = outcome(tmp_path / "run", monkeypatch, dsn, table, path)
+    monkeypatch.setattr(PostgresSource, "engine_login", lambda self: None)
+    assert pulled == outcome(tmp_path / "rows", monkeypatch, dsn, table, path)
+
+
+def outcome(folder: Path, monkeypatch, dsn: str, table: str, path: str):
+    """How a run ends: the rows loaded, each partition's read, and the target's rows; or the
+    error code it stopped with, before the target (the target has no table)."""
+    try:
+        result = run(folder, monkeypatch, dsn, table, path)
+    except NativeTransferError as error:
+        assert not (folder / "chdata").exists() or target_rows(folder) == []
+        return error.code
+    return result.rows_loaded, reads(result), repr(target_rows(folder))
+
+
+def test_lazy_plan_carries_the_rows_of_a_plan_chdb_would_read_otherwise(
+    tmp_path, postgres_schema, monkeypatch
+):
+    """lazy-plan's plan of a real column is ``PlanInexact``: the attempt carries the rows as
+    legacy does (Python reads them), before the target call."""
+    table = make_table(postgres_schema, DECLINED[0][1])
+    result = run(
+        tmp_path / "run", monkeypatch, postgres_url(postgres_schema.dsn), table, "lazy-plan"
+    )
+    assert reads(result) == {"rows"}
+    assert [row[2] for row in target_rows(tmp_path / "run")] == [
+        0.1,
+        math.inf,
+        None,
+    ]  # not chDB's Float32
+
+
+def test_a_login_whose_sessions_are_not_in_utc_gets_no_timestamptz_pull(
+    tmp_path, postgres_schema, monkeypatch
+):
+    """chDB drops a ``timestamptz`` text's offset: for a login whose sessions start in another
+    zone, the pull is declined, and the instants land in UTC as the row paths carry them."""
+    table = make_table(postgres_schema, [EXACT_COLUMNS[4]])
+    role = f"{postgres_schema.schema}_tz"
+    with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'tz-pw' IN ROLE pg_read_all_data")
+        conn.execute(f"ALTER ROLE {role} SET TimeZone = 'Asia/Kolkata'")
+    try:
+        base = postgres_url(postgres_schema.dsn)
+        dsn = "postgresql://" + f"{role}:tz-pw@" + base.split("@", 1)[1]
+        result = run(tmp_path / "run", monkeypatch, dsn, table, "file-artifact")
+        assert reads(result) == {"rows"}
+        got = [row[2] for row in target_rows(tmp_path / "run")]
+        assert got[0] == datetime.datetime(2024, 1, 5, 8, 0, 0, 123456, tzinfo=datetime.UTC)
+    finally:
+        with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as conn:
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_a_row_written_during_the_pull_is_left_for_the_next_run(
+    tmp_path, postgres_schema, monkeypatch
+):
+    """chDB's read cannot join the attempt's snapshot: the window's upper bound is fixed by the
+    plan before the pull, so a row written while chDB pulls (its cursor above the bound) is not
+    loaded, nor counted, and the next run loads it, once. The counts recorded are the rows
+    the pulled files hold, which the load checks against the target."""
+    relation = make_table(postgres_schema, [("ts", "bigint", "10", "20")])
+    with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as conn:
+        conn.execute(f"UPDATE {relation} SET ts = 5 WHERE ts IS NULL")
+    dsn = postgres_url(postgres_schema.dsn)
+    real_pull = clickhouse_sink.ClickHouseSink.pull_load_files
+    written = []
+
+    def pull_with_a_writer(self, plan, paths):  # the first pull only
+        if not written:
+            with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as db:
+                db.execute(f"INSERT INTO {relation} (id, p, ts) VALUES (4, 0, 30), (5, NULL, 31)")
+        written.append(True)
+        return real_pull(self, plan, paths)
+
+    monkeypatch.setattr(clickhouse_sink.ClickHouseSink, "pull_load_files", pull_with_a_writer)
+    args = (relation, "file-artifact")
+    kwargs = {"strategy": "incremental_append", "cursor": 'cursor_column = "ts"'}
+    first = run(tmp_path / "run", monkeypatch, dsn, *args, **kwargs)
+    assert written and reads(first) == {"engine"}
+    assert first.rows_loaded == 3
+    assert sorted(row[0] for row in target_rows(tmp_path / "run")) == [1, 2, 3]
+    second = run(tmp_path / "run", monkeypatch, dsn, *args, **kwargs)
+    assert second.rows_loaded == 2  # the two written during the first pull, and no other
+    ids = sorted(row[0] for row in target_rows(tmp_path / "run"))
+    assert ids == [1, 2, 3, 4, 5]
+    assert len(written) == 2 and reads(second) == {"engine"}
