@@ -54,6 +54,7 @@ from ...errors import (
     ConfigInvalid,
     InternalInvariantBroken,
     NativeTransferError,
+    SourceInvalid,
     TargetAccessRefused,
     TargetRowsUnproven,
     TargetUnavailable,
@@ -493,11 +494,23 @@ class ClickHouseSink(Sink, EnginePull):
         def fill(client: ClickHouseClient, table: TableName, tokens: _Tokens) -> int:
             before = _count(client, table)
             for where in wheres:
-                client.command(
-                    f"INSERT INTO {_ref(table)} ({names}){insert_settings(tokens.next())}"
-                    f" SELECT {read.columns} FROM {POSTGRES_READ} WHERE {where}"
-                    f" SETTINGS {PULL_SETTINGS}",
-                    bounds.params,
+                try:
+                    client.command(
+                        f"INSERT INTO {_ref(table)} ({names}){insert_settings(tokens.next())}"
+                        f" SELECT {read.columns} FROM {POSTGRES_READ} WHERE {where}"
+                        f" SETTINGS {PULL_SETTINGS}",
+                        bounds.params,
+                    )
+                except NativeTransferError:
+                    raise
+                except Exception:  # chDB's text may quote a row's value: never chained
+                    pass
+                else:
+                    continue
+                raise SourceInvalid(
+                    f"chDB could not read the source rows of target table {self.table!r} "
+                    "from PostgreSQL (the table, the login's privileges or the server)",
+                    diagnostics={"table": self.table},
                 )
             return _written(client, table, before)
 
