@@ -598,6 +598,12 @@ class PostgresSource(TableSource):
         sql = f"SELECT {select} FROM {self._relation} WHERE {where}"
         return self._chunks(sql, params, chunk_rows)
 
+    def server(self) -> tuple[str, str] | None:
+        """The DSN's one host and port (libpq's default port filled in), without connecting;
+        None for several hosts or a DSN that does not parse."""
+        conninfo = import_driver("psycopg.conninfo", needed_by="PostgresSource")
+        return _server(conninfo, self._dsn)
+
     def engine_login(self) -> EngineLogin | None:
         """``PostgresTable``: the DSN's one TCP host, database and login, when it names
         nothing else (an engine's client would drop ``sslmode`` or ``options``), the table
@@ -888,6 +894,16 @@ def _remove(paths: Sequence[Path]) -> None:
     for path in paths:  # a read that gave up leaves nothing behind
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+def _server(conninfo: Any, dsn: str) -> tuple[str, str] | None:
+    """``(host, port)`` of a DSN naming one host (``PostgresSource.server``)."""
+    try:
+        parts = conninfo.conninfo_to_dict(dsn)
+    except Exception:  # its message may quote the DSN
+        return None
+    host, port = str(parts.get("host") or ""), str(parts.get("port") or "5432")
+    return None if "," in host + port else (host, port)
 
 
 def _session(conn: Any) -> Any:
