@@ -270,3 +270,35 @@ def test_a_row_written_during_the_pull_is_left_for_the_next_run(
     ids = sorted(row[0] for row in target_rows(tmp_path / "run"))
     assert ids == [1, 2, 3, 4, 5]
     assert len(written) == 2 and reads(second) == {"engine"}
+
+
+@pytest.mark.parametrize("collation", ["C", "ci"], ids=["bytewise", "nondeterministic"])
+def test_a_text_partition_column_is_pulled_only_where_equal_means_the_same_bytes(
+    tmp_path, postgres_schema, monkeypatch, collation
+):
+    """Text partitions (unicode values too) are pulled by a lookup of each row's bytes, which
+    is PostgreSQL's ``=`` under a deterministic collation. Under a nondeterministic one
+    ('East' = 'east'), each partition's read holds rows chDB's lookup would leave out: the
+    pull is declined, and every row is loaded, as the row paths load it."""
+    relation = f'"{postgres_schema.schema}".src'
+    with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as conn:
+        conn.execute(f'CREATE SCHEMA "{postgres_schema.schema}"')
+        if collation == "ci":
+            conn.execute(
+                f'CREATE COLLATION "{postgres_schema.schema}".ci (provider = icu,'
+                " locale = 'und-u-ks-level2', deterministic = false)"
+            )
+        named = f'"{postgres_schema.schema}".ci' if collation == "ci" else '"C"'
+        conn.execute(f"CREATE TABLE {relation} (id bigint, p text COLLATE {named}, v integer)")
+        conn.execute(
+            f"INSERT INTO {relation} VALUES (1, 'East', 1), (2, 'east', 2), (3, 'Zürich ☃', 3),"
+            " (4, NULL, 4), (5, '', 5)"
+        )
+    dsn = postgres_url(postgres_schema.dsn)
+    table = f"{postgres_schema.schema}.src"
+    result = run(tmp_path / "run", monkeypatch, dsn, table, "file-artifact")
+    assert reads(result) == ({"engine"} if collation == "C" else {"rows"})
+    assert result.rows_loaded == 5
+    assert [row[:2] for row in target_rows(tmp_path / "run")] == [
+        (1, "East"), (2, "east"), (3, "Zürich ☃"), (4, None), (5, ""),
+    ]  # fmt: skip

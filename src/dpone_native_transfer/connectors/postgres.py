@@ -98,7 +98,10 @@ _UTC_ZONES = frozenset(
 )
 # The login's default session, as a new connection of an engine gets it (no ``_SESSION``).
 _ENGINE_SESSION = """SELECT n.nspname, c.relname, current_database(), session_user,
-        current_setting('server_encoding'), current_setting('TimeZone')
+        current_setting('server_encoding'), current_setting('TimeZone'),
+        coalesce((SELECT k.collisdeterministic FROM pg_catalog.pg_attribute a
+            JOIN pg_catalog.pg_collation k ON k.oid = a.attcollation
+            WHERE a.attrelid = c.oid AND a.attname = %s), true)
     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
     WHERE c.oid = to_regclass(%s)"""
 
@@ -623,13 +626,16 @@ class PostgresSource(TableSource):
         conn = self._open(driver)
         try:
             found = self._attempt(
-                driver, lambda: conn.execute(_ENGINE_SESSION, (self._regclass,)).fetchone()
+                driver,
+                lambda: conn.execute(
+                    _ENGINE_SESSION, (self.partition_column, self._regclass)
+                ).fetchone(),
             )
         finally:
             conn.close()
         if found is None or found[4] != "UTF8":
             return None
-        schema, table, database, user, _, zone = found
+        schema, table, database, user, _, zone, deterministic = found
         return EngineLogin(
             host=host,
             port=int(port),
@@ -639,6 +645,7 @@ class PostgresSource(TableSource):
             schema=schema,
             table=table,
             utc=zone in _UTC_ZONES,
+            key_bytewise=bool(deterministic),
         )
 
     def holds_outside(

@@ -105,8 +105,8 @@ def postgres_read(plan: LoadPlan, *, table: str) -> PostgresRead:
     bounds = [_cursor_bounds(b, kinds.get(cursor or ""), table) for b in plan.bounds]
     keyed = kinds.get(partition)
     ranged = any("partition_from" in b for b in bounds)
-    if keyed not in _INTEGERS and (keyed not in _TEXTS or ranged):
-        raise _inexact(table, partition)  # a text's order (ranges) is its collation's
+    if keyed not in _INTEGERS and (keyed not in _TEXTS or ranged or not login.key_bytewise):
+        raise _inexact(table, partition)  # a text's order (ranges) and = are its collation's
     limits = {name: _LIMITS[base] for name, base in kinds.items() if base in _LIMITS}
     if source.holds_outside(plan.bounds, limits):
         raise PlanInexact(

@@ -32,6 +32,7 @@ class EngineLogin:
     schema: str
     table: str
     utc: bool  # a new session of the login starts in UTC (``timestamptz`` text is UTC)
+    key_bytewise: bool  # the partition column's ``=`` is byte equality (a deterministic collation)
 
     def __repr__(self) -> str:  # never the password (nor the user's name)
         return f"EngineLogin(database={self.database!r}, table={self.schema}.{self.table})"
