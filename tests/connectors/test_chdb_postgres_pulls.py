@@ -302,3 +302,28 @@ def test_a_text_partition_column_is_pulled_only_where_equal_means_the_same_bytes
     assert [row[:2] for row in target_rows(tmp_path / "run")] == [
         (1, "East"), (2, "east"), (3, "Zürich ☃"), (4, None), (5, ""),
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ["staged", "file-artifact"])
+def test_a_date_chdb_would_misread_written_during_the_pull_is_never_loaded_as_another(
+    tmp_path, postgres_schema, monkeypatch, path
+):
+    """The dates are checked after chDB's read, not only before: an ``infinity`` written while
+    chDB pulls (a full refresh reads the table as it is then) would be read as 1970-01-01.
+    The pull is thrown away and dpone reads the rows in a new snapshot: the row paths'
+    outcome (the value is refused before the target), never another date."""
+    relation = make_table(postgres_schema, [("d", "date", "'2024-02-29'", "'1900-01-01'")])
+    name = "pull_stage" if path == "staged" else "pull_load_files"
+    real_pull = getattr(clickhouse_sink.ClickHouseSink, name)
+
+    def pull_with_a_writer(self, *args):
+        with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as db:
+            db.execute(f"INSERT INTO {relation} (id, p, d) VALUES (4, 0, 'infinity')")
+        return real_pull(self, *args)
+
+    monkeypatch.setattr(clickhouse_sink.ClickHouseSink, name, pull_with_a_writer)
+    dsn = postgres_url(postgres_schema.dsn)
+    with pytest.raises(NativeTransferError) as refused:
+        run(tmp_path / "run", monkeypatch, dsn, relation, path)
+    assert refused.value.code == "native_transfer_value_unsupported"
+    assert not (tmp_path / "run" / "chdata").exists() or target_rows(tmp_path / "run") == []

@@ -29,7 +29,7 @@ from ..contract.postgres_table import EngineLogin, PostgresTable
 from .pulls import PlanSQL
 from .sql import MAX_DECIMAL_PRECISION, column_type, quote
 
-__all__ = ["POSTGRES_READ", "PULL_SETTINGS", "PostgresRead", "postgres_read"]
+__all__ = ["POSTGRES_READ", "PULL_SETTINGS", "PostgresRead", "outside", "postgres_read"]
 
 POSTGRES_READ = (
     "postgresql({pg_server:String}, {pg_database:String}, {pg_table:String},"
@@ -65,6 +65,7 @@ class PostgresRead:
 
     bounds: PlanSQL
     columns: str
+    limits: dict[str, tuple[str, str]]  # date and timestamp columns: what ClickHouse holds
 
     def __repr__(self) -> str:  # the parameters hold the password
         return "PostgresRead()"
@@ -74,12 +75,13 @@ def _base(decltype: str) -> str:
     return _TYPMOD.sub("", decltype).strip()
 
 
-def postgres_read(plan: LoadPlan, *, table: str) -> PostgresRead:
+def postgres_read(plan: LoadPlan, *, table: str, values: bool = True) -> PostgresRead:
     """The plan as chDB reads it from PostgreSQL; ``Unsupported`` when its source is not a
     PostgreSQL table chDB can log in to as the source does, ``PlanInexact`` when chDB would
-    read a column, a bound or a value otherwise than the row paths carry it. Reads the
-    source's catalog, and scans the partitions once when a date or timestamp column is
-    pulled."""
+    read a column, a bound or (``values``) a value otherwise than the row paths carry it.
+    Reads the source's catalog, and, with ``values``, scans the partitions once when a date
+    or timestamp column is pulled (``outside``; a pull before the target asks after it read
+    instead, so that a row written meanwhile is seen too)."""
     source = plan.source
     if not isinstance(source, PostgresTable):
         raise Unsupported("an engine that reads this source", table=table)
@@ -108,7 +110,7 @@ def postgres_read(plan: LoadPlan, *, table: str) -> PostgresRead:
     if keyed not in _INTEGERS and (keyed not in _TEXTS or ranged or not login.key_bytewise):
         raise _inexact(table, partition)  # a text's order (ranges) and = are its collation's
     limits = {name: _LIMITS[base] for name, base in kinds.items() if base in _LIMITS}
-    if source.holds_outside(plan.bounds, limits):
+    if values and outside(plan, limits):
         raise PlanInexact(
             "a pull by chDB: a date or timestamp of the partitions is outside what ClickHouse "
             "holds (1900 to 2299), or infinite",
@@ -123,7 +125,14 @@ def postgres_read(plan: LoadPlan, *, table: str) -> PostgresRead:
     names = ", ".join(
         f"CAST({quote(c.name)} AS {column_type(c)}) AS {quote(c.name)}" for c in plan.columns
     )
-    return PostgresRead(bounds=read, columns=names)
+    return PostgresRead(bounds=read, columns=names, limits=limits)
+
+
+def outside(plan: LoadPlan, limits: dict[str, tuple[str, str]]) -> bool:
+    """Whether a row of the plan's partitions holds a date or timestamp chDB would read as
+    another value (``PostgresTable.holds_outside``); no scan without such a column."""
+    source = plan.source
+    return isinstance(source, PostgresTable) and source.holds_outside(plan.bounds, limits)
 
 
 def _login_params(login: EngineLogin) -> dict[str, Any]:

@@ -86,7 +86,7 @@ from ..sqlite_reading import (
 )
 from .chdb_client import ChdbClient
 from .client import CHDB, ClickHouseClient, Location, parse_location
-from .pg_pulls import POSTGRES_READ, PULL_SETTINGS, PostgresRead, postgres_read
+from .pg_pulls import POSTGRES_READ, PULL_SETTINGS, PostgresRead, outside, postgres_read
 from .pulls import (
     BOUND_TAG,
     SQLITE_READ,
@@ -531,7 +531,7 @@ class ClickHouseSink(Sink, EnginePull):
         it; its read kept for the pull. Reads the source's catalog (and, with a date or
         timestamp column, scans the partitions once)."""
         try:
-            read = postgres_read(plan, table=self.table)
+            read = postgres_read(plan, table=self.table, values=False)  # asked after the pull
         except ConfigInvalid:  # PlanInexact, Unsupported, a bound parameters do not take
             return False
         if len(read.bounds.statements(listed=plan.replace)) > 1:
@@ -580,8 +580,9 @@ class ClickHouseSink(Sink, EnginePull):
             read = self._postgres_read(plan)
             reading = (read.bounds, f"{POSTGRES_READ}", read.columns, PULL_SETTINGS)
             pulled = self._pull(plan, paths, *reading)
-            if pulled is None:
+            if pulled is None or outside(plan, read.limits):  # a value chDB read otherwise
                 unlink_all(paths)
+                return None
             return pulled
         return self._read_checked(plan, lambda: self._pull(plan, paths), lambda: unlink_all(paths))
 
@@ -600,9 +601,11 @@ class ClickHouseSink(Sink, EnginePull):
                 self.discard_stage()
 
         if isinstance(plan.source, PostgresTable):
-            staged = self._fill_stage_postgres(plan, self._postgres_read(plan))
-            if staged is None:
+            read = self._postgres_read(plan)
+            staged = self._fill_stage_postgres(plan, read)
+            if staged is None or outside(plan, read.limits):  # a value chDB read otherwise
                 drop()
+                return None
             return staged
 
         return self._read_checked(plan, lambda: self._fill_stage(plan), drop)
