@@ -327,3 +327,31 @@ def test_a_date_chdb_would_misread_written_during_the_pull_is_never_loaded_as_an
         run(tmp_path / "run", monkeypatch, dsn, relation, path)
     assert refused.value.code == "native_transfer_value_unsupported"
     assert not (tmp_path / "run" / "chdata").exists() or target_rows(tmp_path / "run") == []
+
+
+def test_a_plan_loaded_twice_is_checked_again_and_the_password_is_in_no_repr(
+    tmp_path, postgres_schema
+):
+    """The sink keeps a checked plan's read for one load: a second load of the same plan (a
+    caller's retry) checks it again rather than failing; the login and the read print no
+    password."""
+    from dpone_native_transfer.connectors.clickhouse.pg_pulls import postgres_read
+    from dpone_native_transfer.payloads import LoadPlan
+
+    table = make_table(postgres_schema, EXACT_COLUMNS[:3])
+    source = PostgresSource(postgres_url(postgres_schema.dsn), table, "p")
+    plan = LoadPlan(
+        source=source,
+        columns=source.describe().columns,
+        bounds=({"partition": 0}, {"partition": 1}),
+        replace=False,
+    )
+    sink = clickhouse_sink.ClickHouseSink(str(tmp_path / "chdata"), "copy")
+    sink.check_plan(plan)
+    assert sink.load_plan(plan) == 2
+    assert sink.load_plan(plan) == 2
+    assert sink.row_count() == 4
+    password = psycopg.conninfo.conninfo_to_dict(postgres_schema.dsn)["password"]
+    login = source.engine_login()
+    assert login is not None and login.password == password
+    assert password not in repr(login) + repr(postgres_read(plan, table="copy"))

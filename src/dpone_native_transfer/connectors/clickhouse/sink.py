@@ -464,10 +464,12 @@ class ClickHouseSink(Sink, EnginePull):
         """The engine pulls the partitions from the SQLite file with its sqlite() table function,
         in as few INSERTs as ``PlanSQL.statements`` allows: it reads the whole file for each
         statement when the partition column has no index."""
+        if isinstance(payload.source, PostgresTable):
+            if self._postgres is None or self._postgres[0] is not payload:
+                self.check_plan(payload)  # a load without the check, or a second one
+            return self._postgres_fill(payload, self._postgres_read(payload))
         if self._checked is not payload:
             self.check_plan(payload)
-        if isinstance(payload.source, PostgresTable):
-            return self._postgres_fill(payload, self._postgres_read(payload))
         source = pulled_file(payload, engine="ClickHouse", table=self.table)
         bounds, names, wheres = plan_inserts(payload, source, table=self.table)
 
