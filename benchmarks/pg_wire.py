@@ -16,6 +16,8 @@ reverse order every other round, after a warm-up round; figures are medians of 3
 - dpone's legacy, staged and file-artifact paths, guarded, which read in bulk
   (``Source.bulk()``) into PostgreSQL and DuckDB, and into chDB are pulled by chDB itself
   (``postgresql()``); and lazy-plan into chDB;
+- into PostgreSQL, dpone's lazy-plan from another database of the server (a database made
+  for it, with the dblink extension);
 - dpone's staged path with the bulk read and the pull off: the rows as Python tuples, each
   value carried (what every path did before).
 
@@ -169,11 +171,24 @@ def _limit_chdb(dsn: str, schema: str, psycopg: Any) -> float:
 
 
 def _dpone(
-    url: str, schema: str, target: str, path: str, rows: int, psycopg: Any, *, bulk: bool
+    url: str,
+    schema: str,
+    target: str,
+    path: str,
+    rows: int,
+    psycopg: Any,
+    *,
+    bulk: bool,
+    into: str | None = None,
 ) -> float:
-    """One guarded full refresh into a fresh target: a new DuckDB file, or a new schema of the
-    server (the target's ledger and fence live beside its table), dropped afterwards."""
-    with scratch(f"pg-wire-{target}-{path}") as folder, _target_schema(url, psycopg) as own:
+    """One guarded full refresh into a fresh target: a new DuckDB file or chDB folder, or a new
+    schema of the server (the target's ledger and fence live beside its table), of the
+    source's database or of the one ``into`` names, dropped afterwards."""
+    target_url = into or url
+    with (
+        scratch(f"pg-wire-{target}-{path}") as folder,
+        _target_schema(target_url, psycopg) as own,
+    ):
         source = PostgresSource(url, f"{schema}.wire", "region")
         if not bulk:
             source.bulk = lambda: None  # type: ignore[method-assign]
@@ -183,7 +198,7 @@ def _dpone(
         elif target == "chdb":
             sink = ClickHouseSink(str(folder / "chdata"), "wire_copy")
         else:
-            sink = PostgresSink(url, f"{own}.dpone_copy")
+            sink = PostgresSink(target_url, f"{own}.dpone_copy")
         store = SQLiteCheckpointStore(folder / "checkpoints.db")
         try:
             spec = TransferSpec(
@@ -200,6 +215,23 @@ def _dpone(
     if result.rows_loaded != rows:
         raise AssertionError(f"{target} {path}: loaded {result.rows_loaded}, expected {rows}")
     return seconds
+
+
+@contextlib.contextmanager
+def _other_database(url: str, psycopg: Any) -> Iterator[str]:
+    """A database of the same server with the dblink extension: lazy-plan's target from
+    another database (``postgres_sink._Dblink``); its URL, dropped afterwards."""
+    name = f"dpone_bench_{secrets.token_hex(4)}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    other = url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        with psycopg.connect(other, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION dblink")
+        yield other
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @contextlib.contextmanager
@@ -222,10 +254,12 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
     rounds = max(3, sizes.runs // 2)
     raw: dict[str, Any] = {"rows": rows, "partitions": PARTITIONS, "rounds": rounds}
     results: list[Row] = []
-    with helper.server_dsn() as dsn, helper.isolated_schema(dsn) as location:
-        schema = location.schema
+    with contextlib.ExitStack() as stack:
+        dsn = stack.enter_context(helper.server_dsn())
+        schema = stack.enter_context(helper.isolated_schema(dsn)).schema
         _build(dsn, schema, rows, psycopg)
         url = helper.postgres_url(dsn)
+        other = stack.enter_context(_other_database(url, psycopg))
         limits = (("postgres", _limit_postgres), ("duckdb", _limit_duckdb), ("chdb", _limit_chdb))
         for target, limit in limits:
             cases: dict[str, Callable[[], float]] = {
@@ -238,6 +272,10 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
             cases["staged, rows"] = lambda target=target: _dpone(
                 url, schema, target, "staged", rows, psycopg, bulk=False
             )
+            if target == "postgres":  # the server pulls from another database, through dblink
+                cases["lazy-plan, another database"] = lambda: _dpone(
+                    url, schema, "postgres", "lazy-plan", rows, psycopg, bulk=True, into=other
+                )
             times: dict[str, list[float]] = {case: [] for case in cases}
             for number in range(rounds + 1):  # round 0 warms the caches
                 order = list(cases) if number % 2 else list(cases)[::-1]
