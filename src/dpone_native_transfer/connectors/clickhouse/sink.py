@@ -580,12 +580,16 @@ class ClickHouseSink(Sink, EnginePull):
         statement reads every bound in one snapshot of its own (no write to watch)."""
         if isinstance(plan.source, PostgresTable):
             read = self._postgres_read(plan)
-            reading = (read.bounds, f"{POSTGRES_READ}", read.columns, PULL_SETTINGS)
-            pulled = self._pull(plan, paths, *reading)
-            if pulled is None or outside(plan, read.limits):  # a value chDB read otherwise
+            try:
+                pulled = self._pull(plan, paths, read.bounds, POSTGRES_READ, read.columns,
+                                    PULL_SETTINGS)  # fmt: skip
+                if pulled is not None and not outside(plan, read.limits):
+                    return pulled  # else a value chDB read otherwise: thrown away
+            except BaseException:
                 unlink_all(paths)
-                return None
-            return pulled
+                raise
+            unlink_all(paths)
+            return None
         return self._read_checked(plan, lambda: self._pull(plan, paths), lambda: unlink_all(paths))
 
     def pull_stage(self, plan: LoadPlan) -> list[int] | None:
@@ -604,11 +608,15 @@ class ClickHouseSink(Sink, EnginePull):
 
         if isinstance(plan.source, PostgresTable):
             read = self._postgres_read(plan)
-            staged = self._fill_stage_postgres(plan, read)
-            if staged is None or outside(plan, read.limits):  # a value chDB read otherwise
+            try:
+                staged = self._fill_stage_postgres(plan, read)
+                if staged is not None and not outside(plan, read.limits):
+                    return staged  # else a value chDB read otherwise: thrown away
+            except BaseException:
                 drop()
-                return None
-            return staged
+                raise
+            drop()
+            return None
 
         return self._read_checked(plan, lambda: self._fill_stage(plan), drop)
 
