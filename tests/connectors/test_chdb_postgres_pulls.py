@@ -86,6 +86,7 @@ def make_table(location, columns, *, name: str = "src") -> str:
 
 def route(folder: Path, table: str, path: str, *, strategy="full_refresh", cursor="") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
+    table = table.replace("\\", "\\\\").replace('"', '\\"')  # a TOML string
     text = ROUTE.format(table=table, path=path, strategy=strategy, cursor=cursor)
     (folder / "route.toml").write_text(text, encoding="utf-8")
     return folder / "route.toml"
@@ -410,3 +411,44 @@ def test_a_worker_killed_inside_chdbs_pull_never_leaves_wrong_rows(tmp_path, pos
     with sink.client() as client:
         found = client.query_rows("SELECT count(), uniqExact(id), min(id), max(id) FROM copy")
     assert found == [(rows, rows, 1, rows)]
+
+
+@pytest.mark.parametrize(
+    ("schema_name", "columns", "read"),
+    [
+        ("odd sché`ma", ("p", "Ünï cödé", "select", "x`y", "a b"), "engine"),
+        ('we"ird', ("p", "v"), "rows"),
+        ("plain", ("p", "a\\b", "a\\\\b"), "rows"),
+    ],
+    ids=["names chDB quotes right", "a double quote", "backslashes"],
+)
+def test_odd_names_are_pulled_only_where_chdb_names_them_right(
+    tmp_path, postgres_schema, monkeypatch, schema_name, columns, read
+):
+    """ClickHouse names PostgreSQL identifiers with backslash escapes: a column ``a\\b`` is
+    sent as ``"a\\\\b"``, which is another column (here one that exists: its values would
+    land in the wrong column). Such a name declines the pull; unicode, spaces, backticks
+    and reserved words are pulled. Either way each value lands in its own column."""
+    schema = f"{postgres_schema.schema}_{schema_name}"
+
+    def ident(name: str) -> str:
+        return '"' + name.replace('"', '""') + '"'
+
+    relation = f"{ident(schema)}.{ident('t')}"
+    with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as conn:
+        conn.execute(f"CREATE SCHEMA {ident(schema)}")
+        defs = ", ".join(f"{ident(c)} integer" for c in columns)
+        conn.execute(f"CREATE TABLE {relation} (id bigint, {defs})")
+        values = ", ".join(str(10 * (n + 1)) for n in range(len(columns)))
+        conn.execute(f"INSERT INTO {relation} VALUES (1, {values}), (2, {values})")
+    try:
+        file = route(tmp_path / "run", f"{schema}.t", "file-artifact")
+        monkeypatch.setenv("PULL_DSN", postgres_url(postgres_schema.dsn))
+        monkeypatch.chdir(tmp_path / "run")
+        result, _ = transfer(load_route_config(file), new_run_id())
+        assert reads(result) == {read}
+        want = [(i, *(10 * (n + 1) for n in range(len(columns)))) for i in (1, 2)]
+        assert target_rows(tmp_path / "run") == want
+    finally:
+        with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {ident(schema)} CASCADE")

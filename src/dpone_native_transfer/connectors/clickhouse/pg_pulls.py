@@ -56,6 +56,9 @@ _LIMITS = {
 _INSTANT = re.compile(r"(\d{4})-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,6})?")
 _DATE = re.compile(r"(\d{4})-\d\d-\d\d")
 _CURSOR_KEYS = ("cursor_after", "cursor_from", "cursor_upto")
+# ClickHouse quotes PostgreSQL identifiers with backslash escapes, which PostgreSQL does not
+# read: a name with a backslash or a double quote names another column, or none (chDB 4.4).
+_UNSAFE_NAME = re.compile(r'[\\"\x00-\x1f\x7f]')
 
 
 @attrs.frozen(repr=False)
@@ -92,6 +95,13 @@ def postgres_read(plan: LoadPlan, *, table: str, values: bool = True) -> Postgre
             "and login, or the server's text is not UTF8",
             table=table,
         )
+    for name in (login.schema, login.table, *(column.name for column in plan.columns)):
+        if _UNSAFE_NAME.search(name):
+            raise PlanInexact(
+                f"a pull by chDB: it would name {name!r} otherwise in PostgreSQL (ClickHouse "
+                "escapes backslashes and double quotes PostgreSQL's way does not)",
+                diagnostics={"table": table, "identifier": name},
+            )
     kinds = {column.name: _base(column.decltype) for column in plan.columns}
     for column in plan.columns:
         base = kinds[column.name]
