@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+import sys
 import traceback
 from pathlib import Path
 
@@ -205,3 +206,26 @@ def test_the_source_password_dblink_reads_with_is_in_no_output_or_stored_record(
             if file.is_file():
                 assert dbs.password.encode() not in file.read_bytes(), file
         assert dbs.password.encode() not in server_log(postgres_dsn)
+
+
+def test_appends_from_another_database_load_each_new_row_once(tmp_path, postgres_dsn, monkeypatch):
+    """An append with a cursor, through dblink: the second run loads the rows written since,
+    and only them (the window's conditions OR-ed in one query of the source database)."""
+    with databases(postgres_dsn) as dbs:
+        table = dbs.source_table([("c", "bigint", "10", "20")])
+        source = dbs.dsn(dbs.source_db)
+        with contextlib.closing(psycopg.connect(source, autocommit=True)) as conn:
+            conn.execute("UPDATE s.src SET c = 5 WHERE c IS NULL")
+        text = ROUTE.replace(
+            'partition_column = "p"', 'partition_column = "p"\ncursor_column = "c"'
+        )
+        text = text.replace('strategy = "full_refresh"', 'strategy = "incremental_append"')
+        monkeypatch.setattr(sys.modules[__name__], "ROUTE", text)
+        first = run(tmp_path / "run", monkeypatch, dbs, table, "public.pulled", "lazy-plan")
+        with contextlib.closing(psycopg.connect(source, autocommit=True)) as conn:
+            conn.execute("INSERT INTO s.src (id, p, c) VALUES (4, 0, 30), (5, NULL, 40), (6, 7, 1)")
+        second = run(tmp_path / "run", monkeypatch, dbs, table, "public.pulled", "lazy-plan")
+        assert (first.rows_loaded, second.rows_loaded) == (3, 2)  # c = 1 is below the watermark
+        with contextlib.closing(psycopg.connect(dbs.dsn(dbs.target_db))) as conn:
+            ids = [r[0] for r in conn.execute("SELECT id FROM public.pulled ORDER BY id")]
+        assert ids == [1, 2, 3, 4, 5]

@@ -308,6 +308,17 @@ class PostgresSource(TableSource):
         placeholders, and its values: what ``PostgresSink`` pulls on lazy-plan."""
         return self._select(columns, bounds)
 
+    def select_any_sql(
+        self, bounds: Sequence[Mapping[str, Any]], *, columns: Sequence[Column]
+    ) -> tuple[str, list[Any]]:
+        """One ``SELECT`` of the rows of every partition of ``bounds`` (their conditions
+        OR-ed: one scan, each row in at most one partition), as ``select_sql`` gives each."""
+        wheres = [self._where(each) for each in bounds]
+        select = ", ".join(_value(column) for column in columns)
+        within = " OR ".join(f"({where})" for where, _ in wheres)
+        params = [value for _, own in wheres for value in own]
+        return f"SELECT {select} FROM {self._relation} WHERE {within}", params
+
     def _window(self, after: Any, upto: Any) -> tuple[str, list[Any]]:
         """`` WHERE`` clause of a cursor window ``(after, upto]``, or nothing."""
         conditions, params = self._window_conditions(after, upto)

@@ -568,6 +568,8 @@ class PostgresSink(Sink, EnginePull):
         values = ", ".join(_pulled_value(f"c{i}", column) for i, column in enumerate(plan.columns))
         insert = f"INSERT INTO {self._target.sql(_name)} ({names}) SELECT {values} FROM"
         statements = [source.select_sql(bounds, columns=plan.columns) for bounds in plan.bounds]
+        if dblink is not None:  # one query of the source database, one scan of the table
+            statements = [source.select_any_sql(plan.bounds, columns=plan.columns)]
         with self._transaction() as conn:
             self._fence_first(conn, ledger)
             _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
