@@ -193,6 +193,7 @@ _DBLINK_SESSION = (
     "SET extra_float_digits = 1",
 )
 _DBLINK_NAME = "dpone_pull"
+_MOST_PARAMETERS = 65_535  # one statement's parameters: the protocol counts them in 16 bits
 
 
 class _Dblink:
@@ -567,9 +568,11 @@ class PostgresSink(Sink, EnginePull):
         aliases = ", ".join(f"c{index}" for index in range(len(plan.columns)))
         values = ", ".join(_pulled_value(f"c{i}", column) for i, column in enumerate(plan.columns))
         insert = f"INSERT INTO {self._target.sql(_name)} ({names}) SELECT {values} FROM"
-        statements = [source.select_sql(bounds, columns=plan.columns) for bounds in plan.bounds]
-        if dblink is not None:  # one query of the source database, one scan of the table
-            statements = [source.select_any_sql(plan.bounds, columns=plan.columns)]
+        # one statement, one scan of the source table (a statement per partition scanned it
+        # once each without an index), while its parameters fit the protocol's count
+        statements = [source.select_any_sql(plan.bounds, columns=plan.columns)]
+        if len(statements[0][1]) > _MOST_PARAMETERS and dblink is None:
+            statements = [source.select_sql(b, columns=plan.columns) for b in plan.bounds]
         with self._transaction() as conn:
             self._fence_first(conn, ledger)
             _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
