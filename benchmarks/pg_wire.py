@@ -10,11 +10,16 @@ reverse order every other round, after a warm-up round; figures are medians of 3
 - the limit, measured in the same run: into PostgreSQL, binary ``COPY ... TO STDOUT`` piped
   into ``COPY ... FROM STDIN`` of another table of the same server; into DuckDB, ``COPY
   ... TO STDOUT`` in CSV parsed by ``pyarrow.csv`` with the explicit schema and loaded with
-  one ``INSERT ... SELECT`` of the Arrow stream (connectorx is not installed here);
+  one ``INSERT ... SELECT`` of the Arrow stream (connectorx is not installed here); into
+  ClickHouse (chDB), chDB's own ``INSERT INTO t SELECT * FROM postgresql(...)`` by hand, into
+  a MergeTree table of the same columns in a fresh chDB folder (the floor of chDB's pulls);
 - dpone's legacy, staged and file-artifact paths, guarded, which read in bulk
-  (``Source.bulk()``);
-- dpone's staged path with the bulk read off: the rows as Python tuples, each value carried
-  (what every path did before).
+  (``Source.bulk()``) into PostgreSQL and DuckDB, and into chDB are pulled by chDB itself
+  (``postgresql()``); and lazy-plan into chDB;
+- into PostgreSQL, dpone's lazy-plan from another database of the server (a database made
+  for it, with the dblink extension);
+- dpone's staged path with the bulk read and the pull off: the rows as Python tuples, each
+  value carried (what every path did before).
 
 Ratio = the path's median / the limit's median.
 """
@@ -28,6 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from dpone_native_transfer import SQLiteCheckpointStore, TransferRuntime, TransferSpec
+from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
 from dpone_native_transfer.connectors.duckdb import DuckDBSink
 from dpone_native_transfer.connectors.postgres import PostgresSource
 from dpone_native_transfer.connectors.postgres_sink import PostgresSink
@@ -36,6 +42,7 @@ from ._common import CHUNK_ROWS, Row, Sizes, log, median, scratch, timed
 from .batch import _import_server_helper
 
 PATHS = ("legacy", "staged", "file-artifact")
+CHDB_PATHS = (*PATHS, "lazy-plan")  # chDB pulls from PostgreSQL itself on every path
 PARTITIONS = 100
 DUCKDB_SCHEMA = (
     "id BIGINT, updated_at TIMESTAMPTZ, region VARCHAR, amount DECIMAL(12,2), score DOUBLE,"
@@ -130,19 +137,68 @@ class _Blocks(io.RawIOBase):
         return size
 
 
+def _limit_chdb(dsn: str, schema: str, psycopg: Any) -> float:
+    """chDB's own pull by hand: ``INSERT INTO t SELECT * FROM postgresql(...)``, the login as
+    query parameters, into a fresh folder's MergeTree table."""
+    import chdb.session
+
+    parts = psycopg.conninfo.conninfo_to_dict(dsn)
+    params = {
+        "server": f"{parts['host']}:{parts['port']}",
+        "db": parts["dbname"],
+        "user": parts["user"],
+        "password": parts["password"],
+        "schema": schema,
+    }
+    source = (
+        "postgresql({server:String}, {db:String}, 'wire', {user:String}, {password:String},"
+        " {schema:String})"
+    )
+    with scratch("pg-wire-limit-chdb") as folder:
+        session = chdb.session.Session(str(folder / "chdata"))
+        try:
+            session.query(
+                "CREATE TABLE wire (id Nullable(Int64), updated_at Nullable(DateTime64(6, 'UTC')),"
+                " region Nullable(String), amount Nullable(Decimal(12, 2)),"
+                " score Nullable(Float64), note Nullable(String)) ENGINE = MergeTree"
+                " ORDER BY tuple()"
+            )
+            insert = f"INSERT INTO wire SELECT * FROM {source} SETTINGS max_threads = 1"
+            seconds, _ = timed(lambda: session.query(insert, params=params))
+        finally:
+            session.close()
+    return seconds
+
+
 def _dpone(
-    url: str, schema: str, target: str, path: str, rows: int, psycopg: Any, *, bulk: bool
+    url: str,
+    schema: str,
+    target: str,
+    path: str,
+    rows: int,
+    psycopg: Any,
+    *,
+    bulk: bool,
+    into: str | None = None,
 ) -> float:
-    """One guarded full refresh into a fresh target: a new DuckDB file, or a new schema of the
-    server (the target's ledger and fence live beside its table), dropped afterwards."""
-    with scratch(f"pg-wire-{target}-{path}") as folder, _target_schema(url, psycopg) as own:
+    """One guarded full refresh into a fresh target: a new DuckDB file or chDB folder, or a new
+    schema of the server (the target's ledger and fence live beside its table), of the
+    source's database or of the one ``into`` names, dropped afterwards."""
+    target_url = into or url
+    with (
+        scratch(f"pg-wire-{target}-{path}") as folder,
+        _target_schema(target_url, psycopg) as own,
+    ):
         source = PostgresSource(url, f"{schema}.wire", "region")
         if not bulk:
             source.bulk = lambda: None  # type: ignore[method-assign]
+            source.engine_login = lambda: None  # type: ignore[method-assign]
         if target == "duckdb":
             sink: Any = DuckDBSink(folder / "target.duckdb", "wire_copy")
+        elif target == "chdb":
+            sink = ClickHouseSink(str(folder / "chdata"), "wire_copy")
         else:
-            sink = PostgresSink(url, f"{own}.dpone_copy")
+            sink = PostgresSink(target_url, f"{own}.dpone_copy")
         store = SQLiteCheckpointStore(folder / "checkpoints.db")
         try:
             spec = TransferSpec(
@@ -159,6 +215,23 @@ def _dpone(
     if result.rows_loaded != rows:
         raise AssertionError(f"{target} {path}: loaded {result.rows_loaded}, expected {rows}")
     return seconds
+
+
+@contextlib.contextmanager
+def _other_database(url: str, psycopg: Any) -> Iterator[str]:
+    """A database of the same server with the dblink extension: lazy-plan's target from
+    another database (``postgres_sink._Dblink``); its URL, dropped afterwards."""
+    name = f"dpone_bench_{secrets.token_hex(4)}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    other = url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        with psycopg.connect(other, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION dblink")
+        yield other
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @contextlib.contextmanager
@@ -181,21 +254,28 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
     rounds = max(3, sizes.runs // 2)
     raw: dict[str, Any] = {"rows": rows, "partitions": PARTITIONS, "rounds": rounds}
     results: list[Row] = []
-    with helper.server_dsn() as dsn, helper.isolated_schema(dsn) as location:
-        schema = location.schema
+    with contextlib.ExitStack() as stack:
+        dsn = stack.enter_context(helper.server_dsn())
+        schema = stack.enter_context(helper.isolated_schema(dsn)).schema
         _build(dsn, schema, rows, psycopg)
         url = helper.postgres_url(dsn)
-        for target, limit in (("postgres", _limit_postgres), ("duckdb", _limit_duckdb)):
+        other = stack.enter_context(_other_database(url, psycopg))
+        limits = (("postgres", _limit_postgres), ("duckdb", _limit_duckdb), ("chdb", _limit_chdb))
+        for target, limit in limits:
             cases: dict[str, Callable[[], float]] = {
                 "limit": lambda limit=limit: limit(dsn, schema, psycopg)
             }
-            for path in PATHS:
+            for path in CHDB_PATHS if target == "chdb" else PATHS:
                 cases[path] = lambda path=path, target=target: _dpone(
                     url, schema, target, path, rows, psycopg, bulk=True
                 )
             cases["staged, rows"] = lambda target=target: _dpone(
                 url, schema, target, "staged", rows, psycopg, bulk=False
             )
+            if target == "postgres":  # the server pulls from another database, through dblink
+                cases["lazy-plan, another database"] = lambda: _dpone(
+                    url, schema, "postgres", "lazy-plan", rows, psycopg, bulk=True, into=other
+                )
             times: dict[str, list[float]] = {case: [] for case in cases}
             for number in range(rounds + 1):  # round 0 warms the caches
                 order = list(cases) if number % 2 else list(cases)[::-1]

@@ -458,3 +458,38 @@ def test_a_worker_killed_inside_the_bulk_copy_is_not_blocked_and_loads_once(
     with contextlib.closing(duckdb.connect(str(tmp_path / "target.duckdb"), read_only=True)) as db:
         found = db.execute("SELECT count(*), count(DISTINCT id), min(id), max(id) FROM copy")
         assert found.fetchone() == (rows, rows, 1, rows)
+
+
+def test_duckdb_without_its_postgres_scanner_reads_the_bulk_files(
+    tmp_path, postgres_schema, monkeypatch
+):
+    """DuckDB's postgres extension is in no wheel and this machine cannot download it: the
+    detection (once per process, autoinstall off) finds it does not load, downloads nothing,
+    and every partition is read by the source's bulk read (the events say ``bulk``), with
+    Python reading no row."""
+    from dpone_native_transfer.application import new_run_id, transfer
+    from dpone_native_transfer.connectors.duckdb import connect
+    from dpone_native_transfer.events import EventName
+
+    table = make_table(postgres_schema, BULK_COLUMNS[:4], index=False)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "route.toml").write_text(
+        ROUTE.format(table=table, path="file-artifact", target=DUCKDB), encoding="utf-8"
+    )
+    monkeypatch.setenv("BULK_DSN", postgres_url(postgres_schema.dsn))
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(PostgresSource, "read", no_rows_read)
+    monkeypatch.setattr(PostgresSource, "read_partitions", no_rows_read)
+    connect.postgres_scanner_loads.cache_clear()
+    result, _ = transfer(load_route_config(folder / "route.toml"), new_run_id())
+    reads = [e.fields["read"] for e in result.events if e.name == EventName.PARTITION_EXTRACTED]
+    assert reads == ["bulk"] * 3 and result.rows_loaded == 3
+    asked = connect.postgres_scanner_loads.cache_info()
+    assert (asked.misses, asked.currsize) == (1, 1)  # detected once, for every partition
+    assert connect.postgres_scanner_loads() is False
+    import duckdb
+
+    version = duckdb.__version__
+    downloaded = list(Path.home().glob(f".duckdb/extensions/v{version}/*/postgres*"))
+    assert downloaded == []  # autoinstall off: nothing was fetched

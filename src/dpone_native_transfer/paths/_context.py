@@ -136,8 +136,10 @@ class PathContext:
 
     # -- what the hooks and the boundary need -----------------------------------------------
 
-    def extracted(self, index: int, rows: int, **diagnostics: Any) -> None:
-        """Record what extraction produced for ``candidates[index]``."""
+    def extracted(self, index: int, rows: int, *, read: str = "rows", **diagnostics: Any) -> None:
+        """Record what extraction produced for ``candidates[index]``, and how its rows were
+        read (the event's ``read``): ``rows`` by dpone, ``bulk`` by the source into files
+        (``Source.bulk()``), ``engine`` by the sink's engine from the source itself."""
         candidate = self.candidates[index]
         if self.edge is not None:
             diagnostics.update(self.edge.diagnostics(candidate.partition_id, persisted=True))
@@ -149,6 +151,7 @@ class PathContext:
             partition_id=candidate.partition_id,
             partition=bounds_label(candidate.partition_bounds, self.source.partition_column),
             rows=rows,
+            read=read,
             done=index + 1,
             of=len(self.candidates),
         )

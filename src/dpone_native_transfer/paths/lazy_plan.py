@@ -39,7 +39,7 @@ def lazy_plan_path(ctx: PathContext) -> int:
     if ctx.spec.governance.enabled:  # counting costs a source scan: only when a gate needs it
         counts = [ctx.source.count(candidate.partition_bounds) for candidate in ctx.candidates]
         for index, rows in enumerate(counts):
-            ctx.extracted(index, rows)
+            ctx.extracted(index, rows, read="engine")
         ctx.check_governance(sum(counts))
     else:
         ctx.planned()

@@ -58,6 +58,7 @@ from ...errors import (
     ConfigInvalid,
     InternalInvariantBroken,
     NativeTransferError,
+    SourceInvalid,
     TargetAccessRefused,
     TargetRowsUnproven,
     TargetUnavailable,
@@ -79,8 +80,9 @@ from .._sql import (
     refuse_reserved_schema,
     unavailable,
 )
-from ..contract import Sink, SinkFeatures
+from ..contract import Sink, SinkFeatures, Unsupported
 from ..contract.engine import EnginePull
+from ..contract.postgres_table import PostgresTable
 from ..sqlite_reading import (
     number_text_misread,
     pulled_file,
@@ -100,6 +102,7 @@ from .merge import (
     merge_table_sql,
     orders_as_source,
 )
+from .pg_pulls import POSTGRES_READ, PULL_SETTINGS, PostgresRead, outside, postgres_read
 from .pulls import (
     BOUND_TAG,
     SQLITE_READ,
@@ -207,6 +210,7 @@ class ClickHouseSink(Sink, EnginePull):
         )
         self._checked: LoadPlan | None = None  # the last plan check_plan passed
         self._checking: tuple[LoadPlan, Future[None]] | None = None  # can_pull's, running
+        self._postgres: tuple[LoadPlan, PostgresRead] | None = None  # a PostgreSQL plan's read
         self._holding = False  # within holding_connection
         self._held: ClickHouseClient | None = None  # its client, once a call opened it
 
@@ -554,7 +558,14 @@ class ClickHouseSink(Sink, EnginePull):
             client.command(f"ALTER TABLE {_ref(self._target)} {added}")
 
     def check_plan(self, plan: LoadPlan) -> None:
-        """Refuse a plan the engine cannot pull, before anything touches the target."""
+        """Refuse a plan the engine cannot pull, before anything touches the target: of a
+        PostgreSQL source, on chDB only (``postgres_read``)."""
+        if isinstance(plan.source, PostgresTable):
+            if self._location.kind != CHDB:
+                raise Unsupported("a pull of a PostgreSQL source by a ClickHouse server")
+            self._postgres = (plan, postgres_read(plan, table=self.table))
+            self._checked = plan
+            return
         source = with_safe_names(plan, table=self.table)
         engine_reads = {
             column.name: number_text_misread(column.decimal(MAX_DECIMAL_PRECISION))
@@ -571,6 +582,10 @@ class ClickHouseSink(Sink, EnginePull):
         """The engine pulls the partitions from the SQLite file with its sqlite() table function,
         in as few INSERTs as ``PlanSQL.statements`` allows: it reads the whole file for each
         statement when the partition column has no index."""
+        if isinstance(payload.source, PostgresTable):
+            if self._postgres is None or self._postgres[0] is not payload:
+                self.check_plan(payload)  # a load without the check, or a second one
+            return self._postgres_fill(payload, self._postgres_read(payload))
         if self._checked is not payload:
             self.check_plan(payload)
         source = pulled_file(payload, engine="ClickHouse", table=self.table)
@@ -588,6 +603,62 @@ class ClickHouseSink(Sink, EnginePull):
 
         return fill
 
+    def _postgres_fill(self, plan: LoadPlan, read: PostgresRead) -> Fill:
+        """lazy-plan from PostgreSQL: chDB reads the partitions with ``postgresql()``, one
+        ``INSERT ... SELECT`` per statement of ``PlanSQL.statements``, each with its own
+        deduplication token, as from SQLite."""
+        bounds, listed = read.bounds, plan.replace
+        names = column_list([column.name for column in plan.columns])
+        wheres = [bounds.where(part, listed=listed) for part in bounds.statements(listed=listed)]
+
+        def fill(client: ClickHouseClient, table: TableName, tokens: _Tokens) -> int:
+            before = _count(client, table)
+            for where in wheres:
+                try:
+                    client.command(
+                        f"INSERT INTO {_ref(table)} ({names}){insert_settings(tokens.next())}"
+                        f" SELECT {read.columns} FROM {POSTGRES_READ} WHERE {where}"
+                        f" SETTINGS {PULL_SETTINGS}",
+                        bounds.params,
+                    )
+                except NativeTransferError:
+                    raise
+                except Exception:  # chDB's text may quote a row's value: never chained
+                    pass
+                else:
+                    continue
+                raise SourceInvalid(
+                    f"chDB could not read the source rows of target table {self.table!r} "
+                    "from PostgreSQL (the table, the login's privileges or the server)",
+                    diagnostics={"table": self.table},
+                )
+            return _written(client, table, before)
+
+        return fill
+
+    def _postgres_read(self, plan: LoadPlan) -> PostgresRead:
+        """The read ``check_plan`` or ``can_pull`` made of this very plan."""
+        checked, self._postgres = self._postgres, None
+        if checked is None or checked[0] is not plan:
+            raise InternalInvariantBroken(
+                "ClickHouseSink was asked to pull a plan it did not check",
+                diagnostics={"table": self.table},
+            )
+        return checked[1]
+
+    def _can_pull_postgres(self, plan: LoadPlan, files: int) -> bool:
+        """A PostgreSQL source's plan, when ``postgres_read`` takes it and one statement reads
+        it; its read kept for the pull. Reads the source's catalog (and, with a date or
+        timestamp column, scans the partitions once)."""
+        try:
+            read = postgres_read(plan, table=self.table, values=False)  # asked after the pull
+        except ConfigInvalid:  # PlanInexact, Unsupported, a bound parameters do not take
+            return False
+        if len(read.bounds.statements(listed=plan.replace)) > 1:
+            return False
+        self._postgres = (plan, read)
+        return True
+
     def can_pull(self, plan: LoadPlan, files: int) -> bool:
         """On chDB (a server cannot write the client's files): partitions one
         statement reads (``PlanSQL.statements``), at most ``open_files_allowed()`` files (chDB
@@ -602,8 +673,10 @@ class ClickHouseSink(Sink, EnginePull):
             return False
         if BOUND_TAG in {column.name.lower() for column in plan.columns}:
             return False
+        if isinstance(plan.source, PostgresTable):
+            return self._can_pull_postgres(plan, files)
         try:
-            bounds = PlanSQL(plan, with_safe_names(plan, table=self.table))
+            bounds = PlanSQL.of_sqlite(plan, with_safe_names(plan, table=self.table))
         except ConfigInvalid:  # a bound value ClickHouse parameters do not take, too
             return False
         if len(bounds.statements(listed=plan.replace)) > 1:
@@ -621,7 +694,20 @@ class ClickHouseSink(Sink, EnginePull):
         tag, in the batches ``write_load_file`` writes (``recut``), so a retried INSERT
         deduplicates block by block; a full refresh's files are kept as written
         (``kept``). None when chDB's read failed or the source was written meanwhile
-        (``watching_writes``); no file is left."""
+        (``watching_writes``); no file is left. From PostgreSQL, ``postgresql()``'s one
+        statement reads every bound in one snapshot of its own (no write to watch)."""
+        if isinstance(plan.source, PostgresTable):
+            read = self._postgres_read(plan)
+            try:
+                pulled = self._pull(plan, paths, read.bounds, POSTGRES_READ, read.columns,
+                                    PULL_SETTINGS)  # fmt: skip
+                if pulled is not None and not outside(plan, read.limits):
+                    return pulled  # else a value chDB read otherwise: thrown away
+            except BaseException:
+                unlink_all(paths)
+                raise
+            unlink_all(paths)
+            return None
         return self._read_checked(plan, lambda: self._pull(plan, paths), lambda: unlink_all(paths))
 
     def pull_stage(self, plan: LoadPlan) -> list[int] | None:
@@ -631,11 +717,24 @@ class ClickHouseSink(Sink, EnginePull):
         left, when chDB's read failed, the source was written meanwhile, or the stage holds
         a partition or cursor column in a type other than chDB reads it as (the tag could
         then differ from the pull's). Faster than staging through the pulled file (figures:
-        docs/performance.md, fix 47)."""
+        docs/performance.md, fix 47). From PostgreSQL: ``postgresql()``'s one statement.
+        """
 
         def drop() -> None:
             with contextlib.suppress(Exception):
                 self.discard_stage()
+
+        if isinstance(plan.source, PostgresTable):
+            read = self._postgres_read(plan)
+            try:
+                staged = self._fill_stage_postgres(plan, read)
+                if staged is not None and not outside(plan, read.limits):
+                    return staged  # else a value chDB read otherwise: thrown away
+            except BaseException:
+                drop()
+                raise
+            drop()
+            return None
 
         return self._read_checked(plan, lambda: self._fill_stage(plan), drop)
 
@@ -668,9 +767,43 @@ class ClickHouseSink(Sink, EnginePull):
             if kept is None:
                 undo()
 
+    def _fill_stage_postgres(self, plan: LoadPlan, read: PostgresRead) -> list[int] | None:
+        """The stage filled by ``postgresql()``, each bound's count by the pull's tag over the
+        staged rows, when the stage holds the partition and cursor columns in the types the
+        pull casts them to (a stage made as an older target may not)."""
+        bounds, stage = read.bounds, _ref(self._stage)
+        where = bounds.where(range(len(plan.bounds)), listed=plan.replace)
+        names = column_list([column.name for column in plan.columns])
+        source = plan.source
+        keys = {source.partition_column, source.cursor_column} - {None}
+        made = {c.name: column_type(c) for c in plan.columns if c.name in keys}
+        try:
+            with self.client() as client:
+                self._new_stage(client, plan.columns)
+                staged = dict(_columns(client, self._stage))
+                if any(staged.get(name) != type_ for name, type_ in made.items()):
+                    return None
+                client.command(
+                    f"INSERT INTO {stage} ({names}) SELECT {read.columns} FROM {POSTGRES_READ}"
+                    f" WHERE {where} SETTINGS {PULL_SETTINGS}",
+                    bounds.params,
+                )
+                tagged = client.query_rows(
+                    f"SELECT toInt32({bounds.index()}) AS i, count() FROM {stage} GROUP BY i",
+                    bounds.params,
+                )
+        except Exception:  # of any type: chDB's own, never worded (it may quote a value)
+            return None
+        counts = [0] * len(plan.bounds)
+        for index, rows in tagged:
+            if not 0 <= index < len(counts):
+                return None
+            counts[index] += rows
+        return counts
+
     def _fill_stage(self, plan: LoadPlan) -> list[int] | None:
         source = pulled_file(plan, engine="ClickHouse", table=self.table)
-        bounds, stage = PlanSQL(plan, source), _ref(self._stage)
+        bounds, stage = PlanSQL.of_sqlite(plan, source), _ref(self._stage)
         where = bounds.where(range(len(plan.bounds)), listed=plan.replace)
         names = column_list([column.name for column in plan.columns])
         keys = [key for key in (source.partition_column, source.cursor_column) if key is not None]
@@ -703,15 +836,25 @@ class ClickHouseSink(Sink, EnginePull):
         return counts
 
     def _pull(
-        self, plan: LoadPlan, paths: Sequence[Path]
+        self,
+        plan: LoadPlan,
+        paths: Sequence[Path],
+        bounds: PlanSQL | None = None,
+        read: str = SQLITE_READ,
+        names: str | None = None,
+        settings: str = "max_threads = 1",
     ) -> tuple[list[LoadFile], list[int]] | None:
+        """The pull into files (``pull_load_files``): from ``read`` (``sqlite()`` of the plan's
+        file, unless another read, its conditions and columns are given)."""
         if file_pattern(paths[0].parent):  # file() would write elsewhere: Python reads
             return None
-        source = pulled_file(plan, engine="ClickHouse", table=self.table)
-        bounds = PlanSQL(plan, source)
+        if bounds is None:
+            bounds = PlanSQL.of_sqlite(
+                plan, pulled_file(plan, engine="ClickHouse", table=self.table)
+            )
         where = bounds.where(range(len(plan.bounds)), listed=plan.replace)
         params = dict(bounds.params)
-        names, tag = _pulled_columns(plan.columns), quote(BOUND_TAG)
+        names, tag = names or _pulled_columns(plan.columns), quote(BOUND_TAG)
         split = f" PARTITION BY {tag}" if len(paths) > 1 else ""
         try:
             with tempfile.TemporaryDirectory(prefix=".dpone-pull-", dir=paths[0].parent) as folder:
@@ -723,7 +866,7 @@ class ClickHouseSink(Sink, EnginePull):
                     client.command(
                         f"INSERT INTO FUNCTION file({{pull_file:String}}, 'ArrowStream'){split}"
                         f" SELECT {names}, toInt32({bounds.index()}) AS {tag}"
-                        f" FROM {SQLITE_READ} WHERE {where} SETTINGS max_threads = 1",
+                        f" FROM {read} WHERE {where} SETTINGS {settings}",
                         params,
                     )
                 rewrite = kept if plan.replace else recut
