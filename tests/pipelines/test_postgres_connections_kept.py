@@ -151,3 +151,18 @@ def test_a_connection_in_a_failed_copy_or_outside_a_run_is_closed(postgres_schem
         fresh = _connect(dsn)
         assert fresh is not copying
         postgres_release(fresh, dsn)
+
+
+def test_a_kept_connection_keeps_the_settings_its_dsn_gave(postgres_schema, connects):
+    """``DISCARD ALL`` resets a session to its defaults, and the DSN's ``options`` are
+    among them: a source table found through the DSN's ``search_path`` is found again."""
+    dsn, schema = postgres_schema
+    given = f"{dsn} options='-c search_path={schema}'"
+    with holding_connections():
+        first = _connect(given)
+        first.execute("SET search_path = public")
+        postgres_release(first, given)
+        again = _connect(given)
+        assert again is first
+        assert again.execute("SHOW search_path").fetchone()[0] == schema
+        postgres_release(again, given)
