@@ -509,9 +509,11 @@ def _take_kept(dsn: str) -> Any:
         try:
             conn.execute("SELECT 1")  # autocommit: a server that dropped it is found here
             conn.autocommit = False
-        except Exception:
+        except BaseException as error:
             with contextlib.suppress(Exception):
                 conn.close()
+            if not isinstance(error, Exception):  # a signal: closed, and raised on
+                raise
             continue
         return conn
 
