@@ -4,7 +4,9 @@ target (docs/connectors.md, "Choosing a path").
 1. ``lazy-plan``, when the sink's engine accepts the plan (``check_plan``: it reads this
    source itself, every value exactly): no row passes through Python.
 2. ``legacy``, when the source writes the rows in bulk files the engine loads
-   (``Source.bulk()``, ``EnginePull.reads_bulk_files``): PostgreSQL's own ``COPY``.
+   (``Source.bulk()``, ``EnginePull.reads_bulk_files``): PostgreSQL's own ``COPY``. (staged
+   fills its stage from the same files, but for an engine that stages rows itself, chDB,
+   which would have staged read them in Python.)
 3. ``staged`` otherwise: dpone reads the rows and the target call is the stage's swap.
 
 A choice refused by its check falls to the next before anything reaches the target; the
