@@ -34,7 +34,7 @@ __all__ = [
     "type_name",
 ]
 
-BUILTIN_PATH_NAMES = ("legacy", "staged", "file-artifact", "lazy-plan")
+BUILTIN_PATH_NAMES = ("legacy", "staged", "file-artifact", "lazy-plan", "auto")
 # Rows held in memory per chunk at most: beyond it a chunk is no longer a bounded buffer
 # (and 2**63 overflowed the drivers).
 MAX_CHUNK_ROWS = 10_000_000

@@ -48,6 +48,7 @@ from ..drivers import (
     import_driver,
     postgres_connect,
     postgres_failure,
+    postgres_release,
     resolve_env,
 )
 from ..errors import ConfigInvalid, NativeTransferError, SourceAccessRefused, SourceInvalid
@@ -188,11 +189,13 @@ class PostgresSource(TableSource):
             fix="fix the source DSN (its user, password or database) or the login's privileges",
         )
 
-    def _open(self, driver: Any) -> Any:
-        """A read-only connection in UTC/ISO; a server that refuses is ``_failed``."""
+    def _open(self, driver: Any, *, kept: bool = False) -> Any:
+        """A read-only connection in UTC/ISO; a server that refuses is ``_failed``. ``kept``:
+        one the run kept may be handed out, and is given back by ``_close``, never by a
+        read that may stop mid-stream (``postgres_release``)."""
         try:
             conn = postgres_connect(
-                driver, self._dsn, what="PostgreSQL source", failed=self._failed
+                driver, self._dsn, what="PostgreSQL source", failed=self._failed, kept=kept
             )
         except SourceInvalid:
             if self._holder is None:
@@ -203,7 +206,7 @@ class PostgresSource(TableSource):
             # takes it, so the attempt reads on without the snapshot, as it did before it.
             self._holder.close()
             self._holder = self._snapshot = None
-            return self._open(driver)
+            return self._open(driver, kept=kept)
         conn.read_only = True
         if self._snapshot is not None:  # importing a snapshot takes a repeatable read
             conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
@@ -218,7 +221,7 @@ class PostgresSource(TableSource):
             yield
             return
         driver = _driver()
-        conn = self._open(driver)
+        conn = self._open(driver, kept=True)
         try:
             conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
             exported = self._attempt(
@@ -232,7 +235,7 @@ class PostgresSource(TableSource):
             finally:
                 self._holder = self._snapshot = None
         finally:
-            conn.close()
+            postgres_release(conn, self._dsn)
 
     def _begin(self, conn: Any) -> Any:
         """Start the transaction, in the attempt's snapshot when one is held (``snapshot``)."""
@@ -254,11 +257,11 @@ class PostgresSource(TableSource):
     def _query(self, work: Callable[[Any], _T]) -> _T:
         """``work(conn)`` in a fresh read-only transaction; the connection is closed after."""
         driver = _driver()
-        conn = self._open(driver)
+        conn = self._open(driver, kept=True)
         try:
             return self._attempt(driver, lambda: work(self._begin(conn)))
         finally:
-            conn.close()
+            postgres_release(conn, self._dsn)
 
     def _columns(self, conn: Any) -> tuple[Column, ...]:
         """The table's columns; ``SourceInvalid`` when it or a named column does not exist."""
@@ -777,12 +780,12 @@ class PostgresSource(TableSource):
         """``work(conn)`` in one repeatable-read transaction, every statement in one snapshot
         (the attempt's when it holds one); the connection is closed after."""
         driver = _driver()
-        conn = self._open(driver)
+        conn = self._open(driver, kept=True)
         try:
             conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
             return self._attempt(driver, lambda: work(self._begin(conn)))
         finally:
-            conn.close()
+            postgres_release(conn, self._dsn)
 
     def _parallel_reads(
         self, reads: list[tuple[str, list[Any], Any]]

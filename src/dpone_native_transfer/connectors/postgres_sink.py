@@ -44,7 +44,13 @@ from ..column_types import (
     utc_instant,
     without_nul,
 )
-from ..drivers import ServerFailure, import_driver, postgres_connect, postgres_failure
+from ..drivers import (
+    ServerFailure,
+    import_driver,
+    postgres_connect,
+    postgres_failure,
+    postgres_release,
+)
 from ..errors import (
     ConfigInvalid,
     NativeTransferError,
@@ -349,7 +355,9 @@ class PostgresSink(Sink, EnginePull):
     def _transaction(self, *, read_only: bool = False) -> Iterator[Any]:
         """A connection in one transaction (UTC, ISO dates), committed when the block ends;
         any exception, even a BaseException, rolls it back and is re-raised unchanged."""
-        conn = postgres_connect(_driver(), self._dsn, what="PostgreSQL target", failed=self._failed)
+        conn = postgres_connect(
+            _driver(), self._dsn, what="PostgreSQL target", failed=self._failed, kept=True
+        )
         try:
             conn.read_only = read_only
             _session(conn)
@@ -360,7 +368,7 @@ class PostgresSink(Sink, EnginePull):
                 conn.rollback()
             raise
         finally:
-            conn.close()
+            postgres_release(conn, self._dsn)
 
     def _outside_call(
         self, work: Callable[[Any], _T], *, read_only: bool = True, to: str = "be read"

@@ -83,9 +83,11 @@ class PathContext:
     snapshot: SourceSnapshot = attrs.field(factory=lambda: SourceSnapshot(None))
     rows: RowReader = attrs.field(init=False)
     files: FileMaker = attrs.field(init=False)
+    path_name: str = attrs.field(init=False)  # the path that runs: ``auto`` names its choice
 
     def __attrs_post_init__(self) -> None:
         self.rows, self.files = RowReader(self), FileMaker(self)
+        self.path_name = self.spec.path
 
     @property
     def source(self) -> Source:
@@ -203,7 +205,7 @@ class PathContext:
         self.mutation = TargetMutation(
             route=self.route,
             run_id=self.spec.run_id,
-            path=self.spec.path,
+            path=self.path_name,
             operation=operation,
             candidates=tuple(self.candidates),
             store=self.store,
