@@ -76,6 +76,7 @@ from ._merge import (
     merge_statements,
     narrower_unique,
     unmergeable,
+    upsert_statements,
 )
 from ._sql import (
     STAGE_PREFIX,
@@ -149,6 +150,13 @@ _UNIQUES = """SELECT array_agg(a.attname ORDER BY k.n) FROM pg_index i
     CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
     LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
     WHERE i.indrelid = to_regclass(%s) AND i.indisunique GROUP BY i.indexrelid"""
+# The unique indexes an ON CONFLICT on their columns can use (``_arbiter``); an expression's
+# column (attnum 0) makes a NULL name, which matches no key.
+_ARBITERS = """SELECT array_agg(a.attname ORDER BY k.n) FROM pg_index i
+    CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
+    LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indimmediate AND i.indisvalid
+    AND i.indpred IS NULL GROUP BY i.indexrelid"""
 # Whether the login may read and delete a table's rows, as a merge does.
 _MERGEABLE = "SELECT has_table_privilege(%s, 'SELECT') AND has_table_privilege(%s, 'DELETE')"
 # Whether the login may write a table: INSERT on it, or CREATE where it would be created.
@@ -680,17 +688,34 @@ def _merge_rows(conn: Any, table: TableName, payload: RowChunks) -> int:
 def _merge(
     conn: Any, table: TableName, batch: TableName, names: Sequence[str], merge: Merge
 ) -> None:
-    """Merge ``batch`` into ``table`` (``_merge.merge_statements``); a missing target is
-    created with the batch's columns and types (less the deleted column) and the key as its
-    PRIMARY KEY."""
-    if not _columns(conn, table):
+    """Merge ``batch`` into ``table``; a missing target is created with the batch's columns
+    and types (less the deleted column) and the key as its PRIMARY KEY. A table with a unique
+    index on exactly the key takes ``_merge.upsert_statements`` (faster), any other
+    ``_merge.merge_statements``."""
+    existing = [n for n, _ in _columns(conn, table)]
+    arbiter = bool(existing) and _arbiter(conn, table, merge)
+    if not existing:
         _create_schema(conn, table)
         typed = [(n, t) for n, t in _columns(conn, batch) if n != merge.deleted]
         definitions = ", ".join(f"{_name(n)} {t}" for n, t in typed)
         key = key_constraint(merge, name=_name)
         _run(conn, f"CREATE TABLE {table.sql(_name)} ({definitions}{key})")
-    for statement in merge_statements(table.sql(_name), batch.sql(_name), names, merge, name=_name):
+        arbiter = True
+    target, rows = table.sql(_name), batch.sql(_name)
+    if arbiter:
+        unloaded = [n for n in existing if n not in names]
+        statements = upsert_statements(target, rows, names, merge, unloaded=unloaded, name=_name)
+    else:
+        statements = merge_statements(target, rows, names, merge, name=_name)
+    for statement in statements:
         _run(conn, statement)
+
+
+def _arbiter(conn: Any, table: TableName, merge: Merge) -> bool:
+    """Whether ``INSERT ... ON CONFLICT`` on the merge's key can use one of the table's
+    indexes: unique, checked at once (not deferrable), whole (not partial), valid, and on
+    exactly the key's columns."""
+    return any(set(names) == set(merge.key) for (names,) in conn.execute(_ARBITERS, [table.sql()]))
 
 
 def _refuse_long_names(columns: Sequence[Column], table: str) -> None:
