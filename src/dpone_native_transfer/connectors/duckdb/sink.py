@@ -26,7 +26,6 @@ import attrs
 
 from ...artifacts import open_files_allowed
 from ...column_types import Carry, carried_chunks, column_carriers
-from ...drivers import holding_connections
 from ...errors import (
     ConfigInvalid,
     InternalInvariantBroken,
@@ -163,12 +162,6 @@ class DuckDBSink(FileTarget, EnginePull):
     def identity(self) -> TableIdentity:
         """The file's resolved path; DuckDB matches table names case-insensitively."""
         return TableIdentity(file_location("duckdb", self.path), self._target.canonical())
-
-    def holding_connection(self) -> contextlib.AbstractContextManager[None]:
-        """The attempt's calls share one open of the file (``target_connection``), as
-        ``dpone-transfer run`` holds it, for a library run too: a run makes four to six
-        calls, and each open and close of a file costs 0.03-0.05 s (section 11)."""
-        return holding_connections()
 
     @property
     def _stage(self) -> TableName:
