@@ -133,15 +133,16 @@ def upsert_statements(
     columns the batch lacks, set to their default as a re-inserted row would have them.
 
     Measured on a 1,000,000-row target (``docs/connectors.md``, "Merge"): the DELETE of every
-    winner's key was planned as a walk of the whole key index, the DELETE of deleted keys
-    alone as index lookups."""
+    winner's key was planned as a walk of the whole key index; the DELETE of the deleted
+    keys alone, the winners counted (``ANALYZE``), as lookups in it."""
     winners, _, _, *drops = merge_statements(target, batch, names, merge, name=name)
     key, version, deleted = merge.key, merge.version, merge.deleted
     same_key = " AND ".join(f"{_WINNER}.{name(k)} = {_TARGET}.{name(k)}" for k in key)
     kept = "" if version is None else f" AND NOT {_newer(name(version), _WINNER)}"
     statements = [winners]
     gone = f"COALESCE(CAST({_WINNER}.{name(deleted)} AS INTEGER), 0)" if deleted else ""
-    if deleted is not None:
+    if deleted is not None:  # counted first: the planner then looks the few deleted keys up
+        statements.append(f"ANALYZE {name(MERGE_WINNERS)}")  # in the key's index
         statements.append(
             f"DELETE FROM {target} AS {_TARGET} USING {name(MERGE_WINNERS)} AS {_WINNER}"
             f" WHERE {same_key} AND {gone} <> 0{kept}"

@@ -242,6 +242,7 @@ class PostgresSink(Sink, EnginePull):
         self._dsn = _resolve_dsn(dsn, role="target")
         self.table = table
         self._checked: LoadPlan | None = None  # the last plan check_plan passed
+        self._held: list[Any] | None = None  # while holding: [] or [the shared connection]
         self.identity()  # a DSN that cannot be parsed is refused now, before any run
 
     def __repr__(self) -> str:
@@ -263,10 +264,33 @@ class PostgresSink(Sink, EnginePull):
     # --- connections ------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _transaction(self, *, read_only: bool = False) -> Iterator[Any]:
+    def holding_connection(self) -> Iterator[None]:
+        """The attempt's calls outside the target call (its checks, the ledger's read, the
+        fence) share one connection, each in a transaction of its own, and it is closed on
+        exit: a run made six connects, 0.02-0.03 s each. Between two calls it is an idle
+        session, holding no transaction and no lock; the target call has its own."""
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            for conn in held:
+                conn.close()
+
+    def _connect(self) -> Any:
+        return postgres_connect(_driver(), self._dsn, what="PostgreSQL target", failed=self._failed)
+
+    @contextlib.contextmanager
+    def _transaction(self, *, read_only: bool = False, shared: bool = False) -> Iterator[Any]:
         """A connection in one transaction (UTC, ISO dates), committed when the block ends;
-        any exception, even a BaseException, rolls it back and is re-raised unchanged."""
-        conn = postgres_connect(_driver(), self._dsn, what="PostgreSQL target", failed=self._failed)
+        any exception, even a BaseException, rolls it back and is re-raised unchanged.
+        ``shared``: the held connection (``holding_connection``) when there is one, kept
+        open after; closed and dropped when the block fails."""
+        held = self._held if shared else None
+        if held is None:
+            conn = self._connect()
+        else:
+            conn = held.pop() if held else self._connect()  # taken: a nested call opens one
         try:
             conn.read_only = read_only
             _session(conn)
@@ -275,9 +299,17 @@ class PostgresSink(Sink, EnginePull):
         except BaseException:
             with contextlib.suppress(Exception):
                 conn.rollback()
+            if held is not None:
+                conn.close()
             raise
         finally:
-            conn.close()
+            if held is None:
+                conn.close()
+        if held is not None:
+            if self._held is held and not held:
+                held.append(conn)
+            else:
+                conn.close()
 
     def _outside_call(
         self, work: Callable[[Any], _T], *, read_only: bool = True, to: str = "be read"
@@ -286,7 +318,7 @@ class PostgresSink(Sink, EnginePull):
         becomes ``TargetUnavailable``, with nothing chained (its text may hold SQL or values)."""
         driver = _driver()
         try:
-            with self._transaction(read_only=read_only) as conn:
+            with self._transaction(read_only=read_only, shared=True) as conn:
                 return work(conn)
         except driver.Error as exc:
             failure = postgres_failure(driver, exc)
