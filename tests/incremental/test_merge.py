@@ -816,9 +816,9 @@ def test_an_existing_postgres_table_merges_alike_with_or_without_an_index_on_the
 ):
     """Upsert (a unique index on exactly the key, checked at once, whole) or delete and
     insert (any other table): the same rows. A key updated holds the new version and its
-    unloaded column's default, as a re-inserted row; a key untouched keeps what was edited
-    into it; an older version after a newer one and a delete behind a newer row change
-    nothing."""
+    unloaded column's default, as a re-inserted row; a key whose target row is newer (its
+    version raised by hand) keeps it against an update and a delete; a key untouched keeps
+    what was edited into it."""
     import psycopg
 
     from dpone_native_transfer.connectors import postgres_sink
@@ -837,16 +837,19 @@ def test_an_existing_postgres_table_merges_alike_with_or_without_an_index_on_the
         cursor_column="v", primary_key=list(KEY), deleted_column="gone",
     )  # fmt: skip
     add(source, ("a", 1, "eu", 5, "new", False), ("a", 2, "us", 5, "new", False),
-        ("A", 1, "us", 5, "new", False), ("a", 3, "eu", 5, "new", False))  # fmt: skip
+        ("A", 1, "us", 5, "new", False), ("a", 3, "eu", 5, "new", False),
+        ("a", 4, "eu", 5, "new", False))  # fmt: skip
     assert run(route).returncode == 0
+    check_target(target, source)
     _make(target, "UPDATE events SET note = 'edited'")
+    _make(target, "UPDATE events SET v = 100 WHERE tenant = 'a' AND id IN (2, 3)")
     add(source, ("a", 1, "eu", 6, "paid", False), ("A", 1, "us", 6, "x", True),
-        ("a", 2, "eu", 4, "stale", False), ("a", 3, "eu", 3, "old", True),
+        ("a", 2, "eu", 6, "older", False), ("a", 3, "eu", 6, "older", True),
         ("b", 1, "us", 6, "new", False))  # fmt: skip
     done = run(route)
     assert done.returncode == 0, done.stderr
-    check_target(target, source)
-    assert target.rows("events", ("tenant", "id", "status", "note")) == [
-        ("a", 1, "paid", "default"), ("a", 2, "new", "edited"), ("a", 3, "new", "edited"),
-        ("b", 1, "new", "default"),
+    assert target.rows("events", ("tenant", "id", "v", "status", "note")) == [
+        ("a", 1, 6, "paid", "default"), ("a", 2, 100, "new", "edited"),
+        ("a", 3, 100, "new", "edited"), ("a", 4, 5, "new", "edited"),
+        ("b", 1, 6, "new", "default"),
     ]  # fmt: skip
