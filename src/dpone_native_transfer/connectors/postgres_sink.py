@@ -290,7 +290,9 @@ class PostgresSink(Sink, EnginePull):
         if held is None:
             conn = self._connect()
         else:
-            conn = held.pop() if held else self._connect()  # taken: a nested call opens one
+            conn = held.pop() if held else None  # taken by an outer call: this opens one
+            if conn is None or conn.closed:  # closed: the server ended the session
+                conn = self._connect()
         try:
             conn.read_only = read_only
             _session(conn)
