@@ -568,3 +568,22 @@ def test_a_postgres_target_needs_its_dsn_alone(target, key, says):
     with pytest.raises(ConfigInvalid, match=says) as refused:
         route_config_from_mapping(route)
     assert refused.value.diagnostics["key"] == key
+
+
+def test_a_run_connects_once_for_its_checks_and_once_for_the_target_call(route, monkeypatch):
+    """The calls outside the target call (the checks, the ledger, the fence) share the
+    connection the sink holds for the attempt (``holding_connection``); the target call has
+    its own. Each connect costs a run 0.02-0.03 s (docs/connectors.md, "Merge")."""
+    from dpone_native_transfer.connectors import postgres_sink
+
+    opened: list[Any] = []
+    connect = postgres_sink.postgres_connect
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        opened.append(connect(*args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(postgres_sink, "postgres_connect", counted)
+    route.run("run-1")
+    assert len(opened) == 2 and all(conn.closed for conn in opened)
+    assert route.target_rows() == route.source_rows()
