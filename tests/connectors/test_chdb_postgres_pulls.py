@@ -11,14 +11,13 @@ import decimal
 import math
 import os
 import secrets
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psycopg
 import pytest
+from helpers.cli import kill_while_copying
 from helpers.postgres_server import postgres_url
 
 from dpone_native_transfer.application import new_run_id, transfer
@@ -386,20 +385,9 @@ def test_a_worker_killed_inside_chdbs_pull_never_leaves_wrong_rows(tmp_path, pos
     file = route(tmp_path, f"{postgres_schema.schema}.src", path)
     env = {**os.environ, "PULL_DSN": dsn}
     script = str(Path(sys.executable).parent / "dpone-transfer")
-    copying = "SELECT count(*) FROM pg_stat_activity WHERE usename = %s"
-    copying += " AND query LIKE 'COPY%%' AND state = 'active'"
-    child = subprocess.Popen([script, "run", str(file), "--quiet"], env=env, cwd=tmp_path)
-    try:
-        with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as db:
-            deadline = time.monotonic() + 120
-            while not db.execute(copying, (role,)).fetchone()[0]:
-                assert child.poll() is None, "the run ended before chDB's COPY was seen"
-                assert time.monotonic() < deadline
-                time.sleep(0.005)
-        child.kill()
-    finally:
-        child.wait(timeout=60)
-    assert child.returncode == -signal.SIGKILL
+    kill_while_copying(
+        file, dsn=postgres_schema.dsn, who=("usename", role), env={"PULL_DSN": dsn}, cwd=tmp_path
+    )
     done = subprocess.run([script, "run", str(file), "--quiet"], env=env, cwd=tmp_path,
                           capture_output=True, text=True)  # fmt: skip
     sink = clickhouse_sink.ClickHouseSink(str(tmp_path / "chdata"), "copy")

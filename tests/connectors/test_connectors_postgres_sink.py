@@ -573,8 +573,8 @@ def test_a_postgres_target_needs_its_dsn_alone(target, key, says):
 def test_a_run_connects_once_for_its_checks_and_its_target_call(route, monkeypatch):
     """The attempt's calls (the checks, the ledger, the fence, the target call) reuse the
     connections the sink keeps for the attempt (``holding_connection``): one, or two where
-    a call runs inside another (lazy-plan), all closed when the attempt ends. Each connect costs a run 0.02-0.03 s
-    (docs/connectors.md, "Merge")."""
+    a call runs inside another (lazy-plan), all closed when the attempt ends. Each connect
+    costs a run 0.02-0.03 s (docs/connectors.md, "Merge")."""
     from dpone_native_transfer.connectors import postgres_sink
 
     handed: list[Any] = []

@@ -9,17 +9,13 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import duckdb
 import psycopg
 import pyarrow as pa
 import pytest
-from helpers.cli import run_cli
+from helpers.cli import kill_while_copying, run_cli
 from helpers.postgres_server import postgres_url
 
 from dpone_native_transfer.config import load_route_config
@@ -438,21 +434,12 @@ def test_a_worker_killed_inside_the_bulk_copy_is_not_blocked_and_loads_once(
     route = ROUTE.format(table=table, path="legacy", target=DUCKDB)
     (tmp_path / "route.toml").write_text(route, encoding="utf-8")
     env = {**os.environ, "BULK_DSN": postgres_url(postgres_schema.dsn, application_name=tag)}
-    script = str(Path(sys.executable).parent / "dpone-transfer")
-    copying = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
-    copying += " AND query LIKE 'COPY%%' AND state = 'active'"
-    child = subprocess.Popen([script, "run", str(tmp_path / "route.toml"), "--quiet"], env=env)
-    try:
-        with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as db:
-            deadline = time.monotonic() + 120
-            while not db.execute(copying, (tag,)).fetchone()[0]:
-                assert child.poll() is None, "the run ended before its COPY was seen"
-                assert time.monotonic() < deadline
-                time.sleep(0.005)
-        child.kill()
-    finally:
-        child.wait(timeout=60)
-    assert child.returncode == -signal.SIGKILL
+    kill_while_copying(
+        tmp_path / "route.toml",
+        dsn=postgres_schema.dsn,
+        who=("application_name", tag),
+        env={"BULK_DSN": env["BULK_DSN"]},
+    )
     done = run_cli("run", tmp_path / "route.toml", "--quiet", env={"BULK_DSN": env["BULK_DSN"]})
     assert done.returncode == 0, done.stderr
     with contextlib.closing(duckdb.connect(str(tmp_path / "target.duckdb"), read_only=True)) as db:
