@@ -1,10 +1,10 @@
 """Section 11: merge on a key, a run that changes 1% of a 1,000,000-row target.
 
 A SQLite source ``orders(id PRIMARY KEY, region, amount, updated_at, is_deleted)`` is
-merged into a DuckDB file and a PostgreSQL schema (a throwaway server, as section 4 starts
-it) once, untimed. Each measured round then changes 1% of the source (updates, deletes
-through ``is_deleted``, new keys; every changed row's ``updated_at`` above the last) and
-times:
+merged into a DuckDB file, a PostgreSQL schema (a throwaway server, as section 4 starts
+it) and a chDB data path once, untimed. Each measured round then changes 1% of the source
+(updates, deletes through ``is_deleted``, new keys; every changed row's ``updated_at``
+above the last) and times:
 
 - dpone: ``TransferRuntime.run`` of the merge route, guarded, per path (lazy-plan carries
   the rows as legacy on a merge route, so it is not measured apart);
@@ -12,14 +12,17 @@ times:
   costs besides the merge;
 - the floor: the same changed rows read from the source by hand, bulk-loaded into a
   temporary table of the target, and the engine's own ``MERGE`` statement (DuckDB,
-  PostgreSQL 15+) into a second 1,000,000-row table, in one transaction;
-- dlt 1.31's merge (``_dlt_merge_child.py``, in section 7's venv: ``make bench`` makes it,
-  or ``DPONE_BENCH_DLT_PYTHON``): ``sql_table`` incremental on ``updated_at``, pyarrow,
+  PostgreSQL 15+) into a second 1,000,000-row table, in one transaction; on chDB, which has
+  no ``MERGE``, its own way by hand: the rows (an Arrow file, as dpone's) inserted into a
+  ``ReplacingMergeTree(updated_at, is_deleted) ORDER BY id`` (the cursor as the version,
+  no read of the table), counted with ``FINAL``;
+- dlt 1.31's merge (``_dlt_child.py``, in section 7's venv: ``make bench`` makes it,
+  or ``DPONE_BENCH_DLT_PYTHON``): ``sql_database`` incremental on ``updated_at``, pyarrow,
   ``write_disposition`` merge with ``delete-insert``, ``primary_key="id"``,
   ``is_deleted`` as its ``hard_delete`` column, into a table and file of its own (first
   load untimed; before its timed round it catches up untimed, so each timed run merges
   one round's 1%, as dpone's do). Its ``pipeline.run`` is timed inside its process, as
-  dpone's ``run`` is.
+  dpone's ``run`` is. Not on chDB (dlt's ClickHouse destination needs a server).
 
 The paths, the floor, the append and dlt alternate within every round. Every round checks
 that every table holds the source's rows less deleted ones.
@@ -28,15 +31,14 @@ that every table holds the source's rows less deleted ones.
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import sqlite3
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from dpone_native_transfer import (
+    ClickHouseSink,
     DuckDBSink,
     PostgresSink,
     SQLiteCheckpointStore,
@@ -44,10 +46,11 @@ from dpone_native_transfer import (
     TransferRuntime,
     TransferSpec,
 )
+from dpone_native_transfer.payloads import Column
 
-from ._common import CHUNK_ROWS, REPO, WORK, Row, Sizes, cached_source, log, median, timed
+from ._common import CHUNK_ROWS, WORK, Row, Sizes, cached_source, log, median, timed
 from .batch import _import_server_helper
-from .peers import DLT_PYTHON, _dlt_missing, _dlt_version
+from .peers import _dlt_missing, _dlt_version, run_dlt
 
 TARGET_ROWS = {"full": 1_000_000, "quick": 20_000}
 CHANGED = 0.01  # of the target's rows: 40% updates, 30% deletes, 30% new keys
@@ -168,17 +171,24 @@ def _postgres_floor(psycopg: Any, dsn: str, schema: str, rows: list[tuple]) -> N
         db.execute(_MERGE.format(target="floor", batch="batch"))
 
 
+_CHDB_FLOOR = (
+    "CREATE TABLE floor (id Int64, region String, amount Nullable(Float64), updated_at UInt64,"
+    " is_deleted UInt8) ENGINE = ReplacingMergeTree(updated_at, is_deleted) ORDER BY id"
+)
+
+
+def _chdb_floor(sink: ClickHouseSink, rows: list[tuple]) -> None:
+    """ClickHouse's own merge by hand: one INSERT of the rows into the ReplacingMergeTree."""
+    declared = ("INTEGER", "TEXT", "REAL", "INTEGER", "INTEGER")
+    columns = [Column(name, kind) for name, kind in zip(COLUMNS, declared, strict=True)]
+    with sink.client() as client:
+        client.insert_rows("floor", columns, [[(*r[:4], int(r[4])) for r in rows]])
+
+
 def _dlt(request: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """One dlt merge run (``_dlt_merge_child.py``): its seconds and the rows it then holds."""
-    file = folder / "dlt-request.json"
-    file.write_text(json.dumps(request))
-    done = subprocess.run(
-        [str(DLT_PYTHON), str(REPO / "benchmarks" / "_dlt_merge_child.py"), str(file)],
-        capture_output=True, text=True, timeout=3600,
-    )  # fmt: skip
-    if done.returncode:
-        raise AssertionError(f"dlt merge: exit {done.returncode}: {done.stderr[-2000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    """One dlt merge run: its seconds and the rows it then holds."""
+    merge = {"cursor": "updated_at", "primary_key": "id", "hard_delete": "is_deleted"}
+    return run_dlt({**request, "name": "bench_merge", "tables": ["orders"], "merge": merge}, folder)
 
 
 # -- the measurement ----------------------------------------------------------------------------
@@ -237,12 +247,33 @@ def _targets(rows: int) -> Iterator[dict[str, tuple[Callable[..., Any], Callable
                 pg_counts,
                 {"destination": "postgres", "target": url, "dataset": f"{schema}_dlt"},
             )
+        data = folder / "chdata"
+
+        def ch_counts() -> tuple[int, int]:
+            with ClickHouseSink(data, "orders").client() as client:
+                sql = "SELECT count() FROM {} FINAL"
+                found = [client.query_rows(sql.format(t))[0] for t in TABLES]
+                return found[0][0], found[1][0]
+
+        found["clickhouse"] = (
+            lambda table="orders": ClickHouseSink(data, table),
+            lambda changed: _chdb_floor(ClickHouseSink(data, "floor"), changed),
+            ch_counts,
+            {},  # dlt's ClickHouse destination needs a server
+        )
         yield found
 
 
 def _floor_table(engine: str, sink: Any) -> None:
     """The floor's table: a copy of dpone's target after the first load, its key a PRIMARY
     KEY as dpone's."""
+    if engine == "clickhouse":
+        with sink.client() as client:
+            client.command(_CHDB_FLOOR)
+            client.command(
+                "INSERT INTO floor SELECT id, region, amount, updated_at, 0 FROM orders FINAL"
+            )
+        return
     if engine == "duckdb":
         import duckdb
 
@@ -278,13 +309,14 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
             _floor_table(engine, make_sink())
             appended = make_sink(table="appended")
             _run(store, source, appended, "legacy", append=True)  # its first load, untimed
-            kinds = (*PATHS, "floor", "append", *(() if missing else ("dlt",)))
+            dlt = not missing and bool(dlt_target)
+            kinds = (*PATHS, "floor", "append", *(("dlt",) if dlt else ()))
             request = {
                 **dlt_target,
                 "source": f"sqlite:///{source}",
                 "work": str(WORK / "runs" / "merge" / f"dlt-{engine}"),
             }
-            if not missing:
+            if dlt:
                 log(f"merge: dlt's first load of {rows:,} rows into {engine}")
                 _dlt(request, source.parent)
             times: dict[str, list[float]] = {path: [] for path in kinds}
@@ -320,7 +352,8 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
                         raise AssertionError(f"merge on {engine}: {counts()} != {live} rows")
             base = median(times["floor"])
             figures[engine] = {path: median(values) for path, values in times.items()}
-            results.append(Row("merge", f"{engine}: the engine's own MERGE (floor)", base, "s"))
+            own = "INSERT into a ReplacingMergeTree" if engine == "clickhouse" else "MERGE"
+            results.append(Row("merge", f"{engine}: the engine's own {own} (floor)", base, "s"))
             results.append(
                 Row("merge", f"{engine}: dpone append of the rows (legacy)",
                     median(times["append"]), "s", base, median(times["append"]) / base)
@@ -341,7 +374,7 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
                         met,
                     )  # fmt: skip
                 )
-            if missing:
+            if not dlt:
                 continue
             theirs = median(times["dlt"])
             results.append(

@@ -32,6 +32,7 @@ import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dpone_native_transfer import (
     SQLiteCheckpointStore,
@@ -179,17 +180,29 @@ def _chdb_native(source: Path, rows: int) -> float:
     return seconds
 
 
+def run_dlt(request: dict[str, Any], folder: Path, timeout: int = 3600) -> dict[str, Any]:
+    """One dlt run (``_dlt_child.py`` in dlt's venv) of ``request``: its seconds and rows."""
+    file = folder / "dlt-request.json"
+    file.write_text(json.dumps({"backend": "pyarrow", "dataset": "bench", **request}))
+    done = subprocess.run(
+        [str(DLT_PYTHON), str(REPO / "benchmarks" / "_dlt_child.py"), str(file)],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    if done.returncode:
+        raise AssertionError(f"dlt: exit {done.returncode}: {done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 def _dlt(source: Path, rows: int) -> float:
     with scratch("peers-dlt") as folder:
-        done = subprocess.run(
-            [str(DLT_PYTHON), str(REPO / "benchmarks" / "_dlt_child.py"), str(source),
-             SOURCE_TABLE, str(folder / "target.duckdb"), str(folder / "dlt")],
-            capture_output=True, text=True, check=True, timeout=600,
+        result = run_dlt(
+            {"source": f"sqlite:///{source}", "tables": [SOURCE_TABLE], "destination": "duckdb",
+             "target": str(folder / "target.duckdb"), "work": str(folder / "dlt")},
+            folder, timeout=600,
         )  # fmt: skip
-    result = json.loads(done.stdout.strip().splitlines()[-1])
     if result["rows"] != rows:
         raise AssertionError(f"dlt: {result['rows']} rows, not {rows}")
-    return result["seconds"]
+    return float(result["seconds"])
 
 
 # Guarded/unguarded pairs per round: one run of these transfers varies by about 10% on this

@@ -10,14 +10,20 @@ reverse order every other round, after a warm-up round; figures are medians of 3
 - the limit, measured in the same run: into PostgreSQL, binary ``COPY ... TO STDOUT`` piped
   into ``COPY ... FROM STDIN`` of another table of the same server; into DuckDB, ``COPY
   ... TO STDOUT`` in CSV parsed by ``pyarrow.csv`` with the explicit schema and loaded with
-  one ``INSERT ... SELECT`` of the Arrow stream (connectorx is not installed here);
+  one ``INSERT ... SELECT`` of the Arrow stream (connectorx is not installed here); into
+  ClickHouse (chDB), chDB's own ``INSERT INTO t SELECT * FROM postgresql(...)`` by hand, into
+  a MergeTree table of the same columns in a fresh chDB folder (the floor of chDB's pulls);
 - dpone's legacy, staged and file-artifact paths, guarded, which read in bulk
-  (``Source.bulk()``);
-- dpone's staged path with the bulk read off: the rows as Python tuples, each value carried
-  (what every path did before);
-- dlt 1.31's ``sql_database`` with its fastest backend here, connectorx (pyarrow when the
-  dlt venv lacks it), in dlt's own venv (``_dlt_pipeline_child.py``), in the same rounds.
-  Target: every dpone path at most a third of dlt's time.
+  (``Source.bulk()``) into PostgreSQL and DuckDB, and into chDB are pulled by chDB itself
+  (``postgresql()``); and lazy-plan into chDB;
+- into PostgreSQL, dpone's lazy-plan from another database of the server (a database made
+  for it, with the dblink extension);
+- dpone's staged path with the bulk read and the pull off: the rows as Python tuples, each
+  value carried (what every path did before);
+- into PostgreSQL and DuckDB, dlt 1.31's ``sql_database`` with its fastest backend here,
+  connectorx (pyarrow when the dlt venv lacks it), in dlt's own venv
+  (``_dlt_pipeline_child.py``), in the same rounds. Target: every dpone path at most a
+  third of dlt's time.
 
 Ratio = the path's median / the limit's median; the dlt rows: dpone's path / dlt's.
 """
@@ -33,6 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from dpone_native_transfer import SQLiteCheckpointStore, TransferRuntime, TransferSpec
+from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
 from dpone_native_transfer.connectors.duckdb import DuckDBSink
 from dpone_native_transfer.connectors.postgres import PostgresSource
 from dpone_native_transfer.connectors.postgres_sink import PostgresSink
@@ -42,6 +49,7 @@ from .batch import _import_server_helper
 from .peers import DLT_PYTHON, _dlt_missing
 
 PATHS = ("legacy", "staged", "file-artifact")
+CHDB_PATHS = (*PATHS, "lazy-plan")  # chDB pulls from PostgreSQL itself on every path
 PARTITIONS = 100
 DLT_SHARE = 1 / 3  # every path at least 3x faster than dlt
 DUCKDB_SCHEMA = (
@@ -137,19 +145,68 @@ class _Blocks(io.RawIOBase):
         return size
 
 
+def _limit_chdb(dsn: str, schema: str, psycopg: Any) -> float:
+    """chDB's own pull by hand: ``INSERT INTO t SELECT * FROM postgresql(...)``, the login as
+    query parameters, into a fresh folder's MergeTree table."""
+    import chdb.session
+
+    parts = psycopg.conninfo.conninfo_to_dict(dsn)
+    params = {
+        "server": f"{parts['host']}:{parts['port']}",
+        "db": parts["dbname"],
+        "user": parts["user"],
+        "password": parts["password"],
+        "schema": schema,
+    }
+    source = (
+        "postgresql({server:String}, {db:String}, 'wire', {user:String}, {password:String},"
+        " {schema:String})"
+    )
+    with scratch("pg-wire-limit-chdb") as folder:
+        session = chdb.session.Session(str(folder / "chdata"))
+        try:
+            session.query(
+                "CREATE TABLE wire (id Nullable(Int64), updated_at Nullable(DateTime64(6, 'UTC')),"
+                " region Nullable(String), amount Nullable(Decimal(12, 2)),"
+                " score Nullable(Float64), note Nullable(String)) ENGINE = MergeTree"
+                " ORDER BY tuple()"
+            )
+            insert = f"INSERT INTO wire SELECT * FROM {source} SETTINGS max_threads = 1"
+            seconds, _ = timed(lambda: session.query(insert, params=params))
+        finally:
+            session.close()
+    return seconds
+
+
 def _dpone(
-    url: str, schema: str, target: str, path: str, rows: int, psycopg: Any, *, bulk: bool
+    url: str,
+    schema: str,
+    target: str,
+    path: str,
+    rows: int,
+    psycopg: Any,
+    *,
+    bulk: bool,
+    into: str | None = None,
 ) -> float:
-    """One guarded full refresh into a fresh target: a new DuckDB file, or a new schema of the
-    server (the target's ledger and fence live beside its table), dropped afterwards."""
-    with scratch(f"pg-wire-{target}-{path}") as folder, _target_schema(url, psycopg) as own:
+    """One guarded full refresh into a fresh target: a new DuckDB file or chDB folder, or a new
+    schema of the server (the target's ledger and fence live beside its table), of the
+    source's database or of the one ``into`` names, dropped afterwards."""
+    target_url = into or url
+    with (
+        scratch(f"pg-wire-{target}-{path}") as folder,
+        _target_schema(target_url, psycopg) as own,
+    ):
         source = PostgresSource(url, f"{schema}.wire", "region")
         if not bulk:
             source.bulk = lambda: None  # type: ignore[method-assign]
+            source.engine_login = lambda: None  # type: ignore[method-assign]
         if target == "duckdb":
             sink: Any = DuckDBSink(folder / "target.duckdb", "wire_copy")
+        elif target == "chdb":
+            sink = ClickHouseSink(str(folder / "chdata"), "wire_copy")
         else:
-            sink = PostgresSink(url, f"{own}.dpone_copy")
+            sink = PostgresSink(target_url, f"{own}.dpone_copy")
         store = SQLiteCheckpointStore(folder / "checkpoints.db")
         try:
             spec = TransferSpec(
@@ -202,6 +259,23 @@ def _dlt(url: str, schema: str, target: str, rows: int, backend: str, psycopg: A
 
 
 @contextlib.contextmanager
+def _other_database(url: str, psycopg: Any) -> Iterator[str]:
+    """A database of the same server with the dblink extension: lazy-plan's target from
+    another database (``postgres_sink._Dblink``); its URL, dropped afterwards."""
+    name = f"dpone_bench_{secrets.token_hex(4)}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    other = url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        with psycopg.connect(other, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION dblink")
+        yield other
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
 def _target_schema(url: str, psycopg: Any) -> Iterator[str]:
     name = f"dpone_target_{secrets.token_hex(4)}"
     try:
@@ -226,22 +300,29 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
         print(f"section 2d: dlt rows skipped: {dlt_missing}", flush=True)
     backend = _dlt_backend() if dlt_missing is None else None
     raw["dlt"] = {"skipped": dlt_missing, "backend": backend}
-    with helper.server_dsn() as dsn, helper.isolated_schema(dsn) as location:
-        schema = location.schema
+    with contextlib.ExitStack() as stack:
+        dsn = stack.enter_context(helper.server_dsn())
+        schema = stack.enter_context(helper.isolated_schema(dsn)).schema
         _build(dsn, schema, rows, psycopg)
         url = helper.postgres_url(dsn)
-        for target, limit in (("postgres", _limit_postgres), ("duckdb", _limit_duckdb)):
+        other = stack.enter_context(_other_database(url, psycopg))
+        limits = (("postgres", _limit_postgres), ("duckdb", _limit_duckdb), ("chdb", _limit_chdb))
+        for target, limit in limits:
             cases: dict[str, Callable[[], float]] = {
                 "limit": lambda limit=limit: limit(dsn, schema, psycopg)
             }
-            for path in PATHS:
+            for path in CHDB_PATHS if target == "chdb" else PATHS:
                 cases[path] = lambda path=path, target=target: _dpone(
                     url, schema, target, path, rows, psycopg, bulk=True
                 )
             cases["staged, rows"] = lambda target=target: _dpone(
                 url, schema, target, "staged", rows, psycopg, bulk=False
             )
-            if backend is not None:
+            if target == "postgres":  # the server pulls from another database, through dblink
+                cases["lazy-plan, another database"] = lambda: _dpone(
+                    url, schema, "postgres", "lazy-plan", rows, psycopg, bulk=True, into=other
+                )
+            if backend is not None and target != "chdb":  # dlt has no chDB destination
                 cases["dlt"] = lambda target=target: _dlt(
                     url, schema, target, rows, backend, psycopg
                 )

@@ -16,11 +16,13 @@ source's catalog included) to the last table's commit. Per case:
   FROM sqlite_scan`` per table, PostgreSQL's ``CREATE TABLE AS SELECT *`` per table: the
   least any tool's run can take there, and so the least ratio to dlt there can be;
 - dlt 1.31's ``sql_database(table_names=...)`` into the same target, with its pyarrow and
-  its connectorx backend (``_dlt_pipeline_child.py``, in dlt's own venv); the faster of the
+  its connectorx backend (``_dlt_child.py``, in dlt's own venv); the faster of the
   two is the baseline. Target: dpone's faster jobs setting at most a third of dlt's time.
 
-The path is the fastest for each engine pair: lazy-plan where the target engine reads
-the source itself (SQLite into DuckDB, PostgreSQL into PostgreSQL), staged elsewhere.
+The path is ``auto``, a pipeline table's default: per table, the path measured fastest for
+its engine pair (lazy-plan where the target engine reads the source itself: SQLite into
+DuckDB, PostgreSQL into PostgreSQL; legacy from PostgreSQL's bulk files into DuckDB; staged
+from SQLite into PostgreSQL). The paths that ran are in the raw results (``paths``).
 """
 
 from __future__ import annotations
@@ -37,20 +39,15 @@ from dpone_native_transfer.connectors.duckdb.connect import sqlite_extension
 from dpone_native_transfer.pipeline import load_pipeline
 from dpone_native_transfer.pipeline_run import run_tables
 
-from ._common import REPO, Row, Sizes, cached_source, log, median, scratch, timed
+from ._common import Row, Sizes, cached_source, log, median, scratch, timed
 from .batch import _import_server_helper
-from .peers import DLT_PYTHON, _dlt_missing, rounds
+from .peers import _dlt_missing, rounds, run_dlt
 
 DLT_SHARE = 1 / 3  # at least 3x faster than dlt
 RUNS = 5
 BACKENDS = ("pyarrow", "connectorx")
 OWN_COPY = {("sqlite", "duckdb"), ("postgres", "postgres")}  # the target engine reads the source
-PATHS = {  # (source, target) -> the path
-    ("sqlite", "duckdb"): "lazy-plan",
-    ("sqlite", "postgres"): "staged",
-    ("postgres", "duckdb"): "staged",
-    ("postgres", "postgres"): "lazy-plan",
-}
+PATH = "auto"  # each table's path chosen by dpone, as a pipeline table's default
 
 
 def _names(tables: int) -> list[str]:
@@ -107,6 +104,7 @@ class _Case:
             source, target, tables, rows, env,
         )  # fmt: skip
         self.names = _names(tables)
+        self.paths_ran: list[str] = []  # the paths auto chose in the last dpone run
 
     @contextlib.contextmanager
     def fresh(self, label: str) -> Iterator[tuple[Path, dict[str, str], str]]:
@@ -135,14 +133,14 @@ class _Case:
     def dpone(self, jobs: int) -> float:
         with self.fresh(f"dpone-{jobs}") as (folder, target, _):
             source, tables = self.source_keys()
-            path = PATHS[(self.source, self.target)]
-            file = _pipeline_file(folder, source, target, tables, path)
+            file = _pipeline_file(folder, source, target, tables, PATH)
 
             def run() -> Any:
                 return run_tables(load_pipeline(file, rows=True).tables, "bench", jobs=jobs)
 
             seconds, result = timed(run)
             loaded = sum(table.rows_loaded for table in result.tables)
+            self.paths_ran = sorted({str(table.path) for table in result.tables})
         if result.exit_code or loaded != self.tables * self.rows:
             raise AssertionError(f"dpone jobs {jobs}: exit {result.exit_code}, {loaded} rows")
         return seconds
@@ -151,7 +149,7 @@ class _Case:
         """The tables in two halves, a ``dpone-transfer run --tables`` process each, at once."""
         with self.fresh("dpone-processes") as (folder, target, _):
             source, tables = self.source_keys()
-            file = _pipeline_file(folder, source, target, tables, PATHS[(self.source, self.target)])
+            file = _pipeline_file(folder, source, target, tables, PATH)
             prefix = f"{self.env['schema']}." if self.source == "postgres" else ""
             halves = [self.names[::2], self.names[1::2]]
             command = [sys.executable, "-m", "dpone_native_transfer", "run", str(file), "--quiet"]
@@ -233,15 +231,7 @@ class _Case:
                 "target": target.get("path") or self.env["url"],
                 "dataset": schema or "bench", "work": str(folder / "dlt"),
             }  # fmt: skip
-            (folder / "request.json").write_text(json.dumps(request))
-            done = subprocess.run(
-                [str(DLT_PYTHON), str(REPO / "benchmarks" / "_dlt_pipeline_child.py"),
-                 str(folder / "request.json")],
-                capture_output=True, text=True, timeout=3600,
-            )  # fmt: skip
-        if done.returncode:
-            raise AssertionError(f"dlt {backend}: exit {done.returncode}: {done.stderr[-2000:]}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+            result = run_dlt({**request, "name": "bench_pipeline"}, folder)
         if result["rows"] != self.tables * self.rows:
             raise AssertionError(f"dlt {backend}: {result['rows']} rows")
         return result["seconds"]
@@ -297,6 +287,7 @@ def _measure_case(
         cases |= {f"dlt {b}": (lambda b=b: case.dlt(b)) for b in BACKENDS}
     times = rounds(cases, runs, label=f"pipelines {label}")
     raw["seconds"][label] = times
+    raw.setdefault("paths", {})[label] = case.paths_ran
     section = "10 pipelines"
     jobs1, jobs2 = median(times["jobs 1"]), median(times["jobs 2"])
     rows = [Row(section, f"{label}: jobs 2 vs jobs 1", jobs2, "s", jobs1, jobs2 / jobs1)]

@@ -38,7 +38,7 @@ from dpone_native_transfer.connectors.clickhouse.sql import structure
 from dpone_native_transfer.connectors.duckdb.connect import sqlite_extension
 
 from ._common import PATHS, REPO, WORK, Row, Sizes, log, median, scratch, timed
-from .peers import DLT_PYTHON, _dlt_missing, _dlt_version, _ratio, rounds
+from .peers import _dlt_missing, _dlt_version, _ratio, rounds, run_dlt
 
 REAL_SCALE = float(os.environ.get("DPONE_BENCH_TPCH_SCALE", "0.1"))
 BEFORE_SRC = os.environ.get("DPONE_BENCH_BEFORE_SRC")
@@ -194,12 +194,11 @@ def _chdb_native(source: Path, table: str) -> tuple[float, int]:
 
 def _dlt(source: Path, table: str) -> tuple[float, int]:
     with scratch("real-dlt") as folder:
-        done = subprocess.run(
-            [str(DLT_PYTHON), str(REPO / "benchmarks" / "_dlt_child.py"), str(source),
-             table, str(folder / "target.duckdb"), str(folder / "dlt")],
-            capture_output=True, text=True, check=True, timeout=1200,
+        result = run_dlt(
+            {"source": f"sqlite:///{source}", "tables": [table], "destination": "duckdb",
+             "target": str(folder / "target.duckdb"), "work": str(folder / "dlt")},
+            folder, timeout=1200,
         )  # fmt: skip
-    result = json.loads(done.stdout.strip().splitlines()[-1])
     return result["seconds"], result["rows"]
 
 

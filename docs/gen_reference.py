@@ -19,6 +19,7 @@ from dpone_native_transfer import hookspecs
 from dpone_native_transfer.connectors import contract
 from dpone_native_transfer.connectors.contract.bulk import BulkRead
 from dpone_native_transfer.connectors.contract.engine import EnginePull
+from dpone_native_transfer.connectors.contract.postgres_table import PostgresTable
 from dpone_native_transfer.connectors.contract.sqlite_file import SQLiteFile
 from dpone_native_transfer.plugins import EVERY_IMPLEMENTATION_RUNS
 from dpone_native_transfer.testing.contract import protocol_members
@@ -68,7 +69,7 @@ def hook_reference() -> str:
 
 def contract_protocols() -> list[type]:
     """The parts of the contract: what every connector is, then the optional parts."""
-    return [contract.Source, contract.Sink, EnginePull, SQLiteFile, BulkRead]
+    return [contract.Source, contract.Sink, EnginePull, SQLiteFile, PostgresTable, BulkRead]
 
 
 KINDS = {
@@ -76,6 +77,7 @@ KINDS = {
     contract.Sink: "every sink",
     EnginePull: "optional: what `Sink.engine()` returns",
     SQLiteFile: "optional: a source other engines read",
+    PostgresTable: "optional: a source other engines read",
     BulkRead: "optional: what `Source.bulk()` returns",
 }
 

@@ -5,6 +5,7 @@ the tests share that is not a fixture lives in the ``helpers`` package."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,27 @@ from helpers import postgres_server  # noqa: E402
 from helpers.routes import PATHS, Route  # noqa: E402
 
 pytest_plugins = ["pytester"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--shard",
+        default=None,
+        help="I/N: run only the tests whose node id hashes to shard I of N (tests/shards.py)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With ``--shard I/N``, keep the tests of shard I: a stable hash of each node id."""
+    shard = config.getoption("--shard")
+    if not shard:
+        return
+    index, count = (int(part) for part in shard.split("/"))
+    kept, dropped = [], []
+    for item in items:
+        (kept if zlib.crc32(item.nodeid.encode()) % count == index else dropped).append(item)
+    config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
 
 
 @pytest.fixture

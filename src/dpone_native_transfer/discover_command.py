@@ -186,7 +186,7 @@ def pipeline_text(
         "",
         "[defaults]",
         'strategy = "incremental_append"',
-        'path = "staged"',
+        'path = "auto"  # per table, the fastest path for the source and target',
     ]
     for table in catalog:
         rows = "unknown rows" if table.rows is None else plural(table.rows, "row")

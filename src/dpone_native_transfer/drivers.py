@@ -47,6 +47,7 @@ __all__ = [
     "install_hint",
     "postgres_connect",
     "postgres_failure",
+    "postgres_release",
     "resolve_env",
 ]
 
@@ -180,9 +181,16 @@ def postgres_failure(driver: Any, exc: BaseException) -> ServerFailure | None:
 
 
 def postgres_connect(
-    driver: Any, dsn: str, *, what: str, failed: Callable[[ServerFailure], NativeTransferError]
+    driver: Any,
+    dsn: str,
+    *,
+    what: str,
+    failed: Callable[[ServerFailure], NativeTransferError],
+    kept: bool = False,
 ) -> Any:
     """Connect to ``dsn`` outside autocommit, with a connect timeout unless the DSN sets one.
+    ``kept``: while connections are held, a connection of ``dsn`` that ``postgres_release``
+    kept is handed out again instead (one connect per run, not one per call).
 
     A DSN the driver cannot parse is ``ConfigInvalid`` naming ``what`` (the
     parser's message quotes the DSN, password included, so it is dropped). A
@@ -198,10 +206,21 @@ def postgres_connect(
     if params is None:
         raise ConfigInvalid(f"the {what} DSN cannot be parsed", diagnostics={"key": "dsn"})
     extra = {} if "connect_timeout" in params else {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+    if kept and connections_held(_close_kept_postgres):
+        conn = _take_kept(dsn)
+        if conn is not None:
+            return conn
+    # a connection that may be kept prepares no statement: none outlives its call
+    settings = {**extra, "prepare_threshold": None} if kept else extra
     try:
-        return driver.connect(dsn, autocommit=False, **extra)
+        return driver.connect(dsn, autocommit=False, **settings)
     except driver.Error as exc:
         caught = exc
+    if kept and _close_kept_postgres():  # a login's last slots may be ours, idle: free them
+        try:
+            return driver.connect(dsn, autocommit=False, **settings)
+        except driver.Error as exc:
+            caught = exc
     raise failed(_connect_failure(driver, caught, params, extra))
 
 
@@ -395,7 +414,7 @@ def resolve_env(location: str, *, argument: str) -> str:
 
 _held = [0]  # how many ``holding_connections`` blocks are open in this process
 _held_lock = threading.Lock()
-_on_release: list[Callable[[], None]] = []
+_on_release: list[Callable[[], object]] = []
 
 
 @contextlib.contextmanager
@@ -418,10 +437,93 @@ def holding_connections() -> Iterator[None]:
             release()
 
 
-def connections_held(release: Callable[[], None]) -> bool:
+def connections_held(release: Callable[[], object]) -> bool:
     """Whether a ``holding_connections`` block is open; ``release`` (registered once) is
     called when the last one closes."""
     with _held_lock:
         if release not in _on_release:
             _on_release.append(release)
         return _held[0] > 0
+
+
+# -- PostgreSQL connections kept for the next call of a run ----------------------------------
+
+_KEPT_PER_DSN = 8  # idle connections kept per DSN: more than a run's jobs use at once
+_kept_postgres: dict[str, list[Any]] = {}
+
+
+def postgres_release(conn: Any, dsn: str) -> None:
+    """Give back a connection ``postgres_connect(kept=True)`` handed out: closed, or, while
+    connections are held, kept for the next call on ``dsn`` when it is healthy and its
+    session is reset to a new connection's: a transaction left open is rolled back (what
+    closing it would do), and ``DISCARD ALL`` drops whatever a session may hold (settings,
+    temporary tables, session locks; it prepares no statement: ``postgres_connect``). Any
+    doubt closes it."""
+    if conn.closed:
+        return
+    try:
+        reset = connections_held(_close_kept_postgres) and _reset(conn)
+    except BaseException:  # a signal while resetting: the connection is closed, not kept
+        conn.close()
+        raise
+    if not reset:
+        conn.close()
+        return
+    with _held_lock:
+        idle = _kept_postgres.setdefault(dsn, [])
+        if _held[0] and len(idle) < _KEPT_PER_DSN:
+            idle.append(conn)
+            return
+    conn.close()
+
+
+def _reset(conn: Any) -> bool:
+    """Whether ``conn`` is back to a new connection's state (autocommit on while idle)."""
+    try:
+        status = int(conn.info.transaction_status)
+        if status not in (_IDLE, _INTRANS, _INERROR) or conn.broken:
+            return False
+        if conn.prepare_threshold is not None:  # not made to be kept: it may hold statements
+            return False
+        if status != _IDLE:
+            conn.rollback()
+        conn.read_only = conn.isolation_level = conn.deferrable = None
+        conn.autocommit = True
+        conn.execute("DISCARD ALL")
+    except Exception:
+        return False
+    return True
+
+
+_IDLE, _INTRANS, _INERROR = 0, 2, 3  # libpq's PGTransactionStatusType
+
+
+def _take_kept(dsn: str) -> Any:
+    """A kept connection of ``dsn`` that still answers, outside autocommit; or None."""
+    while True:
+        with _held_lock:
+            idle = _kept_postgres.get(dsn)
+            if not idle:
+                return None
+            conn = idle.pop()
+        try:
+            conn.execute("SELECT 1")  # autocommit: a server that dropped it is found here
+            conn.autocommit = False
+        except BaseException as error:
+            with contextlib.suppress(Exception):
+                conn.close()
+            if not isinstance(error, Exception):  # a signal: closed, and raised on
+                raise
+            continue
+        return conn
+
+
+def _close_kept_postgres() -> bool:
+    """Close every kept connection; whether there was any (the last holding block's release)."""
+    with _held_lock:
+        idle = [conn for conns in _kept_postgres.values() for conn in conns]
+        _kept_postgres.clear()
+    for conn in idle:
+        with contextlib.suppress(Exception):
+            conn.close()
+    return bool(idle)

@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 REFERENCE = "::"  # PIPELINE::TABLE names one table's route
+AUTO_PATH = "auto"  # a table's path unless it names one: the fastest for its source and target
 _PATTERN = frozenset("*?[")
 
 # A table's settings, in [defaults] or its [tables.NAME], and the route-file section of each.
@@ -414,6 +415,7 @@ def _route(
         and info.range_key
     ):
         source.update(partition_column=info.range_key, partition_by="range")
+    document["transfer"].setdefault("path", AUTO_PATH)
     for key in ("strategy", "path"):
         origins.setdefault(f"transfer.{key}", _dotted("defaults", key))
     origins.setdefault("source.partition_column", _dotted("tables", name, "partition_column"))

@@ -86,6 +86,7 @@ class TableRun:
     rows_loaded: int = 0
     seconds: float = 0.0
     batch_id: str | None = None
+    path: str | None = None  # the path that ran (``auto``'s choice); None: no target call
     error: str | None = None  # the stable code, or a foreign error's type name
     exit_code: int = EXIT_OK  # what ``dpone-transfer run`` of the table alone would exit with
     failure: BaseException | None = attrs.field(default=None, eq=False, repr=False)
@@ -275,12 +276,15 @@ def _run(table: PipelineTable, run_one: RunTable, stop: threading.Event) -> Tabl
         rows_loaded=result.rows_loaded,
         seconds=seconds,
         batch_id=result.batch_id,
+        path=result.path,
     )
 
 
 # -- pipelines ----------------------------------------------------------------------------------
 
-_TABLE_HEADERS = ("TABLE", "TARGET", "OUTCOME", "COMMITTED", "SKIPPED", "ROWS", "SECONDS", "ERROR")
+_TABLE_HEADERS = (
+    "TABLE", "TARGET", "OUTCOME", "PATH", "COMMITTED", "SKIPPED", "ROWS", "SECONDS", "ERROR",
+)  # fmt: skip
 
 
 def table_progress_line(number: int, of: int, name: str, run: TableRun | None) -> str:
@@ -305,6 +309,7 @@ def pipeline_summary_lines(result: PipelineResult, run_id: str) -> list[str]:
             run.table,
             run.target_table,
             run.outcome,
+            run.path or "-",
             f"{run.committed_partitions:,}",
             f"{run.skipped_partitions:,}",
             f"{run.rows_loaded:,}",

@@ -157,7 +157,7 @@ class Prover:
         if entries is None:
             return Proof(UNKNOWN, self.reason or "the target cannot be read")
         found = _entry(entries, route, batch_id)
-        counted = self._counted(batch_id, checkpoints, listed=found is not None)
+        counted = self._counted(route, batch_id, checkpoints, listed=found is not None)
         if counted is not None:
             return counted
         if found is not None:
@@ -195,11 +195,20 @@ class Prover:
         )
 
     def _counted(
-        self, batch_id: str, checkpoints: Sequence[PartitionCheckpoint], *, listed: bool
+        self,
+        route: RouteKey,
+        batch_id: str,
+        checkpoints: Sequence[PartitionCheckpoint],
+        *,
+        listed: bool,
     ) -> Proof | None:
         """What the batch column proves, on a target whose ledger row proves nothing
-        (``Sink.batch_rows``, ``features.ledger_atomic`` False); None where it is not asked."""
+        (``Sink.batch_rows``, ``features.ledger_atomic`` False): the route's, or on a merge
+        route the one the sink keeps (``features.merge_batch_column``); None where it is
+        not asked."""
         sink, column = self._sink, self._batch_column
+        if column is None and route.strategy is Strategy.MERGE:
+            column = getattr(sink.features, "merge_batch_column", None)
         if column is None:
             return None
         if sink.features.ledger_atomic:

@@ -331,11 +331,15 @@ def summary_line(config: RouteConfig, run_id: str, result: TransferResult, secon
         + f"committed {plural(len(result.committed_partition_ids), 'partition')}, "
         f"skipped {len(result.skipped_partition_ids):,}, "
         f"loaded {plural(result.rows_loaded, 'row')} in {seconds:.2f} s{rate} "
-        f"(route {config.label}, {config.strategy}, path {config.path}, run {run_id}"
-        + ("" if result.guarded else ", UNGUARDED")
-        + ")"
-        + set_aside
+        f"(route {config.label}, {config.strategy}, path {_path_ran(config, result)}, "
+        f"run {run_id}" + ("" if result.guarded else ", UNGUARDED") + ")" + set_aside
     )
+
+
+def _path_ran(config: RouteConfig, result: TransferResult) -> str:
+    """``auto (lazy-plan)``: the configured path, and ``auto``'s choice when it made one."""
+    chosen = result.path not in (None, config.path)
+    return f"{config.path} ({result.path})" if chosen else config.path
 
 
 def run_summary(
@@ -346,6 +350,7 @@ def run_summary(
     return {
         "route": config.route.as_dict(),
         "path": config.path,
+        "path_ran": result.path,  # the path that ran (``auto``'s choice); None: no target call
         "run_id": run_id,
         "committed_partitions": len(result.committed_partition_ids),
         "skipped_partitions": len(result.skipped_partition_ids),

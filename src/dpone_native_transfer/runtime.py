@@ -59,6 +59,7 @@ from .ledger import (
     refresh_in_store,
 )
 from .paths import PathContext, SourceSnapshot, TransferPath
+from .paths.auto import auto_path
 from .paths.file_artifact import file_artifact_path
 from .paths.lazy_plan import lazy_plan_path
 from .paths.legacy import legacy_path
@@ -80,6 +81,7 @@ BUILTIN_PATHS: Mapping[str, TransferPath] = {
     "staged": staged_path,
     "file-artifact": file_artifact_path,
     "lazy-plan": lazy_plan_path,
+    "auto": auto_path,  # one of the four, chosen per table
 }
 
 
@@ -92,6 +94,7 @@ class TransferResult:
     batch_id: str | None = None
     guarded: bool = True  # False only when run unguarded on purpose (``plugins=[]``)
     rows_quarantined: int = 0  # rows set aside in the target's rejects table
+    path: str | None = None  # the path that ran (``auto``'s choice); None: no target call
 
 
 class TransferRuntime:
@@ -102,7 +105,7 @@ class TransferRuntime:
     adds to them). A run needs a plugin that claims the route scan (the guard),
     or it stops before any I/O: only ``plugins=[]`` or ``unguarded=True`` (with
     other plugins) runs unguarded, on purpose, and only on routes without
-    guards. ``paths`` adds connector-provided paths to the built-in four.
+    guards. ``paths`` adds connector-provided paths to the built-in ones.
     ``lease_seconds`` is how long a target table's lease lasts without a
     heartbeat (a killed worker's lease expires after it). ``store`` is a ``stores.Store``
     (what ``open_store`` returns); ``state_store`` keeps the source state and evidence
@@ -201,6 +204,7 @@ class TransferRuntime:
             guarded=not self.unguarded,
             batch_id=outcome.batch_id,
             rows_quarantined=outcome.rows_quarantined,
+            path=outcome.path,
         )
 
     def _scan(self, attempt: _Attempt) -> tuple[LatestCheckpoints, LedgerEntry | None, int | None]:
@@ -310,7 +314,7 @@ class TransferRuntime:
         evidence = {
             "run_id": spec.run_id,
             "route": route.as_dict(),
-            "path": spec.path,
+            "path": outcome.path or spec.path,
             "generation": plan.window.generation,
             "batch_id": outcome.batch_id,
             "committed_partition_ids": list(outcome.committed),
@@ -417,6 +421,7 @@ class _Outcome:
     rows_loaded: int = 0
     rows_quarantined: int = 0
     ran: tuple[PartitionCheckpoint, ...] = ()  # the committed candidates, edge rows recorded
+    path: str | None = None  # the path that ran (``auto``'s choice)
 
     @classmethod
     def of(cls, ctx: PathContext, rows_loaded: int) -> _Outcome:
@@ -453,6 +458,7 @@ class _Outcome:
             rows_loaded=rows_loaded,
             rows_quarantined=len(ctx.rejects),
             ran=ran,
+            path=ctx.path_name,
         )
 
 

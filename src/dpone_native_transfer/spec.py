@@ -34,7 +34,7 @@ __all__ = [
     "type_name",
 ]
 
-BUILTIN_PATH_NAMES = ("legacy", "staged", "file-artifact", "lazy-plan")
+BUILTIN_PATH_NAMES = ("legacy", "staged", "file-artifact", "lazy-plan", "auto")
 # Rows held in memory per chunk at most: beyond it a chunk is no longer a bounded buffer
 # (and 2**63 overflowed the drivers).
 MAX_CHUNK_ROWS = 10_000_000
@@ -257,7 +257,8 @@ class TransferSpec:
             raise _invalid(
                 "transfer.strategy",
                 f'= "merge" needs a target that merges, and this one ({self.sink.features.name}) '
-                "does not; use a SQLite, DuckDB or PostgreSQL target, or another strategy",
+                "does not; use a SQLite, DuckDB, PostgreSQL or ClickHouse target, or another "
+                "strategy",
             )
         if self.batch_column is not None:
             raise _invalid(

@@ -9,17 +9,13 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import duckdb
 import psycopg
 import pyarrow as pa
 import pytest
-from helpers.cli import run_cli
+from helpers.cli import kill_while_copying, run_cli
 from helpers.postgres_server import postgres_url
 
 from dpone_native_transfer.config import load_route_config
@@ -438,23 +434,49 @@ def test_a_worker_killed_inside_the_bulk_copy_is_not_blocked_and_loads_once(
     route = ROUTE.format(table=table, path="legacy", target=DUCKDB)
     (tmp_path / "route.toml").write_text(route, encoding="utf-8")
     env = {**os.environ, "BULK_DSN": postgres_url(postgres_schema.dsn, application_name=tag)}
-    script = str(Path(sys.executable).parent / "dpone-transfer")
-    copying = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
-    copying += " AND query LIKE 'COPY%%' AND state = 'active'"
-    child = subprocess.Popen([script, "run", str(tmp_path / "route.toml"), "--quiet"], env=env)
-    try:
-        with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as db:
-            deadline = time.monotonic() + 120
-            while not db.execute(copying, (tag,)).fetchone()[0]:
-                assert child.poll() is None, "the run ended before its COPY was seen"
-                assert time.monotonic() < deadline
-                time.sleep(0.005)
-        child.kill()
-    finally:
-        child.wait(timeout=60)
-    assert child.returncode == -signal.SIGKILL
+    kill_while_copying(
+        tmp_path / "route.toml",
+        dsn=postgres_schema.dsn,
+        who=("application_name", tag),
+        env={"BULK_DSN": env["BULK_DSN"]},
+    )
     done = run_cli("run", tmp_path / "route.toml", "--quiet", env={"BULK_DSN": env["BULK_DSN"]})
     assert done.returncode == 0, done.stderr
     with contextlib.closing(duckdb.connect(str(tmp_path / "target.duckdb"), read_only=True)) as db:
         found = db.execute("SELECT count(*), count(DISTINCT id), min(id), max(id) FROM copy")
         assert found.fetchone() == (rows, rows, 1, rows)
+
+
+def test_duckdb_without_its_postgres_scanner_reads_the_bulk_files(
+    tmp_path, postgres_schema, monkeypatch
+):
+    """DuckDB's postgres extension is in no wheel and this machine cannot download it: the
+    detection (once per process, autoinstall off) finds it does not load, downloads nothing,
+    and every partition is read by the source's bulk read (the events say ``bulk``), with
+    Python reading no row."""
+    from dpone_native_transfer.application import new_run_id, transfer
+    from dpone_native_transfer.connectors.duckdb import connect
+    from dpone_native_transfer.events import EventName
+
+    table = make_table(postgres_schema, BULK_COLUMNS[:4], index=False)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "route.toml").write_text(
+        ROUTE.format(table=table, path="file-artifact", target=DUCKDB), encoding="utf-8"
+    )
+    monkeypatch.setenv("BULK_DSN", postgres_url(postgres_schema.dsn))
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(PostgresSource, "read", no_rows_read)
+    monkeypatch.setattr(PostgresSource, "read_partitions", no_rows_read)
+    connect.postgres_scanner_loads.cache_clear()
+    result, _ = transfer(load_route_config(folder / "route.toml"), new_run_id())
+    reads = [e.fields["read"] for e in result.events if e.name == EventName.PARTITION_EXTRACTED]
+    assert reads == ["bulk"] * 3 and result.rows_loaded == 3
+    asked = connect.postgres_scanner_loads.cache_info()
+    assert (asked.misses, asked.currsize) == (1, 1)  # detected once, for every partition
+    assert connect.postgres_scanner_loads() is False
+    import duckdb
+
+    version = duckdb.__version__
+    downloaded = list(Path.home().glob(f".duckdb/extensions/v{version}/*/postgres*"))
+    assert downloaded == []  # autoinstall off: nothing was fetched

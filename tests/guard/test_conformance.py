@@ -76,6 +76,10 @@ class TestKitLazyPlan(BuiltinPath):
     path_name, builtin = "kit-lazy-plan", "lazy-plan"
 
 
+class TestKitAuto(BuiltinPath):
+    path_name, builtin = "kit-auto", "auto"
+
+
 class TestKitBulkCopy(GuardConformance):
     path_name = "kit-bulk-copy"
 

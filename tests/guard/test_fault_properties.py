@@ -1,6 +1,7 @@
 """Exhaustive fault injection: a hypothesis state machine over real SQLite files.
 
-Each example draws a route (path, strategy, partition count, row count) and
+Each example draws a route (path, strategy, partition count, row count; a merge
+route's target: SQLite, DuckDB or PostgreSQL, the others' SQLite) and
 then a sequence of steps: attempts, each after 0-40 new source rows and with
 at most one injected fault (plus, for faults that trigger a best-effort
 marker or a reconciliation read, optionally a second fault in that follow-up
@@ -57,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from helpers.postgres_server import postgres_url
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -69,8 +71,10 @@ from hypothesis.stateful import (
 )
 
 from dpone_native_transfer import (
+    DuckDBSink,
     ManualReconciliationRequired,
     PartitionCheckpointStatus,
+    PostgresSink,
     RouteKey,
     SQLiteCheckpointStore,
     SQLiteSink,
@@ -104,6 +108,8 @@ from dpone_target_commit_guard.policy import (
 
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
 STRATEGIES = ("incremental_append", "full_refresh", "merge")
+TARGETS = ("sqlite", "duckdb", "postgres")  # a merge route's; the other strategies: SQLite
+POSTGRES: dict[str, str] = {}  # "url": the session's server (set by the test, from its fixture)
 SOURCE_TABLE, TARGET_TABLE = "orders", "orders_copy"
 COMMITTED = PartitionCheckpointStatus.COMMITTED
 
@@ -134,6 +140,7 @@ PROFILE = "dpone-faults-soak" if SOAK else "dpone-faults"
 STATS: Counter[str] = Counter()
 FAULT_POINTS: set[str] = set()
 ROUTE_SHAPES: set[tuple[str, str]] = set()
+MERGE_TARGETS: set[str] = set()
 HOSTILE = ("none", "listener", "plugin")
 HOSTILE_SEEN: set[str] = set()
 
@@ -307,6 +314,7 @@ class FaultMachine(RuleBasedStateMachine):
         self.in_step = False  # True while a step runs: a failed step skips the final drain
         self.versions: list[tuple] = []  # merge: every (id, region, amount, updated_at, gone)
         self.unapplied: list[tuple] = []  # merge: the target's rows before the blocked batch
+        self.target, self.schema = "sqlite", ""
         STATS["examples"] += 1
 
     # set-up ----------------------------------------------------------------------------
@@ -318,12 +326,16 @@ class FaultMachine(RuleBasedStateMachine):
         partitions=st.integers(1, 6),
         rows=st.integers(0, 200),
         hostile=st.sampled_from(HOSTILE),
+        engine=st.sampled_from(TARGETS),
     )
     def build_route(
-        self, path: str, strategy: str, partitions: int, rows: int, hostile: str
+        self, path: str, strategy: str, partitions: int, rows: int, hostile: str, engine: str
     ) -> None:
         self.path, self.strategy = path, strategy
         ROUTE_SHAPES.add((path, strategy))
+        if strategy == "merge":
+            self.target = engine
+            MERGE_TARGETS.add(engine)
         HOSTILE_SEEN.add(hostile)
         # Issue 13.8, kept under faults: a listener that raises on every event, or a
         # third-party plugin answering the after-call hooks before the guard, changes nothing.
@@ -343,10 +355,26 @@ class FaultMachine(RuleBasedStateMachine):
             )
             self.versions = self.query(self.source_path, f"SELECT * FROM {SOURCE_TABLE}")
         self.source = SQLiteSource(str(self.source_path), SOURCE_TABLE, "region", "updated_at")
-        self.sink = RecordingSink(SQLiteSink(str(self.target_path), TARGET_TABLE))
+        self.sink = RecordingSink(self.make_sink())
         self.real_store = SQLiteCheckpointStore(self.tmp / "checkpoints.db")
         self.clock = StepClock()
         self.route = route_key(self.source, self.sink, strategy)  # located in these files
+
+    def make_sink(self) -> Any:
+        """The target: a SQLite or DuckDB file, or a table in a PostgreSQL schema of its own."""
+        if self.target == "duckdb":
+            return DuckDBSink(str(self.tmp / "target.duckdb"), TARGET_TABLE)
+        if self.target == "postgres":
+            self.schema = f"faults_{os.urandom(6).hex()}"
+            self.postgres(f'CREATE SCHEMA "{self.schema}"')
+            return PostgresSink(POSTGRES["url"], f"{self.schema}.{TARGET_TABLE}")
+        return SQLiteSink(str(self.target_path), TARGET_TABLE)
+
+    def postgres(self, sql: str) -> None:
+        import psycopg
+
+        with contextlib.closing(psycopg.connect(POSTGRES["url"], autocommit=True)) as conn:
+            conn.execute(sql)
 
     def teardown(self) -> None:
         try:
@@ -355,6 +383,8 @@ class FaultMachine(RuleBasedStateMachine):
         finally:
             if self.real_store is not None:
                 self.real_store.close()
+            if self.schema:
+                self.postgres(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     # reading the world -----------------------------------------------------------------
@@ -400,7 +430,19 @@ class FaultMachine(RuleBasedStateMachine):
                 assert target[key] in earlier, (key, target[key])
 
     def target_rows(self) -> list[tuple]:
-        return sorted(tuple(row) for row in self.sink.inner.rows())
+        """Every target row, sorted, read with the engine's own client."""
+        if self.target != "duckdb":
+            return sorted(tuple(row) for row in self.sink.inner.rows())
+        path = self.tmp / "target.duckdb"
+        if not path.is_file():
+            return []
+        import duckdb
+
+        with contextlib.closing(duckdb.connect(str(path))) as conn:
+            sql = "SELECT count(*) FROM information_schema.tables WHERE table_name = ?"
+            if not conn.execute(sql, [TARGET_TABLE]).fetchone()[0]:
+                return []
+            return sorted(conn.execute(f"SELECT * FROM {TARGET_TABLE}").fetchall())
 
     def watermark(self) -> Any:
         state = self.real_store.load_source_state(self.route)
@@ -426,7 +468,7 @@ class FaultMachine(RuleBasedStateMachine):
         return [row[0] for row in self.query(self.source_path, sql, params)]
 
     def target_ids(self) -> list[int]:
-        return [row[0] for row in self.sink.inner.rows()]
+        return [row[0] for row in self.target_rows()]
 
     def latest(self):
         return self.real_store.list_latest(self.route)
@@ -774,6 +816,7 @@ class FaultMachine(RuleBasedStateMachine):
 
 
 def test_single_faults_and_retries_never_duplicate_and_blocked_routes_stay_blocked(request):
+    POSTGRES["url"] = postgres_url(request.getfixturevalue("postgres_dsn"))
     started = time.perf_counter()
     try:
         run_state_machine_as_test(FaultMachine, settings=settings.get_profile(PROFILE))
@@ -786,6 +829,7 @@ def test_single_faults_and_retries_never_duplicate_and_blocked_routes_stay_block
     assert HOSTILE_SEEN == set(HOSTILE), "a hostile listener or plugin never ran"
     assert {strategy for _, strategy in ROUTE_SHAPES} == set(STRATEGIES), "a strategy never ran"
     assert STATS["merge_resolved_partitions"] > 0, "no merge route was ever blocked and resolved"
+    assert MERGE_TARGETS == set(TARGETS), "a merge route never ran on a target"
     fired = {point.split("+")[0].split(":keep=")[0] for point in FAULT_POINTS}
     assert fired == PRIMARY_POINTS, f"faults that never fired: {sorted(PRIMARY_POINTS - fired)}"
 
@@ -808,6 +852,7 @@ def figures(seconds: float) -> dict[str, Any]:
         "distinct_fault_points": len(FAULT_POINTS),
         "fault_points_by_kind": dict(sorted(kinds.items())),
         "route_shapes": sorted(f"{path}/{strategy}" for path, strategy in ROUTE_SHAPES),
+        "merge_targets": sorted(MERGE_TARGETS),
         "hostile_hooks": sorted(HOSTILE_SEEN),
         "fault_points": sorted(FAULT_POINTS),
     }

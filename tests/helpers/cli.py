@@ -31,3 +31,32 @@ def run_cli(*args: object, env: Mapping[str, str] | None = None) -> subprocess.C
             else:
                 os.environ[key] = value
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+def kill_while_copying(
+    route: Path, *, dsn: str, who: tuple[str, str], env: Mapping[str, str], cwd: Path | None = None
+) -> None:
+    """Run ``dpone-transfer run ROUTE`` and SIGKILL it once the server shows its ``COPY``
+    active in ``pg_stat_activity`` (``who``: the column and value that find the session, e.g.
+    ``("usename", role)``); fails if the run ends first."""
+    import signal
+    import time
+
+    import psycopg
+
+    column, value = who
+    copying = f"SELECT count(*) FROM pg_stat_activity WHERE {column} = %s"
+    copying += " AND query LIKE 'COPY%%' AND state = 'active'"
+    command = [SCRIPT, "run", str(route), "--quiet"]
+    child = subprocess.Popen(command, env={**os.environ, **env}, cwd=cwd)
+    try:
+        with contextlib.closing(psycopg.connect(dsn, autocommit=True)) as db:
+            deadline = time.monotonic() + 120
+            while not db.execute(copying, (value,)).fetchone()[0]:
+                assert child.poll() is None, "the run ended before its COPY was seen"
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+        child.kill()
+    finally:
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL

@@ -481,7 +481,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     killer = Killer(case["point"], Path(case["marker"]), SIGNALS[case["signal"]])
     _recording_leases()
     source = place.make_source()
-    if place.path != "lazy-plan":  # lazy-plan's extraction is the sink's (``TargetSeams``)
+    # lazy-plan's extraction is the sink's (``TargetSeams``); it carries a merge route's rows
+    # as legacy does, read from the source
+    if place.path != "lazy-plan" or place.merge:
         source = crash_source(place, killer)
     spec = transfer_spec(
         source,

@@ -54,6 +54,7 @@ class Place:
     url: str | None = None
     schema: str | None = None
     merge: bool = False  # a merge route on ``id``, its source's ``gone`` column deleting
+    composite: bool = False  # a merge route on (``tenant``, ``id``): an id under two tenants
     source: str = "sqlite"  # or "postgres": the sample's copy in ``schema`` of ``url``
 
     def as_dict(self) -> dict[str, Any]:
@@ -67,9 +68,12 @@ class Place:
 
     @property
     def pg_source(self) -> bool:
-        """True when the source is the PostgreSQL copy (asked for, or lazy-plan into
-        PostgreSQL)."""
-        return self.source == "postgres" or (self.target == "postgres" and self.path == "lazy-plan")
+        """True when the source is the PostgreSQL copy: asked for, or lazy-plan into
+        PostgreSQL. A merge route's lazy-plan carries the rows as legacy does
+        (``paths/lazy_plan.py``): SQLite's."""
+        if self.source == "postgres":
+            return True
+        return self.target == "postgres" and self.path == "lazy-plan" and not self.merge
 
     @property
     def source_path(self) -> Path:
@@ -112,20 +116,43 @@ class Place:
         """The strategy (and a merge route's key and deleted column) of the case's spec."""
         if not self.merge:
             return {"strategy": "incremental_append"}
-        return {"strategy": "merge", "primary_key": ("id",), "deleted_column": "gone"}
+        return {"strategy": "merge", "primary_key": self.key, "deleted_column": "gone"}
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """A row's identity: the merge key, or ``id``."""
+        return ("tenant", "id") if self.composite else ("id",)
+
+    @property
+    def _columns(self) -> str:
+        """A merge route's loaded columns, key first (what ``target_rows`` compares)."""
+        return ", ".join((*self.key, "region", "amount", "updated_at"))
 
     # --- a merge route's rows -----------------------------------------------------------------
 
     def add_deleted_column(self) -> None:
-        """The SQLite source's ``gone`` column, 0 for every row (merge cases read SQLite)."""
+        """The SQLite source's ``gone`` column, 0 for every row (merge cases read SQLite); a
+        composite route's source is keyed on (``tenant``, ``id``), its tenants ``a`` and
+        ``A`` (by the id's parity), so that new keys can repeat an id under the other case."""
         with contextlib.closing(sqlite3.connect(self.source_path)) as db:
             db.execute(f"ALTER TABLE {SOURCE_TABLE} ADD COLUMN gone INTEGER NOT NULL DEFAULT 0")
+            if self.composite:
+                db.executescript(
+                    f"CREATE TABLE keyed (tenant TEXT NOT NULL, id INTEGER NOT NULL, region TEXT"
+                    " NOT NULL, amount REAL, updated_at INTEGER, gone INTEGER NOT NULL,"
+                    " PRIMARY KEY (tenant, id));"
+                    " INSERT INTO keyed SELECT CASE id % 2 WHEN 0 THEN 'a' ELSE 'A' END, id,"
+                    f" region, amount, updated_at, gone FROM {SOURCE_TABLE};"
+                    f" DROP TABLE {SOURCE_TABLE}; ALTER TABLE keyed RENAME TO {SOURCE_TABLE};"
+                )
             db.commit()
 
     def change_source(self, *, every: int) -> None:
-        """A run's worth of changes, each at a new cursor value: every ``every``-th row
+        """A run's worth of changes, each at a new cursor value: every ``every``-th id
         updated (every other one moved to the next region, as a key changing partition),
-        every ``every``-th row from the middle deleted (``gone``), and as many new keys."""
+        every ``every``-th id from the middle deleted (``gone``), and as many new keys: new
+        ids, or (composite) those updated ids under their tenant's other case. Called again
+        with a larger ``every``, it changes again some keys the first call changed."""
         with contextlib.closing(sqlite3.connect(self.source_path)) as db:
             top, size, regions = db.execute(
                 f"SELECT max(updated_at), max(id), count(DISTINCT region) FROM {SOURCE_TABLE}"
@@ -143,27 +170,59 @@ class Place:
                     f"UPDATE {SOURCE_TABLE} SET gone = 1, updated_at = ? WHERE id = ?",
                     (top + 1 + n, row_id),
                 )
-            db.executemany(
-                f"INSERT INTO {SOURCE_TABLE} VALUES (?, ?, ?, ?, 0)",
-                [
-                    (size + n + 1, f"region-{n % regions:03d}", 9.5, top + 1 + n)
-                    for n in range(len(ids))
-                ],
-            )
+            new = [
+                (size + n + 1, f"region-{n % regions:03d}", 9.5, top + 1 + n)
+                for n in range(len(ids))
+            ]
+            if self.composite:  # ('A', 1) updated above, ('a', 1) a new key (or, made by
+                # an earlier change, updated)
+                db.executemany(
+                    f"INSERT OR REPLACE INTO {SOURCE_TABLE} SELECT"
+                    " CASE tenant WHEN 'a' THEN 'A' ELSE 'a'"
+                    f" END, id, ?, 9.5, ?, 0 FROM {SOURCE_TABLE} WHERE id = ?",
+                    [(row[1], row[3], row_id) for row_id, row in zip(ids, new, strict=True)],
+                )
+            else:
+                db.executemany(
+                    f"INSERT INTO {SOURCE_TABLE} (id, region, amount, updated_at, gone)"
+                    " VALUES (?, ?, ?, ?, 0)",
+                    new,
+                )
             db.commit()
 
     def merged_rows(self) -> list[tuple]:
         """What a merge route's target must hold: each key's (only) source row, less the
         deleted ones, without the deleted column; sorted."""
         with contextlib.closing(sqlite3.connect(self.source_path)) as db:
-            sql = f"SELECT id, region, amount, updated_at FROM {SOURCE_TABLE} WHERE gone = 0"
+            sql = f"SELECT {self._columns} FROM {SOURCE_TABLE} WHERE gone = 0"
             return sorted(db.execute(sql).fetchall())
 
+    def top_cursor(self) -> int:
+        with contextlib.closing(sqlite3.connect(self.source_path)) as db:
+            return int(db.execute(f"SELECT max(updated_at) FROM {SOURCE_TABLE}").fetchone()[0])
+
+    def window_merged(self, held: list[tuple], *, after: int, upto: int) -> list[tuple]:
+        """The rows ``held`` with the source's rows of the cursor window (``after``,
+        ``upto``] merged in, as they are now (a key whose row moved past the window keeps its
+        ``held`` row): what a retry of that window's batch leaves. Sorted."""
+        rows = {row[: len(self.key)]: row for row in held}
+        sql = (
+            f"SELECT {self._columns}, gone FROM {SOURCE_TABLE}"
+            " WHERE updated_at > ? AND updated_at <= ?"
+        )
+        with contextlib.closing(sqlite3.connect(self.source_path)) as db:
+            for *row, gone in db.execute(sql, (after, upto)).fetchall():
+                key = tuple(row[: len(self.key)])
+                rows.pop(key, None)
+                if not gone:
+                    rows[key] = tuple(row)
+        return sorted(rows.values())
+
     def target_rows(self) -> list[tuple]:
-        """The target's (id, region, amount, updated_at) rows, sorted; [] without a table."""
-        sql = f"SELECT id, region, amount, updated_at FROM {TARGET_TABLE}"
+        """The target's (key, region, amount, updated_at) rows, sorted; [] without a table."""
+        sql = f"SELECT {self._columns} FROM {TARGET_TABLE}"
         if self.target == "sqlite":
-            if not _sqlite_ids(self.target_path, TARGET_TABLE):
+            if not _sqlite_ids(self.target_path, TARGET_TABLE, "id"):
                 return []
             with contextlib.closing(sqlite3.connect(self.target_path)) as db:
                 return sorted(db.execute(sql).fetchall())
@@ -233,22 +292,27 @@ class Place:
         if self.pg_source:
             rows = self._admin(f'SELECT id FROM "{self.schema}".{SOURCE_TABLE}')
             return sorted(row[0] for row in rows)
-        return _sqlite_ids(self.source_path, SOURCE_TABLE)
+        return _sqlite_ids(self.source_path, SOURCE_TABLE, self._key)
 
-    def target_ids(self) -> list[int]:
-        """Every id in the target table, sorted, duplicates kept; [] when it does not exist."""
+    @property
+    def _key(self) -> str:
+        return ", ".join(self.key)
+
+    def target_ids(self) -> list[Any]:
+        """Every key in the target table (an id, or a composite key's tuple), sorted,
+        duplicates kept; [] when it does not exist."""
         if self.target == "sqlite":
-            return _sqlite_ids(self.target_path, TARGET_TABLE)
+            return _sqlite_ids(self.target_path, TARGET_TABLE, self._key)
         if self.target == "duckdb":
             with self._duckdb() as conn:
                 if conn is None or not _duckdb_has(conn, TARGET_TABLE):
                     return []
-                rows = conn.execute(f"SELECT id FROM {TARGET_TABLE}").fetchall()
-                return sorted(row[0] for row in rows)
+                rows = conn.execute(f"SELECT {self._key} FROM {TARGET_TABLE}").fetchall()
+                return _keys(rows)
         table = f'"{self.schema}".{TARGET_TABLE}'
         if not self._admin("SELECT to_regclass(%s)", (table,))[0][0]:
             return []
-        return sorted(row[0] for row in self._admin(f"SELECT id FROM {table}"))
+        return _keys(self._admin(f"SELECT {self._key} FROM {table}"))
 
     def target_partition_ids(self, bounds: Mapping[str, Any]) -> list[int]:
         """The ids the target holds in one partition's ``bounds`` (region and cursor window)."""
@@ -309,7 +373,12 @@ def _duckdb_has(conn: Any, table: str) -> bool:
     return bool(found[0])
 
 
-def _sqlite_ids(db: Path, table: str) -> list[int]:
+def _keys(rows: list[tuple]) -> list[Any]:
+    """Each row's key: its one value, or the tuple of a composite key's; sorted."""
+    return sorted(row[0] if len(row) == 1 else tuple(row) for row in rows)
+
+
+def _sqlite_ids(db: Path, table: str, key: str = "id") -> list[Any]:
     """A read-write connection, so that a hot journal a kill left behind is rolled back."""
     if not db.is_file():
         return []
@@ -317,4 +386,4 @@ def _sqlite_ids(db: Path, table: str) -> list[int]:
         sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ? COLLATE NOCASE"
         if connection.execute(sql, (table,)).fetchone() is None:
             return []
-        return sorted(row[0] for row in connection.execute(f'SELECT id FROM "{table}"'))
+        return _keys(connection.execute(f'SELECT {key} FROM "{table}"').fetchall())

@@ -1,8 +1,9 @@
 """Merge on a key (``strategy = "merge"``), through ``dpone-transfer run`` on real targets.
 
 Every scenario runs the command on route files, on each merging target (SQLite, DuckDB,
-PostgreSQL) and each path, and after each run compares the whole target table, row by row,
-with what the source says it must hold: each key's latest version (highest cursor, ties by
+PostgreSQL, ClickHouse through chDB) and each path, and after each run compares the whole
+target table (on ClickHouse its merged view, ``FINAL``), row by row, with what the source
+says it must hold: each key's latest version (highest cursor, ties by
 the other columns, highest first), less keys whose latest version is deleted. The model
 is written here from ``docs/incremental.md``, not from the SQL the sinks run.
 """
@@ -25,7 +26,7 @@ from helpers.cli import run_cli
 from helpers.postgres_server import postgres_url
 from helpers.routes import PATHS
 
-TARGETS = ("sqlite", "duckdb", "postgres")
+TARGETS = ("sqlite", "duckdb", "postgres", "clickhouse")
 EVENT_COLUMNS = ("seq", "tenant", "id", "region", "v", "status", "gone")
 KEY = ("tenant", "id")
 LOADED = tuple(c for c in EVENT_COLUMNS if c != "gone")  # the deleted column is not loaded
@@ -101,6 +102,11 @@ class Target:
 
             with contextlib.closing(duckdb.connect(str(self.folder / "target.duckdb"))) as db:
                 return db.execute(sql).fetchall()
+        if self.kind == "clickhouse":  # a session of its own, closed: a run opens the path
+            from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
+
+            with ClickHouseSink(self.folder / "chdata", "events").client() as client:
+                return client.query_rows(sql)
         import psycopg
 
         with psycopg.connect(self.schema.dsn) as db:
@@ -115,8 +121,17 @@ class Target:
         return True
 
     def rows(self, table: str, columns: Sequence[str]) -> list[tuple]:
+        """The rows a reader sees: on ClickHouse the merged view (``FINAL``) of a merge
+        route's table (a plain MergeTree one has no FINAL)."""
         names = ", ".join(_quoted(c) for c in columns)
-        return ordered(self.query(f"SELECT {names} FROM {_quoted(table)}"))
+        final = ""
+        if self.kind == "clickhouse":
+            engine = self.query(
+                f"SELECT engine FROM system.tables WHERE name = '{table}'"
+                " AND database = currentDatabase()"
+            )  # not system.events
+            final = " FINAL" if engine == [("ReplacingMergeTree",)] else ""
+        return ordered(self.query(f"SELECT {names} FROM {_quoted(table)}{final}"))
 
     def ledger_rows(self) -> int:
         if not self.exists("_dpone_ledger"):
@@ -128,6 +143,10 @@ class Target:
             return [r[1] for r in self.query(f"SELECT * FROM pragma_table_info('{table}')")]
         if self.kind == "duckdb":
             return [r[0] for r in self.query(f'DESCRIBE "{table}"')]
+        if self.kind == "clickhouse":
+            return [r[0] for r in self.query(f"SELECT name FROM system.columns WHERE table = "
+                                             f"'{table}' AND database = currentDatabase()"
+                                             " ORDER BY position")]  # fmt: skip
         return [
             r[0]
             for r in self.query(
@@ -137,7 +156,13 @@ class Target:
         ]
 
     def key_columns(self, table: str) -> list[str]:
-        """The table's PRIMARY KEY columns, in key order."""
+        """The table's PRIMARY KEY columns, in key order (ClickHouse: its ORDER BY)."""
+        if self.kind == "clickhouse":
+            found = self.query(
+                f"SELECT sorting_key FROM system.tables WHERE name = '{table}'"
+                " AND database = currentDatabase()"
+            )
+            return found[0][0].removeprefix("(").removesuffix(")").split(", ") if found else []
         if self.kind == "sqlite":
             found = self.query(f"SELECT name, pk FROM pragma_table_info('{table}') WHERE pk > 0")
             return [name for name, _ in sorted(found, key=lambda r: r[1])]
@@ -435,16 +460,11 @@ def test_a_source_without_a_primary_key_needs_one_named(tmp_path):
 
 
 def test_merge_is_refused_where_it_cannot_run(tmp_path):
-    """A ClickHouse target does not merge; a batch column cannot count a merge's batches;
-    the merge options belong to merge routes."""
+    """A batch column cannot count a merge's batches; the merge options belong to merge
+    routes."""
     source = make_events(tmp_path)
     add(source, ("acme", 1, "eu", 1, "new", False))
     options = dict(partition_column="region", cursor_column="v", primary_key=list(KEY))
-    clickhouse = Target("clickhouse", tmp_path)
-    route = write_route(tmp_path, clickhouse, table="events", path="legacy", **options)
-    done = run(route)
-    assert done.returncode == 2 and "transfer.strategy" in done.stderr
-    assert not (tmp_path / "chdata").exists()
     sqlite_target = Target("sqlite", tmp_path)
     route = write_route(tmp_path, sqlite_target, table="events", path="legacy", **options)
     text = route.read_text().replace("\n\n[transfer]", '\nbatch_column = "b"\n\n[transfer]')
@@ -483,16 +503,23 @@ _SINK_MODULES = {
     "sqlite": "dpone_native_transfer.connectors.sqlite.sink:SQLiteSink",
     "duckdb": "dpone_native_transfer.connectors.duckdb.sink:DuckDBSink",
     "postgres": "dpone_native_transfer.connectors.postgres_sink:PostgresSink",
+    "clickhouse": "dpone_native_transfer.connectors.clickhouse.sink:ClickHouseSink",
 }
 # A child that runs the route and SIGKILLs itself inside the target call: after the merge's
-# statements, before the commit (its ledger row not written), or after the commit.
+# statements, before the commit (its ledger row not written), or after the commit. ClickHouse
+# has no transaction: "before-commit" is after its one INSERT, before the ledger row; and
+# "before-insert" before that INSERT (the batch's rows in their own table only).
 _CHILD = """
 import importlib, os, signal, sys
 from dpone_native_transfer import cli
 module_name, class_name = sys.argv[1].split(":")
 module = importlib.import_module(module_name)
 point = sys.argv[2]
-if point == "before-commit":
+if point == "before-insert":
+    def merge_insert_sql(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+    module.merge_insert_sql = merge_insert_sql
+elif point == "before-commit":
     real = module._record
     def _record(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
@@ -514,6 +541,19 @@ sys.exit(cli.main(["run", sys.argv[3], "--quiet"]))
 def test_a_kill_inside_the_target_call_blocks_and_recovery_from_the_target_is_exact(
     tmp_path, target, path, point
 ):
+    """Blocked, then healed by what the target proves: its ledger row, or on ClickHouse the
+    batch's rows counted by their batch column (``_dpone_batch``), the merged view exact."""
+    _kill_inside_the_target_call(tmp_path, target, path, point)
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged"])
+def test_a_kill_before_the_clickhouse_merge_insert_is_proven_not_applied(tmp_path, path):
+    """ClickHouse has no transaction: a kill before its one ``INSERT ... SELECT`` leaves the
+    batch table but nothing in the target, which its batch column proves."""
+    _kill_inside_the_target_call(tmp_path, Target("clickhouse", tmp_path), path, "before-insert")
+
+
+def _kill_inside_the_target_call(tmp_path: Path, target: Target, path: str, point: str) -> None:
     source = make_events(tmp_path)
     route = write_route(
         tmp_path, target, table="events", path=path, partition_column="region",
@@ -535,17 +575,24 @@ def test_a_kill_inside_the_target_call_blocks_and_recovery_from_the_target_is_ex
     )  # fmt: skip
     assert child.returncode == -signal.SIGKILL, child.stderr
     after = target.rows("events", LOADED)
-    assert after == (before if point == "before-commit" else after)
-    if point == "after-commit":
-        assert after == expected(source_rows(source), EVENT_COLUMNS, KEY, "v")
+    applied = point == "after-commit" or (point, target.kind) == ("before-commit", "clickhouse")
+    assert after == (expected(source_rows(source), EVENT_COLUMNS, KEY, "v") if applied else before)
     blocked = run(route)
     assert blocked.returncode == 3, blocked.stderr  # the outcome is unknown to the store
     assert target.rows("events", LOADED) == after
+    if target.kind == "clickhouse":  # the batch column proves it: applied, or none of it
+        verified = run_cli("guard", "verify", route, "--json")
+        proofs = [json.loads(line) for line in verified.stdout.splitlines()]
+        assert [p["proof"]["verdict"] for p in proofs] == [
+            "applied" if applied else "not_applied"
+        ], verified.stdout
     healed = run(route, "--recovery", "from_target")
     assert healed.returncode == 0, healed.stderr
     check_target(target, source)
     batches = target.query('SELECT batch_id FROM "_dpone_ledger"')
-    assert len(batches) == len({b for (b,) in batches}) == 2
+    # ClickHouse killed before its ledger row: the rows prove the batch, the row stays missing
+    unlisted = (point, target.kind) == ("before-commit", "clickhouse")
+    assert len(batches) == len({b for (b,) in batches}) == (1 if unlisted else 2)
 
 
 def test_a_lost_store_is_restored_from_the_target_of_a_merge_route(tmp_path):
@@ -661,6 +708,27 @@ _REFUSED = [
      "CREATE TABLE events (tenant text, id bigint UNIQUE, region text, v bigint, status text)"),
     ("postgres", "a key of a type without = against the source's",
      "CREATE TABLE events (tenant text, id uuid, region text, v bigint, status text)"),
+    ("clickhouse", "a plain MergeTree table (an append route's)",
+     "CREATE TABLE events (tenant Nullable(String), id Nullable(Int64), region Nullable(String),"
+     " v Nullable(Int64), status Nullable(String)) ENGINE = MergeTree ORDER BY tuple()"),
+    ("clickhouse", "a ReplacingMergeTree ordered by part of the key",
+     "CREATE TABLE events (tenant String, id Int64, region Nullable(String), v Nullable(Int64),"
+     " status Nullable(String), _dpone_version UInt64, _dpone_deleted UInt8, _dpone_batch"
+     " String, _dpone_rows UInt64) ENGINE = ReplacingMergeTree(_dpone_version, _dpone_deleted)"
+     " ORDER BY id"),
+    ("clickhouse", "a ReplacingMergeTree by its own version column",
+     "CREATE TABLE events (tenant String, id Int64, region Nullable(String), v Int64,"
+     " status Nullable(String)) ENGINE = ReplacingMergeTree(v) ORDER BY (tenant, id)"),
+    ("clickhouse", "a ReplacingMergeTree whose key column is of another type",
+     "CREATE TABLE events (tenant String, id String, region Nullable(String), v Nullable(Int64),"
+     " status Nullable(String), _dpone_version UInt64, _dpone_deleted UInt8, _dpone_batch"
+     " String, _dpone_rows UInt64) ENGINE = ReplacingMergeTree(_dpone_version, _dpone_deleted)"
+     " ORDER BY (tenant, id)"),
+    ("clickhouse", "a ReplacingMergeTree partitioned by region",
+     "CREATE TABLE events (tenant String, id Int64, region String, v Nullable(Int64),"
+     " status Nullable(String), _dpone_version UInt64, _dpone_deleted UInt8, _dpone_batch"
+     " String, _dpone_rows UInt64) ENGINE = ReplacingMergeTree(_dpone_version, _dpone_deleted)"
+     " PARTITION BY region ORDER BY (tenant, id)"),
 ]  # fmt: skip
 
 
@@ -673,6 +741,11 @@ def _make(target: Target, ddl: str) -> None:
 
         with contextlib.closing(duckdb.connect(str(target.folder / "target.duckdb"))) as db:
             db.execute(ddl)
+    elif target.kind == "clickhouse":
+        from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
+
+        with ClickHouseSink(target.folder / "chdata", "events").client() as client:
+            client.command(ddl)
     else:
         import psycopg
 
@@ -711,6 +784,7 @@ def test_a_target_table_a_merge_cannot_run_on_is_refused_before_the_target(
     code = "view" in shape and "native_transfer_target_rows_mismatch"
     assert (code or "native_transfer_config_invalid") in done.stderr
     named = code or "narrower" in shape or "'tenant'" in done.stderr or "'id'" in done.stderr
+    named = named or (kind == "clickhouse" and "ReplacingMergeTree" in done.stderr)
     assert named and ("narrower" not in shape or "part of the merge's key" in done.stderr)
     assert "acme" not in done.stderr.lower() and "SELECT" not in done.stderr
     assert target.ledger_rows() == 0
@@ -784,3 +858,163 @@ def test_a_postgres_login_that_may_insert_but_not_delete_is_refused_before_the_t
     finally:
         _make(target, f"DROP OWNED BY {role}")
         _make(target, f"DROP ROLE {role}")
+
+
+def test_a_clickhouse_merge_refuses_a_cursor_it_keeps_as_text_before_the_target(tmp_path):
+    """A cursor column of no declared type (kind ``any``) is a String in ClickHouse, which
+    orders ``10`` before ``9``: refused before the target call (exit 2, nothing created, the
+    route not blocked); a cursor ClickHouse orders as the source does merges exactly."""
+    target = Target("clickhouse", tmp_path)
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, v, n INTEGER, status TEXT)")
+        db.executemany(
+            "INSERT INTO events VALUES (?, ?, ?, ?)", [(1, "9", 9, "a"), (2, "10", 10, "b")]
+        )
+        db.commit()
+    route = write_route(tmp_path, target, table="events", path="legacy", cursor_column="v")
+    done = run(route)
+    assert done.returncode == 2, done.stderr
+    assert "native_transfer_config_invalid" in done.stderr and "source.cursor_column" in done.stderr
+    assert "SELECT" not in done.stderr and not target.exists("events")
+    assert target.ledger_rows() == 0
+    again = write_route(tmp_path, target, table="events", path="staged", cursor_column="n")
+    assert run(again).returncode == 0
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("UPDATE events SET n = 11, status = 'c' WHERE id = 1")
+        db.commit()
+    assert run(again).returncode == 0
+    assert target.rows("events", ("id", "n", "status")) == [(1, 11, "c"), (2, 10, "b")]
+
+
+def test_a_background_merge_leaves_the_last_clickhouse_batch_countable(tmp_path):
+    """Every row of the last batch is its key's highest version, delete markers kept: after
+    ``OPTIMIZE ... FINAL`` (a background merge, forced) the batch's rows still add up to
+    what its ledger row records, while an older batch's, replaced, no longer do; the merged
+    view is unchanged. A source column named like one of dpone's is refused."""
+    from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
+
+    target = Target("clickhouse", tmp_path)
+    source = make_events(tmp_path)
+    route = write_route(
+        tmp_path, target, table="events", path="legacy", partition_column="region",
+        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
+    )  # fmt: skip
+    add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "us", 1, "new", False),
+        ("acme", 1, "eu", 2, "paid", False), ("acme", 3, "us", 1, "new", False))  # fmt: skip
+    assert run(route).returncode == 0
+    add(source, ("acme", 1, "eu", 3, "shipped", False), ("acme", 2, "us", 2, "", True),
+        ("acme", 3, "us", 0, "stale", False), ("acme", 4, "eu", 3, "new", False))  # fmt: skip
+    assert run(route).returncode == 0
+    merged = target.rows("events", LOADED)
+    assert merged == expected(source_rows(source), EVENT_COLUMNS, KEY, "v")
+    batches = target.query('SELECT batch_id, rows FROM "_dpone_ledger" ORDER BY seq')
+    assert [rows for _, rows in batches] == [4, 3]  # the 'stale' row is below the window
+    target.query("OPTIMIZE TABLE events FINAL")
+    sink = ClickHouseSink(tmp_path / "chdata", "events")
+    (first, _), (last, rows) = batches
+    assert sink.batch_rows("_dpone_batch", last) == rows
+    assert sink.batch_rows("_dpone_batch", first) == 1  # keys 1 and 2 replaced, merged away
+    assert target.query("SELECT count() FROM events WHERE _dpone_deleted = 1") == [(1,)]
+    assert target.rows("events", LOADED) == merged
+    with _sqlite(source) as db:
+        db.execute("ALTER TABLE events ADD COLUMN _dpone_version INTEGER")
+        db.commit()
+        db.execute("INSERT INTO events VALUES (99, 'acme', 5, 'eu', 4, 'new', 0, 7)")
+        db.commit()
+    done = run(route)
+    assert done.returncode == 2 and "native_transfer_config_invalid" in done.stderr
+    assert "'_dpone_version'" in done.stderr and target.rows("events", LOADED) == merged
+
+
+def test_a_clickhouse_merge_table_meets_a_frozen_schema_contract(tmp_path):
+    """dpone's four columns are not the source's, and are not taken as columns the source
+    dropped: a route under ``schema_contract = "freeze"`` runs again; a new source column is
+    refused before the target."""
+    target = Target("clickhouse", tmp_path)
+    source = make_events(tmp_path)
+    route = write_route(
+        tmp_path, target, table="events", path="staged", partition_column="region",
+        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
+        transfer={"schema_contract": "freeze"},
+    )  # fmt: skip
+    add(source, ("acme", 1, "eu", 1, "new", False))
+    assert run(route).returncode == 0
+    add(source, ("acme", 1, "eu", 2, "paid", False), ("acme", 2, "us", 2, "new", False))
+    assert run(route).returncode == 0
+    check_target(target, source)
+    with _sqlite(source) as db:
+        db.execute("ALTER TABLE events ADD COLUMN note TEXT")
+        db.execute("INSERT INTO events VALUES (9, 'acme', 3, 'eu', 3, 'new', 0, 'n')")
+        db.commit()
+    done = run(route)
+    assert done.returncode == 2 and "note" in done.stderr
+    assert "_dpone_" not in done.stderr and target.ledger_rows() == 2
+
+
+# An existing PostgreSQL table, and whether INSERT ... ON CONFLICT on the key can use one of
+# its indexes (``postgres_sink._arbiter``): then the merge upserts, else it deletes and inserts.
+_PG_SHAPES = [
+    ("the key as primary key, another column with a default", True,
+     "CREATE TABLE events (seq bigint, tenant text, id bigint, region text, v bigint,"
+     " status text, note text DEFAULT 'default', PRIMARY KEY (tenant, id))"),
+    ("a unique index on the key's columns in another order", True,
+     "CREATE TABLE events (seq bigint, tenant text, id bigint, region text, v bigint,"
+     " status text, note text DEFAULT 'default'); CREATE UNIQUE INDEX ON events (id, tenant)"),
+    ("a deferrable unique constraint on the key", False,
+     "CREATE TABLE events (seq bigint, tenant text, id bigint, region text, v bigint,"
+     " status text, note text DEFAULT 'default', UNIQUE (tenant, id) DEFERRABLE)"),
+    ("a partial unique index on the key", False,
+     "CREATE TABLE events (seq bigint, tenant text, id bigint, region text, v bigint,"
+     " status text, note text DEFAULT 'default');"
+     " CREATE UNIQUE INDEX ON events (tenant, id) WHERE v > 0"),
+    ("no index", False,
+     "CREATE TABLE events (seq bigint, tenant text, id bigint, region text, v bigint,"
+     " status text, note text DEFAULT 'default')"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("shape", "upserts", "ddl"), _PG_SHAPES, ids=[shape for shape, _, _ in _PG_SHAPES]
+)
+def test_an_existing_postgres_table_merges_alike_with_or_without_an_index_on_the_key(
+    request, tmp_path, shape, upserts, ddl
+):
+    """Upsert (a unique index on exactly the key, checked at once, whole) or delete and
+    insert (any other table): the same rows. A key updated holds the new version and its
+    unloaded column's default, as a re-inserted row; a key whose target row is newer (its
+    version raised by hand) keeps it against an update and a delete; a key untouched keeps
+    what was edited into it."""
+    import psycopg
+
+    from dpone_native_transfer.connectors import postgres_sink
+    from dpone_native_transfer.connectors._sql import TableName
+    from dpone_native_transfer.payloads import Merge
+
+    target = _merging_target(request, tmp_path, "postgres")
+    _make(target, ddl)
+    with psycopg.connect(target.schema.dsn) as db:
+        table = TableName(target.schema.schema, "events")
+        assert postgres_sink._arbiter(db, table, Merge(key=KEY)) is upserts
+        assert postgres_sink._arbiter(db, table, Merge(key=("id",))) is False
+    source = make_events(tmp_path)
+    route = write_route(
+        tmp_path, target, table="events", path="legacy", partition_column="region",
+        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
+    )  # fmt: skip
+    add(source, ("a", 1, "eu", 5, "new", False), ("a", 2, "us", 5, "new", False),
+        ("A", 1, "us", 5, "new", False), ("a", 3, "eu", 5, "new", False),
+        ("a", 4, "eu", 5, "new", False))  # fmt: skip
+    assert run(route).returncode == 0
+    check_target(target, source)
+    _make(target, "UPDATE events SET note = 'edited'")
+    _make(target, "UPDATE events SET v = 100 WHERE tenant = 'a' AND id IN (2, 3)")
+    add(source, ("a", 1, "eu", 6, "paid", False), ("A", 1, "us", 6, "x", True),
+        ("a", 2, "eu", 6, "older", False), ("a", 3, "eu", 6, "older", True),
+        ("b", 1, "us", 6, "new", False))  # fmt: skip
+    done = run(route)
+    assert done.returncode == 0, done.stderr
+    assert target.rows("events", ("tenant", "id", "v", "status", "note")) == [
+        ("a", 1, 6, "paid", "default"), ("a", 2, 100, "new", "edited"),
+        ("a", 3, 100, "new", "edited"), ("a", 4, 5, "new", "edited"),
+        ("b", 1, 6, "new", "default"),
+    ]  # fmt: skip

@@ -9,7 +9,15 @@ races another to create the file's shared tables.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
 import threading
+import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +138,68 @@ def _fences_at_once(path: Path, tables: int) -> dict[int, Any]:
         for thread in threads:
             thread.join()
     return raised
+
+
+ROUTE_HELD = """\
+[source]
+path = "{source}"
+table = "t"
+partition_column = "p"
+cursor_column = "id"
+[target]
+kind = "duckdb"
+path = "{target}"
+table = "t"
+[transfer]
+strategy = "incremental_append"
+path = "staged"
+[store]
+path = "{store}"
+lease_seconds = 1
+"""
+
+
+def test_a_worker_stopped_holding_its_duckdb_file_keeps_the_next_run_out_harmlessly(tmp_path):
+    """``dpone-transfer run`` holds its DuckDB file for the run: a worker stopped (SIGSTOP)
+    past its lease keeps the next run out of the file, which fails before writing anything
+    (exit 1, not blocked); resumed, the stopped worker finds its lease lost and writes
+    nothing; the run after that loads every row once."""
+    source, target = tmp_path / "source.db", tmp_path / "target.duckdb"
+    with contextlib.closing(sqlite3.connect(source)) as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p INTEGER, v TEXT)")
+        rows = ((i, i % 50, "v" * 40) for i in range(1, 100_001))
+        db.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+        db.commit()
+    route = tmp_path / "route.toml"
+    store = tmp_path / "checkpoints.db"
+    route.write_text(ROUTE_HELD.format(source=source, target=target, store=store))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-m", "dpone_native_transfer", "run", str(route)]
+    assert subprocess.run(command, env=env, capture_output=True, timeout=120).returncode == 0
+    with contextlib.closing(sqlite3.connect(source)) as db:  # the file exists: checks open it
+        db.execute("UPDATE t SET id = id + 100000")
+        db.commit()
+    first = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert first.stderr is not None
+        for line in first.stderr:  # stopped while it extracts: the file is open, nothing armed
+            if "extracted" in line:
+                first.send_signal(signal.SIGSTOP)
+                break
+        time.sleep(2.5)  # past its one-second lease
+        second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1, second.stderr
+        assert "native_transfer_target_unavailable" in second.stderr
+        first.send_signal(signal.SIGCONT)
+        _, rest = first.communicate(timeout=120)
+        assert first.returncode == 1 and "native_transfer_lease_lost" in rest, rest
+    finally:
+        if first.poll() is None:
+            first.send_signal(signal.SIGCONT)
+            first.kill()
+            first.wait()
+    third = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert third.returncode == 0, third.stderr
+    assert duckdb_ids(target, "t") == Counter(range(1, 200_001))  # both loads, each row once

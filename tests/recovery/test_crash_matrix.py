@@ -327,14 +327,27 @@ def crash_route(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]
     made: list[Place] = []
 
     def make(
-        path: str, target: str = "sqlite", store: str = "sqlite", *, merge: bool = False
+        path: str,
+        target: str = "sqlite",
+        store: str = "sqlite",
+        *,
+        merge: bool = False,
+        composite: bool = False,
     ) -> CrashRoute:
         url = schema = None
         if target == "postgres":
             url = postgres_url(request.getfixturevalue("postgres_dsn"))
             schema = f"crash_{os.urandom(6).hex()}"
         folder = str(tmp_path)
-        place = Place(target=target, path=path, folder=folder, url=url, schema=schema, merge=merge)
+        place = Place(
+            target=target,
+            path=path,
+            folder=folder,
+            url=url,
+            schema=schema,
+            merge=merge,
+            composite=composite,
+        )
         made.append(place)
         place.build_source(rows=ROWS, partitions=PARTITIONS)
         if merge:
@@ -388,6 +401,40 @@ def _counted(values: list[str]) -> str:
     return ", ".join(f"{values.count(value)} {value}" for value in sorted(set(values))) or "-"
 
 
+def check_recovery(
+    route: CrashRoute, want: Expected, recovery: str, attempts: list[Attempt], row: CrashRun
+) -> None:
+    """What the design guarantees for the attempts after a kill: under manual recovery,
+    blocked exactly when an armed batch is left, then complete once the operator recorded
+    what the target holds; under from_target, the first attempt resolves what the ledger
+    proves itself and completes, audited as dpone's."""
+    first = attempts[0]
+    with route.opened_store() as store:
+        audits = store.list_audit(route.route)
+    if recovery == "manual":
+        assert first.outcome == want.outcome
+        if want.outcome == "blocked":
+            labels = [finding.guard_label() for finding in first.blocked]
+            assert labels == ["armed"] * want.blocked
+            assert set(first.found.values()) == {want.found}
+            assert [attempt.outcome for attempt in attempts[1:]] == ["complete"]
+        assert {audit["operator"] for audit in audits} <= {OPERATOR}
+    else:
+        # no operator: the first attempt resolves what the target proves, and completes
+        assert len(attempts) == 1 and row.operator_steps == 0
+        if want.outcome == "blocked":
+            assert first.outcome == "healed"
+            assert first.healed == ((VERDICTS[want.found], want.blocked),)
+            [audit] = audits
+            assert audit["operator"] == AUTOMATIC_OPERATOR
+            assert audit["run_id"] == first.run_id
+            assert len(audit["partitions"]) == want.blocked
+            [proof] = audit["proof"].values()
+            assert proof["verdict"] == VERDICTS[want.found] and proof["heals"] is True
+        else:
+            assert first.outcome == "complete" and audits == []
+
+
 @pytest.mark.parametrize(("kill_point", "path", "target", "store_kind", "recovery"), cases())
 def test_hard_kill_then_automatic_retry_never_duplicates(
     kill_point: str,
@@ -408,33 +455,8 @@ def test_hard_kill_then_automatic_retry_never_duplicates(
         route.check_target(row)
 
         attempts = recover(route, recovery, row)
-        first, last = attempts[0], attempts[-1]
-
-        # what the design guarantees after this kill
-        with route.opened_store() as store:
-            audits = store.list_audit(route.route)
-        if recovery == "manual":
-            assert first.outcome == want.outcome, f"after a kill at {kill_point}"
-            if want.outcome == "blocked":
-                labels = [finding.guard_label() for finding in first.blocked]
-                assert labels == ["armed"] * want.blocked
-                assert set(first.found.values()) == {want.found}
-                assert [attempt.outcome for attempt in attempts[1:]] == ["complete"]
-            assert {audit["operator"] for audit in audits} <= {OPERATOR}
-        else:
-            # no operator: the first attempt resolves what the target proves, and completes
-            assert len(attempts) == 1 and row.operator_steps == 0
-            if want.outcome == "blocked":
-                assert first.outcome == "healed"
-                assert first.healed == ((VERDICTS[want.found], want.blocked),)
-                [audit] = audits
-                assert audit["operator"] == AUTOMATIC_OPERATOR
-                assert audit["run_id"] == first.run_id
-                assert len(audit["partitions"]) == want.blocked
-                [proof] = audit["proof"].values()
-                assert proof["verdict"] == VERDICTS[want.found] and proof["heals"] is True
-            else:
-                assert first.outcome == "complete" and audits == []
+        last = attempts[-1]
+        check_recovery(route, want, recovery, attempts, row)
         assert last.target_calls == want.target_calls
 
         # the route is whole: every row exactly once, no guard left, the generation closed
@@ -514,21 +536,25 @@ def test_after_a_kill_verify_proves_the_batch_and_resolve_from_target_heals_it(
 
 
 # The merge routes: a whole first run, then 1% of the keys changed (updates, a key moving
-# partition, deletes, new keys) and the run that merges them killed. Kill points whose
-# outcome the target decides, and the guard's own writes around them.
-MERGE_POINTS = ("after-armed-batch", "target-before-commit", "target-after-commit",
-                "promotion-partial")  # fmt: skip
-MERGE_PATHS = ("legacy", "staged")
-SQLITE_MERGE_PATHS = ("file-artifact", "lazy-plan")  # the cut: these on the SQLite target only
+# partition, deletes, new keys) and the run that merges them killed, at every kill point
+# where the outcome changes: before anything is armed, around the target's commit, the
+# guard's own writes around it, and after the evidence. On every path and target; lazy-plan
+# carries a merge route's rows as legacy does (``paths/lazy_plan.py``), so its cases run the
+# composite key (``tenant``, ``id``), with more updates and deletes between the kill and the
+# next attempt. A kill that leaves nothing armed never consults the recovery setting: it
+# runs once, under from_target (which must then heal nothing).
+MERGE_POINTS = ("extraction", "after-armed-batch", "target-before-commit",
+                "target-after-commit", "promotion-partial", "after-evidence")  # fmt: skip
+COMPOSITE_PATH = "lazy-plan"
 
 
 def merge_cases() -> list[Any]:
     return [
         pytest.param(point, path, target, recovery, id=f"{point}-{path}-{target}-{recovery}")
         for target in TARGET_KINDS
-        for recovery in RECOVERIES
-        for path in MERGE_PATHS + (SQLITE_MERGE_PATHS if target == "sqlite" else ())
+        for path in PATHS
         for point in MERGE_POINTS
+        for recovery in (RECOVERIES if EXPECTED[point].outcome == "blocked" else RECOVERIES[1:])
     ]
 
 
@@ -542,35 +568,44 @@ def test_hard_kill_of_a_merge_batch_then_retry_leaves_each_key_latest_version(
     crash_matrix: CrashMatrix,
 ) -> None:
     """After the kill the target holds the rows without the batch or with it, never part;
-    blocked exactly when the kill leaves an armed batch; after recovery it is the source's
-    latest version of every key, less the deleted ones, with no wrong row."""
-    route = crash_route(path, target, merge=True)
-    want = expected(kill_point, path)
+    blocked exactly when the kill leaves an armed batch, under manual recovery; healed by
+    itself under from_target; after recovery it is the source's latest version of every key,
+    less the deleted ones, row by row, with no key twice."""
+    composite = path == COMPOSITE_PATH
+    route = crash_route(path, target, merge=True, composite=composite)
+    want = EXPECTED[kill_point]  # no plan is handed over: a merge route's rows are carried
     first = route.attempt("run-0", recovery)
     assert first.outcome == "complete"
     route.unmerged = route.place.target_rows()
     assert route.unmerged == route.place.merged_rows() and len(route.unmerged) == ROWS
+    before = route.place.top_cursor()
     route.place.change_source(every=100)  # 20 updates, 20 deletes, 20 new keys
     route.merged = route.place.merged_rows()
     assert route.merged != route.unmerged
-    with crash_matrix.run(kill_point, f"merge {path}", target, "sqlite", recovery) as row:
+    shape = f"merge {path}" + (" (tenant, id)" if composite else "")
+    with crash_matrix.run(kill_point, shape, target, "sqlite", recovery) as row:
         route.run_child(kill_point)
-        applied = want.found is COMMITTED
+        applied = want.target_calls == 0  # the killed run's batch is in the target
         assert route.place.target_rows() == (route.merged if applied else route.unmerged)
+        # what the attempts after it leave: the killed run's window (a run that left nothing
+        # is run again whole), then each key's latest row
+        window = route.merged
+        if composite:  # more changes before the next attempt, to keys the batch changed
+            upto = route.place.top_cursor()
+            route.place.change_source(every=200)
+            if not applied:  # the batch's window, retried, reads the source as it is now
+                window = route.place.window_merged(route.unmerged, after=before, upto=upto)
+        latest = route.place.merged_rows()
+        if kill_point == "extraction":
+            window = latest
         attempts = recover(route, recovery, row)
-        first, last = attempts[0], attempts[-1]
-        if recovery == "manual":
-            assert first.outcome == "blocked"
-            assert [f.guard_label() for f in first.blocked] == ["armed"] * want.blocked
-            assert set(first.found.values()) == {want.found}
-            assert [attempt.outcome for attempt in attempts[1:]] == ["complete"]
-        else:
-            assert len(attempts) == 1 and first.outcome == "healed"
-            assert first.healed == ((VERDICTS[want.found], want.blocked),)
-        assert last.target_calls == want.target_calls
+        last = attempts[-1]
+        check_recovery(route, want, recovery, attempts, row)
+        assert last.target_calls == want.target_calls  # a batch held is not applied again
         assert row.duplicates == 0
-        assert route.place.target_rows() == route.merged
+        assert route.place.target_rows() == window
         with route.opened_store() as store:
             assert blocked_partitions(store.list_latest(route.route)) == []
-        again = route.attempt("after", recovery)  # nothing new: nothing changes
-        assert again.outcome == "complete" and route.place.target_rows() == route.merged
+        again = route.attempt("after", recovery)  # what changed since, if anything
+        assert again.outcome == "complete" and again.target_calls == int(window != latest)
+        assert route.place.target_rows() == latest

@@ -48,6 +48,7 @@ from ..drivers import (
     import_driver,
     postgres_connect,
     postgres_failure,
+    postgres_release,
     resolve_env,
 )
 from ..errors import ConfigInvalid, NativeTransferError, SourceAccessRefused, SourceInvalid
@@ -68,6 +69,7 @@ from ._sql import (
     render_predicates,
 )
 from .contract import DEFAULT_CHUNK_ROWS
+from .contract.postgres_table import EngineLogin
 from .postgres_bulk import Inexact, arrow_schema, copy_batches
 
 __all__ = ["PostgresSource"]
@@ -90,6 +92,19 @@ _INTEGERS = frozenset({20, 21, 23})  # int8, int2, int4: compared exactly with e
 _NUMERIC = 1700
 _SNAPSHOT_ID = re.compile(r"[0-9A-F]+-[0-9A-F]+(-[0-9]+)?")  # pg_export_snapshot()'s
 _SESSION = "SELECT set_config('TimeZone', 'UTC', true), set_config('DateStyle', 'ISO, YMD', true)"
+# What an engine's client takes of a DSN (``engine_login``): anything else it would drop.
+_ENGINE_DSN_KEYS = frozenset({"host", "port", "dbname", "user", "password"})
+_UTC_ZONES = frozenset(
+    {"UTC", "Etc/UTC", "UCT", "Etc/UCT", "GMT", "Etc/GMT", "Zulu", "Etc/Zulu", "Universal"}
+)
+# The login's default session, as a new connection of an engine gets it (no ``_SESSION``).
+_ENGINE_SESSION = """SELECT n.nspname, c.relname, current_database(), session_user,
+        current_setting('server_encoding'), current_setting('TimeZone'),
+        coalesce((SELECT k.collisdeterministic FROM pg_catalog.pg_attribute a
+            JOIN pg_catalog.pg_collation k ON k.oid = a.attcollation
+            WHERE a.attrelid = c.oid AND a.attname = %s), true)
+    FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = to_regclass(%s)"""
 
 
 def _driver() -> Any:
@@ -174,11 +189,13 @@ class PostgresSource(TableSource):
             fix="fix the source DSN (its user, password or database) or the login's privileges",
         )
 
-    def _open(self, driver: Any) -> Any:
-        """A read-only connection in UTC/ISO; a server that refuses is ``_failed``."""
+    def _open(self, driver: Any, *, kept: bool = False) -> Any:
+        """A read-only connection in UTC/ISO; a server that refuses is ``_failed``. ``kept``:
+        one the run kept may be handed out, and is given back by ``_close``, never by a
+        read that may stop mid-stream (``postgres_release``)."""
         try:
             conn = postgres_connect(
-                driver, self._dsn, what="PostgreSQL source", failed=self._failed
+                driver, self._dsn, what="PostgreSQL source", failed=self._failed, kept=kept
             )
         except SourceInvalid:
             if self._holder is None:
@@ -189,7 +206,7 @@ class PostgresSource(TableSource):
             # takes it, so the attempt reads on without the snapshot, as it did before it.
             self._holder.close()
             self._holder = self._snapshot = None
-            return self._open(driver)
+            return self._open(driver, kept=kept)
         conn.read_only = True
         if self._snapshot is not None:  # importing a snapshot takes a repeatable read
             conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
@@ -204,7 +221,7 @@ class PostgresSource(TableSource):
             yield
             return
         driver = _driver()
-        conn = self._open(driver)
+        conn = self._open(driver, kept=True)
         try:
             conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
             exported = self._attempt(
@@ -218,7 +235,7 @@ class PostgresSource(TableSource):
             finally:
                 self._holder = self._snapshot = None
         finally:
-            conn.close()
+            postgres_release(conn, self._dsn)
 
     def _begin(self, conn: Any) -> Any:
         """Start the transaction, in the attempt's snapshot when one is held (``snapshot``)."""
@@ -240,11 +257,11 @@ class PostgresSource(TableSource):
     def _query(self, work: Callable[[Any], _T]) -> _T:
         """``work(conn)`` in a fresh read-only transaction; the connection is closed after."""
         driver = _driver()
-        conn = self._open(driver)
+        conn = self._open(driver, kept=True)
         try:
             return self._attempt(driver, lambda: work(self._begin(conn)))
         finally:
-            conn.close()
+            postgres_release(conn, self._dsn)
 
     def _columns(self, conn: Any) -> tuple[Column, ...]:
         """The table's columns; ``SourceInvalid`` when it or a named column does not exist."""
@@ -293,6 +310,17 @@ class PostgresSource(TableSource):
         """The ``SELECT`` of one partition's ``columns`` (as ``read`` gives them) with ``%s``
         placeholders, and its values: what ``PostgresSink`` pulls on lazy-plan."""
         return self._select(columns, bounds)
+
+    def select_any_sql(
+        self, bounds: Sequence[Mapping[str, Any]], *, columns: Sequence[Column]
+    ) -> tuple[str, list[Any]]:
+        """One ``SELECT`` of the rows of every partition of ``bounds`` (their conditions
+        OR-ed: one scan, each row in at most one partition), as ``select_sql`` gives each."""
+        wheres = [self._where(each) for each in bounds]
+        select = ", ".join(_value(column) for column in columns)
+        within = " OR ".join(f"({where})" for where, _ in wheres)
+        params = [value for _, own in wheres for value in own]
+        return f"SELECT {select} FROM {self._relation} WHERE {within}", params
 
     def _window(self, after: Any, upto: Any) -> tuple[str, list[Any]]:
         """`` WHERE`` clause of a cursor window ``(after, upto]``, or nothing."""
@@ -587,6 +615,68 @@ class PostgresSource(TableSource):
         sql = f"SELECT {select} FROM {self._relation} WHERE {where}"
         return self._chunks(sql, params, chunk_rows)
 
+    def server(self) -> tuple[str, str] | None:
+        """The DSN's one host and port (libpq's default port filled in), without connecting;
+        None for several hosts or a DSN that does not parse."""
+        conninfo = import_driver("psycopg.conninfo", needed_by="PostgresSource")
+        return _server(conninfo, self._dsn)
+
+    def engine_login(self) -> EngineLogin | None:
+        """``PostgresTable``: the DSN's one TCP host, database and login, when it names
+        nothing else (an engine's client would drop ``sslmode`` or ``options``), the table
+        exists and the server's text is UTF8; with whether a new session starts in UTC.
+        The password stays in the returned value only: nothing here words it."""
+        conninfo = import_driver("psycopg.conninfo", needed_by="PostgresSource")
+        try:
+            parts = conninfo.conninfo_to_dict(self._dsn)
+        except Exception:  # its message may quote the DSN
+            return None
+        host, port = parts.get("host") or "", str(parts.get("port") or "5432")
+        if set(parts) - _ENGINE_DSN_KEYS or not host or host.startswith("/") or "," in host:
+            return None
+        if not port.isdigit() or "," in port:
+            return None
+        driver = _driver()
+        conn = self._open(driver)
+        try:
+            found = self._attempt(
+                driver,
+                lambda: conn.execute(
+                    _ENGINE_SESSION, (self.partition_column, self._regclass)
+                ).fetchone(),
+            )
+        finally:
+            conn.close()
+        if found is None or found[4] != "UTF8":
+            return None
+        schema, table, database, user, _, zone, deterministic = found
+        return EngineLogin(
+            host=host,
+            port=int(port),
+            database=database,
+            user=user,
+            password=str(parts.get("password") or ""),
+            schema=schema,
+            table=table,
+            utc=zone in _UTC_ZONES,
+            key_bytewise=bool(deterministic),
+        )
+
+    def holds_outside(
+        self, bounds: Sequence[Mapping[str, Any]], limits: Mapping[str, tuple[str, str]]
+    ) -> bool:
+        """``PostgresTable``: one ``EXISTS`` over the partitions of ``bounds``, each column of
+        ``limits`` compared in its own type (``infinity`` is above every bound, BC below)."""
+        if not bounds or not limits:
+            return False
+        wheres = [self._where(each) for each in bounds]
+        within = " OR ".join(f"({where})" for where, _ in wheres)
+        tests = " OR ".join(f"{_name(column)} < %s OR {_name(column)} > %s" for column in limits)
+        params = [value for _, own in wheres for value in own]
+        params += [edge for low_high in limits.values() for edge in low_high]
+        sql = f"SELECT EXISTS (SELECT 1 FROM {self._relation} WHERE ({within}) AND ({tests}))"
+        return bool(self._query(lambda conn: conn.execute(sql, params).fetchone()[0]))
+
     def bulk(self) -> PostgresSource:
         """``BulkRead``: ``write_arrow_files``, ``write_copy_file``."""
         return self
@@ -690,12 +780,12 @@ class PostgresSource(TableSource):
         """``work(conn)`` in one repeatable-read transaction, every statement in one snapshot
         (the attempt's when it holds one); the connection is closed after."""
         driver = _driver()
-        conn = self._open(driver)
+        conn = self._open(driver, kept=True)
         try:
             conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
             return self._attempt(driver, lambda: work(self._begin(conn)))
         finally:
-            conn.close()
+            postgres_release(conn, self._dsn)
 
     def _parallel_reads(
         self, reads: list[tuple[str, list[Any], Any]]
@@ -825,6 +915,16 @@ def _remove(paths: Sequence[Path]) -> None:
     for path in paths:  # a read that gave up leaves nothing behind
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+def _server(conninfo: Any, dsn: str) -> tuple[str, str] | None:
+    """``(host, port)`` of a DSN naming one host (``PostgresSource.server``)."""
+    try:
+        parts = conninfo.conninfo_to_dict(dsn)
+    except Exception:  # its message may quote the DSN
+        return None
+    host, port = str(parts.get("host") or ""), str(parts.get("port") or "5432")
+    return None if "," in host + port else (host, port)
 
 
 def _session(conn: Any) -> Any:

@@ -12,7 +12,9 @@ load is one transaction, in a UTC, ISO session, and writes its ledger row
 arrive by ``COPY ... FROM STDIN`` (psycopg's ``write_row``, in binary where the kinds
 allow), each value carried exactly by its column's kind (:func:`postgres_carrier`). A lazy plan
 is pulled by the server itself (``INSERT ... SELECT``) from a PostgreSQL
-source in the same database; any other plan is refused before the target.
+source in the same database, or, through the ``dblink`` extension, from
+another database of the same server (``_Dblink``); any other plan is refused
+before the target.
 
 Errors raised here name tables only, never the DSN, a password, SQL or the
 driver's text. Driver errors inside the target call (``load``,
@@ -42,7 +44,14 @@ from ..column_types import (
     utc_instant,
     without_nul,
 )
-from ..drivers import ServerFailure, import_driver, postgres_connect, postgres_failure
+from ..drivers import (
+    ServerFailure,
+    holding_connections,
+    import_driver,
+    postgres_connect,
+    postgres_failure,
+    postgres_release,
+)
 from ..errors import (
     ConfigInvalid,
     NativeTransferError,
@@ -76,6 +85,7 @@ from ._merge import (
     merge_statements,
     narrower_unique,
     unmergeable,
+    upsert_statements,
 )
 from ._sql import (
     STAGE_PREFIX,
@@ -91,7 +101,8 @@ from ._sql import (
 )
 from .contract import Sink, SinkFeatures, Unsupported
 from .contract.engine import EnginePull
-from .postgres import PostgresSource, _name, _resolve_dsn, _session
+from .contract.postgres_table import EngineLogin
+from .postgres import _NATIVE, PostgresSource, _name, _resolve_dsn, _server, _session
 
 __all__ = ["POSTGRES_TYPES", "PostgresSink", "postgres_carrier", "postgres_type"]
 
@@ -149,6 +160,13 @@ _UNIQUES = """SELECT array_agg(a.attname ORDER BY k.n) FROM pg_index i
     CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
     LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
     WHERE i.indrelid = to_regclass(%s) AND i.indisunique GROUP BY i.indexrelid"""
+# The unique indexes an ON CONFLICT on their columns can use (``_arbiter``); an expression's
+# column (attnum 0) makes a NULL name, which matches no key.
+_ARBITERS = """SELECT array_agg(a.attname ORDER BY k.n) FROM pg_index i
+    CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
+    LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indimmediate AND i.indisvalid
+    AND i.indpred IS NULL GROUP BY i.indexrelid"""
 # Whether the login may read and delete a table's rows, as a merge does.
 _MERGEABLE = "SELECT has_table_privilege(%s, 'SELECT') AND has_table_privilege(%s, 'DELETE')"
 # Whether the login may write a table: INSERT on it, or CREATE where it would be created.
@@ -175,6 +193,93 @@ _AFTER_TRIGGERS = """SELECT count(*) FROM pg_trigger t WHERE t.tgrelid = to_regc
     AND NOT t.tgisinternal AND t.tgenabled <> 'D' AND t.tgtype & 12 <> 0
     AND t.tgtype & 66 = 0"""
 # Whether the login may read a lazy plan's source table, and whether that is the target itself.
+# The schema of the dblink extension in the target database, when its login may run it.
+_DBLINK = """WITH found AS MATERIALIZED (
+        SELECT quote_ident(n.nspname) AS name FROM pg_catalog.pg_extension e
+        JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'dblink')
+    SELECT name FROM found
+    WHERE has_function_privilege(name || '.dblink(text, text)', 'EXECUTE')
+        AND has_function_privilege(name || '.dblink_connect(text, text)', 'EXECUTE')"""
+# A session dblink opens reads as ``PostgresSource`` reads: one snapshot, UTC, ISO, exact floats.
+_DBLINK_SESSION = (
+    "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+    "SET TimeZone = 'UTC'",
+    "SET DateStyle = 'ISO, YMD'",
+    "SET extra_float_digits = 1",
+)
+_DBLINK_NAME = "dpone_pull"
+_MOST_PARAMETERS = 65_535  # one statement's parameters: the protocol counts them in 16 bits
+
+
+class _Dblink:
+    """A pull from another database of the server through the ``dblink`` extension (in
+    ``schema``): one connection of the source's login for the load, in one repeatable-read
+    snapshot of the source database, each partition's ``SELECT`` (the source's own, as
+    ``read`` gives it) read through ``dblink()`` and typed as the source's columns. The
+    connection string (the password in it) is a bound parameter, never SQL text: it is in
+    no statement the server shows or logs, except where the server logs parameters
+    (``log_statement`` with ``log_parameter_max_length``, docs/connectors.md)."""
+
+    def __init__(self, schema: str, login: EngineLogin) -> None:
+        self.schema = schema.replace("%", "%%")  # quoted already; psycopg reads % marks
+        self._login = login
+
+    def __repr__(self) -> str:
+        return "_Dblink()"
+
+    @contextlib.contextmanager
+    def connected(self, conn: Any, table: str) -> Iterator[None]:
+        login = self._login
+        parts = {
+            "host": login.host,
+            "port": str(login.port),
+            "dbname": login.database,
+            "user": login.user,
+            "password": login.password,
+        }
+        text = " ".join(f"{key}={_conninfo_value(value)}" for key, value in parts.items())
+        try:
+            _run_query(conn, f"SELECT {self.schema}.dblink_connect(%s, %s)", _DBLINK_NAME, text)
+        except _driver().Error:
+            pass  # its text may name the login: not chained
+        else:
+            text = ""
+        if text:
+            raise TargetUnavailable(
+                f"the target database of table {table!r} could not open the source's "
+                "database through dblink (its login, password or privileges)",
+                diagnostics={"table": table},
+            )
+        try:
+            for statement in _DBLINK_SESSION:
+                _run_query(
+                    conn, f"SELECT {self.schema}.dblink_exec(%s, %s)", _DBLINK_NAME, statement
+                )
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                _run_query(conn, f"SELECT {self.schema}.dblink_disconnect(%s)", _DBLINK_NAME)
+
+    def read(
+        self, conn: Any, select: str, params: Sequence[Any], columns: Sequence[Column]
+    ) -> tuple[str, list[Any]]:
+        """``FROM`` text reading ``select`` through the connection, and its parameters (the
+        connection's name, the query with its values in it); each column typed as the
+        source's select gives it (its own type, or text), aliased ``c0``, ``c1``..."""
+        client = import_driver("psycopg", needed_by="PostgresSink").ClientCursor(conn)
+        query = client.mogrify(select, list(params))
+        types = ", ".join(
+            f"c{i} {c.decltype if c.decltype.split('(')[0].strip() in _NATIVE else 'text'}"
+            for i, c in enumerate(columns)
+        )
+        return f"{self.schema}.dblink(%s, %s) AS dpone_rows ({types})", [_DBLINK_NAME, query]
+
+
+def _conninfo_value(value: str) -> str:
+    """A libpq connection string's value, quoted (``'`` and ``\\`` escaped)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 _PULLABLE = """SELECT coalesce(has_table_privilege(to_regclass(%s), 'SELECT'), false),
     coalesce(to_regclass(%s) = to_regclass(%s), false)"""
 
@@ -234,6 +339,7 @@ class PostgresSink(Sink, EnginePull):
         self._dsn = _resolve_dsn(dsn, role="target")
         self.table = table
         self._checked: LoadPlan | None = None  # the last plan check_plan passed
+        self._dblinked: _Dblink | None = None  # its pull through dblink, from another database
         self.identity()  # a DSN that cannot be parsed is refused now, before any run
 
     def __repr__(self) -> str:
@@ -255,10 +361,22 @@ class PostgresSink(Sink, EnginePull):
     # --- connections ------------------------------------------------------------------------
 
     @contextlib.contextmanager
+    def holding_connection(self) -> Iterator[None]:
+        """The attempt's calls share their connections (``drivers.holding_connections``): one
+        given back is kept for the next call and all are closed when the attempt ends (a run
+        made six connects, 0.02-0.03 s each). A kept connection is an idle session between two
+        calls, holding no transaction and no lock; the target call has a transaction of its
+        own."""
+        with holding_connections():
+            yield
+
+    @contextlib.contextmanager
     def _transaction(self, *, read_only: bool = False) -> Iterator[Any]:
         """A connection in one transaction (UTC, ISO dates), committed when the block ends;
         any exception, even a BaseException, rolls it back and is re-raised unchanged."""
-        conn = postgres_connect(_driver(), self._dsn, what="PostgreSQL target", failed=self._failed)
+        conn = postgres_connect(
+            _driver(), self._dsn, what="PostgreSQL target", failed=self._failed, kept=True
+        )
         try:
             conn.read_only = read_only
             _session(conn)
@@ -269,7 +387,7 @@ class PostgresSink(Sink, EnginePull):
                 conn.rollback()
             raise
         finally:
-            conn.close()
+            postgres_release(conn, self._dsn)
 
     def _outside_call(
         self, work: Callable[[Any], _T], *, read_only: bool = True, to: str = "be read"
@@ -391,7 +509,12 @@ class PostgresSink(Sink, EnginePull):
     def check_plan(self, plan: LoadPlan) -> None:
         """Refuse a plan this server cannot pull, before anything touches the target: a source
         that is not a PostgreSQL table of this database, one the target's login may not read,
-        or the target table itself."""
+        or the target table itself; from another database of this server, one ``dblink``
+        cannot read (``_dblink``)."""
+        self._dblinked = self._dblink(plan)
+        if self._dblinked is not None:
+            self._checked = plan
+            return
         source = self._pulled(plan)
         for bounds in plan.bounds:  # bad bounds fail here, before any connection
             source.select_sql(bounds, columns=plan.columns)
@@ -407,6 +530,47 @@ class PostgresSink(Sink, EnginePull):
             problem = "is the target table itself" if itself else "its login may not read"
             raise Unsupported(f"a pull of its source table, which {problem}", table=self.table)
         self._checked = plan  # the load of this very plan need not check it again
+
+    def _dblink(self, plan: LoadPlan) -> _Dblink | None:
+        """The plan's pull through ``dblink`` when its source is a table of another database
+        of this server (None for one of this database); ``Unsupported`` naming the reason
+        when it cannot be: not this server (by the DSNs' host and port), a DSN dblink
+        cannot take as it is (``PostgresTable.engine_login``) or without the password
+        dblink asks of a login that is not a superuser, or no ``dblink`` in the target
+        database that its login may run (``CREATE EXTENSION dblink`` takes a superuser)."""
+        source = plan.source
+        if not isinstance(source, PostgresSource):
+            return None
+        if source.identity().location == self.identity().location:
+            return None
+        conninfo = import_driver("psycopg.conninfo", needed_by="PostgresSink")
+        server = source.server()
+        if server is None or server != _server(conninfo, self._dsn):
+            raise Unsupported(
+                "an engine that reads this source (PostgreSQL reads tables of its own "
+                "database, or of another database of the same server, by the same host and "
+                "port)",
+                table=self.table,
+            )
+        schema = self._outside_call(lambda conn: _run_query(conn, _DBLINK))
+        if not schema:
+            raise Unsupported(
+                "a pull of its source table from another database: the dblink extension is "
+                "not installed in the target database, or its login may not run it (a "
+                "superuser runs CREATE EXTENSION dblink)",
+                table=self.table,
+            )
+        login = source.engine_login()
+        if login is None or not login.password:
+            raise Unsupported(
+                "a pull of its source table from another database: its DSN names options "
+                "dblink would drop, or no password, which dblink asks of a login that is not "
+                "a superuser",
+                table=self.table,
+            )
+        for bounds in plan.bounds:  # bad bounds fail here, before any connection
+            source.select_sql(bounds, columns=plan.columns)
+        return _Dblink(schema[0][0], login)
 
     def _pulled(self, plan: LoadPlan) -> PostgresSource:
         """The plan's source, when this server can pull it: a table of the same database."""
@@ -424,19 +588,31 @@ class PostgresSink(Sink, EnginePull):
         select (its values as ``read`` gives them), cast to the target's types."""
         if self._checked is not plan:
             self.check_plan(plan)
-        source = self._pulled(plan)
+        dblink = self._dblinked
+        source = plan.source if dblink is not None else self._pulled(plan)
+        assert isinstance(source, PostgresSource)
         names = ", ".join(_name(column.name) for column in plan.columns)
         aliases = ", ".join(f"c{index}" for index in range(len(plan.columns)))
         values = ", ".join(_pulled_value(f"c{i}", column) for i, column in enumerate(plan.columns))
         insert = f"INSERT INTO {self._target.sql(_name)} ({names}) SELECT {values} FROM"
-        statements = [source.select_sql(bounds, columns=plan.columns) for bounds in plan.bounds]
+        # one statement, one scan of the source table (a statement per partition scanned it
+        # once each without an index), while its parameters fit the protocol's count
+        statements = [source.select_any_sql(plan.bounds, columns=plan.columns)]
+        if len(statements[0][1]) > _MOST_PARAMETERS and dblink is None:
+            statements = [source.select_sql(b, columns=plan.columns) for b in plan.bounds]
         with self._transaction() as conn:
             self._fence_first(conn, ledger)
             _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
             counted = _applied_counter(conn, self._target, replace=plan.replace)
             rows = 0
-            for select, params in statements:
-                rows += _run(conn, f"{insert} ({select}) AS dpone_rows ({aliases})", *params)
+            with contextlib.ExitStack() as stack:
+                if dblink is not None:
+                    stack.enter_context(dblink.connected(conn, self.table))
+                for select, params in statements:
+                    pulled = f"({select}) AS dpone_rows ({aliases})"
+                    if dblink is not None:
+                        pulled, params = dblink.read(conn, select, params, plan.columns)
+                    rows += _run(conn, f"{insert} {pulled}", *params)
             return _record(conn, self._ledger_table, ledger, counted(rows))
 
     # --- staging ----------------------------------------------------------------------------
@@ -680,17 +856,34 @@ def _merge_rows(conn: Any, table: TableName, payload: RowChunks) -> int:
 def _merge(
     conn: Any, table: TableName, batch: TableName, names: Sequence[str], merge: Merge
 ) -> None:
-    """Merge ``batch`` into ``table`` (``_merge.merge_statements``); a missing target is
-    created with the batch's columns and types (less the deleted column) and the key as its
-    PRIMARY KEY."""
-    if not _columns(conn, table):
+    """Merge ``batch`` into ``table``; a missing target is created with the batch's columns
+    and types (less the deleted column) and the key as its PRIMARY KEY. A table with a unique
+    index on exactly the key takes ``_merge.upsert_statements`` (faster), any other
+    ``_merge.merge_statements``."""
+    existing = [n for n, _ in _columns(conn, table)]
+    arbiter = bool(existing) and _arbiter(conn, table, merge)
+    if not existing:
         _create_schema(conn, table)
         typed = [(n, t) for n, t in _columns(conn, batch) if n != merge.deleted]
         definitions = ", ".join(f"{_name(n)} {t}" for n, t in typed)
         key = key_constraint(merge, name=_name)
         _run(conn, f"CREATE TABLE {table.sql(_name)} ({definitions}{key})")
-    for statement in merge_statements(table.sql(_name), batch.sql(_name), names, merge, name=_name):
+        arbiter = True
+    target, rows = table.sql(_name), batch.sql(_name)
+    if arbiter:
+        unloaded = [n for n in existing if n not in names]
+        statements = upsert_statements(target, rows, names, merge, unloaded=unloaded, name=_name)
+    else:
+        statements = merge_statements(target, rows, names, merge, name=_name)
+    for statement in statements:
         _run(conn, statement)
+
+
+def _arbiter(conn: Any, table: TableName, merge: Merge) -> bool:
+    """Whether ``INSERT ... ON CONFLICT`` on the merge's key can use one of the table's
+    indexes: unique, checked at once (not deferrable), whole (not partial), valid, and on
+    exactly the key's columns."""
+    return any(set(names) == set(merge.key) for (names,) in conn.execute(_ARBITERS, [table.sql()]))
 
 
 def _refuse_long_names(columns: Sequence[Column], table: str) -> None:

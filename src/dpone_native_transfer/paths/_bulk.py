@@ -48,7 +48,7 @@ def bulk_files(ctx: PathContext, *, per_partition: bool) -> list[LoadFile] | Non
     files, counts = written
     for index, rows in enumerate(counts):
         digest = {"artifact_sha256": files[index].sha256} if per_partition else {}
-        ctx.extracted(index, rows, **digest)
+        ctx.extracted(index, rows, read="bulk", **digest)
     return files
 
 
@@ -68,5 +68,5 @@ def _copy_file(ctx: PathContext, bulk: BulkRead) -> list[LoadFile] | None:
         return None
     file, counts = written
     for index, rows in enumerate(counts):
-        ctx.extracted(index, rows)
+        ctx.extracted(index, rows, read="bulk")
     return [file]

@@ -83,9 +83,11 @@ class PathContext:
     snapshot: SourceSnapshot = attrs.field(factory=lambda: SourceSnapshot(None))
     rows: RowReader = attrs.field(init=False)
     files: FileMaker = attrs.field(init=False)
+    path_name: str = attrs.field(init=False)  # the path that runs: ``auto`` names its choice
 
     def __attrs_post_init__(self) -> None:
         self.rows, self.files = RowReader(self), FileMaker(self)
+        self.path_name = self.spec.path
 
     @property
     def source(self) -> Source:
@@ -136,8 +138,10 @@ class PathContext:
 
     # -- what the hooks and the boundary need -----------------------------------------------
 
-    def extracted(self, index: int, rows: int, **diagnostics: Any) -> None:
-        """Record what extraction produced for ``candidates[index]``."""
+    def extracted(self, index: int, rows: int, *, read: str = "rows", **diagnostics: Any) -> None:
+        """Record what extraction produced for ``candidates[index]``, and how its rows were
+        read (the event's ``read``): ``rows`` by dpone, ``bulk`` by the source into files
+        (``Source.bulk()``), ``engine`` by the sink's engine from the source itself."""
         candidate = self.candidates[index]
         if self.edge is not None:
             diagnostics.update(self.edge.diagnostics(candidate.partition_id, persisted=True))
@@ -149,6 +153,7 @@ class PathContext:
             partition_id=candidate.partition_id,
             partition=bounds_label(candidate.partition_bounds, self.source.partition_column),
             rows=rows,
+            read=read,
             done=index + 1,
             of=len(self.candidates),
         )
@@ -200,7 +205,7 @@ class PathContext:
         self.mutation = TargetMutation(
             route=self.route,
             run_id=self.spec.run_id,
-            path=self.spec.path,
+            path=self.path_name,
             operation=operation,
             candidates=tuple(self.candidates),
             store=self.store,

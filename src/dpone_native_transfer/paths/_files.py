@@ -113,7 +113,7 @@ class FileMaker:
         files, counts = pulled
         for index, rows in enumerate(counts):
             digest = {"artifact_sha256": files[index].sha256} if per_partition else {}
-            ctx.extracted(index, rows, **digest)
+            ctx.extracted(index, rows, read="engine", **digest)
         return files
 
     def pulled_stage(self) -> bool:
@@ -131,7 +131,7 @@ class FileMaker:
         if counts is None:
             return False
         for index, rows in enumerate(counts):
-            ctx.extracted(index, rows)
+            ctx.extracted(index, rows, read="engine")
         return True
 
     def _pull_plan(self, files: int, numbers: range | None = None) -> LoadPlan | None:

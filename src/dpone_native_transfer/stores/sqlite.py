@@ -32,7 +32,7 @@ from typing import Any, cast
 from urllib.request import pathname2url
 
 from ..checkpoints import GUARD_DIAGNOSTICS_KEY, LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey
-from ..drivers import file_failure
+from ..drivers import connections_held, file_failure
 from ..errors import (
     CheckpointStoreAccessRefused,
     CheckpointStoreCorrupt,
@@ -198,10 +198,39 @@ def _open(path: str) -> sqlite3.Connection:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
+            _keep_open(path)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+# While a run holds connections (``drivers.holding_connections``), one idle connection per
+# store file stays open, so that a route's store closing is never the file's last close:
+# SQLite checkpoints the WAL into the file and deletes it at its last close (a write and
+# fsyncs of the file and its folder, per table of a pipeline). Every commit is still in the
+# WAL, fsynced (``synchronous=FULL``), before it returns; SQLite checkpoints as it fills.
+_keepers: dict[str, sqlite3.Connection] = {}
+_keepers_lock = threading.Lock()
+
+
+def _keep_open(path: str) -> None:
+    if not connections_held(_close_keepers):
+        return
+    with _keepers_lock:
+        if path not in _keepers:
+            keeper = _connect(path)
+            keeper.execute("PRAGMA schema_version").fetchone()  # opens the file and its WAL
+            _keepers[path] = keeper
+
+
+def _close_keepers() -> None:
+    with _keepers_lock:
+        keepers = list(_keepers.values())
+        _keepers.clear()
+    for keeper in keepers:
+        with contextlib.suppress(sqlite3.Error):
+            keeper.close()
 
 
 class SQLiteCheckpointStore(OwnConnection, RecordReads):

@@ -61,20 +61,19 @@ SQLITE_READ = "sqlite({src_path:String}, {src_table:String})"
 class PlanSQL:
     """A lazy plan's bounds as conditions on ``sqlite()``'s columns, and their parameters."""
 
-    def __init__(self, plan: LoadPlan, source: SQLiteFile) -> None:
-        if not os.path.isfile(source.path):
-            raise SourceInvalid(
-                f"source database for table {source.table!r} does not exist",
-                diagnostics={"table": source.table},
-            )
-        self.params: dict[str, Any] = {
-            "src_path": os.path.abspath(source.path),
-            "src_table": source.table,
-        }
+    def __init__(
+        self,
+        plan: LoadPlan,
+        *,
+        partition_column: str,
+        cursor_column: str | None,
+        params: dict[str, Any],
+    ) -> None:
+        """The conditions of ``plan``'s bounds on the columns the engine reads, with
+        ``params`` (the read's own: a file, a login) among their parameters."""
+        self.params: dict[str, Any] = dict(params)
         found = [
-            bound_predicates(
-                bounds, partition_column=source.partition_column, cursor_column=source.cursor_column
-            )
+            bound_predicates(bounds, partition_column=partition_column, cursor_column=cursor_column)
             for bounds in plan.bounds
         ]
         self.conditions = []
@@ -99,7 +98,7 @@ class PlanSQL:
         self.envelope = ""  # with ranges: their keys, from the first one's start to the last's end
         if len(nulls) > 1 or not self.keyed or any(w != windows[0] for w in windows):
             return
-        self.column = quote(source.partition_column)
+        self.column = quote(partition_column)
         keyed = [plan.bounds[number] for number in self.keyed]
         values = [bounds.get("partition") for bounds in keyed]
         kinds = {type(value) for value in values}
@@ -125,6 +124,21 @@ class PlanSQL:
         if windows[0]:
             self.window, own = where_sql(windows[0], prefix="w_")
             self.params.update(own)
+
+    @classmethod
+    def of_sqlite(cls, plan: LoadPlan, source: SQLiteFile) -> PlanSQL:
+        """The plan's conditions on ``sqlite()``'s columns; its file must exist."""
+        if not os.path.isfile(source.path):
+            raise SourceInvalid(
+                f"source database for table {source.table!r} does not exist",
+                diagnostics={"table": source.table},
+            )
+        return cls(
+            plan,
+            partition_column=source.partition_column,
+            cursor_column=source.cursor_column,
+            params={"src_path": os.path.abspath(source.path), "src_table": source.table},
+        )
 
     def statements(self, *, listed: bool) -> list[range]:
         """The bounds each statement reads: all in one when ``where`` finds them by the lookup
@@ -324,7 +338,7 @@ def plan_inserts(
     """lazy-plan's INSERTs: the plan's conditions, the column list and each statement's
     ``WHERE``; ``ConfigInvalid`` when a statement would be longer than chDB parses (long
     column names or bound values), before the target call: it would fail inside it."""
-    bounds = PlanSQL(plan, source)
+    bounds = PlanSQL.of_sqlite(plan, source)
     names = column_list([column.name for column in plan.columns])
     listed = plan.replace
     wheres = [bounds.where(part, listed=listed) for part in bounds.statements(listed=listed)]

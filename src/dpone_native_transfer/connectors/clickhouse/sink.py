@@ -14,6 +14,10 @@ load uses it:
   with partition operations: ``REPLACE PARTITION ... FROM`` (each atomic) plus
   ``DROP PARTITION`` for partitions the stage no longer has, when replacing;
   ``INSERT ... SELECT`` when appending. The sequence is not atomic.
+- A merge (``payload.merge``, ``merge=``) fills a plain table of the batch's rows, then one
+  ``INSERT ... SELECT`` writes one row per key into the ``ReplacingMergeTree`` target that
+  readers query with ``FINAL`` (``merge.py``); the batch's rows carry its id, so counting
+  them proves it.
 
 The target's ledger (``LedgerSink``): ClickHouse has no multi-table
 transaction, so the ledger row is inserted into ``_dpone_ledger`` after the
@@ -54,6 +58,7 @@ from ...errors import (
     ConfigInvalid,
     InternalInvariantBroken,
     NativeTransferError,
+    SourceInvalid,
     TargetAccessRefused,
     TargetRowsUnproven,
     TargetUnavailable,
@@ -63,6 +68,7 @@ from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query, ledger_table_sql
 from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, Merge, RowChunks
 from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from .._arrow import arrow
+from .._merge import unmergeable
 from .._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -76,6 +82,7 @@ from .._sql import (
 )
 from ..contract import Sink, SinkFeatures, Unsupported
 from ..contract.engine import EnginePull
+from ..contract.postgres_table import PostgresTable
 from ..sqlite_reading import (
     number_text_misread,
     pulled_file,
@@ -84,6 +91,18 @@ from ..sqlite_reading import (
 )
 from .chdb_client import ChdbClient
 from .client import CHDB, ClickHouseClient, Location, parse_location
+from .merge import (
+    BATCH,
+    MERGE_ALIAS,
+    MERGE_COLUMNS,
+    ROWS,
+    VERSION,
+    merge_insert_sql,
+    merge_table_problem,
+    merge_table_sql,
+    orders_as_source,
+)
+from .pg_pulls import POSTGRES_READ, PULL_SETTINGS, PostgresRead, outside, postgres_read
 from .pulls import (
     BOUND_TAG,
     SQLITE_READ,
@@ -186,9 +205,12 @@ class ClickHouseSink(Sink, EnginePull):
             ledger_atomic=False,
             fence=False,
             inserts_end_with_their_process=self._location.kind == CHDB,
+            merges=True,  # into a ReplacingMergeTree, one INSERT per batch (merge.py)
+            merge_batch_column=BATCH,
         )
         self._checked: LoadPlan | None = None  # the last plan check_plan passed
         self._checking: tuple[LoadPlan, Future[None]] | None = None  # can_pull's, running
+        self._postgres: tuple[LoadPlan, PostgresRead] | None = None  # a PostgreSQL plan's read
         self._holding = False  # within holding_connection
         self._held: ClickHouseClient | None = None  # its client, once a call opened it
 
@@ -288,10 +310,62 @@ class ClickHouseSink(Sink, EnginePull):
 
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload into the target and return the rows written: load files as the
-        engine reads them (Arrow natively), other rows as Arrow batches."""
+        engine reads them (Arrow natively), other rows as Arrow batches. A merge's rows go
+        into a plain table of their own first (``_dpone_new_<table>``), merged from there."""
         if isinstance(payload, LoadFiles):
-            return self._load(payload, self._files_fill(payload), ledger)
-        return self._load(payload, self._rows_fill(payload), ledger)
+            fill = self._files_fill(payload)
+        else:
+            fill = self._rows_fill(payload)
+        if payload.merge is None:
+            return self._load(payload, fill, ledger)
+        batch = self._fresh
+        create = create_table_sql(batch, payload.columns, None)  # checks
+        with self.client() as client:
+            client.command(f"DROP TABLE IF EXISTS {_ref(batch)} SYNC")
+            _create(client, batch, create)
+            try:
+                fill(client, batch, _Tokens(None))
+                rows = self._merge(client, batch, payload.merge, ledger)
+            finally:
+                with contextlib.suppress(Exception):
+                    client.command(f"DROP TABLE IF EXISTS {_ref(batch)} SYNC")
+            return _record(client, ledger, rows)
+
+    def _merge(
+        self, client: ClickHouseClient, batch: TableName, merge: Merge, entry: LedgerEntry | None
+    ) -> int:
+        """Merge table ``batch`` into the target (``merge.merge_insert_sql``, creating the
+        target first), then prove it: the rows of the batch, counted by ``_dpone_batch``,
+        stand for every row sent (``TargetRowsUnproven`` otherwise, as when ``batch`` holds
+        another number, found before the target is touched). The rows received."""
+        columns = _columns(client, batch)
+        received = _count(client, batch)
+        sent = None if entry is None else entry.sent
+        if entry is not None and sent is not None and received != sent:
+            raise TargetRowsUnproven.counted(
+                entry.target_table, entry.batch_id, sent=sent, applied=received
+            )
+        if not _exists(client, self._target):
+            kept = [(name, kind) for name, kind in columns if name != merge.deleted]
+            _create(client, self._target, merge_table_sql(self._target, kept, merge))
+        elif entry is not None:  # a table made by hand may have no window yet
+            window = f"MODIFY SETTING {DEDUPLICATION_WINDOW}"
+            client.command(f"ALTER TABLE {_ref(self._target)} {window}")
+        names = [name for name, _ in _columns(client, self._target) if name not in MERGE_COLUMNS]
+        found = client.query_rows(f"SELECT max({quote(VERSION)}) FROM {_ref(self._target)}")
+        batch_id = "" if entry is None else entry.batch_id
+        sql = merge_insert_sql(
+            _ref(self._target), _ref(batch), [name for name, _ in columns], names, merge,
+            settings=insert_settings(_Tokens(entry).next()),
+        )  # fmt: skip
+        client.command(sql, {"version": int(found[0][0] or 0) + 1, "batch": batch_id})
+        if entry is not None and sent is not None:
+            applied = _batch_rows(client, self._target, BATCH, batch_id)
+            if applied != sent:
+                raise TargetRowsUnproven.counted(
+                    entry.target_table, entry.batch_id, sent=sent, applied=applied
+                )
+        return received
 
     def load_plan(self, plan: LoadPlan, *, ledger: LedgerEntry | None = None) -> int:
         """The engine pulls the plan's partitions from the SQLite source (``_plan_fill``)."""
@@ -412,7 +486,12 @@ class ClickHouseSink(Sink, EnginePull):
         dpone makes takes only a source column it would make that type for; a type made by
         hand is left to ClickHouse's own conversion."""
         with self.client() as client:
-            existing = _columns(client, self._target)
+            named = {column.name for column in columns}  # one of them: check_merge refuses
+            existing = [
+                (name, kind)
+                for name, kind in _columns(client, self._target)
+                if name not in MERGE_COLUMNS or name in named
+            ]
             if not existing:
                 return None
             names = sorted({column_type(column) for column in columns} | set(MADE_TYPES))
@@ -429,6 +508,49 @@ class ClickHouseSink(Sink, EnginePull):
 
         return difference(existing, columns, takes=takes)
 
+    def check_merge(self, merge: Merge, columns: Sequence[Column]) -> None:
+        """Refuse, before the target call, a source column of the name of one of dpone's
+        (``merge.MERGE_COLUMNS``), and an existing table that is not the one a merge route
+        makes (``merge.merge_table_problem``): a plain MergeTree table would keep every
+        version, and another ``ORDER BY`` would replace rows of other keys."""
+        for column in columns:
+            if column.name in MERGE_COLUMNS or column.name.startswith(MERGE_ALIAS):
+                raise unmergeable(self.table, "a source column has the name of a column dpone "
+                                  "keeps in a merge route's table", column=column.name)  # fmt: skip
+            if column.name == merge.version and not orders_as_source(column):
+                raise ConfigInvalid(
+                    f"source.cursor_column {column.name!r} of a merge route into ClickHouse "
+                    f"table {self.table!r} is of a kind ClickHouse keeps as text ({column.kind}),"
+                    " which would compare versions otherwise than the source does; nothing was"
+                    " written; use a cursor of integers, numbers, texts, dates or timestamps",
+                    diagnostics={"key": "source.cursor_column", "column": column.name},
+                )
+        compared = {
+            c.name: column_type(c) for c in columns if c.name in (*merge.key, merge.version)
+        }
+        with self.client() as client:
+            condition, params = _in_database(self._target)
+            found = client.query_rows(
+                "SELECT engine_full, sorting_key, partition_key FROM system.tables"
+                f" WHERE {condition}",
+                params,
+            )
+            if not found:
+                return
+            types = dict(_columns(client, self._target))
+            listed = ", ".join(quote(name) for name in merge.key)
+            key = client.query_rows(
+                "SELECT formatQuerySingleLine({q:String})", {"q": f"SELECT {listed}"}
+            )[0][0].removeprefix("SELECT ")
+        engine, sorting, partition = found[0]
+        problem = merge_table_problem(self.table, engine, sorting, partition, types, key)
+        if problem is not None:
+            raise problem
+        for name, made in compared.items():  # the key and the version compare as dpone's
+            if types.get(name) not in (made, made.removeprefix("Nullable(")[:-1]):
+                why = "a key or cursor column is of another type than dpone makes it"
+                raise unmergeable(self.table, why, column=name)
+
     def add_columns(self, columns: Sequence[Column]) -> None:
         """One ALTER for all of them; ClickHouse adds columns as a metadata change."""
         added = ", ".join(f"ADD COLUMN {quote(c.name)} {column_type(c)}" for c in columns)
@@ -436,7 +558,14 @@ class ClickHouseSink(Sink, EnginePull):
             client.command(f"ALTER TABLE {_ref(self._target)} {added}")
 
     def check_plan(self, plan: LoadPlan) -> None:
-        """Refuse a plan the engine cannot pull, before anything touches the target."""
+        """Refuse a plan the engine cannot pull, before anything touches the target: of a
+        PostgreSQL source, on chDB only (``postgres_read``)."""
+        if isinstance(plan.source, PostgresTable):
+            if self._location.kind != CHDB:
+                raise Unsupported("a pull of a PostgreSQL source by a ClickHouse server")
+            self._postgres = (plan, postgres_read(plan, table=self.table))
+            self._checked = plan
+            return
         source = with_safe_names(plan, table=self.table)
         engine_reads = {
             column.name: number_text_misread(column.decimal(MAX_DECIMAL_PRECISION))
@@ -453,6 +582,10 @@ class ClickHouseSink(Sink, EnginePull):
         """The engine pulls the partitions from the SQLite file with its sqlite() table function,
         in as few INSERTs as ``PlanSQL.statements`` allows: it reads the whole file for each
         statement when the partition column has no index."""
+        if isinstance(payload.source, PostgresTable):
+            if self._postgres is None or self._postgres[0] is not payload:
+                self.check_plan(payload)  # a load without the check, or a second one
+            return self._postgres_fill(payload, self._postgres_read(payload))
         if self._checked is not payload:
             self.check_plan(payload)
         source = pulled_file(payload, engine="ClickHouse", table=self.table)
@@ -470,6 +603,62 @@ class ClickHouseSink(Sink, EnginePull):
 
         return fill
 
+    def _postgres_fill(self, plan: LoadPlan, read: PostgresRead) -> Fill:
+        """lazy-plan from PostgreSQL: chDB reads the partitions with ``postgresql()``, one
+        ``INSERT ... SELECT`` per statement of ``PlanSQL.statements``, each with its own
+        deduplication token, as from SQLite."""
+        bounds, listed = read.bounds, plan.replace
+        names = column_list([column.name for column in plan.columns])
+        wheres = [bounds.where(part, listed=listed) for part in bounds.statements(listed=listed)]
+
+        def fill(client: ClickHouseClient, table: TableName, tokens: _Tokens) -> int:
+            before = _count(client, table)
+            for where in wheres:
+                try:
+                    client.command(
+                        f"INSERT INTO {_ref(table)} ({names}){insert_settings(tokens.next())}"
+                        f" SELECT {read.columns} FROM {POSTGRES_READ} WHERE {where}"
+                        f" SETTINGS {PULL_SETTINGS}",
+                        bounds.params,
+                    )
+                except NativeTransferError:
+                    raise
+                except Exception:  # chDB's text may quote a row's value: never chained
+                    pass
+                else:
+                    continue
+                raise SourceInvalid(
+                    f"chDB could not read the source rows of target table {self.table!r} "
+                    "from PostgreSQL (the table, the login's privileges or the server)",
+                    diagnostics={"table": self.table},
+                )
+            return _written(client, table, before)
+
+        return fill
+
+    def _postgres_read(self, plan: LoadPlan) -> PostgresRead:
+        """The read ``check_plan`` or ``can_pull`` made of this very plan."""
+        checked, self._postgres = self._postgres, None
+        if checked is None or checked[0] is not plan:
+            raise InternalInvariantBroken(
+                "ClickHouseSink was asked to pull a plan it did not check",
+                diagnostics={"table": self.table},
+            )
+        return checked[1]
+
+    def _can_pull_postgres(self, plan: LoadPlan, files: int) -> bool:
+        """A PostgreSQL source's plan, when ``postgres_read`` takes it and one statement reads
+        it; its read kept for the pull. Reads the source's catalog (and, with a date or
+        timestamp column, scans the partitions once)."""
+        try:
+            read = postgres_read(plan, table=self.table, values=False)  # asked after the pull
+        except ConfigInvalid:  # PlanInexact, Unsupported, a bound parameters do not take
+            return False
+        if len(read.bounds.statements(listed=plan.replace)) > 1:
+            return False
+        self._postgres = (plan, read)
+        return True
+
     def can_pull(self, plan: LoadPlan, files: int) -> bool:
         """On chDB (a server cannot write the client's files): partitions one
         statement reads (``PlanSQL.statements``), at most ``open_files_allowed()`` files (chDB
@@ -484,8 +673,10 @@ class ClickHouseSink(Sink, EnginePull):
             return False
         if BOUND_TAG in {column.name.lower() for column in plan.columns}:
             return False
+        if isinstance(plan.source, PostgresTable):
+            return self._can_pull_postgres(plan, files)
         try:
-            bounds = PlanSQL(plan, with_safe_names(plan, table=self.table))
+            bounds = PlanSQL.of_sqlite(plan, with_safe_names(plan, table=self.table))
         except ConfigInvalid:  # a bound value ClickHouse parameters do not take, too
             return False
         if len(bounds.statements(listed=plan.replace)) > 1:
@@ -503,7 +694,20 @@ class ClickHouseSink(Sink, EnginePull):
         tag, in the batches ``write_load_file`` writes (``recut``), so a retried INSERT
         deduplicates block by block; a full refresh's files are kept as written
         (``kept``). None when chDB's read failed or the source was written meanwhile
-        (``watching_writes``); no file is left."""
+        (``watching_writes``); no file is left. From PostgreSQL, ``postgresql()``'s one
+        statement reads every bound in one snapshot of its own (no write to watch)."""
+        if isinstance(plan.source, PostgresTable):
+            read = self._postgres_read(plan)
+            try:
+                pulled = self._pull(plan, paths, read.bounds, POSTGRES_READ, read.columns,
+                                    PULL_SETTINGS)  # fmt: skip
+                if pulled is not None and not outside(plan, read.limits):
+                    return pulled  # else a value chDB read otherwise: thrown away
+            except BaseException:
+                unlink_all(paths)
+                raise
+            unlink_all(paths)
+            return None
         return self._read_checked(plan, lambda: self._pull(plan, paths), lambda: unlink_all(paths))
 
     def pull_stage(self, plan: LoadPlan) -> list[int] | None:
@@ -513,11 +717,24 @@ class ClickHouseSink(Sink, EnginePull):
         left, when chDB's read failed, the source was written meanwhile, or the stage holds
         a partition or cursor column in a type other than chDB reads it as (the tag could
         then differ from the pull's). Faster than staging through the pulled file (figures:
-        docs/performance.md, fix 47)."""
+        docs/performance.md, fix 47). From PostgreSQL: ``postgresql()``'s one statement.
+        """
 
         def drop() -> None:
             with contextlib.suppress(Exception):
                 self.discard_stage()
+
+        if isinstance(plan.source, PostgresTable):
+            read = self._postgres_read(plan)
+            try:
+                staged = self._fill_stage_postgres(plan, read)
+                if staged is not None and not outside(plan, read.limits):
+                    return staged  # else a value chDB read otherwise: thrown away
+            except BaseException:
+                drop()
+                raise
+            drop()
+            return None
 
         return self._read_checked(plan, lambda: self._fill_stage(plan), drop)
 
@@ -550,9 +767,43 @@ class ClickHouseSink(Sink, EnginePull):
             if kept is None:
                 undo()
 
+    def _fill_stage_postgres(self, plan: LoadPlan, read: PostgresRead) -> list[int] | None:
+        """The stage filled by ``postgresql()``, each bound's count by the pull's tag over the
+        staged rows, when the stage holds the partition and cursor columns in the types the
+        pull casts them to (a stage made as an older target may not)."""
+        bounds, stage = read.bounds, _ref(self._stage)
+        where = bounds.where(range(len(plan.bounds)), listed=plan.replace)
+        names = column_list([column.name for column in plan.columns])
+        source = plan.source
+        keys = {source.partition_column, source.cursor_column} - {None}
+        made = {c.name: column_type(c) for c in plan.columns if c.name in keys}
+        try:
+            with self.client() as client:
+                self._new_stage(client, plan.columns)
+                staged = dict(_columns(client, self._stage))
+                if any(staged.get(name) != type_ for name, type_ in made.items()):
+                    return None
+                client.command(
+                    f"INSERT INTO {stage} ({names}) SELECT {read.columns} FROM {POSTGRES_READ}"
+                    f" WHERE {where} SETTINGS {PULL_SETTINGS}",
+                    bounds.params,
+                )
+                tagged = client.query_rows(
+                    f"SELECT toInt32({bounds.index()}) AS i, count() FROM {stage} GROUP BY i",
+                    bounds.params,
+                )
+        except Exception:  # of any type: chDB's own, never worded (it may quote a value)
+            return None
+        counts = [0] * len(plan.bounds)
+        for index, rows in tagged:
+            if not 0 <= index < len(counts):
+                return None
+            counts[index] += rows
+        return counts
+
     def _fill_stage(self, plan: LoadPlan) -> list[int] | None:
         source = pulled_file(plan, engine="ClickHouse", table=self.table)
-        bounds, stage = PlanSQL(plan, source), _ref(self._stage)
+        bounds, stage = PlanSQL.of_sqlite(plan, source), _ref(self._stage)
         where = bounds.where(range(len(plan.bounds)), listed=plan.replace)
         names = column_list([column.name for column in plan.columns])
         keys = [key for key in (source.partition_column, source.cursor_column) if key is not None]
@@ -585,15 +836,25 @@ class ClickHouseSink(Sink, EnginePull):
         return counts
 
     def _pull(
-        self, plan: LoadPlan, paths: Sequence[Path]
+        self,
+        plan: LoadPlan,
+        paths: Sequence[Path],
+        bounds: PlanSQL | None = None,
+        read: str = SQLITE_READ,
+        names: str | None = None,
+        settings: str = "max_threads = 1",
     ) -> tuple[list[LoadFile], list[int]] | None:
+        """The pull into files (``pull_load_files``): from ``read`` (``sqlite()`` of the plan's
+        file, unless another read, its conditions and columns are given)."""
         if file_pattern(paths[0].parent):  # file() would write elsewhere: Python reads
             return None
-        source = pulled_file(plan, engine="ClickHouse", table=self.table)
-        bounds = PlanSQL(plan, source)
+        if bounds is None:
+            bounds = PlanSQL.of_sqlite(
+                plan, pulled_file(plan, engine="ClickHouse", table=self.table)
+            )
         where = bounds.where(range(len(plan.bounds)), listed=plan.replace)
         params = dict(bounds.params)
-        names, tag = _pulled_columns(plan.columns), quote(BOUND_TAG)
+        names, tag = names or _pulled_columns(plan.columns), quote(BOUND_TAG)
         split = f" PARTITION BY {tag}" if len(paths) > 1 else ""
         try:
             with tempfile.TemporaryDirectory(prefix=".dpone-pull-", dir=paths[0].parent) as folder:
@@ -605,7 +866,7 @@ class ClickHouseSink(Sink, EnginePull):
                     client.command(
                         f"INSERT INTO FUNCTION file({{pull_file:String}}, 'ArrowStream'){split}"
                         f" SELECT {names}, toInt32({bounds.index()}) AS {tag}"
-                        f" FROM {SQLITE_READ} WHERE {where} SETTINGS max_threads = 1",
+                        f" FROM {read} WHERE {where} SETTINGS {settings}",
                         params,
                     )
                 rewrite = kept if plan.replace else recut
@@ -622,7 +883,7 @@ class ClickHouseSink(Sink, EnginePull):
             raise ConfigInvalid("a staged load takes RowChunks")
         stage = _ref(self._stage)
         with self.client() as client:
-            self._new_stage(client, payload.columns)
+            self._new_stage(client, payload.columns, plain=payload.merge is not None)
             try:
                 if isinstance(payload, LoadFiles):
                     return self._files_fill(payload)(client, self._stage, _Tokens(None))
@@ -632,12 +893,14 @@ class ClickHouseSink(Sink, EnginePull):
                     client.command(f"DROP TABLE IF EXISTS {stage} SYNC")
                 raise
 
-    def _new_stage(self, client: ClickHouseClient, columns: Sequence[Column]) -> None:
+    def _new_stage(
+        self, client: ClickHouseClient, columns: Sequence[Column], *, plain: bool = False
+    ) -> None:
         """A fresh, empty staging table shaped like the target (made from ``columns`` when
-        there is no target yet)."""
-        create = create_table_sql(self._stage, columns, self.partition_by)  # checks
+        there is no target yet, or ``plain``: a merge's batch, every column of the rows)."""
+        create = create_table_sql(self._stage, columns, None if plain else self.partition_by)
         client.command(f"DROP TABLE IF EXISTS {_ref(self._stage)} SYNC")
-        if _exists(client, self._target):
+        if not plain and _exists(client, self._target):
             client.command(f"CREATE TABLE {_ref(self._stage)} AS {_ref(self._target)}")
         else:
             _create(client, self._stage, create)
@@ -657,12 +920,20 @@ class ClickHouseSink(Sink, EnginePull):
 
         ``replace``: ``REPLACE PARTITION ... FROM`` the stage for every staged
         partition, then ``DROP PARTITION`` for target partitions the stage does
-        not hold. Otherwise ``INSERT ... SELECT`` from the stage. ``merge``: refused
-        before anything is written (``features.merges`` is False: a route never asks).
+        not hold. Otherwise ``INSERT ... SELECT`` from the stage. ``merge``: the stage (a
+        plain table of the batch's rows) is merged into the target as ``load`` merges.
         """
-        if merge is not None:
-            raise Unsupported("a merge on a key", table=self.table)
         stage, target, entry = _ref(self._stage), _ref(self._target), ledger
+        if merge is not None:
+            with self.client() as client:
+                if not _exists(client, self._stage):
+                    raise ConfigInvalid(
+                        f"no staged load exists for target table {self.table!r}",
+                        diagnostics={"table": self.table},
+                    )
+                rows = self._merge(client, self._stage, merge, entry)
+                client.command(f"DROP TABLE {stage} SYNC")
+                return _record(client, entry, rows)
         with self.client() as client:
             if not _exists(client, self._stage):
                 raise ConfigInvalid(
@@ -728,16 +999,10 @@ class ClickHouseSink(Sink, EnginePull):
 
     def batch_rows(self, column: str, batch_id: str) -> int:
         """The rows of the target table whose ``column`` holds
-        ``batch_id`` (0 when the table or the column does not exist). Reads only."""
+        ``batch_id`` (0 when the table or the column does not exist); a merge route's table
+        counts the batch's rows its rows stand for (``_dpone_rows``). Reads only."""
         with self.client() as client:
-            names = [name for name, _ in _columns(client, self._target)]
-            if column not in names:
-                return 0
-            found = client.query_rows(
-                f"SELECT count() FROM {_ref(self._target)} WHERE {quote(column)} = {{b:String}}",
-                {"b": batch_id},
-            )
-            return int(found[0][0])
+            return _batch_rows(client, self._target, column, batch_id)
 
     def row_count(self) -> int:
         with self.client() as client:
@@ -789,6 +1054,22 @@ class _Tokens:
             return None
         self._number += 1
         return f"{self._batch}-{self._number}"
+
+
+def _batch_rows(client: ClickHouseClient, table: TableName, column: str, batch_id: str) -> int:
+    """The rows of ``table`` whose ``column`` holds ``batch_id``, every row not ``FINAL``:
+    on a merge route's table (``_dpone_batch``) the sum of their ``_dpone_rows``."""
+    names = [name for name, _ in _columns(client, table)]
+    if column not in names:
+        return 0
+    counted = "count()"
+    if column == BATCH and ROWS in names:
+        counted = f"toUInt64(sum({quote(ROWS)}))"
+    found = client.query_rows(
+        f"SELECT {counted} FROM {_ref(table)} WHERE {quote(column)} = {{b:String}}",
+        {"b": batch_id},
+    )
+    return int(found[0][0])
 
 
 def _check_gained(

@@ -2,9 +2,10 @@
 
 ``Source`` and ``Sink`` say what every connector is; what really varies between engines
 is data (``SourceFeatures``, ``SinkFeatures``), read by the runtime, never asked of a
-connector's type. Three parts are optional: an engine that reads a source itself
+connector's type. Four parts are optional: an engine that reads a source itself
 (``Sink.engine()``, ``engine.EnginePull``), a source that is a SQLite file other
-engines read (``sqlite_file.SQLiteFile``), and a source that writes its rows to Arrow files
+engines read (``sqlite_file.SQLiteFile``), a PostgreSQL table other engines read
+(``postgres_table.PostgresTable``), and a source that writes its rows to Arrow files
 in bulk (``Source.bulk()``, ``bulk.BulkRead``). A connector that cannot do what it is asked
 raises ``Unsupported``; the runtime says what that means for the route (which path, what
 to use instead), so no connector knows the runtime's paths.
@@ -97,6 +98,9 @@ class SinkFeatures:
     # ``load`` and ``finalize_staged_load`` apply a ``payloads.Merge`` (strategy "merge") in
     # the call's one transaction; a route that merges into a sink without it is refused
     merges: bool = False
+    # a column the sink stores each merged row's batch id in, counted by ``batch_rows`` as a
+    # route's ``batch_column`` is: proof of a merge batch where the ledger row proves nothing
+    merge_batch_column: str | None = None
     # what the target is called in messages about its values ("SQLite", "DuckDB")
     name: str = "the target"
 

@@ -23,7 +23,7 @@ __all__ = ["SQLiteFile"]
 @runtime_checkable
 class SQLiteFile(Source, Protocol):
     """A source whose table lives in a SQLite file an engine can attach and read itself:
-    what the built-in engines pull from (PostgreSQL's pulls a ``PostgresSource``)."""
+    what the built-in engines pull from (chDB and PostgreSQL pull a ``PostgresTable``)."""
 
     path: str
 

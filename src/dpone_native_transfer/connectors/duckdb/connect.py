@@ -27,6 +27,7 @@ __all__ = [
     "literal",
     "one_writer",
     "open_database",
+    "postgres_scanner_loads",
     "reraise_interrupt",
     "scanner_connection",
     "scratch_connection",
@@ -116,6 +117,25 @@ def _no_scanner(version: str) -> Unsupported:
         package=_SCANNER,
         duckdb=version,
     )
+
+
+@functools.cache  # once per process: a run asks once, and never waits on a network
+def postgres_scanner_loads() -> bool:
+    """Whether DuckDB's ``postgres`` extension loads here, from what is installed already:
+    it ships in no wheel, and with ``autoinstall_known_extensions`` off a ``LOAD`` of one
+    not installed fails at once, with no download tried. Never true on a machine that
+    has not installed it (``INSTALL postgres``) for this DuckDB."""
+    try:
+        conn = duckdb_driver().connect(":memory:", config=_CONFIG)
+    except Exception:
+        return False
+    try:
+        conn.execute("LOAD postgres")
+    except Exception:  # not installed, or built for another DuckDB
+        return False
+    finally:
+        conn.close()
+    return True
 
 
 def scanner_connection(path: str, table: str = "") -> Any:

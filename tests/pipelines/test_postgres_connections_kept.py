@@ -1,0 +1,168 @@
+"""PostgreSQL connections kept for the next call of a run (issue 48).
+
+A route connected to PostgreSQL about ten times (each source read and each target
+transaction opened and closed its own connection, some 5 ms each). While a run holds
+connections (``drivers.holding_connections``), a connection given back is reset to a new
+one's state and handed to the next call on its DSN; the last holding block closes them.
+Real PostgreSQL throughout; the only wrapper counts the real driver's ``connect`` calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from helpers.pipelines import (
+    build_tables,
+    copy_to_postgres,
+    postgres_ids,
+    sqlite_ids,
+    write_pipeline,
+)
+from helpers.postgres_server import postgres_url
+
+from dpone_native_transfer.drivers import holding_connections, postgres_connect, postgres_release
+from dpone_native_transfer.errors import TargetUnavailable
+from dpone_native_transfer.pipeline import load_pipeline
+from dpone_native_transfer.pipeline_run import run_tables
+
+TABLES, ROWS = 8, 200
+
+
+@pytest.fixture
+def connects(monkeypatch) -> list[Any]:
+    """Every connection the real ``psycopg.connect`` made, in order."""
+    made: list[Any] = []
+    real = psycopg.connect
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(psycopg, "connect", counting)
+    return made
+
+
+def _connect(dsn: str) -> Any:
+    def failed(failure: Any) -> TargetUnavailable:
+        return TargetUnavailable("test connection failed")
+
+    return postgres_connect(psycopg, dsn, what="test", failed=failed, kept=True)
+
+
+@pytest.mark.parametrize("source_kind", ["sqlite", "postgres"])
+def test_a_pipeline_into_postgres_connects_a_few_times_not_per_call(
+    tmp_path: Path, postgres_schema, connects, source_kind
+):
+    dsn, schema = postgres_schema
+    url = postgres_url(dsn)
+    lite = tmp_path / "shop.db"
+    names = build_tables(lite, TABLES, ROWS)
+    if source_kind == "postgres":
+        copy_to_postgres(lite, dsn, schema, names)
+        source, tables, path = {"kind": "postgres", "dsn": url}, f"{schema}.t*", "lazy-plan"
+    else:
+        source, tables, path = {"path": str(lite)}, "t*", "staged"
+    target_schema = f"{schema}_target"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{target_schema}"')
+    connects.clear()
+    file = write_pipeline(
+        tmp_path / "pipeline.toml",
+        source=source,
+        target={"kind": "postgres", "dsn": url, "table_prefix": f"{target_schema}."},
+        store=str(tmp_path / "checkpoints.db"),
+        tables=tables,
+        defaults={"strategy": "full_refresh", "path": path},
+    )
+    for run_id in ("run-1", "run-2"):  # the second replaces every table: DDL on kept sessions
+        result = run_tables(load_pipeline(file).tables, run_id, jobs=2)
+        assert result.exit_code == 0, [(r.table, r.error) for r in result.tables]
+    # two runs of 8 tables made about 160 connections; kept, a few per run and job
+    assert len(connects) <= 2 * 8
+    assert all(conn.closed for conn in connects)  # the run's end closed every kept one
+    for run in result.tables:
+        name = run.table.rpartition(".")[2]
+        loaded = postgres_ids(dsn, f"{target_schema}.{run.target_table.rpartition('.')[2]}")
+        if source_kind == "postgres":
+            assert loaded == postgres_ids(dsn, f"{schema}.{name}")
+        else:
+            assert loaded == sqlite_ids(lite, name)
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'DROP SCHEMA "{target_schema}" CASCADE')
+
+
+def test_a_kept_connection_comes_back_as_a_new_one(postgres_schema, connects):
+    dsn, schema = postgres_schema
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+        admin.execute(f'CREATE TABLE "{schema}".kept (n int)')
+    connects.clear()
+    with holding_connections():
+        first = _connect(dsn)
+        first.execute("SET statement_timeout = '1234ms'")
+        first.execute("CREATE TEMP TABLE scratch (n int)")
+        first.commit()
+        first.read_only = True
+        first.execute(f'SELECT count(*) FROM "{schema}".kept')  # read-only, left open
+        postgres_release(first, dsn)
+        again = _connect(dsn)
+        assert again is first and len(connects) == 1
+        assert not again.autocommit and again.read_only is None
+        again.execute(f'INSERT INTO "{schema}".kept VALUES (1)')  # writable again
+        assert again.execute("SHOW statement_timeout").fetchone()[0] == "0"
+        assert again.execute("SELECT to_regclass('pg_temp.scratch')").fetchone()[0] is None
+        postgres_release(again, dsn)  # an uncommitted insert: rolled back, as a close would
+        assert not first.closed
+    assert first.closed  # the last holding block closed it
+    with psycopg.connect(dsn) as check:
+        assert check.execute(f'SELECT count(*) FROM "{schema}".kept').fetchone()[0] == 0
+
+
+def test_a_kept_connection_the_server_dropped_is_replaced(postgres_schema, connects):
+    dsn, _ = postgres_schema
+    with holding_connections():
+        first = _connect(dsn)
+        pid = first.info.backend_pid
+        postgres_release(first, dsn)
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        again = _connect(dsn)
+        assert again is not first and first.closed
+        assert again.execute("SELECT 1").fetchone()[0] == 1
+        postgres_release(again, dsn)
+
+
+def test_a_connection_in_a_failed_copy_or_outside_a_run_is_closed(postgres_schema, connects):
+    dsn, _ = postgres_schema
+    outside = _connect(dsn)
+    postgres_release(outside, dsn)  # no run holds connections: closed, never kept
+    assert outside.closed
+    with holding_connections():
+        copying = _connect(dsn)
+        statement = "COPY (SELECT generate_series(1, 100000)) TO STDOUT"
+        with contextlib.suppress(psycopg.Error), copying.cursor().copy(statement) as copy:
+            next(iter(copy))  # mid-COPY: nothing can reset it
+            postgres_release(copying, dsn)
+        assert copying.closed
+        fresh = _connect(dsn)
+        assert fresh is not copying
+        postgres_release(fresh, dsn)
+
+
+def test_a_kept_connection_keeps_the_settings_its_dsn_gave(postgres_schema, connects):
+    """``DISCARD ALL`` resets a session to its defaults, and the DSN's ``options`` are
+    among them: a source table found through the DSN's ``search_path`` is found again."""
+    dsn, schema = postgres_schema
+    given = f"{dsn} options='-c search_path={schema}'"
+    with holding_connections():
+        first = _connect(given)
+        first.execute("SET search_path = public")
+        postgres_release(first, given)
+        again = _connect(given)
+        assert again is first
+        assert again.execute("SHOW search_path").fetchone()[0] == schema
+        postgres_release(again, given)
