@@ -22,7 +22,7 @@ reverse order every other round, after a warm-up round; figures are medians of 3
   value carried (what every path did before);
 - into PostgreSQL and DuckDB, dlt 1.31's ``sql_database`` with its fastest backend here,
   connectorx (pyarrow when the dlt venv lacks it), in dlt's own venv
-  (``_dlt_pipeline_child.py``), in the same rounds. Target: every dpone path at most a
+  (``peers.run_dlt``), in the same rounds. Target: every dpone path at most a
   third of dlt's time.
 
 Ratio = the path's median / the limit's median; the dlt rows: dpone's path / dlt's.
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import secrets
 import subprocess
 from collections.abc import Callable, Iterator
@@ -44,9 +43,9 @@ from dpone_native_transfer.connectors.duckdb import DuckDBSink
 from dpone_native_transfer.connectors.postgres import PostgresSource
 from dpone_native_transfer.connectors.postgres_sink import PostgresSink
 
-from ._common import CHUNK_ROWS, REPO, Row, Sizes, log, median, scratch, timed
+from ._common import CHUNK_ROWS, Row, Sizes, log, median, scratch, timed
 from .batch import _import_server_helper
-from .peers import DLT_PYTHON, _dlt_missing
+from .peers import DLT_PYTHON, _dlt_missing, run_dlt
 
 PATHS = ("legacy", "staged", "file-artifact")
 CHDB_PATHS = (*PATHS, "lazy-plan")  # chDB pulls from PostgreSQL itself on every path
@@ -235,24 +234,16 @@ def _dlt_backend() -> str:
 
 def _dlt(url: str, schema: str, target: str, rows: int, backend: str, psycopg: Any) -> float:
     """dlt's ``sql_database`` of the wire table into a fresh DuckDB file or schema; the seconds
-    its ``pipeline.run`` took (``_dlt_pipeline_child.py``), its rows counted."""
+    its ``pipeline.run`` took (``peers.run_dlt``), its rows counted."""
     with scratch(f"pg-wire-dlt-{target}") as folder, _target_schema(url, psycopg) as own:
         request = {
             "source": url.replace("postgresql://", "postgresql+psycopg2://", 1),
             "schema": schema, "tables": ["wire"], "backend": backend,
             "destination": target,
             "target": str(folder / "dlt.duckdb") if target == "duckdb" else url,
-            "dataset": own, "work": str(folder / "dlt"),
+            "dataset": own, "work": str(folder / "dlt"), "name": "bench_wire",
         }  # fmt: skip
-        (folder / "request.json").write_text(json.dumps(request))
-        done = subprocess.run(
-            [str(DLT_PYTHON), str(REPO / "benchmarks" / "_dlt_pipeline_child.py"),
-             str(folder / "request.json")],
-            capture_output=True, text=True, timeout=3600,
-        )  # fmt: skip
-    if done.returncode:
-        raise AssertionError(f"dlt into {target}: exit {done.returncode}: {done.stderr[-2000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+        result = run_dlt(request, folder)
     if result["rows"] != rows:
         raise AssertionError(f"dlt into {target}: loaded {result['rows']}, expected {rows}")
     return float(result["seconds"])
