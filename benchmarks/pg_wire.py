@@ -19,9 +19,13 @@ reverse order every other round, after a warm-up round; figures are medians of 3
 - into PostgreSQL, dpone's lazy-plan from another database of the server (a database made
   for it, with the dblink extension);
 - dpone's staged path with the bulk read and the pull off: the rows as Python tuples, each
-  value carried (what every path did before).
+  value carried (what every path did before);
+- into PostgreSQL and DuckDB, dlt 1.31's ``sql_database`` with its fastest backend here,
+  connectorx (pyarrow when the dlt venv lacks it), in dlt's own venv
+  (``peers.run_dlt``), in the same rounds. Target: every dpone path at most a
+  third of dlt's time.
 
-Ratio = the path's median / the limit's median.
+Ratio = the path's median / the limit's median; the dlt rows: dpone's path / dlt's.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import io
 import secrets
+import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -40,10 +45,12 @@ from dpone_native_transfer.connectors.postgres_sink import PostgresSink
 
 from ._common import CHUNK_ROWS, Row, Sizes, log, median, scratch, timed
 from .batch import _import_server_helper
+from .peers import DLT_PYTHON, _dlt_missing, run_dlt
 
 PATHS = ("legacy", "staged", "file-artifact")
 CHDB_PATHS = (*PATHS, "lazy-plan")  # chDB pulls from PostgreSQL itself on every path
 PARTITIONS = 100
+DLT_SHARE = 1 / 3  # every path at least 3x faster than dlt
 DUCKDB_SCHEMA = (
     "id BIGINT, updated_at TIMESTAMPTZ, region VARCHAR, amount DECIMAL(12,2), score DOUBLE,"
     " note VARCHAR"
@@ -217,6 +224,31 @@ def _dpone(
     return seconds
 
 
+def _dlt_backend() -> str:
+    """dlt's fastest backend installed in its venv: connectorx, else pyarrow."""
+    found = subprocess.run(
+        [str(DLT_PYTHON), "-c", "import connectorx"], capture_output=True, timeout=120
+    )
+    return "connectorx" if found.returncode == 0 else "pyarrow"
+
+
+def _dlt(url: str, schema: str, target: str, rows: int, backend: str, psycopg: Any) -> float:
+    """dlt's ``sql_database`` of the wire table into a fresh DuckDB file or schema; the seconds
+    its ``pipeline.run`` took (``peers.run_dlt``), its rows counted."""
+    with scratch(f"pg-wire-dlt-{target}") as folder, _target_schema(url, psycopg) as own:
+        request = {
+            "source": url.replace("postgresql://", "postgresql+psycopg2://", 1),
+            "schema": schema, "tables": ["wire"], "backend": backend,
+            "destination": target,
+            "target": str(folder / "dlt.duckdb") if target == "duckdb" else url,
+            "dataset": own, "work": str(folder / "dlt"), "name": "bench_wire",
+        }  # fmt: skip
+        result = run_dlt(request, folder)
+    if result["rows"] != rows:
+        raise AssertionError(f"dlt into {target}: loaded {result['rows']}, expected {rows}")
+    return float(result["seconds"])
+
+
 @contextlib.contextmanager
 def _other_database(url: str, psycopg: Any) -> Iterator[str]:
     """A database of the same server with the dblink extension: lazy-plan's target from
@@ -254,6 +286,11 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
     rounds = max(3, sizes.runs // 2)
     raw: dict[str, Any] = {"rows": rows, "partitions": PARTITIONS, "rounds": rounds}
     results: list[Row] = []
+    dlt_missing = _dlt_missing()
+    if dlt_missing is not None:
+        print(f"section 2d: dlt rows skipped: {dlt_missing}", flush=True)
+    backend = _dlt_backend() if dlt_missing is None else None
+    raw["dlt"] = {"skipped": dlt_missing, "backend": backend}
     with contextlib.ExitStack() as stack:
         dsn = stack.enter_context(helper.server_dsn())
         schema = stack.enter_context(helper.isolated_schema(dsn)).schema
@@ -276,6 +313,10 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
                 cases["lazy-plan, another database"] = lambda: _dpone(
                     url, schema, "postgres", "lazy-plan", rows, psycopg, bulk=True, into=other
                 )
+            if backend is not None and target != "chdb":  # dlt has no chDB destination
+                cases["dlt"] = lambda target=target: _dlt(
+                    url, schema, target, rows, backend, psycopg
+                )
             times: dict[str, list[float]] = {case: [] for case in cases}
             for number in range(rounds + 1):  # round 0 warms the caches
                 order = list(cases) if number % 2 else list(cases)[::-1]
@@ -289,12 +330,23 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
                 if case == "limit":
                     continue
                 value = median(times[case])
+                label = f"dlt 1.31 sql_database ({backend})" if case == "dlt" else case
                 results.append(
                     Row("2d PostgreSQL source, bulk",
-                        f"{case} into {target} vs the limit ({rows:,} rows x 6 columns,"
+                        f"{label} into {target} vs the limit ({rows:,} rows x 6 columns,"
                         f" {PARTITIONS} partitions)",
                         value, "s", limit_median, value / limit_median)
                 )  # fmt: skip
+            if "dlt" in times:
+                dlt = median(times["dlt"])
+                for path in PATHS:
+                    share = median(times[path]) / dlt
+                    results.append(
+                        Row("2d PostgreSQL source, bulk",
+                            f"{path} into {target} vs dlt 1.31 sql_database ({backend})",
+                            median(times[path]), "s", dlt, share,
+                            target=f"<= {DLT_SHARE:.2f}", met=share <= DLT_SHARE)
+                    )  # fmt: skip
             raw[target] = {"seconds": times}
     raw["server"] = "the tests' throwaway server (fsync off), or DPONE_TEST_POSTGRES_DSN's"
     return results, raw

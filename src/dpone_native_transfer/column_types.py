@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import importlib
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from operator import itemgetter
 from typing import Any
 
 import attrs
@@ -176,14 +179,22 @@ class Column:
 # those are not touched value by value.
 
 _NONE = type(None)
+_BULK_FROM = 1_000  # values of a column worth importing pyarrow for (``Passing.in_bulk``)
+
+
+def _all_null(values: Sequence[Any]) -> bool:
+    return values.count(None) == len(values)
 
 
 @attrs.frozen
 class Passing:
-    """A carrier with a fast path: a column whose values ``unchanged`` accepts is left as it is."""
+    """A carrier with a fast path: a column whose values ``unchanged`` accepts is left as it is;
+    ``in_bulk(values)``, when given, carries a whole column at C speed, giving exactly what
+    ``convert`` gives each value, or None (then ``convert`` runs per value and refuses)."""
 
     convert: Carry
     unchanged: Callable[[Sequence[Any]], bool]
+    in_bulk: Callable[[Sequence[Any]], list[Any] | None] | None = None
 
     def __call__(self, value: Any) -> Any:
         return self.convert(value)
@@ -241,16 +252,27 @@ def exact_bytes(value: Any) -> bytes:
     raise TypeError("not bytes")
 
 
-@passing(bool)
-def as_boolean(value: Any) -> bool:
-    """A boolean, or SQLite's own: the integers 0 and 1 (``FALSE``, ``TRUE``). Any other
-    integer (2), a text ('true') or a double is refused: each is another value, and an
-    engine's own SQLite reader (lazy-plan) refuses it too."""
+def _as_boolean(value: Any) -> bool:
     if isinstance(value, bool):
         return value
     if type(value) is int and value in (0, 1):
         return value == 1
     raise TypeError("not a boolean")
+
+
+def _booleans_in_bulk(values: Sequence[Any]) -> list[Any] | None:
+    """``as_boolean`` of a column of SQLite's 0 and 1 (and NULLs), with C loops only; None
+    (then per value) for any other value."""
+    if not set(map(type, values)) <= {int, _NONE} or not set(values) <= {0, 1, None}:
+        return None
+    return list(map({0: False, 1: True, None: None}.__getitem__, values))
+
+
+as_boolean = Passing(_as_boolean, passing(bool)(_as_boolean).unchanged, _booleans_in_bulk)
+"""A boolean, or SQLite's own: the integers 0 and 1 (``FALSE``, ``TRUE``). Any other
+integer (2), a text ('true') or a double is refused: each is another value, and an
+engine's own SQLite reader (lazy-plan) refuses it too. A column of 0 and 1 is carried
+with C loops only (``_booleans_in_bulk``)."""
 
 
 @passing(float)
@@ -299,7 +321,46 @@ def exact_decimal(precision: int, scale: int) -> Carry:
             raise ValueError("not exact in the declared precision")  # or not finite
         return format(number, "f")
 
-    return carry
+    return Passing(carry, _all_null, lambda values: _decimals_in_bulk(values, precision, scale))
+
+
+# A decimal as ``repr`` writes an int or a float without an exponent, and as PostgreSQL writes
+# a numeric: ``format(Decimal(text), "f")`` is the text itself.
+_PLAIN_DECIMAL = r"^-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?$"
+
+
+def _decimals_in_bulk(values: Sequence[Any], precision: int, scale: int) -> list[Any] | None:
+    """``exact_decimal(precision, scale)`` of a whole column whose values are all texts, or
+    all ints and floats (their ``repr``, a C call each), in the plain form ``_PLAIN_DECIMAL``:
+    the digits before and after the point counted in pyarrow's C. The texts are what the
+    carrier gives each value; None (then it runs per value, and refuses) for any other
+    type or form (an exponent, NaN), too many digits, or without pyarrow."""
+    if len(values) < _BULK_FROM and "pyarrow.compute" not in sys.modules:
+        return None
+    kinds = set(map(type, values)) - {_NONE}
+    if kinds == {str}:
+        texts = list(values)
+    elif kinds and kinds <= {int, float}:
+        texts = [None if value is None else repr(value) for value in values]
+    else:
+        return None
+    try:
+        pa, pc = map(importlib.import_module, ("pyarrow", "pyarrow.compute"))
+    except ImportError:  # pyarrow comes with the engines' extras
+        return None
+    text = pa.array(texts, pa.string())
+    if pc.all(pc.match_substring_regex(text, _PLAIN_DECIMAL)).as_py() is False:
+        return None
+    length, point = pc.utf8_length(text), pc.find_substring(text, ".")
+    without = pc.less(point, 0)
+    fraction = pc.if_else(without, 0, pc.subtract(pc.subtract(length, point), 1))
+    whole = pc.subtract(pc.if_else(without, length, point), pc.starts_with(text, "-").cast("int32"))
+    zero = pc.or_(pc.starts_with(text, "0"), pc.starts_with(text, "-0"))  # below 1: no digit
+    digits = pc.if_else(zero, 0, whole)
+    most = pc.max(fraction).as_py(), pc.max(digits).as_py()
+    if most[0] is not None and (most[0] > scale or most[1] > precision - scale):
+        return None
+    return texts
 
 
 _NUMERIC_WORDS = frozenset({"NaN", "Infinity", "-Infinity"})  # PostgreSQL numeric's own
@@ -325,7 +386,7 @@ def without_nul(carry: Carry) -> Passing:
 
     def unchanged(values: Sequence[Any]) -> bool:
         kept = isinstance(carry, Passing) and carry.unchanged(values)
-        return kept and not any("\x00" in value for value in values if value is not None)
+        return kept and "\x00" not in "".join(filter(None, values))  # texts: in C, not a loop
 
     return Passing(convert, unchanged)
 
@@ -341,17 +402,55 @@ def _microseconds_at_most(text: str) -> None:
         raise ValueError("finer than a microsecond")
 
 
-def iso_date(value: Any) -> str:
-    """A date as ``YYYY-MM-DD`` text (a real date); anything else, BC dates included, refused."""
+def _iso_date(value: Any) -> str:
     if type(value) is not str or not _DATE_TEXT.fullmatch(value):
         raise ValueError("not an ISO date")
     datetime.date.fromisoformat(value)
     return value
 
 
-def iso_date_or_infinite(value: Any) -> str:
-    """``iso_date``, or PostgreSQL's ``infinity`` and ``-infinity`` (DuckDB holds them)."""
-    return value if value in _INFINITE else iso_date(value)
+def _iso_date_or_infinite(value: Any) -> str:
+    return value if value in _INFINITE else _iso_date(value)
+
+
+_FIRST_DAY = (datetime.date(1, 1, 1) - datetime.date(1970, 1, 1)).days
+
+
+def _dates_kept(values: Sequence[Any], *, infinite: bool) -> bool:
+    """Whether ``iso_date`` (``infinite``: ``_or_infinite``) keeps every value of a column
+    as it is, checked in pyarrow's C: the form by a regular expression, each date by
+    Arrow's parser (a real date), and from year 1 on. False (then each value is carried,
+    and refused) otherwise, for a short column before pyarrow is loaded, or without it."""
+    if len(values) < _BULK_FROM and "pyarrow.compute" not in sys.modules:
+        return _all_null(values)
+    if not set(map(type, values)) <= {str, _NONE}:
+        return False
+    try:
+        pa, pc = map(importlib.import_module, ("pyarrow", "pyarrow.compute"))
+    except ImportError:  # pyarrow comes with the engines' extras
+        return False
+    text = pa.array(values, pa.string())
+    if infinite:
+        kept = pc.is_in(text, value_set=pa.array(sorted(_INFINITE)))
+        text = pc.if_else(kept, pa.scalar(None, pa.string()), text)
+    if pc.all(pc.match_substring_regex(text, r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")).as_py() is False:
+        return False
+    try:
+        days = pc.cast(pc.cast(text, pa.date32()), pa.int32())
+    except pa.ArrowInvalid:
+        return False  # not a real date
+    first = pc.min(days).as_py()
+    return first is None or first >= _FIRST_DAY
+
+
+iso_date = Passing(_iso_date, lambda values: _dates_kept(values, infinite=False))
+"""A date as ``YYYY-MM-DD`` text (a real date); anything else, BC dates included, refused.
+A column of such dates is checked at C speed and left as it is (``_dates_kept``)."""
+
+iso_date_or_infinite = Passing(
+    _iso_date_or_infinite, lambda values: _dates_kept(values, infinite=True)
+)
+"""``iso_date``, or PostgreSQL's ``infinity`` and ``-infinity`` (DuckDB holds them)."""
 
 
 def iso_time(value: Any) -> str:
@@ -365,10 +464,7 @@ def iso_time(value: Any) -> str:
     return value
 
 
-def instant_as_utc(value: Any) -> str:
-    """An ISO timestamp text; one with an offset becomes the same instant in UTC, without
-    the offset. Text that is not an ISO date and time (a bare time, a leap second, hour 25,
-    more than microseconds, a zone name, a number) is refused."""
+def _instant_as_utc(value: Any) -> str:
     if type(value) is not str:
         raise TypeError("not a timestamp text")
     _microseconds_at_most(value)
@@ -378,17 +474,98 @@ def instant_as_utc(value: Any) -> str:
     return parsed.astimezone(datetime.UTC).replace(tzinfo=None).isoformat(sep=" ")
 
 
-def instant_as_utc_or_infinite(value: Any) -> str:
-    """``instant_as_utc``, or PostgreSQL's ``infinity`` and ``-infinity`` (DuckDB holds them)."""
-    return value if value in _INFINITE else instant_as_utc(value)
+def _instant_as_utc_or_infinite(value: Any) -> str:
+    return value if value in _INFINITE else _instant_as_utc(value)
 
 
-def utc_instant(value: Any) -> str:
-    """An instant as text with an explicit ``+00:00``: a text without an offset is taken as
-    UTC, never as the worker's local time."""
+def _utc_instant(value: Any) -> str:
     if value in _INFINITE:
         return value
-    return instant_as_utc(value) + "+00:00"
+    return _instant_as_utc(value) + "+00:00"
+
+
+# ``YYYY-MM-DD``, or with ``[ T]HH:MM:SS[.f{1,6}]`` and an optional offset (``Z``, ``+HH``,
+# ``+HH:MM`` below 24 hours): the texts ``_instants_in_bulk`` carries; any other goes per value.
+_INSTANT_TEXT = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}(?:[ T][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?"
+    r"(?:Z|[+-](?:[01][0-9]|2[0-3])(?::[0-5][0-9])?)?)?$"
+)
+_WITH_OFFSET = r":[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}(?::[0-9]{2})?)$"  # after a time
+_EPOCH = datetime.datetime(1970, 1, 1)
+_FIRST_INSTANT = (datetime.datetime(1, 1, 1) - _EPOCH) // datetime.timedelta(microseconds=1)
+_LAST_INSTANT = (datetime.datetime.max - _EPOCH) // datetime.timedelta(microseconds=1)
+
+
+def _instants_in_bulk(
+    values: Sequence[Any], *, infinite: bool, suffix: str = ""
+) -> list[Any] | None:
+    """``instant_as_utc`` (``infinite``: ``_or_infinite``; ``suffix``: ``utc_instant``'s
+    ``+00:00``) of a whole column, in pyarrow's C: the form checked by one regular
+    expression, each date, time and offset by Arrow's parser (a real date, hour 0-23, no
+    leap second), every instant within years 1-9999 (Python's), and an instant with an
+    offset written in UTC as ``isoformat(sep=" ")`` writes it; one without is kept as it is.
+    None (the carrier then runs per value, and refuses) for a value of another type or
+    form, out of range, or without pyarrow."""
+    if len(values) < _BULK_FROM and "pyarrow.compute" not in sys.modules:
+        return None  # importing pyarrow costs more than a few values carried one by one
+    if not set(map(type, values)) <= {str, _NONE}:
+        return None
+    try:
+        pa, pc = map(importlib.import_module, ("pyarrow", "pyarrow.compute"))
+    except ImportError:  # pyarrow comes with the engines' extras
+        return None
+    nothing = pa.scalar(None, pa.string())
+    text = pa.array(values, pa.string())
+    kept = pc.is_in(text, value_set=pa.array(sorted(_INFINITE))) if infinite else None
+    finite = text if kept is None else pc.if_else(kept, nothing, text)
+    if pc.all(pc.match_substring_regex(finite, _INSTANT_TEXT)).as_py() is False:
+        return None  # a text outside the form
+    offset = pc.fill_null(pc.match_substring_regex(finite, _WITH_OFFSET), False)
+    try:
+        walls = pc.cast(pc.if_else(offset, nothing, finite), pa.timestamp("us"))
+        instants = pc.cast(pc.if_else(offset, finite, nothing), pa.timestamp("us", tz="UTC"))
+    except pa.ArrowInvalid:
+        return None  # not a real date or time
+    utc = pc.cast(instants, pa.timestamp("us"))
+    for each in (walls, utc):
+        extremes = pc.min_max(pc.cast(each, pa.int64())).as_py()
+        if extremes["min"] is not None and (
+            extremes["min"] < _FIRST_INSTANT or extremes["max"] > _LAST_INSTANT
+        ):
+            return None  # beyond Python's years: refused per value
+    written = pc.cast(utc, pa.string())  # always six decimals; isoformat writes none for 0
+    whole = pc.fill_null(pc.ends_with(written, ".000000"), False)
+    written = pc.if_else(whole, pc.utf8_slice_codeunits(written, 0, -7), written)
+    carried = pc.if_else(offset, written, finite)
+    if suffix:
+        carried = pc.binary_join_element_wise(carried, suffix, "")
+    if kept is not None:
+        carried = pc.if_else(kept, text, carried)
+    return carried.to_pylist()
+
+
+instant_as_utc = Passing(
+    _instant_as_utc, _all_null, lambda values: _instants_in_bulk(values, infinite=False)
+)
+"""An ISO timestamp text; one with an offset becomes the same instant in UTC, without
+the offset. Text that is not an ISO date and time (a bare time, a leap second, hour 25,
+more than microseconds, a zone name, a number) is refused. A column of the common forms
+is carried in bulk, at C speed (``_instants_in_bulk``)."""
+
+instant_as_utc_or_infinite = Passing(
+    _instant_as_utc_or_infinite,
+    _all_null,
+    lambda values: _instants_in_bulk(values, infinite=True),
+)
+"""``instant_as_utc``, or PostgreSQL's ``infinity`` and ``-infinity`` (DuckDB holds them)."""
+
+utc_instant = Passing(
+    _utc_instant,
+    _all_null,
+    lambda values: _instants_in_bulk(values, infinite=True, suffix="+00:00"),
+)
+"""An instant as text with an explicit ``+00:00``: a text without an offset is taken as
+UTC, never as the worker's local time."""
 
 
 ENGINE_CARRIERS: dict[str, Carry] = {
@@ -483,9 +660,14 @@ def carried_chunks(
             )
         carried: dict[int, list[Any]] = {}  # only the columns a carrier changed
         for index, name, carry in carriers:
-            values = [row[index] for row in chunk]  # one column, not the chunk transposed
-            if isinstance(carry, Passing) and carry.unchanged(values):
-                continue
+            values = list(map(itemgetter(index), chunk))  # one column, not the chunk transposed
+            if isinstance(carry, Passing):
+                if carry.unchanged(values):
+                    continue
+                bulk = None if carry.in_bulk is None else carry.in_bulk(values)
+                if bulk is not None:
+                    carried[index] = bulk
+                    continue
             try:
                 carried[index] = [None if v is None else carry(v) for v in values]
             except _REFUSED:

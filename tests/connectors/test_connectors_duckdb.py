@@ -24,7 +24,7 @@ from dpone_native_transfer.connectors import SQLiteSource
 from dpone_native_transfer.connectors.duckdb import DuckDBSink, duckdb_type
 from dpone_native_transfer.connectors.duckdb import connect as duckdb_connect
 from dpone_native_transfer.connectors.duckdb import sink as duckdb_sink_module
-from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid
+from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid, ValueUnsupported
 from dpone_native_transfer.payloads import Column, LoadPlan, RowChunks
 from dpone_native_transfer.testing import (
     assert_rows_exactly_once,
@@ -569,3 +569,63 @@ def test_load_plan_selects_exactly_the_planned_partitions_of_each_window(tmp_pat
         sink.load_plan(LoadPlan(source=source, columns=columns, bounds=values, replace=True)) == 3
     )
     assert sink.rows() == [(1, "a", 10), (4, "a", 13), (6, "b", 15)]
+
+
+_COMMON_OFFSETS = ("+05:30", "-08:00", "Z", "", "+14:00", "-00:30", "+00")
+_ODD_OFFSETS = ("+0530", "+05:30:15")  # Python reads them; the bulk carrier leaves them
+
+
+def _offset_rows(rows: int) -> list[tuple]:
+    """Instants with offsets: the first half in the forms carried a column at a time, the
+    second with some a bulk carrier leaves to the per-value one (chunks holding them go
+    value by value); chunks of 1,500 rows, above the bulk carriers' 1,000."""
+    made = []
+    for n in range(rows):
+        forms = _COMMON_OFFSETS + (_ODD_OFFSETS if n >= rows // 2 else ())
+        offset = forms[(n // 2) % len(forms)]
+        sep = "T" if n % 3 else " "
+        fraction = f".{n % 1000:03d}" if n % 5 else ""
+        at = f"2013-{1 + n % 12:02d}-{1 + n % 28:02d}{sep}{n % 24:02d}:{n % 60:02d}:07{fraction}"
+        made.append((n, f"p{n % 2}", at + offset, at + offset, f"2013-{1 + n % 12:02d}-15"))
+    return made
+
+
+def _utc(text: str) -> datetime.datetime:
+    parsed = datetime.datetime.fromisoformat(text)
+    if parsed.tzinfo is None:
+        return parsed
+    return parsed.astimezone(datetime.UTC).replace(tzinfo=None)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_instants_with_offsets_in_bulk_reach_duckdb_as_the_same_utc_instants(tmp_path, path):
+    """Issue 47 item 4: 3,000 rows of instants with offsets (carried a column at a time) and
+    dates (checked a column at a time) land as the same UTC instants on every path; one
+    instant before year 1 in UTC is refused before the target, as value by value."""
+    source = tmp_path / "offsets.db"
+    rows = _offset_rows(3_000)
+    with contextlib.closing(sqlite3.connect(source)) as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, p TEXT, at TIMESTAMP,"
+                   " tz TIMESTAMP WITH TIME ZONE, d DATE)")  # fmt: skip
+        db.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?)", rows)
+        db.commit()
+    sink = DuckDBSink(tmp_path / "t.duckdb", "t_copy")
+    route = Route(tmp_path / "run", source=SQLiteSource(source, "t", "p"), sink=sink)
+    try:
+        result = route.runtime().run(route.spec(path, strategy="full_refresh", chunk_rows=1_500))
+        assert result.rows_loaded == len(rows)
+        with contextlib.closing(duckdb.connect(str(tmp_path / "t.duckdb"))) as conn:
+            got = conn.execute(
+                "SELECT id, \"at\", timezone('UTC', tz), d FROM t_copy ORDER BY id"
+            ).fetchall()
+        assert got == [
+            (n, _utc(at), _utc(tz), datetime.date.fromisoformat(d)) for n, _, at, tz, d in rows
+        ]
+        with contextlib.closing(sqlite3.connect(source)) as db:
+            db.execute("UPDATE t SET tz = '0001-01-01 00:30:00+01:00' WHERE id = 2999")
+            db.commit()
+        with pytest.raises(ValueUnsupported):
+            route.runtime().run(route.spec(path, "run-2", strategy="full_refresh"))
+        assert route.sink.target_calls == 1  # the refusal came before the target
+    finally:
+        route.real_store.close()

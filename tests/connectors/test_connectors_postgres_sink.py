@@ -350,6 +350,50 @@ def test_a_narrower_hand_made_column_stops_the_run_before_the_target(tmp_path, l
         route.real_store.close()
 
 
+_BINARY_VALUES = [  # id, integer, real, text, boolean, blob: what a binary COPY carries
+    (1, 2**63 - 1, float("inf"), "é\t\"x'\\.\n\\N", 1, b"\x00\xff"),
+    (2, -(2**63), 1e300, "", 0, b""),
+    (3, 0, 0.1 + 0.2, "NULL", None, "text as bytes"),
+    (4, None, 2**53, None, 1, None),
+    (5, 7, float("-inf"), "\\.", 0, b"\\x41"),
+]
+
+
+@pytest.mark.parametrize("path", ROW_PATHS)
+@pytest.mark.parametrize("made", [False, True])
+def test_rows_in_binary_copy_or_as_text_into_hand_made_types_give_the_same_values(
+    tmp_path, location, path, made
+):
+    """Issue 47: SQLite rows of kinds whose binary form psycopg writes go by binary ``COPY``
+    (no text parsed by the server); into a table made by hand with other types they go as text.
+    Either way every value is the one the source holds."""
+    schema = location.schema
+    source = tmp_path / "kinds.db"
+    with contextlib.closing(sqlite3.connect(source)) as db:
+        db.execute("CREATE TABLE k (id INTEGER PRIMARY KEY, i INTEGER, r REAL, t TEXT,"
+                   " f BOOLEAN, b BLOB)")  # fmt: skip
+        db.executemany("INSERT INTO k VALUES (?, ?, ?, ?, ?, ?)", _BINARY_VALUES)
+        db.commit()
+    if made:
+        admin(location, f'CREATE SCHEMA "{schema}"')
+        admin(location, f'CREATE TABLE "{schema}".k_copy (id numeric, i numeric, r double'
+                        " precision, t varchar, f boolean, b bytea)")  # fmt: skip
+    sink = PostgresSink(postgres_url(location.dsn), f"{schema}.k_copy")
+    route = Route(tmp_path, source=SQLiteSource(source, "k", "id"), sink=sink)
+    try:
+        result = route.runtime().run(route.spec(path, strategy="full_refresh"))
+        assert result.rows_loaded == len(_BINARY_VALUES)
+    finally:
+        route.real_store.close()
+    got = admin(location, f'SELECT id, i, r, t, f, b FROM "{schema}".k_copy ORDER BY id')
+    expected = [
+        (i, n, float(r), t, None if f is None else bool(f), b.encode() if isinstance(b, str) else b)
+        for i, n, r, t, f, b in _BINARY_VALUES
+    ]
+    assert [(*row[:5], None if row[5] is None else bytes(row[5])) for row in got] == expected
+    assert got[2][2] == 0.30000000000000004 and got[1][1] == -(2**63)
+
+
 # --- names: schemas, case, awkward identifiers ------------------------------------------------
 
 

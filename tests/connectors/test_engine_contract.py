@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import decimal
 import math
 import sqlite3
 from pathlib import Path
 
+import pyarrow.compute  # noqa: F401  (loaded: a few values are carried in bulk too)
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dpone_native_transfer import Column, ConfigInvalid, PathContractBroken, ValueUnsupported
 from dpone_native_transfer.column_types import (
@@ -22,6 +26,7 @@ from dpone_native_transfer.column_types import (
     instant_as_utc,
     instant_as_utc_or_infinite,
     iso_date,
+    iso_date_or_infinite,
     iso_time,
     postgres_kind,
     sqlite_kind,
@@ -300,3 +305,142 @@ def test_the_misread_read_skips_what_sqlite_or_the_reader_keeps_exact(
     source.statements = []
     refuse_inexact_plan(source, columns, engine="DuckDB", table="copy", reader_refuses=refuses)
     assert any("SELECT EXISTS" in sql for sql in source.statements) == scans
+
+
+_DIGITS = st.text("0123456789", min_size=1, max_size=4)
+_INSTANT_PARTS = st.tuples(
+    st.sampled_from(["2024", "0001", "0000", "9999", "1970", "10000", "2024"]),
+    st.sampled_from(["-02-29", "-02-30", "-01-05", "-12-31", "-13-01", "-1-05", "-01-05T"]),
+    st.sampled_from(["", " ", "T", "t", "  "]),
+    st.sampled_from(["", "00:00:00", "23:59:59", "24:00:00", "10:00:60", "10:00", "9:00:00"]),
+    st.sampled_from(["", ".5", ".123456", ".1234567", ",5", "."]),
+    st.sampled_from(
+        [
+            "",
+            "Z",
+            "z",
+            "+00:00",
+            "-00:00",
+            "+05:30",
+            "-08:00",
+            "+23:59",
+            "+24:00",
+            "+05",
+            "+0530",
+            "+05:60",
+            "-12:00:30",
+            " UTC",
+            "+5:30",
+        ]
+    ),  # fmt: skip
+)
+
+
+def _per_value(carry, values):
+    """What the carrier gives each value, or None when it refuses one."""
+    try:
+        return [None if value is None else carry.convert(value) for value in values]
+    except (ValueError, TypeError, OverflowError, decimal.InvalidOperation):
+        return None
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.one_of(
+            st.none(),
+            _INSTANT_PARTS.map("".join),
+            st.sampled_from(["infinity", "-infinity", "junk", ""]),
+            st.text(max_size=12),
+            st.integers(),
+        ),
+        max_size=6,
+    )
+)
+def test_instants_carried_in_bulk_are_what_each_value_gives_or_left_to_it(values):
+    """Issue 47 item 4: a column of instants carried at C speed gives exactly the text the
+    carrier gives each value (so every path stores the same value), and gives up, leaving the
+    values to the carrier, where one is refused or of a form it does not know."""
+    for carry in (instant_as_utc, instant_as_utc_or_infinite, utc_instant):
+        bulk = carry.in_bulk(values)
+        expected = _per_value(carry, values)
+        if bulk is not None:
+            assert bulk == expected
+    offsets = [f"2024-01-05 10:00:00{o}" for o in ("+05:30", "-08:00", "Z", "+00", "")]
+    assert utc_instant.in_bulk(offsets) == _per_value(utc_instant, offsets)  # never gives up
+
+
+def test_carried_chunks_carry_offsets_in_bulk_and_still_refuse_one_bad_value():
+    chunks = [[(1, "2024-01-05T10:00:00+05:30"), (2, "2024-01-05 10:00:00.5-08:00")]]
+    carried = list(carried_chunks(chunks, [(1, "at", utc_instant)], target="DuckDB"))
+    assert carried == [[(1, "2024-01-05 04:30:00+00:00"), (2, "2024-01-05 18:00:00.500000+00:00")]]
+    bad = [[(1, "2024-01-05T10:00:00+05:30"), (2, "0001-01-01 00:30:00+01:00")]]
+    with pytest.raises(ValueUnsupported):
+        list(carried_chunks(bad, [(1, "at", utc_instant)], target="DuckDB"))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.one_of(
+            st.none(),
+            st.tuples(
+                st.sampled_from(["2024", "0001", "0000", "1900", "9999", "024", "２０２４"]),
+                st.sampled_from(["-02-29", "-02-30", "-01-05", "-13-01", "-1-05", "-12-31"]),
+                st.sampled_from(["", " ", "T00:00", "Z", " BC"]),
+            ).map("".join),
+            st.sampled_from(["infinity", "-infinity", "2023-02-29", ""]),
+            st.integers(),
+        ),
+        max_size=6,
+    )
+)
+def test_dates_kept_in_bulk_are_exactly_the_columns_each_value_would_keep(values):
+    """A column of dates checked at C speed is left as it is only when the carrier keeps
+    every value as it is; otherwise each value is carried (and refused) as before."""
+    for carry in (iso_date, iso_date_or_infinite):
+        if carry.unchanged(values):
+            assert _per_value(carry, values) == values
+    dates = ["2024-02-29", None, "0001-01-01", "9999-12-31"]
+    assert iso_date.unchanged(dates) and not iso_date.unchanged(["0000-01-01"])
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from([(12, 2), (5, 0), (3, 3), (38, 10), (1, 0)]),
+    st.one_of(
+        st.lists(st.one_of(st.none(), st.integers(), st.floats()), max_size=6),
+        st.lists(
+            st.one_of(
+                st.none(),
+                st.from_regex(r"-?[0-9]{1,8}(\.[0-9]{0,6})?", fullmatch=True),
+                st.sampled_from(["-0", "0.00", "007", "+1", ".5", "1e3", "NaN", ""]),
+            ),
+            max_size=6,
+        ),
+    ),
+)
+def test_decimals_carried_in_bulk_are_what_each_value_gives_or_left_to_it(declared, values):
+    """Issue 47 item 4: a column of decimals (SQLite's ints and floats, or PostgreSQL's
+    texts) carried at C speed gives exactly the texts ``exact_decimal`` gives each value,
+    and gives up where one is refused or of another form."""
+    carry = exact_decimal(*declared)
+    bulk = carry.in_bulk(values)
+    if bulk is not None:
+        assert bulk == _per_value(carry, values)
+
+
+def test_a_column_of_plain_decimals_is_carried_in_bulk():
+    values = [1.1, -7, None, 0.5, 12, -0.0, 10**9] * 200
+    assert exact_decimal(12, 2).in_bulk(values) == _per_value(exact_decimal(12, 2), values)
+    assert exact_decimal(12, 2).in_bulk([*values, 99.999]) is None  # then refused per value
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.sampled_from([0, 1, 2, -1, True, False, 1.0, "1"])),
+                max_size=8))  # fmt: skip
+def test_booleans_carried_in_bulk_are_what_each_value_gives_or_left_to_it(values):
+    bulk = as_boolean.in_bulk(values)
+    if bulk is not None:
+        assert bulk == _per_value(as_boolean, values)
+    assert as_boolean.in_bulk([0, 1, None]) == [False, True, None]

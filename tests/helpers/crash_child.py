@@ -68,6 +68,7 @@ from dpone_native_transfer import (  # noqa: E402
     DuckDBSink,
     PartitionCheckpoint,
     PostgresSink,
+    PostgresSource,
     RouteKey,
     SQLiteCheckpointStore,
     SQLiteSink,
@@ -231,6 +232,83 @@ class CrashSource(SQLiteSource):
         if self.partitions == 2:
             self.killer.at("extraction")
         return super().select_sql(bounds, **kwargs)
+
+
+class CrashPostgresSource(PostgresSource):
+    """The real PostgreSQL source; it signals inside its bulk read's ``COPY ... TO STDOUT``,
+    once the first block (binary) or batch (CSV into Arrow) is taken and before the COPY
+    ends; or, into a target that loads no bulk files (``in_rows``), once its read of rows
+    handed on the 2nd partition's first chunk. A run that reads otherwise is not killed."""
+
+    killer: Killer
+    in_rows = False
+    partitions = 0
+
+    def read(self, bounds: Mapping[str, Any], *, chunk_rows: int = 10_000) -> Iterator[list]:
+        chunks = super().read(bounds, chunk_rows=chunk_rows)
+        if "cursor_from" in bounds or not self.in_rows:  # top rows, or not the expected read
+            return chunks
+        self.partitions += 1
+        return _first_then_kill(chunks, self.killer) if self.partitions == 2 else chunks
+
+    def read_partitions(self, bounds: Any, *, chunk_rows: int = 10_000) -> Iterator[Any] | None:
+        """One scan for every partition: dies once it came (rows of each are in its chunks)."""
+        scan = super().read_partitions(bounds, chunk_rows=chunk_rows)
+        if scan is None or not self.in_rows:
+            return scan
+        return _first_then_kill(scan, self.killer)
+
+    def _copied(self, *args: Any) -> Iterator[Any]:
+        return _first_then_kill(super()._copied(*args), self.killer)
+
+    def _repeatable(self, work: Any) -> Any:
+        return super()._repeatable(lambda conn: work(_KillingCopies(conn, self.killer)))
+
+
+class _KillingCopies:
+    """A source connection whose ``COPY ... TO STDOUT`` dies after its first block."""
+
+    def __init__(self, conn: Any, killer: Killer) -> None:
+        self._conn, self._killer = conn, killer
+
+    def cursor(self) -> Any:
+        cursor, killer = self._conn.cursor(), self._killer
+
+        class Copying:
+            def copy(self, statement: str, params: Any = None) -> Any:
+                return _KilledCopy(cursor.copy(statement, params), killer)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(cursor, name)
+
+        return Copying()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+@contextlib.contextmanager
+def _KilledCopy(copy: Any, killer: Killer) -> Iterator[Any]:  # noqa: N802
+    with copy as blocks:
+        yield _first_then_kill(iter(blocks), killer)
+
+
+def _first_then_kill(items: Iterator[Any], killer: Killer) -> Iterator[Any]:
+    for number, item in enumerate(items):
+        yield item
+        if number == 0:
+            killer.at("extraction")  # the read has handed on its first part, and goes on
+
+
+def crash_source(place: Place, killer: Killer) -> Any:
+    """The place's source with its extraction seam (``CrashSource``, ``CrashPostgresSource``)."""
+    if not place.pg_source:
+        return CrashSource(place.make_source(), killer)
+    source = CrashPostgresSource(
+        str(place.url), f"{place.schema}.{SOURCE_TABLE}", "region", "updated_at"
+    )
+    source.killer, source.in_rows = killer, place.target == "sqlite"
+    return source
 
 
 class TargetSeams:
@@ -406,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # lazy-plan's extraction is the sink's (``TargetSeams``); it carries a merge route's rows
     # as legacy does, read from the source
     if place.path != "lazy-plan" or place.merge:
-        source = CrashSource(source, killer)
+        source = crash_source(place, killer)
     spec = transfer_spec(
         source,
         crash_sink(place, killer),

@@ -55,6 +55,7 @@ class Place:
     schema: str | None = None
     merge: bool = False  # a merge route on ``id``, its source's ``gone`` column deleting
     composite: bool = False  # a merge route on (``tenant``, ``id``): an id under two tenants
+    source: str = "sqlite"  # or "postgres": the sample's copy in ``schema`` of ``url``
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -67,8 +68,11 @@ class Place:
 
     @property
     def pg_source(self) -> bool:
-        """True when the source is the PostgreSQL copy (lazy-plan into PostgreSQL). A merge
-        route's lazy-plan carries the rows as legacy does (``paths/lazy_plan.py``): SQLite's."""
+        """True when the source is the PostgreSQL copy: asked for, or lazy-plan into
+        PostgreSQL. A merge route's lazy-plan carries the rows as legacy does
+        (``paths/lazy_plan.py``): SQLite's."""
+        if self.source == "postgres":
+            return True
         return self.target == "postgres" and self.path == "lazy-plan" and not self.merge
 
     @property
@@ -235,13 +239,14 @@ class Place:
         """The sample source (``build_sample_source``), copied into PostgreSQL for a
         PostgreSQL source; the PostgreSQL target's schema is made here too."""
         build_sample_source(self.source_path, rows=rows, partitions=partitions)
-        if self.target != "postgres":
+        if self.target != "postgres" and not self.pg_source:
             return
         self._admin(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
         if not self.pg_source:
             return
+        key = "bigint" if self.source == "postgres" else "integer"  # bigint: the target's type
         self._admin(
-            f'CREATE TABLE "{self.schema}".{SOURCE_TABLE} (id integer PRIMARY KEY, region text'
+            f'CREATE TABLE "{self.schema}".{SOURCE_TABLE} (id {key} PRIMARY KEY, region text'
             " NOT NULL, amount double precision, updated_at bigint)"
         )
         with contextlib.closing(sqlite3.connect(self.source_path)) as db:
@@ -355,7 +360,7 @@ class Place:
             conn.close()
 
     def drop_postgres_schema(self) -> None:
-        if self.target == "postgres":
+        if self.target == "postgres" or self.pg_source:
             with self._postgres() as conn:
                 conn.execute("SET lock_timeout = '10s'")
                 conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')

@@ -9,8 +9,8 @@ table that is written. Names are case-sensitive: they are always quoted.
 Every call opens its own connection and closes it before returning; every
 load is one transaction, in a UTC, ISO session, and writes its ledger row
 (``_dpone_ledger``, in the target's schema) in that same transaction. Rows
-arrive by ``COPY ... FROM STDIN`` (psycopg's ``write_row``), each value
-carried exactly by its column's kind (:func:`postgres_carrier`). A lazy plan
+arrive by ``COPY ... FROM STDIN`` (psycopg's ``write_row``, in binary where the kinds
+allow), each value carried exactly by its column's kind (:func:`postgres_carrier`). A lazy plan
 is pulled by the server itself (``INSERT ... SELECT``) from a PostgreSQL
 source in the same database, or, through the ``dblink`` extension, from
 another database of the same server (``_Dblink``); any other plan is refused
@@ -944,13 +944,43 @@ def _copy_binary(conn: Any, table: TableName, names: str, file: LoadFile) -> int
         return int(cursor.rowcount)
 
 
+# The target types whose binary ``COPY`` form psycopg writes, in C, from the Python type each
+# kind's carrier gives (int, float, str, bool, bytes): the server parses no text for them.
+_BINARY_COPY = {
+    "bigint": "int8",
+    "double precision": "float8",
+    "text": "text",
+    "boolean": "bool",
+    "bytea": "bytea",
+}
+
+
+def _binary_types(conn: Any, table: TableName, columns: Sequence[Column]) -> list[str] | None:
+    """The types of a binary ``COPY`` of ``columns`` into ``table``, when each is one of
+    ``_BINARY_COPY`` and the table has exactly the types dpone makes for them (binary input
+    of another type fails); None: the rows go as text (the server converts each)."""
+    made = [postgres_type(column) for column in columns]
+    if not all(kind in _BINARY_COPY for kind in made):
+        return None
+    existing = dict(_columns(conn, table))
+    if any(existing.get(c.name) != kind for c, kind in zip(columns, made, strict=True)):
+        return None
+    return [_BINARY_COPY[kind] for kind in made]
+
+
 def _copy_rows(
     conn: Any, table: TableName, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
 ) -> int:
-    """Every row of ``chunks`` through one ``COPY ... FROM STDIN``; the rows the server wrote."""
+    """Every row of ``chunks`` through one ``COPY ... FROM STDIN``, in binary where the column
+    kinds allow (``_binary_types``: the COPY 2.2-2.4 times faster, docs/performance.md, fix
+    69), else as text; the rows the server wrote."""
     names = ", ".join(quote(column.name) for column in columns)
+    types = _binary_types(conn, table, columns)
+    binary = "" if types is None else " (FORMAT binary)"
     with conn.cursor() as cursor:
-        with cursor.copy(f"COPY {table.sql()} ({names}) FROM STDIN") as copy:
+        with cursor.copy(f"COPY {table.sql()} ({names}) FROM STDIN{binary}") as copy:
+            if types is not None:
+                copy.set_types(types)
             for chunk in chunks:
                 if not chunk:
                     continue
