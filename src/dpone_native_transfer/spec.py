@@ -22,6 +22,7 @@ from .rejects import ON_BAD_VALUE
 
 __all__ = [
     "BUILTIN_PATH_NAMES",
+    "TRANSFER_PATHS",
     "MAX_CHUNK_ROWS",
     "MAX_GATE_ROWS",
     "NULL_CURSOR_POLICIES",
@@ -34,7 +35,8 @@ __all__ = [
     "type_name",
 ]
 
-BUILTIN_PATH_NAMES = ("legacy", "staged", "file-artifact", "lazy-plan", "auto")
+TRANSFER_PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")  # the four that move rows
+BUILTIN_PATH_NAMES = (*TRANSFER_PATHS, "auto")  # auto: one of the four, chosen per table
 # Rows held in memory per chunk at most: beyond it a chunk is no longer a bounded buffer
 # (and 2**63 overflowed the drivers).
 MAX_CHUNK_ROWS = 10_000_000

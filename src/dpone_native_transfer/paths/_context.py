@@ -22,7 +22,7 @@ from ..errors import ConfigInvalid, PathContractBroken
 from ..events import EventName, EventRecorder
 from ..payloads import LoadFile, LoadFiles, LoadPlan, Merge, RowChunks, SourceShape, bounds_label
 from ..rejects import Reject
-from ..spec import BUILTIN_PATH_NAMES, TransferSpec
+from ..spec import TRANSFER_PATHS, TransferSpec
 from ..stores import CheckpointStore
 from ._files import FileMaker
 from ._rows import RowReader
@@ -173,7 +173,7 @@ class PathContext:
         """The error of a path whose connector cannot provide ``what`` (it raised
         ``Unsupported``, with its ``diagnostics``), raised before the target, so the route is
         not blocked."""
-        others = [name for name in BUILTIN_PATH_NAMES if name != self.spec.path]
+        others = [name for name in TRANSFER_PATHS if name != self.spec.path]
         return ConfigInvalid(
             f"path {self.spec.path!r} cannot run on target table {self.sink.table!r}: its "
             f"connectors cannot provide {what}; use {', '.join(others[:-1])} or {others[-1]}",
