@@ -510,6 +510,7 @@ def test_airflow_retries_after_a_partial_commit_stop_before_the_sink_until_resol
     assert summary | {"run_id": None, "seconds": None} == {
         "route": ROUTE.as_dict(),
         "path": "staged",
+        "path_ran": None,  # nothing new: no target call
         "run_id": None,
         "committed_partitions": 0,
         "skipped_partitions": 4,
@@ -786,6 +787,7 @@ def test_a_successful_try_returns_a_small_json_safe_summary(checks):
     assert success["returned"] | timed == {
         "route": ROUTE.as_dict(),
         "path": "staged",
+        "path_ran": "staged",
         "run_id": "checks/manual__2026-11-29T10:00:00+00:00/copy_orders/try-1",
         "committed_partitions": 3,
         "skipped_partitions": 0,

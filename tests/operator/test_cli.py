@@ -315,7 +315,7 @@ def test_bad_route_file_names_the_dotted_key(tmp_path, case):
     assert json.loads(diagnostics.removeprefix("diagnostics: ")) == {"key": key}
     assert str(tmp_path) not in done.stderr
     if case == "bad enum":
-        assert error.endswith("must be one of: file-artifact, lazy-plan, legacy, staged")
+        assert error.endswith("must be one of: auto, file-artifact, lazy-plan, legacy, staged")
     if case == "wrong type":
         assert error.endswith("must be an integer, not a boolean")
     assert not (tmp_path / "checkpoints.db").exists()
