@@ -46,6 +46,7 @@ from dpone_native_transfer import (
     TransferRuntime,
     TransferSpec,
 )
+from dpone_native_transfer.drivers import holding_connections
 from dpone_native_transfer.payloads import Column
 
 from ._common import CHUNK_ROWS, WORK, Row, Sizes, cached_source, log, median, timed
@@ -126,7 +127,8 @@ def _run(store_path: Path, source: Path, sink: Any, path: str, *, append: bool =
             chunk_rows=CHUNK_ROWS,
             deleted_column=None if append else "is_deleted",
         )
-        seconds, _ = timed(lambda: TransferRuntime(store).run(spec))
+        with holding_connections():  # as `dpone-transfer run` does (application.transfer)
+            seconds, _ = timed(lambda: TransferRuntime(store).run(spec))
         return seconds
     finally:
         store.close()
