@@ -186,6 +186,22 @@ def _all_null(values: Sequence[Any]) -> bool:
     return values.count(None) == len(values)
 
 
+def _arrow_texts(texts: Sequence[Any]) -> tuple[Any, Any, Any] | None:
+    """(pyarrow, pyarrow.compute, ``texts`` as an Arrow string array) for a column worth
+    converting in bulk; None (its values are then carried one by one) for a short column
+    before pyarrow is loaded (importing it costs more than a few values), a value neither
+    text nor NULL, or without pyarrow (it comes with the engines' extras)."""
+    if len(texts) < _BULK_FROM and "pyarrow.compute" not in sys.modules:
+        return None
+    if not set(map(type, texts)) <= {str, _NONE}:
+        return None
+    try:
+        pa, pc = map(importlib.import_module, ("pyarrow", "pyarrow.compute"))
+    except ImportError:
+        return None
+    return pa, pc, pa.array(texts, pa.string())
+
+
 @attrs.frozen
 class Passing:
     """A carrier with a fast path: a column whose values ``unchanged`` accepts is left as it is;
@@ -336,7 +352,7 @@ def _decimals_in_bulk(values: Sequence[Any], precision: int, scale: int) -> list
     carrier gives each value; None (then it runs per value, and refuses) for any other
     type or form (an exponent, NaN), too many digits, or without pyarrow."""
     if len(values) < _BULK_FROM and "pyarrow.compute" not in sys.modules:
-        return None
+        return None  # before the reprs: a short column is carried one by one
     kinds = set(map(type, values)) - {_NONE}
     if kinds == {str}:
         texts = list(values)
@@ -344,11 +360,10 @@ def _decimals_in_bulk(values: Sequence[Any], precision: int, scale: int) -> list
         texts = [None if value is None else repr(value) for value in values]
     else:
         return None
-    try:
-        pa, pc = map(importlib.import_module, ("pyarrow", "pyarrow.compute"))
-    except ImportError:  # pyarrow comes with the engines' extras
+    arrow = _arrow_texts(texts)
+    if arrow is None:
         return None
-    text = pa.array(texts, pa.string())
+    pa, pc, text = arrow
     if pc.all(pc.match_substring_regex(text, _PLAIN_DECIMAL)).as_py() is False:
         return None
     length, point = pc.utf8_length(text), pc.find_substring(text, ".")
@@ -421,15 +436,10 @@ def _dates_kept(values: Sequence[Any], *, infinite: bool) -> bool:
     as it is, checked in pyarrow's C: the form by a regular expression, each date by
     Arrow's parser (a real date), and from year 1 on. False (then each value is carried,
     and refused) otherwise, for a short column before pyarrow is loaded, or without it."""
-    if len(values) < _BULK_FROM and "pyarrow.compute" not in sys.modules:
+    arrow = _arrow_texts(values)
+    if arrow is None:  # a column of NULLs keeps them; any other is carried
         return _all_null(values)
-    if not set(map(type, values)) <= {str, _NONE}:
-        return False
-    try:
-        pa, pc = map(importlib.import_module, ("pyarrow", "pyarrow.compute"))
-    except ImportError:  # pyarrow comes with the engines' extras
-        return False
-    text = pa.array(values, pa.string())
+    pa, pc, text = arrow
     if infinite:
         kept = pc.is_in(text, value_set=pa.array(sorted(_INFINITE)))
         text = pc.if_else(kept, pa.scalar(None, pa.string()), text)
@@ -506,16 +516,11 @@ def _instants_in_bulk(
     offset written in UTC as ``isoformat(sep=" ")`` writes it; one without is kept as it is.
     None (the carrier then runs per value, and refuses) for a value of another type or
     form, out of range, or without pyarrow."""
-    if len(values) < _BULK_FROM and "pyarrow.compute" not in sys.modules:
-        return None  # importing pyarrow costs more than a few values carried one by one
-    if not set(map(type, values)) <= {str, _NONE}:
+    arrow = _arrow_texts(values)
+    if arrow is None:
         return None
-    try:
-        pa, pc = map(importlib.import_module, ("pyarrow", "pyarrow.compute"))
-    except ImportError:  # pyarrow comes with the engines' extras
-        return None
+    pa, pc, text = arrow
     nothing = pa.scalar(None, pa.string())
-    text = pa.array(values, pa.string())
     kept = pc.is_in(text, value_set=pa.array(sorted(_INFINITE))) if infinite else None
     finite = text if kept is None else pc.if_else(kept, nothing, text)
     if pc.all(pc.match_substring_regex(finite, _INSTANT_TEXT)).as_py() is False:

@@ -35,17 +35,15 @@ from helpers.crash_child import KILL_POINTS
 from helpers.matrix_targets import Place
 from helpers.postgres_server import postgres_url
 from test_crash_matrix import (
-    OPERATOR,
     PARTITIONS,
     RECOVERIES,
     ROWS,
-    VERDICTS,
     CrashRoute,
+    check_recovery,
     expected,
     recover,
 )
 
-from dpone_native_transfer.recovery import AUTOMATIC_OPERATOR
 from dpone_native_transfer.testing import assert_rows_exactly_once
 from dpone_target_commit_guard.policy import blocked_partitions
 
@@ -106,25 +104,8 @@ def test_hard_kill_of_a_postgres_bulk_read_route_then_retry_never_duplicates(
         route.run_child(kill_point)
         route.check_target(row)
         attempts = recover(route, recovery, row)
-        first, last = attempts[0], attempts[-1]
-        with route.opened_store() as store:
-            audits = store.list_audit(route.route)
-        if recovery == "manual":
-            assert first.outcome == want.outcome, f"after a kill at {kill_point}"
-            if want.outcome == "blocked":
-                assert [f.guard_label() for f in first.blocked] == ["armed"] * want.blocked
-                assert set(first.found.values()) == {want.found}
-                assert [attempt.outcome for attempt in attempts[1:]] == ["complete"]
-            assert {audit["operator"] for audit in audits} <= {OPERATOR}
-        else:
-            assert len(attempts) == 1 and row.operator_steps == 0
-            if want.outcome == "blocked":
-                assert first.outcome == "healed"
-                assert first.healed == ((VERDICTS[want.found], want.blocked),)
-                [audit] = audits
-                assert audit["operator"] == AUTOMATIC_OPERATOR
-            else:
-                assert first.outcome == "complete" and audits == []
+        check_recovery(route, want, recovery, attempts, row)
+        last = attempts[-1]
         assert last.target_calls == want.target_calls
         assert row.duplicates == 0
         assert len(route.place.source_ids()) == ROWS

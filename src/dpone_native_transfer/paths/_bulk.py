@@ -46,9 +46,7 @@ def bulk_files(ctx: PathContext, *, per_partition: bool) -> list[LoadFile] | Non
     if written is None:
         return None
     files, counts = written
-    for index, rows in enumerate(counts):
-        digest = {"artifact_sha256": files[index].sha256} if per_partition else {}
-        ctx.extracted(index, rows, read="bulk", **digest)
+    ctx.extracted_files(files, counts, read="bulk", per_partition=per_partition)
     return files
 
 

@@ -158,6 +158,16 @@ class PathContext:
             of=len(self.candidates),
         )
 
+    def extracted_files(
+        self, files: Sequence[LoadFile], counts: Sequence[int], *, read: str, per_partition: bool
+    ) -> None:
+        """``extracted`` for files read in bulk or by the engine: one per candidate
+        (``per_partition``: each with its digest, checked again at load) or one for all
+        (``counts`` per candidate)."""
+        for index, rows in enumerate(counts):
+            digest = {"artifact_sha256": files[index].sha256} if per_partition else {}
+            self.extracted(index, rows, read=read, **digest)
+
     def planned(self) -> None:
         """Report each candidate as planned for the engine to pull (lazy-plan: no rows pass)."""
         for index, candidate in enumerate(self.candidates):

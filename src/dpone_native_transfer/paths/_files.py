@@ -111,9 +111,7 @@ class FileMaker:
         if pulled is None:
             return None
         files, counts = pulled
-        for index, rows in enumerate(counts):
-            digest = {"artifact_sha256": files[index].sha256} if per_partition else {}
-            ctx.extracted(index, rows, read="engine", **digest)
+        ctx.extracted_files(files, counts, read="engine", per_partition=per_partition)
         return files
 
     def pulled_stage(self) -> bool:
