@@ -34,7 +34,6 @@ from .application import transfer
 from .drivers import holding_connections
 from .errors import NativeTransferError
 from .events import EventName
-from .plugins import entry_points_read_once
 from .reporting import EXIT_BLOCKED, EXIT_FAILED, EXIT_OK, exit_code_for
 from .wording import plural
 
@@ -201,7 +200,7 @@ def run_tables(
 
     interrupted: BaseException | None = None
     # an embedded target's file opened once for all its tables, the plugins found once
-    with holding_connections(), entry_points_read_once():
+    with holding_connections():
         for n in range(workers):
             threading.Thread(target=work, name=f"dpone-table-{n}", daemon=True).start()
         try:  # no Thread.join: a signal landing in it can mark a running thread as ended

@@ -616,3 +616,44 @@ def test_a_row_written_at_the_top_before_an_engine_reads_the_source_is_loaded_on
             del TieWritingSink.check_plan
     assert TieWritingSink.written
     assert sorted(row[0] for row in SQLiteSink(target, "t_copy").rows()) == list(range(1, 12))
+
+
+class PlannedSource(SQLiteSource):
+    """The real source, recording SQLite's plan of each statement it runs."""
+
+    plans: list[tuple[str, str]] = []
+
+    def _open(self) -> sqlite3.Connection:
+        conn = super()._open()
+
+        def seen(sql: str) -> None:
+            if sql.startswith("SELECT") and "pragma_" not in sql:
+                with sqlite3.connect(self.path) as probe:
+                    found = probe.execute(f"EXPLAIN QUERY PLAN {sql}").fetchall()
+                type(self).plans.append((sql, " | ".join(row[-1] for row in found)))
+
+        conn.set_trace_callback(seen)
+        return conn
+
+
+@pytest.mark.parametrize("nullable", [False, True])
+def test_the_cursor_edge_is_read_through_the_cursors_index(tmp_path, nullable):
+    """The edge read asked for NULL cursors too; on a cursor declared NOT NULL that made SQLite
+    scan the whole table instead of seeking the index (35 ms of a 1% merge into 1,000,000
+    rows). A nullable cursor still gets its NULL rows."""
+    declared = "INTEGER" if nullable else "INTEGER NOT NULL"
+    with contextlib.closing(sqlite3.connect(tmp_path / "s.db")) as conn:
+        conn.execute(f"CREATE TABLE t (id INTEGER PRIMARY KEY, part TEXT, cur {declared})")
+        conn.executemany("INSERT INTO t VALUES (?, 'p', ?)", [(i, i % 500) for i in range(5000)])
+        if nullable:
+            conn.execute("INSERT INTO t VALUES (9999, 'p', NULL)")
+        conn.execute("CREATE INDEX t_cur ON t (cur)")
+        conn.commit()
+    PlannedSource.plans = []
+    source = PlannedSource(str(tmp_path / "s.db"), "t", "part", "cur")
+    rows = [row for chunk in source.edge_rows(since=7, upto=8, nulls=True) for row in chunk]
+    expected = {row for row in [(i, "p", i % 500) for i in range(5000)] if row[2] in (7, 8)}
+    assert set(rows) == expected | ({(9999, "p", None)} if nullable else set())
+    assert len(rows) == len(expected) + nullable
+    (plan,) = [plan for sql, plan in PlannedSource.plans if "ORDER BY rowid" in sql]
+    assert "SCAN t" not in plan and "USING INDEX t_cur" in plan, plan

@@ -636,7 +636,11 @@ class SQLiteSource(TableSource):
     def edge_rows(
         self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = DEFAULT_CHUNK_ROWS
     ) -> Iterator[list[tuple]]:
-        """Rows of every partition with a cursor in ``[since, upto]`` or, when ``nulls``, NULL."""
+        """Rows of every partition with a cursor in ``[since, upto]`` or, when ``nulls``, NULL.
+        A cursor declared NOT NULL holds no NULL (SQLite enforces it on every write), and
+        asking for one anyway made SQLite scan the whole table instead of seeking its index."""
+        if nulls and self._not_null(self._cursor()):
+            nulls = False
         where, params = edge_where(self._ref(self._cursor()), "?", since, upto, nulls)
         if not where:
             return iter(())
@@ -646,6 +650,12 @@ class SQLiteSource(TableSource):
             f" WHERE {where} ORDER BY rowid"
         )
         return self._chunks(sql, tuple(params), chunk_rows)
+
+    def _not_null(self, column: str) -> bool:
+        with self.reader() as conn:
+            sql = 'SELECT "notnull" FROM pragma_table_info(?) WHERE name = ?'
+            found = conn.execute(sql, (self.table, column)).fetchone()
+        return bool(found and found[0])
 
     def count(self, bounds: Mapping) -> int:
         sql, params = self.count_sql(bounds)
