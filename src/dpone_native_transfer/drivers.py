@@ -454,11 +454,9 @@ _kept_postgres: dict[str, list[Any]] = {}
 
 def postgres_release(conn: Any, dsn: str) -> None:
     """Give back a connection ``postgres_connect(kept=True)`` handed out: closed, or, while
-    connections are held, kept for the next call on ``dsn`` when it is healthy and its
-    session is reset to a new connection's: a transaction left open is rolled back (what
-    closing it would do), and ``DISCARD ALL`` drops whatever a session may hold (settings,
-    temporary tables, session locks; it prepares no statement: ``postgres_connect``). Any
-    doubt closes it."""
+    connections are held, kept for the next call on ``dsn`` when it is healthy: a
+    transaction left open is rolled back (what closing it would do). ``_take_kept`` resets
+    its session before handing it out again. Any doubt closes it."""
     if conn.closed:
         return
     try:
@@ -489,7 +487,6 @@ def _reset(conn: Any) -> bool:
             conn.rollback()
         conn.read_only = conn.isolation_level = conn.deferrable = None
         conn.autocommit = True
-        conn.execute("DISCARD ALL")
     except Exception:
         return False
     return True
@@ -499,7 +496,10 @@ _IDLE, _INTRANS, _INERROR = 0, 2, 3  # libpq's PGTransactionStatusType
 
 
 def _take_kept(dsn: str) -> Any:
-    """A kept connection of ``dsn`` that still answers, outside autocommit; or None."""
+    """A kept connection of ``dsn`` that still answers, outside autocommit, its session reset
+    to a new connection's; or None. ``DISCARD ALL`` drops whatever the session held
+    (settings, temporary tables, session locks; it prepares no statement:
+    ``postgres_connect``) and, in the same round trip, finds a server that dropped it."""
     while True:
         with _held_lock:
             idle = _kept_postgres.get(dsn)
@@ -507,7 +507,7 @@ def _take_kept(dsn: str) -> Any:
                 return None
             conn = idle.pop()
         try:
-            conn.execute("SELECT 1")  # autocommit: a server that dropped it is found here
+            conn.execute("DISCARD ALL")  # autocommit, as postgres_release left it
             conn.autocommit = False
         except BaseException as error:
             with contextlib.suppress(Exception):
