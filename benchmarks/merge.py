@@ -25,7 +25,9 @@ above the last) and times:
   dpone's ``run`` is. Not on chDB (dlt's ClickHouse destination needs a server).
 
 The paths, the floor, the append and dlt alternate within every round. Every round checks
-that every table holds the source's rows less deleted ones.
+that every table holds the source's rows less deleted ones. At full size, the peak memory
+of a 1% merge into DuckDB at 1,000,000 and 10,000,000 target rows, dpone's and the floor's,
+each in a fresh process (``_merge_memory_child.py``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ COLUMNS = ("id", "region", "amount", "updated_at", "is_deleted")
 FLOOR_LIMIT = 1.5  # dpone against the engine's own MERGE
 DLT_SHARE = 1 / 3  # dpone at least 3x faster than dlt's merge
 TABLES = ("orders", "floor")  # dpone's target, the floor's
+MEMORY_ROWS = (1_000_000, 10_000_000)  # target rows of the peak-memory runs (full size only)
+FLAT_LIMIT = 1.2  # peak memory at 10M target rows against 1M, as section 5's (memory.py)
 
 
 def _source(rows: int) -> Path:
@@ -146,7 +150,7 @@ _MERGE = (
 )
 
 
-def _duckdb_floor(file: Path, rows: list[tuple]) -> None:
+def _duckdb_floor(file: Path, rows: list[tuple], *, table: str = "floor") -> None:
     import duckdb
     import pyarrow as pa
 
@@ -156,7 +160,7 @@ def _duckdb_floor(file: Path, rows: list[tuple]) -> None:
         db.execute("BEGIN")
         db.register("arrow_batch", batch)
         db.execute("CREATE TEMP TABLE batch AS SELECT * FROM arrow_batch")
-        db.execute(_MERGE.format(target="floor", batch="batch"))
+        db.execute(_MERGE.format(target=table, batch="batch"))
         db.execute("COMMIT")
 
 
@@ -392,4 +396,37 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
                     Row("merge", f"{engine}: dpone {path} vs dlt", median(times[path]), "s",
                         theirs, share, f"<= {DLT_SHARE:.2f}x dlt", share <= DLT_SHARE)
                 )  # fmt: skip
+    if rows >= TARGET_ROWS["full"]:
+        results += _memory(figures)
     return results, figures
+
+
+def _memory(figures: dict[str, Any]) -> list[Row]:
+    """Peak RSS of a 1% merge into DuckDB at 1,000,000 and 10,000,000 target rows, dpone's
+    and the floor's, each a fresh process (``_merge_memory_child``)."""
+    from ._merge_memory_child import measure as peaks
+
+    found = {}
+    for rows in MEMORY_ROWS:
+        log(f"merge: peak memory at {rows:,} target rows")
+        found[rows] = peaks(rows, WORK / "runs" / "merge-memory")
+    shutil.rmtree(WORK / "runs" / "merge-memory", ignore_errors=True)
+    figures["memory"] = found
+    small, large = (found[rows] for rows in MEMORY_ROWS)
+    results = []
+    for kind in ("merge", "floor"):
+        low, high = small[kind]["peak_rss_kib"] / 1024, large[kind]["peak_rss_kib"] / 1024
+        ratio, floor = high / low, kind == "floor"
+        results.append(
+            Row("merge", f"duckdb: peak RSS of {'the floor' if floor else 'dpone'}'s 1% merge,"
+                " 10M vs 1M target rows", high, "MiB", low, ratio,
+                None if floor else f"<= {FLAT_LIMIT}", None if floor else ratio <= FLAT_LIMIT)
+        )  # fmt: skip
+    above = [
+        (p["merge"]["peak_rss_kib"] - p["floor"]["peak_rss_kib"]) / 1024 for p in found.values()
+    ]
+    results.append(
+        Row("merge", "duckdb: dpone's peak RSS above the floor's, at 10M (1M)", above[1], "MiB",
+            above[0])
+    )  # fmt: skip
+    return results
