@@ -308,12 +308,40 @@ class EdgeTracker:
             if passed:
                 yield passed
 
+    def _top(self, chunk: list) -> list | None:
+        """The rows of ``chunk`` that ``_kept`` keeps, compared in one pass without a call per
+        row; None when a value needs ``_key`` (a decimal's text) or does not compare with
+        the top's (another type, a decimal NaN): the caller then goes row by row."""
+        since, cursor = self.top_since, self.cursor
+        if self.kind == "decimal":
+            return None
+        try:
+            if since is None:
+                return [row for row in chunk if row[cursor] is None]
+            return [row for row in chunk if row[cursor] is None or row[cursor] >= since]
+        except (TypeError, ArithmeticError):
+            return None
+
+    def _record(self, candidate: PartitionCheckpoint, recorded: Seen, rows: list) -> None:
+        """Count ``rows`` at the top of the candidate's window, up to ``MAX_EDGE_ROWS`` keys."""
+        for row in rows:
+            recorded[(row[self.cursor], row_digest(row, self.indexes))] += 1
+            if len(recorded) > MAX_EDGE_ROWS:
+                self.recorded[candidate.partition_id] = None
+                return
+
     def _passed(self, candidate: PartitionCheckpoint, chunk: list) -> list:
         """The rows of ``chunk`` that pass (``rows``), those at the top recorded."""
         edge = is_edge(candidate.partition_bounds)
         bounds = candidate.partition_bounds
         by_value, partition = "partition" in bounds, bounds.get("partition")
         recorded = self.recorded[candidate.partition_id]
+        if not edge:  # every row passes: only the rows at the top are recorded
+            top = self._top(chunk)
+            if top is not None:
+                if recorded is not None:
+                    self._record(candidate, recorded, top)
+                return chunk
         passed = []
         for row in chunk:
             value = row[self.cursor]

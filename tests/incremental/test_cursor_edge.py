@@ -11,19 +11,24 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections import Counter
+from decimal import Decimal
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from helpers import routes
 from helpers.cli import run_cli
 from helpers.routes import PATHS
+from helpers.stores import make_checkpoint
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpone_native_transfer import SQLiteSink
 from dpone_native_transfer.config import load_route_config
-from dpone_native_transfer.cursor_edge import EDGE_KEY, MAX_EDGE_ROWS
+from dpone_native_transfer.cursor_edge import EDGE_KEY, MAX_EDGE_ROWS, EdgeTracker, row_digest
+from dpone_native_transfer.payloads import Column
 from dpone_native_transfer.runtime import TransferRuntime
+from dpone_native_transfer.source_state import Edge
 from dpone_native_transfer.stores.sqlite import SQLiteCheckpointStore
 from dpone_native_transfer.testing import FaultyStore, InjectedFault
 
@@ -441,3 +446,39 @@ def test_the_largest_lag_below_negative_cursors_reads_every_row_once(tmp_path: P
         db.commit()
     assert "loaded 1 row" in run_cli("run", route_file, "--quiet").stdout
     assert sorted(target_rows(tmp_path, "sqlite")) == [(1, "a", -9), (2, "b", -5), (3, "a", -7)]
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.integers(-5, 5),
+    st.floats(-5, 5),
+    st.just(float("nan")),
+    st.sampled_from(["3", "a", "2026-01-01", b"\x00"]),
+    st.decimals(-5, 5, places=1),
+    st.just(Decimal("NaN")),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(_VALUES, max_size=30),
+    since=st.one_of(st.none(), st.integers(-5, 5), st.just("3"), st.just(2.5)),
+    kind=st.sampled_from(["integer", "real", "text", "decimal", None]),
+)
+def test_a_chunk_away_from_the_edge_records_the_same_top_rows_in_one_pass_as_row_by_row(
+    values, since, kind
+):
+    """``EdgeTracker._top`` compares a whole chunk at once; where it cannot (a decimal's text,
+    values that do not compare), the row-by-row ``_kept`` decides: the recorded rows are
+    the same either way."""
+    columns = [Column("part", "TEXT"), Column("cur", "TEXT")]
+    source = SimpleNamespace(cursor_column="cur", partition_column="part")
+    tracker = EdgeTracker(
+        Edge(columns=("part", "cur")), columns, source, top_since=since, kind=kind
+    )
+    chunk = [("p", value) for value in values]
+    candidate = make_checkpoint(partition_bounds={"partition": "p", "cursor_above": -10})
+    tracker.recorded[candidate.partition_id] = Counter()
+    assert tracker._passed(candidate, chunk) == chunk
+    expected = Counter((row[1], row_digest(row, [0, 1])) for row in chunk if tracker._kept(row[1]))
+    assert tracker.recorded[candidate.partition_id] == expected
