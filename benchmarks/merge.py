@@ -60,6 +60,10 @@ CHANGED = 0.01  # of the target's rows: 40% updates, 30% deletes, 30% new keys
 PATHS = ("legacy", "staged", "file-artifact")
 COLUMNS = ("id", "region", "amount", "updated_at", "is_deleted")
 FLOOR_LIMIT = 1.5  # dpone against the engine's own MERGE
+# The targets are on DuckDB and PostgreSQL; ClickHouse's floor is an INSERT that
+# reads nothing back, where dpone's merge reads the merged view of the batch's keys to stay
+# monotonic (docs/connectors.md, "ClickHouse: a ReplacingMergeTree"): measured, not judged.
+FLOOR_JUDGED = ("duckdb", "postgres")
 DLT_SHARE = 1 / 3  # dpone at least 3x faster than dlt's merge
 TABLES = ("orders", "floor")  # dpone's target, the floor's
 MEMORY_ROWS = (1_000_000, 10_000_000)  # target rows of the peak-memory runs (full size only)
@@ -367,10 +371,11 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
                 Row("merge", f"{engine}: dpone append of the rows (legacy)",
                     median(times["append"]), "s", base, median(times["append"]) / base)
             )  # fmt: skip
+            judged = engine in FLOOR_JUDGED
             for path in PATHS:
                 value = median(times[path])
                 ratio = value / base if base else None
-                met = None if ratio is None else ratio <= FLOOR_LIMIT
+                met = None if ratio is None or not judged else ratio <= FLOOR_LIMIT
                 results.append(
                     Row(
                         "merge",
@@ -379,7 +384,7 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
                         "s",
                         base,
                         ratio,
-                        f"<= {FLOOR_LIMIT}x floor",
+                        f"<= {FLOOR_LIMIT}x floor" if judged else None,
                         met,
                     )  # fmt: skip
                 )
