@@ -411,6 +411,38 @@ def test_a_null_key_is_refused_before_the_target(tmp_path, target, path):
     check_target(target, source)
 
 
+@pytest.mark.parametrize("path", ["legacy", "staged"])
+def test_a_deleted_column_holds_a_boolean_or_an_integer_on_every_target(tmp_path, target, path):
+    """A SQLite column declared BOOLEAN may hold text or a fraction: SQLite's cast read
+    ``'true'`` as 0 (the key kept, exit 0) where the other targets refused it, so it is
+    refused on every target before the target. An integer beyond 32 bits deletes its key
+    everywhere (DuckDB and PostgreSQL overflowed inside the target call and blocked)."""
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, r TEXT, v INTEGER, gone BOOLEAN)")
+        db.executemany(
+            "INSERT INTO t VALUES (?, 'eu', 1, ?)",
+            [(1, 2**31), (2, 2**63 - 1), (3, -(2**63)), (4, 0), (5, None), (6, True), (7, 1)],
+        )
+        db.commit()
+    route = write_route(tmp_path, target, table="t", path=path, partition_column="r",
+                        cursor_column="v", deleted_column="gone")  # fmt: skip
+    assert run(route).returncode == 0
+    assert target.rows("t", ("id", "v")) == [(4, 1), (5, 1)]
+    ledger = target.ledger_rows()
+    for odd in ("true", "false", 0.5):
+        with _sqlite(tmp_path / "source.db") as db:
+            db.execute("INSERT INTO t VALUES (8, 'eu', 2, ?)", (odd,))
+            db.commit()
+        done = run(route)
+        assert done.returncode == 2, done.stderr
+        assert "native_transfer_value_unsupported" in done.stderr and "'gone'" in done.stderr
+        assert target.rows("t", ("id", "v")) == [(4, 1), (5, 1)]
+        assert target.ledger_rows() == ledger
+        with _sqlite(tmp_path / "source.db") as db:
+            db.execute("DELETE FROM t WHERE id = 8")
+            db.commit()
+
+
 def test_a_changed_primary_key_is_a_changed_route_definition(tmp_path):
     target = Target("sqlite", tmp_path)
     source = make_events(tmp_path)
