@@ -929,6 +929,41 @@ def test_a_target_table_a_merge_cannot_run_on_is_refused_before_the_target(
     check_target(target, source)
 
 
+_COLLATED_CURSOR = {
+    "sqlite": "CREATE TABLE t (id INTEGER PRIMARY KEY, r TEXT, ver TEXT COLLATE NOCASE, s TEXT)",
+    "duckdb": "CREATE TABLE t (id BIGINT PRIMARY KEY, r VARCHAR, ver VARCHAR COLLATE NOCASE,"
+    " s VARCHAR)",
+    "postgres": 'CREATE TABLE t (id bigint PRIMARY KEY, r text, ver text COLLATE "und-x-icu",'
+    " s text)",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_COLLATED_CURSOR))
+def test_a_target_ordering_a_text_cursor_by_its_own_collation_is_refused(request, tmp_path, kind):
+    """The cursor's byte order says 'a' is newer than 'B'; a target column collated NOCASE
+    (or an ICU collation) says older, so the merge kept the older version, exit 0. Refused
+    before the target, naming the column; the table dpone makes merges it exactly."""
+    target = _merging_target(request, tmp_path, kind)
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("CREATE TABLE t (id INTEGER, r TEXT, ver TEXT, s TEXT)")
+        db.execute("INSERT INTO t VALUES (1, 'eu', 'B', 'old')")
+        db.commit()
+    _make(target, _COLLATED_CURSOR[kind])
+    route = write_route(tmp_path, target, table="t", path="legacy", partition_column="r",
+                        cursor_column="ver", primary_key="id")  # fmt: skip
+    done = run(route)
+    assert done.returncode == 2, done.stderr
+    assert "native_transfer_config_invalid" in done.stderr and "'ver'" in done.stderr
+    assert target.rows("t", ("id", "ver", "s")) == [] and target.ledger_rows() == 0
+    _make(target, "DROP TABLE t")
+    assert run(route).returncode == 0
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("INSERT INTO t VALUES (1, 'eu', 'a', 'new')")
+        db.commit()
+    assert run(route).returncode == 0
+    assert target.rows("t", ("id", "ver", "s")) == [(1, "a", "new")]
+
+
 @pytest.mark.parametrize("path", ["legacy", "staged"])
 def test_a_sqlite_target_made_without_rowid_merges_on_its_primary_key(tmp_path, path):
     """A ``WITHOUT ROWID`` table has no rowid to delete by: its primary key is used."""
