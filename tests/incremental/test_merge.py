@@ -570,6 +570,32 @@ def test_odd_key_column_names_merge(tmp_path, target):
     assert target.rows("we ird", ('k "1"', "ключ%s", "ver sion")) == [("a", 1, 2), ("b", 1, 1)]
 
 
+def test_a_source_column_named_like_the_merges_rank_merges(tmp_path, target):
+    """The winners' ranking names its ROW_NUMBER column ``_dpone_merge_rank``: a source
+    column of that name was read as the rank instead, so SQLite and DuckDB kept only the rows
+    holding 1 there (exit 0, rows lost) and PostgreSQL failed inside the target call.
+    ClickHouse refuses the names it keeps (``_dpone_...``) before the target."""
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, r TEXT, v INT, _dpone_merge_rank INT)")
+        db.executemany("INSERT INTO t VALUES (?, 'eu', 1, ?)", [(1, 5), (2, 1), (3, None)])
+        db.commit()
+    route = write_route(
+        tmp_path, target, table="t", path="staged", partition_column="r", cursor_column="v"
+    )
+    done = run(route)
+    columns = ("id", "v", "_dpone_merge_rank")
+    if target.kind == "clickhouse":
+        assert done.returncode == 2 and "native_transfer_config_invalid" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr
+    assert target.rows("t", columns) == ordered([(1, 1, 5), (2, 1, 1), (3, 1, None)])
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("UPDATE t SET v = 2, _dpone_merge_rank = 7 WHERE id < 3")
+        db.commit()
+    assert run(route).returncode == 0
+    assert target.rows("t", columns) == ordered([(1, 2, 7), (2, 2, 7), (3, 1, None)])
+
+
 # -- a crash inside the target call -----------------------------------------------------------
 
 _SINK_MODULES = {

@@ -76,10 +76,13 @@ def merge_statements(
     over = f"PARTITION BY {', '.join(name(k) for k in key)}"
     if ranking:
         over += " ORDER BY " + ", ".join(f"{name(n)} DESC NULLS LAST" for n in ranking)
+    rank = _RANK  # a name no source column has: the filter below would read that column
+    while rank in names:
+        rank += "_"
     winners = (
         f"CREATE TEMP TABLE {name(MERGE_WINNERS)} AS SELECT {listed} FROM (SELECT {listed},"
-        f" ROW_NUMBER() OVER ({over}) AS {name(_RANK)} FROM {batch}) AS dpone_ranked"
-        f" WHERE {name(_RANK)} = 1"
+        f" ROW_NUMBER() OVER ({over}) AS {name(rank)} FROM {batch}) AS dpone_ranked"
+        f" WHERE {name(rank)} = 1"
     )
     same_key = " AND ".join(f"{_WINNER}.{name(k)} = {_TARGET}.{name(k)}" for k in key)
     kept = "" if version is None else f" AND NOT {_newer(name(version), _WINNER)}"
