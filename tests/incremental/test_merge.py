@@ -411,6 +411,79 @@ def test_a_null_key_is_refused_before_the_target(tmp_path, target, path):
     check_target(target, source)
 
 
+@pytest.mark.parametrize("path", ["legacy", "staged"])
+def test_a_deleted_column_holds_a_boolean_or_an_integer_on_every_target(tmp_path, target, path):
+    """A SQLite column declared BOOLEAN may hold text or a fraction: SQLite's cast read
+    ``'true'`` as 0 (the key kept, exit 0) where the other targets refused it, so it is
+    refused on every target before the target. An integer beyond 32 bits deletes its key
+    everywhere (DuckDB and PostgreSQL overflowed inside the target call and blocked)."""
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, r TEXT, v INTEGER, gone BOOLEAN)")
+        db.executemany(
+            "INSERT INTO t VALUES (?, 'eu', 1, ?)",
+            [(1, 2**31), (2, 2**63 - 1), (3, -(2**63)), (4, 0), (5, None), (6, True), (7, 1)],
+        )
+        db.commit()
+    route = write_route(tmp_path, target, table="t", path=path, partition_column="r",
+                        cursor_column="v", deleted_column="gone")  # fmt: skip
+    assert run(route).returncode == 0
+    assert target.rows("t", ("id", "v")) == [(4, 1), (5, 1)]
+    ledger = target.ledger_rows()
+    for odd in ("true", "false", 0.5):
+        with _sqlite(tmp_path / "source.db") as db:
+            db.execute("INSERT INTO t VALUES (8, 'eu', 2, ?)", (odd,))
+            db.commit()
+        done = run(route)
+        assert done.returncode == 2, done.stderr
+        assert "native_transfer_value_unsupported" in done.stderr and "'gone'" in done.stderr
+        assert target.rows("t", ("id", "v")) == [(4, 1), (5, 1)]
+        assert target.ledger_rows() == ledger
+        with _sqlite(tmp_path / "source.db") as db:
+            db.execute("DELETE FROM t WHERE id = 8")
+            db.commit()
+
+
+@pytest.mark.parametrize("path", ["legacy", "lazy-plan"])
+def test_odd_key_values_reserved_names_and_null_cursors_merge(tmp_path, target, path):
+    """Keys that differ only by case or a trailing space, the empty text, emoji and control
+    characters, the extreme 64-bit integers, -0.0 and 0.0 (one key), in columns named like
+    reserved words; NULL cursors loaded once (the lowest version) and cursor ties."""
+    columns = ("order", "select", "group", "from", "gone", "s")
+    key = ["order", "select", "group"]
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute(
+            'CREATE TABLE "table" ("order" TEXT, "select" INTEGER, "group" REAL, "from" INTEGER,'
+            " gone BOOLEAN, s TEXT)"
+        )
+        db.commit()
+
+    def load(*rows: tuple) -> None:
+        with _sqlite(tmp_path / "source.db") as db:
+            db.executemany('INSERT INTO "table" VALUES (?, ?, ?, ?, ?, ?)', rows)
+            db.commit()
+        done = run(route)
+        assert done.returncode == 0, done.stderr
+        want = expected(source_rows(tmp_path / "source.db", "table"), columns, key, "from")
+        assert target.rows("table", [c for c in columns if c != "gone"]) == want
+
+    route = write_route(
+        tmp_path, target, table="table", path=path, partition_column="s", cursor_column="from",
+        primary_key=key, deleted_column="gone", on_null_cursor="load_once",
+    )  # fmt: skip
+    big, small = 2**63 - 1, -(2**63)
+    load(
+        ("", big, 0.0, 1, 0, "a"), ("", big, -0.0, 2, 0, "b"),
+        ("a", small, 1.5, None, 0, "c"), ("a", small, 1.5, None, 0, "d"),
+        ("a ", small, 1.5, 1, 0, "e"), ("A", small, 1.5, 1, 0, "f"),
+        ("\U0001f600\t\n", 0, 1e308, 3, 0, "g"), ("\U0001f600\t\n", 0, 1e308, 3, 0, "h"),
+        ("x", 1, 2.0, None, 0, "i"), ("x", 1, 2.0, 3, 1, "j"),
+    )  # fmt: skip
+    load(
+        ("", big, 0.0, 3, 0, "k"), ("a", small, 1.5, None, 1, "l"), ("a ", small, 1.5, 4, 1, "m"),
+        ("x", 1, 2.0, 4, 0, "n"), ("A", small, 1.5, 3, 0, "o"),
+    )  # fmt: skip
+
+
 def test_a_changed_primary_key_is_a_changed_route_definition(tmp_path):
     target = Target("sqlite", tmp_path)
     source = make_events(tmp_path)
@@ -495,6 +568,32 @@ def test_odd_key_column_names_merge(tmp_path, target):
     )  # fmt: skip
     assert run(route).returncode == 0
     assert target.rows("we ird", ('k "1"', "ключ%s", "ver sion")) == [("a", 1, 2), ("b", 1, 1)]
+
+
+def test_a_source_column_named_like_the_merges_rank_merges(tmp_path, target):
+    """The winners' ranking names its ROW_NUMBER column ``_dpone_merge_rank``: a source
+    column of that name was read as the rank instead, so SQLite and DuckDB kept only the rows
+    holding 1 there (exit 0, rows lost) and PostgreSQL failed inside the target call.
+    ClickHouse refuses the names it keeps (``_dpone_...``) before the target."""
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, r TEXT, v INT, _dpone_merge_rank INT)")
+        db.executemany("INSERT INTO t VALUES (?, 'eu', 1, ?)", [(1, 5), (2, 1), (3, None)])
+        db.commit()
+    route = write_route(
+        tmp_path, target, table="t", path="staged", partition_column="r", cursor_column="v"
+    )
+    done = run(route)
+    columns = ("id", "v", "_dpone_merge_rank")
+    if target.kind == "clickhouse":
+        assert done.returncode == 2 and "native_transfer_config_invalid" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr
+    assert target.rows("t", columns) == ordered([(1, 1, 5), (2, 1, 1), (3, 1, None)])
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("UPDATE t SET v = 2, _dpone_merge_rank = 7 WHERE id < 3")
+        db.commit()
+    assert run(route).returncode == 0
+    assert target.rows("t", columns) == ordered([(1, 2, 7), (2, 2, 7), (3, 1, None)])
 
 
 # -- a crash inside the target call -----------------------------------------------------------
@@ -593,6 +692,67 @@ def _kill_inside_the_target_call(tmp_path: Path, target: Target, path: str, poin
     # ClickHouse killed before its ledger row: the rows prove the batch, the row stays missing
     unlisted = (point, target.kind) == ("before-commit", "clickhouse")
     assert len(batches) == len({b for (b,) in batches}) == (1 if unlisted else 2)
+
+
+def _churn(source: Path, rng: Any, rows: int) -> None:
+    """``rows`` new events: updates, deletes, new keys, and late rows within a lag of 2 (of
+    keys never deleted: a late row older than a delete inserts its key again, as documented)."""
+    with _sqlite(source) as db:
+        top = db.execute("SELECT coalesce(max(v), 0) FROM events").fetchone()[0]
+        dead = set(db.execute("SELECT tenant, id FROM events WHERE gone").fetchall())
+    new = []
+    for _ in range(rows):
+        key = (f"t{rng.randrange(3)}", rng.randrange(300))
+        late = rng.random() < 0.1 and key not in dead
+        v = top - rng.randrange(3) if late else top + 1 + rng.randrange(3)
+        new.append((*key, rng.choice(["eu", "us", "asia"]), v, rng.choice("ab\u00dc"),
+                    rng.random() < 0.15))  # fmt: skip
+    add(source, *new)
+
+
+@pytest.mark.parametrize("path", ["staged", "lazy-plan"])
+def test_kills_and_pauses_at_random_moments_leave_the_target_exact(tmp_path, target, path):
+    """A run SIGKILLed, or paused past its lease while another runs, at random moments; then
+    ``--recovery manual`` either runs (exit 0) or is blocked (exit 3) and ``from_target``
+    heals it; after each round the target equals the source's latest version of each key."""
+    import random
+    import time
+
+    rng = random.Random(f"{target.kind}-{path}")
+    source = make_events(tmp_path)
+    route = write_route(
+        tmp_path, target, table="events", path=path, lag=2, transfer={"chunk_rows": 64},
+        partition_column="region", cursor_column="v", primary_key=list(KEY), deleted_column="gone",
+    )  # fmt: skip
+    route.write_text(route.read_text() + "lease_seconds = 1\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-m", "dpone_native_transfer", "run", str(route), "--quiet"]
+    for round in range(4):
+        _churn(source, rng, 1000)
+        child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            time.sleep(rng.uniform(0.05, 1.0))
+            if round % 2:  # paused past its lease while another run takes the table, resumed
+                child.send_signal(signal.SIGSTOP)
+                time.sleep(1.6)
+                other = subprocess.run(command, env=env, capture_output=True, timeout=300)
+                child.send_signal(signal.SIGCONT)
+                # the other run is blocked when the paused one had armed its batch
+                assert other.returncode in (0, 1, 3) and child.wait(timeout=300) in (0, 1)
+            else:
+                child.send_signal(signal.SIGKILL)
+        finally:
+            if child.poll() is None:
+                child.kill()
+            child.wait(timeout=60)
+        manual = run(route, "--recovery", "manual")
+        if manual.returncode != 0:
+            assert manual.returncode == 3, manual.stderr
+            assert "--recovery from_target" in manual.stderr
+            healed = run(route, "--recovery", "from_target")
+            assert healed.returncode == 0, healed.stderr
+        check_target(target, source)
 
 
 def test_a_lost_store_is_restored_from_the_target_of_a_merge_route(tmp_path):
@@ -793,6 +953,41 @@ def test_a_target_table_a_merge_cannot_run_on_is_refused_before_the_target(
     _make(target, "DROP VIEW events" if "view" in shape else "DROP TABLE events")
     assert run(route).returncode == 0
     check_target(target, source)
+
+
+_COLLATED_CURSOR = {
+    "sqlite": "CREATE TABLE t (id INTEGER PRIMARY KEY, r TEXT, ver TEXT COLLATE NOCASE, s TEXT)",
+    "duckdb": "CREATE TABLE t (id BIGINT PRIMARY KEY, r VARCHAR, ver VARCHAR COLLATE NOCASE,"
+    " s VARCHAR)",
+    "postgres": 'CREATE TABLE t (id bigint PRIMARY KEY, r text, ver text COLLATE "und-x-icu",'
+    " s text)",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_COLLATED_CURSOR))
+def test_a_target_ordering_a_text_cursor_by_its_own_collation_is_refused(request, tmp_path, kind):
+    """The cursor's byte order says 'a' is newer than 'B'; a target column collated NOCASE
+    (or an ICU collation) says older, so the merge kept the older version, exit 0. Refused
+    before the target, naming the column; the table dpone makes merges it exactly."""
+    target = _merging_target(request, tmp_path, kind)
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("CREATE TABLE t (id INTEGER, r TEXT, ver TEXT, s TEXT)")
+        db.execute("INSERT INTO t VALUES (1, 'eu', 'B', 'old')")
+        db.commit()
+    _make(target, _COLLATED_CURSOR[kind])
+    route = write_route(tmp_path, target, table="t", path="legacy", partition_column="r",
+                        cursor_column="ver", primary_key="id")  # fmt: skip
+    done = run(route)
+    assert done.returncode == 2, done.stderr
+    assert "native_transfer_config_invalid" in done.stderr and "'ver'" in done.stderr
+    assert target.rows("t", ("id", "ver", "s")) == [] and target.ledger_rows() == 0
+    _make(target, "DROP TABLE t")
+    assert run(route).returncode == 0
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("INSERT INTO t VALUES (1, 'eu', 'a', 'new')")
+        db.commit()
+    assert run(route).returncode == 0
+    assert target.rows("t", ("id", "ver", "s")) == [(1, "a", "new")]
 
 
 @pytest.mark.parametrize("path", ["legacy", "staged"])

@@ -20,12 +20,14 @@ from ._sql import RESERVED_PREFIX, quote
 
 __all__ = [
     "LOOSE_KEY",
+    "LOOSE_VERSION",
     "NARROWER",
     "MERGE_BATCH",
     "MERGE_WINNERS",
     "asks",
     "key_constraint",
     "loosely_compared_key",
+    "loosely_ordered_version",
     "merge_statements",
     "narrower_unique",
     "unmergeable",
@@ -74,10 +76,13 @@ def merge_statements(
     over = f"PARTITION BY {', '.join(name(k) for k in key)}"
     if ranking:
         over += " ORDER BY " + ", ".join(f"{name(n)} DESC NULLS LAST" for n in ranking)
+    rank = _RANK  # a name no source column has: the filter below would read that column
+    while rank in names:
+        rank += "_"
     winners = (
         f"CREATE TEMP TABLE {name(MERGE_WINNERS)} AS SELECT {listed} FROM (SELECT {listed},"
-        f" ROW_NUMBER() OVER ({over}) AS {name(_RANK)} FROM {batch}) AS dpone_ranked"
-        f" WHERE {name(_RANK)} = 1"
+        f" ROW_NUMBER() OVER ({over}) AS {name(rank)} FROM {batch}) AS dpone_ranked"
+        f" WHERE {name(rank)} = 1"
     )
     same_key = " AND ".join(f"{_WINNER}.{name(k)} = {_TARGET}.{name(k)}" for k in key)
     kept = "" if version is None else f" AND NOT {_newer(name(version), _WINNER)}"
@@ -190,9 +195,10 @@ LOOSE_KEY = "it compares a key column more loosely than the merge (texts it find
 
 def asks(merge: Merge, columns: Sequence[Column]) -> bool:
     """Whether a target could refuse this merge by ``narrower_unique`` (a key of two columns
-    or more) or ``loosely_compared_key`` (a text key column): if not, a check opens no
-    connection (each costs a run time)."""
-    text = any(column.name in merge.key and column.kind == "text" for column in columns)
+    or more), ``loosely_compared_key`` (a text key column) or ``loosely_ordered_version`` (a
+    text cursor): if not, a check opens no connection (each costs a run time)."""
+    compared = (*merge.key, merge.version)
+    text = any(column.name in compared and column.kind == "text" for column in columns)
     return text or len(merge.key) > 1
 
 
@@ -218,6 +224,41 @@ def loosely_compared_key(
             )
             if count(probe):
                 return column.name
+    return None
+
+
+LOOSE_VERSION = (
+    "it orders the cursor column otherwise than the merge (by a collation of its own), so an "
+    "older version could be kept as the newer"
+)
+# Pairs of texts the batch orders, the first higher (byte order): a collation of the target's
+# cursor column (NOCASE, an ICU one) that orders one pair otherwise would keep a target row as
+# newer than the batch's winner (``_newer``), or replace it by an older one.
+_ORDERED = (("a", "B"), ("\u00e9", "f"), ("a ", "a"))
+
+
+def loosely_ordered_version(
+    count: Callable[[str], int],
+    target: str,
+    merge: Merge,
+    columns: Sequence[Column],
+    *,
+    name: Callable[[str], str] = quote,
+) -> str | None:
+    """The cursor column, when it is text and the target orders it otherwise than plain texts
+    (the batch's columns) are ordered, else None; ``count(sql)`` as ``loosely_compared_key``'s
+    (no row of the target is read)."""
+    texts = [c.name for c in columns if c.name == merge.version and c.kind == "text"]
+    for column in texts:
+        for one, other in _ORDERED:
+            plain = f"SELECT count(*) FROM (SELECT '{one}' AS dpone_key) AS dpone_probe"
+            probe = (
+                f"SELECT count(*) FROM (SELECT {name(column)} AS dpone_key FROM {target}"
+                f" WHERE 1 = 0 UNION ALL SELECT '{one}') AS dpone_probe"
+            )
+            above = f" WHERE dpone_probe.dpone_key > '{other}'"
+            if count(probe + above) != count(plain + above):
+                return column
     return None
 
 

@@ -78,10 +78,12 @@ from ..rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rej
 from ._arrow import arrow, check_widths, csv_blocks
 from ._merge import (
     LOOSE_KEY,
+    LOOSE_VERSION,
     MERGE_BATCH,
     NARROWER,
     key_constraint,
     loosely_compared_key,
+    loosely_ordered_version,
     merge_statements,
     narrower_unique,
     unmergeable,
@@ -469,7 +471,10 @@ class PostgresSink(Sink, EnginePull):
                 except driver.Error:
                     return "a key column's type has no equality with the source's", column.name
             loose = loosely_compared_key(count, table, merge, columns, name=_name)
-            return None if loose is None else (LOOSE_KEY, loose)
+            if loose is not None:
+                return LOOSE_KEY, loose
+            version = loosely_ordered_version(count, table, merge, columns, name=_name)
+            return None if version is None else (LOOSE_VERSION, version)
 
         found = self._outside_call(problem)
         if found is not None:

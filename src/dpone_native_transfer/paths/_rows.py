@@ -12,6 +12,7 @@ import attrs
 from ..checkpoints import PartitionCheckpoint
 from ..column_types import Carry, Column, carried_chunks, column_carriers
 from ..errors import ValueUnsupported
+from ..payloads import Merge
 from ..rejects import Reject
 from ._one_pass import one_pass, spool_partitions, spooled_chunks
 
@@ -60,7 +61,7 @@ class RowReader:
         if ctx.batch_value is not None:  # the shape's last column, the batch column
             chunks = _with_value(chunks, ctx.batch_value)
         if ctx.merge is not None:
-            chunks = _keyed(chunks, ctx.shape.columns, ctx.merge.key, ctx.sink.features.name)
+            chunks = _keyed(chunks, ctx.shape.columns, ctx.merge, ctx.sink.features.name)
         if self._carriers is None:
             self._carriers = column_carriers(ctx.shape.columns, ctx.sink.carrier)
         if not self._carriers:
@@ -118,11 +119,19 @@ class RowReader:
 
 
 def _keyed(
-    chunks: Iterable[Sequence[tuple]], columns: Sequence[Column], key: Sequence[str], target: str
+    chunks: Iterable[Sequence[tuple]], columns: Sequence[Column], merge: Merge, target: str
 ) -> Iterator[Sequence[tuple]]:
     """A merge route's rows, each with a value in every key column: a NULL key matches no
-    row, so its row could never be replaced; refused before the target, naming the column."""
-    indexes = [(i, column.name) for i, column in enumerate(columns) if column.name in key]
+    row, so its row could never be replaced; refused before the target, naming the column.
+
+    The deleted column must hold NULL, a boolean or an integer: a text (``'true'``) or a
+    fraction in a SQLite column is 0 to SQLite's cast (the row kept) and refused by the
+    other targets, so it is refused on every target. A non-zero integer is carried as 1:
+    the merge casts the column to a 32-bit ``INTEGER`` (the one cast from both a boolean
+    and an integer on every engine), which a larger one overflows inside the target call.
+    """
+    indexes = [(i, column.name) for i, column in enumerate(columns) if column.name in merge.key]
+    deleted = next((i for i, c in enumerate(columns) if c.name == merge.deleted), None)
     for chunk in chunks:
         for index, name in indexes:
             if any(row[index] is None for row in chunk):
@@ -131,7 +140,27 @@ def _keyed(
                     "row; nothing was written. Fill the key, or filter such rows out",
                     diagnostics={"column": name, "target": target},
                 )
+        if deleted is not None:
+            chunk = _deleted_flags(chunk, deleted, str(merge.deleted), target)
         yield chunk
+
+
+def _deleted_flags(chunk: Sequence[tuple], index: int, name: str, target: str) -> Sequence[tuple]:
+    """``chunk`` with the deleted column's non-zero integers as 1 (as it came if none is
+    another); a value that is not NULL, a boolean or an integer refused, naming the column."""
+    values = [row[index] for row in chunk]
+    if not all(value is None or isinstance(value, int) for value in values):
+        raise ValueUnsupported(
+            f"deleted column {name!r} of a merge route holds a value that is neither a "
+            "boolean nor an integer, so whether it deletes its key is unclear; nothing was "
+            "written. Store true/false or 1/0 there",
+            diagnostics={"column": name, "target": target},
+        )
+    if all(value is None or value in (0, 1) for value in values):
+        return chunk
+    return [
+        row if row[index] in (None, 0, 1) else (*row[:index], 1, *row[index + 1 :]) for row in chunk
+    ]
 
 
 def _with_value(chunks: Iterable[Sequence[tuple]], value: Any) -> Iterator[list[tuple]]:

@@ -52,11 +52,13 @@ from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_re
 from .._arrow import arrow
 from .._merge import (
     LOOSE_KEY,
+    LOOSE_VERSION,
     MERGE_BATCH,
     NARROWER,
     asks,
     key_constraint,
     loosely_compared_key,
+    loosely_ordered_version,
     merge_statements,
     narrower_unique,
     unmergeable,
@@ -200,11 +202,16 @@ class DuckDBSink(FileTarget, EnginePull):
                 return
             if narrower_unique(_uniques(conn, self._target), merge, fold=fold_ascii):
                 raise unmergeable(self.table, NARROWER)
-            column = loosely_compared_key(
-                lambda sql: conn.execute(sql).fetchone()[0], self._target.sql(), merge, columns
-            )
+
+            def count(sql: str) -> int:
+                return int(conn.execute(sql).fetchone()[0])
+
+            column = loosely_compared_key(count, self._target.sql(), merge, columns)
+            version = loosely_ordered_version(count, self._target.sql(), merge, columns)
         if column is not None:
             raise unmergeable(self.table, LOOSE_KEY, column=column)
+        if version is not None:
+            raise unmergeable(self.table, LOOSE_VERSION, column=version)
 
     @contextlib.contextmanager
     def _connect(

@@ -38,11 +38,13 @@ from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, Merge, RowChunks
 from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from .._merge import (
     LOOSE_KEY,
+    LOOSE_VERSION,
     MERGE_BATCH,
     NARROWER,
     asks,
     key_constraint,
     loosely_compared_key,
+    loosely_ordered_version,
     merge_statements,
     narrower_unique,
     unmergeable,
@@ -145,11 +147,16 @@ class SQLiteSink(FileTarget, EnginePull):
                 return
             if narrower_unique(_uniques(conn, self.table), merge, fold=fold_ascii):
                 raise unmergeable(self.table, NARROWER)
-            column = loosely_compared_key(
-                lambda sql: conn.execute(sql).fetchone()[0], _quote(self.table), merge, columns
-            )
+
+            def count(sql: str) -> int:
+                return int(conn.execute(sql).fetchone()[0])
+
+            column = loosely_compared_key(count, _quote(self.table), merge, columns)
+            version = loosely_ordered_version(count, _quote(self.table), merge, columns)
         if column is not None:
             raise unmergeable(self.table, LOOSE_KEY, column=column)
+        if version is not None:
+            raise unmergeable(self.table, LOOSE_VERSION, column=version)
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
