@@ -17,6 +17,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -959,16 +960,16 @@ _COLLATED_CURSOR = {
     "sqlite": "CREATE TABLE t (id INTEGER PRIMARY KEY, r TEXT, ver TEXT COLLATE NOCASE, s TEXT)",
     "duckdb": "CREATE TABLE t (id BIGINT PRIMARY KEY, r VARCHAR, ver VARCHAR COLLATE NOCASE,"
     " s VARCHAR)",
-    "postgres": 'CREATE TABLE t (id bigint PRIMARY KEY, r text, ver text COLLATE "und-x-icu",'
-    " s text)",
+    "postgres": "CREATE TABLE t (id bigint PRIMARY KEY, r text, ver char(8), s text)",
 }
 
 
 @pytest.mark.parametrize("kind", sorted(_COLLATED_CURSOR))
 def test_a_target_ordering_a_text_cursor_by_its_own_collation_is_refused(request, tmp_path, kind):
     """The cursor's byte order says 'a' is newer than 'B'; a target column collated NOCASE
-    (or an ICU collation) says older, so the merge kept the older version, exit 0. Refused
-    before the target, naming the column; the table dpone makes merges it exactly."""
+    says older, so the merge kept the older version, exit 0 (a PostgreSQL ``char(n)`` column,
+    which ignores trailing spaces, likewise). Refused before the target, naming the column;
+    the table dpone makes merges it exactly."""
     target = _merging_target(request, tmp_path, kind)
     with _sqlite(tmp_path / "source.db") as db:
         db.execute("CREATE TABLE t (id INTEGER, r TEXT, ver TEXT, s TEXT)")
@@ -988,6 +989,58 @@ def test_a_target_ordering_a_text_cursor_by_its_own_collation_is_refused(request
         db.commit()
     assert run(route).returncode == 0
     assert target.rows("t", ("id", "ver", "s")) == [(1, "a", "new")]
+
+
+@contextlib.contextmanager
+def _icu_database(dsn: str) -> Iterator[str]:
+    """A database of its own whose texts an ICU collation orders ('und': 'a' < 'B' < 'b')."""
+    import psycopg
+
+    name = f"icu_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0 LOCALE_PROVIDER icu"
+                      " ICU_LOCALE 'und' LOCALE 'C'")  # fmt: skip
+    try:
+        yield psycopg.conninfo.make_conninfo(dsn, dbname=name)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.mark.parametrize("made", ["by dpone in an ICU database", "collated ICU by hand"])
+@pytest.mark.parametrize("path", ["legacy", "staged"])
+def test_a_postgres_target_orders_a_text_cursor_by_bytes_whatever_its_collation(
+    postgres_schema, tmp_path, path, made
+):
+    """A database or column collated en_US or ICU ranks 'á' below 'B' and 'C' above 'b';
+    the cursor's byte order (a SQLite source's windows, the other targets) says otherwise,
+    and the merge kept the older version, exit 0. The merge orders the cursor by bytes."""
+    with contextlib.ExitStack() as stack:
+        if made.startswith("by dpone"):
+            dsn = stack.enter_context(_icu_database(postgres_schema.dsn))
+            postgres_schema = postgres_schema._replace(dsn=dsn)
+        _ordered_by_bytes(Target("postgres", tmp_path, postgres_schema), tmp_path, path, made)
+
+
+def _ordered_by_bytes(target: Target, tmp_path: Path, path: str, made: str) -> None:
+    _make(target, f'CREATE SCHEMA "{target.schema.schema}"')
+    if made == "collated ICU by hand":
+        _make(target, 'CREATE TABLE t (id bigint PRIMARY KEY, r text, ver text COLLATE'
+              ' "und-x-icu", s text)')  # fmt: skip
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("CREATE TABLE t (id INTEGER, r TEXT, ver TEXT, s TEXT)")
+        db.executemany("INSERT INTO t VALUES (?, 'eu', ?, ?)",
+                       [(1, "B", "old"), (2, "C", "older"), (2, "b", "newer")])  # fmt: skip
+        db.commit()
+    route = write_route(tmp_path, target, table="t", path=path, partition_column="r",
+                        cursor_column="ver", primary_key="id")  # fmt: skip
+    assert run(route).returncode == 0
+    assert target.rows("t", ("id", "ver", "s")) == [(1, "B", "old"), (2, "b", "newer")]
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("INSERT INTO t VALUES (1, 'eu', '\u00e1', 'new')")  # above 'b', the watermark
+        db.commit()
+    assert run(route).returncode == 0
+    assert target.rows("t", ("id", "ver", "s")) == [(1, "\u00e1", "new"), (2, "b", "newer")]
 
 
 @pytest.mark.parametrize("path", ["legacy", "staged"])

@@ -55,6 +55,7 @@ def merge_statements(
     *,
     name: Callable[[str], str] = quote,
     row_id: Sequence[str] = (),
+    collate: str = "",
 ) -> list[str]:
     """The statements that merge table ``batch`` (columns ``names``) into table ``target``
     (both quoted, qualified as needed), in order:
@@ -68,6 +69,9 @@ def merge_statements(
     3. insert the winners that are not deleted and whose key has no target row left (one
        left is newer);
     4. drop both temporary tables.
+
+    ``collate`` follows the version wherever it is ordered (`` COLLATE "C"``: a PostgreSQL
+    text cursor in byte order, as the other engines and a SQLite source order it).
     """
     key, version, deleted = merge.key, merge.version, merge.deleted
     order = [n for n in names if n not in key and n != version]
@@ -75,7 +79,9 @@ def merge_statements(
     listed = ", ".join(name(n) for n in names)
     over = f"PARTITION BY {', '.join(name(k) for k in key)}"
     if ranking:
-        over += " ORDER BY " + ", ".join(f"{name(n)} DESC NULLS LAST" for n in ranking)
+        over += " ORDER BY " + ", ".join(
+            f"{name(n)}{collate if n == version else ''} DESC NULLS LAST" for n in ranking
+        )
     rank = _RANK  # a name no source column has: the filter below would read that column
     while rank in names:
         rank += "_"
@@ -85,7 +91,7 @@ def merge_statements(
         f" WHERE {name(rank)} = 1"
     )
     same_key = " AND ".join(f"{_WINNER}.{name(k)} = {_TARGET}.{name(k)}" for k in key)
-    kept = "" if version is None else f" AND NOT {_newer(name(version), _WINNER)}"
+    kept = "" if version is None else f" AND NOT {_newer(name(version), _WINNER, collate)}"
     if row_id:  # SQLite: no DELETE ... USING; a join finds the rows by the key's index
         found = ", ".join(f"{_TARGET}.{column}" for column in row_id)
         delete = (
@@ -116,11 +122,11 @@ def merge_statements(
     return [winners, delete, insert, *drops]
 
 
-def _newer(version: str, winner: str) -> str:
+def _newer(version: str, winner: str, collate: str = "") -> str:
     """The target row's version is higher than the winner's (a NULL version is the lowest)."""
     return (
-        f"({_TARGET}.{version} IS NOT NULL"
-        f" AND ({winner}.{version} IS NULL OR {_TARGET}.{version} > {winner}.{version}))"
+        f"({_TARGET}.{version} IS NOT NULL AND ({winner}.{version} IS NULL"
+        f" OR {_TARGET}.{version}{collate} > {winner}.{version}{collate}))"
     )
 
 
@@ -132,6 +138,7 @@ def upsert_statements(
     *,
     unloaded: Sequence[str] = (),
     name: Callable[[str], str] = quote,
+    collate: str = "",
 ) -> list[str]:
     """``merge_statements``' effect, for a PostgreSQL target with a unique index on exactly
     the key (an ``ON CONFLICT`` arbiter; the tables a merge route creates): the winners, then
@@ -142,10 +149,12 @@ def upsert_statements(
     Measured on a 1,000,000-row target (``docs/connectors.md``, "Merge"): the DELETE of every
     winner's key was planned as a walk of the whole key index; the DELETE of the deleted
     keys alone, the winners counted (``ANALYZE``), as lookups in it."""
-    winners, _, _, *drops = merge_statements(target, batch, names, merge, name=name)
+    winners, _, _, *drops = merge_statements(
+        target, batch, names, merge, name=name, collate=collate
+    )
     key, version, deleted = merge.key, merge.version, merge.deleted
     same_key = " AND ".join(f"{_WINNER}.{name(k)} = {_TARGET}.{name(k)}" for k in key)
-    kept = "" if version is None else f" AND NOT {_newer(name(version), _WINNER)}"
+    kept = "" if version is None else f" AND NOT {_newer(name(version), _WINNER, collate)}"
     statements = [winners]
     gone = f"COALESCE(CAST({_WINNER}.{name(deleted)} AS INTEGER), 0)" if deleted else ""
     if deleted is not None:  # counted first: the planner then looks the few deleted keys up
@@ -159,7 +168,7 @@ def upsert_statements(
     sets += [f"{name(n)} = DEFAULT" for n in unloaded]
     action = "NOTHING"
     if sets:
-        when = "" if version is None else f" WHERE NOT {_newer(name(version), 'EXCLUDED')}"
+        when = "" if version is None else f" WHERE NOT {_newer(name(version), 'EXCLUDED', collate)}"
         action = f"UPDATE SET {', '.join(sets)}{when}"
     statements.append(
         f"INSERT INTO {target} AS {_TARGET} ({', '.join(name(n) for n in loaded)})"
@@ -244,10 +253,12 @@ def loosely_ordered_version(
     columns: Sequence[Column],
     *,
     name: Callable[[str], str] = quote,
+    collate: str = "",
 ) -> str | None:
     """The cursor column, when it is text and the target orders it otherwise than plain texts
     (the batch's columns) are ordered, else None; ``count(sql)`` as ``loosely_compared_key``'s
-    (no row of the target is read)."""
+    (no row of the target is read). ``collate``: as ``merge_statements``' (a column type
+    that orders case-insensitively whatever its collation, ``citext``, is still found)."""
     texts = [c.name for c in columns if c.name == merge.version and c.kind == "text"]
     for column in texts:
         for one, other in _ORDERED:
@@ -256,7 +267,7 @@ def loosely_ordered_version(
                 f"SELECT count(*) FROM (SELECT {name(column)} AS dpone_key FROM {target}"
                 f" WHERE 1 = 0 UNION ALL SELECT '{one}') AS dpone_probe"
             )
-            above = f" WHERE dpone_probe.dpone_key > '{other}'"
+            above = f" WHERE dpone_probe.dpone_key{collate} > '{other}'"
             if count(probe + above) != count(plain + above):
                 return column
     return None

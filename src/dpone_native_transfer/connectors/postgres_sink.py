@@ -169,6 +169,9 @@ _ARBITERS = """SELECT array_agg(a.attname ORDER BY k.n) FROM pg_index i
     LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
     WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indimmediate AND i.indisvalid
     AND i.indpred IS NULL GROUP BY i.indexrelid"""
+# Whether a column's type is ordered by a collation.
+_COLLATABLE = """SELECT a.attcollation <> 0 FROM pg_attribute a
+    WHERE a.attrelid = to_regclass(%s) AND a.attname = %s AND NOT a.attisdropped"""
 # Whether the login may read and delete a table's rows, as a merge does.
 _MERGEABLE = "SELECT has_table_privilege(%s, 'SELECT') AND has_table_privilege(%s, 'DELETE')"
 # Whether the login may write a table: INSERT on it, or CREATE where it would be created.
@@ -473,7 +476,9 @@ class PostgresSink(Sink, EnginePull):
             loose = loosely_compared_key(count, table, merge, columns, name=_name)
             if loose is not None:
                 return LOOSE_KEY, loose
-            version = loosely_ordered_version(count, table, merge, columns, name=_name)
+            version = loosely_ordered_version(
+                count, table, merge, columns, name=_name, collate=BYTE_ORDER
+            )
             return None if version is None else (LOOSE_VERSION, version)
 
         found = self._outside_call(problem)
@@ -875,13 +880,30 @@ def _merge(
         _run(conn, f"CREATE TABLE {table.sql(_name)} ({definitions}{key})")
         arbiter = True
     target, rows = table.sql(_name), batch.sql(_name)
+    collate = BYTE_ORDER if _collatable(conn, batch, merge.version) else ""
     if arbiter:
         unloaded = [n for n in existing if n not in names]
-        statements = upsert_statements(target, rows, names, merge, unloaded=unloaded, name=_name)
+        statements = upsert_statements(
+            target, rows, names, merge, unloaded=unloaded, name=_name, collate=collate
+        )
     else:
-        statements = merge_statements(target, rows, names, merge, name=_name)
+        statements = merge_statements(target, rows, names, merge, name=_name, collate=collate)
     for statement in statements:
         _run(conn, statement)
+
+
+# A text cursor is ordered by bytes, as SQLite, DuckDB and ClickHouse order it and a SQLite
+# source's windows do: a database collated en_US or ICU ranked 'a' below 'B' and kept the
+# older version (exit 0).
+BYTE_ORDER = ' COLLATE "C"'
+
+
+def _collatable(conn: Any, table: TableName, column: str | None) -> bool:
+    """Whether ``column`` of ``table`` has a type ordered by a collation (text, varchar...)."""
+    if column is None:
+        return False
+    found = conn.execute(_COLLATABLE, [table.sql(_name), column]).fetchone()
+    return bool(found and found[0])
 
 
 def _arbiter(conn: Any, table: TableName, merge: Merge) -> bool:
