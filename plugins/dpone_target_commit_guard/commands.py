@@ -784,7 +784,14 @@ def _decide(
             "--force after checking the target yourself",
             diagnostics={"key": "--force", "batch_ids": against},
         )
-    return [(resolution, list(selected))], against
+    # applied by the batch column's count, though the ledger lacks the row: committed by hand
+    # as by --from-target, it is recorded against the ledger, or the next run refuses the store
+    by_count = {
+        str(of[cp.partition_id].batch_id)
+        for cp, _ in selected
+        if resolution is Resolution.COMMITTED and of[cp.partition_id].proof.unlisted
+    }
+    return [(resolution, list(selected))], sorted({*against, *by_count})
 
 
 # helpers ------------------------------------------------------------------------------

@@ -553,7 +553,21 @@ def test_a_kill_before_the_clickhouse_merge_insert_is_proven_not_applied(tmp_pat
     _kill_inside_the_target_call(tmp_path, Target("clickhouse", tmp_path), path, "before-insert")
 
 
-def _kill_inside_the_target_call(tmp_path: Path, target: Target, path: str, point: str) -> None:
+@pytest.mark.parametrize("path", ["legacy", "staged"])
+def test_a_clickhouse_batch_the_ledger_lacks_resolved_committed_by_hand_lets_the_route_go_on(
+    tmp_path, path
+):
+    """Killed after the merge's INSERT and before its ledger row: the batch column proves it
+    applied, and an operator who resolves it ``--as committed`` (the runbook's manual way) is
+    right. The next run must go on, not refuse the store as ahead of the ledger (it did:
+    only ``--from-target`` recorded the batch against the ledger)."""
+    target = Target("clickhouse", tmp_path)
+    _kill_inside_the_target_call(tmp_path, target, path, "before-commit", by_hand=True)
+
+
+def _kill_inside_the_target_call(
+    tmp_path: Path, target: Target, path: str, point: str, *, by_hand: bool = False
+) -> None:
     source = make_events(tmp_path)
     route = write_route(
         tmp_path, target, table="events", path=path, partition_column="region",
@@ -586,7 +600,16 @@ def _kill_inside_the_target_call(tmp_path: Path, target: Target, path: str, poin
         assert [p["proof"]["verdict"] for p in proofs] == [
             "applied" if applied else "not_applied"
         ], verified.stdout
-    healed = run(route, "--recovery", "from_target")
+    if by_hand:  # what the operator found, recorded with --as, then a plain run
+        [proof] = [json.loads(line) for line in verified.stdout.splitlines()]
+        resolved = run_cli(
+            "guard", "resolve", route, "--batch", proof["batch_id"], "--as", "committed",
+            "--reason", "counted the merged view", "--operator", "me", "--yes",
+        )  # fmt: skip
+        assert resolved.returncode == 0, resolved.stderr
+        healed = run(route)
+    else:
+        healed = run(route, "--recovery", "from_target")
     assert healed.returncode == 0, healed.stderr
     check_target(target, source)
     batches = target.query('SELECT batch_id FROM "_dpone_ledger"')
