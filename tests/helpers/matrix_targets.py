@@ -34,14 +34,18 @@ from dpone_native_transfer.testing import build_sample_source
 
 __all__ = [
     "SOURCE_TABLE",
-    "MERGE_TARGET_KINDS",
+    "BATCH_COLUMN",
+    "CRASH_TARGET_KINDS",
     "TARGET_KINDS",
     "TARGET_TABLE",
     "Place",
 ]
 
-TARGET_KINDS = ("sqlite", "duckdb", "postgres")  # the append matrix's; merge adds clickhouse
-MERGE_TARGET_KINDS = (*TARGET_KINDS, "clickhouse")
+TARGET_KINDS = ("sqlite", "duckdb", "postgres")  # the pause matrix's
+CRASH_TARGET_KINDS = (*TARGET_KINDS, "clickhouse")  # the crash matrix's: chDB too
+# A ClickHouse append route's column of each row's batch id (``target.batch_column``): its
+# ledger row follows the rows, so only a count of them proves a batch (lazy-plan refuses it).
+BATCH_COLUMN = "loaded_batch"
 SOURCE_TABLE, TARGET_TABLE = "orders", "orders_copy"
 _FILES = {"sqlite": "target.db", "duckdb": "target.duckdb", "clickhouse": "chdata"}
 # Route-file environment variables holding the PostgreSQL URLs (never in a file).
@@ -123,10 +127,21 @@ class Place:
         return route_key(self.make_source(), self.make_sink(), self.spec_options()["strategy"])
 
     def spec_options(self) -> dict[str, Any]:
-        """The strategy (and a merge route's key and deleted column) of the case's spec."""
-        if not self.merge:
-            return {"strategy": "incremental_append"}
-        return {"strategy": "merge", "primary_key": self.key, "deleted_column": "gone"}
+        """The strategy (and a merge route's key and deleted column, a ClickHouse append
+        route's batch column) of the case's spec."""
+        if self.merge:
+            return {"strategy": "merge", "primary_key": self.key, "deleted_column": "gone"}
+        if self.target == "clickhouse" and self.path != "lazy-plan":
+            return {"strategy": "incremental_append", "batch_column": BATCH_COLUMN}
+        return {"strategy": "incremental_append"}
+
+    @property
+    def proves_every_kill(self) -> bool:
+        """Whether the target proves what any kill left, applied or not: a ledger written with
+        the rows, or (ClickHouse) the rows counted by a batch column, a merge route's own or
+        ``BATCH_COLUMN``. A ClickHouse append route on lazy-plan has neither: its ledger row
+        proves a batch applied, its absence nothing."""
+        return not (self.target == "clickhouse" and not self.merge and self.path == "lazy-plan")
 
     @property
     def key(self) -> tuple[str, ...]:
