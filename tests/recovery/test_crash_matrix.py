@@ -583,6 +583,44 @@ def test_after_a_kill_verify_proves_the_batch_and_resolve_from_target_heals_it(
     assert_rows_exactly_once(route.place.source_ids(), route.place.target_ids())
 
 
+def test_a_clickhouse_batch_nothing_proves_is_counted_resolved_committed_and_the_route_goes_on(
+    tmp_path: Path, crash_route: Any
+) -> None:
+    """ClickHouse writes its ledger row after the rows. Killed between them on lazy-plan (no
+    batch column there), nothing proves the batch: ``verify`` says unknown, a from_target run
+    stays blocked, and the operator counts the rows and resolves ``--as committed``. The next
+    run must go on and load nothing. Every run refused it (the store ahead of the ledger),
+    and ``state restore``, the advice, refuses too (2,000 rows, none in the ledger) unless
+    told ``--ignore-row-count``, which would load the batch again."""
+    route = crash_route("lazy-plan", "clickhouse")
+    route.run_child("target-before-commit")
+    assert_rows_exactly_once(route.place.source_ids(), route.place.target_ids())  # applied
+    route_file = tmp_path / "route.toml"
+    store = route.store.removeprefix("sqlite:")
+    text = route.place.route_text(store=store, chunk_rows=100, lease_seconds=LEASE_SECONDS)
+    route_file.write_text(text)
+    script = str(Path(sys.executable).parent / "dpone-transfer")
+
+    def dpone(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([script, *args], capture_output=True, text=True, timeout=120)
+
+    verified = dpone("guard", "verify", str(route_file), "--json")
+    assert verified.returncode == 3, verified.stderr
+    [proof] = [json.loads(line) for line in verified.stdout.splitlines()]
+    assert proof["proof"]["verdict"] == "unknown"
+    blocked = dpone("run", str(route_file), "--recovery", "from_target")
+    assert blocked.returncode == 3, blocked.stderr
+    resolved = dpone(
+        *("guard", "resolve", str(route_file), "--batch", proof["batch_id"], "--as", "committed"),
+        *("--reason", "counted every partition's rows", "--operator", "crash-matrix", "--yes"),
+    )
+    assert resolved.returncode == 0, resolved.stderr
+    ran = dpone("run", str(route_file), "--quiet")
+    assert ran.returncode == 0, ran.stderr
+    assert "loaded 0 rows" in ran.stdout
+    assert_rows_exactly_once(route.place.source_ids(), route.place.target_ids())
+
+
 # The merge routes: a whole first run, then 1% of the keys changed (updates, a key moving
 # partition, deletes, new keys) and the run that merges them killed, at every kill point
 # where the outcome changes: before anything is armed, around the target's commit, the
