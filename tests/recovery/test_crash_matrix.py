@@ -2,8 +2,8 @@
 
 For each kill point x path x target x store x recovery, a child process
 (``tests/helpers/crash_child.py``) runs one transfer on real databases (a SQLite
-source; a SQLite, DuckDB or PostgreSQL target) and SIGKILLs itself at the kill
-point. This process then plays the scheduler: it runs the next attempt on the
+source; a SQLite, DuckDB, PostgreSQL or ClickHouse (chDB) target) and SIGKILLs itself
+at the kill point. This process then plays the scheduler: it runs the next attempt on the
 same databases with a fresh runtime (guard from its entry point, target in a
 RecordingSink).
 
@@ -13,12 +13,16 @@ RecordingSink).
   blocked partition's rows in the target and the source, checks that the target's
   ledger proves the same, records ``committed`` or ``failed_before_target`` with the
   guard's operator API, and lets the scheduler retry.
-- With ``recovery = "from_target"`` no operator acts: every kill on these
+- With ``recovery = "from_target"`` no operator acts: every kill on the
   transactional targets leaves an outcome the target's ledger (and fence) proves,
   so the first attempt after the kill must complete, resolving what blocked it
-  itself, with audit records naming ``dpone-transfer (automatic)``. A kill whose
-  outcome is truly unknown (a route without the ledger) stays blocked:
-  ``test_without_the_ledger_from_target_leaves_a_kill_blocked``.
+  itself, with audit records naming ``dpone-transfer (automatic)``. ClickHouse
+  writes its ledger row after the rows: there the rows, counted by their batch
+  column (``target.batch_column``; a merge route's own), prove it. A kill whose
+  outcome is truly unknown stays blocked: a route without the ledger
+  (``test_without_the_ledger_from_target_leaves_a_kill_blocked``), and a
+  ClickHouse append route on lazy-plan (which refuses a batch column), where the
+  operator counts after a second blocked attempt.
 
 After the kill and after every attempt the target must hold no row twice; at the
 end it holds every source row exactly once. Zero duplicate rows is the only pass.
@@ -26,13 +30,18 @@ The matrix is reported by ``tests/helpers/crash_report.py``, with the kills that
 healed by themselves per target.
 
 The cut, for CI's time (measured in docs/reliability.md): every kill point x path
-x recovery runs on every target with the SQLite store, and on the SQLite target
-with the PostgreSQL store too.
+x recovery runs on the SQLite, DuckDB and PostgreSQL targets with the SQLite store,
+and on the SQLite target with the PostgreSQL store too. On ClickHouse every kill
+point runs on legacy (batch column) and lazy-plan (none); staged and file-artifact
+run the two kills where they differ from legacy (their own pull into chDB, and their
+own target call, killed before its ledger row); the guard's own kills do not
+depend on the path.
 
 Merge routes (``test_hard_kill_of_a_merge_batch_then_retry_leaves_each_key_latest_version``)
 run the kill points whose outcome the target decides, after a first whole run and a 1%
-change of the source: the target must hold the rows without the killed batch or with it,
-and after recovery each key's latest source row, less deleted keys.
+change of the source, on every path and target, ClickHouse (its merged view, ``FINAL``)
+too: the target must hold the rows without the killed batch or with it, and after
+recovery each key's latest source row, less deleted keys.
 """
 
 from __future__ import annotations
@@ -138,15 +147,21 @@ def expected(kill_point: str, path: str, target: str = "sqlite") -> Expected:
     return EXPECTED[kill_point]
 
 
+# ClickHouse's staged and file-artifact cells: the kills where the path decides what chDB does.
+CLICKHOUSE_PATH_POINTS = ("extraction", "target-before-commit")
+
+
 def cases() -> list[Any]:
-    """Every kill point x path x recovery on every target with the SQLite store; the SQLite
-    target with the PostgreSQL store too."""
+    """Every kill point x path x recovery on every target with the SQLite store (ClickHouse:
+    ``CLICKHOUSE_PATH_POINTS`` on staged and file-artifact); the SQLite target with the
+    PostgreSQL store too."""
     made = []
     for target in CRASH_TARGET_KINDS:
         for store in ("sqlite", "postgres") if target == "sqlite" else ("sqlite",):
             for recovery in RECOVERIES:
                 for path in PATHS:
-                    for point in KILL_POINTS:
+                    cut = target == "clickhouse" and path in ("staged", "file-artifact")
+                    for point in CLICKHOUSE_PATH_POINTS if cut else KILL_POINTS:
                         name = f"{point}-{path}-{target}-{store}-{recovery}"
                         made.append(pytest.param(point, path, target, store, recovery, id=name))
     return made
