@@ -25,8 +25,8 @@ The points, in the order a run reaches them, and the seam each uses:
 - ``after-lease``: the route scan's first read of the store: the lease was just taken;
 - ``extraction``: row paths: the source, once the 2nd partition's extraction has begun
   (after its first chunk was handed on), or partway through the SQLite target's pull
-  statement (SQLite's progress handler), or once DuckDB's or chDB's pull wrote its files
-  or chDB's its stage;
+  statement (SQLite's progress handler), or once DuckDB's pull wrote its files (a
+  ClickHouse route of the matrix reads its rows itself: a batch column, or a merge);
   lazy-plan, which extracts inside the target call: when the sink is handed the plan,
   before it opens the target;
 - ``armed-batch-partial``: the store writes the armed batch item by item with
@@ -334,11 +334,6 @@ class TargetSeams:
     def pull_load_files(self, plan: Any, paths: Any) -> Any:
         pulled = super().pull_load_files(plan, paths)  # type: ignore[misc]
         self.killer.at("extraction")  # DuckDB's pull has no seam of ours while it reads
-        return pulled
-
-    def pull_stage(self, plan: Any) -> Any:
-        pulled = super().pull_stage(plan)  # type: ignore[misc]
-        self.killer.at("extraction")  # chDB's pull into its stage: before anything is armed
         return pulled
 
     def _target_call(self, call: Any, *args: Any, **kwargs: Any) -> int:

@@ -33,9 +33,9 @@ The cut, for CI's time (measured in docs/reliability.md): every kill point x pat
 x recovery runs on the SQLite, DuckDB and PostgreSQL targets with the SQLite store,
 and on the SQLite target with the PostgreSQL store too. On ClickHouse every kill
 point runs on legacy (batch column) and lazy-plan (none); staged and file-artifact
-run the two kills where they differ from legacy (their own pull into chDB, and their
-own target call, killed before its ledger row); the guard's own kills do not
-depend on the path.
+run the two kills where they differ from legacy (extraction, which leaves their stage
+or files behind, and their own target call, killed before its ledger row); the
+guard's own kills do not depend on the path.
 
 Merge routes (``test_hard_kill_of_a_merge_batch_then_retry_leaves_each_key_latest_version``)
 run the kill points whose outcome the target decides, after a first whole run and a 1%
