@@ -689,8 +689,9 @@ def _resolve_command(args: argparse.Namespace) -> int:
         # attempt (its epoch is below this lease's), which is what proves it absent for good.
         with operator_lease(store, route, operator=args.operator, action="guard resolve") as held:
             prover = target.prover(route, epoch=getattr(held, "epoch", 0), advance=True)
-            proofs, _, _ = _proofs(store, target, route, prover if args.from_target else None)
-        groups, overrides = _decide(selected, proofs, args)
+            proofs, entries, _ = _proofs(store, target, route, prover if args.from_target else None)
+        listed = None if entries is None else {e.batch_id for e in entries if e.of_route(route)}
+        groups, overrides = _decide(selected, proofs, args, listed)
         now = datetime.now(UTC)
         resolved = [
             checkpoint
@@ -719,7 +720,8 @@ def _resolve_command(args: argparse.Namespace) -> int:
         for item in audit["partitions"]:
             print(f"  {_transition(item)}")
         if overrides:
-            print(f"  against the target's ledger (--force): {', '.join(overrides)}")
+            forced = " (--force)" if args.force else ""
+            print(f"  against the target's ledger{forced}: {', '.join(overrides)}")
 
         question = f"Write {plural(len(resolved), 'checkpoint')} and one audit record?"
         if (stop := declined(question, yes=args.yes)) is not None:
@@ -736,8 +738,10 @@ def _decide(
     selected: Sequence[tuple[PartitionCheckpoint, Finding]],
     proofs: Sequence[_BatchProof],
     args: argparse.Namespace,
+    listed: set[str] | None = None,
 ) -> tuple[list[tuple[Resolution, list[tuple[PartitionCheckpoint, Finding]]]], list[str]]:
-    """How the selected partitions are resolved, and the batches resolved against the ledger."""
+    """How the selected partitions are resolved, and the batches resolved against the ledger
+    (``listed``: the batches the target's ledger holds for the route, None unread)."""
     of = {f.partition_id: p for p in proofs for f in p.findings}
 
     def verdict(item: tuple[PartitionCheckpoint, Finding]) -> str:
@@ -784,7 +788,14 @@ def _decide(
             "--force after checking the target yourself",
             diagnostics={"key": "--force", "batch_ids": against},
         )
-    return [(resolution, list(selected))], against
+    # committed by hand, a batch the ledger lacks (on ClickHouse its row follows the rows, so a
+    # kill between them leaves it out) is recorded against the ledger, as --from-target records
+    # one its batch column proves: else the next run refuses the store as ahead of the target
+    missing: set[str] = set()
+    if resolution is Resolution.COMMITTED and listed is not None:
+        batches = {of[cp.partition_id].batch_id for cp, _ in selected}
+        missing = {batch for batch in batches if batch is not None} - listed
+    return [(resolution, list(selected))], sorted({*against, *missing})
 
 
 # helpers ------------------------------------------------------------------------------

@@ -157,7 +157,7 @@ class Prover:
         if entries is None:
             return Proof(UNKNOWN, self.reason or "the target cannot be read")
         found = _entry(entries, route, batch_id)
-        counted = self._counted(route, batch_id, checkpoints, listed=found is not None)
+        counted = self._counted(route, batch_id, checkpoints, found)
         if counted is not None:
             return counted
         if found is not None:
@@ -199,13 +199,14 @@ class Prover:
         route: RouteKey,
         batch_id: str,
         checkpoints: Sequence[PartitionCheckpoint],
-        *,
-        listed: bool,
+        entry: LedgerEntry | None,
     ) -> Proof | None:
         """What the batch column proves, on a target whose ledger row proves nothing
         (``Sink.batch_rows``, ``features.ledger_atomic`` False): the route's, or on a merge
         route the one the sink keeps (``features.merge_batch_column``); None where it is
-        not asked."""
+        not asked. The column counts the whole batch: when its ledger row (``entry``) lists
+        it, every partition it lists, also those already promoted (a kill during the
+        promotion leaves only some blocked)."""
         sink, column = self._sink, self._batch_column
         if column is None and route.strategy is Strategy.MERGE:
             column = getattr(sink.features, "merge_batch_column", None)
@@ -213,7 +214,13 @@ class Prover:
             return None
         if sink.features.ledger_atomic:
             return None
+        listed = entry is not None
         expected = sum(cp.rows_exported for cp in checkpoints)
+        if entry is not None:
+            proof = _applied(entry, checkpoints)
+            if proof.verdict != APPLIED:  # it lists other partitions or counts: unknown
+                return proof
+            expected = sum(part.rows for part in entry.partitions)
         try:
             rows = sink.batch_rows(column, batch_id)
         except Exception:  # a driver's text may hold secrets

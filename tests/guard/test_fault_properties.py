@@ -1,7 +1,8 @@
 """Exhaustive fault injection: a hypothesis state machine over real SQLite files.
 
 Each example draws a route (path, strategy, partition count, row count; a merge
-route's target: SQLite, DuckDB or PostgreSQL, the others' SQLite) and
+route's target: SQLite, DuckDB, PostgreSQL or ClickHouse (chDB, read through its
+merged view, ``FINAL``), the others' SQLite) and
 then a sequence of steps: attempts, each after 0-40 new source rows and with
 at most one injected fault (plus, for faults that trigger a best-effort
 marker or a reconciliation read, optionally a second fault in that follow-up
@@ -71,6 +72,7 @@ from hypothesis.stateful import (
 )
 
 from dpone_native_transfer import (
+    ClickHouseSink,
     DuckDBSink,
     ManualReconciliationRequired,
     PartitionCheckpointStatus,
@@ -108,7 +110,7 @@ from dpone_target_commit_guard.policy import (
 
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
 STRATEGIES = ("incremental_append", "full_refresh", "merge")
-TARGETS = ("sqlite", "duckdb", "postgres")  # a merge route's; the other strategies: SQLite
+TARGETS = ("sqlite", "duckdb", "postgres", "clickhouse")  # a merge route's; others: SQLite
 POSTGRES: dict[str, str] = {}  # "url": the session's server (set by the test, from its fixture)
 SOURCE_TABLE, TARGET_TABLE = "orders", "orders_copy"
 COMMITTED = PartitionCheckpointStatus.COMMITTED
@@ -336,6 +338,7 @@ class FaultMachine(RuleBasedStateMachine):
         if strategy == "merge":
             self.target = engine
             MERGE_TARGETS.add(engine)
+            STATS[f"merge_examples:{engine}"] += 1
         HOSTILE_SEEN.add(hostile)
         # Issue 13.8, kept under faults: a listener that raises on every event, or a
         # third-party plugin answering the after-call hooks before the guard, changes nothing.
@@ -361,9 +364,12 @@ class FaultMachine(RuleBasedStateMachine):
         self.route = route_key(self.source, self.sink, strategy)  # located in these files
 
     def make_sink(self) -> Any:
-        """The target: a SQLite or DuckDB file, or a table in a PostgreSQL schema of its own."""
+        """The target: a SQLite or DuckDB file, a chDB data folder, or a table in a PostgreSQL
+        schema of its own."""
         if self.target == "duckdb":
             return DuckDBSink(str(self.tmp / "target.duckdb"), TARGET_TABLE)
+        if self.target == "clickhouse":  # as a route file makes it
+            return ClickHouseSink(str(self.tmp / "chdata"), TARGET_TABLE, partition_by="region")
         if self.target == "postgres":
             self.schema = f"faults_{os.urandom(6).hex()}"
             self.postgres(f'CREATE SCHEMA "{self.schema}"')
@@ -430,7 +436,10 @@ class FaultMachine(RuleBasedStateMachine):
                 assert target[key] in earlier, (key, target[key])
 
     def target_rows(self) -> list[tuple]:
-        """Every target row, sorted, read with the engine's own client."""
+        """Every target row, sorted, read with the engine's own client; on ClickHouse the
+        rows a reader sees, in the merged view (``FINAL``), without dpone's columns."""
+        if self.target == "clickhouse":
+            return self.clickhouse_rows()
         if self.target != "duckdb":
             return sorted(tuple(row) for row in self.sink.inner.rows())
         path = self.tmp / "target.duckdb"
@@ -443,6 +452,18 @@ class FaultMachine(RuleBasedStateMachine):
             if not conn.execute(sql, [TARGET_TABLE]).fetchone()[0]:
                 return []
             return sorted(conn.execute(f"SELECT * FROM {TARGET_TABLE}").fetchall())
+
+    def clickhouse_rows(self) -> list[tuple]:
+        with self.sink.inner.client() as client:
+            found = client.query_rows(
+                "SELECT count() FROM system.tables WHERE database = currentDatabase()"
+                " AND name = {t:String}",
+                {"t": TARGET_TABLE},
+            )
+            if not found[0][0]:
+                return []
+            sql = f"SELECT id, region, amount, updated_at FROM {TARGET_TABLE} FINAL"
+            return sorted(tuple(row) for row in client.query_rows(sql))
 
     def watermark(self) -> Any:
         state = self.real_store.load_source_state(self.route)
@@ -719,6 +740,7 @@ class FaultMachine(RuleBasedStateMachine):
                 assert counts <= ({1} if applied else {0}), (finding.batch_id, applied, counts)
             elif self.merging:  # the rows with the batch or without it, never part of it
                 STATS["merge_resolved_partitions"] += 1
+                STATS[f"merge_resolved_partitions:{self.target}"] += 1
                 upto = latest[finding.partition_id].partition_bounds.get("cursor_upto")
                 if applied:
                     self.check_merged(upto)
@@ -853,6 +875,13 @@ def figures(seconds: float) -> dict[str, Any]:
         "fault_points_by_kind": dict(sorted(kinds.items())),
         "route_shapes": sorted(f"{path}/{strategy}" for path, strategy in ROUTE_SHAPES),
         "merge_targets": sorted(MERGE_TARGETS),
+        "merge_by_target": {  # examples, and merge partitions blocked then resolved
+            target: [
+                STATS[f"merge_examples:{target}"],
+                STATS[f"merge_resolved_partitions:{target}"],
+            ]
+            for target in TARGETS
+        },
         "hostile_hooks": sorted(HOSTILE_SEEN),
         "fault_points": sorted(FAULT_POINTS),
     }

@@ -6,7 +6,7 @@ Run by ``tests/recovery/test_crash_matrix.py`` (SIGKILL) and ``tests/recovery/te
     python tests/helpers/crash_child.py --store sqlite:PATH|postgres:DSN:SCHEMA '<json>'
 
 The JSON names the case's databases (a ``helpers.matrix_targets.Place``: a SQLite
-source, a SQLite, DuckDB or PostgreSQL target), the run id, the point, the signal
+source, a SQLite, DuckDB, ClickHouse (chDB) or PostgreSQL target), the run id, the point, the signal
 (``kill``: SIGKILL; ``stop``: SIGSTOP, the process resumes when the test sends
 SIGCONT), the lease's length and a marker file. Every part is the real one: the
 checkpoint store, the source and sink, and the guard from its entry point. Thin
@@ -25,7 +25,8 @@ The points, in the order a run reaches them, and the seam each uses:
 - ``after-lease``: the route scan's first read of the store: the lease was just taken;
 - ``extraction``: row paths: the source, once the 2nd partition's extraction has begun
   (after its first chunk was handed on), or partway through the SQLite target's pull
-  statement (SQLite's progress handler), or once DuckDB's pull wrote its files;
+  statement (SQLite's progress handler), or once DuckDB's pull wrote its files (a
+  ClickHouse route of the matrix reads its rows itself: a batch column, or a merge);
   lazy-plan, which extracts inside the target call: when the sink is handed the plan,
   before it opens the target;
 - ``armed-batch-partial``: the store writes the armed batch item by item with
@@ -34,7 +35,9 @@ The points, in the order a run reaches them, and the seam each uses:
 - ``after-armed-batch``: right after the armed ``upsert_many`` returned;
 - ``target-before-commit``: the sink's engine module's ``_record`` returned: inside the
   load's transaction, every row and the ledger row written and the fence checked,
-  right before COMMIT;
+  right before COMMIT. ClickHouse has no transaction, and its ``_record`` writes the
+  ledger row after the rows: there it dies as ``_record`` is called, the rows written
+  and the ledger row not (only the rows' batch column can prove the batch);
 - ``target-after-commit``: right after the real sink method returned, before
   the boundary learns of it;
 - ``after-target-success``: a plugin's ``after_target_success``, called before
@@ -65,6 +68,7 @@ if __package__ in (None, ""):  # run as a script: the tests folder holds its pac
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dpone_native_transfer import (  # noqa: E402
+    ClickHouseSink,
     DuckDBSink,
     PartitionCheckpoint,
     PostgresSink,
@@ -350,26 +354,44 @@ class PostgresSeams(TargetSeams, PostgresSink):
     pass
 
 
-_SEAMS = {"sqlite": SQLiteSeams, "duckdb": DuckDBSeams, "postgres": PostgresSeams}
+class ClickHouseSeams(TargetSeams, ClickHouseSink):
+    pass
+
+
+_SEAMS = {
+    "sqlite": SQLiteSeams,
+    "duckdb": DuckDBSeams,
+    "postgres": PostgresSeams,
+    "clickhouse": ClickHouseSeams,
+}
 _ENGINES = {
     "sqlite": "dpone_native_transfer.connectors.sqlite.sink",
     "duckdb": "dpone_native_transfer.connectors.duckdb.sink",
     "postgres": "dpone_native_transfer.connectors.postgres_sink",
+    "clickhouse": "dpone_native_transfer.connectors.clickhouse.sink",
 }
 
 
 def crash_sink(place: Place, killer: Killer) -> Any:
     """The real sink of ``place`` with the seams; for ``target-before-commit`` its engine
-    module's ``_record`` (called inside every load's transaction, last) signals after it."""
-    location = place.url if place.target == "postgres" else str(place.target_path)
-    seamed = _SEAMS[place.target](location, place.target_table)
+    module's ``_record`` (called inside every load's transaction, last) signals after it;
+    ClickHouse's (the ledger row, after the rows) as it is called."""
+    if place.target == "postgres":
+        seamed = PostgresSeams(place.url, place.target_table)
+    elif place.target == "clickhouse":  # as ``Place.make_sink`` makes it
+        seamed = ClickHouseSeams(str(place.target_path), place.target_table, partition_by="region")
+    else:
+        seamed = _SEAMS[place.target](str(place.target_path), place.target_table)
     seamed.killer = killer
     if killer.point == "target-before-commit":
         module = sys.modules[_ENGINES[place.target]]
         record = module._record
+        before = place.target == "clickhouse"
 
         @functools.wraps(record)
         def _record(*args: Any, **kwargs: Any) -> int:
+            if before:
+                killer.at("target-before-commit")
             rows = record(*args, **kwargs)
             killer.at("target-before-commit")
             return rows

@@ -1,12 +1,14 @@
 """The databases of one case of the crash and pause matrices, per target kind.
 
 A ``Place`` says where one case's route lives: its SQLite source file and its
-target (a SQLite or DuckDB file, or a table in a PostgreSQL schema of the
-case's own). lazy-plan into PostgreSQL pulls a PostgreSQL source of the same
-database only, so that case's source is a PostgreSQL copy of the sample table
-in the target's schema. A ``Place`` is JSON-safe: the test hands it to the
-child process (``crash_child.py``), which builds the same real source and sink
-from it. Rows are counted with each engine's own client, never through dpone.
+target (a SQLite or DuckDB file, a chDB data folder, or a table in a PostgreSQL
+schema of the case's own). A ClickHouse merge route's rows are read as a reader
+sees them, from its merged view (``FINAL``). lazy-plan into PostgreSQL pulls a
+PostgreSQL source of the same database only, so that case's source is a
+PostgreSQL copy of the sample table in the target's schema. A ``Place`` is
+JSON-safe: the test hands it to the child process (``crash_child.py``), which
+builds the same real source and sink from it. Rows are counted with each
+engine's own client, never through dpone.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import attrs
 
 from dpone_native_transfer import (
+    ClickHouseSink,
     DuckDBSink,
     PostgresSink,
     RouteKey,
@@ -31,14 +34,20 @@ from dpone_native_transfer.testing import build_sample_source
 
 __all__ = [
     "SOURCE_TABLE",
+    "BATCH_COLUMN",
+    "CRASH_TARGET_KINDS",
     "TARGET_KINDS",
     "TARGET_TABLE",
     "Place",
 ]
 
-TARGET_KINDS = ("sqlite", "duckdb", "postgres")
+TARGET_KINDS = ("sqlite", "duckdb", "postgres")  # the pause matrix's
+CRASH_TARGET_KINDS = (*TARGET_KINDS, "clickhouse")  # the crash matrix's: chDB too
+# A ClickHouse append route's column of each row's batch id (``target.batch_column``): its
+# ledger row follows the rows, so only a count of them proves a batch (lazy-plan refuses it).
+BATCH_COLUMN = "loaded_batch"
 SOURCE_TABLE, TARGET_TABLE = "orders", "orders_copy"
-_FILES = {"sqlite": "target.db", "duckdb": "target.duckdb"}
+_FILES = {"sqlite": "target.db", "duckdb": "target.duckdb", "clickhouse": "chdata"}
 # Route-file environment variables holding the PostgreSQL URLs (never in a file).
 TARGET_URL_ENV, STORE_URL_ENV = "DPONE_MATRIX_TARGET_URL", "DPONE_MATRIX_STORE_URL"
 
@@ -48,7 +57,7 @@ class Place:
     """Where one case's route lives. ``url`` and ``schema``: the PostgreSQL target's server
     (a ``postgresql://`` URL, as the sink and a route file take it) and its schema."""
 
-    target: str  # sqlite | duckdb | postgres
+    target: str  # sqlite | duckdb | postgres | clickhouse
     path: str  # the transfer path
     folder: str  # the source file and a target file go here
     url: str | None = None
@@ -90,8 +99,11 @@ class Place:
     @property
     def respelt_target_table(self) -> str:
         """Another spelling of the target table that the engine resolves to the same table
-        (SQLite and DuckDB fold ASCII case); PostgreSQL's names are case-sensitive."""
-        return self.target_table if self.target == "postgres" else TARGET_TABLE.upper()
+        (SQLite and DuckDB fold ASCII case); PostgreSQL's and ClickHouse's names are
+        case-sensitive."""
+        if self.target in ("postgres", "clickhouse"):
+            return self.target_table
+        return TARGET_TABLE.upper()
 
     def make_source(self) -> Any:
         if self.pg_source:
@@ -106,6 +118,8 @@ class Place:
             return SQLiteSink(str(self.target_path), table)
         if self.target == "duckdb":
             return DuckDBSink(str(self.target_path), table)
+        if self.target == "clickhouse":  # as a route file makes it
+            return ClickHouseSink(str(self.target_path), table, partition_by="region")
         return PostgresSink(str(self.url), table)
 
     @property
@@ -113,10 +127,21 @@ class Place:
         return route_key(self.make_source(), self.make_sink(), self.spec_options()["strategy"])
 
     def spec_options(self) -> dict[str, Any]:
-        """The strategy (and a merge route's key and deleted column) of the case's spec."""
-        if not self.merge:
-            return {"strategy": "incremental_append"}
-        return {"strategy": "merge", "primary_key": self.key, "deleted_column": "gone"}
+        """The strategy (and a merge route's key and deleted column, a ClickHouse append
+        route's batch column) of the case's spec."""
+        if self.merge:
+            return {"strategy": "merge", "primary_key": self.key, "deleted_column": "gone"}
+        if self.target == "clickhouse" and self.path != "lazy-plan":
+            return {"strategy": "incremental_append", "batch_column": BATCH_COLUMN}
+        return {"strategy": "incremental_append"}
+
+    @property
+    def proves_every_kill(self) -> bool:
+        """Whether the target proves what any kill left, applied or not: a ledger written with
+        the rows, or (ClickHouse) the rows counted by a batch column, a merge route's own or
+        ``BATCH_COLUMN``. A ClickHouse append route on lazy-plan has neither: its ledger row
+        proves a batch applied, its absence nothing."""
+        return not (self.target == "clickhouse" and not self.merge and self.path == "lazy-plan")
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -231,6 +256,8 @@ class Place:
                 if conn is None or not _duckdb_has(conn, TARGET_TABLE):
                     return []
                 return sorted(conn.execute(sql).fetchall())
+        if self.target == "clickhouse":
+            return sorted(self._clickhouse(self._columns))
         if not self.target_ids():
             return []
         return sorted(self._admin(sql.replace(" FROM ", f' FROM "{self.schema}".')))
@@ -309,6 +336,8 @@ class Place:
                     return []
                 rows = conn.execute(f"SELECT {self._key} FROM {TARGET_TABLE}").fetchall()
                 return _keys(rows)
+        if self.target == "clickhouse":
+            return _keys(self._clickhouse(self._key))
         table = f'"{self.schema}".{TARGET_TABLE}'
         if not self._admin("SELECT to_regclass(%s)", (table,))[0][0]:
             return []
@@ -344,6 +373,24 @@ class Place:
         with self._postgres() as conn:
             cursor = conn.execute(sql, params)
             return cursor.fetchall() if cursor.description else []
+
+    def _clickhouse(self, columns: str) -> list[tuple]:
+        """``columns`` of every target row, in a chDB session of its own, closed before it
+        returns (a run opens the path); a merge route's table read as a reader must, with
+        ``FINAL``; [] without a table."""
+        if not self.target_path.is_dir():
+            return []
+        with self.make_sink().client() as client:
+            found = client.query_rows(
+                "SELECT engine FROM system.tables WHERE database = currentDatabase()"
+                " AND name = {t:String}",
+                {"t": TARGET_TABLE},
+            )
+            if not found:
+                return []
+            final = " FINAL" if found[0][0] == "ReplacingMergeTree" else ""
+            rows = client.query_rows(f"SELECT {columns} FROM {TARGET_TABLE}{final}")
+        return [tuple(row) for row in rows]
 
     @contextlib.contextmanager
     def _duckdb(self) -> Iterator[Any]:

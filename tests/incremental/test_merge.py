@@ -653,7 +653,21 @@ def test_a_kill_before_the_clickhouse_merge_insert_is_proven_not_applied(tmp_pat
     _kill_inside_the_target_call(tmp_path, Target("clickhouse", tmp_path), path, "before-insert")
 
 
-def _kill_inside_the_target_call(tmp_path: Path, target: Target, path: str, point: str) -> None:
+@pytest.mark.parametrize("path", ["legacy", "staged"])
+def test_a_clickhouse_batch_the_ledger_lacks_resolved_committed_by_hand_lets_the_route_go_on(
+    tmp_path, path
+):
+    """Killed after the merge's INSERT and before its ledger row: the batch column proves it
+    applied, and an operator who resolves it ``--as committed`` (the runbook's manual way) is
+    right. The next run must go on, not refuse the store as ahead of the ledger (it did:
+    only ``--from-target`` recorded the batch against the ledger)."""
+    target = Target("clickhouse", tmp_path)
+    _kill_inside_the_target_call(tmp_path, target, path, "before-commit", by_hand=True)
+
+
+def _kill_inside_the_target_call(
+    tmp_path: Path, target: Target, path: str, point: str, *, by_hand: bool = False
+) -> None:
     source = make_events(tmp_path)
     route = write_route(
         tmp_path, target, table="events", path=path, partition_column="region",
@@ -686,7 +700,16 @@ def _kill_inside_the_target_call(tmp_path: Path, target: Target, path: str, poin
         assert [p["proof"]["verdict"] for p in proofs] == [
             "applied" if applied else "not_applied"
         ], verified.stdout
-    healed = run(route, "--recovery", "from_target")
+    if by_hand:  # what the operator found, recorded with --as, then a plain run
+        [proof] = [json.loads(line) for line in verified.stdout.splitlines()]
+        resolved = run_cli(
+            "guard", "resolve", route, "--batch", proof["batch_id"], "--as", "committed",
+            "--reason", "counted the merged view", "--operator", "me", "--yes",
+        )  # fmt: skip
+        assert resolved.returncode == 0, resolved.stderr
+        healed = run(route)
+    else:
+        healed = run(route, "--recovery", "from_target")
     assert healed.returncode == 0, healed.stderr
     check_target(target, source)
     batches = target.query('SELECT batch_id FROM "_dpone_ledger"')
@@ -756,10 +779,13 @@ def test_kills_and_pauses_at_random_moments_leave_the_target_exact(tmp_path, tar
         check_target(target, source)
 
 
-def test_a_lost_store_is_restored_from_the_target_of_a_merge_route(tmp_path):
+@pytest.mark.parametrize("kind", ["sqlite", "clickhouse"])
+def test_a_lost_store_is_restored_from_the_target_of_a_merge_route(tmp_path, kind):
     """The target's rows are not the sum of its merge batches' rows (updates, deletes):
-    ``state restore`` does not ask them to be, and the next run continues exactly."""
-    target = Target("sqlite", tmp_path)
+    ``state restore`` does not ask them to be, and the next run continues exactly. On
+    ClickHouse, whose table keeps every batch's rows (``FINAL`` shows the merged view),
+    nothing is applied twice: the next runs add only the new batch's rows, each batch once."""
+    target = Target(kind, tmp_path)
     source = make_events(tmp_path)
     route = write_route(
         tmp_path, target, table="events", path="legacy", partition_column="region",
@@ -767,16 +793,76 @@ def test_a_lost_store_is_restored_from_the_target_of_a_merge_route(tmp_path):
     )  # fmt: skip
     add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "eu", 1, "new", False))
     assert run(route).returncode == 0
-    add(source, ("acme", 1, "eu", 2, "paid", False), ("acme", 2, "eu", 2, "", True))
+    add(source, ("acme", 1, "eu", 2, "paid", False), ("acme", 2, "us", 2, "", True))
     assert run(route).returncode == 0
+    kept = _batches(target)
     for file in tmp_path.glob("checkpoints.db*"):
         file.unlink()
     assert run(route).returncode == 3  # the target's ledger is ahead of the (new) store
+    assert _batches(target) == kept
     restored = run_cli("state", "restore", route, "--yes", "--reason", "lost", "--operator", "me")
     assert restored.returncode == 0, restored.stderr
-    add(source, ("acme", 3, "eu", 3, "new", False))
+    again = run_cli("run", route)  # nothing new: the restored store says every batch is in
+    assert again.returncode == 0, again.stderr
+    assert "loaded 0 rows" in again.stdout
+    assert _batches(target) == kept
+    check_target(target, source)
+    add(source, ("acme", 3, "eu", 3, "new", False), ("acme", 1, "us", 3, "late", False))
     assert run(route).returncode == 0
     check_target(target, source)
+    batches = target.query('SELECT batch_id FROM "_dpone_ledger"')
+    assert len(batches) == len({b for (b,) in batches}) == 3
+    if kind == "clickhouse":  # the third batch's two rows added, the others' as they were
+        [new] = {batch for (batch,) in batches} - {batch for batch, _ in kept}
+        assert _batches(target) == sorted([*kept, (new, 2)])
+
+
+def test_a_store_lost_after_a_clickhouse_kill_before_the_ledger_row_is_restored_exactly(
+    tmp_path,
+):
+    """Killed after the merge's INSERT, before its ledger row, then the store lost: ``state
+    restore`` knows only what the ledger lists, so the next run merges that window again.
+    A merge is idempotent: the merged view (``FINAL``) is exact, the ledger lists each
+    batch once, and the batch the ledger lacks is the only one whose rows are there twice
+    (its versions, superseded)."""
+    target = Target("clickhouse", tmp_path)
+    source = make_events(tmp_path)
+    route = write_route(
+        tmp_path, target, table="events", path="legacy", partition_column="region",
+        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
+    )  # fmt: skip
+    add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "us", 1, "new", False))
+    assert run(route).returncode == 0
+    add(source, ("acme", 1, "eu", 2, "paid", False), ("acme", 2, "us", 2, "x", True),
+        ("acme", 3, "us", 2, "new", False))  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, _SINK_MODULES["clickhouse"], "before-commit", str(route)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    [listed] = target.query('SELECT batch_id FROM "_dpone_ledger"')
+    [unlisted] = {batch for batch, _ in _batches(target)} - set(listed)
+    for file in tmp_path.glob("checkpoints.db*"):
+        file.unlink()
+    restored = run_cli("state", "restore", route, "--yes", "--reason", "lost", "--operator", "me")
+    assert restored.returncode == 0, restored.stderr
+    assert run(route).returncode == 0
+    check_target(target, source)
+    batches = [batch for (batch,) in target.query('SELECT batch_id FROM "_dpone_ledger"')]
+    assert len(batches) == len(set(batches)) == 2 and unlisted not in batches
+    [again] = set(batches) - set(listed)
+    assert dict(_batches(target)) == {listed[0]: 2, unlisted: 3, again: 3}
+
+
+def _batches(target: Target) -> list[tuple]:
+    """Each merge batch's rows in the table as it is stored (ClickHouse's ``_dpone_batch``,
+    every version, not ``FINAL``); [] on a target that replaces its rows in place."""
+    if target.kind != "clickhouse":
+        return []
+    return sorted(
+        target.query('SELECT "_dpone_batch", count() FROM "events" GROUP BY "_dpone_batch"')
+    )
 
 
 def test_an_append_route_switched_to_merge_collapses_each_key_to_its_latest_version(tmp_path):

@@ -2,8 +2,8 @@
 
 For each kill point x path x target x store x recovery, a child process
 (``tests/helpers/crash_child.py``) runs one transfer on real databases (a SQLite
-source; a SQLite, DuckDB or PostgreSQL target) and SIGKILLs itself at the kill
-point. This process then plays the scheduler: it runs the next attempt on the
+source; a SQLite, DuckDB, PostgreSQL or ClickHouse (chDB) target) and SIGKILLs itself
+at the kill point. This process then plays the scheduler: it runs the next attempt on the
 same databases with a fresh runtime (guard from its entry point, target in a
 RecordingSink).
 
@@ -13,12 +13,16 @@ RecordingSink).
   blocked partition's rows in the target and the source, checks that the target's
   ledger proves the same, records ``committed`` or ``failed_before_target`` with the
   guard's operator API, and lets the scheduler retry.
-- With ``recovery = "from_target"`` no operator acts: every kill on these
+- With ``recovery = "from_target"`` no operator acts: every kill on the
   transactional targets leaves an outcome the target's ledger (and fence) proves,
   so the first attempt after the kill must complete, resolving what blocked it
-  itself, with audit records naming ``dpone-transfer (automatic)``. A kill whose
-  outcome is truly unknown (a route without the ledger) stays blocked:
-  ``test_without_the_ledger_from_target_leaves_a_kill_blocked``.
+  itself, with audit records naming ``dpone-transfer (automatic)``. ClickHouse
+  writes its ledger row after the rows: there the rows, counted by their batch
+  column (``target.batch_column``; a merge route's own), prove it. A kill whose
+  outcome is truly unknown stays blocked: a route without the ledger
+  (``test_without_the_ledger_from_target_leaves_a_kill_blocked``), and a
+  ClickHouse append route on lazy-plan (which refuses a batch column), where the
+  operator counts after a second blocked attempt.
 
 After the kill and after every attempt the target must hold no row twice; at the
 end it holds every source row exactly once. Zero duplicate rows is the only pass.
@@ -26,13 +30,18 @@ The matrix is reported by ``tests/helpers/crash_report.py``, with the kills that
 healed by themselves per target.
 
 The cut, for CI's time (measured in docs/reliability.md): every kill point x path
-x recovery runs on every target with the SQLite store, and on the SQLite target
-with the PostgreSQL store too.
+x recovery runs on the SQLite, DuckDB and PostgreSQL targets with the SQLite store,
+and on the SQLite target with the PostgreSQL store too. On ClickHouse every kill
+point runs on legacy (batch column) and lazy-plan (none); staged and file-artifact
+run the two kills where they differ from legacy (extraction, which leaves their stage
+or files behind, and their own target call, killed before its ledger row); the
+guard's own kills do not depend on the path.
 
 Merge routes (``test_hard_kill_of_a_merge_batch_then_retry_leaves_each_key_latest_version``)
 run the kill points whose outcome the target decides, after a first whole run and a 1%
-change of the source: the target must hold the rows without the killed batch or with it,
-and after recovery each key's latest source row, less deleted keys.
+change of the source, on every path and target, ClickHouse (its merged view, ``FINAL``)
+too: the target must hold the rows without the killed batch or with it, and after
+recovery each key's latest source row, less deleted keys.
 """
 
 from __future__ import annotations
@@ -52,14 +61,14 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pytest
 from helpers.crash_child import KILL_POINTS, open_store, transfer_spec
-from helpers.matrix_targets import TARGET_KINDS, Place
+from helpers.matrix_targets import CRASH_TARGET_KINDS, Place
 from helpers.postgres_server import postgres_url
 from helpers.routes import write_route
 
 from dpone_native_transfer import ManualReconciliationRequired, RouteKey, TransferRuntime
 from dpone_native_transfer.events import EventName
 from dpone_native_transfer.lease import Lease, lease_key, read_holder
-from dpone_native_transfer.recovery import AUTOMATIC_OPERATOR
+from dpone_native_transfer.recovery import AUTOMATIC_OPERATOR, Prover
 from dpone_native_transfer.testing import (
     RecordingSink,
     assert_guard_registered,
@@ -124,21 +133,35 @@ EXPECTED = {
 LAZY_PLAN_EXTRACTION = Expected("blocked", target_calls=1, blocked=4, found=NOT_THERE)
 
 
-def expected(kill_point: str, path: str) -> Expected:
+# ClickHouse (chDB) has no transaction: its "before the commit" kill falls after the rows and
+# before the ledger row (``crash_child.py``), so the batch is in the target, which only the
+# rows' batch column proves (a merge route's ``_dpone_batch``, an append's ``BATCH_COLUMN``).
+CLICKHOUSE = {"target-before-commit": EXPECTED["target-after-commit"]}
+
+
+def expected(kill_point: str, path: str, target: str = "sqlite") -> Expected:
     if kill_point == "extraction" and path == "lazy-plan":
         return LAZY_PLAN_EXTRACTION
+    if target == "clickhouse":
+        return CLICKHOUSE.get(kill_point, EXPECTED[kill_point])
     return EXPECTED[kill_point]
 
 
+# ClickHouse's staged and file-artifact cells: the kills where the path decides what chDB does.
+CLICKHOUSE_PATH_POINTS = ("extraction", "target-before-commit")
+
+
 def cases() -> list[Any]:
-    """Every kill point x path x recovery on every target with the SQLite store; the SQLite
-    target with the PostgreSQL store too."""
+    """Every kill point x path x recovery on every target with the SQLite store (ClickHouse:
+    ``CLICKHOUSE_PATH_POINTS`` on staged and file-artifact); the SQLite target with the
+    PostgreSQL store too."""
     made = []
-    for target in TARGET_KINDS:
+    for target in CRASH_TARGET_KINDS:
         for store in ("sqlite", "postgres") if target == "sqlite" else ("sqlite",):
             for recovery in RECOVERIES:
                 for path in PATHS:
-                    for point in KILL_POINTS:
+                    cut = target == "clickhouse" and path in ("staged", "file-artifact")
+                    for point in CLICKHOUSE_PATH_POINTS if cut else KILL_POINTS:
                         name = f"{point}-{path}-{target}-{store}-{recovery}"
                         made.append(pytest.param(point, path, target, store, recovery, id=name))
     return made
@@ -264,17 +287,40 @@ class CrashRoute:
                 found = self.merge_holds(blocked)
             else:
                 found = {f.partition_id: self.target_holds(bounds[f.partition_id]) for f in blocked}
+            listed: set[str] = set()
             if self.ledger:
-                ledger = {entry.batch_id for entry in self.place.make_sink().read_ledger()}
-                proven = {
-                    f.partition_id: COMMITTED if f.batch_id in ledger else NOT_THERE
-                    for f in blocked
-                }
+                listed = {entry.batch_id for entry in self.place.make_sink().read_ledger()}
+                proven = self.proven(latest, blocked, listed)
+                if not self.place.proves_every_kill:  # where it proves nothing, the count decides
+                    proven = {pid: proven[pid] or found[pid] for pid in found}
                 assert proven == found, "the ledger's proof and the row count disagree"
             for resolved_as in set(found.values()):
                 ids = [pid for pid, holds in found.items() if holds is resolved_as]
-                resolve(store, self.route, ids, resolved_as)
+                unlisted = {f.batch_id for f in blocked if f.partition_id in ids} - listed
+                against = sorted(unlisted) if resolved_as is COMMITTED and self.ledger else []
+                resolve(store, self.route, ids, resolved_as, overrides=against)
         return attrs.evolve(attempt, blocked=blocked, found=found)
+
+    def proven(
+        self, latest: list[Any], blocked: tuple[Finding, ...], listed: set[str]
+    ) -> dict[str, Resolution | None]:
+        """What the target proves of each blocked partition: the ledger holds its batch
+        (``listed``) or not; where the ledger row follows the rows (ClickHouse), what ``guard
+        verify`` reads (``Prover``: the ledger, and the rows counted by their batch column),
+        None for a batch it cannot prove."""
+        sink = self.place.make_sink()
+        if sink.features.ledger_atomic:
+            found = {f.partition_id: f.batch_id in listed for f in blocked}
+            return {pid: COMMITTED if held else NOT_THERE for pid, held in found.items()}
+        column = self.place.spec_options().get("batch_column")
+        prover, verdicts = Prover(sink, batch_column=column), {v: r for r, v in VERDICTS.items()}
+        proven: dict[str, Resolution | None] = {}
+        for batch_id in {f.batch_id for f in blocked}:
+            ids = {f.partition_id for f in blocked if f.batch_id == batch_id}
+            checkpoints = [cp for cp in latest if cp.partition_id in ids]
+            verdict = prover.prove(self.route, batch_id, checkpoints).verdict
+            proven.update(dict.fromkeys(ids, verdicts.get(verdict)))
+        return proven
 
     def target_holds(self, bounds: Mapping[str, Any]) -> Resolution:
         """``committed`` if the target holds every source row of ``bounds``, once;
@@ -303,8 +349,17 @@ class CrashRoute:
         assert_no_duplicate_rows(self.place.source_ids(), target)
 
 
-def resolve(store: Any, route: RouteKey, partition_ids: list[str], resolved_as: Resolution) -> None:
-    """What ``dpone-transfer guard resolve --partition ... --as ... --yes`` writes, on any store."""
+def resolve(
+    store: Any,
+    route: RouteKey,
+    partition_ids: list[str],
+    resolved_as: Resolution,
+    *,
+    overrides: list[str] | None = None,
+) -> None:
+    """What ``dpone-transfer guard resolve --partition ... --as ... --yes`` writes, on any store;
+    ``overrides``: the batches it records against the target's ledger (committed, which the
+    ledger does not hold)."""
     selected = select_blocked(store.list_latest(route), partition_ids=partition_ids)
     now = datetime.now(UTC)
     resolved = resolution_batch(selected, resolved_as, now)
@@ -316,6 +371,7 @@ def resolve(store: Any, route: RouteKey, partition_ids: list[str], resolved_as: 
         operator=OPERATOR,
         reason="counted the partition's rows in the target against the source",
         now=now,
+        overrides=overrides or (),
     )
     store.apply_resolution(route, resolved, audit)
 
@@ -366,7 +422,8 @@ def crash_route(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]
 
 def recover(route: CrashRoute, recovery: str, row: CrashRun) -> list[Attempt]:
     """Attempts until one completes (at most MAX_ATTEMPTS); with manual recovery the operator
-    acts after a block.
+    acts after a block, and under from_target after a second one where the target cannot
+    prove every kill (``Place.proves_every_kill``).
 
     The target is checked for duplicates after every attempt; ``row`` is filled as we go,
     so a failing run still shows how far it got.
@@ -376,7 +433,8 @@ def recover(route: CrashRoute, recovery: str, row: CrashRun) -> list[Attempt]:
     for number in range(1, MAX_ATTEMPTS + 1):
         attempt = route.attempt(f"retry-{number}", recovery)
         route.check_target(row)
-        if attempt.outcome == "blocked" and recovery == "manual":
+        unproven = not route.place.proves_every_kill and number > 1
+        if attempt.outcome == "blocked" and (recovery == "manual" or unproven):
             attempt = route.reconcile(attempt)
             row.operator_steps += 1
         if number == 1:
@@ -419,6 +477,11 @@ def check_recovery(
             assert set(first.found.values()) == {want.found}
             assert [attempt.outcome for attempt in attempts[1:]] == ["complete"]
         assert {audit["operator"] for audit in audits} <= {OPERATOR}
+    elif not route.place.proves_every_kill:
+        # nothing proves what the kill left: blocked, again, until a person counted
+        outcomes = ["blocked", "blocked", "complete"] if want.outcome == "blocked" else ["complete"]
+        assert [attempt.outcome for attempt in attempts] == outcomes
+        assert {audit["operator"] for audit in audits} <= {OPERATOR}
     else:
         # no operator: the first attempt resolves what the target proves, and completes
         assert len(attempts) == 1 and row.operator_steps == 0
@@ -446,7 +509,7 @@ def test_hard_kill_then_automatic_retry_never_duplicates(
     crash_matrix: CrashMatrix,
 ) -> None:
     route = crash_route(path, target, store_kind)
-    want = expected(kill_point, path)
+    want = expected(kill_point, path, target)
     with crash_matrix.run(kill_point, path, target, store_kind, recovery) as row:
         route.run_child(kill_point)
         if kill_point == "target-before-commit" and target == "sqlite":
@@ -535,6 +598,44 @@ def test_after_a_kill_verify_proves_the_batch_and_resolve_from_target_heals_it(
     assert_rows_exactly_once(route.place.source_ids(), route.place.target_ids())
 
 
+def test_a_clickhouse_batch_nothing_proves_is_counted_resolved_committed_and_the_route_goes_on(
+    tmp_path: Path, crash_route: Any
+) -> None:
+    """ClickHouse writes its ledger row after the rows. Killed between them on lazy-plan (no
+    batch column there), nothing proves the batch: ``verify`` says unknown, a from_target run
+    stays blocked, and the operator counts the rows and resolves ``--as committed``. The next
+    run must go on and load nothing. Every run refused it (the store ahead of the ledger),
+    and ``state restore``, the advice, refuses too (2,000 rows, none in the ledger) unless
+    told ``--ignore-row-count``, which would load the batch again."""
+    route = crash_route("lazy-plan", "clickhouse")
+    route.run_child("target-before-commit")
+    assert_rows_exactly_once(route.place.source_ids(), route.place.target_ids())  # applied
+    route_file = tmp_path / "route.toml"
+    store = route.store.removeprefix("sqlite:")
+    text = route.place.route_text(store=store, chunk_rows=100, lease_seconds=LEASE_SECONDS)
+    route_file.write_text(text)
+    script = str(Path(sys.executable).parent / "dpone-transfer")
+
+    def dpone(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([script, *args], capture_output=True, text=True, timeout=120)
+
+    verified = dpone("guard", "verify", str(route_file), "--json")
+    assert verified.returncode == 3, verified.stderr
+    [proof] = [json.loads(line) for line in verified.stdout.splitlines()]
+    assert proof["proof"]["verdict"] == "unknown"
+    blocked = dpone("run", str(route_file), "--recovery", "from_target")
+    assert blocked.returncode == 3, blocked.stderr
+    resolved = dpone(
+        *("guard", "resolve", str(route_file), "--batch", proof["batch_id"], "--as", "committed"),
+        *("--reason", "counted every partition's rows", "--operator", "crash-matrix", "--yes"),
+    )
+    assert resolved.returncode == 0, resolved.stderr
+    ran = dpone("run", str(route_file), "--quiet")
+    assert ran.returncode == 0, ran.stderr
+    assert "loaded 0 rows" in ran.stdout
+    assert_rows_exactly_once(route.place.source_ids(), route.place.target_ids())
+
+
 # The merge routes: a whole first run, then 1% of the keys changed (updates, a key moving
 # partition, deletes, new keys) and the run that merges them killed, at every kill point
 # where the outcome changes: before anything is armed, around the target's commit, the
@@ -551,7 +652,7 @@ COMPOSITE_PATH = "lazy-plan"
 def merge_cases() -> list[Any]:
     return [
         pytest.param(point, path, target, recovery, id=f"{point}-{path}-{target}-{recovery}")
-        for target in TARGET_KINDS
+        for target in CRASH_TARGET_KINDS
         for path in PATHS
         for point in MERGE_POINTS
         for recovery in (RECOVERIES if EXPECTED[point].outcome == "blocked" else RECOVERIES[1:])
@@ -573,7 +674,7 @@ def test_hard_kill_of_a_merge_batch_then_retry_leaves_each_key_latest_version(
     less the deleted ones, row by row, with no key twice."""
     composite = path == COMPOSITE_PATH
     route = crash_route(path, target, merge=True, composite=composite)
-    want = EXPECTED[kill_point]  # no plan is handed over: a merge route's rows are carried
+    want = expected(kill_point, "legacy", target)  # no plan is handed over: rows are carried
     first = route.attempt("run-0", recovery)
     assert first.outcome == "complete"
     route.unmerged = route.place.target_rows()

@@ -33,7 +33,12 @@ from dpone_native_transfer import (
     TargetRowsMismatch,
 )
 from dpone_native_transfer.events import EventName
-from dpone_native_transfer.testing import InjectedFault, RecordingSink, assert_rows_exactly_once
+from dpone_native_transfer.testing import (
+    InjectedFault,
+    RecordingSink,
+    assert_rows_exactly_once,
+    phase_batch,
+)
 from dpone_target_commit_guard.policy import blocked_partitions
 
 TRANSACTIONAL = ("sqlite", "duckdb", "postgres")
@@ -353,6 +358,33 @@ def test_on_chdb_the_batch_column_heals_both_outcomes_the_ledger_cannot_prove(
         "not_applied"
     ]
     assert_rows_exactly_once(gone.source_ids(), gone.target_ids())
+
+
+@pytest.mark.parametrize("merge", (False, True))
+def test_on_chdb_a_batch_promoted_in_part_is_counted_whole(tmp_path: Path, merge: bool) -> None:
+    """Its promotion failed after one of four partitions: the batch column counts the whole
+    batch, every partition its ledger row lists, not only the three still blocked (against
+    those it said unknown, and from_target stayed blocked). A merge route's own column too."""
+    route = Route(tmp_path, kind="clickhouse", rows=120)
+    if merge:
+        spec: dict[str, Any] = {"strategy": "merge", "primary_key": ("id",)}
+    else:
+        spec = {"batch_column": "_dpone_batch_id"}
+    route.store.fail_batch(phase_batch("checkpoint_committed"), keep=1)
+    with pytest.raises(InjectedFault):
+        route.runtime().run(route.spec("legacy", **spec))
+    key = route.spec("legacy", **spec).route
+    assert len(blocked_partitions(route.real_store.list_latest(key))) == 3
+    healed = route.runtime().run(
+        route.spec("legacy", run_id="healing", recovery="from_target", **spec)
+    )
+    assert [
+        (e.fields["verdict"], e.fields["partitions"])
+        for e in healed.events
+        if e.name == EventName.GUARD_HEALED
+    ] == [("applied", 3)]
+    assert healed.rows_loaded == 0
+    assert_rows_exactly_once(route.source_ids(), route.target_ids())
 
 
 def _raise_injected(*_: Any) -> int:
