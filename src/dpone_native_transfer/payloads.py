@@ -125,6 +125,8 @@ class ColumnDifference:
     added: list[Column]  # source columns the target table lacks
     dropped: list[str]  # target columns the source lacks
     retyped: list[str] = attrs.field(factory=list)  # columns whose target type cannot take them
+    # dropped columns an insert must fill: they take no NULL and have no default
+    required: list[str] = attrs.field(factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.added or self.dropped or self.retyped)
@@ -136,17 +138,22 @@ def difference(
     *,
     fold: Callable[[str], str] = str,
     takes: Callable[[Column, str], bool] = lambda column, target_type: True,
+    required: Sequence[str] = (),
 ) -> ColumnDifference | None:
     """``Sink.column_difference`` from the target table's (name, type) pairs (None or
     empty: no table), matching names after ``fold`` (the engine's own name matching);
-    ``takes(column, target_type)`` says whether a target column can hold the source's."""
+    ``takes(column, target_type)`` says whether a target column can hold the source's;
+    ``required``: the target columns an insert must fill (NOT NULL, no default)."""
     if not existing:
         return None
     types = {fold(name): target_type for name, target_type in existing}
     wanted = {fold(column.name) for column in columns}
+    dropped = [name for name, _ in existing if fold(name) not in wanted]
+    filled = {fold(name) for name in required}
     return ColumnDifference(
         added=[column for column in columns if fold(column.name) not in types],
-        dropped=[name for name, _ in existing if fold(name) not in wanted],
+        dropped=dropped,
+        required=[name for name in dropped if fold(name) in filled],
         retyped=[
             column.name
             for column in columns

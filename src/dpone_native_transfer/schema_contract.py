@@ -5,7 +5,9 @@ difference never blocks a route. ``evolve`` (the default) adds a new source
 column to the target table, with the type the sink maps its kind to, and
 loads NULL into a target column the source no longer has; ``freeze`` stops the
 run on any difference. Under both, a column whose target type cannot hold the
-source's values (the source column was retyped) stops the run. Modelled on
+source's values (the source column was retyped) stops the run, and so does a target
+column the source lacks that takes no NULL and has no default (every insert would fail
+inside the target call, and block the route). Modelled on
 dlt's schema contracts; the name leaves ``schema`` free for the target's
 database schema.
 """
@@ -42,6 +44,15 @@ def apply_schema_contract(
             "or refresh the target table, or put the old type back",
             diagnostics={"route": route.as_dict(), "columns": retyped, "contract": contract},
         )
+    if difference.required:  # either contract: no row could be inserted without them
+        raise SchemaChanged(
+            f"route {route.label}: the target table's column(s) {_names(difference.required)} "
+            "take no NULL and have no default, and the source has no such column, so no row "
+            "could be inserted; nothing was written. Give them a default or allow NULL there, "
+            "or load another table",
+            diagnostics={"route": route.as_dict(), "columns": difference.required,
+                         "contract": contract},
+        )  # fmt: skip
     if contract == "freeze":
         names = [column.name for column in added] + list(dropped)
         raise SchemaChanged(

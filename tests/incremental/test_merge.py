@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -1075,6 +1076,50 @@ def test_a_target_ordering_a_text_cursor_by_its_own_collation_is_refused(request
         db.commit()
     assert run(route).returncode == 0
     assert target.rows("t", ("id", "ver", "s")) == [(1, "a", "new")]
+
+
+_REQUIRED_EXTRA = {  # a hand-made target: one column the source lacks takes no NULL
+    "sqlite": "CREATE TABLE t (id INTEGER PRIMARY KEY, r TEXT, ver INTEGER, must TEXT NOT NULL,"
+    " kept TEXT NOT NULL DEFAULT 'k')",
+    "duckdb": "CREATE TABLE t (id BIGINT PRIMARY KEY, r VARCHAR, ver BIGINT, must VARCHAR NOT"
+    " NULL, kept VARCHAR NOT NULL DEFAULT 'k')",
+    "postgres": "CREATE TABLE t (id bigint PRIMARY KEY, r text, ver bigint, must text NOT NULL,"
+    " kept text NOT NULL DEFAULT 'k', made bigint GENERATED ALWAYS AS IDENTITY)",
+}
+
+
+@pytest.mark.parametrize("strategy", ["merge", "incremental_append"])
+@pytest.mark.parametrize("kind", sorted(_REQUIRED_EXTRA))
+def test_a_target_column_the_source_lacks_and_no_row_could_fill_is_refused_before_the_target(
+    request, tmp_path, kind, strategy
+):
+    """A target column that takes no NULL and has no default, which the source does not have,
+    failed every insert inside the target call (the driver's IntegrityError), and blocked
+    the route. Refused before the target under either contract, naming only that column (a
+    column with a default, an identity, SQLite's rowid alias are filled); once it takes
+    NULL, the same route loads."""
+    target = _merging_target(request, tmp_path, kind)
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, r TEXT, ver INTEGER)")
+        db.executemany("INSERT INTO t VALUES (?, 'eu', ?)", [(1, 1), (2, 1)])
+        db.commit()
+    _make(target, _REQUIRED_EXTRA[kind])
+    route = write_route(tmp_path, target, table="t", path="legacy", partition_column="r",
+                        cursor_column="ver", transfer={"strategy": strategy})  # fmt: skip
+    for contract in ("evolve", "freeze"):
+        text = route.read_text().replace("[store]", f'schema_contract = "{contract}"\n[store]')
+        route.with_name("contract.toml").write_text(text)
+        done = run(route.with_name("contract.toml"))
+        assert done.returncode == 2, done.stderr
+        assert "native_transfer_schema_changed" in done.stderr
+        assert '"columns": ["must"]' in done.stderr, done.stderr
+        assert target.rows("t", ("id",)) == [] and target.ledger_rows() == 0
+    scan = run_cli("guard", "scan", "--store", tmp_path / "checkpoints.db")
+    assert scan.returncode == 0, scan.stdout + scan.stderr  # nothing blocked
+    _make(target, "DROP TABLE t")
+    _make(target, re.sub(r"(must \w+) NOT NULL", r"\1", _REQUIRED_EXTRA[kind]))
+    assert run(route).returncode == 0
+    assert target.rows("t", ("id", "must", "kept")) == [(1, None, "k"), (2, None, "k")]
 
 
 @contextlib.contextmanager

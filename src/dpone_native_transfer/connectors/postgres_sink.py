@@ -169,6 +169,12 @@ _ARBITERS = """SELECT array_agg(a.attname ORDER BY k.n) FROM pg_index i
     LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
     WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indimmediate AND i.indisvalid
     AND i.indpred IS NULL GROUP BY i.indexrelid"""
+# The columns an insert must fill: no NULL, no default, not an identity or generated column.
+_REQUIRED = """SELECT a.attname FROM pg_catalog.pg_attribute a
+    JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
+    AND a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = ''"""
 # Whether a column's type is ordered by a collation.
 _COLLATABLE = """SELECT a.attcollation <> 0 FROM pg_attribute a
     WHERE a.attrelid = to_regclass(%s) AND a.attname = %s AND NOT a.attisdropped"""
@@ -689,7 +695,12 @@ class PostgresSink(Sink, EnginePull):
         makes takes only a source column it would make that type for (or a wider numeric);
         a type made by hand is left to PostgreSQL's own conversion."""
         _refuse_long_names(columns, self.table)  # before the target call: the runtime asks here
-        existing = self._outside_call(lambda conn: _columns(conn, self._target))
+
+        def read(conn: Any) -> tuple[list[tuple[str, str]], list[str]]:
+            required = _run_query(conn, _REQUIRED, self._target.schema, self._target.name)
+            return _columns(conn, self._target), [name for (name,) in required]
+
+        existing, required = self._outside_call(read)
         made = set(POSTGRES_TYPES.values()) | _NARROW
 
         def takes(column: Column, target_type: str) -> bool:
@@ -701,7 +712,7 @@ class PostgresSink(Sink, EnginePull):
                 return True
             return not (target_type in made or target_type.startswith("numeric("))
 
-        return difference(existing, columns, takes=takes)
+        return difference(existing, columns, takes=takes, required=required)
 
     def add_columns(self, columns: Sequence[Column]) -> None:
         def add(conn: Any) -> None:

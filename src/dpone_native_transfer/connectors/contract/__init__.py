@@ -248,10 +248,11 @@ class Sink(Protocol):
 
     @abc.abstractmethod
     def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
-        """Source columns the target table lacks, target columns the source lacks, and
-        columns whose target type cannot hold the source's values, by the engine's own name
-        matching (``payloads.difference`` builds it); None when the table does not exist.
-        Reads only; asked before the target call (``schema_contract.py``)."""
+        """Source columns the target table lacks, target columns the source lacks (and which
+        of them an insert must fill: no NULL, no default), and columns whose target type
+        cannot hold the source's values, by the engine's own name matching
+        (``payloads.difference`` builds it); None when the table does not exist. Reads only;
+        asked before the target call (``schema_contract.py``)."""
 
     @abc.abstractmethod
     def add_columns(self, columns: Sequence[Column]) -> None:

@@ -345,8 +345,13 @@ class DuckDBSink(FileTarget, EnginePull):
                 return True  # wider: every BIGINT fits
             return not (target_type in made or target_type.startswith("DECIMAL("))
 
+        required = [row[0] for row in described if row[2] == "NO" and row[4] is None]
         return difference(
-            [(row[0], row[1]) for row in described], columns, fold=fold_ascii, takes=takes
+            [(row[0], row[1]) for row in described],
+            columns,
+            fold=fold_ascii,
+            takes=takes,
+            required=required,
         )
 
     def add_columns(self, columns: Sequence[Column]) -> None:

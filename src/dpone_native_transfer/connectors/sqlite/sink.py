@@ -87,6 +87,11 @@ def _column_sql(column: Column) -> str:
 
 
 _PRIMARY_KEY = "SELECT name, pk FROM pragma_table_info(?) WHERE pk > 0"
+# The columns an insert must fill: NOT NULL without a default, less an INTEGER PRIMARY KEY of
+# its own (the rowid's alias, which SQLite fills).
+_REQUIRED = """SELECT name FROM pragma_table_info(?1) WHERE "notnull" AND dflt_value IS NULL
+    AND NOT (pk = 1 AND upper(type) = 'INTEGER'
+             AND (SELECT count(*) FROM pragma_table_info(?1) WHERE pk > 0) = 1)"""
 
 
 class SQLiteSink(FileTarget, EnginePull):
@@ -175,13 +180,14 @@ class SQLiteSink(FileTarget, EnginePull):
         affinity would convert the others (``'12'`` into an INTEGER column becomes 12)."""
         with self._reader() as conn:
             existing = [] if conn is None else table_columns(conn, self.table)
+            required = [] if conn is None else [n for (n,) in conn.execute(_REQUIRED, [self.table])]
         pairs = [(column.name, column.decltype) for column in existing]
 
         def takes(column: Column, declared: str) -> bool:
             kind = sqlite_kind(declared)
             return kind in (column.kind, "any") or parsed_type(declared) == sqlite_type(column)
 
-        return difference(pairs, columns, fold=fold_ascii, takes=takes)
+        return difference(pairs, columns, fold=fold_ascii, takes=takes, required=required)
 
     def add_columns(self, columns: Sequence[Column]) -> None:
         with self._connect() as conn, _transaction(conn):
