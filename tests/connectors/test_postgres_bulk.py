@@ -611,3 +611,31 @@ def test_a_read_stopped_early_leaves_no_thread_and_the_connection_closes(postgre
     assert threading.active_count() == before
     conn.close()
     assert conn.closed
+
+
+@pytest.mark.parametrize(
+    "tags",
+    [[0, 0, 1, 1, 1, 2], [2, 0, 1, 0, 2, 1], [1, 1, 1, 1, 1, 1], [2, 1, 0, 0, 1, 2]],
+    ids=["in order", "mixed", "one bound", "down then up"],
+)
+def test_tagged_batches_land_in_their_bounds_files_in_read_order(tmp_path, tags):
+    """Each row lands in its bound's file in the order it was read, whether a batch's tags
+    come in order (no sort needed) or not; the counts are each bound's."""
+    from dpone_native_transfer.connectors._arrow import write_tagged_batches
+
+    schema = pa.schema([("n", pa.int64())])
+    batches = [
+        (pa.array(tags, pa.int32()), pa.record_batch([pa.array(range(6))], schema=schema)),
+        (
+            pa.array(tags[::-1], pa.int32()),
+            pa.record_batch([pa.array(range(6, 12))], schema=schema),
+        ),
+    ]
+    paths = [tmp_path / f"{n}.arrows" for n in range(3)]
+    files, counts = write_tagged_batches(pa, schema, batches, paths, 3)
+    every = tags + tags[::-1]
+    for bound, path in enumerate(paths):
+        with pa.ipc.open_stream(path) as stream:
+            landed = stream.read_all().column("n").to_pylist()
+        assert landed == [n for n, tag in enumerate(every) if tag == bound]
+        assert counts[bound] == files[bound].rows == every.count(bound)
