@@ -639,3 +639,18 @@ def test_tagged_batches_land_in_their_bounds_files_in_read_order(tmp_path, tags)
             landed = stream.read_all().column("n").to_pylist()
         assert landed == [n for n, tag in enumerate(every) if tag == bound]
         assert counts[bound] == files[bound].rows == every.count(bound)
+
+
+def test_a_bulk_read_stopped_early_ends_its_copys_thread_before_closing(postgres_schema):
+    """A bulk read's consumer stops after one batch (a target file that failed, a stop):
+    the COPY's reading thread is joined before its connection closes, none is left."""
+    table = spread_table(postgres_schema, 300_000)
+    source = PostgresSource(postgres_url(postgres_schema.dsn), table, "p")
+    schema = pa.schema([("id", pa.int64())])
+    sql = f"SELECT id FROM {source._relation} WHERE id > %s"
+    before = threading.active_count()
+    pairs = source._copied(pa, [(sql, [0], 0)], schema, 1)
+    tags, batch = next(pairs)
+    assert batch.num_rows == len(tags) > 0
+    pairs.close()
+    assert threading.active_count() == before

@@ -822,16 +822,18 @@ class PostgresSource(TableSource):
     ) -> Iterator[tuple[Any, Any]]:
         """The ``(tags, batch)`` pairs of ``reads``' COPYs, on one connection of its own in one
         repeatable-read transaction (in the attempt's snapshot when one is held); a driver
-        error is ``SourceInvalid``, as every read's."""
+        error is ``SourceInvalid``, as every read's. Stopped early, the COPY's read ends
+        (its thread joined) before the connection closes."""
         driver = _driver()
         conn = self._open(driver)
         try:
             conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
             self._attempt(driver, lambda: self._begin(conn))
             for sql, params, tag in reads:
-                batches = copy_batches(pa, conn, sql, params, schema)
-                while (batch := self._attempt(driver, partial(next, batches, None))) is not None:
-                    yield _tags(pa, batch, tag, width)
+                with contextlib.closing(copy_batches(pa, conn, sql, params, schema)) as batches:
+                    taken = partial(next, batches, None)
+                    while (batch := self._attempt(driver, taken)) is not None:
+                        yield _tags(pa, batch, tag, width)
         finally:
             conn.close()
 

@@ -15,7 +15,7 @@ writes an empty text as ``""``), so a text "NA" or "NaN" stays text.
 from __future__ import annotations
 
 import selectors
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 from ..drivers import import_driver
@@ -46,7 +46,9 @@ def arrow_schema(pa: Any, columns: Sequence[Column], *, placed: bool) -> Any | N
     return pa.schema(fields)
 
 
-def copy_batches(pa: Any, conn: Any, sql: str, params: Sequence[Any], schema: Any) -> Iterator[Any]:
+def copy_batches(
+    pa: Any, conn: Any, sql: str, params: Sequence[Any], schema: Any
+) -> Generator[Any, None, None]:
     """The record batches of ``COPY (sql) TO STDOUT`` in CSV, typed by ``schema``; ``Inexact``
     when a value does not convert exactly. ``conn`` is in its read's transaction. The COPY
     is read ahead on a thread (``_copy_out``) while the chunk before is converted here; each
