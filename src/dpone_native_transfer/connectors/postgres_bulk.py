@@ -74,7 +74,7 @@ def copy_batches(
             yield from table.to_batches()
 
 
-def _copy_out(conn: Any, statement: str, params: Sequence[Any]) -> Iterator[tuple[bytes, int]]:
+def _copy_out(conn: Any, statement: str, params: Sequence[Any]) -> Iterator[tuple[bytearray, int]]:
     """The bytes of ``statement`` (a ``COPY ... TO STDOUT``) in chunks of whole rows, about
     ``_CHUNK_BYTES`` each, with the CSV block size that parses each (a row must fit in one
     block: a row as wide as a block comes alone, in a block of its size).
@@ -97,27 +97,25 @@ def _copy_out(conn: Any, statement: str, params: Sequence[Any]) -> Iterator[tupl
         if result is None or result.status != driver.pq.ExecStatus.COPY_OUT:
             _finish(driver, waiting, pgconn, result, encoding)
             raise driver.ProgrammingError("the bulk read's COPY did not start")
-        parts: list[bytes] = []
-        held = 0
+        rows = bytearray()  # the chunk taking rows: appended to in C, handed on as it is
         while True:
             size, data = pgconn.get_copy_data(1)
             if size >= _BLOCK_BYTES:  # a row as wide as a block: a chunk and a block of its own
-                if parts:
-                    yield b"".join(parts), _BLOCK_BYTES
-                    parts, held = [], 0
-                yield bytes(data), size + 1
+                if rows:
+                    yield rows, _BLOCK_BYTES
+                    rows = bytearray()
+                yield bytearray(data), size + 1
             elif size > 0:
-                parts.append(bytes(data))
-                held += size
-                if held >= _CHUNK_BYTES:
-                    yield b"".join(parts), _BLOCK_BYTES
-                    parts, held = [], 0
+                rows += data
+                if len(rows) >= _CHUNK_BYTES:
+                    yield rows, _BLOCK_BYTES
+                    rows = bytearray()
             elif size == 0:  # no whole row received yet
                 _wait(waiting, pgconn)
             else:  # the end of the rows: the COPY's own result follows
                 break
-        if parts:
-            yield b"".join(parts), _BLOCK_BYTES
+        if rows:
+            yield rows, _BLOCK_BYTES
         _finish(driver, waiting, pgconn, _result(waiting, pgconn), encoding)
 
 
