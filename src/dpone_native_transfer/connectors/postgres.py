@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -190,8 +190,8 @@ class PostgresSource(TableSource):
 
     def _open(self, driver: Any, *, kept: bool = False) -> Any:
         """A read-only connection in UTC/ISO; a server that refuses is ``_failed``. ``kept``:
-        one the run kept may be handed out, and is given back by ``_close``, never by a
-        read that may stop mid-stream (``postgres_release``)."""
+        one the run kept may be handed out, and is given back by ``postgres_release``, which
+        closes one a read left mid-stream (its session cannot be reset)."""
         try:
             conn = postgres_connect(
                 driver, self._dsn, what="PostgreSQL source", failed=self._failed, kept=kept
@@ -766,6 +766,8 @@ class PostgresSource(TableSource):
                     self._copied(pa, part, schema, len(columns))
                     for part in self._parallel_reads(reads)
                 ]
+                for part in parts:  # after read_together joined its threads: each part's
+                    stack.callback(part.close)  # connection given back now, not when collected
                 batches = stack.enter_context(read_together(parts))
                 return write_tagged_batches(pa, files_schema, batches, paths, len(bounds))
         except Inexact:
@@ -819,13 +821,14 @@ class PostgresSource(TableSource):
 
     def _copied(
         self, pa: Any, reads: list[tuple[str, list[Any], Any]], schema: Any, width: int
-    ) -> Iterator[tuple[Any, Any]]:
-        """The ``(tags, batch)`` pairs of ``reads``' COPYs, on one connection of its own in one
-        repeatable-read transaction (in the attempt's snapshot when one is held); a driver
-        error is ``SourceInvalid``, as every read's. Stopped early, the COPY's read ends
-        (its thread joined) before the connection closes."""
+    ) -> Generator[tuple[Any, Any], None, None]:
+        """The ``(tags, batch)`` pairs of ``reads``' COPYs, on one connection of its own (one
+        the run kept, when it keeps them) in one repeatable-read transaction (in the
+        attempt's snapshot when one is held); a driver error is ``SourceInvalid``, as every
+        read's. Stopped early, the COPY's read ends (its thread joined) before the
+        connection is given back, and so closed."""
         driver = _driver()
-        conn = self._open(driver)
+        conn = self._open(driver, kept=True)
         try:
             conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
             self._attempt(driver, lambda: self._begin(conn))
@@ -835,7 +838,7 @@ class PostgresSource(TableSource):
                     while (batch := self._attempt(driver, taken)) is not None:
                         yield _tags(pa, batch, tag, width)
         finally:
-            conn.close()
+            postgres_release(conn, self._dsn)  # closed unless every COPY ended
 
     def count(self, bounds: Mapping) -> int:
         where, params = self._where(bounds)
