@@ -15,6 +15,9 @@ source's catalog included) to the last table's commit. Per case:
   engine copying the same tables with nothing else, DuckDB's ``CREATE TABLE AS SELECT *
   FROM sqlite_scan`` per table, PostgreSQL's ``CREATE TABLE AS SELECT *`` per table: the
   least any tool's run can take there, and so the least ratio to dlt there can be;
+- ``limit`` (PostgreSQL into DuckDB, where dlt's venv has connectorx): connectorx -> Arrow ->
+  DuckDB, each table in turn, nothing else (``_connectorx_child.py``): the limit issue 47
+  measures a row path against (target: within 1.5x);
 - dlt 1.31's ``sql_database(table_names=...)`` into the same target, with its pyarrow and
   its connectorx backend (``_dlt_child.py``, in dlt's own venv); the faster of the
   two is the baseline. Target: dpone's faster jobs setting at most a third of dlt's time.
@@ -41,12 +44,14 @@ from dpone_native_transfer.pipeline_run import run_tables
 
 from ._common import Row, Sizes, cached_source, log, median, scratch, timed
 from .batch import _import_server_helper
-from .peers import _dlt_missing, rounds, run_dlt
+from .peers import DLT_PYTHON, _dlt_missing, rounds, run_dlt
 
 DLT_SHARE = 1 / 3  # at least 3x faster than dlt
 RUNS = 5
 BACKENDS = ("pyarrow", "connectorx")
 OWN_COPY = {("sqlite", "duckdb"), ("postgres", "postgres")}  # the target engine reads the source
+LIMIT = {("postgres", "duckdb")}  # connectorx -> Arrow -> DuckDB, in dlt's venv
+LIMIT_SHARE = 1.5  # a row path within 1.5x the limit (issue 47)
 PATH = "auto"  # each table's path chosen by dpone, as a pipeline table's default
 
 
@@ -213,6 +218,24 @@ class _Case:
             raise AssertionError(f"own copy: {copied} rows")
         return seconds
 
+    def limit(self) -> float:
+        """connectorx -> Arrow -> DuckDB of every table in turn (``LIMIT`` pairs only)."""
+        with self.fresh("limit") as (folder, target, _):
+            tables = [f'"{self.env["schema"]}".{name}' for name in self.names]
+            request = {"url": self.env["url"], "tables": tables, "target": target["path"]}
+            file = folder / "limit-request.json"
+            file.write_text(json.dumps(request))
+            child = Path(__file__).with_name("_connectorx_child.py")
+            done = subprocess.run(
+                [str(DLT_PYTHON), str(child), str(file)], capture_output=True, text=True
+            )
+        if done.returncode:
+            raise AssertionError(f"limit: exit {done.returncode}: {done.stderr[-2000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        if result["rows"] != self.tables * self.rows:
+            raise AssertionError(f"limit: {result['rows']} rows")
+        return float(result["seconds"])
+
     def dlt(self, backend: str) -> float:
         with self.fresh(f"dlt-{backend}") as (folder, target, schema):
             if self.source == "sqlite":
@@ -285,6 +308,8 @@ def _measure_case(
         cases["own copy"] = case.own_copy
     if dlt_missing is None:
         cases |= {f"dlt {b}": (lambda b=b: case.dlt(b)) for b in BACKENDS}
+        if (case.source, case.target) in LIMIT:
+            cases["limit"] = case.limit
     times = rounds(cases, runs, label=f"pipelines {label}")
     raw["seconds"][label] = times
     raw.setdefault("paths", {})[label] = case.paths_ran
@@ -308,6 +333,13 @@ def _measure_case(
             own = median(times["own copy"])
             rows.append(Row(section, f"{label}: floor (diagnostic): the engine's own copy vs dlt",
                             own, "s", dlt, own / dlt))  # fmt: skip
+    if "limit" in times:
+        limit = median(times["limit"])
+        rows.append(
+            Row(section, f"{label}: dpone's faster jobs vs the limit (connectorx -> Arrow ->"
+                " DuckDB)", min(jobs1, jobs2), "s", limit, min(jobs1, jobs2) / limit,
+                target=f"<= {LIMIT_SHARE}", met=min(jobs1, jobs2) / limit <= LIMIT_SHARE)
+        )  # fmt: skip
     if "own copy" in times:
         own = median(times["own copy"])
         rows.append(Row(section, f"{label}: dpone's faster jobs vs the engine's own copy",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import threading
 from pathlib import Path
 
 import duckdb
@@ -20,6 +21,7 @@ from helpers.postgres_server import postgres_url
 
 from dpone_native_transfer.config import load_route_config
 from dpone_native_transfer.connectors import postgres as postgres_module
+from dpone_native_transfer.connectors import postgres_bulk
 from dpone_native_transfer.connectors.postgres import PostgresSource
 from dpone_native_transfer.payloads import Column
 
@@ -480,3 +482,175 @@ def test_duckdb_without_its_postgres_scanner_reads_the_bulk_files(
     version = duckdb.__version__
     downloaded = list(Path.home().glob(f".duckdb/extensions/v{version}/*/postgres*"))
     assert downloaded == []  # autoinstall off: nothing was fetched
+
+
+# -- copy_batches itself: COPY rows read through libpq in chunks of whole rows --------------
+
+ODD_TEXTS = [
+    "",
+    "NA",
+    "NaN",
+    "a,b",
+    'say "hi"',
+    '""',
+    "line\nbreak",
+    "crlf\r\nend",
+    "trailing\n",
+    "\\N",
+    "ünïcødé ✓",
+    ',\n"',
+]
+
+
+def copy_table(location, rows: list[str | None]) -> str:
+    """``odd(id, t, "pct%")`` in the test's schema: ``rows`` as ``t`` in ``id`` order, and
+    ``pct%`` twice ``id``."""
+    with contextlib.closing(psycopg.connect(location.dsn, autocommit=True)) as conn:
+        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{location.schema}"')
+        conn.execute(f'CREATE TABLE "{location.schema}".odd (id bigint, t text, "pct%" bigint)')
+        with conn.cursor().copy(f'COPY "{location.schema}".odd FROM STDIN') as copy:
+            for number, text in enumerate(rows):
+                copy.write_row((number, text, 2 * number))
+    return f'"{location.schema}".odd'
+
+
+def copied(location, sql: str, params: list, schema: pa.Schema) -> list[tuple]:
+    """The rows ``copy_batches`` reads, and the connection still usable after it."""
+    with contextlib.closing(psycopg.connect(location.dsn)) as conn:
+        batches = list(postgres_bulk.copy_batches(pa, conn, sql, params, schema))
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    table = pa.Table.from_batches(batches, schema)
+    return list(zip(*(column.to_pylist() for column in table.columns), strict=True))
+
+
+ODD_SCHEMA = pa.schema([("id", pa.int64()), ("t", pa.string()), ("pct%", pa.int64())])
+
+
+@pytest.mark.parametrize(
+    ("chunk", "block"),
+    [(postgres_bulk._CHUNK_BYTES, postgres_bulk._BLOCK_BYTES), (40, 64), (1, 16)],
+    ids=["default chunks", "rows split among chunks", "a row a chunk"],
+)
+def test_copied_rows_are_the_servers_whatever_the_chunks(
+    postgres_schema, monkeypatch, chunk, block
+):
+    """Texts with quotes, commas, line breaks and the CSV's NULL spellings, and NULL, come out
+    as the server holds them, whether a chunk holds many rows, a few, or one (and a row
+    wider than a block comes alone); the ``%`` of a quoted name is escaped as every read's."""
+    monkeypatch.setattr(postgres_bulk, "_CHUNK_BYTES", chunk)
+    monkeypatch.setattr(postgres_bulk, "_BLOCK_BYTES", block)
+    texts: list[str | None] = [*ODD_TEXTS, None] * 40 + ["x" * 300, *ODD_TEXTS]
+    relation = copy_table(postgres_schema, texts)
+    sql = f'SELECT id, t, "pct%%" FROM {relation} WHERE id >= %s ORDER BY id'
+    assert copied(postgres_schema, sql, [0], ODD_SCHEMA) == [
+        (number, text, 2 * number) for number, text in enumerate(texts)
+    ]
+    with_no_params = f'SELECT id, t, "pct%%" FROM {relation} ORDER BY id'
+    assert len(copied(postgres_schema, with_no_params, [], ODD_SCHEMA)) == len(texts)
+
+
+def test_a_row_wider_than_a_block_is_read_in_bulk(postgres_schema):
+    """A 5 MB text between small rows (wider than the CSV reader's block) lands whole."""
+    wide = ('wide,"\n' * 700_000)[: 5 << 20]
+    assert len(wide.encode()) > postgres_bulk._BLOCK_BYTES
+    texts = ["a", wide, "b", wide + "!", "c"]
+    relation = copy_table(postgres_schema, texts)
+    sql = f'SELECT id, t, "pct%%" FROM {relation} WHERE id >= %s ORDER BY id'
+    rows = copied(postgres_schema, sql, [0], ODD_SCHEMA)
+    assert [text for _, text, _ in rows] == texts
+
+
+def test_an_empty_read_has_no_batch(postgres_schema):
+    relation = copy_table(postgres_schema, ["a", "b"])
+    sql = f'SELECT id, t, "pct%%" FROM {relation} WHERE id > %s'
+    assert copied(postgres_schema, sql, [10], ODD_SCHEMA) == []
+
+
+def test_a_value_past_the_first_chunk_that_does_not_fit_gives_up_the_read(
+    postgres_schema, monkeypatch
+):
+    """Chunks convert one at a time: a text its type cannot hold, in a later chunk than
+    batches already handed on, still makes the whole read ``Inexact``."""
+    monkeypatch.setattr(postgres_bulk, "_CHUNK_BYTES", 64)
+    relation = copy_table(postgres_schema, ["1"] * 50 + ["not a number"] + ["2"] * 5)
+    schema = pa.schema([("t", pa.int64())])
+    sql = f"SELECT t FROM {relation} WHERE id >= %s ORDER BY id"
+    with contextlib.closing(psycopg.connect(postgres_schema.dsn)) as conn:
+        batches = postgres_bulk.copy_batches(pa, conn, sql, [0], schema)
+        assert next(batches).num_rows > 0
+        with pytest.raises(postgres_bulk.Inexact):
+            list(batches)
+
+
+@pytest.mark.parametrize(
+    ("sql", "error"),
+    [
+        ("SELECT 1 / (i - 150000) FROM generate_series(1, 200000) AS i WHERE i > %s",
+         psycopg.errors.DivisionByZero),
+        ("SELEC 1 WHERE 1 > %s", psycopg.errors.SyntaxError),
+    ],
+    ids=["inside the rows", "before the first row"],
+)  # fmt: skip
+def test_a_server_error_is_the_drivers_error_of_its_sqlstate(postgres_schema, sql, error):
+    """An error the server sends mid-COPY or at its start is raised as the driver's error
+    (which every read turns into ``native_transfer_source_invalid``), never ``Inexact``."""
+    with contextlib.closing(psycopg.connect(postgres_schema.dsn)) as conn:
+        with pytest.raises(error):
+            list(postgres_bulk.copy_batches(pa, conn, sql, [0], pa.schema([("x", pa.int64())])))
+
+
+def test_a_read_stopped_early_leaves_no_thread_and_the_connection_closes(postgres_schema):
+    """The caller stops after the first batch (a failing target file, a stop): the read's
+    thread ends, and the connection, mid-COPY, closes."""
+    before = threading.active_count()
+    sql = "SELECT i FROM generate_series(1, 3000000) AS i WHERE i > %s"
+    conn = psycopg.connect(postgres_schema.dsn)
+    batches = postgres_bulk.copy_batches(pa, conn, sql, [0], pa.schema([("i", pa.int64())]))
+    assert next(batches).num_rows > 0
+    batches.close()
+    assert threading.active_count() == before
+    conn.close()
+    assert conn.closed
+
+
+@pytest.mark.parametrize(
+    "tags",
+    [[0, 0, 1, 1, 1, 2], [2, 0, 1, 0, 2, 1], [1, 1, 1, 1, 1, 1], [2, 1, 0, 0, 1, 2]],
+    ids=["in order", "mixed", "one bound", "down then up"],
+)
+def test_tagged_batches_land_in_their_bounds_files_in_read_order(tmp_path, tags):
+    """Each row lands in its bound's file in the order it was read, whether a batch's tags
+    come in order (no sort needed) or not; the counts are each bound's."""
+    from dpone_native_transfer.connectors._arrow import write_tagged_batches
+
+    schema = pa.schema([("n", pa.int64())])
+    batches = [
+        (pa.array(tags, pa.int32()), pa.record_batch([pa.array(range(6))], schema=schema)),
+        (
+            pa.array(tags[::-1], pa.int32()),
+            pa.record_batch([pa.array(range(6, 12))], schema=schema),
+        ),
+    ]
+    paths = [tmp_path / f"{n}.arrows" for n in range(3)]
+    files, counts = write_tagged_batches(pa, schema, batches, paths, 3)
+    every = tags + tags[::-1]
+    for bound, path in enumerate(paths):
+        with pa.ipc.open_stream(path) as stream:
+            landed = stream.read_all().column("n").to_pylist()
+        assert landed == [n for n, tag in enumerate(every) if tag == bound]
+        assert counts[bound] == files[bound].rows == every.count(bound)
+
+
+def test_a_bulk_read_stopped_early_ends_its_copys_thread_before_closing(postgres_schema):
+    """A bulk read's consumer stops after one batch (a target file that failed, a stop):
+    the COPY's reading thread is joined before its connection closes, none is left."""
+    table = spread_table(postgres_schema, 300_000)
+    source = PostgresSource(postgres_url(postgres_schema.dsn), table, "p")
+    schema = pa.schema([("id", pa.int64())])
+    sql = f"SELECT id FROM {source._relation} WHERE id > %s"
+    before = threading.active_count()
+    pairs = source._copied(pa, [(sql, [0], 0)], schema, 1)
+    tags, batch = next(pairs)
+    assert batch.num_rows == len(tags) > 0
+    pairs.close()
+    assert threading.active_count() == before

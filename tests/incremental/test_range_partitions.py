@@ -418,3 +418,39 @@ def test_a_primary_keys_cuts_are_the_window_functions(tmp_path, rows, window):
         assert not windowed._sole_primary_key(conn)
     assert chained.partition_ranges(**window) == windowed.partition_ranges(**window)
     assert len(chained.partition_ranges()) == -(-2000 // rows)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 100, 999, 1000, 5000])
+@pytest.mark.parametrize("window", [{}, {"after": 100, "upto": 900}, {"upto": -1}])
+def test_a_postgres_keys_walked_cuts_are_the_window_functions(postgres_schema, rows, window):
+    """PostgreSQL's cuts, found by walking a cursor of the keys, are exactly those of
+    ``range_cuts_sql``'s window function, on a key with gaps, repeats and NULLs, in a
+    cursor window or none, with nothing in the window."""
+    import psycopg
+
+    from dpone_native_transfer.connectors._sql import range_cuts_sql
+    from dpone_native_transfer.connectors.postgres import PostgresSource
+
+    schema = postgres_schema.schema
+    with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'CREATE TABLE "{schema}".t (k numeric, ts bigint)')
+        conn.execute(
+            f'INSERT INTO "{schema}".t SELECT CASE WHEN n % 11 = 0 THEN NULL ELSE (n * 3 +'
+            " n % 7) / 4 END, n % 1000 FROM generate_series(0, 1999) AS n"
+        )
+        conn.execute(f'CREATE INDEX ON "{schema}".t (k)')
+        conditions = [f"ts > {window['after']}"] if "after" in window else []
+        conditions += [f"ts <= {window['upto']}"] if "upto" in window else []
+        cuts_sql = range_cuts_sql("k", f'"{schema}".t', conditions, str(rows))
+        expected = [row[0] for row in conn.execute(f"SELECT k::text FROM ({cuts_sql}) AS c")]
+    from helpers.postgres_server import postgres_url
+
+    source = PostgresSource(
+        postgres_url(postgres_schema.dsn), f"{schema}.t", "k", "ts", partition_rows=rows
+    )
+    ranges = source.partition_ranges(**window)
+    edges = [each["partition_from"] for each in ranges if "partition_from" in each][1:]
+    assert edges == list(dict.fromkeys(expected))
+    if 1 < rows <= 100 and window.get("upto", 0) >= 0:
+        assert len(edges) > 1  # not vacuous: the key is cut

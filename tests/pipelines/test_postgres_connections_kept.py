@@ -18,6 +18,7 @@ import pytest
 from helpers.pipelines import (
     build_tables,
     copy_to_postgres,
+    duckdb_ids,
     postgres_ids,
     sqlite_ids,
     write_pipeline,
@@ -93,6 +94,46 @@ def test_a_pipeline_into_postgres_connects_a_few_times_not_per_call(
             assert loaded == sqlite_ids(lite, name)
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(f'DROP SCHEMA "{target_schema}" CASCADE')
+
+
+def test_a_pipeline_from_postgres_into_duckdb_reads_in_bulk_on_kept_connections(
+    tmp_path: Path, postgres_schema, connects
+):
+    """The bulk reads (``auto``: legacy from the source's COPY into DuckDB) are given back
+    and kept like every other read: a few connections per run, not one per table; one
+    table's bulk read left mid-COPY (a value Arrow cannot hold: the read gives up and the
+    rows are read) is closed, not kept. Every table lands exactly, twice."""
+    dsn, schema = postgres_schema
+    lite = tmp_path / "shop.db"
+    names = build_tables(lite, TABLES, ROWS)
+    copy_to_postgres(lite, dsn, schema, names)
+    with psycopg.connect(dsn, autocommit=True) as admin:  # t01: a row the CSV cannot convert
+        admin.execute(f'CREATE TABLE "{schema}".odd (id bigint PRIMARY KEY, at timestamp)')
+        admin.execute(
+            f"INSERT INTO \"{schema}\".odd SELECT i, CASE WHEN i = 150000 THEN 'infinity'"
+            " ELSE timestamp '2026-01-01' END FROM generate_series(1, 200000) AS i"
+        )
+    connects.clear()
+    file = write_pipeline(
+        tmp_path / "pipeline.toml",
+        source={"kind": "postgres", "dsn": postgres_url(dsn)},
+        target={"kind": "duckdb", "path": str(tmp_path / "target.duckdb")},
+        store=str(tmp_path / "checkpoints.db"),
+        tables=[f"{schema}.t*", f"{schema}.odd"],
+        defaults={"strategy": "full_refresh", "path": "auto"},
+    )
+    for run_id in ("run-1", "run-2"):
+        result = run_tables(load_pipeline(file).tables, run_id, jobs=2)
+        assert result.exit_code == 0, [(r.table, r.error) for r in result.tables]
+        assert {str(run.path) for run in result.tables} == {"legacy"}
+    # 9 tables' bulk reads connected 9 times per run before; kept, a few per run and job
+    assert len(connects) <= 2 * 6
+    assert all(conn.closed for conn in connects)
+    assert len(result.tables) == len(names) + 1
+    for run in result.tables:
+        landed = duckdb_ids(tmp_path / "target.duckdb", run.target_table)
+        assert landed == postgres_ids(dsn, run.table) and sum(landed.values()) == run.rows_loaded
+    assert sum(run.rows_loaded for run in result.tables) == TABLES * ROWS + 200_000
 
 
 def test_a_kept_connection_comes_back_as_a_new_one(postgres_schema, connects):

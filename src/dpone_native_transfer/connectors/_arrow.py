@@ -93,8 +93,9 @@ def write_tagged_batches(
                     counts[entry["values"]] += entry["counts"]
                 streams[0].write_batch(batch)
                 continue
-            order = pc.sort_indices(tags)  # stable: each bound keeps the read's order
-            tags, batch = tags.take(order), batch.take(order)
+            if not _ascending(pc, tags):  # a scan in key order has its bounds in order
+                order = pc.sort_indices(tags)  # stable: each bound keeps the read's order
+                tags, batch = tags.take(order), batch.take(order)
             offset = 0
             for entry in pc.value_counts(tags).to_pylist():  # sorted tags: ascending
                 index, rows = entry["values"], entry["counts"]
@@ -115,6 +116,11 @@ def write_tagged_batches(
         for path, rows, writer in zip(paths, totals, writers, strict=True)
     ]
     return files, counts
+
+
+def _ascending(pc: Any, tags: Any) -> bool:
+    """Whether ``tags`` never go down: sorting them would change no row's place."""
+    return len(tags) < 2 or bool(pc.all(pc.less_equal(tags[:-1], tags[1:])).as_py())
 
 
 def csv_blocks(pa: Any, files: Sequence[LoadFile]) -> Iterator[bytes]:
