@@ -14,6 +14,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -511,6 +512,20 @@ def test_python_dash_m_runs_the_command(module):
     assert done.stdout.startswith("dpone-transfer ")
 
 
+@pytest.fixture
+def ctrl_c_as_in_a_terminal() -> Iterator[None]:
+    """Python's own Ctrl-C handler, as a terminal's process has it: a shell's background job
+    (``pytest &``) inherits SIGINT ignored, which the command rightly leaves alone."""
+    import signal
+
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+
+
+@pytest.mark.usefixtures("ctrl_c_as_in_a_terminal")
 @pytest.mark.parametrize("wrapped", [False, True])
 @pytest.mark.parametrize("sent", ["SIGTERM", "SIGINT"])
 def test_a_signal_is_reported_as_itself_even_when_an_engine_wrapped_it_in_its_own_error(
