@@ -567,6 +567,9 @@ def test_a_signal_stops_every_running_table_as_a_single_route_stops(tmp_path, si
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C's default, as in a terminal: a shell's background job (``pytest &``)
+        # passes SIGINT on ignored, which the command rightly leaves alone
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert child.stderr is not None
     assert child.stderr.readline().endswith(": started\n")
