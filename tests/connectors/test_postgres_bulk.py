@@ -341,8 +341,8 @@ def test_a_connection_lost_inside_the_copy_stops_before_the_target(
     real = postgres_module.copy_batches
 
     def dropped(*args, **kwargs):
-        batches = real(*args, **kwargs)
-        yield next(batches)
+        with contextlib.closing(real(*args, **kwargs)) as batches:  # its read ends first,
+            yield next(batches)  # as a read failing inside copy_batches ends it
         raise psycopg.OperationalError("server closed the connection: secret-canary")
 
     monkeypatch.setattr(postgres_module, "copy_batches", dropped)
