@@ -226,23 +226,28 @@ def loosely_compared_key(
         if column.name not in merge.key or column.kind != "text":
             continue
         for one, other in _TOLD_APART:
-            probe = (
-                f"SELECT count(*) FROM (SELECT {name(column.name)} AS dpone_key FROM {target}"
-                f" WHERE 1 = 0 UNION ALL SELECT '{one}') AS dpone_probe"
-                f" WHERE dpone_probe.dpone_key = '{other}'"
-            )
-            if count(probe):
+            typed = _typed_as(name(column.name), target, one)
+            if count(f"{typed} WHERE dpone_probe.dpone_key = '{other}'"):
                 return column.name
     return None
 
 
+def _typed_as(column: str, target: str, text: str) -> str:
+    """A count over one row holding ``text`` with ``column``'s type and collation, reading no
+    row of ``target`` (the column only lends them to the constant); a condition follows."""
+    return (
+        f"SELECT count(*) FROM (SELECT {column} AS dpone_key FROM {target}"
+        f" WHERE 1 = 0 UNION ALL SELECT '{text}') AS dpone_probe"
+    )
+
+
 LOOSE_VERSION = (
-    "it orders the cursor column otherwise than the merge (by a collation of its own), so an "
-    "older version could be kept as the newer"
+    "it orders the cursor column otherwise than by its bytes (a case-insensitive collation or "
+    "type), so an older version could be kept as the newer"
 )
-# Pairs of texts the batch orders, the first higher (byte order): a collation of the target's
-# cursor column (NOCASE, an ICU one) that orders one pair otherwise would keep a target row as
-# newer than the batch's winner (``_newer``), or replace it by an older one.
+# Pairs of texts the merge orders, the first higher (byte order): a target cursor column that
+# orders one pair otherwise (SQLite or DuckDB NOCASE, PostgreSQL char(n) or citext) would keep
+# a target row as newer than the batch's winner (``_newer``), or replace it by an older one.
 _ORDERED = (("a", "B"), ("\u00e9", "f"), ("a ", "a"))
 
 
@@ -259,24 +264,21 @@ def loosely_ordered_version(
     (the batch's columns) are ordered, else None; ``count(sql)`` as ``loosely_compared_key``'s
     (no row of the target is read). ``collate``: as ``merge_statements``' (a column type
     that orders case-insensitively whatever its collation, ``citext``, is still found)."""
-    texts = [c.name for c in columns if c.name == merge.version and c.kind == "text"]
-    for column in texts:
-        for one, other in _ORDERED:
-            plain = f"SELECT count(*) FROM (SELECT '{one}' AS dpone_key) AS dpone_probe"
-            probe = (
-                f"SELECT count(*) FROM (SELECT {name(column)} AS dpone_key FROM {target}"
-                f" WHERE 1 = 0 UNION ALL SELECT '{one}') AS dpone_probe"
-            )
-            above = f" WHERE dpone_probe.dpone_key{collate} > '{other}'"
-            if count(probe + above) != count(plain + above):
-                return column
+    if not any(c.name == merge.version and c.kind == "text" for c in columns):
+        return None
+    version = str(merge.version)
+    for one, other in _ORDERED:
+        plain = f"SELECT count(*) FROM (SELECT '{one}' AS dpone_key) AS dpone_probe"
+        above = f" WHERE dpone_probe.dpone_key{collate} > '{other}'"
+        if count(_typed_as(name(version), target, one) + above) != count(plain + above):
+            return version
     return None
 
 
 def unmergeable(table: str, why: str, *, column: str | None = None) -> ConfigInvalid:
     """The refusal of a target table a merge cannot run on exactly, before the target call:
     a retry cannot fix it, so the route is not blocked; the operator changes the table."""
-    named = "" if column is None else f" (key column {column!r})"
+    named = "" if column is None else f" (column {column!r})"
     return ConfigInvalid(
         f'target table {table!r} cannot take [transfer] strategy = "merge": {why}{named}. '
         "Nothing was written; change the table (or let dpone create it), or use another "
