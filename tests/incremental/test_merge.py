@@ -952,6 +952,12 @@ _REFUSED = [
     ("duckdb", "a primary key narrower than the merge's",
      "CREATE TABLE events (tenant VARCHAR, id BIGINT PRIMARY KEY, region VARCHAR,"
      " v BIGINT, status VARCHAR)"),
+    ("duckdb", "a unique index narrower than the merge's",
+     "CREATE TABLE events (tenant VARCHAR, id BIGINT, region VARCHAR, v BIGINT,"
+     " status VARCHAR); CREATE UNIQUE INDEX by_id ON events (ID)"),
+    ("sqlite", "a unique index narrower than the merge's",
+     "CREATE TABLE events (tenant TEXT, id INTEGER, region TEXT, v INTEGER, status TEXT);"
+     " CREATE UNIQUE INDEX by_id ON events (id)"),
     ("postgres", "a unique constraint narrower than the merge's",
      "CREATE TABLE events (tenant text, id bigint UNIQUE, region text, v bigint, status text)"),
     ("postgres", "a key of a type without = against the source's",
@@ -1330,51 +1336,63 @@ def test_a_clickhouse_merge_table_meets_a_frozen_schema_contract(tmp_path):
     assert "_dpone_" not in done.stderr and target.ledger_rows() == 2
 
 
-# An existing PostgreSQL table, and whether INSERT ... ON CONFLICT on the key can use one of
-# its indexes (``postgres_sink._arbiter``): then the merge upserts, else it deletes and inserts.
-_PG_SHAPES = [
-    ("the key as primary key, another column with a default", True,
-     "CREATE TABLE events (seq bigint, tenant text, id bigint, region text, v bigint,"
-     " status text, note text DEFAULT 'default', PRIMARY KEY (tenant, id))"),
-    ("a unique index on the key's columns in another order", True,
-     "CREATE TABLE events (seq bigint, tenant text, id bigint, region text, v bigint,"
-     " status text, note text DEFAULT 'default'); CREATE UNIQUE INDEX ON events (id, tenant)"),
-    ("a deferrable unique constraint on the key", False,
-     "CREATE TABLE events (seq bigint, tenant text, id bigint, region text, v bigint,"
-     " status text, note text DEFAULT 'default', UNIQUE (tenant, id) DEFERRABLE)"),
-    ("a partial unique index on the key", False,
-     "CREATE TABLE events (seq bigint, tenant text, id bigint, region text, v bigint,"
-     " status text, note text DEFAULT 'default');"
-     " CREATE UNIQUE INDEX ON events (tenant, id) WHERE v > 0"),
-    ("no index", False,
-     "CREATE TABLE events (seq bigint, tenant text, id bigint, region text, v bigint,"
-     " status text, note text DEFAULT 'default')"),
+# An existing PostgreSQL or DuckDB table, and whether INSERT ... ON CONFLICT on the key can use
+# one of its indexes (``postgres_sink._arbiter``, ``duckdb.sink._upserts``): then the merge
+# upserts, else it deletes and inserts.
+_COLUMNS = ("seq bigint, tenant text, id bigint, region text, v bigint, status text,"
+            " note text DEFAULT 'default'")
+_SHAPES = [
+    ("postgres", "the key as primary key, another column with a default", True,
+     f"CREATE TABLE events ({_COLUMNS}, PRIMARY KEY (tenant, id))"),
+    ("postgres", "a unique index on the key's columns in another order", True,
+     f"CREATE TABLE events ({_COLUMNS}); CREATE UNIQUE INDEX ON events (id, tenant)"),
+    ("postgres", "a deferrable unique constraint on the key", False,
+     f"CREATE TABLE events ({_COLUMNS}, UNIQUE (tenant, id) DEFERRABLE)"),
+    ("postgres", "a partial unique index on the key", False,
+     f"CREATE TABLE events ({_COLUMNS}); CREATE UNIQUE INDEX ON events (tenant, id) WHERE v > 0"),
+    ("postgres", "no index", False, f"CREATE TABLE events ({_COLUMNS})"),
+    ("duckdb", "the key as primary key, another column with a default", True,
+     f"CREATE TABLE events ({_COLUMNS}, PRIMARY KEY (tenant, id))"),
+    ("duckdb", "a unique constraint on the key's columns in another case and order", True,
+     f"CREATE TABLE events ({_COLUMNS}, UNIQUE (ID, Tenant)); CREATE INDEX by_v ON events (v)"),
+    # delete and insert: after an UPDATE, DuckDB 1.5 refused a key deleted and inserted again
+    ("duckdb", "a unique index, not a constraint, on the key", True,
+     f"CREATE TABLE events ({_COLUMNS}); CREATE UNIQUE INDEX by_key ON events (tenant, id)"),
+    ("duckdb", "no index", False, f"CREATE TABLE events ({_COLUMNS})"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("shape", "upserts", "ddl"), _PG_SHAPES, ids=[shape for shape, _, _ in _PG_SHAPES]
+    ("kind", "shape", "upserts", "ddl"), _SHAPES, ids=[f"{k}: {s}" for k, s, _, _ in _SHAPES]
 )
-def test_an_existing_postgres_table_merges_alike_with_or_without_an_index_on_the_key(
-    request, tmp_path, shape, upserts, ddl
+def test_an_existing_table_merges_alike_with_or_without_an_index_on_the_key(
+    request, tmp_path, kind, shape, upserts, ddl
 ):
-    """Upsert (a unique index on exactly the key, checked at once, whole) or delete and
-    insert (any other table): the same rows. A key updated holds the new version and its
+    """Upsert (an arbiter on exactly the key; PostgreSQL: checked at once, whole) or delete
+    and insert (any other table): the same rows. A key updated holds the new version and its
     unloaded column's default, as a re-inserted row; a key whose target row is newer (its
     version raised by hand) keeps it against an update and a delete; a key untouched keeps
     what was edited into it."""
-    import psycopg
-
     from dpone_native_transfer.connectors import postgres_sink
     from dpone_native_transfer.connectors._sql import TableName
+    from dpone_native_transfer.connectors.duckdb import sink as duckdb_sink
     from dpone_native_transfer.payloads import Merge
 
-    target = _merging_target(request, tmp_path, "postgres")
+    target = _merging_target(request, tmp_path, kind)
     _make(target, ddl)
-    with psycopg.connect(target.schema.dsn) as db:
-        table = TableName(target.schema.schema, "events")
-        assert postgres_sink._arbiter(db, table, Merge(key=KEY)) is upserts
-        assert postgres_sink._arbiter(db, table, Merge(key=("id",))) is False
+    if kind == "postgres":
+        import psycopg
+
+        db = psycopg.connect(target.schema.dsn)
+        table, arbiter = TableName(target.schema.schema, "events"), postgres_sink._arbiter
+    else:
+        import duckdb
+
+        db = duckdb.connect(str(target.folder / "target.duckdb"))
+        table, arbiter = TableName(None, "events"), duckdb_sink._upserts
+    with contextlib.closing(db):
+        assert arbiter(db, table, Merge(key=KEY)) is upserts
+        assert arbiter(db, table, Merge(key=("id",))) is False
     source = make_events(tmp_path)
     route = write_route(
         tmp_path, target, table="events", path="legacy", partition_column="region",

@@ -139,16 +139,20 @@ def upsert_statements(
     unloaded: Sequence[str] = (),
     name: Callable[[str], str] = quote,
     collate: str = "",
+    analyze: bool = False,
 ) -> list[str]:
-    """``merge_statements``' effect, for a PostgreSQL target with a unique index on exactly
-    the key (an ``ON CONFLICT`` arbiter; the tables a merge route creates): the winners, then
-    the deleted winners' target rows removed unless newer, then ``INSERT ... ON CONFLICT DO
-    UPDATE`` of the live winners unless the target row is newer. ``unloaded``: target
-    columns the batch lacks, set to their default as a re-inserted row would have them.
+    """``merge_statements``' effect, for a PostgreSQL or DuckDB target with a unique index
+    on exactly the key (an ``ON CONFLICT`` arbiter; the tables a merge route creates): the
+    winners, then the deleted winners' target rows removed unless newer, then ``INSERT ...
+    ON CONFLICT DO UPDATE`` of the live winners unless the target row is newer.
+    ``unloaded``: target columns the batch lacks, set to their default as a re-inserted row
+    would have them.
 
-    Measured on a 1,000,000-row target (``docs/connectors.md``, "Merge"): the DELETE of every
-    winner's key was planned as a walk of the whole key index; the DELETE of the deleted
-    keys alone, the winners counted (``ANALYZE``), as lookups in it."""
+    Measured on a 1,000,000-row target (``docs/connectors.md``, "Merge"): PostgreSQL planned
+    the DELETE of every winner's key as a walk of the whole key index, and the DELETE of the
+    deleted keys alone, the winners counted (``analyze``: ``ANALYZE``), as lookups in it;
+    DuckDB looks the upserted keys up in the key's index instead of joining the whole
+    table."""
     winners, _, _, *drops = merge_statements(
         target, batch, names, merge, name=name, collate=collate
     )
@@ -157,8 +161,9 @@ def upsert_statements(
     kept = "" if version is None else f" AND NOT {_newer(name(version), _WINNER, collate)}"
     statements = [winners]
     gone = f"COALESCE(CAST({_WINNER}.{name(deleted)} AS INTEGER), 0)" if deleted else ""
-    if deleted is not None:  # counted first: the planner then looks the few deleted keys up
-        statements.append(f"ANALYZE {name(MERGE_WINNERS)}")  # in the key's index
+    if deleted is not None:
+        if analyze:  # counted first: the planner then looks the few deleted keys up
+            statements.append(f"ANALYZE {name(MERGE_WINNERS)}")  # in the key's index
         statements.append(
             f"DELETE FROM {target} AS {_TARGET} USING {name(MERGE_WINNERS)} AS {_WINNER}"
             f" WHERE {same_key} AND {gone} <> 0{kept}"

@@ -16,6 +16,7 @@ path, SQL or a DuckDB message.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -62,6 +63,7 @@ from .._merge import (
     merge_statements,
     narrower_unique,
     unmergeable,
+    upsert_statements,
 )
 from .._sql import (
     STAGE_PREFIX,
@@ -200,7 +202,7 @@ class DuckDBSink(FileTarget, EnginePull):
         with self._reader() as conn:
             if conn is None or not _table_exists(conn, self._target):
                 return
-            if narrower_unique(_uniques(conn, self._target), merge, fold=fold_ascii):
+            if _narrower(conn, self._target, merge):
                 raise unmergeable(self.table, NARROWER)
 
             def count(sql: str) -> int:
@@ -731,9 +733,12 @@ def _merge(
     batch: TableName,
     columns: Sequence[Column] | None = None,
 ) -> None:
-    """Merge ``batch`` into ``table`` (``_merge.merge_statements``), creating the table with
-    the key as its PRIMARY KEY when it does not exist: with ``columns``' types, or as the
-    batch (a stage) has them."""
+    """Merge ``batch`` into ``table``, creating the table with the key as its PRIMARY KEY when
+    it does not exist: with ``columns``' types, or as the batch (a stage) has them. A table
+    with a primary key or unique constraint on exactly the key upserts
+    (``_merge.upsert_statements``: 0.022 s against delete and insert's 0.035 s for 1% of a
+    1,000,000-row table, docs/connectors.md "Merge"); any other takes
+    ``_merge.merge_statements``."""
     if not _table_exists(conn, table):
         if table.schema is not None:
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(table.schema)}")
@@ -743,8 +748,66 @@ def _merge(
             typed = [(column.name, duckdb_type(column)) for column in columns]
         definitions = ", ".join(f"{quote(n)} {t}" for n, t in typed if n != merge.deleted)
         conn.execute(f"CREATE TABLE {table.sql()} ({definitions}{key_constraint(merge)})")
-    for statement in merge_statements(table.sql(), batch.sql(), names, merge):
+    if _upserts(conn, table, merge):
+        given = {fold_ascii(name) for name in names}
+        existing = [row[0] for row in conn.execute(f"DESCRIBE {table.sql()}").fetchall()]
+        unloaded = [name for name in existing if fold_ascii(name) not in given]
+        statements = upsert_statements(table.sql(), batch.sql(), names, merge, unloaded=unloaded)
+    else:
+        statements = merge_statements(table.sql(), batch.sql(), names, merge)
+    for statement in statements:
         conn.execute(statement)
+
+
+def _upserts(conn: Any, table: TableName, merge: Merge) -> bool:
+    """Whether ``INSERT ... ON CONFLICT`` on the merge's key has an arbiter (``_unique_on``).
+    Delete and insert could not take its place on a table with a unique index: after an
+    ``UPDATE`` of a row, DuckDB 1.5 refused to insert its key again in the transaction that
+    deleted it (a ``ConstraintException`` inside the target call)."""
+    return _unique_on(conn, table, merge.key)
+
+
+def _unique_on(conn: Any, table: TableName, columns: Sequence[str]) -> bool:
+    """Whether a primary key, unique constraint or unique index of ``table`` is on exactly
+    ``columns``: DuckDB binds ``ON CONFLICT (columns)`` only then. Asked of its binder (a
+    unique index's columns are listed only as text); it reads no row, and its refusal leaves
+    an open transaction as it was."""
+    listed = ", ".join(quote(column) for column in columns)
+    try:
+        conn.execute(
+            f"EXPLAIN INSERT INTO {table.sql()} ({listed}) SELECT {listed} FROM {table.sql()}"
+            f" WHERE false ON CONFLICT ({listed}) DO NOTHING"
+        )
+    except duckdb_driver().BinderException:
+        return False
+    return True
+
+
+_PROBED_KEY = 8  # key columns up to which each part is asked of the binder (2**8 - 2 asks)
+
+
+def _narrower(conn: Any, table: TableName, merge: Merge) -> bool:
+    """``_merge.narrower_unique`` of the table's primary key and unique constraints, and of
+    its unique indexes: each proper part of a key of up to ``_PROBED_KEY`` columns is asked
+    of the binder (``_unique_on``) when the table has one."""
+    if narrower_unique(_uniques(conn, table), merge, fold=fold_ascii):
+        return True
+    key = merge.key
+    if len(key) > _PROBED_KEY or not _unique_indexes(conn, table):
+        return False
+    parts = (part for size in range(1, len(key)) for part in itertools.combinations(key, size))
+    return any(_unique_on(conn, table, part) for part in parts)
+
+
+def _unique_indexes(conn: Any, table: TableName) -> bool:
+    """Whether ``table`` has a unique index (``CREATE UNIQUE INDEX``), matched as
+    ``_table_exists`` matches names."""
+    current = "" if table.schema is not None else " AND schema_name = current_schema()"
+    rows = conn.execute(
+        "SELECT schema_name, table_name FROM duckdb_indexes()"
+        f" WHERE is_unique AND database_name = current_database(){current}"
+    ).fetchall()
+    return any(_is(table, schema, name) for schema, name in rows)
 
 
 def _prepare_target(
@@ -765,12 +828,7 @@ def _uniques(conn: Any, table: TableName) -> list[list[str]]:
         " AND (? IS NOT NULL OR schema_name = current_schema())",
         [table.schema],
     ).fetchall()
-    wanted = (None if table.schema is None else fold_ascii(table.schema), fold_ascii(table.name))
-    return [
-        list(names)
-        for schema, name, names in rows
-        if (wanted[0] is None or fold_ascii(schema) == wanted[0]) and fold_ascii(name) == wanted[1]
-    ]
+    return [list(names) for schema, name, names in rows if _is(table, schema, name)]
 
 
 def _view_exists(conn: Any, table: TableName) -> bool:
@@ -786,10 +844,14 @@ def _table_exists(conn: Any, table: TableName, *, kind: str = "table") -> bool:
         f"SELECT schema_name, {kind}_name FROM duckdb_{kind}s()"
         f" WHERE database_name = current_database(){current}"
     ).fetchall()
-    wanted = (None if table.schema is None else fold_ascii(table.schema), fold_ascii(table.name))
-    return any(
-        (wanted[0] is None or fold_ascii(schema) == wanted[0]) and fold_ascii(name) == wanted[1]
-        for schema, name in rows
+    return any(_is(table, schema, name) for schema, name in rows)
+
+
+def _is(table: TableName, schema: str, name: str) -> bool:
+    """Whether the catalog's ``schema``.``name`` is ``table`` (ASCII case folded; an
+    unqualified table was looked up in the current schema)."""
+    return fold_ascii(name) == fold_ascii(table.name) and (
+        table.schema is None or fold_ascii(schema) == fold_ascii(table.schema)
     )
 
 
