@@ -1339,8 +1339,10 @@ def test_a_clickhouse_merge_table_meets_a_frozen_schema_contract(tmp_path):
 # An existing PostgreSQL or DuckDB table, and whether INSERT ... ON CONFLICT on the key can use
 # one of its indexes (``postgres_sink._arbiter``, ``duckdb.sink._upserts``): then the merge
 # upserts, else it deletes and inserts.
-_COLUMNS = ("seq bigint, tenant text, id bigint, region text, v bigint, status text,"
-            " note text DEFAULT 'default'")
+_COLUMNS = (
+    "seq bigint, tenant text, id bigint, region text, v bigint, status text,"
+    " note text DEFAULT 'default'"
+)
 _SHAPES = [
     ("postgres", "the key as primary key, another column with a default", True,
      f"CREATE TABLE events ({_COLUMNS}, PRIMARY KEY (tenant, id))"),

@@ -895,8 +895,7 @@ def _merge(
     if arbiter:
         unloaded = [n for n in existing if n not in names]
         statements = upsert_statements(
-            target, rows, names, merge, unloaded=unloaded, name=_name, collate=collate,
-            analyze=True,
+            target, rows, names, merge, unloaded=unloaded, name=_name, collate=collate, analyze=True
         )
     else:
         statements = merge_statements(target, rows, names, merge, name=_name, collate=collate)
