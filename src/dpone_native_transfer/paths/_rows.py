@@ -135,7 +135,7 @@ def _keyed(
     deleted = next((i for i, c in enumerate(columns) if c.name == merge.deleted), None)
     for chunk in chunks:
         for index, name in indexes:
-            if any(row[index] is None for row in chunk):
+            if None in map(itemgetter(index), chunk):  # in C: no Python call per row
                 raise ValueUnsupported(
                     f"key column {name!r} of a merge route holds NULL, which identifies no "
                     "row; nothing was written. Fill the key, or filter such rows out",

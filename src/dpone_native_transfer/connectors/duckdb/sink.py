@@ -735,9 +735,9 @@ def _merge(
 ) -> None:
     """Merge ``batch`` into ``table``, creating the table with the key as its PRIMARY KEY when
     it does not exist: with ``columns``' types, or as the batch (a stage) has them. A table
-    with a primary key or unique constraint on exactly the key upserts
-    (``_merge.upsert_statements``: 0.022 s against delete and insert's 0.035 s for 1% of a
-    1,000,000-row table, docs/connectors.md "Merge"); any other takes
+    with a primary key, unique constraint or unique index on exactly the key (``_upserts``)
+    upserts (``_merge.upsert_statements``: 0.022 s against delete and insert's 0.035 s for
+    1% of a 1,000,000-row table, docs/connectors.md "Merge"); any other takes
     ``_merge.merge_statements``."""
     if not _table_exists(conn, table):
         if table.schema is not None:
