@@ -1417,3 +1417,50 @@ def test_an_existing_table_merges_alike_with_or_without_an_index_on_the_key(
         ("a", 3, 100, "new", "edited"), ("a", 4, 5, "new", "edited"),
         ("b", 1, 6, "new", "default"),
     ]  # fmt: skip
+
+
+def test_a_postgres_upsert_looks_few_deleted_keys_up_and_counts_many_first(
+    request, tmp_path, postgres_schema
+):
+    """``postgres_sink._delete_plan``: a batch deleting fewer keys than the table has pages
+    looks each up in the key's index (hash and merge joins off for that DELETE, on again
+    after it); one deleting more counts the winners first. Both merge exactly."""
+    import psycopg
+
+    from dpone_native_transfer.connectors import postgres_sink
+    from dpone_native_transfer.connectors._merge import upsert_statements
+    from dpone_native_transfer.connectors._sql import TableName
+    from dpone_native_transfer.payloads import Merge
+
+    target = _merging_target(request, tmp_path, "postgres")
+    source = make_events(tmp_path)
+    route = write_route(
+        tmp_path, target, table="events", path="legacy", partition_column="region",
+        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
+    )  # fmt: skip
+    add(source, *[("t", i, "eu", 1, "new", False) for i in range(3000)])
+    assert run(route).returncode == 0
+    merge = Merge(key=KEY, version="v", deleted="gone")
+    table = TableName(postgres_schema.schema, "events")
+    with psycopg.connect(postgres_schema.dsn) as db:
+        db.execute("CREATE TEMP TABLE few (gone boolean)")
+        db.execute("INSERT INTO few SELECT i < 3 FROM generate_series(0, 9) AS i")
+        db.execute("CREATE TEMP TABLE many (gone boolean)")
+        db.execute("INSERT INTO many SELECT true FROM generate_series(0, 99)")
+        pages = db.execute(
+            "SELECT pg_relation_size(to_regclass(%s)) / 8192", [table.sql()]
+        ).fetchone()[0]
+        assert 3 < pages < 50
+        few = postgres_sink._delete_plan(db, table, TableName(None, "few"), merge)
+        many = postgres_sink._delete_plan(db, table, TableName(None, "many"), merge)
+        assert few == (postgres_sink._LOOKUPS, postgres_sink._JOINS)
+        assert many == (('ANALYZE "_dpone_merge_winners"',), ())
+        statements = upsert_statements('"t"', '"b"', ["tenant", "id", "v", "gone"], merge,
+                                       around_delete=few)  # fmt: skip
+        at = next(i for i, sql in enumerate(statements) if sql.startswith("DELETE"))
+        assert statements[at - 2 : at + 3] == [*few[0], statements[at], *few[1]]
+    for version, deleted in ((2, 1), (3, 400)):  # each branch in a guarded run: 1 and 58
+        rows = [("t", i, "us", version, "x", i < deleted) for i in range(0, 3000, 7)]
+        add(source, *rows)
+        assert run(route).returncode == 0
+        check_target(target, source)

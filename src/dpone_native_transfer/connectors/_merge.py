@@ -139,7 +139,7 @@ def upsert_statements(
     unloaded: Sequence[str] = (),
     name: Callable[[str], str] = quote,
     collate: str = "",
-    analyze: bool = False,
+    around_delete: tuple[Sequence[str], Sequence[str]] = ((), ()),
 ) -> list[str]:
     """``merge_statements``' effect, for a PostgreSQL or DuckDB target with a unique index
     on exactly the key (an ``ON CONFLICT`` arbiter; the tables a merge route creates): the
@@ -148,11 +148,11 @@ def upsert_statements(
     ``unloaded``: target columns the batch lacks, set to their default as a re-inserted row
     would have them.
 
-    Measured on a 1,000,000-row target (``docs/connectors.md``, "Merge"): PostgreSQL planned
-    the DELETE of every winner's key as a walk of the whole key index, and the DELETE of the
-    deleted keys alone, the winners counted (``analyze``: ``ANALYZE``), as lookups in it;
-    DuckDB looks the upserted keys up in the key's index instead of joining the whole
-    table."""
+    ``around_delete``: statements run just before and after the deleted keys' DELETE (the
+    PostgreSQL sink steers its plan there: ``postgres_sink._delete_plan``).
+
+    Measured on a 1,000,000-row target (``docs/connectors.md``, "Merge"): DuckDB looks the
+    upserted keys up in the key's index instead of joining the whole table."""
     winners, _, _, *drops = merge_statements(
         target, batch, names, merge, name=name, collate=collate
     )
@@ -162,12 +162,12 @@ def upsert_statements(
     statements = [winners]
     gone = f"COALESCE(CAST({_WINNER}.{name(deleted)} AS INTEGER), 0)" if deleted else ""
     if deleted is not None:
-        if analyze:  # counted first: the planner then looks the few deleted keys up
-            statements.append(f"ANALYZE {name(MERGE_WINNERS)}")  # in the key's index
-        statements.append(
+        delete = (
             f"DELETE FROM {target} AS {_TARGET} USING {name(MERGE_WINNERS)} AS {_WINNER}"
             f" WHERE {same_key} AND {gone} <> 0{kept}"
         )
+        before, after = around_delete
+        statements += [*before, delete, *after]
     loaded = [n for n in names if n != deleted]
     sets = [f"{name(n)} = EXCLUDED.{name(n)}" for n in loaded if n not in key]
     sets += [f"{name(n)} = DEFAULT" for n in unloaded]

@@ -80,6 +80,7 @@ from ._merge import (
     LOOSE_KEY,
     LOOSE_VERSION,
     MERGE_BATCH,
+    MERGE_WINNERS,
     NARROWER,
     key_constraint,
     loosely_compared_key,
@@ -894,13 +895,44 @@ def _merge(
     collate = BYTE_ORDER if _collatable(conn, batch, merge.version) else ""
     if arbiter:
         unloaded = [n for n in existing if n not in names]
+        around = _delete_plan(conn, table, batch, merge)
         statements = upsert_statements(
-            target, rows, names, merge, unloaded=unloaded, name=_name, collate=collate, analyze=True
-        )
+            target, rows, names, merge, unloaded=unloaded, name=_name, collate=collate,
+            around_delete=around,
+        )  # fmt: skip
     else:
         statements = merge_statements(target, rows, names, merge, name=_name, collate=collate)
     for statement in statements:
         _run(conn, statement)
+
+
+def _delete_plan(
+    conn: Any, table: TableName, batch: TableName, merge: Merge
+) -> tuple[Sequence[str], Sequence[str]]:
+    """The statements around an upsert's DELETE of the deleted keys (``upsert_statements``).
+
+    PostgreSQL cannot tell how few the deleted keys are (it estimates the deleted column's
+    filter at 99.5% of the winners) and prices an index lookup as a disk read, so on a
+    1,000,000-row table it scanned the whole table for 3,000 deleted keys: 0.08 s with the
+    winners counted (``ANALYZE``), 0.18 s without, against 0.01-0.02 s looked up one by one
+    in the key's index. When the batch deletes fewer keys than the table has pages (a
+    lookup took ~4 us, the scan of a page of 100-odd rows ~10 us), hash and merge joins are
+    off for that one statement; otherwise the winners are counted first."""
+    if merge.deleted is None:
+        return (), ()
+    gone = f"COALESCE(CAST({_name(merge.deleted)} AS INTEGER), 0) <> 0"
+    deleted, pages = conn.execute(
+        f"SELECT count(*) FILTER (WHERE {gone}), pg_relation_size(to_regclass(%s))"
+        f" / current_setting('block_size')::bigint FROM {batch.sql(_name)}",
+        [table.sql(_name)],
+    ).fetchone()
+    if pages is not None and deleted < pages:
+        return _LOOKUPS, _JOINS
+    return (f"ANALYZE {_name(MERGE_WINNERS)}",), ()
+
+
+_LOOKUPS = ("SET LOCAL enable_hashjoin = off", "SET LOCAL enable_mergejoin = off")
+_JOINS = ("RESET enable_hashjoin", "RESET enable_mergejoin")
 
 
 # A text cursor is ordered by bytes, as SQLite, DuckDB and ClickHouse order it and a SQLite
