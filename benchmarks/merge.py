@@ -288,7 +288,9 @@ def _targets(rows: int) -> Iterator[dict[str, tuple[Callable[..., Any], Callable
 
 def _floor_table(engine: str, sink: Any) -> None:
     """The floor's table: a copy of dpone's target after the first load, its key a PRIMARY
-    KEY as dpone's."""
+    KEY as dpone's. PostgreSQL's planner statistics of both tables are made at once: a
+    plan whose statistics autovacuum had or had not made yet ran the floor's MERGE in 0.03
+    or 0.19 s."""
     if engine == "clickhouse":
         with sink.client() as client:
             client.command(_CHDB_FLOOR)
@@ -309,6 +311,8 @@ def _floor_table(engine: str, sink: Any) -> None:
     with psycopg.connect(sink._dsn) as db:
         db.execute(f'CREATE TABLE "{schema}".floor (LIKE "{schema}".orders INCLUDING ALL)')
         db.execute(f'INSERT INTO "{schema}".floor SELECT * FROM "{schema}".orders')
+    with psycopg.connect(sink._dsn, autocommit=True) as db:
+        db.execute(f'ANALYZE "{schema}".floor, "{schema}".orders')
 
 
 def measure(sizes: Sizes) -> tuple[list[Row], dict]:

@@ -376,11 +376,19 @@ class EdgeTracker:
                 for index, bounds in enumerate(windows)
                 for chunk in source.read(bounds, chunk_rows=chunk_rows)
             )
+        for _ in self.scanned(candidates, scan):
+            pass
+        return {c.partition_id: self.recorded.pop(c.partition_id) for c in candidates}
+
+    def scanned(
+        self, candidates: Sequence[PartitionCheckpoint], scan: Iterable[tuple[int, list]]
+    ) -> Iterator[tuple[int, list]]:
+        """``rows`` of one scan of every candidate (``(candidate index, rows)``, partitions
+        interleaved, each candidate read once), without the rows already loaded."""
         for candidate in candidates:
             self.recorded[candidate.partition_id] = Counter()
         for index, chunk in scan:
-            self._passed(candidates[index], chunk)
-        return {c.partition_id: self.recorded.pop(c.partition_id) for c in candidates}
+            yield index, self._passed(candidates[index], chunk)
 
     def confirm_top(
         self,

@@ -85,14 +85,14 @@ class RowReader:
         (``extracted``) once its rows have all passed.
 
         From a source that reads the attempt in one scan, the chunks come straight from that
-        scan, partitions interleaved in scan order, and nothing is spooled; otherwise
-        partition by partition, as ``read`` gives them. An append route whose cursor edge is
-        tracked reads partition by partition.
+        scan, partitions interleaved in scan order, the edge's rows left out
+        (``EdgeTracker.scanned``), and nothing is spooled; otherwise partition by partition,
+        as ``read`` gives them.
         """
         ctx = self.ctx
-        scan = None
-        if ctx.edge is None:
-            scan = one_pass(ctx.source, ctx.candidates, ctx.spec.chunk_rows)
+        scan = one_pass(ctx.source, ctx.candidates, ctx.spec.chunk_rows)
+        if scan is not None and ctx.edge is not None:
+            scan = ctx.edge.scanned(ctx.candidates, scan)
         if scan is None:
             for index, candidate in enumerate(ctx.candidates):
                 rows = 0
