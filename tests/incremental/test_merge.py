@@ -1361,6 +1361,12 @@ _SHAPES = [
     ("duckdb", "a unique index, not a constraint, on the key", True,
      f"CREATE TABLE events ({_COLUMNS}); CREATE UNIQUE INDEX by_key ON events (tenant, id)"),
     ("duckdb", "no index", False, f"CREATE TABLE events ({_COLUMNS})"),
+    ("duckdb", "the key as primary key, a generated column", True,  # an upsert cannot set it
+     f"CREATE TABLE events ({_COLUMNS}, twice bigint GENERATED ALWAYS AS (v * 2),"
+     " PRIMARY KEY (tenant, id))"),
+    ("postgres", "the key as primary key, a generated and an identity column", True,
+     f"CREATE TABLE events ({_COLUMNS}, twice bigint GENERATED ALWAYS AS (v * 2) STORED,"
+     " made bigint GENERATED ALWAYS AS IDENTITY, PRIMARY KEY (tenant, id))"),
 ]  # fmt: skip
 
 

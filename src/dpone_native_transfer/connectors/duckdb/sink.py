@@ -751,7 +751,11 @@ def _merge(
     if _upserts(conn, table, merge):
         given = {fold_ascii(name) for name in names}
         existing = [row[0] for row in conn.execute(f"DESCRIBE {table.sql()}").fetchall()]
-        unloaded = [name for name in existing if fold_ascii(name) not in given]
+        unloaded = [
+            name
+            for name in existing
+            if fold_ascii(name) not in given and _settable(conn, table, name)
+        ]
         statements = upsert_statements(table.sql(), batch.sql(), names, merge, unloaded=unloaded)
     else:
         statements = merge_statements(table.sql(), batch.sql(), names, merge)
@@ -778,6 +782,17 @@ def _unique_on(conn: Any, table: TableName, columns: Sequence[str]) -> bool:
             f"EXPLAIN INSERT INTO {table.sql()} ({listed}) SELECT {listed} FROM {table.sql()}"
             f" WHERE false ON CONFLICT ({listed}) DO NOTHING"
         )
+    except duckdb_driver().BinderException:
+        return False
+    return True
+
+
+def _settable(conn: Any, table: TableName, column: str) -> bool:
+    """Whether an update may set ``column`` to its default: a generated column may not (it
+    follows its row, updated as re-inserted). Asked of the binder: DuckDB's catalog does not
+    say which columns are generated."""
+    try:
+        conn.execute(f"EXPLAIN UPDATE {table.sql()} SET {quote(column)} = DEFAULT")
     except duckdb_driver().BinderException:
         return False
     return True
