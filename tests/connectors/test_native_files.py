@@ -765,7 +765,8 @@ def test_a_column_the_engine_would_misread_is_read_through_python(tmp_path, kind
         with pytest.raises(Exception) as caught:
             route.runtime().run(route.spec(path))
         assert pulled == [None]
-        assert getattr(caught.value, "code", "") == "native_transfer_value_unsupported"
+        found = getattr(caught.value, "code", ""), getattr(caught.value, "diagnostics", None)
+        assert found[0] == "native_transfer_value_unsupported", found  # flaky once in CI
         assert route.sink.target_calls == 0
     finally:
         route.real_store.close()

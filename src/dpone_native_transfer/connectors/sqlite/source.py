@@ -184,8 +184,10 @@ class SQLiteSource(TableSource):
                 ) from None
             failure = file_failure(self.path, writing=False)
             if failure is None:
-                raise source_invalid(
-                    f"source table {self.table!r} could not be read", table=self.table
+                raise source_invalid(  # SQLite's error code (SQLITE_BUSY...), not its text
+                    f"source table {self.table!r} could not be read",
+                    table=self.table,
+                    sqlite_error=getattr(exc, "sqlite_errorname", type(exc).__name__),
                 ) from None
             raise failure.error(
                 f"the source database of table {self.table!r} cannot be read",
