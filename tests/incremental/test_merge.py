@@ -224,6 +224,15 @@ def write_route(
     return file
 
 
+def events_route(folder: Path, target: Target, path: str, **extra: Any) -> Path:
+    """The events table's merge route (``write_route``): partitioned by region, cursor ``v``,
+    keyed on ``KEY``, rows whose ``gone`` is true deleted."""
+    return write_route(
+        folder, target, table="events", path=path, partition_column="region",
+        cursor_column="v", primary_key=list(KEY), deleted_column="gone", **extra,
+    )  # fmt: skip
+
+
 def run(route: Path, *args: str) -> subprocess.CompletedProcess:
     return run_cli("run", route, "--quiet", *args)
 
@@ -267,10 +276,7 @@ def test_merge_applies_updates_deletes_and_late_rows_on_every_target_and_path(
     tmp_path, target, path
 ):
     source = make_events(tmp_path)
-    route = write_route(
-        tmp_path, target, table="events", path=path, partition_column="region",
-        cursor_column="v", primary_key=list(KEY), deleted_column="gone", lag=2,
-    )  # fmt: skip
+    route = events_route(tmp_path, target, path, lag=2)
     # run 1: inserts; one key twice in one batch; a tie in the cursor (the later seq wins);
     # keys that differ only in case, and a unicode key
     add(
@@ -393,10 +399,7 @@ def test_without_a_cursor_each_run_merges_the_whole_table_and_the_source_row_win
 @pytest.mark.parametrize("path", PATHS)
 def test_a_null_key_is_refused_before_the_target(tmp_path, target, path):
     source = make_events(tmp_path)
-    route = write_route(
-        tmp_path, target, table="events", path=path, partition_column="region",
-        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
-    )  # fmt: skip
+    route = events_route(tmp_path, target, path)
     add(source, ("acme", 1, "eu", 1, "new", False))
     assert run(route).returncode == 0
     before, ledger = target.rows("events", LOADED), target.ledger_rows()
@@ -670,10 +673,7 @@ def _kill_inside_the_target_call(
     tmp_path: Path, target: Target, path: str, point: str, *, by_hand: bool = False
 ) -> None:
     source = make_events(tmp_path)
-    route = write_route(
-        tmp_path, target, table="events", path=path, partition_column="region",
-        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
-    )  # fmt: skip
+    route = events_route(tmp_path, target, path)
     add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "us", 1, "new", False))
     assert run(route).returncode == 0
     add(
@@ -745,10 +745,7 @@ def test_kills_and_pauses_at_random_moments_leave_the_target_exact(tmp_path, tar
 
     rng = random.Random(f"{target.kind}-{path}")
     source = make_events(tmp_path)
-    route = write_route(
-        tmp_path, target, table="events", path=path, lag=2, transfer={"chunk_rows": 64},
-        partition_column="region", cursor_column="v", primary_key=list(KEY), deleted_column="gone",
-    )  # fmt: skip
+    route = events_route(tmp_path, target, path, lag=2, transfer={"chunk_rows": 64})
     route.write_text(route.read_text() + "lease_seconds = 1\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     command = [sys.executable, "-m", "dpone_native_transfer", "run", str(route), "--quiet"]
@@ -788,10 +785,7 @@ def test_a_lost_store_is_restored_from_the_target_of_a_merge_route(tmp_path, kin
     nothing is applied twice: the next runs add only the new batch's rows, each batch once."""
     target = Target(kind, tmp_path)
     source = make_events(tmp_path)
-    route = write_route(
-        tmp_path, target, table="events", path="legacy", partition_column="region",
-        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
-    )  # fmt: skip
+    route = events_route(tmp_path, target, "legacy")
     add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "eu", 1, "new", False))
     assert run(route).returncode == 0
     add(source, ("acme", 1, "eu", 2, "paid", False), ("acme", 2, "us", 2, "", True))
@@ -828,10 +822,7 @@ def test_a_store_lost_after_a_clickhouse_kill_before_the_ledger_row_is_restored_
     (its versions, superseded)."""
     target = Target("clickhouse", tmp_path)
     source = make_events(tmp_path)
-    route = write_route(
-        tmp_path, target, table="events", path="legacy", partition_column="region",
-        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
-    )  # fmt: skip
+    route = events_route(tmp_path, target, "legacy")
     add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "us", 1, "new", False))
     assert run(route).returncode == 0
     add(source, ("acme", 1, "eu", 2, "paid", False), ("acme", 2, "us", 2, "x", True),
@@ -1029,10 +1020,7 @@ def test_a_target_table_a_merge_cannot_run_on_is_refused_before_the_target(
     source = make_events(tmp_path)
     add(source, ("acme", 1, "eu", 1, "new", False), ("ACME", 1, "eu", 2, "new", False),
         ("a", 2, "us", 1, "x", False), ("a ", 2, "us", 1, "y", False))  # fmt: skip
-    route = write_route(
-        tmp_path, target, table="events", path="staged", partition_column="region",
-        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
-    )  # fmt: skip
+    route = events_route(tmp_path, target, "staged")
     done = run(route)
     assert done.returncode == 2, done.stderr
     code = "view" in shape and "native_transfer_target_rows_mismatch"
@@ -1190,10 +1178,7 @@ def test_a_sqlite_target_made_without_rowid_merges_on_its_primary_key(tmp_path, 
         " PRIMARY KEY (id, tenant)) WITHOUT ROWID",
     )
     source = make_events(tmp_path)
-    route = write_route(
-        tmp_path, target, table="events", path=path, partition_column="region",
-        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
-    )  # fmt: skip
+    route = events_route(tmp_path, target, path)
     add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "us", 1, "new", False),
         ("acme", 3, "us", 1, "new", False))  # fmt: skip
     assert run(route).returncode == 0
@@ -1228,10 +1213,7 @@ def test_a_postgres_login_that_may_insert_but_not_delete_is_refused_before_the_t
         url = f"postgresql://{role}:{password}@{parts['host']}:{parts['port']}/{parts['dbname']}"
         source = make_events(tmp_path)
         add(source, ("acme", 1, "eu", 1, "new", False))
-        route = write_route(
-            tmp_path, target, table="events", path="legacy", partition_column="region",
-            cursor_column="v", primary_key=list(KEY), deleted_column="gone",
-        )  # fmt: skip
+        route = events_route(tmp_path, target, "legacy")
         route.write_text(route.read_text().replace(postgres_url(target.schema.dsn), url))
         done = run(route)
         assert done.returncode == 2, done.stderr
@@ -1280,10 +1262,7 @@ def test_a_background_merge_leaves_the_last_clickhouse_batch_countable(tmp_path)
 
     target = Target("clickhouse", tmp_path)
     source = make_events(tmp_path)
-    route = write_route(
-        tmp_path, target, table="events", path="legacy", partition_column="region",
-        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
-    )  # fmt: skip
+    route = events_route(tmp_path, target, "legacy")
     add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "us", 1, "new", False),
         ("acme", 1, "eu", 2, "paid", False), ("acme", 3, "us", 1, "new", False))  # fmt: skip
     assert run(route).returncode == 0
@@ -1317,11 +1296,7 @@ def test_a_clickhouse_merge_table_meets_a_frozen_schema_contract(tmp_path):
     refused before the target."""
     target = Target("clickhouse", tmp_path)
     source = make_events(tmp_path)
-    route = write_route(
-        tmp_path, target, table="events", path="staged", partition_column="region",
-        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
-        transfer={"schema_contract": "freeze"},
-    )  # fmt: skip
+    route = events_route(tmp_path, target, "staged", transfer={"schema_contract": "freeze"})
     add(source, ("acme", 1, "eu", 1, "new", False))
     assert run(route).returncode == 0
     add(source, ("acme", 1, "eu", 2, "paid", False), ("acme", 2, "us", 2, "new", False))
@@ -1402,10 +1377,7 @@ def test_an_existing_table_merges_alike_with_or_without_an_index_on_the_key(
         assert arbiter(db, table, Merge(key=KEY)) is upserts
         assert arbiter(db, table, Merge(key=("id",))) is False
     source = make_events(tmp_path)
-    route = write_route(
-        tmp_path, target, table="events", path="legacy", partition_column="region",
-        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
-    )  # fmt: skip
+    route = events_route(tmp_path, target, "legacy")
     add(source, ("a", 1, "eu", 5, "new", False), ("a", 2, "us", 5, "new", False),
         ("A", 1, "us", 5, "new", False), ("a", 3, "eu", 5, "new", False),
         ("a", 4, "eu", 5, "new", False))  # fmt: skip
@@ -1440,10 +1412,7 @@ def test_a_postgres_upsert_looks_few_deleted_keys_up_and_counts_many_first(
 
     target = _merging_target(request, tmp_path, "postgres")
     source = make_events(tmp_path)
-    route = write_route(
-        tmp_path, target, table="events", path="legacy", partition_column="region",
-        cursor_column="v", primary_key=list(KEY), deleted_column="gone",
-    )  # fmt: skip
+    route = events_route(tmp_path, target, "legacy")
     add(source, *[("t", i, "eu", 1, "new", False) for i in range(3000)])
     assert run(route).returncode == 0
     merge = Merge(key=KEY, version="v", deleted="gone")

@@ -566,6 +566,20 @@ def test_without_the_ledger_from_target_leaves_a_kill_blocked(
     assert_rows_exactly_once(route.place.source_ids(), route.place.target_ids())
 
 
+def _dpone(*args: str) -> subprocess.CompletedProcess[str]:
+    """``dpone-transfer`` of this venv, as an operator runs it."""
+    script = str(Path(sys.executable).parent / "dpone-transfer")
+    return subprocess.run([script, *args], capture_output=True, text=True, timeout=120)
+
+
+def _verified(route_file: Path) -> dict[str, Any]:
+    """``guard verify --json`` of a blocked route (exit 3): its one batch's proof."""
+    verified = _dpone("guard", "verify", str(route_file), "--json")
+    assert verified.returncode == 3, verified.stderr
+    [proof] = [json.loads(line) for line in verified.stdout.splitlines()]
+    return proof
+
+
 @pytest.mark.parametrize(
     ("kill_point", "verdict", "loaded"),
     [("target-after-commit", "applied", 0), ("target-before-commit", "not_applied", ROWS)],
@@ -577,22 +591,15 @@ def test_after_a_kill_verify_proves_the_batch_and_resolve_from_target_heals_it(
     route = crash_route(path)
     route.run_child(kill_point)
     route_file = write_route(tmp_path, path=path)
-    script = str(Path(sys.executable).parent / "dpone-transfer")
-
-    def dpone(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([script, *args], capture_output=True, text=True, timeout=120)
-
-    verified = dpone("guard", "verify", str(route_file), "--json")
-    assert verified.returncode == 3, verified.stderr
-    [proof] = [json.loads(line) for line in verified.stdout.splitlines()]
+    proof = _verified(route_file)
     assert proof["proof"]["verdict"] == verdict
     assert len(proof["partition_ids"]) == PARTITIONS
-    resolved = dpone(
+    resolved = _dpone(
         *("guard", "resolve", str(route_file), "--batch", proof["batch_id"], "--from-target"),
         *("--reason", "the ledger proves it", "--operator", "crash-matrix", "--yes"),
     )
     assert resolved.returncode == 0, resolved.stderr
-    ran = dpone("run", str(route_file), "--quiet")
+    ran = _dpone("run", str(route_file), "--quiet")
     assert ran.returncode == 0, ran.stderr
     assert f"loaded {loaded:,} rows" in ran.stdout
     assert_rows_exactly_once(route.place.source_ids(), route.place.target_ids())
@@ -614,23 +621,16 @@ def test_a_clickhouse_batch_nothing_proves_is_counted_resolved_committed_and_the
     store = route.store.removeprefix("sqlite:")
     text = route.place.route_text(store=store, chunk_rows=100, lease_seconds=LEASE_SECONDS)
     route_file.write_text(text)
-    script = str(Path(sys.executable).parent / "dpone-transfer")
-
-    def dpone(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([script, *args], capture_output=True, text=True, timeout=120)
-
-    verified = dpone("guard", "verify", str(route_file), "--json")
-    assert verified.returncode == 3, verified.stderr
-    [proof] = [json.loads(line) for line in verified.stdout.splitlines()]
+    proof = _verified(route_file)
     assert proof["proof"]["verdict"] == "unknown"
-    blocked = dpone("run", str(route_file), "--recovery", "from_target")
+    blocked = _dpone("run", str(route_file), "--recovery", "from_target")
     assert blocked.returncode == 3, blocked.stderr
-    resolved = dpone(
+    resolved = _dpone(
         *("guard", "resolve", str(route_file), "--batch", proof["batch_id"], "--as", "committed"),
         *("--reason", "counted every partition's rows", "--operator", "crash-matrix", "--yes"),
     )
     assert resolved.returncode == 0, resolved.stderr
-    ran = dpone("run", str(route_file), "--quiet")
+    ran = _dpone("run", str(route_file), "--quiet")
     assert ran.returncode == 0, ran.stderr
     assert "loaded 0 rows" in ran.stdout
     assert_rows_exactly_once(route.place.source_ids(), route.place.target_ids())
