@@ -8,8 +8,8 @@ above the last) and times:
 
 - dpone: ``TransferRuntime.run`` of the merge route, guarded, per path (lazy-plan carries
   the rows as legacy on a merge route, so it is not measured apart);
-- dpone's append of the same rows (another route, into a table of its own): what a run
-  costs besides the merge;
+- dpone's append of the same rows (another route, into a table of its own, caught up
+  untimed before the round's change, as dlt is): what a run costs besides the merge;
 - the floor: the same changed rows read from the source by hand, bulk-loaded into a
   temporary table of the target, and the engine's own ``MERGE`` statement (DuckDB,
   PostgreSQL 15+) into a second 1,000,000-row table, in one transaction; on chDB, which has
@@ -353,6 +353,8 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
                     round_ += 1
                     if path == "dlt":  # dlt catches up untimed: its timed run merges 1%
                         _dlt(request, source.parent)
+                    elif path == "append":  # as dlt: its timed run appends one round's rows
+                        _run(store, source, appended, "legacy", append=True)
                     after, upto = _change(source, rows, round_)
                     if path == "dlt":
                         done = _dlt(request, source.parent)

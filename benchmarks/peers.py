@@ -193,6 +193,21 @@ def run_dlt(request: dict[str, Any], folder: Path, timeout: int = 3600) -> dict[
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def run_connectorx(url: str, tables: list[str], target: Path, folder: Path) -> dict[str, Any]:
+    """connectorx -> Arrow -> DuckDB of ``tables`` (``schema.table``) into the file
+    ``target``, each in turn (``_connectorx_child.py`` in dlt's venv, which has connectorx):
+    the limit issue 47 names for a PostgreSQL source into DuckDB; its seconds and rows."""
+    file = folder / "connectorx-request.json"
+    file.write_text(json.dumps({"url": url, "tables": tables, "target": str(target)}))
+    done = subprocess.run(
+        [str(DLT_PYTHON), str(REPO / "benchmarks" / "_connectorx_child.py"), str(file)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if done.returncode:
+        raise AssertionError(f"connectorx: exit {done.returncode}: {done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 def _dlt(source: Path, rows: int) -> float:
     with scratch("peers-dlt") as folder:
         result = run_dlt(

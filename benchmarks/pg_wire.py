@@ -8,9 +8,10 @@ reverse order every other round, after a warm-up round; figures are medians of 3
 (``--runs`` more). Into each target, a full refresh into a fresh table and store:
 
 - the limit, measured in the same run: into PostgreSQL, binary ``COPY ... TO STDOUT`` piped
-  into ``COPY ... FROM STDIN`` of another table of the same server; into DuckDB, ``COPY
-  ... TO STDOUT`` in CSV parsed by ``pyarrow.csv`` with the explicit schema and loaded with
-  one ``INSERT ... SELECT`` of the Arrow stream (connectorx is not installed here); into
+  into ``COPY ... FROM STDIN`` of another table of the same server; into DuckDB,
+  connectorx -> Arrow -> DuckDB in dlt's venv (``peers.run_connectorx``), or where that venv
+  lacks connectorx, ``COPY ... TO STDOUT`` in CSV parsed by ``pyarrow.csv`` with the explicit
+  schema and loaded with one ``INSERT ... SELECT`` of the Arrow stream; into
   ClickHouse (chDB), chDB's own ``INSERT INTO t SELECT * FROM postgresql(...)`` by hand, into
   a MergeTree table of the same columns in a fresh chDB folder (the floor of chDB's pulls);
 - dpone's legacy, staged and file-artifact paths, guarded, which read in bulk
@@ -45,7 +46,7 @@ from dpone_native_transfer.connectors.postgres_sink import PostgresSink
 
 from ._common import CHUNK_ROWS, Row, Sizes, log, median, scratch, timed
 from .batch import _import_server_helper
-from .peers import DLT_PYTHON, _dlt_missing, run_dlt
+from .peers import DLT_PYTHON, _dlt_missing, run_connectorx, run_dlt
 
 PATHS = ("legacy", "staged", "file-artifact")
 CHDB_PATHS = (*PATHS, "lazy-plan")  # chDB pulls from PostgreSQL itself on every path
@@ -90,8 +91,19 @@ def _limit_postgres(dsn: str, schema: str, psycopg: Any) -> float:
     return timed(copy)[0]
 
 
+def _limit_connectorx(url: str, schema: str, rows: int) -> float:
+    """connectorx -> Arrow -> DuckDB (``peers.run_connectorx``, in dlt's venv): the limit the
+    issue measured, faster than the CSV below, which dpone's own bulk read now outruns."""
+    with scratch("pg-wire-limit-connectorx") as folder:
+        done = run_connectorx(url, [f'"{schema}".wire'], folder / "limit.duckdb", folder)
+    if done["rows"] != rows:
+        raise AssertionError(f"connectorx limit: {done['rows']} rows, not {rows}")
+    return float(done["seconds"])
+
+
 def _limit_duckdb(dsn: str, schema: str, psycopg: Any) -> float:
-    """COPY in CSV, parsed by pyarrow.csv (explicit schema) as it streams, into DuckDB."""
+    """COPY in CSV, parsed by pyarrow.csv (explicit schema) as it streams, into DuckDB: the
+    limit where connectorx is not installed."""
     import duckdb
     import pyarrow as pa
     import pyarrow.csv as csv
@@ -297,11 +309,16 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
         _build(dsn, schema, rows, psycopg)
         url = helper.postgres_url(dsn)
         other = stack.enter_context(_other_database(url, psycopg))
-        limits = (("postgres", _limit_postgres), ("duckdb", _limit_duckdb), ("chdb", _limit_chdb))
-        for target, limit in limits:
-            cases: dict[str, Callable[[], float]] = {
-                "limit": lambda limit=limit: limit(dsn, schema, psycopg)
-            }
+        limits: dict[str, Callable[[], float]] = {
+            "postgres": lambda: _limit_postgres(dsn, schema, psycopg),
+            "duckdb": lambda: _limit_duckdb(dsn, schema, psycopg),
+            "chdb": lambda: _limit_chdb(dsn, schema, psycopg),
+        }
+        if backend == "connectorx":
+            limits["duckdb"] = lambda: _limit_connectorx(url, schema, rows)
+        raw["duckdb limit"] = "connectorx" if backend == "connectorx" else "COPY CSV, pyarrow"
+        for target, limit in limits.items():
+            cases: dict[str, Callable[[], float]] = {"limit": limit}
             for path in CHDB_PATHS if target == "chdb" else PATHS:
                 cases[path] = lambda path=path, target=target: _dpone(
                     url, schema, target, path, rows, psycopg, bulk=True

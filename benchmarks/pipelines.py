@@ -44,7 +44,7 @@ from dpone_native_transfer.pipeline_run import run_tables
 
 from ._common import Row, Sizes, cached_source, log, median, scratch, timed
 from .batch import _import_server_helper
-from .peers import DLT_PYTHON, _dlt_missing, rounds, run_dlt
+from .peers import _dlt_missing, rounds, run_connectorx, run_dlt
 
 DLT_SHARE = 1 / 3  # at least 3x faster than dlt
 RUNS = 5
@@ -222,16 +222,7 @@ class _Case:
         """connectorx -> Arrow -> DuckDB of every table in turn (``LIMIT`` pairs only)."""
         with self.fresh("limit") as (folder, target, _):
             tables = [f'"{self.env["schema"]}".{name}' for name in self.names]
-            request = {"url": self.env["url"], "tables": tables, "target": target["path"]}
-            file = folder / "limit-request.json"
-            file.write_text(json.dumps(request))
-            child = Path(__file__).with_name("_connectorx_child.py")
-            done = subprocess.run(
-                [str(DLT_PYTHON), str(child), str(file)], capture_output=True, text=True
-            )
-        if done.returncode:
-            raise AssertionError(f"limit: exit {done.returncode}: {done.stderr[-2000:]}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+            result = run_connectorx(self.env["url"], tables, Path(target["path"]), folder)
         if result["rows"] != self.tables * self.rows:
             raise AssertionError(f"limit: {result['rows']} rows")
         return float(result["seconds"])
