@@ -629,3 +629,49 @@ def test_instants_with_offsets_in_bulk_reach_duckdb_as_the_same_utc_instants(tmp
         assert route.sink.target_calls == 1  # the refusal came before the target
     finally:
         route.real_store.close()
+
+
+# Values dpone's statements hand DuckDB, and edges of each type binding distinguishes.
+_INLINED = [
+    None, True, False, 0, -1, 2**31 - 1, 2**31, -(2**31) - 1, 2**63 - 1, 2**63, 2**64 - 1,
+    2**64, -(2**63) - 1, 2**127 - 1, -(2**127), 0.0, -0.0, 1.5, 0.1, 1e308, 5e-324,
+    float("inf"), float("-inf"), "", "O'Brien", "it''s", "a?b", '"quoted"', "\\x41", "é 名",
+    b"", bytes(range(256)), bytearray(b"'?\\"), ["a", "O'Brien", None], [1, 2**40, None],
+    [1.5, 2, 3], [True, None, False], [b"x", b"'"], [2**63, -1],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", _INLINED, ids=repr)
+def test_a_parameter_written_into_the_text_is_what_duckdb_binds(value):
+    """DuckDB imports pandas (0.3-0.5 s) at a process's first bound parameter, so dpone writes
+    parameters into its statements as literals (``connect.inline``). Each must be the value
+    and the type binding it gives: a text compared with a DATE or a number stays a text."""
+    conn = duckdb.connect()
+    sql = "SELECT typeof(a), a, a IS NOT DISTINCT FROM ? FROM (SELECT ? AS a)"
+    text = duckdb_connect.inline(sql, [value, value])
+    assert text is not None
+    inlined = conn.execute(text).fetchall()
+    bound = conn.execute(sql, [value, value]).fetchall()
+    if value != value or (isinstance(value, float) and value == 0):  # NaN; 0.0 and -0.0
+        assert repr(inlined) == repr(bound)
+    else:
+        assert inlined == bound
+    assert inlined[0][2] is True or value is None
+
+
+def test_a_mark_inside_quotes_stays_and_other_values_are_bound():
+    """A ``?`` in a quoted name or text is not a parameter; a value without a literal of the
+    type binding gives (a date, a list of texts and numbers, which DuckDB binds as texts),
+    or marks that do not match the parameters, leave the statement to be bound."""
+    sql = """SELECT '?' AS "a?b", 'it''s ?' AS c, ? AS d"""
+    assert duckdb_connect.inline(sql, ["x"]) == (
+        """SELECT '?' AS "a?b", 'it''s ?' AS c, CAST('x' AS VARCHAR) AS d"""
+    )
+    assert duckdb.connect().execute(duckdb_connect.inline(sql, ["x"])).fetchall() == [
+        ("?", "it's ?", "x")
+    ]
+    unwritten = ([datetime.date(2026, 1, 1)], [[1, "a"]], [[True, 1]], [[]], [[None]], ["a\x00"])
+    for values in unwritten:
+        assert duckdb_connect.inline(sql, values) is None
+    assert duckdb_connect.inline(sql, ["x", "y"]) is None
+    assert duckdb_connect.inline(sql, []) is None

@@ -103,12 +103,13 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("path", ["legacy", "lazy-plan"])
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
 def test_a_sigterm_while_pandas_imports_for_duckdb_stops_the_run(tmp_path, path):
-    """DuckDB imports pandas (when installed) at its first query with parameters, inside its
-    own code, which swallowed what a signal's handler raised meanwhile: the run went on and
-    ended with exit 0. dpone imports pandas first, so the SIGTERM ends the run (143) before
-    the target call, and the next run loads every row once."""
+    """DuckDB imports pandas (when installed) the first time it is handed Python data (a bound
+    parameter, Arrow rows), inside its own code, which swallowed what a signal's handler
+    raised meanwhile: the run went on and ended with exit 0. A path that hands DuckDB rows
+    imports pandas first, before the target call, so the SIGTERM ends the run (143) there,
+    and the next run loads every row once. (Lazy-plan hands it none: the test below.)"""
     build_sample_source(tmp_path / "source.db", rows=300, partitions=3)
     file = route_file(tmp_path, target='kind = "duckdb"\npath = "target.duckdb"', path=path)
     stopped = subprocess.run(
@@ -139,20 +140,25 @@ sys.exit(code)
 """
 
 
-def test_a_duckdb_run_with_nothing_new_binds_no_parameter_and_imports_no_pandas(tmp_path):
-    """DuckDB imports pandas at a process's first query with parameters, which dpone makes
-    first itself (the test above); a run with nothing new reads the target's ledger, fence
-    and row count with literals instead, so it never pays for pandas. The table's name holds
-    a quote: the ledger's literal must still find its rows, or the cross-check refuses."""
+@pytest.mark.parametrize("path", ["staged", "lazy-plan"])
+def test_a_duckdb_run_binds_no_parameter_and_imports_pandas_only_to_hand_over_rows(
+    tmp_path, path
+):
+    """DuckDB imports pandas (0.3-0.5 s) at a process's first bound parameter, so dpone's
+    statements carry their values as literals (``connect.inline``): a run imports pandas only
+    where it hands DuckDB rows itself (staged; the test above), never on lazy-plan, where
+    DuckDB reads the source, nor on a run with nothing new. The table's name holds a quote:
+    the ledger's literal must still find its rows, or the cross-check refuses."""
     build_sample_source(tmp_path / "source.db", rows=300, partitions=3)
-    file = route_file(tmp_path, target='kind = "duckdb"\npath = "target.duckdb"', path="staged")
+    file = route_file(tmp_path, target='kind = "duckdb"\npath = "target.duckdb"', path=path)
     text = file.read_text(encoding="utf-8").replace('"orders_copy"', "\"O'Brien's copy\"")
     file.write_text(text, encoding="utf-8")
     command = [sys.executable, "-c", RUN_AND_TELL_PANDAS, "run", str(file), "--quiet"]
     first = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
     assert "loaded 300 rows" in first.stdout
-    assert first.stderr.splitlines()[-1] == "pandas imported: True"  # it loaded: it bound
+    handed = path != "lazy-plan"  # rows handed to DuckDB as Arrow
+    assert first.stderr.splitlines()[-1] == f"pandas imported: {handed}"
     again = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert "committed 0 partitions" in again.stdout and "loaded 0 rows" in again.stdout

@@ -19,6 +19,7 @@ from ...payloads import Column, LoadFile
 from .._arrow import arrow, check_widths, read_ahead, row_batch, row_type, write_stream
 from .._sql import TableName, quote
 from .columns import column_names, duckdb_type
+from .connect import binding_ready, run
 from .scan import BOUND_TAG
 
 __all__ = ["insert_files", "insert_rows", "write_arrow_file", "write_tagged"]
@@ -47,7 +48,7 @@ def write_tagged(
     pc: Any = import_driver("pyarrow.compute", needed_by="DuckDBSink")
     counts = [0] * bounds
     with contextlib.ExitStack() as stack:
-        reader = conn.execute(sql, params).to_arrow_reader(_BATCH_ROWS)
+        reader = run(conn, sql, params).to_arrow_reader(_BATCH_ROWS)
         width = reader.schema.get_field_index(BOUND_TAG)
         schema = reader.schema.remove(width)
         writers = [DigestWriter(stack.enter_context(create_private(path))) for path in paths]
@@ -127,11 +128,11 @@ def insert_files(
     file's rows as chunks. One INSERT per file would cost a statement each (file-artifact:
     a file per partition)."""
     rows = 0
-    for native, run in itertools.groupby(files, key=lambda file: file.native):
+    for native, group in itertools.groupby(files, key=lambda file: file.native):
         if native:
-            rows += _insert_native(conn, table, columns, list(run))
+            rows += _insert_native(conn, table, columns, list(group))
         else:
-            for file in run:
+            for file in group:
                 chunks = read_chunks(file.path, file.sha256)
                 rows += insert_rows(conn, table, columns, chunks)
     return rows
@@ -183,6 +184,7 @@ def _insert_native(
 def _insert_arrow(conn: Any, table: TableName, names: str, data: Any) -> int:
     """``INSERT ... SELECT * FROM`` an Arrow batch or stream reader DuckDB scans in bulk."""
     view = f"__dpone_rows_{secrets.token_hex(8)}"  # never the name of a table of the file
+    binding_ready()
     conn.register(view, data)
     try:
         sql = f"INSERT INTO {table.sql()} ({names}) SELECT * FROM {quote(view)}"
@@ -207,6 +209,7 @@ def _unnest_batch(conn: Any, table: TableName, names: str, rows: Sequence[tuple]
     by_column = [[row[index] for row in rows] for index in range(len(rows[0]))]
     unnest = ", ".join(f"UNNEST(${number})" for number in range(1, len(by_column) + 1))
     sql = f"INSERT INTO {table.sql()} ({names}) SELECT {unnest}"
+    binding_ready()  # lists of Python values, bound
     return conn.execute(sql, by_column).fetchone()[0]
 
 

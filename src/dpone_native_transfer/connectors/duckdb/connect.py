@@ -12,7 +12,7 @@ import os
 import re
 import struct
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -24,11 +24,13 @@ from ..contract import Unsupported
 __all__ = [
     "binding_ready",
     "duckdb_driver",
+    "inline",
     "literal",
     "one_writer",
     "open_database",
     "postgres_scanner_loads",
     "reraise_interrupt",
+    "run",
     "scanner_connection",
     "scratch_connection",
     "sqlite_extension",
@@ -48,17 +50,29 @@ _SCANNER_CONFIG = {**_CONFIG, "allow_unsigned_extensions": True}
 
 
 def duckdb_driver() -> Any:
-    """The driver, without pandas: a connection that binds parameters is opened with
-    ``open_database(..., parameters=True)`` (``binding_ready``)."""
+    """The driver, without pandas: dpone's statements bind no parameter DuckDB would import
+    pandas for (``run``)."""
     return import_driver("duckdb", needed_by="DuckDBSink")
 
 
+def run(conn: Any, sql: str, params: Sequence[Any] = ()) -> Any:
+    """``conn.execute(sql, params)``, its ``?`` parameters written into the text as literals
+    of the types DuckDB would bind them as (``inline``). DuckDB imports pandas at a process's
+    first bound parameter (0.3-0.5 s, most of a small run's time); a value ``inline`` cannot
+    write (a list, a date...) is bound, pandas imported first (``binding_ready``)."""
+    text = inline(sql, params)
+    if text is None:
+        binding_ready()
+        return conn.execute(sql, list(params))
+    return conn.execute(text)
+
+
 def binding_ready() -> None:
-    """Call before a query with parameters. DuckDB imports pandas, when it is installed, at
-    its first such query in a process, from its own code, which swallows what a signal's
-    handler raises meanwhile: a SIGTERM or Ctrl-C then was lost, and the run went on.
-    Imported here first, in Python, the signal stops the run. Only then: a run with nothing
-    new binds no parameter and never pays for the import (docs/performance.md, fix 61)."""
+    """Call before DuckDB is handed a Python object: a bound parameter, or data to
+    ``register``. DuckDB imports pandas, when it is installed, the first time in a process,
+    from its own code, which swallows what a signal's handler raises meanwhile: a SIGTERM or
+    Ctrl-C then was lost, and the run went on. Imported here first, in Python, the signal
+    stops the run (docs/performance.md, fix 61)."""
     _import_pandas()
 
 
@@ -69,12 +83,74 @@ def _import_pandas() -> None:
 
 
 def literal(value: str) -> str:
-    """``value`` as a DuckDB string literal, for the reads a run with nothing new makes, which
-    bind no parameter (``binding_ready``). DuckDB's literals take no backslash escapes: a
-    doubled quote is the only one. A NUL is refused (no table name holds one)."""
+    """``value`` as a DuckDB string literal. DuckDB's literals take no backslash escapes: a
+    doubled quote is the only one. A NUL is refused (``inline`` then binds it)."""
     if "\x00" in value:
         raise ValueError("a NUL in a DuckDB literal")
     return "'" + value.replace("'", "''") + "'"
+
+
+# The integer types DuckDB binds a Python int as: the narrowest that holds it.
+_INTEGERS = (
+    (-(2**31), 2**31, "INTEGER"),
+    (-(2**63), 2**63, "BIGINT"),
+    (0, 2**64, "UBIGINT"),
+    (-(2**127), 2**127, "HUGEINT"),
+)
+
+
+def _typed_literal(value: Any) -> str | None:
+    """``value`` as a literal of the type DuckDB binds it as (a ``str`` as ``VARCHAR``, not
+    as a literal DuckDB would cast to the other side's type), or None."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "CAST(TRUE AS BOOLEAN)" if value else "CAST(FALSE AS BOOLEAN)"
+    if isinstance(value, int):
+        kind = next((kind for low, high, kind in _INTEGERS if low <= value < high), None)
+        return None if kind is None else f"CAST('{int(value)}' AS {kind})"  # exact as text
+    if isinstance(value, float):
+        return f"CAST('{float(value)!r}' AS DOUBLE)"  # nan, inf and -0.0 spelled as such
+    if isinstance(value, str):
+        return None if "\x00" in value else f"CAST({literal(str(value))} AS VARCHAR)"
+    if isinstance(value, bytes | bytearray | memoryview):
+        escaped = "".join(f"\\x{byte:02X}" for byte in bytes(value))
+        return f"CAST('{escaped}' AS BLOB)"
+    if isinstance(value, list) and _one_family(value):
+        items = [_typed_literal(item) for item in value]
+        return None if None in items else f"[{', '.join(map(str, items))}]"
+    return None
+
+
+def _one_family(values: list[Any]) -> bool:
+    """Whether a list's values are all texts, blobs, booleans or numbers (and NULLs), at least
+    one not NULL: DuckDB then types the list as binding it would. It refuses a list literal
+    that mixes them, which it binds (texts and numbers as texts)."""
+    found = {_FAMILIES.get(type(value)) for value in values if value is not None}
+    return len(found) == 1 and None not in found
+
+
+_FAMILIES = {str: "text", bytes: "blob", bool: "boolean", int: "number", float: "number"}
+
+
+def inline(sql: str, params: Sequence[Any]) -> str | None:
+    """``sql`` with each ``?`` outside quotes replaced by its parameter's literal
+    (``_typed_literal``); None when a parameter has none, or the markers do not match the
+    parameters (then binding them says what is wrong)."""
+    literals = [_typed_literal(value) for value in params]
+    if any(text is None for text in literals):
+        return None
+    parts = _QUOTED_OR_MARK.split(sql)  # texts, quoted spans and marks in turn
+    marks = [i for i, part in enumerate(parts) if part == "?"]
+    if len(marks) != len(literals):
+        return None
+    for index, text in zip(marks, literals, strict=True):
+        parts[index] = str(text)
+    return "".join(parts)
+
+
+# A single- or double-quoted span (a doubled quote inside it is part of it), or a ``?``.
+_QUOTED_OR_MARK = re.compile(r"""('(?:[^']|'')*'|"(?:[^"]|"")*"|\?)""")
 
 
 _SCANNER = "duckdb-extension-sqlite-scanner"  # the wheel of DuckDB's sqlite_scanner extension
@@ -172,7 +248,6 @@ def target_connection(
     *,
     scanner: bool = False,
     read_only: bool = False,
-    parameters: bool = True,
 ) -> Iterator[Any]:
     """A connection to the target file ``path``, closed on exit; ``scanner``: with the
     sqlite scanner loaded; ``read_only``: the caller only reads (opened read-only when the
@@ -183,15 +258,12 @@ def target_connection(
     of it (DuckDB's own connection to the same database): one open of the file per run,
     not one per call, and no second configuration of one file in this process, which DuckDB
     refuses while the first is open. Otherwise each call opens and closes the file, as a
-    command that reads a target between runs needs (the file is not kept locked).
-    ``parameters``: its queries may bind parameters (``binding_ready``)."""
-    if parameters:
-        binding_ready()
+    command that reads a target between runs needs (the file is not kept locked)."""
     if not connections_held(_release_kept):
         conn = (
             scanner_connection(path, table)
             if scanner
-            else open_database(path, table, read_only=read_only, parameters=False)
+            else open_database(path, table, read_only=read_only)
         )
         try:
             yield conn
@@ -202,7 +274,7 @@ def target_connection(
     with _kept_lock:
         kept = _kept.get(key)
         if kept is None:
-            kept = _Kept(open_database(path, table, config=_SCANNER_CONFIG, parameters=False))
+            kept = _Kept(open_database(path, table, config=_SCANNER_CONFIG))
             _kept[key] = kept
         kept.users += 1
         try:
@@ -284,15 +356,10 @@ def open_database(
     *,
     read_only: bool = False,
     config: Mapping[str, Any] = _CONFIG,
-    parameters: bool = True,
 ) -> Any:
     """``duckdb.connect``; a file this DuckDB cannot read because of its storage version is
-    ``TargetVersionUnsupported`` (``_unreadable_version``), any other failure DuckDB's own.
-    ``parameters``: the connection may bind parameters (``binding_ready``); False only for
-    a connection whose every query is plain text."""
+    ``TargetVersionUnsupported`` (``_unreadable_version``), any other failure DuckDB's own."""
     duckdb = duckdb_driver()
-    if parameters:
-        binding_ready()
     try:
         return duckdb.connect(path, read_only=read_only, config=dict(config))
     except duckdb.Error as error:

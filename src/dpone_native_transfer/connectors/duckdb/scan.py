@@ -20,7 +20,7 @@ from .._sql import (
 from ..contract.sqlite_file import SQLiteFile
 from ..sqlite_reading import inexact_plan, refuse_inexact_plan
 from .columns import MAX_DECIMAL_WIDTH
-from .connect import duckdb_driver, reraise_interrupt
+from .connect import duckdb_driver, reraise_interrupt, run
 
 __all__ = [
     "BOUND_TAG",
@@ -136,8 +136,8 @@ def _probe(
     if not every:
         return
     try:
-        found = conn.execute(
-            f"SELECT {', '.join(every)} FROM sqlite_scan(?, ?)", scan_params(source)
+        found = run(
+            conn, f"SELECT {', '.join(every)} FROM sqlite_scan(?, ?)", scan_params(source)
         ).fetchone()
         failing = [name for (name, _), bad in zip(tests, found, strict=False) if bad]
     except Exception as error:  # DuckDB's, of any type (a message it cannot decode...)
@@ -152,7 +152,7 @@ def scan_types(conn: Any, source: SQLiteFile) -> dict[str, str]:
     """Each source column's type as the scanner reads it (``conn`` has the scanner); none when
     it cannot read the file (SQLite's own read then says why, as a ``SourceInvalid``)."""
     try:
-        described = conn.execute("DESCRIBE SELECT * FROM sqlite_scan(?, ?)", scan_params(source))
+        described = run(conn, "DESCRIBE SELECT * FROM sqlite_scan(?, ?)", scan_params(source))
     except duckdb_driver().Error:
         return {}
     return {row[0]: row[1] for row in described.fetchall()}

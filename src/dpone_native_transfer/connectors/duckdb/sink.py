@@ -96,10 +96,10 @@ from .columns import DUCKDB_TYPES, MAX_DECIMAL_WIDTH, column_names, duckdb_carri
 from .connect import (
     binding_ready,
     duckdb_driver,
-    literal,
     one_writer,
     postgres_scanner_loads,
     reraise_interrupt,
+    run,
     scratch_connection,
     target_connection,
 )
@@ -186,7 +186,7 @@ class DuckDBSink(FileTarget, EnginePull):
         if not os.path.isfile(self.path):
             return
         try:
-            with target_connection(self.path, self.table, parameters=False) as conn:
+            with target_connection(self.path, self.table) as conn:
                 view = _view_exists(conn, self._target)
         except driver.Error:
             raise unavailable(self.table) from None
@@ -216,20 +216,15 @@ class DuckDBSink(FileTarget, EnginePull):
             raise unmergeable(self.table, LOOSE_VERSION, column=version)
 
     @contextlib.contextmanager
-    def _connect(
-        self, *, scanner: bool = False, writing: bool = True, parameters: bool = True
-    ) -> Iterator[Any]:
-        """The target file; ``scanner``: with the sqlite scanner loaded; ``parameters``: its
-        queries may bind parameters (``binding_ready``). ``writing``: one such connection at
-        a time per file in this process (``one_writer``), so that the routes of one file
-        running in threads never race to create its shared tables (``_dpone_fence``, the
-        ledger) nor read the same next ledger ``seq``."""
+    def _connect(self, *, scanner: bool = False, writing: bool = True) -> Iterator[Any]:
+        """The target file; ``scanner``: with the sqlite scanner loaded. ``writing``: one
+        such connection at a time per file in this process (``one_writer``), so that the
+        routes of one file running in threads never race to create its shared tables
+        (``_dpone_fence``, the ledger) nor read the same next ledger ``seq``."""
         check_target_folder(self.path, self.table)
         with (
             one_writer(self.path) if writing else contextlib.nullcontext(),
-            target_connection(
-                self.path, self.table, scanner=scanner, parameters=parameters
-            ) as conn,
+            target_connection(self.path, self.table, scanner=scanner) as conn,
         ):
             yield conn
 
@@ -262,6 +257,13 @@ class DuckDBSink(FileTarget, EnginePull):
     ) -> LoadFile | Iterator[Sequence[tuple]]:
         """The Arrow batches ``load`` would insert, as one IPC stream file."""
         return write_arrow_file(path, columns, chunks, table=self.table)
+
+    def merge_load_files(self, payload: LoadFiles, folder: Path) -> LoadFiles:
+        """Before the target call of every load of files: the load will hand DuckDB their
+        rows as Arrow, so pandas is imported now, where a signal still stops the run before
+        the target (``binding_ready``); lazy-plan hands DuckDB nothing and never imports it."""
+        binding_ready()
+        return payload
 
     def can_pull(self, plan: LoadPlan, files: int) -> bool:
         """The plan's checks accept the plan, at most ``open_files_allowed()`` files (a file
@@ -325,11 +327,7 @@ class DuckDBSink(FileTarget, EnginePull):
     def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
         """DuckDB matches column names case-insensitively (ASCII). A column of
         a type dpone makes takes only a source column it would make that type for; a type made
-        by hand is left to DuckDB's own conversion.
-
-        Asked before the target call of every run that loads rows, so DuckDB's import of
-        pandas is made here, where a signal still stops the run (``binding_ready``)."""
-        binding_ready()
+        by hand is left to DuckDB's own conversion."""
         with self._reader() as conn:
             if conn is None or not _table_exists(conn, self._target):
                 return None
@@ -421,7 +419,8 @@ class DuckDBSink(FileTarget, EnginePull):
         """A column DuckDB reads as a DATE or a number but SQLite holds as text is compared as
         text; refuse the plan unless DuckDB then selects exactly SQLite's rows."""
         for where, params, window in plan_conditions(source, bounds, textual):
-            selected = conn.execute(
+            selected = run(
+                conn,
                 f"SELECT count(*) FROM sqlite_scan(?, ?) WHERE {where}",
                 [*scan_params(source), *params],
             ).fetchone()[0]
@@ -458,7 +457,8 @@ class DuckDBSink(FileTarget, EnginePull):
                     _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
                     try:
                         rows = sum(
-                            conn.execute(
+                            run(
+                                conn,
                                 f"INSERT INTO {self._target.sql()} ({names}) SELECT {names}"
                                 f" FROM sqlite_scan(?, ?) WHERE {where}",
                                 [*scan, *params],
@@ -532,14 +532,12 @@ class DuckDBSink(FileTarget, EnginePull):
             return _record(conn, ledger, moved)
 
     @contextlib.contextmanager
-    def _read_only(self, what: str, *, parameters: bool = True) -> Iterator[Any]:
+    def _read_only(self, what: str) -> Iterator[Any]:
         """A connection to the target file to read it, or ``TargetUnavailable``."""
         duckdb = duckdb_driver()
         opened = False
         try:
-            with target_connection(
-                self.path, self.table, read_only=True, parameters=parameters
-            ) as conn:
+            with target_connection(self.path, self.table, read_only=True) as conn:
                 opened = True
                 yield conn
         except duckdb.Error:
@@ -561,17 +559,16 @@ class DuckDBSink(FileTarget, EnginePull):
             if not _table_exists(conn, TableName(None, REJECTS_TABLE)):
                 return []
             sql = rejects_query(quote(REJECTS_TABLE), "?") + " ORDER BY rowid"
-            return list(conn.execute(sql, [self.identity().table]).fetchall())
+            return list(run(conn, sql, [self.identity().table]).fetchall())
 
     def fence_epoch(self) -> int:
         """The target table's fence in ``_dpone_fence``; 0 without one."""
         if not os.path.isfile(self.path):
             return 0
-        with self._read_only("fence", parameters=False) as conn:  # every run: no binding
+        with self._read_only("fence") as conn:
             if not _table_exists(conn, TableName(None, FENCE_TABLE)):
                 return 0
-            name = self.identity().table
-            return read_fence(_plain(conn), name, table=quote(FENCE_TABLE), marker=literal(name))
+            return read_fence(_query(conn), self.identity().table, **_FENCE_AT)
 
     def advance_fence(self, epoch: int) -> int:
         """Raise the fence to ``epoch`` in a transaction of its own."""
@@ -587,20 +584,19 @@ class DuckDBSink(FileTarget, EnginePull):
         """The ledger entries of this target table, oldest first (a read-only connection)."""
         if not os.path.isfile(self.path):
             return []
-        with self._read_only("ledger", parameters=False) as conn:  # every run: no binding
+        with self._read_only("ledger") as conn:
             if not _table_exists(conn, _LEDGER):
                 return []
             described = conn.execute(f"DESCRIBE {quote(LEDGER_TABLE)}").fetchall()
             check_ledger_columns({row[0] for row in described})
-            marker = literal(self.identity().table)
-            rows = conn.execute(ledger_query(marker, partitions=partitions)).fetchall()
+            query = ledger_query("?", partitions=partitions)
+            rows = run(conn, query, [self.identity().table]).fetchall()
         return [LedgerEntry.from_row(*row) for row in rows]
 
     def row_count(self) -> int:
-        """Every run with a ledger asks it (``is_empty``): binds no parameter."""
         if not os.path.isfile(self.path):
             return 0
-        with self._connect(parameters=False) as conn:
+        with self._connect() as conn:
             return _row_count(conn, self._target)
 
     def is_empty(self) -> bool:
@@ -615,7 +611,7 @@ class DuckDBSink(FileTarget, EnginePull):
             if column not in names:
                 return 0
             sql = f"SELECT count(*) FROM {self._target.sql()} WHERE {quote(column)} = ?"
-            return int(conn.execute(sql, [batch_id]).fetchone()[0])
+            return int(run(conn, sql, [batch_id]).fetchone()[0])
 
     def rows(self) -> list[tuple]:
         with self._reader() as conn:
@@ -665,13 +661,7 @@ def _fence_first(conn: Any, entry: LedgerEntry | None) -> None:
 
 
 def _query(conn: Any) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
-    return lambda sql, params: conn.execute(sql, list(params)).fetchall()
-
-
-def _plain(conn: Any) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
-    """``_query`` of a statement whose values are literals (``literal``): ``params`` are the
-    values the literals spell, already in the text."""
-    return lambda sql, params: conn.execute(sql).fetchall()
+    return lambda sql, params: run(conn, sql, params).fetchall()
 
 
 def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:
@@ -690,12 +680,14 @@ def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:
         conn.execute(ledger_table_sql(table, seq=integer, integer=integer, text="VARCHAR NOT NULL"))
         (seq,) = conn.execute(f"SELECT COALESCE(MAX(seq), 0) + 1 FROM {table}").fetchone()
         target, batch, entry, partitions = ledger.row()
-        conn.execute(
+        run(
+            conn,
             f"INSERT INTO {table} VALUES (?, ?, ?, ?, ?, ?)",
             [seq, target, batch, rows, entry, partitions],
         )
         if ledger.rejects:
             conn.execute(rejects_table_sql(quote(REJECTS_TABLE), text="VARCHAR"))
+            binding_ready()  # each reject's values are bound
             write_rejects(conn.executemany, ledger.rejects, target_table=target, batch_id=batch,
                           table=quote(REJECTS_TABLE), marker="?")  # fmt: skip
     return rows
@@ -836,7 +828,8 @@ def _prepare_target(
 def _uniques(conn: Any, table: TableName) -> list[list[str]]:
     """The table's primary key and unique constraints' column sets (names as DuckDB matches
     them: ASCII case folded, as ``_table_exists``)."""
-    rows = conn.execute(
+    rows = run(
+        conn,
         "SELECT schema_name, table_name, constraint_column_names FROM duckdb_constraints()"
         " WHERE database_name = current_database()"
         " AND constraint_type IN ('PRIMARY KEY', 'UNIQUE')"
@@ -853,7 +846,7 @@ def _view_exists(conn: Any, table: TableName) -> bool:
 def _table_exists(conn: Any, table: TableName, *, kind: str = "table") -> bool:
     """DuckDB matches table and schema names case-insensitively (ASCII only), even quoted;
     so does this. An unqualified table is looked up in the current schema. ``kind``: "view"
-    looks for a view of the name. Binds no parameter: every run asks it (``binding_ready``)."""
+    looks for a view of the name."""
     current = "" if table.schema is not None else " AND schema_name = current_schema()"
     rows = conn.execute(
         f"SELECT schema_name, {kind}_name FROM duckdb_{kind}s()"
