@@ -555,7 +555,7 @@ def _mismatch(
             as_latest(store.list_target_latest(route)),
             entries,
             overridden=lambda: ledger_overrides(store, route) | blocked,
-            target_empty=target.sink(route).is_empty,
+            target=target.sink(route),
         )
     except StoreTargetMismatch as mismatch:
         return mismatch

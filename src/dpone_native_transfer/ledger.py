@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
@@ -463,6 +463,19 @@ def _mismatch(route: RouteKey, kind: str, message: str, **diagnostics: Any) -> S
     )
 
 
+class TargetTable(Protocol):
+    """What the cross-check asks of the target table (a ``Sink`` answers both)."""
+
+    def is_empty(self) -> bool: ...
+
+    def column_difference(self, columns: Sequence[Any]) -> Any: ...
+
+
+def table_missing(target: TargetTable) -> bool:
+    """Whether the target table does not exist (``Sink.column_difference``: None)."""
+    return target.column_difference(()) is None
+
+
 def check_store_against_target(
     route: RouteKey,
     scope: LatestCheckpoints,
@@ -470,7 +483,7 @@ def check_store_against_target(
     *,
     overridden: Callable[[], set[str]],
     cursor_column: str | None = None,
-    target_empty: Callable[[], bool] | None = None,
+    target: TargetTable | None = None,
     started: Callable[[], bool] | None = None,
 ) -> LedgerEntry | None:
     """Refuse the run when the store and the target's ledger disagree (reads only).
@@ -488,8 +501,10 @@ def check_store_against_target(
        store knows under another location);
     2. every committed ledger batch of the store is in the ledger (else the
        target was replaced, restored, or is another database);
-    3. the table holds rows when its ledger records some since it was last replaced
-       (``target_empty()``, asked only then; else it was dropped, renamed or emptied);
+    3. the ``target`` table holds rows when its ledger records some since it was last
+       replaced (asked only then; else it was dropped, renamed or emptied); a merge
+       batch's rows may all be deleted by later ones, so after merges only a missing
+       table is refused: a merge never drops its table;
     4. an append route with no batch of its own yet appends into no table holding
        another source database's batches of its source table: if that database is
        this one under another name or address, its rows would be loaded twice. It
@@ -551,9 +566,11 @@ def check_store_against_target(
             f"with it (they are loaded again) with: {_RESTORE}" + _for_other_routes(others),
             batch_ids=behind,
         )
-    # a merge batch's rows may all be deleted by later batches: an empty table proves nothing
-    claimed = [entry for entry in live if entry.rows and entry.strategy is not Strategy.MERGE]
-    if claimed and target_empty is not None and target_empty():
+    claimed = [entry for entry in live if entry.rows]
+    if claimed and target is not None and target.is_empty():
+        merged = [entry for entry in claimed if entry.strategy is Strategy.MERGE]
+        if merged and not table_missing(target):
+            claimed = [entry for entry in claimed if entry not in merged]
         excused = overridden()
         claimed = [entry for entry in claimed if entry.batch_id not in excused]
         if claimed:

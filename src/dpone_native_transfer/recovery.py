@@ -349,6 +349,7 @@ def plan_restore(
     target_rows: int,
     excused: set[str],
     ignore_row_count: bool = False,
+    target_missing: bool = False,
 ) -> RestorePlan:
     """The store's view of ``route`` rebuilt from the target's ledger (entries with partitions).
 
@@ -379,12 +380,16 @@ def plan_restore(
     delete rows, so no count adds up). A table
     that is empty while its ledger records rows was dropped or emptied: nothing
     the ledger lists is held, and this route's batches are recorded as overrides.
+    After merges, whose rows may all have been deleted, only a missing table
+    (``target_missing``) says so.
     """
     live = live_entries(entries, excused)
     # a merge batch's rows replace and delete rows: the table's count is not their sum
     merged = any(entry.strategy is Strategy.MERGE for entry in live)
     ledger_rows = sum(entry.rows for entry in live if entry.strategy is not Strategy.MERGE)
-    emptied = target_rows == 0 and ledger_rows > 0
+    emptied = (target_rows == 0 and ledger_rows > 0) or (
+        target_missing and any(entry.rows for entry in live)
+    )
     if not (emptied or ignore_row_count or merged) and target_rows != ledger_rows:
         raise ConfigInvalid(
             f"refusing to restore route {route.label}: the target table holds "

@@ -237,7 +237,7 @@ class TransferRuntime:
                 ledger.read_ledger(),
                 overridden=lambda: ledger_overrides(self.store, route),
                 cursor_column=spec.source.cursor_column,
-                target_empty=ledger.is_empty,
+                target=ledger,
                 started=lambda: self.state_store.load_source_state(route) is not None,
             )
         if refreshed is None:

@@ -34,7 +34,14 @@ from .errors import (
     StoreTargetMismatch,
 )
 from .latest import as_latest
-from .ledger import UNKNOWN, Proof, check_store_against_target, ledger_overrides, live_entries
+from .ledger import (
+    UNKNOWN,
+    Proof,
+    check_store_against_target,
+    ledger_overrides,
+    live_entries,
+    table_missing,
+)
 from .pipeline import load_route
 from .planner import RouteDefinition, check_definition, route_definition, route_merge
 from .plugins import Hooks, make_plugin_manager
@@ -232,7 +239,7 @@ def _compared_with_target(store: Store, config: RouteConfig) -> str | StoreTarge
             entries,
             overridden=lambda: ledger_overrides(store, route),
             cursor_column=config.source.cursor_column,
-            target_empty=config.sink.is_empty,
+            target=config.sink,
             started=lambda: started,
         )
     except StoreTargetMismatch as refusal:
@@ -280,6 +287,7 @@ def _restore_command(args: argparse.Namespace) -> int:
             target_rows=config.sink.row_count(),
             excused=ledger_overrides(store, route, gone=True),
             ignore_row_count=args.ignore_row_count,
+            target_missing=table_missing(config.sink),
         )
         source_state = plan.source_state and {
             **plan.source_state,

@@ -113,7 +113,8 @@ class Target:
 
         with psycopg.connect(self.schema.dsn) as db:
             db.execute(f'SET search_path = "{self.schema.schema}"')
-            return db.execute(sql).fetchall()
+            cursor = db.execute(sql)
+            return cursor.fetchall() if cursor.description else []  # DDL: no rows
 
     def exists(self, table: str) -> bool:
         try:
@@ -810,6 +811,38 @@ def test_a_lost_store_is_restored_from_the_target_of_a_merge_route(tmp_path, kin
     if kind == "clickhouse":  # the third batch's two rows added, the others' as they were
         [new] = {batch for (batch,) in batches} - {batch for batch, _ in kept}
         assert _batches(target) == sorted([*kept, (new, 2)])
+
+
+def test_a_dropped_merge_table_is_refused_and_loaded_again_but_an_emptied_one_is_not(
+    tmp_path, target
+):
+    """A merge never drops its table, while its batches may delete every row: a table the
+    ledger says a merge wrote that is gone was dropped behind it, so the run is refused
+    (the next batch made the table again holding only its own rows, exit 0); ``state
+    restore`` then loads every row again. An empty table is still every row deleted."""
+    source = make_events(tmp_path)
+    route = events_route(tmp_path, target, "legacy")
+    add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "eu", 1, "new", False))
+    assert run(route).returncode == 0
+    target.query('DROP TABLE "events"')
+    add(source, ("acme", 1, "eu", 2, "paid", False), ("acme", 3, "us", 2, "new", False))
+    refused = run(route)
+    assert refused.returncode == 3 and "mismatch: target_emptied" in refused.stderr
+    assert not target.exists("events")
+    verify = run_cli("guard", "verify", route)
+    assert verify.returncode == 3 and "target_emptied" in verify.stdout
+    restored = run_cli(
+        "state", "restore", route, "--yes", "--reason", "dropped", "--operator", "me"
+    )
+    assert restored.returncode == 0, restored.stderr
+    assert run(route).returncode == 0
+    check_target(target, source)
+    add(source, *[("acme", key, "eu", 3, "", True) for key in (1, 2, 3)])
+    assert run(route).returncode == 0  # every key deleted: an empty table
+    assert target.rows("events", LOADED) == []
+    add(source, ("acme", 4, "eu", 4, "new", False))
+    assert run(route).returncode == 0
+    check_target(target, source)
 
 
 def test_a_store_lost_after_a_clickhouse_kill_before_the_ledger_row_is_restored_exactly(
