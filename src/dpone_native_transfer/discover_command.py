@@ -23,7 +23,7 @@ from .reporting import EXIT_OK, plural
 __all__ = ["add_discover_command", "pipeline_text"]
 
 from .discover import TableInfo, read_catalog
-from .pipeline import pipeline_from_mapping
+from .pipeline import is_pattern, pipeline_from_mapping
 
 _HEADERS = ("TABLE", "ROWS", "PRIMARY_KEY", "CURSOR_CANDIDATES", "PARTITION_CANDIDATES")
 
@@ -168,12 +168,14 @@ def pipeline_text(
 ) -> str:
     """A pipeline file moving every table of ``catalog``: by key ranges of its integer key
     and, where one is found, with a cursor column; a table with neither is refreshed whole."""
+    listed = [table for table in catalog if not is_pattern(table.name)]
     lines = [
         "# Written by `dpone-transfer discover` from the source's catalog: edit it, then run",
         "# `dpone-transfer run` on it. docs/pipelines.md describes every key.",
         "",
         "[pipeline]",
-        f"tables = {_toml(', '.join(_toml(t.name) for t in catalog), raw=True)}",
+        # a name that reads as a pattern is selected by its [tables.NAME] section alone
+        f"tables = {_toml(', '.join(_toml(t.name) for t in listed), raw=True)}",
         "",
         "[source]",
         *(f"{key} = {_toml(value)}" for key, value in source.items()),

@@ -40,6 +40,7 @@ __all__ = [
     "StoreClosed",
     "StoreTargetMismatch",
     "TargetAccessRefused",
+    "TargetConstraintRefused",
     "TargetRowsMismatch",
     "TargetRowsUnproven",
     "TargetCommitGuardInvalid",
@@ -376,6 +377,26 @@ class TargetRowsUnproven(TargetRowsMismatch):
             diagnostics={"target_table": target_table, "batch_id": batch_id, "sent": sent,
                          "applied": applied},
         )  # fmt: skip
+
+
+class TargetConstraintRefused(TargetRowsMismatch):
+    """A constraint of the target table (unique, not null, check, foreign key; a SQLite
+    ``INTEGER PRIMARY KEY`` that takes only integers) refused a row of the load inside its
+    transaction, which the sink rolled back: nothing applied, the route not blocked. A retry
+    meets the same cause (exit 2). Said only by a sink that rolls back (not ClickHouse)."""
+
+    code = "native_transfer_target_constraint"
+
+    @classmethod
+    def refused(cls, target_table: str, *, constraint: str) -> TargetConstraintRefused:
+        """``constraint``: the engine's code for the kind refused (``SQLITE_CONSTRAINT_UNIQUE``,
+        SQLSTATE ``23505``), never its message, which names values."""
+        return cls(
+            f"a constraint of target table {target_table!r} refused a row of the batch "
+            f"({constraint}); the load was rolled back and nothing was applied: change the "
+            "table's constraint or the source's rows, then run again",
+            diagnostics={"target_table": target_table, "constraint": constraint},
+        )
 
 
 class StoreTargetMismatch(NativeTransferError):

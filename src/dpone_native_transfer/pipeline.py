@@ -318,6 +318,13 @@ def _sections(document: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return sections
 
 
+def is_pattern(entry: str) -> bool:
+    """Whether a ``[pipeline] tables`` entry is read as a pattern (``!`` takes matches out,
+    ``*``, ``?`` and ``[...]`` match): a table whose name looks so is named by its own
+    ``[tables.NAME]`` section instead."""
+    return entry.startswith("!") or bool(_PATTERN & set(entry))
+
+
 def _known(table: Mapping[str, Any], keys: Sequence[str], *where: str) -> None:
     for key in table:
         if key not in keys:
@@ -353,7 +360,7 @@ def _selected(
     for index, entry in enumerate(listed):
         key = f"pipeline.tables[{index}]"
         pattern = entry.removeprefix("!").strip()
-        if entry.startswith("!") or _PATTERN & set(pattern):
+        if is_pattern(entry):
             hits = [
                 n
                 for n in catalog

@@ -457,10 +457,10 @@ def test_a_failed_first_window_under_another_cursor_column_is_refused_not_reused
     build_sample_source(tmp_path / "source.db", rows=100, partitions=4)
     with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as db:
         db.execute("CREATE TABLE orders_copy (id INTEGER, region TEXT, amount REAL,"
-                   " updated_at INTEGER, CHECK (id <> 50))")  # fmt: skip
+                   " updated_at INTEGER, note TEXT DEFAULT (no_such_function()))")  # fmt: skip
         db.commit()
     route_file = route(tmp_path)
-    run(route_file, code=1)  # the check constraint fails inside the target call
+    run(route_file, code=1)  # the unknown function fails inside the target call
     with contextlib.closing(sqlite3.connect(tmp_path / "checkpoints.db")) as store:
         (batch,) = store.execute("SELECT DISTINCT ledger_batch FROM checkpoint_latest").fetchone()
     resolved = run_cli("guard", "resolve", route_file, "--batch", batch, "--from-target",

@@ -214,15 +214,34 @@ def test_run_in_process_prints_the_summary(tmp_path, capsys):
 
 
 def secret_route(folder: Path) -> Path:
-    """A real failure inside the target call whose sqlite message carries a secret: a check
-    constraint of the target table, named by the secret, refuses the rows."""
+    """A real failure inside the target call whose sqlite message carries a secret: a column
+    of the target table the load does not fill defaults to a function, named by the secret,
+    that SQLite does not know (it says so at the first insert)."""
     route_file = make_route(folder, "legacy")
     with contextlib.closing(sqlite3.connect(folder / "target.db")) as connection:
         connection.execute(
             "CREATE TABLE orders_copy (id INTEGER, region TEXT, amount REAL, updated_at INTEGER,"
-            f' CONSTRAINT "{SECRET}" CHECK (amount < 0))'
+            f' note TEXT DEFAULT ("{SECRET}"()))'
         )
     return route_file
+
+
+def test_a_constraint_refusing_rows_is_named_by_its_code_and_blocks_nothing(tmp_path):
+    """A constraint (named by the secret) refusing the rows inside the target call: the load
+    was rolled back, so exit 2 and the next run is not blocked; SQLite's code for the
+    constraint is named, never its message or the constraint's name."""
+    route_file = make_route(tmp_path, "legacy")
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as connection:
+        connection.execute(
+            "CREATE TABLE orders_copy (id INTEGER, region TEXT, amount REAL, updated_at INTEGER,"
+            f' CONSTRAINT "{SECRET}" CHECK (amount < 0))'
+        )
+    for _ in range(2):
+        done = dpone("run", route_file)
+        assert done.returncode == cli.EXIT_CONFIG
+        assert "native_transfer_target_constraint" in done.stderr
+        assert "SQLITE_CONSTRAINT_CHECK" in done.stderr
+        assert SECRET not in done.stderr + done.stdout
 
 
 def test_foreign_failure_is_reported_by_type_only_and_the_retry_is_blocked(tmp_path):
@@ -230,7 +249,7 @@ def test_foreign_failure_is_reported_by_type_only_and_the_retry_is_blocked(tmp_p
     done = dpone("run", route_file)
     assert done.returncode == cli.EXIT_FAILED
     assert done.stderr.splitlines()[-1] == (
-        "error: transfer failed with IntegrityError; rerun with --traceback for details"
+        "error: transfer failed with OperationalError; rerun with --traceback for details"
     )
     assert SECRET not in done.stderr + done.stdout
     retry = dpone("run", route_file)
@@ -244,7 +263,7 @@ def test_traceback_flag_shows_the_foreign_failure(tmp_path):
     assert done.returncode == cli.EXIT_FAILED
     assert "Traceback (most recent call last)" in done.stderr
     assert SECRET in done.stderr
-    assert done.stderr.splitlines()[-1] == "error: transfer failed with IntegrityError"
+    assert done.stderr.splitlines()[-1] == "error: transfer failed with OperationalError"
 
 
 def test_native_failure_prints_code_and_diagnostics(tmp_path, capsys):
@@ -581,3 +600,36 @@ def test_a_slow_run_says_its_rate_and_a_confirmation_without_a_terminal_says_yes
     )  # fmt: skip
     assert closed.returncode == 2, closed.stderr
     assert "repeat with --yes" in closed.stderr and "nothing written" in closed.stderr
+
+
+# ``dpone-transfer`` (its console script's function) where importing the command's modules
+# is interrupted, as a Ctrl-C in the first fifth of a second does.
+CTRL_C_WHILE_THE_COMMAND_IMPORTS = """
+import importlib.abc, sys
+
+class Interrupted(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "dpone_native_transfer.cli":
+            raise KeyboardInterrupt
+        return None
+
+sys.meta_path.insert(0, Interrupted())
+from dpone_native_transfer._entry import main
+sys.exit(main())
+"""
+
+
+def test_a_ctrl_c_while_the_command_starts_ends_it_without_a_traceback(tmp_path):
+    route_file = make_route(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_WHILE_THE_COMMAND_IMPORTS, "run", str(route_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == cli.EXIT_INTERRUPTED
+    assert done.stderr == (
+        "error: interrupted: it stopped before the run started: nothing was read or written;"
+        " a rerun is safe\n"
+    )
+    assert not (tmp_path / "target.db").exists()

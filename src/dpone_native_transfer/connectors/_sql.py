@@ -13,7 +13,7 @@ import errno
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -22,7 +22,9 @@ from ..errors import (
     ConfigInvalid,
     InternalInvariantBroken,
     SourceMissing,
+    TargetConstraintRefused,
     TargetUnavailable,
+    with_driver_error,
 )
 from ..identity import fold_ascii
 from ..payloads import (
@@ -45,6 +47,7 @@ __all__ = [
     "RESERVED_PREFIX",
     "STAGE_PREFIX",
     "ColumnDifference",  # payloads', kept here for the connectors
+    "constraints_refuse",
     "FileTarget",
     "RANGE_EDGES",
     "WINDOW_OPERATORS",
@@ -288,6 +291,20 @@ def unavailable(table: str, *, to: str = "be opened for writing") -> TargetUnava
         "unreachable, read-only, damaged or not a database); nothing was written",
         diagnostics={"table": table},
     )
+
+
+@contextlib.contextmanager
+def constraints_refuse(
+    table: str, integrity: type[BaseException], constraint: Callable[[Any], str]
+) -> Iterator[None]:
+    """Around a load's transaction (outside it: rolled back first): the driver's
+    ``integrity`` error, a constraint of the table refusing a row, becomes
+    ``TargetConstraintRefused`` naming ``constraint(error)``, a code, never its text."""
+    try:
+        yield
+    except integrity as error:
+        refused = TargetConstraintRefused.refused(table, constraint=constraint(error))
+        raise with_driver_error(refused, error) from None
 
 
 def range_cuts_sql(

@@ -95,6 +95,7 @@ from ._sql import (
     ColumnDifference,
     TableName,
     check_target_table,
+    constraints_refuse,
     difference,
     parse_table,
     quote,
@@ -494,10 +495,17 @@ class PostgresSink(Sink, EnginePull):
 
     # --- loads ------------------------------------------------------------------------------
 
+    def _refused(self) -> contextlib.AbstractContextManager[None]:
+        """Around a target call's transaction: a constraint refusing a row (SQLSTATE class
+        23), rolled back; the SQLSTATE is named, never the server's message."""
+        return constraints_refuse(
+            self.table, _driver().IntegrityError, lambda error: f"SQLSTATE {error.sqlstate}"
+        )
+
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written (``LoadFiles`` as
         rows: the spool's)."""
-        with self._transaction() as conn:
+        with self._refused(), self._transaction() as conn:
             self._fence_first(conn, ledger)
             if payload.merge is not None:
                 rows = _merge_rows(conn, self._target, payload)
@@ -617,7 +625,7 @@ class PostgresSink(Sink, EnginePull):
         statements = [source.select_any_sql(plan.bounds, columns=plan.columns)]
         if len(statements[0][1]) > _MOST_PARAMETERS and dblink is None:
             statements = [source.select_sql(b, columns=plan.columns) for b in plan.bounds]
-        with self._transaction() as conn:
+        with self._refused(), self._transaction() as conn:
             self._fence_first(conn, ledger)
             _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
             counted = _applied_counter(conn, self._target, replace=plan.replace)
@@ -667,7 +675,7 @@ class PostgresSink(Sink, EnginePull):
         the staged rows are merged into the target on its key (``_merge``), then dropped.
         """
         stage, target = self._stage.sql(_name), self._target.sql(_name)
-        with self._transaction() as conn:
+        with self._refused(), self._transaction() as conn:
             self._fence_first(conn, ledger)
             staged = [name for name, _ in _columns(conn, self._stage)]
             if not staged:

@@ -3,7 +3,11 @@
 chDB serves one data path per process at a time: opening a second path while
 a session is open fails. The sink therefore opens a session per call and
 closes it before returning, so routes with different data paths can run one
-after the other in one process.
+after the other in one process. While connections are held (a run, a pipeline:
+``drivers.holding_connections``) the session of a path is kept for the next
+client: chDB leaves five threads and some fifteen open files behind each session
+it closes, so a pipeline of 110 tables, a session each, ran out of a default
+1,024 open files.
 """
 
 from __future__ import annotations
@@ -17,11 +21,15 @@ import json
 import os
 import re
 import tempfile
+import threading
 import zoneinfo
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
+
+from ...drivers import connections_held
 from ...errors import (
     ConfigInvalid,
     InternalInvariantBroken,
@@ -128,42 +136,103 @@ def _record_version(path: str, recorded: str | None) -> None:
         os.replace(file.name, os.path.join(path, _VERSION_FILE))
 
 
+@attrs.define(eq=False)
+class _Session:
+    """An open chDB session, its clients' uses one at a time (``lock``), and how many
+    clients hold it."""
+
+    session: Any
+    lock: threading.RLock = attrs.field(factory=threading.RLock)
+    users: int = 0
+
+
+_kept: dict[str, _Session] = {}  # by data path, while connections are held
+_kept_lock = threading.Lock()
+
+
+def _release_kept() -> None:
+    """When the last ``holding_connections`` block closes: close the kept sessions no client
+    holds (one still held is closed by its client)."""
+    with _kept_lock:
+        idle = [key for key, kept in _kept.items() if not kept.users]
+        closing = [_kept.pop(key) for key in idle]
+    for kept in closing:
+        with contextlib.suppress(Exception):
+            kept.session.close()
+
+
+def _shared(path: str) -> _Session:
+    """The kept session of ``path`` while connections are held, else a new one; a kept
+    session of another path no client holds is closed first (chDB serves one path)."""
+    key = os.path.abspath(path)
+    with _kept_lock:
+        held = connections_held(_release_kept)
+        kept = _kept.get(key) if held else None
+        if kept is None:
+            others = [k for k, other in _kept.items() if k != key and not other.users]
+            for other in [_kept.pop(k) for k in others]:
+                with contextlib.suppress(Exception):
+                    other.session.close()
+            kept = _Session(_open(path))
+            if held:
+                _kept[key] = kept
+        kept.users += 1
+        return kept
+
+
+def _open(path: str) -> Any:
+    """A new chDB session on ``path``, set as dpone reads and writes; errors while opening
+    hide the path and chDB's text."""
+    session = import_engine("chdb.session")
+    if not os.path.isdir(os.path.dirname(path)):
+        raise ConfigInvalid(
+            "folder of the chDB data path does not exist", diagnostics={"key": "location"}
+        )
+    if _held_by_another(path):
+        raise _in_use()
+    recorded = _folder_version(path)
+    try:
+        opened = session.Session(path)
+    except Exception:
+        if _held_by_another(path):  # taken since the probe: two runs started at once
+            raise _in_use() from None
+        raise ConfigInvalid(
+            "chDB could not open the data path; chDB serves one data path per process "
+            "at a time, so close other chDB sessions first",
+            diagnostics={"key": "location"},
+        ) from None
+    try:
+        for name, value in {**SETTINGS, **_OUTPUT_SETTINGS}.items():
+            opened.query(f"SET {name} = {_setting(value)}")
+        _record_version(path, recorded)
+    except BaseException:
+        opened.close()
+        raise
+    return opened
+
+
 class ChdbClient:
-    """A chDB session on one data path; errors while opening hide the path and chDB's text."""
+    """A chDB session on one data path (``_shared``), used one call at a time."""
 
     def __init__(self, path: str) -> None:
-        session = import_engine("chdb.session")
-        if not os.path.isdir(os.path.dirname(path)):
-            raise ConfigInvalid(
-                "folder of the chDB data path does not exist", diagnostics={"key": "location"}
-            )
-        if _held_by_another(path):
-            raise _in_use()
-        recorded = _folder_version(path)
-        try:
-            self._session = session.Session(path)
-        except Exception:
-            if _held_by_another(path):  # taken since the probe: two runs started at once
-                raise _in_use() from None
-            raise ConfigInvalid(
-                "chDB could not open the data path; chDB serves one data path per process "
-                "at a time, so close other chDB sessions first",
-                diagnostics={"key": "location"},
-            ) from None
-        try:
-            for name, value in {**SETTINGS, **_OUTPUT_SETTINGS}.items():
-                self._session.query(f"SET {name} = {_setting(value)}")
-            _record_version(path, recorded)
-        except BaseException:
-            self.close()
-            raise
+        self._shared: _Session | None = _shared(path)
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[Any]:
+        shared = self._shared
+        if shared is None:
+            raise InternalInvariantBroken("a chDB client used after close()")
+        with shared.lock:
+            yield shared.session
 
     def command(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
-        self._session.query(sql, "CSV", params=_texts(params))
+        with self._session() as session:
+            session.query(sql, "CSV", params=_texts(params))
 
     def query_rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple]:
         """Rows via JSONCompactEachRowWithNamesAndTypes: unlike JSONCompact, it keeps bytes."""
-        raw = self._session.query(sql, _READ_FORMAT, params=_texts(params)).bytes()
+        with self._session() as session:
+            raw = session.query(sql, _READ_FORMAT, params=_texts(params)).bytes()
         lines = raw.decode("utf-8", "surrogateescape").split("\n")  # not splitlines: U+2028
         while lines and not lines[-1]:
             lines.pop()
@@ -220,24 +289,36 @@ class ChdbClient:
         )
 
     def _insert_json(self, insert: str, chunks: Iterable[Sequence[tuple]]) -> int:
-        inserter = self._session.send_insert(insert, "JSONCompactEachRow")
-        rows = 0
-        try:
-            for chunk in chunks:
-                if data := encode_json_rows(chunk):
-                    inserter.append(data)
-                rows += len(chunk)
-            inserter.finish()
-        except BaseException:
-            with contextlib.suppress(Exception):
-                inserter.cancel()  # nothing is committed at finish(); see docs on blocks
-            raise
-        return rows
+        with self._session() as session:
+            inserter = session.send_insert(insert, "JSONCompactEachRow")
+            rows = 0
+            try:
+                for chunk in chunks:
+                    if data := encode_json_rows(chunk):
+                        inserter.append(data)
+                    rows += len(chunk)
+                inserter.finish()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    inserter.cancel()  # nothing is committed at finish(); see docs on blocks
+                raise
+            return rows
 
     def close(self) -> None:
-        session, self._session = getattr(self, "_session", None), None
-        if session is not None:
-            session.close()
+        """Give the session back: closed, unless kept while connections are held."""
+        shared, self._shared = self._shared, None
+        if shared is None:
+            return
+        with _kept_lock:
+            shared.users -= 1
+            if shared.users:
+                return
+            key = next((key for key, kept in _kept.items() if kept is shared), None)
+            if key is not None and connections_held(_release_kept):
+                return  # kept for the next client
+            if key is not None:  # released while this client still held it
+                del _kept[key]
+        shared.session.close()
 
 
 def _setting(value: Any) -> str:

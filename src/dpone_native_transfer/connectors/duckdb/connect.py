@@ -100,19 +100,23 @@ _INTEGERS = (
 
 
 def _typed_literal(value: Any) -> str | None:
-    """``value`` as a literal of the type DuckDB binds it as (a ``str`` as ``VARCHAR``, not
-    as a literal DuckDB would cast to the other side's type), or None."""
+    """``value`` as a literal DuckDB types as it types the bound value: alone, the type
+    binding gives; beside a column, a text or an integer literal takes the column's type as
+    a parameter does (``dt > '2024-01-05'`` compares dates), except an integer beside a
+    text column, which DuckDB refuses (dpone compares none). None: no such literal."""
     if value is None:
         return "NULL"
     if isinstance(value, bool):
-        return "CAST(TRUE AS BOOLEAN)" if value else "CAST(FALSE AS BOOLEAN)"
+        return "TRUE" if value else "FALSE"
     if isinstance(value, int):
+        if -(2**31) < value < 2**63:  # DuckDB's INTEGER or BIGINT literal, as bound
+            return str(int(value))
         kind = next((kind for low, high, kind in _INTEGERS if low <= value < high), None)
         return None if kind is None else f"CAST('{int(value)}' AS {kind})"  # exact as text
     if isinstance(value, float):
         return f"CAST('{float(value)!r}' AS DOUBLE)"  # nan, inf and -0.0 spelled as such
     if isinstance(value, str):
-        return None if "\x00" in value else f"CAST({literal(str(value))} AS VARCHAR)"
+        return None if "\x00" in value else literal(str(value))
     if isinstance(value, bytes | bytearray | memoryview):
         escaped = "".join(f"\\x{byte:02X}" for byte in bytes(value))
         return f"CAST('{escaped}' AS BLOB)"

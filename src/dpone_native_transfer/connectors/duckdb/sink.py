@@ -73,6 +73,7 @@ from .._sql import (
     check_target_folder,
     check_target_table,
     check_writable,
+    constraints_refuse,
     difference,
     parse_table,
     quote,
@@ -164,6 +165,13 @@ class DuckDBSink(FileTarget, EnginePull):
                 "would vanish after each call",
                 diagnostics={"table": table},
             )
+        if "?" in os.path.dirname(os.path.abspath(self.path)):
+            raise ConfigInvalid(  # its commit failed inside the target call: a blocked route
+                f"the DuckDB file of target table {table!r} is in a folder whose path holds a "
+                "'?': DuckDB makes its write-ahead log's path by cutting there, so every "
+                "commit fails; move the file to a folder without one",
+                diagnostics={"key": "target.path", "table": table},
+            )
 
     def identity(self) -> TableIdentity:
         """The file's resolved path; DuckDB matches table names case-insensitively."""
@@ -234,11 +242,16 @@ class DuckDBSink(FileTarget, EnginePull):
             return contextlib.nullcontext(None)
         return self._connect(writing=False)
 
+    def _refused(self) -> contextlib.AbstractContextManager[None]:
+        """Around a target call's transaction: a constraint refusing a row, rolled back."""
+        integrity = duckdb_driver().IntegrityError  # a ConstraintException's base
+        return constraints_refuse(self.table, integrity, lambda error: type(error).__name__)
+
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written: load files as
         DuckDB reads them (Arrow natively), other rows as Arrow batches."""
         table, columns = self._target, payload.columns
-        with self._connect() as conn, _transaction(conn):
+        with self._refused(), self._connect() as conn, _transaction(conn):
             _fence_first(conn, ledger)
             if payload.merge is not None:
                 return _record(conn, ledger, _merge_rows(conn, table, payload))
@@ -450,7 +463,7 @@ class DuckDBSink(FileTarget, EnginePull):
         names = column_names(plan.columns)
         scan = scan_params(source)
         statements = plan_conditions(source, plan.bounds, textual)
-        with self._connect(scanner=True) as conn:
+        with self._refused(), self._connect(scanner=True) as conn:
             try:
                 with watching_writes(source) as written, _transaction(conn):
                     _fence_first(conn, ledger)
@@ -509,7 +522,7 @@ class DuckDBSink(FileTarget, EnginePull):
         staged rows are merged into the target on its key (``_merge``), then dropped.
         """
         stage, target = self._stage.sql(), self._target.sql()
-        with self._connect() as conn, _transaction(conn):
+        with self._refused(), self._connect() as conn, _transaction(conn):
             _fence_first(conn, ledger)
             if not _table_exists(conn, self._stage):
                 raise ConfigInvalid(

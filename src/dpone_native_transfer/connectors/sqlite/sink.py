@@ -56,6 +56,7 @@ from .._sql import (
     check_target_folder,
     check_target_table,
     check_writable,
+    constraints_refuse,
     difference,
     parse_table,
     refuse_reserved_prefix,
@@ -198,9 +199,15 @@ class SQLiteSink(FileTarget, EnginePull):
         """A NaN is refused: SQLite would store it as NULL. Other values are SQLite's own."""
         return finite_double if column.kind == "real" else None
 
+    def _refused(self) -> contextlib.AbstractContextManager[None]:
+        """Around a target call's transaction: a constraint refusing a row, rolled back."""
+        return constraints_refuse(
+            self.table, sqlite3.IntegrityError, lambda error: error.sqlite_errorname
+        )
+
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written."""
-        with self._connect() as conn, _transaction(conn):
+        with self._refused(), self._connect() as conn, _transaction(conn):
             _fence_first(conn, ledger)
             if payload.merge is not None:
                 return _record(conn, ledger, _merge_rows(conn, self.table, payload))
@@ -331,7 +338,7 @@ class SQLiteSink(FileTarget, EnginePull):
                 f"source database for table {source.table!r} does not exist", table=source.table
             )
         prefix = f"INSERT INTO {_quote(self.table)} ({column_list(payload.columns)}) "
-        with self._connect() as conn:
+        with self._refused(), self._connect() as conn:
             conn.execute("ATTACH DATABASE ? AS src", (file_uri(source.path, read_only=True),))
             try:
                 with _transaction(conn):
@@ -376,7 +383,7 @@ class SQLiteSink(FileTarget, EnginePull):
         Otherwise the rows are copied (appended, or after emptying the target). ``merge``:
         the staged rows are merged into the target on its key (``_merge``), then dropped.
         """
-        with self._connect() as conn, _transaction(conn):
+        with self._refused(), self._connect() as conn, _transaction(conn):
             _fence_first(conn, ledger)
             columns = table_columns(conn, self._stage)
             if not columns:
