@@ -141,9 +141,7 @@ sys.exit(code)
 
 
 @pytest.mark.parametrize("path", ["staged", "lazy-plan"])
-def test_a_duckdb_run_binds_no_parameter_and_imports_pandas_only_to_hand_over_rows(
-    tmp_path, path
-):
+def test_a_duckdb_run_binds_no_parameter_and_imports_pandas_only_to_hand_over_rows(tmp_path, path):
     """DuckDB imports pandas (0.3-0.5 s) at a process's first bound parameter, so dpone's
     statements carry their values as literals (``connect.inline``): a run imports pandas only
     where it hands DuckDB rows itself (staged; the test above), never on lazy-plan, where
