@@ -649,8 +649,10 @@ def test_a_parameter_written_into_the_text_is_what_duckdb_binds(value):
     conn = duckdb.connect()
     sql = "SELECT typeof(a), a, a IS NOT DISTINCT FROM ? FROM (SELECT ? AS a)"
     text = duckdb_connect.inline(sql, [value, value])
-    assert text is not None
-    inlined = conn.execute(text).fetchall()
+    items = value if isinstance(value, list) else [value]
+    beyond = any(type(v) is int and not -(2**31) < v < 2**63 for v in items)
+    assert (text is None) == beyond  # bound: DuckDB versions type such integers otherwise
+    inlined = duckdb_connect.run(conn, sql, [value, value]).fetchall()
     bound = conn.execute(sql, [value, value]).fetchall()
     if value != value or (isinstance(value, float) and value == 0):  # NaN; 0.0 and -0.0
         assert repr(inlined) == repr(bound)

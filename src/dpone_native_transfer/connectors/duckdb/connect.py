@@ -90,15 +90,6 @@ def literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-# The integer types DuckDB binds a Python int as: the narrowest that holds it.
-_INTEGERS = (
-    (-(2**31), 2**31, "INTEGER"),
-    (-(2**63), 2**63, "BIGINT"),
-    (0, 2**64, "UBIGINT"),
-    (-(2**127), 2**127, "HUGEINT"),
-)
-
-
 def _typed_literal(value: Any) -> str | None:
     """``value`` as a literal DuckDB types as it types the bound value: alone, the type
     binding gives; beside a column, a text or an integer literal takes the column's type as
@@ -108,11 +99,9 @@ def _typed_literal(value: Any) -> str | None:
         return "NULL"
     if isinstance(value, bool):
         return "TRUE" if value else "FALSE"
-    if isinstance(value, int):
-        if -(2**31) < value < 2**63:  # DuckDB's INTEGER or BIGINT literal, as bound
-            return str(int(value))
-        kind = next((kind for low, high, kind in _INTEGERS if low <= value < high), None)
-        return None if kind is None else f"CAST('{int(value)}' AS {kind})"  # exact as text
+    if isinstance(value, int):  # DuckDB's INTEGER or BIGINT literal, as bound; beyond them
+        # DuckDB versions bind it otherwise (1.5: HUGEINT; older: DOUBLE), so it is bound
+        return str(int(value)) if -(2**31) < value < 2**63 else None
     if isinstance(value, float):
         return f"CAST('{float(value)!r}' AS DOUBLE)"  # nan, inf and -0.0 spelled as such
     if isinstance(value, str):
