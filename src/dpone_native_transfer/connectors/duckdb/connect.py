@@ -25,7 +25,6 @@ __all__ = [
     "binding_ready",
     "duckdb_driver",
     "inline",
-    "literal",
     "one_writer",
     "open_database",
     "postgres_scanner_loads",
