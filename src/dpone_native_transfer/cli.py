@@ -42,7 +42,9 @@ from .pipeline import PipelineTable, is_pipeline_file, load_pipeline, load_route
 from .pipeline_run import (
     DEFAULT_JOBS,
     MAX_JOBS,
+    WORKERS,
     TableRun,
+    chosen_workers,
     pipeline_summary,
     pipeline_summary_lines,
     run_tables,
@@ -278,6 +280,13 @@ def _add_run_command(commands: Any, common: argparse.ArgumentParser) -> None:
         "machine; tables sharing a target table run one after another)",
     )
     run.add_argument(
+        "--workers",
+        choices=WORKERS,
+        help="a pipeline's tables run in threads of this process or in worker processes "
+        "(default: auto, processes where many rows pass through Python into a server; "
+        "docs/pipelines.md)",
+    )
+    run.add_argument(
         "--run-id",
         type=_run_id,
         metavar="ID",
@@ -394,7 +403,11 @@ def _named(args: argparse.Namespace | None) -> Named:
 def _run_command(args: argparse.Namespace) -> int:
     if is_pipeline_file(args.route):
         return _run_pipeline(args)
-    for given, option in ((args.tables, "--tables"), (args.jobs, "--jobs")):
+    for given, option in (
+        (args.tables, "--tables"),
+        (args.jobs, "--jobs"),
+        (args.workers, "--workers"),
+    ):
         if given:
             raise ConfigInvalid(
                 f"{option} is for a pipeline file; ROUTE is a route file (one route)",
@@ -436,8 +449,10 @@ def _run_pipeline(args: argparse.Namespace) -> int:
     def report(event: str, number: int, table: PipelineTable, run: TableRun | None) -> None:
         progress.info(table_progress_line(number, len(tables), table.name, run))
 
+    jobs = args.jobs or DEFAULT_JOBS
+    workers = chosen_workers(tables, jobs, args.workers or "auto")
     result = run_tables(
-        tables, run_id, jobs=args.jobs or DEFAULT_JOBS, recovery=args.recovery, report=report
+        tables, run_id, jobs=jobs, recovery=args.recovery, report=report, workers=workers
     )
     if args.json:
         print(json.dumps(pipeline_summary(result, run_id), sort_keys=True, default=str))

@@ -6,10 +6,14 @@ and guard. One table failing or blocked does not stop the others. Tables that
 write one target table (shards fanned in) form one queue, run one after
 another by one worker, so that their lease never turns one of them away.
 
-The workers are threads of this process (docs/pipelines.md has the measurement
-against processes: threads won on small tables and share a DuckDB file, which
-one process at a time may open; processes won on large tables whose rows pass
-through Python). A signal
+The workers are threads of this process, or worker processes (``WORKERS``;
+``auto`` chooses by ``chosen_workers``; docs/pipelines.md has the measurement:
+threads win on small tables and share a DuckDB file, which one process at a
+time may open; processes win on large tables whose rows pass through Python,
+one interpreter lock per process). A worker process
+(``python -m dpone_native_transfer.pipeline_worker``) runs its tables one
+after another exactly as a thread does (``serve``), each table sent to it and
+its outcome sent back pickled. A signal
 stops the run as it stops a single route: no table starts after it, and each
 running table raises KeyboardInterrupt at its next step before the guard
 arms (a partition read, the plan done), so it unwinds through its own
@@ -21,10 +25,16 @@ second SIGTERM kills, as for a route).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pickle
 import queue
+import signal
+import subprocess
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +42,7 @@ import attrs
 
 from .application import transfer
 from .drivers import holding_connections
-from .errors import NativeTransferError
+from .errors import ConfigInvalid, NativeTransferError
 from .events import EventName
 from .reporting import EXIT_BLOCKED, EXIT_FAILED, EXIT_OK, exit_code_for
 from .wording import plural
@@ -45,11 +55,15 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_JOBS",
     "MAX_JOBS",
+    "PROCESS_ROWS",
+    "WORKERS",
     "PipelineResult",
     "TableRun",
+    "chosen_workers",
     "pipeline_summary",
     "pipeline_summary_lines",
     "run_tables",
+    "serve",
     "table_progress_line",
 ]
 
@@ -70,6 +84,11 @@ _STOPS = frozenset(
     }
 )
 INTERRUPTED, NOT_RUN = "interrupted", "not run"
+
+WORKERS = ("auto", "threads", "processes")
+# ``auto`` runs tables in processes when two or more have at least this many rows read into a
+# PostgreSQL target from SQLite, whose rows pass through Python (docs/pipelines.md).
+PROCESS_ROWS = 100_000
 
 
 @attrs.frozen
@@ -106,6 +125,7 @@ class PipelineResult:
     tables: tuple[TableRun, ...]
     seconds: float
     jobs: int
+    workers: str = "threads"
     interrupted: BaseException | None = attrs.field(default=None, eq=False)
 
     @property
@@ -126,6 +146,7 @@ class PipelineResult:
             "rows_loaded": sum(run.rows_loaded for run in self.tables),
             "seconds": round(self.seconds, 3),
             "jobs": self.jobs,
+            "workers": self.workers,
             "exit_code": self.exit_code,
         }
 
@@ -143,15 +164,19 @@ def run_tables(
     recovery: str | None = None,
     report: Report | None = None,
     run_table: RunTable | None = None,
+    workers: str = "threads",
 ) -> PipelineResult:
     """Run ``tables`` with at most ``jobs`` at once; never raises for a table's failure.
 
     ``report(event, number, table, run)`` is called as a table starts (``"started"``, its
     number in start order, no run) and ends (``"ended"``, with its run). ``run_table``
-    replaces ``transfer`` for one table (tests wrap the real store or sink with it).
-    A signal (KeyboardInterrupt, or the CLI's SIGTERM) stops every running table, and is
-    returned as ``interrupted``.
+    replaces ``transfer`` for one table (tests wrap the real store or sink with it; threads
+    only). ``workers``: ``threads``, or ``processes`` (``_Worker``; ``chosen_workers`` says
+    which the tables allow). A signal (KeyboardInterrupt, or the CLI's SIGTERM) stops every
+    running table, and is returned as ``interrupted``.
     """
+    if workers not in ("threads", "processes") or (workers == "processes" and run_table):
+        raise ValueError("workers must be 'threads', or 'processes' without run_table")
 
     def default_run(
         table: PipelineTable, events: Callable[[Event], None]
@@ -168,10 +193,13 @@ def run_tables(
     lock, stop = threading.Lock(), threading.Event()
     numbers = iter(range(1, len(tables) + 1))
 
-    workers = max(1, min(jobs, len(groups)))
-    left, finished = [workers], threading.Event()
+    slots = max(1, min(jobs, len(groups)))
+    left, finished = [slots], threading.Event()
+
+    processes: list[_Worker] = []
 
     def work() -> None:
+        worker = None
         try:
             while not stop.is_set():
                 try:
@@ -183,9 +211,15 @@ def run_tables(
                         if stop.is_set():
                             return
                         number = next(numbers)
+                        if workers == "processes" and (worker is None or worker.ended):
+                            worker = _Worker(run_id, recovery)  # a worker killed: another
+                            processes.append(worker)
                     if report is not None:
                         report("started", number, table, None)
-                    outcome = _run(table, run_one, stop)
+                    if worker is None:
+                        outcome = _run(table, run_one, stop)
+                    else:
+                        outcome = worker.run(table, stop)
                     with lock:
                         runs[table.name] = outcome
                     if report is not None:
@@ -193,15 +227,22 @@ def run_tables(
         except BaseException:  # a report that failed: the table's run is kept
             stop.set()
         finally:
+            if worker is not None:
+                worker.close()
             with lock:
                 left[0] -= 1
                 if not left[0]:
                     finished.set()
 
+    def stop_processes(how: signal.Signals) -> None:
+        with lock:
+            for worker in processes:
+                worker.signal(how)
+
     interrupted: BaseException | None = None
     # an embedded target's file opened once for all its tables, the plugins found once
     with holding_connections():
-        for n in range(workers):
+        for n in range(slots):
             threading.Thread(target=work, name=f"dpone-table-{n}", daemon=True).start()
         try:  # no Thread.join: a signal landing in it can mark a running thread as ended
             while not finished.wait(0.1):
@@ -209,11 +250,12 @@ def run_tables(
         except BaseException as signal_raised:  # KeyboardInterrupt, or the CLI's SIGTERM
             interrupted = signal_raised
             stop.set()
+            stop_processes(signal.SIGTERM)  # each stops its table as a thread would
             try:
                 while not finished.wait(0.1):
                     pass
             except KeyboardInterrupt:  # a second Ctrl-C: report what is known now
-                pass
+                stop_processes(signal.SIGKILL)  # as the threads, which end with this process
     with lock:
         ran = dict(runs)
     ended = [
@@ -224,7 +266,8 @@ def run_tables(
     return PipelineResult(
         tables=tuple(ended),
         seconds=time.perf_counter() - started,
-        jobs=workers,
+        jobs=slots,
+        workers=workers,
         interrupted=interrupted,
     )
 
@@ -277,6 +320,158 @@ def _run(table: PipelineTable, run_one: RunTable, stop: threading.Event) -> Tabl
         batch_id=result.batch_id,
         path=result.path,
     )
+
+
+# -- worker processes ---------------------------------------------------------------------------
+
+
+def chosen_workers(tables: Sequence[PipelineTable], jobs: int, workers: str = "auto") -> str:
+    """``threads`` or ``processes`` for ``workers`` (``WORKERS``), or ConfigInvalid naming
+    ``--workers`` when processes cannot run these tables: a DuckDB file or a chDB folder is
+    opened by one process at a time. ``auto``: processes when at least two tables of
+    ``PROCESS_ROWS`` rows or more go from SQLite into PostgreSQL (the server reads no SQLite
+    file, so every row passes through Python: one interpreter lock per process), else
+    threads, which start nothing and win on small tables (docs/pipelines.md)."""
+    from .connectors import ClickHouseSink, DuckDBSink, PostgresSink, SQLiteSource
+
+    one_process = [t.name for t in tables if isinstance(t.config.sink, DuckDBSink | ClickHouseSink)]
+    if workers == "processes" and one_process:
+        raise ConfigInvalid(
+            f"--workers processes cannot run table {one_process[0]!r}: its target (a DuckDB "
+            "file or a chDB folder) is opened by one process at a time; use --workers threads",
+            diagnostics={"argument": "--workers", "table": one_process[0]},
+        )
+    if workers != "auto":
+        return workers
+    heavy = [
+        t
+        for t in tables
+        if isinstance(t.config.source, SQLiteSource)
+        and isinstance(t.config.sink, PostgresSink)
+        and (t.rows or 0) >= PROCESS_ROWS
+    ]
+    return "processes" if jobs > 1 and len(heavy) > 1 and not one_process else "threads"
+
+
+class _Worker:
+    """A worker process (``serve``), started for a worker thread's first table and closed
+    when the thread has no more: one interpreter start and one set of kept connections per
+    worker, not per table. Its standard input takes the run's settings, then a pickled
+    table at a time; it answers each with the table's pickled ``TableRun``. Its standard
+    error is this process's."""
+
+    def __init__(self, run_id: str, recovery: str | None) -> None:
+        paths = [os.path.abspath(path) for path in sys.path if path]  # this process's modules
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "dpone_native_transfer.pipeline_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,  # a terminal's Ctrl-C reaches this process, which passes
+        )  # it on (``signal``) once the worker's handlers are in place
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._requests, self._answers = self._process.stdin, self._process.stdout
+        self._send((run_id, recovery))
+
+    def _send(self, value: Any) -> None:
+        pickle.dump(value, self._requests, protocol=pickle.HIGHEST_PROTOCOL)
+        self._requests.flush()
+
+    def run(self, table: PipelineTable, stop: threading.Event) -> TableRun:
+        """The table's run in the worker; a worker that ended without answering (killed, out
+        of memory) is the table's failure, or its interruption when the run was stopped."""
+        started = time.perf_counter()
+        try:
+            self._send(table)
+            ran: TableRun = pickle.load(self._answers)
+        except Exception:  # OSError, EOFError: the worker is gone
+            with contextlib.suppress(OSError):
+                self._process.kill()  # if it is not quite gone yet: ``ended`` from now on
+            self._process.wait()
+            config = table.config
+            return TableRun(
+                table.name,
+                config.sink.table,
+                INTERRUPTED if stop.is_set() else FAILED,
+                config.route.as_dict(),
+                seconds=time.perf_counter() - started,
+                error=None if stop.is_set() else "WorkerProcessEnded",
+                exit_code=EXIT_FAILED,
+            )
+        if isinstance(ran.failure, _Foreign):
+            ran = attrs.evolve(ran, failure=ran.failure.standing_in())
+        return ran
+
+    @property
+    def ended(self) -> bool:
+        return self._process.poll() is not None
+
+    def signal(self, how: signal.Signals) -> None:
+        """SIGTERM: stop its table (``pipeline_worker``; before its handlers are in place,
+        the worker ends at once, without a word); SIGKILL: end it now."""
+        with contextlib.suppress(OSError):  # it ended already
+            self._process.send_signal(how)
+
+    def close(self) -> None:
+        """No more tables: the worker ends once its standard input closes."""
+        with contextlib.suppress(OSError):
+            self._requests.close()
+        self._process.wait()
+        self._answers.close()
+
+
+class _Foreign(Exception):
+    """A table's failure that does not pickle, sent by its type's name (all a pipeline
+    reports of an error that is not dpone's: its text may hold SQL, rows or secrets)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+    def standing_in(self) -> Exception:
+        """An exception whose type has the failure's name, and its frames as a note."""
+        stand_in = type(self.name, (Exception,), {})()
+        stand_in.__notes__ = list(getattr(self, "__notes__", ()))
+        return stand_in
+
+
+def _sendable(run: TableRun) -> TableRun:
+    """``run`` as it pickles: its failure with the worker's frames as a note (``--traceback``
+    shows them), or a ``_Foreign`` in its place."""
+    failure = run.failure
+    if failure is None:
+        return run
+    frames = "".join(traceback.format_tb(failure.__traceback__))
+    try:
+        pickle.loads(pickle.dumps(failure))  # some exceptions pickle but do not load
+    except Exception:
+        failure = _Foreign(type(failure).__name__)
+    failure.add_note(f"in the pipeline's worker process {os.getpid()}:\n{frames}")
+    return attrs.evolve(run, failure=failure)
+
+
+def serve(stop: threading.Event) -> None:
+    """A worker process's loop (``_Worker``): each table sent runs as a worker thread runs
+    it (``_run``); ``stop``, set by a signal (``pipeline_worker``), stops the table running
+    at its next step before the guard arms, as it stops a thread's. The process ends when
+    its standard input does."""
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # what anything else prints goes to standard error, not into the answers
+    requests = sys.stdin.buffer
+    run_id, recovery = pickle.load(requests)
+
+    def run_one(table: PipelineTable, events: Callable[[Event], None]) -> tuple[Any, float]:
+        return transfer(table.config, run_id, events=events, recovery=recovery)
+
+    with holding_connections():
+        while True:
+            try:
+                table = pickle.load(requests)
+            except EOFError:
+                return
+            pickle.dump(_sendable(_run(table, run_one, stop)), answers)
+            answers.flush()
 
 
 # -- pipelines ----------------------------------------------------------------------------------
@@ -333,7 +528,8 @@ def pipeline_summary_lines(result: PipelineResult, run_id: str) -> list[str]:
     lines.append(
         f"{plural(totals['tables'], 'table')}: {counted}; "
         f"loaded {plural(totals['rows_loaded'], 'row')} in {result.seconds:.2f} s "
-        f"with {plural(result.jobs, 'job')} (run {run_id})"
+        f"with {plural(result.jobs, 'job')}"
+        f"{' in worker processes' if result.workers == 'processes' else ''} (run {run_id})"
     )
     return lines
 

@@ -160,6 +160,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "discover_command",
             "pipeline",
             "pipeline_run",
+            "pipeline_worker",
             "testing",
         ),
     ),  # fmt: skip

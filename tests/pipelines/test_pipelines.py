@@ -79,19 +79,26 @@ def _scenario(
     schema: str = "",
     jobs: int = 2,
     workers: int = 2,
+    run_in: str = "threads",
+    lazy_plan: bool = True,
 ) -> None:
     """Run 1 (library, with the fault): t05 fails its gate, t07 fails after its commit, the
     rest load. Run 2 (the CLI): t07 is blocked (exit 3), t05 fails again, the rest skip.
     Then t07 is resolved from the target, t05's gate lifted, rows added: run 3 loads only
     the new rows (all of a refreshed table), every table exact. ``schema``: the source
     tables' (PostgreSQL), before each name; ``workers``: the jobs the run can use (a chDB
-    database's tables load one at a time; a DuckDB file's run at once)."""
+    database's tables load one at a time; a DuckDB file's run at once); ``run_in``: the
+    command line's ``--workers`` (the library's run 1 takes the fault in threads);
+    ``lazy_plan`` False: lazy-plan tables take ``auto`` (a target that cannot pull)."""
     bare = [f"t{n:02d}" for n in range(1, TABLES + 1)]
     named = {name: f"{schema}.{name}" if schema else name for name in bare}
     failing, blocked = named[FAILING], named[BLOCKED]
 
     def pipeline(**extra: dict[str, Any]) -> Path:
         settings = {named[name]: dict(plan_of(name)) for name in bare}
+        for own in settings.values():
+            if not lazy_plan and own.get("path") == "lazy-plan":
+                own["path"] = "auto"
         for name, own in extra.items():
             settings[named[name]].update(own)
         return write_pipeline(
@@ -121,7 +128,7 @@ def _scenario(
         if name != FAILING:  # t07's target committed: its rows are there once
             _exactly(ids(name), source_ids(name))
 
-    second = run_cli("run", pipeline_file, "--json", "--jobs", jobs)
+    second = run_cli("run", pipeline_file, "--json", "--jobs", jobs, "--workers", run_in)
     assert second.returncode == 3, second.stderr
     summary = json.loads(second.stdout)
     runs = {run["table"]: run for run in summary["tables"]}
@@ -132,7 +139,7 @@ def _scenario(
     assert summary["totals"] | {"seconds": 0} == {
         "tables": TABLES, "succeeded": TABLES - 2, "failed": 1, "blocked": 1, "interrupted": 0,
         "not run": 0, "rows_loaded": sum(r["rows_loaded"] for r in runs.values()),
-        "seconds": 0, "jobs": workers, "exit_code": 3,
+        "seconds": 0, "jobs": workers, "workers": run_in, "exit_code": 3,
     }  # fmt: skip
     for name in bare:
         refreshed = plan_of(name).get("strategy") == "full_refresh"
@@ -152,7 +159,7 @@ def _scenario(
     assert resolved.returncode == 0, resolved.stdout + resolved.stderr
     pipeline_file = pipeline()  # the gate lifted
     add_rows(NEW_ROWS)
-    third = run_cli("run", pipeline_file, "--json")
+    third = run_cli("run", pipeline_file, "--json", "--workers", run_in)
     assert third.returncode == 0, third.stderr
     runs = {run["table"]: run for run in json.loads(third.stdout)["tables"]}
     for name in bare:
@@ -187,6 +194,22 @@ def test_twenty_sqlite_tables_into_duckdb(tmp_path):
         ids=lambda name: duckdb_ids(target, name),
         source_ids=lambda name: sqlite_ids(source, name),
         add_rows=lambda rows: build_tables(source, TABLES, rows, start_id=ROWS + 1),
+    )
+
+
+def test_twenty_sqlite_tables_into_postgres_in_worker_processes(tmp_path, postgres_schema):
+    dsn, schema = postgres_schema
+    source = tmp_path / "shop.db"
+    build_tables(source, TABLES, ROWS)
+    _scenario(
+        tmp_path,
+        source={"path": str(source)},
+        target={"kind": "postgres", "dsn": postgres_url(dsn), "table_prefix": f"{schema}."},
+        ids=lambda name: postgres_ids(dsn, f"{schema}.{name}"),
+        source_ids=lambda name: sqlite_ids(source, name),
+        add_rows=lambda rows: build_tables(source, TABLES, rows, start_id=ROWS + 1),
+        run_in="processes",
+        lazy_plan=False,  # PostgreSQL reads no SQLite file
     )
 
 
@@ -568,8 +591,10 @@ def test_discover_reads_a_postgres_source_named_by_an_environment_variable(
 # -- signals ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("run_in", ["threads", "processes"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_stops_every_running_table_as_a_single_route_stops(tmp_path, signum):
+def test_a_signal_stops_every_running_table_as_a_single_route_stops(tmp_path, signum, run_in):
+    """The signal reaches the pipeline's process alone (a worker process has it passed on)."""
     source = tmp_path / "big.db"
     build_tables(source, 4, 150_000)
     work = tmp_path / "work"
@@ -588,7 +613,17 @@ def test_a_signal_stops_every_running_table_as_a_single_route_stops(tmp_path, si
         },
     )
     child = subprocess.Popen(
-        [sys.executable, "-m", "dpone_native_transfer", "run", str(pipeline_file), "--jobs", "2"],
+        [
+            sys.executable,
+            "-m",
+            "dpone_native_transfer",
+            "run",
+            str(pipeline_file),
+            "--jobs",
+            "2",
+            "--workers",
+            run_in,
+        ],  # fmt: skip
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -598,6 +633,10 @@ def test_a_signal_stops_every_running_table_as_a_single_route_stops(tmp_path, si
     )
     assert child.stderr is not None
     assert child.stderr.readline().endswith(": started\n")
+    for _ in range(600):  # a worker process first starts its interpreter
+        if (tmp_path / "c.db").exists():
+            break
+        time.sleep(0.05)
     time.sleep(0.05)  # while the first tables read their partitions
     child.send_signal(signum)
     out, err = child.communicate(timeout=120)
@@ -612,11 +651,59 @@ def test_a_signal_stops_every_running_table_as_a_single_route_stops(tmp_path, si
     finished = sum(outcome == "succeeded" for outcome in outcomes.values())
     assert f": {finished} of 4 tables had finished" in last
     assert list(work.iterdir()) == []  # every table's work folder removed
-    routes = json.loads(run_cli("routes", "--store", tmp_path / "c.db", "--json").stdout)
+    listed = run_cli("routes", "--store", tmp_path / "c.db", "--json")
+    routes = json.loads(listed.stdout)
+    assert isinstance(routes, list), listed.stdout + listed.stderr
     assert [route["lease"] for route in routes] == [None] * len(routes)  # every lease released
     # a table stops before its guard arms, or finishes: none is left blocked
     assert {route["outcome"] for route in routes} <= {"succeeded", "failed"}
     again = run_cli("run", pipeline_file, "--json")
+    assert again.returncode == 0, again.stderr
+    for name in ("t01", "t02", "t03", "t04"):
+        _exactly(sqlite_ids(tmp_path / "w.db", name), sqlite_ids(source, name))
+
+
+def test_a_worker_process_killed_fails_its_table_alone_and_the_next_run_recovers(tmp_path):
+    """SIGKILL of a worker process in the middle of a table: that table failed (exit 1), the
+    others run on (another worker takes the rest), nothing is loaded twice once recovered."""
+    source = tmp_path / "big.db"
+    build_tables(source, 4, 200_000)
+    pipeline_file = write_pipeline(
+        tmp_path / "p.toml",
+        source={"path": str(source)},
+        target={"path": str(tmp_path / "w.db")},
+        store=str(tmp_path / "c.db"),
+        tables=["t*"],
+        defaults={"path": "legacy", "chunk_rows": 500, "partition_rows": 5_000},
+    )
+    command = [sys.executable, "-m", "dpone_native_transfer", "run", str(pipeline_file)]
+    child = subprocess.Popen(
+        [*command, "--jobs", "2", "--workers", "processes", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stderr is not None
+    assert child.stderr.readline().endswith(": started\n")
+    tasks = Path(f"/proc/{child.pid}/task")  # a worker thread starts each worker process
+    for _ in range(600):  # the first worker's interpreter started, and its table running
+        workers = [
+            pid for task in tasks.iterdir() for pid in (task / "children").read_text().split()
+        ]
+        if workers and (tmp_path / "c.db").exists():
+            break
+        time.sleep(0.05)
+    time.sleep(0.1)
+    subprocess.run(["kill", "-KILL", workers[0]], check=True)
+    out, err = child.communicate(timeout=300)
+    assert child.returncode == 1, err
+    runs = {run["table"]: run for run in json.loads(out)["tables"]}
+    killed = [name for name, run in runs.items() if run["outcome"] != "succeeded"]
+    assert len(killed) == 1, runs
+    assert runs[killed[0]] | {"seconds": 0} == runs[killed[0]] | {
+        "outcome": "failed", "error": "WorkerProcessEnded", "exit_code": 1, "seconds": 0,
+    }  # fmt: skip
+    again = run_cli("run", pipeline_file, "--recovery", "from_target", "--workers", "processes")
     assert again.returncode == 0, again.stderr
     for name in ("t01", "t02", "t03", "t04"):
         _exactly(sqlite_ids(tmp_path / "w.db", name), sqlite_ids(source, name))

@@ -1,0 +1,104 @@
+"""Which workers a pipeline's tables run in (``--workers``), and what a worker process sends
+back. The runs themselves, in processes, are in test_pipelines.py (the twenty-table scenario
+into PostgreSQL, signals, a worker killed)."""
+
+from __future__ import annotations
+
+import pickle
+
+import attrs
+import pytest
+from helpers.cli import run_cli
+from helpers.pipelines import build_tables, write_pipeline
+
+from dpone_native_transfer.errors import ConfigInvalid
+from dpone_native_transfer.pipeline import load_pipeline
+from dpone_native_transfer.pipeline_run import (
+    PROCESS_ROWS,
+    TableRun,
+    _Foreign,
+    _sendable,
+    chosen_workers,
+)
+from dpone_native_transfer.reporting import Named, failure_lines
+
+SERVER = {"kind": "postgres", "dsn": "postgresql://u:p@127.0.0.1:9/db"}  # never reached
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """Two tables of ``PROCESS_ROWS`` rows and more (t01, t02) and one of 10 (t03)."""
+    path = tmp_path_factory.mktemp("source") / "shop.db"
+    build_tables(path, 2, PROCESS_ROWS)
+    build_tables(path, 3, 10, start_id=PROCESS_ROWS + 1)
+    return path
+
+
+def _tables(tmp_path, source, target, tables):
+    file = write_pipeline(
+        tmp_path / "p.toml", source={"path": str(source)}, target=target,
+        store=str(tmp_path / "c.db"), tables=tables,
+    )  # fmt: skip
+    return load_pipeline(file, rows=True).tables
+
+
+@pytest.mark.parametrize(
+    ("tables", "jobs", "target", "expected"),
+    [
+        (["t01", "t02"], 2, SERVER, "processes"),  # rows through Python into a server
+        (["t01", "t02"], 1, SERVER, "threads"),  # one at a time: nothing to share
+        (["t01", "t03"], 2, SERVER, "threads"),  # one large table: the start is not worth it
+        (["t01", "t02"], 2, {"path": "w.db"}, "threads"),  # no server: the rows stay in C
+        (["t01", "t02"], 2, {"kind": "duckdb", "path": "w.duckdb"}, "threads"),
+    ],
+    ids=["large-into-postgres", "one-job", "one-large", "into-sqlite", "into-duckdb"],
+)
+def test_auto_runs_large_tables_read_in_python_into_a_server_in_processes(
+    tmp_path, source, tables, jobs, target, expected
+):
+    assert chosen_workers(_tables(tmp_path, source, target, tables), jobs) == expected
+
+
+def test_processes_are_refused_for_a_target_one_process_opens(tmp_path, source):
+    tables = _tables(tmp_path, source, {"kind": "duckdb", "path": "w.duckdb"}, ["t01"])
+    with pytest.raises(ConfigInvalid, match="--workers processes cannot run table 't01'"):
+        chosen_workers(tables, 2, "processes")
+    assert chosen_workers(tables, 2, "threads") == "threads"
+    done = run_cli("run", tmp_path / "p.toml", "--workers", "processes")
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: native_transfer_config_invalid: --workers processes")
+    assert not (tmp_path / "w.duckdb").exists()  # refused before any table ran
+
+
+def test_workers_is_for_a_pipeline_file(tmp_path):
+    route = tmp_path / "route.toml"
+    route.write_text('[source]\npath = "s.db"\ntable = "t"\npartition_column = "id"\n')
+    done = run_cli("run", route, "--workers", "threads")
+    assert done.returncode == 2
+    assert "--workers is for a pipeline file" in done.stderr
+
+
+class _Unpicklable(Exception):
+    """A driver's error that pickles but does not load (its own __init__ arguments)."""
+
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+
+
+def test_a_failure_that_does_not_pickle_is_reported_by_its_type_name():
+    try:
+        raise _Unpicklable(7, "SELECT secret FROM t")
+    except _Unpicklable as error:
+        failure = error
+    run = TableRun("t01", "t01", "failed", {}, error="_Unpicklable", exit_code=1, failure=failure)
+    received = pickle.loads(pickle.dumps(_sendable(run)))
+    assert isinstance(received.failure, _Foreign)
+    shown = received.failure.standing_in()
+    assert type(shown).__name__ == "_Unpicklable"
+    assert "secret" not in repr(shown)
+    assert failure_lines(shown, Named(None, None, True)) == [
+        "error: transfer failed with _Unpicklable"
+    ]
+    assert any("test_worker_processes.py" in note for note in shown.__notes__)  # its frames
+    assert attrs.evolve(received, failure=None) == attrs.evolve(run, failure=None)
