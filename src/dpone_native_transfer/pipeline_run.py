@@ -26,6 +26,7 @@ second SIGTERM kills, as for a route).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import queue
@@ -353,6 +354,9 @@ def chosen_workers(tables: Sequence[PipelineTable], jobs: int, workers: str = "a
     return "processes" if jobs > 1 and len(heavy) > 1 and not one_process else "threads"
 
 
+_PACKAGE = __name__.rpartition(".")[0]
+
+
 class _Worker:
     """A worker process (``serve``), started for a worker thread's first table and closed
     when the thread has no more: one interpreter start and one set of kept connections per
@@ -363,32 +367,39 @@ class _Worker:
     def __init__(self, run_id: str, recovery: str | None) -> None:
         paths = [os.path.abspath(path) for path in sys.path if path]  # this process's modules
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "dpone_native_transfer.pipeline_worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            start_new_session=True,  # a terminal's Ctrl-C reaches this process, which passes
-        )  # it on (``signal``) once the worker's handlers are in place
-        assert self._process.stdin is not None and self._process.stdout is not None
-        self._requests, self._answers = self._process.stdin, self._process.stdout
-        self._send((run_id, recovery))
+        level = logging.getLogger(_PACKAGE).getEffectiveLevel()
+        self._settings: tuple[str, str | None, int] | None = (run_id, recovery, level)
+        self._process: subprocess.Popen[bytes] | None = None
+        with contextlib.suppress(OSError):  # none: each table it gets fails (``run``)
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "dpone_native_transfer.pipeline_worker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # a terminal's Ctrl-C reaches this process, which
+            )  # passes it on (``signal``) once the worker's handlers are in place
 
     def _send(self, value: Any) -> None:
-        pickle.dump(value, self._requests, protocol=pickle.HIGHEST_PROTOCOL)
-        self._requests.flush()
+        assert self._process is not None and self._process.stdin is not None
+        pickle.dump(value, self._process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+        self._process.stdin.flush()
 
     def run(self, table: PipelineTable, stop: threading.Event) -> TableRun:
-        """The table's run in the worker; a worker that ended without answering (killed, out
-        of memory) is the table's failure, or its interruption when the run was stopped."""
+        """The table's run in the worker; a worker that did not start, or ended without
+        answering (killed, out of memory), is the table's failure, or its interruption when
+        the run was stopped."""
         started = time.perf_counter()
         try:
+            if self._settings is not None:
+                self._send(self._settings)
+                self._settings = None
             self._send(table)
-            ran: TableRun = pickle.load(self._answers)
+            assert self._process is not None and self._process.stdout is not None
+            ran: TableRun = pickle.load(self._process.stdout)
         except Exception:  # OSError, EOFError: the worker is gone
-            with contextlib.suppress(OSError):
-                self._process.kill()  # if it is not quite gone yet: ``ended`` from now on
-            self._process.wait()
+            self.signal(signal.SIGKILL)  # if it is not quite gone yet: ``ended`` from now on
+            if self._process is not None:
+                self._process.wait()
             config = table.config
             return TableRun(
                 table.name,
@@ -405,20 +416,23 @@ class _Worker:
 
     @property
     def ended(self) -> bool:
-        return self._process.poll() is not None
+        return self._process is None or self._process.poll() is not None
 
     def signal(self, how: signal.Signals) -> None:
         """SIGTERM: stop its table (``pipeline_worker``; before its handlers are in place,
         the worker ends at once, without a word); SIGKILL: end it now."""
-        with contextlib.suppress(OSError):  # it ended already
-            self._process.send_signal(how)
+        if self._process is not None:
+            with contextlib.suppress(OSError):  # it ended already
+                self._process.send_signal(how)
 
     def close(self) -> None:
         """No more tables: the worker ends once its standard input closes."""
+        if self._process is None:
+            return
         with contextlib.suppress(OSError):
-            self._requests.close()
+            self._process.stdin.close()  # type: ignore[union-attr]
         self._process.wait()
-        self._answers.close()
+        self._process.stdout.close()  # type: ignore[union-attr]
 
 
 class _Foreign(Exception):
@@ -459,7 +473,10 @@ def serve(stop: threading.Event) -> None:
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # what anything else prints goes to standard error, not into the answers
     requests = sys.stdin.buffer
-    run_id, recovery = pickle.load(requests)
+    run_id, recovery, level = pickle.load(requests)
+    logger = logging.getLogger(_PACKAGE)  # its records as the pipeline's process shows them
+    logger.setLevel(level)
+    logger.addHandler(logging.StreamHandler(sys.stderr))
 
     def run_one(table: PipelineTable, events: Callable[[Event], None]) -> tuple[Any, float]:
         return transfer(table.config, run_id, events=events, recovery=recovery)

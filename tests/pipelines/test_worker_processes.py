@@ -19,6 +19,7 @@ from dpone_native_transfer.pipeline_run import (
     _Foreign,
     _sendable,
     chosen_workers,
+    run_tables,
 )
 from dpone_native_transfer.reporting import Named, failure_lines
 
@@ -102,3 +103,17 @@ def test_a_failure_that_does_not_pickle_is_reported_by_its_type_name():
     ]
     assert any("test_worker_processes.py" in note for note in shown.__notes__)  # its frames
     assert attrs.evolve(received, failure=None) == attrs.evolve(run, failure=None)
+
+
+def test_a_worker_process_that_cannot_start_fails_each_table_and_nothing_else(
+    tmp_path, source, monkeypatch
+):
+    tables = _tables(tmp_path, source, {"path": "w.db"}, ["t01", "t03"])
+    monkeypatch.setattr("sys.executable", str(tmp_path / "no-such-python"))
+    result = run_tables(tables, "run-1", jobs=2, workers="processes")
+    assert {run.table: (run.outcome, run.error) for run in result.tables} == {
+        "t01": ("failed", "WorkerProcessEnded"),
+        "t03": ("failed", "WorkerProcessEnded"),
+    }
+    assert result.exit_code == 1
+    assert not (tmp_path / "w.db").exists()
