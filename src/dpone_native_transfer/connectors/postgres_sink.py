@@ -906,10 +906,12 @@ def _merge(
         around = _delete_plan(conn, table, batch, merge)
         statements = upsert_statements(
             target, rows, names, merge, unloaded=unloaded, name=_name, collate=collate,
-            around_delete=around,
+            around_delete=around, distinct_on=True,
         )  # fmt: skip
     else:
-        statements = merge_statements(target, rows, names, merge, name=_name, collate=collate)
+        statements = merge_statements(
+            target, rows, names, merge, name=_name, collate=collate, distinct_on=True
+        )
     for statement in statements:
         _run(conn, statement)
 
