@@ -403,6 +403,7 @@ def _named(args: argparse.Namespace | None) -> Named:
 def _run_command(args: argparse.Namespace) -> int:
     if is_pipeline_file(args.route):
         return _run_pipeline(args)
+    config = load_route(args.route)  # first: a file that is not TOML says so
     for given, option in (
         (args.tables, "--tables"),
         (args.jobs, "--jobs"),
@@ -413,7 +414,6 @@ def _run_command(args: argparse.Namespace) -> int:
                 f"{option} is for a pipeline file; ROUTE is a route file (one route)",
                 diagnostics={"argument": option},
             )
-    config = load_route(args.route)
     args.named = attrs.evolve(_named(args), store=config.store_path)
     args.reached = Reached()
     progress = progress_logger()

@@ -286,14 +286,14 @@ def _read_toml(path: Path, argument: str) -> dict[str, Any]:
     except UnicodeDecodeError:
         problem = "is not valid TOML: it is not UTF-8 text"
     except RecursionError:
-        problem = "is not a route file: its tables or arrays nest too deeply"
+        problem = "is not a route or pipeline file: its tables or arrays nest too deeply"
     except tomllib.TOMLDecodeError as exc:
         position = _toml_position(exc)
         raise ConfigInvalid(
-            f"the route file given as {argument} is not valid TOML: {exc}",
+            f"the file given as {argument} is not valid TOML: {exc}",
             diagnostics={**where, **position},
         ) from None
-    raise ConfigInvalid(f"the route file given as {argument} {problem}", diagnostics=where)
+    raise ConfigInvalid(f"the file given as {argument} {problem}", diagnostics=where)
 
 
 def _toml_position(exc: tomllib.TOMLDecodeError) -> dict[str, int | None]:

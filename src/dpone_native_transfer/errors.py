@@ -349,13 +349,14 @@ class TargetRowsMismatch(NativeTransferError):
 
     @classmethod
     def rewriting(cls, target_table: str, found: int) -> TargetRowsMismatch:
-        """Refused before the target: the table has triggers or rules (or is a view) that may
-        drop, add or change the rows an insert or a refresh's delete is handed."""
+        """Refused before the target: the table has triggers or rules (or is a view), or
+        SQLite ``ON CONFLICT REPLACE`` clauses, that may drop, add or change the rows an
+        insert or a refresh's delete is handed."""
         return cls(
-            f"target table {target_table!r} has {found} trigger(s), rule(s) or view definitions "
-            "that run on inserts or deletes and may drop, add or change the rows dpone loads, "
-            "so what it applies could not be proven; nothing was written: remove or disable "
-            "them, or load into a table without them",
+            f"target table {target_table!r} has {found} trigger(s), rule(s), view definitions "
+            "or ON CONFLICT REPLACE clauses that run on inserts or deletes and may drop, add or "
+            "change the rows dpone loads, so what it applies could not be proven; nothing was "
+            "written: remove or disable them, or load into a table without them",
             diagnostics={"target_table": target_table, "rewriting": found},
         )
 
@@ -381,9 +382,10 @@ class TargetRowsUnproven(TargetRowsMismatch):
 
 class TargetConstraintRefused(TargetRowsMismatch):
     """A constraint of the target table (unique, not null, check, foreign key; a SQLite
-    ``INTEGER PRIMARY KEY`` that takes only integers) refused a row of the load inside its
-    transaction, which the sink rolled back: nothing applied, the route not blocked. A retry
-    meets the same cause (exit 2). Said only by a sink that rolls back (not ClickHouse)."""
+    ``INTEGER PRIMARY KEY`` that takes only integers) or a column's type made by hand (an
+    enum, ``varchar(n)``) refused a row of the load inside its transaction, which the sink
+    rolled back: nothing applied, the route not blocked. A retry meets the same cause (exit
+    2). Said only by a sink that rolls back (not ClickHouse)."""
 
     code = "native_transfer_target_constraint"
 
@@ -392,9 +394,10 @@ class TargetConstraintRefused(TargetRowsMismatch):
         """``constraint``: the engine's code for the kind refused (``SQLITE_CONSTRAINT_UNIQUE``,
         SQLSTATE ``23505``), never its message, which names values."""
         return cls(
-            f"a constraint of target table {target_table!r} refused a row of the batch "
-            f"({constraint}); the load was rolled back and nothing was applied: change the "
-            "table's constraint or the source's rows, then run again",
+            f"a constraint or column type of target table {target_table!r} refused a row of "
+            f"the batch ({constraint}); the load was rolled back and nothing was applied: "
+            "change the table's constraint or column type, or the source's rows, then run "
+            "again",
             diagnostics={"target_table": target_table, "constraint": constraint},
         )
 

@@ -244,6 +244,40 @@ def test_a_constraint_refusing_rows_is_named_by_its_code_and_blocks_nothing(tmp_
         assert SECRET not in done.stderr + done.stdout
 
 
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact", "lazy-plan"])
+@pytest.mark.parametrize(
+    ("region", "constraint"),
+    [
+        ("region TEXT UNIQUE ON CONFLICT REPLACE", ""),
+        ("region TEXT NOT NULL /* x */ On\n Conflict   replace DEFAULT 'zz'", ""),
+        ("region TEXT", ", PRIMARY KEY (region) ON CONFLICT REPLACE"),
+    ],
+    ids=["unique", "not-null", "table-key"],
+)
+def test_a_sqlite_table_replacing_on_conflict_is_refused_before_the_target(
+    tmp_path, path, region, constraint
+):
+    """SQLite's ``ON CONFLICT REPLACE`` deletes the row a new one meets (or turns a NULL
+    into the default) and counts neither as a change: the load said 120 rows applied where
+    the table held 4, exit 0. Refused before the target; loaded once the clause is gone."""
+    route_file = make_route(tmp_path, path)
+    target = tmp_path / "target.db"
+    with contextlib.closing(sqlite3.connect(target)) as connection:
+        connection.execute(
+            f"CREATE TABLE orders_copy (id INTEGER, {region}, amount REAL, updated_at INTEGER"
+            f"{constraint})"
+        )
+    done = dpone("run", route_file)
+    assert done.returncode == cli.EXIT_CONFIG, done.stderr
+    assert "native_transfer_target_rows_mismatch" in done.stderr
+    assert "ON CONFLICT REPLACE" in done.stderr
+    assert query(target, "SELECT count(*) FROM orders_copy") == [(0,)]
+    with contextlib.closing(sqlite3.connect(target)) as connection:
+        connection.execute("DROP TABLE orders_copy")
+    assert dpone("run", route_file).returncode == 0
+    assert ids(target, "orders_copy") == ids(tmp_path / "source.db", "orders")
+
+
 def test_foreign_failure_is_reported_by_type_only_and_the_retry_is_blocked(tmp_path):
     route_file = secret_route(tmp_path)
     done = dpone("run", route_file)
@@ -347,7 +381,7 @@ def test_toml_syntax_error_gives_line_and_column_not_the_path(tmp_path):
     assert done.returncode == cli.EXIT_CONFIG
     error, diagnostics = done.stderr.splitlines()
     assert error.startswith(
-        "error: native_transfer_config_invalid: the route file given as ROUTE is not valid TOML: "
+        "error: native_transfer_config_invalid: the file given as ROUTE is not valid TOML: "
     )
     assert "(at line 13, column " in error
     assert json.loads(diagnostics.removeprefix("diagnostics: "))["line"] == 13
@@ -358,7 +392,7 @@ def test_missing_route_file_names_the_argument_not_the_path(tmp_path):
     done = dpone("run", tmp_path / "secret-name" / "route.toml")
     assert done.returncode == cli.EXIT_CONFIG
     assert done.stderr.splitlines() == [
-        "error: native_transfer_config_invalid: the route file given as ROUTE does not exist",
+        "error: native_transfer_config_invalid: the file given as ROUTE does not exist",
         'diagnostics: {"argument": "ROUTE"}',
     ]
 

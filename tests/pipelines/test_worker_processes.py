@@ -10,6 +10,7 @@ import attrs
 import pytest
 from helpers.cli import run_cli
 from helpers.pipelines import build_tables, write_pipeline
+from helpers.routes import write_route
 
 from dpone_native_transfer.errors import ConfigInvalid
 from dpone_native_transfer.pipeline import load_pipeline
@@ -71,12 +72,19 @@ def test_processes_are_refused_for_a_target_one_process_opens(tmp_path, source):
     assert not (tmp_path / "w.duckdb").exists()  # refused before any table ran
 
 
-def test_workers_is_for_a_pipeline_file(tmp_path):
-    route = tmp_path / "route.toml"
-    route.write_text('[source]\npath = "s.db"\ntable = "t"\npartition_column = "id"\n')
-    done = run_cli("run", route, "--workers", "threads")
+@pytest.mark.parametrize("option", [("--workers", "threads"), ("--jobs", "2"), ("--tables", "t")])
+def test_pipeline_options_are_for_a_pipeline_file_and_a_broken_file_says_why(tmp_path, option):
+    route = write_route(tmp_path)
+    done = run_cli("run", route, *option)
     assert done.returncode == 2
-    assert "--workers is for a pipeline file" in done.stderr
+    assert f"{option[0]} is for a pipeline file" in done.stderr
+    broken = tmp_path / "pipeline.toml"  # a pipeline file with a key given twice
+    broken.write_text('[pipeline]\ntables = ["t"]\n[tables.t]\nlag = 1\nlag = 2\n')
+    done = run_cli("run", broken, *option)
+    assert done.returncode == 2
+    assert done.stderr.startswith(
+        "error: native_transfer_config_invalid: the file given as ROUTE is not valid TOML"
+    )
 
 
 class _Unpicklable(Exception):

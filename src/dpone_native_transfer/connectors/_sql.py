@@ -295,14 +295,16 @@ def unavailable(table: str, *, to: str = "be opened for writing") -> TargetUnava
 
 @contextlib.contextmanager
 def constraints_refuse(
-    table: str, integrity: type[BaseException], constraint: Callable[[Any], str]
+    table: str, refusals: tuple[type[BaseException], ...], constraint: Callable[[Any], str]
 ) -> Iterator[None]:
     """Around a load's transaction (outside it: rolled back first): the driver's
-    ``integrity`` error, a constraint of the table refusing a row, becomes
-    ``TargetConstraintRefused`` naming ``constraint(error)``, a code, never its text."""
+    ``refusals``, its errors for a constraint of the table or a column's type refusing a row
+    (integrity and data errors: a statement's, or the commit's, so nothing was applied),
+    become ``TargetConstraintRefused`` naming ``constraint(error)``, a code, never its
+    text."""
     try:
         yield
-    except integrity as error:
+    except refusals as error:
         refused = TargetConstraintRefused.refused(table, constraint=constraint(error))
         raise with_driver_error(refused, error) from None
 

@@ -91,6 +91,7 @@ from ._merge import (
     upsert_statements,
 )
 from ._sql import (
+    RESERVED_PREFIX,
     STAGE_PREFIX,
     ColumnDifference,
     TableName,
@@ -496,10 +497,14 @@ class PostgresSink(Sink, EnginePull):
     # --- loads ------------------------------------------------------------------------------
 
     def _refused(self) -> contextlib.AbstractContextManager[None]:
-        """Around a target call's transaction: a constraint refusing a row (SQLSTATE class
-        23), rolled back; the SQLSTATE is named, never the server's message."""
+        """Around a target call's transaction: a constraint (SQLSTATE class 23) or a column's
+        type (class 22: a hand-made enum, varchar(n), numeric(p,s)...) refusing a row, rolled
+        back; the SQLSTATE is named, never the server's message."""
+        driver = _driver()
         return constraints_refuse(
-            self.table, _driver().IntegrityError, lambda error: f"SQLSTATE {error.sqlstate}"
+            self.table,
+            (driver.IntegrityError, driver.DataError),
+            lambda e: f"SQLSTATE {e.sqlstate}",
         )
 
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
@@ -702,24 +707,37 @@ class PostgresSink(Sink, EnginePull):
     def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
         """Names match exactly (always quoted). A column of a type dpone
         makes takes only a source column it would make that type for (or a wider numeric);
-        a type made by hand is left to PostgreSQL's own conversion."""
+        a type made by hand is left to PostgreSQL's own conversion, where it has one that an
+        ``INSERT ... SELECT`` of the type dpone makes may use (``_unassignable``)."""
         _refuse_long_names(columns, self.table)  # before the target call: the runtime asks here
-
-        def read(conn: Any) -> tuple[list[tuple[str, str]], list[str]]:
-            required = _run_query(conn, _REQUIRED, self._target.schema, self._target.name)
-            return _columns(conn, self._target), [name for (name,) in required]
-
-        existing, required = self._outside_call(read)
         made = set(POSTGRES_TYPES.values()) | _NARROW
 
-        def takes(column: Column, target_type: str) -> bool:
+        def dpones(column: Column, target_type: str) -> bool | None:
+            """Whether a table of types dpone makes takes ``column``; None: made by hand."""
             if target_type == postgres_type(column):
                 return True
             if column.kind in ("integer", "decimal") and target_type == "numeric":
                 return True  # wider: every value fits
             if column.kind == "integer" and _whole(target_type):
                 return True
-            return not (target_type in made or target_type.startswith("numeric("))
+            return False if target_type in made or target_type.startswith("numeric(") else None
+
+        def read(conn: Any) -> tuple[list[tuple[str, str]], list[str], set[str]]:
+            required = _run_query(conn, _REQUIRED, self._target.schema, self._target.name)
+            existing = _columns(conn, self._target)
+            types = dict(existing)
+            asked = [c for c in columns if c.name in types and dpones(c, types[c.name]) is None]
+            return (
+                existing,
+                [name for (name,) in required],
+                _unassignable(conn, self._target, asked),
+            )
+
+        existing, required, unassignable = self._outside_call(read)
+
+        def takes(column: Column, target_type: str) -> bool:
+            verdict = dpones(column, target_type)
+            return column.name not in unassignable if verdict is None else verdict
 
         return difference(existing, columns, takes=takes, required=required)
 
@@ -964,6 +982,28 @@ def _arbiter(conn: Any, table: TableName, merge: Merge) -> bool:
     indexes: unique, checked at once (not deferrable), whole (not partial), valid, and on
     exactly the key's columns."""
     return any(set(names) == set(merge.key) for (names,) in conn.execute(_ARBITERS, [table.sql()]))
+
+
+def _unassignable(conn: Any, table: TableName, columns: Sequence[Column]) -> set[str]:
+    """The names of ``columns`` that an ``INSERT ... SELECT`` of the type dpone makes for
+    each cannot write (SQLSTATE 42804: no assignment cast, as from text to an enum made by
+    hand): the staged, merge and lazy-plan loads would fail inside the target call. Each is
+    asked by ``PREPARE``, which checks the statement's types and runs nothing."""
+    found = set()
+    for column in columns:
+        statement = (
+            f"PREPARE {RESERVED_PREFIX}assignable AS INSERT INTO {table.sql(_name)}"
+            f" ({_name(column.name)}) SELECT CAST(NULL AS {postgres_type(column)})"
+        )
+        try:
+            with conn.transaction():  # a savepoint: a refused statement leaves the rest
+                _run(conn, statement)
+                _run(conn, f"DEALLOCATE {RESERVED_PREFIX}assignable")
+        except _driver().Error as error:
+            if getattr(error, "sqlstate", None) != "42804":
+                raise
+            found.add(column.name)
+    return found
 
 
 def _refuse_long_names(columns: Sequence[Column], table: str) -> None:

@@ -243,9 +243,13 @@ class DuckDBSink(FileTarget, EnginePull):
         return self._connect(writing=False)
 
     def _refused(self) -> contextlib.AbstractContextManager[None]:
-        """Around a target call's transaction: a constraint refusing a row, rolled back."""
-        integrity = duckdb_driver().IntegrityError  # a ConstraintException's base
-        return constraints_refuse(self.table, integrity, lambda error: type(error).__name__)
+        """Around a target call's transaction: a constraint (``ConstraintException``) or a
+        column's type (``ConversionException``, ``OutOfRangeException``: a hand-made ENUM,
+        DECIMAL...) refusing a row, rolled back."""
+        driver = duckdb_driver()
+        return constraints_refuse(
+            self.table, (driver.IntegrityError, driver.DataError), lambda e: type(e).__name__
+        )
 
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written: load files as
