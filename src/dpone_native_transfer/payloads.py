@@ -127,9 +127,12 @@ class ColumnDifference:
     retyped: list[str] = attrs.field(factory=list)  # columns whose target type cannot take them
     # dropped columns an insert must fill: they take no NULL and have no default
     required: list[str] = attrs.field(factory=list)
+    # source columns the table has but an insert may not write: computed by the table
+    # (generated, identity, materialized), or of a type the load's cannot be assigned to
+    unwritable: list[str] = attrs.field(factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.added or self.dropped or self.retyped)
+        return bool(self.added or self.dropped or self.retyped or self.unwritable)
 
 
 def difference(
@@ -139,26 +142,32 @@ def difference(
     fold: Callable[[str], str] = str,
     takes: Callable[[Column, str], bool] = lambda column, target_type: True,
     required: Sequence[str] = (),
+    unwritable: Sequence[str] = (),
 ) -> ColumnDifference | None:
     """``Sink.column_difference`` from the target table's (name, type) pairs (None or
     empty: no table), matching names after ``fold`` (the engine's own name matching);
     ``takes(column, target_type)`` says whether a target column can hold the source's;
-    ``required``: the target columns an insert must fill (NOT NULL, no default)."""
+    ``required``: the target columns an insert must fill (NOT NULL, no default);
+    ``unwritable``: the target columns an insert may not write (listed among ``existing``
+    or not: SQLite's table_info leaves generated columns out)."""
     if not existing:
         return None
     types = {fold(name): target_type for name, target_type in existing}
+    computed = {fold(name) for name in unwritable}
     wanted = {fold(column.name) for column in columns}
-    dropped = [name for name, _ in existing if fold(name) not in wanted]
+    dropped = [name for name, _ in existing if fold(name) not in wanted | computed]
     filled = {fold(name) for name in required}
+    retyped = [
+        column.name
+        for column in columns
+        if fold(column.name) in types and not takes(column, types[fold(column.name)])
+    ]
     return ColumnDifference(
-        added=[column for column in columns if fold(column.name) not in types],
+        added=[c for c in columns if fold(c.name) not in types and fold(c.name) not in computed],
         dropped=dropped,
         required=[name for name in dropped if fold(name) in filled],
-        retyped=[
-            column.name
-            for column in columns
-            if fold(column.name) in types and not takes(column, types[fold(column.name)])
-        ],
+        retyped=retyped,
+        unwritable=[c.name for c in columns if fold(c.name) in computed and c.name not in retyped],
     )
 
 

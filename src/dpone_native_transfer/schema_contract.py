@@ -36,6 +36,16 @@ def apply_schema_contract(
     if not difference:
         return []
     added, dropped, retyped = difference.added, difference.dropped, difference.retyped
+    if difference.unwritable:  # either contract: every insert would fail in the target call
+        raise SchemaChanged(
+            f"route {route.label}: the target table's column(s) "
+            f"{_names(difference.unwritable)} take no value from an insert (computed by the "
+            "table: generated, identity or materialized; or of a type made by hand that the "
+            "load's type cannot be assigned to), and the source has such a column; nothing "
+            "was written. Load into a table where they are ordinary columns",
+            diagnostics={"route": route.as_dict(), "columns": difference.unwritable,
+                         "contract": contract},
+        )  # fmt: skip
     if retyped:  # either contract: the engine would convert the values, or fail in the call
         raise SchemaChanged(
             f"route {route.label}: the target table's type of column(s) {_names(retyped)} "

@@ -24,7 +24,13 @@ from dpone_native_transfer.connectors import SQLiteSource
 from dpone_native_transfer.connectors.duckdb import DuckDBSink, duckdb_type
 from dpone_native_transfer.connectors.duckdb import connect as duckdb_connect
 from dpone_native_transfer.connectors.duckdb import sink as duckdb_sink_module
-from dpone_native_transfer.errors import ConfigInvalid, SourceInvalid, ValueUnsupported
+from dpone_native_transfer.errors import (
+    ConfigInvalid,
+    SourceInvalid,
+    TargetConstraintRefused,
+    ValueUnsupported,
+    driver_error,
+)
 from dpone_native_transfer.payloads import Column, LoadPlan, RowChunks
 from dpone_native_transfer.testing import (
     assert_rows_exactly_once,
@@ -226,10 +232,15 @@ def test_failed_first_load_leaves_no_target_table(sink):
     assert _tables(sink) == []
 
 
-def test_a_value_duckdb_refuses_propagates_and_changes_nothing(sink):
+def test_a_value_duckdb_refuses_is_named_by_its_kind_and_changes_nothing(sink):
+    """The load is rolled back: known not applied (exit 2), named by DuckDB's exception
+    class, never its message (it quotes the value)."""
     sink.load(_chunks())
-    with pytest.raises(duckdb.ConversionException):
+    with pytest.raises(TargetConstraintRefused) as refused:
         sink.load(_chunks([(1, "x", 1.0, 1), ("not a number", "y", 2.0, 2)], size=1))
+    assert refused.value.diagnostics["constraint"] == "ConversionException"
+    assert isinstance(driver_error(refused.value), duckdb.ConversionException)
+    assert "not a number" not in str(refused.value)
     assert sink.rows() == ROWS
 
 

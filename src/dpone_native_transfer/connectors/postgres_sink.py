@@ -707,39 +707,30 @@ class PostgresSink(Sink, EnginePull):
     def column_difference(self, columns: Sequence[Column]) -> ColumnDifference | None:
         """Names match exactly (always quoted). A column of a type dpone
         makes takes only a source column it would make that type for (or a wider numeric);
-        a type made by hand is left to PostgreSQL's own conversion, where it has one that an
-        ``INSERT ... SELECT`` of the type dpone makes may use (``_unassignable``)."""
+        a type made by hand is left to PostgreSQL's own conversion. A column an insert may
+        not write is ``unwritable`` (``_unwritable``)."""
         _refuse_long_names(columns, self.table)  # before the target call: the runtime asks here
+
+        def read(conn: Any) -> tuple[list[tuple[str, str]], list[str], list[str]]:
+            required = _run_query(conn, _REQUIRED, self._target.schema, self._target.name)
+            existing = _columns(conn, self._target)
+            asked = [column for column in columns if column.name in dict(existing)]
+            unwritable = _unwritable(conn, self._target, asked)
+            return existing, [name for (name,) in required], unwritable
+
+        existing, required, unwritable = self._outside_call(read)
         made = set(POSTGRES_TYPES.values()) | _NARROW
 
-        def dpones(column: Column, target_type: str) -> bool | None:
-            """Whether a table of types dpone makes takes ``column``; None: made by hand."""
+        def takes(column: Column, target_type: str) -> bool:
             if target_type == postgres_type(column):
                 return True
             if column.kind in ("integer", "decimal") and target_type == "numeric":
                 return True  # wider: every value fits
             if column.kind == "integer" and _whole(target_type):
                 return True
-            return False if target_type in made or target_type.startswith("numeric(") else None
+            return not (target_type in made or target_type.startswith("numeric("))
 
-        def read(conn: Any) -> tuple[list[tuple[str, str]], list[str], set[str]]:
-            required = _run_query(conn, _REQUIRED, self._target.schema, self._target.name)
-            existing = _columns(conn, self._target)
-            types = dict(existing)
-            asked = [c for c in columns if c.name in types and dpones(c, types[c.name]) is None]
-            return (
-                existing,
-                [name for (name,) in required],
-                _unassignable(conn, self._target, asked),
-            )
-
-        existing, required, unassignable = self._outside_call(read)
-
-        def takes(column: Column, target_type: str) -> bool:
-            verdict = dpones(column, target_type)
-            return column.name not in unassignable if verdict is None else verdict
-
-        return difference(existing, columns, takes=takes, required=required)
+        return difference(existing, columns, takes=takes, required=required, unwritable=unwritable)
 
     def add_columns(self, columns: Sequence[Column]) -> None:
         def add(conn: Any) -> None:
@@ -984,26 +975,29 @@ def _arbiter(conn: Any, table: TableName, merge: Merge) -> bool:
     return any(set(names) == set(merge.key) for (names,) in conn.execute(_ARBITERS, [table.sql()]))
 
 
-def _unassignable(conn: Any, table: TableName, columns: Sequence[Column]) -> set[str]:
-    """The names of ``columns`` that an ``INSERT ... SELECT`` of the type dpone makes for
-    each cannot write (SQLSTATE 42804: no assignment cast, as from text to an enum made by
-    hand): the staged, merge and lazy-plan loads would fail inside the target call. Each is
-    asked by ``PREPARE``, which checks the statement's types and runs nothing."""
-    found = set()
-    for column in columns:
-        statement = (
-            f"PREPARE {RESERVED_PREFIX}assignable AS INSERT INTO {table.sql(_name)}"
-            f" ({_name(column.name)}) SELECT CAST(NULL AS {postgres_type(column)})"
-        )
+def _unwritable(conn: Any, table: TableName, columns: Sequence[Column]) -> list[str]:
+    """The names of ``columns`` an ``INSERT ... SELECT`` of the types dpone makes cannot
+    write: SQLSTATE 42804 (no assignment cast, as from text to an enum made by hand) or
+    428C9 (a generated or ``GENERATED ALWAYS`` identity column). Asked by ``PREPARE``, which
+    checks the statement and runs nothing: all at once, then one by one when that fails."""
+
+    def writes(group: Sequence[Column]) -> bool:
+        names = ", ".join(_name(column.name) for column in group)
+        values = ", ".join(f"CAST(NULL AS {postgres_type(column)})" for column in group)
+        statement = f"INSERT INTO {table.sql(_name)} ({names}) SELECT {values}"
         try:
             with conn.transaction():  # a savepoint: a refused statement leaves the rest
-                _run(conn, statement)
-                _run(conn, f"DEALLOCATE {RESERVED_PREFIX}assignable")
+                _run(conn, f"PREPARE {RESERVED_PREFIX}writes AS {statement}")
+                _run(conn, f"DEALLOCATE {RESERVED_PREFIX}writes")
         except _driver().Error as error:
-            if getattr(error, "sqlstate", None) != "42804":
+            if getattr(error, "sqlstate", None) not in ("42804", "428C9"):
                 raise
-            found.add(column.name)
-    return found
+            return False
+        return True
+
+    if not columns or writes(columns):
+        return []
+    return [column.name for column in columns if not writes([column])]
 
 
 def _refuse_long_names(columns: Sequence[Column], table: str) -> None:

@@ -494,6 +494,12 @@ class ClickHouseSink(Sink, EnginePull):
             ]
             if not existing:
                 return None
+            condition, params = _in_database(self._target)
+            computed = client.query_rows(  # an INSERT names neither kind
+                f"SELECT name FROM system.columns WHERE {condition}"
+                " AND default_kind IN ('MATERIALIZED', 'ALIAS')",
+                params,
+            )
             names = sorted({column_type(column) for column in columns} | set(MADE_TYPES))
             casts = ", ".join(f"toTypeName(CAST(NULL, {type_literal(name)}))" for name in names)
             spelled = dict(zip(names, client.query_rows(f"SELECT {casts}")[0], strict=True))
@@ -506,7 +512,8 @@ class ClickHouseSink(Sink, EnginePull):
                 return True  # wider: every Int64 fits
             return not (target_type in made or target_type.startswith("Nullable(Decimal("))
 
-        return difference(existing, columns, takes=takes)
+        unwritable = [name for (name,) in computed]
+        return difference(existing, columns, takes=takes, unwritable=unwritable)
 
     def check_merge(self, merge: Merge, columns: Sequence[Column]) -> None:
         """Refuse, before the target call, a source column of the name of one of dpone's

@@ -349,6 +349,9 @@ class DuckDBSink(FileTarget, EnginePull):
             if conn is None or not _table_exists(conn, self._target):
                 return None
             described = conn.execute(f"DESCRIBE {self._target.sql()}").fetchall()
+            present = {fold_ascii(row[0]) for row in described}
+            asked = [column for column in columns if fold_ascii(column.name) in present]
+            unwritable = _unwritable(conn, self._target, asked)
             wanted = {duckdb_type(column) for column in columns} | set(DUCKDB_TYPES.values())
             names = sorted(wanted)  # DuckDB's own spelling of each (TIMESTAMPTZ, ...)
             casts = ", ".join(f"typeof(CAST(NULL AS {name}))" for name in names)
@@ -369,6 +372,7 @@ class DuckDBSink(FileTarget, EnginePull):
             fold=fold_ascii,
             takes=takes,
             required=required,
+            unwritable=unwritable,
         )
 
     def add_columns(self, columns: Sequence[Column]) -> None:
@@ -808,6 +812,30 @@ def _settable(conn: Any, table: TableName, column: str) -> bool:
 
 
 _PROBED_KEY = 8  # key columns up to which each part is asked of the binder (2**8 - 2 asks)
+
+
+def _unwritable(conn: Any, table: TableName, columns: Sequence[Column]) -> list[str]:
+    """The names of ``columns`` an ``INSERT ... SELECT`` of the types dpone makes cannot
+    write (a generated column, a type the load's cannot be cast to: a ``BinderException``),
+    asked by ``PREPARE``, which binds the statement and runs nothing: all at once, then one
+    by one when that fails."""
+    binder = duckdb_driver().BinderException
+
+    def writes(group: Sequence[Column]) -> bool:
+        names = ", ".join(quote(column.name) for column in group)
+        values = ", ".join(f"CAST(NULL AS {duckdb_type(column)})" for column in group)
+        try:
+            conn.execute(
+                f"PREPARE dpone_writes AS INSERT INTO {table.sql()} ({names}) SELECT {values}"
+            )
+        except binder:
+            return False
+        conn.execute("DEALLOCATE dpone_writes")
+        return True
+
+    if not columns or writes(columns):
+        return []
+    return [column.name for column in columns if not writes([column])]
 
 
 def _narrower(conn: Any, table: TableName, merge: Merge) -> bool:

@@ -185,13 +185,18 @@ class SQLiteSink(FileTarget, EnginePull):
         with self._reader() as conn:
             existing = [] if conn is None else table_columns(conn, self.table)
             required = [] if conn is None else [n for (n,) in conn.execute(_REQUIRED, [self.table])]
+            generated = (
+                [] if conn is None else [n for (n,) in conn.execute(_GENERATED, [self.table])]
+            )
         pairs = [(column.name, column.decltype) for column in existing]
 
         def takes(column: Column, declared: str) -> bool:
             kind = sqlite_kind(declared)
             return kind in (column.kind, "any") or parsed_type(declared) == sqlite_type(column)
 
-        return difference(pairs, columns, fold=fold_ascii, takes=takes, required=required)
+        return difference(
+            pairs, columns, fold=fold_ascii, takes=takes, required=required, unwritable=generated
+        )
 
     def add_columns(self, columns: Sequence[Column]) -> None:
         with self._connect() as conn, _transaction(conn):
@@ -481,6 +486,8 @@ _REWRITING = (
     " OR (type = 'view' AND name = ? COLLATE NOCASE)"
 )
 _MADE_AS = "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ? COLLATE NOCASE"
+# A table's generated columns (hidden 2: virtual, 3: stored), which table_info leaves out.
+_GENERATED = "SELECT name FROM pragma_table_xinfo(?, 'main') WHERE hidden IN (2, 3)"
 _COMMENTS = re.compile(r"--[^\n]*|/\*.*?(?:\*/|$)", re.DOTALL)
 _REPLACE = re.compile(r"\bON\s+CONFLICT\s+REPLACE\b", re.IGNORECASE)
 
