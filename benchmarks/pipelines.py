@@ -7,7 +7,8 @@ target and a fresh store per run, timed from reading the pipeline file (its chec
 source's catalog included) to the last table's commit. Per case:
 
 - ``jobs 1`` and ``jobs 2``: ``run_tables``, as ``dpone-transfer run --jobs N`` runs them
-  (threads of one process);
+  (threads of one process, or worker processes where ``--workers auto`` takes them:
+  the workers that ran are in the raw results, ``workers``);
 - ``2 processes``: the tables split in two halves, each ``dpone-transfer run --tables``
   in a process of its own, both at once: the alternative to threads, measured to pick
   between them (into DuckDB it cannot run: one process at a time opens a DuckDB file);
@@ -40,7 +41,7 @@ from typing import Any
 
 from dpone_native_transfer.connectors.duckdb.connect import sqlite_extension
 from dpone_native_transfer.pipeline import load_pipeline
-from dpone_native_transfer.pipeline_run import run_tables
+from dpone_native_transfer.pipeline_run import chosen_workers, run_tables
 
 from ._common import Row, Sizes, cached_source, log, median, scratch, timed
 from .batch import _import_server_helper
@@ -110,6 +111,7 @@ class _Case:
         )  # fmt: skip
         self.names = _names(tables)
         self.paths_ran: list[str] = []  # the paths auto chose in the last dpone run
+        self.workers: dict[int, str] = {}  # per jobs, what --workers auto chose
 
     @contextlib.contextmanager
     def fresh(self, label: str) -> Iterator[tuple[Path, dict[str, str], str]]:
@@ -141,9 +143,12 @@ class _Case:
             file = _pipeline_file(folder, source, target, tables, PATH)
 
             def run() -> Any:
-                return run_tables(load_pipeline(file, rows=True).tables, "bench", jobs=jobs)
+                tables = load_pipeline(file, rows=True).tables
+                workers = chosen_workers(tables, jobs)  # as `dpone-transfer run` chooses
+                return run_tables(tables, "bench", jobs=jobs, workers=workers)
 
             seconds, result = timed(run)
+            self.workers[jobs] = result.workers
             loaded = sum(table.rows_loaded for table in result.tables)
             self.paths_ran = sorted({str(table.path) for table in result.tables})
         if result.exit_code or loaded != self.tables * self.rows:
@@ -304,13 +309,15 @@ def _measure_case(
     times = rounds(cases, runs, label=f"pipelines {label}")
     raw["seconds"][label] = times
     raw.setdefault("paths", {})[label] = case.paths_ran
+    raw.setdefault("workers", {})[label] = case.workers
     section = "10 pipelines"
     jobs1, jobs2 = median(times["jobs 1"]), median(times["jobs 2"])
-    rows = [Row(section, f"{label}: jobs 2 vs jobs 1", jobs2, "s", jobs1, jobs2 / jobs1)]
+    rows = [Row(section, f"{label}: jobs 2 ({case.workers[2]}) vs jobs 1", jobs2, "s", jobs1,
+                jobs2 / jobs1)]  # fmt: skip
     if "2 processes" in times:
         value = median(times["2 processes"])
-        rows.append(Row(section, f"{label}: 2 processes vs jobs 2 (threads)", value, "s", jobs2,
-                        value / jobs2))  # fmt: skip
+        rows.append(Row(section, f"{label}: 2 processes by hand vs jobs 2 ({case.workers[2]})",
+                        value, "s", jobs2, value / jobs2))  # fmt: skip
     if dlt_missing is None:
         backend = min(BACKENDS, key=lambda b: median(times[f"dlt {b}"]))
         raw["dlt_backend"][label] = backend
