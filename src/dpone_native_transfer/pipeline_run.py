@@ -8,9 +8,9 @@ another by one worker, so that their lease never turns one of them away.
 
 The workers are threads of this process, or worker processes (``WORKERS``;
 ``auto`` chooses by ``chosen_workers``; docs/pipelines.md has the measurement:
-threads win on small tables and share a DuckDB file, which one process at a
-time may open; processes win on large tables whose rows pass through Python,
-one interpreter lock per process). A worker process
+threads win on small runs and share a DuckDB file, which one process at a
+time may open; processes win into PostgreSQL once each table's Python work
+adds up, one interpreter lock per process). A worker process
 (``python -m dpone_native_transfer.pipeline_worker``) runs its tables one
 after another exactly as a thread does (``serve``), each table sent to it and
 its outcome sent back pickled. A signal
@@ -87,8 +87,8 @@ _STOPS = frozenset(
 INTERRUPTED, NOT_RUN = "interrupted", "not run"
 
 WORKERS = ("auto", "threads", "processes")
-# ``auto`` runs tables in processes when two or more have at least this many rows read into a
-# PostgreSQL target from SQLite, whose rows pass through Python (docs/pipelines.md).
+# ``auto`` runs the tables of a PostgreSQL target in processes from this many source rows in
+# all (the catalog's estimates): enough work to pay for the workers' start (docs/pipelines.md).
 PROCESS_ROWS = 100_000
 
 
@@ -329,11 +329,12 @@ def _run(table: PipelineTable, run_one: RunTable, stop: threading.Event) -> Tabl
 def chosen_workers(tables: Sequence[PipelineTable], jobs: int, workers: str = "auto") -> str:
     """``threads`` or ``processes`` for ``workers`` (``WORKERS``), or ConfigInvalid naming
     ``--workers`` when processes cannot run these tables: a DuckDB file or a chDB folder is
-    opened by one process at a time. ``auto``: processes when at least two tables of
-    ``PROCESS_ROWS`` rows or more go from SQLite into PostgreSQL (the server reads no SQLite
-    file, so every row passes through Python: one interpreter lock per process), else
-    threads, which start nothing and win on small tables (docs/pipelines.md)."""
-    from .connectors import ClickHouseSink, DuckDBSink, PostgresSink, SQLiteSource
+    opened by one process at a time. ``auto``: processes into PostgreSQL when more than one
+    job can run and the tables hold ``PROCESS_ROWS`` rows or more in all, else threads.
+    Each table's own work in Python (its checks, plan, checkpoints; every row, from SQLite)
+    holds one interpreter's lock, so threads of one process share one core for it; a
+    worker process starts an interpreter, which small runs do not pay back."""
+    from .connectors import ClickHouseSink, DuckDBSink, PostgresSink
 
     one_process = [t.name for t in tables if isinstance(t.config.sink, DuckDBSink | ClickHouseSink)]
     if workers == "processes" and one_process:
@@ -344,14 +345,14 @@ def chosen_workers(tables: Sequence[PipelineTable], jobs: int, workers: str = "a
         )
     if workers != "auto":
         return workers
-    heavy = [
-        t
-        for t in tables
-        if isinstance(t.config.source, SQLiteSource)
-        and isinstance(t.config.sink, PostgresSink)
-        and (t.rows or 0) >= PROCESS_ROWS
-    ]
-    return "processes" if jobs > 1 and len(heavy) > 1 and not one_process else "threads"
+    into_server = all(isinstance(t.config.sink, PostgresSink) for t in tables)
+    rows = sum(t.rows or 0 for t in tables)
+    queues = len({t.group for t in tables})
+    return (
+        "processes"
+        if jobs > 1 and queues > 1 and into_server and rows >= PROCESS_ROWS
+        else "threads"
+    )
 
 
 _PACKAGE = __name__.rpartition(".")[0]

@@ -131,6 +131,8 @@ def _throwaway_server() -> Iterator[str]:
             options = (
                 f"-p {port} -k {base} -c listen_addresses=127.0.0.1"
                 " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+                # dlt's sql_database in section 10 opens a connection per table at once
+                " -c max_connections=300"
             )
             start = [*prefix, pg_ctl, "-D", str(data), "-l", str(log), "-w", "-t", "60"]
             try:
