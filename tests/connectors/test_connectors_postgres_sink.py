@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -306,6 +307,36 @@ def test_a_failed_stage_leaves_the_target_untouched(tmp_path, location):
 
 
 # --- schema evolution -----------------------------------------------------------------------
+
+
+def test_two_tables_creating_their_schema_at_once_both_find_it(location):
+    """A pipeline's first two tables into a new schema create it at once: the second
+    failed with a unique violation (found by the twenty-table pipeline in processes). The
+    second now waits on a lock of the name and finds the schema made."""
+    from dpone_native_transfer.connectors._sql import TableName
+    from dpone_native_transfer.connectors.postgres_sink import _create_schema
+
+    for attempt in range(5):
+        schema = f"{location.schema}_{attempt}"
+        meet, failed = threading.Barrier(2), []
+
+        def create(schema: str = schema, meet=meet, failed=failed) -> None:
+            with psycopg.connect(location.dsn) as conn:
+                meet.wait()
+                try:
+                    _create_schema(conn, TableName(schema, "t"))
+                    conn.commit()
+                except psycopg.Error as error:
+                    failed.append(error)
+
+        threads = [threading.Thread(target=create) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        with psycopg.connect(location.dsn, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}"')
+        assert failed == [], attempt
 
 
 def test_a_new_source_column_is_added_to_the_target(tmp_path, location):

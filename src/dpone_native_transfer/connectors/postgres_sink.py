@@ -856,9 +856,16 @@ def _columns(conn: Any, table: TableName) -> list[tuple[str, str]]:
 
 def _create_schema(conn: Any, table: TableName) -> None:
     """Create the table's schema unless it exists (CREATE SCHEMA IF NOT EXISTS would need the
-    CREATE privilege on the database even then)."""
+    CREATE privilege on the database even then). Two tables of a pipeline creating it at
+    once: the second waits on a transaction lock of the name, then finds it (both creating
+    it, one failed with a unique violation)."""
     exists = "SELECT to_regnamespace(%s) IS NOT NULL"
-    if table.schema is not None and not _run_query(conn, exists, quote(table.schema))[0][0]:
+    if table.schema is None or _run_query(conn, exists, quote(table.schema))[0][0]:
+        return
+    _run(conn, "SELECT pg_advisory_xact_lock(hashtext(%s))", f"dpone schema {table.schema}")
+    # read from the catalog table: the name lookup above may keep its miss in a cache
+    made = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %s)"
+    if not _run_query(conn, made, table.schema)[0][0]:
         _run(conn, f"CREATE SCHEMA {_name(table.schema)}")
 
 
