@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -133,6 +134,10 @@ def _value(column: Column) -> str:
     return _name(column.name) if native else f"{_name(column.name)}::text"
 
 
+# Pauses between tries of a connect after the snapshot's holder gave its slot back.
+_SLOT_FREED = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+
+
 class PostgresSource(TableSource):
     """Reads one PostgreSQL table in partitions, optionally windowed by a cursor column."""
 
@@ -203,8 +208,15 @@ class PostgresSource(TableSource):
         if conn is None:
             # A login allowed one connection (or the server no more): the snapshot's holder
             # takes it, so the attempt reads on without the snapshot, as it did before it.
+            # The server frees the holder's slot once its backend has ended, a moment after
+            # the close (a connect at once failed under load): a few tries, 3 s in all.
             self._holder.close()
             self._holder = self._snapshot = None
+            for pause in _SLOT_FREED:
+                try:
+                    return self._open(driver, kept=kept)
+                except SourceInvalid:
+                    time.sleep(pause)
             return self._open(driver, kept=kept)
         conn.read_only = True
         if self._snapshot is not None:  # importing a snapshot takes a repeatable read
