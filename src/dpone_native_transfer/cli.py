@@ -283,7 +283,7 @@ def _add_run_command(commands: Any, common: argparse.ArgumentParser) -> None:
         "--workers",
         choices=WORKERS,
         help="a pipeline's tables run in threads of this process or in worker processes "
-        "(default: auto, processes where many rows pass through Python into a server; "
+        "(default: auto, processes into PostgreSQL from 100,000 source rows in all; "
         "docs/pipelines.md)",
     )
     run.add_argument(

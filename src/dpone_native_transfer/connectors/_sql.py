@@ -48,6 +48,7 @@ __all__ = [
     "STAGE_PREFIX",
     "ColumnDifference",  # payloads', kept here for the connectors
     "constraints_refuse",
+    "unwritable",
     "FileTarget",
     "RANGE_EDGES",
     "WINDOW_OPERATORS",
@@ -291,6 +292,29 @@ def unavailable(table: str, *, to: str = "be opened for writing") -> TargetUnava
         "unreachable, read-only, damaged or not a database); nothing was written",
         diagnostics={"table": table},
     )
+
+
+def unwritable(
+    table: str,
+    columns: Sequence[Column],
+    *,
+    name: Callable[[str], str],
+    type_of: Callable[[Column], str],
+    prepares: Callable[[str], bool],
+) -> list[str]:
+    """The names of ``columns`` that an ``INSERT INTO table ... SELECT`` of the types dpone
+    makes for them cannot write (a column the table computes; a type the load's cannot be
+    assigned to), as the engine's ``prepares(statement)`` (a ``PREPARE``, which checks the
+    statement and runs nothing) says: all at once, then one by one when that fails."""
+
+    def writes(group: Sequence[Column]) -> bool:
+        names = ", ".join(name(column.name) for column in group)
+        values = ", ".join(f"CAST(NULL AS {type_of(column)})" for column in group)
+        return prepares(f"INSERT INTO {table} ({names}) SELECT {values}")
+
+    if not columns or writes(columns):
+        return []
+    return [column.name for column in columns if not writes([column])]
 
 
 @contextlib.contextmanager

@@ -103,6 +103,7 @@ from ._sql import (
     refuse_reserved_prefix,
     refuse_reserved_schema,
     unavailable,
+    unwritable,
 )
 from .contract import Sink, SinkFeatures, Unsupported
 from .contract.engine import EnginePull
@@ -983,15 +984,11 @@ def _arbiter(conn: Any, table: TableName, merge: Merge) -> bool:
 
 
 def _unwritable(conn: Any, table: TableName, columns: Sequence[Column]) -> list[str]:
-    """The names of ``columns`` an ``INSERT ... SELECT`` of the types dpone makes cannot
-    write: SQLSTATE 42804 (no assignment cast, as from text to an enum made by hand) or
-    428C9 (a generated or ``GENERATED ALWAYS`` identity column). Asked by ``PREPARE``, which
-    checks the statement and runs nothing: all at once, then one by one when that fails."""
+    """``_sql.unwritable``: PostgreSQL's ``PREPARE`` refuses the insert with SQLSTATE 42804
+    (no assignment cast, as from text to an enum made by hand) or 428C9 (a generated or
+    ``GENERATED ALWAYS`` identity column)."""
 
-    def writes(group: Sequence[Column]) -> bool:
-        names = ", ".join(_name(column.name) for column in group)
-        values = ", ".join(f"CAST(NULL AS {postgres_type(column)})" for column in group)
-        statement = f"INSERT INTO {table.sql(_name)} ({names}) SELECT {values}"
+    def prepares(statement: str) -> bool:
         try:
             with conn.transaction():  # a savepoint: a refused statement leaves the rest
                 _run(conn, f"PREPARE {RESERVED_PREFIX}writes AS {statement}")
@@ -1002,9 +999,9 @@ def _unwritable(conn: Any, table: TableName, columns: Sequence[Column]) -> list[
             return False
         return True
 
-    if not columns or writes(columns):
-        return []
-    return [column.name for column in columns if not writes([column])]
+    return unwritable(
+        table.sql(_name), columns, name=_name, type_of=postgres_type, prepares=prepares
+    )
 
 
 def _refuse_long_names(columns: Sequence[Column], table: str) -> None:

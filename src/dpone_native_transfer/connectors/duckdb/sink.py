@@ -79,6 +79,7 @@ from .._sql import (
     quote,
     refuse_reserved_schema,
     unavailable,
+    unwritable,
 )
 from ..contract import PlanInexact, SinkFeatures
 from ..contract.engine import EnginePull
@@ -815,27 +816,19 @@ _PROBED_KEY = 8  # key columns up to which each part is asked of the binder (2**
 
 
 def _unwritable(conn: Any, table: TableName, columns: Sequence[Column]) -> list[str]:
-    """The names of ``columns`` an ``INSERT ... SELECT`` of the types dpone makes cannot
-    write (a generated column, a type the load's cannot be cast to: a ``BinderException``),
-    asked by ``PREPARE``, which binds the statement and runs nothing: all at once, then one
-    by one when that fails."""
+    """``_sql.unwritable``: DuckDB's ``PREPARE`` binds the insert (a generated column, a
+    type the load's cannot be cast to: ``BinderException``)."""
     binder = duckdb_driver().BinderException
 
-    def writes(group: Sequence[Column]) -> bool:
-        names = ", ".join(quote(column.name) for column in group)
-        values = ", ".join(f"CAST(NULL AS {duckdb_type(column)})" for column in group)
+    def prepares(statement: str) -> bool:
         try:
-            conn.execute(
-                f"PREPARE dpone_writes AS INSERT INTO {table.sql()} ({names}) SELECT {values}"
-            )
+            conn.execute(f"PREPARE dpone_writes AS {statement}")
         except binder:
             return False
         conn.execute("DEALLOCATE dpone_writes")
         return True
 
-    if not columns or writes(columns):
-        return []
-    return [column.name for column in columns if not writes([column])]
+    return unwritable(table.sql(), columns, name=quote, type_of=duckdb_type, prepares=prepares)
 
 
 def _narrower(conn: Any, table: TableName, merge: Merge) -> bool:
