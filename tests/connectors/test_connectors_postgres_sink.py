@@ -306,6 +306,37 @@ def test_a_failed_stage_leaves_the_target_untouched(tmp_path, location):
         route.real_store.close()
 
 
+def test_a_first_staged_load_renames_the_stage_and_later_ones_copy(location):
+    """A missing target is the stage renamed (the same relation: no row copied again), with
+    the stage's columns and types; into an existing target the stage's
+    rows are copied and the stage dropped."""
+    from dpone_native_transfer.payloads import RowChunks
+
+    table = f"{location.schema}.renamed"
+    sink = PostgresSink(postgres_url(location.dsn), table)
+    columns = (Column("id", "integer", "integer"), Column("name", "text", "text"))
+    oid = "SELECT to_regclass(%s)::oid"
+    stage = f'"{location.schema}"."_dpone_stage_renamed"'
+    assert sink.stage(RowChunks(columns=columns, chunks=[[(1, "a"), (2, None)]])) == 2
+    staged = admin(location, oid, [stage])[0][0]
+    assert sink.finalize_staged_load() == 2
+    assert admin(location, oid, [table])[0][0] == staged
+    assert admin(location, oid, [stage])[0][0] is None
+    types = admin(
+        location,
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+        " WHERE attrelid = to_regclass(%s) AND attnum > 0 ORDER BY attnum",
+        [table],
+    )
+    assert types == [("id", "bigint"), ("name", "text")]
+    assert sink.stage(RowChunks(columns=columns, chunks=[[(3, "c")]])) == 1
+    assert sink.finalize_staged_load() == 1
+    assert admin(location, oid, [table])[0][0] == staged and not admin(location, oid, [stage])[0][0]
+    assert admin(location, f"SELECT id, name FROM {table} ORDER BY id") == [
+        (1, "a"), (2, None), (3, "c"),
+    ]  # fmt: skip
+
+
 # --- schema evolution -----------------------------------------------------------------------
 
 

@@ -677,7 +677,8 @@ class PostgresSink(Sink, EnginePull):
     ) -> int:
         """Move staged rows into the target (by column name) and drop the staging table, at once.
 
-        A missing target is created with the staging table's columns and types. ``merge``:
+        A missing target: the staging table is renamed to it (made by the same statement as
+        the target would be, beside it), instead of copying every row once more. ``merge``:
         the staged rows are merged into the target on its key (``_merge``), then dropped.
         """
         stage, target = self._stage.sql(_name), self._target.sql(_name)
@@ -693,8 +694,10 @@ class PostgresSink(Sink, EnginePull):
                 moved = _row_count(conn, self._stage)
                 _merge(conn, self._target, self._stage, staged, merge)
                 return _record(conn, self._ledger_table, ledger, moved)
-            if not _columns(conn, self._target):  # the stage's schema is the target's
-                _run(conn, f"CREATE TABLE {target} (LIKE {stage})")
+            if not _columns(conn, self._target):
+                moved = _row_count(conn, self._stage)
+                _run(conn, f"ALTER TABLE {stage} RENAME TO {_name(self._target.name)}")
+                return _record(conn, self._ledger_table, ledger, moved)
             if replace:
                 _run(conn, f"DELETE FROM {target}")
             counted = _applied_counter(conn, self._target, replace=replace)
