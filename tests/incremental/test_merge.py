@@ -658,6 +658,92 @@ def test_a_kill_before_the_clickhouse_merge_insert_is_proven_not_applied(tmp_pat
     _kill_inside_the_target_call(tmp_path, Target("clickhouse", tmp_path), path, "before-insert")
 
 
+# A child whose merge INSERT into ClickHouse writes blocks of 500 rows, each a part committed
+# as it is written, and a watcher process that SIGKILLs it once the first of them is there.
+_MID_INSERT_CHILD = """
+import subprocess, sys
+from dpone_native_transfer import cli
+from dpone_native_transfer.connectors.clickhouse import sink
+real = sink.merge_insert_sql
+def merge_insert_sql(*args, settings, **kwargs):
+    small = ", max_block_size = 500, max_insert_block_size = 500"
+    small += ", min_insert_block_size_rows = 500, min_insert_block_size_bytes = 0"
+    watcher = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[1]],
+                               stdout=subprocess.PIPE, text=True)
+    assert watcher.stdout.readline() == "watching\\n"
+    return real(*args, settings=settings + small, **kwargs)
+sink.merge_insert_sql = merge_insert_sql
+sys.exit(cli.main(["run", sys.argv[3], "--quiet"]))
+"""
+_PART_WATCHER = """
+import os, signal, sys, time
+from pathlib import Path
+def parts():
+    return {p for p in Path(sys.argv[1]).rglob("all_*") if p.is_dir()}
+before, parent = parts(), os.getppid()
+print("watching", flush=True)
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline and not parts() - before:
+    time.sleep(0.001)
+os.kill(parent, signal.SIGKILL)
+"""
+
+
+def test_a_kill_inside_the_clickhouse_merge_insert_is_partial_and_merging_again_heals_it(
+    tmp_path,
+):
+    """ClickHouse commits an ``INSERT ... SELECT``'s parts one by one: killed between two, the
+    merged view shows some keys of the batch at their new version. The batch column proves a
+    partial insert (``unknown``: no automatic recovery); a merge needs no repair (the next
+    batch's versions are higher, and a key's latest version is what it merges again), so
+    resolving the batch as ``failed_before_target`` and running again gives every key its
+    latest version, no key twice."""
+    target = Target("clickhouse", tmp_path)
+    path = tmp_path / "source.db"
+    keys = 20_000
+    with _sqlite(path) as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, r TEXT, v INTEGER, s TEXT)")
+        db.executemany("INSERT INTO t VALUES (?, 'eu', 1, 'old')", [(i,) for i in range(keys)])
+        db.commit()
+    route = write_route(
+        tmp_path, target, table="t", path="legacy", partition_column="r", cursor_column="v"
+    )
+    assert run(route).returncode == 0
+    with _sqlite(path) as db:
+        db.execute("UPDATE t SET v = 2, s = 'new' WHERE id % 2 = 0")
+        db.execute("UPDATE t SET v = 3, s = 'newer' WHERE id % 2 = 1")
+        db.commit()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.run(
+        [sys.executable, "-c", _MID_INSERT_CHILD, str(tmp_path / "chdata"), _PART_WATCHER,
+         str(route)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    columns = ("id", "v", "s")
+    merged = target.rows("t", columns)
+    assert len(merged) == keys  # every key once in the merged view
+    moved = sum(1 for _, v, _ in merged if v > 1)
+    assert 0 < moved < keys, f"{moved} keys of {keys} moved: the kill was not inside the insert"
+    blocked = run(route, "--recovery", "from_target")
+    assert blocked.returncode == 3, blocked.stderr  # a partial insert proves nothing
+    verified = run_cli("guard", "verify", route, "--json")
+    [proof] = [json.loads(line) for line in verified.stdout.splitlines()]
+    assert proof["proof"]["verdict"] == "unknown", verified.stdout
+    assert "partial insert" in proof["proof"]["reason"], verified.stdout
+    resolved = run_cli(
+        "guard", "resolve", route, "--batch", proof["batch_id"], "--as", "failed_before_target",
+        "--reason", "a merge needs no repair", "--operator", "me", "--yes",
+    )  # fmt: skip
+    assert resolved.returncode == 0, resolved.stderr
+    healed = run(route)
+    assert healed.returncode == 0, healed.stderr
+    assert target.rows("t", columns) == ordered(
+        [(i, 2, "new") if i % 2 == 0 else (i, 3, "newer") for i in range(keys)]
+    )
+    assert run(route).returncode == 0 and target.rows("t", columns)[-1] == (keys - 1, 3, "newer")
+
+
 @pytest.mark.parametrize("path", ["legacy", "staged"])
 def test_a_clickhouse_batch_the_ledger_lacks_resolved_committed_by_hand_lets_the_route_go_on(
     tmp_path, path
