@@ -16,6 +16,11 @@ source's catalog included) to the last table's commit. Per case:
   engine copying the same tables with nothing else, DuckDB's ``CREATE TABLE AS SELECT *
   FROM sqlite_scan`` per table, PostgreSQL's ``CREATE TABLE AS SELECT *`` per table: the
   least any tool's run can take there, and so the least ratio to dlt there can be;
+- ``rows by hand`` (a diagnostic floor from SQLite into PostgreSQL, which cannot read SQLite
+  itself): two processes, each moving half the tables with nothing else, per table a
+  ``CREATE TABLE``, the rows read with ``sqlite3`` and written by one binary ``COPY`` with
+  psycopg, and a commit: no store, lease, check, ledger or fence (``_by_hand``). What any
+  tool moving rows through Python takes there, and what is left for the guard's work;
 - ``limit`` (PostgreSQL into DuckDB, where dlt's venv has connectorx): connectorx -> Arrow ->
   DuckDB, each table in turn, nothing else (``_connectorx_child.py``): the limit issue 47
   measures a row path against (target: within 1.5x);
@@ -51,6 +56,7 @@ DLT_SHARE = 1 / 3  # at least 3x faster than dlt
 RUNS = 5
 BACKENDS = ("pyarrow", "connectorx")
 OWN_COPY = {("sqlite", "duckdb"), ("postgres", "postgres")}  # the target engine reads the source
+BY_HAND = {("sqlite", "postgres")}  # rows through Python by hand, no guard (``_by_hand``)
 LIMIT = {("postgres", "duckdb")}  # connectorx -> Arrow -> DuckDB, in dlt's venv
 LIMIT_SHARE = 1.5  # a row path within 1.5x the limit (issue 47)
 PATH = "auto"  # each table's path chosen by dpone, as a pipeline table's default
@@ -223,6 +229,23 @@ class _Case:
             raise AssertionError(f"own copy: {copied} rows")
         return seconds
 
+    def by_hand(self) -> float:
+        """The tables in two halves, a spawned process each (``_by_hand``), both at once."""
+        import multiprocessing
+
+        with self.fresh("by-hand") as (folder, target, schema):
+            source = str(self.env["sqlite"][(self.tables, self.rows)])
+            halves = [(self.env["dsn"], source, schema, self.names[k::2]) for k in (0, 1)]
+
+            def run() -> int:
+                with multiprocessing.get_context("spawn").Pool(2) as pool:
+                    return sum(pool.map(_by_hand, halves))
+
+            seconds, copied = timed(run)
+        if copied != self.tables * self.rows:
+            raise AssertionError(f"rows by hand: {copied} rows")
+        return seconds
+
     def limit(self) -> float:
         """connectorx -> Arrow -> DuckDB of every table in turn (``LIMIT`` pairs only)."""
         with self.fresh("limit") as (folder, target, _):
@@ -254,6 +277,33 @@ class _Case:
         if result["rows"] != self.tables * self.rows:
             raise AssertionError(f"dlt {backend}: {result['rows']} rows")
         return result["seconds"]
+
+
+def _by_hand(work: tuple[str, str, str, list[str]]) -> int:
+    """``rows by hand``: each table of ``names`` from the SQLite file into a new table of
+    ``schema``, its rows read by ``sqlite3`` and written by one binary ``COPY``, committed;
+    the rows the server wrote. The benchmark's tables only (their four columns)."""
+    import sqlite3
+
+    import psycopg
+
+    dsn, source, schema, names = work
+    copied = 0
+    with contextlib.closing(sqlite3.connect(source)) as db, psycopg.connect(dsn) as conn:
+        for name in names:
+            table = f'"{schema}".{name}'
+            conn.execute(f"CREATE TABLE {table} (id bigint, region text, amount double"
+                         " precision, updated_at bigint)")  # fmt: skip
+            with conn.cursor() as cursor:
+                with cursor.copy(f"COPY {table} FROM STDIN (FORMAT binary)") as copy:
+                    copy.set_types(["int8", "text", "float8", "int8"])
+                    rows = db.execute(f"SELECT id, region, amount, updated_at FROM {name}")
+                    while chunk := rows.fetchmany(10_000):
+                        for row in chunk:
+                            copy.write_row(row)
+                copied += cursor.rowcount
+            conn.commit()
+    return copied
 
 
 def measure(sizes: Sizes) -> tuple[list[Row], dict]:
@@ -302,6 +352,8 @@ def _measure_case(
         cases["2 processes"] = case.processes
     if (case.source, case.target) in OWN_COPY:
         cases["own copy"] = case.own_copy
+    if (case.source, case.target) in BY_HAND:
+        cases["rows by hand"] = case.by_hand
     if dlt_missing is None:
         cases |= {f"dlt {b}": (lambda b=b: case.dlt(b)) for b in BACKENDS}
         if (case.source, case.target) in LIMIT:
@@ -327,9 +379,10 @@ def _measure_case(
             Row(section, f"{label}: dpone vs dlt 1.31 sql_database ({backend})", best, "s", dlt,
                 best / dlt, target=f"<= {DLT_SHARE:.2f}", met=best / dlt <= DLT_SHARE)
         )  # fmt: skip
-        if "own copy" in times:
-            own = median(times["own copy"])
-            rows.append(Row(section, f"{label}: floor (diagnostic): the engine's own copy vs dlt",
+        floor = next((name for name in ("own copy", "rows by hand") if name in times), None)
+        if floor is not None:
+            own = median(times[floor])
+            rows.append(Row(section, f"{label}: floor (diagnostic): {_FLOORS[floor]} vs dlt",
                             own, "s", dlt, own / dlt))  # fmt: skip
     if "limit" in times:
         limit = median(times["limit"])
@@ -338,11 +391,16 @@ def _measure_case(
                 " DuckDB)", min(jobs1, jobs2), "s", limit, min(jobs1, jobs2) / limit,
                 target=f"<= {LIMIT_SHARE}", met=min(jobs1, jobs2) / limit <= LIMIT_SHARE)
         )  # fmt: skip
-    if "own copy" in times:
-        own = median(times["own copy"])
-        rows.append(Row(section, f"{label}: dpone's faster jobs vs the engine's own copy",
-                        min(jobs1, jobs2), "s", own, min(jobs1, jobs2) / own))  # fmt: skip
+    for floor, name in _FLOORS.items():
+        if floor in times:
+            own = median(times[floor])
+            rows.append(Row(section, f"{label}: dpone's faster jobs vs {name}",
+                            min(jobs1, jobs2), "s", own, min(jobs1, jobs2) / own))  # fmt: skip
     return rows
+
+
+_FLOORS = {"own copy": "the engine's own copy",
+           "rows by hand": "rows by hand in 2 processes, no guard"}  # fmt: skip
 
 
 __all__ = ["measure"]
