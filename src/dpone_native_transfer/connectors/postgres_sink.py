@@ -656,8 +656,8 @@ class PostgresSink(Sink, EnginePull):
             # not for ever: TargetUnavailable, retryable
             _run(conn, f"SET LOCAL lock_timeout = '{_STAGE_WAIT}'")
             _run(conn, f"DROP TABLE IF EXISTS {self._stage.sql(_name)}")
-            _create_table(conn, self._stage, payload.columns)
-            return _copy_payload(conn, self._stage, payload)
+            _create_table(conn, self._stage, payload.columns, dropped=True)
+            return _copy_payload(conn, self._stage, payload, made=True)
 
         return self._outside_call(fill, read_only=False, to="be written")
 
@@ -691,11 +691,11 @@ class PostgresSink(Sink, EnginePull):
                     diagnostics={"table": self.table},
                 )
             if merge is not None:
-                moved = _row_count(conn, self._stage)
+                moved = _count(conn, self._stage)
                 _merge(conn, self._target, self._stage, staged, merge)
                 return _record(conn, self._ledger_table, ledger, moved)
             if not _columns(conn, self._target):
-                moved = _row_count(conn, self._stage)
+                moved = _count(conn, self._stage)
                 _run(conn, f"ALTER TABLE {stage} RENAME TO {_name(self._target.name)}")
                 return _record(conn, self._ledger_table, ledger, moved)
             if replace:
@@ -873,13 +873,16 @@ def _create_schema(conn: Any, table: TableName) -> None:
         _run(conn, f"CREATE SCHEMA {_name(table.schema)}")
 
 
-def _create_table(conn: Any, table: TableName, columns: Sequence[Column], *, key: str = "") -> None:
-    """Create the table unless it exists (checked first: CREATE TABLE IF NOT EXISTS would need
-    the CREATE privilege on the schema even then); ``key``: its PRIMARY KEY clause."""
+def _create_table(
+    conn: Any, table: TableName, columns: Sequence[Column], *, key: str = "", dropped: bool = False
+) -> None:
+    """Create the table unless it exists (checked first, unless it was ``dropped`` just before:
+    CREATE TABLE IF NOT EXISTS would need the CREATE privilege on the schema even then);
+    ``key``: its PRIMARY KEY clause."""
     if not columns:
         raise ConfigInvalid("at least one column is required")
     _refuse_long_names(columns, table.name)
-    if _columns(conn, table):
+    if not dropped and _columns(conn, table):
         return
     _create_schema(conn, table)
     definitions = ", ".join(f"{_name(column.name)} {postgres_type(column)}" for column in columns)
@@ -896,7 +899,7 @@ def _merge_rows(conn: Any, table: TableName, payload: RowChunks) -> int:
     batch = TableName(None, MERGE_BATCH)
     definitions = ", ".join(f"{_name(column.name)} {postgres_type(column)}" for column in columns)
     _run(conn, f"CREATE TEMP TABLE {batch.sql(_name)} ({definitions}) ON COMMIT DROP")
-    rows = _copy_rows(conn, batch, columns, payload.chunks)
+    rows = _copy_rows(conn, batch, columns, payload.chunks, made=True)
     target = merge.target_columns(columns)
     _create_table(conn, table, target, key=key_constraint(merge, name=_name))
     _merge(conn, table, batch, [column.name for column in columns], merge)
@@ -1037,13 +1040,14 @@ def _applied_counter(conn: Any, table: TableName, *, replace: bool) -> Callable[
     return lambda _rows: _row_count(conn, table) - before
 
 
-def _copy_payload(conn: Any, table: TableName, payload: RowChunks) -> int:
+def _copy_payload(conn: Any, table: TableName, payload: RowChunks, *, made: bool = False) -> int:
     """The payload's rows through ``COPY ... FROM STDIN``: a source's binary ``COPY`` files
     (``BulkRead.write_copy_file``) byte for byte, its Arrow files (``BulkRead``) as CSV
-    written in C (``_arrow.csv_blocks``), any other rows one by one."""
+    written in C (``_arrow.csv_blocks``), any other rows one by one (``made``: ``table`` was
+    just created from the payload's columns)."""
     files = payload.files if isinstance(payload, LoadFiles) else ()
     if not files or not all(file.native for file in files):
-        return _copy_rows(conn, table, payload.columns, payload.chunks)
+        return _copy_rows(conn, table, payload.columns, payload.chunks, made=made)
     names = ", ".join(quote(column.name) for column in payload.columns)
     if all(file.path.suffix == COPY_SUFFIX for file in files):
         return sum(_copy_binary(conn, table, names, file) for file in files)
@@ -1076,27 +1080,36 @@ _BINARY_COPY = {
 }
 
 
-def _binary_types(conn: Any, table: TableName, columns: Sequence[Column]) -> list[str] | None:
+def _binary_types(
+    conn: Any, table: TableName, columns: Sequence[Column], *, made: bool
+) -> list[str] | None:
     """The types of a binary ``COPY`` of ``columns`` into ``table``, when each is one of
     ``_BINARY_COPY`` and the table has exactly the types dpone makes for them (binary input
-    of another type fails); None: the rows go as text (the server converts each)."""
-    made = [postgres_type(column) for column in columns]
-    if not all(kind in _BINARY_COPY for kind in made):
+    of another type fails; ``made``: it was just created from them, not looked up); None:
+    the rows go as text (the server converts each)."""
+    kinds = [postgres_type(column) for column in columns]
+    if not all(kind in _BINARY_COPY for kind in kinds):
         return None
-    existing = dict(_columns(conn, table))
-    if any(existing.get(c.name) != kind for c, kind in zip(columns, made, strict=True)):
-        return None
-    return [_BINARY_COPY[kind] for kind in made]
+    if not made:
+        existing = dict(_columns(conn, table))
+        if any(existing.get(c.name) != kind for c, kind in zip(columns, kinds, strict=True)):
+            return None
+    return [_BINARY_COPY[kind] for kind in kinds]
 
 
 def _copy_rows(
-    conn: Any, table: TableName, columns: Sequence[Column], chunks: Iterable[Sequence[tuple]]
+    conn: Any,
+    table: TableName,
+    columns: Sequence[Column],
+    chunks: Iterable[Sequence[tuple]],
+    *,
+    made: bool = False,
 ) -> int:
     """Every row of ``chunks`` through one ``COPY ... FROM STDIN``, in binary where the column
     kinds allow (``_binary_types``: the COPY 2.2-2.4 times faster, docs/performance.md, fix
     69), else as text; the rows the server wrote."""
     names = ", ".join(quote(column.name) for column in columns)
-    types = _binary_types(conn, table, columns)
+    types = _binary_types(conn, table, columns, made=made)
     binary = "" if types is None else " (FORMAT binary)"
     with conn.cursor() as cursor:
         with cursor.copy(f"COPY {table.sql()} ({names}) FROM STDIN{binary}") as copy:
@@ -1181,6 +1194,9 @@ def _record(conn: Any, ledger: TableName, entry: LedgerEntry | None, rows: int) 
 
 
 def _row_count(conn: Any, table: TableName) -> int:
-    if not _columns(conn, table):
-        return 0
+    """The table's rows; 0 when it does not exist."""
+    return _count(conn, table) if _columns(conn, table) else 0
+
+
+def _count(conn: Any, table: TableName) -> int:
     return _run_query(conn, f"SELECT count(*) FROM {table.sql(_name)}")[0][0]
