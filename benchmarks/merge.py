@@ -24,7 +24,9 @@ above the last) and times:
   one round's 1%, as dpone's do). Its ``pipeline.run`` is timed inside its process, as
   dpone's ``run`` is. Not on chDB (dlt's ClickHouse destination needs a server).
 
-The paths, the floor, the append and dlt alternate within every round. Every round checks
+``DPONE_BENCH_MERGE_ENGINES`` (``duckdb,postgres,clickhouse``, the default) names the
+engines to measure, to re-measure one alone. The paths, the floor, the append and dlt
+alternate within every round. Every round checks
 that every table holds the source's rows less deleted ones. At full size, the peak memory
 of a 1% merge into DuckDB at 1,000,000 and 10,000,000 target rows, dpone's and the floor's,
 each in a fresh process (``_merge_memory_child.py``).
@@ -33,6 +35,7 @@ each in a fresh process (``_merge_memory_child.py``).
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import sqlite3
 import time
@@ -57,6 +60,7 @@ from .batch import _import_server_helper
 from .peers import _dlt_missing, _dlt_version, run_dlt
 
 TARGET_ROWS = {"full": 1_000_000, "quick": 20_000}
+ENGINES = os.environ.get("DPONE_BENCH_MERGE_ENGINES", "duckdb,postgres,clickhouse").split(",")
 CHANGED = 0.01  # of the target's rows: 40% updates, 30% deletes, 30% new keys
 PATHS = ("legacy", "staged", "file-artifact")
 COLUMNS = ("id", "region", "amount", "updated_at", "is_deleted")
@@ -283,7 +287,7 @@ def _targets(rows: int) -> Iterator[dict[str, tuple[Callable[..., Any], Callable
             ch_counts,
             {},  # dlt's ClickHouse destination needs a server
         )
-        yield found
+        yield {engine: found[engine] for engine in ENGINES if engine in found}
 
 
 def _floor_table(engine: str, sink: Any) -> None:
@@ -433,7 +437,7 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
                     Row("merge", f"{engine}: dpone {path} vs dlt", median(times[path]), "s",
                         theirs, share, f"<= {DLT_SHARE:.2f}x dlt", share <= DLT_SHARE)
                 )  # fmt: skip
-    if rows >= TARGET_ROWS["full"]:
+    if rows >= TARGET_ROWS["full"] and "duckdb" in ENGINES:
         results += _memory(figures)
     return results, figures
 

@@ -238,6 +238,15 @@ def run(route: Path, *args: str) -> subprocess.CompletedProcess:
     return run_cli("run", route, "--quiet", *args)
 
 
+def _resolve(route: Path, batch_id: str, outcome: str, reason: str) -> None:
+    """``guard resolve`` of the batch as an operator would, after comparing by hand."""
+    resolved = run_cli(
+        "guard", "resolve", route, "--batch", batch_id, "--as", outcome,
+        "--reason", reason, "--operator", "me", "--yes",
+    )  # fmt: skip
+    assert resolved.returncode == 0, resolved.stderr
+
+
 # -- an event log with a composite key, a cursor, deletes and late rows ---------------------
 
 
@@ -731,11 +740,7 @@ def test_a_kill_inside_the_clickhouse_merge_insert_is_partial_and_merging_again_
     [proof] = [json.loads(line) for line in verified.stdout.splitlines()]
     assert proof["proof"]["verdict"] == "unknown", verified.stdout
     assert "partial insert" in proof["proof"]["reason"], verified.stdout
-    resolved = run_cli(
-        "guard", "resolve", route, "--batch", proof["batch_id"], "--as", "failed_before_target",
-        "--reason", "a merge needs no repair", "--operator", "me", "--yes",
-    )  # fmt: skip
-    assert resolved.returncode == 0, resolved.stderr
+    _resolve(route, proof["batch_id"], "failed_before_target", "a merge needs no repair")
     healed = run(route)
     assert healed.returncode == 0, healed.stderr
     assert target.rows("t", columns) == ordered(
@@ -790,11 +795,7 @@ def _kill_inside_the_target_call(
         ], verified.stdout
     if by_hand:  # what the operator found, recorded with --as, then a plain run
         [proof] = [json.loads(line) for line in verified.stdout.splitlines()]
-        resolved = run_cli(
-            "guard", "resolve", route, "--batch", proof["batch_id"], "--as", "committed",
-            "--reason", "counted the merged view", "--operator", "me", "--yes",
-        )  # fmt: skip
-        assert resolved.returncode == 0, resolved.stderr
+        _resolve(route, proof["batch_id"], "committed", "counted the merged view")
         healed = run(route)
     else:
         healed = run(route, "--recovery", "from_target")
