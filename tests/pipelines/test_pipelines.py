@@ -709,6 +709,47 @@ def test_a_worker_process_killed_fails_its_table_alone_and_the_next_run_recovers
         _exactly(sqlite_ids(tmp_path / "w.db", name), sqlite_ids(source, name))
 
 
+@pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])
+def test_two_pipelines_at_once_in_worker_processes_load_each_row_once(tmp_path, strategy):
+    """The same pipeline file run twice at once, each in worker processes: a table one run
+    holds fails in the other (its lease: ``RouteBusy``; the target file's writer: busy),
+    never loads a row twice, and a plain run then leaves every table exact."""
+    source = tmp_path / "big.db"
+    build_tables(source, 4, 50_000)
+    pipeline_file = write_pipeline(
+        tmp_path / "p.toml",
+        source={"path": str(source)},
+        target={"path": str(tmp_path / "w.db")},
+        store=str(tmp_path / "c.db"),
+        tables=["t*"],
+        defaults={"path": "legacy", "strategy": strategy, "chunk_rows": 5_000},
+    )
+    command = [sys.executable, "-m", "dpone_native_transfer", "run", str(pipeline_file)]
+    both = [
+        subprocess.Popen(
+            [*command, "--jobs", "2", "--workers", "processes", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for child in both:
+        out, err = child.communicate(timeout=300)
+        assert child.returncode in (0, 1), err
+        runs = json.loads(out)["tables"]
+        failed = {run["error"] for run in runs if run["outcome"] != "succeeded"}
+        assert failed <= {"native_transfer_route_busy", "native_transfer_target_unavailable"}, runs
+        assert (child.returncode == 1) == bool(failed)
+    for name in ("t01", "t02", "t03", "t04"):
+        with contextlib.suppress(sqlite3.OperationalError):  # a table neither run created
+            assert set(sqlite_ids(tmp_path / "w.db", name).values()) <= {1}
+    again = run_cli("run", pipeline_file, "--workers", "processes")
+    assert again.returncode == 0, again.stderr
+    for name in ("t01", "t02", "t03", "t04"):
+        _exactly(sqlite_ids(tmp_path / "w.db", name), sqlite_ids(source, name))
+
+
 # A pipeline of ``TABLES`` tables into chDB, in a process allowed ``FILES`` open files; prints
 # the rows each target table then holds.
 MANY_CHDB_TABLES = """
