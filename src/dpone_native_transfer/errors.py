@@ -40,6 +40,7 @@ __all__ = [
     "StoreClosed",
     "StoreTargetMismatch",
     "TargetAccessRefused",
+    "TargetBusy",
     "TargetConstraintRefused",
     "TargetRowsMismatch",
     "TargetRowsUnproven",
@@ -225,6 +226,23 @@ class TargetUnavailable(NativeTransferError):
     succeed. Nothing was written."""
 
     code = "native_transfer_target_unavailable"
+
+
+class TargetBusy(TargetUnavailable):
+    """Another writer held the target file past the wait when the load began or committed, and
+    the load was rolled back: nothing applied, so the route is not blocked (exit 1, as
+    ``TargetUnavailable``, whose code it has). A retry may succeed."""
+
+    applied: ClassVar[bool | None] = False
+
+    @classmethod
+    def waited(cls, target_table: str, seconds: float) -> TargetBusy:
+        return cls(
+            f"target table {target_table!r}: another writer held its database file for more "
+            f"than {seconds:g} s; the load was rolled back and applied nothing; a retry may "
+            "succeed",
+            diagnostics={"target_table": target_table},
+        )
 
 
 class TargetVersionUnsupported(ConfigInvalid):

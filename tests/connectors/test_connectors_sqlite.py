@@ -988,3 +988,55 @@ def test_a_without_rowid_source_table_is_refused_with_a_clear_error(tmp_path) ->
     done = run_cli("run", tmp_path / "route.toml")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "native_transfer_config_invalid" in done.stderr and "WITHOUT ROWID" in done.stderr
+
+
+# --- another writer holding the target file --------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "lazy-plan"])
+def test_a_target_file_another_writer_holds_fails_the_load_unblocked(tmp_path, monkeypatch, path):
+    """Another writer holds the target file through the load's wait (found by two pipelines
+    run at once on one target file): the load rolled back, so it is ``TargetBusy`` (exit 1),
+    not an unknown outcome: the route is not blocked, and the next run, the file free, loads
+    every row once."""
+    from helpers.routes import Route
+
+    from dpone_native_transfer.connectors.sqlite import sink as module
+    from dpone_native_transfer.errors import TargetBusy
+
+    monkeypatch.setattr(module, "TIMEOUT", 0.2)
+    target = tmp_path / "target.db"
+    holder = sqlite3.connect(target, isolation_level=None)
+
+    class HeldBeforeItsCall(SQLiteSink):
+        def _hold(self) -> None:
+            if not holder.in_transaction:
+                holder.execute("BEGIN IMMEDIATE")
+
+        def load(self, *args: Any, **kwargs: Any) -> int:
+            self._hold()
+            return super().load(*args, **kwargs)
+
+        def finalize_staged_load(self, *args: Any, **kwargs: Any) -> int:
+            self._hold()
+            return super().finalize_staged_load(*args, **kwargs)
+
+        def load_plan(self, *args: Any, **kwargs: Any) -> int:
+            self._hold()
+            return super().load_plan(*args, **kwargs)
+
+    route = Route(tmp_path, sink=HeldBeforeItsCall(str(target), "orders_copy"))
+    try:
+        with pytest.raises(TargetBusy) as raised:
+            route.runtime().run(route.spec(path))
+        assert raised.value.code == "native_transfer_target_unavailable"
+        assert "orders_copy" in str(raised.value) and str(tmp_path) not in str(raised.value)
+        assert route.sink.target_calls == 1  # inside the target call
+        holder.execute("ROLLBACK")
+        holder.close()
+        monkeypatch.setattr(HeldBeforeItsCall, "_hold", lambda self: None)
+        route.runtime().run(route.spec(path, "run-2"))  # not blocked: no one resolved it
+        assert route.target_ids() == route.source_ids()
+    finally:
+        holder.close()
+        route.real_store.close()

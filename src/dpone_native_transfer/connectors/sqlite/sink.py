@@ -20,7 +20,7 @@ from typing import Any
 
 from ...artifacts import check_digest, file_sha256, read_chunks
 from ...column_types import Carry, finite_double, sqlite_kind
-from ...errors import ConfigInvalid, TargetRowsMismatch
+from ...errors import ConfigInvalid, TargetBusy, TargetRowsMismatch
 from ...identity import TableIdentity, file_location, fold_ascii
 from ...ledger import (
     FENCE_TABLE,
@@ -199,7 +199,7 @@ class SQLiteSink(FileTarget, EnginePull):
         )
 
     def add_columns(self, columns: Sequence[Column]) -> None:
-        with self._connect() as conn, _transaction(conn):
+        with self._connect() as conn, _transaction(conn, self.table):
             for column in columns:
                 conn.execute(f"ALTER TABLE {_quote(self.table)} ADD COLUMN {_column_sql(column)}")
 
@@ -216,7 +216,7 @@ class SQLiteSink(FileTarget, EnginePull):
 
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written."""
-        with self._refused(), self._connect() as conn, _transaction(conn):
+        with self._refused(), self._connect() as conn, _transaction(conn, self.table):
             _fence_first(conn, ledger)
             if payload.merge is not None:
                 return _record(conn, ledger, _merge_rows(conn, self.table, payload))
@@ -311,7 +311,7 @@ class SQLiteSink(FileTarget, EnginePull):
     def advance_fence(self, epoch: int) -> int:
         """Raise the fence to ``epoch`` in a transaction of its own."""
         try:
-            with self._connect() as conn, _transaction(conn):
+            with self._connect() as conn, _transaction(conn, self.table):
                 return advance_fence(_query(conn), self.identity().table, epoch, **_FENCE)
         except sqlite3.Error:
             raise unavailable(self.table, to="have its fence raised") from None
@@ -350,7 +350,7 @@ class SQLiteSink(FileTarget, EnginePull):
         with self._refused(), self._connect() as conn:
             conn.execute("ATTACH DATABASE ? AS src", (file_uri(source.path, read_only=True),))
             try:
-                with _transaction(conn):
+                with _transaction(conn, self.table):
                     _fence_first(conn, ledger)
                     _prepare_target(conn, self.table, payload.columns, replace=payload.replace)
                     whole = source.table_sql(
@@ -367,7 +367,7 @@ class SQLiteSink(FileTarget, EnginePull):
     def stage(self, payload: RowChunks) -> int:
         """Fill a fresh staging table beside the target, from rows or from load files (as
         ``load``); the target is not touched."""
-        with self._connect() as conn, _transaction(conn):
+        with self._connect() as conn, _transaction(conn, self.table):
             conn.execute(f"DROP TABLE IF EXISTS {_quote(self._stage)}")
             _create_table(conn, self._stage, payload.columns)
             return _insert(conn, self._stage, payload)
@@ -392,7 +392,7 @@ class SQLiteSink(FileTarget, EnginePull):
         Otherwise the rows are copied (appended, or after emptying the target). ``merge``:
         the staged rows are merged into the target on its key (``_merge``), then dropped.
         """
-        with self._refused(), self._connect() as conn, _transaction(conn):
+        with self._refused(), self._connect() as conn, _transaction(conn, self.table):
             _fence_first(conn, ledger)
             columns = table_columns(conn, self._stage)
             if not columns:
@@ -466,17 +466,37 @@ class SQLiteSink(FileTarget, EnginePull):
 
 
 @contextlib.contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
-    """BEGIN IMMEDIATE ... COMMIT; any exception, even a BaseException, rolls back and re-raises."""
-    conn.execute("BEGIN IMMEDIATE")
+def _transaction(conn: sqlite3.Connection, table: str) -> Iterator[None]:
+    """BEGIN IMMEDIATE ... COMMIT; any exception, even a BaseException, rolls back and re-raises.
+
+    Another writer holding the file past ``TIMEOUT`` (SQLite's busy error at ``BEGIN``, or at
+    ``COMMIT``, which then leaves the transaction open to roll back) is ``TargetBusy``: the
+    load applied nothing, so the guard does not block the route. Another error at ``COMMIT``
+    proves nothing (one after the commit point, a journal that cannot be removed, still
+    reports an error) and is re-raised as it is."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as error:
+        if _busy(error):
+            raise TargetBusy.waited(table, TIMEOUT) from None
+        raise
     try:
         yield
         conn.execute("COMMIT")
-    except BaseException:
+    except BaseException as error:
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
+        if isinstance(error, sqlite3.OperationalError) and _busy(error):
+            if not conn.in_transaction:  # rolled back: nothing of it applied
+                raise TargetBusy.waited(table, TIMEOUT) from None
         raise
+
+
+def _busy(error: sqlite3.OperationalError) -> bool:
+    """SQLite's busy or locked error (its extended codes too)."""
+    name = getattr(error, "sqlite_errorname", "") or ""
+    return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
 
 
 # What may change the rows a load hands the target: any trigger on the table (SQLite's fire
