@@ -507,16 +507,26 @@ class SQLiteSource(TableSource):
     def _chunks(self, sql: str, params: tuple, chunk_rows: int) -> Iterator[list[tuple]]:
         """The rows of ``sql`` in chunks. A read left unfinished (its consumer failed) may be
         closed only when it is collected, after the attempt's snapshot, whose connection it
-        read, was closed: closing the cursor then raised from the collector, a traceback
-        printed after the run's own error."""
-        with self.reader() as conn:
-            cursor = conn.execute(sql, params)
-            try:
-                while chunk := cursor.fetchmany(chunk_rows):
-                    yield chunk
-            finally:
-                with contextlib.suppress(sqlite3.ProgrammingError):  # its connection closed
-                    cursor.close()
+        read, was closed, or in another thread: closing its cursor or connection then raised
+        from the collector, a traceback printed after the run's own error. An abandoned read
+        has nothing left to report, so its closing errors are dropped."""
+        abandoned = False
+        try:
+            with self.reader() as conn:
+                cursor = conn.execute(sql, params)
+                try:
+                    while chunk := cursor.fetchmany(chunk_rows):
+                        try:
+                            yield chunk
+                        except GeneratorExit:
+                            abandoned = True
+                            raise
+                finally:
+                    with contextlib.suppress(sqlite3.Error):  # a read: closing loses nothing
+                        cursor.close()
+        except SourceInvalid:
+            if not abandoned:
+                raise
 
     def read_partitions(
         self, bounds: Sequence[Mapping[str, Any]], *, chunk_rows: int = DEFAULT_CHUNK_ROWS
