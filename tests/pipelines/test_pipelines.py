@@ -663,19 +663,26 @@ def test_a_signal_stops_every_running_table_as_a_single_route_stops(tmp_path, si
         _exactly(sqlite_ids(tmp_path / "w.db", name), sqlite_ids(source, name))
 
 
-def test_a_worker_process_killed_fails_its_table_alone_and_the_next_run_recovers(tmp_path):
-    """SIGKILL of a worker process in the middle of a table: that table failed (exit 1), the
-    others run on (another worker takes the rest), nothing is loaded twice once recovered."""
+def _four_tables(tmp_path: Path, rows: int, **defaults: Any) -> tuple[Path, Path]:
+    """A SQLite source of four tables of ``rows`` rows, and a legacy pipeline file of them into
+    a SQLite target (``defaults`` added); the source and the file."""
     source = tmp_path / "big.db"
-    build_tables(source, 4, 200_000)
+    build_tables(source, 4, rows)
     pipeline_file = write_pipeline(
         tmp_path / "p.toml",
         source={"path": str(source)},
         target={"path": str(tmp_path / "w.db")},
         store=str(tmp_path / "c.db"),
         tables=["t*"],
-        defaults={"path": "legacy", "chunk_rows": 500, "partition_rows": 5_000},
+        defaults={"path": "legacy", **defaults},
     )
+    return source, pipeline_file
+
+
+def test_a_worker_process_killed_fails_its_table_alone_and_the_next_run_recovers(tmp_path):
+    """SIGKILL of a worker process in the middle of a table: that table failed (exit 1), the
+    others run on (another worker takes the rest), nothing is loaded twice once recovered."""
+    source, pipeline_file = _four_tables(tmp_path, 200_000, chunk_rows=500, partition_rows=5_000)
     command = [sys.executable, "-m", "dpone_native_transfer", "run", str(pipeline_file)]
     child = subprocess.Popen(
         [*command, "--jobs", "2", "--workers", "processes", "--json"],
@@ -714,16 +721,7 @@ def test_two_pipelines_at_once_in_worker_processes_load_each_row_once(tmp_path, 
     """The same pipeline file run twice at once, each in worker processes: a table one run
     holds fails in the other (its lease: ``RouteBusy``; the target file's writer: busy),
     never loads a row twice, and a plain run then leaves every table exact."""
-    source = tmp_path / "big.db"
-    build_tables(source, 4, 50_000)
-    pipeline_file = write_pipeline(
-        tmp_path / "p.toml",
-        source={"path": str(source)},
-        target={"path": str(tmp_path / "w.db")},
-        store=str(tmp_path / "c.db"),
-        tables=["t*"],
-        defaults={"path": "legacy", "strategy": strategy, "chunk_rows": 5_000},
-    )
+    source, pipeline_file = _four_tables(tmp_path, 50_000, strategy=strategy, chunk_rows=5_000)
     command = [sys.executable, "-m", "dpone_native_transfer", "run", str(pipeline_file)]
     with contextlib.ExitStack() as stack:  # each child's pipes closed, whatever fails
         both = [
