@@ -688,7 +688,11 @@ _PART_WATCHER = """
 import os, signal, sys, time
 from pathlib import Path
 def parts():
-    return {p for p in Path(sys.argv[1]).rglob("all_*") if p.is_dir()}
+    while True:  # a folder the server removes while it is walked: walk again
+        try:
+            return {p for p in Path(sys.argv[1]).rglob("all_*") if p.is_dir()}
+        except FileNotFoundError:
+            pass
 before, parent = parts(), os.getppid()
 print("watching", flush=True)
 deadline = time.monotonic() + 120
