@@ -172,8 +172,9 @@ def run_tables(
     ``report(event, number, table, run)`` is called as a table starts (``"started"``, its
     number in start order, no run) and ends (``"ended"``, with its run). ``run_table``
     replaces ``transfer`` for one table (tests wrap the real store or sink with it; threads
-    only). ``workers``: ``threads``, or ``processes`` (``_Worker``; ``chosen_workers`` says
-    which the tables allow). A signal (KeyboardInterrupt, or the CLI's SIGTERM) stops every
+    only). ``workers``: ``threads``, or ``processes``: each job but the first in a worker
+    process (``_Worker``), the first in this process, whose interpreter is started and
+    imported already (``chosen_workers`` says which the tables allow). A signal (KeyboardInterrupt, or the CLI's SIGTERM) stops every
     running table, and is returned as ``interrupted``.
     """
     if workers not in ("threads", "processes") or (workers == "processes" and run_table):
@@ -199,7 +200,7 @@ def run_tables(
 
     processes: list[_Worker] = []
 
-    def work() -> None:
+    def work(slot: int) -> None:
         worker = None
         try:
             while not stop.is_set():
@@ -212,7 +213,8 @@ def run_tables(
                         if stop.is_set():
                             return
                         number = next(numbers)
-                        if workers == "processes" and (worker is None or worker.ended):
+                        # the first slot runs in this process, already started and imported
+                        if slot and workers == "processes" and (worker is None or worker.ended):
                             worker = _Worker(run_id, recovery)  # a worker killed: another
                             processes.append(worker)
                     if report is not None:
@@ -244,7 +246,7 @@ def run_tables(
     # an embedded target's file opened once for all its tables, the plugins found once
     with holding_connections():
         for n in range(slots):
-            threading.Thread(target=work, name=f"dpone-table-{n}", daemon=True).start()
+            threading.Thread(target=work, args=(n,), name=f"dpone-table-{n}", daemon=True).start()
         try:  # no Thread.join: a signal landing in it can mark a running thread as ended
             while not finished.wait(0.1):
                 pass
