@@ -174,8 +174,9 @@ def run_tables(
     replaces ``transfer`` for one table (tests wrap the real store or sink with it; threads
     only). ``workers``: ``threads``, or ``processes``: each job but the first in a worker
     process (``_Worker``), the first in this process, whose interpreter is started and
-    imported already (``chosen_workers`` says which the tables allow). A signal (KeyboardInterrupt, or the CLI's SIGTERM) stops every
-    running table, and is returned as ``interrupted``.
+    imported already (``chosen_workers`` says which the tables allow). A signal
+    (KeyboardInterrupt, or the CLI's SIGTERM) stops every running table, and is returned as
+    ``interrupted``.
     """
     if workers not in ("threads", "processes") or (workers == "processes" and run_table):
         raise ValueError("workers must be 'threads', or 'processes' without run_table")
