@@ -282,9 +282,9 @@ def _add_run_command(commands: Any, common: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--workers",
         choices=WORKERS,
-        help="a pipeline's tables run in threads of this process or in worker processes "
-        "(default: auto, processes into PostgreSQL from 100,000 source rows in all; "
-        "docs/pipelines.md)",
+        help="a pipeline's tables run in threads of this process, or in worker processes "
+        "(the first job in this process, each other in a worker); default: auto, processes "
+        "into PostgreSQL from 100,000 source rows in all (docs/pipelines.md)",
     )
     run.add_argument(
         "--run-id",

@@ -10,10 +10,11 @@ The workers are threads of this process, or worker processes (``WORKERS``;
 ``auto`` chooses by ``chosen_workers``; docs/pipelines.md has the measurement:
 threads win on small runs and share a DuckDB file, which one process at a
 time may open; processes win into PostgreSQL once each table's Python work
-adds up, one interpreter lock per process). A worker process
-(``python -m dpone_native_transfer.pipeline_worker``) runs its tables one
-after another exactly as a thread does (``serve``), each table sent to it and
-its outcome sent back pickled. A signal
+adds up, one interpreter lock per process). With processes, the first job
+runs in this process, already started, and each other job in a worker
+process (``python -m dpone_native_transfer.pipeline_worker``) that runs its
+tables one after another exactly as a thread does (``serve``), each table
+sent to it and its outcome sent back pickled. A signal
 stops the run as it stops a single route: no table starts after it, and each
 running table raises KeyboardInterrupt at its next step before the guard
 arms (a partition read, the plan done), so it unwinds through its own
@@ -197,6 +198,8 @@ def run_tables(
     numbers = iter(range(1, len(tables) + 1))
 
     slots = max(1, min(jobs, len(groups)))
+    if slots == 1:
+        workers = "threads"  # the one job runs in this process: no worker process starts
     left, finished = [slots], threading.Event()
 
     processes: list[_Worker] = []
