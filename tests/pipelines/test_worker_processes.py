@@ -126,3 +126,13 @@ def test_a_worker_process_that_cannot_start_fails_its_table_and_the_first_job_ru
     assert result.exit_code == 1
     ran = next(run.table for run in result.tables if run.outcome == "succeeded")
     assert sqlite_ids(tmp_path / "w.db", ran) == sqlite_ids(source, ran)
+
+
+def test_one_job_in_processes_starts_no_worker_and_says_threads(tmp_path, source, monkeypatch):
+    """The first job runs in this process: with one job no worker starts (none could here),
+    and the result does not claim worker processes."""
+    tables = _tables(tmp_path, source, {"path": "w.db"}, ["t03", "t04"])
+    monkeypatch.setattr("sys.executable", str(tmp_path / "no-such-python"))
+    result = run_tables(tables, "run-1", jobs=1, workers="processes")
+    assert [run.outcome for run in result.tables] == ["succeeded", "succeeded"]
+    assert result.workers == "threads"
