@@ -28,6 +28,10 @@ source's catalog included) to the last table's commit. Per case:
   its connectorx backend (``_dlt_child.py``, in dlt's own venv); the faster of the
   two is the baseline. Target: dpone's faster jobs setting at most a third of dlt's time.
 
+``DPONE_BENCH_PIPELINE_CASES`` (all, the default) names the cases to measure, to re-measure
+one alone in minutes, not the section's hour: comma-separated ``TABLESxROWS:SOURCE>TARGET``,
+e.g. ``100x10000:sqlite>postgres``.
+
 The path is ``auto``, a pipeline table's default: per table, the path measured fastest for
 its engine pair (lazy-plan where the target engine reads the source itself: SQLite into
 DuckDB, PostgreSQL into PostgreSQL; legacy from PostgreSQL's bulk files into DuckDB; staged
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -59,6 +64,7 @@ OWN_COPY = {("sqlite", "duckdb"), ("postgres", "postgres")}  # the target engine
 BY_HAND = {("sqlite", "postgres")}  # rows through Python by hand, no guard (``_by_hand``)
 LIMIT = {("postgres", "duckdb")}  # connectorx -> Arrow -> DuckDB, in dlt's venv
 LIMIT_SHARE = 1.5  # a row path within 1.5x the limit (issue 47)
+CASES = os.environ.get("DPONE_BENCH_PIPELINE_CASES")  # None: every case
 PATH = "auto"  # each table's path chosen by dpone, as a pipeline table's default
 
 
@@ -322,17 +328,25 @@ def measure(sizes: Sizes) -> tuple[list[Row], dict]:
             "psycopg": psycopg, "sqlite": {},
         }  # fmt: skip
         for shape, (tables, per_table) in enumerate(sizes.pipeline_shapes):
+            pairs = [
+                (source, target)
+                for source in ("sqlite", "postgres")
+                for target in ("duckdb", "postgres")
+                if CASES is None or f"{tables}x{per_table}:{source}>{target}" in CASES.split(",")
+            ]
+            if not pairs:
+                continue
             env["sqlite"][(tables, per_table)] = _sqlite_source(tables, per_table)
-            log(f"PostgreSQL source: {tables} tables of {per_table:,} rows")
             env["schema"] = f"{location.schema}_{shape}"
             with contextlib.ExitStack() as stack:
-                stack.callback(_drop, dsn, env["schema"], psycopg)
-                _postgres_source(dsn, env["schema"], tables, per_table, psycopg)
-                for source in ("sqlite", "postgres"):
-                    for target in ("duckdb", "postgres"):
-                        case = _Case(source, target, tables, per_table, env)
-                        label = f"{tables} x {per_table:,} rows, {source} into {target}"
-                        rows += _measure_case(case, label, min(sizes.runs, RUNS), dlt_missing, raw)
+                if any(source == "postgres" for source, _ in pairs):
+                    log(f"PostgreSQL source: {tables} tables of {per_table:,} rows")
+                    stack.callback(_drop, dsn, env["schema"], psycopg)
+                    _postgres_source(dsn, env["schema"], tables, per_table, psycopg)
+                for source, target in pairs:
+                    case = _Case(source, target, tables, per_table, env)
+                    label = f"{tables} x {per_table:,} rows, {source} into {target}"
+                    rows += _measure_case(case, label, min(sizes.runs, RUNS), dlt_missing, raw)
     return rows, raw
 
 
