@@ -595,22 +595,10 @@ def test_discover_reads_a_postgres_source_named_by_an_environment_variable(
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_every_running_table_as_a_single_route_stops(tmp_path, signum, run_in):
     """The signal reaches the pipeline's process alone (a worker process has it passed on)."""
-    source = tmp_path / "big.db"
-    build_tables(source, 4, 150_000)
     work = tmp_path / "work"
     work.mkdir()
-    pipeline_file = write_pipeline(
-        tmp_path / "p.toml",
-        source={"path": str(source)},
-        target={"path": str(tmp_path / "w.db")},
-        store=str(tmp_path / "c.db"),
-        tables=["t*"],
-        defaults={
-            "path": "legacy",
-            "chunk_rows": 500,
-            "partition_rows": 5_000,
-            "artifact_dir": str(work),
-        },
+    source, pipeline_file = _four_tables(
+        tmp_path, 150_000, chunk_rows=500, partition_rows=5_000, artifact_dir=str(work)
     )
     child = subprocess.Popen(
         [
