@@ -7,7 +7,8 @@
 - ``bad_input``: the guard-payload oracle and strategies, and ``Site``, for the bad-input tests.
 - ``postgres_server``: the PostgreSQL server of the store tests, and ``postgres_url``.
 - ``crash_child``, ``airflow_child``: scripts the tests start as child processes, by path
-  (``crash_child`` kills or stops itself for the crash and pause matrices).
+  (``crash_child`` kills or stops itself for the crash and pause matrices; the crash matrix
+  forks it from an interpreter that imported it once, ``run_forked``).
 - ``matrix_targets``: ``Place``, where a crash- or pause-matrix case's source and SQLite,
   DuckDB or PostgreSQL target live, and the rows they hold.
 - ``crash_report``, ``pause_report``: the crash and pause matrices' pytest plugins.

@@ -1,7 +1,8 @@
 """Hard-kill crash matrix: SIGKILL a real guarded transfer at every boundary, then recover.
 
 For each kill point x path x target x store x recovery, a child process
-(``tests/helpers/crash_child.py``) runs one transfer on real databases (a SQLite
+(``tests/helpers/crash_child.py``, forked from an interpreter that imported it once:
+``run_forked``) runs one transfer on real databases (a SQLite
 source; a SQLite, DuckDB, PostgreSQL or ClickHouse (chDB) target) and SIGKILLs itself
 at the kill point. This process then plays the scheduler: it runs the next attempt on the
 same databases with a fresh runtime (guard from its entry point, target in a
@@ -60,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import pytest
-from helpers.crash_child import KILL_POINTS, open_store, transfer_spec
+from helpers.crash_child import KILL_POINTS, open_store, run_forked, transfer_spec
 from helpers.matrix_targets import CRASH_TARGET_KINDS, Place
 from helpers.postgres_server import postgres_url
 from helpers.routes import write_route
@@ -89,7 +90,6 @@ if TYPE_CHECKING:  # imported by pytest as a plugin, so that its asserts are rew
 
 pytest_plugins = ["helpers.crash_report"]
 
-CHILD = Path(__file__).parents[1] / "helpers" / "crash_child.py"
 ROWS, PARTITIONS = 2_000, 4
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
 RECOVERIES = ("manual", "from_target")
@@ -217,15 +217,15 @@ class CrashRoute:
             "ledger": self.ledger,
             "marker": str(marker),
         }
-        done = subprocess.run(
-            [sys.executable, str(CHILD), "--store", self.store, json.dumps(case)],
-            capture_output=True,
-            text=True,
+        output = self.tmp / "child-output"
+        status = run_forked(
+            ["--store", self.store, json.dumps(case)],
+            {**os.environ, "TMPDIR": str(child_tmp)},
+            output,
             timeout=120,
-            env={**os.environ, "TMPDIR": str(child_tmp)},
         )
-        assert done.returncode == -signal.SIGKILL, (
-            f"the child exited with {done.returncode}, not by SIGKILL:\n{done.stderr[-3000:]}"
+        assert status == -signal.SIGKILL, (
+            f"the child exited with {status}, not by SIGKILL:\n{output.read_text()[-3000:]}"
         )
         assert marker.is_file() and marker.read_text() == kill_point, (
             f"the child was killed, but not at {kill_point!r}"
