@@ -22,12 +22,10 @@ DEMO_INSTALLED := $(DEMO_VENV)/.installed
 
 .PHONY: demo test lint clean soak wheel-check test-versions
 
-# --no-compile: Python compiles a module when it is first imported; compiling every file of
-# the 1 GB of packages up front took 30 s of each fresh install (CI makes three such venvs).
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[$(EXTRAS)]' $(SCANNER)
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]' $(SCANNER)
 	touch $(INSTALLED)
 
 $(DEMO_INSTALLED): pyproject.toml
