@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 
 def _echo(shard: int, stream: object) -> None:
@@ -31,11 +32,17 @@ def _echo(shard: int, stream: object) -> None:
 
 
 ROUNDS = 2
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(arguments: list[str]) -> int:
     jobs = int(os.environ.get("DPONE_TEST_JOBS") or min(os.cpu_count() or 1, 4))
     shards = jobs * ROUNDS
+    # Where PYTHONDONTWRITEBYTECODE is set (this CI's machine sets it), no import writes a
+    # .pyc, so every child process compiled the project's modules again: 0.68 s against
+    # 0.43 s to start a crash-matrix child. compileall writes them whatever it says.
+    folders = [str(ROOT / folder) for folder in ("src", "plugins", "tests")]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *folders], check=True)
     coverage = [sys.executable, "-m", "coverage"]
     subprocess.run([*coverage, "erase"], check=True)
     codes: dict[int, int] = {}
