@@ -1691,6 +1691,66 @@ def test_an_existing_table_merges_alike_with_or_without_an_index_on_the_key(
     ]  # fmt: skip
 
 
+def test_postgres_merge_upsert_and_delete_insert_leave_the_same_rows(postgres_schema, monkeypatch):
+    """``postgres_sink._merge``'s three plans (one ``MERGE`` on PostgreSQL 15 and later, the
+    upsert before it, delete and insert without a unique index on the key) on the same
+    target rows and batch: several versions of a key, ties, NULL versions, deleted keys, a
+    target row newer than the batch, a column the batch lacks, leave the same rows."""
+    import psycopg
+
+    from dpone_native_transfer.connectors import postgres_sink
+    from dpone_native_transfer.connectors._sql import TableName
+    from dpone_native_transfer.payloads import Merge
+
+    schema, merge = postgres_schema.schema, Merge(key=KEY, version="v", deleted="gone")
+    target = [  # tenant, id, v, status
+        ("a", 1, 5, "old"), ("a", 2, 9, "newer than the batch"), ("a", 3, None, "no version"),
+        ("a", 4, 1, "deleted by the batch"), ("a", 5, 7, "kept: its delete is older"),
+        ("A", 1, 1, "case"), ("a", 6, 2, "untouched"),
+    ]  # fmt: skip
+    batch = [  # tenant, id, v, status, gone
+        ("a", 1, 6, "x", False), ("a", 1, 8, "y", False), ("a", 1, 8, "z", False),
+        ("a", 2, 3, "older", False), ("a", 3, None, "null again", False),
+        ("a", 4, 2, "gone", True), ("a", 4, 1, "live but older", False),
+        ("a", 5, 6, "gone", True), ("A", 1, None, "null version", None),
+        ("b", 1, 1, "new", False), ("b", 2, 1, "new and deleted", True),
+    ]  # fmt: skip
+    # the first server version that merges by MERGE (this server's is 15 or later); a table
+    # without a unique index on the key deletes and inserts whatever the version
+    plans = {"merge": postgres_sink.MERGE_SINCE, "upsert": 10**9, "delete_insert": 0}
+    found = {}
+    with psycopg.connect(postgres_schema.dsn) as db:
+        db.execute(f'CREATE SCHEMA "{schema}"')
+        for plan, since in plans.items():
+            key = "" if plan == "delete_insert" else ", PRIMARY KEY (tenant, id)"
+            db.execute(
+                f'CREATE TABLE "{schema}".{plan} (tenant text, id integer, v integer,'
+                f" status text, note text DEFAULT 'made'{key})"
+            )
+            with db.cursor() as cursor:
+                cursor.executemany(
+                    f"INSERT INTO \"{schema}\".{plan} VALUES (%s, %s, %s, %s, 'kept')", target
+                )
+            db.execute("CREATE TEMP TABLE b (tenant text, id integer, v integer, status text,"
+                       " gone boolean)")  # fmt: skip
+            with db.cursor() as cursor:
+                cursor.executemany("INSERT INTO b VALUES (%s, %s, %s, %s, %s)", batch)
+            monkeypatch.setattr(postgres_sink, "MERGE_SINCE", since)
+            names = ["tenant", "id", "v", "status", "gone"]
+            postgres_sink._merge(db, TableName(schema, plan), TableName(None, "b"), names, merge)
+            found[plan] = sorted(db.execute(f'SELECT * FROM "{schema}".{plan}').fetchall())
+    assert found["merge"] == found["upsert"] == found["delete_insert"]
+    assert found["merge"] == [
+        ("A", 1, 1, "case", "kept"),  # the batch's NULL version is the lowest
+        ("a", 1, 8, "z", "made"),  # the highest version; a tie by the status, highest first
+        ("a", 2, 9, "newer than the batch", "kept"),
+        ("a", 3, None, "null again", "made"),  # NULL against NULL: the batch's row
+        ("a", 5, 7, "kept: its delete is older", "kept"),
+        ("a", 6, 2, "untouched", "kept"),
+        ("b", 1, 1, "new", "made"),
+    ]
+
+
 def test_a_postgres_upsert_looks_few_deleted_keys_up_and_counts_many_first(
     request, tmp_path, postgres_schema
 ):

@@ -85,6 +85,7 @@ from ._merge import (
     key_constraint,
     loosely_compared_key,
     loosely_ordered_version,
+    merge_into_statements,
     merge_statements,
     narrower_unique,
     unmergeable,
@@ -920,7 +921,8 @@ def _merge(
 ) -> None:
     """Merge ``batch`` into ``table``; a missing target is created with the batch's columns
     and types (less the deleted column) and the key as its PRIMARY KEY. A table with a unique
-    index on exactly the key takes ``_merge.upsert_statements`` (faster), any other
+    index on exactly the key takes one ``MERGE`` (``_merge.merge_into_statements``; before
+    PostgreSQL 15, which has none, ``_merge.upsert_statements``), any other
     ``_merge.merge_statements``."""
     existing = [n for n, _ in _columns(conn, table)]
     arbiter = bool(existing) and _arbiter(conn, table, merge)
@@ -933,7 +935,12 @@ def _merge(
         arbiter = True
     target, rows = table.sql(_name), batch.sql(_name)
     collate = BYTE_ORDER if _collatable(conn, batch, merge.version) else ""
-    if arbiter:
+    if arbiter and conn.info.server_version >= MERGE_SINCE:
+        unloaded = [n for n in existing if n not in names]
+        statements = merge_into_statements(
+            target, rows, names, merge, unloaded=unloaded, name=_name, collate=collate
+        )
+    elif arbiter:
         unloaded = [n for n in existing if n not in names]
         around = _delete_plan(conn, table, batch, merge)
         statements = upsert_statements(
@@ -973,6 +980,7 @@ def _delete_plan(
     return (f"ANALYZE {_name(MERGE_WINNERS)}",), ()
 
 
+MERGE_SINCE = 150000  # the first server version with MERGE (``server_version``'s number)
 _LOOKUPS = ("SET LOCAL enable_hashjoin = off", "SET LOCAL enable_mergejoin = off")
 _JOINS = ("RESET enable_hashjoin", "RESET enable_mergejoin")
 
