@@ -51,13 +51,15 @@ def write_pipeline(
     tables: list[str] | str,
     settings: Mapping[str, Mapping[str, Any]] | None = None,
     defaults: Mapping[str, Any] | None = None,
+    lease_seconds: float | None = None,
 ) -> Path:
     """A pipeline file: ``tables`` (names or patterns) and each table's ``settings``."""
+    lease = {} if lease_seconds is None else {"lease_seconds": lease_seconds}
     sections: dict[str, Mapping[str, Any]] = {
         "pipeline": {"tables": [tables] if isinstance(tables, str) else tables},
         "source": source,
         "target": target,
-        "store": {"path": store},
+        "store": {"path": store, **lease},
         "defaults": {"strategy": "incremental_append", "path": "staged", **(defaults or {})},
     }
     lines = []
