@@ -57,6 +57,7 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -550,29 +551,76 @@ _FORKS = multiprocessing.get_context("forkserver")
 _FORKS.set_forkserver_preload(["helpers.crash_child", "psycopg"])
 
 
+class Forked:
+    """A forked child (``start_forked``), used as a ``subprocess.Popen`` is: its pid, exit
+    status (negative for a signal), wait and kill; its standard output and error are one
+    file, ``output``."""
+
+    def __init__(self, process: Any, output: Path) -> None:
+        self._process, self.output = process, output
+
+    @property
+    def pid(self) -> int:
+        return int(self._process.pid)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit status; ``subprocess.TimeoutExpired`` past ``timeout``, still running."""
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"forked {self.pid}", timeout or 0)
+        return int(self._process.exitcode)
+
+    def kill(self) -> None:
+        """SIGKILL (which ends a stopped process too), and wait for it."""
+        if self._process.exitcode is None:
+            self._process.kill()
+        self._process.join()
+
+    def text(self) -> str:
+        return self.output.read_text()
+
+
+def start_forked(
+    argv: Sequence[str], env: Mapping[str, str], output: Path, *, cli: bool = False
+) -> Forked:
+    """``python crash_child.py *argv`` (``cli``: ``dpone-transfer *argv``) with ``env``, its
+    standard output and error in ``output``, forked warm (see ``_FORKS``)."""
+    child = _FORKS.Process(target=_forked_main, args=(list(argv), dict(env), str(output), cli))
+    child.start()
+    return Forked(child, output)
+
+
 def run_forked(
     argv: Sequence[str], env: Mapping[str, str], output: Path, timeout: float
 ) -> int | None:
-    """``python crash_child.py *argv`` with ``env``, its stdout and stderr in ``output``:
-    its exit status, negative for a signal as ``subprocess`` gives it; None past ``timeout``
-    (the child is killed)."""
-    child = _FORKS.Process(target=_forked_main, args=(list(argv), dict(env), str(output)))
-    child.start()
-    child.join(timeout)
-    if child.exitcode is None:
+    """``start_forked`` to its end: the exit status; None past ``timeout`` (killed)."""
+    child = start_forked(argv, env, output)
+    try:
+        return child.wait(timeout)
+    except subprocess.TimeoutExpired:
         child.kill()
-        child.join()
         return None
-    return child.exitcode
 
 
-def _forked_main(argv: list[str], env: dict[str, str], output: str) -> None:
+def _forked_main(argv: list[str], env: dict[str, str], output: str, cli: bool) -> None:
     descriptor = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(descriptor, 1)
     os.dup2(descriptor, 2)
     os.environ.clear()
     os.environ.update(env)
     tempfile.tempdir = None  # TMPDIR is the case's
+    if cli:
+        from dpone_native_transfer._entry import main as command
+
+        sys.argv = ["dpone-transfer", *argv]
+        sys.exit(command())
     sys.exit(main(argv))
 
 

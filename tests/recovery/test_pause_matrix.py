@@ -4,11 +4,13 @@ resumed: no row twice, none lost, and each worker ends as the design says.
 
 Per case (pause point x path x target x store):
 
-1. Worker A, a child process (``tests/helpers/crash_child.py``), runs a real guarded
-   transfer with a 1 s lease and stops itself at the pause point, after writing a
-   marker. The test waits for the marker, for A to be stopped, and for A's lease to
-   expire (A's process still exists: only expiry frees it, ADR-0024).
-2. Worker B runs ``dpone-transfer run`` to its end (manual recovery, the default). When
+1. Worker A, a child process (``tests/helpers/crash_child.py``, forked warm as the crash
+   matrix's are: ``start_forked``), runs a real guarded transfer with a 1 s lease and stops
+   itself at the pause point, after writing a marker. The test waits for the marker, for A
+   to be stopped, and for A's lease to expire (A's process still exists: only expiry frees
+   it, ADR-0024).
+2. Worker B runs ``dpone-transfer run`` to its end (manual recovery, the default; a process
+   of its own, forked warm too). When
    that is blocked (exit 3), B runs again with ``--recovery from_target``.
 3. A is resumed (SIGCONT) and finishes; its exit status and error code are what
    ``dpone-transfer run`` would give.
@@ -33,7 +35,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import pytest
-from helpers.crash_child import PAUSE_POINTS, open_store
+from helpers.crash_child import PAUSE_POINTS, Forked, open_store, start_forked
 from helpers.matrix_targets import TARGET_KINDS, Place
 from helpers.postgres_server import postgres_url
 
@@ -54,8 +55,6 @@ if TYPE_CHECKING:  # imported by pytest as a plugin, so that its asserts are rew
 
 pytest_plugins = ["helpers.pause_report"]
 
-CHILD = Path(__file__).parents[1] / "helpers" / "crash_child.py"
-CLI = Path(sys.executable).parent / "dpone-transfer"
 PATHS = ("legacy", "staged", "file-artifact", "lazy-plan")
 ROWS, PARTITIONS, CHUNK_ROWS = 400, 4, 50
 LEASE_SECONDS = 1  # worker A's
@@ -254,7 +253,7 @@ class Case:
             "TMPDIR": str(self.tmp / "work"),
         }
 
-    def start_a(self, point: str) -> subprocess.Popen[str]:
+    def start_a(self, point: str) -> Forked:
         """Worker A, once it is stopped at ``point`` and its lease has expired."""
         marker = self.tmp / "paused-at"
         case = {
@@ -266,13 +265,13 @@ class Case:
             "chunk_rows": CHUNK_ROWS,
             "marker": str(marker),
         }
-        command = [sys.executable, str(CHILD), "--store", self.stores.child, json.dumps(case)]
-        child = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=self.env)
+        argv = ["--store", self.stores.child, json.dumps(case)]
+        child = start_forked(argv, self.env, self.tmp / "a.out")
         _CHILDREN.append(child)
         deadline = time.monotonic() + 60
         while not (marker.is_file() and _stopped(child.pid)):
             if child.poll() is not None:
-                pytest.fail(f"A exited {child.returncode} before {point}:\n{child.stderr.read()}")
+                pytest.fail(f"A exited {child.returncode} before {point}:\n{child.text()}")
             assert time.monotonic() < deadline, f"A did not stop at {point}"
             time.sleep(0.01)
         assert marker.read_text() == point
@@ -291,30 +290,29 @@ class Case:
             table.close()
             store.close()
 
-    def command(self, run_id: str, recovery: str) -> list[str]:
-        return [str(CLI), "run", str(self.route_file), "--run-id", run_id, "--quiet",
-                "--recovery", recovery]  # fmt: skip
+    def start(self, run_id: str, recovery: str) -> Forked:
+        """``dpone-transfer run``, forked warm (``start_forked``)."""
+        argv = ["run", str(self.route_file), "--run-id", run_id, "--quiet", "--recovery", recovery]
+        child = start_forked(argv, self.env, self.tmp / f"{run_id}.out", cli=True)
+        _CHILDREN.append(child)
+        return child
 
     def run(self, run_id: str, recovery: str = "manual") -> Outcome:
         """``dpone-transfer run`` to its end."""
-        done = subprocess.run(self.command(run_id, recovery), capture_output=True, text=True,
-                              timeout=120, env=self.env)  # fmt: skip
-        return _outcome(done.returncode, done.stderr)
+        done = self.start(run_id, recovery)
+        return _outcome(done.wait(timeout=120), done.text())
 
-    def run_waiting(self, run_id: str, a: subprocess.Popen[str]) -> tuple[Outcome, Outcome]:
+    def run_waiting(self, run_id: str, a: Forked) -> tuple[Outcome, Outcome]:
         """B, which must still wait for A's lock ``WAITING`` seconds on; then A resumes."""
-        b = subprocess.Popen(self.command(run_id, "manual"), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=self.env)  # fmt: skip
-        _CHILDREN.append(b)
+        b = self.start(run_id, "manual")
         try:
             b.wait(timeout=WAITING)
         except subprocess.TimeoutExpired:
             pass
         else:
-            pytest.fail(f"B did not wait for A's lock: exit {b.returncode}\n{b.stderr.read()}")
+            pytest.fail(f"B did not wait for A's lock: exit {b.returncode}\n{b.text()}")
         resumed = resume(a)
-        _, stderr = b.communicate(timeout=120)
-        return _outcome(b.returncode, stderr), resumed
+        return _outcome(b.wait(timeout=120), b.text()), resumed
 
     def blocked(self) -> int:
         store = open_store(self.stores.child)
@@ -334,18 +332,15 @@ class Case:
         return [entry.run_id for entry in self.place.make_sink().read_ledger()]
 
 
-_CHILDREN: list[subprocess.Popen[str]] = []
+_CHILDREN: list[Forked] = []
 
 
 @pytest.fixture(autouse=True)
 def _no_worker_left() -> Iterator[None]:
-    """A case that fails midway leaves no stopped worker, and no open pipe, behind."""
+    """A case that fails midway leaves no stopped worker behind."""
     yield
     while _CHILDREN:
-        child = _CHILDREN.pop()
-        if child.poll() is None:
-            child.kill()  # SIGKILL ends a stopped process too
-        child.communicate()
+        _CHILDREN.pop().kill()
 
 
 def _stopped(pid: int) -> bool:
@@ -353,10 +348,9 @@ def _stopped(pid: int) -> bool:
         return handle.read().rpartition(")")[2].split()[0] == "T"
 
 
-def resume(a: subprocess.Popen[str]) -> Outcome:
+def resume(a: Forked) -> Outcome:
     os.kill(a.pid, signal.SIGCONT)
-    _, stderr = a.communicate(timeout=120)
-    return _outcome(a.returncode, stderr)
+    return _outcome(a.wait(timeout=120), a.text())
 
 
 def check_rows(place: Place, row: PauseRun) -> None:
