@@ -10,8 +10,8 @@ Per case (pause point x path x target x store):
    to be stopped, and for A's lease to expire (A's process still exists: only expiry frees
    it, ADR-0024).
 2. Worker B runs ``dpone-transfer run`` to its end (manual recovery, the default; a process
-   of its own, forked warm too). When
-   that is blocked (exit 3), B runs again with ``--recovery from_target``.
+   of its own, forked warm too). When that is blocked (exit 3), B runs again with
+   ``--recovery from_target``.
 3. A is resumed (SIGCONT) and finishes; its exit status and error code are what
    ``dpone-transfer run`` would give.
 4. A final plain run, and, where the route is blocked, one with ``--recovery from_target``.

@@ -935,13 +935,12 @@ def _merge(
         arbiter = True
     target, rows = table.sql(_name), batch.sql(_name)
     collate = BYTE_ORDER if _collatable(conn, batch, merge.version) else ""
+    unloaded = [n for n in existing if n not in names]
     if arbiter and conn.info.server_version >= MERGE_SINCE:
-        unloaded = [n for n in existing if n not in names]
         statements = merge_into_statements(
             target, rows, names, merge, unloaded=unloaded, name=_name, collate=collate
         )
     elif arbiter:
-        unloaded = [n for n in existing if n not in names]
         around = _delete_plan(conn, table, batch, merge)
         statements = upsert_statements(
             target, rows, names, merge, unloaded=unloaded, name=_name, collate=collate,
