@@ -244,6 +244,15 @@ class TargetBusy(TargetUnavailable):
             diagnostics={"target_table": target_table},
         )
 
+    @classmethod
+    def ledger_held(cls, target_table: str, seconds: float) -> TargetBusy:
+        return cls(
+            f"target table {target_table!r}: another load into its schema held the ledger's "
+            f"lock for more than {seconds:g} s (a worker stopped before its commit, or a lock "
+            "taken by hand); the load was rolled back and applied nothing; a retry may succeed",
+            diagnostics={"target_table": target_table},
+        )
+
 
 class TargetVersionUnsupported(ConfigInvalid):
     """The target database is a file (DuckDB) or a data folder (chDB) the installed engine

@@ -23,6 +23,7 @@ from dpone_native_transfer.errors import (
     ConfigInvalid,
     SchemaChanged,
     TargetAccessRefused,
+    TargetBusy,
     TargetUnavailable,
     ValueUnsupported,
 )
@@ -289,6 +290,32 @@ def test_a_load_failing_at_commit_leaves_neither_rows_nor_a_ledger_row(route, st
     assert [e.batch_id for e in route.sink.inner.read_ledger()] == [first.batch_id]
     if strategy == "incremental_append":  # an unknown outcome blocks the append's retry
         assert_blocked_before_target(lambda: route.run("run-3"), route.sink)
+
+
+def test_a_load_kept_from_the_ledger_lock_past_its_wait_rolls_back_unblocked(route, monkeypatch):
+    """Another load into the schema holds the ledger's lock (a worker stopped before its
+    commit): the load waits ``LEDGER_WAIT_SECONDS``, then rolls back, ``TargetBusy`` (exit 1):
+    not an unknown outcome, so the route is not blocked; the lock freed, the next run loads
+    every row once."""
+    from dpone_native_transfer.connectors import postgres_sink
+
+    monkeypatch.setattr(postgres_sink, "LEDGER_WAIT_SECONDS", 0.3)
+    first = route.run()
+    before = route.target_rows()
+    route.add_rows(30)
+    with psycopg.connect(route.location.dsn) as holder:  # a load stopped inside its _record
+        postgres_sink._lock_ledger(holder, route.sink.inner._ledger_table)
+        with pytest.raises(TargetBusy) as raised:
+            route.run("run-2")
+        holder.rollback()
+    assert raised.value.code == "native_transfer_target_unavailable"
+    ledger = route.sink.inner.read_ledger()
+    assert raised.value.diagnostics == {"target_table": ledger[0].target_table}
+    assert route.sink.target_calls == 2  # inside the target call
+    assert route.target_rows() == before
+    assert [entry.batch_id for entry in ledger] == [first.batch_id]
+    route.run("run-3")  # not blocked: no one resolved anything
+    assert_rows_exactly_once(route.source_ids(), route.target_ids())
 
 
 def test_a_failed_stage_leaves_the_target_untouched(tmp_path, location):

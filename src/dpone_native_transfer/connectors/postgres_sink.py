@@ -56,6 +56,7 @@ from ..errors import (
     ConfigInvalid,
     NativeTransferError,
     TargetAccessRefused,
+    TargetBusy,
     TargetRowsMismatch,
     TargetUnavailable,
 )
@@ -1151,6 +1152,7 @@ def _pulled_value(alias: str, column: Column) -> str:
 
 
 _FENCE_WAIT = "5s"
+LEDGER_WAIT_SECONDS = 60.0  # a load's wait for the ledger's lock (``_record``)
 _STAGE_WAIT = "30s"
 
 
@@ -1181,11 +1183,17 @@ def _record(conn: Any, ledger: TableName, entry: LedgerEntry | None, rows: int) 
 
     A transaction lock on the ledger serializes its creation and its ``seq`` between loads
     of different tables of the schema (one table's loads hold the route's lease), and the
-    fence's reads and writes."""
+    fence's reads and writes. It is waited for ``LEDGER_WAIT_SECONDS`` at most (its holder
+    normally commits within milliseconds; a worker stopped before its commit holds it for as
+    long as it is stopped): past that, ``TargetBusy``, the load not committed."""
     if entry is not None:
         check_applied(entry, rows)
         table = ledger.sql(_name)
-        _lock_ledger(conn, ledger)
+        _run(conn, f"SET LOCAL lock_timeout = '{LEDGER_WAIT_SECONDS * 1000:.0f}ms'")
+        try:
+            _lock_ledger(conn, ledger)
+        except _driver().errors.LockNotAvailable:
+            raise TargetBusy.ledger_held(entry.target_table, LEDGER_WAIT_SECONDS) from None
         fence = TableName(ledger.schema, FENCE_TABLE)
         fence_batch(_query(conn), entry, **_fence(fence), create=not _exists(conn, fence))
         if not _exists(conn, ledger):
