@@ -711,6 +711,40 @@ def _store_free(store: Path) -> bool:
     return True
 
 
+def test_a_worker_process_killed_fails_its_table_alone_and_the_next_run_recovers(tmp_path):
+    """SIGKILL of a worker process in the middle of a table: that table failed (exit 1), the
+    others run on (another worker takes the rest), nothing is loaded twice once recovered."""
+    source, pipeline_file = _four_tables(tmp_path, 200_000, chunk_rows=500, partition_rows=5_000)
+    command = [sys.executable, "-m", "dpone_native_transfer", "run", str(pipeline_file)]
+    child = subprocess.Popen(
+        [*command, "--jobs", "2", "--workers", "processes", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stderr is not None
+    assert child.stderr.readline().endswith(": started\n")
+    for _ in range(600):  # the first worker's interpreter started, and its table running
+        workers = _workers(child)
+        if workers and (tmp_path / "c.db").exists():
+            break
+        time.sleep(0.05)
+    time.sleep(0.1)
+    os.kill(workers[0], signal.SIGKILL)
+    out, err = child.communicate(timeout=300)
+    assert child.returncode == 1, err
+    runs = {run["table"]: run for run in json.loads(out)["tables"]}
+    killed = [name for name, run in runs.items() if run["outcome"] != "succeeded"]
+    assert len(killed) == 1, runs
+    assert runs[killed[0]] | {"seconds": 0} == runs[killed[0]] | {
+        "outcome": "failed", "error": "WorkerProcessEnded", "exit_code": 1, "seconds": 0,
+    }  # fmt: skip
+    again = run_cli("run", pipeline_file, "--recovery", "from_target", "--workers", "processes")
+    assert again.returncode == 0, again.stderr
+    for name in ("t01", "t02", "t03", "t04"):
+        _exactly(sqlite_ids(tmp_path / "w.db", name), sqlite_ids(source, name))
+
+
 @pytest.mark.parametrize("run_in", ["processes", "threads"])
 def test_the_pipeline_process_killed_leaves_every_table_exact_after_a_rerun(tmp_path, run_in):
     """``kill -9`` of the pipeline's own process while tables run. Threads die with it, each
