@@ -236,20 +236,17 @@ class TargetBusy(TargetUnavailable):
     applied: ClassVar[bool | None] = False
 
     @classmethod
-    def waited(cls, target_table: str, seconds: float) -> TargetBusy:
+    def waited(
+        cls,
+        target_table: str,
+        seconds: float,
+        *,
+        held: str = "another writer held its database file",
+    ) -> TargetBusy:
+        """``held``: who held what past the wait (no value, SQL or path)."""
         return cls(
-            f"target table {target_table!r}: another writer held its database file for more "
-            f"than {seconds:g} s; the load was rolled back and applied nothing; a retry may "
-            "succeed",
-            diagnostics={"target_table": target_table},
-        )
-
-    @classmethod
-    def ledger_held(cls, target_table: str, seconds: float) -> TargetBusy:
-        return cls(
-            f"target table {target_table!r}: another load into its schema held the ledger's "
-            f"lock for more than {seconds:g} s (a worker stopped before its commit, or a lock "
-            "taken by hand); the load was rolled back and applied nothing; a retry may succeed",
+            f"target table {target_table!r}: {held} for more than {seconds:g} s; the load was "
+            "rolled back and applied nothing; a retry may succeed",
             diagnostics={"target_table": target_table},
         )
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.stores import sqlite_lock_free
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -415,28 +416,18 @@ def test_read_of_missing_table_fails_at_call_time(source_db):
         SQLiteSource(source_db, "missing", "region").read({"partition": "x"})
 
 
-def _exclusive_lock_possible(path: Path) -> bool:
-    with contextlib.closing(sqlite3.connect(path, timeout=0, isolation_level=None)) as conn:
-        try:
-            conn.execute("BEGIN EXCLUSIVE")
-        except sqlite3.OperationalError:
-            return False
-        conn.execute("ROLLBACK")
-        return True
-
-
 def test_read_releases_its_connection_when_closed_early(source, source_db, track_connections):
     chunks = source.read({"partition": "north"}, chunk_rows=1)
     assert next(chunks) == [(1, "north", 10, "a")]
-    assert not _exclusive_lock_possible(source_db)
+    assert not sqlite_lock_free(source_db)
     chunks.close()
-    assert _exclusive_lock_possible(source_db)
+    assert sqlite_lock_free(source_db)
     assert not any(_is_open(conn) for conn in track_connections)
 
 
 def test_read_releases_its_connection_when_exhausted(source, source_db, track_connections):
     assert len(list(source.read({"partition": "north"}, chunk_rows=2))) == 2
-    assert _exclusive_lock_possible(source_db)
+    assert sqlite_lock_free(source_db)
     assert not any(_is_open(conn) for conn in track_connections)
     os.replace(source_db, source_db.with_name("moved.db"))
     assert not source_db.exists()

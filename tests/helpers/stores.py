@@ -168,3 +168,16 @@ def make_version_3(path: Path) -> None:
             db.execute(statement)
         db.execute("PRAGMA user_version = 3")
         db.execute("COMMIT")
+
+
+def sqlite_lock_free(path: Path, *, begin: str = "EXCLUSIVE", timeout: float = 0) -> bool:
+    """Whether ``BEGIN {begin}`` on the SQLite file ``path`` succeeds within ``timeout``
+    seconds: EXCLUSIVE, no connection reads or writes it; IMMEDIATE, none writes it. The lock
+    is given back at once."""
+    with contextlib.closing(sqlite3.connect(path, timeout=timeout, isolation_level=None)) as db:
+        try:
+            db.execute(f"BEGIN {begin}")
+        except sqlite3.OperationalError:
+            return False
+        db.execute("ROLLBACK")
+        return True

@@ -30,6 +30,7 @@ from helpers.pipelines import (
     write_pipeline,
 )
 from helpers.postgres_server import postgres_url
+from helpers.stores import sqlite_lock_free
 
 from dpone_native_transfer.application import transfer
 from dpone_native_transfer.errors import ConfigInvalid
@@ -700,28 +701,17 @@ def _leases(store: Path) -> dict[str, int]:
     return {json.loads(key)[1]: json.loads(record)["process"]["pid"] for key, record in found}
 
 
-def _store_free(store: Path) -> bool:
-    """Whether no process holds the SQLite store's write lock (taken and given back at once)."""
-    with contextlib.closing(sqlite3.connect(store, timeout=0.2, isolation_level=None)) as db:
-        try:
-            db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError:
-            return False
-        db.execute("ROLLBACK")
-    return True
+def _started(pipeline_file: Path, *args: str) -> subprocess.Popen[str]:
+    """``dpone-transfer run PIPELINE_FILE ARGS`` as a child process, its output piped."""
+    command = [sys.executable, "-m", "dpone_native_transfer", "run", str(pipeline_file), *args]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_a_worker_process_killed_fails_its_table_alone_and_the_next_run_recovers(tmp_path):
     """SIGKILL of a worker process in the middle of a table: that table failed (exit 1), the
     others run on (another worker takes the rest), nothing is loaded twice once recovered."""
     source, pipeline_file = _four_tables(tmp_path, 200_000, chunk_rows=500, partition_rows=5_000)
-    command = [sys.executable, "-m", "dpone_native_transfer", "run", str(pipeline_file)]
-    child = subprocess.Popen(
-        [*command, "--jobs", "2", "--workers", "processes", "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    child = _started(pipeline_file, "--jobs", "2", "--workers", "processes", "--json")
     assert child.stderr is not None
     assert child.stderr.readline().endswith(": started\n")
     for _ in range(600):  # the first worker's interpreter started, and its table running
@@ -754,13 +744,7 @@ def test_the_pipeline_process_killed_leaves_every_table_exact_after_a_rerun(tmp_
     source, pipeline_file = _four_tables(
         tmp_path, 100_000, chunk_rows=500, partition_rows=5_000, lease_seconds=1
     )
-    command = [sys.executable, "-m", "dpone_native_transfer", "run", str(pipeline_file)]
-    child = subprocess.Popen(
-        [*command, "--jobs", "2", "--workers", run_in],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    child = _started(pipeline_file, "--jobs", "2", "--workers", run_in)
     try:
         assert child.stderr is not None
         assert child.stderr.readline().endswith(": started\n")
@@ -806,13 +790,7 @@ def test_a_worker_paused_past_its_lease_loads_nothing_stale_when_it_resumes(tmp_
     source, pipeline_file = _four_tables(
         tmp_path, 300_000, count=2, chunk_rows=500, partition_rows=5_000, lease_seconds=1
     )
-    command = [sys.executable, "-m", "dpone_native_transfer", "run", str(pipeline_file)]
-    first = subprocess.Popen(
-        [*command, "--jobs", "2", "--workers", "processes", "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = _started(pipeline_file, "--jobs", "2", "--workers", "processes", "--json")
     worker, table = None, None
     try:
         for _ in range(3000):  # stopped once it holds its lease: reading, nothing armed
@@ -823,7 +801,7 @@ def test_a_worker_paused_past_its_lease_loads_nothing_stale_when_it_resumes(tmp_
                 os.kill(worker, signal.SIGSTOP)
                 # stopped inside a store write it would hold the SQLite store's lock, and the
                 # next run wait for it (docs/pipelines.md): go on a little and stop it again
-                if _store_free(tmp_path / "c.db"):
+                if sqlite_lock_free(tmp_path / "c.db", begin="IMMEDIATE", timeout=0.2):
                     break
                 os.kill(worker, signal.SIGCONT)
                 worker = None
@@ -859,16 +837,10 @@ def test_two_pipelines_at_once_in_worker_processes_load_each_row_once(tmp_path, 
     holds fails in the other (its lease: ``RouteBusy``; the target file's writer: busy),
     never loads a row twice, and a plain run then leaves every table exact."""
     source, pipeline_file = _four_tables(tmp_path, 50_000, strategy=strategy, chunk_rows=5_000)
-    command = [sys.executable, "-m", "dpone_native_transfer", "run", str(pipeline_file)]
     with contextlib.ExitStack() as stack:  # each child's pipes closed, whatever fails
         both = [
             stack.enter_context(
-                subprocess.Popen(
-                    [*command, "--jobs", "2", "--workers", "processes", "--json"],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )  # fmt: skip
+                _started(pipeline_file, "--jobs", "2", "--workers", "processes", "--json")
             )
             for _ in range(2)
         ]

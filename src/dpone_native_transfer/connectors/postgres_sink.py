@@ -1153,6 +1153,10 @@ def _pulled_value(alias: str, column: Column) -> str:
 
 _FENCE_WAIT = "5s"
 LEDGER_WAIT_SECONDS = 60.0  # a load's wait for the ledger's lock (``_record``)
+_LEDGER_HELD = (
+    "another load into its schema held the ledger's lock (a worker stopped before its commit, "
+    "or a lock taken by hand)"
+)
 _STAGE_WAIT = "30s"
 
 
@@ -1193,7 +1197,8 @@ def _record(conn: Any, ledger: TableName, entry: LedgerEntry | None, rows: int) 
         try:
             _lock_ledger(conn, ledger)
         except _driver().errors.LockNotAvailable:
-            raise TargetBusy.ledger_held(entry.target_table, LEDGER_WAIT_SECONDS) from None
+            held = TargetBusy.waited(entry.target_table, LEDGER_WAIT_SECONDS, held=_LEDGER_HELD)
+            raise held from None  # the driver's text is never chained
         fence = TableName(ledger.schema, FENCE_TABLE)
         fence_batch(_query(conn), entry, **_fence(fence), create=not _exists(conn, fence))
         if not _exists(conn, ledger):
