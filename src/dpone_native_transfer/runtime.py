@@ -37,6 +37,7 @@ from .cursor_edge import EdgeTracker, advanced_edge
 from .errors import (
     ConfigInvalid,
     LeaseLost,
+    NativeTransferError,
     PathContractBroken,
     TargetCommitGuardUnhandled,
     WorkFolderFailed,
@@ -302,6 +303,12 @@ class TransferRuntime:
                 if lease.lost:  # another attempt removed the folder
                     raise LeaseLost.lost(route) from None
                 raise _work_folder_failed(route, error) from None
+            except Exception as error:
+                if _failed_in_target_call(ctx, error) and lease.lost:
+                    # a newer holder raised the fence and ended this load's session
+                    # (``Sink.advance_fence``): what failed it is the lease, lost before
+                    raise LeaseLost.lost(route) from None
+                raise
         return _Outcome.of(ctx, rows_loaded)
 
     def _settle(
@@ -542,6 +549,14 @@ def _maker_alive(rest: str, here: ProcessMark) -> bool | None:
         return None
     mark = attrs.evolve(here, pid=int(pid), started="" if started == "0" else started)
     return not mark.gone()
+
+
+def _failed_in_target_call(ctx: PathContext, error: Exception) -> bool:
+    """Whether ``error`` came from inside the target call and is not one this package
+    raised (those say what they mean): a driver's, whose cause may be the lost lease."""
+    state = None if ctx.mutation is None else ctx.mutation.state
+    started = state is not None and state.target_started and not state.target_succeeded
+    return started and not isinstance(error, NativeTransferError)
 
 
 def _work_folder_failed(route: RouteKey, error: OSError) -> WorkFolderFailed:

@@ -112,7 +112,8 @@ KILL_POINTS = (
 )
 # Every step between the lease's take and the target's commit.
 PAUSE_POINTS = ("after-lease", "extraction", "after-armed-batch", "target-before-commit")
-POINTS = frozenset({*KILL_POINTS, *PAUSE_POINTS})
+# As ``_record`` is called: the rows written, the ledger row and its lock not (one test's).
+POINTS = frozenset({*KILL_POINTS, *PAUSE_POINTS, "target-before-ledger"})
 CHUNK_ROWS = 100  # several chunks per partition, so a kill can fall between two of them
 NOT_REACHED = 4  # exit status of a killing child that finished without reaching its point
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
@@ -386,17 +387,17 @@ def crash_sink(place: Place, killer: Killer) -> Any:
     else:
         seamed = _SEAMS[place.target](str(place.target_path), place.target_table)
     seamed.killer = killer
-    if killer.point == "target-before-commit":
+    if killer.point in ("target-before-commit", "target-before-ledger"):
         module = sys.modules[_ENGINES[place.target]]
         record = module._record
-        before = place.target == "clickhouse"
+        before = place.target == "clickhouse" or killer.point == "target-before-ledger"
 
         @functools.wraps(record)
         def _record(*args: Any, **kwargs: Any) -> int:
             if before:
-                killer.at("target-before-commit")
+                killer.at(killer.point)
             rows = record(*args, **kwargs)
-            killer.at("target-before-commit")
+            killer.at(killer.point)
             return rows
 
         module._record = _record

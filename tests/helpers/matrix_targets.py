@@ -14,6 +14,7 @@ engine's own client, never through dpone.
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -298,10 +299,14 @@ class Place:
         else:
             target = f'kind = "{self.target}"\npath = "{self.target_path}"\n'
         store_path = f"env:{STORE_URL_ENV}" if store.startswith("postgresql://") else store
+        strategy = "incremental_append"
+        if self.merge:
+            strategy = "merge"
+            source += f'primary_key = {json.dumps(list(self.key))}\ndeleted_column = "gone"\n'
         return (
             f'[source]\n{source}partition_column = "region"\ncursor_column = "updated_at"\n\n'
             f'[target]\n{target}table = "{self.target_table}"\n\n'
-            f'[transfer]\nstrategy = "incremental_append"\npath = "{self.path}"\n'
+            f'[transfer]\nstrategy = "{strategy}"\npath = "{self.path}"\n'
             f"chunk_rows = {chunk_rows}\n\n"
             f'[store]\npath = "{store_path}"\nlease_seconds = {lease_seconds}\n'
         )

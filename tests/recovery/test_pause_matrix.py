@@ -127,8 +127,14 @@ def expected(point: str, path: str, target: str, *, b_heals: bool) -> Expected:
             loader="b-from-target",
         )
     assert point == "target-before-commit"
-    locked = {"sqlite": (FAILED, UNAVAILABLE), "duckdb": (FAILED, UNAVAILABLE),
-              "postgres": (BLOCKED, RECONCILE)}  # fmt: skip
+    if target == "postgres":
+        return Expected(
+            b_manual=(BLOCKED, RECONCILE),
+            b_from_target=(OK, None),
+            a=(FAILED, LEASE_LOST),
+            loader="b-from-target",
+        )
+    locked = {"sqlite": (FAILED, UNAVAILABLE), "duckdb": (FAILED, UNAVAILABLE)}
     return Expected(
         b_manual=(BLOCKED, RECONCILE),
         b_from_target=locked[target] if b_heals else None,
@@ -432,6 +438,36 @@ def test_a_worker_stopped_past_its_lease_neither_duplicates_nor_loses_rows(
         for audit in audits:
             [proof] = audit["proof"].values()
             assert proof["verdict"] == healed[audit["run_id"]] and proof["heals"] is True
+
+
+def test_the_run_that_fences_a_stopped_merge_ends_its_session_and_merges_the_same_keys(
+    tmp_path: Path, place_of: Any, request: pytest.FixtureRequest
+) -> None:
+    """A stopped between its merged rows and its ledger row holds those rows' locks, but not
+    the ledger's. B's from_target run raises the fence past A's epoch, then merges the same
+    keys: without ending A's session (``PostgresSink.advance_fence``) its MERGE waited for
+    A's rows until A resumed. A, resumed, finds its session ended: its lease is lost."""
+    place = attrs.evolve(place_of("postgres", "legacy"), merge=True)
+    place.build_source(rows=ROWS, partitions=PARTITIONS)
+    place.add_deleted_column()
+    case = Case(place=place, stores=stores_of("sqlite", tmp_path, request), tmp=tmp_path)
+    assert case.run("first").pair == (OK, None)
+    place.change_source(every=3)  # a third of the keys updated, a third deleted
+    a = case.start_a("target-before-ledger")
+    assert case.run("b-manual").pair == (BLOCKED, RECONCILE)
+    healing = case.start("b-from-target", "from_target")
+    try:
+        status = healing.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("B's from_target run waited for the stopped worker's rows")
+    assert (status, _outcome(status, healing.text()).code) == (OK, None), healing.text()
+    resumed = resume(a)
+    assert resumed.pair == (FAILED, LEASE_LOST), resumed.stderr
+    assert place.target_rows() == place.merged_rows()
+    assert case.ledger_runs() == ["first", "b-from-target"]
+    assert case.blocked() == 0
+    assert case.run("final").pair == (OK, None)
+    assert place.target_rows() == place.merged_rows()
 
 
 # --- what the resumed worker says (known product bugs, reported; see each reason) ------------

@@ -28,6 +28,7 @@ connection that cannot be opened is one of those two, inside the call too.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -783,9 +784,15 @@ class PostgresSink(Sink, EnginePull):
         return self._outside_call(read)
 
     def _fence_first(self, conn: Any, entry: LedgerEntry | None) -> None:
-        """In the load's transaction, before its work: a batch already fenced out stops."""
+        """In the load's transaction, before its work: a batch already fenced out stops; one
+        that goes on names its lease's epoch in its session (``_holder``), so that a later
+        holder that raises the fence past it can end it (``advance_fence``)."""
+        if entry is None or entry.epoch is None:
+            return
+        holder = _holder(entry.target_table, entry.epoch)
+        _run(conn, "SELECT set_config('application_name', %s, true)", holder)
         fence = TableName(self._target.schema, FENCE_TABLE)
-        if entry is not None and _exists(conn, fence):
+        if _exists(conn, fence):
             fence_first(_query(conn), entry, **_fence_at(fence))
 
     def fence_epoch(self) -> int:
@@ -800,12 +807,18 @@ class PostgresSink(Sink, EnginePull):
         return self._outside_call(read, to="have its fence read")
 
     def advance_fence(self, epoch: int) -> int:
-        """Raise the fence to ``epoch`` in a transaction of its own, under the
-        ledger's lock; waits at most ``_FENCE_WAIT`` for a load holding it (a load paused in
-        its transaction makes this fail: then nothing is proven)."""
+        """Raise the fence to ``epoch`` in a transaction of its own, under the ledger's lock.
+
+        The loads of older epochs into this table still open are ended first
+        (``_end_older_loads``): a holder whose lease expired, stopped inside its load (SIGSTOP,
+        a frozen VM), held the ledger's lock, or the rows this holder's load then meets, for
+        as long as it was stopped. Ending it loses nothing: it rolls back, or it had
+        committed, and the ledger read after the fence says which. Any other holder of the
+        lock is waited for ``_FENCE_WAIT`` at most: then this fails and nothing is proven."""
         fence = TableName(self._target.schema, FENCE_TABLE)
 
         def advance(conn: Any) -> int:
+            _end_older_loads(conn, self.identity().table, epoch)
             _run(conn, f"SET LOCAL lock_timeout = '{_FENCE_WAIT}'")
             _lock_ledger(conn, self._ledger_table)
             _create_schema(conn, fence)
@@ -1152,6 +1165,41 @@ def _pulled_value(alias: str, column: Column) -> str:
 
 
 _FENCE_WAIT = "5s"
+
+
+def _holder(target_table: str, epoch: int) -> str:
+    """The ``application_name`` of a load's session: its target table (a digest: any name
+    fits the 63 bytes, and none is shown) and its lease's epoch."""
+    digest = hashlib.sha256(target_table.encode()).hexdigest()[:16]
+    return f"{_HOLDER} {digest} epoch {epoch}"
+
+
+_HOLDER = "dpone-transfer load"
+
+
+def _end_older_loads(conn: Any, target_table: str, epoch: int) -> int:
+    """End the sessions of this login and database loading ``target_table`` under a lease
+    epoch older than ``epoch`` (``_holder``), waiting up to ``_END_WAIT_MS`` for each to go
+    (PostgreSQL 14 and later; before, the lock's wait covers it); the sessions ended. Only
+    the login's own: ending another login's needs a privilege it may lack."""
+    prefix = _holder(target_table, 0).removesuffix("0")
+    wait = ", %s" if conn.info.server_version >= 140000 else ""
+    older = (
+        "CASE WHEN substr(application_name, %s) ~ '^[0-9]{1,18}$'"
+        " THEN substr(application_name, %s)::bigint END < %s"
+    )
+    params = [_END_WAIT_MS] if wait else []
+    sql = (
+        f"SELECT count(*) FILTER (WHERE pg_terminate_backend(pid{wait}))"
+        " FROM pg_catalog.pg_stat_activity WHERE datname = current_database()"
+        " AND usename = current_user AND pid <> pg_backend_pid()"
+        f" AND starts_with(application_name, %s) AND {older}"
+    )
+    start = len(prefix) + 1
+    return int(_run_query(conn, sql, *params, prefix, start, start, epoch)[0][0])
+
+
+_END_WAIT_MS = 5000
 LEDGER_WAIT_SECONDS = 60.0  # a load's wait for the ledger's lock (``_record``)
 _LEDGER_HELD = (
     "another load into its schema held the ledger's lock (a worker stopped before its commit, "

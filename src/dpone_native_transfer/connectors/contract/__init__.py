@@ -329,7 +329,9 @@ class Sink(Protocol):
         """With ``features.fence``: raise the fence to at least ``epoch`` in a transaction of
         its own, waiting a bounded time for a load that holds it; the fence now. Once it
         returns, no batch of an older epoch can commit, so a ledger read after it proves
-        whether such a batch was applied."""
+        whether such a batch was applied. A server with sessions may first end the loads of
+        older epochs into the table still open (their worker stopped past its lease): they
+        could only roll back, and their locks would keep this holder's load waiting."""
         raise Unsupported("a fence")
 
     def check_merge(self, merge: Merge, columns: Sequence[Column]) -> None:
