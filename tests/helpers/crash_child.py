@@ -38,6 +38,8 @@ The points, in the order a run reaches them, and the seam each uses:
   right before COMMIT. ClickHouse has no transaction, and its ``_record`` writes the
   ledger row after the rows: there it dies as ``_record`` is called, the rows written
   and the ledger row not (only the rows' batch column can prove the batch);
+- ``target-before-ledger`` (pauses only): as the engine module's ``_record`` is called:
+  the rows written, the ledger row and its lock not;
 - ``target-after-commit``: right after the real sink method returned, before
   the boundary learns of it;
 - ``after-target-success``: a plugin's ``after_target_success``, called before

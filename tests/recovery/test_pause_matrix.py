@@ -108,10 +108,13 @@ def expected(point: str, path: str, target: str, *, b_heals: bool) -> Expected:
       passed. B's plain run is blocked; its from_target run cannot raise the fence: it
       checks the target first, and SQLite's check waits the 30 s busy timeout for A's write
       lock and DuckDB's file lock refuses it (``target_unavailable``, exit 1: a retry may
-      succeed); PostgreSQL's ledger lock times out after 5 s (exit 3). A, resumed, commits:
-      its rows are in the target, but its promotion is refused under the lost lease
-      (``lease_lost``, exit 1) and its batch stays armed. The final plain run is blocked;
-      from_target proves the batch applied and heals it without loading a row.
+      succeed). A, resumed, commits: its rows are in the target, but its promotion is
+      refused under the lost lease (``lease_lost``, exit 1) and its batch stays armed. The
+      final plain run is blocked; from_target proves the batch applied and heals it without
+      loading a row. On PostgreSQL, B's from_target run ends A's session first (its
+      ``application_name`` names its older epoch: ``PostgresSink.advance_fence``), so it
+      raises the fence, proves A's batch not applied and loads every row; A, resumed,
+      finds its session gone (``lease_lost``).
     """
     if point == "after-lease" or (point == "extraction" and path != "lazy-plan"):
         if point == "extraction" and (target, path) == ("postgres", "staged"):
