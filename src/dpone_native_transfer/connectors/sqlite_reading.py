@@ -6,8 +6,9 @@ reads around that read.
 this module is the engines' side of it: the plan's source as a ``SQLiteFile``
 (``pulled_file``), the refusal of a plan an engine would not read exactly
 (``refuse_inexact_plan``), the watch for writes during the engine's read
-(``watching_writes``) and dpone's own read of the rows when that read is thrown away
-(``plan_rows``). It imports no connector: the DuckDB and ClickHouse sinks use it without
+(``watching_writes``), dpone's own read of the rows when that read is thrown away
+(``plan_rows``), and when dpone's read of a narrow cursor window is cheaper than the
+engine's (``narrow_plan``). It imports no connector: the DuckDB and ClickHouse sinks use it without
 loading the SQLite source or sink.
 """
 
@@ -18,7 +19,9 @@ import sqlite3
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..payloads import Column, LoadPlan
+from ..errors import ConfigInvalid
+from ..payloads import Column, LoadPlan, Predicate, bound_predicates
+from ._sql import partition_predicate_count, render_predicates
 from ._sql import quote as _quote
 from .contract import DEFAULT_CHUNK_ROWS, PlanInexact, Unsupported
 from .contract.sqlite_file import SQLiteFile
@@ -26,7 +29,10 @@ from .contract.sqlite_file import SQLiteFile
 __all__ = [
     "NOT_AN_INTEGER",
     "NOT_A_NUMBER",
+    "index_seeks",
     "inexact_plan",
+    "narrow_plan",
+    "narrow_window",
     "number_text_misread",
     "plan_rows",
     "pulled_file",
@@ -303,3 +309,76 @@ def _held_as_declared(conn: sqlite3.Connection, table: str) -> set[str] | None:
     if len(keys) == 1 and keys[0][1].upper() == "INTEGER" and not without_rowid and not indexed_key:
         held.add(keys[0][0])  # the rowid (``INTEGER PRIMARY KEY DESC`` gets an index: not it)
     return held
+
+
+def index_seeks(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = (None,)) -> bool:
+    """Whether SQLite answers ``sql`` (one ``?`` unless ``params``) by seeking an index, not
+    by a scan."""
+    plan = conn.execute(f"EXPLAIN QUERY PLAN {sql}", tuple(params)).fetchall()
+    return len(plan) == 1 and plan[0][3].startswith("SEARCH") and " USING " in plan[0][3]
+
+
+def narrow_window(
+    conn: sqlite3.Connection,
+    table: str,
+    window: Sequence[Predicate],
+    *,
+    name: Callable[[str], str],
+    share: int = 4,
+) -> bool:
+    """Whether the cursor ``window`` is a range SQLite seeks in an index, holding under
+    ``1/share`` of ``table``'s rows. dpone's read of it through that index then costs less
+    than a read per partition through the partition column's index, which SQLite without
+    statistics prefers to the cursor's and which reads every row of the partition whatever
+    its cursor (a quarter: both are dpone's reads); or than an engine's scan of the whole
+    file (DuckDB's and chDB's SQLite readers use no index), whose row costs about a tenth
+    of dpone's (``narrow_plan``: a sixteenth). Figures: docs/performance.md, fix 77. A
+    window without a lower bound (a first load) is never narrow. ``name``: a column's
+    reference in ``table``."""
+    if not any(p.op in (">", ">=") for p in window):
+        return False
+    where, params = render_predicates(window, marker="?", name=name)
+    quoted = _quote(table)
+    try:
+        if not index_seeks(conn, f"SELECT 1 FROM {quoted} WHERE {where}", params):
+            return False
+        span = conn.execute(  # each end alone: SQLite seeks it
+            f"SELECT (SELECT max(rowid) FROM {quoted}) - (SELECT min(rowid) FROM {quoted})"
+        ).fetchone()[0]
+    except sqlite3.OperationalError:  # a WITHOUT ROWID table, a view: no rowid
+        return False
+    most = (span or 0) // share
+    found = conn.execute(
+        f"SELECT count(*) FROM (SELECT 1 FROM {quoted} WHERE {where} LIMIT ?)", (*params, most)
+    ).fetchone()[0]
+    return found < most
+
+
+def narrow_plan(plan: LoadPlan) -> bool:
+    """Whether a plan of a ``SQLiteFile`` reads one cursor window narrow enough
+    (``narrow_window``, a sixteenth) that an engine declines to pull it: dpone reads it
+    through the index."""
+    source = plan.source
+    if not isinstance(source, SQLiteFile) or not plan.bounds:
+        return False
+    windows = []
+    for bounds in plan.bounds:
+        try:
+            predicates = bound_predicates(
+                bounds, partition_column=source.partition_column, cursor_column=source.cursor_column
+            )
+        except ConfigInvalid:  # refused where the rows are read
+            return False
+        windows.append(predicates[partition_predicate_count(bounds) :])
+    if any(repr(window) != repr(windows[0]) for window in windows):
+        return False
+    table = source.table
+
+    def name(column: str) -> str:
+        return f"{_quote(table)}.{_quote(column)}"
+
+    with source.reader() as conn:
+        return narrow_window(conn, table, windows[0], name=name, share=_ENGINE_SHARE)
+
+
+_ENGINE_SHARE = 16

@@ -84,6 +84,7 @@ from ..contract import Sink, SinkFeatures, Unsupported
 from ..contract.engine import EnginePull
 from ..contract.postgres_table import PostgresTable
 from ..sqlite_reading import (
+    narrow_plan,
     number_text_misread,
     pulled_file,
     refuse_inexact_plan,
@@ -682,6 +683,8 @@ class ClickHouseSink(Sink, EnginePull):
             return False
         if isinstance(plan.source, PostgresTable):
             return self._can_pull_postgres(plan, files)
+        if narrow_plan(plan):  # dpone reads it through an index; sqlite() reads it all
+            return False
         try:
             bounds = PlanSQL.of_sqlite(plan, with_safe_names(plan, table=self.table))
         except ConfigInvalid:  # a bound value ClickHouse parameters do not take, too

@@ -88,6 +88,7 @@ from ..contract.sqlite_file import SQLiteFile
 from ..sqlite_reading import (
     NOT_A_NUMBER,
     NOT_AN_INTEGER,
+    narrow_plan,
     plan_rows,
     pulled_file,
     refuse_inexact_plan,
@@ -298,6 +299,8 @@ class DuckDBSink(FileTarget, EnginePull):
             postgres_scanner_loads()
             return False
         try:
+            if narrow_plan(plan):  # dpone reads it through an index; the scanner reads it all
+                return False
             self._check(plan, pulling=True)
         except ConfigInvalid:
             return False

@@ -68,7 +68,7 @@ from .._sql import quote as _quote
 from ..contract import PlanInexact, SinkFeatures
 from ..contract.engine import EnginePull
 from ..contract.sqlite_file import SQLiteFile
-from ..sqlite_reading import pulled_file
+from ..sqlite_reading import narrow_plan, pulled_file
 from .common import (
     TIMEOUT,
     column_list,
@@ -229,8 +229,10 @@ class SQLiteSink(FileTarget, EnginePull):
 
     def can_pull(self, plan: LoadPlan, files: int) -> bool:
         """From a SQLite source, into one load file or one per partition. SQLite copies each
-        value as it stores it, so nothing is misread."""
-        return isinstance(plan.source, SQLiteFile)
+        value as it stores it, so nothing is misread. Not a narrow cursor window: the copy
+        reads each partition through the partition column's index where there is one, and
+        dpone reads the window through the cursor's (``narrow_plan``)."""
+        return isinstance(plan.source, SQLiteFile) and not narrow_plan(plan)
 
     def pull_load_files(
         self, plan: LoadPlan, paths: Sequence[Path]

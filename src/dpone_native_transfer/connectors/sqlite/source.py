@@ -43,7 +43,7 @@ from .._sql import (
 )
 from .._sql import quote as _quote
 from ..contract import DEFAULT_CHUNK_ROWS, SourceFeatures
-from ..sqlite_reading import watching_writes
+from ..sqlite_reading import index_seeks, narrow_window, watching_writes
 from .common import (
     TIMEOUT,
     as_stored,
@@ -351,7 +351,7 @@ class SQLiteSource(TableSource):
         window, params = self._cursor_window(after, upto)
         column = self._ref(self.partition_column)
         table = f"{_quote(schema)}.{_quote(self.table)}"
-        if not window and _index_seeks(
+        if not window and index_seeks(
             conn, f"SELECT min({column}) FROM {table} WHERE {column} > ?"
         ):
             return _seek_distinct(conn, table, column)
@@ -446,7 +446,7 @@ class SQLiteSource(TableSource):
         key, table = self._ref(self.partition_column), f"{_quote(schema)}.{_quote(self.table)}"
         if conn.execute(f"PRAGMA {_quote(schema)}.encoding").fetchone()[0] != "UTF-8":
             return None
-        if _index_seeks(conn, f"SELECT 1 FROM {table} WHERE {key} >= ?"):
+        if index_seeks(conn, f"SELECT 1 FROM {table} WHERE {key} >= ?"):
             return None
         declared = parsed_type(columns[names.index(self.partition_column)].decltype)
         edges = [bounds[i].get(edge) for i in split[0] for edge in RANGE_EDGES]
@@ -542,7 +542,7 @@ class SQLiteSource(TableSource):
         partitions, window = split
         columns = self._described_columns()
         with self.reader() as conn:
-            values = self._scan_values(conn, "main", partitions, columns)
+            values = self._scan_values(conn, "main", partitions, columns, window=window)
         if values is None:
             return None
         route = {value: index for index, value in enumerate(values)}.get
@@ -592,17 +592,22 @@ class SQLiteSource(TableSource):
         schema: str,
         partitions: Sequence[Predicate],
         columns: Sequence[Column],
+        *,
+        window: Sequence[Predicate] | None = None,
     ) -> list[Any] | None:
         """The partitions' values as the column stores them (its affinity converts ``'5'``
         into 5 in an INTEGER column, as it converts a bound parameter), when one scan of the
         table in ``schema`` tells them apart exactly; otherwise None. Not when the partition
-        column has an index to seek (each partition's own read is cheaper), compares other
-        than byte by byte, or two bounds name one value."""
+        column has an index to seek (each partition's own read is cheaper), unless the scan
+        is of a narrow cursor ``window`` (``narrow_window``), compares other than byte by
+        byte, or two bounds name one value."""
         key, table = self._ref(self.partition_column), f"{_quote(schema)}.{_quote(self.table)}"
         names = [column.name for column in columns]
         if self.partition_column not in names:
             return None
-        if _index_seeks(conn, f"SELECT 1 FROM {table} WHERE {key} = ?"):
+        if index_seeks(conn, f"SELECT 1 FROM {table} WHERE {key} = ?") and not (
+            window and narrow_window(conn, self.table, window, name=self._ref)
+        ):
             return None
         if self.partition_column in self.collated_columns():
             return None
@@ -711,12 +716,6 @@ def _routed(
 
 
 _RANGE_FUNCTION = "dpone_range"  # a key's bound number (``range_route``), for ``table_sql``
-
-
-def _index_seeks(conn: sqlite3.Connection, sql: str) -> bool:
-    """Whether SQLite answers ``sql`` (one ``?``) by seeking an index, not by a scan."""
-    plan = conn.execute(f"EXPLAIN QUERY PLAN {sql}", (None,)).fetchall()
-    return len(plan) == 1 and plan[0][3].startswith("SEARCH") and " USING " in plan[0][3]
 
 
 def _seek_distinct(conn: sqlite3.Connection, table: str, column: str) -> list:
