@@ -310,3 +310,25 @@ def test_postgres_concurrent_writes_to_one_route_keep_history_in_commit_order(
         runs = [cp.run_id for cp in history]
         assert runs[0::2] == runs[1::2], "each batch's two rows are adjacent in history"
         assert len(store.list_evidence(ROUTE)) == workers * rounds
+
+
+def test_postgres_a_write_kept_waiting_by_a_stopped_writer_fails_unavailable_unwritten(
+    postgres_schema: PostgresLocation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer stopped inside its transaction (SIGSTOP, a frozen VM) holds its route's lock:
+    the next write of that route waits ``LOCK_WAIT_SECONDS`` at most, as SQLite's busy
+    timeout does, then fails ``CheckpointStoreUnavailable`` with nothing written."""
+    from dpone_native_transfer.stores import postgres as module
+    from dpone_native_transfer.stores._codec import route_params
+
+    monkeypatch.setattr(module, "LOCK_WAIT_SECONDS", 0.5)
+    key = module._lock_key("route", postgres_schema.schema, *route_params(ROUTE))
+    with PostgresCheckpointStore(postgres_schema.dsn, schema=postgres_schema.schema) as store:
+        with psycopg.connect(postgres_schema.dsn) as stopped:
+            stopped.execute("SELECT pg_advisory_xact_lock(%s)", (key,))  # held, uncommitted
+            with pytest.raises(CheckpointStoreUnavailable) as caught:
+                store.upsert_many([make_checkpoint("p-a", run_id="kept-waiting")])
+            assert caught.value.diagnostics["sqlstate"] == "55P03"  # lock_not_available
+            assert store.list_latest(ROUTE) == []
+        store.upsert_many([make_checkpoint("p-a", run_id="after")])  # the lock is gone
+        assert [cp.run_id for cp in store.list_latest(ROUTE)] == ["after"]

@@ -254,11 +254,26 @@ def _in_transaction(driver: Any, action: str, conn: Any, work: Callable[[Any], _
 
 
 def _connect(driver: Any, dsn: str) -> Any:
+    """A connection whose lock waits end after ``LOCK_WAIT_SECONDS``, as a SQLite store's busy
+    timeout does: a writer stopped inside one of its transactions (SIGSTOP, a frozen VM)
+    holds its route's lock, and every later write of that route, or a take of its lease,
+    waited for as long as it was stopped. Past the wait, ``CheckpointStoreUnavailable``
+    (exit 1), nothing written."""
     if not isinstance(dsn, str):
         raise ConfigInvalid("the PostgreSQL DSN must be a string", diagnostics={"key": "dsn"})
-    return postgres_connect(
+    conn = postgres_connect(
         driver, dsn, what="PostgreSQL", failed=lambda failure: _store_failure(failure, "opened")
     )
+    try:
+        wait = f"SET lock_timeout = '{LOCK_WAIT_SECONDS * 1000:.0f}ms'"  # for the session
+        _in_transaction(driver, "opened", conn, lambda c: c.execute(wait))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+LOCK_WAIT_SECONDS = 30.0
 
 
 def _table_corrupt(table: str) -> CheckpointStoreCorrupt:
