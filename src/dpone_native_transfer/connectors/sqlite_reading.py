@@ -8,8 +8,8 @@ this module is the engines' side of it: the plan's source as a ``SQLiteFile``
 (``refuse_inexact_plan``), the watch for writes during the engine's read
 (``watching_writes``), dpone's own read of the rows when that read is thrown away
 (``plan_rows``), and when dpone's read of a narrow cursor window is cheaper than the
-engine's (``narrow_plan``). It imports no connector: the DuckDB and ClickHouse sinks use it without
-loading the SQLite source or sink.
+engine's (``narrow_plan``). It imports no connector: the DuckDB and ClickHouse sinks use
+it without loading the SQLite source or sink.
 """
 
 from __future__ import annotations
