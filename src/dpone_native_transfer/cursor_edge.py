@@ -277,7 +277,13 @@ def is_edge(bounds: Mapping[str, Any]) -> bool:
 
 class EdgeTracker:
     """One attempt's view of the edge: filters loaded rows out of edge partitions, and records
-    the digests of the rows it passes that the next record must hold."""
+    the digests of the rows it passes that the next record must hold.
+
+    ``replaces`` (a merge route): a key's load replaces its earlier version, so the record
+    must hold the rows the target holds now, not every row ever loaded: the rows it skips
+    are recorded too, and ``advanced_edge`` keeps none of the old record. A row edited and
+    then edited back at the same cursor value was otherwise skipped as loaded (its first
+    version's digest), leaving the edited version in the target for good."""
 
     def __init__(
         self,
@@ -287,8 +293,10 @@ class EdgeTracker:
         *,
         top_since: Any,
         kind: str | None,
+        replaces: bool = False,
     ) -> None:
         self.indexes = edge.digest_indexes(columns)
+        self.replaces = replaces
         names = [column.name for column in columns]
         self.cursor = names.index(source.cursor_column)
         self.partition = names.index(source.partition_column)
@@ -350,14 +358,16 @@ class EdgeTracker:
             kept = self._kept(value)
             if edge or kept:
                 key = (value, row_digest(row, self.indexes))
-                if edge and self._seen[key] > 0:
+                loaded = edge and self._seen[key] > 0
+                if loaded:
                     self._seen[key] -= 1
-                    continue
-                if kept and recorded is not None:
+                if kept and recorded is not None and (self.replaces or not loaded):
                     recorded[key] += 1
                     if len(recorded) > MAX_EDGE_ROWS:
                         recorded = None
                         self.recorded[candidate.partition_id] = None
+                if loaded:
+                    continue
             passed.append(row)
         return passed
 
@@ -426,12 +436,15 @@ def advanced_edge(
     kind: str | None,
     generation_checkpoints: Sequence[PartitionCheckpoint],
     lost: bool = False,
+    replaces: bool = False,
 ) -> tuple[Edge, list[str]]:
     """The record for the next generation, and the parts of it that could not be kept.
 
     ``generation_checkpoints`` are this generation's committed partitions (run
     now or by an earlier attempt); each must carry its recorded rows. ``lost``:
     some were committed under other ids (an earlier schema), so their rows are unknown.
+    ``replaces`` (``EdgeTracker``'s): only this generation's recorded rows are kept; a row
+    the record then lacks is merged again, which changes nothing.
     """
     untracked: list[str] = []
     recordings = [cp.diagnostics.get(EDGE_ROWS_KEY) for cp in generation_checkpoints]
@@ -461,7 +474,8 @@ def advanced_edge(
     def kept(value: Any) -> bool:
         return nulls if value is None else _at_or_above(value, since, kind)
 
-    rows.update({key: n for key, n in edge.rows.items() if kept(key[0])})
+    if not replaces:
+        rows.update({key: n for key, n in edge.rows.items() if kept(key[0])})
     for rec in recorded:
         for value, digest, count in rec["rows"]:
             if kept(value):

@@ -343,6 +343,7 @@ class TransferRuntime:
                 kind=plan.definition.cursor_kind,
                 generation_checkpoints=[*outcome.ran, *earlier.values()],
                 lost=len(earlier) != len(plan.resume.skipped),
+                replaces=plan.definition.merge is not None,
             )
             state = attrs.evolve(state, edge=record.as_state())
             for part in untracked:
@@ -474,8 +475,10 @@ def _edge_tracker(spec: TransferSpec, plan: AttemptPlan) -> EdgeTracker | None:
     if plan.edge is None:
         return None
     kind = plan.definition.cursor_kind
-    columns = plan.shape.columns
-    return EdgeTracker(plan.edge.record, columns, spec.source, top_since=plan.top_since, kind=kind)
+    return EdgeTracker(
+        plan.edge.record, plan.shape.columns, spec.source, top_since=plan.top_since, kind=kind,
+        replaces=plan.definition.merge is not None,
+    )  # fmt: skip
 
 
 def _check_target(sink: Sink) -> None:

@@ -339,6 +339,32 @@ def test_merge_applies_updates_deletes_and_late_rows_on_every_target_and_path(
     assert target.rows("events", LOADED) == before
 
 
+@pytest.mark.parametrize("path", ["legacy", "staged"])
+def test_a_row_edited_and_edited_back_at_the_watermark_is_merged_each_time(
+    tmp_path, target, path
+):
+    """Rows at the watermark are read again by each run; a merge route skips those the
+    target holds as they are now, and only those: a row edited and then edited back without
+    its cursor moving, and a delete undone, each replace what the target holds. The edge
+    record kept every version ever loaded, so the edit back was skipped as loaded (exit 0,
+    the edited version kept for good)."""
+    source = make_events(tmp_path)
+    route = events_route(tmp_path, target, path)
+    add(source, ("acme", 1, "eu", 5, "a", False), ("acme", 2, "eu", 5, "b", False))
+
+    def edit(status: str, gone: bool) -> None:
+        with _sqlite(source) as db:
+            db.execute("UPDATE events SET status = ? WHERE id = 1", (status,))
+            db.execute("UPDATE events SET gone = ? WHERE id = 2", (gone,))
+            db.commit()
+
+    for status, gone in (("a", False), ("a2", True), ("a2", True), ("a", False), ("a", False)):
+        edit(status, gone)
+        assert run(route).returncode == 0
+        check_target(target, source)
+    assert target.rows("events", ("id", "status")) == [(1, "a"), (2, "b")]
+
+
 def test_a_mutable_table_merges_on_its_own_primary_key_with_range_partitions(tmp_path, target):
     """No primary_key named: the source table's own; partitions by key range; the cursor
     windows as an append's; schema evolution adds a new source column."""
