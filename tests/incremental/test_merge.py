@@ -340,9 +340,7 @@ def test_merge_applies_updates_deletes_and_late_rows_on_every_target_and_path(
 
 
 @pytest.mark.parametrize("path", ["legacy", "staged"])
-def test_a_row_edited_and_edited_back_at_the_watermark_is_merged_each_time(
-    tmp_path, target, path
-):
+def test_a_row_edited_and_edited_back_at_the_watermark_is_merged_each_time(tmp_path, target, path):
     """Rows at the watermark are read again by each run; a merge route skips those the
     target holds as they are now, and only those: a row edited and then edited back without
     its cursor moving, and a delete undone, each replace what the target holds. The edge
@@ -1065,6 +1063,59 @@ def test_a_postgres_sources_null_key_is_refused_though_its_rows_could_be_read_in
         db.execute(f"DELETE FROM {items} WHERE id IS NULL")
     assert run(route).returncode == 0
     assert target.rows("items_copy", ("id", "name")) == [(1, "a2"), (2, "b"), (3, "c")]
+
+
+# (source column type, its role, the targets that keep it as the source compares it)
+_COMPARED = [
+    ("numeric", "primary_key", {"postgres"}),  # 1.0 and 1.00: one key, two texts
+    ("interval", "cursor_column", {"postgres"}),  # '9 days' < '10 days', not as texts
+    ("citext", "primary_key", set()),  # 'abc' and 'ABC': one key to the source only
+]
+
+
+@pytest.mark.parametrize(("kind", "role", "kept"), _COMPARED)
+@pytest.mark.parametrize("into", TARGETS)
+def test_a_key_or_cursor_a_target_would_compare_otherwise_is_refused_before_it(
+    tmp_path, postgres_schema, into, kind, role, kept
+):
+    """A PostgreSQL source's key or cursor that a target keeps as text although the source
+    compares its values otherwise (or a case-insensitive ``citext``) merged two versions of
+    one key, missed a delete, or kept an older version as the newer, with exit 0: it is
+    refused before the target (exit 2), naming the route file's key; where the target keeps
+    the type, the route merges."""
+    import psycopg
+
+    dsn, schema = postgres_schema.dsn, postgres_schema.schema
+    key, cursor = ("k", "v") if role == "primary_key" else ("id", "k")
+    kinds = {"k": kind, "id": "integer", "v": "integer"}
+    with psycopg.connect(dsn, autocommit=True) as db:
+        db.execute("CREATE EXTENSION IF NOT EXISTS citext")
+        db.execute(f'CREATE SCHEMA "{schema}"')
+        db.execute(
+            f'CREATE TABLE "{schema}".items ({key} {kinds[key]} PRIMARY KEY,'
+            f" region text NOT NULL, {cursor} {kinds[cursor]}, name text)"
+        )
+        row = {"numeric": "1.0", "interval": "9 days", "citext": "abc"}[kind]
+        values = (row, 1) if role == "primary_key" else (1, row)
+        db.execute(f'INSERT INTO "{schema}".items VALUES (%s, \'eu\', %s, \'a\')', values)
+    target = Target(into, tmp_path, postgres_schema)
+    route = tmp_path / "route.toml"
+    route.write_text(
+        f'[source]\nkind = "postgres"\ndsn = "{postgres_url(dsn)}"\ntable = "{schema}.items"\n'
+        f'partition_column = "region"\ncursor_column = "{cursor}"\nprimary_key = ["{key}"]\n\n'
+        f"[target]\n{target.section('items_copy')}\n\n"
+        '[transfer]\nstrategy = "merge"\npath = "legacy"\n\n[store]\npath = "checkpoints.db"\n',
+        encoding="utf-8",
+    )
+    done = run(route)
+    if into in kept:
+        assert done.returncode == 0, done.stderr
+        assert target.rows("items_copy", ("name",)) == [("a",)]
+        return
+    assert done.returncode == 2, done.stderr
+    assert "native_transfer_config_invalid" in done.stderr
+    assert f"source.{role}" in done.stderr and row not in done.stderr
+    assert not target.exists("items_copy")
 
 
 # -- target tables made by hand that a merge cannot run on ----------------------------------

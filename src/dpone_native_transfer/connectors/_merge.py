@@ -278,6 +278,39 @@ def narrower_unique(
 LOOSE_KEY = "it compares a key column more loosely than the merge (texts it finds equal differ)"
 
 
+# Kinds a target may keep as text although the source compares their values otherwise:
+# 1.0 and 1.00 are one numeric, '1 day' and '24:00:00' one interval, but two texts; 9 < 10,
+# but '10' < '9'.
+_NOT_TEXT = frozenset({"numeric", "decimal", "interval", "any"})
+
+
+def refuse_text_compared(
+    merge: Merge, columns: Sequence[Column], *, kept_as_text: Callable[[Column], bool], target: str
+) -> None:
+    """Refuse, before the target call, a key or cursor column of a merge route that the target
+    keeps as text (``kept_as_text``) although the source compares its values otherwise, and
+    a key or cursor of a case-insensitive source type (``citext``), which no target compares
+    so: the merge would keep two versions of one key, miss a delete, or keep an older
+    version as the newer (exit 0). ``target``: the target's name in the message."""
+    for column in columns:
+        role = "primary_key" if column.name in merge.key else None
+        role = "cursor_column" if column.name == merge.version else role
+        if role is None:
+            continue
+        texted = column.kind in _NOT_TEXT and kept_as_text(column)
+        folded = isinstance(column.decltype, str) and column.decltype.strip().lower() == "citext"
+        if texted or folded:
+            why = "is case-insensitive (citext)" if folded else f"keeps it as text ({column.kind})"
+            raise ConfigInvalid(
+                f"source.{role} column {column.name!r} of a merge route cannot be compared as "
+                f"the source compares it: {target} {why}, so two versions of one key, or an "
+                "older and a newer version, would be told apart otherwise; nothing was "
+                "written. Use a column of integers, texts, dates or timestamps, or a view "
+                "that casts it",
+                diagnostics={"key": f"source.{role}", "column": column.name},
+            )
+
+
 def asks(merge: Merge, columns: Sequence[Column]) -> bool:
     """Whether a target could refuse this merge by ``narrower_unique`` (a key of two columns
     or more), ``loosely_compared_key`` (a text key column) or ``loosely_ordered_version`` (a

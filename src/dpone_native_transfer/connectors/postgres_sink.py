@@ -90,6 +90,7 @@ from ._merge import (
     merge_into_statements,
     merge_statements,
     narrower_unique,
+    refuse_text_compared,
     unmergeable,
     upsert_statements,
 )
@@ -464,7 +465,12 @@ class PostgresSink(Sink, EnginePull):
         them on the key with the batch's types (a hand-made type may have no ``=`` with
         them), and a unique index on part of the key, or a key compared more loosely than
         the batch's (a nondeterministic collation, ``citext``, ``char(n)``), would meet two
-        batch keys as one. Each failed inside the target call, or merged wrongly."""
+        batch keys as one. Each failed inside the target call, or merged wrongly. A key or
+        cursor kept as text, or ``citext``, is refused whatever the table
+        (``refuse_text_compared``)."""
+        refuse_text_compared(
+            merge, columns, kept_as_text=lambda c: postgres_type(c) == "text", target="PostgreSQL"
+        )
         driver = _driver()
 
         def problem(conn: Any) -> tuple[str, str | None] | None:

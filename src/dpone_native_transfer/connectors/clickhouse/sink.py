@@ -68,7 +68,7 @@ from ...ledger import LEDGER_TABLE, LedgerEntry, ledger_query, ledger_table_sql
 from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, Merge, RowChunks
 from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from .._arrow import arrow
-from .._merge import unmergeable
+from .._merge import refuse_text_compared, unmergeable
 from .._sql import (
     STAGE_PREFIX,
     ColumnDifference,
@@ -520,7 +520,12 @@ class ClickHouseSink(Sink, EnginePull):
         """Refuse, before the target call, a source column of the name of one of dpone's
         (``merge.MERGE_COLUMNS``), and an existing table that is not the one a merge route
         makes (``merge.merge_table_problem``): a plain MergeTree table would keep every
-        version, and another ``ORDER BY`` would replace rows of other keys."""
+        version, and another ``ORDER BY`` would replace rows of other keys. A key kept as
+        text, or ``citext``, as the other targets (``refuse_text_compared``)."""
+        refuse_text_compared(
+            merge, columns, target="ClickHouse",
+            kept_as_text=lambda c: column_type(c) in ("String", "Nullable(String)"),
+        )  # fmt: skip
         for column in columns:
             if column.name in MERGE_COLUMNS or column.name.startswith(MERGE_ALIAS):
                 raise unmergeable(self.table, "a source column has the name of a column dpone "

@@ -62,6 +62,7 @@ from .._merge import (
     loosely_ordered_version,
     merge_statements,
     narrower_unique,
+    refuse_text_compared,
     unmergeable,
     upsert_statements,
 )
@@ -206,7 +207,11 @@ class DuckDBSink(FileTarget, EnginePull):
     def check_merge(self, merge: Merge, columns: Sequence[Column]) -> None:
         """A primary key or unique constraint on part of the key, or a key compared by a looser
         collation than the batch's (``COLLATE NOCASE``), would meet two batch keys as one:
-        both inserted, the constraint violated inside the target call."""
+        both inserted, the constraint violated inside the target call. A key or cursor kept
+        as text is refused whatever the table (``refuse_text_compared``)."""
+        refuse_text_compared(
+            merge, columns, kept_as_text=lambda c: duckdb_type(c) == "VARCHAR", target="DuckDB"
+        )
         if not asks(merge, columns):
             return
         with self._reader() as conn:

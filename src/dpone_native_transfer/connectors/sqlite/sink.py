@@ -48,6 +48,7 @@ from .._merge import (
     loosely_ordered_version,
     merge_statements,
     narrower_unique,
+    refuse_text_compared,
     unmergeable,
 )
 from .._sql import (
@@ -148,7 +149,11 @@ class SQLiteSink(FileTarget, EnginePull):
         """A unique index on part of the key, or a key compared by a looser collation than the
         batch's (``NOCASE``, ``RTRIM``), would meet two batch keys as one: both inserted, the
         index violated inside the target call. (A view or a trigger is refused for every
-        strategy, by ``check_target``.)"""
+        strategy, by ``check_target``.) A key or cursor kept as text is refused whatever the
+        table (``refuse_text_compared``)."""
+        refuse_text_compared(
+            merge, columns, kept_as_text=lambda c: sqlite_type(c) == "TEXT", target="SQLite"
+        )
         if not os.path.isfile(self.path) or not asks(merge, columns):
             return
         with self._reader() as conn:
