@@ -18,6 +18,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import types
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -609,6 +610,46 @@ def test_odd_key_column_names_merge(tmp_path, target):
     assert target.rows("we ird", ('k "1"', "ключ%s", "ver sion")) == [("a", 1, 2), ("b", 1, 1)]
 
 
+@pytest.mark.parametrize("path", ["legacy", "staged"])
+def test_ties_go_to_the_same_row_in_a_postgresql_database_collated_otherwise(
+    tmp_path, postgres_dsn, path
+):
+    """A tie in the cursor is broken by the other columns in byte order on every target:
+    in a PostgreSQL database collated ICU ``en-US`` the tie-breaking text columns ranked
+    ``'B'`` above ``'a'`` and ``'f'`` above ``'é'`` (only the cursor was ordered by bytes),
+    another winner than SQLite, DuckDB and ClickHouse gave (exit 0)."""
+    import psycopg
+
+    name = f"icu_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+        admin.execute(
+            f"CREATE DATABASE {name} TEMPLATE template0 LOCALE_PROVIDER icu"
+            " ICU_LOCALE 'en-US' LOCALE 'C'"
+        )
+    try:
+        dsn = psycopg.conninfo.make_conninfo(postgres_dsn, dbname=name)
+        source = tmp_path / "source.db"
+        with _sqlite(source) as db:
+            db.execute("CREATE TABLE ties (id INTEGER, region TEXT, v INTEGER, status TEXT)")
+            db.executemany(
+                "INSERT INTO ties VALUES (?, 'eu', 5, ?)",
+                [(1, "a"), (1, "B"), (2, "\u00e9"), (2, "f")],
+            )
+            db.commit()
+        icu = Target("postgres", tmp_path, types.SimpleNamespace(dsn=dsn, schema="public"))
+        route = write_route(
+            tmp_path, icu, table="ties", path=path, partition_column="region",
+            cursor_column="v", primary_key=["id"],
+        )  # fmt: skip
+        assert run(route).returncode == 0
+        found = icu.rows("ties", ("id", "status"))
+        want = expected(source_rows(source, "ties"), ("id", "region", "v", "status"), ("id",), "v")
+        assert found == [(1, "a"), (2, "\u00e9")] == [(row[0], row[3]) for row in want]
+    finally:
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 def test_a_source_column_named_like_the_merges_rank_merges(tmp_path, target):
     """The winners' ranking names its ROW_NUMBER column ``_dpone_merge_rank``: a source
     column of that name was read as the rank instead, so SQLite and DuckDB kept only the rows
@@ -1097,7 +1138,7 @@ def test_a_key_or_cursor_a_target_would_compare_otherwise_is_refused_before_it(
         )
         row = {"numeric": "1.0", "interval": "9 days", "citext": "abc"}[kind]
         values = (row, 1) if role == "primary_key" else (1, row)
-        db.execute(f'INSERT INTO "{schema}".items VALUES (%s, \'eu\', %s, \'a\')', values)
+        db.execute(f"INSERT INTO \"{schema}\".items VALUES (%s, 'eu', %s, 'a')", values)
     target = Target(into, tmp_path, postgres_schema)
     route = tmp_path / "route.toml"
     route.write_text(

@@ -189,8 +189,9 @@ _REQUIRED = """SELECT a.attname FROM pg_catalog.pg_attribute a
     WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
     AND a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = ''"""
 # Whether a column's type is ordered by a collation.
-_COLLATABLE = """SELECT a.attcollation <> 0 FROM pg_attribute a
-    WHERE a.attrelid = to_regclass(%s) AND a.attname = %s AND NOT a.attisdropped"""
+_COLLATABLE = """SELECT a.attname FROM pg_attribute a
+    WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND a.attcollation <> 0
+    AND NOT a.attisdropped"""
 # Whether the login may read and delete a table's rows, as a merge does.
 _MERGEABLE = "SELECT has_table_privilege(%s, 'SELECT') AND has_table_privilege(%s, 'DELETE')"
 # Whether the login may write a table: INSERT on it, or CREATE where it would be created.
@@ -954,21 +955,21 @@ def _merge(
         _run(conn, f"CREATE TABLE {table.sql(_name)} ({definitions}{key})")
         arbiter = True
     target, rows = table.sql(_name), batch.sql(_name)
-    collate = BYTE_ORDER if _collatable(conn, batch, merge.version) else ""
+    collated = dict.fromkeys(_collatable(conn, batch), BYTE_ORDER)
     unloaded = [n for n in existing if n not in names]
     if arbiter and conn.info.server_version >= MERGE_SINCE:
         statements = merge_into_statements(
-            target, rows, names, merge, unloaded=unloaded, name=_name, collate=collate
+            target, rows, names, merge, unloaded=unloaded, name=_name, collated=collated
         )
     elif arbiter:
         around = _delete_plan(conn, table, batch, merge)
         statements = upsert_statements(
-            target, rows, names, merge, unloaded=unloaded, name=_name, collate=collate,
+            target, rows, names, merge, unloaded=unloaded, name=_name, collated=collated,
             around_delete=around, distinct_on=True,
         )  # fmt: skip
     else:
         statements = merge_statements(
-            target, rows, names, merge, name=_name, collate=collate, distinct_on=True
+            target, rows, names, merge, name=_name, collated=collated, distinct_on=True
         )
     for statement in statements:
         _run(conn, statement)
@@ -1010,12 +1011,12 @@ _JOINS = ("RESET enable_hashjoin", "RESET enable_mergejoin")
 BYTE_ORDER = ' COLLATE "C"'
 
 
-def _collatable(conn: Any, table: TableName, column: str | None) -> bool:
-    """Whether ``column`` of ``table`` has a type ordered by a collation (text, varchar...)."""
-    if column is None:
-        return False
-    found = conn.execute(_COLLATABLE, [table.sql(_name), column]).fetchone()
-    return bool(found and found[0])
+def _collatable(conn: Any, table: TableName) -> list[str]:
+    """The columns of ``table`` whose type a collation orders (text, varchar...): the
+    version and the columns that break a tie are ordered by their bytes there, as on the
+    other targets (a database collated ICU ``en-US`` ranked ``'B'`` above ``'a'``, and gave
+    another winner of a tie)."""
+    return [name for (name,) in conn.execute(_COLLATABLE, [table.sql(_name)])]
 
 
 def _arbiter(conn: Any, table: TableName, merge: Merge) -> bool:
