@@ -372,12 +372,26 @@ def file_failure(path: str, *, writing: bool) -> ServerFailure | None:
     if os.path.isdir(path):
         mode = os.R_OK | os.X_OK | (os.W_OK if writing else 0)
         return None if _may(path, mode) else ServerFailure("permission_denied")
-    try:
-        os.close(os.open(path, os.O_RDWR if writing else os.O_RDONLY))
-    except OSError as exc:
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            return ServerFailure("permission_denied", cause=exc)
+    if os.path.exists(path) and not os.access(path, os.W_OK if writing else os.R_OK):
+        if refused_write(path) != errno.EROFS:
+            return ServerFailure("permission_denied")
     return None
+
+
+def refused_write(path: str) -> int | None:
+    """The errno a write of ``path`` would meet: ``EROFS`` (a read-only file system),
+    ``EACCES`` (a permission, an immutable flag), or None; asked with access(2). Opening the
+    file to find out, then closing it, would drop every POSIX lock this process holds on it
+    (a close drops them all): SQLite's and DuckDB's for another thread's transaction of a
+    pipeline, letting another process write pages in use. Two pipelines on one target file
+    corrupted it so (a DuckDB file with exit 0 and wrong rows)."""
+    if os.access(path, os.W_OK):
+        return None
+    read_only = getattr(os, "ST_RDONLY", 0)
+    with contextlib.suppress(OSError):
+        if os.statvfs(path).f_flag & read_only:
+            return errno.EROFS
+    return errno.EACCES
 
 
 def _may(folder: str, mode: int) -> bool:

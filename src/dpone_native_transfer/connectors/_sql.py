@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ..drivers import refused_write
 from ..errors import (
     ConfigInvalid,
     InternalInvariantBroken,
@@ -267,13 +268,12 @@ def check_writable(path: str, table: str) -> None:
     target (exit 2), not reported as a busy database. The folder is probed too: the engines
     write their journals beside the file."""
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    found = None
-    try:
-        if os.path.isfile(path):
-            os.close(os.open(path, os.O_RDWR))
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as error:
-        found = error.errno
+    found = refused_write(path) if os.path.isfile(path) else None  # never opened: see there
+    if found is None:
+        try:
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as error:
+            found = error.errno
     if found in (errno.EACCES, errno.EPERM, errno.EROFS):
         # the class a server's refused privilege has too (``drivers.ServerFailure``)
         denied = {"failure": "permission_denied"} if found != errno.EROFS else {}
