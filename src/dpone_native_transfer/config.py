@@ -394,7 +394,27 @@ def _check_gates(gates: Mapping[str, int]) -> None:
         raise _invalid("gates.min_rows", f"({low:,}) must not exceed gates.max_rows ({high:,})")
 
 
+def _check_target_file(sections: Mapping[str, Mapping[str, Any]], folder: Path) -> None:
+    """A target file that is a folder, or the source's own file, is refused with the route (a
+    pipeline's before any of its tables runs): each load failed on its own, the second after
+    waiting 30 s for the source's read to let the file be written."""
+    target, source = sections["target"], sections["source"]
+    if "path" not in target or _kind_name(target) not in _FILE_TARGETS:
+        return
+    path = _resolve(folder, target["path"])
+    if os.path.isdir(path):
+        raise _invalid("target.path", "is a folder, not a database file")
+    if "path" in source and os.path.realpath(_resolve(folder, source["path"])) == (
+        os.path.realpath(path)
+    ):
+        raise _invalid("target.path", "is the source's own file: give the target a file of its own")
+
+
+_FILE_TARGETS = ("sqlite", "duckdb")
+
+
 def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
+    _check_target_file(sections, folder)
     transfer, gates = sections["transfer"], sections.get("gates", {})
     artifact_dir = transfer.get("artifact_dir")
     strategy = Strategy(transfer["strategy"])

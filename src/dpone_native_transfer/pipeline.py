@@ -267,6 +267,9 @@ def pipeline_from_mapping(
     kind = source.get("kind", "sqlite")
     _check_value("source.kind", "source_kind", kind)
     _check_kind("source", source, _SOURCE_KINDS[kind])  # before the catalog is read from it
+    for key in ("path", "dsn"):
+        if key in source and not isinstance(source[key], str):
+            raise _invalid(f"source.{key}", f"must be a string, not {type_name(source[key])}")
     located = os.fspath(folder / source["path"]) if "path" in source else str(source["dsn"])
     catalog = {info.name: info for info in read_catalog(kind, located, rows=rows)}
     folded = kind == "sqlite"  # SQLite's names ignore case
@@ -383,7 +386,13 @@ def _selected(
         if found(name) != name:
             raise _invalid(_dotted("tables", name), "names no table of the source")
     picked = [*explicit, *(n for n in matched if n not in excluded), *named]
+    if not picked:
+        raise _invalid("pipeline.tables", "selects no table: its patterns take out every match")
     return list(dict.fromkeys(picked))
+
+
+# Settings naming the source's columns: checked against its catalog before any table runs.
+_COLUMN_KEYS = ("partition_column", "cursor_column", "primary_key", "deleted_column")
 
 
 def _route(
@@ -410,8 +419,9 @@ def _route(
     for key, (value, where) in settings.items():
         if key in _TABLE_ONLY:
             continue
-        if key in ("partition_column", "cursor_column") and isinstance(value, str):
-            if not info.has_column(value, folded=folded):
+        named = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        if key in _COLUMN_KEYS and all(isinstance(column, str) for column in named):
+            if not all(info.has_column(column, folded=folded) for column in named):
                 raise _invalid(where, f"names no column of source table {name!r}")
         document.setdefault(TABLE_KEYS[key], {})[key] = value
         origins[f"{TABLE_KEYS[key]}.{key}"] = where

@@ -46,7 +46,14 @@ from .application import transfer
 from .drivers import holding_connections
 from .errors import ConfigInvalid, NativeTransferError
 from .events import EventName
-from .reporting import EXIT_BLOCKED, EXIT_FAILED, EXIT_OK, exit_code_for
+from .reporting import (
+    EXIT_BLOCKED,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    exit_code_for,
+)
 from .wording import plural
 
 if TYPE_CHECKING:
@@ -132,7 +139,12 @@ class PipelineResult:
 
     @property
     def exit_code(self) -> int:
-        """3 if a table is blocked, else 1 if one failed (or did not finish), else 0."""
+        """The run's exit status: 130 or 143 when a signal stopped it (``interrupted``: the
+        CLI's SIGTERM is a ``BaseException`` other than ``KeyboardInterrupt``), else 3 if a
+        table is blocked, else 1 if one failed (or did not finish), else 0."""
+        if self.interrupted is not None:
+            ctrl_c = isinstance(self.interrupted, KeyboardInterrupt)
+            return EXIT_INTERRUPTED if ctrl_c else EXIT_TERMINATED
         outcomes = {run.outcome for run in self.tables}
         if BLOCKED in outcomes:
             return EXIT_BLOCKED
@@ -194,6 +206,7 @@ def run_tables(
     for group in groups:
         pending.put(group)
     runs: dict[str, TableRun] = {}
+    begun: set[str] = set()  # tables started: one a second Ctrl-C left running was interrupted
     lock, stop = threading.Lock(), threading.Event()
     numbers = iter(range(1, len(tables) + 1))
 
@@ -217,6 +230,7 @@ def run_tables(
                         if stop.is_set():
                             return
                         number = next(numbers)
+                        begun.add(table.name)
                         # the first slot runs in this process, already started and imported
                         if slot and workers == "processes" and (worker is None or worker.ended):
                             worker = _Worker(run_id, recovery)  # a worker killed: another
@@ -264,10 +278,15 @@ def run_tables(
             except KeyboardInterrupt:  # a second Ctrl-C: report what is known now
                 stop_processes(signal.SIGKILL)  # as the threads, which end with this process
     with lock:
-        ran = dict(runs)
+        ran, started_ones = dict(runs), set(begun)
     ended = [
         ran.get(table.name)
-        or TableRun(table.name, table.config.sink.table, NOT_RUN, table.config.route.as_dict())
+        or TableRun(
+            table.name,
+            table.config.sink.table,
+            INTERRUPTED if table.name in started_ones else NOT_RUN,
+            table.config.route.as_dict(),
+        )
         for table in tables
     ]
     return PipelineResult(

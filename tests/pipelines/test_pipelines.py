@@ -331,16 +331,86 @@ def _bad(tmp_path: Path, shop: Path, **changes: Any) -> tuple[int, str]:
             "error: native_transfer_config_invalid: source.path is not used by source.kind = "
             "'postgres'",
         ),
+        (
+            {"tables": ["!t*"]},
+            "error: native_transfer_config_invalid: pipeline.tables selects no table: its "
+            "patterns take out every match",
+        ),
+        (
+            {"source": {"path": 5}},
+            "error: native_transfer_config_invalid: source.path must be a string, not an integer",
+        ),
+        (
+            {"defaults": {"strategy": "merge", "primary_key": ["id", "nope_k"]}},
+            "error: native_transfer_config_invalid: defaults.primary_key names no column of "
+            "source table 't01'",
+        ),
+        (
+            {"settings": {"t02": {"strategy": "merge", "deleted_column": "gone"}}},
+            "error: native_transfer_config_invalid: tables.t02.deleted_column names no column "
+            "of source table 't02'",
+        ),
     ],
     ids=[
         "unknown-table", "pattern-matches-nothing", "unknown-key", "unknown-column",
         "bad-strategy", "bad-default", "unknown-table-section", "two-tables-one-target",
-        "bad-prefix", "location-of-another-kind",
+        "bad-prefix", "location-of-another-kind", "selects-nothing", "source-path-type",
+        "unknown-primary-key", "unknown-deleted-column",
     ],
 )  # fmt: skip
 def test_a_bad_pipeline_is_refused_before_any_table_runs(tmp_path, shop, changes, line):
     code, first = _bad(tmp_path, shop, **changes)
     assert (code, first) == (2, line)
+
+
+@pytest.mark.parametrize(
+    ("where", "line"),
+    [
+        ("shop.db", "target.path is the source's own file: give the target a file of its own"),
+        (".", "target.path is a folder, not a database file"),
+    ],
+)
+def test_a_target_file_that_is_the_source_or_a_folder_is_refused_before_any_table(
+    tmp_path, shop, where, line
+):
+    """Each table used to fail alone (exit 1), the source's own file after a 30 s wait."""
+    code, first = _bad(tmp_path, shop, target={"path": str(tmp_path / where)})
+    assert (code, first) == (2, f"error: native_transfer_config_invalid: {line}")
+
+
+def test_a_second_ctrl_c_reports_a_table_it_left_running_as_interrupted(tmp_path, shop):
+    """A table still running when a second Ctrl-C ends the wait was reported "not run", as
+    if it had never started (it may have committed); the JSON's exit code was 1, not 130."""
+    import _thread
+    import threading
+
+    pipeline_file = write_pipeline(
+        tmp_path / "p.toml", source={"path": str(shop)}, target={"path": str(tmp_path / "w.db")},
+        store=str(tmp_path / "c.db"), tables=["t*"],
+    )  # fmt: skip
+    tables = load_pipeline(pipeline_file).tables
+    running, release = threading.Event(), threading.Event()
+
+    def stuck(table: Any, events: Any) -> Any:  # an engine call deaf to the stop
+        running.set()
+        release.wait(60)
+        raise KeyboardInterrupt
+
+    def ctrl_c_twice() -> None:
+        running.wait(30)
+        for _ in range(2):
+            time.sleep(0.3)
+            _thread.interrupt_main()
+
+    threading.Thread(target=ctrl_c_twice, daemon=True).start()
+    try:
+        result = run_tables(tables, "run-1", jobs=1, run_table=stuck)
+    finally:
+        release.set()
+    outcomes = [run.outcome for run in result.tables]
+    assert outcomes == ["interrupted"] + ["not run"] * (len(tables) - 1)
+    assert isinstance(result.interrupted, KeyboardInterrupt)
+    assert result.exit_code == 130 == result.totals()["exit_code"]
 
 
 def test_a_pipeline_section_or_key_the_file_may_not_have_is_named(tmp_path, shop):
