@@ -243,7 +243,9 @@ def _postgres_catalog(dsn: str, *, rows: bool) -> list[TableInfo]:
     found = []
     for oid, schema, name, estimate in tables:
         described = columns.get(oid, [])
-        shown = name if schema == "public" else f"{schema}.{name}"
+        # a route splits a name at its first dot: public's "a.b" is named "public.a.b", or
+        # it would name table "b" of schema "a" (another table, or none)
+        shown = name if schema == "public" and "." not in name else f"{schema}.{name}"
         if _internal(shown):
             continue
         found.append(

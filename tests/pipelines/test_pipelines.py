@@ -246,6 +246,49 @@ def test_twenty_postgres_tables_into_postgres(tmp_path, postgres_schema):
             admin.execute(f'DROP SCHEMA IF EXISTS "{target_schema}" CASCADE')
 
 
+def test_a_public_table_whose_name_has_a_dot_is_named_apart_from_a_schemas_table(
+    tmp_path, postgres_dsn
+):
+    """A route splits a table's name at its first dot: ``public."a.b"`` was named ``a.b``,
+    which names table ``b`` of schema ``a``: that one was copied in its place (exit 0), or,
+    without it, the table was not found. Its name is now ``public.a.b``."""
+    import uuid
+
+    import psycopg
+
+    from dpone_native_transfer.discover import read_catalog
+
+    database = f"dots_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {database}")
+    try:
+        dsn = psycopg.conninfo.make_conninfo(postgres_dsn, dbname=database)
+        with psycopg.connect(dsn, autocommit=True) as db:
+            db.execute('CREATE TABLE public."a.b" (id integer PRIMARY KEY, v text)')
+            db.execute("INSERT INTO public.\"a.b\" SELECT i, 'p' FROM generate_series(1, 5) i")
+            db.execute("CREATE SCHEMA a")
+            db.execute("CREATE TABLE a.b (id integer PRIMARY KEY, v text)")
+            db.execute("INSERT INTO a.b SELECT i, 'a' FROM generate_series(1, 3) i")
+        url = postgres_url(dsn)
+        assert sorted(t.name for t in read_catalog("postgres", url)) == ["a.b", "public.a.b"]
+        pipeline_file = write_pipeline(
+            tmp_path / "p.toml", source={"kind": "postgres", "dsn": url},
+            target={"path": str(tmp_path / "w.db")}, store=str(tmp_path / "c.db"),
+            tables=["public.a.b", "a.b"], defaults={"strategy": "full_refresh"},
+        )  # fmt: skip
+        done = run_cli("run", pipeline_file)
+        assert done.returncode == 0, done.stderr
+        with contextlib.closing(sqlite3.connect(tmp_path / "w.db")) as db:
+            copied = {
+                t: db.execute(f"SELECT v, count(*) FROM {t}").fetchone()
+                for t in ("public_a_b", "a_b")
+            }
+        assert copied == {"public_a_b": ("p", 5), "a_b": ("a", 3)}
+    finally:
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+
+
 # -- bad input: refused before any table runs, naming the key ---------------------------------
 
 
