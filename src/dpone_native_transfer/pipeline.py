@@ -162,11 +162,18 @@ def _listed(names: Sequence[str], shown: int = 20) -> str:
 
 
 def split_reference(value: str) -> tuple[str, str | None]:
-    """``pipeline.toml::orders`` as the file and the table; any other value as a file."""
-    if REFERENCE in value and not os.path.exists(value):
-        file, _, table = value.rpartition(REFERENCE)
-        return file, table
-    return value, None
+    """``pipeline.toml::orders`` as the file and the table; any other value as a file. The
+    file is the shortest part that exists (a table may be named ``a::b``); none: at the
+    last ``::``, so that the error names the file."""
+    if REFERENCE not in value or os.path.exists(value):
+        return value, None
+    parts = value.split(REFERENCE)
+    for cut in range(1, len(parts)):
+        file = REFERENCE.join(parts[:cut])
+        if os.path.isfile(file):
+            return file, REFERENCE.join(parts[cut:])
+    file, _, table = value.rpartition(REFERENCE)
+    return file, table
 
 
 def load_route(

@@ -530,6 +530,25 @@ def test_a_table_is_the_route_a_route_file_of_it_would_be(tmp_path, shop):
     assert "names a table (::TABLE) of a route file" in run_cli("run", f"{route_file}::t01").stderr
 
 
+def test_a_table_named_with_the_reference_separator_is_named_by_reference(tmp_path):
+    """``PIPELINE::a::b`` names table ``a::b``: the reference was cut at its last ``::``,
+    so the commands a failure prints for that table failed when pasted."""
+    source = tmp_path / "s.db"
+    with contextlib.closing(sqlite3.connect(source)) as db:
+        db.execute('CREATE TABLE "a::b" (id INTEGER PRIMARY KEY, v TEXT)')
+        db.executemany('INSERT INTO "a::b" VALUES (?, ?)', [(i, "x") for i in range(1, 6)])
+        db.commit()
+    pipeline_file = write_pipeline(
+        tmp_path / "p.toml", source={"path": str(source)},
+        target={"path": str(tmp_path / "w.db")}, store=str(tmp_path / "c.db"),
+        tables=[], settings={"a::b": {}},
+    )  # fmt: skip
+    assert run_cli("run", pipeline_file).returncode == 0
+    shown = run_cli("state", "show", f"{pipeline_file}::a::b", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["route"]["source_table"] == "a::b"
+
+
 def test_a_pipeline_merges_its_tables_on_their_own_primary_keys(tmp_path):
     """``strategy = "merge"`` in the defaults: each table merges on the key its source table
     declares (``id``), so an updated row replaces its old version and a deleted one leaves
