@@ -372,10 +372,10 @@ def file_failure(path: str, *, writing: bool) -> ServerFailure | None:
     if os.path.isdir(path):
         mode = os.R_OK | os.X_OK | (os.W_OK if writing else 0)
         return None if _may(path, mode) else ServerFailure("permission_denied")
-    if os.path.exists(path) and not os.access(path, os.W_OK if writing else os.R_OK):
-        if refused_write(path) != errno.EROFS:
-            return ServerFailure("permission_denied")
-    return None
+    if not os.path.exists(path):
+        return None
+    refused = refused_write(path) == errno.EACCES if writing else not os.access(path, os.R_OK)
+    return ServerFailure("permission_denied") if refused else None
 
 
 def refused_write(path: str) -> int | None:
