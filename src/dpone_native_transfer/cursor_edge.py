@@ -67,6 +67,19 @@ def row_digest(row: Sequence[Any], indexes: Sequence[int]) -> str:
     return hashlib.blake2b(repr(values).encode(), digest_size=12).hexdigest()
 
 
+def _edge_digest(row: Sequence[Any], indexes: Sequence[int], keyed: Sequence[int]) -> str:
+    """A row's digest in the record: ``row_digest``; on a merge route (``keyed``: where its
+    key's columns are) after its key's digest and a ``/``, so that a version of a key the
+    route loads takes its earlier version's place in the record (``advanced_edge``)."""
+    digest = row_digest(row, indexes)
+    return f"{row_digest(row, keyed)}/{digest}" if keyed else digest
+
+
+def _keyed(columns: Sequence[Column], key: Sequence[str]) -> list[int]:
+    names = [column.name for column in columns]
+    return [names.index(name) for name in key]
+
+
 def _key(value: Any, kind: str | None) -> Any:
     """A cursor value as Python compares it like the source: a decimal's text as its number."""
     if kind == "decimal" and isinstance(value, str):
@@ -146,16 +159,17 @@ def scan_edge(
     *,
     load_nulls: bool,
     chunk_rows: int,
+    key: Sequence[str] = (),
 ) -> tuple[Edge, EdgeScan]:
     """Read the edge (``source.edge_rows``) and subtract the rows the record says are loaded.
 
     ``edge`` must be ``matching``. Under ``load_once`` a record that does not know
     which NULL-cursor rows were loaded (a restored or reset state, a dropped
     column) takes those the source holds now as loaded, and tracks NULL rows from
-    here on; the returned record says so.
+    here on; the returned record says so. ``key``: a merge route's (``_edge_digest``).
     """
     found = EdgeScan()
-    indexes = edge.digest_indexes(columns)
+    indexes, keyed = edge.digest_indexes(columns), _keyed(columns, key)
     names = [column.name for column in columns]
     cursor, partition = names.index(source.cursor_column), names.index(source.partition_column)
     since = None if edge.upto is None else edge.since
@@ -165,11 +179,11 @@ def scan_edge(
     for chunk in source.edge_rows(since=since, upto=edge.upto, nulls=True, chunk_rows=chunk_rows):
         for row in chunk:
             value = row[cursor]
-            key = (value, row_digest(row, indexes))
+            digest = (value, _edge_digest(row, indexes, keyed))
             if value is None and baseline is not None:
-                baseline[key] += 1
-            elif seen[key] > 0:
-                seen[key] -= 1
+                baseline[digest] += 1
+            elif seen[digest] > 0:
+                seen[digest] -= 1
             elif value is None:
                 found.null_rows += 1
                 found.nulled[row[partition]] = None
@@ -199,6 +213,7 @@ def plan_edge(
     lag: float,
     on_null_cursor: str,
     chunk_rows: int,
+    key: Sequence[str] = (),
 ) -> EdgePlan | None:
     """An append route's edge record and the edge rows it has not loaded; None for a route
     without a cursor or a source that cannot read its edge. NULL-cursor rows that
@@ -211,7 +226,9 @@ def plan_edge(
         return None
     edge = Edge.of_state(route, state).matching(columns)
     load_nulls = on_null_cursor == "load_once"
-    edge, scan = scan_edge(source, edge, columns, load_nulls=load_nulls, chunk_rows=chunk_rows)
+    edge, scan = scan_edge(
+        source, edge, columns, load_nulls=load_nulls, chunk_rows=chunk_rows, key=key
+    )
     if not load_nulls:
         refuse_null_cursor(route, cursor, scan.null_rows)
         scan.nulled.clear()
@@ -279,10 +296,11 @@ class EdgeTracker:
     """One attempt's view of the edge: filters loaded rows out of edge partitions, and records
     the digests of the rows it passes that the next record must hold.
 
-    ``replaces`` (a merge route): a key's load replaces its earlier version, so the record
-    must hold the rows the target holds now, not every row ever loaded: the rows it skips
-    are recorded too, and ``advanced_edge`` keeps none of the old record. A row edited and
-    then edited back at the same cursor value was otherwise skipped as loaded (its first
+    ``key`` (a merge route's): a key's load replaces its earlier version, so the record
+    must hold the versions the target holds now, not every version ever loaded: each digest
+    names its key (``_edge_digest``), the rows it skips are recorded too, and
+    ``advanced_edge`` drops the older versions of the keys recorded. A row edited and then
+    edited back at the same cursor value was otherwise skipped as loaded (its first
     version's digest), leaving the edited version in the target for good."""
 
     def __init__(
@@ -293,10 +311,10 @@ class EdgeTracker:
         *,
         top_since: Any,
         kind: str | None,
-        replaces: bool = False,
+        key: Sequence[str] = (),
     ) -> None:
         self.indexes = edge.digest_indexes(columns)
-        self.replaces = replaces
+        self.keyed = _keyed(columns, key)
         names = [column.name for column in columns]
         self.cursor = names.index(source.cursor_column)
         self.partition = names.index(source.partition_column)
@@ -333,7 +351,7 @@ class EdgeTracker:
     def _record(self, candidate: PartitionCheckpoint, recorded: Seen, rows: list) -> None:
         """Count ``rows`` at the top of the candidate's window, up to ``MAX_EDGE_ROWS`` keys."""
         for row in rows:
-            recorded[(row[self.cursor], row_digest(row, self.indexes))] += 1
+            recorded[(row[self.cursor], _edge_digest(row, self.indexes, self.keyed))] += 1
             if len(recorded) > MAX_EDGE_ROWS:
                 self.recorded[candidate.partition_id] = None
                 return
@@ -357,11 +375,11 @@ class EdgeTracker:
                 continue  # a collation's other spelling: its own edge partition reads it
             kept = self._kept(value)
             if edge or kept:
-                key = (value, row_digest(row, self.indexes))
+                key = (value, _edge_digest(row, self.indexes, self.keyed))
                 loaded = edge and self._seen[key] > 0
                 if loaded:
                     self._seen[key] -= 1
-                if kept and recorded is not None and (self.replaces or not loaded):
+                if kept and recorded is not None and (self.keyed or not loaded):
                     recorded[key] += 1
                     if len(recorded) > MAX_EDGE_ROWS:
                         recorded = None
@@ -428,6 +446,11 @@ class EdgeTracker:
         }
 
 
+def _key_of(digest: str) -> str:
+    """A merge route's record digest's key part (``_edge_digest``); the whole digest else."""
+    return digest.partition("/")[0]
+
+
 def advanced_edge(
     edge: Edge,
     *,
@@ -443,8 +466,8 @@ def advanced_edge(
     ``generation_checkpoints`` are this generation's committed partitions (run
     now or by an earlier attempt); each must carry its recorded rows. ``lost``:
     some were committed under other ids (an earlier schema), so their rows are unknown.
-    ``replaces`` (``EdgeTracker``'s): only this generation's recorded rows are kept; a row
-    the record then lacks is merged again, which changes nothing.
+    ``replaces`` (a merge route, ``EdgeTracker``'s ``key``): the old record's versions of a
+    key this generation recorded at the same value give way to the recorded ones.
     """
     untracked: list[str] = []
     recordings = [cp.diagnostics.get(EDGE_ROWS_KEY) for cp in generation_checkpoints]
@@ -474,8 +497,10 @@ def advanced_edge(
     def kept(value: Any) -> bool:
         return nulls if value is None else _at_or_above(value, since, kind)
 
-    if not replaces:
-        rows.update({key: n for key, n in edge.rows.items() if kept(key[0])})
+    newer = {(value, _key_of(digest)) for rec in recorded for value, digest, _ in rec["rows"]}
+    for (value, digest), n in edge.rows.items():
+        if kept(value) and not (replaces and (value, _key_of(digest)) in newer):
+            rows[(value, digest)] += n
     for rec in recorded:
         for value, digest, count in rec["rows"]:
             if kept(value):

@@ -490,6 +490,7 @@ def plan_attempt(
         lag=spec.lag,
         on_null_cursor=spec.on_null_cursor,
         chunk_rows=spec.chunk_rows,
+        key=() if merge is None else merge.key,
     )
     window, bounds = plan_window(route, source, state, latest, definition=definition, edge=edge)
     candidates = candidate_checkpoints(

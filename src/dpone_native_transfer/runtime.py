@@ -475,9 +475,10 @@ def _edge_tracker(spec: TransferSpec, plan: AttemptPlan) -> EdgeTracker | None:
     if plan.edge is None:
         return None
     kind = plan.definition.cursor_kind
+    merge = plan.definition.merge
     return EdgeTracker(
         plan.edge.record, plan.shape.columns, spec.source, top_since=plan.top_since, kind=kind,
-        replaces=plan.definition.merge is not None,
+        key=() if merge is None else merge.key,
     )  # fmt: skip
 
 

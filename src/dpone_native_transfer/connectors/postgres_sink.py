@@ -1181,7 +1181,7 @@ def _holder(target_table: str, epoch: int) -> str:
     return f"{_HOLDER} {digest} epoch {epoch}"
 
 
-_HOLDER = "dpone-transfer load"
+_HOLDER = "dpone load"
 
 
 def _end_older_loads(conn: Any, target_table: str, epoch: int) -> int:
