@@ -1159,6 +1159,40 @@ def test_a_key_or_cursor_a_target_would_compare_otherwise_is_refused_before_it(
     assert not target.exists("items_copy")
 
 
+@pytest.mark.parametrize("into", ["duckdb", "postgres", "clickhouse"])
+def test_a_sqlite_column_of_no_type_keys_a_merge_but_orders_no_version(tmp_path, request, into):
+    """A target keeps a SQLite column of no declared type as text: as a key it compares as
+    its values' texts do (mixed values are refused as they are read), so it merges; as the
+    cursor it would order 10 before 9, so it is refused before the target."""
+    schema = request.getfixturevalue("postgres_schema") if into == "postgres" else None
+    if schema is not None:
+        import psycopg
+
+        with psycopg.connect(schema.dsn, autocommit=True) as db:
+            db.execute(f'CREATE SCHEMA "{schema.schema}"')
+    target = Target(into, tmp_path, schema)
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("CREATE TABLE items (k, region TEXT, v INTEGER, u, name TEXT)")
+        db.executemany(
+            "INSERT INTO items VALUES (?, 'eu', ?, ?, ?)",
+            [("k1", 9, "9", "a"), ("k2", 10, "10", "b")],  # texts: a target takes them
+        )
+        db.commit()
+    keyed = write_route(
+        tmp_path, target, table="items", path="legacy", partition_column="region",
+        cursor_column="v", primary_key=["k"],
+    )  # fmt: skip
+    assert run(keyed).returncode == 0
+    assert target.rows("items", ("name",)) == [("a",), ("b",)]
+    versioned = write_route(
+        tmp_path, target, table="items", target_table="items_by_u", path="legacy",
+        partition_column="region", cursor_column="u", primary_key=["v"],
+    )  # fmt: skip
+    refused = run(versioned)
+    assert refused.returncode == 2, refused.stderr
+    assert "source.cursor_column" in refused.stderr
+
+
 # -- target tables made by hand that a merge cannot run on ----------------------------------
 
 # (target kind, what the table is, its DDL): each merge failed inside the target call

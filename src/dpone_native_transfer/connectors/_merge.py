@@ -285,9 +285,11 @@ LOOSE_KEY = "it compares a key column more loosely than the merge (texts it find
 
 
 # Kinds a target may keep as text although the source compares their values otherwise:
-# 1.0 and 1.00 are one numeric, '1 day' and '24:00:00' one interval, but two texts; 9 < 10,
-# but '10' < '9'.
-_NOT_TEXT = frozenset({"numeric", "decimal", "interval", "any"})
+# 1.0 and 1.00 are one numeric, '1 day' and '24:00:00' one interval, but two texts (a key);
+# 9 < 10, but '10' < '9' (a cursor). A SQLite column of no type is a key as its values'
+# texts are: its mixed values are refused as they are read, where a target keeps text.
+_NOT_TEXT_KEY = frozenset({"numeric", "decimal", "interval"})
+_NOT_TEXT = _NOT_TEXT_KEY | {"any"}
 
 
 def refuse_text_compared(
@@ -303,7 +305,8 @@ def refuse_text_compared(
         role = "cursor_column" if column.name == merge.version else role
         if role is None:
             continue
-        texted = column.kind in _NOT_TEXT and kept_as_text(column)
+        kinds = _NOT_TEXT if role == "cursor_column" else _NOT_TEXT_KEY
+        texted = column.kind in kinds and kept_as_text(column)
         folded = isinstance(column.decltype, str) and column.decltype.strip().lower() == "citext"
         if texted or folded:
             why = "is case-insensitive (citext)" if folded else f"keeps it as text ({column.kind})"
