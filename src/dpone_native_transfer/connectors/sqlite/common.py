@@ -114,10 +114,49 @@ def source_invalid(message: str, **diagnostics: Any) -> SourceInvalid:
     return SourceInvalid(message, diagnostics=diagnostics)
 
 
-def as_stored(conn: sqlite3.Connection, declared: str, values: Sequence[Any]) -> list[Any]:
-    """``values`` as a column declared ``declared`` stores them (its affinity converts
-    ``'5'`` into 5 in an INTEGER column), through a temporary table of this connection."""
-    conn.execute(f"CREATE TEMP TABLE dpone_values (value {declared})")
+def _affinity(decltype: str, strict: bool) -> str:
+    """The type of a column with the affinity SQLite gives ``decltype``: its rules read the
+    whole declared text (``CHAR GENERATED INT`` has INTEGER affinity, where ``parsed_type``
+    reads ``CHAR``), and a STRICT table's ``ANY`` converts nothing (declared ``ANY`` in a
+    temporary table, it had NUMERIC affinity: the text ``'1'`` became 1, matched no row,
+    and a one-scan read left every row out, exit 0). "": no conversion."""
+    text = decltype.upper() if isinstance(decltype, str) else ""
+    if strict and text.strip() == "ANY":
+        return ""
+    for kind, words in _AFFINITY_WORDS:
+        if any(word in text for word in words):
+            return kind
+    return "" if not text.strip() else "NUMERIC"
+
+
+# SQLite's affinity rules, in their order (https://sqlite.org/datatype3.html, 3.1): the
+# first whose word the declared type holds; none, and an empty type: "" (BLOB: none).
+_AFFINITY_WORDS = (
+    ("INTEGER", ("INT",)),
+    ("TEXT", ("CHAR", "CLOB", "TEXT")),
+    ("", ("BLOB",)),
+    ("REAL", ("REAL", "FLOA", "DOUB")),
+)
+
+
+def is_strict(conn: sqlite3.Connection, schema: str, table: str) -> bool:
+    """Whether ``table`` of ``schema`` is a STRICT table (none before SQLite 3.37)."""
+    try:
+        found = conn.execute(
+            "SELECT strict FROM pragma_table_list WHERE schema = ? AND name = ?", (schema, table)
+        ).fetchone()
+    except sqlite3.OperationalError:
+        return False
+    return bool(found and found[0])
+
+
+def as_stored(
+    conn: sqlite3.Connection, decltype: str, values: Sequence[Any], *, strict: bool = False
+) -> list[Any]:
+    """``values`` as a column declared ``decltype`` (the whole declared text; ``strict``: of
+    a STRICT table) stores them (its affinity converts ``'5'`` into 5 in an INTEGER column),
+    through a temporary table of this connection declared with the same affinity."""
+    conn.execute(f"CREATE TEMP TABLE dpone_values (value {_affinity(decltype, strict)})")
     try:
         conn.executemany("INSERT INTO temp.dpone_values VALUES (?)", [(v,) for v in values])
         return [

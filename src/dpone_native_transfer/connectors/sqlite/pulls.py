@@ -22,7 +22,7 @@ from ...artifacts import check_digest, create_private, file_sha256
 from ...payloads import LoadFile, LoadFiles, LoadPlan
 from .._sql import quote as _quote
 from ..contract.sqlite_file import SQLiteFile
-from .common import TIMEOUT, as_stored, column_list, file_uri, parsed_type
+from .common import TIMEOUT, as_stored, column_list, file_uri, is_strict
 
 __all__ = ["PULLED_TABLE", "merge_pulled", "pull_each", "pull_one"]
 
@@ -259,7 +259,8 @@ def _counted(conn: sqlite3.Connection, source: SQLiteFile, plan: LoadPlan) -> li
 def _stored_values(conn: sqlite3.Connection, source: SQLiteFile, plan: LoadPlan) -> list[Any]:
     """The plan's partition values (one per bound) as the partition column stores them."""
     column = next(c for c in plan.columns if c.name == source.partition_column)
-    return as_stored(conn, parsed_type(column.decltype), [b["partition"] for b in plan.bounds])
+    strict = is_strict(conn, "src", source.table)
+    return as_stored(conn, column.decltype, [b["partition"] for b in plan.bounds], strict=strict)
 
 
 def merge_pulled(payload: LoadFiles, folder: Path) -> LoadFiles:

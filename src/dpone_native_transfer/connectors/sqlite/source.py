@@ -50,7 +50,7 @@ from .common import (
     column_list,
     column_ref,
     file_uri,
-    parsed_type,
+    is_strict,
     source_invalid,
     table_columns,
 )
@@ -448,9 +448,10 @@ class SQLiteSource(TableSource):
             return None
         if index_seeks(conn, f"SELECT 1 FROM {table} WHERE {key} >= ?"):
             return None
-        declared = parsed_type(columns[names.index(self.partition_column)].decltype)
+        declared = columns[names.index(self.partition_column)].decltype
         edges = [bounds[i].get(edge) for i in split[0] for edge in RANGE_EDGES]
-        stored = as_stored(conn, declared, edges)  # as ``>= ?`` converts a parameter
+        strict = is_strict(conn, schema, self.table)
+        stored = as_stored(conn, declared, edges, strict=strict)  # as ``>= ?`` converts one
         return RangeRoute.of(split[0], stored, null_partition=split[1])
 
     def max_cursor(self, *, after: Any = None) -> Any:
@@ -611,8 +612,9 @@ class SQLiteSource(TableSource):
             return None
         if self.partition_column in self.collated_columns():
             return None
-        declared = parsed_type(columns[names.index(self.partition_column)].decltype)
-        values = as_stored(conn, declared, [p.value for p in partitions])
+        declared = columns[names.index(self.partition_column)].decltype
+        strict = is_strict(conn, schema, self.table)
+        values = as_stored(conn, declared, [p.value for p in partitions], strict=strict)
         return values if len(set(values)) == len(values) else None
 
     def _plan_scan(
