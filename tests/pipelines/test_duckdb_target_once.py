@@ -25,6 +25,7 @@ import duckdb
 import pytest
 from helpers.pipelines import build_tables, duckdb_ids, sqlite_ids, write_pipeline
 
+from dpone_native_transfer import SQLiteCheckpointStore, TransferRuntime
 from dpone_native_transfer.application import transfer
 from dpone_native_transfer.connectors.duckdb import DuckDBSink
 from dpone_native_transfer.drivers import holding_connections
@@ -80,6 +81,24 @@ def test_a_route_opens_its_duckdb_file_once(tmp_path, opens):
     result, _ = transfer(table.config, "run-again")
     assert result.rows_loaded == ROWS and opens[str(target)] == 1
     duckdb.connect(str(target), read_only=True).close()  # released after the route
+
+
+@pytest.mark.parametrize("path", ["legacy", "lazy-plan"])
+def test_a_library_run_opens_its_duckdb_file_once(tmp_path, opens, path):
+    """``TransferRuntime.run`` itself holds the file (``DuckDBSink.holding_connection``), not
+    only the command line's run: it opened it once per call (seven times for legacy)."""
+    file, source, target = _pipeline(tmp_path, path)
+    config = load_pipeline(file).tables[0].config
+    store = SQLiteCheckpointStore(tmp_path / "library.db")
+    try:
+        for run_id in ("run-first", "run-again"):
+            opens.clear()
+            TransferRuntime(store).run(config.spec(run_id))
+            assert opens[str(target)] == 1, run_id
+    finally:
+        store.close()
+    assert duckdb_ids(target, config.sink.table) == sqlite_ids(source, config.source.table)
+    duckdb.connect(str(target), read_only=True).close()  # released after the run
 
 
 def test_two_routes_of_one_duckdb_file_run_at_once_in_threads(tmp_path):

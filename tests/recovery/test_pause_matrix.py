@@ -31,9 +31,11 @@ lock before it gives up, so it runs once (legacy, SQLite store).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -43,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pytest
 from helpers.crash_child import PAUSE_POINTS, Forked, open_store, start_forked
-from helpers.matrix_targets import TARGET_KINDS, Place
+from helpers.matrix_targets import SOURCE_TABLE, TARGET_KINDS, Place
 from helpers.postgres_server import postgres_url
 
 from dpone_native_transfer.lease import lease_key
@@ -83,6 +85,7 @@ class Expected:
     a_lease: str | None = "lost"  # A's LeaseLost: "lost" (its store write) or "fenced"
     loader: str  # the run whose batch is the target's only ledger row
     final: tuple[int, ...] = (OK,)  # the final plain run, then from_target if it was blocked
+    left_armed: bool = False  # A's batch is still armed once A has ended
 
 
 def expected(point: str, path: str, target: str, *, b_heals: bool) -> Expected:
@@ -115,13 +118,19 @@ def expected(point: str, path: str, target: str, *, b_heals: bool) -> Expected:
       ``application_name`` names its older epoch: ``PostgresSink.advance_fence``), so it
       raises the fence, proves A's batch not applied and loads every row; A, resumed,
       finds its session gone (``lease_lost``).
+    - DuckDB staged ``after-armed-batch`` is ``target-before-commit``'s case: A staged its
+      rows in the target file, which a run keeps open until it ends
+      (``DuckDBSink.holding_connection``), so DuckDB's file lock keeps B's from_target run
+      out and the fence stays at A's epoch: A, resumed, commits, and the final from_target
+      run heals its batch as applied.
     """
     if point == "after-lease" or (point == "extraction" and path != "lazy-plan"):
         if point == "extraction" and (target, path) == ("postgres", "staged"):
             return Expected(b_manual=(FAILED, UNAVAILABLE), b_waits=True, a=(FAILED, LEASE_LOST),
                             loader="final-1")  # fmt: skip
         return Expected(b_manual=(OK, None), a=(FAILED, LEASE_LOST), loader="b-manual")
-    if point in ("extraction", "after-armed-batch"):
+    held = (point, path, target) == ("after-armed-batch", "staged", "duckdb")
+    if point in ("extraction", "after-armed-batch") and not held:
         return Expected(
             b_manual=(BLOCKED, RECONCILE),
             b_from_target=(OK, None),
@@ -129,7 +138,7 @@ def expected(point: str, path: str, target: str, *, b_heals: bool) -> Expected:
             a_lease="fenced",
             loader="b-from-target",
         )
-    assert point == "target-before-commit"
+    assert point == "target-before-commit" or held
     if target == "postgres":
         return Expected(
             b_manual=(BLOCKED, RECONCILE),
@@ -144,6 +153,7 @@ def expected(point: str, path: str, target: str, *, b_heals: bool) -> Expected:
         a=(FAILED, LEASE_LOST),
         loader="A",
         final=(BLOCKED, OK),
+        left_armed=True,
     )
 
 
@@ -417,7 +427,7 @@ def test_a_worker_stopped_past_its_lease_neither_duplicates_nor_loses_rows(
         row.blocked_after_a = str(case.blocked())
         # a stopped attempt that applied nothing leaves nothing blocked; one that committed
         # after its lease was lost leaves its armed batch for the proof to resolve
-        assert case.blocked() == (PARTITIONS if want.loader == "A" else 0)
+        assert case.blocked() == (PARTITIONS if want.left_armed else 0)
 
         # the final runs
         finals = [case.run("final-1")]
@@ -500,7 +510,36 @@ def test_a_worker_that_committed_after_losing_its_lease_does_not_claim_it_applie
     assert "applied nothing" not in (resumed.line("error: ") or "")
 
 
-@pytest.mark.parametrize("target", TARGET_KINDS)
+def test_a_worker_stopped_in_a_duckdb_file_keeps_the_next_run_out_until_it_ends(
+    tmp_path: Path, place_of: Any, request: pytest.FixtureRequest
+) -> None:
+    """A DuckDB file admits one process at a time, and a run keeps its target file open from
+    its first use to its end (``DuckDBSink.holding_connection``): against a target that
+    exists, A stopped during its extraction holds it. B's run is refused before it writes
+    anything (``target_unavailable``, exit 1: a retry may succeed); A, resumed, finds its
+    lease lost before it arms; the next run loads each new row once."""
+    place = place_of("duckdb", "legacy")
+    place.build_source(rows=ROWS, partitions=PARTITIONS)
+    case = Case(place=place, stores=stores_of("sqlite", tmp_path, request), tmp=tmp_path)
+    assert case.run("first").pair == (OK, None)
+    with contextlib.closing(sqlite3.connect(place.source_path)) as db, db:
+        db.execute(
+            f"INSERT INTO {SOURCE_TABLE} SELECT id + {ROWS}, region, amount, updated_at + {ROWS}"
+            f" FROM {SOURCE_TABLE}"
+        )
+    a = case.start_a("extraction")
+    assert case.run("b-manual").pair == (FAILED, UNAVAILABLE)
+    assert resume(a).pair == (FAILED, LEASE_LOST)
+    assert case.blocked() == 0
+    assert case.run("final").pair == (OK, None)
+    assert case.ledger_runs() == ["first", "final"]
+    assert_rows_exactly_once(place.source_ids(), place.target_ids())
+    assert len(place.target_ids()) == 2 * ROWS
+
+
+# Not DuckDB: A holds the file its stage is in until it ends, so no other run consumes it
+# (the matrix's after-armed-batch-staged-duckdb case).
+@pytest.mark.parametrize("target", [t for t in TARGET_KINDS if t != "duckdb"])
 def test_a_stale_finalize_of_a_consumed_stage_is_reported_as_a_lost_lease(
     target: str, tmp_path: Path, place_of: Any, request: pytest.FixtureRequest
 ) -> None:
