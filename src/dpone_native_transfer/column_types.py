@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 
 from .errors import ConfigInvalid, PathContractBroken, ValueUnsupported
+from .identity import upper_ascii
 
 __all__ = [
     "ENGINE_CARRIERS",
@@ -80,7 +81,7 @@ def sqlite_kind(decltype: str) -> str:
     ``boolean``, ``timestamptz``, ``timestamp``, ``date``, ``time``, ``any``
     (UUID, JSON: text or numbers, as SQLite stores them) by name, or ``numeric``.
     """
-    upper = decltype.upper()
+    upper = upper_ascii(decltype)
     if not upper.strip():
         return "any"
     for needles, kind in (

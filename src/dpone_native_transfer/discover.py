@@ -29,6 +29,7 @@ from .drivers import (
     resolve_env,
 )
 from .errors import SourceAccessRefused, SourceInvalid, SourceMissing
+from .identity import fold_ascii, upper_ascii
 
 __all__ = ["INTERNAL_PREFIXES", "TableInfo", "read_catalog"]
 
@@ -84,8 +85,8 @@ class TableInfo:
         return self.indexed
 
     def has_column(self, name: str, *, folded: bool) -> bool:
-        columns = [c.casefold() for c in self.columns] if folded else self.columns
-        return (name.casefold() if folded else name) in columns
+        columns = [fold_ascii(c) for c in self.columns] if folded else self.columns
+        return (fold_ascii(name) if folded else name) in columns
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -100,7 +101,7 @@ class TableInfo:
 
 
 def _is_time(declared: str) -> bool:
-    upper = declared.upper()
+    upper = upper_ascii(declared)
     return any(word in upper for word in _TIME_TYPES)
 
 
@@ -168,7 +169,7 @@ def _sqlite_catalog(path: str, *, rows: bool) -> list[TableInfo]:
                     name=name,
                     rows=count,
                     columns=tuple(column for column, _, _ in described),
-                    types=tuple((kind or "").lower() for _, kind, _ in described),
+                    types=tuple(fold_ascii(kind or "") for _, kind, _ in described),
                     primary_key=tuple(column for _, column in keys),
                     indexed=tuple(indexed),
                 )
@@ -253,7 +254,7 @@ def _postgres_catalog(dsn: str, *, rows: bool) -> list[TableInfo]:
                 name=shown,
                 rows=int(estimate) if rows and estimate is not None and estimate >= 0 else None,
                 columns=tuple(column for column, _ in described),
-                types=tuple(kind.lower() for _, kind in described),
+                types=tuple(fold_ascii(kind) for _, kind in described),
                 primary_key=keys.get(oid, ()),
                 indexed=tuple(indexed.get(oid, ())),
             )

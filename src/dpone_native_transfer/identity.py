@@ -157,4 +157,13 @@ def fold_ascii(name: str) -> str:
     return name.translate(_ASCII_LOWER)
 
 
+def upper_ascii(text: str) -> str:
+    """``text`` with its ASCII letters upper-cased, nothing else: how SQLite reads a declared
+    type and compares names. ``str.upper`` made ``ınt`` (a dotless i) ``INT`` and ``ﬂoat``
+    ``FLOAT``, types SQLite gives TEXT and NUMERIC affinity: a column then read as another
+    kind than it stores lost rows, exit 0."""
+    return text.translate(_ASCII_UPPER)
+
+
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_ASCII_UPPER = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")

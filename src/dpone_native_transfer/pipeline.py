@@ -40,6 +40,7 @@ from .config import (
 from .config import route_config_from_mapping as _route_config
 from .discover import TableInfo, read_catalog
 from .errors import ConfigInvalid
+from .identity import fold_ascii
 from .lease import lease_key
 from .spec import type_name
 
@@ -279,7 +280,7 @@ def pipeline_from_mapping(
             raise _invalid(f"source.{key}", f"must be a string, not {type_name(source[key])}")
     located = os.fspath(folder / source["path"]) if "path" in source else str(source["dsn"])
     catalog = {info.name: info for info in read_catalog(kind, located, rows=rows)}
-    folded = kind == "sqlite"  # SQLite's names ignore case
+    folded = kind == "sqlite"  # SQLite's names ignore ASCII case (only)
     names = _selected(sections, catalog, folded=folded)
     tables = [
         PipelineTable(
@@ -354,7 +355,7 @@ def _selected(
         if name in catalog:
             return name
         if folded:
-            return next((n for n in catalog if n.casefold() == name.casefold()), None)
+            return next((n for n in catalog if fold_ascii(n) == fold_ascii(name)), None)
         return None
 
     listed = sections["pipeline"].get("tables", [])
@@ -375,7 +376,7 @@ def _selected(
                 n
                 for n in catalog
                 if fnmatch.fnmatchcase(
-                    n.casefold() if folded else n, pattern.casefold() if folded else pattern
+                    fold_ascii(n) if folded else n, fold_ascii(pattern) if folded else pattern
                 )
             ]
             if not hits:

@@ -245,6 +245,25 @@ def test_state_reset_from_now_continues_a_changed_cursor_without_a_duplicate(
     assert "reset" in show.stdout and "new cursor column" in show.stdout
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb"])
+def test_state_reset_refuses_while_the_target_file_is_missing(tmp_path: Path, kind: str) -> None:
+    """A target file moved aside (a volume not mounted) is no empty table: a reset forgot the
+    committed partitions, and once the file was back the next run loaded every row again,
+    exit 0. Refused, naming ``state restore``; nothing written, the file back, the run loads
+    only the new rows. Found by a hostile check."""
+    build_sample_source(tmp_path / "source.db", rows=100, partitions=4)
+    route_file = route(tmp_path, kind=kind)
+    run(route_file)
+    target = tmp_path / TARGETS[kind]
+    target.rename(tmp_path / "aside")
+    refused = state_reset(route_file, code=2)
+    assert "does not exist" in refused.stderr and "state restore" in refused.stderr
+    (tmp_path / "aside").rename(target)
+    build_sample_source(tmp_path / "source.db", rows=20, partitions=2, start_id=101)
+    assert "loaded 20 rows" in run(route_file).stdout
+    assert target_rows(tmp_path, kind) == 120
+
+
 def test_state_reset_of_an_emptied_target_loads_every_row_again_under_the_new_partitioning(
     tmp_path: Path,
 ) -> None:
@@ -722,14 +741,18 @@ def _ids(path: Path, table: str) -> list[int]:
 
 @pytest.mark.parametrize("indexed", [True, False], ids=["indexed", "unindexed"])
 @pytest.mark.parametrize(
-    "declared", ["ANY) STRICT", "CHAR GENERATED INT)"], ids=["strict-any", "type-read-whole"]
+    "declared",
+    ["ANY) STRICT", "CHAR GENERATED INT)", '"ınt text")', '"ﬂoat")'],
+    ids=["strict-any", "type-read-whole", "dotless-i", "fl-ligature"],
 )
 def test_partition_values_are_matched_as_the_column_stores_them(tmp_path, declared, indexed):
     """A one-scan read gives each row to the partition whose value it holds, as the column
     stores it: a STRICT table's ``ANY`` column keeps the text ``'1'`` (a temporary column
     declared ``ANY`` made it 1), and ``CHAR GENERATED INT`` has INTEGER affinity (read as
     ``CHAR``, its values stayed texts): no row matched, and the run left them out (exit 0).
-    Found by a hostile check; the indexed case by today's narrow-window read."""
+    SQLite reads a declared type's ASCII letters only: ``ınt text`` (a dotless i) is TEXT
+    and ``ﬂoat`` NUMERIC, where ``str.upper`` read INT and FLOAT (2**53 + 1 became 2**53).
+    Found by hostile checks; the indexed case by today's narrow-window read."""
     from dpone_native_transfer import (
         SQLiteCheckpointStore,
         SQLiteSink,
@@ -743,7 +766,12 @@ def test_partition_values_are_matched_as_the_column_stores_them(tmp_path, declar
     text = declared.startswith("ANY")
 
     def add(first: int, last: int) -> None:
-        rows = [(i, i, str(i % 4) if text else i % 4) for i in range(first, last + 1)]
+        def value(i: int) -> object:
+            if text:
+                return str(i % 4)
+            return 2**53 + 1 if "ﬂ" in declared and i % 2 else i % 4
+
+        rows = [(i, i, value(i)) for i in range(first, last + 1)]
         with contextlib.closing(sqlite3.connect(source)) as db:
             db.executemany("INSERT INTO src (id, c, p) VALUES (?, ?, ?)", rows)
             db.commit()
@@ -767,3 +795,40 @@ def test_partition_values_are_matched_as_the_column_stores_them(tmp_path, declar
             assert_rows_exactly_once(_ids(source, "src"), _ids(target, "dst"))
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("path", ["legacy", "lazy-plan"])
+def test_a_strict_tables_any_column_keeps_each_value_as_stored(tmp_path, path):
+    """A STRICT table's ``ANY`` column stores each value as given; the SQLite target's column
+    is untyped, so it does too. Declared ``ANY`` in the (non-STRICT) target, it had NUMERIC
+    affinity: the texts ``'1'`` and ``'007'`` became integers, exit 0. Found by a hostile
+    check."""
+    from dpone_native_transfer import (
+        SQLiteCheckpointStore,
+        SQLiteSink,
+        SQLiteSource,
+        TransferRuntime,
+        TransferSpec,
+    )
+
+    source, target = tmp_path / "s.db", tmp_path / "t.db"
+    values = ["1", 1.0, 1, "007", b"\x00", None, "abc"]
+    with contextlib.closing(sqlite3.connect(source)) as db:
+        db.execute("CREATE TABLE src (id INTEGER PRIMARY KEY, p TEXT, a ANY) STRICT")
+        db.executemany("INSERT INTO src VALUES (?, 'x', ?)", list(enumerate(values)))
+        db.commit()
+    store = SQLiteCheckpointStore(tmp_path / "c.db")
+    try:
+        spec = TransferSpec(
+            source=SQLiteSource(source, "src", "p"), sink=SQLiteSink(target, "dst"),
+            strategy="full_refresh", path=path, run_id="r",
+        )  # fmt: skip
+        TransferRuntime(store).run(spec)
+    finally:
+        store.close()
+
+    def stored(path: Path, table: str) -> list[tuple]:
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            return db.execute(f"SELECT id, typeof(a), a FROM {table} ORDER BY id").fetchall()
+
+    assert stored(target, "dst") == stored(source, "src")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigInvalid
+from ..identity import upper_ascii
 from ..payloads import Column, LoadPlan, Predicate, bound_predicates
 from ._sql import partition_predicate_count, render_predicates
 from ._sql import quote as _quote
@@ -301,12 +302,13 @@ def _held_as_declared(conn: sqlite3.Connection, table: str) -> set[str] | None:
         return None
     _, without_rowid, strict = listed
     info = conn.execute("SELECT name, type, pk FROM pragma_table_info(?)", (table,)).fetchall()
-    held = {name for name, declared, _ in info if strict and declared.upper() != "ANY"}
+    held = {name for name, declared, _ in info if strict and upper_ascii(declared) != "ANY"}
     keys = [(name, declared) for name, declared, pk in info if pk]
     indexed_key = conn.execute(
         "SELECT 1 FROM pragma_index_list(?) WHERE origin = 'pk'", (table,)
     ).fetchone()
-    if len(keys) == 1 and keys[0][1].upper() == "INTEGER" and not without_rowid and not indexed_key:
+    rowid_key = len(keys) == 1 and upper_ascii(keys[0][1]) == "INTEGER"
+    if rowid_key and not without_rowid and not indexed_key:
         held.add(keys[0][0])  # the rowid (``INTEGER PRIMARY KEY DESC`` gets an index: not it)
     return held
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from ...column_types import sqlite_kind
 from ...errors import ConfigInvalid, SourceInvalid
+from ...identity import upper_ascii
 from ...payloads import Column
 from .._sql import quote as _quote
 
@@ -47,7 +48,7 @@ def parsed_type(decltype: str) -> str:
     position = 0
     while match := _TYPE_TOKEN.match(decltype, position):
         token = match.group(1)
-        if token.upper() in _CONSTRAINT_WORDS or (token.startswith("(") and not words):
+        if upper_ascii(token) in _CONSTRAINT_WORDS or (token.startswith("(") and not words):
             break
         words.append(token)
         position = match.end()
@@ -120,7 +121,7 @@ def _affinity(decltype: str, strict: bool) -> str:
     reads ``CHAR``), and a STRICT table's ``ANY`` converts nothing (declared ``ANY`` in a
     temporary table, it had NUMERIC affinity: the text ``'1'`` became 1, matched no row,
     and a one-scan read left every row out, exit 0). "": no conversion."""
-    text = decltype.upper() if isinstance(decltype, str) else ""
+    text = upper_ascii(decltype) if isinstance(decltype, str) else ""
     if strict and text.strip() == "ANY":
         return ""
     for kind, words in _AFFINITY_WORDS:

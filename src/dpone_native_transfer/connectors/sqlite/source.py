@@ -26,7 +26,7 @@ from ...errors import (
     SourceMissing,
     ValueUnsupported,
 )
-from ...identity import TableIdentity, file_location, fold_ascii
+from ...identity import TableIdentity, file_location, fold_ascii, upper_ascii
 from ...payloads import Column, Predicate, SourceShape, bound_predicates
 from .._sql import (
     RANGE_EDGES,
@@ -68,7 +68,7 @@ def integer_primary_key(path: str, table: str) -> str:
     with source.reader() as conn:
         rows = conn.execute("SELECT name, type, pk FROM pragma_table_info(?)", (table,)).fetchall()
     keys = [(name, decltype) for name, decltype, pk in rows if pk]
-    if len(keys) == 1 and keys[0][1].strip().upper() == "INTEGER":
+    if len(keys) == 1 and upper_ascii(keys[0][1].strip()) == "INTEGER":
         return keys[0][0]
     raise ConfigInvalid(
         f"source table {table!r} has no INTEGER PRIMARY KEY to cut into ranges: name a "
@@ -232,6 +232,8 @@ class SQLiteSource(TableSource):
         """Columns and hashes; raises ``SourceInvalid`` when the table or a named column is gone."""
         with self.reader() as conn:
             columns = table_columns(conn, self.table)
+            if is_strict(conn, "main", self.table):  # ANY keeps each value as it is given
+                columns = tuple(_strict_any(column) for column in columns)
             try:  # every read orders by rowid: a WITHOUT ROWID table has none
                 conn.execute(f"SELECT rowid FROM {_quote(self.table)} LIMIT 0")
                 rowid = True
@@ -319,7 +321,7 @@ class SQLiteSource(TableSource):
         rows = conn.execute("SELECT name, pk FROM pragma_table_info(?)", (self.table,))
         keys = [name for name, pk in rows.fetchall() if pk]
         column = self.partition_column or ""
-        return len(keys) == 1 and keys[0].lower() == column.lower()
+        return len(keys) == 1 and fold_ascii(keys[0]) == fold_ascii(column)
 
     def _chained_cuts(
         self,
@@ -684,6 +686,15 @@ class SQLiteSource(TableSource):
     def count_sql(self, bounds: Mapping, *, schema: str = "main") -> tuple[str, tuple]:
         where, params = self._where(bounds)
         return f"SELECT COUNT(*) FROM {_quote(schema)}.{_quote(self.table)} WHERE {where}", params
+
+
+def _strict_any(column: Column) -> Column:
+    """A STRICT table's ``ANY`` column as an untyped one (kind ``any``): it stores each value
+    as given, where a column declared ``ANY`` elsewhere has NUMERIC affinity (a target so
+    declared stored the text ``'007'`` as 7, exit 0)."""
+    if upper_ascii(column.decltype).strip() != "ANY":
+        return column
+    return Column(column.name, column.decltype, kind="any")
 
 
 def _file_marks(path: str) -> list[tuple[int, int, int] | None]:
