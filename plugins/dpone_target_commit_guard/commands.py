@@ -33,6 +33,7 @@ from dpone_native_transfer import (
     RouteKey,
     StoreTargetMismatch,
     Strategy,
+    TargetUnavailable,
     as_latest,
     format_timestamp,
 )
@@ -589,7 +590,7 @@ def _verify_command(args: argparse.Namespace) -> int:
             print(json.dumps(_mismatch_dict(route, mismatch), sort_keys=True))
         for count in miscounted:
             print(json.dumps(count, sort_keys=True))
-        print(_verify_summary(proofs, mismatches, routes), file=sys.stderr)
+        print(_verify_summary(proofs, mismatches, routes, len(unchecked)), file=sys.stderr)
     else:
         _print_table(_VERIFY_HEADERS, [item.row() for item in proofs])
         for item in proofs:
@@ -604,7 +605,7 @@ def _verify_command(args: argparse.Namespace) -> int:
                 f"{plural(count['ledger_rows'], 'row')}, the target holds {count['target_rows']:,} "
                 "of it (its batch column): rows were deleted or added behind dpone's back"
             )
-        print(_verify_summary(proofs, mismatches, routes))
+        print(_verify_summary(proofs, mismatches, routes, len(unchecked)))
     for route, reason in unchecked:
         print(
             f"not checked: route {route.label}: store and target were not compared: {reason}; "
@@ -649,7 +650,15 @@ def _verify_summary(
     proofs: Sequence[_BatchProof],
     mismatches: Sequence[tuple[RouteKey, StoreTargetMismatch]],
     routes: Sequence[RouteKey],
+    unchecked: int = 0,
 ) -> str:
+    """``unchecked``: routes whose target could not be read (not said to agree)."""
+    if not proofs and not mismatches and unchecked:
+        return (
+            f"no blocked batch; store and target agree on "
+            f"{plural(len(routes) - unchecked, 'route')}, and {plural(unchecked, 'route')} "
+            "could not be compared (below)"
+        )
     if not proofs and not mismatches:
         return (
             f"nothing blocks: no blocked batch and store and target agree on "
@@ -689,7 +698,16 @@ def _resolve_command(args: argparse.Namespace) -> int:
         # attempt (its epoch is below this lease's), which is what proves it absent for good.
         with operator_lease(store, route, operator=args.operator, action="guard resolve") as held:
             prover = target.prover(route, epoch=getattr(held, "epoch", 0), advance=True)
-            proofs, entries, _ = _proofs(store, target, route, prover if args.from_target else None)
+            if not args.from_target:
+                prover = target.prover(route)  # reads only
+            proofs, entries, reason = _proofs(store, target, route, prover)
+        if prover.unreadable and not args.from_target and not args.force:
+            raise TargetUnavailable(
+                f"refusing --as {args.resolved_as}: {reason}, so the resolution cannot be "
+                "checked against it now; nothing was written; retry when the target can be "
+                "read, or repeat with --force after checking the target yourself",
+                diagnostics={"route": route.as_dict(), "key": "--force"},
+            )
         listed = None if entries is None else {e.batch_id for e in entries if e.of_route(route)}
         groups, overrides = _decide(selected, proofs, args, listed)
         now = datetime.now(UTC)

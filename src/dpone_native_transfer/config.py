@@ -410,11 +410,29 @@ def _check_target_file(sections: Mapping[str, Mapping[str, Any]], folder: Path) 
         raise _invalid("target.path", "is the source's own file: give the target a file of its own")
 
 
+def _check_store_file(sections: Mapping[str, Mapping[str, Any]], folder: Path) -> None:
+    """A store file that is the source's or the target's own database is refused before any
+    table runs: each table failed on its own inside the run (and the store would write into
+    the source)."""
+    store = _store_location(folder, sections["store"]["path"])
+    if store.startswith(("env:", *POSTGRES_SCHEMES)):
+        return
+    for name in ("source", "target"):
+        section = sections[name]
+        if "path" in section and os.path.realpath(_resolve(folder, section["path"])) == (
+            os.path.realpath(store)
+        ):
+            raise _invalid(
+                "store.path", f"is the {name}'s own file: give the store a file of its own"
+            )
+
+
 _FILE_TARGETS = ("sqlite", "duckdb")
 
 
 def _build(sections: dict[str, dict[str, Any]], folder: Path) -> RouteConfig:
     _check_target_file(sections, folder)
+    _check_store_file(sections, folder)
     transfer, gates = sections["transfer"], sections.get("gates", {})
     artifact_dir = transfer.get("artifact_dir")
     strategy = Strategy(transfer["strategy"])

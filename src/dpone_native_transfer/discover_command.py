@@ -109,6 +109,12 @@ def _write(args: argparse.Namespace, kind: str, catalog: list[TableInfo]) -> Non
             "--write names a file that exists; pass --force to replace it",
             diagnostics={"argument": "--write"},
         )
+    if file.exists() and not _is_toml(file):
+        raise ConfigInvalid(
+            "--write names a file that is not a pipeline file (TOML): it may be a database "
+            "(the source itself); --force replaces only a pipeline file",
+            diagnostics={"argument": "--write"},
+        )
     if not catalog:
         raise ConfigInvalid(
             "the source has no table to write a pipeline of", diagnostics={"argument": "SOURCE"}
@@ -127,6 +133,16 @@ def _write(args: argparse.Namespace, kind: str, catalog: list[TableInfo]) -> Non
         raise ConfigInvalid(
             "--write names a file that cannot be written", diagnostics={"argument": "--write"}
         ) from None
+
+
+def _is_toml(file: Path) -> bool:
+    """Whether ``file`` is a TOML file (a pipeline file ``--force`` may replace), not a
+    database or anything else: ``discover db --write db --force`` replaced the source."""
+    try:
+        tomllib.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return True
 
 
 def _location_keys(value: str, kind: str, folder: Path, *, argument: str) -> dict[str, str]:

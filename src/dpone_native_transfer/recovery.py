@@ -148,6 +148,13 @@ class Prover:
             self._entries, self.reason = ledger_of(self._sink, partitions=True)
         return self._entries
 
+    @property
+    def unreadable(self) -> bool:
+        """Whether the target keeps a ledger that could not be read now (locked, unreachable),
+        as opposed to one that proves nothing for good (no ledger, no location)."""
+        keeps = self._sink is not None and self._sink.features.keeps_ledger
+        return keeps and self.entries() is None
+
     def prove(
         self, route: RouteKey, batch_id: str, checkpoints: Sequence[PartitionCheckpoint]
     ) -> Proof:

@@ -17,7 +17,7 @@ from typing import Any
 from .checkpoints import RouteKey
 from .errors import StoreTargetMismatch
 from .latest import as_latest
-from .lease import lease_key, read_holder
+from .lease import LeaseHolder, lease_key, read_holder
 from .plugins import Hooks, make_plugin_manager
 from .reporting import BLOCKING_ERRORS, EXIT_OK, plural
 from .stores import Store, open_store
@@ -91,8 +91,16 @@ def _holder(store: Store, route: RouteKey) -> dict[str, Any] | None:
         record = table.holder(lease_key(route), datetime.now(UTC).timestamp())
     finally:
         table.close()
-    holder = read_holder(record)
+    holder = _live(read_holder(record))
     return None if holder is None else holder.as_dict()
+
+
+def _live(holder: LeaseHolder | None) -> LeaseHolder | None:
+    """``holder``, unless it is a process on this machine that is gone: the next run takes
+    its lease at once (``check_not_leased``), so it is shown as no holder."""
+    if holder is not None and holder.process is not None and holder.process.gone():
+        return None
+    return holder
 
 
 def status_line(status: dict[str, Any]) -> str:
@@ -143,7 +151,7 @@ def _leased_only(store: Store, listed: list[dict[str, Any]]) -> list[dict[str, A
     known = [status["route"] for status in listed]
     found = []
     for record in records:
-        holder = read_holder(record)
+        holder = _live(read_holder(record))
         if holder is None or not holder.route or holder.route in known:
             continue
         known.append(holder.route)

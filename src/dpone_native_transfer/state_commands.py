@@ -25,6 +25,7 @@ from .checkpoints import (
     FailureCode,
     PartitionCheckpoint,
     PartitionCheckpointStatus,
+    RouteKey,
     Strategy,
 )
 from .config import RouteConfig
@@ -419,6 +420,8 @@ def _reset_command(args: argparse.Namespace) -> int:
                 diagnostics={"route": route.as_dict(), "rows": rows},
             )
         committed = [cp for cp in latest if cp.status is COMMITTED]
+        if committed and not args.from_now and route.strategy is not Strategy.MERGE:
+            _refuse_missing_target(config, route)
         now = datetime.now(UTC)
         forgotten = [forget_checkpoint(cp, now, FailureCode.RESET) for cp in committed]
         previous = store.load_source_state(route)
@@ -470,6 +473,22 @@ def _reset_command(args: argparse.Namespace) -> int:
         store.close()
     print(f"reset route {route.label}: audit record #{audit_id}")
     return EXIT_OK
+
+
+def _refuse_missing_target(config: RouteConfig, route: RouteKey) -> None:
+    """A reset of committed partitions whose target table (or its file) is not there: it may
+    be only out of reach now (a volume not mounted, a file moved aside), and once back its
+    rows would all be loaded again, exit 0. ``state restore`` marks them lost instead, which
+    a run checks against the target when it is back."""
+    if not table_missing(config.sink):
+        return
+    raise ConfigInvalid(
+        f"refusing to reset route {route.label}: its target table does not exist (or its "
+        "database cannot be found), so whether it still holds the committed rows is unknown; "
+        "if it is gone for good, mark its partitions for loading again with `dpone-transfer "
+        "state restore`; nothing was written",
+        diagnostics={"route": route.as_dict()},
+    )
 
 
 def _rows_of(config: RouteConfig, store: Store) -> int:

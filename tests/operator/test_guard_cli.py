@@ -957,3 +957,58 @@ def test_show_blocked_limit_and_json_select_what_it_prints(route):
     assert more == "(1 more not shown: --limit 2)" and audit == "audit: 0 records"
     bad = dpone("guard", "show", "--store", store_of(route), *ROUTE_ARGS, "--limit", "0")
     assert bad.returncode == 2 and "--limit: must be a whole number" in bad.stderr
+
+
+def test_a_locked_duckdb_target_refuses_resolve_as_and_reset_until_it_can_be_read(tmp_path):
+    """While another process holds the DuckDB target (DuckDB locks the whole file), its ledger
+    cannot be read now: ``resolve --as`` wrote its checkpoints "unchecked", as for a target
+    that keeps no ledger, and ``state reset`` failed with the driver's class name. Both are
+    ``target_unavailable`` (exit 1, nothing written); ``--force`` still resolves by hand.
+    Found by a hostile check."""
+    import duckdb
+    from helpers.routes import write_route
+
+    from dpone_native_transfer.application import transfer
+    from dpone_native_transfer.pipeline import load_route
+    from dpone_native_transfer.testing import FaultyStore
+
+    route_file = write_route(tmp_path, rows=200, kind="duckdb", path="legacy")
+    store, target = tmp_path / "checkpoints.db", tmp_path / "target.duckdb"
+
+    def failing(real):
+        faulty = FaultyStore(real)
+        faulty.fail_batch(phase("checkpoint_committed"), error=InjectedFault("store down"))
+        return faulty
+
+    with pytest.raises(InjectedFault):  # the rows are in the target; its promotion failed
+        transfer(load_route(str(route_file)), "applied", wrap_store=failing)
+    [batch_id] = {item["batch_id"] for item in json_lines(scan_store(store))}
+    before = snapshot(store)
+    lock = duckdb.connect(str(target))
+    try:
+        as_committed = ("guard", "resolve", route_file, "--batch", batch_id, "--as", "committed",
+                        "--reason", "checked", "--operator", "alice", "--yes")  # fmt: skip
+        refused = dpone(*as_committed)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "native_transfer_target_unavailable" in refused.stderr
+        assert snapshot(store) == before
+        forced = dpone(*as_committed, "--force")
+        assert forced.returncode == 0, forced.stderr
+        assert "unchecked" in forced.stdout
+        resolved = snapshot(store)
+        reset = dpone("state", "reset", route_file, "--reason", "r", "--operator", "o", "--yes")
+        assert reset.returncode == 1 and "native_transfer_target_unavailable" in reset.stderr
+        assert "Error" not in reset.stderr  # no driver class named
+        assert snapshot(store) == resolved
+        verify = dpone("guard", "verify", route_file)
+        assert verify.returncode == 1, verify.stdout + verify.stderr
+        assert "nothing blocks" not in verify.stdout and "could not be compared" in verify.stdout
+    finally:
+        lock.close()
+    ran = dpone("run", route_file)
+    assert ran.returncode == 0 and "loaded 0 rows" in ran.stdout, ran.stdout + ran.stderr
+    with duckdb.connect(str(target), read_only=True) as db:
+        assert db.execute("SELECT count(*), count(DISTINCT id) FROM orders_copy").fetchone() == (
+            200,
+            200,
+        )

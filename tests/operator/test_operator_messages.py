@@ -42,6 +42,35 @@ def test_routes_lists_a_route_that_only_holds_a_lease_and_prints_json_for_none(
     assert "never run" in text and "lease held by" in text and "expires at" in text
 
 
+def test_a_lease_whose_process_is_gone_is_not_shown_as_held(tmp_path: Path) -> None:
+    """A run killed on this machine leaves its lease row; the next run takes it at once
+    (``check_not_leased``), so ``routes`` and ``state show`` do not name it as the holder
+    (they said "lease held by" a dead process). Found by a hostile check."""
+    import sys
+
+    route_file = write_route(tmp_path, rows=40, path="legacy")
+    store = tmp_path / "checkpoints.db"
+    assert run_cli("run", route_file, "--quiet").returncode == 0
+    take = (
+        "import os, sys\n"
+        "from dpone_native_transfer import SQLiteCheckpointStore\n"
+        "from dpone_native_transfer.config import load_route_config\n"
+        "from dpone_native_transfer.lease import Lease\n"
+        "store = SQLiteCheckpointStore(sys.argv[1])\n"
+        "Lease(store.lease_table(), load_route_config(sys.argv[2]).route, run_id='killed',"
+        " seconds=600).__enter__()\n"
+        "os._exit(0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", take, str(store), str(route_file)], timeout=60)
+    assert done.returncode == 0
+    [listed] = json.loads(run_cli("routes", "--store", store, "--json").stdout)
+    assert listed["lease"] is None
+    shown = json.loads(run_cli("state", "show", route_file, "--json").stdout)
+    assert shown["lease"] is None and not shown["target"].startswith("not compared")
+    assert run_cli("run", route_file, "--quiet").returncode == 0  # it takes the lease at once
+    assert "lease" not in run_cli("routes", "--store", store).stdout
+
+
 def test_a_busy_route_says_its_holder_is_alive_and_when_its_lease_expires(
     tmp_path: Path,
 ) -> None:

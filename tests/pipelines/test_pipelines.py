@@ -332,6 +332,26 @@ def _bad(tmp_path: Path, shop: Path, **changes: Any) -> tuple[int, str]:
             "source",
         ),
         (
+            {"store": "shop.db"},
+            "error: native_transfer_config_invalid: store.path is the source's own file: give "
+            "the store a file of its own",
+        ),
+        (
+            {"store": "warehouse.db"},
+            "error: native_transfer_config_invalid: store.path is the target's own file: give "
+            "the store a file of its own",
+        ),
+        (  # SQLite folds ASCII letters only: a long s is no s (str.casefold made it one)
+            {"tables": ["t01", "\u017fcratch_tmp"]},
+            "error: native_transfer_config_invalid: pipeline.tables[1] names no table of the "
+            "source",
+        ),
+        (
+            {"tables": ["t01", "\u017fcratch*"]},
+            "error: native_transfer_config_invalid: pipeline.tables[1] matches no table of the "
+            "source",
+        ),
+        (
             {"settings": {"t01": {"cursor_colum": "updated_at"}}},
             "error: native_transfer_config_invalid: tables.t01.cursor_colum is not a known key; "
             "known: target_table, strategy, path, chunk_rows, artifact_dir, schema_contract, "
@@ -395,7 +415,9 @@ def _bad(tmp_path: Path, shop: Path, **changes: Any) -> tuple[int, str]:
         ),
     ],
     ids=[
-        "unknown-table", "pattern-matches-nothing", "unknown-key", "unknown-column",
+        "unknown-table", "pattern-matches-nothing", "store-is-source", "store-is-target",
+        "non-ascii-fold", "non-ascii-fold-pattern",
+        "unknown-key", "unknown-column",
         "bad-strategy", "bad-default", "unknown-table-section", "two-tables-one-target",
         "bad-prefix", "location-of-another-kind", "selects-nothing", "source-path-type",
         "unknown-primary-key", "unknown-deleted-column",
@@ -652,6 +674,10 @@ def test_discover_lists_tables_and_writes_a_pipeline_that_runs(tmp_path, shop):
     assert 'path = "../shop.db"' in text  # relative to the pipeline file, where it is read
     assert 'cursor_column = "updated_at"' in text
     assert run_cli("discover", shop, "--write", out / "pipeline.toml").returncode == 2  # exists
+    source = shop.read_bytes()  # --force replaces a pipeline file only, never the source
+    replaced = run_cli("discover", shop, "--write", shop, "--force")
+    assert replaced.returncode == 2 and "not a pipeline file" in replaced.stderr
+    assert shop.read_bytes() == source
     ran = run_cli("run", out / "pipeline.toml", "--json")
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["totals"]["rows_loaded"] == 60
@@ -880,8 +906,9 @@ def test_the_pipeline_process_killed_leaves_every_table_exact_after_a_rerun(tmp_
     try:
         assert child.stderr is not None
         assert child.stderr.readline().endswith(": started\n")
-        for _ in range(600):  # tables running: their leases held
-            if _leases(tmp_path / "c.db") and (run_in == "threads" or _workers(child)):
+        for _ in range(600):  # tables running: their leases held (a worker's too)
+            held, workers = _leases(tmp_path / "c.db"), _workers(child)
+            if held and (run_in == "threads" or set(held.values()) & set(workers)):
                 break
             time.sleep(0.02)
         time.sleep(0.3)

@@ -251,10 +251,12 @@ class DuckDBSink(FileTarget, EnginePull):
             yield conn
 
     def _reader(self) -> contextlib.AbstractContextManager[Any]:
-        """A connection to read the file (not one writer's), or None while it does not exist."""
+        """A connection to read the file (not one writer's; ``TargetUnavailable`` when it cannot
+        be opened now), or None while it does not exist."""
         if not os.path.isfile(self.path):
             return contextlib.nullcontext(None)
-        return self._connect(writing=False)
+        check_target_folder(self.path, self.table)
+        return self._read_only("table")
 
     def _refused(self) -> contextlib.AbstractContextManager[None]:
         """Around a target call's transaction: a constraint (``ConstraintException``) or a
@@ -631,10 +633,8 @@ class DuckDBSink(FileTarget, EnginePull):
         return [LedgerEntry.from_row(*row) for row in rows]
 
     def row_count(self) -> int:
-        if not os.path.isfile(self.path):
-            return 0
-        with self._connect() as conn:
-            return _row_count(conn, self._target)
+        with self._reader() as conn:
+            return 0 if conn is None else _row_count(conn, self._target)
 
     def is_empty(self) -> bool:
         return self.row_count() == 0  # DuckDB counts from table metadata
