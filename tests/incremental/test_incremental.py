@@ -17,7 +17,14 @@ from helpers import routes
 from helpers.cli import run_cli
 from helpers.routes import PATHS
 
-from dpone_native_transfer.testing import build_sample_source
+from dpone_native_transfer import (
+    SQLiteCheckpointStore,
+    SQLiteSink,
+    SQLiteSource,
+    TransferRuntime,
+    TransferSpec,
+)
+from dpone_native_transfer.testing import assert_rows_exactly_once, build_sample_source
 
 TARGETS = routes.TARGET_FILES
 CURSORLESS = {"cursor_column": None}  # the sample route's [source] without its cursor column
@@ -141,13 +148,6 @@ def test_a_run_stopped_before_its_state_then_a_schema_change_never_reappends(
 ) -> None:
     """A window committed, the run died before advancing the source state, then the schema
     changed: the rerun planned the same window under new ids and appended it again."""
-    from dpone_native_transfer import (
-        SQLiteCheckpointStore,
-        SQLiteSink,
-        SQLiteSource,
-        TransferRuntime,
-        TransferSpec,
-    )
 
     build_sample_source(tmp_path / "source.db", rows=200, partitions=4)
     source = SQLiteSource(str(tmp_path / "source.db"), "orders", "region", "updated_at")
@@ -753,14 +753,6 @@ def test_partition_values_are_matched_as_the_column_stores_them(tmp_path, declar
     SQLite reads a declared type's ASCII letters only: ``ınt text`` (a dotless i) is TEXT
     and ``ﬂoat`` NUMERIC, where ``str.upper`` read INT and FLOAT (2**53 + 1 became 2**53).
     Found by hostile checks; the indexed case by today's narrow-window read."""
-    from dpone_native_transfer import (
-        SQLiteCheckpointStore,
-        SQLiteSink,
-        SQLiteSource,
-        TransferRuntime,
-        TransferSpec,
-    )
-    from dpone_native_transfer.testing import assert_rows_exactly_once
 
     source, target = tmp_path / "s.db", tmp_path / "t.db"
     text = declared.startswith("ANY")
@@ -803,13 +795,6 @@ def test_a_strict_tables_any_column_keeps_each_value_as_stored(tmp_path, path):
     is untyped, so it does too. Declared ``ANY`` in the (non-STRICT) target, it had NUMERIC
     affinity: the texts ``'1'`` and ``'007'`` became integers, exit 0. Found by a hostile
     check."""
-    from dpone_native_transfer import (
-        SQLiteCheckpointStore,
-        SQLiteSink,
-        SQLiteSource,
-        TransferRuntime,
-        TransferSpec,
-    )
 
     source, target = tmp_path / "s.db", tmp_path / "t.db"
     values = ["1", 1.0, 1, "007", b"\x00", None, "abc"]
