@@ -781,3 +781,83 @@ def test_lazy_plan_from_postgres_is_refused_before_the_target(tmp_path, table, k
         assert route.run("legacy", "run-2").rows_loaded == len(ORDERS)
     finally:
         route.real_store.close()
+
+
+@pytest.mark.parametrize(
+    ("target", "path"),
+    [("sqlite", "legacy"), ("clickhouse", "legacy"), ("clickhouse", "lazy-plan")],
+)
+def test_a_logins_own_text_settings_change_no_value_loaded(postgres_schema, tmp_path, target, path):
+    """A login (or database) whose defaults round a double's text (``extra_float_digits =
+    -15``) or print intervals in ISO 8601 had its values changed in the target, exit 0:
+    ``123456789.12345679`` loaded as ``100000000.0``. The source's sessions set every such
+    setting; chDB's own pull, whose sessions take the login's defaults, is declined. Found
+    by a hostile check."""
+    from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
+
+    schema, role = postgres_schema.schema, f"r_{secrets.token_hex(4)}"
+    doubles = [123456789.12345679, 0.30000000000000004, 2.5e-300, 1.7976931348623157e308]
+    with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as admin:
+        admin.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        # chDB reads no interval: lazy-plan's table has none, so that chDB would pull it
+        interval = path != "lazy-plan"
+        admin.execute(
+            f'CREATE TABLE "{schema}".t (id integer, p integer, d float8'
+            + (", i interval)" if interval else ")")
+        )
+        admin.execute(
+            f'INSERT INTO "{schema}".t (id, p, d) VALUES (1, 0, %s), (2, 0, %s), (3, 1, %s),'
+            " (4, 1, %s)",
+            doubles,
+        )
+        if interval:
+            admin.execute(f"UPDATE \"{schema}\".t SET i = '1 mon -1 day' WHERE id = 4")
+        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+        admin.execute(f"ALTER ROLE {role} SET extra_float_digits = -15")
+        admin.execute(f"ALTER ROLE {role} SET intervalstyle = 'iso_8601'")
+        admin.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO {role}')
+        admin.execute(f'GRANT SELECT ON "{schema}".t TO {role}')
+    try:
+        dsn = psycopg.conninfo.make_conninfo(postgres_schema.dsn, user=role, password="pw")
+        source = PostgresSource(postgres_url(dsn), f"{schema}.t", "p")
+        if target == "sqlite":
+            sink: Any = SQLiteSink(tmp_path / "t.db", "copy")
+        else:
+            sink = ClickHouseSink(tmp_path / "chdata", "copy")
+        transfer_once(tmp_path, source, sink, path=path, strategy="full_refresh")
+        loaded = sorted(sink.rows())
+    finally:
+        with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as admin:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
+    assert [row[2] for row in loaded] == doubles
+    assert not interval or loaded[3][3] in ("1 mon -1 days", "1 mon -1 day")
+
+
+@pytest.mark.parametrize("declared", ['text COLLATE "ci"', "citext"])
+def test_a_cursor_compared_without_regard_to_case_is_refused_before_the_target(
+    postgres_schema, tmp_path, declared
+):
+    """The server holds ``'B'`` and ``'b'`` equal under a nondeterministic collation (or
+    ``citext``); dpone's cursor edge orders them apart, so the rows at the watermark were
+    loaded again on every run, exit 0. Refused before any read, naming the key. Found by a
+    hostile check."""
+    schema = postgres_schema.schema
+    with contextlib.closing(psycopg.connect(postgres_schema.dsn, autocommit=True)) as admin:
+        admin.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        admin.execute(
+            f'CREATE COLLATION IF NOT EXISTS "{schema}".ci'
+            " (provider = icu, locale = 'und-u-ks-level2', deterministic = false)"
+        )
+        admin.execute("CREATE EXTENSION IF NOT EXISTS citext")
+        declared = declared.replace('"ci"', f'"{schema}".ci')
+        admin.execute(f'CREATE TABLE "{schema}".t (id integer, p integer, c {declared})')
+        admin.execute(f"INSERT INTO \"{schema}\".t VALUES (1, 0, 'a'), (2, 0, 'B'), (3, 1, 'b')")
+    source = PostgresSource(postgres_url(postgres_schema.dsn), f"{schema}.t", "p", "c")
+    with pytest.raises(ConfigInvalid) as refused:
+        transfer_once(
+            tmp_path, source, SQLiteSink(tmp_path / "t.db", "copy"), path="legacy",
+            strategy="incremental_append",
+        )  # fmt: skip
+    assert refused.value.diagnostics["key"] == "source.cursor_column"
+    assert not (tmp_path / "t.db").exists()

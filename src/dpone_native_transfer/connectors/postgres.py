@@ -84,14 +84,23 @@ _NATIVE = frozenset(
     {"smallint", "integer", "bigint", "real", "double precision", "boolean", "bytea"}
     | {"text", "name", "character", "character varying"}
 )
-_COLUMNS = """SELECT a.attname, format_type(a.atttypid, a.atttypmod)
+_COLUMNS = """SELECT a.attname, format_type(a.atttypid, a.atttypmod),
+        coalesce(NOT k.collisdeterministic, false)
+            OR (SELECT t.typname = 'citext' FROM pg_catalog.pg_type t WHERE t.oid = a.atttypid)
     FROM pg_catalog.pg_attribute a
+    LEFT JOIN pg_catalog.pg_collation k ON k.oid = a.attcollation
     WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
     ORDER BY a.attnum"""
 _INTEGERS = frozenset({20, 21, 23})  # int8, int2, int4: compared exactly with each other
 _NUMERIC = 1700
 _SNAPSHOT_ID = re.compile(r"[0-9A-F]+-[0-9A-F]+(-[0-9]+)?")  # pg_export_snapshot()'s
-_SESSION = "SELECT set_config('TimeZone', 'UTC', true), set_config('DateStyle', 'ISO, YMD', true)"
+# Every setting that changes a value's text: a login's or database's own default (ALTER ROLE
+# ... SET extra_float_digits = -15) made a double's text round it, an interval's ISO 8601.
+_SESSION = (
+    "SELECT set_config('TimeZone', 'UTC', true), set_config('DateStyle', 'ISO, YMD', true),"
+    " set_config('extra_float_digits', '1', true), set_config('IntervalStyle', 'postgres', true),"
+    " set_config('bytea_output', 'hex', true)"
+)
 # What an engine's client takes of a DSN (``engine_login``): anything else it would drop.
 _ENGINE_DSN_KEYS = frozenset({"host", "port", "dbname", "user", "password"})
 _UTC_ZONES = frozenset(
@@ -100,6 +109,8 @@ _UTC_ZONES = frozenset(
 # The login's default session, as a new connection of an engine gets it (no ``_SESSION``).
 _ENGINE_SESSION = """SELECT n.nspname, c.relname, current_database(), session_user,
         current_setting('server_encoding'), current_setting('TimeZone'),
+        current_setting('extra_float_digits')::int >= 1
+            AND current_setting('DateStyle') LIKE 'ISO%%',
         coalesce((SELECT k.collisdeterministic FROM pg_catalog.pg_attribute a
             JOIN pg_catalog.pg_collation k ON k.oid = a.attcollation
             WHERE a.attrelid = c.oid AND a.attname = %s), true)
@@ -277,8 +288,16 @@ class PostgresSource(TableSource):
     def _columns(self, conn: Any) -> tuple[Column, ...]:
         """The table's columns; ``SourceInvalid`` when it or a named column does not exist."""
         rows = conn.execute(_COLUMNS, (self._regclass,)).fetchall()
-        columns = tuple(Column(name, decltype, postgres_kind(decltype)) for name, decltype in rows)
+        columns = tuple(Column(name, kind, postgres_kind(kind)) for name, kind, _ in rows)
         self._check_columns(columns)
+        if any(loose and name == self.cursor_column for name, _, loose in rows):
+            raise ConfigInvalid(
+                f"cursor column {self.cursor_column!r} compares text by a case-insensitive or "
+                "other nondeterministic collation (or is citext): values the server holds "
+                "equal, dpone orders apart, and the rows at the watermark were loaded again "
+                "on every run; use a column of a deterministic collation",
+                diagnostics={"key": "source.cursor_column", "column": self.cursor_column},
+            )
         return columns
 
     def _column(self, conn: Any, name: str) -> Column:
@@ -661,7 +680,7 @@ class PostgresSource(TableSource):
             conn.close()
         if found is None or found[4] != "UTF8":
             return None
-        schema, table, database, user, _, zone, deterministic = found
+        schema, table, database, user, _, zone, exact_text, deterministic = found
         return EngineLogin(
             host=host,
             port=int(port),
@@ -671,6 +690,7 @@ class PostgresSource(TableSource):
             schema=schema,
             table=table,
             utc=zone in _UTC_ZONES,
+            exact_text=bool(exact_text),
             key_bytewise=bool(deterministic),
         )
 

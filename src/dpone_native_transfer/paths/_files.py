@@ -74,8 +74,12 @@ class FileMaker:
         if first is None and per_partition and count > step and watched:
             groups = [range(at, min(at + step, count)) for at in range(0, count, step)]
             first = plan_of(groups[0])
-        if first is None:
-            return bulk_files(self.ctx, per_partition=per_partition)
+        if first is None:  # the source writes them, in the attempt's snapshot: the cursor
+            # edge's top rows are read around it in that snapshot, else a run recorded no
+            # row at the watermark and the next skipped the rows written there since
+            return _between_top_reads(
+                ctx, lambda: bulk_files(ctx, per_partition=per_partition), _unlink_files
+            )
         names = [c.partition_id for c in ctx.candidates] if per_partition else ["load"]
         paths = [ctx.work_dir / f"{name}{engine.pulled_suffix}" for name in names]
 
@@ -228,6 +232,11 @@ def _between_top_reads(
         return None
     ctx.edge.confirm_top(before, after, persisted=discard is not None)
     return result
+
+
+def _unlink_files(files: Sequence[LoadFile]) -> None:
+    for file in files:
+        file.path.unlink(missing_ok=True)
 
 
 def _spooled_rows(files: Sequence[LoadFile]) -> Iterator[list[tuple]]:

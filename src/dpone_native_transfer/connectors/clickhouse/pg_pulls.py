@@ -46,6 +46,7 @@ _TIMESTAMPS = frozenset({"timestamp without time zone", "timestamp with time zon
 # uuid, arrays, intervals or times (other texts), nor numeric without a precision.
 _READ_EXACTLY = _INTEGERS | _TEXTS | _TIMESTAMPS | {"character", "double precision"}
 _READ_EXACTLY |= {"boolean", "date", "numeric"}
+_TEXT_DEPENDENT = _TIMESTAMPS | {"double precision", "date"}  # printed by session settings
 _TYPMOD = re.compile(r"\(\d+(,\d+)?\)")
 # What ClickHouse's Date32 and DateTime64 hold (a value outside: the pull is declined).
 _LIMITS = {
@@ -110,6 +111,8 @@ def postgres_read(plan: LoadPlan, *, table: str, values: bool = True) -> Postgre
             decimal = column.decimal(MAX_DECIMAL_PRECISION)
             exact = decimal is not None and decimal[0] <= 38
         if base == "timestamp with time zone" and not login.utc:
+            exact = False
+        if base in _TEXT_DEPENDENT and not login.exact_text:  # chDB reads them as text
             exact = False
         if not exact:
             raise _inexact(table, column.name)

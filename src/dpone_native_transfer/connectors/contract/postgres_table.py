@@ -32,6 +32,9 @@ class EngineLogin:
     schema: str
     table: str
     utc: bool  # a new session of the login starts in UTC (``timestamptz`` text is UTC)
+    # a new session prints a double's shortest exact text and ISO dates (the login's or
+    # database's defaults: ``extra_float_digits`` at least 1, ``DateStyle`` ISO)
+    exact_text: bool
     key_bytewise: bool  # the partition column's ``=`` is byte equality (a deterministic collation)
 
     def __repr__(self) -> str:  # never the password (nor the user's name)
