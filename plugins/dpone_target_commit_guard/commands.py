@@ -697,9 +697,11 @@ def _resolve_command(args: argparse.Namespace) -> int:
         # Proven under the lease: --from-target may raise the target's fence past the blocked
         # attempt (its epoch is below this lease's), which is what proves it absent for good.
         with operator_lease(store, route, operator=args.operator, action="guard resolve") as held:
-            prover = target.prover(route, epoch=getattr(held, "epoch", 0), advance=True)
-            if not args.from_target:
-                prover = target.prover(route)  # reads only
+            prover = (
+                target.prover(route, epoch=getattr(held, "epoch", 0), advance=True)
+                if args.from_target
+                else target.prover(route)  # reads only
+            )
             proofs, entries, reason = _proofs(store, target, route, prover)
         if prover.unreadable and not args.from_target and not args.force:
             raise TargetUnavailable(

@@ -233,8 +233,8 @@ class DuckDBSink(FileTarget, EnginePull):
 
     def holding_connection(self) -> contextlib.AbstractContextManager[None]:
         """The attempt's calls share one open of the file (``connect.target_connection``), as
-        a run of the command line's already did: a library run opened it seven times, 11 ms
-        each for a file of 2,000,000 rows (docs/performance.md, fix 78)."""
+        a run of the command line's already did: a library run opened it seven times, some 9 ms
+        each whatever the file's size (docs/performance.md, fix 78)."""
         return holding_connections()
 
     @contextlib.contextmanager
