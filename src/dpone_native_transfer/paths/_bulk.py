@@ -4,7 +4,8 @@ engine pull exists (``_files.FileMaker.pulled_files`` asks here next)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 from ..artifacts import open_files_allowed
 from ..cursor_edge import is_edge
@@ -16,8 +17,15 @@ if TYPE_CHECKING:
 
 __all__ = ["bulk_files"]
 
+Written: TypeAlias = tuple[list[LoadFile], Sequence[int]]  # the files and each candidate's rows
 
-def bulk_files(ctx: PathContext, *, per_partition: bool) -> list[LoadFile] | None:
+
+def bulk_files(
+    ctx: PathContext,
+    *,
+    per_partition: bool,
+    around: Callable[[Callable[[], Written | None]], Written | None] = lambda write: write(),
+) -> list[LoadFile] | None:
     """The candidates' rows in files the source writes itself, in bulk, in the attempt's
     snapshot (``Source.bulk()``, ``BulkRead``), for an engine that loads them
     (``EnginePull.reads_bulk_files``): one file of the source's own binary ``COPY``
@@ -25,7 +33,9 @@ def bulk_files(ctx: PathContext, *, per_partition: bool) -> list[LoadFile] | Non
     Arrow files, one or one per candidate; each candidate's count recorded. None when
     the source or the engine cannot, an edge partition's loaded rows must be left out,
     the batch column added or a merge key checked (only dpone can), or a value does not
-    fit its Arrow type: the path then reads rows and carries each value."""
+    fit its Arrow type: the path then reads rows and carries each value. ``around``: what
+    the write runs inside once the files will be written (the cursor edge's top reads,
+    which must not read an edge partition: they would count its loaded rows as seen)."""
     engine, bulk = ctx.sink.engine(), ctx.source.bulk()
     if engine is None or bulk is None or not engine.reads_bulk_files:
         return None
@@ -35,14 +45,18 @@ def bulk_files(ctx: PathContext, *, per_partition: bool) -> list[LoadFile] | Non
         return None
     if per_partition and len(ctx.candidates) > open_files_allowed():
         return None
-    if not per_partition:
-        copied = _copy_file(ctx, bulk)
-        if copied is not None:
-            return copied
-    names = [c.partition_id for c in ctx.candidates] if per_partition else ["load"]
-    paths = [ctx.work_dir / f"{name}.arrows" for name in names]
-    bounds = [candidate.partition_bounds for candidate in ctx.candidates]
-    written = bulk.write_arrow_files(bounds, ctx.shape.columns, paths)
+
+    def write() -> Written | None:
+        if not per_partition:
+            copied = _copy_file(ctx, bulk)
+            if copied is not None:
+                return copied
+        names = [c.partition_id for c in ctx.candidates] if per_partition else ["load"]
+        paths = [ctx.work_dir / f"{name}.arrows" for name in names]
+        bounds = [candidate.partition_bounds for candidate in ctx.candidates]
+        return bulk.write_arrow_files(bounds, ctx.shape.columns, paths)
+
+    written = around(write)
     if written is None:
         return None
     files, counts = written
@@ -50,11 +64,11 @@ def bulk_files(ctx: PathContext, *, per_partition: bool) -> list[LoadFile] | Non
     return files
 
 
-def _copy_file(ctx: PathContext, bulk: BulkRead) -> list[LoadFile] | None:
+def _copy_file(ctx: PathContext, bulk: BulkRead) -> Written | None:
     """The candidates' rows in one file of PostgreSQL's binary ``COPY`` format, the
     source's bytes, for an engine that loads such files into columns of exactly the
-    source's types (``EnginePull.copy_types``, ``BulkRead.write_copy_file``); each
-    candidate's count recorded. None when either cannot: Arrow files are next."""
+    source's types (``EnginePull.copy_types``, ``BulkRead.write_copy_file``), and each
+    candidate's count. None when either cannot: Arrow files are next."""
     engine = ctx.sink.engine()
     columns = ctx.shape.columns
     types = None if engine is None else engine.copy_types(columns)
@@ -65,6 +79,4 @@ def _copy_file(ctx: PathContext, bulk: BulkRead) -> list[LoadFile] | None:
     if written is None:
         return None
     file, counts = written
-    for index, rows in enumerate(counts):
-        ctx.extracted(index, rows, read="bulk")
-    return [file]
+    return [file], counts

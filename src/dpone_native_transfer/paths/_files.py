@@ -74,18 +74,21 @@ class FileMaker:
         if first is None and per_partition and count > step and watched:
             groups = [range(at, min(at + step, count)) for at in range(0, count, step)]
             first = plan_of(groups[0])
+
+        def discard(pulled: tuple[list[LoadFile], Sequence[int]]) -> None:
+            for file in pulled[0]:  # Python's own files may take the same names
+                file.path.unlink(missing_ok=True)
+
         if first is None:  # the source writes them, in the attempt's snapshot: the cursor
             # edge's top rows are read around it in that snapshot, else a run recorded no
             # row at the watermark and the next skipped the rows written there since
-            return _between_top_reads(
-                ctx, lambda: bulk_files(ctx, per_partition=per_partition), _unlink_files
+            return bulk_files(
+                ctx,
+                per_partition=per_partition,
+                around=lambda write: _between_top_reads(ctx, write, discard),
             )
         names = [c.partition_id for c in ctx.candidates] if per_partition else ["load"]
         paths = [ctx.work_dir / f"{name}{engine.pulled_suffix}" for name in names]
-
-        def discard(pulled: tuple[list[LoadFile], list[int]]) -> None:
-            for file in pulled[0]:  # Python's own files may take the same names
-                file.path.unlink(missing_ok=True)
 
         def pull_groups() -> tuple[list[LoadFile], list[int]] | None:
             files: list[LoadFile] = []
@@ -232,11 +235,6 @@ def _between_top_reads(
         return None
     ctx.edge.confirm_top(before, after, persisted=discard is not None)
     return result
-
-
-def _unlink_files(files: Sequence[LoadFile]) -> None:
-    for file in files:
-        file.path.unlink(missing_ok=True)
 
 
 def _spooled_rows(files: Sequence[LoadFile]) -> Iterator[list[tuple]]:
