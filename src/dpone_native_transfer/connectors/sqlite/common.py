@@ -120,24 +120,15 @@ def _affinity(decltype: str, strict: bool) -> str:
     whole declared text (``CHAR GENERATED INT`` has INTEGER affinity, where ``parsed_type``
     reads ``CHAR``), and a STRICT table's ``ANY`` converts nothing (declared ``ANY`` in a
     temporary table, it had NUMERIC affinity: the text ``'1'`` became 1, matched no row,
-    and a one-scan read left every row out, exit 0). "": no conversion."""
-    text = upper_ascii(decltype) if isinstance(decltype, str) else ""
-    if strict and text.strip() == "ANY":
+    and a one-scan read left every row out, exit 0). "": no conversion. The rules are
+    ``sqlite_kind``'s first four rows; every kind it refines from NUMERIC is NUMERIC."""
+    text = decltype if isinstance(decltype, str) else ""
+    if not text.strip() or (strict and upper_ascii(text).strip() == "ANY"):
         return ""
-    for kind, words in _AFFINITY_WORDS:
-        if any(word in text for word in words):
-            return kind
-    return "" if not text.strip() else "NUMERIC"
+    return _AFFINITIES.get(sqlite_kind(text), "NUMERIC")
 
 
-# SQLite's affinity rules, in their order (https://sqlite.org/datatype3.html, 3.1): the
-# first whose word the declared type holds; none, and an empty type: "" (BLOB: none).
-_AFFINITY_WORDS = (
-    ("INTEGER", ("INT",)),
-    ("TEXT", ("CHAR", "CLOB", "TEXT")),
-    ("", ("BLOB",)),
-    ("REAL", ("REAL", "FLOA", "DOUB")),
-)
+_AFFINITIES = {"integer": "INTEGER", "text": "TEXT", "blob": "", "real": "REAL"}
 
 
 def is_strict(conn: sqlite3.Connection, schema: str, table: str) -> bool:
