@@ -483,9 +483,13 @@ def advanced_edge(
         or (top_since is not None and not _at_or_above(edge.upto, top_since, kind))
     )
     since = top_since if complete else None
-    if since is not None and not old_range_known:  # only this generation's top is known
+    if since is not None and not old_range_known:
+        # the old record knows its rows from its own ``since`` up, this generation from below
+        # it: both from there (a run with nothing new kept that, and lag came back once the
+        # watermark passed it: a window that only set ``since`` to its top lost it for good);
+        # without one, only this generation's top is known
         above = edge.upto is None or not _at_or_above(edge.upto, upto, kind)
-        since = upto if above else None
+        since = edge.since if edge.since is not None else upto if above else None
     null_edges = [
         rec
         for cp, rec in zip(generation_checkpoints, recordings, strict=True)

@@ -592,6 +592,8 @@ def check_store_against_target(
     if not mine:
         _refuse_another_source(route, live, scope, started)
     last = max((entry.seq for entry in mine), default=-1)
+    if route.strategy is not Strategy.MERGE:
+        _refuse_merged(route, [e for e in live if e.seq > last and _same_source(e, route)])
     replaced = [e for e in entries if e.replace and e.seq > last and not e.of_route(route)]
     if not mine:  # a new route: only a refresh of its own source table holds its rows
         replaced = [e for e in replaced if _same_source(e, route)]
@@ -610,6 +612,26 @@ def check_store_against_target(
         "same cursor column); keep loading the table with that route, or see what the "
         f"target holds with: {_VERIFY}",
         batch_ids=[by.batch_id],
+    )
+
+
+def _refuse_merged(route: RouteKey, since: Sequence[LedgerEntry]) -> None:
+    """An append route after a merge route of its own source into its table: the merge
+    loaded the rows of the append route's next windows too (it read the whole source), so
+    appending them again would hold each twice (exit 0 before). Refused before the target;
+    a merge route's first run into an append route's table is how a route changes to merge
+    (docs/incremental.md, 'From append to merge')."""
+    merged = [entry for entry in since if entry.strategy is Strategy.MERGE]
+    if not merged:
+        return
+    raise _mismatch(
+        route,
+        "replaced_by_another_route",
+        f"a merge route of the same source table ({merged[-1].label}) merged into the target "
+        "table after this route's last batch, so it already holds the rows this route would "
+        "append next, and appending them could hold them twice; keep loading the table with "
+        "the merge route, or load this route into another table",
+        batch_ids=[entry.batch_id for entry in merged],
     )
 
 

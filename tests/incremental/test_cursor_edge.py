@@ -323,6 +323,35 @@ def test_a_dropped_or_renamed_column_never_reloads_the_edge(
     assert "loaded 2 rows" in run(route_file).stdout
 
 
+def test_lag_covers_the_edge_again_after_a_dropped_column(tmp_path: Path) -> None:
+    """After a dropped column the record knew its rows from the next window's top up only:
+    a later window set that to its own top, and a run with nothing new dropped it, so ties
+    and late rows there were never loaded (exit 0). It is kept, and lag's whole range is
+    tracked again once the watermark passes it."""
+    route_file = make_route(tmp_path, source={"lag": 10})
+    alter(tmp_path, "ALTER TABLE events ADD COLUMN extra TEXT")
+    alter(tmp_path, "INSERT INTO events VALUES ('a', 100, 'x', 'e'), ('b', 100, 'y', 'e')")
+    run(route_file)
+    alter(tmp_path, "ALTER TABLE events DROP COLUMN extra")
+    insert(tmp_path, ("c", 101, "z"))
+    run(route_file)
+    insert(tmp_path, ("d", 105, "w"))
+    run(route_file)
+    assert "loaded 0 rows" in run(route_file).stdout
+    insert(tmp_path, ("e", 105, "tie"), ("f", 104, "late"), ("g", 101, "late"))
+    assert "loaded 3 rows" in run(route_file).stdout
+    insert(tmp_path, ("h", 100, "unknown"))  # at or below the dropped column's record: not known
+    assert "loaded 0 rows" in run(route_file).stdout
+    insert(tmp_path, ("i", 120, "top"))
+    run(route_file)
+    insert(tmp_path, ("j", 111, "late"), ("k", 110, "late"), ("l", 109, "too late"))
+    assert "loaded 2 rows" in run(route_file).stdout  # lag's range, [110, 120], again
+    loaded = Counter(row[:3] for row in target_rows(tmp_path, "sqlite").elements())  # less extra
+    assert loaded == source_rows(tmp_path) - Counter(
+        [("h", 100, "unknown"), ("l", 109, "too late")]
+    )
+
+
 @pytest.mark.parametrize("path", ["staged", "lazy-plan"])
 def test_a_collated_partition_column_reads_each_edge_row_once(tmp_path: Path, path: str) -> None:
     """'a' and 'A' were two edge partitions, and SQLite's NOCASE made each read both."""

@@ -1058,13 +1058,24 @@ def test_an_append_route_switched_to_merge_collapses_each_key_to_its_latest_vers
     add(source, ("acme", 1, "us", 2, "paid", False), ("acme", 2, "eu", 2, "", True))
     assert run(route).returncode == 0
     assert len(target.rows("events", ("seq",))) == 4  # every version, appended
+    appending = tmp_path / "append.toml"
+    appending.write_text(route.read_text())
     route = write_route(
         tmp_path, target, table="events", path="staged", primary_key=list(KEY), **options
     )
     assert run(route).returncode == 0
-    assert target.rows("events", ("seq", "tenant", "id", "region", "v", "status", "gone")) == [
-        (3, "acme", 1, "us", 2, "paid", None)
-    ]  # the append route's table keeps its gone column: the merge writes NULL there
+    merged = [(3, "acme", 1, "us", 2, "paid", None)]
+    columns = ("seq", "tenant", "id", "region", "v", "status", "gone")
+    assert target.rows("events", columns) == merged
+    # the append route again: the merge already loaded its next windows' rows (exit 0 with
+    # each new row twice before), so it is refused before the target
+    add(source, ("acme", 3, "eu", 3, "new", False))
+    again = run(appending)
+    assert again.returncode == 3, again.stderr
+    assert "replaced_by_another_route" in again.stderr and "merge route" in again.stderr
+    assert target.rows("events", columns) == merged
+    assert run(route).returncode == 0
+    assert target.rows("events", ("seq",)) == [(3,), (5,)]
 
 
 @pytest.mark.parametrize("path", ["legacy", "file-artifact"])
