@@ -396,38 +396,77 @@ def fence_batch(
     text: str,
     integer: str,
     create: bool = True,
+    ledger: Callable[[], str | None] = lambda: None,
 ) -> None:
     """Inside the load's transaction: refuse a batch whose lease epoch is older than the
     target's fence (``LeaseLost``: the sink rolls back, nothing applied), else raise the fence
     to it. Nothing to do for a batch without an epoch (a store without leases). ``create``:
-    whether the fence table may be missing."""
+    whether the fence table may be missing; ``ledger``: the ledger table's reference, or None
+    where it does not exist (``_fence_floor``)."""
     if entry.epoch is None:
         return
-    make, select, upsert = _fence_sql(table, marker, text=text, integer=integer)
+    make, _, upsert = _fence_sql(table, marker, text=text, integer=integer)
     if create:
         query(make, ())
-    found = query(select, (entry.target_table,))
-    if found and found[0][0] > entry.epoch:
+    if read_fence(query, entry.target_table, table=table, marker=marker, ledger=ledger) > (
+        entry.epoch
+    ):
         raise LeaseFenced.fenced(entry.target_table, entry.batch_id)
     query(upsert, (entry.target_table, entry.epoch))
 
 
-def fence_first(query: Query, entry: LedgerEntry | None, *, table: str, marker: str) -> None:
-    """At the start of the load's transaction, where the fence table exists: refuse at once a
-    batch a newer holder's epoch already passed (``LeaseFenced``), before the load fails on
-    what that holder changed (a stage it consumed). ``fence_batch`` still decides, at its end.
-    """
+def _fence_floor(query: Query, target_table: str, marker: str, ledger: str | None) -> int:
+    """The fence of a table without a fence row: the highest lease epoch its ledger's batches
+    were fenced with. A fence row deleted by hand, or its table dropped, let a worker stopped
+    past its lease apply its older batch after a newer holder's (exit 0, its rows twice)."""
+    if ledger is None:
+        return 0
+    found = query(f"SELECT entry FROM {ledger} WHERE target_table = {marker}", (target_table,))
+    epochs = [0]
+    for (text,) in found:
+        try:
+            epoch = json.loads(text).get("epoch")
+        except (TypeError, ValueError, AttributeError):
+            continue  # an unreadable row: the ledger's reader refuses it (``from_row``)
+        if isinstance(epoch, int) and not isinstance(epoch, bool):
+            epochs.append(epoch)
+    return max(epochs)
+
+
+def fence_first(
+    query: Query,
+    entry: LedgerEntry | None,
+    *,
+    table: str | None,
+    marker: str,
+    ledger: Callable[[], str | None] = lambda: None,
+) -> None:
+    """At the start of the load's transaction: refuse at once a batch a newer holder's epoch
+    already passed (``LeaseFenced``), before the load fails on what that holder changed (a
+    stage it consumed). ``table``: the fence table, None where it does not exist; ``ledger``:
+    as ``fence_batch``'s, which still decides, at its end."""
     if entry is None or entry.epoch is None:
         return
-    if read_fence(query, entry.target_table, table=table, marker=marker) > entry.epoch:
+    if read_fence(query, entry.target_table, table=table, marker=marker, ledger=ledger) > (
+        entry.epoch
+    ):
         raise LeaseFenced.fenced(entry.target_table, entry.batch_id)
 
 
-def read_fence(query: Query, target_table: str, *, table: str, marker: str) -> int:
-    """The target table's fence (0 when it has none); reads only. ``query`` returns [] when
-    the fence table does not exist."""
-    found = query(f"SELECT epoch FROM {table} WHERE target_table = {marker}", (target_table,))
-    return int(found[0][0]) if found else 0
+def read_fence(
+    query: Query,
+    target_table: str,
+    *,
+    table: str | None,
+    marker: str,
+    ledger: Callable[[], str | None] = lambda: None,
+) -> int:
+    """The target table's fence: its row of the fence table ``table`` (None: that table does
+    not exist), else ``_fence_floor`` (0 for a table no fenced batch reached); reads only."""
+    found = []
+    if table is not None:
+        found = query(f"SELECT epoch FROM {table} WHERE target_table = {marker}", (target_table,))
+    return int(found[0][0]) if found else _fence_floor(query, target_table, marker, ledger())
 
 
 def advance_fence(

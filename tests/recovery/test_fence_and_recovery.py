@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 from helpers.cli import run_cli as dpone
@@ -33,6 +34,7 @@ from dpone_native_transfer import (
     TargetRowsMismatch,
 )
 from dpone_native_transfer.events import EventName
+from dpone_native_transfer.payloads import RowChunks
 from dpone_native_transfer.testing import (
     InjectedFault,
     RecordingSink,
@@ -108,6 +110,51 @@ def test_the_fence_only_grows_and_is_read_by_the_next_run(
     route.runtime().run(route.spec("staged"))
     [armed] = {cp.diagnostics[LEASE_EPOCH_KEY] for cp in route.latest()}
     assert armed == 8 == sink.fence_epoch()
+
+
+def _tamper(route: Route, kind: str, statement: str) -> None:
+    """``statement`` on the target's fence table, by hand (in the route's schema)."""
+    if kind == "postgres":
+        table = f'"{route.location.schema}"._dpone_fence'
+        with contextlib.closing(psycopg.connect(route.location.dsn, autocommit=True)) as conn:
+            conn.execute(statement.format(fence=table))
+    elif kind == "duckdb":
+        import duckdb
+
+        with contextlib.closing(duckdb.connect(str(route.target_path))) as conn:
+            conn.execute(statement.format(fence="_dpone_fence"))
+    else:
+        with contextlib.closing(sqlite3.connect(route.target_path)) as conn:
+            conn.execute(statement.format(fence="_dpone_fence"))
+            conn.commit()
+
+
+@pytest.mark.parametrize("statement", ["DELETE FROM {fence}", "DROP TABLE {fence}"])
+@pytest.mark.parametrize("kind", TRANSACTIONAL)
+def test_a_fence_removed_by_hand_still_refuses_a_batch_older_than_the_ledgers(
+    kind: str, statement: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The fence's row deleted (or its table dropped) behind dpone's back: a worker stopped
+    past its lease then applied its older batch after a newer holder's, exit 0 with its rows
+    twice (a hostile check). The ledger's batches carry the epochs they were fenced with: the
+    fence is at least the highest, for the load's check and for the next run's epoch."""
+    route = target(kind, tmp_path, request)
+    sink = route.sink.inner
+    sink.advance_fence(1_000)
+    route.runtime().run(route.spec("legacy"))  # the newer holder's batch, at epoch 1,001
+    [entry] = sink.read_ledger()
+    _tamper(route, kind, statement)
+    assert sink.fence_epoch() == entry.epoch == 1_001
+    stale = attrs.evolve(entry, batch_id="stale-batch", epoch=7, sent=None)
+    columns = route.spec("legacy").source.describe().columns
+    with pytest.raises(LeaseLost):
+        sink.load(RowChunks(columns=columns, chunks=[route.source_rows()]), ledger=stale)
+    assert route.target_ids() == route.source_ids()
+    assert [e.batch_id for e in sink.read_ledger()] == [entry.batch_id]
+    route.add_rows()
+    route.runtime().run(route.spec("legacy", run_id="run-2"))  # above the ledger's epoch
+    assert_rows_exactly_once(route.source_ids(), route.target_ids())
+    assert sink.read_ledger()[-1].epoch == 1_002
 
 
 # --- rows applied equal rows sent ------------------------------------------------------------

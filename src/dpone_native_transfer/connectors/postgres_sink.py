@@ -798,18 +798,14 @@ class PostgresSink(Sink, EnginePull):
             return
         holder = _holder(entry.target_table, entry.epoch)
         _run(conn, "SELECT set_config('application_name', %s, true)", holder)
-        fence = TableName(self._target.schema, FENCE_TABLE)
-        if _exists(conn, fence):
-            fence_first(_query(conn), entry, **_fence_at(fence))
+        fence_first(_query(conn), entry, **_fence_read(conn, self._target.schema))
 
     def fence_epoch(self) -> int:
-        """The target table's fence in ``_dpone_fence`` of its schema; 0 without one."""
-        fence = TableName(self._target.schema, FENCE_TABLE)
+        """The target table's fence in ``_dpone_fence`` of its schema (``read_fence``)."""
+        schema = self._target.schema
 
         def read(conn: Any) -> int:
-            if not _exists(conn, fence):
-                return 0
-            return read_fence(_query(conn), self.identity().table, **_fence_at(fence))
+            return read_fence(_query(conn), self.identity().table, **_fence_read(conn, schema))
 
         return self._outside_call(read, to="have its fence read")
 
@@ -1219,6 +1215,16 @@ def _fence_at(fence: TableName) -> dict[str, str]:
     return {"table": fence.sql(_name), "marker": "%s"}
 
 
+def _fence_read(conn: Any, schema: str | None) -> dict[str, Any]:
+    """``read_fence``'s and ``fence_first``'s fence and ledger tables, each where it exists."""
+    fence, ledger = TableName(schema, FENCE_TABLE), TableName(schema, LEDGER_TABLE)
+    return {
+        **_fence_at(fence),
+        "table": fence.sql(_name) if _exists(conn, fence) else None,
+        "ledger": lambda: ledger.sql(_name) if _exists(conn, ledger) else None,
+    }
+
+
 def _fence(fence: TableName) -> dict[str, str]:
     return {**_fence_at(fence), "text": "text NOT NULL", "integer": "bigint NOT NULL"}
 
@@ -1255,7 +1261,10 @@ def _record(conn: Any, ledger: TableName, entry: LedgerEntry | None, rows: int) 
             held = TargetBusy.waited(entry.target_table, LEDGER_WAIT_SECONDS, held=_LEDGER_HELD)
             raise held from None  # the driver's text is never chained
         fence = TableName(ledger.schema, FENCE_TABLE)
-        fence_batch(_query(conn), entry, **_fence(fence), create=not _exists(conn, fence))
+        fence_batch(
+            _query(conn), entry, **_fence(fence), create=not _exists(conn, fence),
+            ledger=lambda: table if _exists(conn, ledger) else None,
+        )  # fmt: skip
         if not _exists(conn, ledger):
             _create_schema(conn, ledger)
             integer = "bigint NOT NULL"

@@ -605,9 +605,7 @@ class DuckDBSink(FileTarget, EnginePull):
         if not os.path.isfile(self.path):
             return 0
         with self._read_only("fence") as conn:
-            if not _table_exists(conn, TableName(None, FENCE_TABLE)):
-                return 0
-            return read_fence(_query(conn), self.identity().table, **_FENCE_AT)
+            return read_fence(_query(conn), self.identity().table, **_fence_at(conn))
 
     def advance_fence(self, epoch: int) -> int:
         """Raise the fence to ``epoch`` in a transaction of its own."""
@@ -692,9 +690,19 @@ class _ReadThrownAway(Exception):
     to the source meanwhile."""
 
 
+def _fence_at(conn: Any) -> dict[str, Any]:
+    """``read_fence``'s and ``fence_first``'s fence and ledger tables, each where it exists."""
+    fence = _FENCE_AT["table"] if _table_exists(conn, TableName(None, FENCE_TABLE)) else None
+    return {**_FENCE_AT, "table": fence, "ledger": lambda: _ledger_at(conn)}
+
+
+def _ledger_at(conn: Any) -> str | None:
+    return quote(LEDGER_TABLE) if _table_exists(conn, _LEDGER) else None
+
+
 def _fence_first(conn: Any, entry: LedgerEntry | None) -> None:
-    if entry is not None and _table_exists(conn, TableName(None, FENCE_TABLE)):
-        fence_first(_query(conn), entry, **_FENCE_AT)
+    if entry is not None:
+        fence_first(_query(conn), entry, **_fence_at(conn))
 
 
 def _query(conn: Any) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
@@ -711,7 +719,7 @@ def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:
     docs/performance.md, 'Figures behind the code's choices')."""
     if ledger is not None:
         check_applied(ledger, rows)
-        fence_batch(_query(conn), ledger, **_FENCE)
+        fence_batch(_query(conn), ledger, **_FENCE, ledger=lambda: _ledger_at(conn))
         table = quote(LEDGER_TABLE)
         integer = "BIGINT NOT NULL"
         conn.execute(ledger_table_sql(table, seq=integer, integer=integer, text="VARCHAR NOT NULL"))

@@ -309,9 +309,7 @@ class SQLiteSink(FileTarget, EnginePull):
             with contextlib.closing(
                 sqlite3.connect(file_uri(self.path, read_only=False), uri=True, timeout=TIMEOUT)
             ) as conn:
-                if not table_columns(conn, FENCE_TABLE):
-                    return 0
-                return read_fence(_query(conn), self.identity().table, **_FENCE_AT)
+                return read_fence(_query(conn), self.identity().table, **_fence_at(conn))
         except sqlite3.Error:
             raise unavailable(self.table, to="have its fence read") from None
 
@@ -532,9 +530,19 @@ _FENCE_AT: dict[str, Any] = {"table": _quote(FENCE_TABLE), "marker": "?"}
 _FENCE: dict[str, Any] = {**_FENCE_AT, "text": "TEXT NOT NULL", "integer": "INTEGER NOT NULL"}
 
 
+def _fence_at(conn: sqlite3.Connection) -> dict[str, Any]:
+    """``read_fence``'s and ``fence_first``'s fence and ledger tables, each where it exists."""
+    fence = _FENCE_AT["table"] if table_columns(conn, FENCE_TABLE) else None
+    return {**_FENCE_AT, "table": fence, "ledger": lambda: _ledger_at(conn)}
+
+
+def _ledger_at(conn: sqlite3.Connection) -> str | None:
+    return _quote(LEDGER_TABLE) if table_columns(conn, LEDGER_TABLE) else None
+
+
 def _fence_first(conn: sqlite3.Connection, entry: LedgerEntry | None) -> None:
-    if entry is not None and table_columns(conn, FENCE_TABLE):
-        fence_first(_query(conn), entry, **_FENCE_AT)
+    if entry is not None:
+        fence_first(_query(conn), entry, **_fence_at(conn))
 
 
 def _query(conn: sqlite3.Connection) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
@@ -546,7 +554,7 @@ def _record(conn: sqlite3.Connection, ledger: LedgerEntry | None, rows: int) -> 
     batch's ledger row; returns ``rows``."""
     if ledger is not None:
         check_applied(ledger, rows)
-        fence_batch(_query(conn), ledger, **_FENCE)
+        fence_batch(_query(conn), ledger, **_FENCE, ledger=lambda: _ledger_at(conn))
         conn.execute(
             ledger_table_sql(
                 _quote(LEDGER_TABLE),
