@@ -408,9 +408,8 @@ def fence_batch(
     make, _, upsert = _fence_sql(table, marker, text=text, integer=integer)
     if create:
         query(make, ())
-    if read_fence(query, entry.target_table, table=table, marker=marker, ledger=ledger) > (
-        entry.epoch
-    ):
+    fence = read_fence(query, entry.target_table, table=table, marker=marker, ledger=ledger)
+    if fence > entry.epoch:
         raise LeaseFenced.fenced(entry.target_table, entry.batch_id)
     query(upsert, (entry.target_table, entry.epoch))
 
@@ -447,9 +446,8 @@ def fence_first(
     as ``fence_batch``'s, which still decides, at its end."""
     if entry is None or entry.epoch is None:
         return
-    if read_fence(query, entry.target_table, table=table, marker=marker, ledger=ledger) > (
-        entry.epoch
-    ):
+    fence = read_fence(query, entry.target_table, table=table, marker=marker, ledger=ledger)
+    if fence > entry.epoch:
         raise LeaseFenced.fenced(entry.target_table, entry.batch_id)
 
 
