@@ -98,8 +98,8 @@ def expected(point: str, path: str, target: str, *, b_heals: bool) -> Expected:
       nothing applied, nothing written.
     - ... except PostgreSQL staged, whose extraction feeds ``stage()``'s COPY: A is
       stopped inside the staging table's transaction, so B waits for its lock on that
-      table until A resumes (no lock timeout), then fails to create the staging table A
-      created meanwhile (exit 1); A stops at ``confirm()``; the final run loads.
+      table for the staging table's lock timeout (30 s), then fails (exit 1); A stops at
+      ``confirm()``; the final run loads.
     - lazy-plan's ``extraction`` (inside the target call, before the sink opens the
       target) and ``after-armed-batch``: A's armed batch blocks B's plain run (exit 3).
       B's from_target run raises the fence past A's epoch, proves A's batch not applied,
