@@ -487,9 +487,12 @@ def advanced_edge(
         # the old record knows its rows from its own ``since`` up, this generation from below
         # it: both from there (a run with nothing new kept that, and lag came back once the
         # watermark passed it: a window that only set ``since`` to its top lost it for good);
-        # without one, only this generation's top is known
+        # without one (or one above the watermark), only this generation's top is known
         above = edge.upto is None or not _at_or_above(edge.upto, upto, kind)
-        since = edge.since if edge.since is not None else upto if above else None
+        if edge.since is not None and _at_or_above(upto, edge.since, kind):
+            since = edge.since
+        else:
+            since = upto if above else None
     null_edges = [
         rec
         for cp, rec in zip(generation_checkpoints, recordings, strict=True)
