@@ -7,10 +7,13 @@ thread extends it while the attempt works, and a killed worker's lease
 expires, or is taken at once by a worker on the same host that sees its
 process gone (``ProcessMark``).
 
-Each take of a key's lease gets the next *epoch* (kept in the store, never
-reused): the target's fence (``ledger.py``) refuses a batch of an older epoch
-inside its own transaction, so a worker paused past its lease can never apply
-a stale batch. Every checkpoint the attempt writes is written only while it
+Each take of a key's lease gets a new *epoch* (kept in the store, never
+reused): one more than the key's last, or the clock's milliseconds when that is
+more (``clock_epoch``), so a store restored from a backup, or lost and made
+again, does not hand out again an epoch a worker stopped meanwhile holds. The
+target's fence (``ledger.py``) refuses a batch of an older epoch inside its
+own transaction, so a worker paused past its lease can never apply a stale
+batch. Every checkpoint the attempt writes is written only while it
 still holds the lease, checked in the same store transaction
 (``HeldStore``): a paused worker arms nothing.
 
@@ -47,11 +50,23 @@ __all__ = [
     "LeaseStore",
     "LeaseTable",
     "ProcessMark",
+    "clock_epoch",
     "lease_key",
     "read_holder",
 ]
 
 DEFAULT_LEASE_SECONDS = 180.0
+
+
+def clock_epoch(now: float) -> int:
+    """The lowest epoch a lease taken at ``now`` gets: the clock's milliseconds. A store that
+    forgot its epochs (restored from an older backup, lost and made again) handed out the
+    next one again, which a worker that took it and stopped before its target call still
+    held: the restored store's run and that worker both applied their batch (exit 0, then
+    the rows twice). Workers' clocks agree to well within a lease (the module docstring),
+    and a store is not restored and run again within that; milliseconds, so that a key's
+    takes do not run ahead of the clock (its epoch then is one more than its last)."""
+    return max(1, int(now * 1000))
 
 
 def lease_key(route: RouteKey) -> str:
@@ -74,7 +89,8 @@ class LeaseTable(Protocol):
     ) -> int | None:
         """Write the row unless another token holds it unexpired (a holder whose record is
         exactly ``replacing``, a dead one, is taken over); the lease's new epoch, one more
-        than the key's last, when ``token`` holds it, else None."""
+        than the key's last or ``clock_epoch(now)`` if more, when ``token`` holds it, else
+        None."""
 
     def raise_epoch(self, key: str, token: str, epoch: int) -> int | None:
         """Raise the epoch of the lease ``token`` holds to at least ``epoch``; the epoch now,

@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from dpone_native_transfer import (
     TargetRowsMismatch,
 )
 from dpone_native_transfer.events import EventName
+from dpone_native_transfer.lease import clock_epoch
 from dpone_native_transfer.payloads import RowChunks
 from dpone_native_transfer.testing import (
     InjectedFault,
@@ -81,12 +83,13 @@ def test_a_newer_holder_reaching_the_target_first_rolls_the_stale_batch_back(
     and the next run (epoch above the fence) loads every row once."""
     route = target(kind, tmp_path, request)
     sink = route.sink.inner
-    route.sink.observe = lambda: sink.advance_fence(1_000)  # the newer holder's epoch
+    newer = clock_epoch(time.time()) + 600_000  # the newer holder's epoch
+    route.sink.observe = lambda: sink.advance_fence(newer)
     with pytest.raises(LeaseLost) as raised:
         route.runtime().run(route.spec("legacy"))
     assert raised.value.applied is False and raised.value.diagnostics["lease"] == "fenced"
     assert route.target_ids() == [] and sink.read_ledger() == []
-    assert sink.fence_epoch() == 1_000
+    assert sink.fence_epoch() == newer
     assert blocked(route) == []
     phases = {cp.diagnostics["target_commit_guard"]["phase"] for cp in route.latest()}
     assert phases == {"failed_before_target"}
@@ -95,7 +98,7 @@ def test_a_newer_holder_reaching_the_target_first_rolls_the_stale_batch_back(
     route.runtime().run(route.spec("legacy", run_id="run-2"))
     assert_rows_exactly_once(route.source_ids(), route.target_ids())
     [entry] = sink.read_ledger()
-    assert entry.epoch is not None and entry.epoch > 1_000 == sink.fence_epoch() - 1
+    assert entry.epoch == newer + 1 == sink.fence_epoch()
 
 
 @pytest.mark.parametrize("kind", TRANSACTIONAL)
@@ -105,11 +108,12 @@ def test_the_fence_only_grows_and_is_read_by_the_next_run(
     route = target(kind, tmp_path, request)
     sink = route.sink.inner
     assert sink.fence_epoch() == 0
-    assert sink.advance_fence(7) == 7
-    assert sink.advance_fence(3) == 7
+    high = clock_epoch(time.time()) + 60_000  # a fence above the clock's epoch
+    assert sink.advance_fence(high) == high
+    assert sink.advance_fence(3) == high
     route.runtime().run(route.spec("staged"))
     [armed] = {cp.diagnostics[LEASE_EPOCH_KEY] for cp in route.latest()}
-    assert armed == 8 == sink.fence_epoch()
+    assert armed == high + 1 == sink.fence_epoch()
 
 
 def _tamper(route: Route, kind: str, statement: str) -> None:
@@ -140,12 +144,11 @@ def test_a_fence_removed_by_hand_still_refuses_a_batch_older_than_the_ledgers(
     fence is at least the highest, for the load's check and for the next run's epoch."""
     route = target(kind, tmp_path, request)
     sink = route.sink.inner
-    sink.advance_fence(1_000)
-    route.runtime().run(route.spec("legacy"))  # the newer holder's batch, at epoch 1,001
+    route.runtime().run(route.spec("legacy"))  # the newer holder's batch
     [entry] = sink.read_ledger()
     _tamper(route, kind, statement)
-    assert sink.fence_epoch() == entry.epoch == 1_001
-    stale = attrs.evolve(entry, batch_id="stale-batch", epoch=7, sent=None)
+    assert entry.epoch is not None and sink.fence_epoch() == entry.epoch > 0
+    stale = attrs.evolve(entry, batch_id="stale-batch", epoch=entry.epoch - 1, sent=None)
     columns = route.spec("legacy").source.describe().columns
     with pytest.raises(LeaseLost):
         sink.load(RowChunks(columns=columns, chunks=[route.source_rows()]), ledger=stale)
@@ -154,7 +157,40 @@ def test_a_fence_removed_by_hand_still_refuses_a_batch_older_than_the_ledgers(
     route.add_rows()
     route.runtime().run(route.spec("legacy", run_id="run-2"))  # above the ledger's epoch
     assert_rows_exactly_once(route.source_ids(), route.target_ids())
-    assert sink.read_ledger()[-1].epoch == 1_002
+    assert sink.read_ledger()[-1].epoch > entry.epoch
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb"])
+def test_a_store_that_forgot_epochs_gives_a_stopped_workers_away_no_more(
+    kind: str, tmp_path: Path
+) -> None:
+    """A worker took the next epoch and stopped before its target call; the store was then
+    lost (or restored from a backup older than the last batch) and restored from the target.
+    The next run's epoch from the store that forgot was the stopped worker's own: both
+    batches were applied, exit 0 then the rows twice (a hostile check on PostgreSQL). An
+    epoch is at least the clock's milliseconds (``clock_epoch``), so the stopped worker's
+    batch is fenced out."""
+    route = Route(tmp_path, kind=kind)
+    route_file = route.route_file()
+    route.real_store.close()
+    assert dpone("run", route_file).returncode == 0
+    sink = route.sink.inner
+    [entry] = sink.read_ledger()
+    assert entry.epoch is not None
+    stopped = attrs.evolve(entry, batch_id="stopped-batch", epoch=entry.epoch + 1, sent=None)
+    for file in tmp_path.glob("checkpoints.db*"):  # the store, lost
+        file.unlink()
+    restored = dpone(
+        "state", "restore", route_file, "--reason", "lost", "--operator", "me", "--yes"
+    )
+    assert restored.returncode == 0, restored.stderr
+    route.add_rows()
+    assert dpone("run", route_file).returncode == 0
+    assert sink.fence_epoch() > stopped.epoch
+    columns = route.spec("legacy").source.describe().columns
+    with pytest.raises(LeaseLost):
+        sink.load(RowChunks(columns=columns, chunks=[route.source_rows()]), ledger=stopped)
+    assert_rows_exactly_once(route.source_ids(), route.target_ids())
 
 
 # --- rows applied equal rows sent ------------------------------------------------------------

@@ -26,7 +26,7 @@ from dpone_native_transfer import (
     SQLiteCheckpointStore,
     TransferRuntime,
 )
-from dpone_native_transfer.lease import Lease, ProcessMark, lease_key, read_holder
+from dpone_native_transfer.lease import Lease, ProcessMark, clock_epoch, lease_key, read_holder
 from dpone_native_transfer.testing import FaultyStore, phase_batch
 
 ARMED = phase_batch("armed")
@@ -43,20 +43,25 @@ def _stores(tmp_path: Path, request: pytest.FixtureRequest) -> list[Any]:
     ]
 
 
-def test_each_take_gets_the_next_epoch_and_a_release_keeps_it(
+def test_each_take_gets_the_next_epoch_or_the_clocks_and_a_release_keeps_it(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    """One more than the key's last, or the clock's milliseconds when more (``clock_epoch``):
+    a store that forgot its epochs does not give a stopped worker's away again."""
     route = Route(tmp_path, kind="sqlite", rows=None).spec("legacy").route
     for store in _stores(tmp_path, request):
         epochs = []
-        for run in range(3):
-            with Lease(store.lease_table(), route, run_id=f"run-{run}", seconds=60) as lease:
+        for run in range(3):  # within one millisecond of the clock, then now
+            clock = (lambda: 1_000.0) if run < 2 else time.time
+            with Lease(store.lease_table(), route, run_id=f"run-{run}", seconds=3_600_000_000,
+                       clock=clock) as lease:  # fmt: skip
                 epochs.append(lease.epoch)
                 table = store.lease_table()
-                holder = read_holder(table.holder(lease_key(route), time.time()))
+                holder = read_holder(table.holder(lease_key(route), clock()))
                 table.close()
                 assert holder is not None and holder.epoch == lease.epoch
-        assert epochs == [1, 2, 3], type(store).__name__
+        assert epochs[:2] == [1_000_000, 1_000_001], type(store).__name__
+        assert epochs[2] >= clock_epoch(time.time()) - 60_000, type(store).__name__
         store.close() if hasattr(store, "close") else None
 
 
@@ -70,8 +75,8 @@ def test_a_version_4_store_is_migrated_and_counts_epochs_from_its_next_take(
     make_version_4(path)
     with SQLiteCheckpointStore(path) as store:
         assert store._conn.execute("PRAGMA user_version").fetchone()[0] == 5
-        with Lease(store.lease_table(), route, run_id="new") as lease:
-            assert lease.epoch == 1
+        with Lease(store.lease_table(), route, run_id="new", clock=lambda: 0.0) as lease:
+            assert lease.epoch == 1  # the key's first: the migration's column starts at 0
 
 
 class StealingStore(FaultyStore):
@@ -169,7 +174,7 @@ def test_a_dead_holder_here_is_taken_at_once_a_paused_one_and_one_elsewhere_are_
         holder.wait(timeout=30)
         with SQLiteCheckpointStore(path) as store:
             with Lease(store.lease_table(), route, run_id="next") as lease:
-                assert lease.epoch == epoch + 1
+                assert lease.epoch > epoch
             # a holder on another machine is not judged by this one's processes
             elsewhere = Lease(store.lease_table(), route, run_id="elsewhere", seconds=600)
             elsewhere._holder = elsewhere._holder.__class__(

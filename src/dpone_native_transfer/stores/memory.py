@@ -19,7 +19,7 @@ import attrs
 from ..checkpoints import PartitionCheckpoint, RouteKey, checkpoint_from_payload
 from ..errors import LeaseLost
 from ..identity import fold_ascii
-from ..lease import LeaseClaim
+from ..lease import LeaseClaim, clock_epoch
 from ._codec import (
     check_run_id,
     encode_batch,
@@ -209,8 +209,9 @@ class _MemoryLeases:
             held = self._rows.get(key, ("", 0.0, "", 0))
             if held[1] > now and held[0] != token and held[2] != replacing:
                 return None
-            self._rows[key] = (token, expires_at, record, held[3] + 1)
-            return held[3] + 1
+            epoch = max(held[3] + 1, clock_epoch(now))
+            self._rows[key] = (token, expires_at, record, epoch)
+            return epoch
 
     def raise_epoch(self, key: str, token: str, epoch: int) -> int | None:
         with self._lock:

@@ -56,7 +56,7 @@ from ..errors import (
     LeaseLost,
     NativeTransferError,
 )
-from ..lease import LeaseClaim
+from ..lease import LeaseClaim, clock_epoch
 from ._codec import (
     ROUTE_NAMES,
     check_run_id,
@@ -637,12 +637,12 @@ class _LeaseTable:
     ) -> int | None:
         row = self._run(
             f"INSERT INTO {self._s}.lease AS held (lease_key, token, expires_at, record, epoch)"
-            " VALUES (%s, %s, %s, %s, 1) ON CONFLICT (lease_key) DO UPDATE SET"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (lease_key) DO UPDATE SET"
             " token = excluded.token, expires_at = excluded.expires_at,"
-            " record = excluded.record, epoch = held.epoch + 1"
+            " record = excluded.record, epoch = greatest(held.epoch + 1, excluded.epoch)"
             " WHERE held.expires_at <= %s OR held.token = excluded.token OR held.record = %s"
             " RETURNING token, epoch",
-            (key, token, expires_at, record, now, replacing),
+            (key, token, expires_at, record, clock_epoch(now), now, replacing),
         )[1]
         return row[1] if row is not None and row[0] == token else None
 

@@ -40,7 +40,7 @@ from ..errors import (
     LeaseLost,
 )
 from ..latest import LatestCheckpoints, guard_json
-from ..lease import LeaseClaim
+from ..lease import LeaseClaim, clock_epoch
 from ._codec import check_run_id, encode_batch, encode_object, encode_resolution, route_params
 from ._records import (
     OwnConnection,
@@ -557,11 +557,11 @@ class _LeaseTable:
             "int | None",
             self._write(
                 "INSERT INTO lease (lease_key, token, expires_at, record, epoch)"
-                " VALUES (?, ?, ?, ?, 1) ON CONFLICT (lease_key) DO UPDATE SET"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (lease_key) DO UPDATE SET"
                 " token = excluded.token, expires_at = excluded.expires_at,"
-                " record = excluded.record, epoch = lease.epoch + 1"
+                " record = excluded.record, epoch = MAX(lease.epoch + 1, excluded.epoch)"
                 " WHERE lease.expires_at <= ? OR lease.token = excluded.token OR lease.record = ?",
-                (key, token, expires_at, record, now, replacing),
+                (key, token, expires_at, record, clock_epoch(now), now, replacing),
                 key,
                 token,
             ),
