@@ -173,7 +173,8 @@ def postgres_failure(driver: Any, exc: BaseException) -> ServerFailure | None:
     sqlstate = getattr(exc, "sqlstate", None)
     if sqlstate:
         kind = _sqlstate_kind(sqlstate)
-        known = kind != "connection_failed" or sqlstate.startswith(("08", "57P"))
+        # 25P03: the server ended a session idle in its transaction (a stopped worker's)
+        known = kind != "connection_failed" or sqlstate.startswith(("08", "57P", "25P03"))
         return ServerFailure(kind, sqlstate, cause=exc) if known else None
     if isinstance(exc, driver.OperationalError):  # no SQLSTATE: the connection broke
         return ServerFailure("connection_failed", cause=exc)

@@ -312,6 +312,33 @@ def test_postgres_concurrent_writes_to_one_route_keep_history_in_commit_order(
         assert len(store.list_evidence(ROUTE)) == workers * rounds
 
 
+def test_postgres_a_writer_stopped_inside_its_transaction_is_ended_and_the_next_goes_on(
+    postgres_schema: PostgresLocation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store session stopped inside its write (SIGSTOP; here: a transaction left open on
+    the store's own connection) held its route's lock until it resumed or died, and every
+    later write waited ``LOCK_WAIT_SECONDS`` and failed (a hostile check). The server ends
+    it once idle ``IDLE_SECONDS``, rolled back: the waiting write goes on, and
+    the stopped store, resumed, is unavailable and wrote nothing."""
+    from dpone_native_transfer.stores import postgres as module
+    from dpone_native_transfer.stores._codec import route_params
+
+    monkeypatch.setattr(module, "IDLE_SECONDS", 0.5)
+    monkeypatch.setattr(module, "LOCK_WAIT_SECONDS", 20.0)
+    key = module._lock_key("route", postgres_schema.schema, *route_params(ROUTE))
+    location = {"schema": postgres_schema.schema}
+    with PostgresCheckpointStore(postgres_schema.dsn, **location) as stopped:
+        stopped.list_latest(ROUTE)  # opened
+        stopped._conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))  # held, then idle
+        with PostgresCheckpointStore(postgres_schema.dsn, **location) as store:
+            store.upsert_many([make_checkpoint("p-a", run_id="went-on")])
+            assert [cp.run_id for cp in store.list_latest(ROUTE)] == ["went-on"]
+        with pytest.raises(CheckpointStoreUnavailable):
+            stopped.upsert_many([make_checkpoint("p-a", run_id="stopped")])
+    with PostgresCheckpointStore(postgres_schema.dsn, **location) as store:
+        assert [cp.run_id for cp in store.list_latest(ROUTE)] == ["went-on"]
+
+
 def test_postgres_a_write_kept_waiting_by_a_stopped_writer_fails_unavailable_unwritten(
     postgres_schema: PostgresLocation, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -258,7 +258,11 @@ def _connect(driver: Any, dsn: str) -> Any:
     timeout does: a writer stopped inside one of its transactions (SIGSTOP, a frozen VM)
     holds its route's lock, and every later write of that route, or a take of its lease,
     waited for as long as it was stopped. Past the wait, ``CheckpointStoreUnavailable``
-    (exit 1), nothing written."""
+    (exit 1), nothing written. The server ends such a writer's session once its transaction
+    has been idle ``IDLE_SECONDS`` (every call is one short transaction),
+    rolling it back, so the writers waiting then go on: before, each run failed until the
+    stopped one resumed or died. The stopped one, resumed, finds its connection gone
+    (``CheckpointStoreUnavailable``)."""
     if not isinstance(dsn, str):
         raise ConfigInvalid("the PostgreSQL DSN must be a string", diagnostics={"key": "dsn"})
     conn = postgres_connect(
@@ -266,7 +270,8 @@ def _connect(driver: Any, dsn: str) -> Any:
     )
     try:
         wait = f"SET lock_timeout = '{LOCK_WAIT_SECONDS * 1000:.0f}ms'"  # for the session
-        _in_transaction(driver, "opened", conn, lambda c: c.execute(wait))
+        idle = f"SET idle_in_transaction_session_timeout = '{IDLE_SECONDS * 1000:.0f}ms'"
+        _in_transaction(driver, "opened", conn, lambda c: (c.execute(wait), c.execute(idle)))
     except BaseException:
         conn.close()
         raise
@@ -274,6 +279,7 @@ def _connect(driver: Any, dsn: str) -> Any:
 
 
 LOCK_WAIT_SECONDS = 30.0
+IDLE_SECONDS = 10.0  # idle in a transaction: well under the lock wait; a call's gaps are ms
 
 
 def _table_corrupt(table: str) -> CheckpointStoreCorrupt:
