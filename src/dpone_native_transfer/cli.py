@@ -378,7 +378,9 @@ def _report_failure(error: Exception, args: argparse.Namespace | None = None) ->
             )
             traceback.print_exception(cause, file=sys.stderr)
     named = getattr(args, "named", None) or _named(args)
-    lines = failure_lines(error, named, full=full)
+    reached = getattr(args, "reached", None)
+    left_blocked = None if reached is None else reached.left_blocked(error)
+    lines = failure_lines(error, named, full=full, left_blocked=left_blocked)
     if not isinstance(error, NativeTransferError) and not show_traceback:
         lines[0] += "; rerun with --traceback for details"
     for line in lines:
@@ -468,7 +470,7 @@ def _run_pipeline(args: argparse.Namespace) -> int:
             traceback.print_exception(run.failure, file=sys.stderr)
         store = pipeline.table(run.table, argument="ROUTE").config.store_path
         named = Named(pipeline.reference(run.table), store, scripted)
-        for line in failure_lines(run.failure, named, full=full):
+        for line in failure_lines(run.failure, named, full=full, left_blocked=run.left_blocked):
             print(f"{run.table}: {line}", file=sys.stderr)
     if result.interrupted is not None:
         finished = sum(run.outcome in ("succeeded", "failed", "blocked") for run in result.tables)
@@ -488,6 +490,9 @@ class _Said:
 
     def said(self) -> str:
         return self.text
+
+    def left_blocked(self, error: BaseException) -> None:
+        return None
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")

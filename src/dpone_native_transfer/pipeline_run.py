@@ -52,6 +52,7 @@ from .reporting import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_TERMINATED,
+    Reached,
     exit_code_for,
 )
 from .wording import plural
@@ -116,6 +117,7 @@ class TableRun:
     path: str | None = None  # the path that ran (``auto``'s choice); None: no target call
     error: str | None = None  # the stable code, or a foreign error's type name
     exit_code: int = EXIT_OK  # what ``dpone-transfer run`` of the table alone would exit with
+    left_blocked: str | None = None  # the block this failure left (``Reached.left_blocked``)
     failure: BaseException | None = attrs.field(default=None, eq=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
@@ -315,9 +317,10 @@ def _run(table: PipelineTable, run_one: RunTable, stop: threading.Event) -> Tabl
         "target_table": config.sink.table,
         "route": config.route.as_dict(),
     }
-    started = time.perf_counter()
+    started, reached = time.perf_counter(), Reached()
 
     def stopping(event: Event) -> None:
+        reached.saw(event)
         if stop.is_set() and event.name in _STOPS:
             raise KeyboardInterrupt  # the listener's one way to stop its run: not an Exception
 
@@ -334,6 +337,7 @@ def _run(table: PipelineTable, run_one: RunTable, stop: threading.Event) -> Tabl
             seconds=seconds,
             error=error.code if isinstance(error, NativeTransferError) else type(error).__name__,
             exit_code=code,
+            left_blocked=reached.left_blocked(error),
             failure=error,
         )
     return TableRun(

@@ -120,16 +120,24 @@ FULL_DIAGNOSTICS = "(the full diagnostics: --json or --log-level debug)"
 
 
 def failure_lines(
-    error: BaseException, named: Named, *, full: bool = False, hint: str = FULL_DIAGNOSTICS
+    error: BaseException,
+    named: Named,
+    *,
+    full: bool = False,
+    hint: str = FULL_DIAGNOSTICS,
+    left_blocked: str | None = None,
 ) -> list[str]:
     """What a person reads about a failed command, one line each: the code and message (its
     commands naming the reader's route file and store); for a blocked route a line per blocked
     batch, at most ``SHOWN_ITEMS``; and the diagnostics, cut to short lists, or whole with
     ``full`` (``--json``, ``--log-level debug``). A blocked route's diagnostics list every
-    partition: only ``full`` shows them, so the one line a person needs stays on top."""
+    partition: only ``full`` shows them, so the one line a person needs stays on top.
+    A foreign error is named by its type. ``left_blocked`` (``Reached.left_blocked``) is
+    said under the first line."""
+    blocked_now = [f"  {left_blocked}"] if left_blocked else []
     if not isinstance(error, NativeTransferError):  # its text may hold SQL, rows, secrets
-        return [f"error: transfer failed with {type(error).__name__}"]
-    lines = [f"error: {named.fill(str(error))}"]
+        return [f"error: transfer failed with {type(error).__name__}", *blocked_now]
+    lines = [f"error: {named.fill(str(error))}", *blocked_now]
     if isinstance(error, BLOCKING_ERRORS):
         lines += _blocked_lines(error.diagnostics)
         if isinstance(error, ManualReconciliationRequired) and named.route_file is not None:
@@ -176,6 +184,28 @@ class Reached:
                 "verify`, or a run with --recovery from_target)"
             )
         return "it stopped before the target was called: nothing was written; a rerun is safe"
+
+    def left_blocked(self, error: BaseException) -> str | None:
+        """What a failed run left blocked although ``error`` is not the block's own, for a
+        person to read under it: a guarded target call that raised without its sink saying
+        it rolled back (``applied`` False), or a committed batch whose checkpoints were not
+        all written; None when the next run is not blocked by this one."""
+        if EventName.GUARD_ARMED not in self.names or isinstance(error, BLOCKING_ERRORS):
+            return None
+        if EventName.TARGET_FAILED in self.names:
+            if getattr(error, "applied", None) is False:
+                return None
+            outcome = "the target call raised, so whether it applied the batch is not known"
+        elif EventName.TARGET_SUCCEEDED in self.names:
+            if EventName.CHECKPOINTS_COMMITTED in self.names:
+                return None
+            outcome = "the target committed the batch, but the store did not record it"
+        else:
+            return None
+        return (
+            f"{outcome}: the route is blocked until it is reconciled (`{PROG} guard verify`, "
+            "or a run with --recovery from_target)"
+        )
 
 
 def _blocked_lines(diagnostics: dict[str, Any]) -> list[str]:

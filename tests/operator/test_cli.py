@@ -282,9 +282,12 @@ def test_foreign_failure_is_reported_by_type_only_and_the_retry_is_blocked(tmp_p
     route_file = secret_route(tmp_path)
     done = dpone("run", route_file)
     assert done.returncode == cli.EXIT_FAILED
-    assert done.stderr.splitlines()[-1] == (
-        "error: transfer failed with OperationalError; rerun with --traceback for details"
-    )
+    assert done.stderr.splitlines()[-2:] == [
+        "error: transfer failed with OperationalError; rerun with --traceback for details",
+        "  the target call raised, so whether it applied the batch is not known: the route is "
+        "blocked until it is reconciled (`dpone-transfer guard verify`, or a run with "
+        "--recovery from_target)",
+    ]
     assert SECRET not in done.stderr + done.stdout
     retry = dpone("run", route_file)
     assert retry.returncode == cli.EXIT_BLOCKED, "the target outcome is unknown: no blind retry"
@@ -292,12 +295,50 @@ def test_foreign_failure_is_reported_by_type_only_and_the_retry_is_blocked(tmp_p
     assert SECRET not in retry.stderr + retry.stdout
 
 
+ARMED = ("route_scanned", "guard_armed", "target_started")
+
+
+@pytest.mark.parametrize(
+    ("seen", "error", "left"),
+    [
+        ((*ARMED, "target_failed"), OSError(), "whether it applied the batch is not known"),
+        (("route_scanned", "partition_extracted"), OSError(), None),  # before the target
+        (("route_scanned", "target_started", "target_failed"), OSError(), None),  # unguarded
+        ((*ARMED, "target_succeeded"), OSError(), "the store did not record it"),
+        ((*ARMED, "target_succeeded", "checkpoints_committed"), OSError(), None),
+        # the sink's own word that its transaction rolled back: failed, not blocked
+        ((*ARMED, "target_failed"), "rows_mismatch", None),
+        ((*ARMED, "target_failed"), "unavailable", "whether it applied the batch is not known"),
+        ((*ARMED, "target_failed"), "blocked", None),  # the block's own error says it
+    ],
+)
+def test_a_failure_says_what_it_left_blocked_only_when_it_left_a_block(seen, error, left):
+    from dpone_native_transfer.errors import TargetRowsMismatch, TargetUnavailable
+    from dpone_native_transfer.events import Event
+    from dpone_native_transfer.reporting import Named, Reached, failure_lines
+
+    if isinstance(error, str):
+        error = {
+            "rows_mismatch": TargetRowsMismatch,
+            "unavailable": TargetUnavailable,
+            "blocked": ManualReconciliationRequired,
+        }[error]("x")
+    reached = Reached()
+    for name in seen:
+        reached.saw(Event(name))
+    said = reached.left_blocked(error)
+    assert (said is None) == (left is None)
+    if said is not None:
+        assert left in said and "the route is blocked until it is reconciled" in said
+        assert failure_lines(error, Named(), left_blocked=said)[1] == f"  {said}"
+
+
 def test_traceback_flag_shows_the_foreign_failure(tmp_path):
     done = dpone("run", secret_route(tmp_path), "--traceback")
     assert done.returncode == cli.EXIT_FAILED
     assert "Traceback (most recent call last)" in done.stderr
     assert SECRET in done.stderr
-    assert done.stderr.splitlines()[-1] == "error: transfer failed with OperationalError"
+    assert done.stderr.splitlines()[-2] == "error: transfer failed with OperationalError"
 
 
 def test_native_failure_prints_code_and_diagnostics(tmp_path, capsys):

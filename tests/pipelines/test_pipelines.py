@@ -126,6 +126,8 @@ def _scenario(
         blocked: "InjectedFault",
     }
     assert first.exit_code == 1
+    left = {run.table: run.left_blocked for run in first.tables if run.left_blocked}
+    assert list(left) == [blocked] and "the store did not record it" in left[blocked]
     for name in bare:
         if name != FAILING:  # t07's target committed: its rows are there once
             _exactly(ids(name), source_ids(name))
