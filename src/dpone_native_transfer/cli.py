@@ -503,7 +503,9 @@ _LOGGERS = ("dpone_native_transfer",)  # plugins log under it, as the runtime's 
 def _logging_to_stderr(level: str) -> Any:
     """The package's log records, at ``level`` and up, as plain lines on stderr, while a
     command runs: the command owns the console, so it adds the handler a library leaves to
-    its application, and takes it away again (``main`` may run in-process more than once)."""
+    its application, and takes it away again (``main`` may run in-process more than once).
+    A driver's own records (psycopg's warning on a lost connection quotes its text) go to a
+    null handler on the root logger, not to Python's last-resort handler on stderr."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     loggers = [logging.getLogger(name) for name in _LOGGERS]
@@ -511,9 +513,12 @@ def _logging_to_stderr(level: str) -> Any:
     for logger in loggers:
         logger.addHandler(handler)
         logger.setLevel(level.upper())
+    unshown = logging.NullHandler()
+    logging.getLogger().addHandler(unshown)
     try:
         yield
     finally:
+        logging.getLogger().removeHandler(unshown)
         for logger, old in zip(loggers, levels, strict=True):
             logger.removeHandler(handler)
             logger.setLevel(old)

@@ -408,9 +408,7 @@ def fence_batch(
     make, _, upsert = _fence_sql(table, marker, text=text, integer=integer)
     if create:
         query(make, ())
-    fence = read_fence(query, entry.target_table, table=table, marker=marker, ledger=ledger)
-    if fence > entry.epoch:
-        raise LeaseFenced.fenced(entry.target_table, entry.batch_id)
+    fence_first(query, entry, table=table, marker=marker, ledger=ledger)
     query(upsert, (entry.target_table, entry.epoch))
 
 

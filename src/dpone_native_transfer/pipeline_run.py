@@ -507,6 +507,7 @@ def serve(stop: threading.Event) -> None:
     logger = logging.getLogger(_PACKAGE)  # its records as the pipeline's process shows them
     logger.setLevel(level)
     logger.addHandler(logging.StreamHandler(sys.stderr))
+    logging.getLogger().addHandler(logging.NullHandler())  # a driver's text: not on stderr
 
     def run_one(table: PipelineTable, events: Callable[[Event], None]) -> tuple[Any, float]:
         return transfer(table.config, run_id, events=events, recovery=recovery)

@@ -333,6 +333,26 @@ def test_a_failure_says_what_it_left_blocked_only_when_it_left_a_block(seen, err
         assert failure_lines(error, Named(), left_blocked=said)[1] == f"  {said}"
 
 
+def test_a_drivers_own_log_record_stays_off_the_console(tmp_path, monkeypatch, capsys):
+    """psycopg logs a lost connection's text as a warning while it unwinds a COPY; with no
+    handler of the application's, Python's last-resort handler printed it on stderr."""
+    import logging
+
+    from dpone_native_transfer.connectors.sqlite import SQLiteSink
+
+    route_file = make_route(tmp_path, "legacy")
+    original = SQLiteSink.load
+
+    def load(self, *args, **kwargs):
+        logging.getLogger("psycopg").warning("error ignored terminating %s", SECRET)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SQLiteSink, "load", load)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as outside pytest: none
+    assert cli.main(["run", str(route_file)]) == 0
+    assert SECRET not in capsys.readouterr().err
+
+
 def test_traceback_flag_shows_the_foreign_failure(tmp_path):
     done = dpone("run", secret_route(tmp_path), "--traceback")
     assert done.returncode == cli.EXIT_FAILED
