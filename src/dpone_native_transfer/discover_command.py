@@ -18,6 +18,7 @@ from .drivers import (
     resolve_env,
 )
 from .errors import ConfigInvalid
+from .identity import fold_ascii
 from .reporting import EXIT_OK, plural
 
 __all__ = ["add_discover_command", "pipeline_text"]
@@ -183,8 +184,12 @@ def pipeline_text(
     catalog: list[TableInfo], *, source: dict[str, str], target: dict[str, str], store: str
 ) -> str:
     """A pipeline file moving every table of ``catalog``: by key ranges of its integer key
-    and, where one is found, with a cursor column; a table with neither is refreshed whole."""
+    and, where one is found, with a cursor column; a table with neither is refreshed whole.
+    A table a pipeline cannot name (an empty name) is left out, said in a comment."""
+    unnamed = [table for table in catalog if not table.name.strip("! ")]
+    catalog = [table for table in catalog if table not in unnamed]
     listed = [table for table in catalog if not is_pattern(table.name)]
+    renamed = _target_tables(catalog, chdb=target.get("kind") == "clickhouse" and "path" in target)
     lines = [
         "# Written by `dpone-transfer discover` from the source's catalog: edit it, then run",
         "# `dpone-transfer run` on it. docs/pipelines.md describes every key.",
@@ -206,6 +211,8 @@ def pipeline_text(
         'strategy = "incremental_append"',
         'path = "auto"  # per table, the fastest path for the source and target',
     ]
+    for table in unnamed:
+        lines += ["", f"# left out: table {table.name!r}, a name a pipeline cannot select"]
     for table in catalog:
         rows = "unknown rows" if table.rows is None else plural(table.rows, "row")
         lines += [
@@ -216,7 +223,35 @@ def pipeline_text(
             f"[tables.{_key(table.name)}]",
             *_table_settings(table),
         ]
+        if table.name in renamed:
+            name, why = renamed[table.name]
+            lines.append(f"target_table = {_toml(name)}  # {why}")
     return "\n".join(lines) + "\n"
+
+
+def _target_tables(catalog: list[TableInfo], *, chdb: bool) -> dict[str, tuple[str, str]]:
+    """The ``target_table`` (and why) written for a table whose default one (``sales.orders``:
+    ``sales_orders``) another table's meets in any ASCII case (``dot.ted`` and ``dot_ted``:
+    the one named so keeps it), or chDB reads as a file path pattern: a free name, so that
+    ``run`` takes the file as written."""
+    taken = {fold_ascii(table.name.replace(".", "_")) for table in catalog}
+    seen: set[str] = set()
+    renamed: dict[str, tuple[str, str]] = {}
+    for table in sorted(catalog, key=lambda table: "." in table.name):
+        default = table.name.replace(".", "_")
+        name = re.sub(r"[*?{]", "_", default) if chdb else default
+        why = "chDB reads *, ? and { in a table name as a file path pattern"
+        if fold_ascii(name) in seen or (name != default and fold_ascii(name) in taken):
+            why = f"{default!r} is another table's target table"
+            name = next(
+                f"{name}_{n}"
+                for n in range(2, len(catalog) + 3)
+                if fold_ascii(f"{name}_{n}") not in taken | seen
+            )
+        seen.add(fold_ascii(name))
+        if name != default:
+            renamed[table.name] = (name, why)
+    return renamed
 
 
 def _table_settings(table: TableInfo) -> list[str]:

@@ -467,13 +467,14 @@ def read_fence(
 
 def advance_fence(
     query: Query, target_table: str, epoch: int, *, table: str, marker: str, text: str,
-    integer: str,
+    integer: str, create: bool = True,
 ) -> int:  # fmt: skip
     """In a transaction of its own: raise the fence to at least ``epoch``; the fence now. Once
     committed, no batch of an older epoch can commit (``fence_batch``), so a ledger read
-    after it proves what such a batch did."""
+    after it proves what such a batch did. ``create``: as ``fence_batch``'s."""
     make, select, upsert = _fence_sql(table, marker, text=text, integer=integer)
-    query(make, ())
+    if create:
+        query(make, ())
     query(upsert, (target_table, epoch))
     return int(query(select, (target_table,))[0][0])
 
@@ -643,8 +644,9 @@ def check_store_against_target(
         f"another route ({by.source_table} -> {by.target_table}, {by.strategy}) replaced the "
         "target table after this route's last batch, so this route's state no longer "
         "describes what the target holds and appending from it could duplicate or skip "
-        "rows (a route continues after a refresh only from the same source table with the "
-        "same cursor column); keep loading the table with that route, or see what the "
+        "rows (a route continues after a refresh only from the same source table, with the "
+        "same cursor column and a recorded watermark); keep loading the table with that "
+        "route, or see what the "
         f"target holds with: {_VERIFY}",
         batch_ids=[by.batch_id],
     )
@@ -743,29 +745,26 @@ def refresh_in_store(
     definition = newest.diagnostics.get("definition") or {}
     watermark = max((cp.partition_bounds.get("cursor_upto") for cp in loaded), default=None,
                     key=lambda value: (value is not None, value))  # fmt: skip
-    if (
-        not _same_source(newest.route, route)
-        or cursor_column is None
-        or (definition.get("cursor_column") != cursor_column)
-    ):
-        raise _mismatch(
-            route,
-            "replaced_by_another_route",
-            f"a full refresh ({newest.route.label}) replaced the target table after this "
-            "route's last partition, and this route cannot continue from it (another source "
-            "table, no cursor column, or another one): its state no longer describes what the "
-            "target holds; keep loading the table with that route, or start this one afresh "
-            "on purpose",
-        )
-    return LedgerEntry.for_batch(
+    entry = LedgerEntry.for_batch(
         newest.route,
         newest.run_id,
         loaded,
         generation=generation if isinstance(generation, int) else 0,
         watermark=watermark,
-        cursor_column=cursor_column,
+        cursor_column=definition.get("cursor_column"),
         at=at,
     )
+    if not _continues(entry, route, cursor_column, rows=sum(cp.rows_exported for cp in loaded)):
+        raise _mismatch(
+            route,
+            "replaced_by_another_route",
+            f"a full refresh ({newest.route.label}) replaced the target table after this "
+            "route's last partition, and this route cannot continue from it (another source "
+            "table, no cursor column or another one, or rows loaded with no cursor value): "
+            "its state no longer describes what the target holds; keep loading the table "
+            "with that route, or start this one afresh on purpose",
+        )
+    return entry
 
 
 def _for_other_routes(labels: Sequence[str]) -> str:
@@ -777,14 +776,24 @@ def _for_other_routes(labels: Sequence[str]) -> str:
     )
 
 
-def _continues(by: LedgerEntry, route: RouteKey, cursor_column: str | None) -> bool:
-    """Whether ``route`` may append after ``by``'s refresh: it loaded the same source table up to
-    a recorded watermark of the same cursor column."""
+def _continues(
+    by: LedgerEntry, route: RouteKey, cursor_column: str | None, *, rows: int | None = None
+) -> bool:
+    """Whether ``route`` may go on after ``by``'s refresh of its own source table. A merge
+    route merges the whole source again (realigned to no watermark): by key, so what the refresh
+    loaded is replaced, and a soft-deleted row it loaded as live is deleted. Another route
+    appends above the refresh's watermark of the same cursor column, which is None only when
+    the refresh loaded no row (``rows``: ``by.rows`` unless given). A merge after a refresh
+    went on from its watermark before and kept those rows (exit 0)."""
+    if not _same_source(by, route):
+        return False
+    if route.strategy is Strategy.MERGE:
+        return True
+    loaded = by.rows if rows is None else rows
     return (
         cursor_column is not None
         and by.cursor_column == cursor_column
-        and by.watermark is not None
-        and _same_source(by, route)
+        and (by.watermark is not None or loaded == 0)
     )
 
 

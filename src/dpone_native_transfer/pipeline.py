@@ -130,6 +130,7 @@ class Pipeline:
 
     file: str
     tables: tuple[PipelineTable, ...]
+    folded: bool = False  # the source's names ignore ASCII case (SQLite): so do ``table``'s
 
     def reference(self, name: str) -> str:
         return f"{self.file}{REFERENCE}{name}"
@@ -139,8 +140,13 @@ class Pipeline:
         return [table.name for table in self.tables]
 
     def table(self, name: str, *, argument: str) -> PipelineTable:
+        """The table named ``name`` (``--tables``, ``PIPELINE::TABLE``), as the source names
+        it: ``ORDERS`` is ``orders`` of a SQLite source, as in ``[pipeline] tables``."""
         for table in self.tables:
             if table.name == name:
+                return table
+        for table in self.tables if self.folded else ():
+            if fold_ascii(table.name) == fold_ascii(name):
                 return table
         raise ConfigInvalid(
             f"{argument} names a table that is not in the pipeline; its tables: "
@@ -289,7 +295,7 @@ def pipeline_from_mapping(
         for name in names
     ]
     _check_targets(tables, sections)
-    return Pipeline(file=file, tables=tuple(tables))
+    return Pipeline(file=file, tables=tuple(tables), folded=folded)
 
 
 def _sections(document: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

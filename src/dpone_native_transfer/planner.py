@@ -68,10 +68,14 @@ class SourceWindow:
     watermark: Any = None
     cursor_after: Any = None
     cursor_upto: Any = None
+    replaces: bool = False  # a full refresh: it loads the whole table, up to ``cursor_upto``
 
     def advanced_state(self) -> dict[str, Any]:
-        """Source state to store once this generation's run has completed."""
-        watermark = self.cursor_upto if self.cursor_upto is not None else self.watermark
+        """Source state to store once this generation's run has completed. A refresh's
+        watermark is how far it loaded, None from an empty source: an older one kept there
+        had an append route go on above rows the emptied target no longer held (exit 0)."""
+        keeps = self.cursor_upto is None and not self.replaces
+        watermark = self.watermark if keeps else self.cursor_upto
         return {"generation": self.generation + 1, "watermark": watermark}
 
 
@@ -297,7 +301,9 @@ def _plan_window(
         parts = _partitions(source) or [{"partition": None}]
         # every attempt reloads the whole table: it reads up to the cursor's highest value now
         upto = None if source.cursor_column is None else source.max_cursor()
-        window = SourceWindow(generation=generation, watermark=watermark, cursor_upto=upto)
+        window = SourceWindow(
+            generation=generation, watermark=watermark, cursor_upto=upto, replaces=True
+        )
         bounded = {} if upto is None else {"cursor_upto": upto, "cursor_nulls": True}
         return window, [{"generation": generation, **part, **bounded} for part in parts]
     if source.cursor_column is None:

@@ -29,6 +29,7 @@ from .checkpoints import (
     LEDGER_BATCH_KEY,
     PartitionCheckpoint,
     RouteKey,
+    Strategy,
     batch_id_for,
 )
 from .clock import Clock, read_clock, system_clock
@@ -187,7 +188,11 @@ class TransferRuntime:
         shape = spec.source.describe()
         state = SourceState.read(route, self.state_store.load_source_state(route))
         if refreshed is not None:  # another route's full refresh: continue where it ended
-            state = (state or SourceState()).realigned(refreshed.watermark)
+            merges = route.strategy is Strategy.MERGE  # all again (``ledger._continues``)
+            state = (state or SourceState()).realigned(None if merges else refreshed.watermark)
+            # this route's checkpoints predate the refresh: none is a window of its now (one
+            # with the same bounds was skipped as committed, and its rows never loaded again)
+            latest = as_latest(())
             attempt.events.emit(EventName.STATE_REALIGNED, batch_id=refreshed.batch_id)
         plan = plan_attempt(spec, route, latest, state, shape)
         if plan.many_partitions:

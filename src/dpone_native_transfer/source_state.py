@@ -150,7 +150,11 @@ class SourceState:
 
     def realigned(self, watermark: Any) -> SourceState:
         """The state continued where another route's full refresh of the table ended: its
-        watermark, nothing known at the edge, no definition (the checkpoints have it)."""
+        watermark, nothing known at the edge, no definition (the checkpoints have it). No
+        watermark (a refresh that loaded no row, or a merge route's whole source again):
+        the state of a route's first run, at this generation."""
+        if watermark is None:
+            return SourceState(generation=self.generation)
         edge = Edge(upto=watermark, nulls=False).as_state()
         return SourceState(generation=self.generation, watermark=watermark, edge=edge)
 

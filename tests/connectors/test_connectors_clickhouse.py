@@ -737,6 +737,16 @@ def test_null_partition_values_have_their_own_partition(tmp_path):
     assert sink.rows() == [(4, None, 40), (6, None, 60), (7, "O'B\\r", 70)]
 
 
+@pytest.mark.parametrize("table", ["star*", "q?", "brace{a,b}", "db.t*"])
+def test_chdb_refuses_a_table_name_it_would_read_as_a_file_path_pattern(tmp_path, table):
+    """chDB reads such a name as a file path pattern, so every statement on the table failed,
+    the first inside the target call (the route was blocked): refused before, exit 2."""
+    with pytest.raises(ConfigInvalid) as caught:
+        ClickHouseSink(str(tmp_path / "chdb"), table)
+    assert caught.value.diagnostics == {"key": "target.table"}
+    ClickHouseSink(str(tmp_path / "chdb"), table.replace("*", "").replace("?", "").replace("{", ""))
+
+
 def test_staged_finalize_appends_and_manages_the_stage(tmp_path):
     sink = _sink(tmp_path)
     assert sink.staged_row_count() == 0

@@ -607,6 +607,35 @@ def test_a_login_that_may_not_write_is_refused_before_the_target(tmp_path, locat
         route.real_store.close()
 
 
+def test_a_login_that_may_not_write_the_fence_is_refused_before_the_target(
+    tmp_path, location, login
+):
+    """A load writes the ledger (INSERT) and raises the fence (an upsert: INSERT or UPDATE)
+    in its transaction: a login without UPDATE on the fence failed inside the target call,
+    and the route was blocked. Raising the fence as recovery does also needed CREATE on the
+    schema though the fence existed (CREATE TABLE IF NOT EXISTS), and said "busy"."""
+    role, url = login
+    schema = location.schema
+    admin(location, f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO {role}')
+    route = SinkRoute(tmp_path, location, "legacy", url=url)
+    fence = f'"{schema}"._dpone_fence'
+    try:
+        assert route.run().rows_loaded == 120  # makes the table, its ledger and its fence
+        admin(location, f"ALTER TABLE {fence} OWNER TO CURRENT_USER")
+        admin(location, f"GRANT SELECT, INSERT ON {fence} TO {role}")
+        admin(location, f'REVOKE CREATE ON SCHEMA "{schema}" FROM {role}')
+        route.add_rows(30)
+        with pytest.raises(ConfigInvalid, match="and UPDATE on the fence"):
+            route.run("run-2")
+        assert route.sink.target_calls == 1  # the first run's only
+        admin(location, f"GRANT UPDATE ON {fence} TO {role}")
+        assert route.run("run-3").rows_loaded == 30
+        epoch = admin(location, f"SELECT max(epoch) FROM {fence}")[0][0]
+        assert route.sink.advance_fence(epoch + 1) == epoch + 1
+    finally:
+        route.real_store.close()
+
+
 def test_lazy_plan_refuses_a_source_its_login_may_not_read(tmp_path, location, login):
     role, url = login
     route = SinkRoute(tmp_path, location, "lazy-plan", url=url)  # the source as the superuser

@@ -540,6 +540,36 @@ def test_refresh_then_append_never_duplicates(
         assert target_rows(tmp_path, "sqlite") == 40
 
 
+@pytest.mark.parametrize("refreshed_before", [True, False], ids=["refreshed", "first-refresh"])
+@pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "no-ledger"])
+def test_after_a_refresh_of_an_emptied_source_the_append_loads_every_new_row(
+    tmp_path: Path, ledger: bool, refreshed_before: bool
+) -> None:
+    """A refresh that found the source empty kept its older watermark: the append route went
+    on above it and never loaded the new rows below it (exit 0, 0 rows of 5). A first refresh
+    that found it empty recorded none, and the append was refused for good. The append's
+    first window also had the bounds of the one it takes now: it was skipped as committed."""
+    build_sample_source(tmp_path / "source.db", rows=30, partitions=3, start_id=100)
+    append, refresh = tmp_path / "append.toml", tmp_path / "refresh.toml"
+    for file, strategy in ((append, "incremental_append"), (refresh, "full_refresh")):
+        text = routes.route_text(kind="sqlite", strategy=strategy)
+        if not ledger:
+            text = text.replace(
+                'table = "orders_copy"\n', 'table = "orders_copy"\nledger = false\n'
+            )
+        file.write_text(text)
+    if refreshed_before:
+        run(refresh)
+    run(append)
+    alter_source(tmp_path, "DELETE FROM orders")
+    assert "the target was emptied" in run(refresh).stdout
+    assert target_ids(tmp_path) == []
+    build_sample_source(tmp_path / "source.db", rows=5, partitions=3)  # below the old rows
+    assert "loaded 5 rows" in run(append).stdout
+    assert target_ids(tmp_path) == source_ids(tmp_path) == [1, 2, 3, 4, 5]
+    assert "loaded 0 rows" in run(append).stdout
+
+
 def test_a_ledgerless_refresh_then_an_append_with_the_ledger_never_duplicates(
     tmp_path: Path,
 ) -> None:

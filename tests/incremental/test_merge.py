@@ -1078,6 +1078,38 @@ def test_an_append_route_switched_to_merge_collapses_each_key_to_its_latest_vers
     assert target.rows("events", ("seq",)) == [(3,), (5,)]
 
 
+def test_a_merge_after_a_refresh_of_its_table_merges_the_whole_source_again(tmp_path, target):
+    """A refresh route of the same source loads soft-deleted rows as live ones (it knows no
+    deleted column) and adds that column to the table. The merge route went on from the
+    refresh's watermark, so those rows stayed (exit 0); on ClickHouse the added column also
+    hid the next delete. It merges the whole source again now: every key as the source says."""
+    source = make_events(tmp_path)
+    add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "us", 1, "new", False))
+    route = events_route(tmp_path, target, "staged")
+    assert run(route).returncode == 0
+    update = "UPDATE events SET v = ?, status = ?, gone = ? WHERE id = ?"
+    with _sqlite(source) as db:  # one row a key: a refresh into the key's table holds it
+        db.execute(update, (2, "", True, 1))
+        db.commit()
+    add(source, ("acme", 3, "eu", 2, "new", False))
+    refresh = tmp_path / "refresh.toml"
+    refresh.write_text(
+        route.read_text()
+        .replace('strategy = "merge"', 'strategy = "full_refresh"')
+        .replace('deleted_column = "gone"\n', "")
+        .replace('primary_key = ["tenant", "id"]\n', "")
+    )
+    assert run(refresh).returncode == 0
+    assert "gone" in target.columns("events")  # the refresh loaded the column as its own
+    with _sqlite(source) as db:
+        db.executemany(update, [(3, "paid", False, 2), (3, "", True, 3)])
+        db.commit()
+    merged = run(route)
+    assert merged.returncode == 0, merged.stderr
+    check_target(target, source)
+    assert {row[:2] for row in target.rows("events", KEY)} == {("acme", 2)}
+
+
 @pytest.mark.parametrize("path", ["legacy", "file-artifact"])
 @pytest.mark.parametrize("into", ["duckdb", "postgres"])
 def test_a_postgres_sources_null_key_is_refused_though_its_rows_could_be_read_in_bulk(

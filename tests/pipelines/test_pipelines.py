@@ -714,6 +714,57 @@ def test_discover_writes_tables_whose_names_read_as_patterns_by_their_sections(t
         _exactly(sqlite_ids(tmp_path / "warehouse.db", name), sqlite_ids(shop, name))
 
 
+@pytest.mark.parametrize("into", ["duckdb", "clickhouse"])
+def test_discover_names_the_target_tables_a_default_name_would_not_give(tmp_path, into):
+    """``dot.ted``'s default target table is ``dot_ted``, another table's: the file written
+    was refused (exit 2, naming a target_table no one wrote). chDB reads ``*``, ``?`` and
+    ``{`` in a table name as a file path pattern: the table failed inside the target call,
+    blocked. A table named "" cannot be selected: the whole file was refused. Now each gets
+    a free target table (or is left out, said so), and the file runs as written; ``--tables``
+    takes a SQLite table's name in any ASCII case, as ``[pipeline] tables`` does."""
+    shop = tmp_path / "shop.db"
+    names = ["dot.ted", "dot_ted", "Star*", "q?", "", "plain"]
+    with contextlib.closing(sqlite3.connect(shop)) as db:
+        for number, name in enumerate(names):
+            quoted = '"' + name + '"'
+            db.execute(f"CREATE TABLE {quoted} (id INTEGER PRIMARY KEY, v TEXT)")
+            db.executemany(
+                f"INSERT INTO {quoted} VALUES (?, ?)", [(i, name) for i in range(number + 1)]
+            )
+        db.commit()
+    target = ["--target", tmp_path / "wh.duckdb"]
+    if into == "clickhouse":
+        target = ["--target", tmp_path / "wh", "--target-kind", "clickhouse"]
+    pipeline = tmp_path / "pipeline.toml"
+    written = run_cli("discover", shop, "--write", pipeline, *target)
+    assert written.returncode == 0, written.stderr
+    assert "# left out: table ''" in pipeline.read_text()
+    selected = run_cli("run", pipeline, "--tables", "PLAIN,DOT_TED", "--json")
+    assert selected.returncode == 0, selected.stderr
+    assert {t["table"] for t in json.loads(selected.stdout)["tables"]} == {"plain", "dot_ted"}
+    ran = run_cli("run", pipeline, "--json")
+    assert ran.returncode == 0, ran.stderr
+    tables = {t["table"]: t["target_table"] for t in json.loads(ran.stdout)["tables"]}
+    assert tables["dot_ted"] == "dot_ted" and tables["dot.ted"] == "dot_ted_2"
+    if into == "clickhouse":
+        assert (tables["Star*"], tables["q?"]) == ("Star_", "q_")
+        from dpone_native_transfer.connectors.clickhouse import ClickHouseSink
+
+        counts = {
+            name: ClickHouseSink(str(tmp_path / "wh"), table).row_count()
+            for name, table in tables.items()
+        }
+    else:
+        import duckdb
+
+        with duckdb.connect(str(tmp_path / "wh.duckdb")) as db:
+            counts = {
+                name: db.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]
+                for name, table in tables.items()
+            }
+    assert counts == {name: names.index(name) + 1 for name in names if name}
+
+
 def test_discover_reads_a_postgres_source_named_by_an_environment_variable(
     tmp_path, postgres_schema
 ):

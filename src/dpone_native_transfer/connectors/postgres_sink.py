@@ -203,6 +203,15 @@ _WRITABLE = """SELECT CASE
     WHEN to_regclass(%(table)s) IS NOT NULL
         THEN has_table_privilege(to_regclass(%(table)s), 'INSERT')
     ELSE has_schema_privilege(to_regnamespace(%(schema)s), 'CREATE') END"""
+# Whether the login may write the schema's ledger and fence where they exist, as a load does
+# in its transaction (INSERT into the ledger; the fence's upsert INSERTs or UPDATEs): without,
+# the load failed inside the target call, and the route was blocked.
+_LEDGER_WRITABLE = """SELECT
+    (to_regclass(%(ledger)s) IS NULL OR (has_table_privilege(to_regclass(%(ledger)s), 'SELECT')
+        AND has_table_privilege(to_regclass(%(ledger)s), 'INSERT')))
+    AND (to_regclass(%(fence)s) IS NULL OR (has_table_privilege(to_regclass(%(fence)s), 'SELECT')
+        AND has_table_privilege(to_regclass(%(fence)s), 'INSERT')
+        AND has_table_privilege(to_regclass(%(fence)s), 'UPDATE')))"""
 # What may change the rows a load hands the target, found before the target call: enabled user
 # triggers that run BEFORE or INSTEAD OF (tgtype bits 2, 64) an INSERT, DELETE or TRUNCATE
 # (bits 4, 8, 32), rules, or a relation that is not a table. No row: no table yet.
@@ -448,6 +457,13 @@ class PostgresSink(Sink, EnginePull):
             names = {"table": self._target.sql(), "schema": quote(self._target.schema)}
             if not conn.execute(_WRITABLE, names).fetchone()[0]:
                 return False, 0
+            schema = self._target.schema
+            own = {
+                "ledger": self._ledger_table.sql(),
+                "fence": TableName(schema, FENCE_TABLE).sql(),
+            }
+            if not conn.execute(_LEDGER_WRITABLE, own).fetchone()[0]:
+                return False, 0
             rewriting = conn.execute(_REWRITING, [self._target.sql()]).fetchone()
             return True, rewriting[0] if rewriting else 0
 
@@ -455,7 +471,9 @@ class PostgresSink(Sink, EnginePull):
         if not allowed:
             raise ConfigInvalid(
                 f"the login of target table {self.table!r} may not write it (it needs INSERT on "
-                "the table, or CREATE on the schema to create it); nothing was written",
+                "the table, or CREATE on the schema to create it, and where they exist, read "
+                "and INSERT rights on the schema's _dpone_ledger and _dpone_fence, and UPDATE "
+                "on the fence); nothing was written",
                 diagnostics={"table": self.table},
             )
         if rewriting:
@@ -825,7 +843,8 @@ class PostgresSink(Sink, EnginePull):
             _run(conn, f"SET LOCAL lock_timeout = '{_FENCE_WAIT}'")
             _lock_ledger(conn, self._ledger_table)
             _create_schema(conn, fence)
-            return advance_fence(_query(conn), self.identity().table, epoch, **_fence(fence))
+            table, create = self.identity().table, not _exists(conn, fence)  # as in _record
+            return advance_fence(_query(conn), table, epoch, **_fence(fence), create=create)
 
         return self._outside_call(advance, read_only=False, to="have its fence raised")
 

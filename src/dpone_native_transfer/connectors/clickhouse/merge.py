@@ -125,7 +125,9 @@ def merge_insert_sql(
     key, version, deleted = merge.key, merge.version, merge.deleted
     alias = {name: quote(MERGE_ALIAS + name) for name in ("d", "del", "new", "n", "rank", "rows")}
     loaded = [name for name in batch_names if name != deleted]
-    extra = [name for name in target_names if name not in loaded]
+    # a target column named as the deleted column (another route loaded it) stays unwritten:
+    # ``NULL AS`` it would shadow the batch's column in ``flag``, and no delete would apply
+    extra = [name for name in target_names if name not in loaded and name != deleted]
     written = [quote(name) for name in loaded + extra]
     flag = (
         "toUInt8(0)" if deleted is None else f"toUInt8(coalesce(toInt64({quote(deleted)}), 0) != 0)"

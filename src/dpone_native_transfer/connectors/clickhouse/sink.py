@@ -175,6 +175,9 @@ def _pulled_columns(columns: Sequence[Column]) -> str:
     )
 
 
+_CHDB_PATTERN = "*?{"  # what makes chDB read a table's name as a file path pattern
+
+
 class ClickHouseSink(Sink, EnginePull):
     """One target table in chDB (``location`` a path) or on a server (a URL).
 
@@ -196,6 +199,14 @@ class ClickHouseSink(Sink, EnginePull):
         default = "default" if self._location.kind == CHDB else None
         self._target = parse_table(table, default_schema=default)
         refuse_reserved_schema(self._target, _RESERVED_DATABASES, engine="ClickHouse")
+        if self._location.kind == CHDB and any(char in table for char in _CHDB_PATTERN):
+            # chDB (clickhouse-local) reads such a name as a file's path pattern: every
+            # statement on the table failed, the first one inside the target call
+            raise ConfigInvalid(
+                f"target table {table!r} holds *, ? or {{, which chDB reads as a file path "
+                "pattern, not a table name; choose another name",
+                diagnostics={"key": "target.table"},
+            )
         _check_name_length(self._stage, table)  # the longest name it makes beside the target
         self.partition_by = partition_by
         # the ledger row follows the rows, so its absence proves nothing, and nothing keeps a
