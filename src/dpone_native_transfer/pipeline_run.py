@@ -220,7 +220,7 @@ def run_tables(
     processes: list[_Worker] = []
 
     def work(slot: int) -> None:
-        worker = None
+        worker, table = None, None
         try:
             while not stop.is_set():
                 try:
@@ -247,8 +247,11 @@ def run_tables(
                         runs[table.name] = outcome
                     if report is not None:
                         report("ended", number, table, outcome)
-        except BaseException:  # a report that failed: the table's run is kept
-            stop.set()
+        except BaseException as error:  # a report or a worker that failed: every table stops,
+            stop.set()  # and the one it was running says with what (it said nothing before)
+            if table is not None:
+                with lock:
+                    runs.setdefault(table.name, _broke(table, error))
         finally:
             if worker is not None:
                 worker.close()
@@ -307,6 +310,20 @@ def _queues(tables: Sequence[PipelineTable]) -> list[list[PipelineTable]]:
     for table in tables:
         groups.setdefault(table.group, []).append(table)
     return sorted(groups.values(), key=lambda group: -sum(t.rows or 0 for t in group))
+
+
+def _broke(table: PipelineTable, error: BaseException) -> TableRun:
+    """The run of a table whose worker thread failed around it, not in its transfer."""
+    config = table.config
+    return TableRun(
+        table.name,
+        config.sink.table,
+        FAILED,
+        config.route.as_dict(),
+        error=type(error).__name__,
+        exit_code=EXIT_FAILED,
+        failure=error,
+    )
 
 
 def _run(table: PipelineTable, run_one: RunTable, stop: threading.Event) -> TableRun:

@@ -480,6 +480,29 @@ def test_a_second_ctrl_c_reports_a_table_it_left_running_as_interrupted(tmp_path
     assert result.exit_code == 130 == result.totals()["exit_code"]
 
 
+def test_a_failure_around_a_tables_run_is_that_tables_not_a_silent_interruption(
+    tmp_path, shop
+):
+    """A progress report (or a worker) failing in a worker thread stopped the run: the table
+    it was on showed as interrupted in 0 s with no error, exit 1 and nothing else said."""
+    pipeline_file = write_pipeline(
+        tmp_path / "p.toml", source={"path": str(shop)}, target={"path": str(tmp_path / "w.db")},
+        store=str(tmp_path / "c.db"), tables=["t*"],
+    )  # fmt: skip
+    tables = load_pipeline(pipeline_file).tables
+
+    def report(event: str, number: int, table: Any, run: Any) -> None:
+        if number == 2 and event == "started":
+            raise OSError("the console went away")
+
+    result = run_tables(tables, "run-1", jobs=1, report=report)
+    runs = [(run.outcome, run.error) for run in result.tables]
+    assert runs == [("succeeded", None), ("failed", "OSError")] + [("not run", None)] * (
+        len(tables) - 2
+    )
+    assert isinstance(result.tables[1].failure, OSError) and result.exit_code == 1
+
+
 def test_a_pipeline_section_or_key_the_file_may_not_have_is_named(tmp_path, shop):
     pipeline_file = write_pipeline(
         tmp_path / "p.toml",
