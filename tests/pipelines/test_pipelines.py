@@ -480,9 +480,7 @@ def test_a_second_ctrl_c_reports_a_table_it_left_running_as_interrupted(tmp_path
     assert result.exit_code == 130 == result.totals()["exit_code"]
 
 
-def test_a_failure_around_a_tables_run_is_that_tables_not_a_silent_interruption(
-    tmp_path, shop
-):
+def test_a_failure_around_a_tables_run_is_that_tables_not_a_silent_interruption(tmp_path, shop):
     """A progress report (or a worker) failing in a worker thread stopped the run: the table
     it was on showed as interrupted in 0 s with no error, exit 1 and nothing else said."""
     pipeline_file = write_pipeline(
