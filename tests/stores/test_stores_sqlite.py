@@ -3,6 +3,7 @@ reads, truncated, garbage and foreign files, locks, and the files of release 0.1
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -134,6 +135,35 @@ def test_sqlite_garbage_file_is_corrupt(db_path: Path) -> None:
     db_path.write_bytes(b"this is not a database, it is a shopping list\n" * 200)
     excinfo = _open_fails(db_path)
     assert "not a database" not in str(excinfo.value)
+
+
+def test_an_operators_command_reads_the_whole_file_and_finds_a_damaged_page(
+    sqlite_store: SQLiteCheckpointStore, db_path: Path
+) -> None:
+    """A page of the history damaged: ``guard scan`` and ``routes`` read only the latest
+    checkpoints and said "nothing blocks" of a store that ``run`` found corrupt."""
+    from dpone_native_transfer.stores import open_store
+
+    big = {"blob": "x" * 2000}
+    for _ in range(3):
+        sqlite_store.upsert_many(
+            [make_checkpoint(f"p-{i:03d}", diagnostics=big) for i in range(50)]
+        )
+    sqlite_store.close()
+    with contextlib.closing(sqlite3.connect(db_path)) as db:
+        (root,) = db.execute(
+            "SELECT rootpage FROM sqlite_master WHERE name = 'checkpoint_history'"
+        ).fetchone()
+        (size,) = db.execute("PRAGMA page_size").fetchone()
+    with db_path.open("r+b") as file:
+        file.seek((root - 1) * size + 100)
+        file.write(b"\xde\xad\xbe\xef" * 64)
+    partial = SQLiteCheckpointStore(db_path)  # what a command reading the latest alone sees
+    assert [route for route in partial.list_routes()] == [ROUTE]
+    partial.close()
+    with pytest.raises(CheckpointStoreCorrupt) as excinfo:
+        open_store(str(db_path), create=False, argument="--store")
+    _assert_corrupt_without_path(excinfo, db_path)
 
 
 def test_sqlite_unknown_user_version_is_corrupt(

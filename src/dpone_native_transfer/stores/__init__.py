@@ -136,7 +136,8 @@ def open_store(location: str, *, create: bool, argument: str) -> Store:
     ``env:NAME`` to read either from the environment variable ``NAME`` (keep
     credentials out of process lists and route files). With ``create=False``
     a missing SQLite file is refused rather than created: operator commands
-    must never conjure an empty store. Errors name ``argument``, never the
+    must never conjure an empty store, and a SQLite file is read whole first
+    (``check_pages``). Errors name ``argument``, never the
     location, which may hold a password.
     """
     # command-line arguments and route-file keys are named the way the rest of the CLI names them
@@ -165,4 +166,11 @@ def open_store(location: str, *, create: bool, argument: str) -> Store:
         )
     from .sqlite import SQLiteCheckpointStore  # the implementations import this module
 
-    return SQLiteCheckpointStore(location)
+    store = SQLiteCheckpointStore(location)
+    if not create:  # an operator's command: it must not call a damaged store healthy
+        try:
+            store.check_pages()
+        except BaseException:
+            store.close()
+            raise
+    return store

@@ -286,6 +286,13 @@ class SQLiteCheckpointStore(OwnConnection, RecordReads):
         with _translated("read"):
             return conn.execute(sql, params).fetchall()
 
+    def check_pages(self) -> None:
+        """Every page of the file readable (``PRAGMA quick_check``, a read of the whole file):
+        an operator's command that reads only some tables said "nothing blocks" of a store a
+        run found corrupt."""
+        if self._read("PRAGMA quick_check", ()) != [("ok",)]:
+            raise CheckpointStoreCorrupt("checkpoint store cannot be read")
+
     def upsert(self, checkpoint: PartitionCheckpoint) -> None:
         self.upsert_many([checkpoint])
 
