@@ -566,15 +566,23 @@ def check_store_against_target(
             sorted(set(found) - excused) for found in (unknown, contradicted, behind)
         )
     if unknown:
-        others = sorted({e.label for e in live if e.batch_id in unknown and not e.of_route(route)})
+        found = [e for e in live if e.batch_id in unknown]
+        others = sorted({e.label for e in found if not e.of_route(route)})
+        repair = (  # only other routes' batches: this route's own restore finds none
+            f"rebuild the store's view of this route from the target with: {_RESTORE}"
+            + _for_other_routes(others)
+            if any(e.of_route(route) for e in found)
+            else f"they are other routes' ({'; '.join(others)}): rebuild the store's view of "
+            "each from the target with its own route file, then run this route again: "
+            + _RESTORE.replace("<route file>", "<its route file>")
+        )
         raise _mismatch(
             route,
             "target_ahead_of_store",
             f"the target's ledger holds {plural(len(unknown), 'batch')} that the checkpoint "
             "store does not know (the store was lost, replaced, restored from an older "
             "backup, copied without its -wal file or is another store; or the target was "
-            "moved or copied); rebuild the store's view of this route from the target with: "
-            f"{_RESTORE}" + _for_other_routes(others),
+            f"moved or copied); {repair}",
             batch_ids=unknown,
         )
     if contradicted:

@@ -570,6 +570,27 @@ def test_after_a_refresh_of_an_emptied_source_the_append_loads_every_new_row(
     assert "loaded 0 rows" in run(append).stdout
 
 
+def test_a_lost_store_names_the_route_whose_batches_the_ledger_holds(tmp_path: Path) -> None:
+    """The store was lost after a refresh; the append route's error told the operator to
+    restore the append route, whose restore found no batch of its own (exit 2). It names
+    the refresh route now, whose restore lets the append go on exactly."""
+    build_sample_source(tmp_path / "source.db", rows=30, partitions=3)
+    append, refresh = tmp_path / "append.toml", tmp_path / "refresh.toml"
+    for file, strategy in ((append, "incremental_append"), (refresh, "full_refresh")):
+        file.write_text(routes.route_text(kind="sqlite", strategy=strategy))
+    run(refresh)
+    (tmp_path / "checkpoints.db").unlink()
+    refused = run(append, code=3)
+    assert "target_ahead_of_store" in refused.stderr
+    assert "they are other routes' (orders -> orders_copy (full_refresh))" in refused.stderr
+    restore = ("state", "restore", "--reason", "lost", "--operator", "o", "--yes")
+    assert run_cli(*restore[:2], append, *restore[2:]).returncode == 2  # none of its own
+    assert run_cli(*restore[:2], refresh, *restore[2:]).returncode == 0
+    build_sample_source(tmp_path / "source.db", rows=5, partitions=3, start_id=31)
+    assert "loaded 5 rows" in run(append).stdout
+    assert target_ids(tmp_path) == source_ids(tmp_path)
+
+
 def test_a_ledgerless_refresh_then_an_append_with_the_ledger_never_duplicates(
     tmp_path: Path,
 ) -> None:
