@@ -538,7 +538,8 @@ def check_store_against_target(
     2. every committed ledger batch of the store is in the ledger (else the
        target was replaced, restored, or is another database);
     3. the ``target`` table holds rows when its ledger records some since it was last
-       replaced (asked only then; else it was dropped, renamed or emptied); a merge
+       replaced (asked only then, and not of a full refresh, which loads every row again;
+       else it was dropped, renamed or emptied); a merge
        batch's rows may all be deleted by later ones, so after merges only a missing
        table is refused: a merge never drops its table;
     4. an append route with no batch of its own yet appends into no table holding
@@ -611,7 +612,8 @@ def check_store_against_target(
             batch_ids=behind,
         )
     claimed = [entry for entry in live if entry.rows]
-    if claimed and target is not None and target.is_empty():
+    replaces = route.strategy is Strategy.FULL_REFRESH  # it loads the whole table again anyway
+    if claimed and target is not None and not replaces and target.is_empty():
         merged = [entry for entry in claimed if entry.strategy is Strategy.MERGE]
         if merged and not table_missing(target):
             claimed = [entry for entry in claimed if entry not in merged]
@@ -631,7 +633,7 @@ def check_store_against_target(
                 batch_ids=sorted(entry.batch_id for entry in claimed),
             )
     mine = [entry for entry in entries if entry.of_route(route)]
-    if route.strategy is Strategy.FULL_REFRESH:
+    if replaces:
         return None
     if not mine:
         _refuse_another_source(route, live, scope, started)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .checkpoints import RouteKey
+from .checkpoints import RouteKey, Strategy
 from .connectors.contract import Sink
 from .errors import SchemaChanged
 from .payloads import Column
@@ -47,11 +47,16 @@ def apply_schema_contract(
                          "contract": contract},
         )  # fmt: skip
     if retyped:  # either contract: the engine would convert the values, or fail in the call
+        fix = (
+            "Drop the target table: this route, a full refresh, makes it again with the "
+            "source's types as it loads every row"
+            if route.strategy is Strategy.FULL_REFRESH
+            else "Alter the target table, or put the old type back"
+        )
         raise SchemaChanged(
             f"route {route.label}: the target table's type of column(s) {_names(retyped)} "
             "cannot hold every value of the source column's type (the source column was "
-            "retyped, or the table was made with a narrower type); nothing was written. Alter "
-            "or refresh the target table, or put the old type back",
+            f"retyped, or the table was made with a narrower type); nothing was written. {fix}",
             diagnostics={"route": route.as_dict(), "columns": retyped, "contract": contract},
         )
     if difference.required:  # either contract: no row could be inserted without them

@@ -570,6 +570,38 @@ def test_after_a_refresh_of_an_emptied_source_the_append_loads_every_new_row(
     assert "loaded 0 rows" in run(append).stdout
 
 
+def test_a_refresh_route_takes_a_retyped_column_once_its_table_is_dropped(
+    tmp_path: Path,
+) -> None:
+    """A refresh of a retyped source column was refused (exit 2) with "refresh the target
+    table", which it was; and once the table was dropped, the refresh was refused as
+    target_emptied (exit 3). It says to drop the table, and then makes it anew."""
+    build_sample_source(tmp_path / "source.db", rows=30, partitions=3)
+    refresh = tmp_path / "refresh.toml"
+    refresh.write_text(routes.route_text(kind="sqlite", strategy="full_refresh"))
+    run(refresh)
+    alter_source(
+        tmp_path,
+        "ALTER TABLE orders ADD COLUMN note TEXT",
+        "UPDATE orders SET note = 'n' || id",
+    )
+    run(refresh)  # a new column: added, not refused
+    alter_source(tmp_path, "ALTER TABLE orders DROP COLUMN note",
+                 "ALTER TABLE orders ADD COLUMN note BLOB", "UPDATE orders SET note = x'00ff'")  # fmt: skip
+    refused = run(refresh, code=2)
+    assert "native_transfer_schema_changed" in refused.stderr
+    assert "Drop the target table" in refused.stderr
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
+        target.execute("DROP TABLE orders_copy")
+        target.commit()
+    assert "loaded 30 rows" in run(refresh).stdout
+    assert target_ids(tmp_path) == source_ids(tmp_path)
+    with contextlib.closing(sqlite3.connect(tmp_path / "target.db")) as target:
+        assert target.execute("SELECT DISTINCT note FROM orders_copy").fetchall() == [
+            (b"\x00\xff",)
+        ]
+
+
 def test_a_lost_store_names_the_route_whose_batches_the_ledger_holds(tmp_path: Path) -> None:
     """The store was lost after a refresh; the append route's error told the operator to
     restore the append route, whose restore found no batch of its own (exit 2). It names
