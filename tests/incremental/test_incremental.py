@@ -586,8 +586,12 @@ def test_a_refresh_route_takes_a_retyped_column_once_its_table_is_dropped(
         "UPDATE orders SET note = 'n' || id",
     )
     run(refresh)  # a new column: added, not refused
-    alter_source(tmp_path, "ALTER TABLE orders DROP COLUMN note",
-                 "ALTER TABLE orders ADD COLUMN note BLOB", "UPDATE orders SET note = x'00ff'")  # fmt: skip
+    alter_source(
+        tmp_path,
+        "ALTER TABLE orders DROP COLUMN note",
+        "ALTER TABLE orders ADD COLUMN note BLOB",
+        "UPDATE orders SET note = x'00ff'",
+    )
     refused = run(refresh, code=2)
     assert "native_transfer_schema_changed" in refused.stderr
     assert "Drop the target table" in refused.stderr
