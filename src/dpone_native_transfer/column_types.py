@@ -602,10 +602,12 @@ def _sorted_out(
     carriers: Sequence[tuple[int, str, Carry]],
     *,
     target: str,
-    reject: Callable[[tuple, str, Any], None],
+    reject: Callable[[tuple, str, Any], None] | None,
+    spared: Callable[[tuple, int], bool] | None,
 ) -> Iterator[Sequence[tuple]]:
-    """``carried_chunks`` whose refused rows go to ``reject``: a chunk is carried as one while
-    every value fits, and row by row only once one does not."""
+    """``carried_chunks`` whose refused values are ``spared`` (NULL) or their rows given to
+    ``reject`` (else refused): a chunk is carried as one while every value fits, and row by
+    row only once one does not."""
     for chunk in chunks:
         try:
             yield from carried_chunks([chunk], carriers, target=target)
@@ -621,12 +623,25 @@ def _sorted_out(
                 try:
                     values[index] = carry(values[index])
                 except _REFUSED:
+                    if spared is not None and spared(row, index):
+                        values[index] = None
+                        continue
+                    if reject is None:
+                        raise _refused(name, target) from None
                     reject(tuple(row), name, row[index])
                     break
             else:
                 kept.append(tuple(values))
         if kept:
             yield kept
+
+
+def _refused(name: str, target: str) -> ValueUnsupported:
+    return ValueUnsupported(
+        f"column {name!r} holds a value {target} cannot hold exactly; nothing was written "
+        "(see docs/connectors.md, 'Column kinds and exact values')",
+        diagnostics={"column": name, "target": target},
+    )
 
 
 def column_carriers(
@@ -643,6 +658,7 @@ def carried_chunks(
     *,
     target: str,
     reject: Callable[[tuple, str, Any], None] | None = None,
+    spared: Callable[[tuple, int], bool] | None = None,
 ) -> Iterator[Sequence[tuple]]:
     """``chunks`` with each ``(index, column, carry)`` applied to that column's non-NULL values.
 
@@ -650,10 +666,11 @@ def carried_chunks(
     a chunk no carrier changed is passed on as it came. A refused value stops the
     rows with ``ValueUnsupported`` naming the column, never the value; with ``reject``
     (``on_bad_value = "quarantine"``), its row is handed to ``reject(row, column, value)``
-    instead and left out, and the other rows go on.
+    instead and left out, and the other rows go on. A refused value ``spared(row, index)``
+    says the target never holds (a merge's deleted row: only its key is used) is NULL.
     """
-    if reject is not None:
-        yield from _sorted_out(chunks, carriers, target=target, reject=reject)
+    if reject is not None or spared is not None:
+        yield from _sorted_out(chunks, carriers, target=target, reject=reject, spared=spared)
         return
     for chunk in chunks:
         if not chunk or not carriers:
@@ -677,11 +694,7 @@ def carried_chunks(
             try:
                 carried[index] = [None if v is None else carry(v) for v in values]
             except _REFUSED:
-                raise ValueUnsupported(
-                    f"column {name!r} holds a value {target} cannot hold exactly; nothing "
-                    "was written (see docs/connectors.md, 'Column kinds and exact values')",
-                    diagnostics={"column": name, "target": target},
-                ) from None
+                raise _refused(name, target) from None
         if not carried:
             yield chunk
             continue

@@ -32,10 +32,11 @@ def add_rejects_command(commands: Any, common: argparse.ArgumentParser) -> None:
     show = actions.add_parser(
         "show",
         parents=[common],
-        help="list the rows the route of ROUTE_FILE set aside (reads only)",
-        description="List the rows the route of ROUTE_FILE set aside, oldest first: batch, "
-        "partition, a digest of the row, the column and why (the value only with "
-        "quarantine_values = true).",
+        help="list the rows set aside in the target table of ROUTE_FILE (reads only)",
+        description="List the rows set aside in the target table of ROUTE_FILE, by any "
+        "route writing it, oldest first: batch, partition, a digest of the row, the column "
+        "and why (the value only with quarantine_values = true). A row fixed and loaded "
+        "since stays listed under the batch that set it aside.",
     )
     show.add_argument("route_file", metavar="ROUTE_FILE", help="the route file (TOML)")
     show.add_argument("--json", action="store_true", help="one JSON array")
@@ -48,7 +49,10 @@ def _show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(found, sort_keys=True, default=str))
         return EXIT_OK
-    print(f"route {config.route.label}: {plural(len(found), 'row')} set aside")
+    print(
+        f"route {config.route.label}: {plural(len(found), 'row')} set aside in its target "
+        "table (by any route writing it)"
+    )
     for item in found:
         value = "" if item["value"] is None else f"  value {item['value']}"
         print(

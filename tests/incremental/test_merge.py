@@ -483,6 +483,30 @@ def test_a_deleted_column_holds_a_boolean_or_an_integer_on_every_target(tmp_path
             db.commit()
 
 
+@pytest.mark.parametrize("on_bad_value", ["refuse", "quarantine"])
+@pytest.mark.parametrize("path", PATHS)
+def test_a_deleted_rows_other_values_never_stop_its_delete(tmp_path, target, path, on_bad_value):
+    """A delete writes none of the row's other values, but they were checked as a live row's:
+    a text in a REAL column stopped the route (exit 2), or with quarantine set the delete
+    aside, and the key the source deleted stayed in the target (exit 0)."""
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, r TEXT, v INTEGER, amount REAL,"
+                   " gone BOOLEAN)")  # fmt: skip
+        db.executemany("INSERT INTO t VALUES (?, 'eu', 1, ?, 0)", [(1, 1.5), (2, 2.5), (3, 3.5)])
+        db.commit()
+    route = write_route(tmp_path, target, table="t", path=path, partition_column="r",
+                        cursor_column="v", deleted_column="gone",
+                        transfer={"on_bad_value": on_bad_value})  # fmt: skip
+    assert run(route).returncode == 0
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("UPDATE t SET v = 2, gone = 1, amount = 'n/a' WHERE id = 2")
+        db.commit()
+    done = run(route)
+    assert done.returncode == 0, done.stderr
+    assert "set aside" not in done.stdout
+    assert target.rows("t", ("id", "amount")) == [(1, 1.5), (3, 3.5)]
+
+
 @pytest.mark.parametrize("path", ["legacy", "lazy-plan"])
 def test_odd_key_values_reserved_names_and_null_cursors_merge(tmp_path, target, path):
     """Keys that differ only by case or a trailing space, the empty text, emoji and control

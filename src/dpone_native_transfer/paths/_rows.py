@@ -3,7 +3,7 @@ edge-filtered, and carried for the sink (``PathContext.read``, ``PathContext.ext
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -78,7 +78,8 @@ class RowReader:
                 )
                 ctx.rejects.append(found)
 
-        return carried_chunks(chunks, self._carriers, target=target, reject=reject)
+        spared = _deleted_rows(ctx.shape.columns, ctx.merge, (spec.source.partition_column,))
+        return carried_chunks(chunks, self._carriers, target=target, reject=reject, spared=spared)
 
     def extract(self) -> Iterator[Sequence[tuple]]:
         """Every candidate's rows, carried for the sink, recording each one's count
@@ -117,6 +118,22 @@ class RowReader:
         yield from self.carry(chunks())
         for index, rows in enumerate(counts):
             ctx.extracted(index, rows)
+
+
+def _deleted_rows(
+    columns: Sequence[Column], merge: Merge | None, routed: Sequence[str]
+) -> Callable[[tuple, int], bool] | None:
+    """Whether a value the target cannot hold is in a merge's deleted row, outside its key,
+    version, deleted flag and ``routed`` columns (its partition's): a delete writes none of
+    them, so such a value refused the delete, or set it aside and left the deleted key in
+    the target (exit 0). It is NULL instead (``carried_chunks``)."""
+    if merge is None or merge.deleted is None:
+        return None
+    names = [column.name for column in columns]
+    deleted = names.index(merge.deleted)
+    used = {*merge.key, merge.version, merge.deleted, *routed}
+    kept = {index for index, name in enumerate(names) if name in used}
+    return lambda row, index: bool(row[deleted]) and index not in kept
 
 
 def _keyed(
