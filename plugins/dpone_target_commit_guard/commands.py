@@ -39,6 +39,7 @@ from dpone_native_transfer import (
 )
 from dpone_native_transfer.audit import audit_problems
 from dpone_native_transfer.config import RouteConfig
+from dpone_native_transfer.lease import lease_key
 from dpone_native_transfer.ledger import (
     APPLIED,
     NOT_APPLIED,
@@ -287,14 +288,32 @@ class _Target:
         return known
 
     def sink(self, route: RouteKey) -> Any:
-        """The route's target, to read its ledger: only a route file says where it is."""
-        if self.config is not None and route.as_dict() == self.config.route.as_dict():
+        """The route's target, to read its ledger: only a route file says where it is, for its
+        own route and the others writing its target table (``blocking``)."""
+        if self.config is not None and lease_key(route) == lease_key(self.config.route):
             return self.config.sink
         return None
 
+    def blocking(self, store: Store, routes: Sequence[RouteKey]) -> list[RouteKey]:
+        """The other routes writing the route file's target table that hold blocked batches:
+        a run of its route is refused by them, so ``verify`` of the file shows them too (it
+        said "nothing blocks", exit 0, while the run exited 3)."""
+        if self.config is None:
+            return []
+        table = lease_key(self.config.route)
+        return [
+            route
+            for route in store.list_routes()
+            if route not in routes
+            and lease_key(route) == table
+            and blocked_partitions(list(store.list_latest(route)))
+        ]
+
     def prover(self, route: RouteKey, *, epoch: int = 0, advance: bool = False) -> Prover:
-        """What the route's target proves; with ``advance``, for a lease of ``epoch``."""
-        column = None if self.config is None else self.config.batch_column
+        """What the route's target proves; with ``advance``, for a lease of ``epoch``. The
+        route file's batch column counts only its own route's rows."""
+        own = self.config is not None and route.as_dict() == self.config.route.as_dict()
+        column = self.config.batch_column if own and self.config is not None else None
         sink = self.sink(route)
         return Prover(sink, epoch=epoch, advance=advance, batch_column=column)
 
@@ -571,6 +590,7 @@ def _verify_command(args: argparse.Namespace) -> int:
     miscounted: list[dict[str, Any]] = []  # applied batches the target holds another count of
     with _opened(target.store) as store:
         routes = target.routes(store)
+        routes = [*routes, *target.blocking(store, routes)]
         for route in routes:
             found, entries, reason = _proofs(store, target, route)
             proofs.extend(found)

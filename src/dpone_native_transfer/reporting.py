@@ -140,15 +140,11 @@ def failure_lines(
     lines = [f"error: {named.fill(str(error))}", *blocked_now]
     if isinstance(error, BLOCKING_ERRORS):
         lines += _blocked_lines(error.diagnostics)
-        others = error.diagnostics.get("blocking_routes")
         if isinstance(error, ManualReconciliationRequired) and named.route_file is not None:
-            # another route's blocked batches are verified and resolved with its own file
-            route = "<its route file>" if others else shlex.quote(named.route_file)
-            whose = "they are another route's: " if others else ""
+            route = shlex.quote(named.route_file)
             lines.append(
-                f"next: {whose}`{PROG} guard verify {route}` says what the target proves of "
-                f"each; `{PROG} run {route} --recovery from_target` resolves what it proves, "
-                "audited"
+                f"next: `{PROG} guard verify {route}` says what the target proves of each; "
+                f"`{PROG} run {route} --recovery from_target` resolves what it proves, audited"
             )
         if not full:
             return [*lines, hint]

@@ -493,6 +493,8 @@ ALLOWED_MODULES: dict[str, frozenset[str] | None] = {
     # by its location and the audit record's keys, shared by the guard's operator commands
     # and `dpone-transfer state`.
     f"{PACKAGE}.audit": frozenset({"dpone_target_commit_guard/commands.py"}),
+    # which routes write one target table (the lease's key): verify shows their blocks too
+    f"{PACKAGE}.lease": frozenset({"dpone_target_commit_guard/commands.py"}),
     f"{PACKAGE}.ledger": frozenset({"dpone_target_commit_guard/commands.py"}),
     f"{PACKAGE}.recovery": frozenset({"dpone_target_commit_guard/commands.py"}),
     f"{PACKAGE}.stores": frozenset({"dpone_target_commit_guard/commands.py"}),

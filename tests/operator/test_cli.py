@@ -333,22 +333,6 @@ def test_a_failure_says_what_it_left_blocked_only_when_it_left_a_block(seen, err
         assert failure_lines(error, Named(), left_blocked=said)[1] == f"  {said}"
 
 
-def test_another_routes_block_sends_the_reader_to_that_routes_file():
-    """A route blocked by a refresh route's batches told the reader to verify and recover
-    this route's file, which has nothing blocked of its own ("nothing blocks", exit 0)."""
-    from dpone_native_transfer.reporting import Named, failure_lines
-
-    named = Named(route_file="append.toml")
-    own = ManualReconciliationRequired("blocked", diagnostics={"partitions": []})
-    other = ManualReconciliationRequired(
-        "blocked", diagnostics={"partitions": [], "blocking_routes": [{"strategy": "x"}]}
-    )
-    (mine,) = [line for line in failure_lines(own, named) if line.startswith("next:")]
-    (theirs,) = [line for line in failure_lines(other, named) if line.startswith("next:")]
-    assert "guard verify append.toml" in mine and "append.toml" not in theirs
-    assert "another route's" in theirs and "guard verify <its route file>" in theirs
-
-
 def test_a_drivers_own_log_record_stays_off_the_console(tmp_path, monkeypatch, capsys):
     """psycopg logs a lost connection's text as a warning while it unwinds a COPY; with no
     handler of the application's, Python's last-resort handler printed it on stderr."""

@@ -440,6 +440,29 @@ def test_a_blocked_target_table_stays_blocked_however_the_route_is_respelled(
     assert site.target_ids() == before
 
 
+def test_verify_of_a_route_shows_the_block_another_route_of_its_table_left(site: Site) -> None:
+    """A refresh route's batch of unknown outcome blocks the append route of its table: the
+    append's run exited 3, while ``guard verify`` of the append's file said "nothing blocks"
+    (exit 0). It shows that batch, proven from the target, and the append's own
+    ``--recovery from_target`` run heals it, as its error says."""
+    append, refresh = site.route(), site.route("refresh.toml", strategy="full_refresh")
+    site.run(append)
+    _block(site, refresh)
+    blocked = site.run(append, code=3)
+    assert "left by route(s) writing the same target table" in blocked.stderr
+    verified = dpone("guard", "verify", append, "--json")
+    assert verified.returncode == 3, verified.stderr
+    found = [json.loads(line) for line in verified.stdout.splitlines()]
+    proofs = [item for item in found if "proof" in item]
+    assert [(p["route"]["strategy"], p["proof"]["verdict"]) for p in proofs] == [
+        ("full_refresh", "applied")
+    ], found
+    site.run(append, code=3)  # manual recovery: still blocked
+    healed = dpone("run", append, "--recovery", "from_target", "--quiet")
+    assert healed.returncode == 0, healed.stderr
+    site.exactly_once()
+
+
 def test_a_renamed_source_table_does_not_bypass_the_guard(sqlite_site: Site) -> None:
     site = sqlite_site
     _block(site, site.route())
