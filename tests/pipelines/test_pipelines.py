@@ -711,12 +711,8 @@ def test_discover_lists_tables_and_writes_a_pipeline_that_runs(tmp_path, shop):
     assert again["totals"]["rows_loaded"] == 15
 
 
-def test_discover_writes_tables_whose_names_read_as_patterns_by_their_sections(tmp_path):
-    """``[pipeline] tables`` reads ``!bang`` as taking matches out and ``x[1]`` as a
-    character class: listed there, neither matched a table and the file written was
-    refused (exit 2). Their own ``[tables.NAME]`` sections select them instead."""
-    shop = tmp_path / "shop.db"
-    names = ["!bang", "x[1]", "a*b", "plain"]
+def _name_tables(shop: Path, names: list[str]) -> None:
+    """A table per name, its number in ``names`` plus one rows."""
     with contextlib.closing(sqlite3.connect(shop)) as db:
         for number, name in enumerate(names):
             quoted = '"' + name + '"'
@@ -725,6 +721,15 @@ def test_discover_writes_tables_whose_names_read_as_patterns_by_their_sections(t
                 f"INSERT INTO {quoted} VALUES (?, ?)", [(i, name) for i in range(number + 1)]
             )
         db.commit()
+
+
+def test_discover_writes_tables_whose_names_read_as_patterns_by_their_sections(tmp_path):
+    """``[pipeline] tables`` reads ``!bang`` as taking matches out and ``x[1]`` as a
+    character class: listed there, neither matched a table and the file written was
+    refused (exit 2). Their own ``[tables.NAME]`` sections select them instead."""
+    shop = tmp_path / "shop.db"
+    names = ["!bang", "x[1]", "a*b", "plain"]
+    _name_tables(shop, names)
     written = run_cli("discover", shop, "--write", tmp_path / "pipeline.toml")
     assert written.returncode == 0, written.stderr
     assert 'tables = ["plain"]' in (tmp_path / "pipeline.toml").read_text()
@@ -745,14 +750,7 @@ def test_discover_names_the_target_tables_a_default_name_would_not_give(tmp_path
     takes a SQLite table's name in any ASCII case, as ``[pipeline] tables`` does."""
     shop = tmp_path / "shop.db"
     names = ["dot.ted", "dot_ted", "Star*", "q?", "", "plain"]
-    with contextlib.closing(sqlite3.connect(shop)) as db:
-        for number, name in enumerate(names):
-            quoted = '"' + name + '"'
-            db.execute(f"CREATE TABLE {quoted} (id INTEGER PRIMARY KEY, v TEXT)")
-            db.executemany(
-                f"INSERT INTO {quoted} VALUES (?, ?)", [(i, name) for i in range(number + 1)]
-            )
-        db.commit()
+    _name_tables(shop, names)
     target = ["--target", tmp_path / "wh.duckdb"]
     if into == "clickhouse":
         target = ["--target", tmp_path / "wh", "--target-kind", "clickhouse"]
