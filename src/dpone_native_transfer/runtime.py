@@ -193,6 +193,10 @@ class TransferRuntime:
             # this route's checkpoints predate the refresh: none is a window of its now (one
             # with the same bounds was skipped as committed, and its rows never loaded again)
             latest = as_latest(())
+            # kept before the target call: a run killed after its commit, before its state,
+            # left the older state, and the next run (no longer realigned: its batch is
+            # newer than the refresh) appended the refreshed rows again (exit 0)
+            attempt.states.save_source_state(route, state.stored())
             attempt.events.emit(EventName.STATE_REALIGNED, batch_id=refreshed.batch_id)
         plan = plan_attempt(spec, route, latest, state, shape)
         if plan.many_partitions:

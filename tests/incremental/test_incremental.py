@@ -606,6 +606,41 @@ def test_a_refresh_route_takes_a_retyped_column_once_its_table_is_dropped(
         ]
 
 
+@pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "no-ledger"])
+def test_an_append_killed_before_its_state_after_a_refresh_loads_no_row_twice(
+    tmp_path: Path, ledger: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first append run after a refresh committed, then died before writing its state:
+    the next run, no longer realigned (its batch is newer than the refresh), planned from the
+    older state and appended the refreshed rows again, exit 0. The realigned state is kept
+    before the target call now."""
+    from dpone_native_transfer.runtime import TransferRuntime
+
+    build_sample_source(tmp_path / "source.db", rows=30, partitions=3)
+    append, refresh = tmp_path / "append.toml", tmp_path / "refresh.toml"
+    for file, strategy in ((append, "incremental_append"), (refresh, "full_refresh")):
+        text = routes.route_text(kind="sqlite", strategy=strategy)
+        if not ledger:
+            text = text.replace(
+                'table = "orders_copy"\n', 'table = "orders_copy"\nledger = false\n'
+            )
+        file.write_text(text)
+    run(append)
+    build_sample_source(tmp_path / "source.db", rows=10, partitions=3, start_id=31)
+    run(refresh)
+    build_sample_source(tmp_path / "source.db", rows=5, partitions=3, start_id=41)
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise OSError("killed after the commit, before the state")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(TransferRuntime, "_settle", killed)
+        run(append, code=1)
+    assert target_ids(tmp_path) == source_ids(tmp_path)  # the commit took
+    assert "loaded 0 rows" in run(append).stdout
+    assert target_ids(tmp_path) == source_ids(tmp_path)
+
+
 def test_a_lost_store_names_the_route_whose_batches_the_ledger_holds(tmp_path: Path) -> None:
     """The store was lost after a refresh; the append route's error told the operator to
     restore the append route, whose restore found no batch of its own (exit 2). It names
