@@ -312,10 +312,11 @@ class _Target:
     def prover(self, route: RouteKey, *, epoch: int = 0, advance: bool = False) -> Prover:
         """What the route's target proves; with ``advance``, for a lease of ``epoch``. The
         route file's batch column counts only its own route's rows."""
-        own = self.config is not None and route.as_dict() == self.config.route.as_dict()
-        column = self.config.batch_column if own and self.config is not None else None
+        config = self.config
+        column = None if config is None else config.batch_column
+        mine = None if config is None else config.route
         sink = self.sink(route)
-        return Prover(sink, epoch=epoch, advance=advance, batch_column=column)
+        return Prover(sink, epoch=epoch, advance=advance, batch_column=column, batch_route=mine)
 
 
 def _target(args: argparse.Namespace, *, route_required: bool) -> _Target:
@@ -591,10 +592,11 @@ def _verify_command(args: argparse.Namespace) -> int:
     with _opened(target.store) as store:
         routes = target.routes(store)
         routes = [*routes, *target.blocking(store, routes)]
-        for route in routes:
-            found, entries, reason = _proofs(store, target, route)
-            proofs.extend(found)
-            blocked = {p.batch_id for p in found if p.batch_id is not None}
+        read = [(route, *_proofs(store, target, route)) for route in routes]
+        proofs = [proof for _, found, _, _ in read for proof in found]
+        # every route's blocked batch, as a run stops at any of them before the cross-check
+        blocked = {p.batch_id for p in proofs if p.batch_id is not None}
+        for route, _, entries, reason in read:
             mismatch = _mismatch(store, target, route, entries, blocked)
             if mismatch is not None:
                 mismatches.append((route, mismatch))
@@ -644,7 +646,7 @@ def _miscounted(
     ledger row records, where the target can tell: a route with a ``batch_column``."""
     sink, config = target.sink(route), target.config
     column = None if config is None else config.batch_column
-    if column is None:
+    if column is None or config is None or route != config.route:  # not another route's
         return []
     found = []
     for entry in live_entries(entries, ledger_overrides(store, route)):

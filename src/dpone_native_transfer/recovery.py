@@ -133,11 +133,13 @@ class Prover:
         epoch: int = 0,
         advance: bool = False,
         batch_column: str | None = None,
+        batch_route: RouteKey | None = None,
     ) -> None:
         self._sink = sink
         self._epoch = epoch
         self._advance = advance
         self._batch_column = batch_column
+        self._batch_route = batch_route  # whose batches the column counts (None: any route's)
         self._fenced: bool | None = False  # None: raising it failed
         self._entries: list[LedgerEntry] | None = None
         self.reason: str | None = None  # why the ledger could not be read, once it was tried
@@ -215,6 +217,9 @@ class Prover:
         it, every partition it lists, also those already promoted (a kill during the
         promotion leaves only some blocked)."""
         sink, column = self._sink, self._batch_column
+        if self._batch_route is not None and route != self._batch_route:
+            column = None  # another route's rows of the table: the column is not theirs (a
+            # 0 counted for them resolved an applied batch as not applied)
         if column is None and route.strategy is Strategy.MERGE:
             column = getattr(sink.features, "merge_batch_column", None)
         if column is None:

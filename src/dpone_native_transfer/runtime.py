@@ -229,7 +229,13 @@ class TransferRuntime:
         if spec.recovery == "from_target":
             _check_target(spec.sink)
             epoch = self._fenced_epoch(ledger, attempt.lease)
-            prover = Prover(ledger, epoch=epoch or 0, advance=True, batch_column=spec.batch_column)
+            prover = Prover(
+                ledger,
+                epoch=epoch or 0,
+                advance=True,
+                batch_column=spec.batch_column,
+                batch_route=route,
+            )
             recovery = TargetRecovery(
                 store=attempt.store, route=route, run_id=spec.run_id, prover=prover, events=events
             )

@@ -208,7 +208,7 @@ def _healing(
     if not blocked:
         return []
     latest = as_latest(store.list_latest(config.route))
-    prover = Prover(config.sink, batch_column=config.batch_column)
+    prover = Prover(config.sink, batch_column=config.batch_column, batch_route=config.route)
     found = []
     for batch, ids in blocked.items():
         if config.ledger:

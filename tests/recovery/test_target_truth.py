@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -461,6 +462,67 @@ def test_verify_of_a_route_shows_the_block_another_route_of_its_table_left(site:
     healed = dpone("run", append, "--recovery", "from_target", "--quiet")
     assert healed.returncode == 0, healed.stderr
     site.exactly_once()
+
+
+def test_a_batch_column_proves_only_its_own_routes_batches(tmp_path: Path) -> None:
+    """Two routes append into one ClickHouse table; A has a batch column, B none. B's batch,
+    applied, blocked: A's ``--recovery from_target`` counted it by A's column (0 rows) and
+    resolved it as not applied, audited ("as the target's ledger proves"). It is left for
+    B's own proof now: ClickHouse's ledger row proves nothing without B's column."""
+    files = {}
+    for name, table, start, extra in (
+        ("a", "oa", 0, 'batch_column = "ab"\n'),
+        ("b", "ob", 1000, ""),
+    ):
+        folder = tmp_path / name
+        folder.mkdir()
+        with contextlib.closing(sqlite3.connect(folder / "source.db")) as db:
+            db.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, region TEXT, at INTEGER)")
+            rows = [(start + i, "eu" if i % 2 else "us", i) for i in range(1, 11)]
+            db.executemany(f"INSERT INTO {table} VALUES (?, ?, ?)", rows)
+            db.commit()
+        files[name] = folder / "route.toml"
+        files[name].write_text(
+            f'[source]\npath = "source.db"\ntable = "{table}"\npartition_column = "region"\n'
+            'cursor_column = "at"\n\n[target]\nkind = "clickhouse"\npath = "../chdata"\n'
+            f'table = "orders_copy"\n{extra}\n[transfer]\nstrategy = "incremental_append"\n'
+            'path = "legacy"\n\n[store]\npath = "../checkpoints.db"\n'
+        )
+        assert dpone("run", files[name], "--quiet").returncode == 0
+    with contextlib.closing(sqlite3.connect(tmp_path / "b" / "source.db")) as db:
+        db.executemany(
+            "INSERT INTO ob VALUES (?, 'eu', ?)", [(2000 + i, 100 + i) for i in range(5)]
+        )
+        db.commit()
+
+    # B's batch committed, its promotion failed, in a process now gone (a ClickHouse batch no
+    # row of which is found heals only once the process that armed it is gone)
+    child = (
+        "import sys\n"
+        "from dpone_native_transfer.application import transfer\n"
+        "from dpone_native_transfer.pipeline import load_route\n"
+        "from dpone_native_transfer.testing import FaultyStore, InjectedFault, phase_batch\n"
+        "def failing(real):\n"
+        "    faulty = FaultyStore(real)\n"
+        "    faulty.fail_batch(phase_batch('checkpoint_committed'), error=InjectedFault('x'))\n"
+        "    return faulty\n"
+        "try:\n"
+        "    transfer(load_route(sys.argv[1]), 'applied', wrap_store=failing)\n"
+        "except InjectedFault:\n"
+        "    sys.exit(7)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    blocked = subprocess.run([sys.executable, "-c", child, str(files["b"])], env=env)
+    assert blocked.returncode == 7
+    healed = dpone("run", files["a"], "--recovery", "from_target", "--quiet")
+    assert healed.returncode == 3, healed.stdout + healed.stderr
+    assert "resolved as" not in healed.stdout + healed.stderr
+    with contextlib.closing(sqlite3.connect(tmp_path / "checkpoints.db")) as store:
+        assert store.execute("SELECT count(*) FROM audit").fetchone() == (0,)
+    verified = dpone("guard", "verify", files["b"], "--json")
+    (proof,) = [json.loads(line) for line in verified.stdout.splitlines() if '"proof"' in line]
+    assert proof["proof"]["verdict"] == "applied" and proof["route"]["source_table"] == "ob"
+    assert dpone("run", files["b"], "--quiet").returncode == 3  # still B's to resolve
 
 
 def test_a_renamed_source_table_does_not_bypass_the_guard(sqlite_site: Site) -> None:
