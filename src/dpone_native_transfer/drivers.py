@@ -92,7 +92,8 @@ _REASONS = {
     "timed_out": "the connection timed out",
     "too_many_connections": "the server has too many connections (its own limit, the "
     "login's or the database's)",
-    "server_unavailable": "the server is starting up, shutting down or in recovery",
+    "server_unavailable": "the server is starting up, shutting down or in recovery, or "
+    "an administrator ended the session",
     "connection_failed": "the connection failed or was lost",
 }
 
