@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from .checkpoints import PartitionCheckpoint, RouteKey, Strategy
+from .checkpoints import PartitionCheckpoint, RouteKey
 from .connectors.contract import Source
 from .errors import ConfigInvalid, CursorNull
 from .payloads import Column, cursor_window
@@ -217,21 +217,13 @@ def plan_edge(
 ) -> EdgePlan | None:
     """An append route's edge record and the edge rows it has not loaded; None for a route
     without a cursor or a source that cannot read its edge. NULL-cursor rows that
-    ``on_null_cursor = "error"`` refuses stop the run here, before the target. A full
-    refresh loads every row: a fresh record of the rows at its top, which a route of its
-    table continues from (``SourceState.realigned``; an unknown one lost the ties written
-    after the refresh, exit 0). Its NULL-cursor rows are not recorded (an engine's read of
-    the top rows leaves them out): the route takes those the source holds as loaded."""
+    ``on_null_cursor = "error"`` refuses stop the run here, before the target."""
     cursor = source.cursor_column
-    refreshes = route.strategy is Strategy.FULL_REFRESH
-    if not (route.strategy.incremental or refreshes) or cursor is None:
+    if not route.strategy.incremental or cursor is None:
         return None
-    if not refreshes:
-        check_lag(lag, kind)
+    check_lag(lag, kind)
     if not source.features.reads_edges:
         return None
-    if refreshes:  # the rows at its top only (``planner.plan_attempt``: no lag)
-        return EdgePlan(Edge(nulls=False).matching(columns), EdgeScan())
     edge = Edge.of_state(route, state).matching(columns)
     load_nulls = on_null_cursor == "load_once"
     edge, scan = scan_edge(

@@ -506,7 +506,6 @@ def plan_attempt(
     if not candidates and spec.governance.enabled and not source.partition_values():
         spec.governance.check(route, 0)  # an empty source is gated too, before the target
     upto = window.advanced_state()["watermark"]
-    lag = 0 if route.strategy is Strategy.FULL_REFRESH else spec.lag  # its top: ``plan_edge``
     return AttemptPlan(
         state=state,
         shape=shape,
@@ -515,5 +514,5 @@ def plan_attempt(
         window=window,
         candidates=tuple(candidates),
         resume=resume,
-        top_since=None if edge is None else top_of_window(source, upto, lag, kind),
+        top_since=None if edge is None else top_of_window(source, upto, spec.lag, kind),
     )

@@ -189,9 +189,7 @@ class TransferRuntime:
         state = SourceState.read(route, self.state_store.load_source_state(route))
         if refreshed is not None:  # another route's full refresh: continue where it ended
             merges = route.strategy is Strategy.MERGE  # all again (``ledger._continues``)
-            watermark = None if merges else refreshed.watermark
-            edge = None if merges else self._refresh_edge(route, refreshed)
-            state = (state or SourceState()).realigned(watermark, edge=edge)
+            state = (state or SourceState()).realigned(None if merges else refreshed.watermark)
             # this route's checkpoints predate the refresh: none is a window of its now (one
             # with the same bounds was skipped as committed, and its rows never loaded again)
             latest = as_latest(())
@@ -384,26 +382,6 @@ class TransferRuntime:
         if fence >= lease.epoch:
             lease.raise_epoch(fence + 1)
         return lease.epoch
-
-    def _refresh_edge(self, route: RouteKey, refreshed: LedgerEntry) -> Any:
-        """The edge record the refresh ``refreshed`` kept in its route's state (its top rows
-        and NULL-cursor rows, ``cursor_edge.plan_edge``), while that state is still the
-        refresh's (its watermark, its cursor column); else None: the edge is unknown."""
-        if refreshed.source_location is None or route.target_location is None:
-            return None
-        key = attrs.evolve(
-            route,
-            source_table=refreshed.source_table,
-            strategy=Strategy.FULL_REFRESH,
-            source_location=refreshed.source_location,
-        )
-        stored = SourceState.read(key, self.state_store.load_source_state(key))
-        if stored is None or stored.watermark != refreshed.watermark:
-            return None
-        definition = stored.definition if isinstance(stored.definition, dict) else {}
-        if definition.get("cursor_column") != refreshed.cursor_column:
-            return None
-        return stored.edge
 
     def _held(self, lease: Lease) -> Any:
         """The store as the attempt's hooks write it: under the lease."""

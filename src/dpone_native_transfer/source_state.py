@@ -148,15 +148,14 @@ class SourceState:
             definition=stored.get(DEFINITION_KEY),
         )
 
-    def realigned(self, watermark: Any, *, edge: Any = None) -> SourceState:
+    def realigned(self, watermark: Any) -> SourceState:
         """The state continued where another route's full refresh of the table ended: its
-        watermark and ``edge``, the record the refresh kept (else nothing known at the edge),
-        no definition (the checkpoints have it). No watermark (a refresh that loaded no row,
-        or a merge route's whole source again): the state of a route's first run, at this
-        generation."""
+        watermark, nothing known at the edge, no definition (the checkpoints have it). No
+        watermark (a refresh that loaded no row, or a merge route's whole source again):
+        the state of a route's first run, at this generation."""
         if watermark is None:
             return SourceState(generation=self.generation)
-        edge = edge if edge is not None else Edge(upto=watermark, nulls=False).as_state()
+        edge = Edge(upto=watermark, nulls=False).as_state()
         return SourceState(generation=self.generation, watermark=watermark, edge=edge)
 
     def stored(self) -> dict[str, Any]:

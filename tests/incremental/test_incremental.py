@@ -641,36 +641,6 @@ def test_an_append_killed_before_its_state_after_a_refresh_loads_no_row_twice(
     assert target_ids(tmp_path) == source_ids(tmp_path)
 
 
-@pytest.mark.parametrize("path", ["staged", "lazy-plan"])
-@pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "no-ledger"])
-def test_a_row_written_at_a_refreshs_top_after_it_is_appended_once(
-    tmp_path: Path, ledger: bool, path: str
-) -> None:
-    """The append after a refresh went on with an unknown edge: a row written later at the
-    refresh's highest cursor value was never loaded (exit 0). The refresh keeps a record of
-    the rows at its top, and the append goes on from it."""
-    build_sample_source(tmp_path / "source.db", rows=30, partitions=3)
-    append, refresh = tmp_path / "append.toml", tmp_path / "refresh.toml"
-    for file, strategy in ((append, "incremental_append"), (refresh, "full_refresh")):
-        text = routes.route_text(kind="sqlite", strategy=strategy, path=path)
-        if not ledger:
-            text = text.replace(
-                'table = "orders_copy"\n', 'table = "orders_copy"\nledger = false\n'
-            )
-        file.write_text(text)
-    run(append)
-    build_sample_source(tmp_path / "source.db", rows=10, partitions=3, start_id=31)
-    run(refresh)
-    alter_source(  # a tie at the refresh's top, and a row above it
-        tmp_path,
-        "INSERT INTO orders SELECT 41, region, 1.0, updated_at FROM orders WHERE id = 40",
-        "INSERT INTO orders VALUES (42, 'region-000', 2.0, 1000042)",
-    )
-    assert "loaded 2 rows" in run(append).stdout
-    assert target_ids(tmp_path) == source_ids(tmp_path)
-    assert "loaded 0 rows" in run(append).stdout
-
-
 def test_a_lost_store_names_the_route_whose_batches_the_ledger_holds(tmp_path: Path) -> None:
     """The store was lost after a refresh; the append route's error told the operator to
     restore the append route, whose restore found no batch of its own (exit 2). It names
