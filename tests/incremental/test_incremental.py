@@ -540,6 +540,20 @@ def test_refresh_then_append_never_duplicates(
         assert target_rows(tmp_path, "sqlite") == 40
 
 
+def append_and_refresh(folder: Path, *, ledger: bool = True) -> tuple[Path, Path]:
+    """An append route file and a full refresh route file of the sample table into one
+    target table; ``ledger`` False turns the target's ledger off in both."""
+    files = folder / "append.toml", folder / "refresh.toml"
+    for file, strategy in zip(files, ("incremental_append", "full_refresh"), strict=True):
+        text = routes.route_text(kind="sqlite", strategy=strategy)
+        if not ledger:
+            text = text.replace(
+                'table = "orders_copy"\n', 'table = "orders_copy"\nledger = false\n'
+            )
+        file.write_text(text)
+    return files
+
+
 @pytest.mark.parametrize("refreshed_before", [True, False], ids=["refreshed", "first-refresh"])
 @pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "no-ledger"])
 def test_after_a_refresh_of_an_emptied_source_the_append_loads_every_new_row(
@@ -550,14 +564,7 @@ def test_after_a_refresh_of_an_emptied_source_the_append_loads_every_new_row(
     that found it empty recorded none, and the append was refused for good. The append's
     first window also had the bounds of the one it takes now: it was skipped as committed."""
     build_sample_source(tmp_path / "source.db", rows=30, partitions=3, start_id=100)
-    append, refresh = tmp_path / "append.toml", tmp_path / "refresh.toml"
-    for file, strategy in ((append, "incremental_append"), (refresh, "full_refresh")):
-        text = routes.route_text(kind="sqlite", strategy=strategy)
-        if not ledger:
-            text = text.replace(
-                'table = "orders_copy"\n', 'table = "orders_copy"\nledger = false\n'
-            )
-        file.write_text(text)
+    append, refresh = append_and_refresh(tmp_path, ledger=ledger)
     if refreshed_before:
         run(refresh)
     run(append)
@@ -617,14 +624,7 @@ def test_an_append_killed_before_its_state_after_a_refresh_loads_no_row_twice(
     from dpone_native_transfer.runtime import TransferRuntime
 
     build_sample_source(tmp_path / "source.db", rows=30, partitions=3)
-    append, refresh = tmp_path / "append.toml", tmp_path / "refresh.toml"
-    for file, strategy in ((append, "incremental_append"), (refresh, "full_refresh")):
-        text = routes.route_text(kind="sqlite", strategy=strategy)
-        if not ledger:
-            text = text.replace(
-                'table = "orders_copy"\n', 'table = "orders_copy"\nledger = false\n'
-            )
-        file.write_text(text)
+    append, refresh = append_and_refresh(tmp_path, ledger=ledger)
     run(append)
     build_sample_source(tmp_path / "source.db", rows=10, partitions=3, start_id=31)
     run(refresh)
@@ -646,9 +646,7 @@ def test_a_lost_store_names_the_route_whose_batches_the_ledger_holds(tmp_path: P
     restore the append route, whose restore found no batch of its own (exit 2). It names
     the refresh route now, whose restore lets the append go on exactly."""
     build_sample_source(tmp_path / "source.db", rows=30, partitions=3)
-    append, refresh = tmp_path / "append.toml", tmp_path / "refresh.toml"
-    for file, strategy in ((append, "incremental_append"), (refresh, "full_refresh")):
-        file.write_text(routes.route_text(kind="sqlite", strategy=strategy))
+    append, refresh = append_and_refresh(tmp_path)
     run(refresh)
     (tmp_path / "checkpoints.db").unlink()
     refused = run(append, code=3)
