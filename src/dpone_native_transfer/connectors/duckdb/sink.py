@@ -906,7 +906,9 @@ def _view_exists(conn: Any, table: TableName) -> bool:
 def _table_exists(conn: Any, table: TableName, *, kind: str = "table") -> bool:
     """DuckDB matches table and schema names case-insensitively (ASCII only), even quoted;
     so does this. An unqualified table is looked up in the current schema. ``kind``: "view"
-    looks for a view of the name."""
+    looks for a view of the name. A name that resolves to nothing needs no listing."""
+    if not _resolves(conn, table.sql()):
+        return False
     current = "" if table.schema is not None else " AND schema_name = current_schema()"
     rows = conn.execute(
         f"SELECT schema_name, {kind}_name FROM duckdb_{kind}s()"
@@ -916,12 +918,17 @@ def _table_exists(conn: Any, table: TableName, *, kind: str = "table") -> bool:
 
 
 def _own_table_exists(conn: Any, name: str) -> bool:
-    """Whether dpone's own table ``name`` (ledger, fence, rejects) resolves as the statements
-    that use it name it, unqualified: a probe, 0.2 ms however many tables the file holds,
-    where listing ``duckdb_tables()`` grows with them (1 ms at 100, 15 ms at 1,000, several
-    times a run). A catalog error leaves DuckDB's transaction usable."""
+    """Whether dpone's own table ``name`` (ledger, fence, rejects) exists, as the statements
+    that use it name it: unqualified."""
+    return _resolves(conn, quote(name))
+
+
+def _resolves(conn: Any, name: str) -> bool:
+    """Whether the SQL name ``name`` resolves to a table or view: a probe, 0.2 ms however many
+    tables the file holds, where listing ``duckdb_tables()`` grows with them (1 ms at 100,
+    15 ms at 1,000). A catalog error leaves DuckDB's transaction usable."""
     try:
-        conn.execute(f"SELECT 1 FROM {quote(name)} LIMIT 0")
+        conn.execute(f"SELECT 1 FROM {name} LIMIT 0")
     except duckdb_driver().CatalogException:
         return False
     return True
