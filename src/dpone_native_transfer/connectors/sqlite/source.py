@@ -2,8 +2,9 @@
 built-in engines read themselves).
 
 Every call opens its own connection and closes it before returning (within an attempt's
-``snapshot``, its one held read transaction), so other workers and child processes can use
-the same file between calls. Identifiers are always quoted and values always bound as
+``snapshot``, the attempt's one connection, holding no lock between statements unless the
+file is in WAL mode), so other workers and child processes can use the same file between
+calls. Identifiers are always quoted and values always bound as
 parameters. Errors raised here on purpose name tables and columns only, never the file path
 or a sqlite message.
 """
@@ -119,10 +120,12 @@ class SQLiteSource(TableSource):
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[None]:
-        """For a file in WAL mode: one connection holds a read transaction
-        for the attempt, and this thread's reads use it (``reader``). A file in rollback-
-        journal mode is read a transaction per statement, as without it: holding its read
-        lock would stop every writer for the whole attempt."""
+        """One connection for the attempt, which this thread's reads use (``reader``). For a
+        file in WAL mode it holds a read transaction. A file in rollback-journal mode is read
+        a transaction per statement, as without it: holding its read lock would stop every
+        writer for the whole attempt; the connection is kept, idle between statements, so
+        that each read does not open the file again and parse its schema (2 ms a read in a
+        file of 1,000 tables)."""
         if self._held is not None or not os.path.isfile(self.path):
             yield  # held already, or each read reports the missing file
             return
@@ -136,10 +139,6 @@ class SQLiteSource(TableSource):
             except BaseException:
                 conn.close()
                 raise
-        if not wal:
-            conn.close()
-            yield
-            return
         self._held = (conn, threading.get_ident())
         try:
             yield
