@@ -601,7 +601,8 @@ def _idle(folder: Path, seconds: float) -> bool:
 
 def _check_target_columns(attempt: _Attempt, shape: SourceShape, merge: Merge | None) -> None:
     """Before the target call: the schema contract on the columns the target gets (a merge
-    route's less its deleted column), and what a merge needs of the target table."""
+    route's less its deleted column), and what a merge needs of the target table, or an
+    append or refresh (every row kept)."""
     spec = attempt.spec
     target = shape.columns if merge is None else merge.target_columns(shape.columns)
     added = apply_schema_contract(attempt.route, spec.sink, target, spec.schema_contract)
@@ -609,6 +610,8 @@ def _check_target_columns(attempt: _Attempt, shape: SourceShape, merge: Merge | 
         attempt.events.emit(EventName.SCHEMA_EVOLVED, columns=added)
     if merge is not None:
         spec.sink.check_merge(merge, target)
+    else:
+        spec.sink.check_keeps_rows(target)
 
 
 def _stamped(

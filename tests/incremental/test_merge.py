@@ -1384,6 +1384,56 @@ def test_a_target_table_a_merge_cannot_run_on_is_refused_before_the_target(
     check_target(target, source)
 
 
+_COLUMNS_MADE = ("seq Nullable(Int64), tenant Nullable(String), id Nullable(Int64), region"
+                 " Nullable(String), v Nullable(Int64), status Nullable(String), gone"
+                 " Nullable(Bool)")  # fmt: skip
+_KEEPING_FEWER = {
+    "a merge route's ReplacingMergeTree": None,
+    "a hand-made SummingMergeTree": f"CREATE TABLE events ({_COLUMNS_MADE}) ENGINE ="
+    " SummingMergeTree ORDER BY tuple() SETTINGS allow_nullable_key = 1",
+    "a Null table": f"CREATE TABLE events ({_COLUMNS_MADE}) ENGINE = Null",
+}
+
+
+@pytest.mark.parametrize(
+    ("shape", "strategy"),  # an append after the merge route is refused before (exit 3)
+    [(shape, strategy) for shape in sorted(_KEEPING_FEWER)
+     for strategy in ("full_refresh", "incremental_append") if "merge" not in shape
+     or strategy == "full_refresh"],
+)  # fmt: skip
+def test_an_append_or_refresh_into_a_clickhouse_table_keeping_fewer_rows_is_refused(
+    tmp_path, strategy, shape
+):
+    """A full refresh into the table a merge route made collapsed the batch's versions of a
+    key at once: its count came short inside the target call, both routes were blocked, and
+    a soft-deleted version stood as a live row. Now any append or refresh into a table that
+    does not keep every row (exit 2, nothing written, nothing blocked); the merge route goes
+    on exactly."""
+    target = Target("clickhouse", tmp_path)
+    source = make_events(tmp_path)
+    add(source, ("acme", 1, "eu", 1, "old", False), ("acme", 1, "eu", 2, "new", False),
+        ("beta", 2, "us", 1, "x", False), ("beta", 2, "us", 3, "x", True))  # fmt: skip
+    ddl = _KEEPING_FEWER[shape]
+    merge = events_route(tmp_path, target, "staged").rename(tmp_path / "merge.toml")
+    if ddl is None:
+        assert run(merge).returncode == 0
+    else:
+        _make(target, ddl)
+    kept, ledger = target.rows("events", ("v",)), target.ledger_rows()
+    plain = write_route(tmp_path, target, table="events", path="staged",
+                        partition_column="region", cursor_column="v",
+                        transfer={"strategy": strategy})  # fmt: skip
+    done = run(plain)
+    assert done.returncode == 2, done.stderr
+    assert "native_transfer_config_invalid" in done.stderr
+    assert "does not keep every row" in done.stderr
+    assert target.rows("events", ("v",)) == kept and target.ledger_rows() == ledger
+    if ddl is None:
+        add(source, ("acme", 1, "eu", 4, "newer", False))
+        assert run(merge).returncode == 0
+        check_target(target, source)
+
+
 _STATUS_UNIQUE = {
     "sqlite": "CREATE TABLE events (tenant TEXT, id INTEGER, region TEXT, v INTEGER,"
     " status TEXT UNIQUE, PRIMARY KEY (tenant, id))",

@@ -144,6 +144,11 @@ _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # an Arrow IPC stream's la
 
 # ClickHouse's own databases; chDB's holds its temporary tables.
 _RESERVED_DATABASES = ("system", "information_schema", "_temporary_and_external_tables")
+# Engines that keep fewer rows than they are sent: rows of one sorting key collapse into one
+# (or are summed, aggregated) in background merges, and Null keeps none. Replicated and
+# Shared variants end the same.
+_COLLAPSING = ("ReplacingMergeTree", "CollapsingMergeTree", "SummingMergeTree",
+               "AggregatingMergeTree", "GraphiteMergeTree", "CoalescingMergeTree")  # fmt: skip
 # ClickHouse names a table's metadata files by its name escaped (a byte other than
 # [A-Za-z0-9_] is %XX): ``<table>.sql.detached``, and ``<database>.<table>.<uuid>.sql`` once
 # dropped. With 255-byte file names, a longer one cannot be created (206 in chDB's default).
@@ -574,6 +579,24 @@ class ClickHouseSink(Sink, EnginePull):
             if types.get(name) not in (made, made.removeprefix("Nullable(")[:-1]):
                 why = "a key or cursor column is of another type than dpone makes it"
                 raise unmergeable(self.table, why, column=name)
+
+    def check_keeps_rows(self, columns: Sequence[Column]) -> None:
+        """An append or full refresh into a table of an engine that collapses rows (a merge
+        route's ``ReplacingMergeTree``, a hand-made ``SummingMergeTree``) or keeps none
+        (``Null``) would lose rows: at once, and the count then came short inside the target
+        call and blocked the route, or later, in a background merge, silently."""
+        with self.client() as client:
+            condition, params = _in_database(self._target)
+            found = client.query_rows(f"SELECT engine FROM system.tables WHERE {condition}", params)
+        engine = found[0][0] if found else ""
+        if engine == "Null" or engine.endswith(_COLLAPSING):
+            raise ConfigInvalid(
+                f"target table {self.table!r} is of engine {engine}, which does not keep every"
+                " row it is sent; nothing was written; an append or full refresh route needs a"
+                " table that keeps them (MergeTree), and a ReplacingMergeTree table a merge"
+                " route made is loaded by that merge route only",
+                diagnostics={"table": self.table, "engine": engine},
+            )
 
     def add_columns(self, columns: Sequence[Column]) -> None:
         """One ALTER for all of them; ClickHouse adds columns as a metadata change."""

@@ -342,6 +342,14 @@ class Sink(Protocol):
         default finds nothing to refuse."""
         return None
 
+    def check_keeps_rows(self, columns: Sequence[Column]) -> None:
+        """On an append or full refresh route, after the schema contract and before the
+        target call: refuse (``ConfigInvalid``) an existing target table that would not keep
+        every row of ``columns`` it is sent (ClickHouse's engines that collapse rows), so the
+        route is refused, not blocked by a count that comes short in the target call. Reads
+        only; the default finds nothing to refuse."""
+        return None
+
     def holding_connection(self) -> contextlib.AbstractContextManager[None]:
         """Calls within may share one connection, closed on exit even when the attempt fails
         (entered under the lease around the attempt; the default holds none). A chDB
