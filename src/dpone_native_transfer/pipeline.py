@@ -157,10 +157,11 @@ class Pipeline:
     def selected(
         self, names: Sequence[str] | None, *, argument: str = "--tables"
     ) -> list[PipelineTable]:
-        """The tables named (each once), or every table."""
+        """The tables named (each once, however it is spelled), or every table."""
         if not names:
             return list(self.tables)
-        return [self.table(name, argument=argument) for name in dict.fromkeys(names)]
+        picked = (self.table(name, argument=argument) for name in names)
+        return list({table.name: table for table in picked}.values())
 
 
 def _listed(names: Sequence[str], shown: int = 20) -> str:
@@ -287,6 +288,7 @@ def pipeline_from_mapping(
     located = os.fspath(folder / source["path"]) if "path" in source else str(source["dsn"])
     catalog = {info.name: info for info in read_catalog(kind, located, rows=rows)}
     folded = kind == "sqlite"  # SQLite's names ignore ASCII case (only)
+    sections["tables"] = _named_as_source(sections["tables"], catalog, folded=folded)
     names = _selected(sections, catalog, folded=folded)
     tables = [
         PipelineTable(
@@ -350,19 +352,41 @@ def _known(table: Mapping[str, Any], keys: Sequence[str], *where: str) -> None:
             )
 
 
+def _found(name: str, catalog: Mapping[str, TableInfo], *, folded: bool) -> str | None:
+    """The source's own name of the table ``name`` names, or None."""
+    if name in catalog:
+        return name
+    if folded:
+        return next((n for n in catalog if fold_ascii(n) == fold_ascii(name)), None)
+    return None
+
+
+def _named_as_source(
+    tables: Mapping[str, dict[str, Any]], catalog: Mapping[str, TableInfo], *, folded: bool
+) -> dict[str, dict[str, Any]]:
+    """Each ``[tables.NAME]`` keyed by the source's own name of its table: a SQLite source's
+    ``[tables.ORDERS]`` is its table ``orders``, as in ``[pipeline] tables`` and
+    ``--tables``. Two sections of one table are refused."""
+    keyed: dict[str, dict[str, Any]] = {}
+    for spelled, settings in tables.items():
+        name = _found(spelled, catalog, folded=folded)
+        if name is None:
+            raise _invalid(_dotted("tables", spelled), "names no table of the source")
+        if name in keyed:
+            raise _invalid(
+                _dotted("tables", spelled),
+                f"names source table {name!r}, as another [tables] section does",
+            )
+        keyed[name] = settings
+    return keyed
+
+
 def _selected(
     sections: Mapping[str, Mapping[str, Any]], catalog: Mapping[str, TableInfo], *, folded: bool
 ) -> list[str]:
     """The tables the file selects, in its order: ``[pipeline] tables`` (names; patterns,
     each matching some table; ``!`` patterns taking matches out again), then each
     ``[tables.NAME]``. A table named explicitly is never taken out by a pattern."""
-
-    def found(name: str) -> str | None:
-        if name in catalog:
-            return name
-        if folded:
-            return next((n for n in catalog if fold_ascii(n) == fold_ascii(name)), None)
-        return None
 
     listed = sections["pipeline"].get("tables", [])
     named = list(sections["tables"])
@@ -392,13 +416,10 @@ def _selected(
             else:
                 matched.extend(hits)
             continue
-        name = found(entry)
+        name = _found(entry, catalog, folded=folded)
         if name is None:
             raise _invalid(key, "names no table of the source")
         explicit.append(name)
-    for name in named:
-        if found(name) != name:
-            raise _invalid(_dotted("tables", name), "names no table of the source")
     picked = [*explicit, *(n for n in matched if n not in excluded), *named]
     if not picked:
         raise _invalid("pipeline.tables", "selects no table: its patterns take out every match")

@@ -381,6 +381,11 @@ def _bad(tmp_path: Path, shop: Path, **changes: Any) -> tuple[int, str]:
             "error: native_transfer_config_invalid: tables.orders names no table of the source",
         ),
         (
+            {"settings": {"t01": {"lag": 1}, "T01": {}}},
+            "error: native_transfer_config_invalid: tables.T01 names source table 't01', as "
+            "another [tables] section does",
+        ),
+        (
             {"settings": {"t01": {"target_table": "t02"}}},
             "error: native_transfer_config_invalid: tables.t02.target_table is the target table "
             'of tables.t01 too: tables share a target table only when each names it with its '
@@ -420,7 +425,8 @@ def _bad(tmp_path: Path, shop: Path, **changes: Any) -> tuple[int, str]:
         "unknown-table", "pattern-matches-nothing", "store-is-source", "store-is-target",
         "non-ascii-fold", "non-ascii-fold-pattern",
         "unknown-key", "unknown-column",
-        "bad-strategy", "bad-default", "unknown-table-section", "two-tables-one-target",
+        "bad-strategy", "bad-default", "unknown-table-section", "two-sections-one-table",
+        "two-tables-one-target",
         "bad-prefix", "location-of-another-kind", "selects-nothing", "source-path-type",
         "unknown-primary-key", "unknown-deleted-column",
     ],
@@ -782,6 +788,27 @@ def test_discover_names_the_target_tables_a_default_name_would_not_give(tmp_path
                 for name, table in tables.items()
             }
     assert counts == {name: names.index(name) + 1 for name in names if name}
+
+
+def test_a_sqlite_tables_name_in_another_case_is_that_table_once(tmp_path, shop):
+    """SQLite matches table names in any ASCII case. ``[tables.T01]`` was refused as naming
+    no table, and ``--tables t01,T01`` ran ``t01`` twice, both lines of the summary showing
+    the second run's 0 rows. Now a section in another case sets its table, and a table
+    named twice runs once."""
+    pipeline_file = write_pipeline(
+        tmp_path / "p.toml", source={"path": str(shop)},
+        target={"path": str(tmp_path / "warehouse.db")}, store=str(tmp_path / "checkpoints.db"),
+        tables=["t01", "t02"], settings={"T01": {"target_table": "first"}},
+    )  # fmt: skip
+    done = run_cli("run", pipeline_file, "--tables", "t01,T01,t02", "--json")
+    assert done.returncode == 0, done.stderr
+    ran = json.loads(done.stdout)
+    assert [(t["table"], t["target_table"]) for t in ran["tables"]] == [
+        ("t01", "first"), ("t02", "t02"),
+    ]  # fmt: skip
+    assert [t["rows_loaded"] for t in ran["tables"]] == [20, 20]
+    assert ran["totals"]["rows_loaded"] == 40
+    _exactly(sqlite_ids(tmp_path / "warehouse.db", "first"), sqlite_ids(shop, "t01"))
 
 
 def test_discover_reads_a_postgres_source_named_by_an_environment_variable(
