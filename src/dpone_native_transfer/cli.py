@@ -162,10 +162,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         reached = getattr(args, "reached", None)
         said = "" if reached is None else f": {reached.said()}"
         if isinstance(error, _Terminated) or signal.SIGTERM in arrived:
-            print(f"error: terminated (SIGTERM){said}", file=sys.stderr)
-            return EXIT_TERMINATED
-        print(f"error: interrupted{said}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+            return _report_stop("terminated", f"terminated (SIGTERM){said}", args)
+        return _report_stop("interrupted", f"interrupted{said}", args)
+
+
+def _report_stop(kind: str, message: str, args: argparse.Namespace) -> int:
+    """A stop by a signal the command did not summarise itself: its line on stderr, and with
+    ``--json`` one JSON object on stdout, as a failure's (``_report_failure``)."""
+    code = EXIT_TERMINATED if kind == "terminated" else EXIT_INTERRUPTED
+    print(f"error: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": kind, "message": message, "exit_code": code}, sort_keys=True))
+    return code
 
 
 class _Terminated(BaseException):

@@ -714,6 +714,36 @@ sys.exit(main())
 """
 
 
+@pytest.mark.parametrize("stop", ["terminated", "interrupted"])
+@pytest.mark.parametrize("pipeline", [False, True], ids=["route", "pipeline"])
+def test_a_run_with_json_stopped_before_its_summary_prints_one_json_object(
+    tmp_path, capsys, monkeypatch, stop, pipeline
+):
+    """A SIGTERM (or Ctrl-C) before a pipeline's first table started, or during a route's
+    run, printed its line on stderr and nothing on stdout: ``--json`` promises one object."""
+    route_file = make_route(tmp_path)
+    if pipeline:
+        route_file = tmp_path / "pipeline.toml"
+        route_file.write_text(
+            f'[pipeline]\ntables = ["orders"]\n[source]\npath = "{tmp_path / "source.db"}"\n'
+            f'[target]\npath = "{tmp_path / "target.db"}"\n[store]\npath = "s.db"\n'
+        )
+    raised = cli._Terminated if stop == "terminated" else KeyboardInterrupt
+
+    def stopped(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(cli, "load_pipeline" if pipeline else "transfer", stopped)
+    code = cli.main(["run", str(route_file), "--json"])
+    captured = capsys.readouterr()
+    assert code == (cli.EXIT_TERMINATED if stop == "terminated" else cli.EXIT_INTERRUPTED)
+    assert json.loads(captured.out) == {
+        "error": stop, "exit_code": code, "message": captured.err.strip().removeprefix("error: ")
+    }  # fmt: skip
+    assert captured.err.startswith(f"error: {stop}")
+    assert not (tmp_path / "target.db").exists()
+
+
 def test_a_ctrl_c_while_the_command_starts_ends_it_without_a_traceback(tmp_path):
     route_file = make_route(tmp_path)
     done = subprocess.run(
