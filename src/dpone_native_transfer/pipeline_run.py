@@ -46,6 +46,7 @@ from .application import transfer
 from .drivers import holding_connections
 from .errors import ConfigInvalid, NativeTransferError
 from .events import EventName
+from .plugins import Hooks, make_plugin_manager
 from .reporting import (
     EXIT_BLOCKED,
     EXIT_FAILED,
@@ -53,8 +54,11 @@ from .reporting import (
     EXIT_OK,
     EXIT_TERMINATED,
     Reached,
+    blocked_until_reconciled,
     exit_code_for,
 )
+from .route_status import route_status
+from .stores import open_store
 from .wording import plural
 
 if TYPE_CHECKING:
@@ -404,6 +408,26 @@ def chosen_workers(tables: Sequence[PipelineTable], jobs: int, workers: str = "a
 _PACKAGE = __name__.rpartition(".")[0]
 
 
+def _blocked_now(table: PipelineTable) -> str | None:
+    """After a worker process ended without answering (killed inside its target call, say),
+    whether the table's route is blocked now, as its store tells (``route_status``): the
+    events that tell it of a run that raised (``Reached.left_blocked``) died with it."""
+    config = table.config
+    try:
+        store = open_store(config.store_path, create=False, argument="store.path")
+    except Exception:  # no store yet, or none to reach: nothing it could block
+        return None
+    try:
+        status = route_status(store, config.route, Hooks(make_plugin_manager(None)))
+    except Exception:
+        return None
+    finally:
+        store.close()
+    if status["blocked_by"] is None:
+        return None
+    return blocked_until_reconciled("the worker process ended, and the store now blocks its route")
+
+
 class _Worker:
     """A worker process (``serve``), started for a worker thread's first table and closed
     when the thread has no more: one interpreter start and one set of kept connections per
@@ -456,6 +480,7 @@ class _Worker:
                 seconds=time.perf_counter() - started,
                 error=None if stop.is_set() else "WorkerProcessEnded",
                 exit_code=EXIT_FAILED,
+                left_blocked=None if stop.is_set() else _blocked_now(table),
             )
         if isinstance(ran.failure, _Foreign):
             ran = attrs.evolve(ran, failure=ran.failure.standing_in())

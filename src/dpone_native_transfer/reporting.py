@@ -202,10 +202,15 @@ class Reached:
             outcome = "the target committed the batch, but the store did not record it"
         else:
             return None
-        return (
-            f"{outcome}: the route is blocked until it is reconciled (`{PROG} guard verify`, "
-            "or a run with --recovery from_target)"
-        )
+        return blocked_until_reconciled(outcome)
+
+
+def blocked_until_reconciled(outcome: str) -> str:
+    """``outcome``, and what a person does about the block it left (``left_blocked``)."""
+    return (
+        f"{outcome}: the route is blocked until it is reconciled (`{PROG} guard verify`, "
+        "or a run with --recovery from_target)"
+    )
 
 
 def _blocked_lines(diagnostics: dict[str, Any]) -> list[str]:

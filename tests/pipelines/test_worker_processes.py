@@ -12,6 +12,7 @@ from helpers.cli import run_cli
 from helpers.pipelines import build_tables, sqlite_ids, write_pipeline
 from helpers.routes import write_route
 
+from dpone_native_transfer.connectors.sqlite import SQLiteSink
 from dpone_native_transfer.errors import ConfigInvalid
 from dpone_native_transfer.pipeline import load_pipeline
 from dpone_native_transfer.pipeline_run import (
@@ -136,3 +137,34 @@ def test_one_job_in_processes_starts_no_worker_and_says_threads(tmp_path, source
     result = run_tables(tables, "run-1", jobs=1, workers="processes")
     assert [run.outcome for run in result.tables] == ["succeeded", "succeeded"]
     assert result.workers == "threads"
+
+
+def test_a_worker_that_ended_says_whether_its_route_is_blocked_now(tmp_path, source, monkeypatch):
+    """A worker process killed inside its table's target call left the route blocked, and
+    the summary's ``left_blocked`` said null: the events that tell it died with the worker.
+    The store tells it: a table whose worker ended says so when its route is blocked now,
+    and says nothing when it is not."""
+    file = write_pipeline(
+        tmp_path / "p.toml", source={"path": str(source)}, target={"path": "w.db"},
+        store=str(tmp_path / "c.db"), tables=["t03", "t04"], defaults={"path": "legacy"},
+    )  # fmt: skip
+    tables = load_pipeline(file, rows=True).tables
+
+    def ended() -> tuple[str | None, str | None]:  # the first job runs here, t03
+        with monkeypatch.context() as patched:  # the second job's worker cannot start
+            patched.setattr("sys.executable", str(tmp_path / "no-such-python"))
+            runs = run_tables(tables, "run", jobs=2, workers="processes").tables
+        return runs[1].error, runs[1].left_blocked
+
+    assert ended() == ("WorkerProcessEnded", None)  # t04's route is not blocked
+
+    def unknown(self, *args, **kwargs):
+        raise RuntimeError("the connection dropped mid-load")  # the outcome is not known
+
+    with monkeypatch.context() as patched:  # t04's target call raises: its route blocked
+        patched.setattr(SQLiteSink, "load", unknown)
+        blocking = run_tables(tables[1:], "run-1", jobs=1, workers="threads")
+    assert blocking.tables[0].left_blocked is not None
+    error, blocked = ended()
+    assert error == "WorkerProcessEnded" and blocked is not None
+    assert blocked.startswith("the worker process ended") and "guard verify" in blocked
