@@ -266,6 +266,25 @@ class TargetAccessRefused(TargetUnavailable, AccessRefused):
     privilege (exit 2); nothing was written. Same code as ``TargetUnavailable``."""
 
 
+class TargetPrivilegeRefused(TargetAccessRefused):
+    """The login lacked a privilege a statement of the load needed (SQLSTATE ``42501``: to
+    create the schema's ledger or fence table, say) inside the load's transaction, which
+    the server aborted and the sink rolled back: nothing applied, the route not blocked
+    (exit 2, as ``TargetAccessRefused``)."""
+
+    applied: ClassVar[bool | None] = False
+
+    @classmethod
+    def rolled_back(cls, target_table: str) -> TargetPrivilegeRefused:
+        return cls(
+            f"the login of target table {target_table!r} lacks a privilege the load needed "
+            "(SQLSTATE 42501: INSERT on the table, CREATE on its schema where the table or "
+            "the schema's _dpone_ledger or _dpone_fence does not exist yet); the load was "
+            "rolled back and nothing was applied: grant it, then run again",
+            diagnostics={"target_table": target_table, "sqlstate": "42501"},
+        )
+
+
 class PluginLoadFailed(NativeTransferError):
     """An entry-point plugin could not be loaded or implements an unknown hook."""
 

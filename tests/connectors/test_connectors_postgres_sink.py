@@ -24,10 +24,12 @@ from dpone_native_transfer.errors import (
     SchemaChanged,
     TargetAccessRefused,
     TargetBusy,
+    TargetPrivilegeRefused,
     TargetUnavailable,
     ValueUnsupported,
 )
 from dpone_native_transfer.payloads import Column, LoadPlan
+from dpone_native_transfer.reporting import exit_code_for
 from dpone_native_transfer.testing import (
     InjectedFault,
     assert_blocked_before_target,
@@ -632,6 +634,36 @@ def test_a_login_that_may_not_write_the_fence_is_refused_before_the_target(
         assert route.run("run-3").rows_loaded == 30
         epoch = admin(location, f"SELECT max(epoch) FROM {fence}")[0][0]
         assert route.sink.advance_fence(epoch + 1) == epoch + 1
+    finally:
+        route.real_store.close()
+
+
+@pytest.mark.parametrize("path", ["legacy", "file-artifact"])
+def test_a_privilege_missing_inside_the_load_rolls_back_and_blocks_nothing(
+    tmp_path, location, login, path
+):
+    """A login with INSERT on an existing table but no CREATE on its schema, whose ledger
+    does not exist yet: the load's CREATE of the ledger failed inside the target call, and
+    the route was blocked (exit 3) for an operator, though the server had aborted the
+    transaction. Now exit 2, nothing applied, and once granted the same route loads."""
+    role, url = login
+    schema = location.schema
+    admin(location, f'GRANT USAGE ON SCHEMA "{schema}" TO {role}')
+    admin(location, f'CREATE TABLE "{schema}".orders_copy (id bigint, region text,'
+                    " amount double precision, updated_at bigint)")  # fmt: skip
+    admin(location, f'GRANT SELECT, INSERT ON "{schema}".orders_copy TO {role}')
+    route = SinkRoute(tmp_path, location, path, url=url)
+    try:
+        for run_id in ("run-1", "run-2"):  # the second is not blocked by the first
+            with pytest.raises(TargetPrivilegeRefused, match="rolled back") as refused:
+                route.run(run_id)
+            assert exit_code_for(refused.value) == 2 and refused.value.applied is False
+            shown = f"{refused.value} {refused.value.diagnostics}"  # the chain: not shown
+            assert "CREATE TABLE" not in shown and role not in shown
+            assert refused.value.__cause__ is None and refused.value.__suppress_context__
+        assert admin(location, f'SELECT count(*) FROM "{schema}".orders_copy') == [(0,)]
+        admin(location, f'GRANT CREATE ON SCHEMA "{schema}" TO {role}')
+        assert route.run("run-3").rows_loaded == 120
     finally:
         route.real_store.close()
 

@@ -58,8 +58,10 @@ from ..errors import (
     NativeTransferError,
     TargetAccessRefused,
     TargetBusy,
+    TargetPrivilegeRefused,
     TargetRowsMismatch,
     TargetUnavailable,
+    with_driver_error,
 )
 from ..identity import TableIdentity, server_location
 from ..ledger import (
@@ -530,16 +532,24 @@ class PostgresSink(Sink, EnginePull):
 
     # --- loads ------------------------------------------------------------------------------
 
-    def _refused(self) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def _refused(self) -> Iterator[None]:
         """Around a target call's transaction: a constraint (SQLSTATE class 23) or a column's
-        type (class 22: a hand-made enum, varchar(n), numeric(p,s)...) refusing a row, rolled
-        back; the SQLSTATE is named, never the server's message."""
+        type (class 22: a hand-made enum, varchar(n), numeric(p,s)...) refusing a row, or a
+        privilege the login lacks (42501), rolled back: the server aborted the transaction
+        at the statement (a COMMIT checks no privilege). The SQLSTATE is named, never the
+        server's message."""
         driver = _driver()
-        return constraints_refuse(
+        with constraints_refuse(
             self.table,
             (driver.IntegrityError, driver.DataError),
             lambda e: f"SQLSTATE {e.sqlstate}",
-        )
+        ):
+            try:
+                yield
+            except driver.errors.InsufficientPrivilege as error:
+                refused = TargetPrivilegeRefused.rolled_back(self.table)
+                raise with_driver_error(refused, error) from None
 
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written (``LoadFiles`` as
