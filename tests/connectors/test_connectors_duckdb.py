@@ -28,6 +28,7 @@ from dpone_native_transfer.errors import (
     ConfigInvalid,
     SourceInvalid,
     TargetConstraintRefused,
+    TargetRowsMismatch,
     ValueUnsupported,
     driver_error,
 )
@@ -540,6 +541,41 @@ def duck_route(tmp_path: Path):
     made = Route(tmp_path, kind="duckdb")
     yield made
     made.real_store.close()
+
+
+@pytest.mark.parametrize("table", ["tables", "databases", "s.orders_copy"])
+def test_a_target_named_as_duckdb_reads_a_keyword_loads_twice_exactly(tmp_path, table):
+    """``DESCRIBE "tables"`` is DuckDB's ``SHOW TABLES``, even quoted: a target table named
+    ``tables`` loaded once, then failed its schema check (exit 1). Existence is probed by
+    the name since this round; a schema-qualified name too."""
+    route = Route(tmp_path, sink=DuckDBSink(tmp_path / "target.duckdb", table))
+    try:
+        route.runtime().run(route.spec("legacy"))
+        route.add_rows(10)
+        assert route.runtime().run(route.spec("legacy", run_id="run-2")).rows_loaded == 10
+        assert sorted(route.sink.inner.rows()) == route.source_rows()
+    finally:
+        route.real_store.close()
+
+
+@pytest.mark.parametrize("table", ["orders_copy", "s.orders_copy"])
+def test_a_view_of_the_targets_name_is_refused_before_the_target_even_broken(tmp_path, table):
+    """A view whose table was dropped does not resolve: taken for a missing table, the load
+    created none beside it and failed inside the target call, the route blocked. Listed,
+    it is a view, refused before the target (exit 2) as a working one is."""
+    sink = DuckDBSink(tmp_path / "target.duckdb", table)
+    with contextlib.closing(duckdb.connect(str(sink.path))) as conn:
+        conn.execute("CREATE SCHEMA s; CREATE TABLE base (x INTEGER)")
+        conn.execute(f"CREATE VIEW {table} AS SELECT x FROM base; DROP TABLE base")
+    route = Route(tmp_path, sink=sink)
+    try:
+        for run_id in ("run-1", "run-2"):  # the second is refused alike, not blocked
+            with pytest.raises(TargetRowsMismatch) as refused:
+                route.runtime().run(route.spec("legacy", run_id=run_id))
+            assert refused.value.applied is False
+        assert route.sink.target_calls == 0
+    finally:
+        route.real_store.close()
 
 
 @pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])

@@ -144,11 +144,13 @@ _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # an Arrow IPC stream's la
 
 # ClickHouse's own databases; chDB's holds its temporary tables.
 _RESERVED_DATABASES = ("system", "information_schema", "_temporary_and_external_tables")
-# Engines that keep fewer rows than they are sent: rows of one sorting key collapse into one
-# (or are summed, aggregated) in background merges, and Null keeps none. Replicated and
-# Shared variants end the same.
-_COLLAPSING = ("ReplacingMergeTree", "CollapsingMergeTree", "SummingMergeTree",
-               "AggregatingMergeTree", "GraphiteMergeTree", "CoalescingMergeTree")  # fmt: skip
+# The engines an append or a full refresh loads: they keep every row they are sent. Others
+# keep fewer: the MergeTrees that collapse rows of one key (Replacing, Summing...), Join,
+# Set, EmbeddedRocksDB and KeeperMap one row per key, Null none.
+_KEEPING_EVERY_ROW = frozenset(
+    {"MergeTree", "ReplicatedMergeTree", "SharedMergeTree", "Log", "TinyLog", "StripeLog",
+     "Memory"}
+)  # fmt: skip
 # ClickHouse names a table's metadata files by its name escaped (a byte other than
 # [A-Za-z0-9_] is %XX): ``<table>.sql.detached``, and ``<database>.<table>.<uuid>.sql`` once
 # dropped. With 255-byte file names, a longer one cannot be created (206 in chDB's default).
@@ -581,20 +583,20 @@ class ClickHouseSink(Sink, EnginePull):
                 raise unmergeable(self.table, why, column=name)
 
     def check_keeps_rows(self, columns: Sequence[Column]) -> None:
-        """An append or full refresh into a table of an engine that collapses rows (a merge
-        route's ``ReplacingMergeTree``, a hand-made ``SummingMergeTree``) or keeps none
-        (``Null``) would lose rows: at once, and the count then came short inside the target
-        call and blocked the route, or later, in a background merge, silently."""
+        """An append or full refresh into a table of an engine that keeps fewer rows than it
+        is sent (a merge route's ``ReplacingMergeTree``, a hand-made ``SummingMergeTree``,
+        ``Join``, ``Null``) would lose rows: at once, and the count then came short inside
+        the target call and blocked the route, or later, in a background merge, silently."""
         with self.client() as client:
             condition, params = _in_database(self._target)
             found = client.query_rows(f"SELECT engine FROM system.tables WHERE {condition}", params)
-        engine = found[0][0] if found else ""
-        if engine == "Null" or engine.endswith(_COLLAPSING):
+        engine = found[0][0] if found else "MergeTree"  # none yet: dpone makes a MergeTree
+        if engine not in _KEEPING_EVERY_ROW:
             raise ConfigInvalid(
                 f"target table {self.table!r} is of engine {engine}, which does not keep every"
                 " row it is sent; nothing was written; an append or full refresh route needs a"
-                " table that keeps them (MergeTree), and a ReplacingMergeTree table a merge"
-                " route made is loaded by that merge route only",
+                " table that keeps them (MergeTree, Log, Memory), and a ReplacingMergeTree"
+                " table a merge route made is loaded by that merge route only",
                 diagnostics={"table": self.table, "engine": engine},
             )
 

@@ -365,7 +365,7 @@ class DuckDBSink(FileTarget, EnginePull):
         with self._reader() as conn:
             if conn is None or not _table_exists(conn, self._target):
                 return None
-            described = conn.execute(f"DESCRIBE {self._target.sql()}").fetchall()
+            described = _described(conn, self._target.sql())
             present = {fold_ascii(row[0]) for row in described}
             asked = [column for column in columns if fold_ascii(column.name) in present]
             unwritable = _unwritable(conn, self._target, asked)
@@ -556,7 +556,7 @@ class DuckDBSink(FileTarget, EnginePull):
                 )
             if merge is not None:
                 staged = _row_count(conn, self._stage)
-                staged_columns = conn.execute(f"DESCRIBE {stage}").fetchall()
+                staged_columns = _described(conn, stage)
                 names = [row[0] for row in staged_columns]
                 _merge(conn, self._target, names, merge, self._stage)
                 return _record(conn, ledger, staged)
@@ -623,7 +623,7 @@ class DuckDBSink(FileTarget, EnginePull):
         with self._read_only("ledger") as conn:
             if not _own_table_exists(conn, LEDGER_TABLE):
                 return []
-            described = conn.execute(f"DESCRIBE {quote(LEDGER_TABLE)}").fetchall()
+            described = _described(conn, quote(LEDGER_TABLE))
             check_ledger_columns({row[0] for row in described})
             query = ledger_query("?", partitions=partitions)
             rows = run(conn, query, [self.identity().table]).fetchall()
@@ -641,7 +641,7 @@ class DuckDBSink(FileTarget, EnginePull):
         with self._reader() as conn:
             if conn is None or not _table_exists(conn, self._target):
                 return 0
-            names = [row[0] for row in conn.execute(f"DESCRIBE {self._target.sql()}").fetchall()]
+            names = [row[0] for row in _described(conn, self._target.sql())]
             if column not in names:
                 return 0
             sql = f"SELECT count(*) FROM {self._target.sql()} WHERE {quote(column)} = ?"
@@ -779,14 +779,14 @@ def _merge(
         if table.schema is not None:
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(table.schema)}")
         if columns is None:
-            typed = [(row[0], row[1]) for row in conn.execute(f"DESCRIBE {batch.sql()}").fetchall()]
+            typed = [(row[0], row[1]) for row in _described(conn, batch.sql())]
         else:
             typed = [(column.name, duckdb_type(column)) for column in columns]
         definitions = ", ".join(f"{quote(n)} {t}" for n, t in typed if n != merge.deleted)
         conn.execute(f"CREATE TABLE {table.sql()} ({definitions}{key_constraint(merge)})")
     if _upserts(conn, table, merge):
         given = {fold_ascii(name) for name in names}
-        existing = [row[0] for row in conn.execute(f"DESCRIBE {table.sql()}").fetchall()]
+        existing = [row[0] for row in _described(conn, table.sql())]
         unloaded = [
             name
             for name in existing
@@ -906,8 +906,9 @@ def _view_exists(conn: Any, table: TableName) -> bool:
 def _table_exists(conn: Any, table: TableName, *, kind: str = "table") -> bool:
     """DuckDB matches table and schema names case-insensitively (ASCII only), even quoted;
     so does this. An unqualified table is looked up in the current schema. ``kind``: "view"
-    looks for a view of the name. A name that resolves to nothing needs no listing."""
-    if not _resolves(conn, table.sql()):
+    looks for a view of the name. A table's name that resolves to nothing needs no listing
+    (a table always resolves; a view whose tables were dropped does not, and is listed)."""
+    if kind == "table" and not _resolves(conn, table.sql()):
         return False
     current = "" if table.schema is not None else " AND schema_name = current_schema()"
     rows = conn.execute(
@@ -924,14 +925,21 @@ def _own_table_exists(conn: Any, name: str) -> bool:
 
 
 def _resolves(conn: Any, name: str) -> bool:
-    """Whether the SQL name ``name`` resolves to a table or view: a probe, 0.2 ms however many
-    tables the file holds, where listing ``duckdb_tables()`` grows with them (1 ms at 100,
-    15 ms at 1,000). A catalog error leaves DuckDB's transaction usable."""
+    """Whether the SQL name ``name`` resolves to a table or a working view: a probe, 0.2 ms
+    however many tables the file holds, where listing ``duckdb_tables()`` grows with them
+    (1 ms at 100, 15 ms at 1,000). A catalog error leaves DuckDB's transaction usable."""
     try:
         conn.execute(f"SELECT 1 FROM {name} LIMIT 0")
     except duckdb_driver().CatalogException:
         return False
     return True
+
+
+def _described(conn: Any, name: str) -> list[tuple]:
+    """``DESCRIBE`` of the table or view of the SQL name ``name``: its columns' rows (name,
+    type, ...). Of a query, so that a table named ``tables`` (or ``databases``) is not read
+    as ``SHOW TABLES``, as ``DESCRIBE "tables"`` is even quoted."""
+    return conn.execute(f"DESCRIBE SELECT * FROM {name}").fetchall()
 
 
 def _is(table: TableName, schema: str, name: str) -> bool:
