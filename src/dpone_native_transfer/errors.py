@@ -285,6 +285,25 @@ class TargetPrivilegeRefused(TargetAccessRefused):
         )
 
 
+class TargetRolledBack(TargetUnavailable):
+    """A statement of the load failed before its COMMIT was sent (a statement timeout, a
+    session ended, a feature the table refuses): the server cannot have committed it, and
+    the sink rolled back; nothing applied, the route not blocked (exit 1, a retry may
+    succeed). An error at the COMMIT itself is not this one: its outcome is unknown."""
+
+    applied: ClassVar[bool | None] = False
+
+    @classmethod
+    def failed(cls, target_table: str, sqlstate: str | None) -> TargetRolledBack:
+        code = f"SQLSTATE {sqlstate}" if sqlstate else "the connection was lost"
+        return cls(
+            f"a statement of the load into target table {target_table!r} failed before its "
+            f"commit ({code}); the load was rolled back and nothing was applied; a retry may "
+            "succeed",
+            diagnostics={"target_table": target_table, "sqlstate": sqlstate},
+        )
+
+
 class PluginLoadFailed(NativeTransferError):
     """An entry-point plugin could not be loaded or implements an unknown hook."""
 
@@ -392,14 +411,16 @@ class TargetRowsMismatch(NativeTransferError):
 
     @classmethod
     def rewriting(cls, target_table: str, found: int) -> TargetRowsMismatch:
-        """Refused before the target: the table has triggers or rules (or is a view), or
-        SQLite ``ON CONFLICT REPLACE`` clauses, that may drop, add or change the rows an
-        insert or a refresh's delete is handed."""
+        """Refused before the target: the table has triggers or rules (or is a view), row-level
+        security policies that apply to the login, or SQLite ``ON CONFLICT REPLACE`` clauses,
+        that may drop, add, hide or change the rows an insert or a refresh's delete is
+        handed."""
         return cls(
-            f"target table {target_table!r} has {found} trigger(s), rule(s), view definitions "
-            "or ON CONFLICT REPLACE clauses that run on inserts or deletes and may drop, add or "
-            "change the rows dpone loads, so what it applies could not be proven; nothing was "
-            "written: remove or disable them, or load into a table without them",
+            f"target table {target_table!r} has {found} trigger(s), rule(s), view definitions, "
+            "row-level security policies or ON CONFLICT REPLACE clauses that run on inserts or "
+            "deletes and may drop, add, hide or change the rows dpone loads, so what it applies "
+            "could not be proven; nothing was written: remove or disable them (or load with a "
+            "login they do not apply to), or load into a table without them",
             diagnostics={"target_table": target_table, "rewriting": found},
         )
 

@@ -25,6 +25,8 @@ from dpone_native_transfer.errors import (
     TargetAccessRefused,
     TargetBusy,
     TargetPrivilegeRefused,
+    TargetRolledBack,
+    TargetRowsMismatch,
     TargetUnavailable,
     ValueUnsupported,
 )
@@ -664,6 +666,66 @@ def test_a_privilege_missing_inside_the_load_rolls_back_and_blocks_nothing(
         assert admin(location, f'SELECT count(*) FROM "{schema}".orders_copy') == [(0,)]
         admin(location, f'GRANT CREATE ON SCHEMA "{schema}" TO {role}')
         assert route.run("run-3").rows_loaded == 120
+    finally:
+        route.real_store.close()
+
+
+def test_a_statement_failing_before_the_commit_rolls_back_and_blocks_nothing(
+    tmp_path, location, login
+):
+    """A role's statement_timeout cancelled the load's wait for its ledger (locked elsewhere):
+    the driver's QueryCanceled blocked the route (exit 1, then 3), though no COMMIT had been
+    sent, so the server could not have committed. Now ``TargetRolledBack``: nothing applied,
+    not blocked; once the lock is gone the same route loads what is new, exactly once."""
+    role, url = login
+    schema = location.schema
+    admin(location, f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO {role}')
+    admin(location, f"ALTER ROLE {role} SET statement_timeout = '1s'")
+    route = SinkRoute(tmp_path, location, "legacy", url=url)
+    try:
+        assert route.run().rows_loaded == 120
+        route.add_rows(30)
+        with psycopg.connect(location.dsn) as holder:  # its transaction holds the lock
+            holder.execute(f'LOCK TABLE "{schema}"._dpone_ledger IN EXCLUSIVE MODE')
+            with pytest.raises(TargetRolledBack, match="before its commit") as failed:
+                route.run("run-2")
+        assert failed.value.applied is False and exit_code_for(failed.value) == 1
+        assert failed.value.diagnostics["sqlstate"] == "57014"
+        assert route.sink.target_calls == 2
+        assert route.run("run-3").rows_loaded == 30  # not blocked
+        assert_rows_exactly_once(route.source_ids(), route.target_ids())
+    finally:
+        route.real_store.close()
+
+
+@pytest.mark.parametrize("strategy", ["full_refresh", "merge"])
+def test_row_level_security_on_the_target_is_refused_before_the_target(
+    tmp_path, location, login, strategy
+):
+    """Policies that hide rows from the login: a refresh's DELETE (and a merge's) left the
+    rows they hide, and the load added them again (exit 0, rows twice); COPY refused the
+    table inside the target call, blocking the route. Refused before the target now (exit
+    2), and loaded exactly once the policies no longer apply."""
+    role, url = login
+    schema, table = location.schema, f'"{location.schema}".orders_copy'
+    admin(location, f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO {role}')
+    admin(location, f"CREATE TABLE {table} (id bigint PRIMARY KEY, region text, amount"
+                    " double precision, updated_at bigint)")  # fmt: skip
+    admin(location, f"GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role}")
+    admin(location, f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
+    admin(location, f"CREATE POLICY hidden ON {table} TO {role} USING (id <= 60)"
+                    " WITH CHECK (true)")  # fmt: skip
+    route = SinkRoute(tmp_path, location, "staged", url=url)
+    options = {"strategy": strategy}  # a merge on the source's primary key, id
+    try:
+        with pytest.raises(TargetRowsMismatch, match="row-level security") as refused:
+            route.run(**options)
+        assert refused.value.applied is False and exit_code_for(refused.value) == 2
+        assert route.sink.target_calls == 0
+        admin(location, f"ALTER TABLE {table} DISABLE ROW LEVEL SECURITY")
+        assert route.run("run-2", **options).rows_loaded == 120
+        assert route.run("run-3", **options).rows_loaded in (0, 120)
+        assert sorted(route.target_ids()) == route.source_ids()
     finally:
         route.real_store.close()
 

@@ -59,6 +59,7 @@ from ..errors import (
     TargetAccessRefused,
     TargetBusy,
     TargetPrivilegeRefused,
+    TargetRolledBack,
     TargetRowsMismatch,
     TargetUnavailable,
     with_driver_error,
@@ -216,12 +217,16 @@ _LEDGER_WRITABLE = """SELECT
         AND has_table_privilege(to_regclass(%(fence)s), 'UPDATE')))"""
 # What may change the rows a load hands the target, found before the target call: enabled user
 # triggers that run BEFORE or INSTEAD OF (tgtype bits 2, 64) an INSERT, DELETE or TRUNCATE
-# (bits 4, 8, 32), rules, or a relation that is not a table. No row: no table yet.
+# (bits 4, 8, 32), rules, a relation that is not a table, or row-level security that applies
+# to the login (a refresh's or a merge's DELETE leaves the rows its policies hide, exit 0
+# with them twice; COPY refuses such a table). No row: no table yet.
+_BEFORE_COMMIT = "_dpone_before_commit"  # set on a driver error raised before the COMMIT
 _REWRITING = """SELECT
     (SELECT count(*) FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal
         AND t.tgenabled <> 'D' AND t.tgtype & 44 <> 0 AND t.tgtype & 66 <> 0)
     + (SELECT count(*) FROM pg_rewrite r WHERE r.ev_class = c.oid AND r.rulename <> '_RETURN')
     + CASE WHEN c.relkind IN ('r', 'p') THEN 0 ELSE 1 END
+    + CASE WHEN row_security_active(c.oid) THEN 1 ELSE 0 END
     FROM pg_class c WHERE c.oid = to_regclass(%s)"""
 # Enabled user triggers that run AFTER an INSERT or DELETE of the table: they cannot change the
 # rows handed to it, but may add or delete others, so a load with them counts the table.
@@ -414,9 +419,13 @@ class PostgresSink(Sink, EnginePull):
             _driver(), self._dsn, what="PostgreSQL target", failed=self._failed, kept=True
         )
         try:
-            conn.read_only = read_only
-            _session(conn)
-            yield conn
+            try:
+                conn.read_only = read_only
+                _session(conn)
+                yield conn
+            except _driver().Error as error:  # COMMIT not sent: the server cannot commit it
+                setattr(error, _BEFORE_COMMIT, True)
+                raise
             conn.commit()
         except BaseException:
             with contextlib.suppress(Exception):
@@ -537,8 +546,10 @@ class PostgresSink(Sink, EnginePull):
         """Around a target call's transaction: a constraint (SQLSTATE class 23) or a column's
         type (class 22: a hand-made enum, varchar(n), numeric(p,s)...) refusing a row, or a
         privilege the login lacks (42501), rolled back: the server aborted the transaction
-        at the statement (a COMMIT checks no privilege). The SQLSTATE is named, never the
-        server's message."""
+        at the statement (a COMMIT checks no privilege). Any other error before the COMMIT
+        was sent (a statement timeout, the session ended) rolled it back too; one at the
+        COMMIT leaves the outcome unknown and propagates unchanged. The SQLSTATE is named,
+        never the server's message."""
         driver = _driver()
         with constraints_refuse(
             self.table,
@@ -550,6 +561,11 @@ class PostgresSink(Sink, EnginePull):
             except driver.errors.InsufficientPrivilege as error:
                 refused = TargetPrivilegeRefused.rolled_back(self.table)
                 raise with_driver_error(refused, error) from None
+            except driver.Error as error:
+                if not getattr(error, _BEFORE_COMMIT, False):
+                    raise  # at COMMIT, or the connection lost there: the outcome is unknown
+                failed = TargetRolledBack.failed(self.table, getattr(error, "sqlstate", None))
+                raise with_driver_error(failed, error) from None
 
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written (``LoadFiles`` as
