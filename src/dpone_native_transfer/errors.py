@@ -294,13 +294,14 @@ class TargetRolledBack(TargetUnavailable):
     applied: ClassVar[bool | None] = False
 
     @classmethod
-    def failed(cls, target_table: str, sqlstate: str | None) -> TargetRolledBack:
-        code = f"SQLSTATE {sqlstate}" if sqlstate else "the connection was lost"
+    def failed(cls, target_table: str, cause: str) -> TargetRolledBack:
+        """``cause``: the engine's code for the failure (``SQLSTATE 57014``,
+        ``OutOfMemoryException``), never its message."""
         return cls(
             f"a statement of the load into target table {target_table!r} failed before its "
-            f"commit ({code}); the load was rolled back and nothing was applied; a retry may "
+            f"commit ({cause}); the load was rolled back and nothing was applied; a retry may "
             "succeed",
-            diagnostics={"target_table": target_table, "sqlstate": sqlstate},
+            diagnostics={"target_table": target_table, "cause": cause},
         )
 
 

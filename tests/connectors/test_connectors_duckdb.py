@@ -28,6 +28,7 @@ from dpone_native_transfer.errors import (
     ConfigInvalid,
     SourceInvalid,
     TargetConstraintRefused,
+    TargetRolledBack,
     TargetRowsMismatch,
     ValueUnsupported,
     driver_error,
@@ -541,6 +542,31 @@ def duck_route(tmp_path: Path):
     made = Route(tmp_path, kind="duckdb")
     yield made
     made.real_store.close()
+
+
+def test_a_duckdb_error_before_the_commit_rolls_back_and_blocks_nothing(duck_route, monkeypatch):
+    """A DuckDB error inside the load, before its COMMIT (a full disk, out of memory: here
+    the real insert, then an injected ``IOException``), blocked the route for an operator;
+    DuckDB writes a transaction only at its COMMIT. Now ``TargetRolledBack``: nothing
+    applied, not blocked, and the next run loads every row once."""
+
+    def full_disk(insert):
+        def inserted(*args, **kwargs):
+            insert(*args, **kwargs)
+            raise duckdb.IOException("No space left on device")
+
+        return inserted
+
+    with monkeypatch.context() as patched:  # the rows' insert and the spool's
+        for name in ("insert_rows", "insert_files"):
+            patched.setattr(duckdb_sink_module, name, full_disk(getattr(duckdb_sink_module, name)))
+        with pytest.raises(TargetRolledBack, match="before its commit") as failed:
+            duck_route.runtime().run(duck_route.spec("legacy"))
+    assert failed.value.applied is False
+    assert failed.value.diagnostics["cause"] == "IOException"
+    assert duck_route.sink.inner.rows() == []
+    assert duck_route.runtime().run(duck_route.spec("legacy", run_id="run-2")).rows_loaded == 120
+    assert_rows_exactly_once(duck_route.source_ids(), duck_route.target_ids())
 
 
 @pytest.mark.parametrize("table", ["tables", "databases", "s.orders_copy"])

@@ -690,7 +690,7 @@ def test_a_statement_failing_before_the_commit_rolls_back_and_blocks_nothing(
             with pytest.raises(TargetRolledBack, match="before its commit") as failed:
                 route.run("run-2")
         assert failed.value.applied is False and exit_code_for(failed.value) == 1
-        assert failed.value.diagnostics["sqlstate"] == "57014"
+        assert failed.value.diagnostics["cause"] == "SQLSTATE 57014"
         assert route.sink.target_calls == 2
         assert route.run("run-3").rows_loaded == 30  # not blocked
         assert_rows_exactly_once(route.source_ids(), route.target_ids())

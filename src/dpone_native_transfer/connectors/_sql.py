@@ -24,6 +24,7 @@ from ..errors import (
     InternalInvariantBroken,
     SourceMissing,
     TargetConstraintRefused,
+    TargetRolledBack,
     TargetUnavailable,
     with_driver_error,
 )
@@ -331,6 +332,32 @@ def constraints_refuse(
     except refusals as error:
         refused = TargetConstraintRefused.refused(table, constraint=constraint(error))
         raise with_driver_error(refused, error) from None
+
+
+_BEFORE_COMMIT = "_dpone_before_commit"
+
+
+def mark_before_commit(error: BaseException) -> None:
+    """Mark a driver's ``error`` as raised in a load's transaction before its COMMIT was sent:
+    a transaction that never got a COMMIT applied nothing."""
+    setattr(error, _BEFORE_COMMIT, True)
+
+
+@contextlib.contextmanager
+def rolled_back_before_commit(
+    table: str, errors: type[BaseException], cause: Callable[[Any], str]
+) -> Iterator[None]:
+    """Around a load's transaction (outside it: rolled back first): a driver error marked by
+    ``mark_before_commit`` becomes ``TargetRolledBack`` (``applied`` False, the route not
+    blocked), naming ``cause(error)``, a code, never its text. An unmarked one, raised at
+    the COMMIT, propagates unchanged: its outcome is unknown."""
+    try:
+        yield
+    except errors as error:
+        if not getattr(error, _BEFORE_COMMIT, False):
+            raise
+        failed = TargetRolledBack.failed(table, cause(error))
+        raise with_driver_error(failed, error) from None
 
 
 def range_cuts_sql(

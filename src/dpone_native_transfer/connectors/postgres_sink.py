@@ -59,7 +59,6 @@ from ..errors import (
     TargetAccessRefused,
     TargetBusy,
     TargetPrivilegeRefused,
-    TargetRolledBack,
     TargetRowsMismatch,
     TargetUnavailable,
     with_driver_error,
@@ -105,10 +104,12 @@ from ._sql import (
     check_target_table,
     constraints_refuse,
     difference,
+    mark_before_commit,
     parse_table,
     quote,
     refuse_reserved_prefix,
     refuse_reserved_schema,
+    rolled_back_before_commit,
     unavailable,
     unwritable,
 )
@@ -220,7 +221,6 @@ _LEDGER_WRITABLE = """SELECT
 # (bits 4, 8, 32), rules, a relation that is not a table, or row-level security that applies
 # to the login (a refresh's or a merge's DELETE leaves the rows its policies hide, exit 0
 # with them twice; COPY refuses such a table). No row: no table yet.
-_BEFORE_COMMIT = "_dpone_before_commit"  # set on a driver error raised before the COMMIT
 _REWRITING = """SELECT
     (SELECT count(*) FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal
         AND t.tgenabled <> 'D' AND t.tgtype & 44 <> 0 AND t.tgtype & 66 <> 0)
@@ -341,6 +341,11 @@ def postgres_carrier(column: Column) -> Carry | None:
     return _CARRIERS.get(column.kind)
 
 
+def _failure_code(error: Any) -> str:
+    """A driver error's code for a message: its SQLSTATE, which a lost connection has not."""
+    return f"SQLSTATE {error.sqlstate}" if error.sqlstate else "the connection was lost"
+
+
 def _driver() -> Any:
     return import_driver("psycopg", needed_by="PostgresSink")
 
@@ -424,7 +429,7 @@ class PostgresSink(Sink, EnginePull):
                 _session(conn)
                 yield conn
             except _driver().Error as error:  # COMMIT not sent: the server cannot commit it
-                setattr(error, _BEFORE_COMMIT, True)
+                mark_before_commit(error)
                 raise
             conn.commit()
         except BaseException:
@@ -551,21 +556,16 @@ class PostgresSink(Sink, EnginePull):
         COMMIT leaves the outcome unknown and propagates unchanged. The SQLSTATE is named,
         never the server's message."""
         driver = _driver()
-        with constraints_refuse(
-            self.table,
-            (driver.IntegrityError, driver.DataError),
-            lambda e: f"SQLSTATE {e.sqlstate}",
+        refusals = (driver.IntegrityError, driver.DataError)
+        with (
+            rolled_back_before_commit(self.table, driver.Error, _failure_code),
+            constraints_refuse(self.table, refusals, lambda e: f"SQLSTATE {e.sqlstate}"),
         ):
             try:
                 yield
             except driver.errors.InsufficientPrivilege as error:
                 refused = TargetPrivilegeRefused.rolled_back(self.table)
                 raise with_driver_error(refused, error) from None
-            except driver.Error as error:
-                if not getattr(error, _BEFORE_COMMIT, False):
-                    raise  # at COMMIT, or the connection lost there: the outcome is unknown
-                failed = TargetRolledBack.failed(self.table, getattr(error, "sqlstate", None))
-                raise with_driver_error(failed, error) from None
 
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written (``LoadFiles`` as

@@ -77,9 +77,11 @@ from .._sql import (
     check_writable,
     constraints_refuse,
     difference,
+    mark_before_commit,
     parse_table,
     quote,
     refuse_reserved_schema,
+    rolled_back_before_commit,
     unavailable,
     unwritable,
 )
@@ -257,14 +259,19 @@ class DuckDBSink(FileTarget, EnginePull):
         check_target_folder(self.path, self.table)
         return self._read_only("table")
 
-    def _refused(self) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def _refused(self) -> Iterator[None]:
         """Around a target call's transaction: a constraint (``ConstraintException``) or a
         column's type (``ConversionException``, ``OutOfRangeException``: a hand-made ENUM,
-        DECIMAL...) refusing a row, rolled back."""
+        DECIMAL...) refusing a row, rolled back; any other DuckDB error before the COMMIT
+        (out of memory, a full disk) rolled back too (``rolled_back_before_commit``)."""
         driver = duckdb_driver()
-        return constraints_refuse(
-            self.table, (driver.IntegrityError, driver.DataError), lambda e: type(e).__name__
-        )
+        refusals = (driver.IntegrityError, driver.DataError)
+        with (
+            rolled_back_before_commit(self.table, driver.Error, lambda e: type(e).__name__),
+            constraints_refuse(self.table, refusals, lambda e: type(e).__name__),
+        ):
+            yield
 
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written: load files as
@@ -656,10 +663,16 @@ class DuckDBSink(FileTarget, EnginePull):
 
 @contextlib.contextmanager
 def _transaction(conn: Any) -> Iterator[None]:
-    """BEGIN ... COMMIT; any exception, even a BaseException, rolls back and re-raises."""
+    """BEGIN ... COMMIT; any exception, even a BaseException, rolls back and re-raises. A
+    DuckDB error before the COMMIT is marked so (``mark_before_commit``): DuckDB writes a
+    transaction only at its COMMIT, so nothing of it was applied."""
     conn.execute("BEGIN TRANSACTION")
     try:
-        yield
+        try:
+            yield
+        except duckdb_driver().Error as error:
+            mark_before_commit(error)
+            raise
         conn.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(duckdb_driver().Error):
