@@ -41,6 +41,7 @@ from .errors import (
     NativeTransferError,
     PathContractBroken,
     TargetCommitGuardUnhandled,
+    TargetRolledBack,
     WorkFolderFailed,
 )
 from .events import Event, EventName, EventRecorder
@@ -572,10 +573,12 @@ def _maker_alive(rest: str, here: ProcessMark) -> bool | None:
 
 def _failed_in_target_call(ctx: PathContext, error: Exception) -> bool:
     """Whether ``error`` came from inside the target call and is not one this package
-    raised (those say what they mean): a driver's, whose cause may be the lost lease."""
+    raised (those say what they mean): a driver's, or a driver's the sink knows failed
+    before its COMMIT (``TargetRolledBack``), whose cause may be the lost lease."""
     state = None if ctx.mutation is None else ctx.mutation.state
     started = state is not None and state.target_started and not state.target_succeeded
-    return started and not isinstance(error, NativeTransferError)
+    foreign = not isinstance(error, NativeTransferError) or isinstance(error, TargetRolledBack)
+    return started and foreign
 
 
 def _work_folder_failed(route: RouteKey, error: OSError) -> WorkFolderFailed:

@@ -19,6 +19,8 @@ from dpone_native_transfer.errors import (
     ConfigInvalid,
     SourceInvalid,
     SourceMissing,
+    TargetRolledBack,
+    driver_error,
 )
 from dpone_native_transfer.payloads import Column, LoadPlan, RowChunks, SourceShape
 
@@ -641,8 +643,10 @@ def test_load_plan_is_atomic(source, sink, source_db):
     columns = (*shape.columns, Column("vanished", ""))
     _execute(Path(sink.path), 'ALTER TABLE orders_copy ADD COLUMN "vanished"')
     before = sink.rows()
-    with pytest.raises(sqlite3.OperationalError, match="no such column"):
+    with pytest.raises(TargetRolledBack, match="before its commit") as failed:
         sink.load_plan(LoadPlan(source=source, columns=columns, bounds=bounds, replace=True))
+    assert failed.value.applied is False  # the guard does not block: nothing was applied
+    assert "no such column" in str(driver_error(failed.value))  # for --traceback alone
     assert sink.rows() == before
     assert source.count({"partition": "north"}) == 3
 

@@ -60,9 +60,11 @@ from .._sql import (
     check_writable,
     constraints_refuse,
     difference,
+    mark_before_commit,
     parse_table,
     refuse_reserved_prefix,
     refuse_schema,
+    rolled_back_before_commit,
     unavailable,
 )
 from .._sql import quote as _quote
@@ -212,12 +214,17 @@ class SQLiteSink(FileTarget, EnginePull):
         """A NaN is refused: SQLite would store it as NULL. Other values are SQLite's own."""
         return finite_double if column.kind == "real" else None
 
-    def _refused(self) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def _refused(self) -> Iterator[None]:
         """Around a target call's transaction: a constraint refusing a row (a ``STRICT``
-        table's type too), or a value too big, rolled back."""
-        return constraints_refuse(
-            self.table, (sqlite3.IntegrityError, sqlite3.DataError), lambda e: e.sqlite_errorname
-        )
+        table's type too), or a value too big, rolled back; any other SQLite error before
+        the COMMIT (a full disk) rolled it back too (``rolled_back_before_commit``)."""
+        refusals = (sqlite3.IntegrityError, sqlite3.DataError)
+        with (
+            rolled_back_before_commit(self.table, sqlite3.Error, _error_name),
+            constraints_refuse(self.table, refusals, _error_name),
+        ):
+            yield
 
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written."""
@@ -486,7 +493,11 @@ def _transaction(conn: sqlite3.Connection, table: str) -> Iterator[None]:
             raise TargetBusy.waited(table, TIMEOUT) from None
         raise
     try:
-        yield
+        try:
+            yield
+        except sqlite3.Error as error:  # no COMMIT ran: nothing of it is applied
+            mark_before_commit(error)
+            raise
         conn.execute("COMMIT")
     except BaseException as error:
         if conn.in_transaction:
@@ -496,6 +507,11 @@ def _transaction(conn: sqlite3.Connection, table: str) -> Iterator[None]:
             if not conn.in_transaction:  # rolled back: nothing of it applied
                 raise TargetBusy.waited(table, TIMEOUT) from None
         raise
+
+
+def _error_name(error: sqlite3.Error) -> str:
+    """SQLite's code for ``error`` (``SQLITE_FULL``), never its message."""
+    return getattr(error, "sqlite_errorname", None) or type(error).__name__
 
 
 def _busy(error: sqlite3.OperationalError) -> bool:
