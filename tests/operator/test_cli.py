@@ -278,21 +278,20 @@ def test_a_sqlite_table_replacing_on_conflict_is_refused_before_the_target(
     assert ids(target, "orders_copy") == ids(tmp_path / "source.db", "orders")
 
 
-def test_foreign_failure_is_reported_by_type_only_and_the_retry_is_blocked(tmp_path):
+def test_a_failure_before_the_commit_is_named_by_its_code_and_blocks_nothing(tmp_path):
+    """SQLite's error at the load's first insert (its text holds the secret) came before the
+    COMMIT, so nothing was applied: it was reported as a foreign error and blocked the route;
+    it is named by SQLite's code now, and the retry meets the same failure, not a block."""
     route_file = secret_route(tmp_path)
-    done = dpone("run", route_file)
-    assert done.returncode == cli.EXIT_FAILED
-    assert done.stderr.splitlines()[-2:] == [
-        "error: transfer failed with OperationalError; rerun with --traceback for details",
-        "  the target call raised, so whether it applied the batch is not known: the route is "
-        "blocked until it is reconciled (`dpone-transfer guard verify`, or a run with "
-        "--recovery from_target)",
-    ]
-    assert SECRET not in done.stderr + done.stdout
-    retry = dpone("run", route_file)
-    assert retry.returncode == cli.EXIT_BLOCKED, "the target outcome is unknown: no blind retry"
-    assert "native_transfer_manual_reconciliation_required" in retry.stderr
-    assert SECRET not in retry.stderr + retry.stdout
+    for _ in range(2):
+        done = dpone("run", route_file)
+        assert done.returncode == cli.EXIT_FAILED
+        assert done.stderr.splitlines()[-2] == (
+            "error: native_transfer_target_unavailable: a statement of the load into target "
+            "table 'orders_copy' failed before its commit (SQLITE_ERROR); the load was rolled "
+            "back and nothing was applied; a retry may succeed"
+        )
+        assert SECRET not in done.stderr + done.stdout
 
 
 ARMED = ("route_scanned", "guard_armed", "target_started")
@@ -353,12 +352,12 @@ def test_a_drivers_own_log_record_stays_off_the_console(tmp_path, monkeypatch, c
     assert SECRET not in capsys.readouterr().err
 
 
-def test_traceback_flag_shows_the_foreign_failure(tmp_path):
+def test_traceback_flag_shows_the_drivers_own_failure(tmp_path):
     done = dpone("run", secret_route(tmp_path), "--traceback")
     assert done.returncode == cli.EXIT_FAILED
     assert "Traceback (most recent call last)" in done.stderr
-    assert SECRET in done.stderr
-    assert done.stderr.splitlines()[-2] == "error: transfer failed with OperationalError"
+    assert "the driver's own error it was made from" in done.stderr
+    assert SECRET in done.stderr  # --traceback alone shows the driver's text
 
 
 def test_native_failure_prints_code_and_diagnostics(tmp_path, capsys):
