@@ -919,10 +919,8 @@ def _view_exists(conn: Any, table: TableName) -> bool:
 def _table_exists(conn: Any, table: TableName, *, kind: str = "table") -> bool:
     """DuckDB matches table and schema names case-insensitively (ASCII only), even quoted;
     so does this. An unqualified table is looked up in the current schema. ``kind``: "view"
-    looks for a view of the name. A table's name that resolves to nothing needs no listing
-    (a table always resolves; a view whose tables were dropped does not, and is listed)."""
-    if kind == "table" and not _resolves(conn, table.sql()):
-        return False
+    looks for a view of the name. Listed, not probed: a catalog error inside a transaction
+    aborts it on DuckDB 2."""
     current = "" if table.schema is not None else " AND schema_name = current_schema()"
     rows = conn.execute(
         f"SELECT schema_name, {kind}_name FROM duckdb_{kind}s()"
@@ -933,19 +931,8 @@ def _table_exists(conn: Any, table: TableName, *, kind: str = "table") -> bool:
 
 def _own_table_exists(conn: Any, name: str) -> bool:
     """Whether dpone's own table ``name`` (ledger, fence, rejects) exists, as the statements
-    that use it name it: unqualified."""
-    return _resolves(conn, quote(name))
-
-
-def _resolves(conn: Any, name: str) -> bool:
-    """Whether the SQL name ``name`` resolves to a table or a working view: a probe, 0.2 ms
-    however many tables the file holds, where listing ``duckdb_tables()`` grows with them
-    (1 ms at 100, 15 ms at 1,000). A catalog error leaves DuckDB's transaction usable."""
-    try:
-        conn.execute(f"SELECT 1 FROM {name} LIMIT 0")
-    except duckdb_driver().CatalogException:
-        return False
-    return True
+    that use it name it: unqualified, in the current schema."""
+    return _table_exists(conn, TableName(None, name))
 
 
 def _described(conn: Any, name: str) -> list[tuple]:
