@@ -142,12 +142,10 @@ class Pipeline:
     def table(self, name: str, *, argument: str) -> PipelineTable:
         """The table named ``name`` (``--tables``, ``PIPELINE::TABLE``), as the source names
         it: ``ORDERS`` is ``orders`` of a SQLite source, as in ``[pipeline] tables``."""
-        for table in self.tables:
-            if table.name == name:
-                return table
-        for table in self.tables if self.folded else ():
-            if fold_ascii(table.name) == fold_ascii(name):
-                return table
+        tables = {table.name: table for table in self.tables}
+        found = _found(name, tables, folded=self.folded)
+        if found is not None:
+            return tables[found]
         raise ConfigInvalid(
             f"{argument} names a table that is not in the pipeline; its tables: "
             + _listed(self.names),
@@ -352,8 +350,8 @@ def _known(table: Mapping[str, Any], keys: Sequence[str], *where: str) -> None:
             )
 
 
-def _found(name: str, catalog: Mapping[str, TableInfo], *, folded: bool) -> str | None:
-    """The source's own name of the table ``name`` names, or None."""
+def _found(name: str, catalog: Mapping[str, Any], *, folded: bool) -> str | None:
+    """The source's own name of the table ``name`` names (a key of ``catalog``), or None."""
     if name in catalog:
         return name
     if folded:

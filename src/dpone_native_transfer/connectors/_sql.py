@@ -49,7 +49,8 @@ __all__ = [
     "RESERVED_PREFIX",
     "STAGE_PREFIX",
     "ColumnDifference",  # payloads', kept here for the connectors
-    "constraints_refuse",
+    "before_commit",
+    "load_failures",
     "unwritable",
     "FileTarget",
     "RANGE_EDGES",
@@ -319,45 +320,45 @@ def unwritable(
 
 
 @contextlib.contextmanager
-def constraints_refuse(
-    table: str, refusals: tuple[type[BaseException], ...], constraint: Callable[[Any], str]
+def load_failures(
+    table: str,
+    errors: type[BaseException],
+    refusals: tuple[type[BaseException], ...],
+    code: Callable[[Any], str],
 ) -> Iterator[None]:
-    """Around a load's transaction (outside it: rolled back first): the driver's
-    ``refusals``, its errors for a constraint of the table or a column's type refusing a row
-    (integrity and data errors: a statement's, or the commit's, so nothing was applied),
-    become ``TargetConstraintRefused`` naming ``constraint(error)``, a code, never its
-    text."""
+    """Around a load's transaction (outside it: rolled back first), the driver's errors whose
+    outcome is known, each named by ``code(error)``, never its text:
+
+    - ``refusals``, a constraint of the table or a column's type refusing a row (integrity
+      and data errors: a statement's, or the commit's, so nothing was applied), become
+      ``TargetConstraintRefused``;
+    - any other of ``errors`` raised before the COMMIT was sent (``before_commit``) becomes
+      ``TargetRolledBack``: a transaction that never got a COMMIT applied nothing.
+
+    Any other error, raised at the COMMIT, propagates unchanged: its outcome is unknown."""
     try:
         yield
     except refusals as error:
-        refused = TargetConstraintRefused.refused(table, constraint=constraint(error))
+        refused = TargetConstraintRefused.refused(table, constraint=code(error))
         raise with_driver_error(refused, error) from None
+    except errors as error:
+        if not getattr(error, _BEFORE_COMMIT, False):
+            raise
+        raise with_driver_error(TargetRolledBack.failed(table, code(error)), error) from None
 
 
 _BEFORE_COMMIT = "_dpone_before_commit"
 
 
-def mark_before_commit(error: BaseException) -> None:
-    """Mark a driver's ``error`` as raised in a load's transaction before its COMMIT was sent:
-    a transaction that never got a COMMIT applied nothing."""
-    setattr(error, _BEFORE_COMMIT, True)
-
-
 @contextlib.contextmanager
-def rolled_back_before_commit(
-    table: str, errors: type[BaseException], cause: Callable[[Any], str]
-) -> Iterator[None]:
-    """Around a load's transaction (outside it: rolled back first): a driver error marked by
-    ``mark_before_commit`` becomes ``TargetRolledBack`` (``applied`` False, the route not
-    blocked), naming ``cause(error)``, a code, never its text. An unmarked one, raised at
-    the COMMIT, propagates unchanged: its outcome is unknown."""
+def before_commit(errors: type[BaseException]) -> Iterator[None]:
+    """Inside a load's transaction, around all but its COMMIT: marks the driver's ``errors``
+    raised there for ``load_failures``."""
     try:
         yield
     except errors as error:
-        if not getattr(error, _BEFORE_COMMIT, False):
-            raise
-        failed = TargetRolledBack.failed(table, cause(error))
-        raise with_driver_error(failed, error) from None
+        setattr(error, _BEFORE_COMMIT, True)
+        raise
 
 
 def range_cuts_sql(

@@ -101,15 +101,14 @@ from ._sql import (
     STAGE_PREFIX,
     ColumnDifference,
     TableName,
+    before_commit,
     check_target_table,
-    constraints_refuse,
     difference,
-    mark_before_commit,
+    load_failures,
     parse_table,
     quote,
     refuse_reserved_prefix,
     refuse_reserved_schema,
-    rolled_back_before_commit,
     unavailable,
     unwritable,
 )
@@ -424,13 +423,10 @@ class PostgresSink(Sink, EnginePull):
             _driver(), self._dsn, what="PostgreSQL target", failed=self._failed, kept=True
         )
         try:
-            try:
+            with before_commit(_driver().Error):  # the server cannot commit without it
                 conn.read_only = read_only
                 _session(conn)
                 yield conn
-            except _driver().Error as error:  # COMMIT not sent: the server cannot commit it
-                mark_before_commit(error)
-                raise
             conn.commit()
         except BaseException:
             with contextlib.suppress(Exception):
@@ -557,10 +553,7 @@ class PostgresSink(Sink, EnginePull):
         never the server's message."""
         driver = _driver()
         refusals = (driver.IntegrityError, driver.DataError)
-        with (
-            rolled_back_before_commit(self.table, driver.Error, _failure_code),
-            constraints_refuse(self.table, refusals, lambda e: f"SQLSTATE {e.sqlstate}"),
-        ):
+        with load_failures(self.table, driver.Error, refusals, _failure_code):
             try:
                 yield
             except driver.errors.InsufficientPrivilege as error:

@@ -72,16 +72,15 @@ from .._sql import (
     ColumnDifference,
     FileTarget,
     TableName,
+    before_commit,
     check_target_folder,
     check_target_table,
     check_writable,
-    constraints_refuse,
     difference,
-    mark_before_commit,
+    load_failures,
     parse_table,
     quote,
     refuse_reserved_schema,
-    rolled_back_before_commit,
     unavailable,
     unwritable,
 )
@@ -259,19 +258,14 @@ class DuckDBSink(FileTarget, EnginePull):
         check_target_folder(self.path, self.table)
         return self._read_only("table")
 
-    @contextlib.contextmanager
-    def _refused(self) -> Iterator[None]:
+    def _refused(self) -> contextlib.AbstractContextManager[None]:
         """Around a target call's transaction: a constraint (``ConstraintException``) or a
         column's type (``ConversionException``, ``OutOfRangeException``: a hand-made ENUM,
         DECIMAL...) refusing a row, rolled back; any other DuckDB error before the COMMIT
-        (out of memory, a full disk) rolled back too (``rolled_back_before_commit``)."""
+        (out of memory, a full disk) rolled back too (``load_failures``)."""
         driver = duckdb_driver()
         refusals = (driver.IntegrityError, driver.DataError)
-        with (
-            rolled_back_before_commit(self.table, driver.Error, lambda e: type(e).__name__),
-            constraints_refuse(self.table, refusals, lambda e: type(e).__name__),
-        ):
-            yield
+        return load_failures(self.table, driver.Error, refusals, lambda e: type(e).__name__)
 
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written: load files as
@@ -664,15 +658,12 @@ class DuckDBSink(FileTarget, EnginePull):
 @contextlib.contextmanager
 def _transaction(conn: Any) -> Iterator[None]:
     """BEGIN ... COMMIT; any exception, even a BaseException, rolls back and re-raises. A
-    DuckDB error before the COMMIT is marked so (``mark_before_commit``): DuckDB writes a
+    DuckDB error before the COMMIT is marked so (``before_commit``): DuckDB writes a
     transaction only at its COMMIT, so nothing of it was applied."""
     conn.execute("BEGIN TRANSACTION")
     try:
-        try:
+        with before_commit(duckdb_driver().Error):
             yield
-        except duckdb_driver().Error as error:
-            mark_before_commit(error)
-            raise
         conn.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(duckdb_driver().Error):

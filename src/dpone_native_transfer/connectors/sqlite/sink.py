@@ -55,16 +55,15 @@ from .._sql import (
     STAGE_PREFIX,
     ColumnDifference,
     FileTarget,
+    before_commit,
     check_target_folder,
     check_target_table,
     check_writable,
-    constraints_refuse,
     difference,
-    mark_before_commit,
+    load_failures,
     parse_table,
     refuse_reserved_prefix,
     refuse_schema,
-    rolled_back_before_commit,
     unavailable,
 )
 from .._sql import quote as _quote
@@ -214,17 +213,12 @@ class SQLiteSink(FileTarget, EnginePull):
         """A NaN is refused: SQLite would store it as NULL. Other values are SQLite's own."""
         return finite_double if column.kind == "real" else None
 
-    @contextlib.contextmanager
-    def _refused(self) -> Iterator[None]:
+    def _refused(self) -> contextlib.AbstractContextManager[None]:
         """Around a target call's transaction: a constraint refusing a row (a ``STRICT``
         table's type too), or a value too big, rolled back; any other SQLite error before
-        the COMMIT (a full disk) rolled it back too (``rolled_back_before_commit``)."""
+        the COMMIT (a full disk) rolled it back too (``load_failures``)."""
         refusals = (sqlite3.IntegrityError, sqlite3.DataError)
-        with (
-            rolled_back_before_commit(self.table, sqlite3.Error, _error_name),
-            constraints_refuse(self.table, refusals, _error_name),
-        ):
-            yield
+        return load_failures(self.table, sqlite3.Error, refusals, _error_name)
 
     def load(self, payload: RowChunks, *, ledger: LedgerEntry | None = None) -> int:
         """Write the payload in one transaction and return the rows written."""
@@ -493,11 +487,8 @@ def _transaction(conn: sqlite3.Connection, table: str) -> Iterator[None]:
             raise TargetBusy.waited(table, TIMEOUT) from None
         raise
     try:
-        try:
+        with before_commit(sqlite3.Error):  # no COMMIT ran: nothing of it is applied
             yield
-        except sqlite3.Error as error:  # no COMMIT ran: nothing of it is applied
-            mark_before_commit(error)
-            raise
         conn.execute("COMMIT")
     except BaseException as error:
         if conn.in_transaction:
