@@ -8,6 +8,7 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 from helpers.stores import OTHER_ROUTE, ROUTE, make_checkpoint, make_version_1, sqlite_raw
 
@@ -16,6 +17,7 @@ from dpone_native_transfer.errors import (
     CheckpointStoreUnavailable,
     ConfigInvalid,
 )
+from dpone_native_transfer.lease import HeldStore, Lease
 from dpone_native_transfer.stores.sqlite import SQLiteCheckpointStore
 
 
@@ -76,6 +78,48 @@ def test_sqlite_upsert_many_is_one_transaction(sqlite_store: SQLiteCheckpointSto
     statements = _traced(sqlite_store, lambda: sqlite_store.upsert_many(batch))
     assert _transactions(statements) == ["BEGIN IMMEDIATE", "COMMIT"]
     assert sum(s.startswith("INSERT INTO checkpoint_history") for s in statements) == 5
+
+
+def _syncs(statements: list[str]) -> list[str]:
+    """Each write transaction's ``synchronous`` level, in order."""
+    return [
+        statements[i - 1].removeprefix("PRAGMA synchronous=")
+        for i, statement in enumerate(statements)
+        if statement == "BEGIN IMMEDIATE"
+    ]
+
+
+def test_a_write_outside_acts_on_is_fsynced_a_runs_bookkeeping_waits_for_its_release(
+    sqlite_store: SQLiteCheckpointStore,
+) -> None:
+    """Checkpoints (armed before the target call, promoted before the run reports), a
+    resolution, and any write made without a lease are fsynced when they return; the lease's
+    take and renewals, evidence and source state under it are fsynced by the release, its
+    last write, as the WAL is one file written in order."""
+    route = attrs.evolve(ROUTE, source_location="sqlite:/s.db", target_location="sqlite:/t.db")
+    table = sqlite_store.lease_table()
+    lease_sql: list[str] = []
+    table._conn.set_trace_callback(lease_sql.append)  # type: ignore[attr-defined]
+    with Lease(table, route, run_id="r-1", seconds=60) as lease:
+        held = HeldStore(sqlite_store, lease)
+
+        def under_lease() -> None:
+            sqlite_store.adopt_unlocated(route)
+            held.record_evidence(route, "r-1", {"run_id": "r-1"})
+            held.save_source_state(route, {"generation": 1})
+            held.upsert_many([make_checkpoint("p-a", route=route)])
+            held.apply_resolution(route, [make_checkpoint("p-b", route=route)], {})
+
+        assert _syncs(_traced(sqlite_store, under_lease)) == ["NORMAL"] * 3 + ["FULL"] * 2
+    synced = _syncs(lease_sql)  # its take and renewals, then its release
+    assert len(synced) >= 3 and set(synced[:-1]) == {"NORMAL"} and synced[-1] == "FULL"
+
+    def without_lease() -> None:
+        sqlite_store.record_evidence(ROUTE, "r-2", {"run_id": "r-2"})
+        sqlite_store.save_source_state(ROUTE, {"generation": 2})
+
+    assert _syncs(_traced(sqlite_store, without_lease)) == ["FULL", "FULL"]
+    assert sqlite_store.load_source_state(ROUTE) == {"generation": 2}
 
 
 def test_sqlite_latest_queries_all_use_an_index(sqlite_store: SQLiteCheckpointStore) -> None:

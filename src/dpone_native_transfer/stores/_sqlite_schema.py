@@ -202,8 +202,11 @@ _V4_TABLES = {**TABLES, "lease": TABLES["lease"][:-1]}
 
 
 @contextmanager
-def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One write transaction, rolled back on any failure."""
+def immediate(conn: sqlite3.Connection, *, synced: bool = True) -> Iterator[sqlite3.Connection]:
+    """One write transaction, rolled back on any failure. ``synced``: its COMMIT fsyncs the
+    WAL (``synchronous=FULL``); else it is durable from the next synced commit on, as the WAL
+    is one file written in order (``SQLiteCheckpointStore`` says which writes may wait)."""
+    conn.execute(f"PRAGMA synchronous={'FULL' if synced else 'NORMAL'}")  # not inside BEGIN
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
