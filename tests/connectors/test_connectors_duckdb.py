@@ -569,6 +569,41 @@ def test_a_duckdb_error_before_the_commit_rolls_back_and_blocks_nothing(duck_rou
     assert_rows_exactly_once(duck_route.source_ids(), duck_route.target_ids())
 
 
+class _FailingBegin:
+    """A real connection whose ``BEGIN`` fails (out of memory as the transaction starts)."""
+
+    def __init__(self, conn) -> None:
+        self._conn = conn
+
+    def execute(self, sql, *args):
+        if sql.startswith("BEGIN"):
+            raise duckdb.OutOfMemoryException("could not allocate")
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+def test_a_duckdb_error_at_begin_rolls_back_and_blocks_nothing(duck_route, monkeypatch):
+    """No transaction began, so nothing can have been applied: ``TargetRolledBack``, and the
+    next run loads every row once without an operator."""
+    real = DuckDBSink._connect
+
+    @contextlib.contextmanager
+    def failing(self, **kwargs):
+        with real(self, **kwargs) as conn:
+            yield _FailingBegin(conn)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(DuckDBSink, "_connect", failing)
+        with pytest.raises(TargetRolledBack, match="before its commit") as failed:
+            duck_route.runtime().run(duck_route.spec("legacy"))
+    assert failed.value.applied is False
+    assert failed.value.diagnostics["cause"] == "OutOfMemoryException"
+    assert duck_route.runtime().run(duck_route.spec("legacy", run_id="run-2")).rows_loaded == 120
+    assert_rows_exactly_once(duck_route.source_ids(), duck_route.target_ids())
+
+
 @pytest.mark.parametrize("table", ["tables", "databases", "s.orders_copy"])
 def test_a_target_named_as_duckdb_reads_a_keyword_loads_twice_exactly(tmp_path, table):
     """``DESCRIBE "tables"`` is DuckDB's ``SHOW TABLES``, even quoted: a target table named

@@ -651,6 +651,41 @@ def test_load_plan_is_atomic(source, sink, source_db):
     assert source.count({"partition": "north"}) == 3
 
 
+class _FailingBegin:
+    """A real connection whose ``BEGIN`` fails (a disk error as the transaction starts)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+        if sql.startswith("BEGIN"):
+            raise sqlite3.OperationalError("disk I/O error")
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._conn, name)
+
+
+def test_an_error_at_begin_is_before_the_commit(source, sink, monkeypatch):
+    """No transaction began, so nothing can have been applied: ``TargetRolledBack``, not
+    an error of unknown outcome that would block the route."""
+    shape = source.describe()
+    sink.load(_chunks_of(source, shape))
+    before, real = sink.rows(), SQLiteSink._connect
+
+    @contextlib.contextmanager
+    def failing(self):
+        with real(self) as conn:
+            yield _FailingBegin(conn)
+
+    monkeypatch.setattr(SQLiteSink, "_connect", failing)
+    with pytest.raises(TargetRolledBack, match="before its commit") as failed:
+        sink.load(_chunks_of(source, shape))
+    assert failed.value.applied is False and "disk" not in str(failed.value)
+    monkeypatch.undo()
+    assert sink.rows() == before
+
+
 def test_load_plan_with_missing_source_file_is_source_invalid(source, sink, source_db):
     shape = source.describe()
     source_db.unlink()

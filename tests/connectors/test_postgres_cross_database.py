@@ -22,7 +22,7 @@ from dpone_native_transfer.application import new_run_id, transfer
 from dpone_native_transfer.config import load_route_config
 from dpone_native_transfer.connectors.postgres import PostgresSource
 from dpone_native_transfer.connectors.postgres_sink import PostgresSink
-from dpone_native_transfer.errors import ConfigInvalid
+from dpone_native_transfer.errors import ConfigInvalid, TargetRolledBack
 
 ROUTE = """\
 [source]
@@ -206,6 +206,34 @@ def test_the_source_password_dblink_reads_with_is_in_no_output_or_stored_record(
             if file.is_file():
                 assert dbs.password.encode() not in file.read_bytes(), file
         assert dbs.password.encode() not in server_log(postgres_dsn)
+
+
+def test_a_dblink_that_cannot_connect_inside_the_load_rolls_back_and_blocks_nothing(
+    tmp_path, postgres_dsn, monkeypatch
+):
+    """The source database refusing the login inside the target call (its CONNECT revoked
+    after the plan): the load cannot have been applied, so it is ``TargetRolledBack``, exit 1,
+    nothing armed left; the next run loads every row once without an operator."""
+    with databases(postgres_dsn) as dbs:
+        table = dbs.source_table(BULK_COLUMNS[:3])
+        real, admin = PostgresSink.load_plan, dbs.dsn(dbs.source_db)
+
+        def revoked(self, *args, **kwargs):
+            with contextlib.closing(psycopg.connect(admin, autocommit=True)) as conn:
+                conn.execute(f"REVOKE CONNECT ON DATABASE {dbs.source_db} FROM PUBLIC")
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(PostgresSink, "load_plan", revoked)
+        with pytest.raises(TargetRolledBack) as failed:
+            run(tmp_path / "run", monkeypatch, dbs, table, "public.pulled", "lazy-plan")
+        assert failed.value.applied is False and dbs.password not in str(failed.value)
+        monkeypatch.setattr(PostgresSink, "load_plan", real)
+        with contextlib.closing(psycopg.connect(admin, autocommit=True)) as conn:
+            conn.execute(f"GRANT CONNECT ON DATABASE {dbs.source_db} TO PUBLIC")
+        result = run(tmp_path / "run", monkeypatch, dbs, table, "public.pulled", "lazy-plan")
+        assert result.rows_loaded == 3
+        with contextlib.closing(psycopg.connect(dbs.dsn(dbs.target_db))) as conn:
+            assert conn.execute("SELECT count(DISTINCT id) FROM public.pulled").fetchone()[0] == 3
 
 
 def test_appends_from_another_database_load_each_new_row_once(tmp_path, postgres_dsn, monkeypatch):

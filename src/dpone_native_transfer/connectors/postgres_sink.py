@@ -59,6 +59,7 @@ from ..errors import (
     TargetAccessRefused,
     TargetBusy,
     TargetPrivilegeRefused,
+    TargetRolledBack,
     TargetRowsMismatch,
     TargetUnavailable,
     with_driver_error,
@@ -284,10 +285,11 @@ class _Dblink:
             pass  # its text may name the login: not chained
         else:
             text = ""
-        if text:
-            raise TargetUnavailable(
+        if text:  # inside the load's transaction, before its COMMIT: rolled back
+            raise TargetRolledBack(
                 f"the target database of table {table!r} could not open the source's "
-                "database through dblink (its login, password or privileges)",
+                "database through dblink (its login, password or privileges); the load was "
+                "rolled back and nothing was applied",
                 diagnostics={"table": table},
             )
         try:

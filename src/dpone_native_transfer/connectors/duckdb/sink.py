@@ -660,7 +660,8 @@ def _transaction(conn: Any) -> Iterator[None]:
     """BEGIN ... COMMIT; any exception, even a BaseException, rolls back and re-raises. A
     DuckDB error before the COMMIT is marked so (``before_commit``): DuckDB writes a
     transaction only at its COMMIT, so nothing of it was applied."""
-    conn.execute("BEGIN TRANSACTION")
+    with before_commit(duckdb_driver().Error):  # no transaction began: nothing applied
+        conn.execute("BEGIN TRANSACTION")
     try:
         with before_commit(duckdb_driver().Error):
             yield
@@ -694,9 +695,12 @@ class _ReadThrownAway(Exception):
 
 
 def _fence_at(conn: Any) -> dict[str, Any]:
-    """``read_fence``'s and ``fence_first``'s fence and ledger tables, each where it exists."""
-    fence = _FENCE_AT["table"] if _own_table_exists(conn, FENCE_TABLE) else None
-    return {**_FENCE_AT, "table": fence, "ledger": lambda: _ledger_at(conn)}
+    """``read_fence``'s and ``fence_first``'s fence and ledger tables, each where it exists
+    (one listing of the catalog for both: its cost grows with the file's tables)."""
+    own = _own_tables(conn)
+    fence = _FENCE_AT["table"] if FENCE_TABLE in own else None
+    ledger = quote(LEDGER_TABLE) if LEDGER_TABLE in own else None
+    return {**_FENCE_AT, "table": fence, "ledger": lambda: ledger}
 
 
 def _ledger_at(conn: Any) -> str | None:
@@ -923,7 +927,17 @@ def _table_exists(conn: Any, table: TableName, *, kind: str = "table") -> bool:
 def _own_table_exists(conn: Any, name: str) -> bool:
     """Whether dpone's own table ``name`` (ledger, fence, rejects) exists, as the statements
     that use it name it: unqualified, in the current schema."""
-    return _table_exists(conn, TableName(None, name))
+    return name in _own_tables(conn)
+
+
+def _own_tables(conn: Any) -> set[str]:
+    """Which of dpone's own tables exist in the current schema (``_own_table_exists``)."""
+    rows = conn.execute(
+        "SELECT table_name FROM duckdb_tables()"
+        " WHERE database_name = current_database() AND schema_name = current_schema()"
+    ).fetchall()
+    names = {fold_ascii(name) for (name,) in rows}
+    return {own for own in (LEDGER_TABLE, FENCE_TABLE, REJECTS_TABLE) if fold_ascii(own) in names}
 
 
 def _described(conn: Any, name: str) -> list[tuple]:

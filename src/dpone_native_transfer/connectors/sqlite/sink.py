@@ -481,7 +481,8 @@ def _transaction(conn: sqlite3.Connection, table: str) -> Iterator[None]:
     proves nothing (one after the commit point, a journal that cannot be removed, still
     reports an error) and is re-raised as it is."""
     try:
-        conn.execute("BEGIN IMMEDIATE")
+        with before_commit(sqlite3.Error):  # no transaction began: nothing applied
+            conn.execute("BEGIN IMMEDIATE")
     except sqlite3.OperationalError as error:
         if _busy(error):
             raise TargetBusy.waited(table, TIMEOUT) from None
