@@ -511,25 +511,73 @@ def _reset(conn: Any) -> bool:
 _IDLE, _INTRANS, _INERROR = 0, 2, 3  # libpq's PGTransactionStatusType
 
 
-def _take_kept(dsn: str) -> Any:
+def _take_kept(dsn: str, *, reset: bool = True) -> Any:
     """A kept connection of ``dsn`` that still answers, outside autocommit, its session reset
     to a new connection's; or None. ``DISCARD ALL`` drops whatever the session held
     (settings, temporary tables, session locks; it prepares no statement:
-    ``postgres_connect``) and, in the same round trip, finds a server that dropped it."""
+    ``postgres_connect``) and, in the same round trip, finds a server that dropped it.
+    ``reset=False``: handed out as kept (autocommit, not reset: ``postgres_begin``)."""
     while True:
         with _held_lock:
             idle = _kept_postgres.get(dsn)
             if not idle:
                 return None
             conn = idle.pop()
+        if not reset:
+            return conn
         try:
             conn.execute("DISCARD ALL")  # autocommit, as postgres_release left it
             conn.autocommit = False
         except BaseException as error:
-            with contextlib.suppress(Exception):
-                conn.close()
-            if not isinstance(error, Exception):  # a signal: closed, and raised on
+            _closed_on(conn, error)
+            continue
+        return conn
+
+
+def _closed_on(conn: Any, error: BaseException) -> None:
+    """Close a kept connection that failed its reset; a signal is raised on."""
+    with contextlib.suppress(Exception):
+        conn.close()
+    if not isinstance(error, Exception):
+        raise error
+
+
+# What ``DISCARD ALL`` resets that a transaction may (``DISCARD ALL`` itself may not run in
+# one): cursors, settings, prepared statements, temporary tables, session locks.
+_RESET_IN_TRANSACTION = (
+    "CLOSE ALL; RESET ALL; DEALLOCATE ALL; DISCARD TEMP; SELECT pg_advisory_unlock_all()"
+)
+
+
+def postgres_begin(
+    driver: Any,
+    dsn: str,
+    begin: str,
+    session: str,
+    *,
+    what: str,
+    failed: Callable[[ServerFailure], NativeTransferError],
+) -> Any:
+    """A connection of ``dsn`` in a transaction that ``begin`` (``BEGIN ...``) started with
+    ``session`` (statements without parameters) run, sent in one round trip: psycopg's own
+    ``BEGIN`` and a kept connection's ``DISCARD ALL`` were two more per call. A connection
+    kept by ``postgres_release`` is reset in that round trip (``_RESET_IN_TRANSACTION``);
+    one that fails it (the server dropped it) is closed and the next one tried. Autocommit
+    is on: the caller commits or rolls back, and ``postgres_release`` gives it back."""
+    while True:
+        kept = _take_kept(dsn, reset=False) if connections_held(_close_kept_postgres) else None
+        conn = kept or postgres_connect(driver, dsn, what=what, failed=failed, kept=True)
+        statements = [begin, _RESET_IN_TRANSACTION, session] if kept else [begin, session]
+        try:
+            conn.autocommit = True
+            conn.execute("; ".join(statements))  # no parameters: one simple query
+        except BaseException as error:
+            if kept is None or not isinstance(error, driver.Error):
+                with contextlib.suppress(Exception):
+                    conn.rollback()
+                postgres_release(conn, dsn)
                 raise
+            _closed_on(conn, error)
             continue
         return conn
 

@@ -834,13 +834,13 @@ def test_a_run_connects_once_for_its_checks_and_its_target_call(route, monkeypat
     from dpone_native_transfer.connectors import postgres_sink
 
     handed: list[Any] = []
-    connect = postgres_sink.postgres_connect
+    begin = postgres_sink.postgres_begin
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        handed.append(connect(*args, **kwargs))
+        handed.append(begin(*args, **kwargs))
         return handed[-1]
 
-    monkeypatch.setattr(postgres_sink, "postgres_connect", counted)
+    monkeypatch.setattr(postgres_sink, "postgres_begin", counted)
     route.run("run-1")
     opened = {id(conn): conn for conn in handed}.values()
     assert len(handed) >= 4 and len(opened) <= 2, (len(handed), len(opened))

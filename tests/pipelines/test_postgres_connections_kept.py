@@ -25,7 +25,12 @@ from helpers.pipelines import (
 )
 from helpers.postgres_server import postgres_url
 
-from dpone_native_transfer.drivers import holding_connections, postgres_connect, postgres_release
+from dpone_native_transfer.drivers import (
+    holding_connections,
+    postgres_begin,
+    postgres_connect,
+    postgres_release,
+)
 from dpone_native_transfer.errors import TargetUnavailable
 from dpone_native_transfer.pipeline import load_pipeline
 from dpone_native_transfer.pipeline_run import run_tables
@@ -47,11 +52,17 @@ def connects(monkeypatch) -> list[Any]:
     return made
 
 
-def _connect(dsn: str) -> Any:
-    def failed(failure: Any) -> TargetUnavailable:
-        return TargetUnavailable("test connection failed")
+def _failed(failure: Any) -> TargetUnavailable:
+    return TargetUnavailable("test connection failed")
 
-    return postgres_connect(psycopg, dsn, what="test", failed=failed, kept=True)
+
+def _connect(dsn: str) -> Any:
+    return postgres_connect(psycopg, dsn, what="test", failed=_failed, kept=True)
+
+
+def _begin(dsn: str, begin: str = "BEGIN") -> Any:
+    """A sink's transaction start: ``BEGIN`` and the session's settings in one round trip."""
+    return postgres_begin(psycopg, dsn, begin, "SELECT 1", what="test", failed=_failed)
 
 
 @pytest.mark.parametrize("source_kind", ["sqlite", "postgres"])
@@ -207,3 +218,61 @@ def test_a_kept_connection_keeps_the_settings_its_dsn_gave(postgres_schema, conn
         assert again is first
         assert again.execute("SHOW search_path").fetchone()[0] == schema
         postgres_release(again, given)
+
+
+def test_a_transaction_begun_on_a_kept_connection_finds_a_new_sessions_state(
+    postgres_schema, connects
+):
+    """``postgres_begin`` resets a kept session inside the transaction it begins (``DISCARD
+    ALL`` may not run in one): settings, temporary tables, prepared statements, cursors and
+    session locks a call left are gone; the DSN's own settings stay; READ ONLY holds."""
+    dsn, schema = postgres_schema
+    given = f"{dsn} options='-c search_path={schema}'"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+        admin.execute(f'CREATE TABLE "{schema}".kept_begin (n int)')
+    connects.clear()
+    with holding_connections():
+        first = _begin(given)
+        for leftover in (
+            "SET statement_timeout = '1s'",
+            "SET search_path = public",
+            "CREATE TEMP TABLE scratch (n int)",
+            "PREPARE leftover AS SELECT 1",
+            "DECLARE leftover CURSOR WITH HOLD FOR SELECT 1",
+            "SELECT pg_advisory_lock(4242)",
+        ):
+            first.execute(leftover)
+        first.commit()
+        postgres_release(first, given)
+        again = _begin(given, "BEGIN READ ONLY")
+        assert again is first and len(connects) == 1
+        assert again.execute("SHOW statement_timeout").fetchone()[0] == "0"
+        assert again.execute("SHOW search_path").fetchone()[0] == schema
+        assert again.execute("SELECT to_regclass('pg_temp.scratch')").fetchone()[0] is None
+        assert again.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0
+        assert again.execute("SELECT count(*) FROM pg_cursors").fetchone()[0] == 0
+        locks = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s"
+        assert again.execute(locks, (again.info.backend_pid,)).fetchone()[0] == 0
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            again.execute(f'INSERT INTO "{schema}".kept_begin VALUES (1)')
+        postgres_release(again, given)
+
+
+def test_a_transaction_begun_on_a_connection_the_server_dropped_goes_on_a_new_one(
+    postgres_schema, connects
+):
+    dsn, _ = postgres_schema
+    with holding_connections():
+        first = _begin(dsn)
+        pid = first.info.backend_pid
+        first.commit()
+        postgres_release(first, dsn)
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        connects.clear()
+        again = _begin(dsn)
+        assert again is not first and first.closed and len(connects) == 1
+        assert again.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        again.rollback()
+        postgres_release(again, dsn)

@@ -49,7 +49,7 @@ from ..drivers import (
     ServerFailure,
     holding_connections,
     import_driver,
-    postgres_connect,
+    postgres_begin,
     postgres_failure,
     postgres_release,
 )
@@ -116,7 +116,7 @@ from ._sql import (
 from .contract import Sink, SinkFeatures, Unsupported
 from .contract.engine import EnginePull
 from .contract.postgres_table import EngineLogin
-from .postgres import _NATIVE, PostgresSource, _name, _resolve_dsn, _server, _session
+from .postgres import _NATIVE, _SESSION, PostgresSource, _name, _resolve_dsn, _server
 
 __all__ = ["POSTGRES_TYPES", "PostgresSink", "postgres_carrier", "postgres_type"]
 
@@ -421,13 +421,13 @@ class PostgresSink(Sink, EnginePull):
     def _transaction(self, *, read_only: bool = False) -> Iterator[Any]:
         """A connection in one transaction (UTC, ISO dates), committed when the block ends;
         any exception, even a BaseException, rolls it back and is re-raised unchanged."""
-        conn = postgres_connect(
-            _driver(), self._dsn, what="PostgreSQL target", failed=self._failed, kept=True
-        )
+        driver, begin = _driver(), "BEGIN READ ONLY" if read_only else "BEGIN"
+        with before_commit(driver.Error):  # the server cannot commit without it
+            conn = postgres_begin(
+                driver, self._dsn, begin, _SESSION, what="PostgreSQL target", failed=self._failed
+            )
         try:
-            with before_commit(_driver().Error):  # the server cannot commit without it
-                conn.read_only = read_only
-                _session(conn)
+            with before_commit(driver.Error):
                 yield conn
             conn.commit()
         except BaseException:
