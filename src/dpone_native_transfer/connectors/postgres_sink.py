@@ -174,6 +174,10 @@ _COLUMNS = """SELECT a.attname, format_type(a.atttypid, a.atttypmod)
 _EXISTS = """SELECT EXISTS (SELECT FROM pg_catalog.pg_class c
     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = %s AND c.relname = %s)"""
+# Which of some names are tables of a schema, found as ``_EXISTS`` finds one.
+_EXISTING = """SELECT c.relname FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = %s AND c.relname = ANY(%s)"""
 # A table's primary key and unique indexes, each its column names (an expression: NULL).
 _UNIQUES = """SELECT array_agg(a.attname ORDER BY k.n) FROM pg_index i
     CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
@@ -227,7 +231,10 @@ _REWRITING = """SELECT
     + (SELECT count(*) FROM pg_rewrite r WHERE r.ev_class = c.oid AND r.rulename <> '_RETURN')
     + CASE WHEN c.relkind IN ('r', 'p') THEN 0 ELSE 1 END
     + CASE WHEN row_security_active(c.oid) THEN 1 ELSE 0 END
-    FROM pg_class c WHERE c.oid = to_regclass(%s)"""
+    FROM pg_class c WHERE c.oid = to_regclass(%(table)s)"""
+# ``check_target``'s answers once ``_WRITABLE`` said yes (so the login may use the schema), in
+# one round trip: PostgreSQL runs a query's scalar subqueries whatever branch asks for them.
+_OWN_AND_REWRITING = f"SELECT ({_LEDGER_WRITABLE}), ({_REWRITING})"
 # Enabled user triggers that run AFTER an INSERT or DELETE of the table: they cannot change the
 # rows handed to it, but may add or delete others, so a load with them counts the table.
 _AFTER_TRIGGERS = """SELECT count(*) FROM pg_trigger t WHERE t.tgrelid = to_regclass(%s)
@@ -468,18 +475,16 @@ class PostgresSink(Sink, EnginePull):
         the target table (INSERT on it, or CREATE where it will be created)."""
 
         def writable(conn: Any) -> tuple[bool, int]:
-            names = {"table": self._target.sql(), "schema": quote(self._target.schema)}
+            names = {
+                "table": self._target.sql(),
+                "schema": quote(self._target.schema),
+                "ledger": self._ledger_table.sql(),
+                "fence": TableName(self._target.schema, FENCE_TABLE).sql(),
+            }
             if not conn.execute(_WRITABLE, names).fetchone()[0]:
                 return False, 0
-            schema = self._target.schema
-            own = {
-                "ledger": self._ledger_table.sql(),
-                "fence": TableName(schema, FENCE_TABLE).sql(),
-            }
-            if not conn.execute(_LEDGER_WRITABLE, own).fetchone()[0]:
-                return False, 0
-            rewriting = conn.execute(_REWRITING, [self._target.sql()]).fetchone()
-            return True, rewriting[0] if rewriting else 0
+            own, rewriting = conn.execute(_OWN_AND_REWRITING, names).fetchone()
+            return bool(own), (rewriting or 0) if own else 0
 
         allowed, rewriting = self._outside_call(writable, to="be reached")
         if not allowed:
@@ -1258,11 +1263,18 @@ def _fence_at(fence: TableName) -> dict[str, str]:
 def _fence_read(conn: Any, schema: str | None) -> dict[str, Any]:
     """``read_fence``'s and ``fence_first``'s fence and ledger tables, each where it exists."""
     fence, ledger = TableName(schema, FENCE_TABLE), TableName(schema, LEDGER_TABLE)
+    found = _own_tables(conn, schema)
     return {
         **_fence_at(fence),
-        "table": fence.sql(_name) if _exists(conn, fence) else None,
-        "ledger": lambda: ledger.sql(_name) if _exists(conn, ledger) else None,
+        "table": fence.sql(_name) if FENCE_TABLE in found else None,
+        "ledger": lambda: ledger.sql(_name) if LEDGER_TABLE in found else None,
     }
+
+
+def _own_tables(conn: Any, schema: str | None) -> set[str]:
+    """Which of the schema's ledger and fence exist: one round trip for both."""
+    names = [FENCE_TABLE, LEDGER_TABLE]
+    return {name for (name,) in _run_query(conn, _EXISTING, schema, names)}
 
 
 def _fence(fence: TableName) -> dict[str, str]:
@@ -1300,12 +1312,12 @@ def _record(conn: Any, ledger: TableName, entry: LedgerEntry | None, rows: int) 
         except _driver().errors.LockNotAvailable:
             held = TargetBusy.waited(entry.target_table, LEDGER_WAIT_SECONDS, held=_LEDGER_HELD)
             raise held from None  # the driver's text is never chained
-        fence = TableName(ledger.schema, FENCE_TABLE)
+        fence, found = TableName(ledger.schema, FENCE_TABLE), _own_tables(conn, ledger.schema)
         fence_batch(
-            _query(conn), entry, **_fence(fence), create=not _exists(conn, fence),
-            ledger=lambda: table if _exists(conn, ledger) else None,
+            _query(conn), entry, **_fence(fence), create=FENCE_TABLE not in found,
+            ledger=lambda: table if LEDGER_TABLE in found else None,
         )  # fmt: skip
-        if not _exists(conn, ledger):
+        if LEDGER_TABLE not in found:
             _create_schema(conn, ledger)
             integer = "bigint NOT NULL"
             _run(conn, ledger_table_sql(table, seq=integer, integer=integer, text="text NOT NULL"))
