@@ -393,6 +393,7 @@ class PostgresSink(Sink, EnginePull):
         self._dsn = _resolve_dsn(dsn, role="target")
         self.table = table
         self._checked: LoadPlan | None = None  # the last plan check_plan passed
+        self._staged: int | None = None  # the rows ``stage`` counted, until read once
         self._dblinked: _Dblink | None = None  # its pull through dblink, from another database
         self.identity()  # a DSN that cannot be parsed is refused now, before any run
 
@@ -708,22 +709,32 @@ class PostgresSink(Sink, EnginePull):
     # --- staging ----------------------------------------------------------------------------
 
     def stage(self, payload: RowChunks) -> int:
-        """Fill a fresh staging table beside the target; the target is not touched."""
+        """Fill a fresh staging table beside the target; the target is not touched. Its rows
+        are counted in the same transaction, for the ``staged_row_count`` that follows (a
+        transaction of its own was one more per load)."""
+        self._staged = None
 
-        def fill(conn: Any) -> int:
+        def fill(conn: Any) -> tuple[int, int]:
             # a stage another attempt holds (one paused past its lease) is waited for a while,
             # not for ever: TargetUnavailable, retryable
             _run(conn, f"SET LOCAL lock_timeout = '{_STAGE_WAIT}'")
             _run(conn, f"DROP TABLE IF EXISTS {self._stage.sql(_name)}")
             _create_table(conn, self._stage, payload.columns, dropped=True)
-            return _copy_payload(conn, self._stage, payload, made=True)
+            copied = _copy_payload(conn, self._stage, payload, made=True)
+            return copied, _count(conn, self._stage)
 
-        return self._outside_call(fill, read_only=False, to="be written")
+        copied, self._staged = self._outside_call(fill, read_only=False, to="be written")
+        return copied
 
     def staged_row_count(self) -> int:
+        """The rows ``stage`` counted as it committed them, once; else counted now."""
+        counted, self._staged = self._staged, None
+        if counted is not None:
+            return counted
         return self._outside_call(lambda conn: _row_count(conn, self._stage))
 
     def discard_stage(self) -> None:
+        self._staged = None
         drop = f"DROP TABLE IF EXISTS {self._stage.sql(_name)}"
         self._outside_call(lambda conn: _run(conn, drop), read_only=False, to="be written")
 
