@@ -713,6 +713,43 @@ sys.exit(main())
 """
 
 
+SIGTERM_WHILE_THE_COMMAND_IMPORTS = """
+import importlib.abc, os, signal, sys
+
+class Terminated(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "dpone_native_transfer.cli":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return None
+
+sys.meta_path.insert(0, Terminated())
+from dpone_native_transfer._entry import main
+sys.exit(main())
+"""
+
+
+def test_a_sigterm_while_the_command_starts_says_so_and_json_gets_its_object(tmp_path):
+    """A scheduler's SIGTERM in the first fifth of a second ended the command with no word,
+    and ``--json`` printed nothing to parse."""
+    route_file = make_route(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", SIGTERM_WHILE_THE_COMMAND_IMPORTS, "run", str(route_file), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == cli.EXIT_TERMINATED
+    message = (
+        "terminated (SIGTERM): it stopped before the run started: nothing was read or written;"
+        " a rerun is safe"
+    )
+    assert done.stderr == f"error: {message}\n"
+    assert json.loads(done.stdout) == {
+        "error": "terminated", "exit_code": cli.EXIT_TERMINATED, "message": message
+    }  # fmt: skip
+    assert not (tmp_path / "target.db").exists()
+
+
 @pytest.mark.parametrize("stop", ["terminated", "interrupted"])
 @pytest.mark.parametrize("pipeline", [False, True], ids=["route", "pipeline"])
 def test_a_run_with_json_stopped_before_its_summary_prints_one_json_object(
