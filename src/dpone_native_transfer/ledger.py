@@ -402,14 +402,28 @@ def fence_batch(
     target's fence (``LeaseLost``: the sink rolls back, nothing applied), else raise the fence
     to it. Nothing to do for a batch without an epoch (a store without leases). ``create``:
     whether the fence table may be missing; ``ledger``: the ledger table's reference, or None
-    where it does not exist (``_fence_floor``)."""
+    where it does not exist (``_fence_floor``).
+
+    The caller holds what serializes the fence's writes (PostgreSQL's lock on the ledger,
+    SQLite's write lock, DuckDB's one writer), so the row read is raised by a plain INSERT or
+    UPDATE: DuckDB's ``ON CONFLICT`` took 1.5-1.8 ms where they took 0.25-0.35."""
     if entry.epoch is None:
         return
-    make, _, upsert = _fence_sql(table, marker, text=text, integer=integer)
+    make, select, _ = _fence_sql(table, marker, text=text, integer=integer)
     if create:
         query(make, ())
-    fence_first(query, entry, table=table, marker=marker, ledger=ledger)
-    query(upsert, (entry.target_table, entry.epoch))
+    target, epoch = entry.target_table, entry.epoch
+    found = query(select, (target,))
+    fence = int(found[0][0]) if found else _fence_floor(query, target, marker, ledger())
+    if fence > epoch:
+        raise LeaseFenced.fenced(target, entry.batch_id)
+    if not found:
+        query(
+            f"INSERT INTO {table} (target_table, epoch) VALUES ({marker}, {marker})",
+            (target, epoch),
+        )
+    elif epoch > fence:
+        query(f"UPDATE {table} SET epoch = {marker} WHERE target_table = {marker}", (epoch, target))
 
 
 def _fence_floor(query: Query, target_table: str, marker: str, ledger: str | None) -> int:
