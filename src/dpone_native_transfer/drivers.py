@@ -79,7 +79,7 @@ def import_driver(module: str, *, needed_by: str, key: str = "driver") -> Module
 
 # --- what a failure means -------------------------------------------------------------------
 
-CONFIG_FAILURES = ("login_refused", "database_missing", "permission_denied")
+CONFIG_FAILURES = ("login_refused", "database_missing", "permission_denied", "read_only")
 # kind: what the message says it is
 _REASONS = {
     "login_refused": "the server refused the login: authentication failed (a wrong password, "
@@ -94,6 +94,9 @@ _REASONS = {
     "login's or the database's)",
     "server_unavailable": "the server is starting up, shutting down or in recovery, or "
     "an administrator ended the session",
+    "read_only": "the session is read-only (default_transaction_read_only is on for the "
+    "login, the database or the DSN's options, or the server is a standby)",
+    "statement_timeout": "a statement ran longer than the session's statement_timeout",
     "connection_failed": "the connection failed or was lost",
 }
 
@@ -164,6 +167,10 @@ def _sqlstate_kind(sqlstate: str) -> str:
         return "server_unavailable"
     if sqlstate == "08001":  # sqlclient_unable_to_establish_sqlconnection
         return "unreachable"
+    if sqlstate == "25006":  # read_only_sql_transaction: a setting, not a moment
+        return "read_only"
+    if sqlstate == "57014":  # query_canceled: statement_timeout (or a cancel)
+        return "statement_timeout"
     return "connection_failed"
 
 

@@ -670,6 +670,20 @@ def test_a_privilege_missing_inside_the_load_rolls_back_and_blocks_nothing(
         route.real_store.close()
 
 
+def test_a_login_whose_sessions_are_read_only_by_default_still_loads(tmp_path, location, login):
+    """``default_transaction_read_only`` on for the login: a load's transaction says READ
+    WRITE, as psycopg said it (a one-message BEGIN said neither, and every run failed)."""
+    role, url = login
+    admin(location, f'GRANT USAGE, CREATE ON SCHEMA "{location.schema}" TO {role}')
+    admin(location, f"ALTER ROLE {role} SET default_transaction_read_only = on")
+    route = SinkRoute(tmp_path, location, "staged", url=url)
+    try:
+        assert route.run().rows_loaded == 120
+        assert_rows_exactly_once(route.source_ids(), route.target_ids())
+    finally:
+        route.real_store.close()
+
+
 def test_a_statement_failing_before_the_commit_rolls_back_and_blocks_nothing(
     tmp_path, location, login
 ):

@@ -50,6 +50,7 @@ from dpone_native_transfer import (
     SourceAccessRefused,
     TargetAccessRefused,
 )
+from dpone_native_transfer.drivers import postgres_failure
 from dpone_native_transfer.errors import driver_error
 from dpone_native_transfer.reporting import EXIT_CONFIG, EXIT_FAILED, exit_code_for
 from dpone_native_transfer.testing import build_sample_source
@@ -375,6 +376,33 @@ def test_a_login_that_may_not_read_the_source_table_is_refused(tmp_path, server)
             "table": f"{server.schema}.orders",
         }
         route.nothing_written()
+    finally:
+        server.admin(f'REVOKE ALL ON SCHEMA "{server.schema}" FROM {reader}',
+                     f"DROP ROLE {reader}")  # fmt: skip
+
+
+def test_a_store_whose_sessions_are_read_only_is_refused_by_name(tmp_path, server):
+    """SQLSTATE 25006 (a login's default_transaction_read_only, or a standby) is a setting, not
+    a moment: exit 2 saying the session is read-only; it was "cannot be written now", exit 1,
+    for ever. A statement timeout (57014) is named too, and may be retried."""
+    reader = f"dpone_ro_{secrets.token_hex(4)}"
+    server.admin(
+        f"CREATE ROLE {reader} LOGIN PASSWORD 'ro-pw'",
+        f'GRANT ALL ON SCHEMA "{server.schema}" TO {reader}',
+        f"ALTER ROLE {reader} SET default_transaction_read_only = on",
+    )
+    try:
+        route = Route(tmp_path, server, "store")
+        done = route.run(url(server.parts, user=reader, password="ro-pw"))
+        assert done.returncode == EXIT_CONFIG, done.stderr
+        assert "the session is read-only" in done.stderr
+        assert _diagnostics(done.stderr)["failure"] == "read_only"
+        with psycopg.connect(url(server.parts, user=reader, password="ro-pw")) as conn:
+            conn.execute("SET statement_timeout = '1ms'")
+            with pytest.raises(psycopg.Error) as timed_out:
+                conn.execute("SELECT pg_sleep(1)")
+        failure = postgres_failure(psycopg, timed_out.value)
+        assert failure is not None and (failure.kind, failure.retry) == ("statement_timeout", True)
     finally:
         server.admin(f'REVOKE ALL ON SCHEMA "{server.schema}" FROM {reader}',
                      f"DROP ROLE {reader}")  # fmt: skip

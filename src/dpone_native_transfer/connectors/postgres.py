@@ -201,7 +201,8 @@ class PostgresSource(TableSource):
             retry=SourceInvalid,
             refused=SourceAccessRefused,
             diagnostics={"table": self.table},
-            fix="fix the source DSN (its user, password or database) or the login's privileges",
+            fix="fix the source DSN (its user, password, database or options)"
+            " or the login's privileges or settings",
         )
 
     def _open(self, driver: Any, *, kept: bool = False) -> Any:

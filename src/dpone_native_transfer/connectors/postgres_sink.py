@@ -429,7 +429,9 @@ class PostgresSink(Sink, EnginePull):
     def _transaction(self, *, read_only: bool = False) -> Iterator[Any]:
         """A connection in one transaction (UTC, ISO dates), committed when the block ends;
         any exception, even a BaseException, rolls it back and is re-raised unchanged."""
-        driver, begin = _driver(), "BEGIN READ ONLY" if read_only else "BEGIN"
+        # READ WRITE said, as psycopg said it: a login's default_transaction_read_only does
+        # not make a load's transaction read-only
+        driver, begin = _driver(), "BEGIN READ ONLY" if read_only else "BEGIN READ WRITE"
         with before_commit(driver.Error):  # the server cannot commit without it
             conn = postgres_begin(
                 driver, self._dsn, begin, _SESSION, what="PostgreSQL target", failed=self._failed
@@ -468,7 +470,8 @@ class PostgresSink(Sink, EnginePull):
             retry=TargetUnavailable,
             refused=TargetAccessRefused,
             diagnostics={"table": self.table},
-            fix="fix the target DSN (its user, password or database) or the login's privileges",
+            fix="fix the target DSN (its user, password, database or options)"
+            " or the login's privileges or settings",
         )
 
     def check_target(self) -> None:

@@ -206,7 +206,8 @@ def _store_failure(failure: ServerFailure, action: str) -> NativeTransferError:
         retry=CheckpointStoreUnavailable,
         refused=CheckpointStoreAccessRefused,
         diagnostics={"action": action, "error_type": error_type},
-        fix="fix the store DSN (its user, password or database) or the login's privileges",
+        fix="fix the store DSN (its user, password, database or options)"
+        " or the login's privileges or settings",
         nothing_written=False,  # a failed commit may follow a target that was written
     )
 
