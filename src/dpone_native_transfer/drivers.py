@@ -573,7 +573,10 @@ def postgres_begin(
     is on: the caller commits or rolls back, and ``postgres_release`` gives it back."""
     while True:
         kept = _take_kept(dsn, reset=False) if connections_held(_close_kept_postgres) else None
-        conn = kept or postgres_connect(driver, dsn, what=what, failed=failed, kept=True)
+        if kept is None:
+            conn = postgres_connect(driver, dsn, what=what, failed=failed, kept=True)
+        else:
+            conn = kept
         statements = [begin, _RESET_IN_TRANSACTION, session] if kept else [begin, session]
         try:
             conn.autocommit = True
