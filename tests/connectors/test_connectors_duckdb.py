@@ -15,12 +15,13 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
 from helpers.routes import PATHS, Route
 
-from dpone_native_transfer.connectors import SQLiteSource
+from dpone_native_transfer.connectors import SQLiteSink, SQLiteSource
 from dpone_native_transfer.connectors.duckdb import DuckDBSink, duckdb_type
 from dpone_native_transfer.connectors.duckdb import connect as duckdb_connect
 from dpone_native_transfer.connectors.duckdb import sink as duckdb_sink_module
@@ -634,6 +635,32 @@ def test_a_view_of_the_targets_name_is_refused_before_the_target_even_broken(tmp
             with pytest.raises(TargetRowsMismatch) as refused:
                 route.runtime().run(route.spec("legacy", run_id=run_id))
             assert refused.value.applied is False
+        assert route.sink.target_calls == 0
+    finally:
+        route.real_store.close()
+
+
+@pytest.mark.parametrize("name", ["_dpone_ledger", "_DPONE_FENCE", "_dpone_rejects"])
+@pytest.mark.parametrize("engine", ["duckdb", "sqlite"])
+def test_a_view_named_as_dpones_own_table_is_refused_before_the_target(tmp_path, engine, name):
+    """A view taking the ledger's, the fence's or the rejects' name failed every load inside
+    the target call, "a retry may succeed" each time; refused before the target now (exit 2),
+    naming it."""
+    path = tmp_path / f"target.{engine}"
+    if engine == "duckdb":
+        sink: Any = DuckDBSink(path, "orders_copy")
+        with contextlib.closing(duckdb.connect(str(path))) as conn:
+            conn.execute(f"CREATE VIEW {name} AS SELECT 1 AS x")
+    else:
+        sink = SQLiteSink(str(path), "orders_copy")
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute(f"CREATE VIEW {name} AS SELECT 1 AS x")
+    route = Route(tmp_path, sink=sink)
+    try:
+        for run_id in ("run-1", "run-2"):
+            with pytest.raises(ConfigInvalid, match="drop or rename it") as refused:
+                route.runtime().run(route.spec("legacy", run_id=run_id))
+            assert refused.value.diagnostics == {"table": "orders_copy", "name": name}
         assert route.sink.target_calls == 0
     finally:
         route.real_store.close()

@@ -670,6 +670,27 @@ def test_a_privilege_missing_inside_the_load_rolls_back_and_blocks_nothing(
         route.real_store.close()
 
 
+@pytest.mark.parametrize(
+    ("name", "made"),
+    [("_dpone_ledger", "VIEW {} AS SELECT 1 AS x"), ("_dpone_fence", "SEQUENCE {}")],
+)
+def test_an_object_named_as_dpones_own_table_is_refused_before_the_target(
+    tmp_path, location, name, made
+):
+    """A view or a sequence in the target's schema with the ledger's or the fence's name
+    failed every load inside the target call, "a retry may succeed"; exit 2 before it now."""
+    admin(location, f'CREATE SCHEMA IF NOT EXISTS "{location.schema}"')
+    admin(location, "CREATE " + made.format(f'"{location.schema}".{name}'))
+    route = SinkRoute(tmp_path, location, "staged")
+    try:
+        with pytest.raises(ConfigInvalid, match="drop or rename it") as refused:
+            route.run()
+        assert refused.value.diagnostics["name"] == name
+        assert route.sink.target_calls == 0
+    finally:
+        route.real_store.close()
+
+
 def test_a_login_whose_sessions_are_read_only_by_default_still_loads(tmp_path, location, login):
     """``default_transaction_read_only`` on for the login: a load's transaction says READ
     WRITE, as psycopg said it (a one-message BEGIN said neither, and every run failed)."""

@@ -287,6 +287,18 @@ def check_writable(path: str, table: str) -> None:
         )  # fmt: skip
 
 
+def own_name_taken(table: str, name: str) -> ConfigInvalid:
+    """A view (or another object that is not a table) named as dpone's own ledger, fence or
+    rejects table: its load failed inside the target call, and "a retry may succeed" was
+    never true. Found before the target call."""
+    return ConfigInvalid(
+        f"the target database of table {table!r} has a view or another object that is not a "
+        f"table named {name!r}, the name of dpone's own table beside the target; drop or "
+        "rename it; nothing was written",
+        diagnostics={"table": table, "name": name},
+    )
+
+
 def unavailable(table: str, *, to: str = "be opened for writing") -> TargetUnavailable:
     """The error of a target that cannot be opened now, found before the target call."""
     return TargetUnavailable(

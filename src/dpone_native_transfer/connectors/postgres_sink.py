@@ -106,6 +106,7 @@ from ._sql import (
     check_target_table,
     difference,
     load_failures,
+    own_name_taken,
     parse_table,
     quote,
     refuse_reserved_prefix,
@@ -232,9 +233,13 @@ _REWRITING = """SELECT
     + CASE WHEN c.relkind IN ('r', 'p') THEN 0 ELSE 1 END
     + CASE WHEN row_security_active(c.oid) THEN 1 ELSE 0 END
     FROM pg_class c WHERE c.oid = to_regclass(%(table)s)"""
+# dpone's own tables' names in the schema held by a view, an index, a sequence... (one name).
+_OWN_NAME_TAKEN = """SELECT min(c.relname) FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = %(schema_name)s AND c.relname = ANY(%(own)s) AND c.relkind <> 'r'"""
 # ``check_target``'s answers once ``_WRITABLE`` said yes (so the login may use the schema), in
 # one round trip: PostgreSQL runs a query's scalar subqueries whatever branch asks for them.
-_OWN_AND_REWRITING = f"SELECT ({_LEDGER_WRITABLE}), ({_REWRITING})"
+_OWN_AND_REWRITING = f"SELECT ({_LEDGER_WRITABLE}), ({_REWRITING}), ({_OWN_NAME_TAKEN})"
 # Enabled user triggers that run AFTER an INSERT or DELETE of the table: they cannot change the
 # rows handed to it, but may add or delete others, so a load with them counts the table.
 _AFTER_TRIGGERS = """SELECT count(*) FROM pg_trigger t WHERE t.tgrelid = to_regclass(%s)
@@ -478,19 +483,23 @@ class PostgresSink(Sink, EnginePull):
         """Before the target call: the server answers, the login is accepted, and it may write
         the target table (INSERT on it, or CREATE where it will be created)."""
 
-        def writable(conn: Any) -> tuple[bool, int]:
+        def writable(conn: Any) -> tuple[bool, int, str | None]:
             names = {
                 "table": self._target.sql(),
                 "schema": quote(self._target.schema),
                 "ledger": self._ledger_table.sql(),
                 "fence": TableName(self._target.schema, FENCE_TABLE).sql(),
+                "schema_name": self._target.schema,
+                "own": [LEDGER_TABLE, FENCE_TABLE, REJECTS_TABLE],
             }
             if not conn.execute(_WRITABLE, names).fetchone()[0]:
-                return False, 0
-            own, rewriting = conn.execute(_OWN_AND_REWRITING, names).fetchone()
-            return bool(own), (rewriting or 0) if own else 0
+                return False, 0, None
+            own, rewriting, taken = conn.execute(_OWN_AND_REWRITING, names).fetchone()
+            return bool(own), (rewriting or 0) if own else 0, taken
 
-        allowed, rewriting = self._outside_call(writable, to="be reached")
+        allowed, rewriting, taken = self._outside_call(writable, to="be reached")
+        if taken is not None:
+            raise own_name_taken(self.table, taken)
         if not allowed:
             raise ConfigInvalid(
                 f"the login of target table {self.table!r} may not write it (it needs INSERT on "

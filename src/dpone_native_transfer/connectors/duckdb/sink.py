@@ -78,6 +78,7 @@ from .._sql import (
     check_writable,
     difference,
     load_failures,
+    own_name_taken,
     parse_table,
     quote,
     refuse_reserved_schema,
@@ -200,10 +201,13 @@ class DuckDBSink(FileTarget, EnginePull):
         try:
             with target_connection(self.path, self.table) as conn:
                 view = _view_exists(conn, self._target)
+                taken = _own_views(conn)
         except driver.Error:
             raise unavailable(self.table) from None
         if view:  # a load would create no table beside it and fail inside the target call
             raise TargetRowsMismatch.rewriting(self.table, 1)
+        if taken:
+            raise own_name_taken(self.table, taken[0])
 
     def check_merge(self, merge: Merge, columns: Sequence[Column]) -> None:
         """A primary key or unique constraint on part of the key, or a key compared by a looser
@@ -928,6 +932,16 @@ def _own_table_exists(conn: Any, name: str) -> bool:
     """Whether dpone's own table ``name`` (ledger, fence, rejects) exists, as the statements
     that use it name it: unqualified, in the current schema."""
     return name in _own_tables(conn)
+
+
+def _own_views(conn: Any) -> list[str]:
+    """Views named as dpone's own tables in the current schema (``own_name_taken``)."""
+    rows = conn.execute(
+        "SELECT view_name FROM duckdb_views()"
+        " WHERE database_name = current_database() AND schema_name = current_schema()"
+    ).fetchall()
+    own = {fold_ascii(name) for name in (LEDGER_TABLE, FENCE_TABLE, REJECTS_TABLE)}
+    return sorted(name for (name,) in rows if fold_ascii(name) in own)
 
 
 def _own_tables(conn: Any) -> set[str]:

@@ -61,6 +61,7 @@ from .._sql import (
     check_writable,
     difference,
     load_failures,
+    own_name_taken,
     parse_table,
     refuse_reserved_prefix,
     refuse_schema,
@@ -139,9 +140,12 @@ class SQLiteSink(FileTarget, EnginePull):
                 conn.execute("PRAGMA schema_version").fetchone()
                 (rewriting,) = conn.execute(_REWRITING, (self.table, self.table)).fetchone()
                 made = conn.execute(_MADE_AS, (self.table,)).fetchone()
+                taken = conn.execute(_OWN_NAME_TAKEN, _OWN_NAMES).fetchone()
                 conn.execute("ROLLBACK")
         except sqlite3.Error:
             raise unavailable(self.table) from None
+        if taken:
+            raise own_name_taken(self.table, taken[0])
         rewriting += _replacing(made[0] if made else None)
         if rewriting:
             raise TargetRowsMismatch.rewriting(self.table, rewriting)
@@ -512,6 +516,11 @@ def _busy(error: sqlite3.OperationalError) -> bool:
     return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
 
 
+# dpone's own tables' names, held by a view, an index or a trigger (``own_name_taken``).
+_OWN_NAMES = (LEDGER_TABLE, FENCE_TABLE, REJECTS_TABLE)
+_OWN_NAME_TAKEN = (
+    "SELECT name FROM sqlite_master WHERE type <> 'table' AND name COLLATE NOCASE IN (?, ?, ?)"
+)
 # What may change the rows a load hands the target: any trigger on the table (SQLite's fire
 # on INSERT, DELETE or UPDATE, BEFORE or AFTER), or a view of its name (INSTEAD OF triggers).
 _REWRITING = (
