@@ -573,11 +573,11 @@ def postgres_begin(
     is on: the caller commits or rolls back, and ``postgres_release`` gives it back."""
     while True:
         kept = _take_kept(dsn, reset=False) if connections_held(_close_kept_postgres) else None
-        if kept is None:
+        if kept is None:  # a new connection, or one postgres_connect reset
             conn = postgres_connect(driver, dsn, what=what, failed=failed, kept=True)
+            statements = [begin, session]
         else:
-            conn = kept
-        statements = [begin, _RESET_IN_TRANSACTION, session] if kept else [begin, session]
+            conn, statements = kept, [begin, _RESET_IN_TRANSACTION, session]
         try:
             conn.autocommit = True
             conn.execute("; ".join(statements))  # no parameters: one simple query

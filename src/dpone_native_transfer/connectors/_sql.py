@@ -29,6 +29,7 @@ from ..errors import (
     with_driver_error,
 )
 from ..identity import fold_ascii
+from ..ledger import FENCE_TABLE, LEDGER_TABLE
 from ..payloads import (
     RANGE_EDGES,
     UPTO_OR_NULL,
@@ -40,6 +41,7 @@ from ..payloads import (
     cursor_window,
     difference,
 )
+from ..rejects import REJECTS_TABLE
 from .contract import Sink, Source, SourceFeatures
 
 if TYPE_CHECKING:
@@ -51,6 +53,8 @@ __all__ = [
     "ColumnDifference",  # payloads', kept here for the connectors
     "before_commit",
     "load_failures",
+    "OWN_TABLES",
+    "own_name_taken",
     "unwritable",
     "FileTarget",
     "RANGE_EDGES",
@@ -285,6 +289,10 @@ def check_writable(path: str, table: str) -> None:
             diagnostics={"table": table, "key": "target.path", "errno": errno.errorcode[found],
                          **denied},
         )  # fmt: skip
+
+
+# dpone's own tables beside a target: its ledger, its fence and its rejects.
+OWN_TABLES = (LEDGER_TABLE, FENCE_TABLE, REJECTS_TABLE)
 
 
 def own_name_taken(table: str, name: str) -> ConfigInvalid:

@@ -98,6 +98,7 @@ from ._merge import (
     upsert_statements,
 )
 from ._sql import (
+    OWN_TABLES,
     RESERVED_PREFIX,
     STAGE_PREFIX,
     ColumnDifference,
@@ -490,7 +491,7 @@ class PostgresSink(Sink, EnginePull):
                 "ledger": self._ledger_table.sql(),
                 "fence": TableName(self._target.schema, FENCE_TABLE).sql(),
                 "schema_name": self._target.schema,
-                "own": [LEDGER_TABLE, FENCE_TABLE, REJECTS_TABLE],
+                "own": list(OWN_TABLES),
             }
             if not conn.execute(_WRITABLE, names).fetchone()[0]:
                 return False, 0, None

@@ -68,6 +68,7 @@ from .._merge import (
     upsert_statements,
 )
 from .._sql import (
+    OWN_TABLES,
     STAGE_PREFIX,
     ColumnDifference,
     FileTarget,
@@ -201,7 +202,7 @@ class DuckDBSink(FileTarget, EnginePull):
         try:
             with target_connection(self.path, self.table) as conn:
                 view = _view_exists(conn, self._target)
-                taken = _own_views(conn)
+                taken = sorted(_own(conn, kind="view").values())
         except driver.Error:
             raise unavailable(self.table) from None
         if view:  # a load would create no table beside it and fail inside the target call
@@ -701,7 +702,7 @@ class _ReadThrownAway(Exception):
 def _fence_at(conn: Any) -> dict[str, Any]:
     """``read_fence``'s and ``fence_first``'s fence and ledger tables, each where it exists
     (one listing of the catalog for both: its cost grows with the file's tables)."""
-    own = _own_tables(conn)
+    own = _own(conn)
     fence = _FENCE_AT["table"] if FENCE_TABLE in own else None
     ledger = quote(LEDGER_TABLE) if LEDGER_TABLE in own else None
     return {**_FENCE_AT, "table": fence, "ledger": lambda: ledger}
@@ -931,27 +932,18 @@ def _table_exists(conn: Any, table: TableName, *, kind: str = "table") -> bool:
 def _own_table_exists(conn: Any, name: str) -> bool:
     """Whether dpone's own table ``name`` (ledger, fence, rejects) exists, as the statements
     that use it name it: unqualified, in the current schema."""
-    return name in _own_tables(conn)
+    return name in _own(conn)
 
 
-def _own_views(conn: Any) -> list[str]:
-    """Views named as dpone's own tables in the current schema (``own_name_taken``)."""
+def _own(conn: Any, *, kind: str = "table") -> dict[str, str]:
+    """dpone's own names (``OWN_TABLES``) a ``kind`` ("table", "view") of the current schema
+    has, each to the catalog's spelling (a view's is named by ``own_name_taken``)."""
     rows = conn.execute(
-        "SELECT view_name FROM duckdb_views()"
+        f"SELECT {kind}_name FROM duckdb_{kind}s()"
         " WHERE database_name = current_database() AND schema_name = current_schema()"
     ).fetchall()
-    own = {fold_ascii(name) for name in (LEDGER_TABLE, FENCE_TABLE, REJECTS_TABLE)}
-    return sorted(name for (name,) in rows if fold_ascii(name) in own)
-
-
-def _own_tables(conn: Any) -> set[str]:
-    """Which of dpone's own tables exist in the current schema (``_own_table_exists``)."""
-    rows = conn.execute(
-        "SELECT table_name FROM duckdb_tables()"
-        " WHERE database_name = current_database() AND schema_name = current_schema()"
-    ).fetchall()
-    names = {fold_ascii(name) for (name,) in rows}
-    return {own for own in (LEDGER_TABLE, FENCE_TABLE, REJECTS_TABLE) if fold_ascii(own) in names}
+    found = {fold_ascii(name): name for (name,) in rows}
+    return {own: found[fold_ascii(own)] for own in OWN_TABLES if fold_ascii(own) in found}
 
 
 def _described(conn: Any, name: str) -> list[tuple]:

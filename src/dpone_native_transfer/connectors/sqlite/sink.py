@@ -52,6 +52,7 @@ from .._merge import (
     unmergeable,
 )
 from .._sql import (
+    OWN_TABLES,
     STAGE_PREFIX,
     ColumnDifference,
     FileTarget,
@@ -140,7 +141,7 @@ class SQLiteSink(FileTarget, EnginePull):
                 conn.execute("PRAGMA schema_version").fetchone()
                 (rewriting,) = conn.execute(_REWRITING, (self.table, self.table)).fetchone()
                 made = conn.execute(_MADE_AS, (self.table,)).fetchone()
-                taken = conn.execute(_OWN_NAME_TAKEN, _OWN_NAMES).fetchone()
+                taken = conn.execute(_OWN_NAME_TAKEN, OWN_TABLES).fetchone()
                 conn.execute("ROLLBACK")
         except sqlite3.Error:
             raise unavailable(self.table) from None
@@ -517,7 +518,6 @@ def _busy(error: sqlite3.OperationalError) -> bool:
 
 
 # dpone's own tables' names, held by a view, an index or a trigger (``own_name_taken``).
-_OWN_NAMES = (LEDGER_TABLE, FENCE_TABLE, REJECTS_TABLE)
 _OWN_NAME_TAKEN = (
     "SELECT name FROM sqlite_master WHERE type <> 'table' AND name COLLATE NOCASE IN (?, ?, ?)"
 )
