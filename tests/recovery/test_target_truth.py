@@ -784,6 +784,16 @@ def test_verify_never_says_agree_when_the_ledger_holds_a_forged_row(site: Site) 
     assert refused(site.run(route, code=3), MISMATCH)["mismatch"] == "ledger_unreadable"
 
 
+def test_a_table_named_as_the_ledger_without_its_columns_is_refused_not_read(site: Site) -> None:
+    route = site.route()
+    site.run(route)
+    _sql(site, "DROP TABLE _dpone_ledger", "CREATE TABLE _dpone_ledger (seq INTEGER, note TEXT)")
+    done = dpone("guard", "verify", route)
+    assert done.returncode == 3 and "ledger_unreadable" in done.stderr, done.stdout + done.stderr
+    assert refused(site.run(route, code=3), MISMATCH)["mismatch"] == "ledger_unreadable"
+    site.exactly_once()
+
+
 def _sql(site: Site, *statements: str) -> None:
     target = site.target_file()
     if site.kind == "duckdb":

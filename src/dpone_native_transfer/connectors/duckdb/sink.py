@@ -201,8 +201,8 @@ class DuckDBSink(FileTarget, EnginePull):
             return
         try:
             with target_connection(self.path, self.table) as conn:
-                view = _view_exists(conn, self._target)
-                taken = sorted(_own(conn, kind="view").values())
+                views = _Catalog.of(conn, kind="view")
+                view, taken = views.has(self._target), sorted(views.own().values())
         except driver.Error:
             raise unavailable(self.table) from None
         if view:  # a load would create no table beside it and fail inside the target call
@@ -277,15 +277,15 @@ class DuckDBSink(FileTarget, EnginePull):
         DuckDB reads them (Arrow natively), other rows as Arrow batches."""
         table, columns = self._target, payload.columns
         with self._refused(), self._connect() as conn, _transaction(conn):
-            _fence_first(conn, ledger)
+            catalog = _fence_first(conn, ledger)
             if payload.merge is not None:
-                return _record(conn, ledger, _merge_rows(conn, table, payload))
+                return _record(conn, ledger, _merge_rows(conn, table, payload), catalog)
             _prepare_target(conn, table, columns, replace=payload.replace)
             if isinstance(payload, LoadFiles):
                 rows = insert_files(conn, table, columns, payload.files)
             else:
                 rows = insert_rows(conn, table, columns, payload.chunks)
-            return _record(conn, ledger, rows)
+            return _record(conn, ledger, rows, catalog)
 
     def engine(self) -> DuckDBSink:
         return self
@@ -497,7 +497,7 @@ class DuckDBSink(FileTarget, EnginePull):
         with self._refused(), self._connect(scanner=True) as conn:
             try:
                 with watching_writes(source) as written, _transaction(conn):
-                    _fence_first(conn, ledger)
+                    catalog = _fence_first(conn, ledger)
                     _prepare_target(conn, self._target, plan.columns, replace=plan.replace)
                     try:
                         rows = sum(
@@ -513,7 +513,7 @@ class DuckDBSink(FileTarget, EnginePull):
                         raise _ReadThrownAway from None
                     if written():
                         raise _ReadThrownAway
-                    return _record(conn, ledger, rows)
+                    return _record(conn, ledger, rows, catalog)
             except _ReadThrownAway:  # the copy was rolled back
                 pass
             read = plan_rows(source, plan.bounds, plan.columns)
@@ -554,8 +554,8 @@ class DuckDBSink(FileTarget, EnginePull):
         """
         stage, target = self._stage.sql(), self._target.sql()
         with self._refused(), self._connect() as conn, _transaction(conn):
-            _fence_first(conn, ledger)
-            if not _table_exists(conn, self._stage):
+            catalog = _fence_first(conn, ledger) or _Catalog.of(conn)
+            if not catalog.has(self._stage):
                 raise ConfigInvalid(
                     f"no staged load exists for target table {self.table!r}",
                     diagnostics={"table": self.table},
@@ -565,15 +565,15 @@ class DuckDBSink(FileTarget, EnginePull):
                 staged_columns = _described(conn, stage)
                 names = [row[0] for row in staged_columns]
                 _merge(conn, self._target, names, merge, self._stage)
-                return _record(conn, ledger, staged)
-            if not _table_exists(conn, self._target):
+                return _record(conn, ledger, staged, catalog)
+            if not catalog.has(self._target):
                 conn.execute(f"ALTER TABLE {stage} RENAME TO {quote(self._target.name)}")
-                return _record(conn, ledger, _row_count(conn, self._target))
+                return _record(conn, ledger, _row_count(conn, self._target), catalog)
             if replace:
                 conn.execute(f"DELETE FROM {target}")
             moved = conn.execute(f"INSERT INTO {target} BY NAME FROM {stage}").fetchone()[0]
             conn.execute(f"DROP TABLE {stage}")
-            return _record(conn, ledger, moved)
+            return _record(conn, ledger, moved, catalog)
 
     @contextlib.contextmanager
     def _read_only(self, what: str) -> Iterator[Any]:
@@ -610,7 +610,7 @@ class DuckDBSink(FileTarget, EnginePull):
         if not os.path.isfile(self.path):
             return 0
         with self._read_only("fence") as conn:
-            return read_fence(_query(conn), self.identity().table, **_fence_at(conn))
+            return read_fence(_query(conn), self.identity().table, **_fence_at(_Catalog.of(conn)))
 
     def advance_fence(self, epoch: int) -> int:
         """Raise the fence to ``epoch`` in a transaction of its own."""
@@ -629,10 +629,12 @@ class DuckDBSink(FileTarget, EnginePull):
         with self._read_only("ledger") as conn:
             if not _own_table_exists(conn, LEDGER_TABLE):
                 return []
-            described = _described(conn, quote(LEDGER_TABLE))
-            check_ledger_columns({row[0] for row in described})
             query = ledger_query("?", partitions=partitions)
-            rows = run(conn, query, [self.identity().table]).fetchall()
+            try:  # outside a transaction: a failed read aborts nothing
+                rows = run(conn, query, [self.identity().table]).fetchall()
+            except duckdb_driver().BinderException:  # a column it reads is missing
+                check_ledger_columns({row[0] for row in _described(conn, quote(LEDGER_TABLE))})
+                raise
         return [LedgerEntry.from_row(*row) for row in rows]
 
     def row_count(self) -> int:
@@ -699,31 +701,34 @@ class _ReadThrownAway(Exception):
     to the source meanwhile."""
 
 
-def _fence_at(conn: Any) -> dict[str, Any]:
-    """``read_fence``'s and ``fence_first``'s fence and ledger tables, each where it exists
-    (one listing of the catalog for both: its cost grows with the file's tables)."""
-    own = _own(conn)
+def _fence_at(catalog: _Catalog) -> dict[str, Any]:
+    """``read_fence``'s and ``fence_first``'s fence and ledger tables, each where it exists."""
+    own = catalog.own()
     fence = _FENCE_AT["table"] if FENCE_TABLE in own else None
     ledger = quote(LEDGER_TABLE) if LEDGER_TABLE in own else None
     return {**_FENCE_AT, "table": fence, "ledger": lambda: ledger}
 
 
-def _ledger_at(conn: Any) -> str | None:
-    return quote(LEDGER_TABLE) if _own_table_exists(conn, LEDGER_TABLE) else None
-
-
-def _fence_first(conn: Any, entry: LedgerEntry | None) -> None:
-    if entry is not None:
-        fence_first(_query(conn), entry, **_fence_at(conn))
+def _fence_first(conn: Any, entry: LedgerEntry | None) -> _Catalog | None:
+    """``fence_first`` at the start of a load's transaction; the catalog it listed, for the
+    transaction's ``_record``."""
+    if entry is None or entry.epoch is None:
+        return None
+    catalog = _Catalog.of(conn)
+    fence_first(_query(conn), entry, **_fence_at(catalog))
+    return catalog
 
 
 def _query(conn: Any) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
     return lambda sql, params: run(conn, sql, params).fetchall()
 
 
-def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:
+def _record(
+    conn: Any, ledger: LedgerEntry | None, rows: int, catalog: _Catalog | None = None
+) -> int:
     """Inside the load's transaction: check the rows applied and the fence, then write the
-    batch's ledger row; returns ``rows``.
+    batch's ledger row; returns ``rows``. ``catalog``: the transaction's listing, if it made
+    one before creating the ledger (``_fence_first``).
 
     The next ``seq`` is read first and the row inserted with ``VALUES``: DuckDB binds a text
     parameter of an ``INSERT ... SELECT`` in time that grows with the square of its single
@@ -731,7 +736,11 @@ def _record(conn: Any, ledger: LedgerEntry | None, rows: int) -> int:
     docs/performance.md, 'Figures behind the code's choices')."""
     if ledger is not None:
         check_applied(ledger, rows)
-        fence_batch(_query(conn), ledger, **_FENCE, ledger=lambda: _ledger_at(conn))
+        def ledger_at() -> str | None:
+            own = (catalog or _Catalog.of(conn)).own()
+            return quote(LEDGER_TABLE) if LEDGER_TABLE in own else None
+
+        fence_batch(_query(conn), ledger, **_FENCE, ledger=ledger_at)
         table = quote(LEDGER_TABLE)
         integer = "BIGINT NOT NULL"
         conn.execute(ledger_table_sql(table, seq=integer, integer=integer, text="VARCHAR NOT NULL"))
@@ -912,38 +921,49 @@ def _uniques(conn: Any, table: TableName) -> list[list[str]]:
     return [list(names) for schema, name, names in rows if _is(table, schema, name)]
 
 
-def _view_exists(conn: Any, table: TableName) -> bool:
-    return _table_exists(conn, table, kind="view")
-
-
-def _table_exists(conn: Any, table: TableName, *, kind: str = "table") -> bool:
-    """DuckDB matches table and schema names case-insensitively (ASCII only), even quoted;
-    so does this. An unqualified table is looked up in the current schema. ``kind``: "view"
-    looks for a view of the name. Listed, not probed: a catalog error inside a transaction
-    aborts it on DuckDB 2."""
-    current = "" if table.schema is not None else " AND schema_name = current_schema()"
-    rows = conn.execute(
-        f"SELECT schema_name, {kind}_name FROM duckdb_{kind}s()"
-        f" WHERE database_name = current_database(){current}"
-    ).fetchall()
-    return any(_is(table, schema, name) for schema, name in rows)
+def _table_exists(conn: Any, table: TableName) -> bool:
+    return _Catalog.of(conn).has(table)
 
 
 def _own_table_exists(conn: Any, name: str) -> bool:
     """Whether dpone's own table ``name`` (ledger, fence, rejects) exists, as the statements
     that use it name it: unqualified, in the current schema."""
-    return name in _own(conn)
+    return name in _Catalog.of(conn).own()
 
 
-def _own(conn: Any, *, kind: str = "table") -> dict[str, str]:
-    """dpone's own names (``OWN_TABLES``) a ``kind`` ("table", "view") of the current schema
-    has, each to the catalog's spelling (a view's is named by ``own_name_taken``)."""
-    rows = conn.execute(
-        f"SELECT {kind}_name FROM duckdb_{kind}s()"
-        " WHERE database_name = current_database() AND schema_name = current_schema()"
-    ).fetchall()
-    found = {fold_ascii(name): name for (name,) in rows}
-    return {own: found[fold_ascii(own)] for own in OWN_TABLES if fold_ascii(own) in found}
+@attrs.define
+class _Catalog:
+    """The database's tables (or views) as one listing of DuckDB's catalog found them: each
+    ``(schema, name, in the current schema)``. Listed, not probed: a catalog error inside a
+    transaction aborts it on DuckDB 2. A listing's time grows with the file's tables, so a
+    transaction lists once and asks it again (``_fence_first``, ``_record``): it sees the
+    catalog as of its start, changed only by its own statements."""
+
+    rows: list[tuple[str, str, bool]]
+
+    @classmethod
+    def of(cls, conn: Any, *, kind: str = "table") -> _Catalog:
+        """``kind``: "table" or "view"."""
+        return cls(
+            conn.execute(
+                f"SELECT schema_name, {kind}_name, schema_name = current_schema()"
+                f" FROM duckdb_{kind}s() WHERE database_name = current_database()"
+            ).fetchall()
+        )
+
+    def has(self, table: TableName) -> bool:
+        """DuckDB matches table and schema names case-insensitively (ASCII only), even
+        quoted; so does this. An unqualified table is looked up in the current schema."""
+        return any(
+            _is(table, schema, name) and (table.schema is not None or current)
+            for schema, name, current in self.rows
+        )
+
+    def own(self) -> dict[str, str]:
+        """dpone's own names (``OWN_TABLES``) the current schema has, each to the catalog's
+        spelling (a view's is named by ``own_name_taken``)."""
+        found = {fold_ascii(name): name for _, name, current in self.rows if current}
+        return {own: found[fold_ascii(own)] for own in OWN_TABLES if fold_ascii(own) in found}
 
 
 def _described(conn: Any, name: str) -> list[tuple]:
