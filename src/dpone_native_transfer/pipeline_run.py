@@ -541,7 +541,8 @@ def serve(stop: threading.Event) -> None:
     """A worker process's loop (``_Worker``): each table sent runs as a worker thread runs
     it (``_run``); ``stop``, set by a signal (``pipeline_worker``), stops the table running
     at its next step before the guard arms, as it stops a thread's. The process ends when
-    its standard input does."""
+    its standard input does, or when the pipeline's process, killed, no longer reads its
+    answers."""
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # what anything else prints goes to standard error, not into the answers
     requests = sys.stdin.buffer
@@ -560,8 +561,12 @@ def serve(stop: threading.Event) -> None:
                 table = pickle.load(requests)
             except EOFError:
                 return
-            pickle.dump(_sendable(_run(table, run_one, stop)), answers)
-            answers.flush()
+            try:
+                pickle.dump(_sendable(_run(table, run_one, stop)), answers)
+                answers.flush()
+            except BrokenPipeError:  # the pipeline's process is gone: its table ran guarded,
+                os.dup2(os.open(os.devnull, os.O_WRONLY), answers.fileno())  # nobody to tell
+                return
 
 
 # -- pipelines ----------------------------------------------------------------------------------

@@ -4,7 +4,10 @@ into PostgreSQL, signals, a worker killed)."""
 
 from __future__ import annotations
 
+import logging
 import pickle
+import subprocess
+import sys
 
 import attrs
 import pytest
@@ -168,3 +171,25 @@ def test_a_worker_that_ended_says_whether_its_route_is_blocked_now(tmp_path, sou
     error, blocked = ended()
     assert error == "WorkerProcessEnded" and blocked is not None
     assert blocked.startswith("the worker process ended") and "guard verify" in blocked
+
+
+def test_a_worker_whose_pipeline_process_was_killed_runs_its_table_and_ends_quietly(
+    tmp_path, source
+):
+    """The pipeline's process killed (SIGKILL) while a worker ran a table: the worker's
+    answer found no reader, and it printed a BrokenPipeError traceback. It ends quietly now,
+    its table loaded and its lease released."""
+    tables = _tables(tmp_path, source, {"path": "w.db"}, ["t03"])
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "dpone_native_transfer.pipeline_worker"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    worker.stdout.close()  # as the killed pipeline's end of the pipe is
+    pickle.dump(("run-1", None, logging.WARNING), worker.stdin)
+    pickle.dump(tables[0], worker.stdin)
+    worker.stdin.close()
+    with worker.stderr:
+        assert worker.wait(timeout=60) == 0
+        assert worker.stderr.read() == b""
+    assert sqlite_ids(tmp_path / "w.db", "t03") == sqlite_ids(source, "t03")
+    assert run_cli("run", tmp_path / "p.toml").returncode == 0  # nothing left held or blocked
