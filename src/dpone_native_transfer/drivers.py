@@ -198,8 +198,8 @@ def postgres_connect(
     kept: bool = False,
 ) -> Any:
     """Connect to ``dsn`` outside autocommit, with a connect timeout unless the DSN sets one.
-    ``kept``: while connections are held, a connection of ``dsn`` that ``postgres_release``
-    kept is handed out again instead (one connect per run, not one per call).
+    ``kept``: one ``postgres_release`` may keep for the next call of the run
+    (``postgres_begin``, which hands kept ones out again).
 
     A DSN the driver cannot parse is ``ConfigInvalid`` naming ``what`` (the
     parser's message quotes the DSN, password included, so it is dropped). A
@@ -215,10 +215,6 @@ def postgres_connect(
     if params is None:
         raise ConfigInvalid(f"the {what} DSN cannot be parsed", diagnostics={"key": "dsn"})
     extra = {} if "connect_timeout" in params else {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
-    if kept and connections_held(_close_kept_postgres):
-        conn = _take_kept(dsn)
-        if conn is not None:
-            return conn
     # a connection that may be kept prepares no statement: none outlives its call
     settings = {**extra, "prepare_threshold": None} if kept else extra
     try:
@@ -476,10 +472,10 @@ _kept_postgres: dict[str, list[Any]] = {}
 
 
 def postgres_release(conn: Any, dsn: str) -> None:
-    """Give back a connection ``postgres_connect(kept=True)`` handed out: closed, or, while
-    connections are held, kept for the next call on ``dsn`` when it is healthy: a
-    transaction left open is rolled back (what closing it would do). ``_take_kept`` resets
-    its session before handing it out again. Any doubt closes it."""
+    """Give back a connection ``postgres_begin`` handed out: closed, or, while connections
+    are held, kept for the next call on ``dsn`` when it is healthy: a transaction left open
+    is rolled back (what closing it would do). ``postgres_begin`` resets its session when it
+    hands it out again. Any doubt closes it."""
     if conn.closed:
         return
     try:
@@ -518,27 +514,12 @@ def _reset(conn: Any) -> bool:
 _IDLE, _INTRANS, _INERROR = 0, 2, 3  # libpq's PGTransactionStatusType
 
 
-def _take_kept(dsn: str, *, reset: bool = True) -> Any:
-    """A kept connection of ``dsn`` that still answers, outside autocommit, its session reset
-    to a new connection's; or None. ``DISCARD ALL`` drops whatever the session held
-    (settings, temporary tables, session locks; it prepares no statement:
-    ``postgres_connect``) and, in the same round trip, finds a server that dropped it.
-    ``reset=False``: handed out as kept (autocommit, not reset: ``postgres_begin``)."""
-    while True:
-        with _held_lock:
-            idle = _kept_postgres.get(dsn)
-            if not idle:
-                return None
-            conn = idle.pop()
-        if not reset:
-            return conn
-        try:
-            conn.execute("DISCARD ALL")  # autocommit, as postgres_release left it
-            conn.autocommit = False
-        except BaseException as error:
-            _closed_on(conn, error)
-            continue
-        return conn
+def _take_kept(dsn: str) -> Any:
+    """A kept connection of ``dsn`` (autocommit, its session not reset: ``postgres_begin``
+    resets it), or None."""
+    with _held_lock:
+        idle = _kept_postgres.get(dsn)
+        return idle.pop() if idle else None
 
 
 def _closed_on(conn: Any, error: BaseException) -> None:
@@ -572,8 +553,8 @@ def postgres_begin(
     one that fails it (the server dropped it) is closed and the next one tried. Autocommit
     is on: the caller commits or rolls back, and ``postgres_release`` gives it back."""
     while True:
-        kept = _take_kept(dsn, reset=False) if connections_held(_close_kept_postgres) else None
-        if kept is None:  # a new connection, or one postgres_connect reset
+        kept = _take_kept(dsn) if connections_held(_close_kept_postgres) else None
+        if kept is None:  # a new connection
             conn = postgres_connect(driver, dsn, what=what, failed=failed, kept=True)
             statements = [begin, session]
         else:

@@ -25,10 +25,10 @@ from helpers.pipelines import (
 )
 from helpers.postgres_server import postgres_url
 
+from dpone_native_transfer.connectors.postgres import PostgresSource
 from dpone_native_transfer.drivers import (
     holding_connections,
     postgres_begin,
-    postgres_connect,
     postgres_release,
 )
 from dpone_native_transfer.errors import TargetUnavailable
@@ -54,10 +54,6 @@ def connects(monkeypatch) -> list[Any]:
 
 def _failed(failure: Any) -> TargetUnavailable:
     return TargetUnavailable("test connection failed")
-
-
-def _connect(dsn: str) -> Any:
-    return postgres_connect(psycopg, dsn, what="test", failed=_failed, kept=True)
 
 
 def _begin(dsn: str, begin: str = "BEGIN") -> Any:
@@ -147,77 +143,67 @@ def test_a_pipeline_from_postgres_into_duckdb_reads_in_bulk_on_kept_connections(
     assert sum(run.rows_loaded for run in result.tables) == TABLES * ROWS + 200_000
 
 
-def test_a_kept_connection_comes_back_as_a_new_one(postgres_schema, connects):
+def test_a_kept_connection_is_rolled_back_when_given_back_and_closed_at_the_end(
+    postgres_schema, connects
+):
     dsn, schema = postgres_schema
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(f'CREATE SCHEMA "{schema}"')
         admin.execute(f'CREATE TABLE "{schema}".kept (n int)')
     connects.clear()
     with holding_connections():
-        first = _connect(dsn)
-        first.execute("SET statement_timeout = '1234ms'")
-        first.execute("CREATE TEMP TABLE scratch (n int)")
-        first.commit()
-        first.read_only = True
-        first.execute(f'SELECT count(*) FROM "{schema}".kept')  # read-only, left open
-        postgres_release(first, dsn)
-        again = _connect(dsn)
+        first = _begin(dsn, "BEGIN READ WRITE")
+        first.execute(f'INSERT INTO "{schema}".kept VALUES (1)')
+        postgres_release(first, dsn)  # an uncommitted insert: rolled back, as a close would
+        again = _begin(dsn, "BEGIN READ WRITE")
         assert again is first and len(connects) == 1
-        assert not again.autocommit and again.read_only is None
-        again.execute(f'INSERT INTO "{schema}".kept VALUES (1)')  # writable again
-        assert again.execute("SHOW statement_timeout").fetchone()[0] == "0"
-        assert again.execute("SELECT to_regclass('pg_temp.scratch')").fetchone()[0] is None
-        postgres_release(again, dsn)  # an uncommitted insert: rolled back, as a close would
+        postgres_release(again, dsn)
         assert not first.closed
     assert first.closed  # the last holding block closed it
     with psycopg.connect(dsn) as check:
         assert check.execute(f'SELECT count(*) FROM "{schema}".kept').fetchone()[0] == 0
 
 
-def test_a_kept_connection_the_server_dropped_is_replaced(postgres_schema, connects):
-    dsn, _ = postgres_schema
-    with holding_connections():
-        first = _connect(dsn)
-        pid = first.info.backend_pid
-        postgres_release(first, dsn)
-        with psycopg.connect(dsn, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        again = _connect(dsn)
-        assert again is not first and first.closed
-        assert again.execute("SELECT 1").fetchone()[0] == 1
-        postgres_release(again, dsn)
-
-
 def test_a_connection_in_a_failed_copy_or_outside_a_run_is_closed(postgres_schema, connects):
     dsn, _ = postgres_schema
-    outside = _connect(dsn)
+    outside = _begin(dsn)
     postgres_release(outside, dsn)  # no run holds connections: closed, never kept
     assert outside.closed
     with holding_connections():
-        copying = _connect(dsn)
+        copying = _begin(dsn)
         statement = "COPY (SELECT generate_series(1, 100000)) TO STDOUT"
         with contextlib.suppress(psycopg.Error), copying.cursor().copy(statement) as copy:
             next(iter(copy))  # mid-COPY: nothing can reset it
             postgres_release(copying, dsn)
         assert copying.closed
-        fresh = _connect(dsn)
+        fresh = _begin(dsn)
         assert fresh is not copying
         postgres_release(fresh, dsn)
 
 
-def test_a_kept_connection_keeps_the_settings_its_dsn_gave(postgres_schema, connects):
-    """``DISCARD ALL`` resets a session to its defaults, and the DSN's ``options`` are
-    among them: a source table found through the DSN's ``search_path`` is found again."""
+def test_a_source_read_on_a_kept_connection_finds_a_new_sessions_state(postgres_schema, connects):
+    """A source's read begins on a kept connection as a target's transaction does
+    (``postgres_begin``): a ``search_path`` another call left on the session would find a
+    table of the same name in another schema; the DSN's own path holds again."""
     dsn, schema = postgres_schema
-    given = f"{dsn} options='-c search_path={schema}'"
+    url = postgres_url(dsn)
+    given = f"{url}{'&' if '?' in url else '?'}options=-c%20search_path%3D{schema}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+        admin.execute(f'CREATE TABLE "{schema}".items (id bigint, region text)')
+        admin.execute(f'CREATE SCHEMA "{schema}_decoy"')
+        admin.execute(f'CREATE TABLE "{schema}_decoy".items (decoy bigint)')
+    connects.clear()
     with holding_connections():
-        first = _connect(given)
-        first.execute("SET search_path = public")
+        first = _begin(given)
+        first.execute(f'SET search_path = "{schema}_decoy"')
+        first.commit()
         postgres_release(first, given)
-        again = _connect(given)
-        assert again is first
-        assert again.execute("SHOW search_path").fetchone()[0] == schema
-        postgres_release(again, given)
+        described = PostgresSource(given, "items", "region").describe()
+        assert [column.name for column in described.columns] == ["id", "region"]
+        assert len(connects) == 1  # the read took the kept connection
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'DROP SCHEMA "{schema}_decoy" CASCADE')
 
 
 def test_a_transaction_begun_on_a_kept_connection_finds_a_new_sessions_state(

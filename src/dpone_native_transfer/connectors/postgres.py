@@ -47,6 +47,7 @@ from ..drivers import (
     POSTGRES_SCHEMES,
     ServerFailure,
     import_driver,
+    postgres_begin,
     postgres_connect,
     postgres_failure,
     postgres_release,
@@ -205,35 +206,63 @@ class PostgresSource(TableSource):
             " or the login's privileges or settings",
         )
 
-    def _open(self, driver: Any, *, kept: bool = False) -> Any:
-        """A read-only connection in UTC/ISO; a server that refuses is ``_failed``. ``kept``:
-        one the run kept may be handed out, and is given back by ``postgres_release``, which
-        closes one a read left mid-stream (its session cannot be reset)."""
-        try:
-            conn = postgres_connect(
-                driver, self._dsn, what="PostgreSQL source", failed=self._failed, kept=kept
+    def _open(self, driver: Any) -> Any:
+        """A new read-only connection, outside autocommit, in the attempt's snapshot's
+        isolation when one is held; ``_begin`` starts its transaction, and the caller closes
+        it. A server that refuses is ``_failed``."""
+        conn = self._connected(
+            lambda: postgres_connect(
+                driver, self._dsn, what="PostgreSQL source", failed=self._failed
             )
-        except SourceInvalid:
-            if self._holder is None:
-                raise
-            conn = None  # retried below, outside the handler, so nothing is chained
-        if conn is None:
-            # A login allowed one connection (or the server no more): the snapshot's holder
-            # takes it, so the attempt reads on without the snapshot, as it did before it.
-            # The server frees the holder's slot once its backend has ended, a moment after
-            # the close (a connect at once failed under load): a few tries, 3 s in all.
-            self._holder.close()
-            self._holder = self._snapshot = None
-            for pause in _SLOT_FREED:
-                try:
-                    return self._open(driver, kept=kept)
-                except SourceInvalid:
-                    time.sleep(pause)
-            return self._open(driver, kept=kept)
+        )
         conn.read_only = True
         if self._snapshot is not None:  # importing a snapshot takes a repeatable read
             conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
         return conn
+
+    def _started(self, driver: Any, *, repeatable: bool = False) -> Any:
+        """A connection the run may keep, in a read-only transaction begun in one round trip
+        (``drivers.postgres_begin``; a kept one's reset, psycopg's ``BEGIN``, the snapshot's
+        import and the session were four): repeatable read when ``repeatable`` or when the
+        attempt holds a snapshot, which it imports first (``SET TRANSACTION SNAPSHOT`` comes
+        before any query); UTC and ISO dates. ``postgres_release`` gives it back, and closes
+        one a read left mid-stream (its session cannot be reset)."""
+
+        def begun() -> Any:
+            snapshot = self._snapshot
+            begin = "BEGIN READ ONLY"
+            if repeatable or snapshot is not None:
+                begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+            if snapshot is not None:  # an id _SNAPSHOT_ID matched: no quote inside
+                begin += f"; SET TRANSACTION SNAPSHOT '{snapshot}'"
+            return postgres_begin(
+                driver, self._dsn, begin, _SESSION, what="PostgreSQL source", failed=self._failed
+            )
+
+        # a refused connect (``_failed``) may drop the snapshot (``_connected``); a failed
+        # statement, raised as the driver's error, is ``_attempt``'s
+        return self._attempt(driver, lambda: self._connected(begun))
+
+    def _connected(self, connect: Callable[[], Any]) -> Any:
+        """``connect()``; when the server refuses the connection (``SourceInvalid``) while the
+        attempt holds a snapshot, again without it."""
+        try:
+            return connect()
+        except SourceInvalid:
+            if self._holder is None:
+                raise
+        # A login allowed one connection (or the server no more): the snapshot's holder
+        # takes it, so the attempt reads on without the snapshot, as it did before it.
+        # The server frees the holder's slot once its backend has ended, a moment after
+        # the close (a connect at once failed under load): a few tries, 3 s in all.
+        self._holder.close()
+        self._holder = self._snapshot = None
+        for pause in _SLOT_FREED:
+            try:
+                return connect()
+            except SourceInvalid:
+                time.sleep(pause)
+        return connect()
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[None]:
@@ -244,9 +273,8 @@ class PostgresSource(TableSource):
             yield
             return
         driver = _driver()
-        conn = self._open(driver, kept=True)
+        conn = self._started(driver, repeatable=True)
         try:
-            conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
             exported = self._attempt(
                 driver, lambda: conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
             )
@@ -280,9 +308,9 @@ class PostgresSource(TableSource):
     def _query(self, work: Callable[[Any], _T]) -> _T:
         """``work(conn)`` in a fresh read-only transaction; the connection is closed after."""
         driver = _driver()
-        conn = self._open(driver, kept=True)
+        conn = self._started(driver)
         try:
-            return self._attempt(driver, lambda: work(self._begin(conn)))
+            return self._attempt(driver, lambda: work(conn))
         finally:
             postgres_release(conn, self._dsn)
 
@@ -815,10 +843,9 @@ class PostgresSource(TableSource):
         """``work(conn)`` in one repeatable-read transaction, every statement in one snapshot
         (the attempt's when it holds one); the connection is closed after."""
         driver = _driver()
-        conn = self._open(driver, kept=True)
+        conn = self._started(driver, repeatable=True)
         try:
-            conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
-            return self._attempt(driver, lambda: work(self._begin(conn)))
+            return self._attempt(driver, lambda: work(conn))
         finally:
             postgres_release(conn, self._dsn)
 
@@ -861,10 +888,8 @@ class PostgresSource(TableSource):
         read's. Stopped early, the COPY's read ends (its thread joined) before the
         connection is given back, and so closed."""
         driver = _driver()
-        conn = self._open(driver, kept=True)
+        conn = self._started(driver, repeatable=True)
         try:
-            conn.isolation_level = driver.IsolationLevel.REPEATABLE_READ
-            self._attempt(driver, lambda: self._begin(conn))
             for sql, params, tag in reads:
                 with contextlib.closing(copy_batches(pa, conn, sql, params, schema)) as batches:
                     taken = partial(next, batches, None)
