@@ -38,6 +38,7 @@ __all__ = [
     "isolated_schema",
     "postgres_url",
     "server_dsn",
+    "standby_dsn",
 ]
 
 ENV_DSN = "DPONE_TEST_POSTGRES_DSN"
@@ -104,8 +105,41 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+class _Server(NamedTuple):
+    dsn: str
+    base: Path  # its data folder's parent, where its socket is
+    prefix: list[str]  # runs a command as the server's user
+    pg_ctl: str
+
+
+def _start(prefix: list[str], pg_ctl: str, data: Path, base: Path, *extra: str) -> int:
+    """Start the server of ``data`` on a free port (its socket in ``base``); the port."""
+    for attempt in range(1, _START_ATTEMPTS + 1):
+        port = free_port()
+        options = (
+            f"-p {port} -k {base} -c listen_addresses=127.0.0.1"
+            " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+            # dlt's sql_database in section 10 opens a connection per table at once
+            " -c max_connections=300"
+        )
+        start = [*prefix, pg_ctl, "-D", str(data), "-l", str(base / "server.log"), "-w"]
+        try:
+            _run([*start, "-t", "60", "-o", " ".join([options, *extra]), "start"],
+                 base / "pg_ctl.log", "pg_ctl start")  # fmt: skip
+            return port
+        except pytest.fail.Exception:
+            if attempt == _START_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _stopped(prefix: list[str], pg_ctl: str, data: Path) -> None:
+    stop = [*prefix, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"]
+    subprocess.run(stop, capture_output=True, check=False)
+
+
 @contextlib.contextmanager
-def _throwaway_server() -> Iterator[str]:
+def _throwaway() -> Iterator[_Server]:
     binaries = find_binaries()
     if binaries is None:
         _fail(
@@ -118,7 +152,7 @@ def _throwaway_server() -> Iterator[str]:
         password = secrets.token_hex(16)
         (base / "pwfile").write_text(password + "\n")
         prefix = _as_server_user(base)
-        data, log = base / "data", base / "server.log"
+        data = base / "data"
         _run(
             [*prefix, initdb, "-D", str(data), "-U", "postgres", f"--pwfile={base / 'pwfile'}",
              "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--locale=C",
@@ -126,28 +160,49 @@ def _throwaway_server() -> Iterator[str]:
             base / "initdb.log",
             "initdb",
         )  # fmt: skip
-        for attempt in range(1, _START_ATTEMPTS + 1):
-            port = free_port()
-            options = (
-                f"-p {port} -k {base} -c listen_addresses=127.0.0.1"
-                " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-                # dlt's sql_database in section 10 opens a connection per table at once
-                " -c max_connections=300"
-            )
-            start = [*prefix, pg_ctl, "-D", str(data), "-l", str(log), "-w", "-t", "60"]
-            try:
-                _run([*start, "-o", options, "start"], base / "pg_ctl.log", "pg_ctl start")
-                break
-            except pytest.fail.Exception:
-                if attempt == _START_ATTEMPTS:
-                    raise
+        port = _start(prefix, pg_ctl, data, base)
         try:
-            yield f"host=127.0.0.1 port={port} dbname=postgres user=postgres password={password}"
+            dsn = f"host=127.0.0.1 port={port} dbname=postgres user=postgres password={password}"
+            yield _Server(dsn, base, prefix, pg_ctl)
         finally:
-            stop = [*prefix, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"]
-            subprocess.run(stop, capture_output=True, check=False)
+            _stopped(prefix, pg_ctl, data)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _throwaway_server() -> Iterator[str]:
+    with _throwaway() as server:
+        yield server.dsn
+
+
+@contextlib.contextmanager
+def standby_dsn(*statements: str) -> Iterator[str]:
+    """The DSN of a hot standby (a read-only replica, in recovery) of a throwaway server of
+    its own, copied by ``pg_basebackup`` after ``statements`` ran there: the same login and
+    password, and what they made."""
+    import psycopg
+
+    with _throwaway() as primary:
+        with contextlib.closing(psycopg.connect(primary.dsn, autocommit=True)) as conn:
+            for statement in statements:
+                conn.execute(statement)
+        basebackup = os.path.join(os.path.dirname(primary.pg_ctl), "pg_basebackup")
+        base = Path(tempfile.mkdtemp(prefix="dpone-pg-standby-"))
+        try:
+            prefix = _as_server_user(base)
+            data = base / "data"
+            port = primary.dsn.split("port=")[1].split()[0]
+            copy = [basebackup, "-h", str(primary.base), "-p", port, "-U", "postgres"]
+            copy += ["-D", str(data), "-R"]
+            _run([*prefix, *copy, "--no-sync"], base / "basebackup.log", "pg_basebackup")
+            standby = _start(prefix, primary.pg_ctl, data, base, "-c hot_standby=on")
+            try:
+                yield primary.dsn.replace(f"port={port}", f"port={standby}")
+            finally:
+                _stopped(prefix, primary.pg_ctl, data)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def _check_reachable(dsn: str) -> None:

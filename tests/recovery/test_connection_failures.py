@@ -408,6 +408,39 @@ def test_a_store_whose_sessions_are_read_only_is_refused_by_name(tmp_path, serve
                      f"DROP ROLE {reader}")  # fmt: skip
 
 
+def test_a_standby_is_read_as_a_source_and_refused_by_name_as_a_target(tmp_path):
+    """A hot standby (a read-only replica) is read like its primary. As a target, its
+    ``BEGIN READ WRITE`` fails with SQLSTATE 0A000, not 25006: the run said "cannot be
+    written now", exit 1, retried for ever. It is ``read_only`` now, exit 2, before anything
+    is written."""
+    made = [
+        "CREATE SCHEMA replica",
+        "CREATE TABLE replica.orders (id int PRIMARY KEY, region text, amount int, updated_at int)",
+        "INSERT INTO replica.orders SELECT i, 'r' || (i % 3), i, i"
+        " FROM generate_series(1, 30) AS i",
+    ]
+    with postgres_server.standby_dsn(*made) as dsn:
+        env = {"DPONE_TEST_STANDBY": url(psycopg.conninfo.conninfo_to_dict(dsn))}
+        on_server = {"kind": "postgres", "dsn": "env:DPONE_TEST_STANDBY", "path": None}
+        source = {**on_server, "table": "replica.orders"}
+        reading = write_route(
+            tmp_path / "read", path="legacy", store="checkpoints.db", sections={"source": source}
+        )
+        done = run_cli("run", reading, env=env)
+        assert done.returncode == 0, done.stderr
+        with contextlib.closing(sqlite3.connect(tmp_path / "read" / "target.db")) as db:
+            assert db.execute("SELECT count(*), sum(id) FROM orders_copy").fetchone() == (30, 465)
+        target = {**on_server, "table": "replica.copy"}
+        writing = write_route(tmp_path / "write", rows=30, path="legacy", store="checkpoints.db",
+                              sections={"target": target})  # fmt: skip
+        done = run_cli("run", writing, env=env)
+        assert done.returncode == EXIT_CONFIG, done.stderr
+        assert "the session is read-only" in done.stderr and "standby" in done.stderr
+        assert _diagnostics(done.stderr) == {"failure": "read_only", "table": "replica.copy"}
+        with contextlib.closing(sqlite3.connect(tmp_path / "write" / "checkpoints.db")) as db:
+            assert db.execute("SELECT count(*) FROM checkpoint_history").fetchone() == (0,)
+
+
 def test_psycopg_without_its_compiled_module_classifies_the_same(server, tmp_path):
     """psycopg's ``python`` implementation (libpq through ctypes) gives the same SQLSTATE."""
     script = (

@@ -212,7 +212,8 @@ _WRITABLE = """SELECT CASE
     WHEN NOT has_schema_privilege(to_regnamespace(%(schema)s), 'USAGE') THEN false
     WHEN to_regclass(%(table)s) IS NOT NULL
         THEN has_table_privilege(to_regclass(%(table)s), 'INSERT')
-    ELSE has_schema_privilege(to_regnamespace(%(schema)s), 'CREATE') END"""
+    ELSE has_schema_privilege(to_regnamespace(%(schema)s), 'CREATE') END,
+    pg_catalog.pg_is_in_recovery()"""
 # Whether the login may write the schema's ledger and fence where they exist, as a load does
 # in its transaction (INSERT into the ledger; the fence's upsert INSERTs or UPDATEs): without,
 # the load failed inside the target call, and the route was blocked.
@@ -481,10 +482,11 @@ class PostgresSink(Sink, EnginePull):
         )
 
     def check_target(self) -> None:
-        """Before the target call: the server answers, the login is accepted, and it may write
-        the target table (INSERT on it, or CREATE where it will be created)."""
+        """Before the target call: the server answers, the login is accepted, the server is not
+        a standby (``read_only``, exit 2), and the login may write the target table (INSERT on
+        it, or CREATE where it will be created)."""
 
-        def writable(conn: Any) -> tuple[bool, int, str | None]:
+        def writable(conn: Any) -> tuple[bool | None, int, str | None]:
             names = {
                 "table": self._target.sql(),
                 "schema": quote(self._target.schema),
@@ -493,12 +495,15 @@ class PostgresSink(Sink, EnginePull):
                 "schema_name": self._target.schema,
                 "own": list(OWN_TABLES),
             }
-            if not conn.execute(_WRITABLE, names).fetchone()[0]:
-                return False, 0, None
+            allowed, standby = conn.execute(_WRITABLE, names).fetchone()
+            if standby or not allowed:
+                return None if standby else False, 0, None
             own, rewriting, taken = conn.execute(_OWN_AND_REWRITING, names).fetchone()
             return bool(own), (rewriting or 0) if own else 0, taken
 
         allowed, rewriting, taken = self._outside_call(writable, to="be reached")
+        if allowed is None:  # BEGIN READ WRITE fails there, not as read-only (25006) but 0A000
+            raise self._failed(ServerFailure("read_only"))
         if taken is not None:
             raise own_name_taken(self.table, taken)
         if not allowed:
