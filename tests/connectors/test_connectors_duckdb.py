@@ -666,6 +666,25 @@ def test_a_view_named_as_dpones_own_table_is_refused_before_the_target(tmp_path,
         route.real_store.close()
 
 
+@pytest.mark.parametrize("name", ["_dpone_ledger", "_DPONE_FENCE", "_dpone_rejects"])
+def test_reads_of_dpones_own_tables_refuse_a_view_of_their_name_by_name(tmp_path, name):
+    """The ledger, fence and rejects are read by their own query outside a transaction (a
+    missing table reads as empty); a view of such a name cannot be read as one and is
+    refused naming it, as ``check_target`` refuses it, not a driver's error."""
+    sink = DuckDBSink(tmp_path / "target.duckdb", "orders_copy")
+    with contextlib.closing(duckdb.connect(str(sink.path))) as conn:
+        conn.execute("CREATE TABLE orders_copy (id INTEGER)")
+    assert (sink.read_ledger(), sink.fence_epoch(), sink.read_rejects()) == ([], 0, [])
+    with contextlib.closing(duckdb.connect(str(sink.path))) as conn:
+        conn.execute(f"CREATE VIEW {name} AS SELECT 1 AS x")
+    reading = {"_dpone_ledger": ["read_ledger", "fence_epoch"],  # the fence's floor
+               "_DPONE_FENCE": ["fence_epoch"], "_dpone_rejects": ["read_rejects"]}  # fmt: skip
+    for read in reading[name]:
+        with pytest.raises(ConfigInvalid, match="drop or rename it") as refused:
+            getattr(sink, read)()
+        assert refused.value.diagnostics == {"table": "orders_copy", "name": name}
+
+
 @pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])
 @pytest.mark.parametrize("path", PATHS)
 def test_guarded_transfers_give_exactly_the_source_rows(duck_route, path, strategy):

@@ -602,16 +602,15 @@ class DuckDBSink(FileTarget, EnginePull):
             return []
         with self._read_only("rejects") as conn:
             sql = rejects_query(quote(REJECTS_TABLE), "?") + " ORDER BY rowid"
-            return _read_own(conn)(sql, [self.identity().table])
+            return _read_own(conn, self.table)(sql, [self.identity().table])
 
     def fence_epoch(self) -> int:
         """The target table's fence in ``_dpone_fence``; 0 without one."""
         if not os.path.isfile(self.path):
             return 0
         with self._read_only("fence") as conn:
-            return read_fence(
-                _read_own(conn), self.identity().table, **_FENCE_AT, ledger=lambda: _LEDGER
-            )
+            read = _read_own(conn, self.table)
+            return read_fence(read, self.identity().table, **_FENCE_AT, ledger=lambda: _LEDGER)
 
     def advance_fence(self, epoch: int) -> int:
         """Raise the fence to ``epoch`` in a transaction of its own."""
@@ -630,7 +629,7 @@ class DuckDBSink(FileTarget, EnginePull):
         with self._read_only("ledger") as conn:
             query = ledger_query("?", partitions=partitions)
             try:
-                rows = _read_own(conn)(query, [self.identity().table])
+                rows = _read_own(conn, self.table)(query, [self.identity().table])
             except duckdb_driver().BinderException:  # a column it reads is missing
                 check_ledger_columns({row[0] for row in _described(conn, _LEDGER)})
                 raise
@@ -720,16 +719,24 @@ def _query(conn: Any) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
     return lambda sql, params: run(conn, sql, params).fetchall()
 
 
-def _read_own(conn: Any) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
+def _read_own(conn: Any, table: str) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
     """``_query`` for a read outside a transaction of dpone's own tables: one that does not
     exist reads as empty. Its catalog error aborts nothing there, and a probe costs a fixed
-    0.2 ms where a listing of the catalog grows with the file's tables (1,000: 5-15 ms)."""
+    0.2 ms where a listing of the catalog grows with the file's tables (1,000: 5-15 ms). A
+    view of such a name (which the read cannot bind) is ``own_name_taken``, as
+    ``check_target`` refuses it; ``table``: the target table, for that error."""
 
     def query(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        driver = duckdb_driver()
         try:
             return run(conn, sql, params).fetchall()
-        except duckdb_driver().CatalogException:
+        except driver.CatalogException:
             return []
+        except driver.BinderException:
+            taken = sorted(_Catalog.of(conn, kind="view").own().values())
+            if taken:
+                raise own_name_taken(table, taken[0]) from None
+            raise
 
     return query
 
