@@ -306,7 +306,8 @@ class PostgresSource(TableSource):
         raise self._invalid(f"source table {self.table!r} could not be read")
 
     def _query(self, work: Callable[[Any], _T]) -> _T:
-        """``work(conn)`` in a fresh read-only transaction; the connection is closed after."""
+        """``work(conn)`` in a read-only transaction of its own; the connection is given back
+        after (``postgres_release``)."""
         driver = _driver()
         conn = self._started(driver)
         try:
@@ -841,7 +842,7 @@ class PostgresSource(TableSource):
 
     def _repeatable(self, work: Callable[[Any], _T]) -> _T:
         """``work(conn)`` in one repeatable-read transaction, every statement in one snapshot
-        (the attempt's when it holds one); the connection is closed after."""
+        (the attempt's when it holds one); the connection is given back after."""
         driver = _driver()
         conn = self._started(driver, repeatable=True)
         try:
