@@ -333,6 +333,17 @@ def ledger_table_sql(table: str, *, seq: str, integer: str, text: str, tail: str
     return f"CREATE TABLE IF NOT EXISTS {table} ({columns}){tail}"
 
 
+def not_dpones(name: str) -> StoreTargetMismatch:
+    """``name``, dpone's fence or rejects table, is a table dpone did not make: other columns,
+    or values it never writes (edited by hand). Nothing can be proved with it, and no retry
+    changes that: found before the target call."""
+    return StoreTargetMismatch(
+        f"the target holds a table named {name} that is not dpone's (its columns or values "
+        "differ); rename it (a fence is made again from the ledger)",
+        diagnostics={"mismatch": "own_table_unreadable", "name": name},
+    )
+
+
 def check_ledger_columns(columns: set[str]) -> None:
     """Refuse a ``_dpone_ledger`` table that lacks the ledger's columns (not one we wrote)."""
     if not LEDGER_COLUMNS <= columns:
@@ -476,7 +487,12 @@ def read_fence(
     found = []
     if table is not None:
         found = query(f"SELECT epoch FROM {table} WHERE target_table = {marker}", (target_table,))
-    return int(found[0][0]) if found else _fence_floor(query, target_table, marker, ledger())
+    if not found:
+        return _fence_floor(query, target_table, marker, ledger())
+    epoch = found[0][0]
+    if isinstance(epoch, bool) or not isinstance(epoch, int | str) or not str(epoch).isdigit():
+        raise not_dpones(FENCE_TABLE)  # dpone writes a whole number
+    return int(epoch)
 
 
 def advance_fence(

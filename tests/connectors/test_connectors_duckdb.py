@@ -28,6 +28,7 @@ from dpone_native_transfer.connectors.duckdb import sink as duckdb_sink_module
 from dpone_native_transfer.errors import (
     ConfigInvalid,
     SourceInvalid,
+    StoreTargetMismatch,
     TargetConstraintRefused,
     TargetRolledBack,
     TargetRowsMismatch,
@@ -683,6 +684,55 @@ def test_reads_of_dpones_own_tables_refuse_a_view_of_their_name_by_name(tmp_path
         with pytest.raises(ConfigInvalid, match="drop or rename it") as refused:
             getattr(sink, read)()
         assert refused.value.diagnostics == {"table": "orders_copy", "name": name}
+
+
+@pytest.mark.parametrize(
+    "made",
+    [
+        "CREATE TABLE _dpone_fence (target_table VARCHAR, x INTEGER)",
+        "CREATE TABLE _dpone_fence (target_table VARCHAR, epoch VARCHAR);"
+        " INSERT INTO _dpone_fence VALUES ('orders_copy', 'zzz')",
+    ],
+    ids=["other-columns", "not-a-number"],
+)
+def test_a_fence_table_dpone_did_not_make_is_refused_before_the_target(tmp_path, made):
+    """A ``_dpone_fence`` of other columns, or an epoch that is not a number, failed every
+    run with the driver's error or a ValueError, exit 1, "a retry may succeed". Refused
+    before the target now (exit 3, ``own_table_unreadable``), naming it."""
+    sink = DuckDBSink(tmp_path / "target.duckdb", "orders_copy")
+    with contextlib.closing(duckdb.connect(str(sink.path))) as conn:
+        conn.execute(made)
+    route = Route(tmp_path, sink=sink)
+    try:
+        with pytest.raises(StoreTargetMismatch) as refused:
+            route.runtime().run(route.spec("legacy"))
+        assert refused.value.diagnostics == {
+            "mismatch": "own_table_unreadable",
+            "name": "_dpone_fence",
+        }
+        assert route.sink.target_calls == 0
+    finally:
+        route.real_store.close()
+
+
+def test_a_ledger_with_a_column_added_by_hand_is_written_and_a_bad_rejects_table_refused(
+    duck_route,
+):
+    """The ledger row is inserted by column name: a column added by hand failed every load
+    inside the target call, exit 1, for ever. A rejects table of other columns is refused
+    by name when read (``rejects show``), not a driver's error."""
+    duck_route.runtime().run(duck_route.spec("legacy"))
+    with contextlib.closing(duckdb.connect(str(duck_route.sink.inner.path))) as conn:
+        conn.execute("ALTER TABLE _dpone_ledger ADD COLUMN note VARCHAR")
+        conn.execute("CREATE TABLE _dpone_rejects (a INTEGER)")
+    build_sample_source(duck_route.source_path, rows=30, start_id=121)
+    second = duck_route.runtime().run(duck_route.spec("legacy", run_id="run-2"))
+    assert second.rows_loaded == 30
+    assert sorted(duck_route.sink.inner.rows()) == duck_route.source_rows()
+    assert len(duck_route.sink.inner.read_ledger()) == 2
+    with pytest.raises(StoreTargetMismatch) as refused:
+        duck_route.sink.inner.read_rejects()
+    assert refused.value.diagnostics["name"] == "_dpone_rejects"
 
 
 @pytest.mark.parametrize("strategy", ["incremental_append", "full_refresh"])
