@@ -686,6 +686,17 @@ def test_reads_of_dpones_own_tables_refuse_a_view_of_their_name_by_name(tmp_path
         assert refused.value.diagnostics == {"table": "orders_copy", "name": name}
 
 
+def test_a_view_over_a_real_ledger_is_refused_when_read_not_taken_for_the_ledger(duck_route):
+    """``guard verify`` read a view named ``_dpone_ledger`` over the real ledger and said
+    "agree", while a run refused the view (``check_target``)."""
+    duck_route.runtime().run(duck_route.spec("legacy"))
+    with contextlib.closing(duckdb.connect(str(duck_route.sink.inner.path))) as conn:
+        conn.execute("ALTER TABLE _dpone_ledger RENAME TO kept_ledger")
+        conn.execute("CREATE VIEW _dpone_ledger AS SELECT * FROM kept_ledger")
+    with pytest.raises(ConfigInvalid, match="drop or rename it"):
+        duck_route.sink.inner.read_ledger()
+
+
 @pytest.mark.parametrize(
     "made",
     [
