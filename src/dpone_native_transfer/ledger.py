@@ -337,9 +337,10 @@ def not_dpones(name: str) -> StoreTargetMismatch:
     """``name``, dpone's fence or rejects table, is a table dpone did not make: other columns,
     or values it never writes (edited by hand). Nothing can be proved with it, and no retry
     changes that: found before the target call."""
+    again = " (a fence is made again from the ledger's epochs)" if name == FENCE_TABLE else ""
     return StoreTargetMismatch(
         f"the target holds a table named {name} that is not dpone's (its columns or values "
-        "differ); rename it (a fence is made again from the ledger)",
+        f"differ); rename it{again}",
         diagnostics={"mismatch": "own_table_unreadable", "name": name},
     )
 
@@ -490,7 +491,7 @@ def read_fence(
     if not found:
         return _fence_floor(query, target_table, marker, ledger())
     epoch = found[0][0]
-    if isinstance(epoch, bool) or not isinstance(epoch, int | str) or not str(epoch).isdigit():
+    if isinstance(epoch, bool) or not isinstance(epoch, int | str) or not str(epoch).isdecimal():
         raise not_dpones(FENCE_TABLE)  # dpone writes a whole number
     return int(epoch)
 

@@ -697,19 +697,14 @@ class _ReadThrownAway(Exception):
     to the source meanwhile."""
 
 
-def _fence_at(catalog: _Catalog) -> dict[str, Any]:
-    """``read_fence``'s and ``fence_first``'s fence and ledger tables, each where it exists."""
-    fence = _FENCE_AT["table"] if FENCE_TABLE in catalog.own() else None
-    return {**_FENCE_AT, "table": fence, "ledger": catalog.ledger}
-
-
 def _fence_first(conn: Any, entry: LedgerEntry | None) -> _Catalog | None:
     """``fence_first`` at the start of a load's transaction; the catalog it listed, for the
     transaction's ``_record``."""
     if entry is None or entry.epoch is None:
         return None
     catalog = _Catalog.of(conn)
-    fence_first(_query(conn), entry, **_fence_at(catalog))
+    fence = _FENCE_AT["table"] if FENCE_TABLE in catalog.own() else None
+    fence_first(_query(conn), entry, table=fence, marker="?", ledger=catalog.ledger)
     return catalog
 
 
