@@ -556,12 +556,17 @@ MISFITS = [
     ("DATE", "2024-01-05 10:00:00"),
     ("DATE", 20240105),
     ("DATE", "garbage"),
+    ("DATE", "2021-02-29"),  # SQLite's date() kept it; chDB loaded 2021-03-01
+    ("DATE", "0000-01-01"),
     ("TIME", "10:00:00+02:00"),
     ("TIME", "25:00:00"),
     ("TIMESTAMP", "2024-01-05 10:00:00.1234567"),
     ("TIMESTAMP", "2016-12-31 23:59:60"),
     ("TIMESTAMP", "10:00:00"),
     ("TIMESTAMP", "0001-01-01 00:30:00+01:00"),  # before year 1 in UTC: an OverflowError
+    ("TIMESTAMP", "2021-02-29T10:00:00Z"),  # chDB loaded NULL
+    ("TIMESTAMP", "2020-01-01 24:00:00"),  # the engines loaded the next day's midnight
+    ("TIMESTAMP", "0000-06-01 00:00:00"),  # chDB loaded 2026-01-01
     ("NUMERIC(12,2)", "1_000"),
     ("NUMERIC(12,2)", "\u0661\u0662"),
 ]

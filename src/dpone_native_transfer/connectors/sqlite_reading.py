@@ -46,7 +46,13 @@ __all__ = [
 # their rows (``PlanInexact``) and a pull is declined.
 _PLAN_KINDS = frozenset({"integer", "real", "text", "blob", "boolean", "date", "timestamp"})
 _DATE = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]"
-_ISO_DATE = f"({{c}} GLOB '{_DATE}' AND date({{c}}) IS {{c}})"
+# SQLite's date functions take any day up to 31 and hour 24 as they are; ``'+0 days'`` has
+# them normalised (``2021-02-29`` is ``2021-03-01``), so a date that is not a real one differs
+# from its text. Year 0 (1 BC) is refused, as the carriers refuse it (by ``substr``: a column
+# of NUMERIC affinity compares ``c >= '0001'`` with the number 1). Without these tests chDB
+# loaded ``2021-02-29`` as 2021-03-01, its timestamp as NULL, and year 0 as 2026 (exit 0).
+_REAL_DAY = "substr({c}, 1, 4) <> '0000' AND "
+_ISO_DATE = f"({{c}} GLOB '{_DATE}' AND {_REAL_DAY}date({{c}}, '+0 days') IS {{c}})"
 
 
 def _iso_timestamp(endings: str) -> str:
@@ -54,9 +60,9 @@ def _iso_timestamp(endings: str) -> str:
     ``endings`` (a SQL list of texts)."""
     after_fraction = "ltrim(substr({c}, 21), '0123456789')"
     return (
-        f"({{c}} GLOB '{_DATE}[ T][0-9][0-9]:[0-9][0-9]:[0-9][0-9]*'"
-        " AND strftime('%Y-%m-%d %H:%M:%S', substr({c}, 1, 19)) IS replace(substr({c}, 1, 19),"
-        f" 'T', ' ') AND (substr({{c}}, 20) IN {endings} OR (substr({{c}}, 20, 1) = '.'"
+        f"({{c}} GLOB '{_DATE}[ T][0-9][0-9]:[0-9][0-9]:[0-9][0-9]*' AND {_REAL_DAY}"
+        "strftime('%Y-%m-%d %H:%M:%S', substr({c}, 1, 19), '+0 days') IS"
+        f" replace(substr({{c}}, 1, 19), 'T', ' ') AND (substr({{c}}, 20) IN {endings} OR (substr({{c}}, 20, 1) = '.'"
         f" AND {after_fraction} IN {endings}"
         f" AND length({{c}}) - length({after_fraction}) BETWEEN 21 AND 26)))"
     )
