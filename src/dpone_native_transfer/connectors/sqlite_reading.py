@@ -62,7 +62,8 @@ def _iso_timestamp(endings: str) -> str:
     return (
         f"({{c}} GLOB '{_DATE}[ T][0-9][0-9]:[0-9][0-9]:[0-9][0-9]*' AND {_REAL_DAY}"
         "strftime('%Y-%m-%d %H:%M:%S', substr({c}, 1, 19), '+0 days') IS"
-        f" replace(substr({{c}}, 1, 19), 'T', ' ') AND (substr({{c}}, 20) IN {endings} OR (substr({{c}}, 20, 1) = '.'"
+        " replace(substr({c}, 1, 19), 'T', ' ')"
+        f" AND (substr({{c}}, 20) IN {endings} OR (substr({{c}}, 20, 1) = '.'"
         f" AND {after_fraction} IN {endings}"
         f" AND length({{c}}) - length({after_fraction}) BETWEEN 21 AND 26)))"
     )
