@@ -14,12 +14,15 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pytest
 from helpers.routes import PATHS, Route
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dpone_native_transfer.connectors import SQLiteSink, SQLiteSource
 from dpone_native_transfer.connectors.duckdb import DuckDBSink, duckdb_type
@@ -922,3 +925,83 @@ def test_a_file_in_a_folder_whose_path_holds_a_question_mark_is_refused_before_t
     sink = DuckDBSink(tmp_path / "tar?get.duckdb", "orders_copy")
     assert sink.load(RowChunks(columns=COLUMNS, chunks=[ROWS])) == len(ROWS)
     assert sorted(sink.rows(), key=lambda row: row[0]) == ROWS
+
+
+# --- lazy-plan's probe of DATE and TIMESTAMP texts, against SQLite's own test -------------------
+
+_DAYS = st.tuples(
+    st.sampled_from(["2024", "0001", "0000", "1900", "9999", "0050", "024"]),
+    st.sampled_from(["-02-29", "-02-30", "-01-05", "-13-01", "-1-05", "-12-31", "-04-31"]),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "x",
+            "T10:00",
+            " 10:00:00",
+            "T23:59:59",
+            " 24:00:00",
+            "T10:00:60",
+            "T10:00:00.123456",
+            " 10:00:00.1234567",
+            " 10:00:00.",
+            "T10:00:00Z",
+            " 10:00:00+00:00",
+            "T10:00:00.5+00:00",
+            " 10:00:00+05:30",
+            "T10:00:00z",
+        ]
+    ),
+).map("".join)
+
+
+_INTEGERS = st.integers(-(2**63), 2**63 - 1)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), _DAYS, _INTEGERS, st.floats(allow_nan=False), st.binary()),
+            st.one_of(st.none(), _DAYS, _INTEGERS, st.binary(max_size=4)),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_lazy_plans_probe_of_dates_and_timestamps_finds_what_sqlites_test_finds(rows):
+    """DuckDB's probe of a DATE or TIMESTAMP column (read as the load reads it, a failed read
+    a misread; then its texts tested in a scan reading every column as text) finds a misread
+    value exactly when SQLite's own test of the kind does: the two agree on every value."""
+    from dpone_native_transfer.connectors.duckdb import scan
+    from dpone_native_transfer.connectors.duckdb.connect import scratch_connection
+    from dpone_native_transfer.connectors.sqlite_reading import _misread_columns
+
+    columns = [Column("d", "DATE"), Column("t", "TIMESTAMP")]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "source.db"
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            db.execute("CREATE TABLE src (d DATE, t TIMESTAMP)")
+            db.executemany("INSERT INTO src VALUES (?, ?)", rows)
+            db.commit()
+            expected = set(_misread_columns(db, "src", columns, (), {}))
+        source = SQLiteSource(path, "src", "d")
+        conn = scratch_connection()
+        try:
+            types = scan.scan_types(conn, source)
+            instants = scan.scanned_instants(columns, types)
+            assert [c.name for c in instants] == ["d", "t"]
+            found = set()
+            for column in instants:
+                params = scan.scan_params(source)
+                try:
+                    conn.execute(f'SELECT count("{column.name}") FROM sqlite_scan(?, ?)', params)
+                except duckdb.Error:
+                    found.add(column.name)  # the scanner refuses it: the probe's read fails
+            conn.execute("SET sqlite_all_varchar = true")
+            for name, test in scan._instant_tests(instants, types):
+                if conn.execute(f"SELECT {test} FROM sqlite_scan(?, ?)", params).fetchone()[0]:
+                    found.add(name)
+        finally:
+            conn.close()
+    assert found == expected

@@ -120,6 +120,7 @@ from .scan import (
     probe_plan_read,
     scan_params,
     scan_types,
+    scanned_instants,
     scanned_numbers,
     tagged_scan,
     text_bound_columns,
@@ -433,12 +434,13 @@ class DuckDBSink(FileTarget, EnginePull):
             refusing = [
                 c.name for c in plan.columns if types.get(c.name) == REFUSING_TYPES.get(c.kind)
             ] + list(numbers)
+            probed = [] if pulling else [c.name for c in scanned_instants(plan.columns, types)]
             refuse_inexact_plan(
                 source,
                 plan.columns,
                 engine="DuckDB",
                 table=self.table,
-                reader_refuses=refusing,
+                reader_refuses=[*refusing, *probed],  # the probe reads and tests the instants
                 engine_reads=numbers,
             )
             if not pulling:  # a pull validates what it writes, its numbers checked here
