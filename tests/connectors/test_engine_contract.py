@@ -34,7 +34,7 @@ from dpone_native_transfer.column_types import (
 )
 from dpone_native_transfer.config import route_config_from_mapping
 from dpone_native_transfer.connectors.sqlite import SQLiteSource
-from dpone_native_transfer.connectors.sqlite_reading import _held_as_declared, refuse_inexact_plan
+from dpone_native_transfer.connectors.sqlite_reading import held_as_declared, refuse_inexact_plan
 from dpone_native_transfer.payloads import bound_predicates
 
 
@@ -270,10 +270,10 @@ class Traced(SQLiteSource):
         "virtual",
     ],
 )
-def test_held_as_declared_names_what_sqlite_itself_keeps_to_its_type(tmp_path, script, held):
+def testheld_as_declared_names_what_sqlite_itself_keeps_to_its_type(tmp_path, script, held):
     with contextlib.closing(sqlite3.connect(tmp_path / "src.db")) as db:
         db.executescript(script)
-        assert _held_as_declared(db, "t") == held
+        assert held_as_declared(db, "t") == held
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ __all__ = [
     "NOT_AN_INTEGER",
     "NOT_A_NUMBER",
     "index_seeks",
+    "held_as_declared",
     "inexact_plan",
     "narrow_plan",
     "narrow_window",
@@ -216,7 +217,7 @@ def refuse_inexact_plan(
     offset), found by one read of the source.
 
     The read skips the columns of a table that SQLite itself keeps free of such
-    values (``_held_as_declared``), and, in an ordinary table, the columns named
+    values (``held_as_declared``), and, in an ordinary table, the columns named
     in ``reader_refuses``: those whose every misread value the engine's reader
     refuses with an error (a REAL column's affinity keeps integers out of it).
     Only a caller whose failed read costs nothing may name any: a pull before the
@@ -271,7 +272,7 @@ def _misread_columns(
 ) -> list[str]:
     """The columns holding a value ``_PLAN_MISREAD`` finds, in one scan that stops at the first
     (``refuse_inexact_plan``)."""
-    held = _held_as_declared(conn, table)
+    held = held_as_declared(conn, table)
     if held is None:  # a view or a virtual table: any value in any column
         held, reader_refuses = set(), ()
     tests = [
@@ -293,7 +294,7 @@ def _misread_columns(
     return [name for (name, _), misread in zip(tests, found, strict=True) if misread]
 
 
-def _held_as_declared(conn: sqlite3.Connection, table: str) -> set[str] | None:
+def held_as_declared(conn: sqlite3.Connection, table: str) -> set[str] | None:
     """The columns of an ordinary table that SQLite itself keeps to their declared storage
     class: its rowid (an ``INTEGER PRIMARY KEY`` without its own index), and every typed
     column of a ``STRICT`` table. None for a view or a virtual table, whose declared types

@@ -94,6 +94,7 @@ from ..contract.sqlite_file import SQLiteFile
 from ..sqlite_reading import (
     NOT_A_NUMBER,
     NOT_AN_INTEGER,
+    held_as_declared,
     narrow_plan,
     plan_rows,
     pulled_file,
@@ -444,7 +445,10 @@ class DuckDBSink(FileTarget, EnginePull):
                 engine_reads=numbers,
             )
             if not pulling:  # a pull validates what it writes, its numbers checked here
-                probe_plan_read(scratch, source, plan.columns, types, refusing, self.table)
+                with source.reader() as conn:  # what SQLite keeps to its type needs no read
+                    held = held_as_declared(conn, source.table) or set()
+                read = [name for name in refusing if name not in held]
+                probe_plan_read(scratch, source, plan.columns, types, read, self.table)
             else:
                 probe_numbers(scratch, source, scanned_numbers(plan.columns, types), self.table)
             plan_conditions(source, plan.bounds)  # bad bounds fail here, before any connection
