@@ -407,15 +407,21 @@ def without_nul(carry: Carry) -> Passing:
     return Passing(convert, unchanged)
 
 
-_FRACTION = re.compile(r"\.(\d+)")
 _DATE_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}", re.ASCII)
+# The forms a time and a timestamp are carried in, checked before Python reads them: its
+# ``fromisoformat`` also takes any character between date and time, ``T10``, ``10:00:00,5``,
+# ``20200101T100000``, week dates and a NUL, each of which an engine then read its own way
+# (chDB as NULL, PostgreSQL without its time, DuckDB failing inside the target call). At most
+# microseconds. A timestamp has its seconds; an offset (``Z``, ``+HH[:MM[:SS[.f]]]``) makes it
+# the same instant in UTC, written as ``isoformat`` writes it.
+_SECONDS = r"[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?"
+_TIME_TEXT = re.compile(rf"[0-9]{{2}}:[0-9]{{2}}|{_SECONDS}", re.ASCII)
+_INSTANT_FORM = re.compile(
+    rf"[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}(?:[ T]{_SECONDS}"
+    r"(?:Z|[+-][0-9]{2}(?::?[0-9]{2}(?::?[0-9]{2}(?:\.[0-9]{1,6})?)?)?)?)?",
+    re.ASCII,
+)
 _INFINITE = frozenset({"infinity", "-infinity"})  # PostgreSQL's; DuckDB reads them
-
-
-def _microseconds_at_most(text: str) -> None:
-    fraction = _FRACTION.search(text)
-    if fraction is not None and len(fraction[1]) > 6:
-        raise ValueError("finer than a microsecond")
 
 
 def _iso_date(value: Any) -> str:
@@ -469,16 +475,17 @@ def iso_time(value: Any) -> str:
     if type(value) is not str:
         raise TypeError("not a time text")
     if value != "24:00:00":
-        _microseconds_at_most(value)
-        if datetime.time.fromisoformat(value).tzinfo is not None:
-            raise ValueError("a time with an offset")
+        if not _TIME_TEXT.fullmatch(value):
+            raise ValueError("not an ISO time without an offset")
+        datetime.time.fromisoformat(value)  # ValueError: hour 25, minute 60...
     return value
 
 
 def _instant_as_utc(value: Any) -> str:
     if type(value) is not str:
         raise TypeError("not a timestamp text")
-    _microseconds_at_most(value)
+    if not _INSTANT_FORM.fullmatch(value):
+        raise ValueError("not an ISO timestamp")
     parsed = datetime.datetime.fromisoformat(value)  # ValueError: refused
     if parsed.tzinfo is None:
         return value

@@ -137,6 +137,17 @@ def test_carriers_keep_the_value(carry, value, expected):
         (iso_date, "2024-02-30"),
         (iso_date, "0044-03-15 BC"),
         (iso_time, "10:00:00+02:00"),
+        # Python's fromisoformat takes these; each engine read them its own way (NULL, the
+        # date alone, a failure inside the target call)
+        (instant_as_utc, "2020-01-01 10:00"),
+        (instant_as_utc, "2020-01-01x10:00:00"),
+        (instant_as_utc, "2020-01-01t10:00:00"),
+        (instant_as_utc, "2020-01-01 10:00:00,5"),
+        (instant_as_utc, "20200101T100000"),
+        (instant_as_utc, "2020-W01-1"),
+        (instant_as_utc, "2020-01-01 10:00:00\x00+05:00"),
+        (iso_time, "10:00:00,5"),
+        (iso_time, "T10:00:00"),
         (exact_integer, 1.5),
         (exact_integer, True),
         (exact_text, b"x"),

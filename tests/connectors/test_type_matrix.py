@@ -567,6 +567,10 @@ MISFITS = [
     ("TIMESTAMP", "2021-02-29T10:00:00Z"),  # chDB loaded NULL
     ("TIMESTAMP", "2020-01-01 24:00:00"),  # the engines loaded the next day's midnight
     ("TIMESTAMP", "0000-06-01 00:00:00"),  # chDB loaded 2026-01-01
+    ("TIMESTAMP", "2020-01-01 10:00"),  # Python took it, chDB loaded NULL
+    ("TIMESTAMP", "2020-01-01x10:00:00"),  # PostgreSQL kept the date alone
+    ("TIMESTAMP", "2020-01-01 10:00:00\x00"),  # SQLite's test stopped at the NUL: chDB NULL
+    ("TIME", "10:00:00,5"),  # DuckDB dropped the fraction
     ("NUMERIC(12,2)", "1_000"),
     ("NUMERIC(12,2)", "\u0661\u0662"),
 ]

@@ -58,10 +58,12 @@ _ISO_DATE = f"({{c}} GLOB '{_DATE}' AND {_REAL_DAY}date({{c}}, '+0 days') IS {{c
 
 def _iso_timestamp(endings: str) -> str:
     """A SQL test of ``YYYY-MM-DD[ T]HH:MM:SS[.f{1,6}]``, a real instant, followed by one of
-    ``endings`` (a SQL list of texts)."""
+    ``endings`` (a SQL list of texts). SQLite's text functions stop at a NUL, which chDB
+    then read as part of the text (a NULL): the text's bytes are as many as its characters."""
     after_fraction = "ltrim(substr({c}, 21), '0123456789')"
     return (
         f"({{c}} GLOB '{_DATE}[ T][0-9][0-9]:[0-9][0-9]:[0-9][0-9]*' AND {_REAL_DAY}"
+        "length(CAST({c} AS BLOB)) = length({c}) AND "
         "strftime('%Y-%m-%d %H:%M:%S', substr({c}, 1, 19), '+0 days') IS"
         " replace(substr({c}, 1, 19), 'T', ' ')"
         f" AND (substr({{c}}, 20) IN {endings} OR (substr({{c}}, 20, 1) = '.'"

@@ -164,12 +164,12 @@ def probe_plan_read(
     counted = [name for name in refusing if name not in tested]
     counted += [column.name for column in instants if column.name not in counted]
     _probe(conn, source, tests, counted, columns, table)
-    if instants:
-        run(conn, "SET sqlite_all_varchar = true")
+    if instants:  # this session only; ``RESET`` left the scanner failing on every integer
+        run(conn, "SET SESSION sqlite_all_varchar = true")
         try:
             _probe(conn, source, _instant_tests(instants, types), (), columns, table)
         finally:
-            run(conn, "RESET sqlite_all_varchar")
+            run(conn, "SET SESSION sqlite_all_varchar = false")
 
 
 def _probe(
