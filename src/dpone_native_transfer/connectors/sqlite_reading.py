@@ -224,7 +224,8 @@ def refuse_inexact_plan(
     refuses with an error (a REAL column's affinity keeps integers out of it).
     Only a caller whose failed read costs nothing may name any: a pull before the
     target call (``EnginePull.pull_load_files``), or a check that has the reader read those
-    columns itself before it (DuckDB's ``_probe_plan_read``).
+    columns itself before it (DuckDB's ``probe_plan_read``, which also tests the texts of
+    the dates and timestamps it names here).
     """
     with source.reader() as conn:
         utf16 = conn.execute("PRAGMA encoding").fetchone()[0] != "UTF-8"

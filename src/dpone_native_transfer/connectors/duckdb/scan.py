@@ -98,11 +98,11 @@ _REAL_DATE = (
     "regexp_full_match({c}, '" + _DATE_TEXT + "') AND substr({c}, 1, 4) <> '0000'"
     " AND CAST(TRY_CAST({c} AS DATE) AS VARCHAR) = {c}"
 )
-_SECONDS = "replace(substr({c}, 1, 19), 'T', ' ')"
+_UP_TO_SECONDS = "replace(substr({c}, 1, 19), 'T', ' ')"
 _REAL_INSTANT = (
     "regexp_full_match({c}, '" + _DATE_TEXT + r"[ T][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?"
     r"(Z|\+00:00)?') AND substr({c}, 1, 4) <> '0000'"
-    f" AND CAST(TRY_CAST({_SECONDS} AS TIMESTAMP) AS VARCHAR) = {_SECONDS}"
+    f" AND CAST(TRY_CAST({_UP_TO_SECONDS} AS TIMESTAMP) AS VARCHAR) = {_UP_TO_SECONDS}"
 )
 _INSTANT_TEXTS = {
     ("date", "DATE"): _REAL_DATE,
