@@ -30,6 +30,7 @@ from dpone_native_transfer import (
     LEDGER_BATCH_KEY,
     ConfigInvalid,
     PartitionCheckpoint,
+    RouteBusy,
     RouteKey,
     StoreTargetMismatch,
     Strategy,
@@ -342,21 +343,54 @@ def _target(args: argparse.Namespace, *, route_required: bool) -> _Target:
 # handlers -----------------------------------------------------------------------------
 
 
+def _running(store: Store, routes: Sequence[RouteKey]) -> list[RouteKey]:
+    """The routes a run holds the lease of: their armed partitions are that run's, under way,
+    not blocked (a holder on this host whose process is gone does not count). ``scan`` and
+    ``verify`` called them blocked, and ``verify`` opened a DuckDB target under the run,
+    whose own open then failed for the lock."""
+    running = []
+    for route in routes:
+        try:
+            check_not_leased(store, route)
+        except RouteBusy:
+            running.append(route)
+    return running
+
+
+def _say_running(running: Sequence[RouteKey]) -> None:
+    for route in running:
+        print(
+            f"in progress: route {route.label}: a run holds its lease; its armed partitions "
+            "are that run's, not compared",
+            file=sys.stderr,
+        )
+
+
+def _in_progress(running: Sequence[RouteKey]) -> str:
+    """The summary's note of the routes ``_running`` left out."""
+    return f" ({plural(len(running), 'route')} in progress, not compared)" if running else ""
+
+
 def _scan_command(args: argparse.Namespace) -> int:
     target = _target(args, route_required=False)
     with _opened(target.store) as store:
         routes = target.routes(store)
+        running = _running(store, routes)
         # list(): unlike a run's scan, the operator's decodes and validates every payload
         findings = [
-            f for route in routes for f in blocked_partitions(list(store.list_latest(route)))
+            f
+            for route in routes
+            if route not in running
+            for f in blocked_partitions(list(store.list_latest(route)))
         ]
     if args.json:
         for finding in findings:
             print(json.dumps(finding.as_dict(), sort_keys=True))
-        print(_scan_summary(findings, routes), file=sys.stderr)
+        print(_scan_summary(findings, routes) + _in_progress(running), file=sys.stderr)
     else:
         _print_table(_SCAN_HEADERS, [_scan_row(f) for f in findings])
-        print(_scan_summary(findings, routes))
+        print(_scan_summary(findings, routes) + _in_progress(running))
+    _say_running(running)
     return EXIT_BLOCKED if findings else EXIT_OK
 
 
@@ -592,6 +626,8 @@ def _verify_command(args: argparse.Namespace) -> int:
     with _opened(target.store) as store:
         routes = target.routes(store)
         routes = [*routes, *target.blocking(store, routes)]
+        running = _running(store, routes)
+        routes = [route for route in routes if route not in running]
         read = [(route, *_proofs(store, target, route)) for route in routes]
         proofs = [proof for _, found, _, _ in read for proof in found]
         # every route's blocked batch, as a run stops at any of them before the cross-check
@@ -612,7 +648,8 @@ def _verify_command(args: argparse.Namespace) -> int:
             print(json.dumps(_mismatch_dict(route, mismatch), sort_keys=True))
         for count in miscounted:
             print(json.dumps(count, sort_keys=True))
-        print(_verify_summary(proofs, mismatches, routes, len(unchecked)), file=sys.stderr)
+        summary = _verify_summary(proofs, mismatches, routes, len(unchecked))
+        print(summary + _in_progress(running), file=sys.stderr)
     else:
         _print_table(_VERIFY_HEADERS, [item.row() for item in proofs])
         for item in proofs:
@@ -627,13 +664,14 @@ def _verify_command(args: argparse.Namespace) -> int:
                 f"{plural(count['ledger_rows'], 'row')}, the target holds {count['target_rows']:,} "
                 "of it (its batch column): rows were deleted or added behind dpone's back"
             )
-        print(_verify_summary(proofs, mismatches, routes, len(unchecked)))
+        print(_verify_summary(proofs, mismatches, routes, len(unchecked)) + _in_progress(running))
     for route, reason in unchecked:
         print(
             f"not checked: route {route.label}: store and target were not compared: {reason}; "
             "a run would stop there too",
             file=sys.stderr,
         )
+    _say_running(running)
     if proofs or mismatches or miscounted:
         return EXIT_BLOCKED
     return EXIT_FAILED if unchecked else EXIT_OK

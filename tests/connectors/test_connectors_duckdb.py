@@ -1008,3 +1008,30 @@ def test_lazy_plans_probe_of_dates_and_timestamps_finds_what_sqlites_test_finds(
         finally:
             conn.close()
     assert found == expected
+
+
+def test_a_run_waits_for_a_reader_holding_the_duckdb_file_for_a_moment(tmp_path):
+    """DuckDB locks the whole file for any open process, a reader too: a run whose open met
+    ``guard verify``'s (or an analyst's) read failed at once, "cannot be opened for writing
+    now" (3 of 20 runs with verify polling, found by a hostile check). It waits a moment now;
+    a file held longer is still refused, nothing written."""
+    from helpers.routes import write_route
+
+    route_file = write_route(tmp_path, rows=40, kind="duckdb", path="legacy")
+    target = tmp_path / "target.duckdb"
+    script = Path(sys.executable).parent / "dpone-transfer"
+    assert subprocess.run([script, "run", route_file, "--quiet"], timeout=120).returncode == 0
+    with subprocess.Popen(  # another process reads the table for a second
+        [sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1], "
+         "read_only=True); print('open', flush=True); time.sleep(1); c.close()", str(target)],
+        stdout=subprocess.PIPE, text=True,
+    ) as reader:  # fmt: skip
+        assert reader.stdout is not None and reader.stdout.readline() == "open\n"
+        done = subprocess.run([script, "run", route_file], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with contextlib.closing(duckdb.connect(str(target), read_only=True)) as db:
+        assert db.execute("SELECT count(*), count(DISTINCT id) FROM orders_copy").fetchone() == (
+            40,
+            40,
+        )

@@ -221,6 +221,25 @@ def test_each_blocking_phase_scans_with_exit_3_and_agrees_with_the_runtime(route
     assert set(error.diagnostics["batch_ids"]) == {item["batch_id"] for item in found}
 
 
+def test_a_route_a_run_holds_the_lease_of_is_in_progress_not_blocked(route):
+    """While a run holds the route's lease, its armed partitions are its own, under way:
+    ``scan`` and ``verify`` said "blocked" (exit 3) and ``verify`` advised a resolve, and on
+    DuckDB ``verify``'s open of the file made the run's own open fail. Both say the route is
+    in progress now, and leave its target alone. Found by a hostile check."""
+    from dpone_native_transfer.lease import Lease
+
+    make_target_outcome_unknown(route)
+    verify = ("guard", "verify", "--store", store_of(route), *ROUTE_ARGS)
+    key = route.spec("legacy").route  # located, as the run keys its lease
+    with Lease(route.real_store.lease_table(), key, run_id="under-way", seconds=60):
+        for done in (scan(route), dpone(*verify)):
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert "in progress: route" in done.stderr and "(1 route in progress" in done.stdout
+            assert done.stdout.startswith("nothing blocks") and "partition" not in done.stdout
+    assert scan(route).returncode == cli.EXIT_BLOCKED  # the lease released: blocked again
+    assert dpone(*verify).returncode == cli.EXIT_BLOCKED
+
+
 def test_json_lines_carry_the_same_facts_as_the_table(route):
     make_checkpoint_incomplete(route)
     table = scan(route).stdout.splitlines()[1:-1]

@@ -12,6 +12,7 @@ import os
 import re
 import struct
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -350,15 +351,30 @@ def open_database(
     config: Mapping[str, Any] = _CONFIG,
 ) -> Any:
     """``duckdb.connect``; a file this DuckDB cannot read because of its storage version is
-    ``TargetVersionUnsupported`` (``_unreadable_version``), any other failure DuckDB's own."""
+    ``TargetVersionUnsupported`` (``_unreadable_version``), any other failure DuckDB's own.
+    A file another process holds open is waited for, up to ``_LOCK_WAIT_SECONDS``."""
     duckdb = duckdb_driver()
-    try:
-        return duckdb.connect(path, read_only=read_only, config=dict(config))
-    except duckdb.Error as error:
-        refused = _unreadable_version(path, table, duckdb.__version__, str(error))
-        if refused is not None:
-            raise refused from None
-        raise
+    waited, pause = 0.0, 0.02
+    while True:
+        try:
+            return duckdb.connect(path, read_only=read_only, config=dict(config))
+        except duckdb.Error as error:
+            if _CONFLICTING_LOCK in str(error) and waited < _LOCK_WAIT_SECONDS:
+                time.sleep(pause)
+                waited, pause = waited + pause, min(pause * 2, 0.25)
+                continue
+            refused = _unreadable_version(path, table, duckdb.__version__, str(error))
+            if refused is not None:
+                raise refused from None
+            raise
+
+
+# DuckDB locks a file for as long as a process holds it open, reading too: ``guard verify``,
+# ``rejects show`` or an analyst's read of the table made a run's open fail at once ("cannot
+# be opened for writing now"; 3 of 20 runs with verify polling). A lock held longer than this
+# is that error still.
+_CONFLICTING_LOCK = "Conflicting lock is held"
+_LOCK_WAIT_SECONDS = 3.0
 
 
 # The file's main header: checksum, "DUCK", storage version, flags, the creating DuckDB
