@@ -265,6 +265,7 @@ class _Target:
     store: str
     named: RouteKey | None = None
     config: RouteConfig | None = None
+    argument: str = "--store"  # where the store was given, for its errors
 
     def routes(self, store: Store) -> list[RouteKey]:
         """The routes meant: the route file's (and its twin stored without locations), or the
@@ -327,7 +328,8 @@ def _target(args: argparse.Namespace, *, route_required: bool) -> _Target:
                 "give a route file or --route, not both", diagnostics={"key": "--route"}
             )
         config = load_route(args.route_file, argument="ROUTE_FILE")
-        return _Target(store=args.store or config.store_path, config=config)
+        argument = "--store" if args.store else "store.path"  # else the route file's
+        return _Target(store=args.store or config.store_path, config=config, argument=argument)
     if args.store is None:
         raise ConfigInvalid(
             "give a route file, or --store (and --route)", diagnostics={"key": "--store"}
@@ -373,7 +375,7 @@ def _in_progress(running: Sequence[RouteKey]) -> str:
 
 def _scan_command(args: argparse.Namespace) -> int:
     target = _target(args, route_required=False)
-    with _opened(target.store) as store:
+    with _opened(target) as store:
         routes = target.routes(store)
         running = _running(store, routes)
         # list(): unlike a run's scan, the operator's decodes and validates every payload
@@ -423,7 +425,7 @@ def _times(finding: Finding) -> tuple[str, str]:
 
 def _show_command(args: argparse.Namespace) -> int:
     target = _target(args, route_required=True)
-    with _opened(target.store) as store:
+    with _opened(target) as store:
         shown = [
             (route, list(store.list_latest(route)), store.list_audit(route))  # read while open
             for route in target.routes(store)
@@ -623,7 +625,7 @@ def _verify_command(args: argparse.Namespace) -> int:
     mismatches: list[tuple[RouteKey, StoreTargetMismatch]] = []
     unchecked: list[tuple[RouteKey, str]] = []  # a ledger target that could not be read
     miscounted: list[dict[str, Any]] = []  # applied batches the target holds another count of
-    with _opened(target.store) as store:
+    with _opened(target) as store:
         routes = target.routes(store)
         routes = [*routes, *target.blocking(store, routes)]
         running = _running(store, routes)
@@ -745,7 +747,7 @@ def _verify_summary(
 
 def _resolve_command(args: argparse.Namespace) -> int:
     target = _target(args, route_required=True)
-    with _opened(target.store) as store:
+    with _opened(target) as store:
         route = _blocked_route(store, target.routes(store))
         check_not_leased(store, route)
         selected = select_blocked(
@@ -882,9 +884,9 @@ def _decide(
 
 
 @contextlib.contextmanager
-def _opened(location: str) -> Iterator[Any]:
+def _opened(target: _Target) -> Iterator[Any]:
     """An existing store, closed afterwards; a missing SQLite file is refused, never created."""
-    store = open_store(location, create=False, argument="--store")
+    store = open_store(target.store, create=False, argument=target.argument)
     try:
         yield store
     finally:

@@ -783,6 +783,23 @@ def test_a_missing_store_is_a_usage_error_and_is_never_created(tmp_path, action)
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_route_files_missing_store_is_named_by_its_key_not_as_store(tmp_path):
+    """``guard verify ROUTE_FILE`` before any run said the store "given as --store" did not
+    exist, where none was given (found by a hostile check)."""
+    from helpers.routes import write_route
+
+    route_file = write_route(tmp_path, rows=10, kind="duckdb", path="legacy")
+    for action in ("verify", "scan"):
+        done = dpone("guard", action, route_file)
+        assert done.returncode == cli.EXIT_CONFIG
+        assert done.stderr.splitlines() == [
+            "error: native_transfer_config_invalid: the checkpoint store given as store.path "
+            "does not exist",
+            'diagnostics: {"key": "store.path"}',
+        ]
+    assert not (tmp_path / "checkpoints.db").exists()
+
+
 def test_a_corrupt_store_fails_with_exit_1(tmp_path):
     store = tmp_path / "checkpoints.db"
     store.write_bytes(b"not a store" * 100)
