@@ -27,6 +27,7 @@ __all__ = [
     "REFUSING_TYPES",
     "number_tests",
     "plan_conditions",
+    "probe_instants",
     "probe_numbers",
     "probe_plan_read",
     "scan_params",
@@ -164,12 +165,23 @@ def probe_plan_read(
     counted = [name for name in refusing if name not in tested]
     counted += [column.name for column in instants if column.name not in counted]
     _probe(conn, source, tests, counted, columns, table)
-    if instants:  # this session only; ``RESET`` left the scanner failing on every integer
-        run(conn, "SET SESSION sqlite_all_varchar = true")
-        try:
-            _probe(conn, source, _instant_tests(instants, types), (), columns, table)
-        finally:
-            run(conn, "SET SESSION sqlite_all_varchar = false")
+    probe_instants(conn, source, columns, types, table)
+
+
+def probe_instants(
+    conn: Any, source: SQLiteFile, columns: Sequence[Column], types: Mapping[str, str], table: str
+) -> None:
+    """The texts of ``scanned_instants``, tested in one scan that reads every column as text.
+    Their typed read, which fails on a blob or a day no month has, is the load's or the
+    pull's own (``probe_plan_read`` reads them for lazy-plan)."""
+    instants = scanned_instants(columns, types)
+    if not instants:
+        return
+    run(conn, "SET SESSION sqlite_all_varchar = true")  # ``RESET`` left every integer failing
+    try:
+        _probe(conn, source, _instant_tests(instants, types), (), columns, table)
+    finally:
+        run(conn, "SET SESSION sqlite_all_varchar = false")
 
 
 def _probe(

@@ -117,6 +117,7 @@ from .scan import (
     BOUND_TAG,
     REFUSING_TYPES,
     plan_conditions,
+    probe_instants,
     probe_numbers,
     probe_plan_read,
     scan_params,
@@ -435,13 +436,13 @@ class DuckDBSink(FileTarget, EnginePull):
             refusing = [
                 c.name for c in plan.columns if types.get(c.name) == REFUSING_TYPES.get(c.kind)
             ] + list(numbers)
-            probed = [] if pulling else [c.name for c in scanned_instants(plan.columns, types)]
+            probed = [c.name for c in scanned_instants(plan.columns, types)]
             refuse_inexact_plan(
                 source,
                 plan.columns,
                 engine="DuckDB",
                 table=self.table,
-                reader_refuses=[*refusing, *probed],  # the probe reads and tests the instants
+                reader_refuses=[*refusing, *probed],  # DuckDB reads and tests the instants
                 engine_reads=numbers,
             )
             if not pulling:  # a pull validates what it writes, its numbers checked here
@@ -449,8 +450,9 @@ class DuckDBSink(FileTarget, EnginePull):
                     held = held_as_declared(conn, source.table) or set()
                 read = [name for name in refusing if name not in held]
                 probe_plan_read(scratch, source, plan.columns, types, read, self.table)
-            else:
+            else:  # the pull's own read is the instants' typed one
                 probe_numbers(scratch, source, scanned_numbers(plan.columns, types), self.table)
+                probe_instants(scratch, source, plan.columns, types, self.table)
             plan_conditions(source, plan.bounds)  # bad bounds fail here, before any connection
             textual = {
                 c for c in text_bound_columns(source, plan.bounds) if types.get(c) != "VARCHAR"
