@@ -590,10 +590,11 @@ def test_resolve_refuses_while_an_attempt_holds_the_lease(sqlite_site: Site) -> 
     route = site.route()
     _block(site, route)
     config = load_route_config(route)
+    batch = _blocked_batch(route)  # verify leaves a route out while a run holds its lease
     with SQLiteCheckpointStore(config.store_path) as store:
         with Lease(store.lease_table(), config.route, run_id="still-running", seconds=60):
             done = dpone(
-                "guard", "resolve", route, "--batch", _blocked_batch(route), "--from-target",
+                "guard", "resolve", route, "--batch", batch, "--from-target",
                 "--reason", "r", "--operator", "o", "--yes",
             )  # fmt: skip
     assert done.returncode == 1, done.stderr
