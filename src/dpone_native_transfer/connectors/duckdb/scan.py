@@ -91,7 +91,8 @@ def number_tests(numbers: Sequence[Column]) -> list[tuple[str, str]]:
 # The scanner reads a DATE or TIMESTAMP column's texts leniently (it drops a time after a date,
 # reads ' 2020-01-01' and '2020-1-1' as dates, an integer as days since 1970) and fails on a
 # blob or a day no month has. lazy-plan's probe reads such a column as the load does (a failed
-# read refuses the plan) and tests its texts read as text: the form ``_PLAN_MISREAD`` takes,
+# read refuses the plan; a pull's own read fails the pull), and both test its texts read as
+# text (``probe_instants``): the form ``_PLAN_MISREAD`` takes,
 # a real date (DuckDB's cast and back gives the same text) from year 1 on. DuckDB's scan of
 # lineitem's three dates took 0.2 s where SQLite's test took 0.6-0.7 s.
 _DATE_TEXT = "[0-9]{4}-[0-9]{2}-[0-9]{2}"
@@ -113,7 +114,7 @@ _INSTANT_TEXTS = {
 
 def scanned_instants(columns: Sequence[Column], types: Mapping[str, str]) -> list[Column]:
     """The ``date`` and ``timestamp`` columns the scanner reads as DATE and TIMESTAMP, whose
-    texts lazy-plan's probe checks itself (``probe_plan_read``)."""
+    texts DuckDB checks itself before lazy-plan and pulls (``probe_instants``)."""
     return [c for c in columns if (c.kind, types.get(c.name)) in _INSTANT_TEXTS]
 
 
