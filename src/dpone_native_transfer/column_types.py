@@ -17,6 +17,7 @@ decimal, as PostgreSQL's ``numeric`` is, delivered as its text).
 
 from __future__ import annotations
 
+import calendar
 import datetime
 import decimal
 import importlib
@@ -579,6 +580,60 @@ utc_instant = Passing(
 )
 """An instant as text with an explicit ``+00:00``: a text without an offset is taken as
 UTC, never as the worker's local time."""
+
+
+# PostgreSQL's own text of a day beyond Python's years 1-9999, as a PostgreSQL source sends it
+# (DateStyle ISO, TimeZone UTC): ``0044-03-15 BC``, ``12000-01-01 10:00:00+00``. Only a zero
+# offset: another one would need calendar arithmetic Python cannot do on such a year.
+_POSTGRES_DAY = re.compile(
+    rf"([0-9]{{4,7}})-([0-9]{{2}})-([0-9]{{2}})(?: ({_SECONDS})(\+00(?::?00)?|Z)?)?( BC)?",
+    re.ASCII,
+)
+# PostgreSQL's range as (astronomical year, month, day): from 4714-11-24 BC (Julian day 0)
+_POSTGRES_FIRST_DAY = (-4713, 11, 24)
+_POSTGRES_LAST_DAY = {"date": (5874897, 12, 31), "timestamp": (294276, 12, 31)}
+_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _postgres_day(value: Any, kind: str, zone: str) -> str:
+    """``value`` if it is PostgreSQL's text of a real day (proleptic Gregorian, as PostgreSQL
+    counts) in its range for ``kind``; with ``zone`` (``+00:00``) in place of any zero offset
+    of a time. ValueError otherwise."""
+    found = _POSTGRES_DAY.fullmatch(value) if type(value) is str else None
+    if found is None or (found[4] is None) != (kind == "date"):  # a date's time: dropped
+        raise ValueError("not a PostgreSQL date or timestamp")
+    year, month, day, time, _, bc = found.groups()
+    on = (1 - int(year) if bc else int(year), int(month), int(day))  # 1 BC is year 0
+    if int(year) < 1 or not 1 <= on[1] <= 12 or not 1 <= on[2] <= _MONTH_DAYS[on[1] - 1]:
+        raise ValueError("not a real day")
+    if on[1:] == (2, 29) and not calendar.isleap(on[0]):  # pure arithmetic: any year
+        raise ValueError("not a real day")
+    if not _POSTGRES_FIRST_DAY <= on <= _POSTGRES_LAST_DAY[kind]:
+        raise ValueError("a day PostgreSQL does not hold")
+    if time is None:
+        return value
+    datetime.time.fromisoformat(time)  # ValueError: hour 24, minute 60...
+    return f"{year}-{month}-{day} {time}{zone}{bc or ''}"
+
+
+def _beyond_python(carry: Passing, kind: str, zone: str = "") -> Passing:
+    """``carry``, and a value it refuses taken when it is PostgreSQL's text of a day beyond
+    Python's years (``_postgres_day``): a BC date, year 10000 on."""
+
+    def convert(value: Any) -> Any:
+        try:
+            return carry.convert(value)
+        except ValueError:
+            return _postgres_day(value, kind, zone)
+
+    return Passing(convert, carry.unchanged, carry.in_bulk)
+
+
+postgres_date = _beyond_python(iso_date_or_infinite, "date")
+postgres_timestamp = _beyond_python(instant_as_utc_or_infinite, "timestamp")
+postgres_timestamptz = _beyond_python(utc_instant, "timestamp", "+00:00")
+"""PostgreSQL's carriers of its dates and timestamps: every day it holds, BC and year 10000
+on included, as a PostgreSQL source sends them; a timestamp with time zone in UTC."""
 
 
 ENGINE_CARRIERS: dict[str, Carry] = {

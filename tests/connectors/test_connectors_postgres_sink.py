@@ -17,8 +17,15 @@ import psycopg
 import pytest
 from helpers.postgres_server import postgres_url
 from helpers.routes import Route
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from dpone_native_transfer import PostgresSink, PostgresSource, SQLiteSource
+from dpone_native_transfer.column_types import (
+    postgres_date,
+    postgres_timestamp,
+    postgres_timestamptz,
+)
 from dpone_native_transfer.errors import (
     ConfigInvalid,
     SchemaChanged,
@@ -881,3 +888,73 @@ def test_a_run_connects_once_for_its_checks_and_its_target_call(route, monkeypat
     assert len(handed) >= 4 and len(opened) <= 2, (len(handed), len(opened))
     assert all(conn.closed for conn in opened)
     assert route.target_rows() == route.source_rows()
+
+
+# --- days beyond Python's years ------------------------------------------------------------
+
+_CARRIERS_BY_TYPE = {
+    "date": postgres_date,
+    "timestamp": postgres_timestamp,
+    "timestamptz": postgres_timestamptz,
+}
+
+
+@st.composite
+def postgres_day_texts(draw) -> str:
+    """Texts of PostgreSQL's own form around its range's ends, leap days and BC years."""
+    year = draw(st.integers(0, 6_000_000) | st.sampled_from([0, 1, 44, 45, 4713, 4714, 10000]))
+    year_text = f"{year:04d}" if year < 294_280 else str(year)
+    month, day = draw(st.integers(0, 13)), draw(st.integers(0, 32))
+    text = f"{year_text}-{month:02d}-{day:02d}"
+    time = draw(st.sampled_from(["", "", " 10:00:00", " 23:59:59.999999", " 24:00:00", " 7:00"]))
+    offset = draw(st.sampled_from(["", "+00", "Z", "+00:00", "+05"])) if time else ""
+    return text + time + offset + draw(st.sampled_from(["", " BC"]))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=postgres_day_texts(), pg_type=st.sampled_from(sorted(_CARRIERS_BY_TYPE)))
+@example(text="4714-11-24 BC", pg_type="date")
+@example(text="4714-11-23 BC", pg_type="date")
+@example(text="5874897-12-31", pg_type="date")
+@example(text="5874898-01-01", pg_type="date")
+@example(text="0045-02-29 BC", pg_type="date")
+@example(text="0044-02-29 BC", pg_type="date")
+@example(text="11900-02-29", pg_type="date")
+@example(text="12000-02-29", pg_type="date")
+@example(text="4714-11-23 23:59:59 BC", pg_type="timestamp")
+@example(text="294276-12-31 23:59:59.999999", pg_type="timestamp")
+@example(text="294277-01-01 00:00:00", pg_type="timestamp")
+@example(text="294276-12-31 23:59:59.999999+00", pg_type="timestamptz")
+@example(text="0001-01-01 00:00:00+00 BC", pg_type="timestamptz")
+def test_postgres_carriers_take_the_days_postgresql_holds_and_keep_each_one(
+    postgres_dsn, text, pg_type
+):
+    """A day beyond Python's years (BC, year 10000 on) is carried when PostgreSQL holds it
+    as the same value, and refused when PostgreSQL would not read it, or read it as another
+    value (a date's time dropped): PostgreSQL's own parser is the judge. Refused though
+    PostgreSQL reads them: hour 24, an hour of one digit, an offset other than zero, and a
+    timestamp without its time, beyond Python's years."""
+    carry = _CARRIERS_BY_TYPE[pg_type]
+    try:
+        carried = carry(text)
+    except ValueError:
+        carried = None
+    with contextlib.closing(psycopg.connect(postgres_dsn, autocommit=True)) as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+
+        def held(value: str, read_as: str = pg_type) -> str | None:
+            try:
+                return conn.execute(f"SELECT (%s::{read_as})::text", [value]).fetchone()[0]
+            except psycopg.errors.DataError:
+                return None
+
+        # a text with an offset is an instant: into a timestamp, its wall time in UTC
+        offset = pg_type == "timestamp" and any(z in text for z in ("+00", "Z", "+05"))
+        as_postgres_reads_it = held(text, "timestamptz AT TIME ZONE 'UTC'" if offset else pg_type)
+        if carried is not None:
+            assert held(carried) == as_postgres_reads_it is not None
+            if pg_type == "date":
+                assert ":" not in text  # PostgreSQL would drop the time
+        elif as_postgres_reads_it is not None:  # refused only outside the forms carried
+            a_form_not_carried = (":" in text) == (pg_type == "date")  # a date's time, or none
+            assert a_form_not_carried or any(odd in text for odd in (" 24:", " 7:", "+05"))

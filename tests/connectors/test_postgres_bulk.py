@@ -403,6 +403,30 @@ def test_postgres_into_postgres_of_the_same_types_passes_the_copy_bytes_through(
     assert [row[names.index("n2")] for row in source] == ["9999999999.99", "NaN", None]
 
 
+BEYOND_PYTHONS_YEARS = [
+    ("d", "date", "'4713-01-01 BC'", "'5874897-12-31'"),
+    ("ts", "timestamp", "'4713-01-01 00:00:00 BC'", "'294276-12-31 23:59:59.999999'"),
+    ("tz", "timestamptz", "'0045-02-29 10:00:00.5+00 BC'", "'12000-02-29 10:00:00+00'"),
+]
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact"])
+def test_postgres_days_beyond_pythons_years_load_exactly_on_every_row_path(
+    tmp_path, postgres_schema, path
+):
+    """BC days and years past 9999, carried as rows (the target makes ``id`` a bigint, so no
+    byte copy), load as they are, as lazy-plan loads them; they were refused before the
+    target as values PostgreSQL cannot hold."""
+    table = make_table(postgres_schema, BEYOND_PYTHONS_YEARS, index=False)
+    done = run(tmp_path, postgres_schema, table, path, postgres_target(postgres_schema, "copy"))
+    assert done.returncode == 0, done.stderr
+    names = ["id", "p", *(c[0] for c in BEYOND_PYTHONS_YEARS)]
+    copied = postgres_texts(postgres_schema, "copy", names)
+    assert copied == postgres_texts(postgres_schema, "src", names)
+    bc = ("4713-01-01 BC", "4713-01-01 00:00:00 BC", "0045-02-29 10:00:00.5+00 BC")
+    assert copied[0][2:] == bc
+
+
 def test_a_target_of_other_types_takes_no_copy_bytes(tmp_path, postgres_schema):
     """The target's own types decide: a table made with a wider numeric takes Arrow files
     (``copy_types`` is empty), and a source whose types differ writes no binary file."""

@@ -40,9 +40,9 @@ from ..column_types import (
     decimal_text,
     exact_decimal,
     exact_text,
-    instant_as_utc_or_infinite,
-    iso_date_or_infinite,
-    utc_instant,
+    postgres_date,
+    postgres_timestamp,
+    postgres_timestamptz,
     without_nul,
 )
 from ..drivers import (
@@ -158,9 +158,9 @@ _CARRIERS: dict[str, Carry] = {
     "any": without_nul(exact_text),
     "interval": without_nul(exact_text),
     "decimal": decimal_text,
-    "date": iso_date_or_infinite,
-    "timestamp": instant_as_utc_or_infinite,
-    "timestamptz": utc_instant,  # never the worker's time zone
+    "date": postgres_date,  # BC and year 10000 on included
+    "timestamp": postgres_timestamp,
+    "timestamptz": postgres_timestamptz,  # never the worker's time zone
 }
 
 # A table's columns by its exact schema and name (never to_regclass(), which fails in a
