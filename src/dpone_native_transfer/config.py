@@ -476,8 +476,14 @@ def _source(table: Mapping[str, Any], folder: Path, strategy: Strategy) -> Sourc
         raise _invalid("source.partition_rows", 'needs partition_by = "range"')
     key = table.get("partition_column")
     if key is None:
-        if by != "range" or kind.range_key is None:
+        if by != "range":
             raise _invalid("source.partition_column", "is required but missing")
+        if kind.range_key is None:  # a server's table: no key is looked up before a run
+            raise _invalid(
+                "source.partition_column",
+                f"is required for a {_kind_name(table)} source: name the column whose values "
+                "are the partitions, or the key to cut into ranges (its integer primary key)",
+            )
         key = _imported(kind.range_key)(location, table["table"])
     rows = table.get("partition_rows", DEFAULT_PARTITION_ROWS) if by == "range" else None
     windowed = by == "range" and strategy is not Strategy.MERGE

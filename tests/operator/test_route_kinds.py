@@ -235,6 +235,23 @@ def test_a_mapping_route_builds_the_same_connectors(tmp_path, monkeypatch):
     assert "secret" not in repr(config.source)
 
 
+def test_a_postgres_source_without_a_partition_column_is_told_what_to_name(tmp_path, monkeypatch):
+    """A SQLite table's rowid is found by itself; a server's table is not looked up before a
+    run, so its route names the column (the README's example leaves it out)."""
+    monkeypatch.setenv("DPONE_TEST_SOURCE", "postgresql://u:secret@127.0.0.1:1/db")
+    route = {
+        "source": {"kind": "postgres", "dsn": "env:DPONE_TEST_SOURCE", "table": "orders"},
+        "target": {"kind": "duckdb", "path": "t.duckdb", "table": "orders_copy"},
+        "transfer": {"strategy": "full_refresh", "path": "legacy"},
+        "store": {"path": "c.db"},
+    }
+    with pytest.raises(ConfigInvalid) as info:
+        route_config_from_mapping(route, base_dir=tmp_path)
+    assert info.value.diagnostics == {"key": "source.partition_column"}
+    assert "is required for a postgres source" in info.value.message
+    assert "integer primary key" in info.value.message
+
+
 KIND_ERRORS = [
     # (source lines, target lines, key, what the message says)
     (SQLITE_SOURCE, 'kind = "oracle"\npath = "t.db"', "target.kind", "one of: sqlite, duckdb"),
