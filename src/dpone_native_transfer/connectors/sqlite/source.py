@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -60,6 +61,8 @@ from .ranges import RangeRoute
 __all__ = ["SQLiteSource", "integer_primary_key"]
 
 _KINDS = {"integer": "numbers", "real": "numbers"}  # SQLite compares the two as numbers
+# a watermark a SQLite text timestamp cursor left: its day, separator and time, then any suffix
+_TIMESTAMP_TEXT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}", re.ASCII)
 
 
 def integer_primary_key(path: str, table: str) -> str:
@@ -479,7 +482,37 @@ class SQLiteSource(TableSource):
                     "all be numbers or all be text: fix the column or choose another",
                     diagnostics={"table": self.table, "column": self.cursor_column},
                 )
+            if isinstance(after, str) and _TIMESTAMP_TEXT.match(after):
+                self._refuse_two_spellings(conn, cursor, after)
             return conn.execute(sql, params).fetchone()[0]
+
+    def _refuse_two_spellings(self, conn: sqlite3.Connection, cursor: str, after: str) -> None:
+        """SQLite orders timestamp texts as texts: after a watermark ``2024-01-05T10:00:00``,
+        a row written ``2024-01-05 11:00:00`` (``' '`` sorts below ``'T'``) falls below it and
+        was never loaded, exit 0; so did ``10:00:00.5Z`` after ``10:00:00Z``. Only a row of
+        the watermark's own day can: earlier days sort below and later ones above in any
+        spelling. So that day's rows (a range of the cursor's index) must share the
+        watermark's separator and zone suffix, and with a suffix its fraction's length."""
+        rest = after[19:]
+        zone = rest.lstrip(".0123456789")  # '', 'Z', '+02:00'...
+        rest_of, day = f"substr({cursor}, 20)", after[:10]
+        zone_of = f"ltrim({rest_of}, '.0123456789')"
+        other = conn.execute(
+            f"SELECT 1 FROM {_quote(self.table)} WHERE {cursor} >= ? AND {cursor} < ?"
+            f" AND length({cursor}) > 10 AND (substr({cursor}, 11, 1) <> ? OR {zone_of} <> ?"
+            f" OR (? <> '' AND length({rest_of}) - length({zone_of}) <> ?)) LIMIT 1",
+            (day, day + "\U0010ffff", after[10], zone, zone, len(rest) - len(zone)),
+        ).fetchone()
+        if other is not None:
+            raise ConfigInvalid(
+                f"cursor column {self.cursor_column!r} of source table {self.table!r} holds "
+                "timestamps written more than one way on the watermark's day ('T' or ' ' "
+                "between date and time, another zone suffix, or before one a fraction of "
+                "another length); SQLite orders them as text, "
+                "so rows later in time would fall below the watermark and never load: write "
+                "one spelling, or read the column through a view that writes one",
+                diagnostics={"table": self.table, "column": self.cursor_column},
+            )
 
     def select_sql(
         self,
