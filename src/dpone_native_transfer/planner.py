@@ -154,7 +154,11 @@ def route_merge(
     if missing:
         raise _merge_invalid("source.primary_key", f"names no column of the source: {missing}")
     if deleted_column is not None:
-        if kinds.get(deleted_column) not in _DELETED_KINDS:
+        if deleted_column not in kinds:  # names match exactly, as the key's do
+            raise _merge_invalid(
+                "source.deleted_column", f"names no column of the source: {deleted_column!r}"
+            )
+        if kinds[deleted_column] not in _DELETED_KINDS:
             raise _merge_invalid(
                 "source.deleted_column",
                 "must name a boolean or integer column of the source (true or non-zero: deleted)",

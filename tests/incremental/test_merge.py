@@ -615,6 +615,21 @@ def test_merge_is_refused_where_it_cannot_run(tmp_path):
     assert not (tmp_path / "target.db").exists()
 
 
+@pytest.mark.parametrize("deleted", ["nope", "GONE"])
+def test_a_deleted_column_the_source_lacks_is_named_as_missing(tmp_path, deleted):
+    """Names match exactly, as the key's do: a deleted column the source lacks (or spelled in
+    another case) is said to be missing, not of the wrong kind."""
+    make_events(tmp_path)
+    route = write_route(
+        tmp_path, Target("sqlite", tmp_path), table="events", path="legacy",
+        partition_column="region", cursor_column="v", primary_key=list(KEY),
+        deleted_column=deleted,
+    )  # fmt: skip
+    done = run(route)
+    assert done.returncode == 2 and "native_transfer_config_invalid" in done.stderr
+    assert f"source.deleted_column names no column of the source: {deleted!r}" in done.stderr
+
+
 def test_odd_key_column_names_merge(tmp_path, target):
     """Quotes, spaces, a percent sign and unicode in the key's and cursor's names."""
     with _sqlite(tmp_path / "source.db") as db:
@@ -1303,6 +1318,17 @@ _REFUSED = [
      " CREATE UNIQUE INDEX by_id ON events (id)"),
     ("postgres", "a unique constraint narrower than the merge's",
      "CREATE TABLE events (tenant text, id bigint UNIQUE, region text, v bigint, status text)"),
+    ("postgres", "a key of type name, which cuts a text at 63 bytes",
+     "CREATE TABLE events (tenant name, id bigint, region text, v bigint, status text)"),
+    ("postgres", "a key of a collation that normalises",
+     "CREATE COLLATION nd3 (provider = icu, locale = 'und-u-ks-level3', deterministic = false);"
+     " CREATE TABLE events (tenant text COLLATE nd3, id bigint, region text, v bigint,"
+     " status text)"),
+    ("duckdb", "a key collated NFC",
+     "CREATE TABLE events (tenant VARCHAR COLLATE NFC, id BIGINT, region VARCHAR, v BIGINT,"
+     " status VARCHAR)"),
+    ("duckdb", "a key of FLOAT, which rounds an integer",
+     "CREATE TABLE events (tenant VARCHAR, id FLOAT, region VARCHAR, v BIGINT, status VARCHAR)"),
     ("postgres", "a key of a type without = against the source's",
      "CREATE TABLE events (tenant text, id uuid, region text, v bigint, status text)"),
     ("clickhouse", "a plain MergeTree table (an append route's)",
@@ -1391,6 +1417,42 @@ def test_a_target_table_a_merge_cannot_run_on_is_refused_before_the_target(
     _make(target, "DROP VIEW events" if "view" in shape else "DROP TABLE events")
     assert run(route).returncode == 0
     check_target(target, source)
+
+
+_COARSER_CURSOR = {
+    "postgres": "CREATE TABLE t (k bigint PRIMARY KEY, p bigint, u timestamp(0), v text)",
+    "duckdb": "CREATE TABLE t (k BIGINT PRIMARY KEY, p BIGINT, u TIMESTAMP_S, v VARCHAR)",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_COARSER_CURSOR))
+def test_a_cursor_column_made_coarser_by_hand_is_refused_before_the_target(request, tmp_path, kind):
+    """A hand-made cursor column that rounds (``timestamp(0)``, ``TIMESTAMP_S``) kept
+    ``10:00:01`` for ``10:00:00.6``; the newer ``10:00:00.9`` then looked older, and was
+    never merged (exit 0). Refused before the target, naming the column; merged exactly
+    into a table of the type dpone makes."""
+    target = _merging_target(request, tmp_path, kind)
+    _make(target, _COARSER_CURSOR[kind])
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("CREATE TABLE t (k INTEGER, p INTEGER, u TIMESTAMP, v TEXT)")
+        db.execute("INSERT INTO t VALUES (1, 1, '2024-01-01 10:00:00.6', 'a')")
+        db.commit()
+    route = write_route(
+        tmp_path, target, table="t", path="legacy", partition_column="p", cursor_column="u",
+        primary_key=["k"],
+    )  # fmt: skip
+    done = run(route)
+    assert done.returncode == 2, done.stderr
+    assert "native_transfer_config_invalid" in done.stderr and "'u'" in done.stderr
+    assert "does not keep every source value" in done.stderr and "10:00" not in done.stderr
+    assert target.rows("t", ("k",)) == []
+    _make(target, "DROP TABLE t")
+    assert run(route).returncode == 0
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("UPDATE t SET u = '2024-01-01 10:00:00.9', v = 'a2'")
+        db.commit()
+    assert run(route).returncode == 0
+    assert target.rows("t", ("k", "v")) == [(1, "a2")]
 
 
 _COLUMNS_MADE = ("seq Nullable(Int64), tenant Nullable(String), id Nullable(Int64), region"

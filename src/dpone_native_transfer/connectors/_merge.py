@@ -265,7 +265,9 @@ def upsert_statements(
 # Pairs of texts a key tells apart (Python does, and so does the batch's winner ranking):
 # a target key column whose comparison finds one pair equal (a case- or accent-insensitive
 # collation, trailing spaces ignored, citext) would meet two batch keys as one target key.
-_TOLD_APART = (("a", "A"), ("e", "\u00e9"), ("a", "a "))
+# An ``é`` composed and decomposed (``e`` and U+0301): a collation that normalises (DuckDB's
+# NFC, a nondeterministic ICU one) meets them as one key.
+_TOLD_APART = (("a", "A"), ("e", "\u00e9"), ("a", "a "), ("\u00e9", "e\u0301"))
 
 
 NARROWER = "a primary key or unique constraint of the table holds only part of the merge's key"
@@ -357,6 +359,31 @@ def _typed_as(column: str, target: str, text: str) -> str:
         f"SELECT count(*) FROM (SELECT {column} AS dpone_key FROM {target}"
         f" WHERE 1 = 0 UNION ALL SELECT '{text}') AS dpone_probe"
     )
+
+
+INEXACT_TYPE = (
+    "a key or cursor column's type does not keep every source value as it is (it rounds, "
+    "cuts or normalises some), so two keys could meet as one or an older version be kept"
+)
+
+
+def inexactly_held(
+    merge: Merge,
+    columns: Sequence[Column],
+    target_types: Mapping[str, str],
+    holds: Callable[[Column, str], bool],
+) -> str | None:
+    """The first key or cursor column whose target type (``target_types``, by the batch's
+    column name; a column the table lacks is left to the schema check) ``holds`` says does
+    not keep each source value as it is, or None. A hand-made ``timestamp(0)`` cursor kept
+    ``10:00:01`` for ``10:00:00.6``, and a newer ``10:00:00.9`` lost (exit 0); a ``name`` key
+    cut two 64-byte keys to one."""
+    compared = (*merge.key, merge.version)
+    for column in columns:
+        target_type = target_types.get(column.name)
+        if column.name in compared and target_type is not None and not holds(column, target_type):
+            return column.name
+    return None
 
 
 LOOSE_VERSION = (

@@ -82,11 +82,13 @@ from ..payloads import Column, LoadFile, LoadFiles, LoadPlan, Merge, RowChunks
 from ..rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from ._arrow import arrow, check_widths, csv_blocks
 from ._merge import (
+    INEXACT_TYPE,
     LOOSE_KEY,
     LOOSE_VERSION,
     MERGE_BATCH,
     MERGE_WINNERS,
     NARROWER,
+    inexactly_held,
     key_constraint,
     loosely_compared_key,
     loosely_ordered_version,
@@ -365,6 +367,26 @@ def _driver() -> Any:
     return import_driver("psycopg", needed_by="PostgresSink")
 
 
+def _holds_exactly(column: Column, target_type: str) -> bool:
+    """Whether a merge's key or cursor column of ``target_type`` keeps each source value as
+    it is: the type dpone makes or the source's own, a whole number for an integer, any
+    varchar for text (a value too big or too long fails the load; none is rounded or cut).
+    ``name`` cuts at 63 bytes, ``timestamp(0)`` and ``numeric(p,s)`` round, ``real`` too."""
+    if target_type in (postgres_type(column), column.decltype):
+        return True
+    if column.kind in ("integer", "decimal") and target_type == "numeric":
+        return True  # every value fits
+    if column.kind == "integer":
+        return (
+            target_type in _WHOLE_TYPES
+            or re.fullmatch(r"numeric\(\d+,0\)", target_type) is not None
+        )
+    return column.kind == "text" and target_type.startswith("character varying")
+
+
+_WHOLE_TYPES = frozenset({"bigint", "integer", "smallint"})
+
+
 def _whole(target_type: str) -> bool:
     """A ``numeric(p,0)`` that holds every bigint (p >= 19)."""
     found = re.fullmatch(r"numeric\((\d+),0\)", target_type)
@@ -560,7 +582,11 @@ class PostgresSink(Sink, EnginePull):
             version = loosely_ordered_version(
                 count, table, merge, columns, name=_name, collate=BYTE_ORDER
             )
-            return None if version is None else (LOOSE_VERSION, version)
+            if version is not None:
+                return LOOSE_VERSION, version
+            held = dict(_columns(conn, self._target))
+            inexact = inexactly_held(merge, columns, held, _holds_exactly)
+            return None if inexact is None else (INEXACT_TYPE, inexact)
 
         found = self._outside_call(problem)
         if found is not None:

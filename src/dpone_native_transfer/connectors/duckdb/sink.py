@@ -54,11 +54,12 @@ from ...payloads import Column, LoadFile, LoadFiles, LoadPlan, Merge, RowChunks
 from ...rejects import REJECTS_TABLE, rejects_query, rejects_table_sql, write_rejects
 from .._arrow import arrow
 from .._merge import (
+    INEXACT_TYPE,
     LOOSE_KEY,
     LOOSE_VERSION,
     MERGE_BATCH,
     NARROWER,
-    asks,
+    inexactly_held,
     key_constraint,
     loosely_compared_key,
     loosely_ordered_version,
@@ -139,6 +140,22 @@ _RESERVED_SCHEMAS = ("temp", "system", "information_schema", "pg_catalog")
 _NARROW_INTEGERS = frozenset(
     {"TINYINT", "SMALLINT", "INTEGER", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
 )
+
+
+def _holds_exactly(column: Column, target_type: str, made: str) -> bool:
+    """Whether a merge's key or cursor column of ``target_type`` keeps each source value as
+    it is: the type dpone makes (``made``, DuckDB's spelling), any integer for an integer
+    (too big a value fails the load), text for text (a collation is checked apart).
+    ``FLOAT`` rounds an integer above 2**24, ``TIMESTAMP_S`` a timestamp's fraction."""
+    if target_type == made:
+        return True
+    if column.kind == "integer":
+        return (
+            target_type in _NARROW_INTEGERS
+            or target_type == "HUGEINT"
+            or bool(re.fullmatch(r"DECIMAL\(\d+,0\)", target_type))
+        )
+    return column.kind == "text" and target_type == "VARCHAR"
 
 
 def _whole(target_type: str) -> bool:
@@ -223,8 +240,6 @@ class DuckDBSink(FileTarget, EnginePull):
         refuse_text_compared(
             merge, columns, kept_as_text=lambda c: duckdb_type(c) == "VARCHAR", target="DuckDB"
         )
-        if not asks(merge, columns):
-            return
         with self._reader() as conn:
             if conn is None or not _table_exists(conn, self._target):
                 return
@@ -234,12 +249,23 @@ class DuckDBSink(FileTarget, EnginePull):
             def count(sql: str) -> int:
                 return int(conn.execute(sql).fetchone()[0])
 
+            def holds(column: Column, target_type: str) -> bool:
+                made = conn.execute(f"SELECT typeof(CAST(NULL AS {duckdb_type(column)}))")
+                return _holds_exactly(column, target_type, made.fetchone()[0])
+
             column = loosely_compared_key(count, self._target.sql(), merge, columns)
             version = loosely_ordered_version(count, self._target.sql(), merge, columns)
+            held = {fold_ascii(row[0]): row[1] for row in _described(conn, self._target.sql())}
+            typed = {
+                c.name: held[fold_ascii(c.name)] for c in columns if fold_ascii(c.name) in held
+            }
+            inexact = inexactly_held(merge, columns, typed, holds)
         if column is not None:
             raise unmergeable(self.table, LOOSE_KEY, column=column)
         if version is not None:
             raise unmergeable(self.table, LOOSE_VERSION, column=version)
+        if inexact is not None:
+            raise unmergeable(self.table, INEXACT_TYPE, column=inexact)
 
     def holding_connection(self) -> contextlib.AbstractContextManager[None]:
         """The attempt's calls share one open of the file (``connect.target_connection``), as
