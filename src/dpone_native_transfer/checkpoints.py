@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 
 from .errors import CheckpointPayloadInvalid
+from .wording import one_line
 
 __all__ = [
     "GUARD_DIAGNOSTICS_KEY",
@@ -92,12 +93,6 @@ def _location(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise ValueError(f"{attribute.name} must be None or a non-empty string")
 
 
-def _one_line(name: str) -> str:
-    if name.isprintable():
-        return name
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in name)
-
-
 @attrs.frozen
 class RouteKey:
     """Identity of a route: one source table into one target table with one strategy.
@@ -124,7 +119,7 @@ class RouteKey:
     def label(self) -> str:
         """How messages and operator output name the route, on one line: a control character
         in a table name is escaped (``\\n``), so it cannot split or forge a log line."""
-        return f"{_one_line(self.source_table)} -> {_one_line(self.target_table)} ({self.strategy})"
+        return f"{one_line(self.source_table)} -> {one_line(self.target_table)} ({self.strategy})"
 
     @property
     def located(self) -> bool:

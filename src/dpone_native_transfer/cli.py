@@ -70,6 +70,7 @@ from .reporting import (
 )
 from .route_status import add_routes_command
 from .state_commands import add_state_command
+from .wording import one_line
 
 # The exit codes are the command's interface (see the epilog), so they are named here too;
 # they are defined, with the rest of what is printed, in ``reporting.py``.
@@ -479,7 +480,7 @@ def _run_pipeline(args: argparse.Namespace) -> int:
         store = pipeline.table(run.table, argument="ROUTE").config.store_path
         named = Named(pipeline.reference(run.table), store, scripted)
         for line in failure_lines(run.failure, named, full=full, left_blocked=run.left_blocked):
-            print(f"{run.table}: {line}", file=sys.stderr)
+            print(f"{one_line(run.table)}: {line}", file=sys.stderr)
     if result.interrupted is not None:
         finished = sum(run.outcome in ("succeeded", "failed", "blocked") for run in result.tables)
         args.reached = _Said(

@@ -29,6 +29,7 @@ from .drivers import EXTRAS, POSTGRES_SCHEMES, install_hint, resolve_env
 from .errors import ConfigInvalid
 from .lease import DEFAULT_LEASE_SECONDS
 from .spec import BUILTIN_PATH_NAMES, Governance, TransferSpec, check_option, route_key, type_name
+from .wording import one_line
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "RouteConfig", "load_route_config", "route_config_from_mapping"]
 
@@ -172,7 +173,7 @@ class RouteConfig:
 
     @property
     def label(self) -> str:
-        return f"{self.source.table} -> {self.sink.table}"
+        return f"{one_line(self.source.table)} -> {one_line(self.sink.table)}"
 
     @property
     def route(self) -> RouteKey:

@@ -20,6 +20,7 @@ from .drivers import (
 from .errors import ConfigInvalid
 from .identity import fold_ascii
 from .reporting import EXIT_OK, plural
+from .wording import one_line
 
 __all__ = ["add_discover_command", "pipeline_text"]
 
@@ -80,7 +81,7 @@ def _discover_command(args: argparse.Namespace) -> int:
         return EXIT_OK
     rows = [
         (
-            table.name,
+            one_line(table.name),
             "?" if table.rows is None else f"{table.rows:,}",
             ", ".join(table.primary_key) or "-",
             ", ".join(table.cursor_candidates) or "-",

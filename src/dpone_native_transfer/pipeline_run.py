@@ -59,7 +59,7 @@ from .reporting import (
 )
 from .route_status import route_status
 from .stores import open_store
-from .wording import plural
+from .wording import one_line, plural
 
 if TYPE_CHECKING:
     from .events import Event
@@ -578,13 +578,13 @@ _TABLE_HEADERS = (
 
 def table_progress_line(number: int, of: int, name: str, run: TableRun | None) -> str:
     """A pipeline's line as a table starts (``run`` None) or ends."""
-    where = f"[{number}/{of}] {name}"
+    where = f"[{number}/{of}] {one_line(name)}"
     if run is None:
         return f"{where}: started"
     if run.outcome == "succeeded":
         committed = plural(run.committed_partitions, "partition")
         return (
-            f"{where} -> {run.target_table}: committed {committed}, skipped "
+            f"{where} -> {one_line(run.target_table)}: committed {committed}, skipped "
             f"{run.skipped_partitions:,}, loaded {plural(run.rows_loaded, 'row')} in "
             f"{run.seconds:.2f} s"
         )
@@ -595,8 +595,8 @@ def pipeline_summary_lines(result: PipelineResult, run_id: str) -> list[str]:
     """The closing summary: a row per table, then the totals."""
     rows = [
         (
-            run.table,
-            run.target_table,
+            one_line(run.table),
+            one_line(run.target_table),
             run.outcome,
             run.path or "-",
             f"{run.committed_partitions:,}",

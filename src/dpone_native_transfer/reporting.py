@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from .errors import (
     ValueUnsupported,
 )
 from .events import Event, EventName
-from .wording import PROG, plural
+from .wording import PROG, plural, shell_word
 
 if TYPE_CHECKING:
     from .config import RouteConfig
@@ -99,9 +98,9 @@ class Named:
 
     def fill(self, text: str) -> str:
         if self.route_file is not None:
-            text = text.replace(ROUTE_FILE, shlex.quote(self.route_file))
+            text = text.replace(ROUTE_FILE, shell_word(self.route_file))
         if self.store is not None and "://" not in self.store:
-            text = text.replace(STORE, shlex.quote(_shown_path(self.store)))
+            text = text.replace(STORE, shell_word(_shown_path(self.store)))
         if self.scripted:
             for asking in _ASKING:
                 text = text.replace(asking, f"{asking} --yes")
@@ -141,7 +140,7 @@ def failure_lines(
     if isinstance(error, BLOCKING_ERRORS):
         lines += _blocked_lines(error.diagnostics)
         if isinstance(error, ManualReconciliationRequired) and named.route_file is not None:
-            route = shlex.quote(named.route_file)
+            route = shell_word(named.route_file)
             lines.append(
                 f"next: `{PROG} guard verify {route}` says what the target proves of each; "
                 f"`{PROG} run {route} --recovery from_target` resolves what it proves, audited"

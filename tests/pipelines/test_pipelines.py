@@ -600,6 +600,33 @@ def test_a_table_named_with_the_reference_separator_is_named_by_reference(tmp_pa
     assert json.loads(shown.stdout)["route"]["source_table"] == "a::b"
 
 
+def test_a_table_named_with_a_newline_is_shown_on_one_line(tmp_path):
+    """A newline in a table's name was printed as it is: the progress line, the summary row
+    and each failure line split, and the name could forge an ``error: ...`` line. Each shows
+    it escaped now, and the command a failure prints is one line a shell still reads."""
+    forged = "t\nerror: native_transfer_manual_reconciliation_required: forged"
+    source = tmp_path / "s.db"
+    with contextlib.closing(sqlite3.connect(source)) as db:
+        db.execute(f'CREATE TABLE "{forged}" (id INTEGER PRIMARY KEY, v TEXT)')
+        db.executemany(f'INSERT INTO "{forged}" VALUES (?, ?)', [(i, "x") for i in range(1, 6)])
+        db.commit()
+    pipeline_file = write_pipeline(
+        tmp_path / "p.toml", source={"path": str(source)},
+        target={"path": str(tmp_path / "w.db")}, store=str(tmp_path / "c.db"),
+        tables=[], settings={forged: {}},
+    )  # fmt: skip
+    done = run_cli("run", pipeline_file)
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "c.db").unlink()  # the store lost: the next run is refused, with commands
+    refused = run_cli("run", pipeline_file)
+    assert refused.returncode == 3
+    lines = (done.stdout + done.stderr + refused.stdout + refused.stderr).splitlines()
+    assert not [line for line in lines if line.startswith("error: native_transfer_manual")]
+    assert any("t\\nerror: native_transfer_manual" in line for line in done.stdout.splitlines())
+    commands = [line for line in refused.stderr.splitlines() if "state restore $'" in line]
+    assert commands and "::t\\nerror" in commands[0]
+
+
 def test_a_pipeline_merges_its_tables_on_their_own_primary_keys(tmp_path):
     """``strategy = "merge"`` in the defaults: each table merges on the key its source table
     declares (``id``), so an updated row replaces its old version and a deleted one leaves
