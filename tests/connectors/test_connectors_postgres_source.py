@@ -861,3 +861,69 @@ def test_a_cursor_compared_without_regard_to_case_is_refused_before_the_target(
         )  # fmt: skip
     assert refused.value.diagnostics["key"] == "source.cursor_column"
     assert not (tmp_path / "t.db").exists()
+
+
+def _cursor_table(table: Table, kind: str, values: list[Any]) -> None:
+    table.execute(f'CREATE TABLE "{table.schema}".readings (id integer, p integer, c {kind})')
+    add_readings(table, values, start=1)
+
+
+def add_readings(table: Table, values: list[Any], *, start: int) -> None:
+    rows = [(start + n, n % 2, value) for n, value in enumerate(values)]
+    with contextlib.closing(psycopg.connect(table.dsn, autocommit=True)) as conn:
+        sql = f'INSERT INTO "{table.schema}".readings VALUES (%s, %s, %s)'
+        conn.cursor().executemany(sql, rows)
+
+
+@pytest.mark.parametrize("path", ["legacy", "staged", "lazy-plan"])
+def test_a_real_cursor_is_compared_as_a_real_and_loads_every_row_once(tmp_path, table, path):
+    """A ``real`` cursor's values are read from their text (0.1, 0.3) and were bound as
+    doubles: the column's 0.3 (0.30000001 as a double) was above a window's top of 0.3 and
+    the row never loaded, exit 0; 0.1 rows sat outside the window and the edge alike. Each
+    is compared as a ``real`` now. lazy-plan pulls into PostgreSQL through the same bounds."""
+    _cursor_table(table, "real", [0.05, 0.1])
+    runs = iter(["r1", "r2", "r3"])
+    sink: Any = SQLiteSink(tmp_path / "target.db", "readings")
+    if path == "lazy-plan":
+        from dpone_native_transfer.connectors.postgres_sink import PostgresSink
+
+        sink = PostgresSink(table.url, f"{table.schema}.readings_copy")
+    source = PostgresSource(table.url, f"{table.schema}.readings", "p", "c")
+    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
+    try:
+        runtime = TransferRuntime(store)
+
+        def run() -> Any:
+            spec = TransferSpec(
+                source=source, sink=sink, strategy="incremental_append", path=path,
+                run_id=next(runs),
+            )  # fmt: skip
+            return runtime.run(spec)
+
+        run()
+        add_readings(table, [0.1, 0.3], start=3)
+        run()
+        assert run().rows_loaded == 0
+    finally:
+        store.close()
+    assert sorted(row[0] for row in sink.rows()) == [1, 2, 3, 4]
+
+
+def test_a_numeric_cursor_holding_nan_is_refused_before_the_target(tmp_path, table):
+    """PostgreSQL orders NaN above every number: a window ending at NaN reloaded its row on
+    every run (the target gained a copy each time, exit 0) and rows added later never
+    loaded. Refused, naming the column and no value."""
+    _cursor_table(table, "numeric", [decimal.Decimal(v) for v in ("1", "NaN", "2")])
+    source = PostgresSource(table.url, f"{table.schema}.readings", "p", "c")
+    sink = SQLiteSink(tmp_path / "target.db", "readings")
+    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
+    try:
+        spec = TransferSpec(
+            source=source, sink=sink, strategy="incremental_append", path="legacy", run_id="r1"
+        )
+        with pytest.raises(ConfigInvalid) as info:
+            TransferRuntime(store).run(spec)
+    finally:
+        store.close()
+    assert info.value.diagnostics == {"table": f"{table.schema}.readings", "column": "c"}
+    assert "NaN" in info.value.message and not (tmp_path / "target.db").exists()

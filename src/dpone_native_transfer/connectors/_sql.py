@@ -240,7 +240,7 @@ def bounds_where(
     *,
     partition_column: str,
     cursor_column: str | None,
-    marker: str,
+    marker: str | Callable[[Predicate], str],
     name: Callable[[str], str] = quote,
 ) -> tuple[str, list[Any]]:
     """The condition selecting one partition's rows, with ``marker`` placeholders, and its values.

@@ -55,7 +55,7 @@ from ..drivers import (
 )
 from ..errors import ConfigInvalid, NativeTransferError, SourceAccessRefused, SourceInvalid
 from ..identity import TableIdentity, server_location
-from ..payloads import Column, LoadFile, SourceShape, bound_predicates
+from ..payloads import Column, LoadFile, Predicate, SourceShape, bound_predicates
 from ._arrow import arrow, read_together, write_tagged_batches
 from ._sql import (
     RANGE_EDGES,
@@ -138,6 +138,9 @@ def _resolve_dsn(dsn: Any, *, role: str = "source") -> str:
 def _name(column: str) -> str:
     """A quoted identifier for psycopg, whose placeholders are ``%s``: a ``%`` is doubled."""
     return quote(column).replace("%", "%%")
+
+
+_NOT_FINITE = frozenset({"NaN", "Infinity", "-Infinity"})  # a numeric's text of them
 
 
 def _value(column: Column) -> str:
@@ -354,9 +357,20 @@ class PostgresSource(TableSource):
             bounds,
             partition_column=self.partition_column,
             cursor_column=self.cursor_column,
-            marker="%s",
+            marker=self._predicate_marker,
             name=_name,
         )
+
+    def _predicate_marker(self, predicate: Predicate) -> str:
+        return self._marker(predicate.column)
+
+    def _marker(self, column: str) -> str:
+        """The placeholder of a value compared with ``column``: cast to ``real`` for a
+        ``real`` column. Bound as a double, a ``real`` column's 0.3 (0.30000001 as a double)
+        was above the watermark 0.3 (read from its text), and a row at the window's top was
+        left out for ever, exit 0."""
+        found = [c.decltype for c in self._described_columns() if c.name == column]
+        return "CAST(%s AS real)" if found == ["real"] else "%s"
 
     def _select(self, columns: Sequence[Column], bounds: Mapping) -> tuple[str, list[Any]]:
         """The extraction query of one partition (with placeholders: what ``query_hash`` names)."""
@@ -390,8 +404,9 @@ class PostgresSource(TableSource):
     def _window_conditions(self, after: Any, upto: Any) -> tuple[list[str], list[Any]]:
         if after is None and upto is None:
             return [], []
-        cursor = _name(self._cursor(" to window by"))
-        bounds = [(f"{cursor} > %s", after), (f"{cursor} <= %s", upto)]
+        cursor = self._cursor(" to window by")
+        name, marker = _name(cursor), self._marker(cursor)
+        bounds = [(f"{name} > {marker}", after), (f"{name} <= {marker}", upto)]
         given = [(sql, value) for sql, value in bounds if value is not None]
         return [sql for sql, _ in given], [value for _, value in given]
 
@@ -442,7 +457,16 @@ class PostgresSource(TableSource):
             cursor = self._column(conn, cursor_column)
             value = _value(Column("max", cursor.decltype))
             sql = f"SELECT max({_name(cursor.name)}) AS max FROM {self._relation}{window}"
-            return conn.execute(f"SELECT {value} FROM ({sql}) AS m", params).fetchone()[0]
+            found = conn.execute(f"SELECT {value} FROM ({sql}) AS m", params).fetchone()[0]
+            if cursor.decltype.startswith("numeric") and found in _NOT_FINITE:
+                raise ConfigInvalid(
+                    f"cursor column {cursor_column!r} of source table {self.table!r} holds NaN "
+                    "or an infinity: PostgreSQL orders NaN above every number, so a window "
+                    "ending there reloaded its rows on every run and never passed it; fix "
+                    "the column or choose another cursor",
+                    diagnostics={"table": self.table, "column": cursor_column},
+                )
+            return found
 
         return self._query(highest)
 
@@ -663,13 +687,14 @@ class PostgresSource(TableSource):
         return _KeyType(found[0].replace("%", "%%"), found[1], found[2], found[3])
 
     def _render(self, predicates: Iterable[Any]) -> tuple[str, list[Any]]:
-        return render_predicates(predicates, marker="%s", name=_name)
+        return render_predicates(predicates, marker=self._predicate_marker, name=_name)
 
     def edge_rows(
         self, *, since: Any, upto: Any, nulls: bool, chunk_rows: int = DEFAULT_CHUNK_ROWS
     ) -> Iterator[list[tuple]]:
         """Rows of every partition with a cursor in ``[since, upto]`` or, when ``nulls``, NULL."""
-        where, params = edge_where(_name(self._cursor()), "%s", since, upto, nulls)
+        cursor = self._cursor()
+        where, params = edge_where(_name(cursor), self._marker(cursor), since, upto, nulls)
         if not where:
             return iter(())
         select = ", ".join(_value(column) for column in self._described_columns())
