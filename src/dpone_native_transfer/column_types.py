@@ -317,7 +317,7 @@ finite_double = Passing(_finite_double, _no_nan)
 _DECIMAL_TEXT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
 
 
-def exact_decimal(precision: int, scale: int) -> Carry:
+def exact_decimal(precision: int, scale: int) -> Passing:
     """A carrier into ``DECIMAL(precision, scale)`` that never rounds: the text of the exact
     decimal, or a refusal when the value has more digits or decimals than the type. Text must
     be a plain ASCII decimal (no ``1_000``, no other scripts' digits, no NaN)."""
@@ -335,7 +335,7 @@ def exact_decimal(precision: int, scale: int) -> Carry:
         else:
             raise TypeError("not a number")
         exponent = number.as_tuple().exponent
-        if not isinstance(exponent, int) or exponent < -scale or abs(number) >= limit:
+        if not isinstance(exponent, int) or exponent < -scale or number.copy_abs() >= limit:
             raise ValueError("not exact in the declared precision")  # or not finite
         return format(number, "f")
 

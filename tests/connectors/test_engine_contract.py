@@ -96,6 +96,9 @@ def test_postgres_kinds_come_from_the_type_name_not_a_substring(format_type, kin
         (exact_decimal(12, 2), "1.10", "1.10"),
         (exact_decimal(12, 2), 7, "7"),
         (exact_decimal(12, 2), "9999999999.99", "9999999999.99"),
+        # the type's highest value, 38 digits: abs() rounded it to 28 and refused it
+        (exact_decimal(38, 10), "9" * 28 + ".9999999999", "9" * 28 + ".9999999999"),
+        (exact_decimal(38, 10), "-" + "9" * 28 + ".9999999999", "-" + "9" * 28 + ".9999999999"),
         (as_boolean, 1, True),
         (as_boolean, 0, False),
         (as_boolean, False, False),  # a PostgreSQL boolean
@@ -119,6 +122,7 @@ def test_carriers_keep_the_value(carry, value, expected):
     [
         (exact_decimal(12, 2), 99.999),  # would round to 100.00
         (exact_decimal(12, 2), "10000000000"),  # 11 digits before the point
+        (exact_decimal(38, 10), "1" + "0" * 28),  # 29 digits before the point
         (exact_decimal(12, 2), "NaN"),
         (exact_decimal(12, 2), True),
         (as_boolean, "yes"),

@@ -403,6 +403,20 @@ def test_postgres_into_postgres_of_the_same_types_passes_the_copy_bytes_through(
     assert [row[names.index("n2")] for row in source] == ["9999999999.99", "NaN", None]
 
 
+@pytest.mark.parametrize("path", ["legacy", "staged", "file-artifact", "lazy-plan"])
+def test_a_numeric_nan_lands_in_a_postgres_numeric_of_a_precision_on_every_path(
+    tmp_path, postgres_schema, path
+):
+    """PostgreSQL's ``numeric(12,2)`` holds NaN (not an infinity): lazy-plan loaded it, and
+    the row paths refused it before the target, exit 2. One outcome on every path now."""
+    table = make_table(postgres_schema, [("n2", "numeric(12,2)", "'1.50'", "'NaN'")], index=False)
+    done = run(tmp_path, postgres_schema, table, path, postgres_target(postgres_schema, "copy"))
+    assert done.returncode == 0, done.stderr
+    copied = postgres_texts(postgres_schema, "copy", ["id", "n2"])
+    assert copied == postgres_texts(postgres_schema, "src", ["id", "n2"])
+    assert [n2 for _, n2 in copied] == ["1.50", "NaN", None]
+
+
 BEYOND_PYTHONS_YEARS = [
     ("d", "date", "'4713-01-01 BC'", "'5874897-12-31'"),
     ("ts", "timestamp", "'4713-01-01 00:00:00 BC'", "'294276-12-31 23:59:59.999999'"),

@@ -37,6 +37,7 @@ from ..artifacts import DigestReader
 from ..column_types import (
     ENGINE_CARRIERS,
     Carry,
+    Passing,
     decimal_text,
     exact_decimal,
     exact_text,
@@ -354,8 +355,18 @@ def postgres_carrier(column: Column) -> Carry | None:
     """How a value of ``column`` reaches PostgreSQL exactly (``Sink.carrier``)."""
     decimal = column.decimal(_MAX_DECIMAL_WIDTH)
     if decimal is not None:
-        return exact_decimal(*decimal)
+        return _or_nan(exact_decimal(*decimal))
     return _CARRIERS.get(column.kind)
+
+
+def _or_nan(carry: Passing) -> Passing:
+    """``carry``, and PostgreSQL's ``NaN``, which its ``numeric(p,s)`` holds (an infinity it
+    does not): the row paths refused a PostgreSQL source's NaN that lazy-plan loaded."""
+
+    def convert(value: Any) -> Any:
+        return value if value == "NaN" else carry.convert(value)
+
+    return Passing(convert, carry.unchanged, carry.in_bulk)
 
 
 def _failure_code(error: Any) -> str:
