@@ -193,6 +193,22 @@ def test_a_kind_or_value_chdb_reads_otherwise_is_read_by_dpone(
     assert pulled == outcome(tmp_path / "rows", monkeypatch, dsn, table, path)
 
 
+@pytest.mark.parametrize("case", DECLINED[4:], ids=[case[0] for case in DECLINED[4:]])
+def test_a_value_chdb_reads_otherwise_gets_legacys_outcome_on_lazy_plan(
+    tmp_path, postgres_schema, monkeypatch, case
+):
+    """lazy-plan's read is the target call: a numeric NaN or a subnormal double, which chDB
+    fails on, failed inside it and blocked the route (exit 1, then 3). Such values are
+    looked for before the call now, and the attempt ends as legacy does: the NaN refused
+    before the target, the double loaded as dpone reads it."""
+    _, columns = case
+    table = make_table(postgres_schema, columns)
+    dsn = postgres_url(postgres_schema.dsn)
+    lazy = outcome(tmp_path / "lazy", monkeypatch, dsn, table, "lazy-plan")
+    monkeypatch.setattr(PostgresSource, "engine_login", lambda self: None)
+    assert lazy == outcome(tmp_path / "rows", monkeypatch, dsn, table, "legacy")
+
+
 def outcome(folder: Path, monkeypatch, dsn: str, table: str, path: str):
     """How a run ends: the rows loaded, each partition's read, and the target's rows; or the
     error code it stopped with, before the target (the target has no table)."""

@@ -141,6 +141,7 @@ def _name(column: str) -> str:
 
 
 _NOT_FINITE = frozenset({"NaN", "Infinity", "-Infinity"})  # a numeric's text of them
+_SMALLEST_NORMAL = "2.2250738585072014e-308"  # of a double: below it (not 0), a subnormal
 
 
 def _value(column: Column) -> str:
@@ -750,17 +751,26 @@ class PostgresSource(TableSource):
         )
 
     def holds_outside(
-        self, bounds: Sequence[Mapping[str, Any]], limits: Mapping[str, tuple[str, str]]
+        self,
+        bounds: Sequence[Mapping[str, Any]],
+        limits: Mapping[str, tuple[str, str]],
+        *,
+        tiny: Sequence[str] = (),
     ) -> bool:
         """``PostgresTable``: one ``EXISTS`` over the partitions of ``bounds``, each column of
-        ``limits`` compared in its own type (``infinity`` is above every bound, BC below)."""
-        if not bounds or not limits:
+        ``limits`` compared in its own type (``infinity`` is above every bound, BC below,
+        ``NaN`` above ``Infinity``)."""
+        if not bounds or not (limits or tiny):
             return False
         wheres = [self._where(each) for each in bounds]
         within = " OR ".join(f"({where})" for where, _ in wheres)
-        tests = " OR ".join(f"{_name(column)} < %s OR {_name(column)} > %s" for column in limits)
+        tests = " OR ".join(
+            [f"{_name(column)} < %s OR {_name(column)} > %s" for column in limits]
+            + [f"({_name(column)} <> 0 AND abs({_name(column)}) < %s)" for column in tiny]
+        )
         params = [value for _, own in wheres for value in own]
         params += [edge for low_high in limits.values() for edge in low_high]
+        params += [_SMALLEST_NORMAL] * len(tiny)
         sql = f"SELECT EXISTS (SELECT 1 FROM {self._relation} WHERE ({within}) AND ({tests}))"
         return bool(self._query(lambda conn: conn.execute(sql, params).fetchone()[0]))
 

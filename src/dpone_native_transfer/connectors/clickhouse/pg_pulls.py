@@ -53,6 +53,7 @@ _LIMITS = {
     "date": ("1900-01-01", "2299-12-31"),
     "timestamp without time zone": ("1900-01-01 00:00:00", "2299-12-31 23:59:59.999999"),
     "timestamp with time zone": ("1900-01-01 00:00:00+00", "2299-12-31 23:59:59.999999+00"),
+    "numeric": ("-Infinity", "Infinity"),  # its NaN, above Infinity (chDB fails on it)
 }
 _INSTANT = re.compile(r"(\d{4})-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,6})?")
 _DATE = re.compile(r"(\d{4})-\d\d-\d\d")
@@ -70,6 +71,7 @@ class PostgresRead:
     bounds: PlanSQL
     columns: str
     limits: dict[str, tuple[str, str]]  # date and timestamp columns: what ClickHouse holds
+    tiny: tuple[str, ...]  # double columns: chDB fails on a subnormal value (5e-324)
 
     def __repr__(self) -> str:  # the parameters hold the password
         return "PostgresRead()"
@@ -123,10 +125,12 @@ def postgres_read(plan: LoadPlan, *, table: str, values: bool = True) -> Postgre
     if keyed not in _INTEGERS and (keyed not in _TEXTS or ranged or not login.key_bytewise):
         raise _inexact(table, partition)  # a text's order (ranges) and = are its collation's
     limits = {name: _LIMITS[base] for name, base in kinds.items() if base in _LIMITS}
-    if values and outside(plan, limits):
+    tiny = tuple(name for name, base in kinds.items() if base == "double precision")
+    if values and outside(plan, limits, tiny):
         raise PlanInexact(
-            "a pull by chDB: a date or timestamp of the partitions is outside what ClickHouse "
-            "holds (1900 to 2299), or infinite",
+            "a pull by chDB: a value of the partitions is one chDB reads otherwise or fails "
+            "on (a date or timestamp outside 1900 to 2299 or infinite, a numeric NaN, a "
+            "subnormal double)",
             diagnostics={"table": table},
         )
     read = PlanSQL(
@@ -138,14 +142,16 @@ def postgres_read(plan: LoadPlan, *, table: str, values: bool = True) -> Postgre
     names = ", ".join(
         f"CAST({quote(c.name)} AS {column_type(c)}) AS {quote(c.name)}" for c in plan.columns
     )
-    return PostgresRead(bounds=read, columns=names, limits=limits)
+    return PostgresRead(bounds=read, columns=names, limits=limits, tiny=tiny)
 
 
-def outside(plan: LoadPlan, limits: dict[str, tuple[str, str]]) -> bool:
-    """Whether a row of the plan's partitions holds a date or timestamp chDB would read as
-    another value (``PostgresTable.holds_outside``); no scan without such a column."""
+def outside(plan: LoadPlan, limits: dict[str, tuple[str, str]], tiny: tuple[str, ...]) -> bool:
+    """Whether a row of the plan's partitions holds a value chDB would read as another or
+    fail on (``PostgresTable.holds_outside``); no scan without such a column."""
     source = plan.source
-    return isinstance(source, PostgresTable) and source.holds_outside(plan.bounds, limits)
+    return isinstance(source, PostgresTable) and source.holds_outside(
+        plan.bounds, limits, tiny=tiny
+    )
 
 
 def _login_params(login: EngineLogin) -> dict[str, Any]:

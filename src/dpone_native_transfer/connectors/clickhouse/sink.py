@@ -752,7 +752,7 @@ class ClickHouseSink(Sink, EnginePull):
             try:
                 pulled = self._pull(plan, paths, read.bounds, POSTGRES_READ, read.columns,
                                     PULL_SETTINGS)  # fmt: skip
-                if pulled is not None and not outside(plan, read.limits):
+                if pulled is not None and not outside(plan, read.limits, read.tiny):
                     return pulled  # else a value chDB read otherwise: thrown away
             except BaseException:
                 unlink_all(paths)
@@ -779,7 +779,7 @@ class ClickHouseSink(Sink, EnginePull):
             read = self._postgres_read(plan)
             try:
                 staged = self._fill_stage_postgres(plan, read)
-                if staged is not None and not outside(plan, read.limits):
+                if staged is not None and not outside(plan, read.limits, read.tiny):
                     return staged  # else a value chDB read otherwise: thrown away
             except BaseException:
                 drop()

@@ -53,7 +53,13 @@ class PostgresTable(Source, Protocol):
         session of the login starts in UTC (an engine drops a ``timestamptz``'s offset)."""
 
     def holds_outside(
-        self, bounds: Sequence[Mapping[str, Any]], limits: Mapping[str, tuple[str, str]]
+        self,
+        bounds: Sequence[Mapping[str, Any]],
+        limits: Mapping[str, tuple[str, str]],
+        *,
+        tiny: Sequence[str] = (),
     ) -> bool:
         """Whether a row of ``bounds`` holds a value of a column of ``limits`` outside
-        ``[low, high]`` (``infinity`` and BC dates are): one scan of those partitions."""
+        ``[low, high]`` (``infinity`` and BC dates are, a numeric's NaN too), or in a column
+        of ``tiny`` a double that is not zero yet below the smallest normal one (``5e-324``):
+        one scan of those partitions."""
