@@ -420,10 +420,11 @@ def resolve_env(location: str, *, argument: str) -> str:
         return location
     variable = location.removeprefix("env:")
     value = os.environ.get(variable, "")
-    if not value:
+    if not value.strip():  # blank: a store named '   ' beside the route, apart from the rest
         named = {"argument" if argument.startswith("-") else "key": argument}
+        said = "is not set" if not value else "holds only blanks"
         raise ConfigInvalid(
-            f"{argument} names environment variable {variable!r}, which is not set",
+            f"{argument} names environment variable {variable!r}, which {said}",
             diagnostics=named,
         )
     return value

@@ -128,6 +128,15 @@ def test_an_unset_store_variable_is_a_usage_error_naming_the_argument(tmp_path):
     assert done.returncode == 2 and '"key": "store.path"' in done.stderr
 
 
+def test_a_blank_store_variable_is_refused_not_a_private_store_beside_the_route(tmp_path):
+    """A variable of blanks named a store file '   ' beside the route, apart from the
+    shared store (its lease and guard), exit 0. Refused as an unset one is."""
+    route = route_file(tmp_path)
+    done = cli("run", str(route), env={"PATH": str(CLI.parent), "DPONE_STORE": "   "})
+    assert done.returncode == 2 and "which holds only blanks" in done.stderr
+    assert not (tmp_path / "   ").exists()
+
+
 def test_an_unreachable_postgres_store_reports_no_credentials(tmp_path):
     dsn = "postgresql://ops:CANARY-PASSWORD@127.0.0.1:1/warehouse"
     done = cli("guard", "scan", "--store", "env:DPONE_STORE", env={"DPONE_STORE": dsn})
