@@ -271,15 +271,39 @@ def _with_locations(
     return merged
 
 
+_MAX_FILE_BYTES = 16 << 20  # a route or pipeline file's; a larger file is not one
+
+
+class NotAFile(OSError):
+    """A path that is not a regular file of at most ``_MAX_FILE_BYTES``: a device, a pipe, a
+    socket (``/dev/zero`` as a route file grew memory until the kernel killed dpone)."""
+
+
+def read_toml_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A route or pipeline file's TOML; ``NotAFile`` for anything but a regular file of at
+    most 16 MiB (checked before it is opened: opening a pipe waits for a writer)."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(path)
+    if not os.path.isfile(path):
+        os.stat(path)  # FileNotFoundError, PermissionError as they are
+        raise NotAFile(path)
+    with open(path, "rb") as handle:
+        data = handle.read(_MAX_FILE_BYTES + 1)
+    if len(data) > _MAX_FILE_BYTES:
+        raise NotAFile(path)
+    return tomllib.loads(data.decode("utf-8"))
+
+
 def _read_toml(path: Path, argument: str) -> dict[str, Any]:
     where = {"argument": argument}
     try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
+        return read_toml_file(path)
     except FileNotFoundError:
         problem = "does not exist"
     except IsADirectoryError:
         problem = "is a directory, not a file"
+    except NotAFile:
+        problem = "is not a route or pipeline file (a device, a pipe or over 16 MiB)"
     except PermissionError:
         problem = "cannot be read (permission denied)"
     except OSError:

@@ -24,6 +24,7 @@ from .wording import one_line
 
 __all__ = ["add_discover_command", "pipeline_text"]
 
+from .config import read_toml_file
 from .discover import TableInfo, read_catalog
 from .pipeline import is_pattern, pipeline_from_mapping
 
@@ -141,8 +142,8 @@ def _is_toml(file: Path) -> bool:
     """Whether ``file`` is a TOML file (a pipeline file ``--force`` may replace), not a
     database or anything else: ``discover db --write db --force`` replaced the source."""
     try:
-        tomllib.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        read_toml_file(file)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
         return False
     return True
 

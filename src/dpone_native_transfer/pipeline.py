@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from .config import (
     _read_toml,
     _with_locations,
     load_route_config,
+    read_toml_file,
 )
 from .config import route_config_from_mapping as _route_config
 from .discover import TableInfo, read_catalog
@@ -207,8 +207,7 @@ def is_pipeline_file(path: str) -> bool:
     """Whether ``path`` (a file, not a ``PIPELINE::TABLE``) holds a pipeline; a file that
     cannot be read says no, so that loading it reports why as a route file would."""
     try:
-        with open(path, "rb") as handle:
-            return is_pipeline(tomllib.load(handle))
+        return is_pipeline(read_toml_file(path))
     except (OSError, ValueError, RecursionError):
         return False
 

@@ -457,6 +457,32 @@ def test_missing_route_file_names_the_argument_not_the_path(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("kind", ["a device", "a pipe", "over 16 MiB"])
+def test_a_route_file_that_is_no_regular_file_is_refused_before_it_is_read(tmp_path, kind):
+    """``/dev/zero`` as a route file grew memory until the kernel killed dpone (or
+    ``MemoryError``, exit 1), and a pipe waited for a writer: refused, exit 2, unread."""
+    if kind == "a device":
+        path = Path("/dev/zero")
+    elif kind == "a pipe":
+        path = tmp_path / "route.toml"
+        os.mkfifo(path)
+    else:
+        path = tmp_path / "route.toml"
+        with open(path, "wb") as big:
+            big.truncate((16 << 20) + 1)
+    for command in (("run", path), ("state", "show", path), ("guard", "scan", path)):
+        done = dpone(*command)
+        assert done.returncode == cli.EXIT_CONFIG, (command, done.stderr)
+        assert "is not a route or pipeline file (a device, a pipe or over 16 MiB)" in done.stderr
+
+
+def test_discover_force_never_reads_a_device_as_the_pipeline_file_to_replace(tmp_path):
+    source = tmp_path / "shop.db"
+    build_sample_source(source, rows=5, partitions=1)
+    done = dpone("discover", source, "--write", "/dev/full", "--force")
+    assert done.returncode == cli.EXIT_CONFIG and "--force replaces only" in done.stderr
+
+
 def write(tmp_path: Path, text: str) -> Path:
     route_file = tmp_path / "route.toml"
     route_file.write_text(text, encoding="utf-8")
