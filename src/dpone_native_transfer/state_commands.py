@@ -262,7 +262,7 @@ def _store(args: argparse.Namespace, config: RouteConfig, *, create_own: bool) -
     """``--store``, which must exist, or the route file's store (created if ``create_own``)."""
     if args.store is not None:
         return open_store(args.store, create=False, argument="--store")
-    return open_store(config.store_path, create=create_own, argument="store.path")
+    return open_store(config.store_path, create=create_own, argument="store.path", check=True)
 
 
 def _restore_command(args: argparse.Namespace) -> int:

@@ -208,6 +208,11 @@ def test_an_operators_command_reads_the_whole_file_and_finds_a_damaged_page(
     with pytest.raises(CheckpointStoreCorrupt) as excinfo:
         open_store(str(db_path), create=False, argument="--store")
     _assert_corrupt_without_path(excinfo, db_path)
+    # ``state restore`` may create the store, and checks one it finds: it said "the store
+    # already agrees with the target's ledger" of this one
+    with pytest.raises(CheckpointStoreCorrupt):
+        open_store(str(db_path), create=True, argument="store.path", check=True)
+    open_store(str(db_path), create=True, argument="store.path").close()  # a run's: unread
 
 
 def test_sqlite_unknown_user_version_is_corrupt(

@@ -129,7 +129,7 @@ class Store(OperatorStore, TargetScopeStore, RouteStateStore, LeaseStore, Protoc
         """Close the store's connections; the store is not used again."""
 
 
-def open_store(location: str, *, create: bool, argument: str) -> Store:
+def open_store(location: str, *, create: bool, argument: str, check: bool | None = None) -> Store:
     """Open the store a command line or route file names.
 
     ``location`` is a SQLite file path, a ``postgresql://`` DSN, or
@@ -137,7 +137,9 @@ def open_store(location: str, *, create: bool, argument: str) -> Store:
     credentials out of process lists and route files). With ``create=False``
     a missing SQLite file is refused rather than created: operator commands
     must never conjure an empty store, and a SQLite file is read whole first
-    (``check_pages``). Errors name ``argument``, never the
+    (``check_pages``; ``check``: whether an existing file is, by default when not
+    ``create``: ``state restore``, which may create the store, checks one it finds, or it
+    called a damaged store in agreement with the target). Errors name ``argument``, never the
     location, which may hold a password.
     """
     # command-line arguments and route-file keys are named the way the rest of the CLI names them
@@ -166,8 +168,9 @@ def open_store(location: str, *, create: bool, argument: str) -> Store:
         )
     from .sqlite import SQLiteCheckpointStore  # the implementations import this module
 
+    existed = os.path.isfile(location)
     store = SQLiteCheckpointStore(location)
-    if not create:  # an operator's command: it must not call a damaged store healthy
+    if existed and (not create if check is None else check):  # an operator's command
         try:
             store.check_pages()
         except BaseException:
