@@ -397,6 +397,9 @@ def _report_failure(error: Exception, args: argparse.Namespace | None = None) ->
     if as_json and isinstance(error, NativeTransferError):
         shown = {"error": error.code, "message": named.fill(error.message)}
         print(json.dumps({**shown, "diagnostics": error.diagnostics}, sort_keys=True, default=str))
+    elif as_json:  # a foreign error: named by its type alone (its text may hold SQL, rows)
+        failed = {"error": "transfer_failed", "exception": type(error).__name__}
+        print(json.dumps({**failed, "message": lines[0].removeprefix("error: ")}, sort_keys=True))
     return exit_code_for(error)
 
 

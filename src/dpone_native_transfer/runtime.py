@@ -551,7 +551,10 @@ def _work_folder(
         if alive is False or (alive is None and _idle(leftover, idle_seconds)):
             shutil.rmtree(leftover, ignore_errors=True)
     mine = f"{prefix}{_machine_of(here)}.{here.pid}.{here.started or 0}-"
-    return tempfile.TemporaryDirectory(prefix=mine, dir=parent)
+    try:
+        return tempfile.TemporaryDirectory(prefix=mine, dir=parent)
+    except OSError as error:  # a folder no folder can be made in (/proc), read-only, full
+        raise _work_folder_failed(route, error) from None
 
 
 def _machine_of(mark: ProcessMark) -> str:

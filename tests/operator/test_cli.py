@@ -483,6 +483,35 @@ def test_discover_force_never_reads_a_device_as_the_pipeline_file_to_replace(tmp
     assert done.returncode == cli.EXIT_CONFIG and "--force replaces only" in done.stderr
 
 
+def test_a_foreign_failure_under_json_is_still_one_object_on_stdout(tmp_path, monkeypatch):
+    """``--json`` printed nothing on stdout for an error that is not dpone's own (an engine's
+    ``OperationalError``): a scheduler parsing stdout found no object. It is named by its
+    type alone, as on stderr (its text may hold SQL or rows)."""
+    from helpers.cli import run_cli
+
+    from dpone_native_transfer.runtime import TransferRuntime
+
+    def fails(self, spec):
+        raise RuntimeError("SELECT secret FROM rows")
+
+    monkeypatch.setattr(TransferRuntime, "run", fails)
+    done = run_cli("run", make_route(tmp_path), "--json")
+    assert done.returncode == 1
+    shown = json.loads(done.stdout)
+    assert shown["error"] == "transfer_failed" and shown["exception"] == "RuntimeError"
+    assert "secret" not in done.stdout + done.stderr
+
+
+def test_a_target_file_name_longer_than_the_file_system_allows_is_a_config_error(tmp_path):
+    """It failed inside a staged load's stage with SQLite's ``OperationalError`` (exit 1)."""
+    route = make_route(tmp_path)
+    text = route.read_text().replace('path = "target.db"', f'path = "{"x" * 300}.db"')
+    route.write_text(text)
+    done = dpone("run", route, "--json")
+    assert done.returncode == cli.EXIT_CONFIG, done.stderr
+    assert json.loads(done.stdout)["diagnostics"]["key"] == "target.path"
+
+
 def write(tmp_path: Path, text: str) -> Path:
     route_file = tmp_path / "route.toml"
     route_file.write_text(text, encoding="utf-8")

@@ -266,6 +266,13 @@ def check_target_folder(path: str, table: str) -> None:
             f"the target database path of table {table!r} is a folder, not a database file",
             diagnostics={"table": table},
         )
+    folder = os.path.dirname(os.path.abspath(path))
+    if len(os.path.basename(path).encode()) > os.pathconf(folder, "PC_NAME_MAX"):
+        raise ConfigInvalid(  # the engine failed to open it, inside a staged load's stage
+            f"the target database file of table {table!r} has a name longer than its file "
+            "system allows; choose a shorter one",
+            diagnostics={"table": table, "key": "target.path"},
+        )
 
 
 def check_writable(path: str, table: str) -> None:
