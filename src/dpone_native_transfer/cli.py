@@ -366,6 +366,8 @@ def _jobs(value: str) -> int:
 def _run_id(value: str) -> str:
     if not value.strip():
         raise argparse.ArgumentTypeError("the run id must not be empty")
+    if not value.isprintable():  # shown in summaries and `routes`: it could forge a line
+        raise argparse.ArgumentTypeError("the run id must hold no newline or control character")
     return value
 
 

@@ -14,6 +14,7 @@ import attrs
 
 from .column_types import Column
 from .errors import ConfigInvalid
+from .wording import one_line
 
 __all__ = [
     "Column",
@@ -234,15 +235,14 @@ def bounds_label(bounds: Mapping[str, Any], partition_column: str) -> str:
     ``id in [100, 200)``; long values are cut. For reading only, never parsed back."""
 
     def shown(value: Any) -> str:
-        text = str(value)
+        text = one_line(str(value))  # a newline in a value cannot split the progress line
         return text if len(text) <= _LABEL_VALUE else text[: _LABEL_VALUE - 1] + "…"
 
+    column = one_line(partition_column)
     if "partition" in bounds:
         value = bounds["partition"]
-        return (
-            f"{partition_column} IS NULL" if value is None else f"{partition_column}={shown(value)}"
-        )
+        return f"{column} IS NULL" if value is None else f"{column}={shown(value)}"
     low, high = bounds.get("partition_from"), bounds.get("partition_below")
     low_text = "-inf" if low is None else shown(low)
     high_text = "+inf" if high is None else shown(high)
-    return f"{partition_column} in [{low_text}, {high_text})"
+    return f"{column} in [{low_text}, {high_text})"

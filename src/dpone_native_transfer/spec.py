@@ -227,6 +227,11 @@ class TransferSpec:
 
     def __attrs_post_init__(self) -> None:
         self._check_merge()
+        if not (isinstance(self.run_id, str) and self.run_id.strip() and self.run_id.isprintable()):
+            raise ConfigInvalid(  # printed in summaries, `routes`, `state show`: one line each
+                "the run id must be printable text (no newline, tab or control character)",
+                diagnostics={"argument": "--run-id"},
+            )
         if self.batch_column is not None and self.path == "lazy-plan":
             raise _invalid(
                 "target.batch_column",

@@ -512,6 +512,23 @@ def test_a_target_file_name_longer_than_the_file_system_allows_is_a_config_error
     assert json.loads(done.stdout)["diagnostics"]["key"] == "target.path"
 
 
+def test_a_run_id_or_a_partition_value_holding_a_newline_cannot_forge_a_line(tmp_path):
+    """``--run-id $'x\\nerror: ...'`` was accepted and printed as it is in the summary,
+    ``routes`` and ``state show``; a partition value's newline split its progress line."""
+    from dpone_native_transfer import TransferSpec
+    from dpone_native_transfer.errors import ConfigInvalid
+    from dpone_native_transfer.payloads import bounds_label
+
+    route = make_route(tmp_path)
+    done = dpone("run", route, "--run-id", "x\nerror: native_transfer_forged")
+    assert done.returncode == cli.EXIT_CONFIG and "no newline or control character" in done.stderr
+    with pytest.raises(ConfigInvalid):
+        config = load_route_config(route)
+        TransferSpec(source=config.source, sink=config.sink, strategy="full_refresh",
+                     path="legacy", run_id="x\x1b[31m")  # fmt: skip
+    assert bounds_label({"partition": "eu\nerror: x"}, "re\tgion") == "re\\tgion=eu\\nerror: x"
+
+
 def write(tmp_path: Path, text: str) -> Path:
     route_file = tmp_path / "route.toml"
     route_file.write_text(text, encoding="utf-8")
