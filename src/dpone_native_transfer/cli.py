@@ -172,7 +172,7 @@ def _report_stop(kind: str, message: str, args: argparse.Namespace) -> int:
     ``--json`` one JSON object on stdout, as a failure's (``_report_failure``)."""
     code = EXIT_TERMINATED if kind == "terminated" else EXIT_INTERRUPTED
     print(f"error: {message}", file=sys.stderr)
-    if getattr(args, "json", False):
+    if getattr(args, "json", False) and not getattr(args, "json_printed", False):
         print(json.dumps({"error": kind, "message": message, "exit_code": code}, sort_keys=True))
     return code
 
@@ -472,6 +472,7 @@ def _run_pipeline(args: argparse.Namespace) -> int:
     )
     if args.json:
         print(json.dumps(pipeline_summary(result, run_id), sort_keys=True, default=str))
+        args.json_printed = True  # a stop's own object would be a second one
     else:
         for line in pipeline_summary_lines(result, run_id):
             print(line)

@@ -630,9 +630,20 @@ def pipeline_summary_lines(result: PipelineResult, run_id: str) -> list[str]:
 
 
 def pipeline_summary(result: PipelineResult, run_id: str) -> dict[str, Any]:
-    """``run --json`` of a pipeline: an object per table, and the totals."""
-    return {
+    """``run --json`` of a pipeline: an object per table, and the totals; the one object a
+    stop by a signal prints too (``stopped``: ``interrupted`` or ``terminated``), each table it
+    stopped with the run's exit status (a table that did not finish did not exit 0)."""
+    stopped = {INTERRUPTED, NOT_RUN} if result.interrupted is not None else set()
+    shown = {
         "run_id": run_id,
-        "tables": [run.as_dict() for run in result.tables],
+        "tables": [
+            {**run.as_dict(), "exit_code": result.exit_code} if run.outcome in stopped
+            else run.as_dict()
+            for run in result.tables
+        ],
         "totals": result.totals(),
-    }
+    }  # fmt: skip
+    if result.interrupted is not None:
+        ctrl_c = isinstance(result.interrupted, KeyboardInterrupt)
+        shown["stopped"] = "interrupted" if ctrl_c else "terminated"
+    return shown

@@ -1183,3 +1183,28 @@ def test_a_pipeline_of_many_chdb_tables_keeps_one_session_and_few_open_files(tmp
     found = json.loads(done.stdout.splitlines()[-1])
     assert found["code"] == 0
     assert found["rows"] == {f"t{n:02d}": 5 for n in range(1, tables + 1)}
+
+
+def test_a_signal_under_json_prints_one_object_saying_so(tmp_path):
+    """``--json`` printed the summary and then the stop's own object: two, so stdout parsed
+    as none; the tables it stopped said ``exit_code`` 0. One object now, ``stopped`` in it."""
+    source, pipeline_file = _four_tables(tmp_path, 150_000, chunk_rows=500, partition_rows=5_000)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dpone_native_transfer", "run", str(pipeline_file), "--json",
+         "--jobs", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert child.stderr is not None
+    assert child.stderr.readline().endswith(": started\n")
+    for _ in range(600):
+        if (tmp_path / "c.db").exists():
+            break
+        time.sleep(0.05)
+    time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 143, err
+    shown = json.loads(out)
+    assert shown["stopped"] == "terminated" and shown["totals"]["exit_code"] == 143
+    stopped = [t for t in shown["tables"] if t["outcome"] in ("interrupted", "not run")]
+    assert stopped and {t["exit_code"] for t in stopped} == {143}
