@@ -107,6 +107,11 @@ def _discover_command(args: argparse.Namespace) -> int:
 def _write(args: argparse.Namespace, kind: str, catalog: list[TableInfo]) -> None:
     """The pipeline file, checked as ``run`` will check it before it is written."""
     file = Path(args.write)
+    if not file.absolute().parent.is_dir():  # else its relative source path named nothing
+        raise ConfigInvalid(
+            "--write names a file in a folder that does not exist",
+            diagnostics={"argument": "--write"},
+        )
     if file.exists() and not args.force:
         raise ConfigInvalid(
             "--write names a file that exists; pass --force to replace it",

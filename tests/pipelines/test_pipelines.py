@@ -1208,3 +1208,13 @@ def test_a_signal_under_json_prints_one_object_saying_so(tmp_path):
     assert shown["stopped"] == "terminated" and shown["totals"]["exit_code"] == 143
     stopped = [t for t in shown["tables"] if t["outcome"] in ("interrupted", "not run")]
     assert stopped and {t["exit_code"] for t in stopped} == {143}
+
+
+def test_discover_write_into_a_missing_folder_names_the_folder_not_the_source(tmp_path):
+    """It said "source database ... does not exist": the source's path is written relative
+    to the pipeline file, and checked from a folder that is not there."""
+    source = tmp_path / "shop.db"
+    build_tables(source, 1, 5)
+    done = run_cli("discover", source, "--write", tmp_path / "missing" / "p.toml")
+    assert done.returncode == 2
+    assert "--write names a file in a folder that does not exist" in done.stderr
