@@ -429,6 +429,8 @@ def _check_target_file(sections: Mapping[str, Mapping[str, Any]], folder: Path) 
     path = _resolve(folder, target["path"])
     if os.path.isdir(path):
         raise _invalid("target.path", "is a folder, not a database file")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise _invalid("target.path", "is a device, a pipe or a socket, not a database file")
     if "path" in source and os.path.realpath(_resolve(folder, source["path"])) == (
         os.path.realpath(path)
     ):

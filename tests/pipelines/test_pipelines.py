@@ -441,6 +441,7 @@ def test_a_bad_pipeline_is_refused_before_any_table_runs(tmp_path, shop, changes
     [
         ("shop.db", "target.path is the source's own file: give the target a file of its own"),
         (".", "target.path is a folder, not a database file"),
+        ("/dev/null", "target.path is a device, a pipe or a socket, not a database file"),
     ],
 )
 def test_a_target_file_that_is_the_source_or_a_folder_is_refused_before_any_table(

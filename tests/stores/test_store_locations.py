@@ -7,6 +7,7 @@ The DSN carries a password, so it is read from the environment and never printed
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import subprocess
 import sys
@@ -218,3 +219,13 @@ def test_operator_commands_never_create_a_store_in_another_database(tmp_path, de
     finally:
         with contextlib.closing(psycopg.connect(default_schema_dsn, autocommit=True)) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{other}" WITH (FORCE)')
+
+
+def test_a_store_that_is_a_pipe_or_a_device_is_a_usage_error(tmp_path):
+    """A pipe as the store exited 1 ("a retry may succeed"); it never will."""
+    pipe = tmp_path / "checkpoints.db"
+    os.mkfifo(pipe)
+    for store in (pipe, "/dev/null"):
+        done = cli("guard", "scan", "--store", str(store), env={"PATH": str(CLI.parent)})
+        assert done.returncode == 2, done.stderr
+        assert "is a device, a pipe or a socket, not a store file" in done.stderr

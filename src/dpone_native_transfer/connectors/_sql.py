@@ -262,8 +262,9 @@ def check_target_folder(path: str, table: str) -> None:
             diagnostics={"table": table},
         )
     if os.path.exists(path) and not os.path.isfile(path):
+        what = "a folder" if os.path.isdir(path) else "a device, a pipe or a socket"
         raise ConfigInvalid(
-            f"the target database path of table {table!r} is a folder, not a database file",
+            f"the target database path of table {table!r} is {what}, not a database file",
             diagnostics={"table": table},
         )
     folder = os.path.dirname(os.path.abspath(path))

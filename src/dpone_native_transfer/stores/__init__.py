@@ -156,9 +156,10 @@ def open_store(location: str, *, create: bool, argument: str, check: bool | None
             diagnostics=named,
         )
     folder = os.path.dirname(os.path.abspath(location))
-    if os.path.isdir(location):
+    if os.path.exists(location) and not os.path.isfile(location):
+        what = "a folder" if os.path.isdir(location) else "a device, a pipe or a socket"
         raise ConfigInvalid(
-            f"the checkpoint store given as {argument} is a folder, not a store file",
+            f"the checkpoint store given as {argument} is {what}, not a store file",
             diagnostics=named,
         )
     if not (os.path.isfile(location) or (create and os.path.isdir(folder))):
