@@ -417,9 +417,11 @@ _DATE_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}", re.ASCII)
 # the same instant in UTC, written as ``isoformat`` writes it.
 _SECONDS = r"[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?"
 _TIME_TEXT = re.compile(rf"[0-9]{{2}}:[0-9]{{2}}|{_SECONDS}", re.ASCII)
+# An offset's hour is below 24 and its minutes and seconds below 60: ``fromisoformat`` took
+# ``+00:99`` as 99 minutes, and the engines stored an invented instant (exit 0).
 _INSTANT_FORM = re.compile(
     rf"[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}(?:[ T]{_SECONDS}"
-    r"(?:Z|[+-][0-9]{2}(?::?[0-9]{2}(?::?[0-9]{2}(?:\.[0-9]{1,6})?)?)?)?)?",
+    r"(?:Z|[+-](?:[01][0-9]|2[0-3])(?::?[0-5][0-9](?::?[0-5][0-9](?:\.[0-9]{1,6})?)?)?)?)?",
     re.ASCII,
 )
 _INFINITE = frozenset({"infinity", "-infinity"})  # PostgreSQL's; DuckDB reads them

@@ -148,6 +148,10 @@ def test_carriers_keep_the_value(carry, value, expected):
         (instant_as_utc, "2020-01-01t10:00:00"),
         (instant_as_utc, "2020-01-01 10:00:00,5"),
         (instant_as_utc, "20200101T100000"),
+        # fromisoformat took these offsets as 99, 75 and 60 minutes: an invented instant
+        (instant_as_utc, "2024-01-05 10:00:00+00:99"),
+        (instant_as_utc, "2024-01-05T10:00:00+00:75"),
+        (instant_as_utc, "2024-01-05 10:00:00+00:60"),
         (instant_as_utc, "2020-W01-1"),
         (instant_as_utc, "2020-01-01 10:00:00\x00+05:00"),
         (iso_time, "10:00:00,5"),
