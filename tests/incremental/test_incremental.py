@@ -950,6 +950,17 @@ SPELLINGS = {
         "2024-01-05 11:00:00Z",
         "2024-01-05 11:00:00+00:00",
     ),
+    "no seconds, the same instant": (
+        "2024-01-05 10:00:00",
+        "2024-01-05 10:00",
+        "2024-01-05 10:00:00",
+    ),
+    "a date alone, the same instant": ("2024-01-05 00:00:00", "2024-01-05", "2024-01-05 00:00:00"),
+    "a leading blank, a day later": (
+        "2024-01-05 10:00:00",
+        " 2024-01-06 10:00:00",
+        "2024-01-06 10:00:00",
+    ),
 }
 SPELLING_ROUTE = """\
 [source]
@@ -998,7 +1009,7 @@ def test_a_text_cursor_written_two_ways_on_the_watermarks_day_is_refused_not_los
         db.commit()
     refused = run(file, code=2)
     assert "native_transfer_config_invalid" in refused.stderr
-    assert "written more than one way on the watermark's day" in refused.stderr
+    assert "holds timestamps in more than one spelling" in refused.stderr
     assert other not in refused.stderr and watermark not in refused.stderr
     sink = {"sqlite": SQLiteSink, "duckdb": DuckDBSink}[kind](
         tmp_path / f"target.{kind}", "ev_copy"
@@ -1009,3 +1020,19 @@ def test_a_text_cursor_written_two_ways_on_the_watermarks_day_is_refused_not_los
         db.commit()
     run(file)
     assert sorted(row[0] for row in sink.rows()) == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("top", ["2024-1-11", "2024-01-05t10:00:00", "2024-01-05 9:30:00"])
+def test_a_text_cursor_that_does_not_sort_as_time_is_refused_before_anything_loads(tmp_path, top):
+    """``2024-1-11`` sorts above ``2024-01-12``; as the watermark it left that row out for
+    good, exit 0; so did a lowercase ``t`` or a one-digit hour below a later time. A window
+    whose top is not in the ordered form is refused, before the target."""
+    file = tmp_path / "route.toml"
+    file.write_text(SPELLING_ROUTE.format(kind="sqlite", path="legacy"), encoding="utf-8")
+    with contextlib.closing(sqlite3.connect(tmp_path / "source.db")) as db:
+        db.execute("CREATE TABLE ev (id INTEGER PRIMARY KEY, region TEXT, ts TIMESTAMP)")
+        db.executemany("INSERT INTO ev VALUES (?, 'a', ?)", [(1, "2024-01-04"), (2, top)])
+        db.commit()
+    refused = run(file, code=2)
+    assert "holds timestamps in more than one spelling" in refused.stderr
+    assert not (tmp_path / "target.sqlite").exists()

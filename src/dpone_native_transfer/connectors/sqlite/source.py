@@ -61,8 +61,15 @@ from .ranges import RangeRoute
 __all__ = ["SQLiteSource", "integer_primary_key"]
 
 _KINDS = {"integer": "numbers", "real": "numbers"}  # SQLite compares the two as numbers
-# a watermark a SQLite text timestamp cursor left: its day, separator and time, then any suffix
-_TIMESTAMP_TEXT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}", re.ASCII)
+# A text cursor's value that reads as a day (``2024-1-5``, `` 2024-01-05``, ``2024-01-05t10``)
+# must be in the one form whose text order is time's: ``YYYY-MM-DD``, or with ``[T ]HH:MM:SS``,
+# a fraction and a zone suffix.
+_LIKE_A_DAY = re.compile(r"\s*[0-9]{1,4}-[0-9]{1,2}-[0-9]{1,2}", re.ASCII)
+_ORDERED_DAY = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
+    r"(?:[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}(?::?[0-9]{2})?)?)?",
+    re.ASCII,
+)
 
 
 def integer_primary_key(path: str, table: str) -> str:
@@ -482,37 +489,62 @@ class SQLiteSource(TableSource):
                     "all be numbers or all be text: fix the column or choose another",
                     diagnostics={"table": self.table, "column": self.cursor_column},
                 )
-            if isinstance(after, str) and _TIMESTAMP_TEXT.match(after):
+            if isinstance(after, str) and _LIKE_A_DAY.match(after):
                 self._refuse_two_spellings(conn, cursor, after)
-            return conn.execute(sql, params).fetchone()[0]
+            found = conn.execute(sql, params).fetchone()[0]
+            if isinstance(found, str) and _LIKE_A_DAY.match(found):
+                self._refuse_two_spellings(conn, cursor, found, days=False)
+            return found
 
-    def _refuse_two_spellings(self, conn: sqlite3.Connection, cursor: str, after: str) -> None:
+    def _refuse_two_spellings(
+        self, conn: sqlite3.Connection, cursor: str, after: str, *, days: bool = True
+    ) -> None:
         """SQLite orders timestamp texts as texts: after a watermark ``2024-01-05T10:00:00``,
-        a row written ``2024-01-05 11:00:00`` (``' '`` sorts below ``'T'``) falls below it and
-        was never loaded, exit 0; so did ``10:00:00.5Z`` after ``10:00:00Z``. Only a row of
-        the watermark's own day can: earlier days sort below and later ones above in any
-        spelling. So that day's rows (a range of the cursor's index) must share the
-        watermark's separator and zone suffix, and with a suffix its fraction's length."""
-        rest = after[19:]
-        zone = rest.lstrip(".0123456789")  # '', 'Z', '+02:00'...
-        rest_of, day = f"substr({cursor}, 20)", after[:10]
-        zone_of = f"ltrim({rest_of}, '.0123456789')"
-        other = conn.execute(
-            f"SELECT 1 FROM {_quote(self.table)} WHERE {cursor} >= ? AND {cursor} < ?"
-            f" AND length({cursor}) > 10 AND (substr({cursor}, 11, 1) <> ? OR {zone_of} <> ?"
-            f" OR (? <> '' AND length({rest_of}) - length({zone_of}) <> ?)) LIMIT 1",
-            (day, day + "\U0010ffff", after[10], zone, zone, len(rest) - len(zone)),
-        ).fetchone()
-        if other is not None:
+        a row written ``2024-01-05 11:00:00`` (``' '`` sorts below ``'T'``) fell below it and
+        was never loaded, exit 0; so did ``10:00:00.51Z`` after ``10:00:00.5Z``, ``10:00``
+        (the same instant) after ``10:00:00``, any text after ``2024-1-11`` (it sorts above
+        ``2024-01-12``), and `` 2024-01-06`` (a leading blank sorts below every digit).
+        Refused: a watermark (or, with ``days`` False, the window's top) not in the ordered
+        form, any text below ``'0'``, and, with ``days``, a row of the watermark's own day in
+        another shape than it (its separator, a time of ``HH:MM:SS``, its zone suffix, and
+        before a suffix its fraction's length): only that day's rows can fall below it."""
+        problem = not _ORDERED_DAY.fullmatch(after)
+        # texts below '0' (a range of the index: texts sort above every number; '0' itself a
+        # NUMERIC column would take as the number 0)
+        problem = problem or self._holds(conn, f"{cursor} >= '' AND {cursor} < ?", ("/\U0010ffff",))
+        if days and not problem and len(after) > 10:
+            rest = after[19:]
+            zone = rest.lstrip(".0123456789")  # '', 'Z', '+02:00'...
+            rest_of = f"substr({cursor}, 20)"
+            zone_of = f"ltrim({rest_of}, '.0123456789')"
+            shape = (
+                f"length({cursor}) < 19 OR substr({cursor}, 11, 1) <> ? OR substr({cursor}, 14,"
+                f" 1) <> ':' OR substr({cursor}, 17, 1) <> ':' OR {zone_of} <> ? OR (? <> ''"
+                f" AND length({rest_of}) - length({zone_of}) <> ?)"
+            )
+            day = after[:10]
+            problem = self._holds(
+                conn,
+                f"{cursor} >= ? AND {cursor} < ? AND ({shape})",
+                (day, day + "\U0010ffff", after[10], zone, zone, len(rest) - len(zone)),
+            )
+        if problem:
             raise ConfigInvalid(
                 f"cursor column {self.cursor_column!r} of source table {self.table!r} holds "
-                "timestamps written more than one way on the watermark's day ('T' or ' ' "
-                "between date and time, another zone suffix, or before one a fraction of "
-                "another length); SQLite orders them as text, "
-                "so rows later in time would fall below the watermark and never load: write "
-                "one spelling, or read the column through a view that writes one",
+                "timestamps in more than one spelling (or one that does not sort as time: "
+                "'2024-1-5', a leading blank, 'T' or ' ' between date and time, a time "
+                "without its seconds, another zone suffix); SQLite orders them as text, so "
+                "rows later in time would fall below the watermark and never load: write "
+                "one spelling, YYYY-MM-DD[ HH:MM:SS], or read the column through a view that "
+                "writes one",
                 diagnostics={"table": self.table, "column": self.cursor_column},
             )
+
+    def _holds(self, conn: sqlite3.Connection, condition: str, params: tuple = ()) -> bool:
+        """Whether a row of the table meets ``condition`` (an index of the cursor answers
+        the conditions above by a range)."""
+        sql = f"SELECT 1 FROM {_quote(self.table)} WHERE {condition} LIMIT 1"
+        return conn.execute(sql, params).fetchone() is not None
 
     def select_sql(
         self,
