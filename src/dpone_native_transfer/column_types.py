@@ -330,10 +330,10 @@ def exact_decimal(precision: int, scale: int) -> Passing:
             number = decimal.Decimal(value)
         elif type(value) is int:
             number = decimal.Decimal(value)
-        elif type(value) is float:
+        elif type(value) is float and scale:
             number = decimal.Decimal(repr(value))
-        else:
-            raise TypeError("not a number")
+        else:  # a real into DECIMAL(p,0): its text beyond 2**53 is not the stored value
+            raise TypeError("not a number of the column's kind")
         exponent = number.as_tuple().exponent
         if not isinstance(exponent, int) or exponent < -scale or number.copy_abs() >= limit:
             raise ValueError("not exact in the declared precision")  # or not finite
@@ -358,7 +358,7 @@ def _decimals_in_bulk(values: Sequence[Any], precision: int, scale: int) -> list
     kinds = set(map(type, values)) - {_NONE}
     if kinds == {str}:
         texts = list(values)
-    elif kinds and kinds <= {int, float}:
+    elif kinds and kinds <= ({int, float} if scale else {int}):  # as ``exact_decimal``
         texts = [None if value is None else repr(value) for value in values]
     else:
         return None

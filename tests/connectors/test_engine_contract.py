@@ -123,6 +123,9 @@ def test_carriers_keep_the_value(carry, value, expected):
         (exact_decimal(12, 2), 99.999),  # would round to 100.00
         (exact_decimal(12, 2), "10000000000"),  # 11 digits before the point
         (exact_decimal(38, 10), "1" + "0" * 28),  # 29 digits before the point
+        # a whole real into DECIMAL(p,0): 18446744073709551615 stored as a REAL was loaded
+        # as 18446744073709552000, neither the source's text nor the stored value
+        (exact_decimal(20, 0), 1.8446744073709552e19),
         (exact_decimal(12, 2), "NaN"),
         (exact_decimal(12, 2), True),
         (as_boolean, "yes"),
