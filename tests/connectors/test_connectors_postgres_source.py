@@ -927,3 +927,21 @@ def test_a_numeric_cursor_holding_nan_is_refused_before_the_target(tmp_path, tab
         store.close()
     assert info.value.diagnostics == {"table": f"{table.schema}.readings", "column": "c"}
     assert "NaN" in info.value.message and not (tmp_path / "target.db").exists()
+
+
+def test_a_table_rewrite_waits_for_the_attempts_snapshot_which_sees_every_row(table):
+    """``ALTER TABLE ... TYPE`` rewrites the table; a snapshot taken before it commits sees
+    the rewritten table empty (PostgreSQL's documented hazard), and a full refresh emptied
+    its target, exit 0 (found by a hostile check). The attempt's snapshot holds the table's
+    ``ACCESS SHARE`` lock, as ``pg_dump`` does: the rewrite waits (writers do not)."""
+    source = PostgresSource(table.url, table.name, "region", "updated_at")
+    with source.snapshot():
+        with contextlib.closing(psycopg.connect(table.dsn, autocommit=True)) as other:
+            other.execute("SET lock_timeout = '300ms'")
+            other.execute(
+                f'INSERT INTO "{table.schema}".orders (id, region) VALUES (100, %s)', ("x",)
+            )
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                other.execute(f'ALTER TABLE "{table.schema}".orders ALTER note TYPE varchar(40)')
+        assert len(_read_all(source)) == len(ORDERS)  # the snapshot's rows, all of them
+    table.execute(f'ALTER TABLE "{table.schema}".orders ALTER note TYPE varchar(40)')

@@ -230,7 +230,12 @@ class PostgresSource(TableSource):
         import and the session were four): repeatable read when ``repeatable`` or when the
         attempt holds a snapshot, which it imports first (``SET TRANSACTION SNAPSHOT`` comes
         before any query); UTC and ISO dates. ``postgres_release`` gives it back, and closes
-        one a read left mid-stream (its session cannot be reset)."""
+        one a read left mid-stream (its session cannot be reset).
+
+        A repeatable read of its own snapshot locks the table first (``ACCESS SHARE``, as
+        ``pg_dump`` does; writers go on): a rewrite of the table (``ALTER ... TYPE``)
+        committed after a snapshot is taken shows that snapshot the table empty, and a full
+        refresh emptied its target, exit 0. The rewrite now waits for the attempt's end."""
 
         def begun() -> Any:
             snapshot = self._snapshot
@@ -239,6 +244,8 @@ class PostgresSource(TableSource):
                 begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
             if snapshot is not None:  # an id _SNAPSHOT_ID matched: no quote inside
                 begin += f"; SET TRANSACTION SNAPSHOT '{snapshot}'"
+            elif repeatable:  # before its snapshot is taken (the session's SELECT), see there
+                begin += f"; LOCK TABLE {self._relation} IN ACCESS SHARE MODE"
             return postgres_begin(
                 driver, self._dsn, begin, _SESSION, what="PostgreSQL source", failed=self._failed
             )
