@@ -945,3 +945,26 @@ def test_a_table_rewrite_waits_for_the_attempts_snapshot_which_sees_every_row(ta
                 other.execute(f'ALTER TABLE "{table.schema}".orders ALTER note TYPE varchar(40)')
         assert len(_read_all(source)) == len(ORDERS)  # the snapshot's rows, all of them
     table.execute(f'ALTER TABLE "{table.schema}".orders ALTER note TYPE varchar(40)')
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb"])
+def test_columns_one_name_to_the_target_are_refused_before_the_target(tmp_path, table, kind):
+    """A PostgreSQL source's ``v`` and ``"V"`` are one name to SQLite and DuckDB: the table
+    could not be made, inside the target call (exit 1, "a retry may succeed", never true)."""
+    table.execute(f'ALTER TABLE "{table.schema}".orders ADD COLUMN "Note" text')
+    source = PostgresSource(table.url, table.name, "region", "updated_at")
+    sink: Any = (
+        SQLiteSink(tmp_path / "target.db", "orders")
+        if kind == "sqlite"
+        else DuckDBSink(tmp_path / "target.duckdb", "orders")
+    )
+    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
+    try:
+        spec = TransferSpec(
+            source=source, sink=sink, strategy="incremental_append", path="legacy", run_id="r1"
+        )
+        with pytest.raises(ConfigInvalid) as info:
+            TransferRuntime(store).run(spec)
+    finally:
+        store.close()
+    assert info.value.diagnostics == {"table": "orders", "columns": ["note", "Note"]}

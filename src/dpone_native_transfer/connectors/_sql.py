@@ -253,6 +253,22 @@ def bounds_where(
     return render_predicates(predicates, marker=marker, name=name)
 
 
+def refuse_folded_twins(columns: Sequence[Column], table: str, *, engine: str) -> None:
+    """Two source columns whose names ``engine`` takes for one (SQLite and DuckDB compare
+    names ignoring ASCII case: a PostgreSQL source's ``v`` and ``"V"``): the table cannot be
+    made, and the load failed inside the target call, exit 1, "a retry may succeed"."""
+    seen: dict[str, str] = {}
+    for column in columns:
+        other = seen.setdefault(fold_ascii(column.name), column.name)
+        if other != column.name:
+            raise ConfigInvalid(
+                f"source columns {other!r} and {column.name!r} are one name to {engine}, which "
+                "compares names ignoring case; rename one (a view of the source), or load "
+                "into PostgreSQL or ClickHouse",
+                diagnostics={"table": table, "columns": [other, column.name]},
+            )
+
+
 def check_target_folder(path: str, table: str) -> None:
     """A file target's folder must exist, and its path must not be a folder: the target call
     would fail inside the armed window."""

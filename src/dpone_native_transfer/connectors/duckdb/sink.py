@@ -84,6 +84,7 @@ from .._sql import (
     own_name_taken,
     parse_table,
     quote,
+    refuse_folded_twins,
     refuse_reserved_schema,
     unavailable,
     unwritable,
@@ -399,6 +400,7 @@ class DuckDBSink(FileTarget, EnginePull):
         """DuckDB matches column names case-insensitively (ASCII). A column of
         a type dpone makes takes only a source column it would make that type for; a type made
         by hand is left to DuckDB's own conversion."""
+        refuse_folded_twins(columns, self.table, engine="DuckDB")
         with self._reader() as conn:
             if conn is None or not _table_exists(conn, self._target):
                 return None

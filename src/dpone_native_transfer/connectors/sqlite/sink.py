@@ -64,6 +64,7 @@ from .._sql import (
     load_failures,
     own_name_taken,
     parse_table,
+    refuse_folded_twins,
     refuse_reserved_prefix,
     refuse_schema,
     unavailable,
@@ -193,6 +194,7 @@ class SQLiteSink(FileTarget, EnginePull):
         """SQLite matches column names case-insensitively (ASCII). A column
         takes a source column of its kind, or any value when it has no type (``any``): SQLite's
         affinity would convert the others (``'12'`` into an INTEGER column becomes 12)."""
+        refuse_folded_twins(columns, self.table, engine="SQLite")
         with self._reader() as conn:
             existing = [] if conn is None else table_columns(conn, self.table)
             required = [] if conn is None else [n for (n,) in conn.execute(_REQUIRED, [self.table])]
