@@ -916,17 +916,9 @@ def test_a_numeric_cursor_holding_nan_is_refused_before_the_target(tmp_path, tab
     _cursor_table(table, "numeric", [decimal.Decimal(v) for v in ("1", "NaN", "2")])
     source = PostgresSource(table.url, f"{table.schema}.readings", "p", "c")
     sink = SQLiteSink(tmp_path / "target.db", "readings")
-    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
-    try:
-        spec = TransferSpec(
-            source=source, sink=sink, strategy="incremental_append", path="legacy", run_id="r1"
-        )
-        with pytest.raises(ConfigInvalid) as info:
-            TransferRuntime(store).run(spec)
-    finally:
-        store.close()
-    assert info.value.diagnostics == {"table": f"{table.schema}.readings", "column": "c"}
-    assert "NaN" in info.value.message and not (tmp_path / "target.db").exists()
+    info = refused_append(tmp_path, source, sink)
+    assert info.diagnostics == {"table": f"{table.schema}.readings", "column": "c"}
+    assert "NaN" in info.message and not (tmp_path / "target.db").exists()
 
 
 def test_a_table_rewrite_waits_for_the_attempts_snapshot_which_sees_every_row(table):
@@ -958,6 +950,12 @@ def test_columns_one_name_to_the_target_are_refused_before_the_target(tmp_path, 
         if kind == "sqlite"
         else DuckDBSink(tmp_path / "target.duckdb", "orders")
     )
+    info = refused_append(tmp_path, source, sink)
+    assert info.diagnostics == {"table": "orders", "columns": ["note", "Note"]}
+
+
+def refused_append(tmp_path: Path, source: PostgresSource, sink: Any) -> ConfigInvalid:
+    """The ``ConfigInvalid`` a legacy append of ``source`` into ``sink`` stops with."""
     store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
     try:
         spec = TransferSpec(
@@ -967,4 +965,4 @@ def test_columns_one_name_to_the_target_are_refused_before_the_target(tmp_path, 
             TransferRuntime(store).run(spec)
     finally:
         store.close()
-    assert info.value.diagnostics == {"table": "orders", "columns": ["note", "Note"]}
+    return info.value
