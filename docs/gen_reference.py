@@ -121,9 +121,7 @@ def contract_reference() -> str:
             f"### `{features.__name__}`\n\n*data*\n\n{inspect.getdoc(features)}\n\n"
             f"```python\n{fields_text(features)}\n```\n"
         )
-    sections.append(
-        f"### `Unsupported`\n\n*a refusal*\n\n{inspect.getdoc(contract.Unsupported)}\n"
-    )
+    sections.append(f"### `Unsupported`\n\n*a refusal*\n\n{inspect.getdoc(contract.Unsupported)}\n")
     return "\n".join(sections)
 
 

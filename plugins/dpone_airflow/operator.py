@@ -36,6 +36,7 @@ from .task import (
     run_summary,
     task_run_id,
 )
+from .task import pipeline_tables as _pipeline_tables
 
 try:
     from airflow.sdk import BaseHook, BaseOperator
@@ -46,14 +47,30 @@ except ImportError as missing:  # pragma: no cover - exercised by the no-Airflow
         "pip install 'dpone-native-transfer[airflow]'"
     ) from missing
 
-__all__ = ["NativeTransferOperator"]
+__all__ = ["NativeTransferOperator", "pipeline_tables"]
+
+
+def pipeline_tables(pipeline: str | os.PathLike[str]) -> list[str]:
+    """The tables of the pipeline file ``pipeline``, in its order, as ``table`` values to map
+    ``NativeTransferOperator`` over (``task.pipeline_tables``; call it in a task). A bad
+    file fails that task without retries (``AirflowFailException``), as the operator's
+    tasks fail on a bad route: it raised the error itself, which Airflow retried."""
+    try:
+        return _pipeline_tables(pipeline)
+    except NativeTransferError as error:
+        if not is_config_error(error):
+            raise
+        raise AirflowFailException(
+            f"{error.code}: the pipeline file cannot run as written (see its message); "
+            "failing without retries, since a retry would fail the same way"
+        ) from error
 
 
 class NativeTransferOperator(BaseOperator):
     """Run the route ``route`` (a route TOML file, or a mapping with its sections) once per try,
     or the table ``table`` of the pipeline file ``pipeline`` (its route, ``PIPELINE::TABLE``):
     ``NativeTransferOperator.partial(task_id=..., pipeline=...).expand(table=[...])`` maps
-    one task per table, each guarded on its own (``dpone_airflow.task.pipeline_tables`` lists
+    one task per table, each guarded on its own (``dpone_airflow.operator.pipeline_tables`` lists
     them; docs/airflow.md).
 
     The checkpoint store is the route's ``[store] path``: a SQLite file when

@@ -124,7 +124,8 @@ def pipeline_reference(pipeline: str | os.PathLike[str], table: str | None) -> s
 def pipeline_tables(pipeline: str | os.PathLike[str]) -> list[str]:
     """The tables of the pipeline file ``pipeline``, in its order, as ``table`` values to map
     ``NativeTransferOperator`` over. It reads the source's catalog (the pipeline's patterns),
-    so call it in a task (``task(pipeline_tables)(path)``), not while the DAG is parsed."""
+    so call it in a task (``operator.pipeline_tables``, which fails a bad file without
+    retries; this one raises the error itself), not while the DAG is parsed."""
     return load_pipeline(pipeline, argument="pipeline").names
 
 

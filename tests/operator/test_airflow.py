@@ -220,6 +220,22 @@ def test_the_route_argument_is_a_path_string_or_a_copied_mapping():
     assert caught.value.diagnostics == {"key": "route"}
 
 
+def test_a_bad_pipeline_file_fails_the_listing_task_without_retries(tmp_path):
+    """The listing task raised ``ConfigInvalid``, which Airflow retries as any error; the
+    file fails the same way each time, so ``operator.pipeline_tables`` raises
+    ``AirflowFailException``, as the operator's tasks do for a bad route (a hostile check)."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from dpone_airflow.operator import pipeline_tables
+
+    bad = tmp_path / "pipeline.toml"
+    bad.write_text("[pipeline]\ntables = 3\n")
+    with pytest.raises(AirflowFailException) as caught:
+        pipeline_tables(bad)
+    assert isinstance(caught.value.__cause__, ConfigInvalid)
+    assert str(tmp_path) not in str(caught.value)
+
+
 @pytest.fixture
 def task_log(caplog):
     caplog.set_level(logging.INFO, logger="dpone_airflow.test")

@@ -15,8 +15,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, task
 
-from dpone_airflow.operator import NativeTransferOperator
-from dpone_airflow.task import pipeline_tables
+from dpone_airflow.operator import NativeTransferOperator, pipeline_tables
 
 PIPELINE = str(Path(__file__).parent / "pipelines" / "shop.toml")
 
