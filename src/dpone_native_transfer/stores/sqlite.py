@@ -304,7 +304,8 @@ class SQLiteCheckpointStore(OwnConnection, RecordReads):
         run found corrupt. Its constraint findings are not damage: SQLite 3.40 reports
         "NULL value in" columns of WITHOUT ROWID tables that hold none (the rows decode)."""
         found = [row[0] for row in self._read("PRAGMA quick_check", ())]
-        damage = [text for text in found if text != "ok" and not self._decodes(text)]
+        # one look per finding: SQLite 3.40 repeats one for every row of a healthy table
+        damage = [text for text in dict.fromkeys(found) if text != "ok" and not self._decodes(text)]
         if damage:
             raise CheckpointStoreCorrupt("checkpoint store cannot be read")
 
