@@ -29,7 +29,7 @@ import traceback
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 
@@ -145,8 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PluginLoadFailed as error:
         _report_failure(error)
         return EXIT_CONFIG
+    given = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(given)
+    except _UsageError as usage:
+        return _report_usage(usage, as_json="--json" in given)
     except SystemExit as stop:
         return stop.code if isinstance(stop.code, int) else int(stop.code is not None)
     arrived: set[int] = set()
@@ -175,6 +178,33 @@ def _report_stop(kind: str, message: str, args: argparse.Namespace) -> int:
     if getattr(args, "json", False) and not getattr(args, "json_printed", False):
         print(json.dumps({"error": kind, "message": message, "exit_code": code}, sort_keys=True))
     return code
+
+
+class _UsageError(Exception):
+    """A command line argparse refused: raised by ``_Parser.error`` instead of its exit."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser, self.message = parser, message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage error ``main`` reports (one JSON object too, with
+    ``--json``: a script reading stdout gets an object, not nothing)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(self, message)
+
+
+def _report_usage(usage: _UsageError, *, as_json: bool) -> int:
+    """argparse's own lines on stderr; with ``--json``, the error as ``config_invalid``."""
+    usage.parser.print_usage(sys.stderr)
+    message = one_line(usage.message)
+    print(f"{usage.parser.prog}: error: {message}", file=sys.stderr)
+    if as_json:
+        shown = {"error": ConfigInvalid.code, "message": message, "diagnostics": {}}
+        print(json.dumps(shown, sort_keys=True))
+    return EXIT_CONFIG
 
 
 class _Terminated(BaseException):
@@ -219,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     A command plugin that fails to load (or clashes with a command name)
     raises ``PluginLoadFailed`` naming the entry point, never a traceback.
     """
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Checkpointed, guarded table transfers.",
         epilog=_EPILOG,

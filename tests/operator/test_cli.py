@@ -405,6 +405,20 @@ def test_version_and_usage_errors(capsys):
     assert "the run id must not be empty" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["run", "--json"], ["run", "x.toml", "--json", "--log-level", "loud"], ["state", "--json"]],
+)
+def test_a_usage_error_under_json_is_one_json_object(capsys, argv):
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    shown = json.loads(out)  # one object, nothing else on stdout
+    assert shown["error"] == "native_transfer_config_invalid"
+    assert shown["message"] in err and "usage:" in err
+    assert cli.main([arg for arg in argv if arg != "--json"]) == 2
+    assert capsys.readouterr().out == ""  # without --json, stdout stays empty
+
+
 # route files -------------------------------------------------------------------------
 
 BAD_ROUTES = {
