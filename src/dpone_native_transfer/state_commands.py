@@ -16,7 +16,9 @@ duplicate, no gap."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 from datetime import UTC, datetime
 from typing import Any
 
@@ -57,7 +59,7 @@ from .recovery import (
 from .reporting import EXIT_OK, declined, plural
 from .route_status import route_status, status_line
 from .source_state import DEFINITION_KEY, EDGE_KEY, SourceState, unknown_edge
-from .stores import Store, open_store
+from .stores import Store, new_store_file, open_store
 
 __all__ = ["add_state_command"]
 
@@ -274,9 +276,10 @@ def _restore_command(args: argparse.Namespace) -> int:
             f"refusing to restore route {route.label}: {reason}; nothing was written",
             diagnostics={"route": route.as_dict()},
         )
-    # the route file's own store is created when lost (rebuilding it is the point); a
-    # --store that does not exist is a mistake
-    store = _store(args, config, create_own=True)
+    # the route file's own store is created when lost (rebuilding it is the point), and
+    # removed again when nothing was written to it; a --store that does not exist is a mistake
+    created = None if args.store else new_store_file(config.store_path, argument="store.path")
+    store, audit_id = _store(args, config, create_own=True), None
     try:
         check_not_leased(store, route)
         now = datetime.now(UTC)
@@ -353,8 +356,17 @@ def _restore_command(args: argparse.Namespace) -> int:
             )
     finally:
         store.close()
+        if created is not None and audit_id is None:
+            _remove_new_store(created)
     print(f"wrote {plural(len(plan.checkpoints), 'checkpoint')} and audit record #{audit_id}")
     return EXIT_OK
+
+
+def _remove_new_store(path: str) -> None:
+    """The store file ``state restore`` created and wrote nothing to, with its companions."""
+    for name in (path, f"{path}-wal", f"{path}-shm", f"{path}-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(name)
 
 
 def _route_definition(config: Any) -> RouteDefinition:

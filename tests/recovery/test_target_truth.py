@@ -889,6 +889,20 @@ def test_restore_rebuilds_a_store_file_that_is_gone(sqlite_site: Site) -> None:
     site.exactly_once()
 
 
+def test_a_restore_that_writes_nothing_leaves_no_store_file_behind(sqlite_site: Site) -> None:
+    """A lost store: a restore declined, or refused, made an empty store file and left it."""
+    site = sqlite_site
+    route = site.route()
+    site.run(route)
+    store = _lose_by_deleting(site, route).parent / "checkpoints.db"
+    declined = dpone("state", "restore", route, "--reason", "r", "--operator", "o", stdin="n\n")
+    assert declined.returncode != 0 and "Write 4 checkpoints" in declined.stdout
+    assert not store.exists()
+    _sql(site, "DROP TABLE _dpone_ledger")
+    refused = dpone("state", "restore", route, "--reason", "r", "--operator", "o", "--yes")
+    assert refused.returncode == 2 and not store.exists()
+
+
 # an emptied target started over, then the store is lost: the target remembers the excusal -------
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "RouteStateStore",
     "Store",
     "TargetScopeStore",
+    "new_store_file",
     "open_store",
 ]
 
@@ -127,6 +128,15 @@ class Store(OperatorStore, TargetScopeStore, RouteStateStore, LeaseStore, Protoc
 
     def close(self) -> None:
         """Close the store's connections; the store is not used again."""
+
+
+def new_store_file(location: str, *, argument: str) -> str | None:
+    """The SQLite file ``open_store(location, create=True)`` would create; None when it exists
+    or the store is not a file (PostgreSQL)."""
+    location = resolve_env(location, argument=argument)
+    if location.startswith(POSTGRES_SCHEMES) or os.path.lexists(location):
+        return None
+    return os.path.abspath(location)
 
 
 def open_store(location: str, *, create: bool, argument: str, check: bool | None = None) -> Store:
