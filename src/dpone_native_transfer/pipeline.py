@@ -78,6 +78,7 @@ TABLE_KEYS: Mapping[str, str] = {
     "on_null_cursor": "source",
     "primary_key": "source",
     "deleted_column": "source",
+    "parallel": "source",
     "min_rows": "gates",
     "max_rows": "gates",
     "recovery": "guard",

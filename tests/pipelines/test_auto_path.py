@@ -176,3 +176,43 @@ def test_a_route_file_runs_auto_and_says_which_path_ran(tmp_path: Path):
     shown = json.loads(again.stdout.strip().splitlines()[-1])
     assert (shown["path"], shown["path_ran"]) == ("auto", "lazy-plan")
     assert duckdb_ids(target, "t01") == sqlite_ids(source, "t01")
+
+
+def test_a_pipeline_sets_its_postgres_tables_parallel_reads(tmp_path: Path, postgres_schema):
+    """``parallel`` in ``[defaults]`` or a ``[tables.NAME]``, as a route file's ``[source]``
+    (refused, naming the pipeline's key, for a source that does not read it)."""
+    dsn, schema = postgres_schema
+    lite = tmp_path / "shop.db"
+    names = build_tables(lite, TABLES, ROWS)
+    copy_to_postgres(lite, dsn, schema, names)
+    first = f"{schema}.{names[0]}"
+    file = write_pipeline(
+        tmp_path / "pipeline.toml",
+        source={"kind": "postgres", "dsn": postgres_url(dsn)},
+        target={"kind": "duckdb", "path": str(tmp_path / "warehouse.duckdb")},
+        store=str(tmp_path / "checkpoints.db"),
+        tables=f"{schema}.t*",
+        defaults={"parallel": 2, "path": "legacy"},
+        settings={first: {"parallel": 1}},
+    )
+    pipeline = load_pipeline(file)
+    parallel = {table.name: table.config.source.parallel for table in pipeline.tables}
+    assert parallel == {f"{schema}.{name}": 1 if name == names[0] else 2 for name in names}
+    result = run_tables(pipeline.tables, "run-parallel", jobs=2)
+    assert result.exit_code == 0, [(run.table, run.error) for run in result.tables]
+    for run in result.tables:
+        name = run.table.rpartition(".")[2]
+        loaded = duckdb_ids(tmp_path / "warehouse.duckdb", run.target_table)
+        assert loaded == postgres_ids(dsn, f"{schema}.{name}") and sum(loaded.values()) == ROWS
+    local = write_pipeline(
+        tmp_path / "local.toml",
+        source={"path": str(lite)},
+        target={"kind": "duckdb", "path": str(tmp_path / "local.duckdb")},
+        store=str(tmp_path / "local.db"),
+        tables="t*",
+        settings={names[1]: {"parallel": 2}},
+    )
+    done = run_cli("run", local, "--json")
+    assert done.returncode == 2 and json.loads(done.stdout)["diagnostics"] == {
+        "key": f"tables.{names[1]}.parallel"
+    }
