@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 from urllib.parse import quote, unquote, urlencode, urlsplit
@@ -68,9 +67,9 @@ __all__ = [
 
 RouteArgument = str | os.PathLike[str] | Mapping[str, Any]
 
-# Airflow allows these in run ids by default; anything else is replaced, so the
-# run id is safe to print in a shell command line or a log.
-_UNSAFE_RUN_ID = re.compile(r"[^A-Za-z0-9_.~:+-]+")
+# Airflow allows these in run ids by default; anything else is percent-encoded, so the run
+# id is safe to print in a shell command line or a log, and two Airflow ids never give one
+_SAFE_RUN_ID = "_.~:+-"
 
 
 class TaskLog(Protocol):
@@ -271,12 +270,13 @@ def _dataset(location: str, table: str) -> tuple[str, str] | None:
 def task_run_id(
     *, dag_id: str, run_id: str, task_id: str, try_number: int, map_index: int | None = -1
 ) -> str:
-    """``dag/run/task[/map-N]/try-N``: one dpone run id per Airflow try, readable in evidence."""
+    """``dag/run/task[/map-N]/try-N``: one dpone run id per Airflow try, readable in evidence;
+    a character Airflow does not allow by default is percent-encoded (a ``/`` as ``%2F``)."""
     parts = [dag_id, run_id, task_id]
     if map_index is not None and map_index >= 0:
         parts.append(f"map-{map_index}")
     parts.append(f"try-{try_number}")
-    return "/".join(_UNSAFE_RUN_ID.sub("_", str(part)) or "_" for part in parts)
+    return "/".join(quote(str(part), safe=_SAFE_RUN_ID) for part in parts)
 
 
 def progress_logger(log: TaskLog) -> Callable[[Event], None]:

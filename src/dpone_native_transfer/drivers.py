@@ -42,6 +42,7 @@ __all__ = [
     "clickhouse_failure",
     "connections_held",
     "file_failure",
+    "file_path",
     "holding_connections",
     "import_driver",
     "install_hint",
@@ -583,3 +584,16 @@ def _close_kept_postgres() -> bool:
         with contextlib.suppress(Exception):
             conn.close()
     return bool(idle)
+
+
+def file_path(path: Any, *, argument: str = "path") -> str:
+    """``path`` (text or ``os.PathLike`` of text) as text; anything else, bytes too, refused
+    (``ConfigInvalid`` naming ``argument``), not a ``TypeError`` at the first read."""
+    if isinstance(path, str | os.PathLike):
+        found = os.fspath(path)
+        if isinstance(found, str) and found:
+            return found
+    raise ConfigInvalid(
+        f"{argument} must be a file path (text or a pathlib.Path), not {type(path).__name__}",
+        diagnostics={"argument": argument},
+    )

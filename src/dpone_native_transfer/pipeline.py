@@ -472,6 +472,14 @@ def _route(
     target, where = _target_name(sections["target"], name, own)
     document["target"]["table"] = target
     origins["target.table"] = where
+    if document["transfer"].get("strategy") == "merge" and not (
+        "primary_key" in source or info.primary_key
+    ):  # as ``planner.route_merge`` would refuse it, once the table ran
+        raise _invalid(
+            _dotted("tables", name, "primary_key"),
+            f"is required: source table {name!r} has no primary key of its own and the "
+            "table merges, so name the column(s) that identify a row",
+        )
     try:
         return _route_config(document, base_dir=folder)
     except ConfigInvalid as error:

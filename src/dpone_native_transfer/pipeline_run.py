@@ -49,6 +49,7 @@ from .events import EventName
 from .plugins import Hooks, make_plugin_manager
 from .reporting import (
     EXIT_BLOCKED,
+    EXIT_CONFIG,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -147,14 +148,18 @@ class PipelineResult:
     def exit_code(self) -> int:
         """The run's exit status: 130 or 143 when a signal stopped it (``interrupted``: the
         CLI's SIGTERM is a ``BaseException`` other than ``KeyboardInterrupt``), else 3 if a
-        table is blocked, else 1 if one failed (or did not finish), else 0."""
+        table is blocked, else 1 if one failed (or did not finish) in a way a retry may mend,
+        else 2 if one's route is invalid (no retry mends it), else 0."""
         if self.interrupted is not None:
             ctrl_c = isinstance(self.interrupted, KeyboardInterrupt)
             return EXIT_INTERRUPTED if ctrl_c else EXIT_TERMINATED
         outcomes = {run.outcome for run in self.tables}
         if BLOCKED in outcomes:
             return EXIT_BLOCKED
-        return EXIT_OK if outcomes <= {SUCCEEDED} else EXIT_FAILED
+        if outcomes <= {SUCCEEDED}:
+            return EXIT_OK
+        invalid = {run.exit_code == EXIT_CONFIG for run in self.tables if run.outcome != SUCCEEDED}
+        return EXIT_CONFIG if invalid == {True} else EXIT_FAILED
 
     def totals(self) -> dict[str, Any]:
         counted = {name: 0 for name in (SUCCEEDED, FAILED, BLOCKED, INTERRUPTED, NOT_RUN)}

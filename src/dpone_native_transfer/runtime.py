@@ -45,7 +45,7 @@ from .errors import (
     WorkFolderFailed,
 )
 from .events import Event, EventName, EventRecorder
-from .identity import fold_ascii
+from .identity import file_location, fold_ascii
 from .latest import LatestCheckpoints, as_latest
 from .lease import (
     DEFAULT_LEASE_SECONDS,
@@ -155,6 +155,7 @@ class TransferRuntime:
         route = spec.route
         if not (self.unguarded or scans_routes(self.plugin_manager)):
             raise self._no_guard(route)
+        _check_files_apart(spec, getattr(self.store, "path", None))
         with (
             self._leased(route, spec.run_id) as lease,
             spec.sink.holding_connection(),
@@ -185,8 +186,10 @@ class TransferRuntime:
             states=store if self.state_store is self.store else self.state_store,
             ledger=self._ledger_sink(spec, route),
         )
-        latest, refreshed, epoch = self._scan(attempt)
+        # the source first: a source file that is not there is that (source_invalid), not a
+        # store or target that disagrees with a route of another source (blocked, exit 3)
         shape = spec.source.describe()
+        latest, refreshed, epoch = self._scan(attempt)
         state = SourceState.read(route, self.state_store.load_source_state(route))
         if refreshed is not None:  # another route's full refresh: continue where it ended
             merges = route.strategy is Strategy.MERGE  # all again (``ledger._continues``)
@@ -603,6 +606,28 @@ def _idle(folder: Path, seconds: float) -> bool:
     except OSError:
         return False
     return time.time() - newest > seconds
+
+
+def _check_files_apart(spec: TransferSpec, store_path: str | None) -> None:
+    """What a route file's checks refuse (``config._check_target_file``), for the library too:
+    a SQLite target or store in the source's own file, or a store in the target's. The store
+    and the target in one file would be lost or restored together, and the guard's cross-check
+    of each against the other would prove nothing."""
+    read, written = spec.source.identity(), spec.sink.identity()
+    located = {"source": read and read.location, "target": written and written.location}
+    if located["source"] is not None and located["source"] == located["target"]:
+        if located["target"].startswith("sqlite:"):
+            raise ConfigInvalid(
+                "target.path is the source's own file: give the target a file of its own",
+                diagnostics={"key": "target.path"},
+            )
+    store = None if store_path is None else file_location("sqlite", store_path)
+    for name, location in located.items():
+        if store is not None and location == store:
+            raise ConfigInvalid(
+                f"store.path is the {name}'s own file: give the store a file of its own",
+                diagnostics={"key": "store.path"},
+            )
 
 
 def _check_target_columns(attempt: _Attempt, shape: SourceShape, merge: Merge | None) -> None:

@@ -183,6 +183,14 @@ def route_key(source: Source, sink: Sink, strategy: Strategy | str) -> RouteKey:
     return RouteKey(read.table, written.table, strategy, read.location, written.location)
 
 
+def _governance(spec: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, Governance):
+        raise ConfigInvalid(
+            f"governance must be a Governance (the gates), not {type(value).__name__}",
+            diagnostics={"argument": "governance"},
+        )
+
+
 @attrs.frozen(kw_only=True)
 class TransferSpec:
     """One route's transfer: which source, which sink, how, and under which run id."""
@@ -192,7 +200,7 @@ class TransferSpec:
     strategy: Strategy = attrs.field(converter=_strategy)
     path: str
     run_id: str
-    governance: Governance = attrs.field(factory=Governance)
+    governance: Governance = attrs.field(factory=Governance, validator=_governance)
     chunk_rows: int = attrs.field(
         default=DEFAULT_CHUNK_ROWS, validator=_option("transfer.chunk_rows", "positive")
     )

@@ -856,3 +856,78 @@ def test_a_schema_the_engine_keeps_for_itself_is_refused_before_any_io(
     done = run(route(tmp_path, kind=kind, target=target, table=table), code=2)
     assert "keeps for itself" in done.stderr
     assert not (tmp_path / target).exists()
+
+
+def test_library_arguments_of_the_wrong_kind_are_config_errors_before_any_io(
+    tmp_path: Path,
+) -> None:
+    """A path of bytes or None, a number for a connector, a text for the gates: each raised a
+    ``TypeError`` or ``AttributeError`` (no stable code) at construction or in the run."""
+    from dpone_native_transfer import (
+        ConfigInvalid,
+        SQLiteCheckpointStore,
+        SQLiteSink,
+        SQLiteSource,
+        TransferSpec,
+    )
+
+    source = tmp_path / "source.db"
+    build_sample_source(source, rows=10)
+    for path in (None, b"source.db", 5, ""):
+        with pytest.raises(ConfigInvalid, match="must be a file path"):
+            SQLiteSource(path, "orders", "region")  # type: ignore[arg-type]
+        with pytest.raises(ConfigInvalid, match="must be a file path"):
+            SQLiteSink(path, "orders")  # type: ignore[arg-type]
+        with pytest.raises(ConfigInvalid, match="must be a file path"):
+            SQLiteCheckpointStore(path)  # type: ignore[arg-type]
+    good = {
+        "source": SQLiteSource(source, "orders", "region"),
+        "sink": SQLiteSink(tmp_path / "target.db", "orders"),
+        "strategy": "full_refresh",
+        "path": "staged",
+        "run_id": "r",
+    }
+    for wrong, match in (
+        ({"source": 5}, "source must be a dpone Source"),
+        ({"sink": str(tmp_path / "t.db")}, "sink must be a dpone Sink"),
+        ({"governance": "strict"}, "governance must be a Governance"),
+    ):
+        with pytest.raises(ConfigInvalid, match=match):
+            TransferSpec(**{**good, **wrong})
+    assert not (tmp_path / "target.db").exists() and not (tmp_path / "t.db").exists()
+
+
+@pytest.mark.parametrize("shared", ["source", "store"])
+def test_the_library_refuses_a_target_in_the_source_or_store_file_as_the_cli_does(
+    tmp_path: Path, shared: str
+) -> None:
+    """The route file's check was the CLI's alone: the library wrote the rows and the ledger
+    into the source's file, or into the store's, where a restore of one restores both."""
+    from dpone_native_transfer import (
+        ConfigInvalid,
+        SQLiteCheckpointStore,
+        SQLiteSink,
+        SQLiteSource,
+        TransferRuntime,
+        TransferSpec,
+    )
+
+    source = tmp_path / "source.db"
+    build_sample_source(source, rows=10)
+    store_file = tmp_path / "checkpoints.db"
+    into = source if shared == "source" else store_file
+    spec = TransferSpec(
+        source=SQLiteSource(source, "orders", "region"),
+        sink=SQLiteSink(into, "orders_copy"),
+        strategy="full_refresh",
+        path="staged",
+        run_id="r",
+    )
+    with contextlib.closing(SQLiteCheckpointStore(store_file)) as store:
+        said = "target.path is the source's" if shared == "source" else "store.path is the target's"
+        with pytest.raises(ConfigInvalid, match=f"{said} own file") as raised:
+            TransferRuntime(store).run(spec)
+        assert raised.value.diagnostics["key"] == said.split()[0]
+    with contextlib.closing(sqlite3.connect(into)) as conn:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+    assert "orders_copy" not in tables and "_dpone_ledger" not in tables

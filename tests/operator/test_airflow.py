@@ -203,10 +203,14 @@ def test_each_airflow_try_gets_its_own_shell_safe_run_id():
     )
     assert two == "orders_copy/manual__2026-11-29T10:00:00+00:00/copy_orders/map-3/try-2"
     odd = task_run_id(dag_id="d", run_id="a b/$(rm -rf)'\"", task_id="t", try_number=1)
-    assert odd == "d/a_b_rm_-rf_/t/try-1"
+    assert odd == "d/a%20b%2F%24%28rm%20-rf%29%27%22/t/try-1"
     assert task_run_id(dag_id="d", run_id="", task_id="t", try_number=1, map_index=None) == (
-        "d/_/t/try-1"
+        "d//t/try-1"
     )
+    others = ["\u00fc \u00f6", "\u00e4 \u00e5", "a/b", "a_b", "a%2Fb", "\n", "\t", "_"]
+    made = [task_run_id(dag_id="d", run_id=r, task_id="t", try_number=1) for r in others]
+    assert len(set(made)) == len(others)  # each its own: they were all "_" or "a_b" before
+    assert all(run_id.isprintable() and " " not in run_id for run_id in made)
 
 
 def test_the_route_argument_is_a_path_string_or_a_copied_mapping():
@@ -934,7 +938,7 @@ def test_without_the_openlineage_provider_the_operator_runs_and_reports_no_linea
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["rows_loaded"] == 20
-    assert report["run_id"] == "d/nightly_7/copy/try-1"  # the given run id, shell-safe
+    assert report["run_id"] == "d/nightly%207/copy/try-1"  # the given run id, shell-safe
     assert report["facets"] is None
     assert report["loaded"] == []
     # and the operator module imports the provider only in that method, never at import

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from helpers.cli import run_cli
 from helpers.pipelines import (
@@ -358,8 +359,8 @@ def _bad(tmp_path: Path, shop: Path, **changes: Any) -> tuple[int, str]:
             "error: native_transfer_config_invalid: tables.t01.cursor_colum is not a known key; "
             "known: target_table, strategy, path, chunk_rows, artifact_dir, schema_contract, "
             "on_bad_value, quarantine_values, partition_column, partition_by, partition_rows, "
-            "cursor_column, lag, on_null_cursor, primary_key, deleted_column, min_rows, max_rows, "
-            "recovery",
+            "cursor_column, lag, on_null_cursor, primary_key, deleted_column, parallel, min_rows, "
+            "max_rows, recovery",
         ),
         (
             {"settings": {"t02": {"cursor_column": "changed_at"}}},
@@ -434,6 +435,44 @@ def _bad(tmp_path: Path, shop: Path, **changes: Any) -> tuple[int, str]:
 def test_a_bad_pipeline_is_refused_before_any_table_runs(tmp_path, shop, changes, line):
     code, first = _bad(tmp_path, shop, **changes)
     assert (code, first) == (2, line)
+
+
+def test_a_merge_table_without_a_key_is_refused_before_any_table_runs(tmp_path, shop):
+    """It failed once its turn came, exit 1 for the pipeline (a retry may succeed: it never
+    would) while the other tables loaded."""
+    with contextlib.closing(sqlite3.connect(shop)) as conn:
+        conn.execute("CREATE TABLE t_keyless (k INTEGER, note TEXT)")
+        conn.commit()
+    code, first = _bad(tmp_path, shop, defaults={"strategy": "merge"})
+    assert (code, first) == (
+        2,
+        "error: native_transfer_config_invalid: tables.t_keyless.primary_key is required: "
+        "source table 't_keyless' has no primary key of its own and the table merges, so name "
+        "the column(s) that identify a row",
+    )
+
+
+def test_a_pipeline_whose_tables_fail_as_invalid_exits_2_not_1(tmp_path, shop, monkeypatch):
+    """An ``env:`` store whose variable is not set fails each table with exit code 2; the
+    pipeline said 1 ("a retry may succeed"). One table failing otherwise makes it 1 again."""
+    monkeypatch.delenv("DPONE_TEST_UNSET_STORE", raising=False)
+    file = write_pipeline(
+        tmp_path / "env.toml",
+        source={"path": str(shop)},
+        target={"path": str(tmp_path / "warehouse.db")},
+        store="env:DPONE_TEST_UNSET_STORE",
+        tables=["t*"],
+    )
+    done = run_cli("run", file, "--json")
+    shown = json.loads(done.stdout)
+    assert [table["exit_code"] for table in shown["tables"]] == [2, 2, 2]
+    assert done.returncode == shown["totals"]["exit_code"] == 2
+    pipeline = load_pipeline(file)
+    mended = run_tables(pipeline.tables, "run-codes", jobs=1)
+    assert mended.exit_code == 2
+    runs = list(mended.tables)
+    runs[1] = attrs.evolve(runs[1], exit_code=1)  # one failure a retry may mend
+    assert attrs.evolve(mended, tables=tuple(runs)).exit_code == 1
 
 
 @pytest.mark.parametrize(

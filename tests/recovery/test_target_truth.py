@@ -163,6 +163,17 @@ def test_pointing_a_route_at_another_target_database_loads_that_one_whole(site: 
     assert len(site.target_ids(other)) == 120, "the other target got only its own run"
 
 
+def test_a_mistyped_source_file_is_a_missing_source_not_another_sources_route(site: Site) -> None:
+    """The target held this table's batches, so the route of the missing file was refused as
+    another source's (exit 3), suggesting `state restore` or `state reset` for a typo."""
+    site.run(site.route())
+    typo = site.route("typo.toml", source=site.folder / "sourse.db")
+    done = site.run(typo, code=2)
+    assert "native_transfer_source_invalid" in done.stderr and "does not exist" in done.stderr
+    assert "state reset" not in done.stderr and not (site.folder / "sourse.db").exists()
+    site.exactly_once()
+
+
 def test_shards_with_equal_table_names_share_one_store_and_each_loads(tmp_path: Path) -> None:
     """Two source databases, equal table names, one store: two routes, and fan-in works once
     an operator says the second shard's rows are not the first's (they could be: below)."""

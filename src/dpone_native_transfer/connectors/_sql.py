@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ..drivers import refused_write
+from ..drivers import file_path, refused_write
 from ..errors import (
     ConfigInvalid,
     InternalInvariantBroken,
@@ -630,7 +630,7 @@ class FileTarget(Sink):
     empty target."""
 
     def __init__(self, path: str | os.PathLike[str], table: str) -> None:
-        self.path = os.fspath(path)
+        self.path = file_path(path)
         self.table = table
 
     def __repr__(self) -> str:

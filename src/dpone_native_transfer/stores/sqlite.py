@@ -33,7 +33,7 @@ from typing import Any, cast
 from urllib.request import pathname2url
 
 from ..checkpoints import GUARD_DIAGNOSTICS_KEY, LEDGER_BATCH_KEY, PartitionCheckpoint, RouteKey
-from ..drivers import connections_held, file_failure
+from ..drivers import connections_held, file_failure, file_path
 from ..errors import (
     CheckpointStoreAccessRefused,
     CheckpointStoreCorrupt,
@@ -255,7 +255,7 @@ class SQLiteCheckpointStore(OwnConnection, RecordReads):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._conn: sqlite3.Connection | None = None
         _require_sqlite()
-        self._path = os.path.abspath(os.fspath(path))
+        self._path = os.path.abspath(file_path(path, argument="store path"))
         try:
             if not os.path.exists(self._path):
                 with _translated("created", writing=True):
@@ -274,6 +274,11 @@ class SQLiteCheckpointStore(OwnConnection, RecordReads):
             diagnostics={"action": "opened"},
             fix="give this process read and write access to the store file and its folder",
         )
+
+    @property
+    def path(self) -> str:
+        """The store's file, absolute: the runtime refuses a target or source in it."""
+        return self._path
 
     @contextmanager
     def _transaction(

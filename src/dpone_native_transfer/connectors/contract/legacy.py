@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ...errors import NativeTransferError
+from ...errors import ConfigInvalid, NativeTransferError
 from . import DEFAULT_CHUNK_ROWS, Sink, SinkFeatures, Source, SourceFeatures, Unsupported
 from .engine import EnginePull
 
@@ -500,11 +500,23 @@ def _speaks_current(connector: object) -> bool:
     return isinstance(getattr(connector, "features", None), SinkFeatures | SourceFeatures)
 
 
+def _connector(what: str, connector: object, base: str) -> None:
+    """A 0.1 connector has its table's name at least; anything else (a path, a number) is
+    refused here, not by an ``AttributeError`` in the middle of a run."""
+    if not isinstance(getattr(connector, "table", None), str):
+        raise ConfigInvalid(
+            f"{what} must be a dpone {base} (a connector of one table), not "
+            f"{type(connector).__name__}",
+            diagnostics={"argument": what},
+        )
+    _deprecated(what, connector, base)
+
+
 def adapt_source(source: Any) -> Any:
     """``source`` as the current contract has it: itself, or a 0.1 source wrapped."""
     if _speaks_current(source) or isinstance(source, LegacySource):
         return source
-    _deprecated("source", source, "Source")
+    _connector("source", source, "Source")
     return LegacySource(source)
 
 
@@ -512,7 +524,7 @@ def adapt_sink(sink: Any) -> Any:
     """``sink`` as the current contract has it: itself, or a 0.1 sink wrapped."""
     if _speaks_current(sink) or isinstance(sink, LegacySink):
         return sink
-    _deprecated("sink", sink, "Sink")
+    _connector("sink", sink, "Sink")
     return LegacySink(sink)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ...checkpoints import sha256_digest
-from ...drivers import file_failure
+from ...drivers import file_failure, file_path
 from ...errors import (
     ConfigInvalid,
     SourceAccessRefused,
@@ -107,7 +107,7 @@ class SQLiteSource(TableSource):
         _quote(partition_column)
         if cursor_column is not None:
             _quote(cursor_column)
-        self.path = os.fspath(path)
+        self.path = file_path(path)
         super().__init__(table, partition_column, cursor_column, partition_rows=partition_rows)
         self._held: tuple[sqlite3.Connection, int] | None = None  # ``snapshot``'s, and its thread
 
