@@ -488,6 +488,8 @@ def plan_attempt(
         primary_key=spec.primary_key,
         deleted_column=spec.deleted_column,
     )
+    if merge is not None:
+        source.check_key(merge.key)
     definition = route_definition(source, shape.columns, merge)
     check_definition(route, state, latest, definition)
     kind = definition.cursor_kind

@@ -74,7 +74,7 @@ from .recovery import Prover, TargetRecovery
 from .schema_contract import apply_schema_contract
 from .source_state import SourceState
 from .spec import TransferSpec, check_option
-from .stores import RouteStateStore, Store
+from .stores import FileStore, RouteStateStore, Store
 
 __all__ = ["BUILTIN_PATHS", "TransferResult", "TransferRuntime", "TransferSpec"]  # the spec is
 # ``spec.py``'s, named here too for the callers that found it here
@@ -155,7 +155,7 @@ class TransferRuntime:
         route = spec.route
         if not (self.unguarded or scans_routes(self.plugin_manager)):
             raise self._no_guard(route)
-        _check_files_apart(spec, getattr(self.store, "path", None))
+        _check_files_apart(spec, self.store.path if isinstance(self.store, FileStore) else None)
         with (
             self._leased(route, spec.run_id) as lease,
             spec.sink.holding_connection(),

@@ -596,6 +596,33 @@ def test_a_source_without_a_primary_key_needs_one_named(tmp_path):
     assert not (tmp_path / "target.db").exists() or not target.exists("log")
 
 
+@pytest.mark.parametrize("path", ["legacy", "lazy-plan"])
+def test_a_timestamp_key_written_two_ways_is_refused_and_one_way_merges(tmp_path, target, path):
+    """``10:00:00``, ``T10:00:00`` and ``10:00:00.000``: three keys to SQLite, one instant to
+    a target that holds instants; the merge kept one row of three (exit 0). Refused before
+    the target; keys of one instant each merge, Python's spellings (a fraction or none) too."""
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("CREATE TABLE t (k TIMESTAMP PRIMARY KEY, p TEXT, v INTEGER, val TEXT)")
+        db.executemany(
+            "INSERT INTO t VALUES (?, 'x', ?, ?)",
+            [("2024-01-01 10:00:00", 1, "a"), ("2024-01-01 10:00:00.500000", 2, "b")],
+        )
+        db.commit()
+    route = write_route(
+        tmp_path, target, table="t", path=path, partition_column="p", cursor_column="v",
+        primary_key=["k"],
+    )  # fmt: skip
+    assert run(route).returncode == 0
+    assert len(target.rows("t", ["k", "val"])) == 2
+    with _sqlite(tmp_path / "source.db") as db:
+        db.execute("INSERT INTO t VALUES ('2024-01-01T10:00:00', 'x', 3, 'c')")
+        db.commit()
+    done = run(route)
+    assert done.returncode == 2 and "in more than one spelling" in done.stderr
+    assert "source.primary_key" in done.stderr and "10:00" not in done.stderr
+    assert sorted(row[1] for row in target.rows("t", ["k", "val"])) == ["a", "b"]
+
+
 def test_merge_is_refused_where_it_cannot_run(tmp_path):
     """A batch column cannot count a merge's batches; the merge options belong to merge
     routes."""

@@ -22,6 +22,7 @@ from ..lease import LeaseClaim, LeaseStore
 
 __all__ = [
     "CheckpointStore",
+    "FileStore",
     "OperatorStore",
     "RouteStateStore",
     "Store",
@@ -128,6 +129,16 @@ class Store(OperatorStore, TargetScopeStore, RouteStateStore, LeaseStore, Protoc
 
     def close(self) -> None:
         """Close the store's connections; the store is not used again."""
+
+
+@runtime_checkable
+class FileStore(Protocol):
+    """A store kept in one file (the SQLite store): the runtime refuses a target or source
+    in that file, as a route file's check does."""
+
+    @property
+    def path(self) -> str:
+        """The store's file, absolute."""
 
 
 def new_store_file(location: str, *, argument: str) -> str | None:

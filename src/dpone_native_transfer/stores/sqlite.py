@@ -277,7 +277,7 @@ class SQLiteCheckpointStore(OwnConnection, RecordReads):
 
     @property
     def path(self) -> str:
-        """The store's file, absolute: the runtime refuses a target or source in it."""
+        """The store's file, absolute (``FileStore``)."""
         return self._path
 
     @contextmanager

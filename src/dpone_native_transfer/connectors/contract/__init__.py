@@ -172,6 +172,12 @@ class Source(Protocol):
         route names none. The default: none (the route must name its key)."""
         return ()
 
+    def check_key(self, key: Sequence[str]) -> None:
+        """Before any row of a merge route: refuse (``ConfigInvalid``) a ``key`` whose values
+        this source tells apart where a target may meet them as one (SQLite keeps a date or
+        timestamp text as it is written: two spellings of one instant are two keys there and
+        one in every target that holds instants). The default: nothing to refuse."""
+
     def read_partitions(
         self, bounds: Sequence[Mapping[str, Any]], *, chunk_rows: int = DEFAULT_CHUNK_ROWS
     ) -> Iterator[tuple[int, list[tuple]]] | None:

@@ -64,6 +64,13 @@ _KINDS = {"integer": "numbers", "real": "numbers"}  # SQLite compares the two as
 # A text cursor's value that reads as a day (``2024-1-5``, `` 2024-01-05``, ``2024-01-05t10``)
 # must be in the one form whose text order is time's: ``YYYY-MM-DD``, or with ``[T ]HH:MM:SS``,
 # a fraction and a zone suffix.
+# A date or timestamp text (its zone suffix cut off, as ``{base}``) written one way: the day,
+# a space, the time with its seconds, the fraction without trailing zeros (``check_key``).
+_ONE_SPELLING = (
+    "substr({base}, 1, 10) || ' ' || CASE length({base}) WHEN 10 THEN '00:00:00'"
+    " WHEN 16 THEN substr({base}, 12, 5) || ':00'"
+    " ELSE substr({base}, 12, 8) || rtrim(rtrim(substr({base}, 20), '0'), '.') END"
+)
 _LIKE_A_DAY = re.compile(r"\s*[0-9]{1,4}-[0-9]{1,2}-[0-9]{1,2}", re.ASCII)
 _ORDERED_DAY = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
@@ -539,6 +546,51 @@ class SQLiteSource(TableSource):
                 "writes one",
                 diagnostics={"table": self.table, "column": self.cursor_column},
             )
+
+    def check_key(self, key: Sequence[str]) -> None:
+        """No two texts of one instant in a date or timestamp key column (``Source.check_key``):
+        ``2024-01-01 10:00:00`` and ``2024-01-01T10:00:00`` were two keys here and one in
+        DuckDB, ClickHouse and PostgreSQL, and a merge kept one row of the two (exit 0).
+        Texts of one shape (one length, separator, zone suffix and fraction length) are
+        distinct instants: one aggregate read of the column proves it. Otherwise each text's
+        instant is written one way (``_ONE_SPELLING``: the fraction's trailing zeros dropped,
+        a time without seconds given them) and grouped, under one zone suffix only: on merge
+        routes with such a key alone."""
+        kinds = {column.name: column.kind for column in self._described_columns()}
+        for name in key:
+            if kinds.get(name) not in ("date", "timestamp", "timestamptz"):
+                continue
+            ref, table = self._ref(name), _quote(self.table)
+            tail = f"substr({ref}, 20)"
+            zone = f"ltrim({tail}, '.0123456789')"
+            shapes = (
+                f"SELECT count(DISTINCT length({ref})), count(DISTINCT substr({ref}, 11, 1)),"
+                f" count(DISTINCT length({tail}) - length({zone})), count(DISTINCT {zone})"
+                f" FROM {table} WHERE typeof({ref}) = 'text'"
+            )
+            base = f"substr({ref}, 1, length({ref}) - length({zone}))"
+            spelled = _ONE_SPELLING.format(base=base)
+            twins = (
+                f"SELECT 1 FROM {table} WHERE typeof({ref}) = 'text' GROUP BY {spelled}"
+                f" HAVING count(DISTINCT {ref}) > 1 LIMIT 1"
+            )
+            with self.reader() as conn:
+                *shape, zones = conn.execute(shapes).fetchone()
+                one = max(*shape, zones) <= 1
+                if not one and (zones > 1 or conn.execute(twins).fetchone() is not None):
+                    raise ConfigInvalid(
+                        f"primary key column {name!r} of source table {self.table!r} holds "
+                        "one date or timestamp in more than one spelling ('T' or ' ' between "
+                        "date and time, trailing zeros, another zone suffix): SQLite tells "
+                        "them apart as texts, the target as instants, so a merge would keep "
+                        "one row of two keys. Write one spelling, or merge through a view "
+                        "that writes one; nothing was written",
+                        diagnostics={
+                            "key": "source.primary_key",
+                            "table": self.table,
+                            "column": name,
+                        },
+                    )
 
     def _holds(self, conn: sqlite3.Connection, condition: str, params: tuple = ()) -> bool:
         """Whether a row of the table meets ``condition`` (an index of the cursor answers
