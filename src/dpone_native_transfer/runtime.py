@@ -614,13 +614,16 @@ def _check_files_apart(spec: TransferSpec, store_path: str | None) -> None:
     and the target in one file would be lost or restored together, and the guard's cross-check
     of each against the other would prove nothing."""
     read, written = spec.source.identity(), spec.sink.identity()
-    located = {"source": read and read.location, "target": written and written.location}
-    if located["source"] is not None and located["source"] == located["target"]:
-        if located["target"].startswith("sqlite:"):
-            raise ConfigInvalid(
-                "target.path is the source's own file: give the target a file of its own",
-                diagnostics={"key": "target.path"},
-            )
+    located = {
+        "source": None if read is None else read.location,
+        "target": None if written is None else written.location,
+    }
+    target = located["target"]
+    if target is not None and target == located["source"] and target.startswith("sqlite:"):
+        raise ConfigInvalid(
+            "target.path is the source's own file: give the target a file of its own",
+            diagnostics={"key": "target.path"},
+        )
     store = None if store_path is None else file_location("sqlite", store_path)
     for name, location in located.items():
         if store is not None and location == store:

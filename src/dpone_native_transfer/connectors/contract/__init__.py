@@ -177,6 +177,7 @@ class Source(Protocol):
         this source tells apart where a target may meet them as one (SQLite keeps a date or
         timestamp text as it is written: two spellings of one instant are two keys there and
         one in every target that holds instants). The default: nothing to refuse."""
+        return None
 
     def read_partitions(
         self, bounds: Sequence[Mapping[str, Any]], *, chunk_rows: int = DEFAULT_CHUNK_ROWS
