@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import sqlite3
 from datetime import UTC, datetime
 from typing import Any
 
@@ -363,7 +364,18 @@ def _restore_command(args: argparse.Namespace) -> int:
 
 
 def _remove_new_store(path: str) -> None:
-    """The store file ``state restore`` created and wrote nothing to, with its companions."""
+    """The store file ``state restore`` created and wrote nothing to, with its companions;
+    kept when it holds a row (a run that started meanwhile writes to it)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            tables = [
+                name
+                for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            ]
+            if any(db.execute(f'SELECT 1 FROM "{name}" LIMIT 1').fetchone() for name in tables):
+                return
+    except sqlite3.Error:
+        return
     for name in (path, f"{path}-wal", f"{path}-shm", f"{path}-journal"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(name)
