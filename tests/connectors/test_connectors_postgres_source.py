@@ -939,6 +939,31 @@ def test_a_table_rewrite_waits_for_the_attempts_snapshot_which_sees_every_row(ta
     table.execute(f'ALTER TABLE "{table.schema}".orders ALTER note TYPE varchar(40)')
 
 
+def test_a_materialized_view_is_read_under_its_lock_and_a_refresh_waits(tmp_path, table):
+    """``LOCK TABLE`` refuses a materialized view: every run of one failed as "could not be
+    read" (exit 1, a retry never mended it). It is locked by a read of no row; a ``REFRESH``
+    waits for the attempt, and a full refresh loads the view's rows."""
+    view = f'"{table.schema}".orders_view'
+    table.execute(f'CREATE MATERIALIZED VIEW {view} AS SELECT * FROM "{table.schema}".orders')
+    source = PostgresSource(table.url, f"{table.schema}.orders_view", "region", "updated_at")
+    with source.snapshot():
+        with contextlib.closing(psycopg.connect(table.dsn, autocommit=True)) as other:
+            other.execute("SET lock_timeout = '300ms'")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                other.execute(f"REFRESH MATERIALIZED VIEW {view}")
+        assert len(_read_all(source)) == len(ORDERS)
+    sink = SQLiteSink(tmp_path / "target.db", "orders_view")
+    store = SQLiteCheckpointStore(str(tmp_path / "checkpoints.db"))
+    try:
+        spec = TransferSpec(
+            source=source, sink=sink, strategy="full_refresh", path="legacy", run_id="r1"
+        )
+        assert TransferRuntime(store).run(spec).rows_loaded == len(ORDERS)
+    finally:
+        store.close()
+    assert sorted(row[0] for row in sink.rows()) == sorted(row[0] for row in ORDERS)
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "duckdb"])
 def test_columns_one_name_to_the_target_are_refused_before_the_target(tmp_path, table, kind):
     """A PostgreSQL source's ``v`` and ``"V"`` are one name to SQLite and DuckDB: the table

@@ -94,6 +94,7 @@ _COLUMNS = """SELECT a.attname, format_type(a.atttypid, a.atttypmod),
     ORDER BY a.attnum"""
 _INTEGERS = frozenset({20, 21, 23})  # int8, int2, int4: compared exactly with each other
 _NUMERIC = 1700
+_WRONG_KIND = "42809"  # wrong_object_type: LOCK TABLE of a materialized view
 _SNAPSHOT_ID = re.compile(r"[0-9A-F]+-[0-9A-F]+(-[0-9]+)?")  # pg_export_snapshot()'s
 # Every setting that changes a value's text: a login's or database's own default (ALTER ROLE
 # ... SET extra_float_digits = -15) made a double's text round it, an interval's ISO 8601.
@@ -175,6 +176,7 @@ class PostgresSource(TableSource):
         self._dsn = _resolve_dsn(dsn)
         self._regclass = ".".join(quote(part) for part in parts)  # a value for to_regclass()
         self._relation = ".".join(_name(part) for part in parts)  # SQL text
+        self._lock = f"LOCK TABLE {self._relation} IN ACCESS SHARE MODE"  # see ``_started``
         super().__init__(table, partition_column, cursor_column, partition_rows=partition_rows)
         self._snapshot: str | None = None  # the attempt's exported snapshot (``snapshot``)
         self._holder: Any = None  # and the connection that holds it
@@ -235,7 +237,10 @@ class PostgresSource(TableSource):
         A repeatable read of its own snapshot locks the table first (``ACCESS SHARE``, as
         ``pg_dump`` does; writers go on): a rewrite of the table (``ALTER ... TYPE``)
         committed after a snapshot is taken shows that snapshot the table empty, and a full
-        refresh emptied its target, exit 0. The rewrite now waits for the attempt's end."""
+        refresh emptied its target, exit 0. The rewrite now waits for the attempt's end.
+        ``LOCK TABLE`` takes no materialized view (or foreign table): one is locked by a
+        read of no row, which takes the snapshot first; a ``REFRESH`` committed meanwhile
+        wrote its rows frozen, which that snapshot sees, and none can commit after."""
 
         def begun() -> Any:
             snapshot = self._snapshot
@@ -245,10 +250,19 @@ class PostgresSource(TableSource):
             if snapshot is not None:  # an id _SNAPSHOT_ID matched: no quote inside
                 begin += f"; SET TRANSACTION SNAPSHOT '{snapshot}'"
             elif repeatable:  # before its snapshot is taken (the session's SELECT), see there
-                begin += f"; LOCK TABLE {self._relation} IN ACCESS SHARE MODE"
-            return postgres_begin(
-                driver, self._dsn, begin, _SESSION, what="PostgreSQL source", failed=self._failed
-            )
+                begin += f"; {self._lock}"
+            try:
+                return postgres_begin(
+                    driver, self._dsn, begin, _SESSION, what="PostgreSQL source",
+                    failed=self._failed,
+                )  # fmt: skip
+            except driver.Error as error:
+                if not (repeatable and snapshot is None and error.sqlstate == _WRONG_KIND):
+                    raise
+                if self._lock.startswith("SELECT"):
+                    raise
+            self._lock = f"SELECT FROM {self._relation} LIMIT 0"  # a materialized view
+            return begun()
 
         # a refused connect (``_failed``) may drop the snapshot (``_connected``); a failed
         # statement, raised as the driver's error, is ``_attempt``'s
