@@ -40,6 +40,7 @@ from .errors import (
     LeaseLost,
     NativeTransferError,
     PathContractBroken,
+    StoreTargetMismatch,
     TargetCommitGuardUnhandled,
     TargetRolledBack,
     WorkFolderFailed,
@@ -186,10 +187,14 @@ class TransferRuntime:
             states=store if self.state_store is self.store else self.state_store,
             ledger=self._ledger_sink(spec, route),
         )
-        # the source first: a source file that is not there is that (source_invalid), not a
-        # store or target that disagrees with a route of another source (blocked, exit 3)
+        try:
+            latest, refreshed, epoch = self._scan(attempt)
+        except StoreTargetMismatch:
+            # a source file that is not there is that (source_invalid, exit 2), not a route
+            # of another source that the target's ledger does not know (blocked, exit 3)
+            spec.source.describe()
+            raise
         shape = spec.source.describe()
-        latest, refreshed, epoch = self._scan(attempt)
         state = SourceState.read(route, self.state_store.load_source_state(route))
         if refreshed is not None:  # another route's full refresh: continue where it ended
             merges = route.strategy is Strategy.MERGE  # all again (``ledger._continues``)
