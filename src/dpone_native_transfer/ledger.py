@@ -514,10 +514,6 @@ def advance_fence(
 
 
 _RESTORE = "dpone-transfer state restore <route file> --reason TEXT --operator NAME"
-_RESOLVE = (
-    "dpone-transfer guard resolve <route file> --batch ID --from-target --reason TEXT "
-    "--operator NAME"
-)
 _VERIFY = "dpone-transfer guard verify <route file>"
 _RESET = "dpone-transfer state reset <route file> --reason TEXT --operator NAME"
 
@@ -624,7 +620,7 @@ def check_store_against_target(
             f"the checkpoint store records {plural(len(contradicted), 'batch')} as not (or not "
             "wholly) applied that the target's ledger holds as applied (resolved by hand, or "
             "an unguarded run failed after its target call); record what the target holds "
-            f"with: {_RESOLVE}",
+            f"with: {_RESTORE}",
             batch_ids=contradicted,
         )
     if behind:

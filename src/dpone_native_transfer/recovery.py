@@ -422,23 +422,17 @@ def plan_restore(
         mine = _moved_source(route, history)
     latest = {cp.partition_id: cp for cp in store.list_latest(route)}
     restored = restored_checkpoints(route, mine)
-    wanted, disputed = [], []
+    # the caller refused a blocked route (the guard's scan): a partition the store holds as
+    # not applied (resolved so by hand, or an unguarded run that failed after its target
+    # call) of a batch the ledger holds is applied, which the ledger proves
+    wanted = []
     for checkpoint in restored:
         held = latest.get(checkpoint.partition_id)
         batch = checkpoint.diagnostics[LEDGER_BATCH_KEY]
         if held is None or held.diagnostics.get(LEDGER_BATCH_KEY) != batch:
             wanted.append(checkpoint)
         elif held.status is not PartitionCheckpointStatus.COMMITTED and not _reset(held):
-            disputed.append(checkpoint)
-    if disputed:
-        batches = sorted({cp.diagnostics[LEDGER_BATCH_KEY] for cp in disputed})
-        raise ConfigInvalid(
-            f"refusing to restore route {route.label}: the store holds "
-            f"{len(disputed)} partition(s) of ledger batch(es) {', '.join(batches)} as blocked "
-            "or not applied; decide them with `dpone-transfer guard verify` and `guard resolve` "
-            "first; nothing was written",
-            diagnostics={"route": route.as_dict(), "batch_ids": batches},
-        )
+            wanted.append(checkpoint)
     in_ledger = {entry.batch_id for entry in entries}
     kept = {cp.partition_id for cp in restored}
     forgotten = [

@@ -283,6 +283,10 @@ def _restore_command(args: argparse.Namespace) -> int:
     store, audit_id = _store(args, config, create_own=True), None
     try:
         check_not_leased(store, route)
+        # a blocked partition is decided with the guard's tools (its proof, its audit) first
+        Hooks(make_plugin_manager(None)).resume_route_scan(
+            route, as_latest(store.list_latest(route))
+        )
         now = datetime.now(UTC)
         plan = plan_restore(
             store,

@@ -671,6 +671,38 @@ def test_verify_proves_a_blocked_batch_applied_and_resolve_from_target_heals_it(
     assert record["proof"][proof["batch_id"]]["verdict"] == "applied"
 
 
+def test_a_batch_resolved_unchecked_against_the_ledger_is_restored_from_it(site: Site) -> None:
+    """Resolved as not applied by ``--store``/``--route`` (unchecked) though the ledger holds
+    it: every run refused the store as contradicting the target, and both commands the
+    advice and the runbook named were refused too (a dead end). ``state restore`` records
+    what the ledger proves, and the advice names it."""
+    route = site.route()
+    _block(site, route)
+    batch = _blocked_batch(route)
+    names = load_route_config(route).route
+    unchecked = dpone(
+        "guard", "resolve", "--store", site.folder / "checkpoints.db", "--route",
+        names.source_table, names.target_table, str(names.strategy), "--batch", batch,
+        "--as", "failed_before_target", "--reason", "r", "--operator", "o", "--yes",
+    )  # fmt: skip
+    assert unchecked.returncode == 0, unchecked.stderr
+    refused = site.run(route, code=3)
+    assert "store_contradicts_target" in refused.stderr and "state restore" in refused.stderr
+    restore(route)
+    assert "loaded 0 rows" in site.run(route).stdout
+    site.exactly_once()
+    site.add_rows()
+    assert "loaded 40 rows" in site.run(route).stdout
+    site.exactly_once()
+
+
+def test_restore_leaves_a_blocked_batch_to_the_guards_tools(site: Site) -> None:
+    route = site.route()
+    _block(site, route)
+    done = dpone("state", "restore", route, "--reason", "r", "--operator", "o", "--yes")
+    assert done.returncode == 3 and "native_transfer_manual_reconciliation_required" in done.stderr
+
+
 def test_verify_proves_a_batch_that_never_reached_the_target_not_applied(site: Site) -> None:
     route = site.route()
     site.run(route)
