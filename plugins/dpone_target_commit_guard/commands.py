@@ -765,7 +765,13 @@ def _resolve_command(args: argparse.Namespace) -> int:
                 else target.prover(route)  # reads only
             )
             proofs, entries, reason = _proofs(store, target, route, prover)
-        if prover.unreadable and not args.from_target and not args.force:
+        if prover.unreadable and args.from_target:
+            raise TargetUnavailable(
+                f"refusing --from-target: {reason}, so it proves nothing now; nothing was "
+                "written; retry when the target can be read",
+                diagnostics={"route": route.as_dict(), "key": "--from-target"},
+            )
+        if prover.unreadable and not args.force:
             raise TargetUnavailable(
                 f"refusing --as {args.resolved_as}: {reason}, so the resolution cannot be "
                 "checked against it now; nothing was written; retry when the target can be "

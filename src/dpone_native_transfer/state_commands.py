@@ -36,6 +36,7 @@ from .errors import (
     ConfigInvalid,
     NativeTransferError,
     StoreTargetMismatch,
+    TargetUnavailable,
 )
 from .latest import as_latest
 from .ledger import (
@@ -272,9 +273,11 @@ def _restore_command(args: argparse.Namespace) -> int:
     config = load_route(args.route_file, argument="ROUTE_FILE")
     route = config.route
     entries, reason = ledger_of(config.sink, partitions=True)
-    if entries is None:
-        raise ConfigInvalid(
-            f"refusing to restore route {route.label}: {reason}; nothing was written",
+    if entries is None:  # a ledger kept but not readable now (locked, unreachable): retryable
+        keeps = config.sink is not None and config.sink.features.keeps_ledger
+        raise (TargetUnavailable if keeps else ConfigInvalid)(
+            f"refusing to restore route {route.label}: {reason}; nothing was written"
+            + ("; a retry may succeed" if keeps else ""),
             diagnostics={"route": route.as_dict()},
         )
     # the route file's own store is created when lost (rebuilding it is the point), and

@@ -696,6 +696,35 @@ def test_a_batch_resolved_unchecked_against_the_ledger_is_restored_from_it(site:
     site.exactly_once()
 
 
+def test_a_target_locked_for_now_is_retryable_for_the_commands_that_read_its_ledger(
+    tmp_path: Path,
+) -> None:
+    """Another process holds the DuckDB file: ``guard resolve --from-target`` and ``state
+    restore`` said ``config_invalid`` (exit 2, "a retry will not help"), where a run and
+    ``resolve --as`` say ``target_unavailable`` (exit 1)."""
+    site = Site(tmp_path, kind="duckdb")
+    route = site.route()
+    _block(site, route)
+    batch = _blocked_batch(route)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import duckdb, sys, time\n"
+         "db = duckdb.connect(sys.argv[1]); print('held', flush=True); time.sleep(60)",
+         str(site.target_file())],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        proven = dpone("guard", "resolve", route, "--batch", batch, "--from-target",
+                       "--reason", "r", "--operator", "o", "--yes")  # fmt: skip
+        assert proven.returncode == 1 and "native_transfer_target_unavailable" in proven.stderr
+        _lose_by_deleting(site, route)
+        done = dpone("state", "restore", route, "--reason", "r", "--operator", "o", "--yes")
+        assert done.returncode == 1 and "native_transfer_target_unavailable" in done.stderr
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
 def test_restore_leaves_a_blocked_batch_to_the_guards_tools(site: Site) -> None:
     route = site.route()
     _block(site, route)
