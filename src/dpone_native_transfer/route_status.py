@@ -42,7 +42,11 @@ def route_status(store: Store, route: RouteKey, hooks: Hooks) -> dict[str, Any]:
     last = evidence[-1] if evidence else None
     state = store.load_source_state(route) or {}
     newest = max(checkpoints, key=_when, default=None)
-    if blocked_by is not None:
+    lease = _holder(store, route)
+    if lease is not None and newest is not None and newest.run_id == lease.get("run_id"):
+        outcome = "running"  # its armed partitions are its own, as ``guard scan`` says
+        blocked_by, blocked = None, {}
+    elif blocked_by is not None:
         outcome = "blocked"
     elif newest is None and last is None:
         outcome = "never run"
@@ -62,7 +66,7 @@ def route_status(store: Store, route: RouteKey, hooks: Hooks) -> dict[str, Any]:
         "partitions": dict(sorted(Counter(str(cp.status) for cp in checkpoints).items())),
         "watermark": state.get("watermark"),
         "generation": state.get("generation"),
-        "lease": _holder(store, route),
+        "lease": lease,
     }
 
 

@@ -180,7 +180,8 @@ def _state_show_command(args: argparse.Namespace) -> int:
             if status["lease"] is not None
             else _compared_with_target(store, config)
         )
-        healing = _healing(store, config, status["blocked_batches"])
+        running = status["lease"] is not None  # the target may be the run's, locked
+        healing = [] if running else _healing(store, config, status["blocked_batches"])
     finally:
         store.close()
     if isinstance(target, StoreTargetMismatch) and status["outcome"] != "blocked":

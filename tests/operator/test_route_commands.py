@@ -120,6 +120,31 @@ def test_routes_shows_a_blocked_route_and_state_show_its_source_state(tmp_path, 
     assert text[1].startswith("source state: {")
 
 
+def test_a_route_whose_run_is_in_its_target_call_is_running_not_blocked(route_file):
+    """Asked while the run's target call is under way (its partitions armed, its lease held):
+    ``routes`` and ``state show`` said "blocked", where ``guard scan`` says in progress."""
+    from dpone_native_transfer import TransferRuntime
+    from dpone_native_transfer.testing import RecordingSink
+
+    config = load_route_config(route_file)
+
+    def asked() -> tuple[dict, dict]:
+        [listed] = json.loads(run_cli("routes", "--store", config.store_path, "--json").stdout)
+        shown = run_cli("state", "show", route_file, "--json")
+        return listed, json.loads(shown.stdout)
+
+    sink = RecordingSink(config.sink, observe=asked)
+    with SQLiteCheckpointStore(config.store_path) as store:
+        TransferRuntime(store).run(config.spec("r1", sink=sink))
+    [(listed, shown)] = sink.observations
+    for status in (listed, shown):
+        assert status["outcome"] == "running" and status["blocked_by"] is None
+        assert status["lease"]["run_id"] == "r1"
+    assert shown["healing"] == [] and shown["target"].startswith("not compared")
+    [after] = json.loads(run_cli("routes", "--store", config.store_path, "--json").stdout)
+    assert after["outcome"] == "succeeded"
+
+
 def test_routes_and_state_show_refuse_a_store_that_does_not_exist(tmp_path, route_file):
     missing = run_cli("routes", "--store", tmp_path / "nope.db")
     assert missing.returncode == 2 and str(tmp_path) not in missing.stderr
