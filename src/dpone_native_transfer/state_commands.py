@@ -465,7 +465,10 @@ def _reset_command(args: argparse.Namespace) -> int:
             DEFINITION_KEY: _route_definition(config).as_dict(),
             **(unknown_edge(watermark) if args.from_now else {}),  # NULL-cursor rows: skipped
         }
-        batches = sorted({b for cp in committed if (b := cp.diagnostics.get(LEDGER_BATCH_KEY))})
+        batches = sorted(
+            {b for cp in committed if (b := cp.diagnostics.get(LEDGER_BATCH_KEY))}
+            | (set() if args.from_now or rows else _held_batches(config, store))
+        )
         print(
             f"route {route.label}: forget {plural(len(forgotten), 'committed partition')} "
             f"({plural(len(batches), 'ledger batch')}); source state: {_state(previous)} -> "
@@ -505,6 +508,17 @@ def _reset_command(args: argparse.Namespace) -> int:
         store.close()
     print(f"reset route {route.label}: audit record #{audit_id}")
     return EXIT_OK
+
+
+def _held_batches(config: RouteConfig, store: Store) -> set[str]:
+    """The route's batches the target's ledger still holds as in the table: all gone from an
+    emptied table, those a ``state reset --from-now`` kept (its checkpoints forgotten) too,
+    or a later restore counted their rows as held."""
+    entries = ledger_of(config.sink)[0] if config.ledger and config.route.located else None
+    if not entries:
+        return set()
+    live = live_entries(entries, ledger_overrides(store, config.route, gone=True))
+    return {entry.batch_id for entry in live if entry.of_route(config.route)}
 
 
 def _refuse_missing_target(config: RouteConfig, route: RouteKey) -> None:

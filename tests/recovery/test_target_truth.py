@@ -725,6 +725,30 @@ def test_a_target_locked_for_now_is_retryable_for_the_commands_that_read_its_led
         holder.communicate()
 
 
+def test_an_emptied_table_reset_after_a_reset_from_now_excuses_every_batch_it_lost(
+    site: Site,
+) -> None:
+    """``state reset --from-now`` forgets the route's checkpoints and keeps their rows; the
+    table emptied later and reset again excused only the batches the store still held, so a
+    restore after a lost store counted the forgotten ones as held and refused a table that
+    held exactly the source's rows."""
+    route = site.route()
+    site.run(route)
+    keep = ("state", "reset", route, "--from-now", "--reason", "r", "--operator", "o", "--yes")
+    assert dpone(*keep).returncode == 0
+    site.add_rows()
+    site.run(route)
+    _sql(site, "DELETE FROM orders_copy")
+    emptied = dpone("state", "reset", route, "--reason", "emptied", "--operator", "o", "--yes")
+    assert emptied.returncode == 0, emptied.stderr
+    site.run(route)
+    site.exactly_once()
+    _lose_by_deleting(site, route)
+    restore(route)
+    assert "loaded 0 rows" in site.run(route).stdout
+    site.exactly_once()
+
+
 def test_restore_leaves_a_blocked_batch_to_the_guards_tools(site: Site) -> None:
     route = site.route()
     _block(site, route)
