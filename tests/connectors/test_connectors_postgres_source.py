@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import decimal
 import secrets
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -962,6 +963,62 @@ def test_a_materialized_view_is_read_under_its_lock_and_a_refresh_waits(tmp_path
     finally:
         store.close()
     assert sorted(row[0] for row in sink.rows()) == sorted(row[0] for row in ORDERS)
+
+
+def test_ddl_waiting_for_the_snapshot_fails_the_read_instead_of_hanging_it(table):
+    """A TRUNCATE waits for the snapshot's lock; a read of the attempt queued behind it (it
+    asks the same lock), and the run, the TRUNCATE and every reader of the table hung for
+    good (a wait no deadlock check sees). The read gives up, a retry may succeed, and the
+    TRUNCATE goes on once the attempt ends."""
+    import threading
+
+    source = PostgresSource(table.url, table.name, "region", "updated_at")
+    truncated: list[BaseException | None] = []
+
+    def truncate() -> None:
+        try:
+            with contextlib.closing(psycopg.connect(table.dsn, autocommit=True)) as other:
+                other.execute(f'TRUNCATE "{table.schema}".orders')
+            truncated.append(None)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            truncated.append(error)
+
+    with source.snapshot():
+        waiting = threading.Thread(target=truncate)
+        waiting.start()
+        with contextlib.closing(psycopg.connect(table.dsn, autocommit=True)) as watch:
+            for _ in range(200):  # until the TRUNCATE waits for the lock
+                sql = "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass"
+                if watch.execute(sql, (f'"{table.schema}".orders',)).fetchone()[0]:
+                    break
+                time.sleep(0.05)
+        with pytest.raises(SourceInvalid):
+            _read_all(source)
+    waiting.join(timeout=30)
+    assert truncated == [None]
+
+
+def test_rows_row_level_security_hides_fail_the_read(tmp_path, table):
+    """A policy hiding rows from the source's login: a full refresh loaded the rows it could
+    see, exit 0. ``row_security`` is off in the source's session, as ``pg_dump`` sets it:
+    the read fails instead; the table's owner reads every row."""
+    role = f"rls_{secrets.token_hex(4)}"
+    orders = f'"{table.schema}".orders'
+    table.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+    try:
+        table.execute(f'GRANT USAGE ON SCHEMA "{table.schema}" TO {role}')
+        table.execute(f"GRANT SELECT ON {orders} TO {role}")
+        table.execute(f"ALTER TABLE {orders} ENABLE ROW LEVEL SECURITY")
+        table.execute(f"CREATE POLICY evens ON {orders} USING (id % 2 = 0)")
+        dsn = psycopg.conninfo.make_conninfo(table.dsn, user=role, password="pw")
+        hidden = PostgresSource(postgres_url(dsn), table.name, "region")
+        with pytest.raises((SourceInvalid, SourceAccessRefused)):
+            _read_all(hidden)
+        owner = PostgresSource(table.url, table.name, "region")
+        assert len(_read_all(owner)) == len(ORDERS)
+    finally:
+        table.execute(f"DROP OWNED BY {role}")
+        table.execute(f"DROP ROLE {role}")
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "duckdb"])

@@ -623,6 +623,37 @@ def test_a_timestamp_key_written_two_ways_is_refused_and_one_way_merges(tmp_path
     assert sorted(row[1] for row in target.rows("t", ["k", "val"])) == ["a", "b"]
 
 
+@pytest.mark.parametrize("when", ["AFTER INSERT", "BEFORE UPDATE"])
+def test_a_postgresql_table_with_a_row_trigger_is_refused_a_merge(tmp_path, postgres_schema, when):
+    """An AFTER INSERT trigger deleting half the rows a merge wrote ended 0, the ledger
+    counting the batch as applied (an append counts the table and rolls back); a BEFORE
+    UPDATE one rewrote the values. Refused before the target call, the table unchanged."""
+    import psycopg
+
+    with psycopg.connect(postgres_schema.dsn, autocommit=True) as db:
+        db.execute(f'CREATE SCHEMA "{postgres_schema.schema}"')
+    target = Target("postgres", tmp_path, postgres_schema)
+    source = make_events(tmp_path)
+    route = events_route(tmp_path, target, "legacy")
+    add(source, ("acme", 1, "eu", 1, "new", False), ("acme", 2, "eu", 1, "new", False))
+    assert run(route).returncode == 0
+    schema = f'"{postgres_schema.schema}"'
+    with psycopg.connect(postgres_schema.dsn, autocommit=True) as db:
+        db.execute(
+            f"CREATE FUNCTION {schema}.drop_rows() RETURNS trigger LANGUAGE plpgsql AS"
+            f" $$ BEGIN DELETE FROM {schema}.events WHERE id = 2; RETURN NEW; END $$"
+        )
+        db.execute(
+            f"CREATE TRIGGER t {when} ON {schema}.events FOR EACH ROW"
+            f" EXECUTE FUNCTION {schema}.drop_rows()"
+        )
+    before = target.rows("events", LOADED)
+    add(source, ("acme", 2, "eu", 2, "paid", False), ("acme", 3, "eu", 2, "new", False))
+    done = run(route)
+    assert done.returncode == 2 and "a trigger on inserts, updates or deletes" in done.stderr
+    assert target.rows("events", LOADED) == before
+
+
 def test_merge_is_refused_where_it_cannot_run(tmp_path):
     """A batch column cannot count a merge's batches; the merge options belong to merge
     routes."""

@@ -98,11 +98,19 @@ _WRONG_KIND = "42809"  # wrong_object_type: LOCK TABLE of a materialized view
 _SNAPSHOT_ID = re.compile(r"[0-9A-F]+-[0-9A-F]+(-[0-9]+)?")  # pg_export_snapshot()'s
 # Every setting that changes a value's text: a login's or database's own default (ALTER ROLE
 # ... SET extra_float_digits = -15) made a double's text round it, an interval's ISO 8601.
+# ``row_security`` off, as ``pg_dump`` sets it: a table whose row-level security policies
+# would hide rows from the login is an error to read, not a silently partial one (exit 0 with
+# rows missing); a login that bypasses them (its owner, a superuser) reads every row.
 _SESSION = (
     "SELECT set_config('TimeZone', 'UTC', true), set_config('DateStyle', 'ISO, YMD', true),"
     " set_config('extra_float_digits', '1', true), set_config('IntervalStyle', 'postgres', true),"
-    " set_config('bytea_output', 'hex', true)"
+    " set_config('bytea_output', 'hex', true), set_config('row_security', 'off', true)"
 )
+# A read in the attempt's snapshot waits this long at most for a lock: the snapshot's holder
+# has the table's lock, so a read that waits queues behind DDL that waits for the holder (a
+# TRUNCATE, an ALTER), which no deadlock check sees: the run and every reader of the table
+# hung for good. Such a read fails (a retry may succeed) and the DDL goes on after the run.
+_SNAPSHOT_LOCK_WAIT = "2s"
 # What an engine's client takes of a DSN (``engine_login``): anything else it would drop.
 _ENGINE_DSN_KEYS = frozenset({"host", "port", "dbname", "user", "password"})
 _UTC_ZONES = frozenset(
@@ -249,6 +257,7 @@ class PostgresSource(TableSource):
                 begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
             if snapshot is not None:  # an id _SNAPSHOT_ID matched: no quote inside
                 begin += f"; SET TRANSACTION SNAPSHOT '{snapshot}'"
+                begin += f"; SET LOCAL lock_timeout = '{_SNAPSHOT_LOCK_WAIT}'"
             elif repeatable:  # before its snapshot is taken (the session's SELECT), see there
                 begin += f"; {self._lock}"
             try:

@@ -207,6 +207,15 @@ _COLLATABLE = """SELECT a.attname FROM pg_attribute a
     AND NOT a.attisdropped"""
 # Whether the login may read and delete a table's rows, as a merge does.
 _MERGEABLE = "SELECT has_table_privilege(%s, 'SELECT') AND has_table_privilege(%s, 'DELETE')"
+# Enabled user triggers on an INSERT, UPDATE or DELETE of the table (tgtype bits 4, 16, 8),
+# before or after: an append counts the table around an AFTER trigger, but a merge replaces
+# and deletes rows, so no count says what a trigger deleted or rewrote (exit 0, rows lost).
+_ROW_TRIGGERS = """SELECT count(*) FROM pg_trigger t WHERE t.tgrelid = to_regclass(%s)
+    AND NOT t.tgisinternal AND t.tgenabled <> 'D' AND t.tgtype & 28 <> 0"""
+_TRIGGERED = (
+    "it has a trigger on inserts, updates or deletes, which may delete or rewrite rows the "
+    "merge wrote where no count can tell"
+)
 # Whether the login may write a table: INSERT on it, or CREATE where it would be created.
 # USAGE on its schema is asked first: to_regclass() fails in a schema the login cannot use.
 _WRITABLE = """SELECT CASE
@@ -568,6 +577,8 @@ class PostgresSink(Sink, EnginePull):
                 return None
             if not conn.execute(_MERGEABLE, [self._target.sql()] * 2).fetchone()[0]:
                 return "the login may not read and delete its rows (SELECT, DELETE)", None
+            if conn.execute(_ROW_TRIGGERS, [self._target.sql()]).fetchone()[0]:
+                return _TRIGGERED, None
             uniques = [names for (names,) in conn.execute(_UNIQUES, [self._target.sql()])]
             if narrower_unique(uniques, merge):
                 return NARROWER, None
