@@ -438,7 +438,8 @@ def _report_failure(error: Exception, args: argparse.Namespace | None = None) ->
 def _named(args: argparse.Namespace | None) -> Named:
     """The route file and store the command line named, for the commands a message suggests."""
     route_file = getattr(args, "route", None) or getattr(args, "route_file", None)
-    store = getattr(args, "store", None)
+    # --store, or the store of the route file a command loaded (``state``: ``route_store``)
+    store = getattr(args, "store", None) or getattr(args, "route_store", None)
     return Named(
         route_file=route_file if isinstance(route_file, str) else None,
         store=store if isinstance(store, str) else None,

@@ -171,6 +171,7 @@ def _add_show(actions: Any, common: argparse.ArgumentParser) -> None:
 
 def _state_show_command(args: argparse.Namespace) -> int:
     config = load_route(args.route_file, argument="ROUTE_FILE")
+    args.route_store = config.store_path  # what a failure's suggested commands name
     store = _store(args, config, create_own=False)
     try:
         status = route_status(store, config.route, Hooks(make_plugin_manager(None)))
@@ -272,6 +273,7 @@ def _store(args: argparse.Namespace, config: RouteConfig, *, create_own: bool) -
 
 def _restore_command(args: argparse.Namespace) -> int:
     config = load_route(args.route_file, argument="ROUTE_FILE")
+    args.route_store = config.store_path  # what a failure's suggested commands name
     route = config.route
     entries, reason = ledger_of(config.sink, partitions=True)
     if entries is None:  # a ledger kept but not readable now (locked, unreachable): retryable
@@ -425,6 +427,7 @@ def _definition(config: Any, store: Store, recorded: dict[str, Any] | None) -> d
 
 def _reset_command(args: argparse.Namespace) -> int:
     config = load_route(args.route_file, argument="ROUTE_FILE")
+    args.route_store = config.store_path  # what a failure's suggested commands name
     route, source = config.route, config.source
     if not route.strategy.incremental:
         raise ConfigInvalid(

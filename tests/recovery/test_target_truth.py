@@ -754,6 +754,10 @@ def test_restore_leaves_a_blocked_batch_to_the_guards_tools(site: Site) -> None:
     _block(site, route)
     done = dpone("state", "restore", route, "--reason", "r", "--operator", "o", "--yes")
     assert done.returncode == 3 and "native_transfer_manual_reconciliation_required" in done.stderr
+    reset = dpone("state", "reset", route, "--reason", "r", "--operator", "o", "--yes")
+    for refused in (done, reset):  # the commands it suggests name the route file's store
+        assert "<checkpoint store>" not in refused.stderr
+        assert f"--store {site.folder / 'checkpoints.db'}" in refused.stderr
 
 
 def test_verify_proves_a_batch_that_never_reached_the_target_not_applied(site: Site) -> None:
