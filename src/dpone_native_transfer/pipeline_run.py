@@ -158,8 +158,8 @@ class PipelineResult:
             return EXIT_BLOCKED
         if outcomes <= {SUCCEEDED}:
             return EXIT_OK
-        invalid = {run.exit_code == EXIT_CONFIG for run in self.tables if run.outcome != SUCCEEDED}
-        return EXIT_CONFIG if invalid == {True} else EXIT_FAILED
+        failed = [run for run in self.tables if run.outcome != SUCCEEDED]
+        return EXIT_CONFIG if all(run.exit_code == EXIT_CONFIG for run in failed) else EXIT_FAILED
 
     def totals(self) -> dict[str, Any]:
         counted = {name: 0 for name in (SUCCEEDED, FAILED, BLOCKED, INTERRUPTED, NOT_RUN)}

@@ -156,7 +156,7 @@ class TransferRuntime:
         route = spec.route
         if not (self.unguarded or scans_routes(self.plugin_manager)):
             raise self._no_guard(route)
-        _check_files_apart(spec, self.store.path if isinstance(self.store, FileStore) else None)
+        _check_files_apart(route, self.store.path if isinstance(self.store, FileStore) else None)
         with (
             self._leased(route, spec.run_id) as lease,
             spec.sink.holding_connection(),
@@ -613,16 +613,12 @@ def _idle(folder: Path, seconds: float) -> bool:
     return time.time() - newest > seconds
 
 
-def _check_files_apart(spec: TransferSpec, store_path: str | None) -> None:
+def _check_files_apart(route: RouteKey, store_path: str | None) -> None:
     """What a route file's checks refuse (``config._check_target_file``), for the library too:
-    a SQLite target or store in the source's own file, or a store in the target's. The store
-    and the target in one file would be lost or restored together, and the guard's cross-check
-    of each against the other would prove nothing."""
-    read, written = spec.source.identity(), spec.sink.identity()
-    located = {
-        "source": None if read is None else read.location,
-        "target": None if written is None else written.location,
-    }
+    a SQLite target or store in the source's own file, or a store in the target's, by the
+    route's locations. The store and the target in one file would be lost or restored
+    together, and the guard's cross-check of each against the other would prove nothing."""
+    located = {"source": route.source_location, "target": route.target_location}
     target = located["target"]
     if target is not None and target == located["source"] and target.startswith("sqlite:"):
         raise ConfigInvalid(

@@ -16,10 +16,7 @@ duplicate, no gap."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import sqlite3
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,6 +38,7 @@ from .errors import (
 from .latest import as_latest
 from .ledger import (
     UNKNOWN,
+    LedgerEntry,
     Proof,
     check_store_against_target,
     ledger_overrides,
@@ -61,7 +59,7 @@ from .recovery import (
 from .reporting import EXIT_OK, declined, plural
 from .route_status import route_status, status_line
 from .source_state import DEFINITION_KEY, EDGE_KEY, SourceState, unknown_edge
-from .stores import Store, new_store_file, open_store
+from .stores import Store, new_store_file, open_store, remove_unused_store
 
 __all__ = ["add_state_command"]
 
@@ -176,12 +174,12 @@ def _state_show_command(args: argparse.Namespace) -> int:
     try:
         status = route_status(store, config.route, Hooks(make_plugin_manager(None)))
         state = store.load_source_state(config.route)
+        running = status["lease"] is not None  # the target may be the run's, locked
         target = (
             "not compared (a run holds the route's lease: its target call may be under way)"
-            if status["lease"] is not None
+            if running
             else _compared_with_target(store, config)
         )
-        running = status["lease"] is not None  # the target may be the run's, locked
         healing = [] if running else _healing(store, config, status["blocked_batches"])
     finally:
         store.close()
@@ -368,27 +366,9 @@ def _restore_command(args: argparse.Namespace) -> int:
     finally:
         store.close()
         if created is not None and audit_id is None:
-            _remove_new_store(created)
+            remove_unused_store(created)
     print(f"wrote {plural(len(plan.checkpoints), 'checkpoint')} and audit record #{audit_id}")
     return EXIT_OK
-
-
-def _remove_new_store(path: str) -> None:
-    """The store file ``state restore`` created and wrote nothing to, with its companions;
-    kept when it holds a row (a run that started meanwhile writes to it)."""
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-            tables = [
-                name
-                for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            ]
-            if any(db.execute(f'SELECT 1 FROM "{name}" LIMIT 1').fetchone() for name in tables):
-                return
-    except sqlite3.Error:
-        return
-    for name in (path, f"{path}-wal", f"{path}-shm", f"{path}-journal"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(name)
 
 
 def _route_definition(config: Any) -> RouteDefinition:
@@ -515,13 +495,8 @@ def _reset_command(args: argparse.Namespace) -> int:
 
 def _held_batches(config: RouteConfig, store: Store) -> set[str]:
     """The route's batches the target's ledger still holds as in the table: all gone from an
-    emptied table, those a ``state reset --from-now`` kept (its checkpoints forgotten) too,
-    or a later restore counted their rows as held."""
-    entries = ledger_of(config.sink)[0] if config.ledger and config.route.located else None
-    if not entries:
-        return set()
-    live = live_entries(entries, ledger_overrides(store, config.route, gone=True))
-    return {entry.batch_id for entry in live if entry.of_route(config.route)}
+    emptied table, those a ``state reset --from-now`` kept (its checkpoints forgotten) too."""
+    return {entry.batch_id for entry in _live(config, store) or () if entry.of_route(config.route)}
 
 
 def _refuse_missing_target(config: RouteConfig, route: RouteKey) -> None:
@@ -545,13 +520,21 @@ def _rows_of(config: RouteConfig, store: Store) -> int:
     its live ledger batches when the ledger accounts for every row (the table is shared
     with another source database's route), else all of them."""
     rows = config.sink.row_count()
-    entries = ledger_of(config.sink)[0] if rows and config.ledger and config.route.located else None
-    if not entries:
-        return rows
-    live = live_entries(entries, ledger_overrides(store, config.route, gone=True))
-    if sum(entry.rows for entry in live) != rows:
+    live = _live(config, store) if rows else None
+    if not live or sum(entry.rows for entry in live) != rows:
         return rows
     return sum(entry.rows for entry in live if entry.of_route(config.route))
+
+
+def _live(config: RouteConfig, store: Store) -> list[LedgerEntry] | None:
+    """The target's ledger batches of its table that it holds now (less those operators said
+    are gone); None when the route keeps no ledger or it cannot be read."""
+    entries = ledger_of(config.sink)[0] if config.ledger and config.route.located else None
+    return (
+        None
+        if not entries
+        else live_entries(entries, ledger_overrides(store, config.route, gone=True))
+    )
 
 
 def _status(checkpoint: PartitionCheckpoint | None) -> str | None:

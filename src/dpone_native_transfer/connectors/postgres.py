@@ -266,9 +266,8 @@ class PostgresSource(TableSource):
                     failed=self._failed,
                 )  # fmt: skip
             except driver.Error as error:
-                if not (repeatable and snapshot is None and error.sqlstate == _WRONG_KIND):
-                    raise
-                if self._lock.startswith("SELECT"):
+                locking = repeatable and snapshot is None and self._lock.startswith("LOCK")
+                if not (locking and error.sqlstate == _WRONG_KIND):
                     raise
             self._lock = f"SELECT FROM {self._relation} LIMIT 0"  # a materialized view
             return begun()

@@ -11,9 +11,12 @@ itself where it must.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
+from urllib.request import pathname2url
 
 from ..checkpoints import PartitionCheckpoint, RouteKey
 from ..drivers import POSTGRES_SCHEMES, resolve_env
@@ -29,6 +32,7 @@ __all__ = [
     "TargetScopeStore",
     "new_store_file",
     "open_store",
+    "remove_unused_store",
 ]
 
 
@@ -148,6 +152,23 @@ def new_store_file(location: str, *, argument: str) -> str | None:
     if location.startswith(POSTGRES_SCHEMES) or os.path.lexists(location):
         return None
     return os.path.abspath(location)
+
+
+def remove_unused_store(path: str) -> None:
+    """Remove the store file ``new_store_file`` named, and its companions, while it holds no
+    row: a command made it and wrote nothing (``state restore``); a run that started
+    meanwhile writes its lease and checkpoints there, and then it stays."""
+    try:
+        uri = f"file:{pathname2url(path)}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
+            tables = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+            if any(db.execute(f'SELECT 1 FROM "{name}" LIMIT 1').fetchone() for (name,) in tables):
+                return
+    except sqlite3.Error:
+        return
+    for name in (path, f"{path}-wal", f"{path}-shm", f"{path}-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(name)
 
 
 def open_store(location: str, *, create: bool, argument: str, check: bool | None = None) -> Store:
