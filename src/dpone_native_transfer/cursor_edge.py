@@ -69,8 +69,8 @@ def row_digest(row: Sequence[Any], indexes: Sequence[int]) -> str:
 
 def _edge_digest(row: Sequence[Any], indexes: Sequence[int], keyed: Sequence[int]) -> str:
     """A row's digest in the record: ``row_digest``; on a merge route (``keyed``: where its
-    key's columns are) after its key's digest and a ``/``, so that a version of a key the
-    route loads takes its earlier version's place in the record (``advanced_edge``)."""
+    key's columns are) after its key's digest and a ``/``. (An earlier release replaced a
+    key's versions by it; kept so that the records it wrote still match.)"""
     digest = row_digest(row, indexes)
     return f"{row_digest(row, keyed)}/{digest}" if keyed else digest
 
@@ -150,6 +150,8 @@ class EdgeScan:
     ranged: dict[Any, None] = attrs.field(factory=dict)
     nulled: dict[Any, None] = attrs.field(factory=dict)
     null_rows: int = 0
+    # a merge route's: every row the edge holds now, loaded or not (``advanced_edge``)
+    present: Seen | None = None
 
 
 def scan_edge(
@@ -166,9 +168,10 @@ def scan_edge(
     ``edge`` must be ``matching``. Under ``load_once`` a record that does not know
     which NULL-cursor rows were loaded (a restored or reset state, a dropped
     column) takes those the source holds now as loaded, and tracks NULL rows from
-    here on; the returned record says so. ``key``: a merge route's (``_edge_digest``).
+    here on; the returned record says so. ``key``: a merge route's (``_edge_digest``), whose
+    scan also keeps every row it read (``EdgeScan.present``).
     """
-    found = EdgeScan()
+    found = EdgeScan(present=Counter() if key else None)
     indexes, keyed = edge.digest_indexes(columns), _keyed(columns, key)
     names = [column.name for column in columns]
     cursor, partition = names.index(source.cursor_column), names.index(source.partition_column)
@@ -180,6 +183,8 @@ def scan_edge(
         for row in chunk:
             value = row[cursor]
             digest = (value, _edge_digest(row, indexes, keyed))
+            if found.present is not None:
+                found.present[digest] += 1
             if value is None and baseline is not None:
                 baseline[digest] += 1
             elif seen[digest] > 0:
@@ -296,12 +301,8 @@ class EdgeTracker:
     """One attempt's view of the edge: filters loaded rows out of edge partitions, and records
     the digests of the rows it passes that the next record must hold.
 
-    ``key`` (a merge route's): a key's load replaces its earlier version, so the record
-    must hold the versions the target holds now, not every version ever loaded: each digest
-    names its key (``_edge_digest``), the rows it skips are recorded too, and
-    ``advanced_edge`` drops the older versions of the keys recorded. A row edited and then
-    edited back at the same cursor value was otherwise skipped as loaded (its first
-    version's digest), leaving the edited version in the target for good."""
+    ``key`` (a merge route's): the rows it skips are recorded too, and ``advanced_edge``
+    keeps only the loaded rows the source still holds (``EdgeScan.present``)."""
 
     def __init__(
         self,
@@ -446,11 +447,6 @@ class EdgeTracker:
         }
 
 
-def _key_of(digest: str) -> str:
-    """A merge route's record digest's key part (``_edge_digest``); the whole digest else."""
-    return digest.partition("/")[0]
-
-
 def advanced_edge(
     edge: Edge,
     *,
@@ -459,15 +455,21 @@ def advanced_edge(
     kind: str | None,
     generation_checkpoints: Sequence[PartitionCheckpoint],
     lost: bool = False,
-    replaces: bool = False,
+    present: Seen | None = None,
 ) -> tuple[Edge, list[str]]:
     """The record for the next generation, and the parts of it that could not be kept.
 
     ``generation_checkpoints`` are this generation's committed partitions (run
     now or by an earlier attempt); each must carry its recorded rows. ``lost``:
     some were committed under other ids (an earlier schema), so their rows are unknown.
-    ``replaces`` (a merge route, ``EdgeTracker``'s ``key``): the old record's versions of a
-    key this generation recorded at the same value give way to the recorded ones.
+
+    ``present`` (a merge route's ``EdgeScan.present``: the rows in the old record's range
+    now): a merge keeps only the loaded versions the source still holds. A version edited
+    away must leave the record, or the same row edited back at the same cursor value was
+    skipped as loaded, leaving the edited version in the target. A version the source still
+    holds must stay: dropped because another version of its key was loaded (in another
+    partition), it was loaded again on a later run, flipping the key between its versions
+    or bringing back a key deleted since (exit 0, found by a hostile check).
     """
     untracked: list[str] = []
     recordings = [cp.diagnostics.get(EDGE_ROWS_KEY) for cp in generation_checkpoints]
@@ -504,14 +506,24 @@ def advanced_edge(
     def kept(value: Any) -> bool:
         return nulls if value is None else _at_or_above(value, since, kind)
 
-    newer = {(value, _key_of(digest)) for rec in recorded for value, digest, _ in rec["rows"]}
+    def scanned(value: Any) -> bool:  # the old record's range, which ``present`` covers
+        if value is None or edge.since is None or edge.upto is None:
+            return value is None
+        return _at_or_above(value, edge.since, kind)
+
     for (value, digest), n in edge.rows.items():
-        if kept(value) and not (replaces and (value, _key_of(digest)) in newer):
+        if present is not None and scanned(value):
+            n = min(n, present[(value, digest)])
+        if n and kept(value):
             rows[(value, digest)] += n
     for rec in recorded:
         for value, digest, count in rec["rows"]:
-            if kept(value):
+            if not kept(value):
+                continue
+            if present is None:
                 rows[(value, digest)] += count
+            else:  # a merge records the rows it skipped as loaded too: counted once
+                rows[(value, digest)] = max(rows[(value, digest)], count)
     ranged = sum(1 for value, _ in rows if value is not None)
     if since is not None and ranged > MAX_EDGE_ROWS:
         since = None

@@ -367,7 +367,7 @@ class TransferRuntime:
                 kind=plan.definition.cursor_kind,
                 generation_checkpoints=[*outcome.ran, *earlier.values()],
                 lost=len(earlier) != len(plan.resume.skipped),
-                replaces=plan.definition.merge is not None,
+                present=plan.edge.scan.present,
             )
             state = attrs.evolve(state, edge=record.as_state())
             for part in untracked:

@@ -364,6 +364,28 @@ def test_a_row_edited_and_edited_back_at_the_watermark_is_merged_each_time(tmp_p
     assert target.rows("events", ("id", "status")) == [(1, "a"), (2, "b")]
 
 
+def test_a_key_deleted_after_a_tie_across_partitions_stays_deleted(tmp_path, target):
+    """Two versions of a key at one cursor value, in two partitions and loaded by two runs,
+    then a delete: every later run must leave the key deleted. The edge record dropped the
+    first version when the second was loaded, so each later run loaded one of them again:
+    the key came back, and flipped between its versions with the source unchanged (exit 0,
+    found by a hostile check)."""
+    source = make_events(tmp_path)
+    route = events_route(tmp_path, target, "legacy", lag=10)
+    for row in (
+        ("acme", 1, "eu", 5, "a", False),
+        ("acme", 1, "us", 5, "b", False),  # a tie at the watermark, another partition
+        ("acme", 1, "asia", 7, "c", True),
+        None,  # nothing new: twice
+        None,
+    ):
+        if row is not None:
+            add(source, row, ("acme", 2, "eu", 7, "kept", False))
+        assert run(route).returncode == 0
+        check_target(target, source)
+    assert target.rows("events", ("tenant", "id", "status")) == [("acme", 2, "kept")]
+
+
 def test_a_mutable_table_merges_on_its_own_primary_key_with_range_partitions(tmp_path, target):
     """No primary_key named: the source table's own; partitions by key range; the cursor
     windows as an append's; schema evolution adds a new source column."""
