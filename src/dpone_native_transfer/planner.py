@@ -241,7 +241,7 @@ def plan_window(
     route: RouteKey,
     source: Source,
     state: SourceState | None,
-    latest: Iterable[PartitionCheckpoint],
+    latest: Sequence[PartitionCheckpoint],
     *,
     definition: RouteDefinition | None = None,
     edge: EdgePlan | None = None,
@@ -290,7 +290,7 @@ def _plan_window(
     route: RouteKey,
     source: Source,
     state: SourceState | None,
-    latest: Iterable[PartitionCheckpoint],
+    latest: Sequence[PartitionCheckpoint],
     definition: RouteDefinition | None,
 ) -> tuple[SourceWindow, list[dict[str, Any]]]:
     generation, watermark = (0, None) if state is None else (state.generation, state.watermark)
@@ -317,10 +317,8 @@ def _plan_window(
     # window is planned afresh, up to the cursor's highest value now)
     pending = [
         cp.partition_bounds
-        for cp in latest
-        if "cursor_upto" in cp.partition_bounds
-        and cp.partition_bounds.get("cursor_after") == watermark
-        and _counts(cp)
+        for cp in as_latest(latest).begun_at(watermark)
+        if _counts(cp)
         and (definition is None or not changed_keys(_recorded(cp), definition.as_dict()))
     ]
     upto = (

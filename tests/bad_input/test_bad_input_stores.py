@@ -1,7 +1,9 @@
 """Corrupt checkpoint stores, tried on purpose: rows that are not JSON, or not checkpoints,
 a truncated file, a garbage file, a store that raises on read give a stable error code (or
 the injected object itself), and the target is never called, although a healthy store
-would have called it.
+would have called it. A run decodes the checkpoints it acts on (its window's, a guard's),
+not every window the route ever loaded: a damaged checkpoint of a finished window leaves
+its rows exact, and the operator's ``guard scan`` refuses it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dpone_native_transfer import (
     checkpoint_to_payload,
     cli,
 )
+from dpone_native_transfer.errors import TargetConstraintRefused
 from dpone_native_transfer.testing import (
     FaultyStore,
     RecordingSink,
@@ -35,15 +38,22 @@ from dpone_native_transfer.testing import (
 
 
 def completed_then_new_rows(s: Site) -> None:
-    """A route that has run once, plus new rows: a healthy store's next run calls the target."""
+    """A route that has run once, plus new rows whose window an attempt began and the target
+    refused (nothing applied): a healthy store's next run retries that window, and calls
+    the target."""
     s.run("first")
     s.append()
+    refused = TargetConstraintRefused.refused(s.target.table, constraint="CHECK")
+    with pytest.raises(TargetConstraintRefused):
+        s.run("refused", sink=RecordingSink(s.target, fail="before", error=refused))
 
 
-def latest_row(s: Site) -> tuple[str, int]:
+def latest_row(s: Site, *, order: str = "seq DESC") -> tuple[str, int]:
+    """The newest checkpoint row (one of the window the next run retries), or the first by
+    ``order``."""
     with contextlib.closing(sqlite3.connect(s.store_path)) as db:
         return db.execute(
-            "SELECT partition_id, seq FROM checkpoint_latest ORDER BY partition_id LIMIT 1"
+            f"SELECT partition_id, seq FROM checkpoint_latest ORDER BY {order} LIMIT 1"
         ).fetchone()
 
 
@@ -56,9 +66,9 @@ def corrupt_latest_payload(text: Any):
     return corrupt
 
 
-def rewrite_latest_payload(change):
+def rewrite_latest_payload(change, *, order: str = "seq DESC"):
     def corrupt(s: Site) -> None:
-        partition_id, _ = latest_row(s)
+        partition_id, _ = latest_row(s, order=order)
         payload = checkpoint_to_payload(
             {cp.partition_id: cp for cp in s.store.list_latest(s.route)}[partition_id]
         )
@@ -166,6 +176,38 @@ def test_a_corrupt_store_gives_its_stable_code_and_never_reaches_the_target(tmp_
             assert cli.main(["guard", "scan", "--store", str(s.store_path)]) == cli.EXIT_FAILED
             assert_clean_failure(capsys.readouterr(), expected.code)
         assert s.target_ids() == before
+
+
+# Damage to a checkpoint of a window the route finished: no run acts on it again.
+FINISHED_WINDOW = {
+    "payload-filed-under-another-partition": (
+        lambda p: p.update(partition_id="p-elsewhere"),
+        CheckpointStoreCorrupt,
+    ),
+    "payload-missing-key": (lambda p: p.pop("query_hash"), CheckpointPayloadInvalid),
+    "payload-naive-timestamp": (
+        lambda p: p.update(started_at="2026-01-01T00:00:00"),
+        CheckpointPayloadInvalid,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FINISHED_WINDOW))
+def test_a_damaged_checkpoint_of_a_finished_window_leaves_the_rows_exact_and_guard_scan_refuses(
+    tmp_path, case, capsys
+):
+    change, expected = FINISHED_WINDOW[case]
+    with site(tmp_path) as s:
+        s.run("first")
+        s.append()
+        rewrite_latest_payload(change, order="seq")(s)  # a checkpoint of the first window
+        outcome, sink = reopened_attempt(s)
+        assert not isinstance(outcome, Exception), repr(outcome)
+        assert sink.target_calls == 1
+        assert_rows_exactly_once(s.source_ids(), s.target_ids())
+        s.close()
+        assert cli.main(["guard", "scan", "--store", str(s.store_path)]) == cli.EXIT_FAILED
+        assert_clean_failure(capsys.readouterr(), expected.code)
 
 
 def assert_clean_failure(captured, code: str) -> None:

@@ -40,7 +40,7 @@ from ..errors import (
     CheckpointStoreUnavailable,
     LeaseLost,
 )
-from ..latest import LatestCheckpoints, guard_json
+from ..latest import LatestCheckpoints, begun_at, guard_json
 from ..lease import LeaseClaim, clock_epoch
 from ._codec import check_run_id, encode_batch, encode_object, encode_resolution, route_params
 from ._records import (
@@ -564,8 +564,23 @@ class _LatestRows:
         found = self._decoded(_AMONG, (json.dumps(list(partition_ids)),))
         return {cp.partition_id: cp for cp in found}
 
+    def begun_at(self, watermark: Any) -> list[PartitionCheckpoint]:
+        """SQLite selects the rows by their bounds' JSON where its comparison is Python's
+        (NULL, text, a 64-bit integer), else every window's rows; their decoded bounds
+        decide (``latest.begun_at``)."""
+        rest, params = _WINDOWS, ()
+        if watermark is None:
+            rest += f" AND ({_AFTER} IS NULL OR {_AFTER} = 'null')"
+        elif type(watermark) is str or (type(watermark) is int and -(2**63) <= watermark < 2**63):
+            rest, params = f"{rest} AND {_AFTER_VALUE} = ?", (watermark,)
+        found = self._decoded(f"{rest} ORDER BY partition_id", params)
+        return [cp for cp in found if begun_at(cp.partition_bounds, watermark)]
+
 
 _AMONG = " AND partition_id IN (SELECT value FROM json_each(?))"
+_WINDOWS = " AND payload -> '$.partition_bounds.cursor_upto' IS NOT NULL"
+_AFTER = "payload -> '$.partition_bounds.cursor_after'"  # its JSON text; NULL when missing
+_AFTER_VALUE = "payload ->> '$.partition_bounds.cursor_after'"  # its SQL value
 _CHECK_FAILED = "CHECK constraint failed"  # quick_check's finding of a row, not a page
 _NULL_IN = re.compile(r"NULL value in ([a-z_]+)\.([a-z_]+)")  # of a store table's column
 
