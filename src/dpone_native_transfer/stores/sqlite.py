@@ -568,7 +568,8 @@ class _LatestRows:
         """SQLite selects the rows by their bounds' JSON where its comparison is Python's
         (NULL, text, a 64-bit integer), else every window's rows; their decoded bounds
         decide (``latest.begun_at``)."""
-        rest, params = _WINDOWS, cast(tuple[Any, ...], ())
+        rest = _WINDOWS
+        params: tuple[Any, ...] = ()
         if watermark is None:
             rest += f" AND ({_AFTER} IS NULL OR {_AFTER} = 'null')"
         elif type(watermark) is str or (type(watermark) is int and -(2**63) <= watermark < 2**63):
